@@ -1,0 +1,190 @@
+"""The scheduling-policy interface and its registry.
+
+Every engine headway drives (the simulator, the gateway, the vLLM plugin) talks to
+policies through this one small interface, so one policy object runs anywhere and a
+policy never imports an engine.
+
+The contract, in the order an engine calls it:
+
+``on_arrival(req, now)``
+    A request entered the scheduler. Learned estimators score it here.
+``key(req, now) -> tuple``
+    Its ordering key: smaller runs first; the engine appends ``req.seq`` as the final
+    tie-break, so order is total and runs are repeatable. Engines evaluate the key
+    when a request arrives, is preempted, reports progress, or when a rekey hint
+    below fires, and cache it in between: keys must be *invariant between those
+    points*. Time-dependent orderings are written in a time-shifted form (aging:
+    ``tier - rate * (now - arrival)`` orders like ``tier + rate * arrival``).
+``on_progress(req, now, num_new_tokens)``
+    The engine computed or generated tokens for ``req``. Engines may batch several
+    tokens into one call, but call it at least where ``rekey_after_tokens`` asked.
+``on_finish(req, now)``
+    ``req`` finished; ``req.num_output_tokens`` is the observed output length
+    (feedback for online estimators).
+``can_preempt(req, now)`` / ``choose_victim(running, now)``
+    For ``preemptive`` policies the engine evicts a running request when a waiting
+    one has a smaller key and ``can_preempt`` allows it. When memory runs out, any
+    policy's ``choose_victim`` names whom to evict (default: the largest key, which is
+    vLLM's rule for both FCFS and priority scheduling).
+
+Rekey hints (optional): ``rekey_after_tokens(req)`` - after how many more processed
+tokens the key of a running request may change; ``rekey_at_time(req)`` - an absolute
+time at which the key of a queued request changes (e.g. starvation promotion).
+Engines use them to skip work between changes.
+"""
+
+from __future__ import annotations
+
+import difflib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, TypeVar
+
+from headway.core._request import Request
+
+__all__ = [
+    "OracleAccessError",
+    "Policy",
+    "PolicyKey",
+    "UnknownPolicyError",
+    "available_policies",
+    "get_policy_class",
+    "make_policy",
+    "register_policy",
+]
+
+PolicyKey = tuple[float | int, ...]
+
+
+class OracleAccessError(PermissionError):
+    """A policy that is not an oracle asked for a request's true output length."""
+
+
+class UnknownPolicyError(ValueError):
+    """No policy is registered under the given name."""
+
+
+class Policy(ABC):
+    """Base class of every headway scheduling policy."""
+
+    name: ClassVar[str] = ""
+    """Registry name in kebab case (set by :func:`register_policy`)."""
+    oracle: ClassVar[bool] = False
+    """True if the policy reads true output lengths (simulation/benchmarks only)."""
+    preemptive: ClassVar[bool] = False
+    """True if a better-keyed waiting request may displace a running one."""
+
+    _oracle_fn: Callable[[Request], int] | None = None
+
+    # -------------------------------------------------------------- contract
+    def on_arrival(self, request: Request, now: float) -> None:  # noqa: B027 - optional hook
+        """Called once when ``request`` enters the scheduler."""
+
+    @abstractmethod
+    def key(self, request: Request, now: float) -> PolicyKey:
+        """Ordering key of ``request``: smaller runs first."""
+
+    def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:  # noqa: B027
+        """Called after ``num_new_tokens`` were computed or generated for ``request``."""
+
+    def on_finish(self, request: Request, now: float) -> None:  # noqa: B027
+        """Called once when ``request`` finished (observed output length is final)."""
+
+    def can_preempt(self, request: Request, now: float) -> bool:
+        """Whether running ``request`` may be displaced by a better-keyed waiting one."""
+        return self.preemptive
+
+    def choose_victim(self, running: Sequence[Request], now: float) -> Request:
+        """Whom to evict when memory runs out (default: the largest key)."""
+        return max(running, key=lambda r: (self.key(r, now), r.seq))
+
+    def rekey_after_tokens(self, request: Request) -> int | None:
+        """Tokens after which a running request's key may change (None: never)."""
+        return None
+
+    def rekey_at_time(self, request: Request) -> float | None:
+        """Absolute time at which a queued request's key changes (None: never)."""
+        return None
+
+    # ---------------------------------------------------------------- oracle
+    def bind_oracle(self, lookup: Callable[[Request], int]) -> None:
+        """Engines call this on oracle policies only, with the true-length lookup."""
+        if not self.oracle:
+            raise OracleAccessError(
+                f"policy {self.name!r} does not declare oracle = True; "
+                "true output lengths are withheld from it"
+            )
+        self._oracle_fn = lookup
+
+    def true_output_tokens(self, request: Request) -> int:
+        """True output length of ``request``: oracles only, and only once bound."""
+        if not self.oracle:
+            raise OracleAccessError(
+                f"policy {self.name!r} is not an oracle and may not read true output lengths"
+            )
+        if self._oracle_fn is None:
+            raise OracleAccessError(
+                f"oracle policy {self.name!r} has no oracle bound: this engine cannot "
+                "provide true output lengths"
+            )
+        return self._oracle_fn(request)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+# ------------------------------------------------------------------ registry
+_REGISTRY: dict[str, type[Policy]] = {}
+P = TypeVar("P", bound=type[Policy])
+
+
+def register_policy(name: str) -> Callable[[P], P]:
+    """Class decorator: register a :class:`Policy` subclass under ``name``.
+
+    Names are kebab case and unique; registering a name twice is an error.
+    """
+    if not name or name != name.lower() or " " in name or "_" in name:
+        raise ValueError(f"policy names are lower kebab case, got {name!r}")
+
+    def decorate(cls: P) -> P:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(
+                f"policy name {name!r} is already registered by {_REGISTRY[name].__qualname__}"
+            )
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def _load_builtin() -> None:
+    import headway.policies  # noqa: F401  (modules register themselves on import)
+
+
+def available_policies() -> list[str]:
+    """Names of all registered policies, sorted."""
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def get_policy_class(name: str) -> type[Policy]:
+    """The class registered as ``name``; raises :class:`UnknownPolicyError`."""
+    _load_builtin()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, _REGISTRY, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise UnknownPolicyError(
+            f"Unknown policy {name!r}.{hint} Valid policies: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+
+
+def make_policy(name: str, **kwargs: Any) -> Policy:
+    """Instantiate the policy registered as ``name`` with keyword settings."""
+    cls = get_policy_class(name)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"bad settings for policy {name!r}: {exc}") from None

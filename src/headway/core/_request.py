@@ -1,0 +1,189 @@
+"""The request model shared by the simulator, the gateway and the vLLM plugin.
+
+A :class:`Request` carries what a scheduler may legitimately know about a request
+(its prompt, arrival time, tenant, ``max_tokens``) plus the progress an engine has
+reported so far. The true output length is deliberately *not* a field: engines keep
+it to themselves and hand it only to policies that declare ``oracle = True``
+(see :meth:`headway.core.Policy.true_output_tokens`).
+
+State machine::
+
+    WAITING --schedule--> RUNNING --finish--> FINISHED
+       ^                     |
+       +----- PREEMPTED <----+   (evicted; re-enters the waiting queue)
+
+    WAITING / PREEMPTED --abort--> ABORTED   (client gone, TTL, queue full)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = ["InvalidTransition", "Request", "RequestState", "Tier"]
+
+
+class RequestState(enum.Enum):
+    """Lifecycle of a request inside a scheduler."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+_ALLOWED: dict[RequestState, frozenset[RequestState]] = {
+    RequestState.WAITING: frozenset({RequestState.RUNNING, RequestState.ABORTED}),
+    RequestState.RUNNING: frozenset(
+        {RequestState.PREEMPTED, RequestState.FINISHED, RequestState.ABORTED}
+    ),
+    RequestState.PREEMPTED: frozenset({RequestState.RUNNING, RequestState.ABORTED}),
+    RequestState.FINISHED: frozenset(),
+    RequestState.ABORTED: frozenset(),
+}
+
+
+class InvalidTransition(RuntimeError):
+    """A request was moved along an edge the state machine does not have."""
+
+
+class Tier(enum.IntEnum):
+    """Quality-of-service tier of a tenant (lower value = more important)."""
+
+    PREMIUM = 0
+    STANDARD = 1
+    BATCH = 2
+
+    @classmethod
+    def parse(cls, value: str | int | Tier) -> Tier:
+        """Accept ``"premium"``, ``"PREMIUM"``, ``0`` or a :class:`Tier`."""
+        if isinstance(value, Tier):
+            return value
+        if isinstance(value, int):
+            return cls(value)
+        try:
+            return cls[value.strip().upper()]
+        except KeyError:
+            valid = ", ".join(t.name.lower() for t in cls)
+            raise ValueError(f"unknown tier {value!r}; valid tiers: {valid}") from None
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One inference request as a scheduler sees it.
+
+    Identity and static facts come first; the fields after ``state`` are progress
+    that the engine (simulator, gateway or vLLM) updates. Times are seconds on the
+    engine's clock and stay ``None`` until the event happens.
+    """
+
+    request_id: str
+    """Unique id within one run."""
+    arrival_time: float
+    """When the request reached the scheduler (seconds)."""
+    num_prompt_tokens: int
+    """Prompt length in tokens."""
+    max_tokens: int
+    """Upper bound on generated tokens that the client asked for."""
+    tenant_id: str = "default"
+    """Who sent the request."""
+    tier: Tier = Tier.STANDARD
+    """QoS tier of the tenant."""
+    priority: int = 0
+    """vLLM-style priority: lower runs first."""
+    prompt: str | None = None
+    """Prompt text, when known (predictors need it)."""
+    category: str | None = None
+    """Workload category hint (e.g. ``"summary"``), when known."""
+    score: float | None = None
+    """Predicted length score (higher = longer), set by a scorer before arrival."""
+    seq: int = -1
+    """Arrival sequence number assigned by the engine; the final tie-break in keys."""
+
+    state: RequestState = RequestState.WAITING
+    num_computed_tokens: int = 0
+    """Tokens whose KV entries are currently computed (prompt + generated)."""
+    num_output_tokens: int = 0
+    """Tokens generated so far."""
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
+    """Tokens computed again after preemption by recompute."""
+    extra: dict[str, object] = field(default_factory=dict)
+    """Per-request state that a policy wants to keep (namespaced by policy name)."""
+
+    def __post_init__(self) -> None:
+        if self.num_prompt_tokens <= 0:
+            raise ValueError(
+                f"request {self.request_id!r}: num_prompt_tokens must be > 0, "
+                f"got {self.num_prompt_tokens}"
+            )
+        if self.max_tokens <= 0:
+            raise ValueError(
+                f"request {self.request_id!r}: max_tokens must be > 0, got {self.max_tokens}"
+            )
+        if not self.arrival_time >= 0.0:  # also rejects NaN
+            raise ValueError(
+                f"request {self.request_id!r}: arrival_time must be >= 0, got {self.arrival_time}"
+            )
+
+    # ----------------------------------------------------------------- state
+    def transition(self, new_state: RequestState) -> None:
+        """Move to ``new_state``, raising :class:`InvalidTransition` on an illegal edge."""
+        if new_state not in _ALLOWED[self.state]:
+            raise InvalidTransition(
+                f"request {self.request_id!r}: {self.state.name} -> {new_state.name} "
+                "is not a valid transition"
+            )
+        self.state = new_state
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in (RequestState.FINISHED, RequestState.ABORTED)
+
+    @property
+    def in_prefill(self) -> bool:
+        """True until the prompt (and any recomputed output) is in the KV cache."""
+        return self.num_computed_tokens < self.num_prompt_tokens + max(
+            self.num_output_tokens - 1, 0
+        )
+
+    @property
+    def attained_tokens(self) -> int:
+        """Work received so far in tokens: prompt tokens computed plus generated tokens."""
+        return min(self.num_computed_tokens, self.num_prompt_tokens) + self.num_output_tokens
+
+    # --------------------------------------------------------------- metrics
+    @property
+    def e2e_latency(self) -> float | None:
+        """Time to last token (TTLT), from arrival."""
+        if self.finish_time is None:
+            return None
+        return self.finish_time - self.arrival_time
+
+    @property
+    def ttft(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first (None for 1-token outputs)."""
+        if (
+            self.first_token_time is None
+            or self.last_token_time is None
+            or self.num_output_tokens < 2
+        ):
+            return None
+        return (self.last_token_time - self.first_token_time) / (self.num_output_tokens - 1)
+
+    @property
+    def queueing_delay(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time

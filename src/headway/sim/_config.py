@@ -1,0 +1,61 @@
+"""Engine configuration for the simulator: one frozen dataclass per concern."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["CacheConfig", "SchedulerConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Iteration-level batching limits, as vLLM V1's ``SchedulerConfig``."""
+
+    max_num_batched_tokens: int = 8192
+    """Token budget of one engine step (prefill chunks + one token per decode)."""
+    max_num_seqs: int = 256
+    """Most requests running at once."""
+    enable_chunked_prefill: bool = True
+    """Split prompts across steps to fit the budget (else a prompt must fit whole)."""
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
+    """How an evicted request keeps its KV: dropped and recomputed, or swapped to host."""
+    max_steps_per_event: int = 1 << 30
+    """Cap on decode steps advanced in closed form at once; 1 = exact step-by-step mode."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs}) so every running decode fits a step"
+            )
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(
+                f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
+            )
+        if self.max_steps_per_event < 1:
+            raise ValueError(f"max_steps_per_event must be >= 1, got {self.max_steps_per_event}")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Paged KV cache geometry."""
+
+    block_size: int = 16
+    """Tokens per KV block."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory the engine may use (weights + activations + KV)."""
+    num_gpu_blocks: int | None = None
+    """Override the capacity computed from the cost model's memory figures."""
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
+            raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")

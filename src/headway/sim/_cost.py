@@ -1,0 +1,254 @@
+"""Iteration cost model: how long one engine step takes, from its composition.
+
+One step of continuous batching runs ``num_tokens`` new tokens (prefill chunks plus one
+per decoding sequence) through the model for ``num_seqs`` sequences whose attention
+reads ``num_kv_tokens`` cached tokens. We model its duration as linear in those three
+features::
+
+    t = step_overhead + per_token * num_tokens + per_seq * num_seqs + per_kv_token * num_kv_tokens
+
+which is the additive roofline form (weights read once per step, compute per token,
+KV reads per context token) used by Vidur's and DistServe's analytic baselines. It is
+linear in its constants, so :meth:`CostModel.fit` recovers them from measured steps by
+non-negative least squares.
+
+Presets derive the constants from published hardware figures with the helper
+:func:`roofline` (formulas in its docstring); the inputs are given next to each preset.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = [
+    "PRESETS",
+    "CostModel",
+    "StepSample",
+    "available_presets",
+    "load_preset",
+    "roofline",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured engine step: its composition and duration (seconds)."""
+
+    num_tokens: int
+    num_seqs: int
+    num_kv_tokens: int
+    duration: float
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Step-time constants (seconds) and the memory figures that size the KV cache."""
+
+    name: str
+    step_overhead: float
+    """Fixed cost per step: reading the weights once plus launch overhead."""
+    per_token: float
+    """Compute per new token (prefill or decode): 2 x parameters FLOPs."""
+    per_seq: float
+    """Per-sequence cost per step (sampling, bookkeeping)."""
+    per_kv_token: float
+    """Attention cost per cached token read (KV bytes over bandwidth)."""
+    gpu_memory_bytes: float
+    """Total accelerator memory across tensor-parallel ranks."""
+    weight_bytes: float
+    """Model weights resident in accelerator memory."""
+    kv_bytes_per_token: float
+    """KV cache bytes per token across all layers and ranks."""
+    activation_bytes: float = 0.0
+    """Memory reserved for activations and the CUDA graph pool."""
+    swap_per_token: float = 0.0
+    """Time to move one token's KV between device and host (swap preemption)."""
+
+    def __post_init__(self) -> None:
+        for field_name in ("step_overhead", "per_token", "per_seq", "per_kv_token", "swap_per_token"):
+            value = getattr(self, field_name)
+            if not (value >= 0.0 and math.isfinite(value)):
+                raise ValueError(f"cost model {self.name!r}: {field_name} must be >= 0, got {value}")
+        if self.step_overhead + self.per_token <= 0.0:
+            raise ValueError(f"cost model {self.name!r}: a step must take positive time")
+        if self.kv_bytes_per_token <= 0:
+            raise ValueError(
+                f"cost model {self.name!r}: kv_bytes_per_token must be > 0, "
+                f"got {self.kv_bytes_per_token}"
+            )
+
+    def step_time(self, num_tokens: int, num_seqs: int, num_kv_tokens: int) -> float:
+        """Duration of one step of the given composition."""
+        return (
+            self.step_overhead
+            + self.per_token * num_tokens
+            + self.per_seq * num_seqs
+            + self.per_kv_token * num_kv_tokens
+        )
+
+    def num_gpu_blocks(self, gpu_memory_utilization: float, block_size: int) -> int:
+        """KV blocks that fit: (memory x utilization - weights - activations) / block bytes."""
+        free = self.gpu_memory_bytes * gpu_memory_utilization - self.weight_bytes - self.activation_bytes
+        blocks = int(free // (self.kv_bytes_per_token * block_size))
+        if blocks < 1:
+            raise ValueError(
+                f"cost model {self.name!r}: no room for a KV cache "
+                f"({self.gpu_memory_bytes:.3g} B x {gpu_memory_utilization} < weights "
+                f"{self.weight_bytes:.3g} B + activations {self.activation_bytes:.3g} B)"
+            )
+        return blocks
+
+    # ------------------------------------------------------------- fitting
+    @classmethod
+    def fit(cls, samples: Sequence[StepSample], base: CostModel, name: str) -> CostModel:
+        """Fit the four step-time constants to measured steps (non-negative least squares).
+
+        Memory figures are taken from ``base``. Needs at least four samples that vary
+        in composition.
+        """
+        import numpy as np
+        from scipy.optimize import nnls
+
+        if len(samples) < 4:
+            raise ValueError(f"need at least 4 step samples to fit a cost model, got {len(samples)}")
+        a = np.array([[1.0, s.num_tokens, s.num_seqs, s.num_kv_tokens] for s in samples])
+        y = np.array([s.duration for s in samples])
+        if not np.all(np.isfinite(y)) or np.any(y <= 0):
+            raise ValueError("step durations must be positive and finite")
+        scale = np.maximum(a.max(axis=0), 1e-12)
+        coef, _ = nnls(a / scale, y)
+        coef = coef / scale
+        return cls(
+            name=name,
+            step_overhead=float(coef[0]),
+            per_token=float(coef[1]),
+            per_seq=float(coef[2]),
+            per_kv_token=float(coef[3]),
+            gpu_memory_bytes=base.gpu_memory_bytes,
+            weight_bytes=base.weight_bytes,
+            kv_bytes_per_token=base.kv_bytes_per_token,
+            activation_bytes=base.activation_bytes,
+            swap_per_token=base.swap_per_token,
+        )
+
+    def save(self, path: str | Path) -> None:
+        """Write the model as JSON (loadable by :func:`load_preset` with the path)."""
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> CostModel:
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+            return cls(**data)
+        except (OSError, json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(f"{p}: not a headway cost model JSON file ({exc})") from None
+
+
+def roofline(
+    name: str,
+    *,
+    params: float,
+    kv_bytes_per_token: float,
+    num_gpus: int,
+    gpu_memory_gb: float,
+    mem_bw_tbs: float,
+    peak_tflops: float,
+    mfu: float = 0.5,
+    mbu: float = 0.75,
+    launch_overhead: float = 2e-3,
+    comm_overhead: float = 0.0,
+    per_seq: float = 2e-5,
+    activation_gb: float = 4.0,
+    pcie_gbs: float = 25.0,
+) -> CostModel:
+    """Constants from a roofline estimate of a dense decoder in bf16.
+
+    - weights: ``2 * params`` bytes; reading them once per step at ``mbu`` of the
+      aggregate bandwidth sets ``step_overhead`` (+ kernel launch + all-reduce time);
+    - compute: ``2 * params`` FLOPs per token at ``mfu`` of peak sets ``per_token``;
+    - attention: one token's KV (``kv_bytes_per_token``) read at ``mbu`` of bandwidth
+      sets ``per_kv_token``;
+    - swap: one token's KV over PCIe at ``pcie_gbs`` per GPU.
+    """
+    bw = mem_bw_tbs * 1e12 * num_gpus * mbu
+    flops = peak_tflops * 1e12 * num_gpus * mfu
+    weight_bytes = 2.0 * params
+    return CostModel(
+        name=name,
+        step_overhead=weight_bytes / bw + launch_overhead + comm_overhead,
+        per_token=2.0 * params / flops,
+        per_seq=per_seq,
+        per_kv_token=kv_bytes_per_token / bw,
+        gpu_memory_bytes=gpu_memory_gb * 1e9 * num_gpus,
+        weight_bytes=weight_bytes,
+        kv_bytes_per_token=kv_bytes_per_token,
+        activation_bytes=activation_gb * 1e9 * num_gpus,
+        swap_per_token=kv_bytes_per_token / (pcie_gbs * 1e9 * num_gpus),
+    )
+
+
+# Llama-3-8B: 8.03e9 parameters; KV per token = 32 layers x 8 KV heads x 128 dims x
+# 2 (K, V) x 2 bytes = 131,072 B. Llama-3-70B: 70.6e9 parameters; 80 layers x 8 KV
+# heads x 128 x 2 x 2 = 327,680 B.
+_L3_8B = {"params": 8.03e9, "kv_bytes_per_token": 131_072.0}
+_L3_70B = {"params": 70.6e9, "kv_bytes_per_token": 327_680.0}
+
+PRESETS: dict[str, CostModel] = {
+    # A100-SXM4-80GB: 2.039 TB/s HBM2e, 312 TFLOP/s dense bf16 (NVIDIA A100 datasheet).
+    # MFU 0.5 / MBU 0.75 match what vLLM reaches on prefill / decode (Vidur's A100
+    # profiles give ~0.1 ms per prefill token for 8B models and 10-12 ms decode steps).
+    "llama3-8b-a100": roofline(
+        "llama3-8b-a100", **_L3_8B, num_gpus=1, gpu_memory_gb=80, mem_bw_tbs=2.039, peak_tflops=312
+    ),
+    # H100-SXM5-80GB: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16 (NVIDIA H100 datasheet).
+    # Hopper reaches lower MFU with vLLM's default kernels: 0.4.
+    "llama3-8b-h100": roofline(
+        "llama3-8b-h100", **_L3_8B, num_gpus=1, gpu_memory_gb=80, mem_bw_tbs=3.35,
+        peak_tflops=989, mfu=0.4,
+    ),
+    # L4: 24 GB GDDR6 at 300 GB/s, 121 TFLOP/s dense bf16 (NVIDIA L4 datasheet). 16 GB of
+    # weights leave ~4 GB of KV cache at 0.9 utilization with 2 GB of activations.
+    "llama3-8b-l4": roofline(
+        "llama3-8b-l4", **_L3_8B, num_gpus=1, gpu_memory_gb=24, mem_bw_tbs=0.300,
+        peak_tflops=121, activation_gb=2.0, pcie_gbs=16.0,
+    ),
+    # 4 x H100-SXM5 with tensor parallelism 4: aggregate bandwidth and FLOPs, plus two
+    # all-reduces per layer over NVLink (~10 us each x 80 layers x 2 = 1.6 ms per step).
+    "llama3-70b-4xh100": roofline(
+        "llama3-70b-4xh100", **_L3_70B, num_gpus=4, gpu_memory_gb=80, mem_bw_tbs=3.35,
+        peak_tflops=989, mfu=0.4, comm_overhead=1.6e-3,
+    ),
+}
+
+
+def available_presets() -> list[str]:
+    return sorted(PRESETS)
+
+
+def load_preset(name_or_path: str | Path) -> CostModel:
+    """A built-in preset by name, or a cost model JSON file (e.g. from ``headway calibrate``)."""
+    key = str(name_or_path)
+    if key in PRESETS:
+        return PRESETS[key]
+    path = Path(key)
+    if path.suffix == ".json" or path.exists():
+        if not path.exists():
+            raise ValueError(f"cost model file {path} does not exist")
+        return CostModel.from_json(path)
+    raise ValueError(
+        f"unknown preset {key!r}; built-in presets: {', '.join(available_presets())} "
+        "(or pass a path to a cost model JSON file)"
+    )
+
+
+def iter_samples(rows: Iterable[dict[str, float]]) -> list[StepSample]:
+    """Build :class:`StepSample` rows from dicts with the four field names."""
+    return [
+        StepSample(int(r["num_tokens"]), int(r["num_seqs"]), int(r["num_kv_tokens"]), float(r["duration"]))
+        for r in rows
+    ]
