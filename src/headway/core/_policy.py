@@ -27,10 +27,15 @@ The contract, in the order an engine calls it:
     policy's ``choose_victim`` names whom to evict (default: the largest key, which is
     vLLM's rule for both FCFS and priority scheduling).
 
+A policy whose keys all change together (a learned global parameter) increments
+``key_epoch``; queues re-key everything at their next decision.
+
 Rekey hints (optional): ``rekey_after_tokens(req)`` - after how many more processed
-tokens the key of a running request may change; ``rekey_at_time(req)`` - an absolute
-time at which the key of a queued request changes (e.g. starvation promotion).
-Engines use them to skip work between changes.
+tokens the key of a running request may get *worse* (larger); ``rekey_at_time(req)`` -
+an absolute time at which the key of a queued request changes (e.g. starvation
+promotion). Between hints a running request's key may stay or improve, never worsen
+(SRPT's remaining length only shrinks: no hint needed; attained-service keys such as
+UniBoost's grow: they must give hints). Engines skip work between hints.
 """
 
 from __future__ import annotations
@@ -73,6 +78,9 @@ class Policy(ABC):
     """True if the policy reads true output lengths (simulation/benchmarks only)."""
     preemptive: ClassVar[bool] = False
     """True if a better-keyed waiting request may displace a running one."""
+    key_epoch: int = 0
+    """Bump this when every cached key is stale at once (e.g. a global parameter such
+    as gamma-Ada's gamma changed); queues then re-key all waiting requests."""
 
     _oracle_fn: Callable[[Request], int] | None = None
 
@@ -99,7 +107,7 @@ class Policy(ABC):
         return max(running, key=lambda r: (self.key(r, now), r.seq))
 
     def rekey_after_tokens(self, request: Request) -> int | None:
-        """Tokens after which a running request's key may change (None: never)."""
+        """Tokens after which a running request's key may worsen (None: never)."""
         return None
 
     def rekey_at_time(self, request: Request) -> float | None:

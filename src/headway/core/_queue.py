@@ -20,13 +20,14 @@ __all__ = ["PolicyQueue"]
 class PolicyQueue:
     """Waiting requests ordered by a :class:`Policy`'s key."""
 
-    __slots__ = ("_counter", "_heap", "_live", "policy")
+    __slots__ = ("_counter", "_epoch", "_heap", "_live", "policy")
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self._heap: list[tuple[PolicyKey, int, int, Request]] = []
         self._live: dict[Request, int] = {}
         self._counter = itertools.count()
+        self._epoch = policy.key_epoch
 
     def add(self, request: Request, now: float) -> None:
         """Insert ``request`` (or re-insert it with a fresh key)."""
@@ -35,6 +36,16 @@ class PolicyQueue:
         heapq.heappush(self._heap, (self.policy.key(request, now), request.seq, token, request))
 
     rekey = add
+
+    def refresh(self, now: float) -> bool:
+        """Re-key every request if the policy bumped ``key_epoch``; returns whether it did."""
+        if self.policy.key_epoch == self._epoch:
+            return False
+        self._epoch = self.policy.key_epoch
+        key = self.policy.key
+        self._heap = [(key(r, now), r.seq, tok, r) for r, tok in self._live.items()]
+        heapq.heapify(self._heap)
+        return True
 
     def _prune(self) -> None:
         heap, live = self._heap, self._live

@@ -1,0 +1,210 @@
+"""JSON and CSV export of run summaries and per-request metrics."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from headway.core import Request
+from headway.metrics._slo import SLO
+from headway.metrics._summary import REQUEST_COLUMNS, Cell, RunSummary, request_rows
+
+__all__ = [
+    "SUMMARY_COLUMNS",
+    "read_json",
+    "safe_filename",
+    "summary_row",
+    "write_json",
+    "write_requests_csv",
+    "write_summary_csv",
+]
+
+_JSON_FORMAT = "headway.metrics.summary"
+_JSON_VERSION = 1
+_STAT_METRICS = ("ttft", "tpot", "e2e", "normalized_latency", "queueing_delay")
+_STAT_KEYS = ("count", "mean", "min", "p50", "p90", "p95", "p99", "max")
+
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "name",
+    "num_requests",
+    "num_completed",
+    "num_aborted",
+    "num_unfinished",
+    "aborted_by_reason",
+    "start_time",
+    "end_time",
+    "makespan",
+    "total_prompt_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    *(f"{m}_{k}" for m in _STAT_METRICS for k in _STAT_KEYS),
+    "num_preemptions",
+    "num_recomputed_tokens",
+    "slo",
+    "num_slo_met",
+    "slo_attainment",
+    "goodput",
+    "jain_fairness",
+)
+"""Columns of the summary CSV: one row per run; latency columns are in seconds
+(``normalized_latency_*`` in seconds per output token)."""
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_filename(name: str, *, default: str = "run", max_len: int = 80) -> str:
+    """A portable file-name stem for a run/policy name.
+
+    Characters outside ``[A-Za-z0-9._-]`` (``:``, ``/``, spaces, ...) become ``_``;
+    leading dots and dashes are dropped; an empty result becomes ``default``.
+    """
+    stem = _UNSAFE.sub("_", name).lstrip(".-")[:max_len].rstrip(".")
+    return stem or default
+
+
+def unique_filenames(names: Iterable[str]) -> dict[str, str]:
+    """Map each name to a :func:`safe_filename` stem unique case-insensitively."""
+    out: dict[str, str] = {}
+    used: set[str] = set()
+    for name in names:
+        stem = base = safe_filename(name)
+        n = 2
+        while stem.lower() in used:
+            stem = f"{base}-{n}"
+            n += 1
+        used.add(stem.lower())
+        out[name] = stem
+    return out
+
+
+def _as_runs(summaries: RunSummary | Mapping[str, RunSummary] | Iterable[RunSummary]) -> dict[str, RunSummary]:
+    """Normalize to ``{name: summary}``; a mapping's keys win over ``summary.name``."""
+    if isinstance(summaries, RunSummary):
+        return {summaries.name: summaries}
+    if isinstance(summaries, Mapping):
+        return {
+            str(k): v if v.name == k else dataclasses.replace(v, name=str(k))
+            for k, v in summaries.items()
+        }
+    out: dict[str, RunSummary] = {}
+    for s in summaries:
+        if s.name in out:
+            raise ValueError(f"two summaries are named {s.name!r}; pass a mapping with unique keys")
+        out[s.name] = s
+    return out
+
+
+def _cell(value: Cell) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return "" if math.isnan(value) else repr(value)
+    return str(value)
+
+
+def _write_csv(path: str | Path, columns: tuple[str, ...], rows: Iterable[Mapping[str, Cell]]) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_cell(row[c]) for c in columns])
+    return out
+
+
+def write_requests_csv(
+    path: str | Path, requests: Iterable[Request], *, slo: SLO | str | None = None
+) -> Path:
+    """One row per request (columns :data:`REQUEST_COLUMNS`), in input order.
+
+    Empty cells mean "not available"; floats are written with ``repr`` so they read
+    back exactly; ``slo_met`` is ``true``/``false`` (empty without an SLO).
+    """
+    return _write_csv(path, REQUEST_COLUMNS, request_rows(requests, slo=slo))
+
+
+def summary_row(summary: RunSummary) -> dict[str, Cell]:
+    """The flat :data:`SUMMARY_COLUMNS` dict of one run (NaN -> ``None``)."""
+    row: dict[str, Cell] = {
+        "name": summary.name,
+        "num_requests": summary.num_requests,
+        "num_completed": summary.num_completed,
+        "num_aborted": summary.num_aborted,
+        "num_unfinished": summary.num_unfinished,
+        "aborted_by_reason": ";".join(f"{k}={v}" for k, v in summary.aborted_by_reason.items()),
+        "start_time": summary.start_time,
+        "end_time": summary.end_time,
+        "makespan": summary.makespan,
+        "total_prompt_tokens": summary.total_prompt_tokens,
+        "total_output_tokens": summary.total_output_tokens,
+        "request_throughput": summary.request_throughput,
+        "output_throughput": summary.output_throughput,
+        "total_token_throughput": summary.total_token_throughput,
+    }
+    for metric in _STAT_METRICS:
+        stats = getattr(summary, metric).to_dict()
+        for key in _STAT_KEYS:
+            row[f"{metric}_{key}"] = stats[key]
+    row.update(
+        {
+            "num_preemptions": summary.num_preemptions,
+            "num_recomputed_tokens": summary.num_recomputed_tokens,
+            "slo": None if summary.slo is None else summary.slo.to_spec(),
+            "num_slo_met": summary.num_slo_met,
+            "slo_attainment": summary.slo_attainment,
+            "goodput": summary.goodput,
+            "jain_fairness": summary.jain_fairness,
+        }
+    )
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+
+
+def write_summary_csv(
+    path: str | Path, summaries: RunSummary | Mapping[str, RunSummary] | Iterable[RunSummary]
+) -> Path:
+    """One row per run (columns :data:`SUMMARY_COLUMNS`); mapping keys name the runs."""
+    runs = _as_runs(summaries)
+    return _write_csv(path, SUMMARY_COLUMNS, (summary_row(s) for s in runs.values()))
+
+
+def write_json(
+    path: str | Path, summaries: RunSummary | Mapping[str, RunSummary] | Iterable[RunSummary]
+) -> Path:
+    """Write ``{"format", "version", "runs": {name: RunSummary.to_dict()}}`` as JSON.
+
+    Mapping keys name the runs (and replace ``summary.name``). The file is strict JSON
+    (NaN is written as ``null``); :func:`read_json` reads it back.
+    """
+    runs = _as_runs(summaries)
+    doc = {
+        "format": _JSON_FORMAT,
+        "version": _JSON_VERSION,
+        "runs": {name: s.to_dict() for name, s in runs.items()},
+    }
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return out
+
+
+def read_json(path: str | Path) -> dict[str, RunSummary]:
+    """Read a file written by :func:`write_json` back into ``{name: RunSummary}``."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(doc, dict) or doc.get("format") != _JSON_FORMAT:
+        raise ValueError(f"{path}: not a headway metrics summary file")
+    if doc.get("version") != _JSON_VERSION:
+        raise ValueError(f"{path}: unsupported summary version {doc.get('version')!r}")
+    runs = doc["runs"]
+    if not isinstance(runs, dict):
+        raise ValueError(f"{path}: 'runs' must be an object")
+    return {str(k): RunSummary.from_dict(v) for k, v in runs.items()}

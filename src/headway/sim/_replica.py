@@ -1,0 +1,489 @@
+"""One simulated engine replica: vLLM V1-style continuous batching over a paged KV cache.
+
+Each engine step (vLLM ``schedule()`` + model run) proceeds as V1 does:
+
+1. running requests first: every decoding request gets one token, partially prefilled
+   requests get a prompt chunk; KV blocks are allocated, and when they run out the
+   policy's ``choose_victim`` is evicted (recompute or swap) until the rest fit;
+2. preemptive policies may evict running requests that a better-keyed waiting request
+   should displace;
+3. waiting requests are admitted in policy order while the token budget,
+   ``max_num_seqs`` and free blocks allow (head-of-line: the first that does not fit
+   stops admission, as V1).
+
+Step duration comes from the :class:`~headway.sim.CostModel`.
+
+**Fast-forward.** A step with no prefill work is a *decode-only* step, and the next
+decision cannot differ until something happens: a request finishes, the KV cache
+runs out, a policy's rekey hint fires, or a request arrives. So decode-only stretches
+are planned as ``n`` steps at once: per-request counters are lazy (a decoding request
+stores the global decode-step count at which it joined), block needs come from a
+histogram of block-boundary phases, and the stretch's duration is a closed-form sum
+(step time is linear in the KV tokens, which grow by the batch size each step). An
+arrival in the middle truncates the stretch to the first step boundary after it.
+``SchedulerConfig.max_steps_per_event = 1`` turns this off (the exact reference mode).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+
+from headway.core import Policy, PolicyQueue, Request, RequestState
+from headway.sim._config import CacheConfig, SchedulerConfig
+from headway.sim._cost import CostModel
+from headway.sim._events import STEP_END, TIMER, EventLoop
+
+__all__ = ["Replica"]
+
+
+class _Seq:
+    """Simulator-side state of one request (never shown to policies)."""
+
+    __slots__ = ("blocks", "chunk", "fin_g", "gen", "join", "phase", "req", "rekey_g", "true_len")
+
+    def __init__(self, req: Request, true_len: int) -> None:
+        self.req = req
+        self.true_len = true_len
+        self.blocks = 0  # KV blocks held (prefilling / waiting-after-swap); decoders: derived
+        self.chunk = 0  # tokens scheduled in the current step (prefilling only)
+        self.join = 0  # global decode-step count when counters were last synced
+        self.phase = 0  # (computed - join) mod block_size, for decoders
+        self.fin_g = 0  # global decode-step count at which it finishes
+        self.rekey_g = -1  # global decode-step count of its next rekey hint (-1: none)
+        self.gen = 0  # bumps whenever it leaves the decode set (invalidates heap entries)
+
+
+class Replica:
+    """A simulated engine with its own queue, batch and KV cache."""
+
+    def __init__(
+        self,
+        loop: EventLoop,
+        policy: Policy,
+        cost: CostModel,
+        scheduler: SchedulerConfig,
+        cache: CacheConfig,
+        *,
+        name: str = "replica-0",
+        on_done: Callable[[Request], None] | None = None,
+        truth: dict[Request, int] | None = None,
+        record_timeline: bool = False,
+    ) -> None:
+        self.loop = loop
+        self.policy = policy
+        self.cost = cost
+        self.cfg = scheduler
+        self.name = name
+        self.bs = cache.block_size
+        self.num_blocks = cache.num_gpu_blocks or cost.num_gpu_blocks(
+            cache.gpu_memory_utilization, cache.block_size
+        )
+        self.free = self.num_blocks
+        cap = self.num_blocks * self.bs
+        if not scheduler.enable_chunked_prefill:
+            cap = min(cap, scheduler.max_num_batched_tokens)
+        self.max_model_len = cap
+        self.waiting = PolicyQueue(policy)
+        self.seqs: dict[Request, _Seq] = {}
+        self.decoders: dict[_Seq, None] = {}  # insertion-ordered set
+        self.prefilling: list[_Seq] = []
+        self.g = 0  # decode steps run so far (the lazy counters' clock)
+        self.hist = [0] * self.bs  # decoders per block-boundary phase
+        self.s_off = 0  # sum over decoders of (computed - join)
+        self.fin_heap: list[tuple[int, int, int, _Seq]] = []
+        self.rekey_heap: list[tuple[int, int, int, _Seq]] = []
+        self.on_done = on_done
+        self.truth: dict[Request, int] = {} if truth is None else truth
+        self.swap_cost = 0.0
+        # the step in flight
+        self.busy = False
+        self.version = 0
+        self.plan_start = 0.0
+        self.plan_n = 0
+        self.plan_base = 0.0
+        self.plan_slope = 0.0
+        # statistics
+        self.num_steps = 0
+        self.num_step_events = 0
+        self.num_preemptions = 0
+        self.timeline: list[tuple[float, int, int, int]] | None = [] if record_timeline else None
+
+    # ------------------------------------------------------------ arrivals
+    @property
+    def num_running(self) -> int:
+        return len(self.decoders) + len(self.prefilling)
+
+    def outstanding(self) -> int:
+        """Requests queued or running here (for routers)."""
+        return len(self.waiting) + self.num_running
+
+    def submit(self, req: Request, true_len: int) -> None:
+        """A request arrives now (called from the simulator's arrival event)."""
+        now = self.loop.now
+        if req.num_prompt_tokens >= self.max_model_len:
+            req.transition(RequestState.ABORTED)
+            req.finish_time = now
+            req.extra["abort_reason"] = (
+                f"prompt of {req.num_prompt_tokens} tokens does not fit max_model_len {self.max_model_len}"
+            )
+            if self.on_done is not None:
+                self.on_done(req)
+            return
+        true_len = min(true_len, req.max_tokens, self.max_model_len - req.num_prompt_tokens)
+        self.truth[req] = true_len
+        s = _Seq(req, true_len)
+        self.seqs[req] = s
+        self.policy.on_arrival(req, now)
+        self.waiting.add(req, now)
+        self._arm_timer(req)
+        self._poke(now)
+
+    def _arm_timer(self, req: Request) -> None:
+        at = self.policy.rekey_at_time(req)
+        if at is not None and at > self.loop.now:
+            self.loop.schedule(at, TIMER, self._on_timer, req)
+
+    def _on_timer(self, req: Request) -> None:
+        if req in self.waiting:
+            now = self.loop.now
+            self.waiting.rekey(req, now)
+            self._arm_timer(req)
+            self._poke(now)
+
+    def _poke(self, now: float) -> None:
+        """Something changed the queue: start a step, or cut a decode stretch short."""
+        if not self.busy:
+            self._start_step(now)
+        elif self.plan_n > 1:
+            self._truncate(now)
+
+    # ---------------------------------------------------------- durations
+    def _span(self, n: int) -> float:
+        """Duration of the first ``n`` steps of the current plan (closed form)."""
+        return n * self.plan_base + self.plan_slope * (n * (n - 1) // 2)
+
+    def _truncate(self, t: float) -> None:
+        start, n = self.plan_start, self.plan_n
+        if start + self._span(n) <= t:
+            return
+        # smallest m with start + span(m) >= t
+        d = t - start
+        a, b = self.plan_slope / 2.0, self.plan_base - self.plan_slope / 2.0
+        m = math.ceil(d / b) if a == 0.0 else math.ceil((-b + math.sqrt(b * b + 4.0 * a * d)) / (2.0 * a))
+        m = min(max(m, 1), n)
+        while m > 1 and start + self._span(m - 1) >= t:
+            m -= 1
+        while m < n and start + self._span(m) < t:
+            m += 1
+        if m >= n:
+            return
+        self.free += self._cum_blocks(n) - self._cum_blocks(m)
+        self.plan_n = m
+        self.version += 1
+        self.loop.schedule(start + self._span(m), STEP_END, self._on_step_end, self.version)
+
+    # -------------------------------------------------------- lazy decode
+    def _sync(self, s: _Seq, now: float) -> None:
+        """Bring a decoder's visible counters up to date and report the progress."""
+        delta = self.g - s.join
+        if delta:
+            req = s.req
+            req.num_output_tokens += delta
+            req.num_computed_tokens += delta
+            req.last_token_time = now
+            s.join = self.g
+            self.policy.on_progress(req, now, delta)
+
+    def _add_decoder(self, s: _Seq) -> None:
+        req = s.req
+        s.join = self.g
+        off = req.num_computed_tokens - self.g
+        s.phase = off % self.bs
+        self.hist[s.phase] += 1
+        self.s_off += off
+        self.decoders[s] = None
+        s.fin_g = self.g + s.true_len - req.num_output_tokens
+        heapq.heappush(self.fin_heap, (s.fin_g, req.seq, s.gen, s))
+        self._arm_rekey(s)
+
+    def _arm_rekey(self, s: _Seq) -> None:
+        hint = self.policy.rekey_after_tokens(s.req)
+        if hint is not None:
+            s.rekey_g = self.g + max(int(hint), 1)
+            heapq.heappush(self.rekey_heap, (s.rekey_g, s.req.seq, s.gen, s))
+        else:
+            s.rekey_g = -1
+
+    def _remove_decoder(self, s: _Seq) -> None:
+        del self.decoders[s]
+        self.hist[s.phase] -= 1
+        self.s_off -= s.req.num_computed_tokens - s.join
+        s.gen += 1
+        s.blocks = -(-s.req.num_computed_tokens // self.bs)
+
+    # ------------------------------------------------------------- leaving
+    def _finish(self, s: _Seq, now: float) -> None:
+        req = s.req
+        self.free += s.blocks
+        s.blocks = 0
+        req.finish_time = now
+        req.transition(RequestState.FINISHED)
+        del self.seqs[req]
+        self.policy.on_finish(req, now)
+        if self.on_done is not None:
+            self.on_done(req)
+
+    def _preempt(self, s: _Seq, now: float) -> None:
+        """Evict a running request (its step reservations must already be returned)."""
+        req = s.req
+        if s in self.decoders:
+            self._sync(s, now)
+            self._remove_decoder(s)
+        else:
+            self.prefilling.remove(s)
+            s.chunk = 0
+        self.free += s.blocks
+        s.blocks = 0
+        if self.cfg.preemption_mode == "swap":
+            self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
+        else:
+            req.num_recomputed_tokens += req.num_computed_tokens
+            req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        req.transition(RequestState.PREEMPTED)
+        self.waiting.add(req, now)
+        self._arm_timer(req)
+
+    def _running(self, now: float) -> list[Request]:
+        for s in self.decoders:
+            self._sync(s, now)
+        return [s.req for s in self.decoders] + [s.req for s in self.prefilling]
+
+    # ------------------------------------------------------------ planning
+    def _blocks_for(self, s: _Seq, chunk: int) -> int:
+        return -(-(s.req.num_computed_tokens + chunk) // self.bs) - s.blocks
+
+    def _start_step(self, now: float) -> None:
+        self.waiting.refresh(now)
+        budget = self.cfg.max_num_batched_tokens - len(self.decoders)
+        need = self.hist[-self.g % self.bs]
+        self.free -= need
+        budget = self._plan_running_prefills(budget)
+        if self.free < 0:
+            budget = self._evict_for_memory(now, budget)
+        if self.policy.preemptive and self.waiting:
+            budget = self._displace(now, budget)
+        self._admit(now, budget)
+        self._launch(now)
+
+    def _plan_running_prefills(self, budget: int) -> int:
+        for s in self.prefilling:
+            req = s.req
+            chunk = min(req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens, budget)
+            s.chunk = chunk
+            blocks = self._blocks_for(s, chunk)
+            s.blocks += blocks
+            self.free -= blocks
+            budget -= chunk
+        return budget
+
+    def _release_step(self, s: _Seq) -> int:
+        """Return what ``s`` reserved for the step being planned; gives back its budget."""
+        if s in self.decoders:
+            if s.phase == -self.g % self.bs:
+                self.free += 1
+            return 1
+        blocks = self._blocks_for(s, 0)  # negative: the chunk's reservation
+        s.blocks += blocks
+        self.free -= blocks
+        return s.chunk
+
+    def _evict_for_memory(self, now: float, budget: int) -> int:
+        while self.free < 0 and self.num_running:
+            victim = self.policy.choose_victim(self._running(now), now)
+            s = self.seqs[victim]
+            budget += self._release_step(s)
+            self._preempt(s, now)
+        return budget
+
+    def _displace(self, now: float, budget: int) -> int:
+        """Preemptive policies: evict running requests that a better waiting one outranks."""
+        policy = self.policy
+        keys = {r: (policy.key(r, now), r.seq) for r in self._running(now)}
+        while self.waiting:
+            cand = self.waiting.peek()
+            assert cand is not None
+            if self._fits(self.seqs[cand], budget):
+                budget = self._admit_one(now, budget)
+                keys[cand] = (policy.key(cand, now), cand.seq)
+                continue
+            ckey = (self.waiting.peek_key(), cand.seq)
+            worst = max(
+                (r for r in keys if r is not cand and policy.can_preempt(r, now)),
+                key=keys.__getitem__,
+                default=None,
+            )
+            if worst is None or keys[worst] <= ckey:
+                break
+            del keys[worst]
+            s = self.seqs[worst]
+            budget += self._release_step(s)
+            self._preempt(s, now)
+        return budget
+
+    def _fits(self, s: _Seq, budget: int) -> bool:
+        if budget <= 0 or self.num_running >= self.cfg.max_num_seqs:
+            return False
+        req = s.req
+        num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+        if num_new > budget and not self.cfg.enable_chunked_prefill:
+            return False
+        return self._blocks_for(s, min(num_new, budget)) <= self.free
+
+    def _admit_one(self, now: float, budget: int) -> int:
+        req = self.waiting.pop()
+        s = self.seqs[req]
+        chunk = min(req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens, budget)
+        blocks = self._blocks_for(s, chunk)
+        s.blocks += blocks
+        self.free -= blocks
+        s.chunk = chunk
+        if req.num_computed_tokens and self.cfg.preemption_mode == "swap":
+            self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
+        req.transition(RequestState.RUNNING)
+        if req.first_scheduled_time is None:
+            req.first_scheduled_time = now
+        self.prefilling.append(s)
+        return budget - chunk
+
+    def _admit(self, now: float, budget: int) -> None:
+        waiting = self.waiting
+        while waiting:
+            req = waiting.peek()
+            assert req is not None
+            if not self._fits(self.seqs[req], budget):
+                break
+            budget = self._admit_one(now, budget)
+
+    def _launch(self, now: float) -> None:
+        num_dec = len(self.decoders)
+        kv0 = self.s_off + num_dec * (self.g + 1)
+        cost = self.cost
+        if self.prefilling or self.swap_cost:
+            tokens = num_dec
+            kv = kv0
+            for s in self.prefilling:
+                tokens += s.chunk
+                kv += s.req.num_computed_tokens + s.chunk
+            self.plan_base = cost.step_time(tokens, num_dec + len(self.prefilling), kv) + self.swap_cost
+            self.swap_cost = 0.0
+            self.plan_slope = 0.0
+            n = 1
+        elif num_dec:
+            self.plan_base = cost.step_time(num_dec, num_dec, kv0)
+            self.plan_slope = cost.per_kv_token * num_dec
+            n = self._decode_horizon()
+        else:
+            self.busy = False
+            return
+        self.busy = True
+        self.plan_start = now
+        self.plan_n = n
+        self.version += 1
+        self.loop.schedule(now + self._span(n), STEP_END, self._on_step_end, self.version)
+
+    def _cum_blocks(self, k: int) -> int:
+        """Blocks that decode steps ``0..k-1`` of a plan starting now need (O(block_size))."""
+        g, bs, hist = self.g, self.bs, self.hist
+        full, rem = divmod(k, bs)
+        total = full * len(self.decoders)
+        for j in range(rem):
+            total += hist[-(g + j) % bs]
+        return total
+
+    def _decode_horizon(self) -> int:
+        """How many decode-only steps can run before anything could change (>= 1).
+
+        Step 0's blocks are already reserved; further steps are reserved here while
+        they fit (binary search over the monotone cumulative block need).
+        """
+        g = self.g
+        n = min(self.fin_heap[0][0] - g, self.cfg.max_steps_per_event)
+        if self.rekey_heap:
+            n = min(n, max(self.rekey_heap[0][0] - g, 1))
+        if n > 1:
+            first = self._cum_blocks(1)
+            room = self.free + first
+            if self._cum_blocks(n) > room:
+                lo, hi = 1, n  # cum(lo) fits, cum(hi) does not
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if self._cum_blocks(mid) <= room:
+                        lo = mid
+                    else:
+                        hi = mid
+                n = lo
+            self.free -= self._cum_blocks(n) - first
+        return n
+
+    # ------------------------------------------------------------ step end
+    def _on_step_end(self, version: int) -> None:
+        if version != self.version:
+            return
+        now = self.loop.now
+        n = self.plan_n
+        self.g += n
+        self.num_steps += n
+        self.num_step_events += 1
+        self._complete_prefills(now)
+        self._complete_decodes(now)
+        if self.timeline is not None:
+            self.timeline.append((now, len(self.waiting), self.num_running, self.num_blocks - self.free))
+        self._start_step(now)
+
+    def _complete_prefills(self, now: float) -> None:
+        if not self.prefilling:
+            return
+        still: list[_Seq] = []
+        done: list[_Seq] = []
+        for s in self.prefilling:
+            req = s.req
+            req.num_computed_tokens += s.chunk
+            if req.num_computed_tokens < req.num_prompt_tokens + req.num_output_tokens:
+                still.append(s)
+                if s.chunk:
+                    self.policy.on_progress(req, now, s.chunk)
+                continue
+            req.num_output_tokens += 1
+            if req.first_token_time is None:
+                req.first_token_time = now
+            req.last_token_time = now
+            self.policy.on_progress(req, now, s.chunk)
+            done.append(s)
+        self.prefilling = still
+        for s in done:
+            s.chunk = 0
+            if s.req.num_output_tokens >= s.true_len:
+                self._finish(s, now)
+            else:
+                self._add_decoder(s)
+
+    def _complete_decodes(self, now: float) -> None:
+        g, heap = self.g, self.fin_heap
+        while heap and heap[0][0] <= g:
+            _, _, gen, s = heapq.heappop(heap)
+            if gen != s.gen:
+                continue
+            self._sync(s, now)
+            self._remove_decoder(s)
+            self._finish(s, now)
+        heap = self.rekey_heap
+        while heap and heap[0][0] <= g:
+            _, _, gen, s = heapq.heappop(heap)
+            if gen != s.gen or s.rekey_g > g:
+                continue
+            self._sync(s, now)
+            self._arm_rekey(s)
