@@ -84,7 +84,9 @@ def unique_filenames(names: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _as_runs(summaries: RunSummary | Mapping[str, RunSummary] | Iterable[RunSummary]) -> dict[str, RunSummary]:
+def _as_runs(
+    summaries: RunSummary | Mapping[str, RunSummary] | Iterable[RunSummary],
+) -> dict[str, RunSummary]:
     """Normalize to ``{name: summary}``; a mapping's keys win over ``summary.name``."""
     if isinstance(summaries, RunSummary):
         return {summaries.name: summaries}

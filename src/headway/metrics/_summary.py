@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from headway.core import Request, RequestState
-from headway.metrics._stats import LatencyStats, _nan_to_none, _none_to_nan, jain_index, latency_stats
 from headway.metrics._slo import SLO
+from headway.metrics._stats import LatencyStats, _nan_to_none, _none_to_nan, jain_index, latency_stats
 
 __all__ = [
     "REQUEST_COLUMNS",

@@ -108,6 +108,7 @@ class Replica:
         self.num_steps = 0
         self.num_step_events = 0
         self.num_preemptions = 0
+        self.max_step_tokens = 0  # largest token count of one step (budget check)
         self.timeline: list[tuple[float, int, int, int]] | None = [] if record_timeline else None
 
     # ------------------------------------------------------------ arrivals
@@ -155,9 +156,17 @@ class Replica:
     def _poke(self, now: float) -> None:
         """Something changed the queue: start a step, or cut a decode stretch short."""
         if not self.busy:
-            self._start_step(now)
+            # start after every event at this instant (simultaneous arrivals share a step)
+            self.busy = True
+            self.plan_n = 0
+            self.version += 1
+            self.loop.schedule(now, STEP_END, self._on_kick, self.version)
         elif self.plan_n > 1:
             self._truncate(now)
+
+    def _on_kick(self, version: int) -> None:
+        if version == self.version:
+            self._start_step(self.loop.now)
 
     # ---------------------------------------------------------- durations
     def _span(self, n: int) -> float:
@@ -378,11 +387,15 @@ class Replica:
             for s in self.prefilling:
                 tokens += s.chunk
                 kv += s.req.num_computed_tokens + s.chunk
+            if tokens > self.max_step_tokens:
+                self.max_step_tokens = tokens
             self.plan_base = cost.step_time(tokens, num_dec + len(self.prefilling), kv) + self.swap_cost
             self.swap_cost = 0.0
             self.plan_slope = 0.0
             n = 1
         elif num_dec:
+            if num_dec > self.max_step_tokens:
+                self.max_step_tokens = num_dec
             self.plan_base = cost.step_time(num_dec, num_dec, kv0)
             self.plan_slope = cost.per_kv_token * num_dec
             n = self._decode_horizon()

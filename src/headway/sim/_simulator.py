@@ -31,6 +31,8 @@ class ReplicaStats:
     num_step_events: int
     num_preemptions: int
     num_requests: int
+    max_step_tokens: int
+    """Most tokens any one step computed (never above ``max_num_batched_tokens``)."""
     timeline: tuple[tuple[float, int, int, int], ...] | None = None
     """(time, waiting, running, used KV blocks) after every step event, when recorded."""
 
@@ -148,6 +150,12 @@ def simulate(
             f"simulation ended with {len(unfinished)} unfinished requests "
             f"(first: {unfinished[:3]}); this is a simulator bug"
         )
+    for r in replicas:
+        if r.free != r.num_blocks or r.num_running or r.waiting:
+            raise RuntimeError(
+                f"{r.name}: KV blocks not conserved at the end ({r.free} free of {r.num_blocks}); "
+                "this is a simulator bug"
+            )
     stats = tuple(
         ReplicaStats(
             name=r.name,
@@ -157,6 +165,7 @@ def simulate(
             num_step_events=r.num_step_events,
             num_preemptions=r.num_preemptions,
             num_requests=counts[i],
+            max_step_tokens=r.max_step_tokens,
             timeline=None if r.timeline is None else tuple(r.timeline),
         )
         for i, r in enumerate(replicas)

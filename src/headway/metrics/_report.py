@@ -1,0 +1,86 @@
+"""One call that writes every report artefact of a set of runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from headway.core import Request
+from headway.metrics._export import unique_filenames, write_json, write_requests_csv, write_summary_csv
+from headway.metrics._html import render_figures, render_html
+from headway.metrics._plots import TimelineLike
+from headway.metrics._summary import RunSummary
+
+__all__ = ["ReportPaths", "write_report"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReportPaths:
+    """The files :func:`write_report` wrote."""
+
+    out_dir: Path
+    summary_json: Path
+    summary_csv: Path
+    requests_csv: Mapping[str, Path]
+    """Run name -> ``requests_<sanitized name>.csv``."""
+    figures: Mapping[str, Path]
+    """Figure key (``latency_cdf``, ``percentiles``, ``timeline``) -> PNG path."""
+    html: Path
+
+    def all(self) -> list[Path]:
+        """Every written file."""
+        return [self.summary_json, self.summary_csv, *self.requests_csv.values(),
+                *self.figures.values(), self.html]
+
+
+def write_report(
+    out_dir: str | Path,
+    runs: Mapping[str, tuple[RunSummary, Sequence[Request]]],
+    *,
+    title: str = "headway report",
+    notes: str | Sequence[str] | None = None,
+    baseline: str | None = None,
+    timeline: Mapping[str, Sequence[TimelineLike]] | None = None,
+) -> ReportPaths:
+    """Write ``summary.json``, ``summary.csv``, ``requests_<name>.csv`` per run,
+    ``latency_cdf.png``, ``percentiles.png`` (and ``timeline.png`` when ``timeline``
+    is given) and a self-contained ``report.html`` into ``out_dir``.
+
+    ``runs`` maps a run (policy) name to its summary and requests; names are used
+    as given in tables and JSON, and sanitized (``[A-Za-z0-9._-]``, made unique) in
+    file names. The per-request CSV's ``slo_met`` uses each summary's SLO.
+    """
+    if not runs:
+        raise ValueError("write_report() needs at least one run")
+    if baseline is not None and baseline not in runs:
+        raise KeyError(f"baseline {baseline!r} is not one of the runs: {sorted(runs)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = {name: s for name, (s, _) in runs.items()}
+
+    summary_json = write_json(out / "summary.json", summaries)
+    summary_csv = write_summary_csv(out / "summary.csv", summaries)
+    stems = unique_filenames(runs)
+    requests_csv = {
+        name: write_requests_csv(out / f"requests_{stems[name]}.csv", reqs, slo=s.slo)
+        for name, (s, reqs) in runs.items()
+    }
+    images = render_figures(runs, timeline)
+    figures: dict[str, Path] = {}
+    for key, png in images.items():
+        path = out / f"{key}.png"
+        path.write_bytes(png)
+        figures[key] = path
+    html_path = out / "report.html"
+    html_path.write_text(
+        render_html(runs, title=title, notes=notes, baseline=baseline, images=images), encoding="utf-8"
+    )
+    return ReportPaths(
+        out_dir=out,
+        summary_json=summary_json,
+        summary_csv=summary_csv,
+        requests_csv=requests_csv,
+        figures=figures,
+        html=html_path,
+    )

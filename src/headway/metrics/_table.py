@@ -1,0 +1,122 @@
+"""The run comparison table, as a ``rich`` table or as plain strings for HTML."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from rich.table import Table
+from rich.text import Text
+
+from headway.metrics._summary import RunSummary
+
+__all__ = ["comparison_table"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Column:
+    header: str
+    get: Callable[[RunSummary], float | None]
+    fmt: Callable[[float], str]
+    ratio: bool = True
+    """Whether a ratio to the baseline makes sense for this column."""
+
+
+def _g(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1000.0:.4g}"
+
+
+def _int(v: float) -> str:
+    return f"{int(v)}"
+
+
+def _pct(v: float) -> str:
+    return f"{v * 100.0:.1f}%"
+
+
+def _f3(v: float) -> str:
+    return f"{v:.3f}"
+
+
+_BASE_COLUMNS: tuple[_Column, ...] = (
+    _Column("done", lambda s: s.num_completed, _int, ratio=False),
+    _Column("aborted", lambda s: s.num_aborted, _int, ratio=False),
+    _Column("E2E mean (s)", lambda s: s.e2e.mean, _g),
+    _Column("E2E p99 (s)", lambda s: s.e2e.p99, _g),
+    _Column("TTFT mean (s)", lambda s: s.ttft.mean, _g),
+    _Column("TTFT p99 (s)", lambda s: s.ttft.p99, _g),
+    _Column("norm mean (ms/tok)", lambda s: s.normalized_latency.mean, _ms),
+    _Column("norm p99 (ms/tok)", lambda s: s.normalized_latency.p99, _ms),
+    _Column("req/s", lambda s: s.request_throughput, _g),
+    _Column("out tok/s", lambda s: s.output_throughput, _g),
+    _Column("preempt", lambda s: s.num_preemptions, _int),
+)
+_SLO_COLUMNS: tuple[_Column, ...] = (
+    _Column("SLO att.", lambda s: s.slo_attainment, _pct),
+    _Column("goodput (req/s)", lambda s: s.goodput, _g),
+)
+_JAIN = _Column("Jain", lambda s: s.jain_fairness, _f3, ratio=False)
+
+
+def _is_num(v: float | None) -> bool:
+    return v is not None and not math.isnan(v)
+
+
+def comparison_cells(
+    summaries: Mapping[str, RunSummary], baseline: str | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """Headers and formatted rows (one per run, in mapping order) of the comparison.
+
+    With ``baseline``, each ratio-able cell of the other runs reads ``value (r×)``
+    where ``r = value / baseline value``; the baseline's name gets ``(baseline)``.
+    """
+    if baseline is not None and baseline not in summaries:
+        raise KeyError(f"baseline {baseline!r} is not one of the runs: {sorted(summaries)}")
+    columns = list(_BASE_COLUMNS)
+    if any(s.slo is not None for s in summaries.values()):
+        columns.extend(_SLO_COLUMNS)
+    columns.append(_JAIN)
+    headers = ["run", *(c.header for c in columns)]
+    base = summaries[baseline] if baseline is not None else None
+    rows: list[list[str]] = []
+    for name, s in summaries.items():
+        row = [f"{name} (baseline)" if name == baseline else name]
+        for col in columns:
+            v = col.get(s)
+            if v is None or math.isnan(v):
+                row.append("–")
+                continue
+            text = col.fmt(v)
+            if base is not None and col.ratio and name != baseline:
+                b = col.get(base)
+                if b is not None and _is_num(b) and b != 0.0:
+                    text += f" ({v / b:.2f}×)"
+            row.append(text)
+        rows.append(row)
+    return headers, rows
+
+
+def comparison_table(
+    summaries: Mapping[str, RunSummary], baseline: str | None = None, *, title: str | None = None
+) -> Table:
+    """A ``rich`` table with one row per run: completed/aborted counts, mean and p99
+    of E2E latency, TTFT and normalized latency, request and output-token throughput,
+    preemptions, SLO attainment and goodput (when any run has an SLO) and Jain's index.
+
+    With ``baseline`` (a key of ``summaries``), the other runs' cells also show the
+    ratio to the baseline (``0.50×`` = half the baseline's value).
+    """
+    headers, rows = comparison_cells(summaries, baseline)
+    table = Table(title=title)
+    # Text(...) so that run names such as "fcfs[v2]" are not read as rich markup.
+    table.add_column(Text(headers[0]), style="bold", no_wrap=True)
+    for h in headers[1:]:
+        table.add_column(Text(h), justify="right")
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
+    return table

@@ -1,0 +1,30 @@
+"""Factories shared by the test suite: requests, workloads and cost models."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from headway.core import Request
+from headway.sim import CostModel
+from headway.workload import RequestSpec, Workload
+
+
+def make_request(request_id: str = "r0", *, arrival: float = 0.0, prompt: int = 8, max_tokens: int = 64,
+                 seq: int = 0, **kw: object) -> Request:
+    req = Request(request_id, arrival, prompt, max_tokens, **kw)  # type: ignore[arg-type]
+    req.seq = seq
+    return req
+
+
+def make_workload(rows: Sequence[tuple[float, int, int]], name: str = "test") -> Workload:
+    """Rows of (arrival_time, prompt_tokens, output_tokens)."""
+    specs = [RequestSpec(f"r{i}", t, p, o) for i, (t, p, o) in enumerate(rows)]
+    return Workload.from_specs(name, specs)
+
+
+def unit_cost(step: float = 1.0, per_token: float = 0.0, per_kv_token: float = 0.0) -> CostModel:
+    """A cost model with round numbers for hand-computed scenarios (memory figures unused)."""
+    return CostModel(
+        name="unit", step_overhead=step, per_token=per_token, per_seq=0.0, per_kv_token=per_kv_token,
+        gpu_memory_bytes=1e12, weight_bytes=0.0, kv_bytes_per_token=1.0,
+    )

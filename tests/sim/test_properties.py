@@ -1,0 +1,134 @@
+"""Properties of the simulator over random workloads and engine configurations."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from factories import unit_cost
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import engine_configs, workloads
+
+from headway.core import Policy, PolicyKey, Request, RequestState, make_policy
+from headway.policies import FCFSPolicy
+from headway.sim import CacheConfig, SchedulerConfig, SimResult, simulate
+from headway.workload import Workload
+
+COST = unit_cost(0.01, 1e-4, 1e-6)
+
+
+class CountingFCFS(FCFSPolicy):
+    """FCFS that records every hook call (never registered)."""
+
+    def __init__(self) -> None:
+        self.finished: Counter[str] = Counter()
+        self.arrived: Counter[str] = Counter()
+
+    def on_arrival(self, request: Request, now: float) -> None:
+        self.arrived[request.request_id] += 1
+
+    def on_finish(self, request: Request, now: float) -> None:
+        self.finished[request.request_id] += 1
+
+
+def _fingerprint(res: SimResult) -> list[tuple[object, ...]]:
+    return [
+        (r.request_id, r.state, r.first_scheduled_time, r.first_token_time, r.finish_time,
+         r.num_output_tokens, r.num_preemptions, r.num_recomputed_tokens)
+        for r in res.requests
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(wl=workloads(), cfg=engine_configs())
+def test_every_request_finishes_exactly_once(wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig]) -> None:
+    sched, cache = cfg
+    policy = CountingFCFS()
+    res = simulate(wl, policy, preset=COST, scheduler=sched, cache=cache)
+    assert len(res.requests) == len(wl)
+    for spec, req in zip(wl.requests, res.requests, strict=True):
+        assert req.request_id == spec.request_id
+        assert req.is_finished
+        if req.state is RequestState.FINISHED:
+            assert policy.finished[req.request_id] == 1
+            assert req.num_output_tokens <= spec.num_output_tokens
+            assert req.arrival_time <= req.first_token_time <= req.finish_time  # type: ignore[operator]
+        else:
+            assert policy.finished[req.request_id] == 0
+    assert sum(policy.arrived.values()) <= len(wl)
+
+
+@settings(max_examples=60, deadline=None)
+@given(wl=workloads(), cfg=engine_configs(), name=st.sampled_from(["fcfs", "priority", "sjf-oracle", "srpt-oracle"]))
+def test_kv_cache_and_token_budget_are_respected(
+    wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], name: str
+) -> None:
+    sched, cache = cfg
+    res = simulate(wl, name, preset=COST, scheduler=sched, cache=cache, record_timeline=True)
+    (rep,) = res.replicas
+    assert rep.timeline is not None
+    assert all(0 <= used <= rep.num_gpu_blocks for _, _, _, used in rep.timeline)
+    assert all(running <= sched.max_num_seqs for _, _, running, _ in rep.timeline)
+    assert rep.max_step_tokens <= sched.max_num_batched_tokens
+    # (simulate() itself raises if blocks are not all returned at the end)
+
+
+@settings(max_examples=60, deadline=None)
+@given(wl=workloads(), cfg=engine_configs())
+def test_fcfs_never_reorders_arrivals(wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig]) -> None:
+    sched, cache = cfg
+    res = simulate(wl, "fcfs", preset=COST, scheduler=sched, cache=cache)
+    started = [r.first_scheduled_time for r in res.requests if r.first_scheduled_time is not None]
+    assert started == sorted(started)
+
+
+@settings(max_examples=40, deadline=None)
+@given(wl=workloads(), cfg=engine_configs(), name=st.sampled_from(["fcfs", "sjf-oracle", "srpt-oracle"]))
+def test_fast_forward_matches_exact_mode(
+    wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], name: str
+) -> None:
+    sched, cache = cfg
+    fast = simulate(wl, name, preset=COST, scheduler=sched, cache=cache)
+    exact_cfg = SchedulerConfig(
+        max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
+        enable_chunked_prefill=sched.enable_chunked_prefill, preemption_mode=sched.preemption_mode,
+        max_steps_per_event=1,
+    )
+    exact = simulate(wl, name, preset=COST, scheduler=exact_cfg, cache=cache)
+    assert fast.num_steps == exact.num_steps
+    for a, b in zip(fast.requests, exact.requests, strict=True):
+        assert (a.state, a.num_output_tokens, a.num_preemptions, a.num_recomputed_tokens) == (
+            b.state, b.num_output_tokens, b.num_preemptions, b.num_recomputed_tokens)
+        for f in ("first_scheduled_time", "first_token_time", "finish_time"):
+            x, y = getattr(a, f), getattr(b, f)
+            assert (x is None) == (y is None), f
+            if x is not None:
+                assert x == pytest.approx(y, rel=1e-9, abs=1e-12), f
+
+
+@settings(max_examples=25, deadline=None)
+@given(wl=workloads(), cfg=engine_configs())
+def test_same_inputs_give_identical_results(wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig]) -> None:
+    sched, cache = cfg
+    runs = [simulate(wl, "sjf-oracle", preset=COST, scheduler=sched, cache=cache) for _ in range(2)]
+    assert _fingerprint(runs[0]) == _fingerprint(runs[1])
+
+
+class Sneaky(Policy):
+    """A non-oracle policy that tries to read true lengths."""
+
+    def key(self, request: Request, now: float) -> PolicyKey:
+        return (self.true_output_tokens(request),)
+
+
+def test_non_oracle_policy_cannot_read_true_lengths() -> None:
+    from factories import make_workload
+
+    from headway.core import OracleAccessError
+
+    with pytest.raises(OracleAccessError, match="not an oracle"):
+        simulate(make_workload([(0.0, 4, 3)]), Sneaky(), preset=COST)
+    oracle = make_policy("sjf-oracle")
+    with pytest.raises(OracleAccessError, match="no oracle bound"):
+        oracle.true_output_tokens(Request("x", 0.0, 1, 1))

@@ -1,0 +1,37 @@
+"""Hypothesis strategies for workloads and engine configurations."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from headway.sim import CacheConfig, SchedulerConfig
+from headway.workload import RequestSpec, Workload
+
+
+@st.composite
+def workloads(draw: st.DrawFn, max_requests: int = 25) -> Workload:
+    n = draw(st.integers(1, max_requests))
+    specs = []
+    t = 0.0
+    for i in range(n):
+        t += draw(st.sampled_from([0.0, 0.0, 0.01, 0.05, 0.2, 1.0, 3.0]))
+        specs.append(
+            RequestSpec(
+                f"r{i}", t, draw(st.integers(1, 300)), draw(st.integers(1, 200)),
+                priority=draw(st.integers(0, 2)),
+            )
+        )
+    return Workload.from_specs("hyp", specs)
+
+
+@st.composite
+def engine_configs(draw: st.DrawFn) -> tuple[SchedulerConfig, CacheConfig]:
+    seqs = draw(st.integers(1, 16))
+    sched = SchedulerConfig(
+        max_num_batched_tokens=draw(st.integers(max(seqs, 16), 512)),
+        max_num_seqs=seqs,
+        enable_chunked_prefill=draw(st.booleans()),
+        preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
+    )
+    cache = CacheConfig(num_gpu_blocks=draw(st.integers(2, 64)))
+    return sched, cache
