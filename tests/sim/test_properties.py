@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 from factories import unit_cost
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from strategies import engine_configs, workloads
 
@@ -40,7 +40,7 @@ def _fingerprint(res: SimResult) -> list[tuple[object, ...]]:
     ]
 
 
-@settings(max_examples=60, deadline=None)
+
 @given(wl=workloads(), cfg=engine_configs())
 def test_every_request_finishes_exactly_once(wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig]) -> None:
     sched, cache = cfg
@@ -59,7 +59,7 @@ def test_every_request_finishes_exactly_once(wl: Workload, cfg: tuple[SchedulerC
     assert sum(policy.arrived.values()) <= len(wl)
 
 
-@settings(max_examples=60, deadline=None)
+
 @given(wl=workloads(), cfg=engine_configs(), name=st.sampled_from(["fcfs", "priority", "sjf-oracle", "srpt-oracle"]))
 def test_kv_cache_and_token_budget_are_respected(
     wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], name: str
@@ -74,7 +74,7 @@ def test_kv_cache_and_token_budget_are_respected(
     # (simulate() itself raises if blocks are not all returned at the end)
 
 
-@settings(max_examples=60, deadline=None)
+
 @given(wl=workloads(), cfg=engine_configs())
 def test_fcfs_never_reorders_arrivals(wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig]) -> None:
     sched, cache = cfg
@@ -83,7 +83,7 @@ def test_fcfs_never_reorders_arrivals(wl: Workload, cfg: tuple[SchedulerConfig, 
     assert started == sorted(started)
 
 
-@settings(max_examples=40, deadline=None)
+
 @given(wl=workloads(), cfg=engine_configs(), name=st.sampled_from(["fcfs", "sjf-oracle", "srpt-oracle"]))
 def test_fast_forward_matches_exact_mode(
     wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], name: str
@@ -107,7 +107,7 @@ def test_fast_forward_matches_exact_mode(
                 assert x == pytest.approx(y, rel=1e-9, abs=1e-12), f
 
 
-@settings(max_examples=25, deadline=None)
+
 @given(wl=workloads(), cfg=engine_configs())
 def test_same_inputs_give_identical_results(wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig]) -> None:
     sched, cache = cfg

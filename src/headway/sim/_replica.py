@@ -86,6 +86,11 @@ class Replica:
             cap = min(cap, scheduler.max_num_batched_tokens)
         self.max_model_len = cap
         self.waiting = PolicyQueue(policy)
+        kind = type(policy)
+        # hooks the policy leaves at their defaults are skipped on the hot path
+        self._progress_hook = kind.on_progress is not Policy.on_progress
+        self._timer_hook = kind.rekey_at_time is not Policy.rekey_at_time
+        self._rekey_hook = kind.rekey_after_tokens is not Policy.rekey_after_tokens
         self.seqs: dict[Request, _Seq] = {}
         self.decoders: dict[_Seq, None] = {}  # insertion-ordered set
         self.prefilling: list[_Seq] = []
@@ -142,6 +147,8 @@ class Replica:
         self._poke(now)
 
     def _arm_timer(self, req: Request) -> None:
+        if not self._timer_hook:
+            return
         at = self.policy.rekey_at_time(req)
         if at is not None and at > self.loop.now:
             self.loop.schedule(at, TIMER, self._on_timer, req)
@@ -203,7 +210,8 @@ class Replica:
             req.num_computed_tokens += delta
             req.last_token_time = now
             s.join = self.g
-            self.policy.on_progress(req, now, delta)
+            if self._progress_hook:
+                self.policy.on_progress(req, now, delta)
 
     def _add_decoder(self, s: _Seq) -> None:
         req = s.req
@@ -218,6 +226,8 @@ class Replica:
         self._arm_rekey(s)
 
     def _arm_rekey(self, s: _Seq) -> None:
+        if not self._rekey_hook:
+            return
         hint = self.policy.rekey_after_tokens(s.req)
         if hint is not None:
             s.rekey_g = self.g + max(int(hint), 1)
@@ -343,19 +353,32 @@ class Replica:
             self._preempt(s, now)
         return budget
 
-    def _fits(self, s: _Seq, budget: int) -> bool:
-        if budget <= 0 or self.num_running >= self.cfg.max_num_seqs:
-            return False
+    def _chunk_if_fits(self, s: _Seq, budget: int) -> int:
+        """Tokens ``s`` would be scheduled now, or 0 if it cannot be admitted."""
+        if budget <= 0 or len(self.decoders) + len(self.prefilling) >= self.cfg.max_num_seqs:
+            return 0
         req = s.req
         num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
-        if num_new > budget and not self.cfg.enable_chunked_prefill:
-            return False
-        return self._blocks_for(s, min(num_new, budget)) <= self.free
+        if num_new > budget:
+            if not self.cfg.enable_chunked_prefill:
+                return 0
+            num_new = budget
+        if -(-(req.num_computed_tokens + num_new) // self.bs) - s.blocks > self.free:
+            return 0
+        return num_new
+
+    def _fits(self, s: _Seq, budget: int) -> bool:
+        return self._chunk_if_fits(s, budget) > 0
 
     def _admit_one(self, now: float, budget: int) -> int:
         req = self.waiting.pop()
         s = self.seqs[req]
         chunk = min(req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens, budget)
+        self._start_running(s, chunk, now)
+        return budget - chunk
+
+    def _start_running(self, s: _Seq, chunk: int, now: float) -> None:
+        req = s.req
         blocks = self._blocks_for(s, chunk)
         s.blocks += blocks
         self.free -= blocks
@@ -366,16 +389,19 @@ class Replica:
         if req.first_scheduled_time is None:
             req.first_scheduled_time = now
         self.prefilling.append(s)
-        return budget - chunk
 
     def _admit(self, now: float, budget: int) -> None:
-        waiting = self.waiting
+        waiting, seqs = self.waiting, self.seqs
         while waiting:
             req = waiting.peek()
             assert req is not None
-            if not self._fits(self.seqs[req], budget):
+            s = seqs[req]
+            chunk = self._chunk_if_fits(s, budget)
+            if not chunk:
                 break
-            budget = self._admit_one(now, budget)
+            waiting.pop()
+            self._start_running(s, chunk, now)
+            budget -= chunk
 
     def _launch(self, now: float) -> None:
         num_dec = len(self.decoders)
@@ -467,14 +493,15 @@ class Replica:
             req.num_computed_tokens += s.chunk
             if req.num_computed_tokens < req.num_prompt_tokens + req.num_output_tokens:
                 still.append(s)
-                if s.chunk:
+                if s.chunk and self._progress_hook:
                     self.policy.on_progress(req, now, s.chunk)
                 continue
             req.num_output_tokens += 1
             if req.first_token_time is None:
                 req.first_token_time = now
             req.last_token_time = now
-            self.policy.on_progress(req, now, s.chunk)
+            if self._progress_hook:
+                self.policy.on_progress(req, now, s.chunk)
             done.append(s)
         self.prefilling = still
         for s in done:

@@ -1,0 +1,251 @@
+"""The ``headway`` command line.
+
+Each area contributes its subcommands through one ``add_*_parser(subparsers)`` function;
+the table :data:`_SUBCOMMANDS` below is the only place that lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+# (module, function) pairs that add subcommands; imported when the parser is built.
+_SUBCOMMANDS: tuple[tuple[str, str], ...] = (
+    ("headway.cli", "_add_simulate_parser"),
+    ("headway.cli", "_add_list_parsers"),
+)
+
+
+class CLIError(Exception):
+    """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def _parse_policy_args(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``NAME.key=value`` items -> {NAME: {key: value}} (values parsed as JSON when they can be)."""
+    import json
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        target, sep, value = item.partition("=")
+        name, dot, key = target.partition(".")
+        if not sep or not dot or not name or not key:
+            raise CLIError(f"--policy-arg expects NAME.key=value, got {item!r}")
+        try:
+            parsed: Any = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        out.setdefault(name, {})[key] = parsed
+    return out
+
+
+# ----------------------------------------------------------------- simulate
+def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="simulate a workload under scheduling policies and compare them",
+        description=(
+            "Run a workload through the continuous-batching simulator under each policy, "
+            "print a comparison table and write a report (JSON, CSV, PNG, HTML). With no "
+            "arguments: the built-in default workload under every registered policy."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    w = p.add_argument_group("workload")
+    w.add_argument("--workload", default="default",
+                   help="built-in name or trace file (see `headway workloads`)")
+    w.add_argument("--num-requests", type=int, default=None, help="requests to generate / read")
+    w.add_argument("--rate", type=float, default=None, help="arrival rate (requests/s)")
+    w.add_argument("--burstiness", type=float, default=None,
+                   help="Gamma burstiness factor (1 = Poisson, < 1 burstier)")
+    w.add_argument("--output-cv", type=float, default=None,
+                   help="resample output lengths with this relative noise (CV)")
+    w.add_argument("--seed", type=int, default=0, help="seed of every random draw")
+    s = p.add_argument_group("policies")
+    s.add_argument("--policies", default="all",
+                   help="comma-separated policy names, or 'all' (see `headway policies`)")
+    s.add_argument("--policy-arg", action="append", default=[], metavar="NAME.KEY=VALUE",
+                   help="a policy setting, e.g. pars.threshold=60 (repeatable)")
+    s.add_argument("--baseline", default="fcfs", help="policy the table shows ratios against")
+    e = p.add_argument_group("engine")
+    e.add_argument("--preset", default="llama3-8b-a100",
+                   help="cost-model preset or JSON file (see `headway presets`)")
+    e.add_argument("--max-num-seqs", type=int, default=256)
+    e.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
+    e.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
+    e.add_argument("--num-gpu-blocks", type=int, default=None,
+                   help="override the KV capacity computed from the preset")
+    e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    e.add_argument("--exact", action="store_true",
+                   help="step-by-step reference mode (no closed-form decode fast-forward)")
+    o = p.add_argument_group("output")
+    o.add_argument("--slo", default=None,
+                   help="SLO targets in ms for attainment/goodput, e.g. 'ttft:500 tpot:50 e2el:20000'")
+    o.add_argument("--out", default=None, help="report folder (default: headway-out/simulate-<time>)")
+    o.add_argument("--no-report", action="store_true", help="print the table only")
+    p.set_defaults(func=_cmd_simulate)
+
+
+def _load_workload(args: argparse.Namespace) -> Any:
+    from headway.workload import load_workload
+
+    options: dict[str, Any] = {"seed": args.seed}
+    for name in ("num_requests", "rate", "burstiness", "output_cv"):
+        value = getattr(args, name)
+        if value is not None:
+            options[name] = value
+    return load_workload(args.workload, **options)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from headway.core import available_policies, get_policy_class
+    from headway.metrics import comparison_table, summarize, write_report
+    from headway.sim import CacheConfig, SchedulerConfig, load_preset, simulate
+
+    console = Console()
+    names = available_policies() if args.policies == "all" else [
+        n.strip() for n in args.policies.split(",") if n.strip()
+    ]
+    for n in names:
+        get_policy_class(n)  # unknown names fail here, listing the valid ones
+    policy_args = _parse_policy_args(args.policy_arg)
+    unknown = sorted(set(policy_args) - set(names))
+    if unknown:
+        raise CLIError(f"--policy-arg names policies that are not being run: {', '.join(unknown)}")
+    scheduler = SchedulerConfig(
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        preemption_mode=args.preemption_mode,
+        max_steps_per_event=1 if args.exact else SchedulerConfig.max_steps_per_event,
+    )
+    cache = CacheConfig(gpu_memory_utilization=args.gpu_memory_utilization, num_gpu_blocks=args.num_gpu_blocks)
+    cost = load_preset(args.preset)
+    workload = _load_workload(args)
+    console.print(
+        f"[bold]workload[/] {workload.name}: {len(workload)} requests over {workload.duration:.1f} s; "
+        f"[bold]preset[/] {cost.name}; [bold]policies[/] {', '.join(names)}"
+    )
+
+    runs: dict[str, Any] = {}
+    timelines: dict[str, Any] = {}
+    failures: dict[str, str] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("simulating", total=len(names))
+        for name in names:
+            progress.update(task, description=f"simulating {name}")
+            try:
+                res = simulate(workload, name, preset=cost, scheduler=scheduler, cache=cache,
+                               policy_kwargs=policy_args.get(name), record_timeline=not args.no_report)
+            except (ValueError, RuntimeError, OSError, ImportError) as exc:
+                failures[name] = f"{type(exc).__name__}: {exc}"
+            else:
+                runs[name] = (summarize(res.requests, slo=args.slo, name=name), res.requests)
+                timelines[name] = res.replicas[0].timeline or ()
+                progress.console.print(
+                    f"  {name}: {len(res.requests)} requests in {res.wall_time:.3f} s wall "
+                    f"({res.requests_per_second_wall:,.0f} simulated requests/s)"
+                )
+            progress.advance(task)
+    for name, why in failures.items():
+        console.print(f"[red]policy {name} failed:[/] {why}")
+    if not runs:
+        raise CLIError("no policy ran successfully")
+    baseline = args.baseline if args.baseline in runs else None
+    console.print(comparison_table({k: v[0] for k, v in runs.items()}, baseline,
+                                   title=f"{workload.name} on {cost.name}"))
+    if not args.no_report:
+        out = Path(args.out) if args.out else Path("headway-out") / time.strftime("simulate-%Y%m%d-%H%M%S")
+        notes = [f"workload {workload.name}: {len(workload)} requests, seed {args.seed}",
+                 f"preset {cost.name}; {scheduler}; {cache}"]
+        notes += [f"policy {k} failed: {v}" for k, v in failures.items()]
+        paths = write_report(out, runs, title=f"headway simulate: {workload.name}", notes=notes,
+                             baseline=baseline, timeline=timelines)
+        console.print(f"report: {paths.html}")
+    return 1 if failures else 0
+
+
+# --------------------------------------------------------------- listings
+def _add_list_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub.add_parser("policies", help="list registered scheduling policies").set_defaults(func=_cmd_policies)
+    sub.add_parser("presets", help="list cost-model presets").set_defaults(func=_cmd_presets)
+    sub.add_parser("workloads", help="list built-in workloads").set_defaults(func=_cmd_workloads)
+
+
+def _cmd_policies(args: argparse.Namespace) -> int:
+    from headway.core import available_policies, get_policy_class
+
+    for name in available_policies():
+        cls = get_policy_class(name)
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        flags = ",".join(f for f, on in (("oracle", cls.oracle), ("preemptive", cls.preemptive)) if on)
+        print(f"{name:22s} {('[' + flags + '] ') if flags else ''}{doc}")
+    return 0
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    from headway.sim import PRESETS
+
+    for name, c in sorted(PRESETS.items()):
+        blocks = c.num_gpu_blocks(0.9, 16)
+        print(f"{name:20s} step {c.step_overhead * 1e3:.2f} ms + {c.per_token * 1e6:.1f} us/token + "
+              f"{c.per_kv_token * 1e9:.1f} ns/KV token; KV capacity {blocks * 16:,} tokens")
+    return 0
+
+
+def _cmd_workloads(args: argparse.Namespace) -> int:
+    from headway.workload import available_workloads
+
+    for name in available_workloads():
+        print(name)
+    return 0
+
+
+# ------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="headway",
+        description="Schedule LLM inference requests so short work is not stuck behind long work.",
+    )
+    from headway import __version__
+
+    parser.add_argument("--version", action="version", version=f"headway {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module, func in _SUBCOMMANDS:
+        add: Callable[[Any], None] = getattr(importlib.import_module(module), func)
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except CLIError as exc:
+        print(f"headway: error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # bad values from configs and loaders name themselves
+        print(f"headway: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("headway: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

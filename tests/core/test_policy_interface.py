@@ -1,0 +1,117 @@
+"""The policy registry, the request state machine and the policy-ordered queue."""
+
+from __future__ import annotations
+
+import pytest
+from factories import make_request
+from hypothesis import given
+from hypothesis import strategies as st
+
+from headway.core import (
+    InvalidTransition,
+    Policy,
+    PolicyKey,
+    PolicyQueue,
+    Request,
+    RequestState,
+    Tier,
+    UnknownPolicyError,
+    available_policies,
+    make_policy,
+    register_policy,
+)
+
+
+def test_builtin_policies_are_registered() -> None:
+    assert {"fcfs", "priority", "sjf-oracle", "srpt-oracle"} <= set(available_policies())
+
+
+def test_unknown_policy_lists_valid_names() -> None:
+    with pytest.raises(UnknownPolicyError) as info:
+        make_policy("fcsf")
+    msg = str(info.value)
+    assert "Did you mean 'fcfs'" in msg and "sjf-oracle" in msg
+
+
+def test_bad_policy_settings_name_the_policy() -> None:
+    with pytest.raises(ValueError, match="bad settings for policy 'fcfs'"):
+        make_policy("fcfs", nonsense=1)
+
+
+def test_duplicate_and_malformed_names_rejected() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+
+        @register_policy("fcfs")
+        class Again(Policy):
+            def key(self, request: Request, now: float) -> PolicyKey:
+                return (0,)
+
+    with pytest.raises(ValueError, match="kebab case"):
+        register_policy("Bad_Name")
+
+
+def test_state_machine_rejects_illegal_edges() -> None:
+    req = make_request()
+    req.transition(RequestState.RUNNING)
+    req.transition(RequestState.PREEMPTED)
+    req.transition(RequestState.RUNNING)
+    req.transition(RequestState.FINISHED)
+    with pytest.raises(InvalidTransition, match="FINISHED -> RUNNING"):
+        req.transition(RequestState.RUNNING)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("num_prompt_tokens", 0), ("max_tokens", -1), ("arrival_time", float("nan"))]
+)
+def test_request_rejects_bad_values(field: str, value: float) -> None:
+    kw: dict[str, float] = {"arrival_time": 0.0, "num_prompt_tokens": 4, "max_tokens": 4, field: value}
+    with pytest.raises(ValueError, match=field):
+        Request("bad", **kw)  # type: ignore[arg-type]
+
+
+def test_tier_parse() -> None:
+    assert Tier.parse("Premium") is Tier.PREMIUM and Tier.parse(2) is Tier.BATCH
+    with pytest.raises(ValueError, match="valid tiers: premium, standard, batch"):
+        Tier.parse("gold")
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(0, 100)), min_size=1, max_size=60),
+       st.data())
+def test_queue_pops_in_key_then_seq_order(items: list[tuple[int, float]], data: st.DataObject) -> None:
+    q = PolicyQueue(make_policy("priority"))
+    reqs = []
+    for i, (prio, t) in enumerate(items):
+        r = make_request(f"r{i}", arrival=t, priority=prio, seq=i)
+        reqs.append(r)
+        q.add(r, 0.0)
+    removed = set(data.draw(st.sets(st.integers(0, len(items) - 1))))
+    for i in removed:
+        assert q.remove(reqs[i])
+    assert len(q) == len(items) - len(removed)
+    expected = sorted((r for i, r in enumerate(reqs) if i not in removed),
+                      key=lambda r: (r.priority, r.arrival_time, r.seq))
+    assert list(q) == expected
+    assert [q.pop() for _ in range(len(expected))] == expected
+    assert q.peek() is None and not q
+    with pytest.raises(IndexError):
+        q.pop()
+
+
+def test_queue_rekeys_everything_when_policy_epoch_changes() -> None:
+    class Flip(Policy):
+        sign = 1
+
+        def key(self, request: Request, now: float) -> PolicyKey:
+            return (self.sign * request.arrival_time,)
+
+    pol = Flip()
+    q = PolicyQueue(pol)
+    a, b = make_request("a", arrival=1.0, seq=0), make_request("b", arrival=2.0, seq=1)
+    q.add(a, 0.0)
+    q.add(b, 0.0)
+    assert q.peek() is a
+    assert not q.refresh(0.0)
+    pol.sign = -1
+    pol.key_epoch += 1
+    assert q.refresh(0.0)
+    assert q.peek() is b
