@@ -152,7 +152,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 failures[name] = f"{type(exc).__name__}: {exc}"
             else:
                 runs[name] = (summarize(res.requests, slo=args.slo, name=name), res.requests)
-                timelines[name] = res.replicas[0].timeline or ()
+                rep = res.replicas[0]
+                timelines[name] = [(t, w, r, used / rep.num_gpu_blocks) for t, w, r, used in rep.timeline or ()]
                 progress.console.print(
                     f"  {name}: {len(res.requests)} requests in {res.wall_time:.3f} s wall "
                     f"({res.requests_per_second_wall:,.0f} simulated requests/s)"

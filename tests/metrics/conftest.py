@@ -60,12 +60,12 @@ def aborted(
     return r
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def mk_finished() -> Callable[..., Request]:
     return finished
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def mk_aborted() -> Callable[..., Request]:
     return aborted
 

@@ -81,8 +81,8 @@ def _latency_table(s: RunSummary) -> str:
 
 
 def _group_table(groups: Mapping[str, GroupSummary], kind: str, with_slo: bool) -> str:
-    headers = [kind, "requests", "done", "aborted", "out tok/s", "TTFT mean", "TTFT p99",
-               "E2E mean", "E2E p99", "norm mean (ms/tok)", "norm p99 (ms/tok)", "preempt"]
+    headers = [kind, "requests", "done", "aborted", "out tok/s", "TTFT mean (s)", "TTFT p99 (s)",
+               "E2E mean (s)", "E2E p99 (s)", "norm mean (ms/tok)", "norm p99 (ms/tok)", "preempt"]
     if with_slo:
         headers.append("SLO att.")
     rows = []

@@ -140,7 +140,8 @@ def plot_percentile_bars(summaries: Mapping[str, RunSummary]) -> Figure:
         ax.grid(True, axis="y", alpha=0.3)
         if not any_data:
             _no_data(ax)
-        ax.legend(fontsize="small")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside upper right", ncols=len(pcts), fontsize="small")
     fig.suptitle("Latency percentiles per run")
     return fig
 

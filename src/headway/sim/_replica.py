@@ -91,6 +91,8 @@ class Replica:
         self._progress_hook = kind.on_progress is not Policy.on_progress
         self._timer_hook = kind.rekey_at_time is not Policy.rekey_at_time
         self._rekey_hook = kind.rekey_after_tokens is not Policy.rekey_after_tokens
+        self._arrival_hook = kind.on_arrival is not Policy.on_arrival
+        self._finish_hook = kind.on_finish is not Policy.on_finish
         self.seqs: dict[Request, _Seq] = {}
         self.decoders: dict[_Seq, None] = {}  # insertion-ordered set
         self.prefilling: list[_Seq] = []
@@ -141,7 +143,8 @@ class Replica:
         self.truth[req] = true_len
         s = _Seq(req, true_len)
         self.seqs[req] = s
-        self.policy.on_arrival(req, now)
+        if self._arrival_hook:
+            self.policy.on_arrival(req, now)
         self.waiting.add(req, now)
         self._arm_timer(req)
         self._poke(now)
@@ -250,7 +253,8 @@ class Replica:
         req.finish_time = now
         req.transition(RequestState.FINISHED)
         del self.seqs[req]
-        self.policy.on_finish(req, now)
+        if self._finish_hook:
+            self.policy.on_finish(req, now)
         if self.on_done is not None:
             self.on_done(req)
 

@@ -1,0 +1,133 @@
+"""JSON and CSV export round trips and file-name sanitizing."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from headway.core import Request
+from headway.metrics import (
+    REQUEST_COLUMNS,
+    SUMMARY_COLUMNS,
+    read_json,
+    request_rows,
+    safe_filename,
+    summarize,
+    summary_row,
+    write_json,
+    write_requests_csv,
+    write_summary_csv,
+)
+
+
+def test_json_round_trip(tmp_path: Path, example_run: list[Request]) -> None:
+    a = summarize(example_run, slo="ttft:1500 e2el:4000", name="fcfs")
+    b = summarize(example_run[:1], name="ignored")
+    path = write_json(tmp_path / "sub" / "summary.json", {"fcfs": a, "sjf:oracle": b})
+    doc = json.loads(path.read_text())
+    assert doc["format"] == "headway.metrics.summary" and doc["version"] == 1
+    assert list(doc["runs"]) == ["fcfs", "sjf:oracle"]
+    back = read_json(path)
+    assert back["fcfs"].to_dict() == a.to_dict()
+    assert back["sjf:oracle"].name == "sjf:oracle"  # the mapping key names the run
+    assert back["sjf:oracle"].to_dict()["e2e"] == b.to_dict()["e2e"]
+
+
+def test_json_is_strict_with_undefined_values(tmp_path: Path, mk_aborted: Callable[..., Request]) -> None:
+    s = summarize([mk_aborted("x", 0.0)], name="all-aborted")
+    path = write_json(tmp_path / "s.json", s)
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    back = read_json(path)["all-aborted"]
+    assert back.e2e.count == 0 and math.isnan(back.e2e.mean) and math.isnan(back.jain_fairness)
+
+
+def test_read_json_rejects_other_files(tmp_path: Path) -> None:
+    p = tmp_path / "other.json"
+    p.write_text('{"runs": {}}')
+    with pytest.raises(ValueError, match="not a headway metrics summary"):
+        read_json(p)
+
+
+def _parse(cell: str) -> object:
+    return None if cell == "" else cell
+
+
+def test_requests_csv_round_trip(tmp_path: Path, example_run: list[Request]) -> None:
+    path = write_requests_csv(tmp_path / "requests.csv", example_run, slo="ttft:1500 e2el:4000")
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames or ()) == REQUEST_COLUMNS
+        rows = list(reader)
+    expected = request_rows(example_run, slo="ttft:1500 e2el:4000")
+    assert len(rows) == len(expected) == 5
+    for got, want in zip(rows, expected, strict=True):
+        for col in REQUEST_COLUMNS:
+            w = want[col]
+            if w is None:
+                assert got[col] == "", col
+            elif isinstance(w, bool):
+                assert got[col] == ("true" if w else "false")
+            elif isinstance(w, float):
+                assert float(got[col]) == w, col  # repr round-trips exactly
+            else:
+                assert got[col] == str(w), col
+    a, b, c, d, e = rows
+    assert (a["state"], a["slo_met"], b["slo_met"], c["slo_met"]) == ("finished", "true", "false", "true")
+    assert float(b["tpot"]) == 0.5 and float(b["normalized_latency"]) == 0.8 and c["tpot"] == ""
+    assert (d["state"], d["abort_reason"]) == ("aborted", "client_gone")
+    assert (d["slo_met"], d["e2e_latency"]) == ("false", "")
+    assert e["abort_reason"] == "unknown" and a["abort_reason"] == ""
+    assert (c["tier"], a["num_preemptions"], a["num_recomputed_tokens"]) == ("premium", "1", "8")
+
+
+def test_requests_csv_without_slo(tmp_path: Path, example_run: list[Request]) -> None:
+    path = write_requests_csv(tmp_path / "r.csv", example_run)
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert all(r["slo_met"] == "" for r in rows)
+
+
+def test_summary_csv_one_row_per_run(tmp_path: Path, example_run: list[Request]) -> None:
+    runs = {"fcfs": summarize(example_run, slo="tpot:600"), "srpt-oracle": summarize(example_run[:3])}
+    path = write_summary_csv(tmp_path / "summary.csv", runs)
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames or ()) == SUMMARY_COLUMNS
+        rows = list(reader)
+    assert [r["name"] for r in rows] == ["fcfs", "srpt-oracle"]
+    first = rows[0]
+    assert first["aborted_by_reason"] == "client_gone=1;unknown=1"
+    assert float(first["e2e_mean"]) == runs["fcfs"].e2e.mean
+    assert float(first["ttft_p90"]) == pytest.approx(1.8)
+    assert (first["slo"], first["num_slo_met"], float(first["slo_attainment"])) == ("tpot:600", "2", 0.4)
+    assert rows[1]["slo"] == "" and rows[1]["goodput"] == ""
+    assert summary_row(runs["fcfs"])["normalized_latency_p50"] == pytest.approx(1.0)
+
+
+def test_summary_csv_rejects_duplicate_names(tmp_path: Path, example_run: list[Request]) -> None:
+    s = summarize(example_run, name="same")
+    with pytest.raises(ValueError, match="two summaries"):
+        write_summary_csv(tmp_path / "x.csv", [s, s])
+
+
+@pytest.mark.parametrize(
+    ("name", "stem"),
+    [
+        ("fcfs", "fcfs"),
+        ("sjf:oracle", "sjf_oracle"),
+        ("pars-v2 (k=3)", "pars-v2_k_3_"),
+        ("a/b\\c", "a_b_c"),
+        ("../etc", "_etc"),
+        ("...", "run"),
+        ("", "run"),
+        ("ü", "_"),
+    ],
+)
+def test_safe_filename(name: str, stem: str) -> None:
+    assert safe_filename(name) == stem

@@ -1,0 +1,162 @@
+"""Plots, the comparison table, the HTML report and write_report()."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from headway.core import Request, Tier
+from headway.metrics import (
+    ReportPaths,
+    RunSummary,
+    comparison_table,
+    figure_png,
+    plot_latency_cdfs,
+    plot_timeline,
+    read_json,
+    summarize,
+    write_html_report,
+    write_report,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+Runs = dict[str, tuple[RunSummary, Sequence[Request]]]
+
+
+@pytest.fixture(scope="module")
+def runs(mk_finished: Callable[..., Request], mk_aborted: Callable[..., Request]) -> Runs:
+    def run(scale: float, name: str) -> tuple[RunSummary, list[Request]]:
+        reqs = [
+            mk_finished(f"r{i}", i * 0.5, ttft=0.05 * scale * (i + 1), e2e=0.5 * scale * (i + 1) ** 1.5,
+                        n_out=5 + 7 * i, tenant="<b>tenant&co</b>" if i % 2 else "t1",
+                        tier=Tier.PREMIUM if i % 3 == 0 else Tier.STANDARD, preemptions=i % 2)
+            for i in range(12)
+        ]
+        reqs.append(mk_aborted("gone", 1.0, reason="queue_full", finish=1.0))
+        return summarize(reqs, slo="ttft:300 e2el:8000", name=name), reqs
+
+    return {"fcfs": run(1.0, "fcfs"), "sjf:oracle-v2": run(0.6, "sjf:oracle-v2"),
+            "<script>alert(1)</script>": run(0.8, "x")}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory, runs: Runs) -> ReportPaths:
+    timeline = {"fcfs": [(0.0, 3, 1, 0.1), (1.0, 1, 4, 0.5), (2.0, 0, 2, 0.3)],
+                "sjf:oracle-v2": [(0.0, 2, 2, 0.2), (1.5, 0, 3, 0.6)]}
+    return write_report(tmp_path_factory.mktemp("report"), runs, title="Policies <& friends>",
+                        notes=["seed 0; workload 'chat'", "<i>not markup</i>"], baseline="fcfs",
+                        timeline=timeline)
+
+
+def test_report_files_exist(report: ReportPaths, runs: Runs) -> None:
+    names = sorted(p.name for p in report.out_dir.iterdir())
+    assert names == sorted([
+        "summary.json", "summary.csv", "requests_fcfs.csv", "requests_sjf_oracle-v2.csv",
+        "requests__script_alert_1_script_.csv", "latency_cdf.png", "percentiles.png",
+        "timeline.png", "report.html",
+    ])
+    assert sorted(p.name for p in report.all()) == names
+    assert set(report.requests_csv) == set(runs)
+    for png in report.figures.values():
+        assert png.read_bytes().startswith(PNG_MAGIC)
+    assert list(read_json(report.summary_json)) == list(runs)
+    with report.summary_csv.open(newline="") as fh:
+        assert [r["name"] for r in csv.DictReader(fh)] == list(runs)
+    with report.requests_csv["sjf:oracle-v2"].open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 13 and rows[-1]["slo_met"] == "false"
+
+
+def test_html_is_self_contained_and_escaped(report: ReportPaths) -> None:
+    text = report.html.read_text(encoding="utf-8")
+    assert "http" not in text  # no external scripts, styles, images or links
+    assert not re.search(r"""(src|href)\s*=\s*["'](?!data:)""", text)
+    assert "<script" not in text and "<b>tenant" not in text and "<i>not markup" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "&lt;b&gt;tenant&amp;co&lt;/b&gt;" in text
+    assert "Policies &lt;&amp; friends&gt;" in text
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
+    assert len(images) == 3
+    assert all(base64.b64decode(i).startswith(PNG_MAGIC) for i in images)
+    assert "ttft:300 e2el:8000" in text and "queue_full" in text
+
+
+def test_write_html_report_alone(tmp_path: Path, runs: Runs) -> None:
+    one = {"fcfs": runs["fcfs"]}
+    path = write_html_report(tmp_path / "html", one, "only fcfs", "a note")
+    text = path.read_text(encoding="utf-8")
+    assert path.name == "report.html" and "a note" in text and "http" not in text
+    assert text.count("data:image/png;base64,") == 2  # no timeline given
+
+
+def _render(table: object) -> str:
+    console = Console(file=io.StringIO(), width=300, color_system=None)
+    console.print(table)
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    assert isinstance(out, str)
+    return out
+
+
+def test_comparison_table_with_baseline(runs: Runs) -> None:
+    summaries = {k: s for k, (s, _) in runs.items()}
+    table = comparison_table(summaries, baseline="fcfs")
+    headers = [str(c.header) for c in table.columns]
+    assert headers[:3] == ["run", "done", "aborted"]
+    assert {"E2E mean (s)", "E2E p99 (s)", "TTFT mean (s)", "TTFT p99 (s)", "norm mean (ms/tok)",
+            "norm p99 (ms/tok)", "req/s", "out tok/s", "preempt", "SLO att.", "goodput (req/s)",
+            "Jain"} <= set(headers)
+    assert table.row_count == 3
+    text = _render(table)
+    assert "fcfs (baseline)" in text
+    assert "<script>alert(1)</script>" in text  # shown literally, not parsed as markup
+    # sjf's E2E mean is 0.6 x fcfs's (every latency scaled by 0.6)
+    sjf_line = next(line for line in text.splitlines() if "sjf:oracle-v2" in line)
+    assert "(0.60×)" in sjf_line and "(1.00×)" in sjf_line  # latency ratio; equal req count
+
+
+def test_comparison_table_without_baseline_or_slo(runs: Runs, mk_finished: Callable[..., Request]) -> None:
+    s = summarize([mk_finished("a", 0.0, ttft=0.1, e2e=1.0, n_out=3)])
+    table = comparison_table({"only": s})
+    headers = [str(c.header) for c in table.columns]
+    assert "SLO att." not in headers
+    assert "×" not in _render(table)
+    with pytest.raises(KeyError, match="baseline"):
+        comparison_table({"only": s}, baseline="missing")
+
+
+@dataclass
+class _Sample:
+    time: float
+    num_waiting: int
+    num_running: int
+    kv_usage: float
+
+
+def test_timeline_accepts_objects_and_tuples_and_checks_arity() -> None:
+    fig = plot_timeline({"a": [_Sample(0.0, 1, 2, 0.5), _Sample(1.0, 0, 1, 0.2)], "b": [(0.0, 1, 1, 0.1)]})
+    assert figure_png(fig).startswith(PNG_MAGIC)
+    with pytest.raises(ValueError, match="time, num_waiting"):
+        plot_timeline({"bad": [(0.0, 1.0)]})
+
+
+def test_cdf_log_axis_when_values_span_decades(mk_finished: Callable[..., Request]) -> None:
+    wide = [mk_finished(f"w{i}", 0.0, ttft=10.0 ** (i - 3), e2e=10.0 ** (i - 2), n_out=2) for i in range(5)]
+    narrow = [mk_finished(f"n{i}", 0.0, ttft=1.0 + i, e2e=2.0 + i, n_out=2) for i in range(5)]
+    ax_ttft = plot_latency_cdfs({"w": wide}).axes[0]
+    assert ax_ttft.get_xscale() == "log"
+    assert plot_latency_cdfs({"n": narrow}).axes[0].get_xscale() == "linear"
+
+
+def test_write_report_validation(tmp_path: Path, runs: Runs) -> None:
+    with pytest.raises(ValueError, match="at least one run"):
+        write_report(tmp_path, {})
+    with pytest.raises(KeyError, match="baseline"):
+        write_report(tmp_path, {"fcfs": runs["fcfs"]}, baseline="nope")
