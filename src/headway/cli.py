@@ -112,7 +112,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from headway.metrics import comparison_table, summarize, write_report
     from headway.sim import CacheConfig, SchedulerConfig, load_preset, simulate
 
-    console = Console()
+    console = Console(width=max(Console().width, 140))
     names = available_policies() if args.policies == "all" else [
         n.strip() for n in args.policies.split(",") if n.strip()
     ]
@@ -127,7 +127,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         enable_chunked_prefill=not args.no_chunked_prefill,
         preemption_mode=args.preemption_mode,
-        max_steps_per_event=1 if args.exact else SchedulerConfig.max_steps_per_event,
+        **({"max_steps_per_event": 1} if args.exact else {}),
     )
     cache = CacheConfig(gpu_memory_utilization=args.gpu_memory_utilization, num_gpu_blocks=args.num_gpu_blocks)
     cost = load_preset(args.preset)
@@ -164,8 +164,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if not runs:
         raise CLIError("no policy ran successfully")
     baseline = args.baseline if args.baseline in runs else None
-    console.print(comparison_table({k: v[0] for k, v in runs.items()}, baseline,
-                                   title=f"{workload.name} on {cost.name}"))
+    console.print(comparison_table({k: v[0] for k, v in runs.items()}, baseline, compact=True,
+                                   title=f"{workload.name} on {cost.name} (full table in the report)"))
     if not args.no_report:
         out = Path(args.out) if args.out else Path("headway-out") / time.strftime("simulate-%Y%m%d-%H%M%S")
         notes = [f"workload {workload.name}: {len(workload)} requests, seed {args.seed}",

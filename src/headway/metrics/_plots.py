@@ -55,6 +55,14 @@ def _color(i: int) -> str:
     return f"C{i % 10}"
 
 
+_LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _linestyle(i: int) -> str:
+    """Solid for the first ten series, then dashed, dotted...: colors repeat every ten."""
+    return _LINESTYLES[(i // 10) % len(_LINESTYLES)]
+
+
 def _completed_values(requests: Sequence[Request], metric: str) -> np.ndarray:
     vals: list[float] = []
     for r in requests:
@@ -96,7 +104,7 @@ def plot_latency_cdfs(runs: Mapping[str, Sequence[Request]]) -> Figure:
             all_vals.append(x)
             y = np.arange(1, x.size + 1) / x.size
             ax.step(np.concatenate(([x[0]], x)), np.concatenate(([0.0], y)), where="post",
-                    color=_color(i), label=name)
+                    color=_color(i), linestyle=_linestyle(i), label=name)
         ax.set_xlabel(label)
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0.0, 1.02)
@@ -167,7 +175,8 @@ def plot_timeline(timelines: Mapping[str, Sequence[TimelineLike]]) -> Figure:
             continue
         arr = np.asarray(rows, dtype=np.float64)
         for k, ax in enumerate(axes):
-            ax.step(arr[:, 0], arr[:, k + 1], where="post", color=_color(i), label=name)
+            ax.step(arr[:, 0], arr[:, k + 1], where="post", color=_color(i), linestyle=_linestyle(i),
+                    label=name)
     for ax, label in zip(axes, labels, strict=True):
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)

@@ -61,6 +61,11 @@ _SLO_COLUMNS: tuple[_Column, ...] = (
     _Column("goodput (req/s)", lambda s: s.goodput, _g),
 )
 _JAIN = _Column("Jain", lambda s: s.jain_fairness, _f3, ratio=False)
+# the terminal view: what fits 120 columns with ratios
+_COMPACT_HEADERS = frozenset(
+    {"done", "E2E mean (s)", "E2E p99 (s)", "TTFT p99 (s)", "norm mean (ms/tok)", "norm p99 (ms/tok)",
+     "preempt", "goodput (req/s)"}
+)
 
 
 def _is_num(v: float | None) -> bool:
@@ -68,12 +73,14 @@ def _is_num(v: float | None) -> bool:
 
 
 def comparison_cells(
-    summaries: Mapping[str, RunSummary], baseline: str | None = None
+    summaries: Mapping[str, RunSummary], baseline: str | None = None, *, compact: bool = False
 ) -> tuple[list[str], list[list[str]]]:
     """Headers and formatted rows (one per run, in mapping order) of the comparison.
 
     With ``baseline``, each ratio-able cell of the other runs reads ``value (r×)``
     where ``r = value / baseline value``; the baseline's name gets ``(baseline)``.
+    ``compact`` keeps the columns of a terminal view (counts, E2E, TTFT p99,
+    normalized latency, preemptions, goodput).
     """
     if baseline is not None and baseline not in summaries:
         raise KeyError(f"baseline {baseline!r} is not one of the runs: {sorted(summaries)}")
@@ -81,6 +88,8 @@ def comparison_cells(
     if any(s.slo is not None for s in summaries.values()):
         columns.extend(_SLO_COLUMNS)
     columns.append(_JAIN)
+    if compact:
+        columns = [c for c in columns if c.header in _COMPACT_HEADERS]
     headers = ["run", *(c.header for c in columns)]
     base = summaries[baseline] if baseline is not None else None
     rows: list[list[str]] = []
@@ -102,16 +111,21 @@ def comparison_cells(
 
 
 def comparison_table(
-    summaries: Mapping[str, RunSummary], baseline: str | None = None, *, title: str | None = None
+    summaries: Mapping[str, RunSummary],
+    baseline: str | None = None,
+    *,
+    title: str | None = None,
+    compact: bool = False,
 ) -> Table:
     """A ``rich`` table with one row per run: completed/aborted counts, mean and p99
     of E2E latency, TTFT and normalized latency, request and output-token throughput,
     preemptions, SLO attainment and goodput (when any run has an SLO) and Jain's index.
 
     With ``baseline`` (a key of ``summaries``), the other runs' cells also show the
-    ratio to the baseline (``0.50×`` = half the baseline's value).
+    ratio to the baseline (``0.50×`` = half the baseline's value). ``compact``: the
+    terminal subset of columns (see :func:`comparison_cells`).
     """
-    headers, rows = comparison_cells(summaries, baseline)
+    headers, rows = comparison_cells(summaries, baseline, compact=compact)
     table = Table(title=title)
     # Text(...) so that run names such as "fcfs[v2]" are not read as rich markup.
     table.add_column(Text(headers[0]), style="bold", no_wrap=True)

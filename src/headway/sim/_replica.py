@@ -336,7 +336,7 @@ class Replica:
         """Preemptive policies: evict running requests that a better waiting one outranks."""
         policy = self.policy
         keys = {r: (policy.key(r, now), r.seq) for r in self._running(now)}
-        while self.waiting:
+        while self.waiting and budget > 0:  # an exhausted token budget is no reason to evict
             cand = self.waiting.peek()
             assert cand is not None
             if self._fits(self.seqs[cand], budget):

@@ -7,10 +7,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from headway.core import Policy, Request, make_policy
+from headway.core import LoadTracker, Policy, Request, Router, make_policy, make_router, policy_estimator
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel, load_preset
 from headway.sim._events import ARRIVAL, EventLoop
+from headway.sim._fleet import relative_speeds
 from headway.sim._replica import Replica
 from headway.workload import RequestSpec, Workload
 
@@ -35,6 +36,8 @@ class ReplicaStats:
     """Most tokens any one step computed (never above ``max_num_batched_tokens``)."""
     timeline: tuple[tuple[float, int, int, int], ...] | None = None
     """(time, waiting, running, used KV blocks) after every step event, when recorded."""
+    speed: float = 1.0
+    """Relative decode throughput the router weighed this replica with (1.0 = fastest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,8 @@ class SimResult:
     """Wall-clock seconds the event loop ran (excludes building the workload)."""
     assignment: tuple[int, ...] = field(default=())
     """Replica index of each request (same order as ``requests``)."""
+    router: str | None = None
+    """Name of the router that spread requests over replicas (None: a ``route`` function or one replica)."""
 
     @property
     def num_steps(self) -> int:
@@ -70,6 +75,22 @@ def _resolve_policy(policy: Policy | str, policy_kwargs: Mapping[str, Any] | Non
     return make_policy(policy, **dict(policy_kwargs or {}))
 
 
+def _resolve_router(
+    router: Router | str | None, router_kwargs: Mapping[str, Any] | None, route: RouteFn | None
+) -> Router | None:
+    if router is None:
+        if router_kwargs:
+            raise ValueError("router_kwargs apply only with a router")
+        return None
+    if route is not None:
+        raise ValueError("give either route (a function) or router, not both")
+    if isinstance(router, Router):
+        if router_kwargs:
+            raise ValueError("router_kwargs apply only when the router is given by name")
+        return router
+    return make_router(router, **dict(router_kwargs or {}))
+
+
 def simulate(
     workload: Workload | Sequence[RequestSpec],
     policy: Policy | str,
@@ -77,35 +98,62 @@ def simulate(
     preset: str | CostModel | Sequence[str | CostModel] = "llama3-8b-a100",
     scheduler: SchedulerConfig | None = None,
     cache: CacheConfig | None = None,
-    num_replicas: int = 1,
+    num_replicas: int | None = None,
     route: RouteFn | None = None,
+    router: Router | str | None = None,
+    router_kwargs: Mapping[str, Any] | None = None,
     policy_kwargs: Mapping[str, Any] | None = None,
     record_timeline: bool = False,
 ) -> SimResult:
     """Simulate ``workload`` under ``policy`` and return every request's outcome.
 
     ``preset`` is a cost-model name, a :class:`CostModel`, or one per replica for
-    heterogeneous fleets. Each replica gets its own policy instance (built from the
-    name and ``policy_kwargs``); a :class:`Policy` object is accepted for one replica.
-    Deterministic: the same inputs give bit-identical results.
+    heterogeneous fleets (then ``num_replicas`` defaults to their count; otherwise to 1).
+    Each replica gets its own policy instance (built from the name and
+    ``policy_kwargs``); a :class:`Policy` object is accepted for one replica.
+
+    Several replicas share one arrival stream and need a ``router`` (a
+    :class:`~headway.core.Router` or a registered name, see
+    :func:`~headway.core.available_routers`, with ``router_kwargs``) or, for custom
+    logic, a ``route`` function ``(request, replicas) -> index``. A router is reset at
+    the start of the run, weighs replicas by their relative speed (from their cost
+    models), and gets the policy's length estimate when the policy has one (see
+    :func:`~headway.core.policy_estimator`). ``result.assignment`` says where each
+    request went (:func:`headway.sim._fleet.split_by_replica`).
+    Deterministic: the same inputs (and router seed) give bit-identical results.
     """
     scheduler = scheduler or SchedulerConfig()
     cache = cache or CacheConfig()
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
     specs = workload.requests if isinstance(workload, Workload) else tuple(workload)
     name = workload.name if isinstance(workload, Workload) else "custom"
-    presets = list(preset) if isinstance(preset, (list, tuple)) else [preset] * num_replicas
+    if isinstance(preset, (list, tuple)):
+        presets = list(preset)
+        if num_replicas is None:
+            num_replicas = len(presets)
+    else:
+        presets = [preset] * (1 if num_replicas is None else max(num_replicas, 0))
+    if num_replicas is None:
+        num_replicas = 1
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
     if len(presets) != num_replicas:
         raise ValueError(f"got {len(presets)} presets for {num_replicas} replicas")
     if isinstance(policy, Policy) and num_replicas > 1:
         raise ValueError("pass the policy by name to simulate several replicas (one instance each)")
-    if num_replicas > 1 and route is None:
-        raise ValueError("several replicas need a route function (see headway.core.make_router)")
+    rtr = _resolve_router(router, router_kwargs, route)
+    if num_replicas > 1 and route is None and rtr is None:
+        raise ValueError(
+            "several replicas need a router (see headway.core.available_routers) or a route function"
+        )
 
     loop = EventLoop()
     truth: dict[Request, int] = {}
     replicas: list[Replica] = []
+    tracker: LoadTracker | None = None
+    on_done = None
+    if rtr is not None:
+        tracker = LoadTracker(num_replicas)  # speeds are set below, once caches are sized
+        on_done = tracker.release
     for i, p in enumerate(presets):
         cost = p if isinstance(p, CostModel) else load_preset(p)
         pol = _resolve_policy(policy, policy_kwargs)
@@ -114,10 +162,14 @@ def simulate(
         replicas.append(
             Replica(
                 loop, pol, cost, scheduler, cache,
-                name=f"replica-{i}", truth=truth, record_timeline=record_timeline,
+                name=f"replica-{i}", on_done=on_done, truth=truth, record_timeline=record_timeline,
             )
         )
     policy_name = replicas[0].policy.name
+    speeds = relative_speeds([r.cost for r in replicas], scheduler, cache, [r.num_blocks for r in replicas])
+    if tracker is not None:
+        for t, sp in zip(tracker.targets, speeds, strict=True):
+            t.speed = sp
 
     requests = [s.to_request() for s in specs]
     assignment = [0] * len(requests)
@@ -125,14 +177,35 @@ def simulate(
         req.seq = i
     feed: Iterator[int] = iter(range(len(requests)))
 
-    def arrive(i: int) -> None:
-        req = requests[i]
-        k = 0 if route is None else route(req, replicas)
-        assignment[i] = k
-        replicas[k].submit(req, specs[i].num_output_tokens)
-        nxt = next(feed, None)
-        if nxt is not None:
-            loop.schedule(requests[nxt].arrival_time, ARRIVAL, arrive, nxt)
+    if rtr is not None and tracker is not None:
+        rtr.reset()
+        lead = replicas[0].policy
+        estimate = policy_estimator(lead) if rtr.uses_estimate and rtr.estimate_fn is None else None
+        # an oracle policy's estimate (e.g. the noisy oracle) needs the truth before submit
+        prime = estimate is not None and lead.oracle
+        route_req = rtr.route
+
+        def arrive(i: int) -> None:
+            req = requests[i]
+            spec = specs[i]
+            if prime:
+                truth[req] = min(spec.num_output_tokens, req.max_tokens)
+            k = route_req(req, tracker, estimate=estimate)
+            assignment[i] = k
+            replicas[k].submit(req, spec.num_output_tokens)
+            nxt = next(feed, None)
+            if nxt is not None:
+                loop.schedule(requests[nxt].arrival_time, ARRIVAL, arrive, nxt)
+    else:
+
+        def arrive(i: int) -> None:
+            req = requests[i]
+            k = 0 if route is None else route(req, replicas)
+            assignment[i] = k
+            replicas[k].submit(req, specs[i].num_output_tokens)
+            nxt = next(feed, None)
+            if nxt is not None:
+                loop.schedule(requests[nxt].arrival_time, ARRIVAL, arrive, nxt)
 
     first = next(feed, None)
     if first is not None:
@@ -149,6 +222,10 @@ def simulate(
         raise RuntimeError(
             f"simulation ended with {len(unfinished)} unfinished requests "
             f"(first: {unfinished[:3]}); this is a simulator bug"
+        )
+    if tracker is not None and tracker.num_open:
+        raise RuntimeError(
+            f"router load tracker still holds {tracker.num_open} requests; this is a simulator bug"
         )
     for r in replicas:
         if r.free != r.num_blocks or r.num_running or r.waiting:
@@ -167,6 +244,7 @@ def simulate(
             num_requests=counts[i],
             max_step_tokens=r.max_step_tokens,
             timeline=None if r.timeline is None else tuple(r.timeline),
+            speed=speeds[i],
         )
         for i, r in enumerate(replicas)
     )
@@ -178,4 +256,5 @@ def simulate(
         num_events=loop.num_events,
         wall_time=wall,
         assignment=tuple(assignment),
+        router=None if rtr is None else rtr.name,
     )

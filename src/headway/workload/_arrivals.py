@@ -220,14 +220,13 @@ def replay_arrivals(timestamps: Sequence[float] | FloatArray, target_rate: float
         _check_rate(target_rate, "target_rate")
     if times.size == 0:
         return times.copy()
-    out = times - times.min()
+    out: FloatArray = times - times.min()
     if target_rate is not None and times.size > 1:
         span = float(out.max())
         if span <= 0.0:
             raise ValueError(
-                f"cannot time-scale a trace of {times.size} simultaneous arrivals to "
-                f"{target_rate} requests/s"
+                f"cannot time-scale a trace of {times.size} simultaneous arrivals to {target_rate} requests/s"
             )
         observed = (times.size - 1) / span
-        out = out * (observed / target_rate)
+        out = out * float(observed / target_rate)
     return out

@@ -1,0 +1,447 @@
+"""One front door for every workload: :func:`load_workload` (``headway simulate --workload X``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from headway.workload._arrivals import (
+    ArrivalProcess,
+    BurstArrivals,
+    GammaArrivals,
+    PoissonArrivals,
+    replay_arrivals,
+)
+from headway.workload._default import DEFAULT_BURSTINESS, DEFAULT_NUM_REQUESTS, DEFAULT_RATE, default_workload
+from headway.workload._errors import UnknownWorkloadError, WorkloadFormatError
+from headway.workload._readers import (
+    TokenCounter,
+    open_text,
+    read_alpaca_eval,
+    read_azure_trace,
+    read_mooncake_trace,
+    read_sharegpt,
+    read_vidur_trace,
+)
+from headway.workload._resample import resample_output_lengths
+from headway.workload._spec import Workload
+from headway.workload._tenants import DEFAULT_TENANT_MIX, TenantMix, assign_tenants
+
+__all__ = [
+    "ARRIVAL_KINDS",
+    "DATA_DIR_ENV",
+    "DEFAULT_ALPACA_MODEL",
+    "LoadOptions",
+    "available_formats",
+    "available_workloads",
+    "find_data_dir",
+    "load_workload",
+]
+
+DATA_DIR_ENV = "HEADWAY_DATA_DIR"
+"""Environment variable naming the shared data folder (the one holding ``azure_llm_2023/``...)."""
+
+DEFAULT_ALPACA_MODEL = "Meta-Llama-3-8B-Instruct"
+ARRIVAL_KINDS = ("trace", "gamma", "poisson", "burst")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """Options of :func:`load_workload`; every field is optional.
+
+    - ``num_requests``: how many requests (synthetic: generated, default 2,000; timed
+      traces: the first N by arrival; timeless datasets: a seeded random sample, with
+      replacement when N exceeds the dataset).
+    - ``arrivals``: ``"trace"`` (replay recorded times), ``"gamma"``, ``"poisson"`` or
+      ``"burst"`` (all at t = 0). Default: ``"gamma"`` when ``burstiness`` is given,
+      else ``"trace"`` for timed sources, else ``"gamma"`` when ``rate`` is given, else
+      ``"burst"``. The synthetic ``default`` uses Gamma(4 req/s, burstiness 0.5).
+    - ``rate``: requests/s; for ``"trace"`` the replay is time-scaled to this mean rate;
+      for ``"gamma"``/``"poisson"`` on a timed trace it defaults to the trace's rate.
+    - ``burstiness``: Gamma shape (``vllm bench serve --burstiness``; default 1).
+    - ``seed``: drives sampling, arrivals, resampling and tenants.
+    - ``output_cv``: resample output lengths with this lognormal CV (0.19 is realistic).
+    - ``model``: alpaca_eval model whose output lengths to use.
+    - ``tenants``: a :class:`TenantMix`, ``"default"`` (3 tiers) or ``"none"``; default:
+      the 3-tier mix for synthetic workloads, none (one standard tenant) for data.
+    - ``data_dir``: the shared data folder for named data sources.
+    - ``format``: force a file format (see :func:`available_formats`).
+    - ``count_tokens``: token counter for text datasets.
+    - ``name``: workload name.
+    """
+
+    num_requests: int | None = None
+    arrivals: str | None = None
+    rate: float | None = None
+    burstiness: float | None = None
+    seed: int = 0
+    output_cv: float | None = None
+    model: str | None = None
+    tenants: TenantMix | str | None = None
+    data_dir: str | Path | None = None
+    format: str | None = None
+    count_tokens: TokenCounter | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        n = self.num_requests
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"num_requests must be a non-negative integer, got {n!r}")
+        if self.arrivals is not None and self.arrivals not in ARRIVAL_KINDS:
+            raise ValueError(f"arrivals must be one of {', '.join(ARRIVAL_KINDS)}, got {self.arrivals!r}")
+        for what, value in (("rate", self.rate), ("burstiness", self.burstiness)):
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ValueError(f"{what} must be a positive finite number, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        cv = self.output_cv
+        if cv is not None and (
+            isinstance(cv, bool) or not isinstance(cv, int | float) or not math.isfinite(cv) or cv < 0
+        ):
+            raise ValueError(f"output_cv must be a finite number >= 0, got {cv!r}")
+        if isinstance(self.tenants, str) and self.tenants not in ("default", "none"):
+            raise ValueError(f"tenants must be a TenantMix, 'default' or 'none', got {self.tenants!r}")
+        if self.format is not None and self.format not in _FORMATS:
+            raise ValueError(f"format must be one of {', '.join(available_formats())}, got {self.format!r}")
+
+    def stream(self, role: int) -> np.random.SeedSequence:
+        """An independent seed stream for one post-processing step."""
+        return np.random.SeedSequence([self.seed, role])
+
+
+_SELECT, _ARRIVE, _RESAMPLE, _TENANTS = 1, 2, 3, 4
+
+
+# ----------------------------------------------------------------------- data dir
+def find_data_dir(data_dir: str | Path | None = None) -> Path:
+    """The shared data folder: ``data_dir``, else ``$HEADWAY_DATA_DIR``, else ``../shared/data``.
+
+    ``../shared/data`` is looked for next to the current directory and next to the
+    checkout this package lives in. Raises ``FileNotFoundError`` listing what was tried.
+    """
+    if data_dir is not None:
+        candidates = [Path(data_dir)]
+    elif os.environ.get(DATA_DIR_ENV):
+        candidates = [Path(os.environ[DATA_DIR_ENV])]
+    else:
+        repo = Path(__file__).resolve().parents[3]
+        candidates = [
+            Path.cwd() / ".." / "shared" / "data",
+            Path.cwd() / "shared" / "data",
+            repo.parent / "shared" / "data",
+        ]
+    for c in candidates:
+        if c.is_dir():
+            return c.resolve()
+    tried = ", ".join(str(c) for c in candidates)
+    raise FileNotFoundError(
+        f"shared data folder not found (tried {tried}); pass data_dir= or set {DATA_DIR_ENV}"
+    )
+
+
+# -------------------------------------------------------------------- file formats
+def _read_azure(path: Path, o: LoadOptions) -> Workload:
+    return read_azure_trace(path)
+
+
+def _read_vidur(path: Path, o: LoadOptions) -> Workload:
+    return read_vidur_trace(path)
+
+
+def _read_mooncake(path: Path, o: LoadOptions) -> Workload:
+    return read_mooncake_trace(path)
+
+
+def _read_sharegpt(path: Path, o: LoadOptions) -> Workload:
+    return read_sharegpt(path, count_tokens=o.count_tokens)
+
+
+def _read_alpaca(path: Path, o: LoadOptions) -> Workload:
+    folder = path if path.is_dir() else path.parent
+    instructions = path if path.is_file() else folder / "instructions.jsonl"
+    lengths = folder / "output_lengths_long.csv.gz"
+    if not lengths.exists() and (folder / "output_lengths_long.csv").exists():
+        lengths = folder / "output_lengths_long.csv"
+    return read_alpaca_eval(
+        instructions, lengths, o.model or DEFAULT_ALPACA_MODEL, count_tokens=o.count_tokens
+    )
+
+
+_FORMATS: dict[str, Callable[[Path, LoadOptions], Workload]] = {
+    "azure": _read_azure,
+    "vidur": _read_vidur,
+    "mooncake": _read_mooncake,
+    "sharegpt": _read_sharegpt,
+    "alpaca-eval": _read_alpaca,
+}
+
+_JSON_KEYS: tuple[tuple[frozenset[str], str], ...] = (
+    (frozenset({"timestamp", "input_length", "output_length"}), "mooncake"),
+    (frozenset({"conversations"}), "sharegpt"),
+    (frozenset({"prompt", "response"}), "sharegpt"),
+    (frozenset({"idx", "instruction"}), "alpaca-eval"),
+)
+_CSV_COLUMNS: tuple[tuple[str, str], ...] = (("TIMESTAMP", "azure"), ("num_prefill_tokens", "vidur"))
+
+
+def available_formats() -> list[str]:
+    """File formats :func:`load_workload` reads (``format=``)."""
+    return sorted(_FORMATS)
+
+
+def _sniff_format(path: Path) -> str:
+    """Tell a file's format from its first non-blank line."""
+    if path.is_dir():
+        if (path / "instructions.jsonl").exists():
+            return "alpaca-eval"
+        raise FileNotFoundError(2, "no instructions.jsonl (alpaca_eval) in workload folder", str(path))
+    with open_text(path) as f:
+        first = ""
+        for line in f:
+            if line.strip():
+                first = line.strip()
+                break
+    hint = f"pass format= one of {', '.join(available_formats())}"
+    if first.startswith("["):
+        return "sharegpt"
+    if first.startswith("{"):
+        try:
+            keys = set(json.loads(first))
+        except (json.JSONDecodeError, TypeError):
+            raise WorkloadFormatError(
+                path, None, f"cannot tell the format: first line is not JSON; {hint}", show_value=False
+            ) from None
+        for needed, fmt in _JSON_KEYS:
+            if needed <= keys:
+                return fmt
+        raise WorkloadFormatError(
+            path, None, f"cannot tell the format from JSON keys {sorted(keys)}; {hint}", show_value=False
+        )
+    header = {h.strip().lstrip("\ufeff") for h in first.split(",")}
+    for column, fmt in _CSV_COLUMNS:
+        if column in header:
+            return fmt
+    raise WorkloadFormatError(
+        path, 1, f"cannot tell the format from the first line; {hint}", field="header", value=first[:200]
+    )
+
+
+def _load_file(path: Path, o: LoadOptions) -> Workload:
+    if not path.exists():
+        raise FileNotFoundError(2, "workload file not found", str(path))
+    fmt = o.format or _sniff_format(path)
+    return _FORMATS[fmt](path, o)
+
+
+# ------------------------------------------------------------------- named sources
+def _synthetic(o: LoadOptions, *, burst: bool) -> Workload:
+    kind = o.arrivals or ("burst" if burst else "gamma")
+    if burst and kind != "burst":
+        raise ValueError(f"workload 'burst' has burst arrivals; got arrivals={kind!r} (use 'default')")
+    if kind == "trace":
+        raise ValueError(
+            "the synthetic workload has no recorded times; arrivals must be gamma, poisson or burst"
+        )
+    process: ArrivalProcess
+    if kind == "burst":
+        process = BurstArrivals()
+    elif kind == "poisson":
+        if o.burstiness not in (None, 1, 1.0):
+            raise ValueError(f"poisson arrivals have burstiness 1, got burstiness={o.burstiness!r}")
+        process = PoissonArrivals(o.rate or DEFAULT_RATE)
+    else:
+        process = GammaArrivals(o.rate or DEFAULT_RATE, o.burstiness or DEFAULT_BURSTINESS)
+    num = DEFAULT_NUM_REQUESTS if o.num_requests is None else o.num_requests
+    return default_workload(
+        num,
+        o.seed,
+        arrivals=process,
+        tenants=_tenant_mix(o, synthetic=True),
+        name="burst" if burst else "default",
+    )
+
+
+def _data_file(*parts: str, fmt: str) -> Callable[[LoadOptions], Workload]:
+    def load(o: LoadOptions) -> Workload:
+        return _FORMATS[fmt](find_data_dir(o.data_dir).joinpath(*parts), o)
+
+    load.__doc__ = f"{'/'.join(parts)} in the shared data folder ({fmt} format)"
+    return load
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    load: Callable[[LoadOptions], Workload]
+    synthetic: bool = False
+
+
+_WORKLOADS: dict[str, _Source] = {
+    "default": _Source(lambda o: _synthetic(o, burst=False), synthetic=True),
+    "burst": _Source(lambda o: _synthetic(o, burst=True), synthetic=True),
+    "azure-conv": _Source(_data_file("azure_llm_2023", "AzureLLMInferenceTrace_conv.csv", fmt="azure")),
+    "azure-code": _Source(_data_file("azure_llm_2023", "AzureLLMInferenceTrace_code.csv", fmt="azure")),
+    "vidur-conv": _Source(_data_file("vidur_traces", "splitwise_conv.csv", fmt="vidur")),
+    "vidur-code": _Source(_data_file("vidur_traces", "splitwise_code.csv", fmt="vidur")),
+    "arxiv": _Source(
+        _data_file("vidur_traces", "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv", fmt="vidur")
+    ),
+    "sharegpt": _Source(_data_file("sharegpt", "sharegpt_first_turn.jsonl.gz", fmt="sharegpt")),
+    "alpaca-eval": _Source(_data_file("alpaca_eval", fmt="alpaca-eval")),
+}
+
+
+def available_workloads() -> list[str]:
+    """Short names :func:`load_workload` accepts."""
+    return sorted(_WORKLOADS)
+
+
+# ------------------------------------------------------------------ post-processing
+def _select(w: Workload, o: LoadOptions, timed: bool) -> Workload:
+    n = o.num_requests
+    if n is None or (timed and n == len(w)):
+        return w
+    if timed:
+        if n > len(w):
+            raise ValueError(f"workload {w.name!r} has {len(w)} requests; cannot take num_requests={n}")
+        return Workload(w.name, w.requests[:n], dict(w.meta))
+    if not w.requests:
+        raise ValueError(f"workload {w.name!r} has no requests to sample {n} from")
+    rng = np.random.default_rng(o.stream(_SELECT))
+    picks = rng.choice(len(w), size=n, replace=n > len(w)).tolist()
+    seen: dict[str, int] = {}
+    specs = []
+    for k in picks:
+        spec = w.requests[k]
+        copies = seen.get(spec.request_id, 0)
+        seen[spec.request_id] = copies + 1
+        rid = spec.request_id if copies == 0 else f"{spec.request_id}#{copies}"
+        specs.append(dataclasses.replace(spec, request_id=rid))
+    return Workload(w.name, tuple(specs), {**w.meta, "sampled": n})
+
+
+def _arrival_kind(o: LoadOptions, timed: bool) -> str:
+    if o.arrivals is not None:
+        return o.arrivals
+    if o.burstiness is not None:
+        return "gamma"
+    if timed:
+        return "trace"
+    return "gamma" if o.rate is not None else "burst"
+
+
+def _retime(w: Workload, o: LoadOptions, timed: bool) -> Workload:
+    kind = _arrival_kind(o, timed)
+    recorded = [s.arrival_time for s in w.requests]
+    if kind == "trace":
+        if not timed:
+            raise ValueError(
+                f"workload {w.name!r} has no recorded arrival times; use arrivals=gamma, poisson or burst"
+            )
+        if o.rate is None:
+            return w
+        times = replay_arrivals(recorded, o.rate)
+        meta = {**w.meta, "arrivals": f"trace scaled to {o.rate} req/s"}
+    else:
+        process: ArrivalProcess
+        if kind == "burst":
+            process = BurstArrivals()
+        else:
+            rate = o.rate
+            if rate is None and timed and len(recorded) > 1 and recorded[-1] > recorded[0]:
+                rate = (len(recorded) - 1) / (recorded[-1] - recorded[0])
+            if rate is None:
+                raise ValueError(f"arrivals={kind!r} needs a rate (requests/s) for workload {w.name!r}")
+            if kind == "poisson":
+                if o.burstiness not in (None, 1, 1.0):
+                    raise ValueError(f"poisson arrivals have burstiness 1, got burstiness={o.burstiness!r}")
+                process = PoissonArrivals(rate)
+            else:
+                process = GammaArrivals(rate, o.burstiness or 1.0)
+        times = process.sample(len(w), o.stream(_ARRIVE))
+        meta = {**w.meta, "arrivals": repr(process)}
+    specs = [
+        dataclasses.replace(s, arrival_time=float(t)) for s, t in zip(w.requests, times.tolist(), strict=True)
+    ]
+    return Workload.from_specs(w.name, specs, meta)
+
+
+def _tenant_mix(o: LoadOptions, synthetic: bool) -> TenantMix | None:
+    if isinstance(o.tenants, TenantMix):
+        return o.tenants
+    if o.tenants == "none":
+        return None
+    if o.tenants == "default" or synthetic:
+        return DEFAULT_TENANT_MIX
+    return None
+
+
+# ---------------------------------------------------------------------- front door
+def _options(options: dict[str, object]) -> LoadOptions:
+    valid = [f.name for f in dataclasses.fields(LoadOptions)]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise TypeError(f"unknown workload option(s) {', '.join(unknown)}; valid options: {', '.join(valid)}")
+    return LoadOptions(**options)  # type: ignore[arg-type]
+
+
+def _looks_like_path(source: str) -> bool:
+    return (
+        os.sep in source
+        or "/" in source
+        or source.endswith((".csv", ".json", ".jsonl", ".gz"))
+        or Path(source).exists()
+    )
+
+
+def load_workload(source: str, **options: object) -> Workload:
+    """Load a workload by short name (see :func:`available_workloads`) or from a file path.
+
+    Names: ``default`` (synthetic Azure-conv-shaped, bursty, 3 tenants; needs no data),
+    ``burst`` (the same requests, all at t = 0, as in PARS), and the shared data sets
+    ``azure-conv``, ``azure-code``, ``vidur-conv``, ``vidur-code``, ``arxiv``,
+    ``sharegpt``, ``alpaca-eval`` (found with :func:`find_data_dir`). A path is read by
+    its content (CSV header or JSON keys), or by ``format=``; a folder is read as
+    alpaca_eval. Options are the fields of :class:`LoadOptions` (``num_requests``,
+    ``rate``, ``burstiness``, ``arrivals``, ``seed``, ``output_cv``, ``model``,
+    ``tenants``, ...). Raises :class:`UnknownWorkloadError` listing the valid names.
+    """
+    o = _options(options)
+    entry = _WORKLOADS.get(source)
+    if entry is None and not _looks_like_path(source):
+        raise UnknownWorkloadError(
+            f"unknown workload {source!r}; valid names: {', '.join(available_workloads())} "
+            f"(or a path to a trace/dataset file: {', '.join(available_formats())})"
+        )
+    if entry is not None:
+        w = entry.load(o)
+        synthetic = entry.synthetic
+        if not synthetic:
+            w = Workload(source, w.requests, dict(w.meta))
+    else:
+        w = _load_file(Path(source), o)
+        synthetic = False
+    if o.model is not None and w.meta.get("format") != "alpaca-eval":
+        raise ValueError(f"option model={o.model!r} only applies to alpaca_eval, not {source!r}")
+    if not synthetic:
+        timed = bool(w.meta.get("timed", False))
+        w = _retime(_select(w, o, timed), o, timed)
+        mix = _tenant_mix(o, synthetic=False)
+        if mix is not None:
+            w = assign_tenants(w, mix, o.stream(_TENANTS))
+    if o.output_cv:
+        w = resample_output_lengths(w, o.output_cv, o.stream(_RESAMPLE))
+    if o.name is not None:
+        w = Workload(o.name, w.requests, dict(w.meta))
+    return w

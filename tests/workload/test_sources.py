@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from headway.core import Tier
+from headway.workload import (
+    DEFAULT_TENANT_MIX,
+    TenantMix,
+    UnknownWorkloadError,
+    WorkloadFormatError,
+    available_formats,
+    available_workloads,
+    default_workload,
+    find_data_dir,
+    load_workload,
+)
+
+TextWriter = Callable[[Path, str], Path]  # the write_text fixture (conftest.py)
+JsonlWriter = Callable[[Path, Sequence[object]], Path]  # the write_jsonl fixture
+
+
+def azure_file(write_text: TextWriter, tmp_path: Path, n: int = 40) -> Path:
+    rows = "".join(
+        f"2023-11-16 18:{15 + i // 60:02d}:{i % 60:02d}.5000000,{100 + i},{1 + i}\n" for i in range(n)
+    )
+    return write_text(tmp_path / "trace.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+
+
+def sharegpt_file(write_text: TextWriter, tmp_path: Path, n: int = 30) -> Path:
+    records = [
+        {
+            "id": f"s{i}",
+            "conversations": [
+                {"from": "human", "value": "q" * (4 * i + 4)},
+                {"from": "gpt", "value": "a" * (8 * i + 8)},
+            ],
+        }
+        for i in range(n)
+    ]
+    return write_text(tmp_path / "sg.json", json.dumps(records))
+
+
+def test_unknown_name_lists_valid_names() -> None:
+    with pytest.raises(UnknownWorkloadError) as info:
+        load_workload("azure-chat")
+    message = str(info.value)
+    for name in ("default", "burst", "azure-conv", "azure-code", "sharegpt", "alpaca-eval"):
+        assert name in message
+    assert set(available_workloads()) >= {"default", "burst", "azure-conv", "azure-code", "arxiv"}
+
+
+def test_unknown_option_lists_valid_options() -> None:
+    with pytest.raises(TypeError, match=r"unknown workload option\(s\) reqs; valid options: num_requests"):
+        load_workload("default", reqs=3)
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"rate": 0.0}, "rate must be a positive finite number, got 0.0"),
+        ({"burstiness": float("nan")}, "got nan"),
+        ({"num_requests": -3}, "got -3"),
+        ({"output_cv": -0.5}, "got -0.5"),
+        ({"arrivals": "uniform"}, "got 'uniform'"),
+        ({"tenants": "some"}, "got 'some'"),
+        ({"format": "parquet"}, "got 'parquet'"),
+        ({"model": "gpt-4"}, "only applies to alpaca_eval"),
+        ({"arrivals": "trace"}, "no recorded times"),
+        ({"arrivals": "poisson", "burstiness": 0.5}, "got burstiness=0.5"),
+    ],
+)
+def test_bad_options_name_the_value(options: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ValueError) as info:
+        load_workload("default", **{"num_requests": 5, **options})
+    assert fragment in str(info.value)
+
+
+def test_default_and_burst() -> None:
+    assert load_workload("default", num_requests=100, seed=3) == default_workload(100, seed=3)
+    burst = load_workload("burst")
+    assert len(burst) == 2000 and burst.duration == 0.0
+    assert {s.tier for s in burst} == {Tier.PREMIUM, Tier.STANDARD, Tier.BATCH}
+    poisson = load_workload("default", num_requests=50, arrivals="poisson", rate=10.0)
+    assert poisson.meta["arrivals"] == "PoissonArrivals(rate=10.0, start=0.0)"
+    with pytest.raises(ValueError, match="burst arrivals"):
+        load_workload("burst", arrivals="gamma")
+
+
+def test_default_tenants_can_be_turned_off() -> None:
+    w = load_workload("default", num_requests=50, tenants="none")
+    assert {s.tenant_id for s in w} == {"default"}
+
+
+def test_file_formats_are_sniffed(write_text: TextWriter, write_jsonl: JsonlWriter, tmp_path: Path) -> None:
+    az = load_workload(str(azure_file(write_text, tmp_path)))
+    assert az.meta["format"] == "azure" and len(az) == 40
+    vidur = write_text(
+        tmp_path / "v.csv.gz", "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,5,6\n1.5,7,8\n"
+    )
+    assert load_workload(str(vidur)).meta["format"] == "vidur"
+    moon = write_jsonl(
+        tmp_path / "m.jsonl", [{"timestamp": 0, "input_length": 3, "output_length": 4, "hash_ids": []}]
+    )
+    assert load_workload(str(moon)).meta["format"] == "mooncake"
+    assert load_workload(str(sharegpt_file(write_text, tmp_path))).meta["format"] == "sharegpt"
+    first_turn = write_jsonl(tmp_path / "ft.jsonl", [{"id": "x", "prompt": "hi", "response": "yo"}])
+    assert load_workload(str(first_turn)).meta["format"] == "sharegpt"
+    assert set(available_formats()) == {"azure", "vidur", "mooncake", "sharegpt", "alpaca-eval"}
+
+
+def test_alpaca_folder_and_model_option(
+    write_text: TextWriter, write_jsonl: JsonlWriter, tmp_path: Path
+) -> None:
+    write_jsonl(tmp_path / "instructions.jsonl", [{"idx": 0, "dataset": "d", "instruction": "say hi"}])
+    write_text(tmp_path / "output_lengths_long.csv.gz", "model,idx,chars,words,cl100k_tokens\nM,0,9,2,3\n")
+    w = load_workload(str(tmp_path), model="M")
+    assert [(s.num_output_tokens, s.category) for s in w] == [(3, "d")]
+    assert load_workload(str(tmp_path / "instructions.jsonl"), model="M") == w
+
+
+def test_format_flag_overrides_sniffing(write_text: TextWriter, tmp_path: Path) -> None:
+    odd = write_text(tmp_path / "odd.txt", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,2\n")
+    assert len(load_workload(str(odd), format="vidur")) == 1
+    unknown = write_text(tmp_path / "mystery.csv", "a,b,c\n1,2,3\n")
+    with pytest.raises(WorkloadFormatError, match=r"mystery.csv:1: header: cannot tell the format.*format="):
+        load_workload(str(unknown))
+
+
+def test_missing_file_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"absent\.csv"):
+        load_workload(str(tmp_path / "absent.csv"))
+
+
+def test_timed_trace_num_requests_rate_and_burstiness(write_text: TextWriter, tmp_path: Path) -> None:
+    path = str(azure_file(write_text, tmp_path, n=120))
+    first = load_workload(path, num_requests=10)
+    assert [s.num_prompt_tokens for s in first] == list(range(100, 110))
+    assert first.duration == pytest.approx(9.0)
+    scaled = load_workload(path, rate=4.0)
+    assert (len(scaled) - 1) / scaled.duration == pytest.approx(4.0)
+    assert [s.num_prompt_tokens for s in scaled] == list(range(100, 220))
+    gamma = load_workload(path, burstiness=0.5, seed=1)
+    assert gamma.meta["arrivals"] == "GammaArrivals(rate=1.0, burstiness=0.5, start=0.0)"
+    assert gamma == load_workload(path, burstiness=0.5, seed=1)
+    assert load_workload(path, arrivals="burst").duration == 0.0
+    with pytest.raises(ValueError, match="cannot take num_requests=500"):
+        load_workload(path, num_requests=500)
+
+
+def test_untimed_dataset_sampling_and_arrivals(write_text: TextWriter, tmp_path: Path) -> None:
+    path = str(sharegpt_file(write_text, tmp_path, n=30))
+    burst = load_workload(path)
+    assert burst.duration == 0.0 and len(burst) == 30
+    sample = load_workload(path, num_requests=10, seed=2)
+    assert len(sample) == 10 and sample == load_workload(path, num_requests=10, seed=2)
+    assert len({s.request_id for s in sample}) == 10
+    more = load_workload(path, num_requests=100, rate=5.0, seed=2)
+    assert len(more) == 100 and len({s.request_id for s in more}) == 100
+    assert more.meta["arrivals"] == "GammaArrivals(rate=5.0, burstiness=1.0, start=0.0)"
+    times = np.array([s.arrival_time for s in more])
+    assert np.all(np.diff(times) >= 0)
+    with pytest.raises(ValueError, match="no recorded arrival times"):
+        load_workload(path, arrivals="trace")
+    with pytest.raises(ValueError, match="needs a rate"):
+        load_workload(path, arrivals="gamma")
+
+
+def test_output_cv_and_tenants_options(write_text: TextWriter, tmp_path: Path) -> None:
+    path = str(sharegpt_file(write_text, tmp_path, n=30))
+    plain = load_workload(path)
+    noisy = load_workload(path, output_cv=0.5, seed=1)
+    assert noisy == load_workload(path, output_cv=0.5, seed=1)
+    assert [s.num_output_tokens for s in noisy] != [s.num_output_tokens for s in plain]
+    assert [s.num_prompt_tokens for s in noisy] == [s.num_prompt_tokens for s in plain]
+    assert {s.tenant_id for s in plain} == {"default"}
+    mixed = load_workload(path, tenants="default")
+    assert {s.tenant_id for s in mixed} <= {t.tenant_id for t in DEFAULT_TENANT_MIX.tenants}
+    solo = load_workload(path, tenants=TenantMix.of(("solo", 1.0, "batch")))
+    assert {(s.tenant_id, s.tier) for s in solo} == {("solo", Tier.BATCH)}
+
+
+def test_find_data_dir_honours_env_and_reports_what_it_tried(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HEADWAY_DATA_DIR", str(tmp_path))
+    assert find_data_dir() == tmp_path.resolve()
+    monkeypatch.setenv("HEADWAY_DATA_DIR", str(tmp_path / "gone"))
+    with pytest.raises(FileNotFoundError, match=r"gone.*HEADWAY_DATA_DIR"):
+        load_workload("azure-conv")
