@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from headway.core import LoadTracker, Policy, Request, Router, make_policy, make_router, policy_estimator
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel, load_preset
-from headway.sim._events import ARRIVAL, EventLoop
+from headway.sim._events import EventLoop
 from headway.sim._fleet import relative_speeds
 from headway.sim._replica import Replica
 from headway.workload import RequestSpec, Workload
@@ -54,6 +54,8 @@ class SimResult:
     """Wall-clock seconds the event loop ran (excludes building the workload)."""
     assignment: tuple[int, ...] = field(default=())
     """Replica index of each request (same order as ``requests``)."""
+    cpu_time: float = 0.0
+    """CPU seconds (``time.process_time``) the event loop took: robust on a busy machine."""
     router: str | None = None
     """Name of the router that spread requests over replicas (None: a ``route`` function or one replica)."""
 
@@ -175,44 +177,18 @@ def simulate(
     assignment = [0] * len(requests)
     for i, req in enumerate(requests):
         req.seq = i
-    feed: Iterator[int] = iter(range(len(requests)))
 
-    if rtr is not None and tracker is not None:
-        rtr.reset()
-        lead = replicas[0].policy
-        estimate = policy_estimator(lead) if rtr.uses_estimate and rtr.estimate_fn is None else None
-        # an oracle policy's estimate (e.g. the noisy oracle) needs the truth before submit
-        prime = estimate is not None and lead.oracle
-        route_req = rtr.route
+    def arrive(i: int) -> None:
+        req = requests[i]
+        k = 0 if route is None else route(req, replicas)
+        assignment[i] = k
+        replicas[k].submit(req, specs[i].num_output_tokens)
 
-        def arrive(i: int) -> None:
-            req = requests[i]
-            spec = specs[i]
-            if prime:
-                truth[req] = min(spec.num_output_tokens, req.max_tokens)
-            k = route_req(req, tracker, estimate=estimate)
-            assignment[i] = k
-            replicas[k].submit(req, spec.num_output_tokens)
-            nxt = next(feed, None)
-            if nxt is not None:
-                loop.schedule(requests[nxt].arrival_time, ARRIVAL, arrive, nxt)
-    else:
-
-        def arrive(i: int) -> None:
-            req = requests[i]
-            k = 0 if route is None else route(req, replicas)
-            assignment[i] = k
-            replicas[k].submit(req, specs[i].num_output_tokens)
-            nxt = next(feed, None)
-            if nxt is not None:
-                loop.schedule(requests[nxt].arrival_time, ARRIVAL, arrive, nxt)
-
-    first = next(feed, None)
-    if first is not None:
-        loop.schedule(requests[first].arrival_time, ARRIVAL, arrive, first)
-    t0 = time.perf_counter()
+    loop.set_arrivals([r.arrival_time for r in requests], arrive)
+    c0, t0 = time.process_time(), time.perf_counter()
     loop.run()
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
 
     counts = [0] * num_replicas
     for k in assignment:
@@ -256,5 +232,6 @@ def simulate(
         num_events=loop.num_events,
         wall_time=wall,
         assignment=tuple(assignment),
+        cpu_time=cpu,
         router=None if rtr is None else rtr.name,
     )
