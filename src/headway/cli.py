@@ -20,6 +20,8 @@ __all__ = ["build_parser", "main"]
 _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("headway.cli", "_add_simulate_parser"),
     ("headway.cli", "_add_list_parsers"),
+    ("headway.sweep._cli", "add_sweep_parser"),
+    ("headway.reproduce", "add_reproduce_parser"),
 )
 
 

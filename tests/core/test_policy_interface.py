@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from factories import make_request
 from hypothesis import given
 from hypothesis import strategies as st
 
+from factories import make_request
 from headway.core import (
     InvalidTransition,
     Policy,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from factories import make_workload, unit_cost
 
+from factories import make_workload, unit_cost
 from headway.core import RequestState
 from headway.sim import CacheConfig, SchedulerConfig, simulate
 

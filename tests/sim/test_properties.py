@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from factories import unit_cost
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import engine_configs, workloads
 
+from factories import unit_cost
 from headway.core import Policy, PolicyKey, Request, RequestState, make_policy
 from headway.policies import FCFSPolicy
 from headway.sim import CacheConfig, SchedulerConfig, SimResult, simulate
 from headway.workload import Workload
+from strategies import engine_configs, workloads
 
 COST = unit_cost(0.01, 1e-4, 1e-6)
 
@@ -124,7 +124,6 @@ class Sneaky(Policy):
 
 def test_non_oracle_policy_cannot_read_true_lengths() -> None:
     from factories import make_workload
-
     from headway.core import OracleAccessError
 
     with pytest.raises(OracleAccessError, match="not an oracle"):

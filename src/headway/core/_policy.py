@@ -27,6 +27,9 @@ The contract, in the order an engine calls it:
     policy's ``choose_victim`` names whom to evict (default: the largest key, which is
     vLLM's rule for both FCFS and priority scheduling).
 
+Engines detect which optional hooks a policy overrides by looking at its class (and
+skip the rest on their hot paths): override hooks in a subclass, not on an instance.
+
 A policy whose keys all change together (a learned global parameter) increments
 ``key_epoch``; queues re-key everything at their next decision.
 
@@ -74,8 +77,9 @@ class Policy(ABC):
 
     name: ClassVar[str] = ""
     """Registry name in kebab case (set by :func:`register_policy`)."""
-    oracle: ClassVar[bool] = False
-    """True if the policy reads true output lengths (simulation/benchmarks only)."""
+    oracle: bool = False
+    """True if the policy reads true output lengths (simulation/benchmarks only); a class
+    may set it per instance (e.g. only when configured with an oracle scorer)."""
     preemptive: ClassVar[bool] = False
     """True if a better-keyed waiting request may displace a running one."""
     key_epoch: int = 0

@@ -41,7 +41,7 @@ class EventLoop:
         Merged with the heap as if each were scheduled with priority ``ARRIVAL`` before
         anything else (so they win ties), without paying a heap push and pop each.
         """
-        if any(b < a for a, b in zip(times, times[1:], strict=False)):
+        if any(b < a for a, b in itertools.pairwise(times)):
             raise ValueError("arrival times must be sorted")
         self._stream = (times, handler)
 

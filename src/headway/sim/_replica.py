@@ -41,7 +41,7 @@ __all__ = ["Replica"]
 class _Seq:
     """Simulator-side state of one request (never shown to policies)."""
 
-    __slots__ = ("blocks", "chunk", "fin_g", "gen", "join", "phase", "req", "rekey_g", "true_len")
+    __slots__ = ("blocks", "chunk", "fin_g", "gen", "join", "phase", "rekey_g", "req", "true_len")
 
     def __init__(self, req: Request, true_len: int) -> None:
         self.req = req

@@ -152,10 +152,6 @@ def simulate(
     truth: dict[Request, int] = {}
     replicas: list[Replica] = []
     tracker: LoadTracker | None = None
-    on_done = None
-    if rtr is not None:
-        tracker = LoadTracker(num_replicas)  # speeds are set below, once caches are sized
-        on_done = tracker.release
     for i, p in enumerate(presets):
         cost = p if isinstance(p, CostModel) else load_preset(p)
         pol = _resolve_policy(policy, policy_kwargs)
@@ -164,25 +160,44 @@ def simulate(
         replicas.append(
             Replica(
                 loop, pol, cost, scheduler, cache,
-                name=f"replica-{i}", on_done=on_done, truth=truth, record_timeline=record_timeline,
+                name=f"replica-{i}", truth=truth, record_timeline=record_timeline,
             )
         )
     policy_name = replicas[0].policy.name
     speeds = relative_speeds([r.cost for r in replicas], scheduler, cache, [r.num_blocks for r in replicas])
-    if tracker is not None:
-        for t, sp in zip(tracker.targets, speeds, strict=True):
-            t.speed = sp
+    if rtr is not None:
+        tracker = LoadTracker(speeds=speeds, names=[r.name for r in replicas])
+        for r in replicas:
+            r.on_done = tracker.release
 
     requests = [s.to_request() for s in specs]
     assignment = [0] * len(requests)
     for i, req in enumerate(requests):
         req.seq = i
 
-    def arrive(i: int) -> None:
-        req = requests[i]
-        k = 0 if route is None else route(req, replicas)
-        assignment[i] = k
-        replicas[k].submit(req, specs[i].num_output_tokens)
+    if rtr is not None and tracker is not None:
+        rtr.reset()
+        lead = replicas[0].policy
+        estimate = policy_estimator(lead) if rtr.uses_estimate and rtr.estimate_fn is None else None
+        # an oracle policy's estimate (e.g. the noisy oracle) needs the truth before submit
+        prime = estimate is not None and lead.oracle
+        route_req = rtr.route
+
+        def arrive(i: int) -> None:
+            req = requests[i]
+            spec = specs[i]
+            if prime:
+                truth[req] = min(spec.num_output_tokens, req.max_tokens)
+            k = route_req(req, tracker, estimate=estimate)
+            assignment[i] = k
+            replicas[k].submit(req, spec.num_output_tokens)
+    else:
+
+        def arrive(i: int) -> None:
+            req = requests[i]
+            k = 0 if route is None else route(req, replicas)
+            assignment[i] = k
+            replicas[k].submit(req, specs[i].num_output_tokens)
 
     loop.set_arrivals([r.arrival_time for r in requests], arrive)
     c0, t0 = time.process_time(), time.perf_counter()

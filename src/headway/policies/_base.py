@@ -1,0 +1,115 @@
+"""Shared plumbing for the policies in this package: parameter checks and scored requests."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from headway.core import Policy, Request
+from headway.policies._scoring import SCORE_KEY, NoisyOracleScorer, ScoreFn
+
+__all__ = ["ScoredPolicy", "check_nonneg", "check_positive", "check_range"]
+
+
+def check_positive(name: str, value: float, policy: str) -> float:
+    """``value`` as float if it is finite and > 0, else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{policy}: {name} must be a number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{policy}: {name} must be > 0, got {value!r}")
+    return float(value)
+
+
+def check_nonneg(name: str, value: float, policy: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{policy}: {name} must be a number, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{policy}: {name} must be >= 0, got {value!r}")
+    return float(value)
+
+
+def check_range(name: str, value: float, lo: float, hi: float, policy: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (lo <= value <= hi):
+        raise ValueError(f"{policy}: {name} must be in [{lo}, {hi}], got {value!r}")
+    return float(value)
+
+
+Scorer = str | Callable[[Request], float] | None
+
+
+class ScoredPolicy(Policy):
+    """A policy whose key uses a length score (see :mod:`headway.policies._scoring`).
+
+    ``scorer``:
+
+    - ``None`` (default): use ``request.score`` (precomputed by the engine or workload);
+      a request without one is an error naming it;
+    - ``"noisy-oracle"``: :class:`NoisyOracleScorer` with Kendall ``tau`` (required),
+      ``seed``, ``log_mean`` and ``log_std``; makes this *instance* an oracle policy;
+    - ``"oracle"``: the noisy oracle at ``tau = 1`` (exact log length);
+    - a callable ``Request -> float`` (e.g. :func:`~headway.policies.batch_scorer`).
+
+    A precomputed ``request.score`` always wins, so a workload scored offline by
+    :func:`~headway.policies.noisy_oracle_scores` needs no oracle at run time.
+    """
+
+    def __init__(
+        self,
+        *,
+        scorer: Scorer = None,
+        tau: float | None = None,
+        seed: int = 0,
+        log_mean: float = 5.0,
+        log_std: float = 1.0,
+    ) -> None:
+        self._score_fn: ScoreFn | None = None
+        if scorer is None:
+            if tau is not None:
+                raise ValueError(f"{self.name}: tau={tau!r} needs scorer='noisy-oracle'")
+        elif scorer in ("noisy-oracle", "oracle"):
+            if scorer == "oracle":
+                if tau not in (None, 1, 1.0):
+                    raise ValueError(f"{self.name}: scorer='oracle' is exact; got tau={tau!r}")
+                tau = 1.0
+            if tau is None:
+                raise ValueError(f"{self.name}: scorer='noisy-oracle' needs tau (Kendall tau in [-1, 1])")
+            # An instance-level flag: this instance reads true lengths, others of the
+            # class (scoring from a predictor) do not. Engines check ``policy.oracle``.
+            self.oracle = True
+            self._score_fn = NoisyOracleScorer(
+                tau, self.true_output_tokens, seed=seed, log_mean=log_mean, log_std=log_std
+            )
+        elif callable(scorer):
+            self._score_fn = scorer
+        else:
+            raise ValueError(
+                f"{self.name}: unknown scorer {scorer!r}; use None (request.score), "
+                "'noisy-oracle', 'oracle' or a callable Request -> float"
+            )
+        self.scorer = scorer
+
+    def on_arrival(self, request: Request, now: float) -> None:
+        self.score_of(request)
+
+    def score_of(self, request: Request) -> float:
+        """The request's score, computed once and cached in ``request.extra``."""
+        cached = request.extra.get(SCORE_KEY)
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        if request.score is not None:
+            value = float(request.score)
+        elif self._score_fn is not None:
+            value = float(self._score_fn(request))
+        else:
+            raise ValueError(
+                f"{self.name}: request {request.request_id!r} has no score; precompute "
+                "request.score or pass scorer= (a callable, or 'noisy-oracle' with tau)"
+            )
+        if not math.isfinite(value):
+            raise ValueError(f"{self.name}: score of request {request.request_id!r} is {value}")
+        request.extra[SCORE_KEY] = value
+        return value
+
+    def describe(self) -> dict[str, Any]:
+        return {"scorer": repr(self._score_fn) if self._score_fn is not None else "request.score"}

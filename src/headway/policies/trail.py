@@ -1,0 +1,124 @@
+"""TRAIL: SRPT on refined length predictions with limited preemption (Shahout et al., ICLR'25)."""
+
+from __future__ import annotations
+
+import math
+
+from headway.core import Policy, PolicyKey, Request, register_policy
+from headway.policies._base import ScoredPolicy, Scorer, check_nonneg, check_positive
+from headway.policies._scoring import request_normal
+
+__all__ = ["TrailOraclePolicy", "TrailPolicy", "lognormal_residual_mean"]
+
+_NS = "trail"
+
+
+def lognormal_residual_mean(mu: float, sigma: float, g: float) -> float:
+    """``E[L | L > g]`` for ``log L ~ N(mu, sigma^2)`` (the Bayesian refinement of TRAIL)."""
+    from scipy.special import log_ndtr
+
+    if g <= 0.0:
+        return math.exp(mu + sigma * sigma / 2.0)
+    lg = math.log(g)
+    log_num = mu + sigma * sigma / 2.0 + float(log_ndtr((mu + sigma * sigma - lg) / sigma))
+    log_den = float(log_ndtr((mu - lg) / sigma))
+    return max(math.exp(log_num - log_den), g)
+
+
+@register_policy("trail")
+class TrailPolicy(ScoredPolicy):
+    """Key ``(predicted remaining output tokens,)``; preemptive with TRAIL's limit.
+
+    - Initial prediction ``p0 = exp(score)`` tokens (the scorer must give log predicted
+      tokens: the noisy oracle does; a ranker's logits need calibration first).
+    - Refinement: TRAIL re-predicts from the model's embeddings every token. Without
+      the model, the simulation refines in the Bayesian way: the prediction ``P`` is a
+      lognormal prior ``N(log p0, sigma^2)`` (``prediction_sigma``: the predictor's
+      log-space error, default 1.0); once ``g`` generated tokens exceed ``P`` the
+      prediction becomes ``E[L | L > g]``. Between refinements the key ``P - g`` only
+      improves; the refinement (a worse key) is announced by :meth:`rekey_after_tokens`.
+    - Limited preemption: a running request may be preempted only while
+      ``g <= c * p0`` (``c = 0.8``), early, when its KV footprint is small.
+    """
+
+    preemptive = True
+
+    def __init__(
+        self,
+        *,
+        c: float = 0.8,
+        prediction_sigma: float = 1.0,
+        scorer: Scorer = None,
+        tau: float | None = None,
+        seed: int = 0,
+        log_mean: float = 5.0,
+        log_std: float = 1.0,
+    ) -> None:
+        super().__init__(scorer=scorer, tau=tau, seed=seed, log_mean=log_mean, log_std=log_std)
+        self.c = check_nonneg("c", c, "trail")
+        self.prediction_sigma = check_positive("prediction_sigma", prediction_sigma, "trail")
+
+    def _pred(self, request: Request) -> list[float]:
+        st = request.extra.get(_NS)
+        if not isinstance(st, list):
+            p0 = min(max(math.exp(self.score_of(request)), 1.0), float(request.max_tokens))
+            st = [p0, p0]  # [initial prediction, current predicted total]
+            request.extra[_NS] = st
+        return st
+
+    def on_arrival(self, request: Request, now: float) -> None:
+        super().on_arrival(request, now)
+        self._pred(request)
+
+    def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:
+        st = self._pred(request)
+        g = request.num_output_tokens
+        if g >= st[1]:
+            refined = lognormal_residual_mean(math.log(st[0]), self.prediction_sigma, g)
+            st[1] = min(max(refined, g + 1.0), float(max(request.max_tokens, g + 1)))
+
+    def key(self, request: Request, now: float) -> PolicyKey:
+        st = self._pred(request)
+        return (max(st[1] - request.num_output_tokens, 0.0),)
+
+    def rekey_after_tokens(self, request: Request) -> int | None:
+        st = self._pred(request)
+        return max(math.ceil(st[1] - request.num_output_tokens), 1)
+
+    def can_preempt(self, request: Request, now: float) -> bool:
+        return request.num_output_tokens <= self.c * self._pred(request)[0]
+
+
+@register_policy("trail-oracle")
+class TrailOraclePolicy(Policy):
+    """TRAIL+: SRPT on the *true* remaining length, optionally noisy, with TRAIL's limit.
+
+    Key ``((L - g) * f,)`` where ``f = exp(noise * eps)`` is fixed per request
+    (Gaussian noise in log space, ``eps`` from ``seed`` and the request id); with
+    ``noise = 0`` (default) this is SRPT with perfect knowledge. The key only shrinks,
+    so no rekey hints. Preemptible while ``g <= c * L * f`` (``c = 0.8``).
+    """
+
+    oracle = True
+    preemptive = True
+
+    def __init__(self, *, c: float = 0.8, noise: float = 0.0, seed: int = 0) -> None:
+        self.c = check_nonneg("c", c, "trail-oracle")
+        self.noise = check_nonneg("noise", noise, "trail-oracle")
+        self.seed = int(seed)
+
+    def _factor(self, request: Request) -> float:
+        if self.noise == 0.0:
+            return 1.0
+        f = request.extra.get(_NS)
+        if not isinstance(f, float):
+            f = math.exp(self.noise * request_normal(self.seed, request.request_id, "trail"))
+            request.extra[_NS] = f
+        return f
+
+    def key(self, request: Request, now: float) -> PolicyKey:
+        return ((self.true_output_tokens(request) - request.num_output_tokens) * self._factor(request),)
+
+    def can_preempt(self, request: Request, now: float) -> bool:
+        initial = self.true_output_tokens(request) * self._factor(request)
+        return request.num_output_tokens <= self.c * initial

@@ -1,0 +1,146 @@
+"""``headway sweep --grid FILE``: a grid of simulations on Ray, one table and report."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from headway.sweep._grid import load_grid
+from headway.sweep._runner import METRIC_NAMES, TaskResult, aggregate, run_sweep
+
+__all__ = ["add_sweep_parser"]
+
+
+def add_sweep_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "sweep",
+        help="run a grid of simulations (policies x workloads x rates x seeds x presets) on Ray",
+        description=(
+            "Run every combination of a grid file (TOML or JSON with keys policies, workloads, "
+            "rates, seeds, presets, num_requests, slo, policy_args) as Ray tasks, locally or on a "
+            "cluster, and write one table and report (latency vs load per policy). A failed task "
+            "is reported with its parameters; the others' results are kept."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--grid", required=True, help="grid file (.toml or .json)")
+    p.add_argument("--ray-address", default=None, help="Ray cluster address (default: a local Ray)")
+    p.add_argument("--num-cpus", type=int, default=None, help="local Ray workers (default: all cores)")
+    p.add_argument("--no-ray", action="store_true", help="run the tasks in this process instead")
+    p.add_argument("--out", default=None, help="report folder (default: headway-out/sweep-<time>)")
+    p.set_defaults(func=_cmd_sweep)
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(width=max(Console().width, 140))
+    grid = load_grid(args.grid)
+    tasks = grid.tasks()
+    console.print(f"[bold]sweep[/] {len(tasks)} tasks ({'in-process' if args.no_ray else 'Ray'})")
+    failures: list[TaskResult] = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        bar = progress.add_task("simulating", total=len(tasks))
+
+        def on_result(r: TaskResult) -> None:
+            progress.advance(bar)
+            if r.error is not None:
+                failures.append(r)
+                progress.console.print(f"[red]task failed[/] {r.task.params()}: {r.error}")
+
+        results = run_sweep(grid, use_ray=not args.no_ray, ray_address=args.ray_address,
+                            num_cpus=args.num_cpus, on_result=on_result)
+    rows = aggregate(results)
+    console.print(_table(rows))
+    out = Path(args.out) if args.out else Path("headway-out") / time.strftime("sweep-%Y%m%d-%H%M%S")
+    paths = write_sweep_report(out, results, rows)
+    console.print(f"report: {', '.join(str(p) for p in paths)}")
+    if failures:
+        console.print(f"[red]{len(failures)} of {len(tasks)} tasks failed[/] (listed above and in results.csv)")
+    return 1 if failures else 0
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "–" if math.isnan(v) else f"{v:.4g}"
+    return "–" if v is None else str(v)
+
+
+def _table(rows: Sequence[dict[str, Any]]) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="sweep (mean over seeds)")
+    cols = ["preset", "workload", "policy", "rate", "seeds", "failed", "e2e_mean", "e2e_p99", "ttft_p99",
+            "norm_mean", "goodput_rps"]
+    for c in cols:
+        table.add_column(Text(c), justify="left" if c in ("preset", "workload", "policy") else "right")
+    for row in rows:
+        table.add_row(*(Text(_fmt(row[c])) for c in cols))
+    return table
+
+
+def write_sweep_report(out: Path, results: Sequence[TaskResult], rows: Sequence[dict[str, Any]]) -> list[Path]:
+    """results.csv (every task), aggregate.csv, results.json and curves.png in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    per_task = out / "results.csv"
+    with per_task.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["policy", "workload", "rate", "seed", "preset", "error",
+                                               *METRIC_NAMES])
+        writer.writeheader()
+        for r in results:
+            writer.writerow(r.row())
+    agg = out / "aggregate.csv"
+    with agg.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["policy"])
+        writer.writeheader()
+        writer.writerows(rows)
+    js = out / "results.json"
+    js.write_text(json.dumps({"tasks": [r.row() for r in results], "aggregate": list(rows)}, indent=1,
+                             default=lambda v: None))
+    paths = [per_task, agg, js]
+    png = _plot_curves(out / "curves.png", rows)
+    if png is not None:
+        paths.append(png)
+    return paths
+
+
+def _plot_curves(path: Path, rows: Sequence[dict[str, Any]]) -> Path | None:
+    """Latency vs load per policy: one column per (preset, workload)."""
+    points = [r for r in rows if r["rate"] is not None]
+    if not points:
+        return None
+    from matplotlib.figure import Figure
+
+    panels = sorted({(r["preset"], r["workload"]) for r in points})
+    fig = Figure(figsize=(5.5 * len(panels), 7.5))
+    axes = fig.subplots(2, len(panels), squeeze=False)
+    for j, (preset, workload) in enumerate(panels):
+        mine = [r for r in points if (r["preset"], r["workload"]) == (preset, workload)]
+        for i, policy in enumerate(sorted({r["policy"] for r in mine})):
+            series = sorted((r["rate"], r["norm_mean"], r["e2e_p99"]) for r in mine if r["policy"] == policy)
+            style = ("-", "--", ":", "-.")[(i // 10) % 4]
+            rates = [s[0] for s in series]
+            axes[0][j].plot(rates, [s[1] * 1e3 for s in series], marker="o", linestyle=style, color=f"C{i % 10}",
+                            label=policy)
+            axes[1][j].plot(rates, [s[2] for s in series], marker="o", linestyle=style, color=f"C{i % 10}",
+                            label=policy)
+        axes[0][j].set_title(f"{workload} on {preset}")
+        axes[0][j].set_ylabel("mean normalized latency (ms/token)")
+        axes[1][j].set_ylabel("P99 end-to-end latency (s)")
+        axes[1][j].set_xlabel("arrival rate (requests/s)")
+        for ax in (axes[0][j], axes[1][j]):
+            ax.set_yscale("log")
+            ax.grid(True, alpha=0.3)
+        axes[0][j].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path

@@ -1,0 +1,151 @@
+"""Run a grid of simulations as Ray tasks (or in-process), keeping every result."""
+
+from __future__ import annotations
+
+import logging
+import math
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from headway.sweep._grid import Grid, Task
+
+if TYPE_CHECKING:
+    from headway.metrics import RunSummary
+
+__all__ = ["TaskResult", "run_sweep", "run_task"]
+
+_METRICS: tuple[tuple[str, Callable[[RunSummary], float | int | None]], ...] = (
+    ("e2e_mean", lambda s: s.e2e.mean),
+    ("e2e_p99", lambda s: s.e2e.p99),
+    ("ttft_mean", lambda s: s.ttft.mean),
+    ("ttft_p99", lambda s: s.ttft.p99),
+    ("norm_mean", lambda s: s.normalized_latency.mean),
+    ("norm_p99", lambda s: s.normalized_latency.p99),
+    ("throughput_rps", lambda s: s.request_throughput),
+    ("goodput_rps", lambda s: s.goodput),
+    ("slo_attainment", lambda s: s.slo_attainment),
+    ("preemptions", lambda s: s.num_preemptions),
+    ("completed", lambda s: s.num_completed),
+)
+METRIC_NAMES = tuple(name for name, _ in _METRICS)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    """What one task produced: metrics, or the error that stopped it."""
+
+    task: Task
+    metrics: dict[str, float] | None
+    error: str | None = None
+    wall_time: float = 0.0
+
+    def row(self) -> dict[str, Any]:
+        out: dict[str, Any] = {**self.task.params(), "error": self.error or ""}
+        for name in METRIC_NAMES:
+            out[name] = None if self.metrics is None else self.metrics.get(name)
+        return out
+
+
+def run_task(task: Task, grid: Grid) -> TaskResult:
+    """Simulate one grid point; never raises (errors come back in the result)."""
+    from headway.metrics import summarize
+    from headway.sim import SchedulerConfig, simulate
+    from headway.workload import load_workload
+
+    try:
+        options: dict[str, Any] = {"seed": task.seed}
+        if task.rate is not None:
+            options["rate"] = task.rate
+        if grid.num_requests is not None:
+            options["num_requests"] = grid.num_requests
+        workload = load_workload(task.workload, **options)
+        res = simulate(
+            workload, task.policy, preset=task.preset,
+            scheduler=SchedulerConfig(max_num_seqs=grid.max_num_seqs,
+                                      max_num_batched_tokens=grid.max_num_batched_tokens),
+            policy_kwargs=dict(grid.policy_args.get(task.policy, {})),
+        )
+        summary = summarize(res.requests, slo=grid.slo, name=task.policy)
+        metrics = {}
+        for name, get in _METRICS:
+            value = get(summary)
+            metrics[name] = float("nan") if value is None else float(value)
+        return TaskResult(task, metrics, wall_time=res.wall_time)
+    except Exception as exc:
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return TaskResult(task, None, error=detail)
+
+
+def _local(tasks: Sequence[Task], grid: Grid) -> Iterator[TaskResult]:
+    for task in tasks:
+        yield run_task(task, grid)
+
+
+def _ray(tasks: Sequence[Task], grid: Grid, address: str | None, num_cpus: int | None) -> Iterator[TaskResult]:
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("Ray is not installed: pip install 'headway[sweep]' or run with --no-ray") from None
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
+                 logging_level=logging.ERROR, log_to_driver=False)
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
+        grid_ref = ray.put(grid)
+        pending = {remote.remote(task, grid_ref): task for task in tasks}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                task = pending.pop(ref)
+                try:
+                    yield ray.get(ref)
+                except Exception as exc:
+                    yield TaskResult(task, None, error=f"Ray task failed: {type(exc).__name__}: {exc}")
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_sweep(
+    grid: Grid,
+    *,
+    use_ray: bool = True,
+    ray_address: str | None = None,
+    num_cpus: int | None = None,
+    on_result: Callable[[TaskResult], None] | None = None,
+) -> list[TaskResult]:
+    """Run every task of ``grid``; results come back in grid order.
+
+    With ``use_ray`` the tasks are Ray tasks on a local Ray (``num_cpus`` workers) or
+    on the cluster at ``ray_address``; without it they run in this process. Both give
+    identical numbers: each task is a deterministic simulation.
+    """
+    tasks = grid.tasks()
+    stream = _ray(tasks, grid, ray_address, num_cpus) if use_ray else _local(tasks, grid)
+    results: dict[int, TaskResult] = {}
+    for result in stream:
+        results[result.task.index] = result
+        if on_result is not None:
+            on_result(result)
+    return [results[t.index] for t in tasks]
+
+
+def aggregate(results: Sequence[TaskResult]) -> list[dict[str, Any]]:
+    """Mean over seeds of each (preset, workload, policy, rate), in grid order."""
+    groups: dict[tuple[str, str, str, float | None], list[TaskResult]] = {}
+    for r in results:
+        t = r.task
+        groups.setdefault((t.preset, t.workload, t.policy, t.rate), []).append(r)
+    rows = []
+    for (preset, workload, policy, rate), members in groups.items():
+        ok = [m.metrics for m in members if m.metrics is not None]
+        row: dict[str, Any] = {"preset": preset, "workload": workload, "policy": policy, "rate": rate,
+                               "seeds": len(members), "failed": len(members) - len(ok)}
+        for name in METRIC_NAMES:
+            vals = [m[name] for m in ok if not math.isnan(m[name])]
+            row[name] = sum(vals) / len(vals) if vals else float("nan")
+        rows.append(row)
+    return rows

@@ -1,0 +1,183 @@
+"""UniBoost stages, gamma-Ada and rank-boost, checked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headway.core import RequestState, make_policy
+from headway.policies import GammaAda, b_gamma, b_gamma_from_log_mgf
+from headway.policies.uniboost import memguard_level
+
+from .conftest import make_request, run
+
+
+def test_b_gamma_hand_values():
+    # gamma = 1, w = ln 2: 1 - e^{-w} = 1/2, so b = ln 2
+    assert b_gamma(math.log(2.0), 1.0) == pytest.approx(math.log(2.0))
+    # gamma = 0.1, w = 4 s: 10 * ln(1 / (1 - e^{-0.4})) = 11.10 s (the docstring's example)
+    assert b_gamma(4.0, 0.1) == pytest.approx(10 * math.log(1 / (1 - math.exp(-0.4))))
+    assert b_gamma(4.0, 0.1) == pytest.approx(11.10, abs=0.01)
+    assert b_gamma(0.0, 1.0) == math.inf
+    assert b_gamma(1e6, 1.0) == 0.0
+    # decreasing in w
+    assert b_gamma(1.0, 0.5) > b_gamma(2.0, 0.5) > b_gamma(3.0, 0.5)
+
+
+def test_partial_information_boost_reduces_to_boost_for_known_sizes():
+    # E[e^{gamma S}] = e^{gamma s} for a point mass: b = (1/g) log(M/(M-1)) = b_gamma(s)
+    for s, g in [(0.3, 2.0), (5.0, 0.1), (40.0, 0.05)]:
+        assert b_gamma_from_log_mgf(g * s, g) == pytest.approx(b_gamma(s, g))
+
+
+def test_memguard_thresholds_are_geometric():
+    assert [memguard_level(t, 32) for t in (0, 31, 32, 63, 64, 127, 128, 255, 256)] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+        4,
+    ]
+
+
+def test_distboost_key_and_no_preemption():
+    pol = make_policy("distboost", gamma=0.1, seconds_per_token=0.02)
+    r = make_request(arrival=10.0, prompt_tokens=200)
+    assert pol.key(r, 10.0) == (pytest.approx(10.0 - b_gamma(4.0, 0.1)),)
+    assert not pol.preemptive
+
+
+def test_uniboost_base_key_unifies_phases_with_hysteresis_and_linear_hints():
+    pol = make_policy("uniboost-base", gamma=0.1, seconds_per_token=0.02, hysteresis=1.0, rekey_tokens=64)
+    r = make_request(arrival=0.0, prompt_tokens=100)
+    waiting_key = pol.key(r, 0.0)[0]
+    assert waiting_key == pytest.approx(-b_gamma(2.0, 0.1))  # w~ = prompt (100 tokens = 2 s)
+    run(r)
+    assert pol.key(r, 0.0)[0] == pytest.approx(waiting_key - 1.0)  # incumbency bonus h
+    assert pol.rekey_after_tokens(r) == 128  # grid points 64 and 128 lie below the prompt floor of 100
+    r.num_output_tokens = 130
+    assert pol.key(r, 0.0)[0] == pytest.approx(-b_gamma(128 * 0.02, 0.1) - 1.0)
+    assert pol.rekey_after_tokens(r) == 192 - 130
+
+
+def test_memguard_blocks_eviction_until_next_threshold():
+    pol = make_policy("uniboost-memguard", memguard_base=32)
+    a = run(make_request(prompt_tokens=10))
+    a.num_output_tokens = 40  # scheduled in band 1 ([32, 64))
+    pol.on_progress(a, 0.0, 1)
+    assert not pol.can_preempt(a, 0.0)
+    assert pol.rekey_after_tokens(a) == 64 - 40
+    a.num_output_tokens = 64
+    assert pol.can_preempt(a, 0.0)
+    # memory eviction prefers an evictable request even if its key is better
+    b = run(make_request(prompt_tokens=10, arrival=100.0))
+    b.num_output_tokens = 1
+    pol.on_progress(b, 0.0, 1)
+    assert pol.key(b, 0.0) > pol.key(a, 0.0)
+    assert pol.choose_victim([a, b], 0.0) is a
+    # a preemption starts a new run with a fresh guard
+    a.transition(RequestState.PREEMPTED)
+    a.num_preemptions += 1
+    a.transition(RequestState.RUNNING)
+    assert not pol.can_preempt(a, 0.0)
+
+
+def test_gamma_ada_estimator_on_exponential_tail():
+    rng = np.random.default_rng(0)
+    times = rng.exponential(1 / 0.5, 200_000)  # decay rate 0.5 /s
+    assert GammaAda.estimate(times) == pytest.approx(0.5, rel=0.05)
+    ada = GammaAda(0.1, window=1000, refit_every=100, min_samples=200)
+    changed = [ada.observe(float(t)) for t in times[:1000]]
+    assert changed.index(True) == 199  # first refit once 200 samples are in
+    assert ada.gamma == pytest.approx(0.5, rel=0.3)
+    with pytest.raises(ValueError, match="gamma_min"):
+        GammaAda(10.0, gamma_max=5.0)
+
+
+def test_gamma_ada_clamps():
+    ada = GammaAda(0.1, window=300, refit_every=100, min_samples=200, gamma_min=0.01, gamma_max=2.0)
+    for t in np.linspace(0.0, 0.001, 300):  # tiny spread -> huge theta -> clamped
+        ada.observe(float(t))
+    assert ada.gamma == 2.0
+
+
+def test_uniboost_bumps_key_epoch_when_gamma_changes():
+    pol = make_policy("uniboost", refit_every=100, min_samples=100, window=500)
+    rng = np.random.default_rng(1)
+    epoch = pol.key_epoch
+    for i, t in enumerate(rng.exponential(1.0, 100)):
+        r = make_request(arrival=0.0)
+        pol.on_finish(r, float(t))
+        if i < 99:
+            assert pol.key_epoch == epoch
+    assert pol.key_epoch == epoch + 1 and pol.gamma != 0.1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["uniboost-base", "uniboost-memguard", "uniboost"]),
+    st.integers(min_value=1, max_value=3000),
+    st.lists(st.integers(min_value=1, max_value=200), min_size=1, max_size=40),
+)
+def test_uniboost_running_keys_constant_between_hints(name, prompt, steps):
+    pol = make_policy(name)
+    r = run(make_request(prompt_tokens=prompt))
+    key = pol.key(r, 0.0)
+    budget = pol.rekey_after_tokens(r)
+    assert budget is not None and budget >= 1
+    for n in steps:
+        n = min(n, budget)
+        r.num_output_tokens += n
+        pol.on_progress(r, 0.0, n)
+        budget -= n
+        new = pol.key(r, 0.0)
+        if budget > 0:
+            assert new == key
+        else:
+            assert new >= key  # attained work only lowers priority
+            budget = pol.rekey_after_tokens(r)
+            assert budget is not None and budget >= 1
+        key = new
+
+
+def test_rank_boost_learns_bucket_boosts_and_orders_like_sjf():
+    pol = make_policy(
+        "rank-boost",
+        num_buckets=2,
+        warmup=2,
+        refit_every=10,
+        adaptive=False,
+        gamma=0.5,
+        seconds_per_token=0.01,
+        prefill_weight=0.0,
+        prior_weight=0.0,
+    )
+    short0, long0 = make_request(score=0.0), make_request(score=10.0)
+    pol.on_arrival(short0, 0.0)
+    pol.on_arrival(long0, 0.0)
+    assert pol.edges == [5.0]
+    epoch = pol.key_epoch
+    for i in range(20):  # low scores finish with 10 tokens, high scores with 1000
+        r = make_request(score=float(i % 2) * 10.0)
+        pol.on_arrival(r, 0.0)
+        r.num_output_tokens = 10 if i % 2 == 0 else 1000
+        pol.on_finish(r, 1.0)
+    assert pol.key_epoch > epoch
+    a = make_request(arrival=5.0, score=1.0)
+    b = make_request(arrival=4.0, score=9.0)
+    for r in (a, b):
+        pol.on_arrival(r, r.arrival_time)
+    assert pol.key(a, 5.0) < pol.key(b, 5.0)  # later but predicted short: boosted ahead
+    # each bucket holds a point mass: its boost is gamma-Boost of that size
+    assert pol.boost_of(a) == pytest.approx(b_gamma(0.1, 0.5))
+    assert pol.boost_of(b) == pytest.approx(b_gamma(10.0, 0.5))
+    with pytest.raises(ValueError, match="warmup"):
+        make_policy("rank-boost", num_buckets=8, warmup=4)

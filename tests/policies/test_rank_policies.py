@@ -1,0 +1,170 @@
+"""PARS, sjf-score, LTR and TRAIL keys, checked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headway.core import PolicyQueue, RequestState, make_policy
+from headway.policies.trail import lognormal_residual_mean
+
+from .conftest import make_request, run
+
+
+def test_pars_orders_by_score_then_promotes_after_threshold():
+    pol = make_policy("pars")
+    old = make_request(arrival=0.0, score=9.0)
+    new = make_request(arrival=50.0, score=1.0)
+    for r in (old, new):
+        pol.on_arrival(r, r.arrival_time)
+    assert pol.key(new, 100.0) < pol.key(old, 100.0)  # both unpromoted: score order
+    assert pol.rekey_at_time(old) == 120.0
+    assert pol.key(old, 119.999) == (1, 9.0)
+    assert pol.key(old, 120.0) == (0, 0.0)  # waited 120 s: ahead of every unpromoted request
+    assert pol.key(old, 120.0) < pol.key(new, 120.0)
+
+
+def test_pars_promoted_requests_are_fcfs_and_threshold_is_configurable():
+    pol = make_policy("pars", starvation_threshold=10.0)
+    a = make_request(arrival=1.0, score=5.0)
+    b = make_request(arrival=2.0, score=0.5)
+    assert pol.key(a, 20.0) < pol.key(b, 20.0)  # both promoted: arrival order
+    with pytest.raises(ValueError, match="starvation_threshold must be > 0, got -1"):
+        make_policy("pars", starvation_threshold=-1)
+
+
+def test_pars_promotion_reaches_the_queue_via_rekey_timer():
+    pol = make_policy("pars", starvation_threshold=5.0)
+    q = PolicyQueue(pol)
+    long_wait = make_request(arrival=0.0, score=10.0)
+    fresh = make_request(arrival=4.0, score=1.0)
+    q.add(long_wait, 0.0)
+    q.add(fresh, 4.0)
+    assert q.peek() is fresh
+    q.rekey(long_wait, pol.rekey_at_time(long_wait))  # what an engine's timer does
+    assert q.peek() is long_wait
+
+
+def test_sjf_score_key():
+    pol = make_policy("sjf-score")
+    r = make_request(score=-3.0)
+    assert pol.key(r, 0.0) == (-3.0,)
+
+
+def test_ltr_promotes_after_200_steps_for_a_10_step_quantum():
+    pol = make_policy("ltr", initial_step_time=0.05)
+    r = make_request(arrival=0.0, score=4.0)
+    pol.on_arrival(r, 0.0)
+    assert pol.rekey_at_time(r) == pytest.approx(200 * 0.05)
+    assert pol.key(r, 9.9) == (1, 4.0)
+    assert pol.key(r, 10.0) == (0, pytest.approx(10.0))
+    run(r)
+    r.num_output_tokens = 1
+    pol.on_progress(r, 10.05, 1)  # scheduled while starving: quantum of 10 tokens
+    assert pol.rekey_after_tokens(r) == 10
+    r.num_output_tokens = 10
+    assert pol.key(r, 11.0)[0] == 0
+    r.num_output_tokens = 11
+    assert pol.key(r, 11.5) == (1, 4.0)  # quantum spent: back to its score
+
+
+def test_ltr_learns_step_time_and_resets_idle_clock_on_preemption():
+    pol = make_policy("ltr", initial_step_time=0.02, step_time_ema=1.0)
+    r = make_request(arrival=0.0, score=1.0)
+    pol.on_arrival(r, 0.0)
+    run(r)
+    r.num_output_tokens = 1
+    pol.on_progress(r, 0.1, 1)
+    r.num_output_tokens = 11
+    pol.on_progress(r, 0.6, 10)  # 10 tokens in 0.5 s -> 50 ms steps
+    assert pol.step_time == pytest.approx(0.05)
+    r.transition(RequestState.PREEMPTED)
+    r.num_preemptions += 1
+    assert pol.key(r, 3.0) == (1, 1.0)
+    assert pol.rekey_at_time(r) == pytest.approx(3.0 + 200 * 0.05)
+    with pytest.raises(ValueError, match="starvation_steps"):
+        make_policy("ltr", starvation_steps=0)
+
+
+def test_lognormal_residual_mean_hand_values():
+    # g -> 0: the plain lognormal mean exp(mu + s^2/2)
+    assert lognormal_residual_mean(5.0, 1.0, 1e-9) == pytest.approx(math.exp(5.5), rel=1e-6)
+    # deep in the tail the residual life of a lognormal grows with g
+    assert lognormal_residual_mean(5.0, 1.0, 2000.0) > 2000.0
+    assert lognormal_residual_mean(5.0, 1.0, 2000.0) - 2000 > lognormal_residual_mean(5.0, 1.0, 500.0) - 500
+
+
+def test_trail_limited_preemption_at_c_times_initial_prediction():
+    pol = make_policy("trail")
+    r = make_request(score=math.log(100.0))
+    pol.on_arrival(r, 0.0)
+    assert pol.key(r, 0.0) == (pytest.approx(100.0),)
+    run(r)
+    r.num_output_tokens = 80
+    assert pol.can_preempt(r, 1.0)  # 80 <= 0.8 * 100
+    r.num_output_tokens = 81
+    assert not pol.can_preempt(r, 1.0)
+    assert pol.key(r, 1.0) == (pytest.approx(19.0),)
+
+
+def test_trail_refines_once_the_prediction_is_exceeded():
+    pol = make_policy("trail", prediction_sigma=1.0)
+    r = make_request(score=math.log(50.0))
+    pol.on_arrival(r, 0.0)
+    run(r)
+    assert pol.rekey_after_tokens(r) == 50
+    r.num_output_tokens = 50
+    pol.on_progress(r, 1.0, 50)
+    expected = lognormal_residual_mean(math.log(50.0), 1.0, 50.0)
+    assert pol.key(r, 1.0) == (pytest.approx(expected - 50.0),)
+    assert pol.key(r, 1.0)[0] > 0
+
+
+def test_trail_oracle_exact_and_noisy():
+    pol = make_policy("trail-oracle")
+    r = make_request()
+    pol.bind_oracle(lambda req: 100)
+    assert pol.key(r, 0.0) == (100,)
+    r.num_output_tokens = 80
+    assert pol.can_preempt(r, 0.0) and pol.key(r, 0.0) == (20,)
+    r.num_output_tokens = 81
+    assert not pol.can_preempt(r, 0.0)
+    noisy = make_policy("trail-oracle", noise=0.5, seed=1)
+    noisy.bind_oracle(lambda req: 100)
+    r2 = make_request(rid="fixed")
+    k = noisy.key(r2, 0.0)[0]
+    assert k != 100 and k > 0 and noisy.key(r2, 5.0)[0] == k
+    with pytest.raises(ValueError, match="noise must be >= 0"):
+        make_policy("trail-oracle", noise=-0.1)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=30),
+    st.floats(min_value=0.0, max_value=8.0),
+)
+def test_trail_running_key_never_worsens_between_hints(steps, log_pred):
+    """Engine contract: between rekey hints a running request's key may only improve."""
+    pol = make_policy("trail")
+    r = make_request(score=log_pred)
+    pol.on_arrival(r, 0.0)
+    run(r)
+    key = pol.key(r, 0.0)
+    budget = pol.rekey_after_tokens(r)
+    for n in steps:
+        assert budget is not None
+        n = min(n, budget)  # engines report progress at least at every hint
+        r.num_output_tokens += n
+        budget -= n
+        if budget > 0:
+            pol.on_progress(r, 0.0, n)
+            new = pol.key(r, 0.0)
+            assert new <= key
+        else:
+            pol.on_progress(r, 0.0, n)
+            new = pol.key(r, 0.0)
+            budget = pol.rekey_after_tokens(r)
+        key = new

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+from headway.reproduce import EXPERIMENTS, ClaimRow, add_reproduce_parser, run_reproduction
+from headway.workload import find_data_dir
+
+
+def _have_data() -> bool:
+    try:
+        find_data_dir()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def test_claim_row_ratio():
+    row = ClaimRow("x", "c", paper=0.4, measured=0.2, reproduced=False, criterion="...")
+    assert row.ratio == pytest.approx(0.5)
+    assert math.isnan(ClaimRow("x", "c", 0.0, 1.0, True, "...").ratio)
+
+
+def test_parser_accepts_the_documented_command_line():
+    parser = argparse.ArgumentParser(prog="headway")
+    sub = parser.add_subparsers(dest="command")
+    add_reproduce_parser(sub)
+    args = parser.parse_args(["reproduce", "pars", "--out", "d", "--quick"])
+    assert (args.experiment, args.out, args.quick, args.predictor) == ("pars", "d", True, None)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["reproduce", "nope"])
+
+
+def test_unknown_reproduction_is_named():
+    with pytest.raises(ValueError, match="unknown reproduction 'nope'"):
+        run_reproduction("nope", "unused")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _have_data(), reason="shared data not present")
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_quick_reproduction_writes_report_and_rows(name, tmp_path):
+    rows = run_reproduction(name, tmp_path, quick=True, echo=False)
+    assert len(rows) >= 4
+    assert all(isinstance(r.reproduced, bool) and r.criterion for r in rows)
+    assert all(math.isfinite(r.measured) for r in rows)
+    report = (tmp_path / f"{name}.md").read_text()
+    assert "| claim | paper | measured | ratio | reproduced |" in report
+    pngs = list(tmp_path.glob(f"{name}_*.png"))
+    assert pngs and all(p.stat().st_size > 1000 for p in pngs)
