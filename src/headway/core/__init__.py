@@ -12,19 +12,47 @@ from headway.core._policy import (
 )
 from headway.core._queue import PolicyQueue
 from headway.core._request import InvalidTransition, Request, RequestState, Tier
+from headway.core._router import (
+    Estimator,
+    LengthAwareRouter,
+    LoadTracker,
+    Router,
+    Target,
+    TargetLoad,
+    UnknownRouterError,
+    available_routers,
+    default_estimate,
+    get_router_class,
+    make_router,
+    policy_estimator,
+    register_router,
+)
 
 __all__ = [
+    "Estimator",
     "InvalidTransition",
+    "LengthAwareRouter",
+    "LoadTracker",
     "OracleAccessError",
     "Policy",
     "PolicyKey",
     "PolicyQueue",
     "Request",
     "RequestState",
+    "Router",
+    "Target",
+    "TargetLoad",
     "Tier",
     "UnknownPolicyError",
+    "UnknownRouterError",
     "available_policies",
+    "available_routers",
+    "default_estimate",
     "get_policy_class",
+    "get_router_class",
     "make_policy",
+    "make_router",
+    "policy_estimator",
     "register_policy",
+    "register_router",
 ]

@@ -1,5 +1,19 @@
 """A discrete-event simulator of iteration-level continuous batching (vLLM V1 semantics)."""
 
+from headway.sim._calibrate import (
+    CalibrationFit,
+    StepLog,
+    calibration_meta,
+    capacity_cost_model,
+    engine_configs,
+    fit_from_step_log,
+    fit_step_samples,
+    preset_dir,
+    read_step_log,
+    save_preset,
+    saved_presets,
+    step_samples,
+)
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import (
     PRESETS,
@@ -16,6 +30,7 @@ from headway.sim._simulator import ReplicaStats, RouteFn, SimResult, simulate
 __all__ = [
     "PRESETS",
     "CacheConfig",
+    "CalibrationFit",
     "CostModel",
     "EventLoop",
     "Replica",
@@ -23,9 +38,20 @@ __all__ = [
     "RouteFn",
     "SchedulerConfig",
     "SimResult",
+    "StepLog",
     "StepSample",
     "available_presets",
+    "calibration_meta",
+    "capacity_cost_model",
+    "engine_configs",
+    "fit_from_step_log",
+    "fit_step_samples",
     "load_preset",
+    "preset_dir",
+    "read_step_log",
     "roofline",
+    "save_preset",
+    "saved_presets",
     "simulate",
+    "step_samples",
 ]

@@ -231,18 +231,31 @@ def available_presets() -> list[str]:
 
 
 def load_preset(name_or_path: str | Path) -> CostModel:
-    """A built-in preset by name, or a cost model JSON file (e.g. from ``headway calibrate``)."""
+    """A built-in preset by name, a preset saved by ``headway calibrate`` (by name, from
+    ``$HEADWAY_PRESET_DIR`` or ``~/.cache/headway/presets``), or a cost model JSON file.
+
+    Built-in names win over saved ones; a name that is also a file path loads the file.
+    """
     key = str(name_or_path)
     if key in PRESETS:
         return PRESETS[key]
+    from headway.sim._calibrate import preset_dir
+
+    saved = preset_dir() / f"{key}.json"
+    if "/" not in key and not key.endswith(".json") and not Path(key).exists() and saved.is_file():
+        return CostModel.from_json(saved)
     path = Path(key)
     if path.suffix == ".json" or path.exists():
         if not path.exists():
             raise ValueError(f"cost model file {path} does not exist")
         return CostModel.from_json(path)
+    from headway.sim._calibrate import saved_presets
+
+    saved_names = saved_presets()
     raise ValueError(
-        f"unknown preset {key!r}; built-in presets: {', '.join(available_presets())} "
-        "(or pass a path to a cost model JSON file)"
+        f"unknown preset {key!r}; built-in presets: {', '.join(available_presets())}"
+        + (f"; saved presets ({preset_dir()}): {', '.join(saved_names)}" if saved_names else "")
+        + " (or pass a path to a cost model JSON file)"
     )
 
 

@@ -166,7 +166,8 @@ def simulate(
     policy_name = replicas[0].policy.name
     speeds = relative_speeds([r.cost for r in replicas], scheduler, cache, [r.num_blocks for r in replicas])
     if rtr is not None:
-        tracker = LoadTracker(speeds=speeds, names=[r.name for r in replicas])
+        tracker = LoadTracker(speeds=speeds, names=[r.name for r in replicas],
+                              length_sums=rtr.needs_length_sums)
         for r in replicas:
             r.on_done = tracker.release
 

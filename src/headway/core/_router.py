@@ -1,0 +1,812 @@
+"""Routing: which replica (or gateway backend) a request goes to.
+
+Routing decides *where*, each replica's :class:`~headway.core.Policy` decides *when*.
+Routers are engine-agnostic: they never see a simulator replica or an HTTP backend,
+only the small load view :class:`TargetLoad` that a :class:`LoadTracker` keeps per
+target. An engine uses them in three calls::
+
+    router = make_router("least-tokens")
+    tracker = LoadTracker(num_targets=4)            # or speeds=[1.0, 1.0, 0.3, 0.3]
+    k = router.route(request, tracker)              # on arrival: choose + record
+    ...
+    tracker.release(request)                        # when it finished or was dropped
+
+The tracker counts, per target, the requests routed there and not yet released and
+their *outstanding tokens*: each request's *size*, prompt + expected output tokens.
+It also keeps them per power-of-two size class (counts, token sums and suffix sums),
+all maintained incrementally at ``route``/``release`` (O(size class) each), so every
+decision is O(targets) whatever the queue lengths. A request's tokens count in full
+until it is released (progress is not subtracted).
+
+**Expected output length.** Routers that weigh requests by length read an
+:data:`Estimator` (``request -> expected output tokens``), taken from the first of:
+
+1. the router's own ``estimate_fn=`` (``make_router("length-aware", estimate_fn=f)``);
+2. the engine's ``estimate=`` argument to :meth:`Router.route`; the simulator passes
+   the policy's estimate (:func:`policy_estimator`: a policy method
+   ``expected_output_tokens(request)``, else ``exp(policy.score_of(request))`` for
+   score-ranked policies, whose scores are in log-token units);
+3. :func:`default_estimate`: ``exp(request.score)`` when the request carries a score,
+   else the prompt length (``min(num_prompt_tokens, max_tokens)``): with no predictor,
+   a long prompt is taken to mean long work.
+
+**Heterogeneous targets.** Each target has a relative ``speed`` (1.0 for the fastest;
+the simulator derives it from the cost model, see :func:`headway.sim._fleet.replica_speed`).
+Load-based routers compare load divided by speed; ``round-robin`` becomes smooth
+weighted round-robin and ``random`` draws proportionally to speed. On a homogeneous
+fleet every speed is 1.0 and the plain definitions hold.
+
+**Candidates.** ``route``/``choose`` take an optional ``candidates`` list of target
+indices (a gateway passes the backends that are up and have room); the router then
+picks among those only.
+
+**Reproducibility.** Randomized routers draw from ``numpy.random.default_rng(seed)``;
+:meth:`Router.reset` (the simulator calls it at the start of every run) restores the
+initial state, so the same seed gives bit-identical fleets.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import numpy as np
+
+from headway.core._request import Request
+
+__all__ = [
+    "LENGTH_CLASSES",
+    "Estimator",
+    "LengthAwareRouter",
+    "LoadTracker",
+    "Router",
+    "Target",
+    "TargetLoad",
+    "UnknownRouterError",
+    "available_routers",
+    "default_estimate",
+    "get_router_class",
+    "length_class",
+    "make_router",
+    "policy_estimator",
+    "register_router",
+]
+
+Estimator = Callable[[Request], float]
+"""Maps a request to its expected number of output tokens."""
+
+LENGTH_CLASSES = 12
+"""Size classes kept per target: class 0 holds sizes below 32 tokens, class ``c`` in
+1..10 sizes in ``[2^(c+4), 2^(c+5))`` and class 11 sizes from 32,768 tokens on (few
+classes keep the tracker's per-request updates short)."""
+_CLASS_SHIFT = 5  # sizes below 2^5 share class 0
+
+_RNG_BLOCK = 1024  # uniforms drawn at once by randomized routers
+
+
+class UnknownRouterError(ValueError):
+    """No router is registered under the given name."""
+
+
+# ------------------------------------------------------------------ estimates
+def default_estimate(request: Request) -> float:
+    """``exp(request.score)`` (clipped to ``[1, max_tokens]``) if scored, else the prompt length."""
+    score = request.score
+    if score is not None and math.isfinite(score):
+        return min(max(math.exp(min(score, 50.0)), 1.0), float(request.max_tokens))
+    return float(min(request.num_prompt_tokens, request.max_tokens))
+
+
+def policy_estimator(policy: object) -> Estimator | None:
+    """The expected-output-length estimate a policy offers, or None.
+
+    Duck-typed so that core does not import the policies package: a method
+    ``expected_output_tokens(request) -> float`` is used as is; otherwise a
+    ``score_of(request) -> float`` method (score-ranked policies such as PARS, whose
+    scores are log-token units) is turned into ``exp(score)`` clipped to
+    ``[1, max_tokens]``. ``score_of`` caches the score on the request, so calling it at
+    routing time does not change what the policy later sees.
+    """
+    direct = getattr(policy, "expected_output_tokens", None)
+    if callable(direct):
+        fn: Callable[[Request], float] = direct
+        return fn
+    score_of = getattr(policy, "score_of", None)
+    if not callable(score_of):
+        return None
+    scorer: Callable[[Request], float] = score_of
+
+    def from_score(request: Request) -> float:
+        s = float(scorer(request))
+        return min(max(math.exp(min(s, 50.0)), 1.0), float(request.max_tokens))
+
+    return from_score
+
+
+def length_class(tokens: float) -> int:
+    """Size class of a request size in tokens (see :data:`LENGTH_CLASSES`)."""
+    c = int(tokens).bit_length() - _CLASS_SHIFT if tokens >= 1.0 else 0
+    return 0 if c < 0 else (c if c < LENGTH_CLASSES else LENGTH_CLASSES - 1)
+
+
+# ------------------------------------------------------------------- load view
+class TargetLoad(Protocol):
+    """What a router may read about one target (replica or backend)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def speed(self) -> float:
+        """Relative throughput (1.0 = the fastest kind of target)."""
+        ...
+    @property
+    def outstanding_requests(self) -> int:
+        """Requests routed here and not yet released."""
+        ...
+    @property
+    def outstanding_tokens(self) -> float:
+        """Their sizes summed: prompt + expected output tokens."""
+        ...
+    @property
+    def class_requests(self) -> Sequence[int]:
+        """Outstanding requests per size class (:func:`length_class` of their size)."""
+        ...
+    @property
+    def class_tokens(self) -> Sequence[float]:
+        """Their sizes summed, per size class."""
+        ...
+    @property
+    def longer_requests(self) -> Sequence[int]:
+        """``longer_requests[c]``: outstanding requests of a size class above ``c``."""
+        ...
+    @property
+    def longer_tokens(self) -> Sequence[float]:
+        """``longer_tokens[c]``: their sizes summed."""
+        ...
+
+
+class Target:
+    """Counters of one target, kept by :class:`LoadTracker` (implements :class:`TargetLoad`)."""
+
+    __slots__ = (
+        "class_requests",
+        "class_tokens",
+        "index",
+        "longer_requests",
+        "longer_tokens",
+        "name",
+        "outstanding_requests",
+        "outstanding_tokens",
+        "speed",
+    )
+
+    def __init__(self, index: int, speed: float = 1.0, name: str | None = None) -> None:
+        if not (speed > 0.0 and math.isfinite(speed)):
+            raise ValueError(f"target {index}: speed must be a positive finite number, got {speed!r}")
+        self.index = index
+        self.name = name if name is not None else f"target-{index}"
+        self.speed = float(speed)
+        self.outstanding_requests = 0
+        self.outstanding_tokens = 0.0
+        self.class_requests = [0] * LENGTH_CLASSES
+        self.class_tokens = [0.0] * LENGTH_CLASSES
+        self.longer_requests = [0] * LENGTH_CLASSES
+        self.longer_tokens = [0.0] * LENGTH_CLASSES
+
+    def __repr__(self) -> str:
+        return (f"Target({self.name!r}, speed={self.speed:g}, requests={self.outstanding_requests}, "
+                f"tokens={self.outstanding_tokens:g})")
+
+
+class LoadTracker:
+    """Outstanding load per target, updated when a request is routed and released.
+
+    Engine-agnostic: the simulator releases from its replicas' completion callback,
+    the gateway when a proxied response ends. ``release`` of a request that is not
+    tracked (never routed, or already released) is a no-op.
+    """
+
+    __slots__ = ("_open", "indices", "length_sums", "targets", "uniform")
+
+    def __init__(
+        self,
+        num_targets: int | None = None,
+        *,
+        speeds: Sequence[float] | None = None,
+        names: Sequence[str] | None = None,
+        length_sums: bool = True,
+    ) -> None:
+        if speeds is None:
+            if num_targets is None:
+                raise ValueError("LoadTracker needs num_targets or speeds")
+            speeds = [1.0] * num_targets
+        elif num_targets is not None and num_targets != len(speeds):
+            raise ValueError(f"got {len(speeds)} speeds for {num_targets} targets")
+        if not speeds:
+            raise ValueError("LoadTracker needs at least one target")
+        if names is not None and len(names) != len(speeds):
+            raise ValueError(f"got {len(names)} names for {len(speeds)} targets")
+        self.targets = [
+            Target(i, s, None if names is None else names[i]) for i, s in enumerate(speeds)
+        ]
+        self.indices = range(len(self.targets))
+        """Every target index (the candidates when none are given)."""
+        self.uniform = all(t.speed == self.targets[0].speed for t in self.targets)
+        """All targets have the same speed (routers then skip the weighting)."""
+        self.length_sums = length_sums
+        """Keep ``longer_requests``/``longer_tokens`` (O(size class) per request; the
+        ``length-aware`` router needs them, see :attr:`Router.needs_length_sums`)."""
+        self._open: dict[Request, tuple[Target, float, int]] = {}
+
+    def set_speeds(self, speeds: Sequence[float]) -> None:
+        """Change the targets' relative speeds (use this, not ``Target.speed``, so ``uniform`` follows)."""
+        if len(speeds) != len(self.targets):
+            raise ValueError(f"got {len(speeds)} speeds for {len(self.targets)} targets")
+        for t, sp in zip(self.targets, speeds, strict=True):
+            if not (sp > 0.0 and math.isfinite(sp)):
+                raise ValueError(f"target {t.index}: speed must be a positive finite number, got {sp!r}")
+            t.speed = float(sp)
+        self.uniform = all(t.speed == self.targets[0].speed for t in self.targets)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    @property
+    def num_open(self) -> int:
+        """Requests routed and not yet released."""
+        return len(self._open)
+
+    def target_of(self, request: Request) -> int | None:
+        """Index of the target ``request`` was routed to, while it is outstanding."""
+        entry = self._open.get(request)
+        return None if entry is None else entry[0].index
+
+    def assign(self, request: Request, index: int, tokens: float) -> None:
+        """Record that ``request`` of size ``tokens`` (prompt + expected output) went to ``index``."""
+        t = self.targets[index]
+        c = int(tokens).bit_length() - _CLASS_SHIFT if tokens >= 1.0 else 0  # length_class() inlined
+        c = 0 if c < 0 else (c if c < LENGTH_CLASSES else LENGTH_CLASSES - 1)
+        entry = (t, tokens, c)
+        if self._open.setdefault(request, entry) is not entry:
+            raise ValueError(f"request {request.request_id!r} is already assigned to a target")
+        t.outstanding_requests += 1
+        t.outstanding_tokens += tokens
+        t.class_requests[c] += 1
+        t.class_tokens[c] += tokens
+        if c and self.length_sums:  # suffix sums: O(class) here saves routers O(classes) per target
+            n_hi, w_hi = t.longer_requests, t.longer_tokens
+            for b in range(c):
+                n_hi[b] += 1
+                w_hi[b] += tokens
+
+    def release(self, request: Request) -> None:
+        """``request`` left its target (finished, aborted, failed); untracked requests are ignored."""
+        entry = self._open.pop(request, None)
+        if entry is None:
+            return
+        t, tokens, c = entry
+        t.outstanding_requests -= 1
+        if t.outstanding_requests == 0:  # no float drift on an idle target
+            t.outstanding_tokens = 0.0
+            t.class_requests[c] = 0
+            t.class_tokens[c] = 0.0
+            if c and self.length_sums:
+                t.longer_requests = [0] * LENGTH_CLASSES
+                t.longer_tokens = [0.0] * LENGTH_CLASSES
+            return
+        t.outstanding_tokens -= tokens
+        t.class_requests[c] -= 1
+        t.class_tokens[c] = t.class_tokens[c] - tokens if t.class_requests[c] else 0.0
+        if c and self.length_sums:
+            n_hi, w_hi = t.longer_requests, t.longer_tokens
+            for b in range(c):
+                n_hi[b] -= 1
+                w_hi[b] = w_hi[b] - tokens if n_hi[b] else 0.0
+
+
+# ---------------------------------------------------------------------- routers
+class Router(ABC):
+    """Base class of routers: pick a target index for each arriving request.
+
+    Subclasses implement :meth:`_choose`; engines call :meth:`route` (choose and record
+    in a :class:`LoadTracker`) or :meth:`choose` (choose only).
+    """
+
+    name: ClassVar[str] = ""
+    """Registry name in kebab case (set by :func:`register_router`)."""
+    uses_estimate: ClassVar[bool] = False
+    """Whether decisions depend on the expected output length."""
+    randomized: ClassVar[bool] = False
+    """Whether the router draws random numbers (then it takes ``seed=``)."""
+    needs_length_sums: bool = False
+    """Whether decisions read ``longer_requests``/``longer_tokens`` (a tracker with
+    ``length_sums=True``, the default)."""
+
+    def __init__(self, *, estimate_fn: Estimator | None = None) -> None:
+        if estimate_fn is not None and not callable(estimate_fn):
+            raise ValueError(f"{self.name}: estimate_fn must be a callable Request -> float")
+        self.estimate_fn = estimate_fn
+        self._turn = 0
+
+    # ---------------------------------------------------------------- engine API
+    def reset(self) -> None:
+        """Forget all routing state (counters, random draws): a fresh run starts."""
+        self._turn = 0
+
+    def _rotated(self, candidates: Sequence[int]) -> list[int]:
+        """``candidates`` starting after the last pick, so that ties rotate (round-robin).
+
+        Call :meth:`_picked` with the position of the pick in this list.
+        """
+        s = self._turn % len(candidates)
+        self._turn = s
+        return [*candidates[s:], *candidates[:s]]
+
+    def _picked(self, position: int) -> None:
+        self._turn += position + 1
+
+    def expected_output(self, request: Request, estimate: Estimator | None = None) -> float:
+        """Expected output tokens of ``request`` (see the module docs for the order)."""
+        fn = self.estimate_fn or estimate
+        if fn is None:
+            return default_estimate(request)
+        value = float(fn(request))
+        if not 0.0 <= value < math.inf:
+            raise ValueError(f"{self.name}: estimate for request {request.request_id!r} is {value!r}")
+        return value
+
+    def choose(
+        self,
+        request: Request,
+        targets: Sequence[TargetLoad],
+        candidates: Sequence[int] | None = None,
+        *,
+        estimate: Estimator | None = None,
+    ) -> int:
+        """Index of the target ``request`` should go to among ``targets`` (nothing is recorded)."""
+        if not targets:
+            raise ValueError(f"{self.name}: no targets to route to")
+        if candidates is None:
+            candidates = range(len(targets))
+        elif not candidates:
+            raise ValueError(f"{self.name}: empty candidate list")
+        length = self.expected_output(request, estimate) if self.uses_estimate else 0.0
+        uniform = all(t.speed == targets[0].speed for t in targets)
+        return self._choose(request, length, targets, candidates, uniform)
+
+    def route(
+        self,
+        request: Request,
+        tracker: LoadTracker,
+        candidates: Sequence[int] | None = None,
+        *,
+        estimate: Estimator | None = None,
+    ) -> int:
+        """Choose a target for ``request`` and record it in ``tracker``; returns its index.
+
+        The request's tokens (prompt + expected output) are recorded whatever the
+        router, so ``outstanding_tokens`` means the same under every router.
+        """
+        # the hot path of every fleet simulation: expected_output() inlined
+        fn = self.estimate_fn or estimate
+        if fn is None:
+            if request.score is None:  # default_estimate() without a score
+                n = request.num_prompt_tokens
+                length = float(n if n < request.max_tokens else request.max_tokens)
+            else:
+                length = default_estimate(request)
+        else:
+            length = float(fn(request))
+            if not 0.0 <= length < math.inf:
+                raise ValueError(f"{self.name}: estimate for request {request.request_id!r} is {length!r}")
+        if candidates is None:
+            candidates = tracker.indices
+        elif not candidates:
+            raise ValueError(f"{self.name}: empty candidate list")
+        if self.needs_length_sums and not tracker.length_sums:
+            raise ValueError(f"{self.name}: needs a LoadTracker with length_sums=True")
+        k = self._choose(request, length, tracker.targets, candidates, tracker.uniform)
+        tracker.assign(request, k, request.num_prompt_tokens + length)
+        return k
+
+    @abstractmethod
+    def _choose(
+        self,
+        request: Request,
+        length: float,
+        targets: Sequence[TargetLoad],
+        candidates: Sequence[int],
+        uniform: bool,
+    ) -> int:
+        """Pick one of ``candidates`` (non-empty indices into ``targets``).
+
+        ``length`` is the expected output (0 from :meth:`choose` when ``uses_estimate``
+        is false); ``uniform`` says that all targets have the same speed.
+        """
+
+    def describe(self) -> dict[str, Any]:
+        """Settings, for reports."""
+        return {}
+
+    def __repr__(self) -> str:
+        settings = ", ".join(f"{k}={v!r}" for k, v in self.describe().items())
+        return f"{type(self).__name__}({settings})"
+
+
+class _SeededRouter(Router):
+    """A router that draws uniforms from ``numpy.random.default_rng(seed)``."""
+
+    randomized = True
+
+    def __init__(self, *, seed: int = 0, estimate_fn: Estimator | None = None) -> None:
+        super().__init__(estimate_fn=estimate_fn)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"{self.name}: seed must be a non-negative integer, got {seed!r}")
+        self.seed = int(seed)
+        self.reset()
+
+    def reset(self) -> None:
+        super().reset()
+        self._rng = np.random.default_rng(self.seed)
+        self._buf: list[float] = []
+        self._pos = 0
+
+    def _uniform(self) -> float:
+        if self._pos >= len(self._buf):
+            self._buf = self._rng.random(_RNG_BLOCK).tolist()
+            self._pos = 0
+        u = self._buf[self._pos]
+        self._pos += 1
+        return u
+
+    def describe(self) -> dict[str, Any]:
+        return {"seed": self.seed}
+
+
+# ------------------------------------------------------------------- registry
+_REGISTRY: dict[str, type[Router]] = {}
+R = TypeVar("R", bound=type[Router])
+
+
+def register_router(name: str) -> Callable[[R], R]:
+    """Class decorator: register a :class:`Router` subclass under ``name`` (kebab case, unique)."""
+    if not name or name != name.lower() or " " in name or "_" in name:
+        raise ValueError(f"router names are lower kebab case, got {name!r}")
+
+    def decorate(cls: R) -> R:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"router name {name!r} is already registered by {_REGISTRY[name].__qualname__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def available_routers() -> list[str]:
+    """Names of all registered routers, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_router_class(name: str) -> type[Router]:
+    """The class registered as ``name``; raises :class:`UnknownRouterError` listing valid names."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, _REGISTRY, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise UnknownRouterError(
+            f"Unknown router {name!r}.{hint} Valid routers: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+
+
+def make_router(name: str, **kwargs: Any) -> Router:
+    """Instantiate the router registered as ``name`` with keyword settings."""
+    cls = get_router_class(name)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"bad settings for router {name!r}: {exc}") from None
+
+
+# ------------------------------------------------------------------ built-ins
+@register_router("round-robin")
+class RoundRobinRouter(Router):
+    """Targets in turn. Speeds differ: smooth weighted round-robin (nginx), weights = speeds.
+
+    With candidates, targets outside them are skipped for this decision (their turn
+    credit is kept).
+    """
+
+    def __init__(self, *, estimate_fn: Estimator | None = None) -> None:
+        super().__init__(estimate_fn=estimate_fn)
+        self.reset()
+
+    def reset(self) -> None:
+        super().reset()
+        self._next = 0
+        self._credit: list[float] = []
+
+    def _choose(
+        self,
+        request: Request,
+        length: float,
+        targets: Sequence[TargetLoad],
+        candidates: Sequence[int],
+        uniform: bool,
+    ) -> int:
+        n = len(targets)
+        if uniform:
+            k = self._next % n
+            if len(candidates) != n:
+                allowed = set(candidates)
+                while k not in allowed:
+                    k = (k + 1) % n
+            self._next = k + 1
+            return k
+        # smooth weighted round-robin: add each weight, take the max, subtract the total
+        if len(self._credit) != n:
+            self._credit = [0.0] * n
+        credit = self._credit
+        total = 0.0
+        best = candidates[0]
+        for i in candidates:
+            w = targets[i].speed
+            credit[i] += w
+            total += w
+            if credit[i] > credit[best]:
+                best = i
+        credit[best] -= total
+        return best
+
+
+@register_router("random")
+class RandomRouter(_SeededRouter):
+    """A random target (probability proportional to speed; uniform on a homogeneous fleet)."""
+
+    def _choose(
+        self,
+        request: Request,
+        length: float,
+        targets: Sequence[TargetLoad],
+        candidates: Sequence[int],
+        uniform: bool,
+    ) -> int:
+        u = self._uniform()
+        m = len(candidates)
+        if uniform:
+            return candidates[min(int(u * m), m - 1)]
+        x = u * sum(targets[i].speed for i in candidates)
+        for i in candidates:
+            x -= targets[i].speed
+            if x < 0.0:
+                return i
+        return candidates[-1]
+
+
+@register_router("least-outstanding")
+class LeastOutstandingRouter(Router):
+    """The target with the fewest outstanding requests (``(requests + 1) / speed``).
+
+    Ties rotate: the scan starts after the previous pick, so equally loaded (e.g. idle)
+    targets take turns.
+    """
+
+    def _choose(
+        self,
+        request: Request,
+        length: float,
+        targets: Sequence[TargetLoad],
+        candidates: Sequence[int],
+        uniform: bool,
+    ) -> int:
+        order = self._rotated(candidates)
+        best = pos = 0
+        if uniform:
+            fewest = 1 << 62
+            for j, i in enumerate(order):
+                n = targets[i].outstanding_requests
+                if n < fewest:
+                    best, pos, fewest = i, j, n
+                    if n == 0:
+                        break
+        else:
+            best_load = math.inf
+            for j, i in enumerate(order):
+                t = targets[i]
+                load = (t.outstanding_requests + 1) / t.speed
+                if load < best_load:
+                    best, pos, best_load = i, j, load
+        self._picked(pos)
+        return best
+
+
+@register_router("power-of-two")
+class PowerOfTwoRouter(_SeededRouter):
+    """Power of two choices: two distinct random targets, the one with fewer outstanding requests.
+
+    Load is ``(requests + 1) / speed``; ties go to the first drawn. One candidate: it.
+    """
+
+    def _choose(
+        self,
+        request: Request,
+        length: float,
+        targets: Sequence[TargetLoad],
+        candidates: Sequence[int],
+        uniform: bool,
+    ) -> int:
+        m = len(candidates)
+        if m == 1:
+            return candidates[0]
+        a = min(int(self._uniform() * m), m - 1)
+        b = min(int(self._uniform() * (m - 1)), m - 2)
+        if b >= a:
+            b += 1
+        ia, ib = candidates[a], candidates[b]
+        ta, tb = targets[ia], targets[ib]
+        la = (ta.outstanding_requests + 1) / ta.speed
+        lb = (tb.outstanding_requests + 1) / tb.speed
+        return ib if lb < la else ia
+
+
+@register_router("least-tokens")
+class LeastTokensRouter(Router):
+    """The target with the fewest outstanding tokens (prompt + expected output, over speed).
+
+    Compares ``(outstanding_tokens + this request's tokens) / speed``; ties: fewer
+    outstanding requests, then rotating (as ``least-outstanding``).
+    """
+
+    uses_estimate = True
+
+    def _choose(
+        self,
+        request: Request,
+        length: float,
+        targets: Sequence[TargetLoad],
+        candidates: Sequence[int],
+        uniform: bool,
+    ) -> int:
+        mine = request.num_prompt_tokens + length
+        order = self._rotated(candidates)
+        best = pos = 0
+        best_load = (math.inf, 0)
+        for j, i in enumerate(order):
+            t = targets[i]
+            load = ((t.outstanding_tokens + mine) / t.speed, t.outstanding_requests)
+            if load < best_load:
+                best, pos, best_load = i, j, load
+        self._picked(pos)
+        return best
+
+
+@register_router("length-aware")
+class LengthAwareRouter(Router):
+    """Keeps short and long requests apart: each request goes where its size least delays shorter work.
+
+    A request's size ``L`` is its prompt plus expected output tokens (the work it
+    brings: prefill chunks plus one decode step per output token, each step slowed by
+    its context); ``L_j`` are the sizes outstanding on target ``k``. For each pair of
+    co-located requests the shorter one is delayed: by ``min(L, L_j)`` when they
+    share the batch (processor sharing), and by up to the longer one's extra
+    ``|L - L_j|`` when the longer one holds batch slots, KV memory and the prefill
+    budget ahead of it (head-of-line blocking). The router sends the request where
+    the sum of those delays is least::
+
+        cost_k = ( sum_j min(L, L_j)  +  separation * sum_j |L - L_j| ) / speed_k
+
+    ``separation`` weighs mixing sizes against plain sharing: 0 balances like-for-like
+    (a short request goes where fewest requests are, a long one where least work is),
+    1 gives ``sum_j max(L, L_j)``; larger values keep sizes apart more strictly. The
+    default, 1/2, is where the two terms add up to ``(L + L_j) / 2`` per pair::
+
+        cost_k = (L * n_k + W_k) / (2 speed_k)      (n_k requests, W_k tokens outstanding)
+
+    so a short request follows the outstanding *tokens* (it avoids targets holding long
+    work) and a long one the outstanding *count* (it joins the few long requests rather
+    than many short ones): sizes separate with O(1) work per target. Ties: fewer
+    outstanding tokens, then rotating (as ``least-outstanding``); an idle target costs 0.
+
+    Other values need the size distribution per target: sums are evaluated per
+    power-of-two size class (:data:`LENGTH_CLASSES`; exact across classes, within one
+    class ``min``/``max`` of the class totals) from suffix sums the tracker keeps, so a
+    decision stays O(targets). The expected output comes from ``estimate_fn`` / the
+    policy / the prompt length (see the module docs).
+
+    Measured on the Splitwise conversation trace (``benchmarks/bench_fleet.py``):
+    sizes must include the prompt. Separating by expected *output* alone concentrates
+    decode-heavy requests and slowed PARS's fleet by up to 30%.
+    """
+
+    uses_estimate = True
+
+    def __init__(self, *, separation: float = 0.5, estimate_fn: Estimator | None = None) -> None:
+        super().__init__(estimate_fn=estimate_fn)
+        if isinstance(separation, bool) or not isinstance(separation, int | float) or not (
+            math.isfinite(separation) and separation >= 0.0
+        ):
+            raise ValueError(f"length-aware: separation must be a finite number >= 0, got {separation!r}")
+        self.separation = float(separation)
+        self.needs_length_sums = self.separation != 0.5
+
+    def cost(self, size: float, target: TargetLoad) -> float:
+        """``cost_k`` of sending a request of ``size`` tokens to ``target``."""
+        n = target.outstanding_requests
+        if n == 0:
+            return 0.0
+        if not self.needs_length_sums:
+            return 0.5 * (size * n + target.outstanding_tokens) / target.speed
+        c = length_class(size)
+        n_c, w_c = target.class_requests[c], target.class_tokens[c]
+        n_hi, w_hi = target.longer_requests[c], target.longer_tokens[c]
+        w = target.outstanding_tokens
+        sum_min = (w - w_hi - w_c) + size * n_hi + min(size * n_c, w_c)
+        sum_abs = size * n + w - 2.0 * sum_min  # |a - b| = a + b - 2 min(a, b)
+        return (sum_min + self.separation * sum_abs) / target.speed
+
+    def _choose(
+        self,
+        request: Request,
+        length: float,
+        targets: Sequence[TargetLoad],
+        candidates: Sequence[int],
+        uniform: bool,
+    ) -> int:
+        # cost() inlined (this runs per arrival and target): with S = sum_j min(L, L_j),
+        # sum_j |L - L_j| = L n + W - 2 S, so cost = sep (L n + W) + (1 - 2 sep) S.
+        size = request.num_prompt_tokens + length
+        c = int(size).bit_length() - _CLASS_SHIFT if size >= 1.0 else 0  # length_class() inlined
+        c = 0 if c < 0 else (c if c < LENGTH_CLASSES else LENGTH_CLASSES - 1)
+        sep = self.separation
+        k_min = 1.0 - 2.0 * sep
+        order = self._rotated(candidates)
+        best = pos = 0
+        best_cost = best_tokens = math.inf
+        if not self.needs_length_sums:  # separation 1/2: cost = (L n + W) / 2, no classes needed
+            for j, i in enumerate(order):
+                t = targets[i]
+                n = t.outstanding_requests
+                w = t.outstanding_tokens
+                if not n and uniform:  # an idle target: nothing beats it
+                    best, pos = i, j
+                    break
+                cost = size * n + w
+                tokens = w
+                if not uniform:
+                    cost /= t.speed
+                    tokens = (w + size) / t.speed
+                if cost < best_cost or (cost == best_cost and tokens < best_tokens):
+                    best, pos, best_cost, best_tokens = i, j, cost, tokens
+            self._picked(pos)
+            return best
+        for j, i in enumerate(order):
+            t = targets[i]
+            n = t.outstanding_requests
+            w = t.outstanding_tokens
+            if not n:
+                if uniform:  # an idle target: nothing beats it (cost 0, fewest tokens)
+                    best, pos = i, j
+                    break
+                cost = 0.0
+            else:
+                w_c = t.class_tokens[c]
+                same = size * t.class_requests[c]
+                s_min = w - t.longer_tokens[c] - w_c + size * t.longer_requests[c] + (
+                    same if same < w_c else w_c
+                )
+                cost = sep * (size * n + w) + k_min * s_min
+                if not uniform:
+                    cost /= t.speed
+            if cost <= best_cost:
+                tokens = w if uniform else (w + size) / t.speed
+                if cost < best_cost or tokens < best_tokens:
+                    best, pos, best_cost, best_tokens = i, j, cost, tokens
+        self._picked(pos)
+        return best
+
+    def describe(self) -> dict[str, Any]:
+        return {"separation": self.separation}

@@ -1,0 +1,5 @@
+import sys
+
+from headway.serve._cli import main
+
+sys.exit(main())

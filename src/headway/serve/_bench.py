@@ -1,0 +1,239 @@
+"""Load generator: replay a workload against any OpenAI-compatible endpoint.
+
+Each :class:`~headway.workload.RequestSpec` becomes one streamed request sent at its
+arrival time, with ``max_tokens`` = its output length and ``ignore_eos`` so the engine
+generates exactly that many tokens (as ``vllm bench serve`` does). The result is a list
+of :class:`~headway.core.Request` with the times filled in (seconds since the start of
+the run), so ``headway.metrics.summarize`` reports TTFT, TPOT, E2E and per-token
+latency exactly as for the simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+from headway.core import Request, RequestState
+from headway.workload import RequestSpec, Workload
+
+__all__ = ["BenchConfig", "run_bench", "run_bench_sync", "synthetic_prompt"]
+
+_WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "short",
+    "work",
+    "waits",
+    "behind",
+    "long",
+    "work",
+    "so",
+    "please",
+    "explain",
+    "schedule",
+    "queue",
+    "token",
+    "request",
+    "answer",
+]
+
+
+def synthetic_prompt(num_tokens: int) -> str:
+    """About ``num_tokens`` tokens of filler text (one common word per token)."""
+    return " ".join(_WORDS[i % len(_WORDS)] for i in range(max(1, num_tokens)))
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """How to replay a workload."""
+
+    endpoint: str
+    """Base URL (``http://host:port``; a trailing ``/v1`` is accepted)."""
+    model: str | None = None
+    """``model`` field to send (default: the first of ``GET /v1/models``)."""
+    chat: bool = False
+    """Use ``/v1/chat/completions`` instead of ``/v1/completions``."""
+    api_key: str | None = None
+    tenant_keys: Mapping[str, str] = field(default_factory=dict)
+    """API key per tenant id (overrides ``api_key`` for that tenant's requests)."""
+    max_concurrency: int = 0
+    """Most requests in flight at once (0 = unlimited, open loop)."""
+    max_prompt_tokens: int = 0
+    """Cap synthetic prompts at this many tokens (0 = no cap)."""
+    max_output_tokens: int = 0
+    """Cap output lengths (0 = no cap)."""
+    time_scale: float = 1.0
+    """Multiply arrival times (0.5 = twice as fast)."""
+    request_timeout_s: float = 600.0
+    timeout_s: float = 3600.0
+    """Whole-run limit: requests still open then are aborted (``bench_timeout``)."""
+    use_workload_prompts: bool = True
+    """Send the workload's prompt text when it has one (else synthetic text)."""
+
+    def __post_init__(self) -> None:
+        if not self.endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint must be an http(s) URL, got {self.endpoint!r}")
+        if self.time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+        if self.timeout_s <= 0 or self.request_timeout_s <= 0:
+            raise ValueError("timeout_s and request_timeout_s must be > 0")
+        if self.max_concurrency < 0 or self.max_prompt_tokens < 0 or self.max_output_tokens < 0:
+            raise ValueError("max_concurrency, max_prompt_tokens and max_output_tokens must be >= 0")
+
+
+def _base(endpoint: str) -> str:
+    return endpoint.rstrip("/").removesuffix("/v1")
+
+
+async def _default_model(client: httpx.AsyncClient, cfg: BenchConfig) -> str:
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    if not headers and cfg.tenant_keys:
+        headers = {"Authorization": f"Bearer {next(iter(cfg.tenant_keys.values()))}"}
+    r = await client.get(_base(cfg.endpoint) + "/v1/models", headers=headers)
+    r.raise_for_status()
+    return str(r.json()["data"][0]["id"])
+
+
+def _abort(req: Request, reason: str, now: float) -> None:
+    if not req.is_finished:
+        req.transition(RequestState.ABORTED)
+        req.finish_time = now
+        req.extra["abort_reason"] = reason
+
+
+async def _one(
+    client: httpx.AsyncClient,
+    cfg: BenchConfig,
+    model: str,
+    spec: RequestSpec,
+    req: Request,
+    t0: float,
+) -> None:
+    out_tokens = spec.num_output_tokens
+    if cfg.max_output_tokens:
+        out_tokens = min(out_tokens, cfg.max_output_tokens)
+    if cfg.use_workload_prompts and spec.prompt:
+        prompt = spec.prompt
+    else:
+        n = spec.num_prompt_tokens
+        if cfg.max_prompt_tokens:
+            n = min(n, cfg.max_prompt_tokens)
+        prompt = synthetic_prompt(n)
+    body: dict[str, object] = {
+        "model": model,
+        "max_tokens": out_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+    }
+    if cfg.chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = prompt
+        path = "/v1/completions"
+    key = cfg.tenant_keys.get(spec.tenant_id, cfg.api_key)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    clock = time.perf_counter
+    req.arrival_time = max(0.0, clock() - t0)
+    req.transition(RequestState.RUNNING)
+    usage: int | None = None
+    try:
+        async with client.stream(
+            "POST", _base(cfg.endpoint) + path, json=body, headers=headers, timeout=cfg.request_timeout_s
+        ) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                _abort(req, f"http_{resp.status_code}", clock() - t0)
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                if data.startswith('{"error"') or '"error":{' in data[:20]:
+                    _abort(req, "stream_error", clock() - t0)
+                    return
+                if '"usage":{' in data or '"usage": {' in data:
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        obj = json.loads(data)
+                        usage = int(obj["usage"]["completion_tokens"])
+                        if not obj.get("choices"):
+                            continue
+                now = clock() - t0
+                if req.first_token_time is None:
+                    req.first_token_time = now
+                req.last_token_time = now
+                req.num_output_tokens += 1
+    except httpx.HTTPError as exc:
+        _abort(req, type(exc).__name__, clock() - t0)
+        return
+    now = clock() - t0
+    if usage is not None:
+        req.num_output_tokens = usage
+    req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens
+    req.finish_time = now
+    if req.first_token_time is None:
+        req.first_token_time = req.last_token_time = now
+    req.transition(RequestState.FINISHED)
+
+
+async def run_bench(workload: Workload | Sequence[RequestSpec], cfg: BenchConfig) -> list[Request]:
+    """Replay ``workload`` against ``cfg.endpoint``; returns one Request per spec."""
+    specs = list(workload)
+    limit = cfg.max_concurrency or max(1, len(specs))
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(cfg.request_timeout_s, connect=10.0),
+        limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+    ) as client:
+        model = cfg.model or await _default_model(client, cfg)
+        reqs = []
+        for i, s in enumerate(specs):
+            r = s.to_request()
+            r.seq = i
+            r.extra["spec_arrival_time"] = s.arrival_time
+            reqs.append(r)
+        sem = asyncio.Semaphore(limit)
+        t0 = time.perf_counter()
+        first = specs[0].arrival_time if specs else 0.0
+
+        async def launch(spec: RequestSpec, req: Request) -> None:
+            delay = (spec.arrival_time - first) * cfg.time_scale - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            async with sem:
+                await _one(client, cfg, model, spec, req, t0)
+
+        tasks = [asyncio.ensure_future(launch(s, r)) for s, r in zip(specs, reqs, strict=True)]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=cfg.timeout_s)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        end = time.perf_counter() - t0
+        for r in reqs:
+            if r.state in (RequestState.WAITING, RequestState.RUNNING):
+                if r.state is RequestState.WAITING:
+                    r.arrival_time = end
+                _abort(r, "bench_timeout", end)
+    return reqs
+
+
+def run_bench_sync(workload: Workload | Sequence[RequestSpec], cfg: BenchConfig) -> list[Request]:
+    return asyncio.run(run_bench(workload, cfg))

@@ -1,0 +1,259 @@
+"""argparse wiring: ``headway serve``, ``headway bench serve`` and the stub backend.
+
+``headway.cli`` calls :func:`add_serve_parser` and :func:`add_bench_parser` on its
+subparsers; each subcommand stores its handler in ``func`` (``args.func(args) -> int``).
+Until then: ``python -m headway.serve serve ...`` / ``bench serve ...`` / ``stub ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_bench_parser", "add_bench_serve_parser", "add_serve_parser", "add_stub_parser", "main"]
+
+
+def _kv(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _parse_value(v: str) -> Any:
+    try:
+        return json.loads(v)
+    except ValueError:
+        return v
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """``headway serve``: the gateway."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="run the scheduling gateway in front of OpenAI-compatible backends",
+        description="OpenAI-compatible gateway that queues requests in policy order.",
+    )
+    p.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="backend base URL (repeatable), e.g. http://127.0.0.1:8001",
+    )
+    p.add_argument("--policy", default=None, help="scheduling policy (default fcfs; see headway policies)")
+    p.add_argument(
+        "--policy-arg",
+        action="append",
+        default=[],
+        type=_kv,
+        metavar="KEY=VALUE",
+        help="policy setting (value parsed as JSON when possible), repeatable",
+    )
+    p.add_argument("--redis", default=None, metavar="URL", help="keep API keys (and queue state) in Redis")
+    p.add_argument(
+        "--api-keys",
+        default=None,
+        choices=["auto", "required", "off"],
+        help="require API keys (auto: when the config lists tenants)",
+    )
+    p.add_argument("--config", default=None, metavar="FILE", help="TOML or JSON gateway config")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--backend-concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="max in-flight requests per --backend (default 8)",
+    )
+    p.add_argument(
+        "--saturation-poll",
+        type=float,
+        default=None,
+        metavar="S",
+        help="read each --backend's /metrics every S seconds for saturation",
+    )
+    p.add_argument("--max-queue", type=int, default=None, help="queued requests before 429")
+    p.add_argument("--queue-ttl", type=float, default=None, metavar="S", help="seconds queued before 408")
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="on SIGTERM, finish in-flight and queued work for up to S seconds",
+    )
+    p.add_argument(
+        "--scorer",
+        default=None,
+        help="prompt scorer for score-ranked policies: 'default' or 'module:callable'",
+    )
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=_run_serve)
+    return p
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    from headway.serve._config import BackendConfig, load_config
+
+    backend_kw: dict[str, Any] = {}
+    if args.backend_concurrency is not None:
+        backend_kw["max_concurrency"] = args.backend_concurrency
+    if args.saturation_poll is not None:
+        backend_kw["metrics_poll_s"] = args.saturation_poll
+    backends = [BackendConfig(url, **backend_kw) for url in args.backend]
+    overrides: dict[str, Any] = {
+        "backends": backends,
+        "policy": args.policy,
+        "redis_url": args.redis,
+        "max_queue_len": args.max_queue,
+        "queue_ttl_s": args.queue_ttl,
+        "drain_timeout_s": args.drain_timeout,
+        "scorer": args.scorer,
+        "api_keys": args.api_keys,
+    }
+    if args.policy_arg:
+        overrides["policy_args"] = {k: _parse_value(v) for k, v in args.policy_arg}
+    return load_config(args.config, **overrides)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from headway.serve._config import ConfigError
+    from headway.serve._gateway import create_app
+    from headway.serve._runner import run_app
+
+    try:
+        config = build_config(args)
+        app = create_app(config)
+    except (ConfigError, ValueError) as exc:
+        print(f"headway serve: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_app(app, args.host, args.port, drain_timeout_s=config.drain_timeout_s, log_level=args.log_level)
+    return 0
+
+
+def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
+    """``headway bench serve`` (add under an existing ``bench`` command's subparsers)."""
+    p: argparse.ArgumentParser = bench_subparsers.add_parser(
+        "serve",
+        help="replay a workload against an OpenAI-compatible endpoint",
+        description="Replay a workload (arrivals, prompts, output lengths via max_tokens + "
+        "ignore_eos) against any OpenAI-compatible endpoint and report simulator metrics.",
+    )
+    p.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--workload", default="burst", help="workload name or file (headway.workload.load_workload)")
+    p.add_argument("--num-requests", type=int, default=None)
+    p.add_argument("--rate", type=float, default=None)
+    p.add_argument("--burstiness", type=float, default=None)
+    p.add_argument("--arrivals", default=None, choices=["trace", "gamma", "poisson", "burst"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tenants", default=None, help="tenant mix for load_workload ('default' or 'none')")
+    p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
+    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    p.add_argument("--api-key", default=None, help="bearer key for every request")
+    p.add_argument(
+        "--tenant-key",
+        action="append",
+        default=[],
+        type=_kv,
+        metavar="TENANT=KEY",
+        help="bearer key for one tenant's requests (repeatable)",
+    )
+    p.add_argument("--max-concurrency", type=int, default=0)
+    p.add_argument("--max-prompt-tokens", type=int, default=0, help="cap synthetic prompt length")
+    p.add_argument("--max-output-tokens", type=int, default=0, help="cap output lengths")
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--timeout", type=float, default=3600.0, help="whole-run limit in seconds")
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--name", default="bench", help="run name in the report")
+    p.add_argument("--out", default=None, help="write a headway report (JSON/CSV/plots) to this folder")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_run_bench)
+    return p
+
+
+def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """``headway bench`` with its ``serve`` subcommand."""
+    p: argparse.ArgumentParser = subparsers.add_parser("bench", help="benchmarks against live endpoints")
+    sub = p.add_subparsers(dest="bench_command", required=True)
+    add_bench_serve_parser(sub)
+    return p
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from headway.metrics import comparison_table, summarize, write_report
+    from headway.serve._bench import BenchConfig, run_bench_sync
+    from headway.workload import load_workload
+
+    opts: dict[str, Any] = {"seed": args.seed}
+    for name in ("num_requests", "rate", "burstiness", "arrivals", "tenants"):
+        v = getattr(args, name)
+        if v is not None:
+            opts[name] = v
+    try:
+        workload = load_workload(args.workload, **opts)
+        cfg = BenchConfig(
+            endpoint=args.endpoint,
+            model=args.model,
+            chat=args.chat,
+            api_key=args.api_key,
+            tenant_keys=dict(args.tenant_key),
+            max_concurrency=args.max_concurrency,
+            max_prompt_tokens=args.max_prompt_tokens,
+            max_output_tokens=args.max_output_tokens,
+            time_scale=args.time_scale,
+            timeout_s=args.timeout,
+            request_timeout_s=args.request_timeout,
+        )
+    except ValueError as exc:
+        print(f"headway bench serve: {exc}", file=sys.stderr)
+        return 2
+    requests = run_bench_sync(workload, cfg)
+    summary = summarize(requests, name=args.name)
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=2, default=str))
+    else:
+        from rich.console import Console
+
+        Console(width=None if sys.stdout.isatty() else 200).print(
+            comparison_table({args.name: summary}, title=f"{args.workload} -> {args.endpoint}")
+        )
+    if args.out:
+        write_report(Path(args.out), {args.name: (summary, requests)}, title=f"bench serve {args.workload}")
+    return 0 if summary.num_completed else 1
+
+
+def add_stub_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """``stub``: the fake OpenAI-compatible backend (tests, overhead benchmark)."""
+    p: argparse.ArgumentParser = subparsers.add_parser("stub", help="run a fake OpenAI-compatible backend")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--token-delay", type=float, default=0.0, help="seconds between tokens")
+    p.add_argument("--max-num-seqs", type=int, default=0)
+    p.set_defaults(func=_run_stub)
+    return p
+
+
+def _run_stub(args: argparse.Namespace) -> int:
+    from headway.serve._runner import run_app
+    from headway.serve._stub import StubConfig, create_stub_app
+
+    app = create_stub_app(StubConfig(token_delay_s=args.token_delay, max_num_seqs=args.max_num_seqs))
+    run_app(app, args.host, args.port, log_level="warning")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m headway.serve")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_serve_parser(sub)
+    add_bench_parser(sub)
+    add_stub_parser(sub)
+    args = parser.parse_args(argv)
+    rc: int = args.func(args)
+    return rc

@@ -1,0 +1,283 @@
+"""Gateway configuration: frozen dataclasses with validation, loaded from TOML or JSON.
+
+Config file (TOML shown; JSON with the same structure works too)::
+
+    policy = "pars"                 # any registered headway policy
+    policy_args = { }               # keyword settings for make_policy
+    max_queue_len = 10000           # 429 beyond this many queued requests
+    max_queue_per_tenant = 0        # 0 = no per-tenant limit
+    queue_ttl_s = 60.0              # 408 after waiting this long in the queue
+    max_body_bytes = 1048576        # 413 beyond this
+    default_max_tokens = 256        # when a request gives no max_tokens
+    retry_after_s = 1               # Retry-After header of 429s
+    max_attempts = 3                # backends tried per request before streaming starts
+    drain_timeout_s = 30.0          # SIGTERM: finish in-flight + queued work up to this
+    redis_url = ""                  # "" = in-memory queue state
+
+    [[backends]]
+    url = "http://127.0.0.1:8001"
+    max_concurrency = 8             # in-flight requests sent to it (0 = no limit)
+    metrics_poll_s = 0.5            # read its /metrics (0 = never)
+    max_waiting = 0                 # saturated when vllm:num_requests_waiting > this
+    max_kv_usage = 0.95             # saturated when vllm:kv_cache_usage_perc >= this
+
+    [[tenants]]
+    name = "acme"
+    tier = "premium"                # premium | standard | batch
+    api_key_sha256 = ["<64 hex digits>"]
+
+API keys: ``api_keys = "auto"`` (default) requires a key when ``[[tenants]]`` lists any,
+else every request belongs to tenant ``default``; ``"required"`` always requires one;
+``"off"`` never. With ``redis_url``, keys not in the file are looked up in the Redis hash
+``headway:apikeys``: field = SHA-256 hex of the key, value =
+``{"tenant": "acme", "tier": "premium"}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from headway.core import Tier, get_policy_class
+
+__all__ = [
+    "BackendConfig",
+    "ConfigError",
+    "GatewayConfig",
+    "TenantConfig",
+    "hash_api_key",
+    "load_config",
+]
+
+
+class ConfigError(ValueError):
+    """A gateway setting is missing or out of range (the message names it and its value)."""
+
+
+def hash_api_key(api_key: str) -> str:
+    """SHA-256 hex digest of an API key: the only form in which keys are stored."""
+    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    """One OpenAI-compatible upstream server (vLLM or the stub)."""
+
+    url: str
+    """Base URL without the ``/v1`` suffix, e.g. ``http://127.0.0.1:8001``."""
+    max_concurrency: int = 8
+    """Most in-flight requests the gateway sends it at once (0 = unlimited)."""
+    metrics_poll_s: float = 0.0
+    """Poll its Prometheus ``/metrics`` every this many seconds (0 = never)."""
+    max_waiting: int = 0
+    """Saturated while ``vllm:num_requests_waiting`` (plus our undelivered dispatches) > this."""
+    max_kv_usage: float = 0.95
+    """Saturated while ``vllm:kv_cache_usage_perc`` >= this (0..1]."""
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        _check(
+            parts.scheme in ("http", "https") and bool(parts.netloc),
+            f"backends.url must be an http(s) URL, got {self.url!r}",
+        )
+        object.__setattr__(self, "url", self.url.rstrip("/").removesuffix("/v1"))
+        _check(self.max_concurrency >= 0, f"backends.max_concurrency must be >= 0, got {self.max_concurrency}")
+        _check(
+            self.metrics_poll_s >= 0 and math.isfinite(self.metrics_poll_s),
+            f"backends.metrics_poll_s must be >= 0, got {self.metrics_poll_s}",
+        )
+        _check(
+            self.max_concurrency > 0 or self.metrics_poll_s > 0,
+            f"backend {self.url}: needs max_concurrency > 0 or metrics_poll_s > 0 "
+            "(otherwise nothing ever queues in the gateway)",
+        )
+        _check(self.max_waiting >= 0, f"backends.max_waiting must be >= 0, got {self.max_waiting}")
+        _check(0 < self.max_kv_usage <= 1, f"backends.max_kv_usage must be in (0, 1], got {self.max_kv_usage}")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """A tenant, its QoS tier and the SHA-256 hashes of its API keys."""
+
+    name: str
+    tier: Tier = Tier.STANDARD
+    api_key_sha256: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check(bool(self.name), "tenants.name must be non-empty")
+        object.__setattr__(self, "tier", Tier.parse(self.tier))
+        hashes = tuple(h.lower() for h in self.api_key_sha256)
+        for h in hashes:
+            _check(
+                len(h) == 64 and all(c in "0123456789abcdef" for c in h),
+                f"tenant {self.name!r}: api_key_sha256 entries must be 64 hex digits "
+                f"(SHA-256 of the key), got one of length {len(h)}",
+            )
+        object.__setattr__(self, "api_key_sha256", hashes)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything ``create_app`` needs; see the module docstring for the file format."""
+
+    backends: tuple[BackendConfig, ...]
+    policy: str = "fcfs"
+    policy_args: Mapping[str, Any] = field(default_factory=dict)
+    tenants: tuple[TenantConfig, ...] = ()
+    max_queue_len: int = 10_000
+    max_queue_per_tenant: int = 0
+    queue_ttl_s: float = 60.0
+    max_body_bytes: int = 1 << 20
+    default_max_tokens: int = 256
+    retry_after_s: int = 1
+    max_attempts: int = 3
+    drain_timeout_s: float = 30.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 300.0
+    """Longest silence from a backend while a response is being read."""
+    backend_down_s: float = 2.0
+    """A backend that refused a connection is skipped for this long."""
+    redis_url: str = ""
+    """Keep queue state (and look up API keys) in Redis; replicas sharing it share one order."""
+    redis_prefix: str = "headway:"
+    """Prefix of every Redis key this gateway uses (one prefix = one shared queue)."""
+    api_keys: str = "auto"
+    """``"auto"``: require a key when ``tenants`` lists any; ``"required"``: always (keys
+    from ``tenants`` and, with ``redis_url``, Redis); ``"off"``: everyone is tenant ``default``."""
+    """Prefix of every Redis key this gateway uses (one prefix = one shared queue)."""
+    scorer: str = ""
+    """Prompt scorer run batched in a worker thread on arrival; sets ``Request.score`` (for
+    ``pars`` and other score-ranked policies). ``"default"`` (the ``headway.predict``
+    predictor), ``"module:callable"`` (``list[str] -> scores``, or an object with
+    ``score(prompts)``) or ``"module:factory()"``."""
+    scorer_batch_size: int = 32
+    scorer_max_wait_s: float = 0.002
+
+    def __post_init__(self) -> None:
+        _check(len(self.backends) > 0, "at least one backend is required (--backend URL)")
+        urls = [b.url for b in self.backends]
+        _check(len(set(urls)) == len(urls), f"backends must be distinct, got {urls}")
+        get_policy_class(self.policy)  # UnknownPolicyError (a ValueError) names valid ones
+        _check(self.max_queue_len >= 1, f"max_queue_len must be >= 1, got {self.max_queue_len}")
+        _check(
+            self.max_queue_per_tenant >= 0,
+            f"max_queue_per_tenant must be >= 0, got {self.max_queue_per_tenant}",
+        )
+        _check(
+            self.queue_ttl_s > 0 and not math.isnan(self.queue_ttl_s),
+            f"queue_ttl_s must be > 0, got {self.queue_ttl_s}",
+        )
+        _check(self.max_body_bytes >= 64, f"max_body_bytes must be >= 64, got {self.max_body_bytes}")
+        _check(self.default_max_tokens >= 1, f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
+        _check(self.retry_after_s >= 0, f"retry_after_s must be >= 0, got {self.retry_after_s}")
+        _check(self.max_attempts >= 1, f"max_attempts must be >= 1, got {self.max_attempts}")
+        _check(self.drain_timeout_s >= 0, f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        _check(self.connect_timeout_s > 0, f"connect_timeout_s must be > 0, got {self.connect_timeout_s}")
+        _check(self.read_timeout_s > 0, f"read_timeout_s must be > 0, got {self.read_timeout_s}")
+        _check(self.backend_down_s >= 0, f"backend_down_s must be >= 0, got {self.backend_down_s}")
+        _check(
+            not self.redis_url or self.redis_url.startswith(("redis://", "rediss://", "unix://")),
+            f"redis_url must start with redis://, rediss:// or unix://, got {self.redis_url!r}",
+        )
+        _check(
+            not self.scorer or self.scorer == "default" or ":" in self.scorer,
+            f"scorer must be 'default' or 'module:callable', got {self.scorer!r}",
+        )
+        _check(self.scorer_batch_size >= 1, f"scorer_batch_size must be >= 1, got {self.scorer_batch_size}")
+        _check(
+            self.api_keys in ("auto", "required", "off"),
+            f"api_keys must be auto, required or off, got {self.api_keys!r}",
+        )
+        names = [t.name for t in self.tenants]
+        _check(len(set(names)) == len(names), f"tenant names must be unique, got {names}")
+        seen: set[str] = set()
+        for t in self.tenants:
+            for h in t.api_key_sha256:
+                _check(h not in seen, f"an API key hash is listed twice (tenant {t.name!r})")
+                seen.add(h)
+
+    @property
+    def auth_enabled(self) -> bool:
+        if self.api_keys == "auto":
+            return bool(self.tenants)
+        return self.api_keys == "required"
+
+    def with_overrides(self, **changes: Any) -> GatewayConfig:
+        """A copy with some fields replaced (validated again)."""
+        return replace(self, **changes)
+
+
+_GATEWAY_FIELDS = set(GatewayConfig.__dataclass_fields__)
+_BACKEND_FIELDS = set(BackendConfig.__dataclass_fields__)
+_TENANT_FIELDS = set(TenantConfig.__dataclass_fields__)
+
+
+def _only(kind: str, data: Mapping[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(data) - allowed)
+    _check(not unknown, f"unknown {kind} setting(s) {unknown}; valid: {sorted(allowed)}")
+
+
+def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> GatewayConfig:
+    """Build a :class:`GatewayConfig` from parsed TOML/JSON plus keyword overrides."""
+    merged: dict[str, Any] = dict(data)
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    _only("gateway", merged, _GATEWAY_FIELDS)
+    backends: list[BackendConfig] = []
+    for b in merged.pop("backends", ()):
+        if isinstance(b, BackendConfig):
+            backends.append(b)
+            continue
+        if isinstance(b, str):
+            b = {"url": b}
+        _check(isinstance(b, Mapping), f"backends entries must be tables or URLs, got {b!r}")
+        _only("backend", b, _BACKEND_FIELDS)
+        backends.append(BackendConfig(**b))
+    tenants: list[TenantConfig] = []
+    for t in merged.pop("tenants", ()):
+        if isinstance(t, TenantConfig):
+            tenants.append(t)
+            continue
+        _check(isinstance(t, Mapping), f"tenants entries must be tables, got {t!r}")
+        _only("tenant", t, _TENANT_FIELDS)
+        t = dict(t)
+        keys = t.get("api_key_sha256", ())
+        t["api_key_sha256"] = (keys,) if isinstance(keys, str) else tuple(keys)
+        tenants.append(TenantConfig(**t))
+    try:
+        return GatewayConfig(backends=tuple(backends), tenants=tuple(tenants), **merged)
+    except TypeError as exc:
+        raise ConfigError(f"bad gateway config: {exc}") from None
+
+
+def load_config(path: str | Path | None, **overrides: Any) -> GatewayConfig:
+    """Read a ``.toml`` or ``.json`` config file (or none) and apply CLI overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = p.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
+        try:
+            data = json.loads(raw) if p.suffix == ".json" else tomllib.loads(raw.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"config file {p} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}"
+            ) from None
+        _check(isinstance(data, dict), f"config file {p} must hold a table/object at the top level")
+    extra_backends: Sequence[Any] = overrides.pop("backends", None) or ()
+    if extra_backends:
+        data["backends"] = list(extra_backends)
+    return config_from_dict(data, **overrides)

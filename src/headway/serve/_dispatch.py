@@ -1,0 +1,245 @@
+"""Admission control: the policy-ordered waiting queue and the backends' capacity.
+
+Each HTTP handler submits a :class:`~headway.core.Request` and awaits the future that
+:class:`Dispatcher` resolves with a :class:`Backend` once the request is first in policy
+order and some backend has room. Dispatching happens synchronously whenever capacity
+frees or a request arrives: every pop is O(log n) and nothing polls the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from headway.core import Policy, PolicyQueue, Request, RequestState
+from headway.serve._config import BackendConfig
+
+__all__ = ["Backend", "Dispatcher", "QueueFullError"]
+
+
+class QueueFullError(Exception):
+    """The global or per-tenant queue limit was reached."""
+
+    def __init__(self, scope: str) -> None:
+        super().__init__(scope)
+        self.scope = scope
+
+
+@dataclass(eq=False, slots=True)
+class Backend:
+    """Live state of one upstream server."""
+
+    config: BackendConfig
+    index: int
+    in_flight: int = 0
+    down_until: float = 0.0
+    polled_waiting: float = 0.0
+    polled_kv_usage: float = 0.0
+    dispatched_since_poll: int = 0
+    finished_since_poll: int = 0
+    last_poll_ok: bool = True
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+    def has_room(self, now: float) -> bool:
+        c = self.config
+        if now < self.down_until:
+            return False
+        if c.max_concurrency and self.in_flight >= c.max_concurrency:
+            return False
+        if c.metrics_poll_s > 0:
+            if self.polled_kv_usage >= c.max_kv_usage:
+                return False
+            undelivered = max(0, self.dispatched_since_poll - self.finished_since_poll)
+            if self.polled_waiting + undelivered > c.max_waiting:
+                return False
+        return True
+
+    def load(self) -> float:
+        c = self.config
+        base = self.in_flight / c.max_concurrency if c.max_concurrency else float(self.in_flight)
+        return base + self.polled_waiting + self.polled_kv_usage
+
+
+class Dispatcher:
+    """Waiting queue + per-backend capacity; hands requests to backends in policy order."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        backends: list[Backend],
+        *,
+        max_queue_len: int,
+        max_queue_per_tenant: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        on_dispatch: Callable[[Request, Backend], None] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.queue = PolicyQueue(policy)
+        self.backends = backends
+        self.max_queue_len = max_queue_len
+        self.max_queue_per_tenant = max_queue_per_tenant
+        self._t0 = clock()
+        self._clock = clock
+        self._seq = itertools.count()
+        self._waiters: dict[Request, tuple[asyncio.Future[Backend], frozenset[int]]] = {}
+        self._timers: dict[Request, asyncio.TimerHandle] = {}
+        self.queued_per_tenant: Counter[tuple[str, str]] = Counter()
+        self._on_dispatch = on_dispatch
+        self._wakeup_handle: asyncio.TimerHandle | None = None
+        if policy.oracle:
+            # Behind the gateway the only length a client states is max_tokens: with
+            # ``ignore_eos`` (benchmarks) it is the true output length.
+            policy.bind_oracle(lambda r: r.max_tokens)
+
+    # ------------------------------------------------------------------ time
+    def now(self) -> float:
+        """Seconds since the dispatcher started (the policy clock)."""
+        return self._clock() - self._t0
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    # --------------------------------------------------------------- arrival
+    def submit(self, request: Request, exclude: frozenset[int] = frozenset()) -> asyncio.Future[Backend]:
+        """Queue ``request`` (arrival or a retry); the future resolves with its backend."""
+        tenant_key = (request.tenant_id, request.tier.name.lower())
+        if len(self.queue) >= self.max_queue_len:
+            raise QueueFullError("global")
+        if self.max_queue_per_tenant and self.queued_per_tenant[tenant_key] >= self.max_queue_per_tenant:
+            raise QueueFullError("tenant")
+        now = self.now()
+        fut: asyncio.Future[Backend] = asyncio.get_running_loop().create_future()
+        if request.seq < 0:
+            request.seq = self.next_seq()
+            self.policy.on_arrival(request, now)
+        self._waiters[request] = (fut, exclude)
+        self.queue.add(request, now)
+        self.queued_per_tenant[tenant_key] += 1
+        self._arm_rekey(request)
+        self.dispatch()
+        return fut
+
+    def _arm_rekey(self, request: Request) -> None:
+        at = self.policy.rekey_at_time(request)
+        if at is None:
+            return
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, at - self.now())
+        self._timers[request] = loop.call_later(delay, self._rekey, request)
+
+    def _rekey(self, request: Request) -> None:
+        self._timers.pop(request, None)
+        if request in self.queue:
+            self.queue.rekey(request, self.now())
+            self._arm_rekey(request)
+            self.dispatch()
+
+    def cancel(self, request: Request) -> bool:
+        """Remove a queued request (client gone, TTL); returns whether it was queued."""
+        if not self.queue.remove(request):
+            return False
+        self._forget(request)
+        return True
+
+    def _forget(self, request: Request) -> None:
+        self._waiters.pop(request, None)
+        timer = self._timers.pop(request, None)
+        if timer is not None:
+            timer.cancel()
+        key = (request.tenant_id, request.tier.name.lower())
+        self.queued_per_tenant[key] -= 1
+        if self.queued_per_tenant[key] <= 0:
+            del self.queued_per_tenant[key]
+
+    # -------------------------------------------------------------- dispatch
+    def _pick(self, now: float, exclude: frozenset[int]) -> Backend | None:
+        best: Backend | None = None
+        best_load = 0.0
+        for b in self.backends:
+            if b.index in exclude or not b.has_room(now):
+                continue
+            load = b.load()
+            if best is None or load < best_load:
+                best, best_load = b, load
+        return best
+
+    def dispatch(self) -> int:
+        """Hand queued requests to backends while one has room; returns how many."""
+        queue = self.queue
+        if not queue:
+            return 0
+        now_mono = self._clock()
+        queue.refresh(now_mono - self._t0)
+        n = 0
+        skipped: list[Request] = []
+        while queue:
+            req = queue.peek()
+            assert req is not None
+            fut, exclude = self._waiters[req]
+            backend = self._pick(now_mono, exclude)
+            if backend is None:
+                if not exclude or self._pick(now_mono, frozenset()) is None:
+                    break  # nobody has room: the head waits (head-of-line by policy order)
+                # the head may not use the free backend (it failed there): look further
+                skipped.append(queue.pop())
+                continue
+            queue.pop()
+            self._forget(req)
+            backend.in_flight += 1
+            backend.dispatched_since_poll += 1
+            now = now_mono - self._t0
+            req.transition(RequestState.RUNNING)
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            if self._on_dispatch is not None:
+                self._on_dispatch(req, backend)
+            if not fut.done():
+                fut.set_result(backend)
+            n += 1
+        for req in skipped:
+            queue.add(req, now_mono - self._t0)
+        self._arm_wakeup(now_mono)
+        return n
+
+    def _arm_wakeup(self, now_mono: float) -> None:
+        """If work waits only on a backend marked down, retry when it comes back."""
+        if not self.queue or self._wakeup_handle is not None:
+            return
+        downs = [b.down_until for b in self.backends if b.down_until > now_mono]
+        if not downs:
+            return
+
+        def wake() -> None:
+            self._wakeup_handle = None
+            self.dispatch()
+
+        self._wakeup_handle = asyncio.get_running_loop().call_later(min(downs) - now_mono + 1e-3, wake)
+
+    def release(self, backend: Backend) -> None:
+        """A request dispatched to ``backend`` ended (any way): free its slot."""
+        backend.in_flight -= 1
+        backend.finished_since_poll += 1
+        self.dispatch()
+
+    def mark_down(self, backend: Backend, seconds: float) -> None:
+        backend.down_until = self._clock() + seconds
+
+    def all_backends_excluded(self, exclude: frozenset[int]) -> bool:
+        return all(b.index in exclude for b in self.backends)
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Shutdown: fail every waiter."""
+        for req in list(self._waiters):
+            fut, _ = self._waiters[req]
+            self.queue.remove(req)
+            self._forget(req)
+            if not fut.done():
+                fut.set_exception(exc)

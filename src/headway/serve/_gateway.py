@@ -1,0 +1,727 @@
+"""The gateway app: OpenAI-compatible endpoints in front of a policy-ordered queue.
+
+Life of a request: read the body (413 over the limit), authenticate (401), validate
+(400 naming the field), score it if a scorer is configured, queue it (429 when full),
+wait for the dispatcher to hand it a backend (408 after the TTL; removed on client
+disconnect), forward it (retry on another backend while nothing was streamed), pass
+the response through (SSE event by event) and report progress and the final
+``usage.completion_tokens`` to the policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from headway.core import Policy, Request, RequestState, make_policy
+from headway.serve._config import GatewayConfig
+from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
+from headway.serve._metrics import GatewayMetrics
+from headway.serve._redis_queue import RedisDispatcher
+from headway.serve._scorer import BatchScorer, load_score_fn
+from headway.serve._tenants import Identity, TenantDirectory
+from headway.serve._upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamResponse
+
+__all__ = ["Gateway", "create_app"]
+
+log = logging.getLogger("headway.serve")
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def error_response(
+    status: int,
+    message: str,
+    err_type: str,
+    *,
+    param: str | None = None,
+    code: str | int | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """An OpenAI-style error body."""
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _sse_error(message: str, code: int = 502) -> bytes:
+    body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
+    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+def _either(a: asyncio.Future[Any], b: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
+    return {a, b}
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(slots=True)
+class _Parsed:
+    prompt_text: str
+    num_prompt_tokens: int
+    max_tokens: int | None
+    stream: bool
+    priority: int
+    wants_usage: bool
+
+
+def _estimate_tokens(text: str) -> int:
+    return max(1, len(text) // 4)
+
+
+def validate_body(body: object, chat: bool) -> _Parsed:
+    """Check the fields the gateway relies on; raise ``_BadRequest`` naming the field."""
+    if not isinstance(body, dict):
+        raise _BadRequest("request body must be a JSON object", None)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _BadRequest("'model' must be a string", "model")
+    if chat:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise _BadRequest("'messages' must be a non-empty array of messages", "messages")
+        parts: list[str] = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise _BadRequest(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}]")
+            content = m.get("content")
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):
+                parts.extend(str(c.get("text", "")) for c in content if isinstance(c, dict))
+            elif content is not None:
+                raise _BadRequest(f"'messages[{i}].content' must be a string or an array", f"messages[{i}].content")
+        text = "\n".join(parts)
+        ntok = _estimate_tokens(text)
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str) and prompt:
+            text, ntok = prompt, _estimate_tokens(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            text = "\n".join(prompt)
+            ntok = _estimate_tokens(text)
+        elif isinstance(prompt, list) and prompt and all(_is_int(p) for p in prompt):
+            text, ntok = "", len(prompt)
+        else:
+            raise _BadRequest("'prompt' must be a non-empty string, array of strings or of token ids", "prompt")
+    max_tokens: int | None = None
+    for name in ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",):
+        v = body.get(name)
+        if v is None:
+            continue
+        if not _is_int(v) or v < 1:
+            raise _BadRequest(f"'{name}' must be a positive integer, got {v!r}", name)
+        max_tokens = v
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _BadRequest(f"'stream' must be a boolean, got {stream!r}", "stream")
+    priority = body.get("priority", 0)
+    if priority is None:
+        priority = 0
+    if not _is_int(priority):
+        raise _BadRequest(f"'priority' must be an integer, got {priority!r}", "priority")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise _BadRequest("'stream_options' must be an object", "stream_options")
+    wants_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or n < 1):
+        raise _BadRequest(f"'n' must be a positive integer, got {n!r}", "n")
+    return _Parsed(text, ntok, max_tokens, stream, priority, wants_usage)
+
+
+class Gateway:
+    """State of one gateway app (policy, queue, backends, HTTP client, metrics)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        policy: Policy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        redis: Any = None,
+    ) -> None:
+        self.config = config
+        self.policy = policy if policy is not None else make_policy(config.policy, **dict(config.policy_args))
+        self.backends = [Backend(b, i) for i, b in enumerate(config.backends)]
+        self._redis = redis
+        self.dispatcher: Dispatcher
+        if config.redis_url:
+            if self._redis is None:
+                import redis.asyncio as aioredis
+
+                self._redis = aioredis.from_url(config.redis_url)
+            self.dispatcher = RedisDispatcher(
+                self.policy,
+                self.backends,
+                self._redis,
+                max_queue_len=config.max_queue_len,
+                max_queue_per_tenant=config.max_queue_per_tenant,
+                prefix=config.redis_prefix,
+                on_dispatch=self._on_dispatch,
+            )
+        else:
+            self.dispatcher = Dispatcher(
+                self.policy,
+                self.backends,
+                max_queue_len=config.max_queue_len,
+                max_queue_per_tenant=config.max_queue_per_tenant,
+                on_dispatch=self._on_dispatch,
+            )
+        self.metrics = GatewayMetrics(self._queue_lengths, self._in_flight)
+        self._transport = transport
+        self.tenants = TenantDirectory(config, self._redis)
+        self.scorer: BatchScorer | None = None
+        if config.scorer:
+            self.scorer = BatchScorer(load_score_fn(config.scorer), config.scorer_batch_size, config.scorer_max_wait_s)
+        self.client: httpx.AsyncClient | None = None
+        """For /metrics polls and /v1/models; requests go through :attr:`pools`."""
+        self.pools = [
+            UpstreamPool(b.url, connect_timeout=config.connect_timeout_s, read_timeout=config.read_timeout_s)
+            for b in config.backends
+        ]
+        self.draining = False
+        self._pollers: list[asyncio.Task[None]] = []
+        self._models_cache: tuple[float, bytes] | None = None
+        self._ids = 0
+        self.finished_requests: list[Request] = []
+        """Most recent finished/aborted requests (bounded), for tests and debugging."""
+
+    # -------------------------------------------------------------- lifecycle
+    async def startup(self) -> None:
+        limit = sum(b.max_concurrency or 256 for b in self.config.backends) + 64
+        self.client = httpx.AsyncClient(
+            transport=self._transport,
+            timeout=httpx.Timeout(self.config.read_timeout_s, connect=self.config.connect_timeout_s),
+            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+        )
+        if isinstance(self.dispatcher, RedisDispatcher):
+            await self.dispatcher.start()
+        for b in self.backends:
+            if b.config.metrics_poll_s > 0:
+                self._pollers.append(asyncio.create_task(self._poll_backend(b)))
+
+    async def shutdown(self) -> None:
+        self.draining = True
+        for t in self._pollers:
+            t.cancel()
+        for t in self._pollers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self.dispatcher.fail_all(RuntimeError("gateway shutting down"))
+        if isinstance(self.dispatcher, RedisDispatcher):
+            await self.dispatcher.stop()
+        if self.client is not None:
+            await self.client.aclose()
+        for pool in self.pools:
+            pool.close()
+        if self._redis is not None:
+            with contextlib.suppress(Exception):
+                await self._redis.aclose()
+
+    # ---------------------------------------------------------------- metrics
+    def _queue_lengths(self) -> list[tuple[str, str, int]]:
+        return [(t, tier, n) for (t, tier), n in self.dispatcher.queued_per_tenant.items()]
+
+    def _in_flight(self) -> list[tuple[str, int]]:
+        return [(b.url, b.in_flight) for b in self.backends]
+
+    def _on_dispatch(self, req: Request, backend: Backend) -> None:
+        self.metrics.dispatches.labels(backend.url).inc()
+        if req.first_scheduled_time is not None and req.num_preemptions == 0:
+            self.metrics.wait_time.labels(req.tier.name.lower()).observe(req.first_scheduled_time - req.arrival_time)
+
+    async def _poll_backend(self, b: Backend) -> None:
+        """Read ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` periodically."""
+        assert self.client is not None
+        while True:
+            try:
+                r = await self.client.get(b.url + "/metrics", timeout=2.0)
+                waiting = kv = 0.0
+                for line in r.text.splitlines():
+                    name, _, rest = line.partition("{")
+                    if not rest:
+                        name = line.split(" ", 1)[0]
+                    if name == "vllm:num_requests_waiting":
+                        waiting += float(line.rsplit(" ", 1)[1])
+                    elif name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+                        kv = max(kv, float(line.rsplit(" ", 1)[1]))
+                b.polled_waiting, b.polled_kv_usage = waiting, kv
+                b.dispatched_since_poll = b.finished_since_poll = 0
+                b.last_poll_ok = True
+            except (httpx.HTTPError, ValueError, IndexError):
+                b.last_poll_ok = False
+            self.dispatcher.dispatch()
+            await asyncio.sleep(b.config.metrics_poll_s)
+
+    # -------------------------------------------------------------- handlers
+    async def health(self, request: HTTPRequest) -> Response:
+        if self.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ok", "queued": len(self.dispatcher.queue)})
+
+    async def prom(self, request: HTTPRequest) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def models(self, request: HTTPRequest) -> Response:
+        if await self.tenants.resolve(request.headers.get("authorization")) is None:
+            return self._unauthorized()
+        loop = asyncio.get_running_loop()
+        if self._models_cache is not None and self._models_cache[0] > loop.time():
+            return Response(self._models_cache[1], media_type="application/json")
+        assert self.client is not None
+        last = "no backend answered"
+        for b in self.backends:
+            try:
+                r = await self.client.get(b.url + "/v1/models", timeout=5.0)
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}"
+                continue
+            if r.status_code == 200:
+                self._models_cache = (loop.time() + 5.0, r.content)
+                return Response(r.content, media_type="application/json")
+            last = f"HTTP {r.status_code}"
+        return error_response(502, f"no backend listed models ({last})", "upstream_error", code=502)
+
+    def _unauthorized(self) -> Response:
+        self.metrics.rejections.labels("unauthorized").inc()
+        return error_response(
+            401,
+            "Invalid or missing API key.",
+            "authentication_error",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    def _reject(self, reason: str, resp: Response) -> Response:
+        self.metrics.rejections.labels(reason).inc()
+        return resp
+
+    async def completions(self, request: HTTPRequest) -> Response:
+        return await self._handle(request, "/v1/completions", chat=False)
+
+    async def chat_completions(self, request: HTTPRequest) -> Response:
+        return await self._handle(request, "/v1/chat/completions", chat=True)
+
+    async def _read_body(self, request: HTTPRequest) -> bytes | None:
+        limit = self.config.max_body_bytes
+        cl = request.headers.get("content-length")
+        if cl is not None and cl.isdigit() and int(cl) > limit:
+            return None
+        buf = bytearray()
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) > limit:
+                return None
+        return bytes(buf)
+
+    async def _handle(self, request: HTTPRequest, path: str, chat: bool) -> Response:
+        if self.draining:
+            return self._reject(
+                "draining",
+                error_response(503, "gateway is shutting down", "service_unavailable", headers={"Connection": "close"}),
+            )
+        raw = await self._read_body(request)
+        if raw is None:
+            return self._reject(
+                "too_large",
+                error_response(
+                    413,
+                    f"request body exceeds {self.config.max_body_bytes} bytes",
+                    "invalid_request_error",
+                    code="request_too_large",
+                ),
+            )
+        ident = await self.tenants.resolve(request.headers.get("authorization"))
+        if ident is None:
+            return self._unauthorized()
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            return self._reject(
+                "invalid",
+                error_response(400, f"request body is not valid JSON: {exc}", "invalid_request_error"),
+            )
+        try:
+            parsed = validate_body(body, chat)
+        except _BadRequest as exc:
+            return self._reject("invalid", error_response(400, str(exc), "invalid_request_error", param=exc.param))
+        return await self._serve(request, path, body, raw, parsed, ident)
+
+    def _new_request(self, parsed: _Parsed, ident: Identity) -> Request:
+        self._ids += 1
+        return Request(
+            request_id=f"hw-{self._ids}",
+            arrival_time=self.dispatcher.now(),
+            num_prompt_tokens=parsed.num_prompt_tokens,
+            max_tokens=parsed.max_tokens or self.config.default_max_tokens,
+            tenant_id=ident.tenant,
+            tier=ident.tier,
+            priority=parsed.priority,
+            prompt=parsed.prompt_text or None,
+        )
+
+    def _record(self, req: Request) -> None:
+        self.finished_requests.append(req)
+        if len(self.finished_requests) > 4096:
+            del self.finished_requests[:2048]
+
+    def _abort(self, req: Request) -> None:
+        if not req.is_finished:
+            req.transition(RequestState.ABORTED)
+            req.finish_time = self.dispatcher.now()
+            self._record(req)
+
+    async def _serve(
+        self,
+        request: HTTPRequest,
+        path: str,
+        body: dict[str, Any],
+        raw: bytes,
+        parsed: _Parsed,
+        ident: Identity,
+    ) -> Response:
+        req = self._new_request(parsed, ident)
+        if self.scorer is not None and req.prompt:
+            try:
+                req.score = await self.scorer.score(req.prompt)
+            except Exception:
+                log.exception("scorer failed; request %s goes unscored", req.request_id)
+        if parsed.stream:
+            if not parsed.wants_usage:
+                body = dict(body)
+                opts = dict(body.get("stream_options") or {})
+                opts["include_usage"] = True
+                body["stream_options"] = opts
+            payload = json.dumps(body).encode()
+        else:
+            payload = raw
+        if parsed.max_tokens is None:
+            # make the queued length and the upstream cap agree
+            if payload is raw:
+                body = dict(body)
+            body["max_tokens"] = req.max_tokens
+            payload = json.dumps(body).encode()
+
+        disconnect = asyncio.ensure_future(self._wait_disconnect(request))
+        deadline = asyncio.get_running_loop().time() + self.config.queue_ttl_s
+        exclude: frozenset[int] = frozenset()
+        last_error = ""
+        handed_off = False
+        try:
+            for _attempt in range(self.config.max_attempts):
+                # ---- queue
+                try:
+                    fut = self.dispatcher.submit(req, exclude)
+                except (ValueError, TypeError, LookupError) as exc:  # the policy refused it
+                    log.warning("policy %s rejected request %s: %s", self.policy.name, req.request_id, exc)
+                    self._abort(req)
+                    return self._reject(
+                        "policy_error",
+                        error_response(500, f"scheduling policy error: {exc}", "server_error", code="policy_error"),
+                    )
+                except QueueFullError as exc:
+                    self._abort(req)
+                    return self._queue_full(exc)
+                remaining = deadline - asyncio.get_running_loop().time()
+                if not fut.done():
+                    await asyncio.wait(
+                        _either(fut, disconnect),
+                        timeout=max(remaining, 0.0),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                if not fut.done():
+                    self.dispatcher.cancel(req)
+                    fut.cancel()
+                    self._abort(req)
+                    if disconnect.done():
+                        return self._reject("client_disconnected", Response(status_code=499))
+                    return self._reject(
+                        "ttl",
+                        error_response(
+                            408,
+                            f"request waited longer than {self.config.queue_ttl_s:g} s in the queue",
+                            "timeout",
+                            code="queue_timeout",
+                        ),
+                    )
+                try:
+                    backend = fut.result()
+                except QueueFullError as exc:  # the shared (Redis) queue is full
+                    self._abort(req)
+                    return self._queue_full(exc)
+                except Exception as exc:  # queue store unavailable
+                    self._abort(req)
+                    return self._reject(
+                        "queue_error",
+                        error_response(503, f"queue unavailable: {exc}", "service_unavailable", code="queue_error"),
+                    )
+                # ---- upstream
+                outcome = await self._forward(request, req, backend, path, payload, parsed, disconnect)
+                if isinstance(outcome, Response):
+                    handed_off = True  # _forward released the backend / owns the stream now
+                    return outcome
+                # retryable failure before anything was sent to the client
+                last_error = f"{backend.url}: {outcome}"
+                log.warning("request %s failed on %s (%s)", req.request_id, backend.url, outcome)
+                self.dispatcher.release(backend)
+                if disconnect.done():
+                    self._abort(req)
+                    return self._reject("client_disconnected", Response(status_code=499))
+                exclude = exclude | {backend.index}
+                if self.dispatcher.all_backends_excluded(exclude):
+                    break
+                self.metrics.retries.labels(backend.url).inc()
+                req.transition(RequestState.PREEMPTED)
+                req.num_preemptions += 1
+            self._abort(req)
+            return self._reject(
+                "backend_error",
+                error_response(
+                    502,
+                    f"no backend could serve the request (last error: {last_error})",
+                    "upstream_error",
+                    code=502,
+                ),
+            )
+        except asyncio.CancelledError:
+            if self.dispatcher.cancel(req):
+                self._abort(req)
+            raise
+        finally:
+            if not handed_off:
+                disconnect.cancel()
+
+    def _queue_full(self, exc: QueueFullError) -> Response:
+        where = "queue" if exc.scope == "global" else "queue of your tenant"
+        return self._reject(
+            "queue_full",
+            error_response(
+                429,
+                f"the {where} is full; retry later",
+                "rate_limit_exceeded",
+                code="queue_full",
+                headers={"Retry-After": str(self.config.retry_after_s)},
+            ),
+        )
+
+    @staticmethod
+    async def _wait_disconnect(request: HTTPRequest) -> None:
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    async def _forward(
+        self,
+        request: HTTPRequest,
+        req: Request,
+        backend: Backend,
+        path: str,
+        payload: bytes,
+        parsed: _Parsed,
+        disconnect: asyncio.Future[None],
+    ) -> Response | str:
+        """Send to ``backend``. A Response ends the request; a str is a retryable failure."""
+        send = asyncio.ensure_future(self.pools[backend.index].post(path, payload))
+        await asyncio.wait(_either(send, disconnect), return_when=asyncio.FIRST_COMPLETED)
+        if not send.done():  # client went away while we connected
+            send.cancel()
+            with contextlib.suppress(BaseException):
+                await send
+            self.dispatcher.release(backend)
+            self._abort(req)
+            disconnect.cancel()
+            return self._reject("client_disconnected", Response(status_code=499))
+        try:
+            resp = send.result()
+        except UpstreamConnectError as exc:
+            self.dispatcher.mark_down(backend, self.config.backend_down_s)
+            return str(exc)
+        except UpstreamError as exc:
+            return str(exc)
+        if resp.status_code >= 500:
+            with contextlib.suppress(UpstreamError):
+                await resp.read()
+            resp.close()
+            return f"HTTP {resp.status_code}"
+        if resp.status_code != 200 or not parsed.stream:
+            return await self._finish_plain(req, backend, resp, disconnect)
+        disconnect.cancel()  # StreamingResponse watches for disconnects from here on
+        return StreamingResponse(
+            self._relay(req, backend, resp, parsed.wants_usage),
+            status_code=200,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Request-Id": req.request_id},
+        )
+
+    async def _finish_plain(
+        self, req: Request, backend: Backend, resp: UpstreamResponse, disconnect: asyncio.Future[None]
+    ) -> Response:
+        """Read a non-streamed (or error) response whole, racing the client's disconnect."""
+        read = asyncio.ensure_future(resp.read())
+        try:
+            await asyncio.wait(_either(read, disconnect), return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                read.cancel()
+                with contextlib.suppress(BaseException):
+                    await read
+                self._abort(req)
+                return self._reject("client_disconnected", Response(status_code=499))
+            try:
+                content = read.result()
+            except UpstreamError as exc:
+                self._abort(req)
+                return self._reject(
+                    "backend_error",
+                    error_response(
+                        502,
+                        f"backend failed while responding: {exc}",
+                        "upstream_error",
+                        code=502,
+                    ),
+                )
+        finally:
+            disconnect.cancel()
+            resp.close()
+            self.dispatcher.release(backend)
+        now = self.dispatcher.now()
+        if resp.status_code != 200:
+            self._abort(req)
+            self.metrics.rejections.labels(f"backend_{resp.status_code}").inc()
+            ctype = resp.headers.get("content-type", "application/json")
+            return Response(content, status_code=resp.status_code, media_type=ctype)
+        n = 0
+        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+            n = int(json.loads(content)["usage"]["completion_tokens"])
+        req.first_token_time = req.last_token_time = now
+        self._complete(req, n, now)
+        return Response(content, media_type="application/json", headers={"X-Request-Id": req.request_id})
+
+    def _complete(self, req: Request, completion_tokens: int, now: float) -> None:
+        delta = completion_tokens - req.num_output_tokens
+        if delta > 0:
+            req.num_output_tokens = completion_tokens
+            req.num_computed_tokens = req.num_prompt_tokens + completion_tokens
+            self.policy.on_progress(req, now, delta)
+        elif completion_tokens:
+            req.num_output_tokens = completion_tokens
+        req.finish_time = now
+        req.transition(RequestState.FINISHED)
+        self.policy.on_finish(req, now)
+        self.metrics.finished.labels(req.tier.name.lower()).inc()
+        self._record(req)
+
+    async def _relay(
+        self, req: Request, backend: Backend, resp: UpstreamResponse, wants_usage: bool
+    ) -> AsyncIterator[bytes]:
+        """Pass SSE events through one by one; count tokens; read the final usage."""
+        policy = self.policy
+        now = self.dispatcher.now
+        usage_tokens: int | None = None
+        done = False
+        buf = b""
+        try:
+            try:
+                async for chunk in resp.iter_chunks():
+                    buf += chunk
+                    while True:
+                        cut = buf.find(b"\n\n")
+                        if cut < 0:
+                            break
+                        event, buf = buf[: cut + 2], buf[cut + 2 :]
+                        data = event[6:-2] if event.startswith(b"data: ") else b""
+                        if data == b"[DONE]":
+                            done = True
+                        elif data.startswith(b"{"):
+                            if b'"usage":{' in data or b'"usage": {' in data:
+                                with contextlib.suppress(ValueError, TypeError, KeyError):
+                                    obj = json.loads(data)
+                                    usage_tokens = int(obj["usage"]["completion_tokens"])
+                                    if not obj.get("choices") and not wants_usage:
+                                        continue  # the usage chunk we asked for, not the client
+                            elif b'"choices":[]' not in data:
+                                t = now()
+                                if req.first_token_time is None:
+                                    req.first_token_time = t
+                                req.last_token_time = t
+                                req.num_output_tokens += 1
+                                req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens
+                                policy.on_progress(req, t, 1)
+                        yield event
+                if buf:
+                    yield buf
+            except UpstreamError as exc:
+                self._abort(req)
+                self.metrics.rejections.labels("backend_error_midstream").inc()
+                yield _sse_error(f"backend {backend.url} failed mid-stream: {exc}")
+                return
+            if not done and usage_tokens is None:
+                self._abort(req)
+                self.metrics.rejections.labels("backend_error_midstream").inc()
+                yield _sse_error(f"backend {backend.url} closed the stream early")
+                return
+            t = now()
+            self._complete(req, usage_tokens if usage_tokens is not None else req.num_output_tokens, t)
+        finally:
+            if not req.is_finished:  # cancelled: the client disconnected mid-stream
+                self.metrics.rejections.labels("client_disconnected").inc()
+                self._abort(req)
+            resp.close()  # mid-body: closes the upstream connection: the backend aborts the request
+            self.dispatcher.release(backend)
+
+
+def create_app(
+    config: GatewayConfig,
+    *,
+    policy: Policy | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    redis: Any = None,
+) -> Starlette:
+    """The gateway as an ASGI app; ``app.state.gateway`` is its :class:`Gateway`.
+
+    ``policy``: a ready policy instance instead of ``make_policy(config.policy, ...)``;
+    ``transport``: httpx transport for the side traffic (``/metrics`` polls,
+    ``/v1/models``); requests themselves use the gateway's own HTTP/1.1 pool;
+    ``redis``: a ``redis.asyncio`` client instead of one from ``config.redis_url``.
+    """
+    gw = Gateway(config, policy=policy, transport=transport, redis=redis)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gw.startup()
+        try:
+            yield
+        finally:
+            await gw.shutdown()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", gw.completions, methods=["POST"]),
+            Route("/v1/chat/completions", gw.chat_completions, methods=["POST"]),
+            Route("/v1/models", gw.models, methods=["GET"]),
+            Route("/health", gw.health, methods=["GET"]),
+            Route("/metrics", gw.prom, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.gateway = gw
+    return app

@@ -1,0 +1,93 @@
+"""Run the gateway (or the stub) under uvicorn: in the foreground with a SIGTERM drain, or
+in a background thread on a free port (tests, benchmarks)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+
+__all__ = ["free_port", "run_app", "serve_in_thread"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class _DrainingServer(uvicorn.Server):
+    """On SIGTERM/SIGINT: mark the gateway draining (503 to new requests on open
+    connections, /health 503), stop accepting, let uvicorn finish in-flight work
+    (queued requests are in-flight HTTP requests) within ``timeout_graceful_shutdown``."""
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        app = self.config.app
+        gw = getattr(getattr(app, "state", None), "gateway", None)
+        if gw is not None:
+            gw.draining = True
+        super().handle_exit(sig, frame)
+
+
+def _config(app: Starlette, host: str, port: int, drain_timeout_s: float | None, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=None if drain_timeout_s is None else max(1, math.ceil(drain_timeout_s)),
+        timeout_keep_alive=30,
+    )
+
+
+def run_app(
+    app: Starlette,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    drain_timeout_s: float | None = None,
+    log_level: str = "info",
+) -> None:
+    """Serve ``app`` in the foreground until SIGTERM/SIGINT (then drain)."""
+    server = _DrainingServer(_config(app, host, port, drain_timeout_s, log_level))
+    server.run()
+
+
+@contextlib.contextmanager
+def serve_in_thread(
+    app: Starlette, port: int | None = None, *, log_level: str = "warning", startup_timeout_s: float = 10.0
+) -> Iterator[str]:
+    """Serve ``app`` on 127.0.0.1 in a daemon thread; yields its base URL."""
+    port = port or free_port()
+    server = _DrainingServer(_config(app, "127.0.0.1", port, 5.0, log_level))
+    loop = asyncio.new_event_loop()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(server.serve())
+
+    thread = threading.Thread(target=run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"server on port {port} did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        loop.close()

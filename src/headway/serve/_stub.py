@@ -1,0 +1,246 @@
+"""A fast OpenAI-compatible stub backend (for unit tests and the gateway-overhead benchmark).
+
+It generates exactly ``max_tokens`` tokens (as vLLM does with ``ignore_eos``), one SSE
+event per token, ``token_delay_s`` apart, runs at most ``max_num_seqs`` requests at once
+(FCFS beyond that, like vLLM's waiting queue) and publishes vLLM-style gauges on
+``/metrics``. Failures can be injected for tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+__all__ = ["StubConfig", "StubStats", "create_stub_app"]
+
+
+@dataclass(slots=True)
+class StubConfig:
+    """Behaviour of the stub (mutable: tests flip failure modes at run time)."""
+
+    model: str = "stub-model"
+    token_delay_s: float = 0.0
+    """Sleep between generated tokens (0 = as fast as possible)."""
+    first_token_delay_s: float = 0.0
+    max_num_seqs: int = 0
+    """Requests generating at once (0 = unlimited); the rest wait FCFS."""
+    default_max_tokens: int = 16
+    fail_status: int = 0
+    """Answer every completion request with this HTTP status (0 = off)."""
+    fail_after_tokens: int = 0
+    """Drop the connection after this many streamed tokens (0 = off)."""
+
+
+@dataclass(slots=True)
+class StubStats:
+    started: int = 0
+    completed: int = 0
+    aborted: int = 0
+    running: int = 0
+    waiting: int = 0
+    order: list[str] = field(default_factory=list)
+    """``prompt`` of each request in the order it started generating."""
+
+
+class _Stub:
+    def __init__(self, config: StubConfig) -> None:
+        self.config = config
+        self.stats = StubStats()
+        self._sem: asyncio.Semaphore | None = None
+
+    def _semaphore(self) -> asyncio.Semaphore | None:
+        if self.config.max_num_seqs and self._sem is None:
+            self._sem = asyncio.Semaphore(self.config.max_num_seqs)
+        return self._sem
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse(
+            {"object": "list", "data": [{"id": self.config.model, "object": "model", "owned_by": "headway"}]}
+        )
+
+    async def health(self, request: Request) -> Response:
+        return Response(b"", status_code=200)
+
+    async def metrics(self, request: Request) -> Response:
+        s, c = self.stats, self.config
+        kv = s.running / c.max_num_seqs if c.max_num_seqs else 0.0
+        text = (
+            f'vllm:num_requests_running{{model_name="{c.model}"}} {float(s.running)}\n'
+            f'vllm:num_requests_waiting{{model_name="{c.model}"}} {float(s.waiting)}\n'
+            f'vllm:num_requests_waiting_by_reason{{model_name="{c.model}",reason="capacity"}} '
+            f"{float(s.waiting)}\n"
+            f'vllm:kv_cache_usage_perc{{model_name="{c.model}"}} {kv}\n'
+        )
+        return Response(text.encode(), media_type="text/plain")
+
+    async def stats_endpoint(self, request: Request) -> Response:
+        s = self.stats
+        return JSONResponse(
+            {
+                "started": s.started,
+                "completed": s.completed,
+                "aborted": s.aborted,
+                "running": s.running,
+                "waiting": s.waiting,
+                "order": s.order,
+            }
+        )
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: Request, chat: bool) -> Response:
+        c = self.config
+        body = json.loads(await request.body())
+        if c.fail_status:
+            return JSONResponse(
+                {"error": {"message": "injected failure", "code": c.fail_status}}, status_code=c.fail_status
+            )
+        n = int(body.get("max_tokens") or body.get("max_completion_tokens") or c.default_max_tokens)
+        label = str(body.get("prompt") if not chat else body["messages"][-1].get("content"))
+        stream = bool(body.get("stream"))
+        usage_opt = bool((body.get("stream_options") or {}).get("include_usage"))
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{time.monotonic_ns()}"
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        created = int(time.time())
+
+        if not stream:
+            async with self._slot(label):
+                await self._sleep_tokens(n)
+            self.stats.completed += 1
+            choice: dict[str, object] = (
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": " tok" * n},
+                    "finish_reason": "length",
+                }
+                if chat
+                else {"index": 0, "text": " tok" * n, "finish_reason": "length"}
+            )
+            return JSONResponse(
+                {
+                    "id": rid,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": created,
+                    "model": c.model,
+                    "choices": [choice],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1},
+                }
+            )
+
+        def chunk(i: int) -> bytes:
+            if chat:
+                ch: dict[str, object] = {
+                    "index": 0,
+                    "delta": {"content": " tok"},
+                    "finish_reason": "length" if i == n - 1 else None,
+                }
+            else:
+                ch = {"index": 0, "text": " tok", "finish_reason": "length" if i == n - 1 else None}
+            d = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": c.model,
+                "choices": [ch],
+                "usage": None,
+            }
+            return b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
+
+        async def events() -> AsyncIterator[bytes]:
+            finished = False
+            try:
+                async with self._slot(label):
+                    if c.first_token_delay_s:
+                        await asyncio.sleep(c.first_token_delay_s)
+                    for i in range(n):
+                        if c.fail_after_tokens and i >= c.fail_after_tokens:
+                            raise RuntimeError("injected mid-stream failure")
+                        if c.token_delay_s:
+                            await asyncio.sleep(c.token_delay_s)
+                        yield chunk(i)
+                    if usage_opt:
+                        u = {
+                            "id": rid,
+                            "object": obj,
+                            "created": created,
+                            "model": c.model,
+                            "choices": [],
+                            "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1},
+                        }
+                        yield b"data: " + json.dumps(u, separators=(",", ":")).encode() + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                    finished = True
+            finally:
+                if finished:
+                    self.stats.completed += 1
+                else:
+                    self.stats.aborted += 1
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, label: str) -> AsyncIterator[None]:
+        sem = self._semaphore()
+        if sem is not None:
+            self.stats.waiting += 1
+            try:
+                await sem.acquire()
+            finally:
+                self.stats.waiting -= 1
+        self.stats.started += 1
+        self.stats.running += 1
+        self.stats.order.append(label)
+        if len(self.stats.order) > 10_000:
+            del self.stats.order[:5_000]
+        try:
+            yield
+        finally:
+            self.stats.running -= 1
+            if sem is not None:
+                sem.release()
+
+    async def _sleep_tokens(self, n: int) -> None:
+        c = self.config
+        delay = c.first_token_delay_s + c.token_delay_s * n
+        if delay:
+            await asyncio.sleep(delay)
+
+
+def create_stub_app(config: StubConfig | None = None) -> Starlette:
+    """The stub as an ASGI app; ``app.state.stub.stats`` / ``.config`` for tests."""
+    stub = _Stub(config or StubConfig())
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", stub.completions, methods=["POST"]),
+            Route("/v1/chat/completions", stub.chat, methods=["POST"]),
+            Route("/v1/models", stub.models, methods=["GET"]),
+            Route("/health", stub.health, methods=["GET"]),
+            Route("/metrics", stub.metrics, methods=["GET"]),
+            Route("/stub/stats", stub.stats_endpoint, methods=["GET"]),
+        ]
+    )
+    app.state.stub = stub
+    return app
+
+
+def prompt_length_scores(prompts: list[str]) -> list[float]:
+    """A trivial scorer (log prompt length) for demos and stub tests.
+
+    Use as ``--scorer headway.serve._stub:prompt_length_scores``.
+    """
+    import math
+
+    return [math.log1p(len(p)) for p in prompts]

@@ -1,0 +1,75 @@
+"""API keys -> (tenant, tier). Keys are only ever held as SHA-256 hex digests."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from headway.core import Tier
+from headway.serve._config import GatewayConfig, hash_api_key
+
+__all__ = ["REDIS_APIKEYS_HASH", "Identity", "TenantDirectory"]
+
+REDIS_APIKEYS_HASH = "headway:apikeys"
+"""Redis hash: field = SHA-256 hex of an API key, value = ``{"tenant": ..., "tier": ...}``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    tenant: str
+    tier: Tier
+
+
+ANONYMOUS = Identity("default", Tier.STANDARD)
+
+
+class TenantDirectory:
+    """Resolve a bearer token to an :class:`Identity` (config first, then Redis)."""
+
+    def __init__(self, config: GatewayConfig, redis: Any = None, cache_ttl_s: float = 10.0) -> None:
+        self.enabled = config.auth_enabled
+        self._static: dict[str, Identity] = {
+            h: Identity(t.name, t.tier) for t in config.tenants for h in t.api_key_sha256
+        }
+        self._redis = redis
+        self._cache: dict[str, tuple[float, Identity | None]] = {}
+        self._cache_ttl_s = cache_ttl_s
+
+    @staticmethod
+    def bearer(authorization: str | None) -> str | None:
+        if not authorization:
+            return None
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return token.strip()
+
+    async def resolve(self, authorization: str | None) -> Identity | None:
+        """The caller's identity, :data:`ANONYMOUS` with auth off, None if not valid."""
+        if not self.enabled:
+            return ANONYMOUS
+        token = self.bearer(authorization)
+        if token is None:
+            return None
+        digest = hash_api_key(token)
+        ident = self._static.get(digest)
+        if ident is not None or self._redis is None:
+            return ident
+        now = time.monotonic()
+        hit = self._cache.get(digest)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        raw = await self._redis.hget(REDIS_APIKEYS_HASH, digest)
+        ident = None
+        if raw is not None:
+            try:
+                data = json.loads(raw)
+                ident = Identity(str(data["tenant"]), Tier.parse(data.get("tier", "standard")))
+            except (ValueError, KeyError, TypeError):
+                ident = None
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[digest] = (now + self._cache_ttl_s, ident)
+        return ident

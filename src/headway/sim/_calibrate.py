@@ -1,0 +1,354 @@
+"""Calibrate the simulator's cost model from a live engine, and measure its fidelity.
+
+**Measured iterations.** vLLM started with the headway scheduler and its ``step_log``
+setting (:mod:`headway.integrations.vllm`) writes one JSON line per engine step: the
+step's composition (``num_tokens``, ``num_seqs``, ``num_kv_tokens`` as the simulator
+counts them) and its timestamps. A step's *duration* is the time from its
+``schedule()`` to the next step's ``schedule()`` while the engine stays busy, i.e.
+everything the simulator's step stands for (scheduling, the forward pass, output
+processing, the engine loop); for the last step before the engine idles it is
+``schedule()`` to the end of ``update_from_output()`` plus the median busy gap.
+:func:`fit_step_samples` fits :class:`~headway.sim.CostModel`'s four constants to them by
+non-negative least squares over all steps (slow outliers included: they recur, and the
+least-squares fit keeps the total time right) and reports R² and relative residuals.
+
+**Memory.** The preset's memory figures are set so that the simulator's KV capacity
+equals what vLLM allocated (``num_gpu_blocks x block_size`` tokens, from the log header):
+``kv_bytes_per_token`` is the model's, weights and activations are 0, and
+``gpu_memory_bytes = capacity x kv_bytes_per_token / 0.9``, so
+``CostModel.num_gpu_blocks(0.9, block_size)`` (the default ``--gpu-memory-utilization``)
+returns vLLM's capacity for any block size. The engine's geometry (block size, block
+count, batching limits) is saved next to the preset (``NAME.calibration.json``) for
+replays that must match it exactly (:func:`engine_configs`).
+
+**Saved presets** live in :func:`preset_dir` (``$HEADWAY_PRESET_DIR`` or
+``~/.cache/headway/presets``) as ``NAME.json``; :func:`headway.sim.load_preset` finds them
+by name after the built-in presets.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from headway.sim._config import CacheConfig, SchedulerConfig
+from headway.sim._cost import CostModel, StepSample
+
+__all__ = [
+    "PRESET_DIR_ENV",
+    "CalibrationFit",
+    "StepLog",
+    "calibration_meta",
+    "capacity_cost_model",
+    "engine_configs",
+    "fit_from_step_log",
+    "fit_step_samples",
+    "percentile",
+    "preset_dir",
+    "read_step_log",
+    "relative_error",
+    "save_preset",
+    "saved_presets",
+    "scaled",
+    "speed_factor",
+    "step_samples",
+]
+
+PRESET_DIR_ENV = "HEADWAY_PRESET_DIR"
+_UTIL = 0.9  # the gpu_memory_utilization at which saved presets reproduce the engine's capacity
+
+
+# ------------------------------------------------------------------ presets
+def preset_dir() -> Path:
+    """Where saved presets live: ``$HEADWAY_PRESET_DIR`` or ``~/.cache/headway/presets``."""
+    env = os.environ.get(PRESET_DIR_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "headway" / "presets"
+
+
+def saved_presets() -> list[str]:
+    """Names of the presets saved in :func:`preset_dir`, sorted."""
+    d = preset_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p.stem for p in d.glob("*.json") if not p.name.endswith(".calibration.json"))
+
+
+def _check_name(name: str) -> str:
+    if not name or "/" in name or "\\" in name or name.startswith(".") or name.endswith(".json"):
+        raise ValueError(f"preset names are plain file stems (no '/', no '.json'), got {name!r}")
+    return name
+
+
+def save_preset(model: CostModel, meta: Mapping[str, Any] | None = None, directory: Path | None = None) -> Path:
+    """Write ``model`` as ``<dir>/<model.name>.json`` (plus ``.calibration.json`` with ``meta``)."""
+    d = directory or preset_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{_check_name(model.name)}.json"
+    model.save(path)
+    if meta is not None:
+        (d / f"{model.name}.calibration.json").write_text(json.dumps(dict(meta), indent=2) + "\n")
+    return path
+
+
+def calibration_meta(name_or_path: str | Path) -> dict[str, Any] | None:
+    """The calibration sidecar of a saved preset (name or JSON path), or None."""
+    p = Path(name_or_path)
+    if p.suffix != ".json":
+        p = preset_dir() / f"{p}.json"
+    side = p.with_name(p.stem + ".calibration.json")
+    try:
+        data: dict[str, Any] = json.loads(side.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data
+
+
+def capacity_cost_model(
+    name: str,
+    *,
+    step_overhead: float,
+    per_token: float,
+    per_seq: float,
+    per_kv_token: float,
+    capacity_tokens: int,
+    kv_bytes_per_token: float,
+) -> CostModel:
+    """A :class:`CostModel` whose KV capacity at 0.9 utilization is ``capacity_tokens``."""
+    if capacity_tokens < 1 or not kv_bytes_per_token > 0:
+        raise ValueError(f"capacity_tokens ({capacity_tokens}) and kv_bytes_per_token must be > 0")
+    return CostModel(
+        name=name,
+        step_overhead=step_overhead,
+        per_token=per_token,
+        per_seq=per_seq,
+        per_kv_token=per_kv_token,
+        gpu_memory_bytes=(capacity_tokens + 0.5) * kv_bytes_per_token / _UTIL,
+        weight_bytes=0.0,
+        kv_bytes_per_token=kv_bytes_per_token,
+        activation_bytes=0.0,
+    )
+
+
+def engine_configs(meta: Mapping[str, Any]) -> tuple[SchedulerConfig, CacheConfig]:
+    """Simulator configs that match the calibrated engine's geometry (from a step-log header)."""
+    sched = SchedulerConfig(
+        max_num_batched_tokens=int(meta["max_num_batched_tokens"]),
+        max_num_seqs=int(meta["max_num_seqs"]),
+        enable_chunked_prefill=bool(meta.get("enable_chunked_prefill", True)),
+    )
+    cache = CacheConfig(block_size=int(meta["block_size"]), num_gpu_blocks=int(meta["num_gpu_blocks"]))
+    return sched, cache
+
+
+# ----------------------------------------------------------------- step log
+@dataclass
+class StepLog:
+    """A parsed ``step_log`` file."""
+
+    header: dict[str, Any]
+    steps: list[dict[str, Any]]
+    requests: list[dict[str, Any]]
+    policies: list[dict[str, Any]] = field(default_factory=list)
+
+
+def read_step_log(path: str | Path, *, since_line: int = 0) -> StepLog:
+    """Parse a step log (from line ``since_line`` on; the first header wins)."""
+    header: dict[str, Any] = {}
+    steps: list[dict[str, Any]] = []
+    requests: list[dict[str, Any]] = []
+    policies: list[dict[str, Any]] = []
+    with Path(path).open(encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a running writer
+            kind = row.get("type")
+            if kind == "header":
+                if not header:
+                    header = row
+            elif i < since_line:
+                continue
+            elif kind == "request":
+                requests.append(row)
+            elif kind == "policy":
+                policies.append(row)
+            elif "step" in row:
+                steps.append(row)
+    if not header:
+        raise ValueError(f"{path}: no header line; is it a headway step log?")
+    return StepLog(header, steps, requests, policies)
+
+
+def step_samples(steps: Sequence[Mapping[str, Any]], *, max_gap_factor: float = 3.0) -> list[StepSample]:
+    """Measured :class:`StepSample` rows from step-log lines (see the module doc).
+
+    A busy step's duration is the time to the next step's start unless that gap is more
+    than ``max_gap_factor`` times the median busy gap beyond the step's own end (the
+    engine waited for input): then it is the step's own span plus the median gap.
+    """
+    if not steps:
+        return []
+    gaps = [
+        b["t0"] - a["t3"]
+        for a, b in itertools.pairwise(steps)
+        if a.get("busy") and b["t0"] >= a["t3"] and b["step"] == a["step"] + 1
+    ]
+    gap = statistics.median(gaps) if gaps else 0.0
+    limit = max(gap * max_gap_factor, 2e-4)
+    out: list[StepSample] = []
+    for i, s in enumerate(steps):
+        own = s["t3"] - s["t0"]
+        nxt = steps[i + 1] if i + 1 < len(steps) else None
+        if nxt is not None and s.get("busy") and nxt["step"] == s["step"] + 1 and nxt["t0"] - s["t3"] <= limit:
+            dur = nxt["t0"] - s["t0"]
+        else:
+            dur = own + gap
+        if dur > 0 and s["num_tokens"] > 0:
+            out.append(StepSample(int(s["num_tokens"]), int(s["num_seqs"]), int(s["num_kv_tokens"]), float(dur)))
+    return out
+
+
+@dataclass(frozen=True)
+class CalibrationFit:
+    """A fitted cost model and how well it explains the measured steps."""
+
+    model: CostModel
+    num_samples: int
+    num_outliers: int
+    r2: float
+    """Coefficient of determination on the kept samples."""
+    mean_abs_rel_residual: float
+    """Mean of ``|predicted - measured| / measured`` over the kept samples."""
+    median_rel_residual: float
+    """Median signed relative residual (bias)."""
+    total_time_error: float
+    """``sum(predicted) / sum(measured) - 1`` over the kept samples."""
+    mean_step_s: float
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "num_samples": self.num_samples, "num_outliers": self.num_outliers, "r2": self.r2,
+            "mean_abs_rel_residual": self.mean_abs_rel_residual,
+            "median_rel_residual": self.median_rel_residual,
+            "total_time_error": self.total_time_error, "mean_step_s": self.mean_step_s,
+        }  # fmt: skip
+
+
+def _fit_stats(model: CostModel, samples: Sequence[StepSample]) -> tuple[float, float, float, float]:
+    pred = [model.step_time(s.num_tokens, s.num_seqs, s.num_kv_tokens) for s in samples]
+    y = [s.duration for s in samples]
+    mean = statistics.fmean(y)
+    ss_tot = sum((v - mean) ** 2 for v in y)
+    ss_res = sum((p - v) ** 2 for p, v in zip(pred, y, strict=True))
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan")
+    rel = [(p - v) / v for p, v in zip(pred, y, strict=True)]
+    return r2, statistics.fmean(abs(r) for r in rel), statistics.median(rel), sum(pred) / sum(y) - 1.0
+
+
+def fit_step_samples(
+    samples: Sequence[StepSample], base: CostModel, name: str, *, outlier_mad: float | None = None, rounds: int = 2
+) -> CalibrationFit:
+    """Fit ``CostModel`` constants (memory figures from ``base``) by least squares.
+
+    With ``outlier_mad``, samples whose residual exceeds that many scaled median absolute
+    deviations are dropped after each fit and the fit repeated (``rounds`` times at
+    most). Off by default: slow steps (a descheduled engine, garbage collection) recur
+    in any later run on the same machine, and least squares over all steps keeps the
+    total time right (``total_time_error`` ~ 0), which is what latencies add up.
+    """
+    kept = list(samples)
+    model = CostModel.fit(kept, base, name)
+    for _ in range(rounds if outlier_mad is not None else 0):
+        assert outlier_mad is not None
+        res = [s.duration - model.step_time(s.num_tokens, s.num_seqs, s.num_kv_tokens) for s in kept]
+        med = statistics.median(res)
+        mad = statistics.median(abs(r - med) for r in res) * 1.4826
+        if mad <= 0:
+            break
+        nxt = [s for s, r in zip(kept, res, strict=True) if abs(r - med) <= outlier_mad * mad]
+        if len(nxt) == len(kept) or len(nxt) < 8:
+            break
+        kept = nxt
+        model = CostModel.fit(kept, base, name)
+    r2, mare, medr, tot = _fit_stats(model, kept)
+    return CalibrationFit(
+        model=model,
+        num_samples=len(kept),
+        num_outliers=len(samples) - len(kept),
+        r2=r2,
+        mean_abs_rel_residual=mare,
+        median_rel_residual=medr,
+        total_time_error=tot,
+        mean_step_s=statistics.fmean(s.duration for s in kept),
+    )
+
+
+def fit_from_step_log(
+    log: StepLog, name: str, *, kv_bytes_per_token: float | None = None, skip_steps: int = 0
+) -> tuple[CalibrationFit, dict[str, Any]]:
+    """Fit a capacity-matched preset from a step log; returns the fit and its metadata."""
+    h = log.header
+    capacity = int(h["num_gpu_blocks"]) * int(h["block_size"])
+    kvb = float(kv_bytes_per_token or h.get("kv_bytes_per_token") or 1.0)
+    base = capacity_cost_model(
+        name, step_overhead=1e-3, per_token=0.0, per_seq=0.0, per_kv_token=0.0,
+        capacity_tokens=capacity, kv_bytes_per_token=kvb,
+    )  # fmt: skip
+    samples = step_samples(log.steps[skip_steps:])
+    fit = fit_step_samples(samples, base, name)
+    meta = {
+        "name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "source": "step_log",
+        "engine": {k: h.get(k) for k in (
+            "vllm", "num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+            "max_model_len", "enable_chunked_prefill", "enable_prefix_caching",
+        )},
+        "capacity_tokens": capacity, "fit": fit.summary(), "model": asdict(fit.model),
+    }  # fmt: skip
+    return fit, meta
+
+
+def speed_factor(model: CostModel, samples: Sequence[StepSample]) -> float:
+    """Measured over predicted total time of ``samples``: how much slower (> 1) the engine ran
+    than ``model`` says for the same steps (e.g. a busier machine than at calibration)."""
+    pred = sum(model.step_time(s.num_tokens, s.num_seqs, s.num_kv_tokens) for s in samples)
+    return sum(s.duration for s in samples) / pred if pred > 0 else float("nan")
+
+
+def scaled(model: CostModel, factor: float, name: str | None = None) -> CostModel:
+    """``model`` with every time constant multiplied by ``factor``."""
+    import dataclasses
+
+    return dataclasses.replace(
+        model, name=name or model.name, step_overhead=model.step_overhead * factor,
+        per_token=model.per_token * factor, per_seq=model.per_seq * factor,
+        per_kv_token=model.per_kv_token * factor, swap_per_token=model.swap_per_token * factor,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------ metrics
+def percentile(values: Iterable[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) with linear interpolation (numpy's default)."""
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def relative_error(sim: float, real: float) -> float:
+    """``(sim - real) / real`` (signed)."""
+    return (sim - real) / real if real else float("nan")

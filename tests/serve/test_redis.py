@@ -1,0 +1,132 @@
+"""Queue state and API keys in a real redis-server: replicas share one global order."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+
+from headway.core import Tier
+from headway.serve import BackendConfig, hash_api_key
+from headway.serve._redis_queue import encode_key
+from headway.serve._tenants import REDIS_APIKEYS_HASH
+
+from .conftest import wait_until
+
+pytestmark = pytest.mark.redis
+
+
+def _client(redis_url: str):  # sync client for setup/inspection
+    import redis
+
+    return redis.Redis.from_url(redis_url)
+
+
+def test_key_encoding_preserves_order():
+    keys = [(-5.0, 1), (-0.5, 0), (0.0, 0), (0.0, 3), (1e-9, 0), (2, -1), (2, 0), (1e12, 0)]
+    enc = [encode_key(k) for k in keys]
+    assert enc == sorted(enc)
+
+
+def test_api_keys_from_redis(redis_url, make_stub, make_gateway):
+    r = _client(redis_url)
+    r.hset(REDIS_APIKEYS_HASH, hash_api_key("sk-redis"), json.dumps({"tenant": "blue", "tier": "batch"}))
+    stub = make_stub()
+    gw = make_gateway([stub.url], redis_url=redis_url, redis_prefix=f"t{uuid.uuid4().hex[:6]}:", api_keys="required")
+    with gw.client() as c:
+        assert c.post("/v1/completions", json={"prompt": "x"}).status_code == 401
+        bad = {"Authorization": "Bearer sk-other"}
+        assert c.post("/v1/completions", json={"prompt": "x"}, headers=bad).status_code == 401
+        ok = {"Authorization": "Bearer sk-redis"}
+        resp = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=ok)
+        assert resp.status_code == 200, resp.text
+    done = gw.gateway.finished_requests[-1]
+    assert (done.tenant_id, done.tier) == ("blue", Tier.BATCH)
+
+
+def test_two_replicas_share_one_global_order(redis_url, make_stub, make_gateway):
+    prefix = f"t{uuid.uuid4().hex[:6]}:"
+    stub = make_stub(token_delay_s=0.008)
+    backends = [BackendConfig(stub.url, max_concurrency=1)]  # one slot over both replicas
+    a = make_gateway(backends, policy="sjf-oracle", redis_url=redis_url, redis_prefix=prefix)
+    b = make_gateway(backends, policy="sjf-oracle", redis_url=redis_url, redis_prefix=prefix)
+    for gw in (a, b):  # warm up: Redis connections and Lua scripts loaded
+        assert httpx.post(gw.url + "/v1/completions", json={"prompt": "w", "max_tokens": 1}).status_code == 200
+    plan = [(a, 150), (b, 30), (a, 20), (b, 4), (a, 12), (b, 8)]
+    r = _client(redis_url)
+    results: list[int] = []
+    max_running = 0
+    stop = threading.Event()
+
+    def watch() -> None:
+        nonlocal max_running
+        while not stop.is_set():
+            max_running = max(max_running, stub.stub.stats.running)
+            time.sleep(0.002)
+
+    def send(gw, n: int) -> None:
+        body = {"model": "m", "prompt": f"p{n}", "max_tokens": n}
+        results.append(httpx.post(gw.url + "/v1/completions", json=body, timeout=30).status_code)
+
+    w = threading.Thread(target=watch)
+    w.start()
+    threads = []
+    for gw, n in plan:
+        t = threading.Thread(target=send, args=(gw, n))
+        t.start()
+        threads.append(t)
+        k = len(threads) - 1  # requests queued in Redis once this one arrived
+        wait_until(lambda k=k: stub.stub.stats.running == 1 and r.zcard(prefix + "queue") == k, what="queued")
+    for t in threads:
+        t.join(timeout=30)
+    stop.set()
+    w.join()
+    assert results == [200] * 6
+    assert stub.stub.stats.order[2:] == ["p150", "p4", "p8", "p12", "p20", "p30"]
+    assert max_running == 1  # the concurrency limit held across replicas
+    assert r.zcard(prefix + "queue") == 0
+    assert int(r.hget(prefix + "inflight", stub.url) or 0) == 0
+
+
+def test_disconnect_while_queued_leaves_the_shared_queue(redis_url, make_stub, make_gateway):
+    prefix = f"t{uuid.uuid4().hex[:6]}:"
+    stub = make_stub(token_delay_s=0.01)
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=1)], redis_url=redis_url, redis_prefix=prefix)
+    blocker = threading.Thread(
+        target=httpx.post, args=(gw.url + "/v1/completions",), kwargs={"json": {"prompt": "x", "max_tokens": 150}}
+    )
+    blocker.start()
+    wait_until(lambda: gw.gateway.backends[0].in_flight == 1, what="blocker running")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(gw.url + "/v1/completions", json={"prompt": "y"}, timeout=0.3)
+    r = _client(redis_url)
+    wait_until(lambda: r.zcard(prefix + "queue") == 0, what="shared queue emptied")
+    blocker.join()
+    wait_until(lambda: int(r.hget(prefix + "inflight", stub.url) or 0) == 0, what="slot released")
+    assert stub.stub.stats.started == 1
+
+
+def test_shared_queue_limit_gives_429(redis_url, make_stub, make_gateway):
+    prefix = f"t{uuid.uuid4().hex[:6]}:"
+    stub = make_stub(token_delay_s=0.01)
+    backends = [BackendConfig(stub.url, max_concurrency=1)]
+    a = make_gateway(backends, redis_url=redis_url, redis_prefix=prefix, max_queue_len=1)
+    b = make_gateway(backends, redis_url=redis_url, redis_prefix=prefix, max_queue_len=1)
+    threads = [
+        threading.Thread(target=httpx.post, args=(a.url + "/v1/completions",),
+                         kwargs={"json": {"prompt": "x", "max_tokens": 100}, "timeout": 20})
+        for _ in range(2)
+    ]  # fmt: skip
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    r = _client(redis_url)
+    wait_until(lambda: r.zcard(prefix + "queue") == 1, what="one queued")
+    resp = httpx.post(b.url + "/v1/completions", json={"prompt": "z"}, timeout=10)
+    for t in threads:
+        t.join()
+    assert resp.status_code == 429 and resp.headers["retry-after"] == "1"
