@@ -77,6 +77,10 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     s.add_argument("--policy-arg", action="append", default=[], metavar="NAME.KEY=VALUE",
                    help="a policy setting, e.g. pars.threshold=60 (repeatable)")
     s.add_argument("--baseline", default="fcfs", help="policy the table shows ratios against")
+    s.add_argument("--scorer-tau", type=float, default=0.75,
+                   help="score-based policies (pars, sjf-score, trail, ltr, rank-boost) get a noisy-oracle "
+                        "length score with this Kendall tau when the workload carries no scores and no "
+                        "scorer is set with --policy-arg NAME.scorer=...")
     e = p.add_argument_group("engine and fleet")
     e.add_argument("--preset", default="llama3-8b-a100",
                    help="cost-model preset or JSON file (see `headway presets`); a fleet spec such as "
@@ -117,6 +121,24 @@ def _parse_kv(items: Sequence[str], flag: str) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def _default_scorers(
+    names: Sequence[str], policy_args: dict[str, dict[str, Any]], workload: Any, args: argparse.Namespace,
+    notes: list[str],
+) -> None:
+    """Give score-based policies a noisy-oracle scorer when nothing else provides scores."""
+    from headway.core import get_policy_class
+    from headway.policies import ScoredPolicy
+
+    if all(spec.score is not None for spec in workload.requests):
+        return
+    for name in names:
+        if issubclass(get_policy_class(name), ScoredPolicy) and "scorer" not in policy_args.get(name, {}):
+            kwargs = policy_args.setdefault(name, {})
+            kwargs.update(scorer="noisy-oracle", tau=args.scorer_tau, seed=args.seed)
+            notes.append(f"{name}: no scores in the workload, using a noisy-oracle length score with "
+                         f"Kendall tau {args.scorer_tau} (--scorer-tau; or --policy-arg {name}.scorer=...)")
 
 
 def _load_workload(args: argparse.Namespace) -> Any:
@@ -163,6 +185,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if fleet and get_router_class(args.router).randomized:
         router_kwargs.setdefault("seed", args.seed)
     workload = _load_workload(args)
+    notes: list[str] = []
+    _default_scorers(names, policy_args, workload, args, notes)
     preset_names = ", ".join(c.name for c in presets)
     console.print(
         f"[bold]workload[/] {workload.name}: {len(workload)} requests over {workload.duration:.1f} s; "
@@ -170,6 +194,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         f"[bold]policies[/] {', '.join(names)}"
     )
 
+    for note in notes:
+        console.print(f"[dim]{note}[/]")
     runs: dict[str, Any] = {}
     timelines: dict[str, Any] = {}
     failures: dict[str, str] = {}
@@ -212,7 +238,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if not args.no_report:
         out = Path(args.out) if args.out else Path("headway-out") / time.strftime("simulate-%Y%m%d-%H%M%S")
         notes = [f"workload {workload.name}: {len(workload)} requests, seed {args.seed}",
-                 f"presets {preset_names}; {scheduler}; {cache}"]
+                 f"presets {preset_names}; {scheduler}; {cache}", *notes]
         if fleet:
             notes.append(f"router {args.router} {router_kwargs or ''}")
         notes += [f"policy {k} failed: {v}" for k, v in failures.items()]

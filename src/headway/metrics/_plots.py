@@ -11,7 +11,7 @@ import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -93,7 +93,7 @@ def plot_latency_cdfs(runs: Mapping[str, Sequence[Request]]) -> Figure:
         ("e2e", "E2E latency (s)"),
         ("normalized", "normalized latency (s/token)"),
     )
-    fig = Figure(figsize=(15, 4.2), layout="constrained")
+    fig = Figure(figsize=(17, 4.8), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (metric, label) in zip(axes, panels, strict=True):
         all_vals: list[np.ndarray] = []
@@ -116,9 +116,19 @@ def plot_latency_cdfs(runs: Mapping[str, Sequence[Request]]) -> Figure:
         lo, hi = float(joined.min()), float(joined.max())
         if lo > 0.0 and hi / lo >= _LOG_SPAN:
             ax.set_xscale("log")
-        ax.legend(fontsize="small", loc="lower right")
+    _shared_legend(fig, axes)
     fig.suptitle("Latency CDFs (completed requests)")
     return fig
+
+
+def _shared_legend(fig: Figure, axes: Sequence[Any]) -> None:
+    """One legend for every panel, outside the plotting area (runs share colors across panels)."""
+    for ax in axes:
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, labels, loc="outside right upper", fontsize="small",
+                       ncols=1 if len(labels) <= 24 else 2)
+            return
 
 
 def plot_percentile_bars(summaries: Mapping[str, RunSummary]) -> Figure:
@@ -131,8 +141,12 @@ def plot_percentile_bars(summaries: Mapping[str, RunSummary]) -> Figure:
     )
     pcts = ("p50", "p90", "p99")
     names = list(summaries)
-    fig = Figure(figsize=(max(10.0, 2.0 + 1.6 * len(names) * 2), 7.5), layout="constrained")
-    axes = fig.subplots(2, 2, squeeze=False).ravel()
+    if len(names) <= 4:
+        fig = Figure(figsize=(10.0, 7.5), layout="constrained")
+        axes = fig.subplots(2, 2, squeeze=False).ravel()
+    else:  # many runs: one full-width panel per metric, stacked, width capped
+        fig = Figure(figsize=(min(18.0, 4.0 + 0.7 * len(names)), 12.0), layout="constrained")
+        axes = fig.subplots(4, 1, squeeze=False).ravel()
     x = np.arange(len(names), dtype=np.float64)
     width = 0.8 / len(pcts)
     for ax, (metric, label) in zip(axes, panels, strict=True):
@@ -143,7 +157,8 @@ def plot_percentile_bars(summaries: Mapping[str, RunSummary]) -> Figure:
             any_data = any_data or any(h > 0.0 for h in heights)
             ax.bar(x + (j - 1) * width, heights, width, label=p, color=_color(j))
         crowded = len(names) > 3
-        ax.set_xticks(x, names, rotation=20 if crowded else 0, ha="right" if crowded else "center")
+        ax.set_xticks(x, names, rotation=30 if crowded else 0, ha="right" if crowded else "center",
+                      fontsize="small" if crowded else None)
         ax.set_ylabel(label)
         ax.grid(True, axis="y", alpha=0.3)
         if not any_data:
@@ -166,7 +181,7 @@ def plot_timeline(timelines: Mapping[str, Sequence[TimelineLike]]) -> Figure:
     """Waiting queue length, running batch size and KV-cache usage over time, one
     line per run. Samples are :class:`TimelineSample` objects or
     ``(time, num_waiting, num_running, kv_usage)`` tuples."""
-    fig = Figure(figsize=(12, 8), layout="constrained")
+    fig = Figure(figsize=(14, 8), layout="constrained")
     axes = fig.subplots(3, 1, sharex=True, squeeze=False)[:, 0]
     labels = ("waiting requests", "running requests", "KV cache usage")
     for i, (name, samples) in enumerate(timelines.items()):
@@ -180,10 +195,9 @@ def plot_timeline(timelines: Mapping[str, Sequence[TimelineLike]]) -> Figure:
     for ax, label in zip(axes, labels, strict=True):
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
-        if ax.has_data():
-            ax.legend(fontsize="small", loc="upper right")
-        else:
+        if not ax.has_data():
             _no_data(ax)
+    _shared_legend(fig, axes)
     axes[-1].set_xlabel("time (s)")
     fig.suptitle("Engine timeline")
     return fig

@@ -14,6 +14,7 @@ from headway.policies import (  # noqa: F401
     trail,
     uniboost,
 )
+from headway.policies._base import ScoredPolicy
 from headway.policies._boost import GammaAda, b_gamma, b_gamma_from_log_mgf
 from headway.policies._scoring import (
     NoisyOracleScorer,
@@ -65,6 +66,7 @@ __all__ = [
     "SRPTOraclePolicy",
     "SarathiPolicy",
     "ScoreFn",
+    "ScoredPolicy",
     "TenantAgingPolicy",
     "TenantFIFOPolicy",
     "TenantPriorityPolicy",
