@@ -1,0 +1,72 @@
+"""Cost models: presets, capacity, fitting from measured steps, JSON round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from headway.sim import PRESETS, CostModel, StepSample, load_preset
+
+
+def test_presets_are_plausible() -> None:
+    a100, h100, l4 = PRESETS["llama3-8b-a100"], PRESETS["llama3-8b-h100"], PRESETS["llama3-8b-l4"]
+    # a decode step of one sequence reads the 16 GB of weights: ~10 ms on A100, faster on H100,
+    # several times slower on L4's 300 GB/s
+    assert 5e-3 < a100.step_time(1, 1, 1000) < 20e-3
+    assert h100.step_time(1, 1, 1000) < a100.step_time(1, 1, 1000) < l4.step_time(1, 1, 1000)
+    # prefill of 1,000 tokens: tens of milliseconds on A100 (compute bound)
+    assert 0.05 < a100.step_time(1000, 1, 1000) < 0.3
+    # KV capacity: A100-80GB holds hundreds of thousands of tokens, L4 tens of thousands
+    assert 300_000 < a100.num_gpu_blocks(0.9, 16) * 16 < 500_000
+    assert 10_000 < l4.num_gpu_blocks(0.9, 16) * 16 < 60_000
+    seventy = PRESETS["llama3-70b-4xh100"]
+    assert seventy.num_gpu_blocks(0.9, 16) > 0 and seventy.step_overhead > h100.step_overhead
+
+
+def test_fit_recovers_constants() -> None:
+    truth = CostModel("t", step_overhead=0.004, per_token=5e-5, per_seq=1e-5, per_kv_token=2e-8,
+                      gpu_memory_bytes=1e10, weight_bytes=1e9, kv_bytes_per_token=1e4)
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(300):
+        tokens, seqs, kv = int(rng.integers(1, 4096)), int(rng.integers(1, 128)), int(rng.integers(1, 200_000))
+        noise = 1.0 + 0.01 * rng.standard_normal()
+        samples.append(StepSample(tokens, seqs, kv, truth.step_time(tokens, seqs, kv) * noise))
+    fitted = CostModel.fit(samples, base=truth, name="fitted")
+    assert fitted.step_overhead == pytest.approx(truth.step_overhead, rel=0.05)
+    assert fitted.per_token == pytest.approx(truth.per_token, rel=0.02)
+    assert fitted.per_kv_token == pytest.approx(truth.per_kv_token, rel=0.05)
+    assert fitted.kv_bytes_per_token == truth.kv_bytes_per_token  # memory figures from the base
+
+
+def test_fit_needs_samples_and_positive_durations() -> None:
+    base = PRESETS["llama3-8b-a100"]
+    with pytest.raises(ValueError, match="at least 4"):
+        CostModel.fit([StepSample(1, 1, 1, 0.01)], base=base, name="x")
+    with pytest.raises(ValueError, match="positive"):
+        CostModel.fit([StepSample(i + 1, 1, 1, -0.01) for i in range(5)], base=base, name="x")
+
+
+def test_json_round_trip_and_load_by_path(tmp_path: Path) -> None:
+    path = tmp_path / "mine.json"
+    PRESETS["llama3-8b-l4"].save(path)
+    assert load_preset(path) == PRESETS["llama3-8b-l4"]
+    assert load_preset(str(path)) == PRESETS["llama3-8b-l4"]
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a headway cost model"):
+        load_preset(tmp_path / "bad.json")
+
+
+def test_unknown_preset_lists_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="llama3-8b-a100"):
+        load_preset("gpt-9")
+
+
+@pytest.mark.parametrize("field", ["per_token", "per_kv_token", "step_overhead"])
+def test_negative_constants_rejected_by_name(field: str) -> None:
+    kwargs = {"name": "x", "step_overhead": 0.01, "per_token": 1e-4, "per_seq": 0.0, "per_kv_token": 1e-8,
+              "gpu_memory_bytes": 1e10, "weight_bytes": 1e9, "kv_bytes_per_token": 1e3, field: -1.0}
+    with pytest.raises(ValueError, match=field):
+        CostModel(**kwargs)  # type: ignore[arg-type]
