@@ -7,8 +7,10 @@ mode) on ``splitwise_conv.csv`` (19,366 requests, Llama-3-8B on A100 preset). Wh
 ``VIDUR_PATH`` names a microsoft/vidur checkout and ``VIDUR_PYTHON`` its interpreter
 (a virtualenv with Vidur's requirements), the same script runs Vidur's event loop on
 the same requests (Llama-3-8B, A100, Sarathi) through ``benchmarks/vidur_runner.py``
-and reports the ratio. Times are the event loops only (workload building and Vidur's
-execution-time-model training excluded), best of ``--repeat``.
+(extra runner flags in ``VIDUR_ARGS``, e.g. ``--quick-train --cache-dir DIR``) and reports
+the ratio. Times are the event loops only (workload building and Vidur's
+execution-time-model training excluded), best of ``--repeat``; the ratio is computed on
+CPU seconds as well as wall seconds, since CPU time is steadier on a shared machine.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +40,8 @@ def bench(workload: Workload, policy: str, exact: bool, repeat: int) -> dict[str
     assert best is not None
     return {
         "wall_s": best.wall_time,
+        "cpu_s": best.cpu_time,
+        "requests_per_cpu_s": len(workload) / best.cpu_time,
         "requests_per_s": len(workload) / best.wall_time,
         "events_per_s": best.num_events / best.wall_time,
         "num_events": best.num_events,
@@ -44,12 +49,26 @@ def bench(workload: Workload, policy: str, exact: bool, repeat: int) -> dict[str
     }
 
 
+def long_output_workload(n: int = 2000, seed: int = 0) -> Workload:
+    """Reasoning-style outputs (lognormal, median 600 tokens, capped at 16k), 500-token prompts,
+    Poisson at 3 requests/s: decode stretches are long, so the closed-form fast-forward matters."""
+    import numpy as np
+
+    from headway.workload import RequestSpec
+
+    rng = np.random.default_rng(seed)
+    outs = np.clip(rng.lognormal(np.log(600), 1.0, n), 1, 16000).astype(int)
+    times = np.cumsum(rng.exponential(1 / 3.0, n))
+    specs = [RequestSpec(str(i), float(times[i]), 500, int(outs[i]), max_tokens=16384) for i in range(n)]
+    return Workload.from_specs("long-output", specs)
+
+
 def run_vidur(num_requests: int) -> dict[str, float] | None:
     path, python = os.environ.get("VIDUR_PATH"), os.environ.get("VIDUR_PYTHON")
     if not path or not python:
         return None
     cmd = [python, str(HERE / "vidur_runner.py"), "--vidur-path", path, "--num-requests", str(num_requests),
-           "--trace", str(DATA / "vidur_traces" / "splitwise_conv.csv")]
+           "--trace", str(DATA / "vidur_traces" / "splitwise_conv.csv"), *shlex.split(os.environ.get("VIDUR_ARGS", ""))]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1]
     data: dict[str, float] = json.loads(line)
@@ -63,7 +82,8 @@ def main() -> int:
     args = ap.parse_args()
     trace = DATA / "vidur_traces" / "splitwise_conv.csv"
     print(f"trace {trace}")
-    print(f"{'N':>6} {'policy':12} {'mode':6} {'wall s':>8} {'req/s':>10} {'events/s':>10} {'steps':>8}")
+    print(f"{'N':>6} {'policy':13} {'mode':6} {'wall s':>8} {'cpu s':>8} {'req/s':>10} {'req/cpu-s':>10} "
+          f"{'events/s':>10} {'steps':>8}")
     for n in args.num_requests:
         wl = read_vidur_trace(trace, limit=n)
         rows = {}
@@ -71,19 +91,27 @@ def main() -> int:
             for exact in (False, True):
                 r = bench(wl, policy, exact, args.repeat)
                 rows[(policy, exact)] = r
-                print(f"{n:>6} {policy:12} {'exact' if exact else 'fast':6} {r['wall_s']:8.3f} "
-                      f"{r['requests_per_s']:10,.0f} {r['events_per_s']:10,.0f} {r['num_steps']:8}")
+                print(f"{n:>6} {policy:13} {'exact' if exact else 'fast':6} {r['wall_s']:8.3f} {r['cpu_s']:8.3f} "
+                      f"{r['requests_per_s']:10,.0f} {r['requests_per_cpu_s']:10,.0f} "
+                      f"{r['events_per_s']:10,.0f} {r['num_steps']:8}")
         fast, exact_r = rows[("fcfs", False)], rows[("fcfs", True)]
         print(f"       fast-forward vs exact (fcfs): {exact_r['wall_s'] / fast['wall_s']:.2f}x")
         vidur = run_vidur(n)
         if vidur is None:
             print("       (set VIDUR_PATH and VIDUR_PYTHON to run Vidur side by side)")
             continue
-        print(f"{n:>6} {'vidur-sarathi':12} {'':6} {vidur['run_seconds']:8.3f} "
-              f"{vidur['requests_per_second']:10,.0f} {vidur['events_per_second']:10,.0f}")
+        v_cpu = vidur.get("run_cpu_seconds", vidur["run_seconds"])
+        print(f"{n:>6} {'vidur-sarathi':13} {'':6} {vidur['run_seconds']:8.3f} {v_cpu:8.3f} "
+              f"{vidur['requests_per_second']:10,.0f} {n / v_cpu:10,.0f} {vidur['events_per_second']:10,.0f}")
         for policy in ("fcfs", "sjf-oracle"):
-            ratio = rows[(policy, False)]["requests_per_s"] / vidur["requests_per_second"]
-            print(f"       headway {policy} / Vidur: {ratio:,.0f}x simulated requests per wall second")
+            wall = rows[(policy, False)]["requests_per_s"] / vidur["requests_per_second"]
+            cpu = rows[(policy, False)]["requests_per_cpu_s"] / (n / v_cpu)
+            print(f"       headway {policy} / Vidur: {cpu:,.0f}x per CPU second, {wall:,.0f}x per wall second")
+    wl = long_output_workload()
+    fast, exact_r = bench(wl, "fcfs", False, args.repeat), bench(wl, "fcfs", True, args.repeat)
+    print(f"long outputs (2,000 requests, median 600 output tokens): fcfs fast {fast['cpu_s']:.3f} cpu s, "
+          f"{fast['num_events']} events; exact {exact_r['cpu_s']:.3f} cpu s, {exact_r['num_events']} events "
+          f"({exact_r['cpu_s'] / fast['cpu_s']:.2f}x)")
     return 0
 
 
