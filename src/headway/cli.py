@@ -24,6 +24,7 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("headway.reproduce", "add_reproduce_parser"),
     ("headway.serve._cli", "add_serve_parser"),
     ("headway.serve._cli", "add_bench_parser"),
+    ("headway.integrations._cli", "add_calibrate_parser"),
 )
 
 
@@ -268,9 +269,13 @@ def _cmd_policies(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
-    from headway.sim import PRESETS
+    from headway.sim import PRESETS, load_preset, saved_presets
 
-    for name, c in sorted(PRESETS.items()):
+    models = dict(sorted(PRESETS.items()))
+    for name in saved_presets():
+        if name not in models:
+            models[name] = load_preset(name)
+    for name, c in models.items():
         blocks = c.num_gpu_blocks(0.9, 16)
         print(f"{name:20s} step {c.step_overhead * 1e3:.2f} ms + {c.per_token * 1e6:.1f} us/token + "
               f"{c.per_kv_token * 1e9:.1f} ns/KV token; KV capacity {blocks * 16:,} tokens")

@@ -236,6 +236,10 @@ class CalibrationFit:
     total_time_error: float
     """``sum(predicted) / sum(measured) - 1`` over the kept samples."""
     mean_step_s: float
+    decode_time_error: float = float("nan")
+    """``total_time_error`` over decode-only steps."""
+    prefill_time_error: float = float("nan")
+    """``total_time_error`` over steps with prefill chunks."""
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -243,6 +247,7 @@ class CalibrationFit:
             "mean_abs_rel_residual": self.mean_abs_rel_residual,
             "median_rel_residual": self.median_rel_residual,
             "total_time_error": self.total_time_error, "mean_step_s": self.mean_step_s,
+            "decode_time_error": self.decode_time_error, "prefill_time_error": self.prefill_time_error,
         }  # fmt: skip
 
 
@@ -257,19 +262,69 @@ def _fit_stats(model: CostModel, samples: Sequence[StepSample]) -> tuple[float, 
     return r2, statistics.fmean(abs(r) for r in rel), statistics.median(rel), sum(pred) / sum(y) - 1.0
 
 
+def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> CostModel:
+    """Two-stage fit that keeps the total time of decode-only and of prefill steps right.
+
+    The cost model reads ``a + b * num_seqs + t * (num_tokens - num_seqs) + c * num_kv_tokens``
+    with ``b = per_token + per_seq`` and ``t = per_token``. Decode-only steps
+    (``num_tokens == num_seqs``) fix ``a, b, c`` (least squares, non-negative); ``t`` is then
+    the prefill steps' remaining time per prefill token beyond one per sequence (a ratio
+    estimator: their total time is matched). A step that holds a prefill chunk costs more
+    than its tokens explain (a fixed cost the linear form has no term for); this puts it
+    on the prefill tokens instead of on every decode step. When ``t`` falls outside
+    ``[0, b]`` (``per_seq`` would be negative) it falls back to :meth:`CostModel.fit`.
+    """
+    import numpy as np
+    from scipy.optimize import nnls
+
+    dec = [s for s in samples if s.num_tokens == s.num_seqs]
+    pre = [s for s in samples if s.num_tokens > s.num_seqs]
+    if len(dec) < 4 or not pre:
+        return CostModel.fit(samples, base, name)
+    a_mat = np.array([[1.0, s.num_seqs, s.num_kv_tokens] for s in dec])
+    y = np.array([s.duration for s in dec])
+    scale = np.maximum(a_mat.max(axis=0), 1e-12)
+    coef, _ = nnls(a_mat / scale, y)
+    a, b, c = (coef / scale).tolist()
+    extra = sum(s.num_tokens - s.num_seqs for s in pre)
+    rest = sum(s.duration - (a + b * s.num_seqs + c * s.num_kv_tokens) for s in pre)
+    t = rest / extra
+    if not 0.0 <= t <= b:  # the split does not fit this engine: least squares over all steps
+        return CostModel.fit(samples, base, name)
+    return CostModel(
+        name=name, step_overhead=a, per_token=t, per_seq=b - t, per_kv_token=c,
+        gpu_memory_bytes=base.gpu_memory_bytes, weight_bytes=base.weight_bytes,
+        kv_bytes_per_token=base.kv_bytes_per_token, activation_bytes=base.activation_bytes,
+        swap_per_token=base.swap_per_token,
+    )  # fmt: skip
+
+
 def fit_step_samples(
-    samples: Sequence[StepSample], base: CostModel, name: str, *, outlier_mad: float | None = None, rounds: int = 2
-) -> CalibrationFit:
-    """Fit ``CostModel`` constants (memory figures from ``base``) by least squares.
+    samples: Sequence[StepSample], base: CostModel, name: str, *, method: str = "split",
+    outlier_mad: float | None = None, rounds: int = 2,
+) -> CalibrationFit:  # fmt: skip
+    """Fit ``CostModel`` constants (memory figures from ``base``).
+
+    ``method="split"`` (default): :func:`_fit_split`, which keeps the total time of
+    decode-only steps and of steps with prefill chunks each right; ``"nnls"``:
+    :meth:`CostModel.fit` (least squares over all steps together).
 
     With ``outlier_mad``, samples whose residual exceeds that many scaled median absolute
     deviations are dropped after each fit and the fit repeated (``rounds`` times at
     most). Off by default: slow steps (a descheduled engine, garbage collection) recur
-    in any later run on the same machine, and least squares over all steps keeps the
-    total time right (``total_time_error`` ~ 0), which is what latencies add up.
+    in any later run on the same machine, and a fit over all steps keeps the total time
+    right (``total_time_error`` ~ 0), which is what latencies add up.
     """
+    if method not in ("split", "nnls"):
+        raise ValueError(f"unknown fit method {method!r}; use 'split' or 'nnls'")
+    if len(samples) < 4:
+        raise ValueError(f"need at least 4 step samples to fit a cost model, got {len(samples)}")
+
+    def fit(xs: Sequence[StepSample]) -> CostModel:
+        return _fit_split(xs, base, name) if method == "split" else CostModel.fit(xs, base, name)
+
     kept = list(samples)
-    model = CostModel.fit(kept, base, name)
+    model = fit(kept)
     for _ in range(rounds if outlier_mad is not None else 0):
         assert outlier_mad is not None
         res = [s.duration - model.step_time(s.num_tokens, s.num_seqs, s.num_kv_tokens) for s in kept]
@@ -281,9 +336,13 @@ def fit_step_samples(
         if len(nxt) == len(kept) or len(nxt) < 8:
             break
         kept = nxt
-        model = CostModel.fit(kept, base, name)
+        model = fit(kept)
     r2, mare, medr, tot = _fit_stats(model, kept)
+    dec = [x for x in kept if x.num_tokens == x.num_seqs]
+    pre = [x for x in kept if x.num_tokens > x.num_seqs]
     return CalibrationFit(
+        decode_time_error=speed_factor(model, dec) ** -1 - 1.0 if dec else float("nan"),
+        prefill_time_error=speed_factor(model, pre) ** -1 - 1.0 if pre else float("nan"),
         model=model,
         num_samples=len(kept),
         num_outliers=len(samples) - len(kept),

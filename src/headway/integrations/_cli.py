@@ -1,0 +1,225 @@
+"""``headway calibrate`` and ``headway fidelity``: fit the simulator to a live vLLM and check it.
+
+Wired into ``headway.cli`` through :func:`add_calibrate_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_calibrate_parser"]
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _add_server_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--endpoint", default=None, help="URL of a running vLLM OpenAI server (http://host:port)")
+    g.add_argument(
+        "--launch",
+        action="store_true",
+        help="start a local vLLM (vLLM's own venv) with the headway scheduler for the run",
+    )
+    g.add_argument("--model", default=None, help="served model name (default: the server's first model)")
+    g.add_argument(
+        "--step-log",
+        type=Path,
+        default=None,
+        help="the server's headway step_log file (scheduler setting); enables the per-step fit",
+    )
+    g.add_argument(
+        "--vllm-python",
+        type=Path,
+        default=None,
+        help="--launch: vLLM's python (default $HEADWAY_VLLM_PYTHON or .venv-vllm/bin/python)",
+    )
+    g.add_argument(
+        "--vllm-model",
+        type=Path,
+        default=None,
+        help="--launch: model directory (default $HEADWAY_VLLM_MODEL or .venv-vllm/tiny-llama)",
+    )
+    g.add_argument("--max-num-seqs", type=int, default=8, help="engine setting (--launch; or of the endpoint)")
+    g.add_argument("--max-model-len", type=int, default=2048, help="engine setting (--launch; or of the endpoint)")
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="engine setting (--launch; or of the endpoint, needed without a step log)",
+    )
+
+
+def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``calibrate`` and ``fidelity`` subcommands."""
+    p = sub.add_parser(
+        "calibrate",
+        help="fit the simulator's cost model to a live vLLM and save it as a preset",
+        description=(
+            "Run a probe workload (prompt lengths from 16 tokens to half the context, 1 to max_num_seqs "
+            "concurrent requests, a mixed Poisson phase) against a vLLM server, fit the simulator's step-time "
+            "model, and save it as a named preset usable by `headway simulate --preset NAME`. With the "
+            "headway scheduler's step log (--step-log, or --launch) the fit uses measured engine steps; "
+            "otherwise client-side first-token and inter-token times."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _add_server_args(p)
+    p.add_argument("--name", default="vllm-calibrated", help="preset name to save under")
+    p.add_argument("--quick", action="store_true", help="a shorter probe (about half the requests)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--preset-dir",
+        type=Path,
+        default=None,
+        help="where to save (default $HEADWAY_PRESET_DIR or ~/.cache/headway/presets)",
+    )
+    p.set_defaults(func=_cmd_calibrate)
+
+    f = sub.add_parser(
+        "fidelity",
+        help="replay a workload on a live vLLM and in the simulator; report latency errors per policy",
+        description=(
+            "Replay the same workload (arrivals, lengths, policy) on a vLLM server running the headway "
+            "scheduler and in the simulator with a calibrated preset; print relative errors of mean and P90 "
+            "E2E latency and TTFT per policy. Policies are switched on the server through the scheduler's "
+            "control_file setting (--control-file), so --endpoint needs --step-log and --control-file."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _add_server_args(f)
+    f.add_argument("--control-file", type=Path, default=None, help="the server's headway control_file")
+    f.add_argument("--preset", required=True, help="calibrated preset name or JSON path")
+    f.add_argument("--policies", default="fcfs,sjf-oracle,pars", help="comma-separated policy names")
+    f.add_argument("--num-requests", type=int, default=200)
+    f.add_argument("--rate", type=float, required=True, help="arrival rate (requests/s)")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--out", type=Path, default=None, help="also write the table to this Markdown file")
+    f.set_defaults(func=_cmd_fidelity)
+
+
+@contextlib.contextmanager
+def _server(args: argparse.Namespace, tmp: Path, control: Path | None) -> Iterator[tuple[str, Path | None]]:
+    """(url, step log) of the server to use: --endpoint as given, or one launched for the run."""
+    if args.launch:
+        if args.endpoint:
+            raise ValueError("give --endpoint or --launch, not both")
+        from headway.integrations._server import start_vllm_server
+
+        step_log = tmp / "steps.jsonl"
+        settings: dict[str, Any] = {"policy": "fcfs", "oracle": "max_tokens", "step_log": str(step_log)}
+        if control is not None:
+            settings["control_file"] = str(control)
+        _log("starting vLLM (this takes a while on CPU)...")
+        with start_vllm_server(
+            args.vllm_python, args.vllm_model, headway=settings, max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
+            log_path=tmp / "server.log",
+        ) as srv:  # fmt: skip
+            yield srv.url, step_log
+        return
+    if not args.endpoint:
+        raise ValueError("give --endpoint URL (a running vLLM) or --launch")
+    yield args.endpoint.rstrip("/"), args.step_log
+
+
+def _served_model(url: str, given: str | None) -> str:
+    if given:
+        return given
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/v1/models", timeout=10) as resp:
+        data = json.loads(resp.read())
+    return str(data["data"][0]["id"])
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from headway.integrations._probe import (
+        Geometry,
+        count_lines,
+        fit_from_client,
+        geometry_from_metrics,
+        probe_phases,
+        run_probe,
+    )
+    from headway.sim._calibrate import fit_from_step_log, read_step_log, save_preset
+
+    with (
+        tempfile.TemporaryDirectory(prefix="headway-calibrate-") as tmp,
+        _server(args, Path(tmp), None) as (
+            url,
+            step_log,
+        ),
+    ):
+        model = _served_model(url, args.model)
+        if step_log is not None:
+            if not step_log.exists():
+                raise ValueError(f"step log {step_log} does not exist; start vLLM with the step_log setting")
+            geo = Geometry.from_header(read_step_log(step_log).header)
+        else:
+            if args.max_num_batched_tokens is None:
+                raise ValueError("without --step-log, give the server's --max-num-batched-tokens")
+            geo = geometry_from_metrics(url, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len)
+        phases = probe_phases(geo, quick=args.quick, seed=args.seed)
+        _log(f"probing {url} ({sum(len(s) for _, s in phases)} requests in {len(phases)} phases)")
+        n0 = count_lines(step_log) if step_log is not None else 0
+        t0 = time.time()
+        runs = run_probe(url, phases, model=model, log=_log, stream=step_log is None)
+        if step_log is not None:
+            time.sleep(1.0)  # the scheduler flushes its log when it goes idle
+            fit, meta = fit_from_step_log(read_step_log(step_log, since_line=n0), args.name)
+        else:
+            fit, meta = fit_from_client(runs, geo, args.name)
+        meta["probe_s"] = time.time() - t0
+        path = save_preset(fit.model, meta, args.preset_dir)
+    m = fit.model
+    print(f"preset {m.name}: step {m.step_overhead * 1e3:.3f} ms + {m.per_token * 1e6:.2f} us/token + "
+          f"{m.per_seq * 1e6:.2f} us/seq + {m.per_kv_token * 1e9:.3f} ns/KV token; "
+          f"KV capacity {geo.num_gpu_blocks * geo.block_size:,} tokens")  # fmt: skip
+    print(f"fit ({meta['source']}): {fit.num_samples} samples, {fit.num_outliers} outliers dropped, "
+          f"R^2 {fit.r2:.3f}, mean |rel. residual| {fit.mean_abs_rel_residual:.1%}, "
+          f"total time error {fit.total_time_error:+.2%}")  # fmt: skip
+    print(
+        f"saved {path}; use: headway simulate --preset {m.name} "
+        f"--max-num-seqs {geo.max_num_seqs} --max-num-batched-tokens {geo.max_num_batched_tokens}"
+    )
+    return 0
+
+
+def _cmd_fidelity(args: argparse.Namespace) -> int:
+    from headway.integrations._probe import fidelity_workload, format_fidelity_table, run_fidelity
+    from headway.sim import load_preset
+
+    preset = load_preset(args.preset)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    with tempfile.TemporaryDirectory(prefix="headway-fidelity-") as tmp:
+        control = args.control_file or (Path(tmp) / "control.json" if args.launch else None)
+        if control is None:
+            raise ValueError("--endpoint needs --control-file (the server's headway control_file setting)")
+        if args.launch:
+            control.write_text(json.dumps({"policy": "fcfs"}))
+        with _server(args, Path(tmp), control) as (url, step_log):
+            if step_log is None:
+                raise ValueError("--endpoint needs --step-log (the server's headway step_log setting)")
+            model = _served_model(url, args.model)
+            from headway.sim._calibrate import read_step_log
+
+            max_len = int(read_step_log(step_log).header["max_model_len"])
+            specs = fidelity_workload(args.num_requests, args.rate, seed=args.seed, max_prompt=min(1024, max_len - 257))
+            _log(f"replaying {len(specs)} requests at {args.rate} req/s under {', '.join(policies)}")
+            rows = run_fidelity(url, control, step_log, preset, policies, specs, model=model, log=_log)
+    table = format_fidelity_table(rows)
+    print(table)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(table)
+    return 0

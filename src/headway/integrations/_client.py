@@ -1,0 +1,176 @@
+"""Replay timed requests against an OpenAI-compatible ``/v1/completions`` endpoint.
+
+Prompts are token-id lists (exact prompt lengths, no tokenizer on the client, no prefix
+cache hits between random prompts); ``ignore_eos`` makes the output length exactly
+``max_tokens``. Streaming responses carry ``continuous_usage_stats`` so every chunk says
+how many tokens were generated, and each token's arrival time is recorded. Needs
+``httpx`` (``pip install 'headway[serve]'``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ReplayResult", "ReplaySpec", "random_prompt", "replay", "replay_sync"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySpec:
+    """One request to send ``arrival_time`` seconds after the replay starts."""
+
+    request_id: str
+    arrival_time: float
+    num_prompt_tokens: int
+    max_tokens: int
+    ignore_eos: bool = True
+    xargs: Mapping[str, Any] | None = None
+    priority: int = 0
+    prompt_token_ids: tuple[int, ...] | None = None
+    """Explicit prompt; default: random ids (seeded by the request id)."""
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """What the client saw (seconds since the replay started)."""
+
+    request_id: str
+    arrival_time: float
+    send_time: float = 0.0
+    send_wall: float = 0.0
+    """``time.time()`` when it was sent (to match engine-side timestamps)."""
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_output_tokens: int = 0
+    token_times: list[float] = field(default_factory=list)
+    finish_order: int = -1
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.finish_time is not None
+
+    @property
+    def ttft(self) -> float | None:
+        """First token time since the request was sent."""
+        return None if self.first_token_time is None else self.first_token_time - self.send_time
+
+    @property
+    def e2e(self) -> float | None:
+        """Last token time since the request was sent."""
+        return None if self.finish_time is None else self.finish_time - self.send_time
+
+    @property
+    def tpot(self) -> float | None:
+        if self.first_token_time is None or self.finish_time is None or self.num_output_tokens < 2:
+            return None
+        return (self.finish_time - self.first_token_time) / (self.num_output_tokens - 1)
+
+
+def random_prompt(num_tokens: int, seed: str | int, vocab: tuple[int, int] = (4, 2047)) -> list[int]:
+    """``num_tokens`` token ids drawn uniformly from ``vocab`` (inclusive), seeded."""
+    rng = random.Random(str(seed))
+    lo, hi = vocab
+    return [rng.randint(lo, hi) for _ in range(max(1, num_tokens))]
+
+
+async def _one(
+    client: Any, url: str, model: str, spec: ReplaySpec, res: ReplayResult, t0: float,
+    stream: bool, record_tokens: bool, counter: list[int],
+) -> None:  # fmt: skip
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(spec.prompt_token_ids or random_prompt(spec.num_prompt_tokens, spec.request_id)),
+        "max_tokens": spec.max_tokens,
+        "ignore_eos": spec.ignore_eos,
+        "temperature": 0.0,
+        "stream": stream,
+    }
+    if spec.priority:
+        body["priority"] = spec.priority
+    body["vllm_xargs"] = {"headway_request_id": spec.request_id, **dict(spec.xargs or {})}
+    if stream:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    res.send_time = time.perf_counter() - t0
+    res.send_wall = time.time()
+    try:
+        if not stream:
+            resp = await client.post(url, json=body)
+            resp.raise_for_status()
+            data = resp.json()
+            now = time.perf_counter() - t0
+            res.num_output_tokens = int(data["usage"]["completion_tokens"])
+            res.finish_reason = data["choices"][0].get("finish_reason")
+            res.first_token_time = res.finish_time = now
+        else:
+            async with client.stream("POST", url, json=body) as resp:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    payload = line[6:].strip()
+                    if payload == "[DONE]":
+                        break
+                    now = time.perf_counter() - t0
+                    chunk = json.loads(payload)
+                    usage = chunk.get("usage") or {}
+                    n = int(usage.get("completion_tokens") or 0)
+                    if n > res.num_output_tokens:
+                        if res.first_token_time is None:
+                            res.first_token_time = now
+                        if record_tokens:
+                            res.token_times.extend([now] * (n - res.num_output_tokens))
+                        res.num_output_tokens = n
+                    for choice in chunk.get("choices") or ():
+                        if choice.get("finish_reason"):
+                            res.finish_reason = choice["finish_reason"]
+            res.finish_time = time.perf_counter() - t0
+        res.finish_order = counter[0]
+        counter[0] += 1
+    except Exception as exc:  # recorded per request; the replay goes on
+        res.error = f"{type(exc).__name__}: {exc}"
+
+
+async def replay(
+    url: str,
+    specs: Sequence[ReplaySpec],
+    *,
+    model: str = "tiny-llama",
+    stream: bool = True,
+    record_token_times: bool = False,
+    timeout_s: float = 600.0,
+) -> list[ReplayResult]:
+    """Send every spec at its arrival time; returns one result per spec (same order)."""
+    import httpx
+
+    endpoint = url.rstrip("/") + "/v1/completions"
+    results = [ReplayResult(s.request_id, s.arrival_time) for s in specs]
+    counter = [0]
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    timeout = httpx.Timeout(timeout_s, connect=30.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        t0 = time.perf_counter()
+        tasks = []
+        order = sorted(range(len(specs)), key=lambda i: specs[i].arrival_time)
+        for i in order:
+            delay = specs[i].arrival_time - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(
+                _one(client, endpoint, model, specs[i], results[i], t0, stream, record_token_times, counter)
+            ))  # fmt: skip
+        await asyncio.gather(*tasks)
+    return results
+
+
+def replay_sync(url: str, specs: Sequence[ReplaySpec], **kwargs: Any) -> list[ReplayResult]:
+    """:func:`replay` from synchronous code."""
+    return asyncio.run(replay(url, specs, **kwargs))

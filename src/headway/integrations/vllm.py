@@ -1,0 +1,1149 @@
+"""headway policies inside vLLM: a drop-in scheduler class for vLLM 0.32's V1 engine.
+
+Start vLLM with the scheduler class and a ``headway`` section in vLLM's own
+``--additional-config`` engine argument (headway must be importable by the server, e.g.
+``PYTHONPATH=/path/to/headway/src`` or ``pip install --no-deps -e /path/to/headway``)::
+
+    python -m vllm.entrypoints.openai.api_server --model M \\
+        --scheduler-cls headway.integrations.vllm.HeadwayScheduler \\
+        --additional-config '{"headway": {"policy": "pars", "policy_args": {"starvation_threshold": 60}}}'
+
+**What it replaces.** :class:`HeadwayScheduler` subclasses vLLM's ``Scheduler`` and keeps
+its whole ``schedule()``: token budget, chunked prefill, KV allocation, prefix caching and
+memory-pressure preemption are vLLM's. It changes three things:
+
+1. the waiting queues (``waiting`` and ``kv_holding_waiting``) are
+   :class:`HeadwayRequestQueue` objects ordered by the policy's key (then arrival
+   sequence), instead of FCFS/priority queues;
+2. before a step in which the KV cache could run out, the running list is put in the
+   policy's eviction order, so vLLM's rule "evict the last running request" evicts the
+   policy's :meth:`~headway.core.Policy.choose_victim` (default: the largest key);
+3. for ``preemptive`` policies, before each step a waiting head that does not fit
+   (no sequence slot or KV blocks left) displaces the worst-keyed running request that
+   ``can_preempt`` allows and whose key is larger than the head's (at most one head per
+   step; the displaced request is preempted by recompute, as vLLM does).
+
+The policy is fed through the :class:`~headway.core.Policy` contract: ``on_arrival`` when
+a request is added (arrivals since the previous step are scored in one batch first),
+``key`` when a request enters a queue (arrival, preemption), when a ``rekey_at_time``
+timer fires or ``key_epoch`` changes, and for running requests when a decision needs
+it (eviction order, displacement); ``on_progress`` once per step per scheduled request
+with the step's tokens (only for policies that override it; for the others the
+request's counters are synced lazily, before its key is read), ``on_finish`` with the
+observed output length (aborted requests get no ``on_finish``).
+
+Cost: O(log n) per queue operation; per step O(requests admitted) plus, for policies
+with an ``on_progress`` hook, O(scheduled requests), and for preemptive ones a scan of
+the running requests when the queue head or the running set changed (every step for
+policies that override ``can_preempt`` or give rekey hints).
+``benchmarks/bench_plugin_overhead.py`` measures it with 1,000 requests waiting.
+
+``HeadwayAsyncScheduler`` is the same on top of vLLM's ``AsyncScheduler`` (GPU engines
+with async scheduling); its step log's per-step times are approximate there, since a
+step's output is processed after the next step is scheduled.
+
+**Why** ``--additional-config``: it is vLLM's documented engine argument for plugin
+settings, so the settings travel with the engine configuration to the engine-core
+process (where the scheduler runs), appear in vLLM's logged config, and need no file or
+environment on the server host. ``HEADWAY_VLLM_CONFIG`` (a JSON object or the path of a
+JSON file) is read when ``--additional-config`` has no ``headway`` section, for launchers
+that cannot pass engine arguments. Both are read when the scheduler is constructed.
+
+Settings (keys of the ``headway`` object):
+
+``policy`` (``"fcfs"``), ``policy_args`` (``{}``)
+    Any registered headway policy and its keyword settings (``headway policies``).
+``oracle`` (``"none"``)
+    ``"max_tokens"`` binds oracle policies (``sjf-oracle``, ``srpt-oracle``...) to the
+    request's ``max_tokens`` (capped by ``max_model_len``) as its true output length.
+    **Benchmark-only**: that is the true length only when the client sets
+    ``ignore_eos``. Oracle policies refuse to start without it.
+``scorer`` (``null``)
+    Scores for score-ranked policies (``pars``, ``sjf-score``...). A request's
+    ``vllm_xargs: {"headway_score": x}`` always wins; requests without one are scored
+    in-process at arrival, batched per engine step, by this scorer: ``"default"`` (the
+    trained headway predictor, never trained here), a predictor checkpoint directory,
+    or ``"module:attr"`` / ``"module:factory()"`` naming a callable ``list[str] ->
+    scores`` or an object with ``score(prompts)``. Prompts are detokenized with the
+    model's tokenizer (``tokenizer`` overrides its path). Cost per request: the
+    detokenization plus the predictor's forward pass, on the engine thread
+    (see ``benchmarks/bench_plugin_overhead.py``).
+``scorer_backend`` (``"torch"``), ``scorer_threads`` (``1``)
+    Backend (``torch`` or ``onnx``) and threads for a predictor checkpoint.
+``missing_score`` (``null``)
+    Score given to a request that has none when the policy needs one; ``null``: the mean
+    of the scores seen so far (0 before any), i.e. the middle of the queue. Logged once;
+    an engine must not stop over one request's missing score.
+``step_log`` (``null``)
+    Path of a JSONL file: one header line with the engine's geometry, then one line per
+    engine step with its composition (``num_tokens``, ``num_seqs``, ``num_kv_tokens``),
+    its timestamps and the time spent in headway code. ``headway calibrate`` fits the
+    simulator's cost model from it.
+``control_file`` (``null``)
+    Path of a JSON file with ``policy`` / ``policy_args`` / ``oracle`` / ``scorer`` /
+    ``missing_score``; re-read when a request arrives at an empty engine and the file
+    changed (so never in the middle of a run), so benchmarks can replay one workload
+    under several policies on one warm server. Keys it omits keep their startup values.
+``check_version`` (``true``)
+    Refuse vLLM versions other than :data:`SUPPORTED_VLLM_VERSIONS`.
+
+Per-request fields travel in ``vllm_xargs`` (vLLM's ``SamplingParams.extra_args``):
+``headway_score``, ``headway_tenant``, ``headway_tier``, ``headway_category`` (and
+``headway_request_id``, copied to the step log to match client records); vLLM's own
+``priority`` field becomes :attr:`headway.core.Request.priority`.
+
+vLLM is imported only when :class:`HeadwayScheduler` is first accessed, so this module
+(and :class:`PolicyAdapter`, which holds all the ordering logic and is tested without
+vLLM) imports anywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import importlib
+import itertools
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState, Tier, make_policy
+
+__all__ = [
+    "ENV_CONFIG",
+    "SUPPORTED_VLLM_VERSIONS",
+    "EngineRequest",
+    "HeadwayAsyncScheduler",
+    "HeadwayRequestQueue",
+    "HeadwayScheduler",
+    "PluginConfig",
+    "PluginConfigError",
+    "PolicyAdapter",
+    "VllmVersionError",
+    "check_vllm_version",
+    "load_text_scorer",
+    "word_count_scorer",
+]
+
+if TYPE_CHECKING:  # built on first access by the module __getattr__ below (imports vLLM)
+    HeadwayScheduler: type[Any]
+    HeadwayAsyncScheduler: type[Any]
+
+logger = logging.getLogger("headway.integrations.vllm")
+
+SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = ("0.32",)
+"""``major.minor`` releases of vLLM whose V1 scheduler this plugin was written against."""
+
+ENV_CONFIG = "HEADWAY_VLLM_CONFIG"
+"""Environment variable read when ``--additional-config`` has no ``headway`` section."""
+
+_SCHEDULER_HOOKS = ("schedule", "update_from_output", "add_request", "_preempt_request", "_free_request")
+_QUEUE_METHODS = (
+    "add_request", "pop_request", "peek_request", "prepend_request", "prepend_requests",
+    "remove_request", "remove_requests",
+)  # fmt: skip
+_ABORT_STATUSES = frozenset({"FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_IGNORED"})
+
+
+class PluginConfigError(ValueError):
+    """The plugin's settings are invalid."""
+
+
+class VllmVersionError(RuntimeError):
+    """The installed vLLM is not one whose scheduler interface this plugin supports."""
+
+
+# ------------------------------------------------------------------ settings
+@dataclass(frozen=True)
+class PluginConfig:
+    """The plugin's settings (see the module docstring for each key)."""
+
+    policy: str = "fcfs"
+    policy_args: dict[str, Any] = field(default_factory=dict)
+    oracle: str = "none"
+    scorer: str | None = None
+    scorer_backend: str = "torch"
+    scorer_threads: int = 1
+    tokenizer: str | None = None
+    missing_score: float | None = None
+    step_log: str | None = None
+    control_file: str | None = None
+    check_version: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.policy, str) or not self.policy:
+            raise PluginConfigError(f"headway plugin: policy must be a policy name, got {self.policy!r}")
+        if not isinstance(self.policy_args, dict):
+            raise PluginConfigError(f"headway plugin: policy_args must be a JSON object, got {self.policy_args!r}")
+        if self.oracle not in ("none", "max_tokens"):
+            raise PluginConfigError(f"headway plugin: oracle must be 'none' or 'max_tokens', got {self.oracle!r}")
+        if self.scorer_backend not in ("torch", "onnx"):
+            raise PluginConfigError(
+                f"headway plugin: scorer_backend must be 'torch' or 'onnx', got {self.scorer_backend!r}"
+            )
+        if self.missing_score is not None and not (
+            isinstance(self.missing_score, (int, float)) and math.isfinite(self.missing_score)
+        ):
+            raise PluginConfigError(
+                f"headway plugin: missing_score must be a finite number or null, got {self.missing_score!r}"
+            )
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> PluginConfig:
+        """Build from a JSON object; unknown keys are an error naming the valid ones."""
+        if not isinstance(data, Mapping):
+            raise PluginConfigError(f"headway plugin settings must be a JSON object, got {data!r}")
+        valid = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - valid)
+        if unknown:
+            raise PluginConfigError(
+                f"headway plugin: unknown setting(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}"
+            )
+        try:
+            return cls(**dict(data))
+        except TypeError as exc:  # pragma: no cover - guarded by the key check
+            raise PluginConfigError(f"headway plugin: {exc}") from None
+
+    @classmethod
+    def resolve(cls, additional_config: Any = None, environ: Mapping[str, str] | None = None) -> PluginConfig:
+        """Settings from vLLM's ``additional_config["headway"]``, else ``$HEADWAY_VLLM_CONFIG``
+        (JSON text, or the path of a JSON file), else the defaults (FCFS)."""
+        if isinstance(additional_config, Mapping) and "headway" in additional_config:
+            return cls.from_mapping(additional_config["headway"])
+        env = os.environ if environ is None else environ
+        raw = env.get(ENV_CONFIG, "").strip()
+        if not raw:
+            return cls()
+        if not raw.startswith("{"):
+            try:
+                raw = Path(raw).expanduser().read_text()
+            except OSError as exc:
+                raise PluginConfigError(f"${ENV_CONFIG}: cannot read {raw!r} ({exc})") from None
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise PluginConfigError(f"${ENV_CONFIG}: not valid JSON ({exc})") from None
+        return cls.from_mapping(data)
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# ------------------------------------------------------------------ scorers
+TextScoreFn = Callable[[list[str]], Any]
+"""Scores a batch of prompt texts: one float per prompt (a sequence or an array)."""
+
+
+def word_count_scorer(prompts: Sequence[str]) -> list[float]:
+    """A toy text scorer: ``log(1 + words)``. For tests and demos, not a predictor."""
+    return [math.log1p(len(p.split())) for p in prompts]
+
+
+def load_text_scorer(spec: str, *, backend: str = "torch", threads: int = 1) -> TextScoreFn:
+    """Resolve the ``scorer`` setting to a batch function ``list[str] -> scores``."""
+    if spec == "default" or Path(spec).expanduser().is_dir():
+        from headway.predict.score import Scorer, ensure_predictor
+
+        path = ensure_predictor(None if spec == "default" else spec, train_if_missing=False, log=None)
+        scorer = Scorer.from_checkpoint(path, backend, threads=threads)  # type: ignore[arg-type]
+        return scorer.score
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise PluginConfigError(
+            f"headway plugin: scorer {spec!r} is not 'default', a predictor directory, "
+            "'module:attr' or 'module:factory()'"
+        )
+    call = attr.endswith("()")
+    attr = attr.removesuffix("()")
+    try:
+        obj: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise PluginConfigError(f"headway plugin: cannot load scorer {spec!r}: {exc}") from None
+    if call or isinstance(obj, type):
+        obj = obj()
+    method = getattr(obj, "score", None)
+    if callable(method):
+        obj = method
+    if not callable(obj):
+        raise PluginConfigError(f"headway plugin: scorer {spec!r} is not callable and has no score()")
+    fn: TextScoreFn = obj
+    return fn
+
+
+# ------------------------------------------------------------ the adapter
+class EngineRequest(Protocol):
+    """What the adapter reads from an engine's request (vLLM's ``vllm.v1.request.Request``)."""
+
+    request_id: str
+    arrival_time: float
+    num_prompt_tokens: int
+    max_tokens: int
+    priority: int
+    num_computed_tokens: int
+
+    @property
+    def num_output_tokens(self) -> int: ...
+
+
+def _xargs(engine_req: Any) -> Mapping[str, Any]:
+    params = getattr(engine_req, "sampling_params", None)
+    extra = getattr(params, "extra_args", None) if params is not None else None
+    return extra if isinstance(extra, Mapping) else {}
+
+
+class PolicyAdapter:
+    """Drives a headway :class:`~headway.core.Policy` for an engine's request objects.
+
+    Engine-agnostic (no vLLM import): it keeps a headway :class:`~headway.core.Request`
+    per engine request, makes :class:`HeadwayRequestQueue` objects, and turns engine
+    events (enqueue, admit, progress, preempt, finish) into policy calls. Times given to
+    the policy are seconds since the adapter was made (``clock() - epoch``); engine
+    arrival times on the same clock (vLLM: ``time.time()``) are shifted alike.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        oracle: str = "none",
+        max_model_len: int | None = None,
+        score_batch: TextScoreFn | None = None,
+        decode: Callable[[list[Any]], list[str]] | None = None,
+        missing_score: float | None = None,
+        clock: Callable[[], float] = time.time,
+        epoch: float | None = None,
+    ) -> None:
+        self._clock = clock
+        self.epoch = clock() if epoch is None else epoch
+        self.max_model_len = max_model_len
+        self.score_batch = score_batch
+        self.decode = decode
+        self.missing_score = missing_score
+        self.oracle_mode = oracle
+        self.reqs: dict[str, Request] = {}
+        self.engine: dict[Request, Any] = {}
+        self.queues: list[HeadwayRequestQueue] = []
+        self._pending: dict[Request, HeadwayRequestQueue] = {}
+        self._popped: list[Request] = []
+        self._timers: list[tuple[float, int, Request]] = []
+        self._seq = itertools.count()
+        self._warned: set[str] = set()
+        # statistics
+        self.policy_time = 0.0
+        """Seconds spent in headway code (policy calls, queue operations), cumulative."""
+        self.score_time = 0.0
+        self.num_scored = 0
+        self.num_arrivals = 0
+        self.num_displaced = 0
+        self.num_missing_scores = 0
+        self._awaiting_first: dict[Request, None] = {}
+        self._running_version = 0
+        self._no_victim: tuple[Any, ...] | None = None
+        self._score_sum = 0.0
+        self._score_n = 0
+        self.policy = policy
+        self.set_policy(policy, oracle)
+
+    # ----------------------------------------------------------- policy
+    def set_policy(self, policy: Policy, oracle: str | None = None) -> None:
+        """Use ``policy`` from now on (only while no request is queued or running)."""
+        if self.reqs:
+            raise RuntimeError("the policy can only be replaced while the engine holds no requests")
+        if oracle is not None:
+            self.oracle_mode = oracle
+        if policy.oracle:
+            if self.oracle_mode != "max_tokens":
+                raise PluginConfigError(
+                    f"policy {policy.name!r} is an oracle (it reads true output lengths); set "
+                    "oracle='max_tokens' to use each request's max_tokens as its true length "
+                    "(benchmark-only: true only when clients set ignore_eos)"
+                )
+            policy.bind_oracle(self._true_length)
+        self.policy = policy
+        kind = type(policy)
+        self._arrival_hook = kind.on_arrival is not Policy.on_arrival
+        self._progress_hook = kind.on_progress is not Policy.on_progress
+        self._finish_hook = kind.on_finish is not Policy.on_finish
+        self._timer_hook = kind.rekey_at_time is not Policy.rekey_at_time
+        self.custom_victim = kind.choose_victim is not Policy.choose_victim
+        self.preemptive = bool(policy.preemptive)
+        # keys of running requests only improve between events (the contract) and
+        # can_preempt is the class default: a failed displacement check stays failed
+        # until the queue head, the running set or the key epoch changes
+        self._static_preemption = not (
+            self._progress_hook
+            or kind.can_preempt is not Policy.can_preempt
+            or kind.rekey_after_tokens is not Policy.rekey_after_tokens
+        )
+        self._no_victim = None
+        for q in self.queues:
+            q._pq = PolicyQueue(policy)
+        self._timers.clear()
+
+    def _true_length(self, req: Request) -> int:
+        n = req.max_tokens
+        if self.max_model_len is not None:
+            n = min(n, max(self.max_model_len - req.num_prompt_tokens, 1))
+        e = self.engine.get(req)
+        params = getattr(e, "sampling_params", None)
+        if params is not None and not getattr(params, "ignore_eos", True) and "ignore_eos" not in self._warned:
+            self._warned.add("ignore_eos")
+            logger.warning(
+                "headway: oracle policy %r reads max_tokens as the true length, but request %s does "
+                "not set ignore_eos (benchmark-only mode; its true length may be shorter)",
+                self.policy.name,
+                req.request_id,
+            )
+        return n
+
+    # ------------------------------------------------------------ clock
+    def now(self) -> float:
+        return self._clock() - self.epoch
+
+    # ------------------------------------------------------------ queues
+    def make_queue(self) -> HeadwayRequestQueue:
+        q = HeadwayRequestQueue(self)
+        self.queues.append(q)
+        return q
+
+    def _new_request(self, e: Any) -> Request:
+        xa = _xargs(e)
+        arrival = max(0.0, float(getattr(e, "arrival_time", self._clock())) - self.epoch)
+        score = xa.get("headway_score")
+        tier = xa.get("headway_tier")
+        h = Request(
+            request_id=str(e.request_id),
+            arrival_time=arrival,
+            num_prompt_tokens=max(int(e.num_prompt_tokens), 1),
+            max_tokens=max(int(e.max_tokens or 1), 1),
+            tenant_id=str(xa.get("headway_tenant", "default")),
+            tier=Tier.parse(tier) if tier is not None else Tier.STANDARD,
+            priority=int(getattr(e, "priority", 0) or 0),
+            category=str(xa["headway_category"]) if "headway_category" in xa else None,
+            score=float(score) if isinstance(score, (int, float)) else None,
+            seq=next(self._seq),
+        )
+        h.extra["headway.added"] = self.now()
+        if "headway_request_id" in xa:
+            h.extra["headway.client_id"] = str(xa["headway_request_id"])
+        self.reqs[h.request_id] = h
+        self.engine[h] = e
+        self.num_arrivals += 1
+        return h
+
+    def enqueue(self, e: Any, queue: HeadwayRequestQueue) -> None:
+        """An engine request entered ``queue`` (new, preempted, or skipped and put back)."""
+        t0 = time.perf_counter()
+        h = self.reqs.get(e.request_id)
+        if h is None:
+            h = self._new_request(e)
+            self._pending[h] = queue
+            queue._npending += 1
+        else:
+            now = self.now()
+            self._sync(h, e, now)
+            if h.state is RequestState.RUNNING:  # preempted without our hook (e.g. a resumed session)
+                self._mark_preempted(h)
+            queue._pq.add(h, now)
+            self._arm_timer(h, now)
+        self.policy_time += time.perf_counter() - t0
+
+    def flush(self) -> None:
+        """Score and announce the requests that arrived since the last call (one batch)."""
+        if not self._pending:
+            return
+        t0 = time.perf_counter()
+        pending, self._pending = self._pending, {}
+        if self.score_batch is not None:
+            todo = [h for h in pending if h.score is None]
+            if todo:
+                s0 = time.perf_counter()
+                texts = self._prompt_texts(todo)
+                scores = self.score_batch(texts)
+                if len(scores) != len(todo):
+                    raise RuntimeError(f"headway scorer returned {len(scores)} scores for {len(todo)} prompts")
+                for h, s in zip(todo, scores, strict=True):
+                    h.score = float(s)
+                self.score_time += time.perf_counter() - s0
+                self.num_scored += len(todo)
+        now = self.now()
+        policy = self.policy
+        for h, q in pending.items():
+            q._npending -= 1
+            if self._arrival_hook:
+                try:
+                    policy.on_arrival(h, now)
+                except ValueError:
+                    if h.score is not None:
+                        raise
+                    fallback = self.missing_score
+                    if fallback is None:
+                        fallback = self._score_sum / self._score_n if self._score_n else 0.0
+                    h.score = fallback
+                    self.num_missing_scores += 1
+                    if "missing_score" not in self._warned:
+                        self._warned.add("missing_score")
+                        logger.warning(
+                            "headway: request %s has no score for policy %r; using %s (send vllm_xargs "
+                            "headway_score or set the scorer setting; warned once)",
+                            h.request_id,
+                            policy.name,
+                            fallback,
+                        )
+                    policy.on_arrival(h, now)
+            if h.score is not None:
+                self._score_sum += h.score
+                self._score_n += 1
+            q._pq.add(h, now)
+            self._arm_timer(h, now)
+        self.policy_time += time.perf_counter() - t0
+
+    def _prompt_texts(self, hs: Sequence[Request]) -> list[str]:
+        """Prompt texts for the scorer: the engine's text if it kept it, else its token ids
+        detokenized (one batch call)."""
+        engine = self.engine
+        need = []
+        for h in hs:
+            if h.prompt is None:
+                e = engine[h]
+                text = getattr(e, "prompt", None)
+                if isinstance(text, str):
+                    h.prompt = text
+                elif getattr(e, "prompt_token_ids", None) is not None and self.decode is not None:
+                    need.append(h)
+                else:
+                    h.prompt = ""
+        if need:
+            assert self.decode is not None
+            for h, text in zip(need, self.decode([engine[h].prompt_token_ids for h in need]), strict=True):
+                h.prompt = text
+        return [h.prompt or " " for h in hs]
+
+    def _arm_timer(self, h: Request, now: float) -> None:
+        """Remember a queued request's next rekey time (only one still ahead of ``now``)."""
+        if self._timer_hook:
+            at = self.policy.rekey_at_time(h)
+            if at is not None and at > now:
+                heapq.heappush(self._timers, (at, h.seq, h))
+
+    def step_start(self) -> None:
+        """Before an engine step: arrivals, due rekey timers, key-epoch changes."""
+        if self._pending:
+            self.flush()
+        t0 = time.perf_counter()
+        now = self.now()
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, h = heapq.heappop(timers)
+            if h.is_finished or h.state is RequestState.RUNNING:
+                continue
+            for q in self.queues:
+                if h in q._pq:
+                    q._pq.rekey(h, now)
+            self._arm_timer(h, now)
+        for q in self.queues:
+            q._pq.refresh(now)
+        self.policy_time += time.perf_counter() - t0
+
+    # --------------------------------------------------------- lifecycle
+    def take_popped(self) -> list[Request]:
+        popped, self._popped = self._popped, []
+        return popped
+
+    def mark_running(self, h: Request) -> None:
+        if h.state is not RequestState.RUNNING and not h.is_finished:
+            h.transition(RequestState.RUNNING)
+            self._running_version += 1
+            if h.first_scheduled_time is None:
+                h.first_scheduled_time = self.now()
+            if h.first_token_time is None and not self._progress_hook:
+                self._awaiting_first[h] = None
+
+    def _mark_preempted(self, h: Request) -> None:
+        h.num_recomputed_tokens += h.num_computed_tokens
+        h.num_computed_tokens = 0
+        h.num_preemptions += 1
+        h.transition(RequestState.PREEMPTED)
+
+    def preempt(self, e: Any) -> None:
+        """The engine is about to evict running request ``e`` (it then re-enters a queue)."""
+        t0 = time.perf_counter()
+        h = self.reqs.get(e.request_id)
+        if h is not None and h.state is RequestState.RUNNING:
+            self._sync(h, e, self.now())
+            self._mark_preempted(h)
+            self._running_version += 1
+        self.policy_time += time.perf_counter() - t0
+
+    def _sync(self, h: Request, e: Any, now: float) -> None:
+        out = int(e.num_output_tokens)
+        if out != h.num_output_tokens:
+            if h.first_token_time is None and out > 0:
+                h.first_token_time = now
+            h.last_token_time = now
+            h.num_output_tokens = out
+        if h.state is RequestState.RUNNING:
+            h.num_computed_tokens = int(e.num_computed_tokens)
+
+    def progress(self, num_scheduled: Mapping[str, int]) -> None:
+        """After a step: the tokens each request computed.
+
+        Policies that override ``on_progress`` get one call per scheduled request per step
+        (with the step's tokens). For the others nothing is done per request: counters are
+        synced lazily, before the policy reads a key, at preemption and at finish; only
+        requests still waiting for their first token are checked (for its timestamp).
+        """
+        t0 = time.perf_counter()
+        now = self.now()
+        reqs, engine = self.reqs, self.engine
+        if self._progress_hook:
+            hook = self.policy.on_progress
+            for rid, n in num_scheduled.items():
+                h = reqs.get(rid)
+                if h is None or h.state is not RequestState.RUNNING:
+                    continue
+                self._sync(h, engine[h], now)
+                if n > 0:
+                    hook(h, now, n)
+            self._awaiting_first.clear()
+        elif self._awaiting_first:
+            for h in list(self._awaiting_first):
+                e = engine.get(h)
+                if e is None or e.num_output_tokens > 0:
+                    del self._awaiting_first[h]
+                    if e is not None:
+                        self._sync(h, e, now)
+        self.policy_time += time.perf_counter() - t0
+
+    def finish(self, e: Any, aborted: bool) -> Request | None:
+        """``e`` left the engine: finished (``on_finish``) or aborted. Returns its headway request."""
+        t0 = time.perf_counter()
+        h = self.reqs.pop(e.request_id, None)
+        if h is None:
+            return None
+        self.engine.pop(h, None)
+        self._awaiting_first.pop(h, None)
+        self._running_version += 1
+        q = self._pending.pop(h, None)
+        if q is not None:
+            q._npending -= 1
+        for queue in self.queues:
+            queue._pq.remove(h)
+        now = self.now()
+        if h.state is RequestState.RUNNING:
+            self._sync(h, e, now)
+        else:
+            h.num_output_tokens = int(e.num_output_tokens)
+        if aborted:
+            if not h.is_finished:
+                h.transition(RequestState.ABORTED)
+            h.finish_time = now
+        else:
+            if h.state is not RequestState.RUNNING:  # stopped while preempted (stale async output)
+                h.state = RequestState.RUNNING
+            h.transition(RequestState.FINISHED)
+            h.finish_time = now
+            if self._finish_hook:
+                self.policy.on_finish(h, now)
+        self.policy_time += time.perf_counter() - t0
+        return h
+
+    # ------------------------------------------------------- decisions
+    def _key(self, e: Any, now: float) -> tuple[PolicyKey, int] | None:
+        h = self.reqs.get(e.request_id)
+        if h is None:
+            return None
+        self._sync(h, e, now)
+        return (self.policy.key(h, now), h.seq)
+
+    def eviction_order(self, running: Sequence[Any], max_custom: int = 16) -> list[Any]:
+        """``running`` reordered so that the policy's victims come last.
+
+        Sorted by key (best first); when the policy overrides ``choose_victim``, its first
+        ``max_custom`` choices are moved to the end in reverse order of choice (the
+        first victim last), so popping from the end follows ``choose_victim``.
+        """
+        t0 = time.perf_counter()
+        now = self.now()
+        known: list[tuple[tuple[PolicyKey, int], Any]] = []
+        unknown: list[Any] = []
+        for e in running:
+            k = self._key(e, now)
+            if k is None:
+                unknown.append(e)
+            else:
+                known.append((k, e))
+        known.sort(key=lambda t: t[0])
+        order = [e for _, e in known]
+        if self.custom_victim and len(order) > 1:
+            hmap = {id(e): self.reqs[e.request_id] for e in order}
+            rest = [hmap[id(e)] for e in order]
+            tail: list[Request] = []
+            for _ in range(min(max_custom, len(rest) - 1)):
+                v = self.policy.choose_victim(rest, now)
+                rest.remove(v)
+                tail.append(v)
+            order = [self.engine[h] for h in rest] + [self.engine[h] for h in reversed(tail)]
+        self.policy_time += time.perf_counter() - t0
+        return unknown + order
+
+    def displacement_victim(self, queue: HeadwayRequestQueue, running: Sequence[Any]) -> Any | None:
+        """For preemptive policies: the running request that ``queue``'s head should displace.
+
+        The worst-keyed running request that ``can_preempt`` allows, if its key is larger
+        than the head's; None otherwise.
+        """
+        t0 = time.perf_counter()
+        try:
+            head = queue._pq.peek()
+            head_key = queue._pq.peek_key()
+            if head is None or head_key is None:
+                return None
+            sig = (head, head_key, self._running_version, self.policy.key_epoch, len(running))
+            if self._static_preemption and sig == self._no_victim:
+                return None
+            bound = (head_key, head.seq)
+            now = self.now()
+            worst: Any = None
+            worst_key: tuple[PolicyKey, int] | None = None
+            policy = self.policy
+            for e in running:
+                h = self.reqs.get(e.request_id)
+                if h is None or h.state is not RequestState.RUNNING:
+                    continue
+                self._sync(h, e, now)
+                if not policy.can_preempt(h, now):
+                    continue
+                k = (policy.key(h, now), h.seq)
+                if k > bound and (worst_key is None or k > worst_key):
+                    worst, worst_key = e, k
+            self._no_victim = sig if worst is None else None
+            return worst
+        finally:
+            self.policy_time += time.perf_counter() - t0
+
+
+class HeadwayRequestQueue:
+    """A waiting queue in policy order, shaped like vLLM's ``RequestQueue``.
+
+    Holds engine requests; orders them by the policy's key then arrival sequence (a
+    :class:`~headway.core.PolicyQueue` underneath: O(log n) add and pop). ``prepend_*``
+    re-insert by key: a preempted or skipped request goes where the policy puts it, not
+    to the front. Requests added since the last step stay unordered until
+    :meth:`PolicyAdapter.flush` scores them (peek/pop/iteration flush first).
+    """
+
+    __slots__ = ("_a", "_npending", "_pq")
+
+    def __init__(self, adapter: PolicyAdapter) -> None:
+        self._a = adapter
+        self._pq = PolicyQueue(adapter.policy)
+        self._npending = 0
+
+    def add_request(self, request: Any) -> None:
+        self._a.enqueue(request, self)
+
+    def prepend_request(self, request: Any) -> None:
+        self._a.enqueue(request, self)
+
+    def prepend_requests(self, requests: Iterable[Any]) -> None:
+        for r in requests:
+            self._a.enqueue(r, self)
+
+    def _head(self) -> Request | None:
+        a = self._a
+        if a._pending:
+            a.flush()
+        return self._pq.peek()
+
+    def peek_request(self) -> Any:
+        t0 = time.perf_counter()
+        h = self._head()
+        self._a.policy_time += time.perf_counter() - t0
+        if h is None:
+            raise IndexError("peek from an empty queue")
+        return self._a.engine[h]
+
+    def pop_request(self) -> Any:
+        t0 = time.perf_counter()
+        a = self._a
+        if a._pending:
+            a.flush()
+        if not self._pq:
+            raise IndexError("pop from an empty queue")
+        h = self._pq.pop()
+        a._popped.append(h)
+        a.policy_time += time.perf_counter() - t0
+        return a.engine[h]
+
+    def remove_request(self, request: Any) -> None:
+        self.remove_requests((request,))
+
+    def remove_requests(self, requests: Iterable[Any]) -> None:
+        a = self._a
+        for r in requests:
+            h = a.reqs.get(r.request_id)
+            if h is None:
+                continue
+            if a._pending.get(h) is self:
+                del a._pending[h]
+                self._npending -= 1
+            self._pq.remove(h)
+
+    def __len__(self) -> int:
+        return len(self._pq) + self._npending
+
+    def __bool__(self) -> bool:
+        return self._npending > 0 or bool(self._pq)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._a._pending:
+            self._a.flush()
+        engine = self._a.engine
+        return iter([engine[h] for h in self._pq])
+
+    def __contains__(self, request: object) -> bool:
+        h = self._a.reqs.get(getattr(request, "request_id", ""))
+        return h is not None and (h in self._pq or self._a._pending.get(h) is self)
+
+
+# ------------------------------------------------------------- version guard
+def check_vllm_version(version: str) -> None:
+    """Raise :class:`VllmVersionError` unless ``version`` is a supported vLLM release."""
+    if not any(version == v or version.startswith(v + ".") for v in SUPPORTED_VLLM_VERSIONS):
+        raise VllmVersionError(
+            f"headway's vLLM plugin supports vLLM {', '.join(v + '.x' for v in SUPPORTED_VLLM_VERSIONS)} "
+            f"(the V1 scheduler interface it subclasses); found vLLM {version}. Install a supported "
+            "version, or set check_version=false in the headway settings to try anyway."
+        )
+
+
+def _check_interface(scheduler_cls: Any, queue_cls: Any, version: str) -> None:
+    missing = [f"Scheduler.{m}" for m in _SCHEDULER_HOOKS if not callable(getattr(scheduler_cls, m, None))]
+    missing += [f"RequestQueue.{m}" for m in _QUEUE_METHODS if not hasattr(queue_cls, m)]
+    if missing:
+        raise VllmVersionError(
+            f"vLLM {version}'s scheduler interface differs from the one headway's plugin supports "
+            f"(vLLM {', '.join(v + '.x' for v in SUPPORTED_VLLM_VERSIONS)}): missing {', '.join(missing)}"
+        )
+
+
+class _StepLog:
+    """Buffered JSONL writer for the ``step_log`` setting."""
+
+    def __init__(self, path: str) -> None:
+        p = Path(path).expanduser()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        self.path = p
+        self._fh: IO[str] = p.open("a", encoding="utf-8")
+        self._buf: list[str] = []
+
+    def write(self, row: Mapping[str, Any], flush: bool = False) -> None:
+        self._buf.append(json.dumps(row, separators=(",", ":")))
+        if flush or len(self._buf) >= 256:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._buf:
+            self._fh.write("\n".join(self._buf) + "\n")
+            self._fh.flush()
+            self._buf.clear()
+
+    def close(self) -> None:
+        self.flush()
+        self._fh.close()
+
+
+def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
+    """Import vLLM, check its interface, and define the scheduler classes."""
+    try:
+        import vllm
+        from vllm.v1.core.sched import request_queue as vllm_rq
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.request import RequestStatus
+    except ImportError as exc:
+        raise VllmVersionError(
+            f"headway's vLLM plugin needs vLLM {', '.join(v + '.x' for v in SUPPORTED_VLLM_VERSIONS)} "
+            f"with the V1 engine; importing it failed: {exc}"
+        ) from exc
+    version = str(getattr(vllm, "__version__", "unknown"))
+    _check_interface(Scheduler, vllm_rq.RequestQueue, version)
+    fcfs = vllm_rq.SchedulingPolicy.FCFS
+    running_status = RequestStatus.RUNNING
+    abort_statuses = frozenset(s for s in RequestStatus if s.name in _ABORT_STATUSES)
+
+    def make(base: type[Any], name: str) -> type[Any]:
+        class _Headway(base):  # type: ignore[misc]
+            """vLLM's scheduler with a headway policy ordering its queues (see the module doc)."""
+
+            policy: Any  # vLLM's SchedulingPolicy, set by the base class
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+                cfg = PluginConfig.resolve(getattr(vllm_config, "additional_config", None))
+                if cfg.check_version:
+                    check_vllm_version(version)
+                super().__init__(*args, **kwargs)
+                self.headway_config = cfg
+                if self.policy != fcfs:
+                    logger.warning(
+                        "headway: --scheduling-policy %s is replaced by headway policy %r "
+                        "(use policy 'priority' for vLLM-style priorities)",
+                        self.policy.value,
+                        cfg.policy,
+                    )
+                    self.policy = fcfs  # vLLM's FCFS paths: prepend on preemption, evict the last runner
+                score_batch = None
+                if cfg.scorer is not None:
+                    score_batch = load_text_scorer(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
+                self._hw_tokenizer_path = cfg.tokenizer or getattr(self.vllm_config.model_config, "tokenizer", None)
+                self._hw_tokenizer: Any = None
+                self.headway = PolicyAdapter(
+                    self._hw_make_policy(cfg.policy, cfg.policy_args),
+                    oracle=cfg.oracle,
+                    max_model_len=self.max_model_len,
+                    score_batch=score_batch,
+                    decode=self._hw_decode if score_batch is not None else None,
+                    missing_score=cfg.missing_score,
+                )
+                self.waiting = self.headway.make_queue()
+                self.kv_holding_waiting = self.headway.make_queue()
+                self._hw_control = cfg.control_file
+                self._hw_control_mtime: int | None = None
+                if self._hw_control:
+                    with contextlib.suppress(OSError):
+                        self._hw_control_mtime = os.stat(self._hw_control).st_mtime_ns
+                self._hw_log = _StepLog(cfg.step_log) if cfg.step_log else None
+                self._hw_t0 = 0.0
+                self._hw_t1 = 0.0
+                self._hw_pt = 0.0
+                self._hw_st = 0.0
+                self._hw_na = 0
+                self._hw_comp = (0, 0)
+                self._hw_step = 0
+                if self._hw_log is not None:
+                    self._hw_header()
+                logger.info(
+                    "headway: scheduling with policy %r %s (oracle=%s, scorer=%s, vLLM %s)",
+                    cfg.policy,
+                    json.dumps(cfg.policy_args),
+                    cfg.oracle,
+                    cfg.scorer,
+                    version,
+                )
+
+            # ------------------------------------------------------ helpers
+            @staticmethod
+            def _hw_make_policy(name: str, args: Mapping[str, Any]) -> Policy:
+                try:
+                    return make_policy(name, **dict(args))
+                except ValueError as exc:
+                    raise PluginConfigError(f"headway plugin: {exc}") from None
+
+            def _hw_decode(self, batch: list[Any]) -> list[str]:
+                if self._hw_tokenizer is None:
+                    from transformers import AutoTokenizer
+
+                    tok = AutoTokenizer.from_pretrained(self._hw_tokenizer_path)
+                    # the Rust tokenizer's batch decode, without the Python wrapper's per-call work
+                    self._hw_tokenizer = getattr(tok, "backend_tokenizer", None) or tok
+                tok = self._hw_tokenizer
+                ids = [list(x) for x in batch]
+                if hasattr(tok, "decode_batch"):
+                    return [str(t) for t in tok.decode_batch(ids, skip_special_tokens=True)]
+                return [str(t) for t in tok.batch_decode(ids, skip_special_tokens=True)]
+
+            def _hw_header(self) -> None:
+                assert self._hw_log is not None
+                sc = self.scheduler_config
+                self._hw_log.write({
+                    "type": "header", "vllm": version, "time": time.time(),
+                    "policy": self.headway.policy.name, "policy_args": self.headway_config.policy_args,
+                    "num_gpu_blocks": self.cache_config.num_gpu_blocks, "block_size": self.block_size,
+                    "max_num_seqs": self.max_num_running_reqs,
+                    "max_num_batched_tokens": self.max_num_scheduled_tokens,
+                    "max_model_len": self.max_model_len,
+                    "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
+                    "enable_prefix_caching": bool(self.cache_config.enable_prefix_caching),
+                    "long_prefill_token_threshold": int(sc.long_prefill_token_threshold or 0),
+                }, flush=True)  # fmt: skip
+
+            def _hw_maybe_reload(self) -> None:
+                path = self._hw_control
+                assert path is not None
+                try:
+                    mtime = os.stat(path).st_mtime_ns
+                except OSError:
+                    return
+                if mtime == self._hw_control_mtime:
+                    return
+                self._hw_control_mtime = mtime
+                try:
+                    data = json.loads(Path(path).read_text())
+                    name = str(data.get("policy", self.headway.policy.name))
+                    policy = self._hw_make_policy(name, data.get("policy_args", {}))
+                    cfg = self.headway_config
+                    scorer = data.get("scorer", cfg.scorer)
+                    score_batch = (
+                        None
+                        if scorer is None
+                        else load_text_scorer(str(scorer), backend=cfg.scorer_backend, threads=cfg.scorer_threads)
+                    )
+                    self.headway.set_policy(policy, str(data.get("oracle", self.headway.oracle_mode)))
+                    self.headway.score_batch = score_batch
+                    self.headway.decode = self._hw_decode
+                    self.headway.missing_score = data.get("missing_score", cfg.missing_score)
+                except (OSError, ValueError) as exc:
+                    logger.error("headway: control file %s ignored: %s", path, exc)
+                    return
+                logger.info("headway: policy switched to %r %s", name, json.dumps(data.get("policy_args", {})))
+                if self._hw_log is not None:
+                    self._hw_log.write(
+                        {
+                            "type": "policy",
+                            "time": time.time(),
+                            "policy": name,
+                            "policy_args": data.get("policy_args", {}),
+                        },
+                        flush=True,
+                    )
+
+            def _hw_pressure(self) -> bool:
+                """Whether scheduling the running requests could run out of KV blocks."""
+                running = self.running
+                if len(running) < 2:
+                    return False
+                free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+                bound = 2 * len(running) + -(-self.max_num_scheduled_tokens // self.block_size)
+                return bool(free <= bound)
+
+            def _hw_displace(self) -> None:
+                a = self.headway
+                if self.kv_holding_waiting or not self.waiting:
+                    return
+                waiting = self.waiting
+                for _ in range(len(self.running)):
+                    head = waiting.peek_request()
+                    if len(self.running) < self.max_num_active_reqs:
+                        need = -(-max(head.num_tokens - head.num_computed_tokens, 1) // self.block_size)
+                        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+                        if free - len(self.running) >= need:
+                            return
+                    victim = a.displacement_victim(waiting, self.running)
+                    if victim is None:
+                        return
+                    self.running.remove(victim)
+                    self._preempt_request(victim, time.monotonic())
+                    a.num_displaced += 1
+
+            # ---------------------------------------------------- overrides
+            def add_request(self, request: Any) -> None:
+                if self._hw_control is not None and not self.requests:
+                    self._hw_maybe_reload()
+                super().add_request(request)
+
+            def schedule(self, *args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                a = self.headway
+                a.step_start()
+                if a.preemptive and self.running:
+                    self._hw_displace()
+                if self._hw_pressure():
+                    self.running[:] = a.eviction_order(self.running)
+                out = super().schedule(*args, **kwargs)
+                t1 = time.perf_counter()
+                for h in a.take_popped():
+                    e = a.engine.get(h)
+                    if e is not None and e.status == running_status:
+                        a.mark_running(h)
+                a.policy_time += time.perf_counter() - t1
+                self._hw_t0, self._hw_t1 = t0, t1
+                if self._hw_log is not None:  # the step's composition, while every request is still here
+                    reqs = self.requests
+                    kv = prefill = 0
+                    for rid, n in out.num_scheduled_tokens.items():
+                        r = reqs.get(rid)
+                        if r is not None:
+                            kv += int(r.num_computed_tokens)  # context after this step's tokens
+                            if n > 1 or r.num_computed_tokens <= r.num_prompt_tokens:
+                                prefill += n
+                    self._hw_comp = (kv, prefill)
+                return out
+
+            def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+                t2 = time.perf_counter()
+                result = super().update_from_output(scheduler_output, model_runner_output)
+                a = self.headway
+                a.progress(scheduler_output.num_scheduled_tokens)
+                if self._hw_log is not None and scheduler_output.total_num_scheduled_tokens > 0:
+                    self._hw_record(scheduler_output, t2)
+                return result
+
+            def _hw_record(self, so: Any, t2: float) -> None:
+                assert self._hw_log is not None
+                t3 = time.perf_counter()
+                a = self.headway
+                kv, prefill = self._hw_comp
+                self._hw_step += 1
+                busy = bool(self.running) or bool(self.waiting) or bool(self.kv_holding_waiting)
+                self._hw_log.write({
+                    "step": self._hw_step, "t0": self._hw_t0, "t1": self._hw_t1, "t2": t2, "t3": t3,
+                    "num_tokens": int(so.total_num_scheduled_tokens),
+                    "num_seqs": len(so.num_scheduled_tokens), "num_kv_tokens": kv,
+                    "num_prefill_tokens": prefill, "num_new": len(so.scheduled_new_reqs),
+                    "waiting": len(self.waiting), "running": len(self.running), "busy": busy,
+                    "policy_s": a.policy_time - self._hw_pt, "score_s": a.score_time - self._hw_st,
+                    "arrivals": a.num_arrivals - self._hw_na,
+                    "preempted": len(so.preempted_req_ids or ()),
+                }, flush=not busy)  # fmt: skip
+                # between-step work (arrivals) counts toward the next step
+                self._hw_pt, self._hw_st, self._hw_na = a.policy_time, a.score_time, a.num_arrivals
+
+            def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+                self.headway.preempt(request)
+                return super()._preempt_request(request, *args, **kwargs)
+
+            def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+                h = self.headway.finish(request, aborted=request.status in abort_statuses)
+                if h is not None and self._hw_log is not None:
+                    self._hw_log.write({
+                        "type": "request", "id": h.request_id, "client_id": h.extra.get("headway.client_id"),
+                        "seq": h.seq, "state": h.state.value, "epoch": self.headway.epoch,
+                        "arrival": h.arrival_time, "added": h.extra.get("headway.added"),
+                        "scheduled": h.first_scheduled_time, "first_token": h.first_token_time,
+                        "finish": h.finish_time, "prompt": h.num_prompt_tokens,
+                        "output": h.num_output_tokens, "preemptions": h.num_preemptions,
+                    })  # fmt: skip
+                return super()._free_request(request, *args, **kwargs)
+
+            def shutdown(self) -> None:
+                if self._hw_log is not None:
+                    with contextlib.suppress(OSError, ValueError):
+                        self._hw_log.close()
+                super().shutdown()
+
+        _Headway.__name__ = _Headway.__qualname__ = name
+        _Headway.__module__ = __name__
+        return _Headway
+
+    return make(Scheduler, "HeadwayScheduler"), make(AsyncScheduler, "HeadwayAsyncScheduler")
+
+
+_CLASSES: dict[str, type[Any]] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """``HeadwayScheduler`` / ``HeadwayAsyncScheduler`` are built (importing vLLM) on first access."""
+    if name in ("HeadwayScheduler", "HeadwayAsyncScheduler"):
+        if not _CLASSES:
+            sync_cls, async_cls = _build_scheduler_classes()
+            _CLASSES.update(HeadwayScheduler=sync_cls, HeadwayAsyncScheduler=async_cls)
+        return _CLASSES[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

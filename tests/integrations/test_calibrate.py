@@ -1,0 +1,198 @@
+"""Calibration from step logs and client timings, saved presets, fidelity helpers (no vLLM needed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from headway.integrations._cli import add_calibrate_parser
+from headway.integrations._client import ReplayResult, ReplaySpec
+from headway.integrations._probe import (
+    FidelityRow,
+    Geometry,
+    fidelity_workload,
+    fit_from_client,
+    format_fidelity_table,
+    probe_phases,
+    simulate_replay,
+)
+from headway.sim import CostModel, load_preset
+from headway.sim._calibrate import (
+    calibration_meta,
+    engine_configs,
+    fit_from_step_log,
+    percentile,
+    read_step_log,
+    save_preset,
+    saved_presets,
+    scaled,
+    speed_factor,
+    step_samples,
+)
+
+HEADER = {
+    "type": "header", "vllm": "0.32.0", "num_gpu_blocks": 300, "block_size": 128, "max_num_seqs": 8,
+    "max_num_batched_tokens": 2048, "max_model_len": 2048, "enable_chunked_prefill": True,
+}  # fmt: skip
+TRUE = {"step_overhead": 4e-3, "per_token": 6e-5, "per_seq": 2e-4, "per_kv_token": 3e-7}
+
+
+def true_time(n: int, s: int, kv: int) -> float:
+    return TRUE["step_overhead"] + TRUE["per_token"] * n + TRUE["per_seq"] * s + TRUE["per_kv_token"] * kv
+
+
+def write_log(path: Path, n: int = 400, noise: float = 0.02, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    rows: list[dict[str, object]] = [HEADER]
+    t = 100.0
+    for i in range(n):
+        seqs = rng.randint(1, 8)
+        prefill = rng.choice([0, 0, 0, rng.randint(16, 1024)])
+        tokens = seqs + prefill
+        kv = seqs * rng.randint(16, 1500)
+        d = true_time(tokens, seqs, kv) * (1 + rng.gauss(0, noise))
+        gap = 1e-4
+        busy = (i % 50) != 49  # the engine idles every 50 steps
+        rows.append({"step": i + 1, "t0": t, "t1": t + 1e-4, "t2": t + 2e-4, "t3": t + d - gap,
+                     "num_tokens": tokens, "num_seqs": seqs, "num_kv_tokens": kv, "busy": busy,
+                     "waiting": 0, "running": seqs, "policy_s": 1e-5})  # fmt: skip
+        t += d if busy else d + 0.5  # idle: the next step starts much later
+    rows.append({"type": "request", "id": "a", "client_id": "c0", "state": "finished"})
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_fit_recovers_constants_and_capacity(tmp_path: Path) -> None:
+    p = tmp_path / "steps.jsonl"
+    write_log(p)
+    log = read_step_log(p)
+    assert len(log.steps) == 400 and log.requests[0]["client_id"] == "c0"
+    fit, meta = fit_from_step_log(log, "unit-preset")
+    m = fit.model
+    assert fit.r2 > 0.95 and abs(fit.total_time_error) < 1e-6
+    assert m.step_overhead == pytest.approx(TRUE["step_overhead"], rel=0.1)
+    assert m.per_token == pytest.approx(TRUE["per_token"], rel=0.1)
+    assert m.per_kv_token == pytest.approx(TRUE["per_kv_token"], rel=0.2)
+    # KV capacity equals the engine's at the default utilization, for any block size
+    assert m.num_gpu_blocks(0.9, 128) == 300
+    assert m.num_gpu_blocks(0.9, 16) == 300 * 8
+    assert meta["engine"]["num_gpu_blocks"] == 300 and meta["fit"]["r2"] == fit.r2
+
+
+def test_step_durations_use_next_start_only_while_busy(tmp_path: Path) -> None:
+    p = tmp_path / "steps.jsonl"
+    write_log(p, n=100, noise=0.0)
+    samples = step_samples(read_step_log(p).steps)
+    for s in samples:  # every step, idle-before or not, gets its own duration back
+        assert s.duration == pytest.approx(true_time(s.num_tokens, s.num_seqs, s.num_kv_tokens), rel=1e-6)
+
+
+def test_torn_last_line_and_missing_header(tmp_path: Path) -> None:
+    p = tmp_path / "steps.jsonl"
+    write_log(p, n=10)
+    p.write_text(p.read_text() + '{"step": 11, "t0"')
+    assert len(read_step_log(p).steps) == 10
+    q = tmp_path / "bad.jsonl"
+    q.write_text('{"step": 1}\n')
+    with pytest.raises(ValueError, match="no header"):
+        read_step_log(q)
+
+
+def test_saved_presets_load_by_name_after_builtins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEADWAY_PRESET_DIR", str(tmp_path / "presets"))
+    p = tmp_path / "steps.jsonl"
+    write_log(p)
+    fit, meta = fit_from_step_log(read_step_log(p), "my-cpu")
+    path = save_preset(fit.model, meta)
+    assert path == tmp_path / "presets" / "my-cpu.json"
+    assert saved_presets() == ["my-cpu"]
+    assert load_preset("my-cpu") == fit.model
+    assert calibration_meta("my-cpu")["engine"]["block_size"] == 128  # type: ignore[index]
+    assert load_preset(str(path)) == fit.model
+    # a built-in name is never shadowed by a saved file
+    shadow = CostModel.from_json(path)
+    save_preset(scaled(shadow, 2.0, name="llama3-8b-a100"))
+    assert load_preset("llama3-8b-a100").weight_bytes > 0
+    with pytest.raises(ValueError, match=r"saved presets.*my-cpu"):
+        load_preset("nope")
+    with pytest.raises(ValueError, match="plain file stems"):
+        save_preset(scaled(shadow, 1.0, name="../evil"))
+
+
+def test_engine_configs_match_header() -> None:
+    sched, cache = engine_configs(HEADER)
+    assert (sched.max_num_seqs, sched.max_num_batched_tokens, sched.enable_chunked_prefill) == (8, 2048, True)
+    assert (cache.block_size, cache.num_gpu_blocks) == (128, 300)
+
+
+def test_speed_factor_and_scaling(tmp_path: Path) -> None:
+    p = tmp_path / "steps.jsonl"
+    write_log(p, noise=0.0)
+    samples = step_samples(read_step_log(p).steps)
+    fit, _ = fit_from_step_log(read_step_log(p), "x")
+    assert speed_factor(fit.model, samples) == pytest.approx(1.0, rel=1e-6)
+    assert speed_factor(scaled(fit.model, 0.5), samples) == pytest.approx(2.0, rel=1e-6)
+
+
+def test_fit_from_client_timings() -> None:
+    geo = Geometry(8, 2048, 2048, 300, 128)
+    runs = []
+    for c in (1, 2, 4, 8):
+        for p in (64, 512):
+            specs = [ReplaySpec(f"d{c}-{p}-{i}", 0.0, p, 20) for i in range(c)]
+            res = []
+            for s in specs:
+                t = 0.01 + true_time(p * c, c, p * c)
+                times = [t]
+                for i in range(1, 20):
+                    t += true_time(c, c, c * (p + i + 1))
+                    times.append(t)
+                res.append(ReplayResult(s.request_id, 0.0, token_times=times, first_token_time=times[0],
+                                        finish_time=times[-1], num_output_tokens=20))  # fmt: skip
+            runs.append(("decode", specs, res))
+    fit, meta = fit_from_client(runs, geo, "client-fit")
+    assert meta["source"] == "client" and fit.r2 > 0.9
+    assert fit.model.per_seq + fit.model.per_token == pytest.approx(TRUE["per_seq"] + TRUE["per_token"], rel=0.15)
+
+
+def test_probe_phases_cover_lengths_and_concurrency() -> None:
+    phases = probe_phases(Geometry(8, 2048, 2048, 300, 128), quick=True)
+    names = [n for n, _ in phases]
+    assert "prefill P=1024" in names and "decode c=8 P=512" in names and names[-1] == "mixed"
+    ids = [s.request_id for _, specs in phases for s in specs]
+    assert len(ids) == len(set(ids))
+    assert max(s.num_prompt_tokens for _, specs in phases for s in specs) <= 1024
+
+
+def test_simulate_replay_and_table() -> None:
+    model = CostModel("t", TRUE["step_overhead"], TRUE["per_token"], TRUE["per_seq"], TRUE["per_kv_token"],
+                      gpu_memory_bytes=1e9, weight_bytes=0.0, kv_bytes_per_token=1000.0)  # fmt: skip
+    specs = fidelity_workload(60, 20.0, seed=1)
+    out = {pol: simulate_replay([s.arrival_time for s in specs], specs, pol, model, HEADER)
+           for pol in ("fcfs", "sjf-oracle", "pars")}  # fmt: skip
+    for rows in out.values():
+        assert len(rows) == 60 and all(0 < t <= e for t, e in rows)
+    mean = {k: sum(e for _, e in v) / 60 for k, v in out.items()}
+    assert mean["sjf-oracle"] <= mean["fcfs"] * 1.01
+    row = FidelityRow("fcfs", 60, real={"e2e_mean": 1.0, "e2e_p90": 2.0, "ttft_mean": 0.1, "ttft_p90": 0.2},
+                      sim={"e2e_mean": 1.1, "e2e_p90": 1.8, "ttft_mean": 0.1, "ttft_p90": 0.25},
+                      sim_corrected={"e2e_mean": 1.0, "e2e_p90": 2.0, "ttft_mean": 0.1, "ttft_p90": 0.2})  # fmt: skip
+    table = format_fidelity_table([row])
+    assert "| fcfs | 60 |" in table and "+10.0%" in table and "-10.0%" in table
+    assert "+0.0%" in format_fidelity_table([row], corrected=True)
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+
+
+def test_cli_parsers_and_argument_errors() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    add_calibrate_parser(sub)
+    args = parser.parse_args(["calibrate", "--name", "x"])
+    with pytest.raises(ValueError, match="--endpoint URL"):
+        args.func(args)
+    args = parser.parse_args(["fidelity", "--preset", "llama3-8b-a100", "--rate", "2", "--endpoint", "http://x"])
+    with pytest.raises(ValueError, match="--control-file"):
+        args.func(args)

@@ -1,0 +1,328 @@
+"""The vLLM plugin's ordering logic (PolicyAdapter, HeadwayRequestQueue, settings) without vLLM."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from headway.core import Policy, PolicyKey, Request, make_policy, register_policy
+from headway.integrations.vllm import (
+    SUPPORTED_VLLM_VERSIONS,
+    PluginConfig,
+    PluginConfigError,
+    PolicyAdapter,
+    VllmVersionError,
+    check_vllm_version,
+    load_text_scorer,
+    word_count_scorer,
+)
+from integrations._fake import FakeEngine, FakeRequest
+
+# A burst: long and short requests interleaved, arriving at the same instant.
+BURST = [("r0", 200), ("r1", 180), ("r2", 10), ("r3", 150), ("r4", 8), ("r5", 12), ("r6", 160), ("r7", 9)]
+
+
+def burst(engine: FakeEngine) -> None:
+    for i, (rid, out) in enumerate(BURST):
+        engine.add(FakeRequest(rid, 1000.0 + i * 1e-6, 16, out))
+
+
+def test_fcfs_keeps_arrival_order() -> None:
+    eng = FakeEngine(make_policy("fcfs"), max_num_seqs=2)
+    burst(eng)
+    eng.run()
+    assert eng.started == [r for r, _ in BURST]
+    assert sorted(eng.finished) == sorted(r for r, _ in BURST)  # nothing lost or duplicated
+
+
+def test_sjf_oracle_finishes_short_first_fcfs_does_not() -> None:
+    short = {rid for rid, out in BURST if out < 20}
+    results = {}
+    for name in ("fcfs", "sjf-oracle"):
+        eng = FakeEngine(make_policy(name), max_num_seqs=2, oracle="max_tokens")
+        burst(eng)
+        eng.run()
+        assert sorted(eng.finished) == sorted(r for r, _ in BURST)  # nothing lost or duplicated
+        results[name] = eng.finished
+    # SJF: the shorts finish before any long request
+    assert set(results["sjf-oracle"][: len(short)]) == short
+    # FCFS: the two longs at the head of the queue finish before the last short ones
+    assert set(results["fcfs"][: len(short)]) != short
+
+
+def test_oracle_policy_needs_the_max_tokens_setting() -> None:
+    with pytest.raises(PluginConfigError, match="max_tokens"):
+        PolicyAdapter(make_policy("sjf-oracle"))
+
+
+def test_oracle_length_is_max_tokens_capped_by_model_len() -> None:
+    pol = make_policy("sjf-oracle")
+    a = PolicyAdapter(pol, oracle="max_tokens", max_model_len=100, clock=lambda: 5.0, epoch=0.0)
+    q = a.make_queue()
+    q.add_request(FakeRequest("a", 1.0, 40, 500))
+    q.add_request(FakeRequest("b", 1.0, 10, 70))
+    a.flush()
+    # a: min(500, 100 - 40) = 60 < b: 70
+    assert [r.request_id for r in q] == ["a", "b"]
+
+
+def test_queue_protocol_like_vllm() -> None:
+    a = PolicyAdapter(make_policy("fcfs"), clock=lambda: 10.0, epoch=0.0)
+    q = a.make_queue()
+    assert not q and len(q) == 0
+    with pytest.raises(IndexError):
+        q.peek_request()
+    with pytest.raises(IndexError):
+        q.pop_request()
+    reqs = [FakeRequest(f"r{i}", 1.0 + i, 8, 4) for i in range(5)]
+    for r in reqs:
+        q.add_request(r)
+    assert len(q) == 5 and bool(q)  # counted before they are scored/keyed
+    assert q.peek_request() is reqs[0]
+    assert reqs[3] in q
+    q.remove_requests([reqs[1], reqs[3]])
+    assert [r.request_id for r in q] == ["r0", "r2", "r4"]
+    first = q.pop_request()
+    assert first is reqs[0] and len(q) == 2
+    q.prepend_requests([first])  # a skipped request goes back by key, not to the front blindly
+    assert [r.request_id for r in q] == ["r0", "r2", "r4"]
+    q.remove_request(reqs[2])
+    assert len(q) == 2
+
+
+def test_pending_requests_removed_before_scoring() -> None:
+    a = PolicyAdapter(make_policy("fcfs"), clock=lambda: 10.0, epoch=0.0)
+    q = a.make_queue()
+    r = FakeRequest("x", 1.0, 8, 4)
+    q.add_request(r)
+    q.remove_requests([r])
+    assert len(q) == 0
+    a.finish(r, aborted=True)
+    a.flush()
+    assert len(q) == 0 and not a.reqs
+
+
+def test_scores_from_request_xargs_and_batched_scorer() -> None:
+    calls: list[list[str]] = []
+
+    def scorer(prompts: list[str]) -> list[float]:
+        calls.append(list(prompts))
+        return word_count_scorer(prompts)
+
+    a = PolicyAdapter(
+        make_policy("pars"), score_batch=scorer, decode=lambda batch: [" ".join(["w"] * len(i)) for i in batch],
+        clock=lambda: 1.0, epoch=0.0,
+    )  # fmt: skip
+    q = a.make_queue()
+    given = FakeRequest("given", 0.5, 4, 10)
+    given.sampling_params = SimpleNamespace(extra_args={"headway_score": 0.1}, ignore_eos=True)
+    q.add_request(given)
+    for i, n in enumerate([30, 3, 12]):
+        q.add_request(FakeRequest(f"p{i}", 0.5, n, 10, prompt_token_ids=list(range(n))))
+    order = [r.request_id for r in q]  # iteration flushes: one scorer call for all three arrivals
+    assert len(calls) == 1 and len(calls[0]) == 3
+    assert order == ["given", "p1", "p2", "p0"]
+    assert a.num_scored == 3 and a.score_time >= 0
+
+
+def test_missing_score_falls_back_to_setting_or_mean() -> None:
+    a = PolicyAdapter(make_policy("pars"), missing_score=99.0, clock=lambda: 1.0, epoch=0.0)
+    q = a.make_queue()
+    q.add_request(FakeRequest("x", 0.5, 4, 10))
+    q.add_request(FakeRequest("y", 0.6, 4, 10, sampling_params=SimpleNamespace(extra_args={"headway_score": 5.0})))
+    assert [r.request_id for r in q] == ["y", "x"]
+    assert a.num_missing_scores == 1
+    # default: the mean of the scores seen so far (the middle of the queue), never an engine error
+    a = PolicyAdapter(make_policy("pars"), clock=lambda: 1.0, epoch=0.0)
+    q = a.make_queue()
+    for rid, sc in (("lo", 1.0), ("hi", 9.0)):
+        q.add_request(FakeRequest(rid, 0.5, 4, 10, sampling_params=SimpleNamespace(extra_args={"headway_score": sc})))
+    a.flush()
+    q.add_request(FakeRequest("none", 0.7, 4, 10))
+    assert [r.request_id for r in q] == ["lo", "none", "hi"]
+
+
+def test_pars_starvation_promotion_timer_rekeys_queued_requests() -> None:
+    now = [0.0]
+    a = PolicyAdapter(make_policy("pars", starvation_threshold=5.0), clock=lambda: now[0], epoch=0.0)
+    q = a.make_queue()
+    old = FakeRequest("old", 0.0, 4, 10, sampling_params=SimpleNamespace(extra_args={"headway_score": 9.0}))
+    q.add_request(old)
+    now[0] = 1.0
+    a.step_start()
+    new = FakeRequest("new", 1.0, 4, 10, sampling_params=SimpleNamespace(extra_args={"headway_score": 1.0}))
+    q.add_request(new)
+    a.step_start()
+    assert q.peek_request() is new
+    now[0] = 5.5  # the old request waited past the threshold: promoted at its timer
+    a.step_start()
+    assert q.peek_request() is old
+
+
+@register_policy("test-plugin-epoch")
+class _EpochPolicy(Policy):
+    """Key = sign * arrival; flipping the sign bumps key_epoch."""
+
+    sign = 1.0
+
+    def key(self, request: Request, now: float) -> PolicyKey:
+        return (self.sign * request.arrival_time,)
+
+
+def test_key_epoch_rekeys_everything() -> None:
+    pol = make_policy("test-plugin-epoch")
+    a = PolicyAdapter(pol, clock=lambda: 10.0, epoch=0.0)
+    q = a.make_queue()
+    for i in range(4):
+        q.add_request(FakeRequest(f"r{i}", float(i), 4, 4))
+    a.step_start()
+    assert q.peek_request().request_id == "r0"
+    pol.sign = -1.0  # type: ignore[attr-defined]
+    pol.key_epoch += 1
+    a.step_start()
+    assert q.peek_request().request_id == "r3"
+
+
+def test_srpt_displaces_longer_running_request() -> None:
+    eng = FakeEngine(make_policy("srpt-oracle"), max_num_seqs=1, oracle="max_tokens")
+    eng.add(FakeRequest("long", 1000.0, 8, 100))
+    eng.step()
+    eng.step()
+    eng.add(FakeRequest("short", 1000.02, 8, 5))
+    eng.run()
+    assert eng.preempted == ["long"]
+    assert eng.finished == ["short", "long"]
+    assert eng.adapter.reqs == {}
+
+
+def test_fcfs_never_displaces() -> None:
+    eng = FakeEngine(make_policy("fcfs"), max_num_seqs=1)
+    eng.add(FakeRequest("long", 1000.0, 8, 50))
+    eng.step()
+    eng.add(FakeRequest("short", 1000.02, 8, 5))
+    eng.run()
+    assert eng.preempted == [] and eng.finished == ["long", "short"]
+
+
+def test_eviction_order_puts_victims_last() -> None:
+    a = PolicyAdapter(make_policy("sjf-oracle"), oracle="max_tokens", clock=lambda: 1.0, epoch=0.0)
+    q = a.make_queue()
+    reqs = [FakeRequest(f"r{i}", 0.0, 4, out) for i, out in enumerate([50, 10, 30])]
+    for r in reqs:
+        q.add_request(r)
+    running = [q.pop_request() for _ in range(3)]
+    for h in a.take_popped():
+        a.mark_running(h)
+    order = a.eviction_order(running[::-1])
+    assert [r.request_id for r in order] == ["r1", "r2", "r0"]  # the largest key is evicted first
+
+
+def test_eviction_order_follows_custom_choose_victim() -> None:
+    pol = make_policy("uniboost-memguard")
+    a = PolicyAdapter(pol, clock=lambda: 1.0, epoch=0.0)
+    q = a.make_queue()
+    reqs = [FakeRequest(f"r{i}", 0.0, 4, 100) for i in range(4)]
+    for r in reqs:
+        q.add_request(r)
+    running = [q.pop_request() for _ in range(4)]
+    for h in a.take_popped():
+        a.mark_running(h)
+    order = a.eviction_order(running)
+    rest = [a.reqs[r.request_id] for r in order]
+    assert pol.choose_victim(rest, 1.0) is rest[-1]
+    assert sorted(r.request_id for r in order) == ["r0", "r1", "r2", "r3"]
+
+
+def test_on_finish_gets_observed_length_and_aborts_do_not() -> None:
+    seen: list[tuple[str, int]] = []
+
+    class Spy(Policy):
+        name = "spy"
+
+        def key(self, request: Request, now: float) -> PolicyKey:
+            return (request.arrival_time,)
+
+        def on_finish(self, request: Request, now: float) -> None:
+            seen.append((request.request_id, request.num_output_tokens))
+            # no on_progress hook: counters are synced lazily, the first token is still timed
+            assert request.first_token_time is not None and request.first_scheduled_time is not None
+            assert request.first_scheduled_time < request.first_token_time < now
+
+    eng = FakeEngine(Spy(), max_num_seqs=4)
+    eng.add(FakeRequest("a", 1000.0, 4, 7))
+    aborted = FakeRequest("b", 1000.0, 4, 7)
+    eng.add(aborted)
+    eng.waiting.remove_requests([aborted])
+    eng.adapter.finish(aborted, aborted=True)
+    eng.run()
+    assert seen == [("a", 7)]
+
+
+def test_policy_swap_only_when_empty() -> None:
+    a = PolicyAdapter(make_policy("fcfs"), clock=lambda: 1.0, epoch=0.0)
+    q = a.make_queue()
+    r = FakeRequest("a", 0.0, 4, 4)
+    q.add_request(r)
+    with pytest.raises(RuntimeError, match="no requests"):
+        a.set_policy(make_policy("sjf-oracle"), "max_tokens")
+    q.remove_requests([r])
+    a.finish(r, aborted=True)
+    a.set_policy(make_policy("sjf-oracle"), "max_tokens")
+    assert a.policy.name == "sjf-oracle" and q._pq.policy is a.policy
+
+
+# ------------------------------------------------------------------ settings
+def test_config_from_additional_config_env_and_defaults(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = PluginConfig.resolve({"headway": {"policy": "pars", "policy_args": {"starvation_threshold": 5}}}, {})
+    assert cfg.policy == "pars" and cfg.policy_args == {"starvation_threshold": 5}
+    assert PluginConfig.resolve({}, {}).policy == "fcfs"
+    assert PluginConfig.resolve(None, {"HEADWAY_VLLM_CONFIG": '{"policy": "sjf-oracle"}'}).policy == "sjf-oracle"
+    f = tmp_path / "hw.json"
+    f.write_text(json.dumps({"policy": "ltr"}))
+    assert PluginConfig.resolve({"other": 1}, {"HEADWAY_VLLM_CONFIG": str(f)}).policy == "ltr"
+    with pytest.raises(PluginConfigError, match="unknown setting"):
+        PluginConfig.from_mapping({"polcy": "fcfs"})
+    with pytest.raises(PluginConfigError, match="oracle"):
+        PluginConfig(oracle="yes")
+    with pytest.raises(PluginConfigError, match="not valid JSON"):
+        PluginConfig.resolve(None, {"HEADWAY_VLLM_CONFIG": "{bad"})
+
+
+def test_version_guard_names_supported_versions() -> None:
+    check_vllm_version(SUPPORTED_VLLM_VERSIONS[0] + ".0")
+    with pytest.raises(VllmVersionError, match=r"supports vLLM 0\.32\.x.*found vLLM 0\.11\.0"):
+        check_vllm_version("0.11.0")
+    with pytest.raises(VllmVersionError):
+        check_vllm_version("0.320.1")
+
+
+def test_interface_check_lists_what_is_missing() -> None:
+    from headway.integrations.vllm import _check_interface
+
+    class Sched:
+        def schedule(self) -> None: ...
+
+    with pytest.raises(VllmVersionError, match="update_from_output"):
+        _check_interface(Sched, object, "9.9")
+
+
+def test_import_does_not_need_vllm() -> None:
+    import sys
+
+    import headway.integrations.vllm as mod
+
+    assert "vllm" not in sys.modules or hasattr(mod, "PolicyAdapter")
+    with pytest.raises(AttributeError):
+        mod.NoSuchThing  # noqa: B018
+
+
+def test_load_text_scorer_specs() -> None:
+    fn = load_text_scorer("headway.integrations.vllm:word_count_scorer")
+    assert fn(["a b c"]) == [math.log1p(3)]
+    with pytest.raises(PluginConfigError, match="cannot load"):
+        load_text_scorer("headway.nope:fn")
+    with pytest.raises(PluginConfigError, match="module:attr"):
+        load_text_scorer("not-a-spec")

