@@ -132,7 +132,7 @@ def _fire(
 
 
 def test_queue_is_served_in_policy_order(make_stub, make_gateway):
-    stub = make_stub(token_delay_s=0.008)
+    stub = make_stub(token_delay_s=0.02)  # the first request holds the backend ~3 s while the rest queue
     gw = make_gateway([BackendConfig(stub.url, max_concurrency=1)], policy="sjf-oracle")
     lengths = [150, 25, 3, 12, 6]  # the first occupies the backend; the rest queue
     bodies = [{"model": "m", "prompt": f"p{n}", "max_tokens": n} for n in lengths]
@@ -212,17 +212,24 @@ def test_api_keys_map_to_tenant_and_tier(make_stub, make_gateway):
 def test_queue_length_per_tenant_in_metrics(make_stub, make_gateway):
     stub = make_stub(token_delay_s=0.01)
     tenants = (TenantConfig("acme", Tier.PREMIUM, (hash_api_key("k1"),)),)
-    gw = make_gateway([BackendConfig(stub.url, max_concurrency=1)], tenants=tenants)
+    gw = make_gateway(
+        [BackendConfig(stub.url, max_concurrency=1)], tenants=tenants, admin_api_key_sha256=(hash_api_key("adm"),)
+    )
     th = threading.Thread(
         target=_fire,
         args=(gw.url, [{**COMPLETION, "max_tokens": 100}] * 3, {"Authorization": "Bearer k1"}, 0.0),
     )
     th.start()
     wait_until(lambda: len(gw.gateway.dispatcher.queue) == 2, what="two queued")
-    text = httpx.get(gw.url + "/metrics").text
+    text = httpx.get(gw.url + "/metrics", headers={"Authorization": "Bearer adm"}).text
+    own = httpx.get(gw.url + "/metrics", headers={"Authorization": "Bearer k1"}).text
+    anonymous = httpx.get(gw.url + "/metrics")
     th.join()
     assert 'headway_queue_length{tenant="acme",tier="premium"} 2.0' in text
     assert f'headway_backend_in_flight{{backend="{stub.url}"}} 1.0' in text
+    # a tenant's key sees its own series only; with keys required, no key sees nothing
+    assert 'headway_queue_length{tenant="acme",tier="premium"} 2.0' in own and "backend" not in own
+    assert anonymous.status_code == 401
 
 
 # ------------------------------------------------------------------------ trouble

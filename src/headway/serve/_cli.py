@@ -56,6 +56,19 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--redis", default=None, metavar="URL", help="keep API keys (and queue state) in Redis")
     p.add_argument(
+        "--redis-lease",
+        type=float,
+        default=None,
+        metavar="S",
+        help="replica liveness lease in Redis mode (default 5): a dead replica's queue entries "
+        "and backend slots are reclaimed after S seconds",
+    )
+    p.add_argument(
+        "--router",
+        default=None,
+        help="which backend with room gets a request: a headway router (default least-outstanding)",
+    )
+    p.add_argument(
         "--api-keys",
         default=None,
         choices=["auto", "required", "off"],
@@ -79,6 +92,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="read each --backend's /metrics every S seconds for saturation",
     )
     p.add_argument("--max-queue", type=int, default=None, help="queued requests before 429")
+    p.add_argument("--max-queue-per-tenant", type=int, default=None, help="queued requests per tenant before 429")
+    p.add_argument("--max-tokens-limit", type=int, default=None, help="400 above this many requested tokens")
     p.add_argument("--queue-ttl", type=float, default=None, metavar="S", help="seconds queued before 408")
     p.add_argument(
         "--drain-timeout",
@@ -93,6 +108,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="prompt scorer for score-ranked policies: 'default' or 'module:callable'",
     )
     p.add_argument("--log-level", default="info")
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn access log)")
     p.set_defaults(func=_run_serve)
     return p
 
@@ -115,6 +131,10 @@ def build_config(args: argparse.Namespace) -> Any:
         "drain_timeout_s": args.drain_timeout,
         "scorer": args.scorer,
         "api_keys": args.api_keys,
+        "redis_lease_s": getattr(args, "redis_lease", None),
+        "router": getattr(args, "router", None),
+        "max_queue_per_tenant": getattr(args, "max_queue_per_tenant", None),
+        "max_tokens_limit": getattr(args, "max_tokens_limit", None),
     }
     if args.policy_arg:
         overrides["policy_args"] = {k: _parse_value(v) for k, v in args.policy_arg}
@@ -133,7 +153,14 @@ def _run_serve(args: argparse.Namespace) -> int:
         print(f"headway serve: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_app(app, args.host, args.port, drain_timeout_s=config.drain_timeout_s, log_level=args.log_level)
+    run_app(
+        app,
+        args.host,
+        args.port,
+        drain_timeout_s=config.drain_timeout_s,
+        log_level=args.log_level,
+        access_log=getattr(args, "access_log", False),
+    )
     return 0
 
 
@@ -235,6 +262,7 @@ def add_stub_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8001)
     p.add_argument("--token-delay", type=float, default=0.0, help="seconds between tokens")
     p.add_argument("--max-num-seqs", type=int, default=0)
+    p.add_argument("--first-token-delay", type=float, default=0.0, help="seconds before the first token")
     p.set_defaults(func=_run_stub)
     return p
 
@@ -243,7 +271,11 @@ def _run_stub(args: argparse.Namespace) -> int:
     from headway.serve._runner import run_app
     from headway.serve._stub import StubConfig, create_stub_app
 
-    app = create_stub_app(StubConfig(token_delay_s=args.token_delay, max_num_seqs=args.max_num_seqs))
+    app = create_stub_app(
+        StubConfig(
+            token_delay_s=args.token_delay, max_num_seqs=args.max_num_seqs, first_token_delay_s=args.first_token_delay
+        )
+    )
     run_app(app, args.host, args.port, log_level="warning")
     return 0
 

@@ -9,10 +9,14 @@ Config file (TOML shown; JSON with the same structure works too)::
     queue_ttl_s = 60.0              # 408 after waiting this long in the queue
     max_body_bytes = 1048576        # 413 beyond this
     default_max_tokens = 256        # when a request gives no max_tokens
+    max_tokens_limit = 0            # 400 above this many requested output tokens (0 = none)
     retry_after_s = 1               # Retry-After header of 429s
     max_attempts = 3                # backends tried per request before streaming starts
     drain_timeout_s = 30.0          # SIGTERM: finish in-flight + queued work up to this
     redis_url = ""                  # "" = in-memory queue state
+    redis_lease_s = 5.0             # replica liveness lease (Redis mode), see _redis_queue
+    router = "least-outstanding"    # which backend gets a dispatched request (headway routers)
+    admin_api_key_sha256 = []       # keys that may read all of /metrics (when keys are required)
 
     [[backends]]
     url = "http://127.0.0.1:8001"
@@ -45,7 +49,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from headway.core import Tier, get_policy_class
+from headway.core import Tier, get_policy_class, get_router_class
 
 __all__ = [
     "BackendConfig",
@@ -141,6 +145,8 @@ class GatewayConfig:
     queue_ttl_s: float = 60.0
     max_body_bytes: int = 1 << 20
     default_max_tokens: int = 256
+    max_tokens_limit: int = 0
+    """400 for a request asking for more than this many output tokens (0 = no limit)."""
     retry_after_s: int = 1
     max_attempts: int = 3
     drain_timeout_s: float = 30.0
@@ -156,7 +162,19 @@ class GatewayConfig:
     api_keys: str = "auto"
     """``"auto"``: require a key when ``tenants`` lists any; ``"required"``: always (keys
     from ``tenants`` and, with ``redis_url``, Redis); ``"off"``: everyone is tenant ``default``."""
-    """Prefix of every Redis key this gateway uses (one prefix = one shared queue)."""
+    redis_lease_s: float = 5.0
+    """Replica liveness lease in Redis mode: a replica that has not renewed it for this
+    long is presumed dead and its queued entries and held backend slots are reclaimed."""
+    redis_retry_s: float = 5.0
+    """Keep retrying a Redis operation on connection errors for this long (Redis restart)."""
+    router: str = "least-outstanding"
+    """Which backend (among those with room) a dispatched request goes to: a registered
+    ``headway.core`` router (``headway.core.available_routers()``). In-memory mode only;
+    with ``redis_url`` the shared Lua dispatcher picks the least-loaded backend."""
+    router_args: Mapping[str, Any] = field(default_factory=dict)
+    admin_api_key_sha256: tuple[str, ...] = ()
+    """SHA-256 of keys that see all of ``/metrics`` when API keys are required (a tenant
+    key sees only its own tenant's series; no key: 401)."""
     scorer: str = ""
     """Prompt scorer run batched in a worker thread on arrival; sets ``Request.score`` (for
     ``pars`` and other score-ranked policies). ``"default"`` (the ``headway.predict``
@@ -181,11 +199,36 @@ class GatewayConfig:
         )
         _check(self.max_body_bytes >= 64, f"max_body_bytes must be >= 64, got {self.max_body_bytes}")
         _check(self.default_max_tokens >= 1, f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
+        _check(self.max_tokens_limit >= 0, f"max_tokens_limit must be >= 0, got {self.max_tokens_limit}")
         _check(self.retry_after_s >= 0, f"retry_after_s must be >= 0, got {self.retry_after_s}")
         _check(self.max_attempts >= 1, f"max_attempts must be >= 1, got {self.max_attempts}")
         _check(self.drain_timeout_s >= 0, f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
         _check(self.connect_timeout_s > 0, f"connect_timeout_s must be > 0, got {self.connect_timeout_s}")
         _check(self.read_timeout_s > 0, f"read_timeout_s must be > 0, got {self.read_timeout_s}")
+        _check(
+            self.redis_lease_s > 0 and math.isfinite(self.redis_lease_s),
+            f"redis_lease_s must be > 0, got {self.redis_lease_s}",
+        )
+        _check(
+            self.redis_retry_s >= 0 and math.isfinite(self.redis_retry_s),
+            f"redis_retry_s must be >= 0, got {self.redis_retry_s}",
+        )
+        get_router_class(self.router)  # UnknownRouterError (a ValueError) names valid ones
+        _check(isinstance(self.router_args, Mapping), "router_args must be a table")
+        admin = self.admin_api_key_sha256
+        if isinstance(admin, str):
+            admin = (admin,)
+        _check(
+            isinstance(admin, tuple | list) and all(isinstance(h, str) for h in admin),
+            "admin_api_key_sha256 must be a list of hex strings",
+        )
+        admin = tuple(h.lower() for h in admin)
+        for h in admin:
+            _check(
+                len(h) == 64 and all(c in "0123456789abcdef" for c in h),
+                f"admin_api_key_sha256 entries must be 64 hex digits, got one of length {len(h)}",
+            )
+        object.__setattr__(self, "admin_api_key_sha256", admin)
         _check(self.backend_down_s >= 0, f"backend_down_s must be >= 0, got {self.backend_down_s}")
         _check(
             not self.redis_url or self.redis_url.startswith(("redis://", "rediss://", "unix://")),
@@ -229,28 +272,66 @@ def _only(kind: str, data: Mapping[str, Any], allowed: set[str]) -> None:
     _check(not unknown, f"unknown {kind} setting(s) {unknown}; valid: {sorted(allowed)}")
 
 
+def _types(kind: str, cls: type, data: Mapping[str, Any]) -> None:
+    """Each value has its field's type (a file can hold anything): ConfigError naming it."""
+    fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
+    for name, value in data.items():
+        ann = str(fields[name].type)
+        if ann == "bool":
+            ok, want = isinstance(value, bool), "true or false"
+        elif ann == "int":
+            ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif ann == "float":
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            want = "a finite number"
+        elif ann in ("str", "Tier"):
+            ok, want = isinstance(value, str) or (ann == "Tier" and isinstance(value, Tier)), "a string"
+        elif ann.startswith("Mapping"):
+            ok, want = isinstance(value, Mapping) and all(isinstance(k, str) for k in value), "a table"
+        elif ann.startswith("tuple[str"):
+            ok = isinstance(value, str) or (isinstance(value, list | tuple) and all(isinstance(v, str) for v in value))
+            want = "a list of strings"
+        elif ann.startswith("tuple"):
+            ok, want = isinstance(value, list | tuple), "a list"
+        else:
+            continue
+        _check(ok, f"{kind} setting {name!r} must be {want}, got {type(value).__name__} {value!r:.60}")
+
+
 def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> GatewayConfig:
     """Build a :class:`GatewayConfig` from parsed TOML/JSON plus keyword overrides."""
     merged: dict[str, Any] = dict(data)
     merged.update({k: v for k, v in overrides.items() if v is not None})
     _only("gateway", merged, _GATEWAY_FIELDS)
+    raw_backends = merged.pop("backends", ())
+    raw_tenants = merged.pop("tenants", ())
+    _check(isinstance(raw_backends, list | tuple), f"backends must be a list, got {raw_backends!r:.60}")
+    _check(isinstance(raw_tenants, list | tuple), f"tenants must be a list, got {raw_tenants!r:.60}")
+    _types("gateway", GatewayConfig, merged)
+    if isinstance(merged.get("admin_api_key_sha256"), str | list):
+        admin = merged["admin_api_key_sha256"]
+        merged["admin_api_key_sha256"] = (admin,) if isinstance(admin, str) else tuple(admin)
     backends: list[BackendConfig] = []
-    for b in merged.pop("backends", ()):
+    for b in raw_backends:
         if isinstance(b, BackendConfig):
             backends.append(b)
             continue
         if isinstance(b, str):
             b = {"url": b}
-        _check(isinstance(b, Mapping), f"backends entries must be tables or URLs, got {b!r}")
+        _check(isinstance(b, Mapping), f"backends entries must be tables or URLs, got {b!r:.60}")
         _only("backend", b, _BACKEND_FIELDS)
+        _types("backend", BackendConfig, b)
+        _check("url" in b, "backends entries need a 'url'")
         backends.append(BackendConfig(**b))
     tenants: list[TenantConfig] = []
-    for t in merged.pop("tenants", ()):
+    for t in raw_tenants:
         if isinstance(t, TenantConfig):
             tenants.append(t)
             continue
-        _check(isinstance(t, Mapping), f"tenants entries must be tables, got {t!r}")
+        _check(isinstance(t, Mapping), f"tenants entries must be tables, got {t!r:.60}")
         _only("tenant", t, _TENANT_FIELDS)
+        _types("tenant", TenantConfig, t)
+        _check("name" in t, "tenants entries need a 'name'")
         t = dict(t)
         keys = t.get("api_key_sha256", ())
         t["api_key_sha256"] = (keys,) if isinstance(keys, str) else tuple(keys)

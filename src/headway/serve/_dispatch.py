@@ -15,7 +15,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from headway.core import Policy, PolicyQueue, Request, RequestState
+from headway.core import LoadTracker, Policy, PolicyQueue, Request, RequestState, Router, make_router
+from headway.core._router import Estimator, policy_estimator
 from headway.serve._config import BackendConfig
 
 __all__ = ["Backend", "Dispatcher", "QueueFullError"]
@@ -80,8 +81,19 @@ class Dispatcher:
         max_queue_per_tenant: int = 0,
         clock: Callable[[], float] = time.monotonic,
         on_dispatch: Callable[[Request, Backend], None] | None = None,
+        router: Router | None = None,
     ) -> None:
         self.policy = policy
+        self.router = router if router is not None else make_router("least-outstanding")
+        # backends with a concurrency limit count as that much faster: load-proportional routing
+        limits = [b.config.max_concurrency for b in backends]
+        speeds = [lim / max(limits) for lim in limits] if backends and all(limits) else None
+        self.tracker = (
+            LoadTracker(len(backends) if speeds is None else None, speeds=speeds, names=[b.url for b in backends])
+            if backends
+            else None
+        )
+        self._estimate: Estimator | None = policy_estimator(policy)
         self.queue = PolicyQueue(policy)
         self.backends = backends
         self.max_queue_len = max_queue_len
@@ -160,16 +172,21 @@ class Dispatcher:
             del self.queued_per_tenant[key]
 
     # -------------------------------------------------------------- dispatch
-    def _pick(self, now: float, exclude: frozenset[int]) -> Backend | None:
-        best: Backend | None = None
-        best_load = 0.0
-        for b in self.backends:
-            if b.index in exclude or not b.has_room(now):
-                continue
-            load = b.load()
-            if best is None or load < best_load:
-                best, best_load = b, load
-        return best
+    def _candidates(self, now: float, exclude: frozenset[int]) -> list[int]:
+        return [b.index for b in self.backends if b.index not in exclude and b.has_room(now)]
+
+    def _route(self, req: Request, candidates: list[int]) -> Backend:
+        """The router's pick among ``candidates`` (recorded in the tracker until :meth:`release`)."""
+        assert self.tracker is not None
+        if len(candidates) == 1 and not self.router.uses_estimate:
+            k = candidates[0]
+            self.tracker.assign(req, k, float(req.num_prompt_tokens + req.max_tokens))
+        else:
+            try:
+                k = self.router.route(req, self.tracker, candidates, estimate=self._estimate)
+            except ValueError:  # a bad estimate: fall back to the plain prompt-length one
+                k = self.router.route(req, self.tracker, candidates)
+        return self.backends[k]
 
     def dispatch(self) -> int:
         """Hand queued requests to backends while one has room; returns how many."""
@@ -184,15 +201,16 @@ class Dispatcher:
             req = queue.peek()
             assert req is not None
             fut, exclude = self._waiters[req]
-            backend = self._pick(now_mono, exclude)
-            if backend is None:
-                if not exclude or self._pick(now_mono, frozenset()) is None:
+            candidates = self._candidates(now_mono, exclude)
+            if not candidates:
+                if not exclude or not self._candidates(now_mono, frozenset()):
                     break  # nobody has room: the head waits (head-of-line by policy order)
                 # the head may not use the free backend (it failed there): look further
                 skipped.append(queue.pop())
                 continue
             queue.pop()
             self._forget(req)
+            backend = self._route(req, candidates)
             backend.in_flight += 1
             backend.dispatched_since_poll += 1
             now = now_mono - self._t0
@@ -223,8 +241,10 @@ class Dispatcher:
 
         self._wakeup_handle = asyncio.get_running_loop().call_later(min(downs) - now_mono + 1e-3, wake)
 
-    def release(self, backend: Backend) -> None:
-        """A request dispatched to ``backend`` ended (any way): free its slot."""
+    def release(self, backend: Backend, request: Request | None = None) -> None:
+        """``request``, dispatched to ``backend``, ended (any way): free its slot."""
+        if request is not None and self.tracker is not None:
+            self.tracker.release(request)
         backend.in_flight -= 1
         backend.finished_since_poll += 1
         self.dispatch()

@@ -5,7 +5,21 @@ Life of a request: read the body (413 over the limit), authenticate (401), valid
 wait for the dispatcher to hand it a backend (408 after the TTL; removed on client
 disconnect), forward it (retry on another backend while nothing was streamed), pass
 the response through (SSE event by event) and report progress and the final
-``usage.completion_tokens`` to the policy.
+``usage.completion_tokens`` to the policy. Every request ends in exactly one terminal
+answer, counted once in ``headway_requests_finished`` or ``headway_rejections{reason}``.
+
+Backend failures: a backend that refuses the connection or drops it before answering is
+marked down for ``backend_down_s`` and the request goes back to the queue (same policy
+position) to wait for it or another backend, up to the queue TTL; nothing had reached
+the client. A 5xx or a broken exchange is retried on another backend (``max_attempts``),
+then 502. A backend failing mid-stream ends the stream with an error event and
+``[DONE]``; mid-body of a non-streamed response, a 502.
+
+Other endpoints: ``GET``/``DELETE /v1/requests/{id}`` (status / cancel one of the
+caller's own requests on this replica: another tenant's request is a 404, like a
+missing one), ``/metrics`` (everything with API keys off or for an admin key; a tenant
+key sees only series labelled with its tenant; no key: 401), ``/health`` and
+``/openapi.json``.
 """
 
 from __future__ import annotations
@@ -14,24 +28,33 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from headway.core import Policy, Request, RequestState, make_policy
-from headway.serve._config import GatewayConfig
+from headway.core import Policy, Request, RequestState, make_policy, make_router
+from headway.serve._config import GatewayConfig, hash_api_key
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 from headway.serve._metrics import GatewayMetrics
+from headway.serve._openapi import openapi_schema
 from headway.serve._redis_queue import RedisDispatcher
 from headway.serve._scorer import BatchScorer, load_score_fn
 from headway.serve._tenants import Identity, TenantDirectory
-from headway.serve._upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamResponse
+from headway.serve._upstream import (
+    UpstreamConnectError,
+    UpstreamConnectionLost,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+)
 
 __all__ = ["Gateway", "create_app"]
 
@@ -69,6 +92,40 @@ def _either(a: asyncio.Future[Any], b: asyncio.Future[Any]) -> set[asyncio.Futur
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+class _Watch:
+    """Why a request should stop early: its client disconnected, or it was cancelled by API."""
+
+    __slots__ = ("stop", "task")
+
+    def __init__(self, task: asyncio.Future[None]) -> None:
+        self.task = task
+        self.stop: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        task.add_done_callback(self._on_disconnect)
+
+    def _on_disconnect(self, task: asyncio.Future[None]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        if not self.stop.done():
+            self.stop.set_result("disconnected")
+
+    def cancel(self) -> None:
+        if not self.stop.done():
+            self.stop.set_result("cancelled")
+
+    @property
+    def reason(self) -> str | None:
+        return self.stop.result() if self.stop.done() else None
+
+    def close(self) -> None:
+        self.task.cancel()
+
+
+@dataclass(slots=True)
+class _Active:
+    req: Request
+    watch: _Watch
 
 
 @dataclass(slots=True)
@@ -165,10 +222,19 @@ class Gateway:
         self._redis = redis
         self.dispatcher: Dispatcher
         if config.redis_url:
+            listener: Any = None
             if self._redis is None:
                 import redis.asyncio as aioredis
 
-                self._redis = aioredis.from_url(config.redis_url)
+                # a bounded pool that waits for a free connection (the default one raises
+                # "Too many connections" under load), and a connection of its own for the
+                # blocking grant listener so that it is never starved
+                pool = aioredis.BlockingConnectionPool.from_url(
+                    config.redis_url, max_connections=64, timeout=config.redis_retry_s + 1
+                )
+                self._redis = aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
+                listener = aioredis.from_url(config.redis_url, max_connections=4)
+            self._listen_redis = listener
             self.dispatcher = RedisDispatcher(
                 self.policy,
                 self.backends,
@@ -177,7 +243,11 @@ class Gateway:
                 max_queue_per_tenant=config.max_queue_per_tenant,
                 prefix=config.redis_prefix,
                 on_dispatch=self._on_dispatch,
+                lease_s=config.redis_lease_s,
+                retry_s=config.redis_retry_s,
+                listen_redis=listener,
             )
+            self._id_prefix = f"hw-{self.dispatcher.replica}-"
         else:
             self.dispatcher = Dispatcher(
                 self.policy,
@@ -185,7 +255,14 @@ class Gateway:
                 max_queue_len=config.max_queue_len,
                 max_queue_per_tenant=config.max_queue_per_tenant,
                 on_dispatch=self._on_dispatch,
+                router=make_router(config.router, **dict(config.router_args)),
             )
+            self._id_prefix = "hw-"
+        self._admin_keys = frozenset(config.admin_api_key_sha256)
+        self.active: dict[str, _Active] = {}
+        """Requests being served (queued, running or streaming), by id."""
+        self.recent: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        """Recently ended requests: id -> (tenant, final status), bounded."""
         self.metrics = GatewayMetrics(self._queue_lengths, self._in_flight)
         self._transport = transport
         self.tenants = TenantDirectory(config, self._redis)
@@ -233,9 +310,10 @@ class Gateway:
             await self.client.aclose()
         for pool in self.pools:
             pool.close()
-        if self._redis is not None:
-            with contextlib.suppress(Exception):
-                await self._redis.aclose()
+        for client in (self._redis, getattr(self, "_listen_redis", None)):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
 
     # ---------------------------------------------------------------- metrics
     def _queue_lengths(self) -> list[tuple[str, str, int]]:
@@ -279,7 +357,70 @@ class Gateway:
         return JSONResponse({"status": "ok", "queued": len(self.dispatcher.queue)})
 
     async def prom(self, request: HTTPRequest) -> Response:
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        """All series with API keys off or for an admin key; a tenant's key sees its own only."""
+        tenant: str | None = None
+        if self.tenants.enabled:
+            auth = request.headers.get("authorization")
+            token = self.tenants.bearer(auth)
+            if token is None or hash_api_key(token) not in self._admin_keys:
+                ident = await self.tenants.resolve(auth)
+                if ident is None:
+                    return self._unauthorized()
+                tenant = ident.tenant
+        return Response(self.metrics.render(tenant), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def openapi(self, request: HTTPRequest) -> Response:
+        return JSONResponse(openapi_schema(self.config))
+
+    # ---------------------------------------------------------- request status
+    def _remember(self, req: Request, watch: _Watch) -> None:
+        status = "cancelled" if watch.reason == "cancelled" else req.state.name.lower()
+        self.recent[req.request_id] = (req.tenant_id, status)
+        if len(self.recent) > 10_000:
+            self.recent.popitem(last=False)
+
+    def _ended(self, req: Request, watch: _Watch) -> None:
+        if self.active.pop(req.request_id, None) is not None:
+            self._remember(req, watch)
+
+    @staticmethod
+    def _status_of(req: Request) -> str:
+        if req.state in (RequestState.WAITING, RequestState.PREEMPTED):
+            return "queued"
+        return req.state.name.lower()
+
+    def _not_found(self, request_id: str) -> Response:
+        # the same answer for "no such request" and "another tenant's request"
+        return error_response(404, f"no request {request_id!r} of yours on this gateway", "not_found_error",
+                              code="request_not_found")  # fmt: skip
+
+    async def request_status(self, request: HTTPRequest) -> Response:
+        ident = await self.tenants.resolve(request.headers.get("authorization"))
+        if ident is None:
+            return self._unauthorized()
+        rid = request.path_params["request_id"]
+        entry = self.active.get(rid)
+        if entry is not None and entry.req.tenant_id == ident.tenant:
+            return JSONResponse({"id": rid, "object": "request", "status": self._status_of(entry.req)})
+        done = self.recent.get(rid)
+        if done is not None and done[0] == ident.tenant:
+            return JSONResponse({"id": rid, "object": "request", "status": done[1]})
+        return self._not_found(rid)
+
+    async def request_cancel(self, request: HTTPRequest) -> Response:
+        ident = await self.tenants.resolve(request.headers.get("authorization"))
+        if ident is None:
+            return self._unauthorized()
+        rid = request.path_params["request_id"]
+        entry = self.active.get(rid)
+        if entry is None or entry.req.tenant_id != ident.tenant:
+            done = self.recent.get(rid)
+            if done is not None and done[0] == ident.tenant:
+                return error_response(409, f"request {rid!r} already ended ({done[1]})", "invalid_request_error",
+                                      code="request_ended")  # fmt: skip
+            return self._not_found(rid)
+        entry.watch.cancel()
+        return JSONResponse({"id": rid, "object": "request", "cancelled": True})
 
     async def models(self, request: HTTPRequest) -> Response:
         if await self.tenants.resolve(request.headers.get("authorization")) is None:
@@ -360,16 +501,28 @@ class Gateway:
                 "invalid",
                 error_response(400, f"request body is not valid JSON: {exc}", "invalid_request_error"),
             )
+        except RecursionError:
+            return self._reject(
+                "invalid",
+                error_response(400, "request body is nested too deeply", "invalid_request_error"),
+            )
         try:
             parsed = validate_body(body, chat)
         except _BadRequest as exc:
             return self._reject("invalid", error_response(400, str(exc), "invalid_request_error", param=exc.param))
+        limit = self.config.max_tokens_limit
+        if limit and parsed.max_tokens is not None and parsed.max_tokens > limit:
+            return self._reject(
+                "invalid",
+                error_response(400, f"'max_tokens' must be at most {limit}, got {parsed.max_tokens}",
+                               "invalid_request_error", param="max_tokens"),
+            )  # fmt: skip
         return await self._serve(request, path, body, raw, parsed, ident)
 
     def _new_request(self, parsed: _Parsed, ident: Identity) -> Request:
         self._ids += 1
         return Request(
-            request_id=f"hw-{self._ids}",
+            request_id=f"{self._id_prefix}{self._ids}",
             arrival_time=self.dispatcher.now(),
             num_prompt_tokens=parsed.num_prompt_tokens,
             max_tokens=parsed.max_tokens or self.config.default_max_tokens,
@@ -421,13 +574,28 @@ class Gateway:
             body["max_tokens"] = req.max_tokens
             payload = json.dumps(body).encode()
 
-        disconnect = asyncio.ensure_future(self._wait_disconnect(request))
-        deadline = asyncio.get_running_loop().time() + self.config.queue_ttl_s
+        watch = _Watch(asyncio.ensure_future(self._wait_disconnect(request)))
+        self.active[req.request_id] = _Active(req, watch)
+        streaming = False
+        try:
+            resp = await self._serve_watched(request, req, path, payload, parsed, watch)
+            streaming = isinstance(resp, StreamingResponse)
+            return resp
+        finally:
+            if not streaming:  # a stream ends in _relay
+                self._ended(req, watch)
+
+    async def _serve_watched(
+        self, request: HTTPRequest, req: Request, path: str, payload: bytes, parsed: _Parsed, watch: _Watch
+    ) -> Response:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.queue_ttl_s
         exclude: frozenset[int] = frozenset()
         last_error = ""
         handed_off = False
+        attempts = 0
         try:
-            for _attempt in range(self.config.max_attempts):
+            while True:
                 # ---- queue
                 try:
                     fut = self.dispatcher.submit(req, exclude)
@@ -441,10 +609,10 @@ class Gateway:
                 except QueueFullError as exc:
                     self._abort(req)
                     return self._queue_full(exc)
-                remaining = deadline - asyncio.get_running_loop().time()
+                remaining = deadline - loop.time()
                 if not fut.done():
                     await asyncio.wait(
-                        _either(fut, disconnect),
+                        _either(fut, watch.stop),
                         timeout=max(remaining, 0.0),
                         return_when=asyncio.FIRST_COMPLETED,
                     )
@@ -452,8 +620,8 @@ class Gateway:
                     self.dispatcher.cancel(req)
                     fut.cancel()
                     self._abort(req)
-                    if disconnect.done():
-                        return self._reject("client_disconnected", Response(status_code=499))
+                    if watch.stop.done():
+                        return self._stopped(watch)
                     return self._reject(
                         "ttl",
                         error_response(
@@ -472,26 +640,38 @@ class Gateway:
                     self._abort(req)
                     return self._reject(
                         "queue_error",
-                        error_response(503, f"queue unavailable: {exc}", "service_unavailable", code="queue_error"),
+                        error_response(
+                            503,
+                            f"queue unavailable: {exc}",
+                            "service_unavailable",
+                            code="queue_error",
+                            headers={"Retry-After": str(self.config.retry_after_s)},
+                        ),
                     )
                 # ---- upstream
-                outcome = await self._forward(request, req, backend, path, payload, parsed, disconnect)
+                outcome = await self._forward(request, req, backend, path, payload, parsed, watch)
                 if isinstance(outcome, Response):
                     handed_off = True  # _forward released the backend / owns the stream now
                     return outcome
                 # retryable failure before anything was sent to the client
-                last_error = f"{backend.url}: {outcome}"
-                log.warning("request %s failed on %s (%s)", req.request_id, backend.url, outcome)
-                self.dispatcher.release(backend)
-                if disconnect.done():
+                message, connect_failed = outcome
+                last_error = f"{backend.url}: {message}"
+                log.warning("request %s failed on %s (%s)", req.request_id, backend.url, message)
+                self.dispatcher.release(backend, req)
+                if watch.stop.done():
                     self._abort(req)
-                    return self._reject("client_disconnected", Response(status_code=499))
-                exclude = exclude | {backend.index}
-                if self.dispatcher.all_backends_excluded(exclude):
-                    break
-                self.metrics.retries.labels(backend.url).inc()
+                    return self._stopped(watch)
                 req.transition(RequestState.PREEMPTED)
                 req.num_preemptions += 1
+                if connect_failed and self.config.backend_down_s > 0 and loop.time() < deadline:
+                    # the backend is down (marked so for backend_down_s): wait in the queue,
+                    # in order, for it or another one; nothing reached a backend
+                    continue
+                exclude = exclude | {backend.index}
+                attempts += 1
+                if attempts >= self.config.max_attempts or self.dispatcher.all_backends_excluded(exclude):
+                    break
+                self.metrics.retries.labels(backend.url).inc()
             self._abort(req)
             return self._reject(
                 "backend_error",
@@ -508,7 +688,15 @@ class Gateway:
             raise
         finally:
             if not handed_off:
-                disconnect.cancel()
+                watch.close()
+
+    def _stopped(self, watch: _Watch) -> Response:
+        if watch.reason == "cancelled":
+            return self._reject(
+                "cancelled",
+                error_response(499, "the request was cancelled", "cancelled", code="cancelled"),
+            )
+        return self._reject("client_disconnected", Response(status_code=499))
 
     def _queue_full(self, exc: QueueFullError) -> Response:
         where = "queue" if exc.scope == "global" else "queue of your tenant"
@@ -538,54 +726,54 @@ class Gateway:
         path: str,
         payload: bytes,
         parsed: _Parsed,
-        disconnect: asyncio.Future[None],
-    ) -> Response | str:
-        """Send to ``backend``. A Response ends the request; a str is a retryable failure."""
+        watch: _Watch,
+    ) -> Response | tuple[str, bool]:
+        """Send to ``backend``. A Response ends the request; ``(message, connect_failed)``
+        is a retryable failure (nothing reached the client)."""
         send = asyncio.ensure_future(self.pools[backend.index].post(path, payload))
-        await asyncio.wait(_either(send, disconnect), return_when=asyncio.FIRST_COMPLETED)
-        if not send.done():  # client went away while we connected
+        await asyncio.wait(_either(send, watch.stop), return_when=asyncio.FIRST_COMPLETED)
+        if not send.done():  # client went away (or cancelled) while we connected
             send.cancel()
             with contextlib.suppress(BaseException):
                 await send
-            self.dispatcher.release(backend)
+            self.dispatcher.release(backend, req)
             self._abort(req)
-            disconnect.cancel()
-            return self._reject("client_disconnected", Response(status_code=499))
+            watch.close()
+            return self._stopped(watch)
         try:
             resp = send.result()
-        except UpstreamConnectError as exc:
+        except (UpstreamConnectError, UpstreamConnectionLost) as exc:
+            # refused, or reset before any response: the backend is down (or restarting)
             self.dispatcher.mark_down(backend, self.config.backend_down_s)
-            return str(exc)
+            return str(exc), True
         except UpstreamError as exc:
-            return str(exc)
+            return str(exc), False
         if resp.status_code >= 500:
             with contextlib.suppress(UpstreamError):
                 await resp.read()
             resp.close()
-            return f"HTTP {resp.status_code}"
+            return f"HTTP {resp.status_code}", False
         if resp.status_code != 200 or not parsed.stream:
-            return await self._finish_plain(req, backend, resp, disconnect)
-        disconnect.cancel()  # StreamingResponse watches for disconnects from here on
+            return await self._finish_plain(req, backend, resp, watch)
+        watch.close()  # StreamingResponse watches for disconnects from here on
         return StreamingResponse(
-            self._relay(req, backend, resp, parsed.wants_usage),
+            self._relay(req, backend, resp, parsed.wants_usage, watch),
             status_code=200,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Request-Id": req.request_id},
         )
 
-    async def _finish_plain(
-        self, req: Request, backend: Backend, resp: UpstreamResponse, disconnect: asyncio.Future[None]
-    ) -> Response:
+    async def _finish_plain(self, req: Request, backend: Backend, resp: UpstreamResponse, watch: _Watch) -> Response:
         """Read a non-streamed (or error) response whole, racing the client's disconnect."""
         read = asyncio.ensure_future(resp.read())
         try:
-            await asyncio.wait(_either(read, disconnect), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(_either(read, watch.stop), return_when=asyncio.FIRST_COMPLETED)
             if not read.done():
                 read.cancel()
                 with contextlib.suppress(BaseException):
                     await read
                 self._abort(req)
-                return self._reject("client_disconnected", Response(status_code=499))
+                return self._stopped(watch)
             try:
                 content = read.result()
             except UpstreamError as exc:
@@ -600,9 +788,9 @@ class Gateway:
                     ),
                 )
         finally:
-            disconnect.cancel()
+            watch.close()
             resp.close()
-            self.dispatcher.release(backend)
+            self.dispatcher.release(backend, req)
         now = self.dispatcher.now()
         if resp.status_code != 200:
             self._abort(req)
@@ -631,7 +819,7 @@ class Gateway:
         self._record(req)
 
     async def _relay(
-        self, req: Request, backend: Backend, resp: UpstreamResponse, wants_usage: bool
+        self, req: Request, backend: Backend, resp: UpstreamResponse, wants_usage: bool, watch: _Watch
     ) -> AsyncIterator[bytes]:
         """Pass SSE events through one by one; count tokens; read the final usage."""
         policy = self.policy
@@ -667,6 +855,11 @@ class Gateway:
                                 req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens
                                 policy.on_progress(req, t, 1)
                         yield event
+                    if watch.reason == "cancelled":
+                        self._abort(req)
+                        self.metrics.rejections.labels("cancelled").inc()
+                        yield _sse_error("the request was cancelled", 499)
+                        return
                 if buf:
                     yield buf
             except UpstreamError as exc:
@@ -686,7 +879,8 @@ class Gateway:
                 self.metrics.rejections.labels("client_disconnected").inc()
                 self._abort(req)
             resp.close()  # mid-body: closes the upstream connection: the backend aborts the request
-            self.dispatcher.release(backend)
+            self.dispatcher.release(backend, req)
+            self._ended(req, watch)
 
 
 def create_app(
@@ -713,13 +907,23 @@ def create_app(
         finally:
             await gw.shutdown()
 
+    async def http_error(request: HTTPRequest, exc: Exception) -> Response:
+        # Starlette's own 404/405 (unknown path, wrong method) as OpenAI-style JSON
+        assert isinstance(exc, HTTPException)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(exc.status_code, str(exc.detail), kind, headers=dict(exc.headers or {}))
+
     app = Starlette(
+        exception_handlers={HTTPException: http_error},
         routes=[
             Route("/v1/completions", gw.completions, methods=["POST"]),
             Route("/v1/chat/completions", gw.chat_completions, methods=["POST"]),
             Route("/v1/models", gw.models, methods=["GET"]),
             Route("/health", gw.health, methods=["GET"]),
             Route("/metrics", gw.prom, methods=["GET"]),
+            Route("/v1/requests/{request_id}", gw.request_status, methods=["GET"]),
+            Route("/v1/requests/{request_id}", gw.request_cancel, methods=["DELETE"]),
+            Route("/openapi.json", gw.openapi, methods=["GET"]),
         ],
         lifespan=lifespan,
     )

@@ -70,5 +70,24 @@ class GatewayMetrics:
             "headway_retries", "Requests retried on another backend", ["backend"], registry=self.registry
         )
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, tenant: str | None = None) -> bytes:
+        """Prometheus text; with ``tenant``, only the series labelled with that tenant."""
+        if tenant is None:
+            return generate_latest(self.registry)
+        return generate_latest(_TenantView(self.registry, tenant))
+
+
+class _TenantView:
+    """A registry-like view of one tenant's series (what a tenant's API key may read)."""
+
+    def __init__(self, registry: CollectorRegistry, tenant: str) -> None:
+        self._registry = registry
+        self._tenant = tenant
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._registry.collect():
+            samples = [s for s in family.samples if s.labels.get("tenant") == self._tenant]
+            if samples:
+                out = Metric(family.name, family.documentation, family.type, family.unit)
+                out.samples = samples
+                yield out

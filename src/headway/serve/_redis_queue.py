@@ -1,30 +1,67 @@
 """Queue state in Redis, so several gateway replicas share one global order and capacity.
 
-Layout (``prefix`` defaults to ``headway:``):
+Layout (``P`` = the key prefix, ``headway:`` by default; one Redis instance, not a cluster):
 
-``{prefix}queue``
+``P queue``
     Sorted set, every score 0, so members sort lexicographically. A member is
     ``<policy key><global seq>|<replica>|<request id>``, the key encoded as 16 hex digits
     per element in an order-preserving float encoding: the global order is the policy
-    order, ties broken by global arrival sequence (``INCR {prefix}seq``).
-``{prefix}inflight``
+    order, ties broken by global arrival sequence (``INCR P seq``).
+``P inflight``
     Hash backend URL -> requests in flight on it, over all replicas.
-``{prefix}exclude``
+``P held:<replica>``
+    Hash backend URL -> the part of ``inflight`` that replica holds (granted, not released).
+``P rq:<replica>``
+    Set of the replica's members in ``P queue``.
+``P exclude``
     Hash member -> comma-separated backend URLs a retried request must avoid.
-``{prefix}grant:<replica>``
-    List of ``<member>#<backend URL>``: dispatch decisions for that replica's requests.
+``P grant:<replica>``
+    List of ``<member>#<backend URL>#<generation>``: dispatch decisions for that replica.
+``P replicas`` / ``P gen``
+    Sorted set replica -> lease expiry (ms, Redis server clock) and hash replica ->
+    generation: the live replicas.
 
-Every state change is one Lua script (atomic in Redis): *enqueue* (length check, seq,
-ZADD, then dispatch), *release* (HINCRBY -1, then dispatch) and *dispatch* (while the
-head of the queue fits a backend with room: ZREM, HINCRBY +1, RPUSH the grant to the
-owner's list). Each replica BLPOPs its own grant list and resolves the waiting HTTP
-handler. A grant for a request its replica already dropped (client gone, TTL) is
-released at once.
+Every state change is one Lua script (atomic in Redis): *enqueue*, *release*, *cancel*,
+*heartbeat*, *join*, *reap*; enqueue, release and reap end with *dispatch*: while the head
+of the queue fits a backend with room, ZREM it, count the slot in ``inflight`` and in the
+owner's ``held``, and RPUSH the grant to the owner's list. Each replica BLPOPs its own
+grant list and resolves the waiting HTTP handler.
+
+**Who dispatches.** The client's HTTP connection is held by the replica it reached, so
+only that replica (the *owner*, named in the member) ever sends a request to a backend:
+the order and the backend slots are global, the dispatch is local. A request is sent
+upstream at most once per grant and a handler's future resolves once, so nothing is
+dispatched twice; a grant for a request its owner already dropped (client gone, TTL,
+cancelled) is released at once.
+
+**Leases.** Each replica holds a lease in ``P replicas`` that it renews every
+``lease_s / 3``. A replica whose lease has expired is presumed dead; any live replica
+*reaps* it (one script): its queued entries are removed (their clients were connected to
+the dead process, so there is nobody to answer: they are dropped, never dispatched), its
+held slots (grants it had not used yet, and requests it had in flight, whose backend
+connections died with it) are subtracted from ``inflight`` and its grant list is deleted;
+then the freed capacity is dispatched to the next requests in global order. Dispatch also
+drops the entries of an owner that is no longer registered. Counters in ``P stats``:
+``reaped_replicas``, ``dropped_queued``, ``reclaimed_slots``.
+
+**Fencing and rejoin.** A replica that was reaped while alive (paused past its lease, or
+Redis lost its data) notices at its next heartbeat (its lease or generation is gone). It
+then *rejoins* under a new generation: it registers again, re-declares the slots it really
+holds (its local in-flight count per backend) and re-enqueues every request it still has
+waiting. Releases and grants carry the generation, so those from before the rejoin are
+ignored and nothing is counted twice.
+
+**Redis restarts.** Every operation is retried on connection errors for up to
+``retry_s`` (then the request fails with 503); releases that could not be delivered are
+owed and flushed on the next heartbeat. With persistence on (``appendonly yes``) the
+queue survives a restart. Leases are not reaped until Redis has been up for two lease
+periods, so replicas can renew after a restart before anyone is presumed dead; a replica
+whose state was lost (no persistence) rejoins and re-enqueues its waiting requests.
 
 Limits: keys are computed by each replica's own policy instance (learned state is per
-replica); all replicas must list the same backends; saturation polling and per-tenant
-queue limits are per replica; a replica that dies while holding slots leaks them until
-``{prefix}inflight`` is reset.
+replica); all replicas must list the same backends; saturation polling, per-tenant queue
+limits and ``router`` are per replica (the shared dispatcher picks the least-loaded
+backend with room).
 """
 
 from __future__ import annotations
@@ -35,28 +72,49 @@ import logging
 import struct
 import time
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from headway.core import Policy, PolicyKey, Request, RequestState
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 
-__all__ = ["RedisDispatcher", "encode_key"]
+__all__ = ["RedisDispatcher", "RedisUnavailableError", "encode_key"]
 
 log = logging.getLogger("headway.serve.redis")
 
 WALL_EPOCH = 1_700_000_000.0
 """Replicas share the wall clock (seconds since this epoch) so arrival-time keys compare."""
 
-_DISPATCH_FN = """
-local function dispatch(qkey, infkey, exkey, prefix, b0)
+
+class RedisUnavailableError(Exception):
+    """Redis could not be reached within the retry window."""
+
+
+_COMMON = """
+local P = ARGV[1]
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function dispatch(b0)
+  local qkey, infkey, exkey, reps = P .. 'queue', P .. 'inflight', P .. 'exclude', P .. 'replicas'
   local nb = tonumber(ARGV[b0])
   local granted = 0
-  while true do
+  for _ = 1, 1000000 do
     local head = redis.call('ZRANGE', qkey, 0, 15)
     if #head == 0 then break end
-    local picked, pick_url = nil, nil
+    local picked, pick_url, dropped = nil, nil, false
     for _, m in ipairs(head) do
+      local owner = string.match(m, '|([^|]*)|[^|]*$')
+      if not redis.call('ZSCORE', reps, owner) then
+        redis.call('ZREM', qkey, m)
+        redis.call('HDEL', exkey, m)
+        redis.call('SREM', P .. 'rq:' .. owner, m)
+        redis.call('HINCRBY', P .. 'stats', 'dropped_queued', 1)
+        dropped = true
+        break
+      end
       local ex = redis.call('HGET', exkey, m)
       local best, bestload = nil, nil
       for i = 1, nb do
@@ -75,41 +133,141 @@ local function dispatch(qkey, infkey, exkey, prefix, b0)
       if best ~= nil then picked = m; pick_url = best; break end
       if not ex then break end
     end
-    if picked == nil then break end
-    redis.call('ZREM', qkey, picked)
-    redis.call('HDEL', exkey, picked)
-    redis.call('HINCRBY', infkey, pick_url, 1)
-    local replica = string.match(picked, '|([^|]*)|[^|]*$')
-    redis.call('RPUSH', prefix .. 'grant:' .. replica, picked .. '#' .. pick_url)
-    granted = granted + 1
+    if not dropped then
+      if picked == nil then break end
+      local owner = string.match(picked, '|([^|]*)|[^|]*$')
+      redis.call('ZREM', qkey, picked)
+      redis.call('HDEL', exkey, picked)
+      redis.call('SREM', P .. 'rq:' .. owner, picked)
+      redis.call('HINCRBY', infkey, pick_url, 1)
+      redis.call('HINCRBY', P .. 'held:' .. owner, pick_url, 1)
+      local gen = redis.call('HGET', P .. 'gen', owner) or '0'
+      redis.call('RPUSH', P .. 'grant:' .. owner, picked .. '#' .. pick_url .. '#' .. gen)
+      granted = granted + 1
+    end
   end
   return granted
 end
+local function reap_one(r, count)
+  local members = redis.call('SMEMBERS', P .. 'rq:' .. r)
+  for _, m in ipairs(members) do
+    redis.call('ZREM', P .. 'queue', m)
+    redis.call('HDEL', P .. 'exclude', m)
+  end
+  local held = redis.call('HGETALL', P .. 'held:' .. r)
+  local slots = 0
+  for i = 1, #held, 2 do
+    local n = tonumber(held[i + 1])
+    if n > 0 then
+      slots = slots + n
+      local v = redis.call('HINCRBY', P .. 'inflight', held[i], -n)
+      if v < 0 then redis.call('HSET', P .. 'inflight', held[i], 0) end
+    end
+  end
+  redis.call('DEL', P .. 'rq:' .. r, P .. 'held:' .. r, P .. 'grant:' .. r)
+  redis.call('ZREM', P .. 'replicas', r)
+  redis.call('HDEL', P .. 'gen', r)
+  if count then
+    redis.call('HINCRBY', P .. 'stats', 'reaped_replicas', 1)
+    redis.call('HINCRBY', P .. 'stats', 'dropped_queued', #members)
+    redis.call('HINCRBY', P .. 'stats', 'reclaimed_slots', slots)
+  end
+end
 """
 
-# KEYS: queue, seq, exclude, inflight; ARGV: keyhex, replica, request_id, max_len, excl, prefix, nb, url, lim...
+# ARGV: prefix, replica, keyhex, request_id, max_len, excl, nb, url, lim, ...
 _ENQUEUE = (
-    _DISPATCH_FN
+    _COMMON
     + """
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return false end
-local seq = redis.call('INCR', KEYS[2])
-local m = ARGV[1] .. string.format('%016x', seq) .. '|' .. ARGV[2] .. '|' .. ARGV[3]
-redis.call('ZADD', KEYS[1], 0, m)
-if ARGV[5] ~= '' then redis.call('HSET', KEYS[3], m, ARGV[5]) end
-dispatch(KEYS[1], KEYS[4], KEYS[3], ARGV[6], 7)
+local r = ARGV[2]
+if not redis.call('ZSCORE', P .. 'replicas', r) then return 'fenced' end
+if redis.call('ZCARD', P .. 'queue') >= tonumber(ARGV[5]) then return 'full' end
+local seq = redis.call('INCR', P .. 'seq')
+local m = ARGV[3] .. string.format('%016x', seq) .. '|' .. r .. '|' .. ARGV[4]
+redis.call('ZADD', P .. 'queue', 0, m)
+redis.call('SADD', P .. 'rq:' .. r, m)
+if ARGV[6] ~= '' then redis.call('HSET', P .. 'exclude', m, ARGV[6]) end
+dispatch(7)
 return m
 """
 )
 
-# KEYS: queue, inflight, exclude; ARGV: url, prefix, nb, url, lim...
+# ARGV: prefix, replica, url ('' = dispatch only), count, gen, nb, url, lim, ...
 _RELEASE = (
-    _DISPATCH_FN
+    _COMMON
     + """
-if ARGV[1] ~= '' then
-  local n = redis.call('HINCRBY', KEYS[2], ARGV[1], -1)
-  if n < 0 then redis.call('HSET', KEYS[2], ARGV[1], 0) end
+local r, url = ARGV[2], ARGV[3]
+if url ~= '' and redis.call('HGET', P .. 'gen', r) == ARGV[5] then
+  local hkey = P .. 'held:' .. r
+  local held = tonumber(redis.call('HGET', hkey, url) or '0')
+  local n = math.min(held, tonumber(ARGV[4]))
+  if n > 0 then
+    redis.call('HINCRBY', hkey, url, -n)
+    local v = redis.call('HINCRBY', P .. 'inflight', url, -n)
+    if v < 0 then redis.call('HSET', P .. 'inflight', url, 0) end
+  end
 end
-return dispatch(KEYS[1], KEYS[2], KEYS[3], ARGV[2], 3)
+return dispatch(6)
+"""
+)
+
+# ARGV: prefix, replica, member
+_CANCEL = (
+    _COMMON
+    + """
+local n = redis.call('ZREM', P .. 'queue', ARGV[3])
+redis.call('HDEL', P .. 'exclude', ARGV[3])
+redis.call('SREM', P .. 'rq:' .. ARGV[2], ARGV[3])
+return n
+"""
+)
+
+# ARGV: prefix, replica, lease_ms, gen  ->  1 renewed, 0 fenced (reaped or state lost)
+_HEARTBEAT = (
+    _COMMON
+    + """
+local r = ARGV[2]
+if not redis.call('ZSCORE', P .. 'replicas', r) or redis.call('HGET', P .. 'gen', r) ~= ARGV[4] then
+  return 0
+end
+redis.call('ZADD', P .. 'replicas', now_ms() + tonumber(ARGV[3]), r)
+return 1
+"""
+)
+
+# ARGV: prefix, replica, lease_ms, gen, n, url, held, ...   (register, or rejoin after a fence)
+_JOIN = (
+    _COMMON
+    + """
+local r = ARGV[2]
+reap_one(r, false)
+redis.call('ZADD', P .. 'replicas', now_ms() + tonumber(ARGV[3]), r)
+redis.call('HSET', P .. 'gen', r, ARGV[4])
+for i = 1, tonumber(ARGV[5]) do
+  local url, n = ARGV[4 + 2 * i], tonumber(ARGV[5 + 2 * i])
+  if n > 0 then
+    redis.call('HINCRBY', P .. 'inflight', url, n)
+    redis.call('HSET', P .. 'held:' .. r, url, n)
+  end
+end
+return 1
+"""
+)
+
+# ARGV: prefix, replica ('' = every replica whose lease expired), nb, url, lim, ...
+_REAP = (
+    _COMMON
+    + """
+local n = 0
+if ARGV[2] ~= '' then
+  reap_one(ARGV[2], false)
+else
+  local dead = redis.call('ZRANGEBYSCORE', P .. 'replicas', '-inf', now_ms())
+  for _, r in ipairs(dead) do reap_one(r, true) end
+  n = #dead
+end
+dispatch(3)
+return n
 """
 )
 
@@ -122,6 +280,10 @@ def encode_key(key: PolicyKey) -> str:
         bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
         out.append(f"{bits:016x}")
     return "".join(out)
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class RedisDispatcher(Dispatcher):
@@ -137,6 +299,10 @@ class RedisDispatcher(Dispatcher):
         max_queue_per_tenant: int = 0,
         prefix: str = "headway:",
         on_dispatch: Callable[[Request, Backend], None] | None = None,
+        lease_s: float = 5.0,
+        retry_s: float = 5.0,
+        replica: str | None = None,
+        listen_redis: Any = None,
     ) -> None:
         super().__init__(
             policy,
@@ -147,21 +313,40 @@ class RedisDispatcher(Dispatcher):
             on_dispatch=on_dispatch,
         )
         self.redis = redis
+        self.listen_redis = listen_redis if listen_redis is not None else redis
+        """Client for the blocking BLPOP of grants (best on a connection of its own)."""
         self.prefix = prefix
-        self.replica = uuid.uuid4().hex[:12]
-        self._k_queue = prefix + "queue"
-        self._k_seq = prefix + "seq"
-        self._k_excl = prefix + "exclude"
-        self._k_infl = prefix + "inflight"
+        self.replica = replica or uuid.uuid4().hex[:12]
+        self.lease_s = lease_s
+        self.retry_s = retry_s
         self._k_grant = prefix + "grant:" + self.replica
-        self._enqueue_script = redis.register_script(_ENQUEUE)
-        self._release_script = redis.register_script(_RELEASE)
+        self._scripts = {
+            name: redis.register_script(src)
+            for name, src in (
+                ("enqueue", _ENQUEUE),
+                ("release", _RELEASE),
+                ("cancel", _CANCEL),
+                ("heartbeat", _HEARTBEAT),
+                ("join", _JOIN),
+                ("reap", _REAP),
+            )
+        }
         self._by_id: dict[str, Request] = {}
         self._members: dict[Request, str] = {}
+        self._enq_epoch: dict[Request, int] = {}
         self._by_url = {b.url: b for b in backends}
         self._listener: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._dispatch_pending = False
+        self.gen = 0
+        """Generation of this replica's registration (bumped by every join)."""
+        self._joined = asyncio.Event()
+        self._owed: Counter[str] = Counter()
+        self._rejoining = False
+        self._last_error_log = 0.0
+        self.rejoins = 0
+        self.redis_errors = 0
 
     # ----------------------------------------------------------------- time
     def now(self) -> float:
@@ -169,19 +354,26 @@ class RedisDispatcher(Dispatcher):
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        """Register (retrying while Redis is unreachable) and start the listener and heartbeat."""
+        await self._join()
         self._listener = asyncio.create_task(self._listen())
+        self._heartbeat = asyncio.create_task(self._beat())
 
     async def stop(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
+        """Stop listening; return owed slots; deregister (our queue entries go, our slots are freed)."""
+        for task in (self._heartbeat, self._listener):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for t in list(self._tasks):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(t, 2.0)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._script("reap", [self.replica, *self._backend_args()]), 2.0)
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -192,6 +384,86 @@ class RedisDispatcher(Dispatcher):
             down = now < b.down_until
             args += [b.url, -1 if down else b.config.max_concurrency]
         return args
+
+    def _log_error(self, what: str, exc: BaseException) -> None:
+        self.redis_errors += 1
+        now = time.monotonic()
+        if now - self._last_error_log > 2.0:  # at most one line per 2 s during an outage
+            self._last_error_log = now
+            log.error("redis %s failed: %s: %s", what, type(exc).__name__, exc)
+
+    async def _script(self, name: str, args: list[Any], client: Any = None) -> Any:
+        return await self._scripts[name](keys=[], args=[self.prefix, *args], client=client)
+
+    async def _retrying(self, name: str, args: list[Any]) -> Any:
+        """Run a script, retrying on connection errors for up to ``retry_s``."""
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.05
+        while True:
+            try:
+                return await self._script(name, args)
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                self._log_error(name, exc)
+                if time.monotonic() + delay > deadline:
+                    raise RedisUnavailableError(f"redis unreachable for {self.retry_s:g} s ({exc})") from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    async def _join(self) -> None:
+        """Register under a new generation with the slots this replica really holds."""
+        self.gen += 1
+        self._owed.clear()  # the join re-declares what we hold: older releases no longer apply
+        self._joined.clear()
+        held = [(b.url, b.in_flight) for b in self.backends if b.in_flight > 0]
+        args: list[Any] = [self.replica, int(self.lease_s * 1000), self.gen, len(held)]
+        for url, n in held:
+            args += [url, n]
+        await self._retrying("join", args)
+        self._joined.set()
+
+    async def _rejoin(self) -> None:
+        if self._rejoining:
+            return
+        self._rejoining = True
+        try:
+            log.warning("replica %s lost its lease (reaped or Redis state lost): rejoining", self.replica)
+            await self._join()
+            self.rejoins += 1
+            for req in list(self._waiters):
+                if req in self.queue:  # still waiting here: enter the shared queue again
+                    self._members.pop(req, None)
+                    self._spawn(self._enqueue(req))
+        finally:
+            self._rejoining = False
+
+    async def _beat(self) -> None:
+        """Renew the lease, flush owed releases, reap dead replicas, dispatch."""
+        period = self.lease_s / 3
+        while True:
+            await asyncio.sleep(period)
+            # on the listener's client: the lease does not wait behind a busy request pool
+            side = self.listen_redis
+            try:
+                ok = await self._script("heartbeat", [self.replica, int(self.lease_s * 1000), self.gen], side)
+                if not ok:
+                    await self._rejoin()
+                for url, n in list(self._owed.items()):
+                    del self._owed[url]
+                    await self._script("release", [self.replica, url, n, self.gen, *self._backend_args()], side)
+                info = await side.info("server")
+                if float(info.get("uptime_in_seconds", 0)) >= 2 * self.lease_s:
+                    n = await self._script("reap", ["", *self._backend_args()], side)
+                    if n:
+                        log.warning("reaped %d replica(s) whose lease expired", n)
+                else:  # Redis just restarted: give every replica time to renew first
+                    await self._script("release", [self.replica, "", 0, self.gen, *self._backend_args()], side)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._log_error("heartbeat", exc)
 
     # -------------------------------------------------------------- arrival
     def submit(self, request: Request, exclude: frozenset[int] = frozenset()) -> asyncio.Future[Any]:
@@ -207,30 +479,45 @@ class RedisDispatcher(Dispatcher):
         self.queue.add(request, now)  # local mirror: this replica's waiting requests
         self.queued_per_tenant[tenant_key] += 1
         self._by_id[request.request_id] = request
-        excl = ",".join(b.url for b in self.backends if b.index in exclude)
-        self._spawn(self._enqueue(request, encode_key(self.policy.key(request, now)), excl))
+        self._spawn(self._enqueue(request))
         self._arm_rekey(request)
         return fut
 
-    async def _enqueue(self, request: Request, keyhex: str, excl: str) -> None:
-        try:
-            member = await self._enqueue_script(
-                keys=[self._k_queue, self._k_seq, self._k_excl, self._k_infl],
-                args=[keyhex, self.replica, request.request_id, self.max_queue_len, excl, self.prefix,
-                      *self._backend_args()],
-            )  # fmt: skip
-        except Exception as exc:
-            log.error("redis enqueue failed: %s", exc)
-            self._fail(request, exc)
-            return
-        if member is None:
+    async def _enqueue(self, request: Request) -> None:
+        epoch = self._enq_epoch.get(request, 0) + 1
+        self._enq_epoch[request] = epoch
+        while True:
+            waiter = self._waiters.get(request)
+            if waiter is None:
+                return
+            now = self.now()
+            excl = ",".join(b.url for b in self.backends if b.index in waiter[1])
+            args = [self.replica, encode_key(self.policy.key(request, now)), request.request_id,
+                    self.max_queue_len, excl, *self._backend_args()]  # fmt: skip
+            try:
+                res = await self._retrying("enqueue", args)
+            except Exception as exc:
+                log.error("redis enqueue of %s failed: %s", request.request_id, exc)
+                self._fail(request, exc)
+                return
+            member = _text(res) if res is not None else "full"
+            if member != "fenced":
+                break
+            self._spawn(self._rejoin())
+            await self._joined.wait()
+            if self._enq_epoch.get(request) != epoch:
+                return  # the rejoin enqueued it again
+        if member == "full":
             self._fail(request, QueueFullError("global"))
             return
-        member = member.decode() if isinstance(member, bytes) else str(member)
-        if self._by_id.get(request.request_id) is request:
+        if (
+            self._by_id.get(request.request_id) is request
+            and request in self._waiters
+            and (self._enq_epoch.get(request) == epoch)
+        ):
             self._members[request] = member
-        else:  # cancelled while enqueueing
-            await self._zrem(member)
+        else:  # cancelled or re-enqueued meanwhile
+            await self._cancel_member(member)
 
     def _fail(self, request: Request, exc: BaseException) -> None:
         waiter = self._waiters.get(request)
@@ -245,6 +532,7 @@ class RedisDispatcher(Dispatcher):
         self._forget(request)
         self._by_id.pop(request.request_id, None)
         self._members.pop(request, None)
+        self._enq_epoch.pop(request, None)
 
     def cancel(self, request: Request) -> bool:
         if not self.queue.remove(request):
@@ -252,14 +540,15 @@ class RedisDispatcher(Dispatcher):
         member = self._members.get(request)
         self._drop(request)
         if member is not None:
-            self._spawn(self._zrem(member))
+            self._spawn(self._cancel_member(member))
         return True
 
-    async def _zrem(self, member: str) -> None:
+    async def _cancel_member(self, member: str) -> None:
         # 0 removed: it was granted meanwhile; the grant arrives and is released unused
-        with contextlib.suppress(Exception):
-            await self.redis.zrem(self._k_queue, member)
-            await self.redis.hdel(self._k_excl, member)
+        try:
+            await self._retrying("cancel", [self.replica, member])
+        except Exception as exc:
+            self._log_error("cancel", exc)
 
     # ------------------------------------------------------------- dispatch
     def dispatch(self) -> int:
@@ -267,47 +556,51 @@ class RedisDispatcher(Dispatcher):
         if not self._dispatch_pending:
             self._dispatch_pending = True
             with contextlib.suppress(RuntimeError):
-                self._spawn(self._remote_release(""))
+                self._spawn(self._remote_release("", self.gen))
         return 0
 
-    def release(self, backend: Backend) -> None:
+    def release(self, backend: Backend, request: Request | None = None) -> None:
         backend.in_flight -= 1
         backend.finished_since_poll += 1
-        self._spawn(self._remote_release(backend.url))
+        self._spawn(self._remote_release(backend.url, self.gen))
 
-    async def _remote_release(self, url: str) -> None:
+    async def _remote_release(self, url: str, gen: int) -> None:
         if not url:
             self._dispatch_pending = False
         try:
-            await self._release_script(
-                keys=[self._k_queue, self._k_infl, self._k_excl], args=[url, self.prefix, *self._backend_args()]
-            )
+            await self._retrying("release", [self.replica, url, 1, gen, *self._backend_args()])
         except Exception as exc:
-            log.error("redis release/dispatch failed: %s", exc)
+            self._log_error("release", exc)
+            if url and gen == self.gen:
+                self._owed[url] += 1  # flushed by the heartbeat once Redis is back
 
     async def _listen(self) -> None:
         while True:
             try:
-                item = await self.redis.blpop([self._k_grant], timeout=1)
+                item = await self.listen_redis.blpop([self._k_grant], timeout=1)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.error("redis grant listener: %s", exc)
-                await asyncio.sleep(0.5)
+                self._log_error("grant listener", exc)
+                await asyncio.sleep(0.2)
                 continue
             if item is None:
                 continue
-            raw = item[1].decode() if isinstance(item[1], bytes) else str(item[1])
-            member, _, url = raw.rpartition("#")
+            member, url, gen = _text(item[1]).rsplit("#", 2)
             request_id = member.rsplit("|", 1)[-1]
             backend = self._by_url.get(url)
-            req = self._by_id.get(request_id)
             if backend is None:
                 log.error("grant for unknown backend %s (replicas must list the same backends)", url)
                 continue
-            if req is None or req not in self._waiters:
-                self._spawn(self._remote_release(url))  # dropped meanwhile: give the slot back
+            if gen != str(self.gen):
+                continue  # granted before a rejoin: that slot is not counted any more
+            req = self._by_id.get(request_id)
+            if req is None or req not in self._waiters or req not in self.queue:
+                self._spawn(self._remote_release(url, self.gen))  # dropped meanwhile: give the slot back
                 continue
+            recorded = self._members.get(req)
+            if recorded is not None and recorded != member:
+                self._spawn(self._cancel_member(recorded))  # an older entry won: remove the newer one
             self._grant(req, backend)
 
     def _grant(self, req: Request, backend: Backend) -> None:
@@ -334,14 +627,16 @@ class RedisDispatcher(Dispatcher):
             return
 
         async def move() -> None:
-            removed = await self.redis.zrem(self._k_queue, member)
+            try:
+                removed = await self._retrying("cancel", [self.replica, member])
+            except Exception as exc:
+                self._log_error("rekey", exc)
+                return
             if not removed or self._by_id.get(request.request_id) is not request:
                 return
-            now = self.now()
-            self.queue.rekey(request, now)
-            _, exclude = self._waiters[request]
-            excl = ",".join(b.url for b in self.backends if b.index in exclude)
-            await self._enqueue(request, encode_key(self.policy.key(request, now)), excl)
+            self._members.pop(request, None)
+            self.queue.rekey(request, self.now())
+            await self._enqueue(request)
 
         self._spawn(move())
         self._arm_rekey(request)

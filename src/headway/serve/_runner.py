@@ -39,13 +39,15 @@ class _DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def _config(app: Starlette, host: str, port: int, drain_timeout_s: float | None, log_level: str) -> uvicorn.Config:
+def _config(
+    app: Starlette, host: str, port: int, drain_timeout_s: float | None, log_level: str, access_log: bool = False
+) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
-        access_log=False,
+        access_log=access_log,
         lifespan="on",
         timeout_graceful_shutdown=None if drain_timeout_s is None else max(1, math.ceil(drain_timeout_s)),
         timeout_keep_alive=30,
@@ -59,9 +61,10 @@ def run_app(
     *,
     drain_timeout_s: float | None = None,
     log_level: str = "info",
+    access_log: bool = False,
 ) -> None:
     """Serve ``app`` in the foreground until SIGTERM/SIGINT (then drain)."""
-    server = _DrainingServer(_config(app, host, port, drain_timeout_s, log_level))
+    server = _DrainingServer(_config(app, host, port, drain_timeout_s, log_level, access_log))
     server.run()
 
 

@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
-__all__ = ["UpstreamConnectError", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+__all__ = ["UpstreamConnectError", "UpstreamConnectionLost", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
 
 class UpstreamError(Exception):
@@ -26,6 +26,10 @@ class UpstreamError(Exception):
 
 class UpstreamConnectError(UpstreamError):
     """No connection could be opened (backend down)."""
+
+
+class UpstreamConnectionLost(UpstreamError):
+    """The connection was reset or closed before any response (the backend went away)."""
 
 
 class _Conn:
@@ -160,11 +164,13 @@ class UpstreamPool:
             raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {type(exc).__name__}") from None
         return _Conn(reader, writer)
 
-    async def post(self, path: str, body: bytes) -> UpstreamResponse:
-        """Send a JSON POST; returns once the status line and headers arrived."""
+    async def post(self, path: str, body: bytes, headers: bytes = b"") -> UpstreamResponse:
+        """Send a JSON POST; returns once the status line and headers arrived.
+
+        ``headers``: extra header lines, each ending in CRLF (the load generator's keys)."""
         head = (
             b"POST " + (self.prefix + path).encode() + b" HTTP/1.1\r\nHost: " + self._host_header
-            + b"\r\nContent-Type: application/json\r\nAccept: */*\r\nContent-Length: "
+            + b"\r\nContent-Type: application/json\r\nAccept: */*\r\n" + headers + b"Content-Length: "
             + str(len(body)).encode() + b"\r\n\r\n"
         )  # fmt: skip
         while self._idle:
@@ -187,11 +193,13 @@ class UpstreamPool:
             conn.close()
             if not fresh and not exc.partial:
                 raise _StaleConnection from None
-            raise UpstreamError("connection closed before a response") from None
+            raise UpstreamConnectionLost("connection closed before a response") from None
         except (OSError, asyncio.LimitOverrunError) as exc:
             conn.close()
             if not fresh and isinstance(exc, ConnectionResetError | BrokenPipeError):
                 raise _StaleConnection from None
+            if isinstance(exc, ConnectionError):
+                raise UpstreamConnectionLost(f"{type(exc).__name__} while waiting for the response") from None
             raise UpstreamError(f"{type(exc).__name__} while waiting for the response") from None
         except TimeoutError:
             conn.close()
