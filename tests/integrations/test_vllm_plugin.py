@@ -139,7 +139,9 @@ def test_srpt_displaces_a_long_running_request(plugin_server) -> None:  # type: 
     """Both slots hold long requests when a short one arrives: SRPT preempts a long one for it."""
     plugin_server.use("srpt-oracle")
     line = plugin_server.log_lines()
-    specs = [ReplaySpec("srpt-long0", 0.0, 16, 600), ReplaySpec("srpt-long1", 0.0, 16, 600),
+    # 1,000-token longs (max_model_len 1024) keep both slots busy for seconds, so a frontend
+    # slowed by CPU contention still delivers the short request while they run
+    specs = [ReplaySpec("srpt-long0", 0.0, 16, 1000), ReplaySpec("srpt-long1", 0.0, 16, 1000),
              ReplaySpec("srpt-short", 0.3, 16, 5)]  # fmt: skip
     res = replay_sync(plugin_server.url, specs, timeout_s=180)
     import time

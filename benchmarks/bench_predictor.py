@@ -1,0 +1,156 @@
+"""Predictor scoring speed on CPU: prompts/s batched (torch vs ONNX Runtime) and single-prompt latency.
+
+Scores alpaca_eval's 805 instructions (truncated to the checkpoint's max length, 128 by default) end to
+end: tokenization, dynamic padding, the model, with the score cache disabled. Target: >= 100 prompts/s
+batched on 2 CPU cores.
+
+    python benchmarks/bench_predictor.py                       # the default checkpoint if trained
+    python benchmarks/bench_predictor.py --model DIR --out benchmarks/results/predictor_bench.md
+
+Without a trained checkpoint it benchmarks an untrained head on the bundled MiniLM-L6 (the same compute).
+The machine's load average is printed: on a shared machine other processes slow every number down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _instructions(data_dir: Path) -> list[str]:
+    path = data_dir / "alpaca_eval" / "instructions.jsonl"
+    with path.open(encoding="utf-8") as fh:
+        return [json.loads(line)["instruction"] for line in fh if line.strip()]
+
+
+def _checkpoint(model: str | None, max_length: int) -> tuple[Path, str]:
+    from headway.predict.model import LengthPredictor, load_encoder, save_checkpoint
+    from headway.predict.train import default_predictor_dir
+
+    if model:
+        return Path(model), "given checkpoint"
+    default = default_predictor_dir()
+    if (default / "predictor.json").is_file():
+        return default, "default trained checkpoint"
+    encoder, tokenizer = load_encoder(None)
+    out = Path(tempfile.mkdtemp(prefix="headway-bench-")) / "untrained"
+    save_checkpoint(LengthPredictor(encoder), tokenizer, out, fine_tuned=True, max_length=max_length)
+    return out, "untrained head on bundled MiniLM-L6 (same compute as a trained one)"
+
+
+def _throughput(scorer: object, prompts: list[str], repeats: int) -> list[float]:
+    rates = []
+    score = scorer.score  # type: ignore[attr-defined]
+    score(prompts[:64])  # warm-up
+    for _ in range(repeats):
+        t = time.perf_counter()
+        score(prompts)
+        rates.append(len(prompts) / (time.perf_counter() - t))
+    return rates
+
+
+def _latency_ms(scorer: object, prompts: list[str], n: int) -> list[float]:
+    score_one = scorer.score_one  # type: ignore[attr-defined]
+    score_one(prompts[0])
+    out = []
+    for p in prompts[:n]:
+        t = time.perf_counter()
+        score_one(p)
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="checkpoint directory (default: the default predictor, else untrained)")
+    ap.add_argument("--data-dir", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
+    ap.add_argument("--batch-size", type=int, default=32, help="prompts per forward (default 32)")
+    ap.add_argument("--max-length", type=int, default=128, help="for an untrained checkpoint (default 128)")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed passes over the 805 prompts (default 3)")
+    ap.add_argument("--single", type=int, default=100, help="prompts timed one at a time (default 100)")
+    ap.add_argument("--backends", default="torch,onnx", help="comma-separated (default torch,onnx)")
+    ap.add_argument("--out", help="write a markdown report here")
+    args = ap.parse_args(argv)
+
+    import numpy as np
+    import onnxruntime
+    import torch
+
+    from headway.predict._paths import default_data_dir
+    from headway.predict.score import Scorer
+
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    prompts = _instructions(data_dir)
+    ckpt, what = _checkpoint(args.model, args.max_length)
+    load_before = os.getloadavg()
+    rows = []
+    for backend in [b for b in args.backends.split(",") if b]:
+        scorer = Scorer.from_checkpoint(
+            ckpt,
+            backend,
+            batch_size=args.batch_size,
+            threads=args.threads,
+            cache_size=0,  # type: ignore[arg-type]
+        )
+        rates = _throughput(scorer, prompts, args.repeats)
+        lat = _latency_ms(scorer, list(reversed(prompts)), args.single)
+        row = {
+            "backend": backend,
+            "prompts_per_s_median": statistics.median(rates),
+            "prompts_per_s_best": max(rates),
+            "single_p50_ms": float(np.percentile(lat, 50)),
+            "single_p90_ms": float(np.percentile(lat, 90)),
+        }
+        rows.append(row)
+        print(
+            f"{backend:>5}: {row['prompts_per_s_median']:7.1f} prompts/s batched "
+            f"(best {row['prompts_per_s_best']:.1f}), single p50 {row['single_p50_ms']:.1f} ms, "
+            f"p90 {row['single_p90_ms']:.1f} ms",
+            flush=True,
+        )
+    load_after = os.getloadavg()
+    command = shlex.join(["python", "benchmarks/bench_predictor.py", *(argv if argv is not None else sys.argv[1:])])
+    lines = [
+        "# Predictor scoring speed (CPU)",
+        "",
+        "Command:",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        f"- checkpoint: {what} (`max_length` {Scorer.from_checkpoint(ckpt).max_length} tokens)",
+        f"- prompts: alpaca_eval's {len(prompts)} instructions, cache off, tokenization included, "
+        f"batch size {args.batch_size}, dynamic padding (length-sorted batches)",
+        f"- threads: {args.threads}; CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        f"- torch {torch.__version__}, onnxruntime {onnxruntime.__version__}",
+        f"- load average (1 min) before/after: {load_before[0]:.1f} / {load_after[0]:.1f} "
+        "(other processes share these cores)",
+        "",
+        "| backend | prompts/s batched (median) | best | single prompt p50 (ms) | p90 (ms) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['backend']} | {r['prompts_per_s_median']:.1f} | {r['prompts_per_s_best']:.1f} | "
+            f"{r['single_p50_ms']:.1f} | {r['single_p90_ms']:.1f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,337 @@
+"""``headway predictor {train,eval,matrix,export-onnx}``.
+
+:func:`add_predictor_parser` adds the ``predictor`` command to an argparse sub-parser set; every leaf
+parser sets ``func`` (``args.func(args) -> int``). ``python -m headway.predict`` runs it standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from headway.predict._errors import PredictError
+
+__all__ = ["add_predictor_parser", "main"]
+
+_LOSSES = ("pairwise", "pointwise", "listwise")
+
+
+def _command_line() -> str:
+    argv0 = Path(sys.argv[0]).name if sys.argv else "headway"
+    prog = "python -m headway.predict" if argv0 == "__main__.py" else "headway"
+    return shlex.join([*prog.split(), *sys.argv[1:]])
+
+
+def _add_training_options(p: argparse.ArgumentParser, *, matrix: bool = False) -> None:
+    g = p.add_argument_group("model and training")
+    if not matrix:
+        g.add_argument("--loss", choices=_LOSSES, default="pairwise", help="training objective (default pairwise)")
+    g.add_argument(
+        "--mode",
+        choices=("full", "frozen"),
+        default="frozen" if matrix else "full",
+        help="full: fine-tune the encoder; frozen: train the head on cached embeddings "
+        f"(default {'frozen' if matrix else 'full'})",
+    )
+    g.add_argument("--encoder", metavar="DIR", help="local Hugging Face encoder (default: bundled MiniLM-L6)")
+    g.add_argument(
+        "--pooling",
+        choices=("auto", "cls", "pooler", "mean"),
+        default=None,
+        help="features the head scores (auto: the pooler where the model has one, else [CLS]; "
+        "default: auto when fine-tuning, mean in frozen mode)",
+    )
+    g.add_argument("--max-length", type=int, default=128, help="prompt tokens kept (default 128)")
+    g.add_argument("--epochs", type=int, help="passes over the training prompts (default 6 full, 60 frozen)")
+    g.add_argument("--batch-size", type=int, default=32, help="training examples per step (default 32)")
+    g.add_argument("--micro-batch", type=int, default=16, help="examples per encoder forward (default 16)")
+    g.add_argument(
+        "--pairs-from",
+        choices=("batch", "global"),
+        default="batch",
+        help="pairwise: draw partners inside each batch, or one global pair set (default batch)",
+    )
+    g.add_argument("--partners", type=int, default=16, help="pairwise: partners sampled per example (default 16)")
+    g.add_argument("--max-pairs", type=int, default=10_000, help="--pairs-from global: pair-set size (10000)")
+    g.add_argument("--margin", type=float, default=1.0, help="margin of the ranking loss (default 1.0)")
+    g.add_argument(
+        "--train-word-embeddings",
+        action="store_true",
+        help="full mode: also fine-tune the word-embedding matrix (default: kept fixed)",
+    )
+    g.add_argument("--lr", type=float, help="encoder learning rate (default 5e-5)")
+    g.add_argument("--head-lr", type=float, help="head learning rate (default 1e-3 full, 3e-3 frozen)")
+    g.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
+    g.add_argument("--warmup-frac", type=float, default=0.1, help="linear warm-up share of steps (default 0.1)")
+    g.add_argument("--grad-clip", type=float, default=1.0, help="gradient-norm clip, 0 = off (default 1.0)")
+    g.add_argument("--test-frac", type=float, default=0.2, help="held-out prompt share (default 0.2)")
+    g.add_argument("--val-frac", type=float, default=0.1, help="validation prompt share (default 0.1)")
+    g.add_argument("--seed", type=int, default=0, help="split, sampling and init seed (default 0)")
+    g.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    g.add_argument(
+        "--unit", choices=("tokens", "words", "chars"), default="tokens", help="length unit (default tokens)"
+    )
+    g.add_argument(
+        "--delta",
+        type=float,
+        default=0.2,
+        help="pairs need |a-b|/max(a,b) >= delta, in training and pair accuracy (default 0.2)",
+    )
+    g.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _train_config(args: argparse.Namespace, **override: Any) -> Any:
+    from headway.predict.train import TrainConfig
+
+    values: dict[str, Any] = {
+        "data": getattr(args, "data", "alpaca_eval:gpt4"),
+        "unit": args.unit,
+        "loss": getattr(args, "loss", "pairwise"),
+        "mode": args.mode,
+        "encoder": args.encoder,
+        "pooling": args.pooling,
+        "max_length": args.max_length,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "micro_batch": args.micro_batch,
+        "pairs_from": args.pairs_from,
+        "partners": args.partners,
+        "max_pairs": args.max_pairs,
+        "delta": args.delta,
+        "margin": args.margin,
+        "freeze_word_embeddings": not args.train_word_embeddings,
+        "lr": args.lr,
+        "head_lr": args.head_lr,
+        "weight_decay": args.weight_decay,
+        "warmup_frac": args.warmup_frac,
+        "grad_clip": args.grad_clip,
+        "test_frac": args.test_frac,
+        "val_frac": args.val_frac,
+        "seed": args.seed,
+        "threads": args.threads,
+        "progress": not args.no_progress,
+    }
+    values.update(override)
+    return TrainConfig(**values)
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from headway.predict.evaluate import format_metrics
+    from headway.predict.train import default_predictor_dir, train_predictor
+
+    cfg = _train_config(args)
+    out = Path(args.out) if args.out else default_predictor_dir(args.name)
+    result = train_predictor(cfg, out_dir=out, data_dir=args.data_dir, log=_say)
+    pairs = f", {result.pairs_seen} pairs seen ({result.distinct_pairs} distinct)" if cfg.loss == "pairwise" else ""
+    print(
+        f"\ntrained {cfg.loss}/{cfg.mode} on {result.n_train} examples in {result.train_seconds:.1f} s wall, "
+        f"{result.cpu_seconds:.1f} s CPU, load average {os.getloadavg()[0]:.1f} "
+        f"({result.steps} steps{pairs}; best epoch {result.best_epoch})"
+    )
+    if result.test is not None:
+        print(format_metrics(result.test, f"held-out test prompts ({result.n_test} examples):"))
+    print(f"checkpoint: {result.path}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from headway.predict.data import load_dataset, split_by_prompt
+    from headway.predict.evaluate import evaluate_scorer, format_metrics
+    from headway.predict.score import Scorer
+
+    data = load_dataset(args.data, args.unit, args.data_dir)
+    scorer = Scorer.from_checkpoint(args.model, args.backend, batch_size=args.batch_size, threads=args.threads)
+    if args.split != "all":
+        tr = scorer.meta.get("training", {})
+        split = split_by_prompt(
+            data, float(tr.get("test_frac", 0.2)), float(tr.get("val_frac", 0.1)), int(tr.get("seed", 0))
+        )
+        data = getattr(split, args.split)
+    results = evaluate_scorer(scorer, data, args.delta)
+    if args.json:
+        print(json.dumps({str(k) if k else "all": v.as_dict() for k, v in results.items()}, indent=2))
+        return 0
+    trained_on = scorer.meta.get("data", {}).get("name", "?")
+    print(f"predictor {args.model} (trained on {trained_on}, backend {scorer.backend})")
+    print(format_metrics(results[None], f"{data.name} [{args.split}]:"))
+    for model, m in results.items():
+        if model is not None:
+            print(
+                f"  {model:<40} n={m.n:<5} tau_b {m.kendall_tau_b:.4f}  Spearman {m.spearman:.4f}  "
+                f"pair acc {m.pair_accuracy:.4f}"
+            )
+    return 0
+
+
+def _parse_use(text: str) -> tuple[str, str]:
+    loss, sep, path = text.partition("=")
+    if not sep or loss not in _LOSSES or not path:
+        raise PredictError(f"--use-checkpoint wants LOSS=DIR with LOSS in {', '.join(_LOSSES)}, got {text!r}")
+    return loss, path
+
+
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    from headway.predict.evaluate import DEFAULT_EVAL_MODELS, cross_model_matrix
+
+    cfg = _train_config(args, data=f"alpaca_eval:{args.train_model}", loss="pairwise")
+    eval_models = [m for m in args.eval_models.split(",") if m] if args.eval_models else list(DEFAULT_EVAL_MODELS)
+    if args.train_model not in eval_models:
+        eval_models.insert(0, args.train_model)
+    losses = [x for x in args.losses.split(",") if x]
+    for loss in losses:
+        if loss not in _LOSSES:
+            raise PredictError(f"unknown loss {loss!r} in --losses; choose from {', '.join(_LOSSES)}")
+    result = cross_model_matrix(
+        args.train_model,
+        eval_models,
+        losses,
+        cfg,
+        data_dir=args.data_dir,
+        out_root=args.checkpoints,
+        delta=args.delta,
+        log=_say,
+        checkpoints=dict(_parse_use(u) for u in args.use_checkpoint or []),
+    )
+    result.command = _command_line()
+    text = result.to_markdown()
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from headway.predict.score import export_onnx
+
+    path = export_onnx(args.model, args.out, opset=args.opset, verify=not args.no_verify)
+    print(f"exported {path}" + ("" if args.no_verify else " (ONNX Runtime scores match torch)"))
+    return 0
+
+
+def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Data, checkpoint and encoder errors become ``error: ...`` on stderr and exit code 2."""
+
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            return int(fn(args))
+        except PredictError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+
+    wrapper.__name__ = fn.__name__
+    return wrapper
+
+
+def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``predictor`` and its sub-commands to ``subparsers`` (from ``add_subparsers()``)."""
+    pred = subparsers.add_parser(
+        "predictor",
+        help="train, evaluate and export output-length predictors (PARS)",
+        description="Output-length predictors for the pars policy: a Hugging Face encoder (default: the "
+        "bundled MiniLM-L6) with a linear score head, trained with a pairwise, pointwise or listwise loss.",
+    )
+    sub = pred.add_subparsers(dest="predictor_command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "train",
+        help="train a predictor (defaults reproduce the default checkpoint)",
+        description="Train a predictor on a prompt-disjoint split and report held-out metrics. With no "
+        "options it trains the default checkpoint (~/.cache/headway/predictors/pars-minilm-alpaca-gpt4): "
+        "pairwise loss, full fine-tuning of MiniLM-L6 on alpaca_eval gpt4 lengths (cl100k tokens).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--data",
+        default="alpaca_eval:gpt4",
+        help="alpaca_eval:MODEL[,MODEL], alpaca_eval:all, sharegpt, codealpaca[:2k|new] or FILE.jsonl",
+    )
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--out", metavar="DIR", help="checkpoint directory")
+    out.add_argument(
+        "--name", default="pars-minilm-alpaca-gpt4", help="checkpoint name under ~/.cache/headway/predictors/"
+    )
+    _add_training_options(p)
+    p.set_defaults(func=_guarded(_cmd_train))
+
+    p = sub.add_parser(
+        "eval",
+        help="Kendall tau_b, Spearman and pair accuracy of a predictor on a data set",
+        description="Score every prompt of a data set and compare with the true output lengths. --data takes "
+        'any generic JSONL file (one {"prompt": str, "output_tokens": int, "model": str?} per line) or a '
+        "built-in data set name.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", required=True, metavar="DIR", help="predictor checkpoint directory")
+    p.add_argument("--data", required=True, metavar="FILE|NAME", help="FILE.jsonl, alpaca_eval:MODEL, sharegpt, ...")
+    p.add_argument(
+        "--split",
+        choices=("all", "train", "val", "test"),
+        default="all",
+        help="evaluate on this part of the checkpoint's prompt-disjoint split (test = held out)",
+    )
+    p.add_argument("--unit", choices=("tokens", "words", "chars"), default="tokens", help="length unit")
+    p.add_argument("--delta", type=float, default=0.2, help="pair accuracy counts pairs with |a-b|/max(a,b) >= delta")
+    p.add_argument("--backend", choices=("torch", "onnx"), default="torch", help="inference backend")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts per forward")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads")
+    p.add_argument("--data-dir", metavar="DIR", help="shared data directory for built-in data sets")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_guarded(_cmd_eval))
+
+    p = sub.add_parser(
+        "matrix",
+        help="train on one alpaca_eval model's lengths, evaluate on others (pairwise/pointwise/listwise)",
+        description="Cross-model matrix: one predictor per loss trained on --train-model's lengths "
+        "(same split, backbone and budget), evaluated without retraining on the held-out prompts "
+        "against each eval model's lengths, next to the oracle (the training model's own lengths) "
+        "and the resampling ceiling.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--train-model", default="gpt4", help="alpaca_eval model whose lengths train the predictors")
+    p.add_argument("--eval-models", help="comma-separated alpaca_eval models (default: 12 well-known models)")
+    p.add_argument("--losses", default="pairwise,pointwise,listwise", help="comma-separated losses")
+    p.add_argument("--out", metavar="FILE.md", help="also write the markdown table here")
+    p.add_argument("--checkpoints", metavar="DIR", help="keep the trained checkpoints here (default: a temp dir)")
+    p.add_argument(
+        "--use-checkpoint",
+        action="append",
+        metavar="LOSS=DIR",
+        help="use this trained checkpoint for LOSS instead of training one (repeatable); it must have been "
+        "trained on --train-model with the same split settings",
+    )
+    _add_training_options(p, matrix=True)
+    p.set_defaults(func=_guarded(_cmd_matrix))
+
+    p = sub.add_parser(
+        "export-onnx",
+        help="export a checkpoint to ONNX for ONNX Runtime on CPU",
+        description="Write model.onnx into the checkpoint (or --out) and verify ONNX Runtime against torch.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", required=True, metavar="DIR", help="predictor checkpoint directory")
+    p.add_argument("--out", metavar="FILE", help="ONNX file (default DIR/model.onnx)")
+    p.add_argument("--opset", type=int, default=17, help="ONNX opset")
+    p.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs torch check")
+    p.set_defaults(func=_guarded(_cmd_export))
+    return cast(argparse.ArgumentParser, pred)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m headway.predict", description="headway predictor commands")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_predictor_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))

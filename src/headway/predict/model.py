@@ -1,0 +1,374 @@
+"""The length predictor: a Hugging Face encoder and a linear score head, plus its checkpoint format.
+
+Score = ``Linear(hidden, 1)`` on the [CLS] embedding, passed through the model's pooler where it has one
+(``pooling="auto"``); ``"cls"``, ``"pooler"`` and ``"mean"`` (masked mean of the last layer) can be chosen.
+
+A checkpoint is a directory::
+
+    predictor.json       settings, provenance, metrics, and the SHA-256 of every weight file
+    model.safetensors    head.* (always) and encoder.* (when the encoder was fine-tuned)
+    encoder/config.json  the encoder's config (fine-tuned checkpoints)
+    tokenizer/           the tokenizer files
+
+A frozen-encoder checkpoint stores only the head and names its encoder (``"default"`` for the bundled
+MiniLM, else a path). Loading verifies hashes, keys, shapes and finiteness: a corrupt checkpoint raises
+:class:`CheckpointError`, never loads silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+from headway.predict._errors import CheckpointError, EncoderError
+from headway.predict._paths import default_encoder_path, set_offline
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "POOLINGS",
+    "LengthPredictor",
+    "LoadedPredictor",
+    "load_checkpoint",
+    "load_encoder",
+    "save_checkpoint",
+    "tokenize",
+]
+
+CHECKPOINT_FORMAT = "headway-predictor"
+CHECKPOINT_VERSION = 1
+POOLINGS: tuple[str, ...] = ("auto", "cls", "pooler", "mean")
+_META = "predictor.json"
+_WEIGHTS = "model.safetensors"
+
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+_NOT_ENCODER_ARCH = ("CausalLM", "LMHeadModel", "ConditionalGeneration", "Seq2SeqLM")
+
+
+def _quiet_transformers() -> Any:
+    set_offline()
+    transformers: Any = importlib.import_module("transformers")
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
+
+
+def _check_encoder_config(path: Path, config: Any) -> None:
+    archs = [str(a) for a in (getattr(config, "architectures", None) or [])]
+    if (
+        getattr(config, "is_decoder", False)
+        or getattr(config, "is_encoder_decoder", False)
+        or any(marker in a for a in archs for marker in _NOT_ENCODER_ARCH)
+    ):
+        raise EncoderError(
+            f"{path}: not an encoder (model_type={getattr(config, 'model_type', '?')!r}, "
+            f"architectures={archs}); give a BERT-like encoder directory"
+        )
+    if not isinstance(getattr(config, "hidden_size", None), int):
+        raise EncoderError(f"{path}: config has no integer hidden_size; not a supported encoder")
+
+
+def load_encoder(path: str | Path | None = None) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` of a local Hugging Face encoder (default: the bundled MiniLM-L6).
+
+    Raises :class:`EncoderError`, naming the path, when it is missing, not a model directory, a decoder
+    or an encoder-decoder, or its weights or tokenizer cannot be loaded. Never downloads.
+    """
+    transformers = _quiet_transformers()
+    p = Path(path) if path is not None else default_encoder_path()
+    if not p.exists():
+        raise EncoderError(f"{p}: encoder path does not exist")
+    if not p.is_dir():
+        raise EncoderError(f"{p}: not a directory; an encoder is a Hugging Face model directory")
+    if not (p / "config.json").is_file():
+        raise EncoderError(f"{p}: not a Hugging Face model directory (no config.json)")
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(p), local_files_only=True)
+    except Exception as exc:
+        raise EncoderError(f"{p}: unreadable config.json ({exc})") from exc
+    _check_encoder_config(p, config)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = transformers.AutoModel.from_pretrained(str(p), local_files_only=True)
+    except Exception as exc:
+        raise EncoderError(f"{p}: cannot load encoder weights ({type(exc).__name__}: {exc})") from exc
+    if not any((p / name).is_file() for name in _TOKENIZER_FILES):
+        raise EncoderError(f"{p}: cannot load a tokenizer (none of {', '.join(_TOKENIZER_FILES)})")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except Exception as exc:
+        raise EncoderError(f"{p}: cannot load a tokenizer ({type(exc).__name__}: {exc})") from exc
+    if len(tokenizer) < 100:
+        raise EncoderError(f"{p}: cannot load a tokenizer (only {len(tokenizer)} tokens found)")
+    if not getattr(tokenizer, "is_fast", False):  # pragma: no cover - all supported encoders ship one
+        raise EncoderError(f"{p}: needs a fast (Rust) tokenizer (tokenizer.json)")
+    return model, tokenizer
+
+
+def tokenize(tokenizer: Any, prompts: Sequence[str], max_length: int) -> list[list[int]]:
+    """Token ids per prompt (with special tokens, truncated to ``max_length``), unpadded."""
+    enc = tokenizer(list(prompts), truncation=True, max_length=max_length, padding=False)
+    return [list(ids) for ids in enc["input_ids"]]
+
+
+def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Pad to the longest sequence of this batch (dynamic padding): ``(input_ids, attention_mask)``."""
+    width = max(len(x) for x in ids)
+    input_ids = np.full((len(ids), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(ids), width), dtype=np.int64)
+    for row, seq in enumerate(ids):
+        input_ids[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return input_ids, mask
+
+
+class LengthPredictor(nn.Module):
+    """Encoder + linear head; ``forward(input_ids, attention_mask)`` returns one score per row."""
+
+    def __init__(self, encoder: nn.Module, pooling: str = "auto") -> None:
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+        has_pooler = getattr(encoder, "pooler", None) is not None
+        if pooling == "auto":
+            pooling = "pooler" if has_pooler else "cls"
+        if pooling == "pooler" and not has_pooler:
+            raise ValueError("pooling='pooler' but the encoder has no pooler")
+        self.encoder = encoder
+        self.pooling = pooling
+        hidden = int(cast(Any, encoder).config.hidden_size)
+        self.head = nn.Linear(hidden, 1)
+        nn.init.normal_(self.head.weight, std=0.02)
+        nn.init.zeros_(self.head.bias)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.head.in_features)
+
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Pooled features ``(batch, hidden)`` that the head scores."""
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
+        if self.pooling == "pooler":
+            return cast(torch.Tensor, out.pooler_output)
+        hidden = cast(torch.Tensor, out.last_hidden_state)
+        if self.pooling == "cls":
+            return hidden[:, 0]
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+    def score_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self.head(embeddings)).squeeze(-1)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.score_embeddings(self.embed(input_ids, attention_mask))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class LoadedPredictor:
+    """A checkpoint in memory: the model (eval mode), its tokenizer and its settings."""
+
+    model: LengthPredictor
+    tokenizer: Any
+    meta: dict[str, Any]
+    path: Path
+    files_sha256: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def max_length(self) -> int:
+        return int(self.meta.get("max_length", 128))
+
+
+def _encoder_ref(encoder_path: Path | None) -> dict[str, Any]:
+    default = default_encoder_path()
+    if encoder_path is None or Path(encoder_path).resolve() == default.resolve():
+        return {"source": "default", "path": str(default)}
+    return {"source": "path", "path": str(Path(encoder_path).resolve())}
+
+
+def save_checkpoint(
+    model: LengthPredictor,
+    tokenizer: Any,
+    out_dir: str | Path,
+    *,
+    fine_tuned: bool,
+    encoder_path: str | Path | None = None,
+    max_length: int = 128,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Write a checkpoint directory atomically (a temporary sibling renamed into place)."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir).expanduser().resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tensors = {f"head.{k}": v.detach().clone().contiguous() for k, v in model.head.state_dict().items()}
+        if fine_tuned:
+            for k, v in model.encoder.state_dict().items():
+                tensors[f"encoder.{k}"] = v.detach().clone().contiguous()
+            cast(Any, model.encoder).config.save_pretrained(str(tmp / "encoder"))
+        save_file(tensors, str(tmp / _WEIGHTS), metadata={"format": CHECKPOINT_FORMAT})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tokenizer.save_pretrained(str(tmp / "tokenizer"))
+        info: dict[str, Any] = {
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "pooling": model.pooling,
+            "hidden_size": model.hidden_size,
+            "max_length": max_length,
+            "encoder": {
+                **_encoder_ref(Path(encoder_path) if encoder_path else None),
+                "fine_tuned": fine_tuned,
+            },
+            **(meta or {}),
+            "files": {_WEIGHTS: _sha256(tmp / _WEIGHTS)},
+        }
+        (tmp / _META).write_text(json.dumps(info, indent=2, sort_keys=False, default=str) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def read_checkpoint_meta(path: str | Path) -> dict[str, Any]:
+    """``predictor.json`` of a checkpoint, validated for format and version."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise CheckpointError(f"{p}: checkpoint directory does not exist")
+    meta_path = p / _META
+    if not meta_path.is_file():
+        raise CheckpointError(f"{p}: not a predictor checkpoint (no {_META})")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{meta_path}: corrupt settings file ({exc})") from exc
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{meta_path}: not a {CHECKPOINT_FORMAT} settings file")
+    if meta.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointError(f"{meta_path}: unsupported checkpoint version {meta.get('version')!r}")
+    for key in ("pooling", "hidden_size", "encoder", "files"):
+        if key not in meta:
+            raise CheckpointError(f"{meta_path}: missing {key!r}")
+    return meta
+
+
+def verify_checkpoint_files(path: str | Path, meta: dict[str, Any]) -> dict[str, str]:
+    """Check every file listed in ``meta['files']`` against its SHA-256; return the hashes."""
+    p = Path(path)
+    files = meta.get("files")
+    if not isinstance(files, dict) or _WEIGHTS not in files:
+        raise CheckpointError(f"{p / _META}: no hash recorded for {_WEIGHTS}")
+    for name, expected in files.items():
+        f = p / name
+        if not f.is_file():
+            raise CheckpointError(f"{f}: missing checkpoint file")
+        actual = _sha256(f)
+        if actual != expected:
+            raise CheckpointError(
+                f"{f}: SHA-256 mismatch (recorded {str(expected)[:12]}…, found {actual[:12]}…): "
+                "the file is corrupt or was modified"
+            )
+    return {str(k): str(v) for k, v in files.items()}
+
+
+def load_checkpoint(path: str | Path) -> LoadedPredictor:
+    """Load a checkpoint written by :func:`save_checkpoint`, verifying it (see the module docstring)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    transformers = _quiet_transformers()
+    p = Path(path).expanduser().resolve()
+    meta = read_checkpoint_meta(p)
+    hashes = verify_checkpoint_files(p, meta)
+    try:
+        tensors = load_file(str(p / _WEIGHTS))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{p / _WEIGHTS}: unreadable safetensors ({exc})") from exc
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{p / _WEIGHTS}: tensor {name!r} has NaN or infinite values")
+    enc = meta["encoder"]
+    if not isinstance(enc, dict):
+        raise CheckpointError(f"{p / _META}: 'encoder' must be an object")
+    fine_tuned = bool(enc.get("fine_tuned"))
+    tok_dir = p / "tokenizer"
+    tokenizer: Any = None
+    if fine_tuned:
+        cfg_dir = p / "encoder"
+        if not (cfg_dir / "config.json").is_file():
+            raise CheckpointError(f"{cfg_dir}: missing encoder config.json")
+        try:
+            config = transformers.AutoConfig.from_pretrained(str(cfg_dir), local_files_only=True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                encoder = transformers.AutoModel.from_config(config)
+        except Exception as exc:
+            raise CheckpointError(f"{cfg_dir}: cannot build the encoder ({exc})") from exc
+        enc_state = {k[len("encoder.") :]: v for k, v in tensors.items() if k.startswith("encoder.")}
+        try:
+            result = encoder.load_state_dict(enc_state, strict=False)
+        except RuntimeError as exc:
+            raise CheckpointError(f"{p / _WEIGHTS}: encoder weights do not fit ({exc})") from exc
+        persistent = set(encoder.state_dict())
+        missing = [k for k in result.missing_keys if k in persistent]
+        if missing or result.unexpected_keys:
+            raise CheckpointError(
+                f"{p / _WEIGHTS}: encoder weights incomplete or foreign "
+                f"(missing {missing[:3]}, unexpected {list(result.unexpected_keys)[:3]})"
+            )
+    else:
+        src = default_encoder_path() if enc.get("source") == "default" else Path(str(enc.get("path")))
+        try:
+            encoder, tokenizer = load_encoder(src)
+        except EncoderError as exc:
+            raise CheckpointError(f"{p}: its frozen encoder cannot be loaded: {exc}") from exc
+    if tok_dir.is_dir():
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+        except Exception as exc:
+            raise CheckpointError(f"{tok_dir}: cannot load the tokenizer ({exc})") from exc
+    elif tokenizer is None:
+        raise CheckpointError(f"{tok_dir}: missing tokenizer")
+    try:
+        model = LengthPredictor(encoder, pooling=str(meta["pooling"]))
+    except ValueError as exc:
+        raise CheckpointError(f"{p / _META}: {exc}") from exc
+    if model.hidden_size != int(meta["hidden_size"]):
+        raise CheckpointError(f"{p}: encoder hidden size {model.hidden_size} != checkpoint's {meta['hidden_size']}")
+    head_state = {k[len("head.") :]: v for k, v in tensors.items() if k.startswith("head.")}
+    try:
+        model.head.load_state_dict(head_state, strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{p / _WEIGHTS}: head weights missing or wrong shape ({exc})") from exc
+    model.eval()
+    return LoadedPredictor(model, tokenizer, meta, p, hashes)

@@ -1,0 +1,383 @@
+"""Serving-time scoring: batched, dynamically padded, cached by prompt hash; torch or ONNX Runtime.
+
+``Scorer.score(prompts)`` returns one float per prompt, higher = longer expected output. The ``pars``
+policy orders by it; :func:`score_workload` precomputes scores for a simulator workload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from headway.predict._errors import CheckpointError
+from headway.predict._paths import set_offline
+
+if TYPE_CHECKING:
+    from headway.predict.model import LengthPredictor
+    from headway.predict.train import TrainConfig
+    from headway.workload import Workload
+
+__all__ = [
+    "CacheInfo",
+    "OnnxBackend",
+    "Scorer",
+    "TorchBackend",
+    "default_scorer",
+    "ensure_predictor",
+    "export_onnx",
+    "score_workload",
+]
+
+Backend = Literal["torch", "onnx"]
+ONNX_FILE = "model.onnx"
+_ONNX_SIDECAR = "model.onnx.json"
+
+
+class _Runner(Protocol):
+    name: str
+
+    def run(self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64]) -> npt.NDArray[Any]: ...
+
+
+class TorchBackend:
+    """Runs a :class:`LengthPredictor` in inference mode."""
+
+    name = "torch"
+
+    def __init__(self, model: LengthPredictor) -> None:
+        self.model = model.eval()
+
+    def run(self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+        import torch
+
+        with torch.inference_mode():
+            out = self.model(torch.from_numpy(input_ids), torch.from_numpy(attention_mask))
+        return np.asarray(out.float().numpy())
+
+
+class OnnxBackend:
+    """Runs an exported ``model.onnx`` with ONNX Runtime's CPU provider."""
+
+    name = "onnx"
+
+    def __init__(self, path: str | Path, threads: int = 2) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = max(1, threads)
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        try:
+            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise CheckpointError(f"{path}: ONNX Runtime cannot load it ({exc})") from exc
+
+    def run(self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+        out = self.session.run(["score"], {"input_ids": input_ids, "attention_mask": attention_mask})
+        return np.asarray(out[0])
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    hits: int
+    misses: int
+    size: int
+    maxsize: int
+
+
+def _hash(prompt: str) -> bytes:
+    return hashlib.blake2b(prompt.encode("utf-8"), digest_size=16).digest()
+
+
+class Scorer:
+    """Scores prompts with a trained predictor.
+
+    Prompts are tokenized (truncated to ``max_length``), sorted by length and run in batches of
+    ``batch_size`` padded only to the batch's longest prompt. Scores are cached (LRU, ``cache_size``
+    entries, 0 disables) under a 128-bit BLAKE2b hash of the prompt text.
+    """
+
+    def __init__(
+        self,
+        runner: _Runner,
+        tokenizer: Any,
+        *,
+        max_length: int = 128,
+        batch_size: int = 32,
+        cache_size: int = 100_000,
+        name: str = "",
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.cache_size = max(0, cache_size)
+        self.name = name
+        self.meta = dict(meta or {})
+        self._pad_id = int(getattr(tokenizer, "pad_token_id", 0) or 0)
+        self._cache: OrderedDict[bytes, float] = OrderedDict()
+        self._hits = 0
+        self._misses = 0
+
+    @property
+    def backend(self) -> str:
+        return self.runner.name
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        backend: Backend = "torch",
+        *,
+        batch_size: int = 32,
+        threads: int = 2,
+        cache_size: int = 100_000,
+        export_if_missing: bool = True,
+    ) -> Scorer:
+        """Load a checkpoint directory for scoring. With ``backend="onnx"``, ``model.onnx`` in the
+        checkpoint is used (exported first when missing or stale and ``export_if_missing``)."""
+        import torch
+
+        from headway.predict.model import load_checkpoint, read_checkpoint_meta, verify_checkpoint_files
+
+        torch.set_num_threads(max(1, threads))
+        p = Path(path).expanduser().resolve()
+        if backend == "torch":
+            loaded = load_checkpoint(p)
+            return cls(
+                TorchBackend(loaded.model),
+                loaded.tokenizer,
+                max_length=loaded.max_length,
+                batch_size=batch_size,
+                cache_size=cache_size,
+                name=p.name,
+                meta=loaded.meta,
+            )
+        if backend != "onnx":
+            raise ValueError(f"unknown backend {backend!r}; choose torch or onnx")
+        meta = read_checkpoint_meta(p)
+        hashes = verify_checkpoint_files(p, meta)
+        onnx_path = p / ONNX_FILE
+        problem = _onnx_problem(p, hashes)
+        if problem:
+            if not export_if_missing:
+                raise CheckpointError(f"{onnx_path}: {problem}; run `headway predictor export-onnx --model {p}`")
+            export_onnx(p)
+        set_offline()
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(p / "tokenizer"), local_files_only=True)
+        return cls(
+            OnnxBackend(onnx_path, threads),
+            tokenizer,
+            max_length=int(meta.get("max_length", 128)),
+            batch_size=batch_size,
+            cache_size=cache_size,
+            name=p.name,
+            meta=meta,
+        )
+
+    def cache_info(self) -> CacheInfo:
+        return CacheInfo(self._hits, self._misses, len(self._cache), self.cache_size)
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+        self._hits = self._misses = 0
+
+    def score_one(self, prompt: str) -> float:
+        return float(self.score([prompt])[0])
+
+    def score(self, prompts: Sequence[str]) -> npt.NDArray[np.float64]:
+        """One score per prompt (higher = longer output expected)."""
+        if isinstance(prompts, str):
+            raise TypeError("score() takes a sequence of prompts; use score_one() for one prompt")
+        out = np.empty(len(prompts), dtype=np.float64)
+        todo: dict[bytes, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise ValueError(f"prompt {i} is empty or not a string: {prompt!r:.40}")
+            key = _hash(prompt)
+            cached = self._cache.get(key) if self.cache_size else None
+            if cached is not None:
+                self._cache.move_to_end(key)
+                out[i] = cached
+                self._hits += 1
+            else:
+                todo.setdefault(key, []).append(i)
+        if todo:
+            self._misses += len(todo)
+            keys = list(todo)
+            texts = [prompts[todo[k][0]] for k in keys]
+            scores = self._run(texts)
+            for key, s in zip(keys, scores, strict=True):
+                out[todo[key]] = s
+                if self.cache_size:
+                    self._cache[key] = float(s)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return out
+
+    def _run(self, texts: Sequence[str]) -> npt.NDArray[np.float64]:
+        from headway.predict.model import pad_batch, tokenize
+
+        ids = tokenize(self.tokenizer, texts, self.max_length)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        result = np.empty(len(ids), dtype=np.float64)
+        for k in range(0, len(order), self.batch_size):
+            chunk = order[k : k + self.batch_size]
+            input_ids, mask = pad_batch([ids[i] for i in chunk], self._pad_id)
+            result[chunk] = self.runner.run(input_ids, mask).reshape(-1)
+        return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ONNX export
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _onnx_problem(ckpt: Path, hashes: dict[str, str]) -> str | None:
+    onnx_path, sidecar = ckpt / ONNX_FILE, ckpt / _ONNX_SIDECAR
+    if not onnx_path.is_file():
+        return "no ONNX export"
+    try:
+        info = json.loads(sidecar.read_text())
+    except (OSError, json.JSONDecodeError):
+        return f"missing or corrupt {_ONNX_SIDECAR}"
+    if info.get("weights_sha256") != hashes.get("model.safetensors"):
+        return "stale ONNX export (the weights changed since)"
+    if info.get("onnx_sha256") != _sha256(onnx_path):
+        return "ONNX file is corrupt or was modified"
+    return None
+
+
+def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, opset: int = 17, verify: bool = True) -> Path:
+    """Export a checkpoint to ONNX (inputs ``input_ids``, ``attention_mask`` int64 ``[batch, seq]``;
+    output ``score`` ``[batch]``), by default to ``<checkpoint>/model.onnx``, and check that ONNX
+    Runtime reproduces the torch scores on batches of other shapes."""
+    import torch
+
+    from headway.predict.model import load_checkpoint, pad_batch, tokenize
+
+    loaded = load_checkpoint(checkpoint)
+    model = loaded.model.eval()
+    target = Path(out) if out is not None else loaded.path / ONNX_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pad_id = int(loaded.tokenizer.pad_token_id or 0)
+    sample = ["Write a poem about the sea.", "What is 2 + 2?", "Explain " + "in detail " * 40]
+    ids = tokenize(loaded.tokenizer, sample[:2], loaded.max_length)
+    dummy = tuple(torch.from_numpy(a) for a in pad_batch(ids, pad_id))
+    tmp = target.with_name(f".{target.name}.tmp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            dummy,
+            str(tmp),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["score"],
+            dynamic_axes={
+                "input_ids": {0: "batch", 1: "sequence"},
+                "attention_mask": {0: "batch", 1: "sequence"},
+                "score": {0: "batch"},
+            },
+            opset_version=opset,
+            dynamo=False,
+        )
+    tmp.replace(target)
+    if verify:
+        runner = OnnxBackend(target, threads=torch.get_num_threads())
+        for batch in (sample, sample[2:], sample[:1]):
+            ii, mm = pad_batch(tokenize(loaded.tokenizer, batch, loaded.max_length), pad_id)
+            with torch.inference_mode():
+                ref = model(torch.from_numpy(ii), torch.from_numpy(mm)).numpy()
+            got = runner.run(ii, mm).reshape(-1)
+            if not np.allclose(got, ref, atol=1e-3, rtol=1e-3):
+                target.unlink(missing_ok=True)
+                raise CheckpointError(f"{target}: ONNX scores differ from torch ({got} vs {ref})")
+    if out is None:
+        sidecar = {
+            "weights_sha256": loaded.files_sha256.get("model.safetensors"),
+            "onnx_sha256": _sha256(target),
+            "opset": opset,
+            "max_length": loaded.max_length,
+        }
+        (loaded.path / _ONNX_SIDECAR).write_text(json.dumps(sidecar, indent=2) + "\n")
+    return target
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Workloads and the default predictor
+
+
+def score_workload(workload: Workload, scorer: Scorer, *, require_prompts: bool = False) -> Workload:
+    """A copy of ``workload`` whose requests carry ``score = scorer.score(prompt)``.
+
+    Requests without a prompt keep ``score=None`` (or raise, with ``require_prompts``).
+    """
+    specs = list(workload.requests)
+    with_prompt = [i for i, s in enumerate(specs) if s.prompt is not None and s.prompt.strip()]
+    if require_prompts and len(with_prompt) != len(specs):
+        missing = next(s.request_id for i, s in enumerate(specs) if i not in set(with_prompt))
+        raise ValueError(f"workload {workload.name!r}: request {missing!r} has no prompt to score")
+    scores = scorer.score([specs[i].prompt or "" for i in with_prompt]) if with_prompt else np.empty(0)
+    for i, s in zip(with_prompt, scores, strict=True):
+        specs[i] = dataclasses.replace(specs[i], score=float(s))
+    meta = {**workload.meta, "scorer": scorer.name or scorer.backend, "scored": len(with_prompt)}
+    return dataclasses.replace(workload, requests=tuple(specs), meta=meta)
+
+
+def ensure_predictor(
+    name_or_path: str | Path | None = None,
+    *,
+    train_if_missing: bool = True,
+    config: TrainConfig | None = None,
+    log: Callable[[str], None] | None = print,
+) -> Path:
+    """Path of a usable checkpoint: ``name_or_path`` if it is a checkpoint directory, else
+    ``~/.cache/headway/predictors/<name>`` (default :data:`DEFAULT_PREDICTOR_NAME`), trained there with
+    ``config`` (default: the settings of ``headway predictor train``) when missing. A corrupt
+    checkpoint raises :class:`CheckpointError`; it is never silently replaced or loaded."""
+    from headway.predict.model import read_checkpoint_meta, verify_checkpoint_files
+    from headway.predict.train import DEFAULT_PREDICTOR_NAME, default_predictor_dir, train_predictor
+
+    candidate = Path(name_or_path).expanduser() if name_or_path is not None else None
+    if candidate is not None and (candidate.is_dir() or candidate.is_absolute() or len(candidate.parts) > 1):
+        path = candidate
+    else:
+        path = default_predictor_dir(str(name_or_path or DEFAULT_PREDICTOR_NAME))
+    if path.exists():
+        verify_checkpoint_files(path, read_checkpoint_meta(path))
+        return path
+    if not train_if_missing:
+        raise CheckpointError(f"{path}: no predictor checkpoint; run `headway predictor train --out {path}`")
+    if log:
+        log(f"no predictor at {path}; training one (headway predictor train defaults)")
+    return train_predictor(config, out_dir=path, log=log).path
+
+
+def default_scorer(
+    backend: Backend = "torch", *, train_if_missing: bool = True, threads: int = 2, batch_size: int = 32
+) -> Scorer:
+    """The scorer the ``pars`` policy and the simulator use by default (see :func:`ensure_predictor`)."""
+    path = ensure_predictor(train_if_missing=train_if_missing)
+    return Scorer.from_checkpoint(path, backend, threads=threads, batch_size=batch_size)

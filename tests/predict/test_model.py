@@ -1,0 +1,169 @@
+"""Encoders and checkpoints: not-an-encoder paths, round trips, corrupt checkpoints never load."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from headway.predict import CheckpointError, EncoderError  # noqa: E402
+from headway.predict.model import (  # noqa: E402
+    LengthPredictor,
+    load_checkpoint,
+    load_encoder,
+    pad_batch,
+    save_checkpoint,
+    tokenize,
+)
+
+PROMPTS = ["Write an essay about rivers.", "Yes or no?", "Tell me a long story about a dragon and a knight."]
+
+
+def _scores(model: LengthPredictor, tokenizer: object) -> torch.Tensor:
+    ids, mask = pad_batch(tokenize(tokenizer, PROMPTS, 64), 0)
+    with torch.inference_mode():
+        return model.eval()(torch.from_numpy(ids), torch.from_numpy(mask))
+
+
+def test_not_an_encoder_paths_name_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    with pytest.raises(EncoderError, match=f"{missing}: encoder path does not exist"):
+        load_encoder(missing)
+    a_file = tmp_path / "weights.bin"
+    a_file.write_bytes(b"x")
+    with pytest.raises(EncoderError, match=f"{a_file}: not a directory"):
+        load_encoder(a_file)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(EncoderError, match=f"{empty}: not a Hugging Face model directory"):
+        load_encoder(empty)
+    gpt = tmp_path / "gpt2ish"
+    gpt.mkdir()
+    (gpt / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 32, "n_layer": 1})
+    )
+    with pytest.raises(EncoderError, match=f"{gpt}: not an encoder"):
+        load_encoder(gpt)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(EncoderError, match=f"{broken}: unreadable config.json"):
+        load_encoder(broken)
+
+
+def test_encoder_without_weights_or_tokenizer(tmp_path: Path, tiny_encoder: Path) -> None:
+    no_weights = tmp_path / "noweights"
+    no_weights.mkdir()
+    shutil.copy(tiny_encoder / "config.json", no_weights / "config.json")
+    with pytest.raises(EncoderError, match=f"{no_weights}: cannot load encoder weights"):
+        load_encoder(no_weights)
+    no_tok = tmp_path / "notok"
+    no_tok.mkdir()
+    for f in tiny_encoder.iterdir():
+        if "token" not in f.name and f.name != "vocab.txt":
+            shutil.copy(f, no_tok / f.name)
+    with pytest.raises(EncoderError, match=f"{no_tok}: cannot load a tokenizer"):
+        load_encoder(no_tok)
+
+
+@pytest.mark.parametrize("fine_tuned", [True, False])
+def test_checkpoint_round_trip(tmp_path: Path, tiny_encoder: Path, fine_tuned: bool) -> None:
+    torch.manual_seed(1)
+    encoder, tokenizer = load_encoder(tiny_encoder)
+    model = LengthPredictor(encoder, "mean")
+    if fine_tuned:  # make the encoder differ from the one on disk
+        with torch.no_grad():
+            for p in model.encoder.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+    before = _scores(model, tokenizer)
+    out = save_checkpoint(
+        model,
+        tokenizer,
+        tmp_path / "ck",
+        fine_tuned=fine_tuned,
+        encoder_path=tiny_encoder,
+        max_length=64,
+        meta={"note": "x"},
+    )
+    loaded = load_checkpoint(out)
+    assert loaded.meta["note"] == "x" and loaded.meta["pooling"] == "mean" and loaded.max_length == 64
+    assert loaded.meta["encoder"]["fine_tuned"] is fine_tuned
+    assert torch.allclose(_scores(loaded.model, loaded.tokenizer), before, atol=1e-6)
+    assert (out / "encoder").is_dir() is fine_tuned
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path, tiny_encoder: Path) -> Path:
+    encoder, tokenizer = load_encoder(tiny_encoder)
+    return save_checkpoint(LengthPredictor(encoder), tokenizer, tmp_path / "ck", fine_tuned=True)
+
+
+def test_flipped_byte_is_detected(checkpoint: Path) -> None:
+    weights = checkpoint / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="SHA-256 mismatch"):
+        load_checkpoint(checkpoint)
+
+
+def test_truncated_weights_are_detected(checkpoint: Path) -> None:
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors"):
+        load_checkpoint(checkpoint)
+
+
+def test_corrupt_or_missing_settings(checkpoint: Path, tmp_path: Path) -> None:
+    meta = checkpoint / "predictor.json"
+    meta.write_text("{ truncated")
+    with pytest.raises(CheckpointError, match="corrupt settings file"):
+        load_checkpoint(checkpoint)
+    meta.unlink()
+    with pytest.raises(CheckpointError, match="not a predictor checkpoint"):
+        load_checkpoint(checkpoint)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nothing-here")
+
+
+def _rewrite(checkpoint: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Replace the weights *and* their recorded hash: only the content checks can catch it."""
+    from safetensors.torch import save_file
+
+    from headway.predict.model import _sha256
+
+    save_file(tensors, str(checkpoint / "model.safetensors"))
+    meta = json.loads((checkpoint / "predictor.json").read_text())
+    meta["files"]["model.safetensors"] = _sha256(checkpoint / "model.safetensors")
+    (checkpoint / "predictor.json").write_text(json.dumps(meta))
+
+
+def test_consistent_hash_but_bad_content(checkpoint: Path) -> None:
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    nan = dict(tensors)
+    nan["head.weight"] = torch.full_like(tensors["head.weight"], float("nan"))
+    _rewrite(checkpoint, nan)
+    with pytest.raises(CheckpointError, match="NaN"):
+        load_checkpoint(checkpoint)
+    no_head = {k: v for k, v in tensors.items() if not k.startswith("head.")}
+    _rewrite(checkpoint, no_head)
+    with pytest.raises(CheckpointError, match="head weights"):
+        load_checkpoint(checkpoint)
+    partial = {k: v for i, (k, v) in enumerate(tensors.items()) if i % 2 == 0 or k.startswith("head.")}
+    _rewrite(checkpoint, partial)
+    with pytest.raises(CheckpointError, match="encoder weights incomplete"):
+        load_checkpoint(checkpoint)
+
+
+def test_pooling_choices(tiny_encoder: Path) -> None:
+    encoder, _ = load_encoder(tiny_encoder)
+    assert LengthPredictor(encoder).pooling == "pooler"  # BERT has a pooler
+    with pytest.raises(ValueError, match="unknown pooling"):
+        LengthPredictor(encoder, "max")

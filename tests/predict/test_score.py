@@ -1,0 +1,114 @@
+"""The serving-time scorer: cache, dynamic padding, workloads, ONNX export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from headway.predict import CheckpointError, Scorer, export_onnx, score_workload  # noqa: E402
+from headway.predict.model import LengthPredictor, load_encoder, save_checkpoint  # noqa: E402
+from headway.predict.score import ensure_predictor  # noqa: E402
+from headway.workload import RequestSpec, Workload  # noqa: E402
+
+PROMPTS = [
+    "Write a long essay about the ocean.",
+    "yes?",
+    "Summarize the plot of a novel about a lighthouse keeper who collects stories.",
+    "What is 2+2?",
+    "Compose a sonnet.",
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, tiny_encoder: Path) -> Path:
+    torch.manual_seed(0)
+    encoder, tokenizer = load_encoder(tiny_encoder)
+    model = LengthPredictor(encoder, "mean")
+    torch.nn.init.normal_(model.head.weight, std=1.0)
+    return save_checkpoint(model, tokenizer, tmp_path_factory.mktemp("score") / "ck", fine_tuned=True, max_length=32)
+
+
+def test_scores_do_not_depend_on_batching_or_padding(checkpoint: Path) -> None:
+    one_by_one = np.array([Scorer.from_checkpoint(checkpoint, cache_size=0).score_one(p) for p in PROMPTS])
+    batched = Scorer.from_checkpoint(checkpoint, batch_size=2, cache_size=0).score(PROMPTS)
+    assert batched.shape == (5,) and batched.dtype == np.float64
+    assert np.allclose(batched, one_by_one, atol=1e-5)
+    assert len(set(np.round(batched, 6))) == 5
+
+
+def test_cache_hits_misses_duplicates_and_eviction(checkpoint: Path) -> None:
+    scorer = Scorer.from_checkpoint(checkpoint, cache_size=3)
+    first = scorer.score(PROMPTS[:3])
+    info = scorer.cache_info()
+    assert (info.hits, info.misses, info.size, info.maxsize) == (0, 3, 3, 3)
+    again = scorer.score([PROMPTS[2], PROMPTS[0], PROMPTS[2]])
+    assert np.array_equal(again, first[[2, 0, 2]])  # cached values are the computed ones
+    assert scorer.cache_info().hits == 3 and scorer.cache_info().misses == 3
+    scorer.score([PROMPTS[3], PROMPTS[3]])  # one miss for a duplicated prompt; evicts the LRU entry (1)
+    info = scorer.cache_info()
+    assert (info.misses, info.size) == (4, 3)
+    scorer.score([PROMPTS[1]])
+    assert scorer.cache_info().misses == 5  # PROMPTS[1] had been evicted
+    scorer.clear_cache()
+    assert scorer.cache_info().size == 0
+
+
+def test_empty_prompt_is_named(checkpoint: Path) -> None:
+    scorer = Scorer.from_checkpoint(checkpoint)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        scorer.score(["fine", "  "])
+    with pytest.raises(TypeError):
+        scorer.score("a string, not a list")
+
+
+def test_score_workload(checkpoint: Path) -> None:
+    specs = [
+        RequestSpec("a", 0.0, 5, 10, prompt=PROMPTS[0]),
+        RequestSpec("b", 1.0, 5, 10, prompt=None),
+        RequestSpec("c", 2.0, 5, 10, prompt=PROMPTS[1]),
+    ]
+    wl = Workload.from_specs("w", specs, {"source": "test"})
+    scorer = Scorer.from_checkpoint(checkpoint)
+    scored = score_workload(wl, scorer)
+    assert scored is not wl and wl.requests[0].score is None
+    assert scored.requests[0].score == pytest.approx(scorer.score_one(PROMPTS[0]))
+    assert scored.requests[1].score is None and scored.requests[2].score is not None
+    assert scored.meta["source"] == "test" and scored.meta["scored"] == 2
+    with pytest.raises(ValueError, match="'b' has no prompt"):
+        score_workload(wl, scorer, require_prompts=True)
+
+
+def test_onnx_export_matches_torch_and_detects_staleness(checkpoint: Path, tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    import shutil
+
+    ck = tmp_path / "ck"
+    shutil.copytree(checkpoint, ck)
+    path = export_onnx(ck)
+    assert path == ck / "model.onnx"
+    ref = Scorer.from_checkpoint(ck, "torch").score(PROMPTS)
+    onnx = Scorer.from_checkpoint(ck, "onnx", batch_size=2)
+    assert onnx.backend == "onnx"
+    assert np.allclose(onnx.score(PROMPTS), ref, atol=1e-4)
+    # a modified ONNX file is refused (or re-exported when allowed)
+    path.write_bytes(path.read_bytes()[:-10] + b"0123456789")
+    with pytest.raises(CheckpointError, match="corrupt or was modified"):
+        Scorer.from_checkpoint(ck, "onnx", export_if_missing=False)
+    assert np.allclose(Scorer.from_checkpoint(ck, "onnx").score(PROMPTS), ref, atol=1e-4)
+    side = json.loads((ck / "model.onnx.json").read_text())
+    side["weights_sha256"] = "0" * 64
+    (ck / "model.onnx.json").write_text(json.dumps(side))
+    with pytest.raises(CheckpointError, match="stale"):
+        Scorer.from_checkpoint(ck, "onnx", export_if_missing=False)
+
+
+def test_ensure_predictor_uses_existing_and_refuses_missing(checkpoint: Path, tmp_path: Path) -> None:
+    assert ensure_predictor(checkpoint, train_if_missing=False) == checkpoint
+    with pytest.raises(CheckpointError, match="headway predictor train"):
+        ensure_predictor("no-such-predictor", train_if_missing=False)
