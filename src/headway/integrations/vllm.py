@@ -101,7 +101,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import importlib
 import itertools
 import json
 import logging
@@ -114,6 +113,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState, Tier, make_policy
+from headway.predict._resolve import resolve_score_fn
 
 __all__ = [
     "ENV_CONFIG",
@@ -253,27 +253,13 @@ def load_text_scorer(spec: str, *, backend: str = "torch", threads: int = 1) -> 
         path = ensure_predictor(None if spec == "default" else spec, train_if_missing=False, log=None)
         scorer = Scorer.from_checkpoint(path, backend, threads=threads)  # type: ignore[arg-type]
         return scorer.score
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise PluginConfigError(
-            f"headway plugin: scorer {spec!r} is not 'default', a predictor directory, "
-            "'module:attr' or 'module:factory()'"
-        )
-    call = attr.endswith("()")
-    attr = attr.removesuffix("()")
     try:
-        obj: Any = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise PluginConfigError(f"headway plugin: cannot load scorer {spec!r}: {exc}") from None
-    if call or isinstance(obj, type):
-        obj = obj()
-    method = getattr(obj, "score", None)
-    if callable(method):
-        obj = method
-    if not callable(obj):
-        raise PluginConfigError(f"headway plugin: scorer {spec!r} is not callable and has no score()")
-    fn: TextScoreFn = obj
-    return fn
+        return resolve_score_fn(spec)
+    except ValueError as exc:
+        raise PluginConfigError(
+            f"headway plugin: {exc} (the scorer setting is 'default', a predictor directory, "
+            "'module:attr' or 'module:factory()')"
+        ) from None
 
 
 # ------------------------------------------------------------ the adapter

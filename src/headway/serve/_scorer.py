@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Callable, Sequence
-from typing import Any
+
+from headway.predict._resolve import resolve_score_fn
 
 __all__ = ["BatchScorer", "ScoreFn", "load_score_fn"]
 
@@ -14,30 +14,13 @@ ScoreFn = Callable[[list[str]], Sequence[float]]
 
 
 def load_score_fn(spec: str) -> ScoreFn:
-    """Resolve a scorer spec to ``list[str] -> scores``.
-
-    ``"pkg.module:attr"`` names a callable taking a list of prompts, or an object with a
-    ``score(prompts)`` method (``headway.predict.Scorer``); ``"pkg.module:factory()"`` calls
-    a zero-argument factory first; ``"default"`` is
-    ``headway.predict.score:default_scorer()`` (the ``pars`` predictor; trains it if missing).
-    """
+    """Resolve a scorer spec to ``list[str] -> scores``: ``"pkg.module:attr"`` or
+    ``"pkg.module:factory()"`` (see :func:`headway.predict._resolve.resolve_score_fn`), or
+    ``"default"`` for ``headway.predict.score:default_scorer()`` (the ``pars`` predictor;
+    trains it if missing)."""
     if spec == "default":
         spec = "headway.predict.score:default_scorer()"
-    module_name, _, attr = spec.partition(":")
-    call = attr.endswith("()")
-    attr = attr.removesuffix("()")
-    try:
-        obj: Any = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load scorer {spec!r}: {exc}") from None
-    if call or isinstance(obj, type):
-        obj = obj()
-    method = getattr(obj, "score", None)
-    if callable(method):
-        obj = method
-    if not callable(obj):
-        raise ValueError(f"scorer {spec!r} is neither callable nor has a score(prompts) method")
-    fn: ScoreFn = obj
+    fn: ScoreFn = resolve_score_fn(spec)
     return fn
 
 
