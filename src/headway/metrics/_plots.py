@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -121,7 +121,7 @@ def plot_latency_cdfs(runs: Mapping[str, Sequence[Request]]) -> Figure:
     return fig
 
 
-def _shared_legend(fig: Figure, axes: Sequence[Any]) -> None:
+def _shared_legend(fig: Figure, axes: Iterable[Any]) -> None:
     """One legend for every panel, outside the plotting area (runs share colors across panels)."""
     for ax in axes:
         handles, labels = ax.get_legend_handles_labels()
