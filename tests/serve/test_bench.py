@@ -59,6 +59,23 @@ def test_bench_cli_against_the_stub(make_stub, capsys, tmp_path):
     assert (tmp_path / "summary.json").exists()
 
 
+def test_bench_cli_reports_goodput(make_stub, capsys):
+    # a loose target every request meets and an impossible one none meets
+    stub = make_stub()
+    base = ["bench", "serve", "--endpoint", stub.url, "--workload", "burst", "--num-requests", "6",
+            "--max-output-tokens", "4", "--max-prompt-tokens", "16", "--json"]  # fmt: skip
+    import json
+
+    assert main([*base, "--goodput", "e2el:60000"]) == 0
+    loose = json.loads(capsys.readouterr().out)
+    assert loose["slo_attainment"] == 1.0 and loose["goodput"] > 0
+    assert main([*base, "--goodput", "ttft:0.001"]) == 0
+    tight = json.loads(capsys.readouterr().out)
+    assert tight["slo_attainment"] == 0.0 and tight["goodput"] == 0.0
+    assert main([*base, "--goodput", "speed:5"]) == 2
+    assert "--goodput" in capsys.readouterr().err
+
+
 def test_bench_config_validation():
     with pytest.raises(ValueError, match="endpoint"):
         BenchConfig("localhost:8000")

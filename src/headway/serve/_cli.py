@@ -200,6 +200,10 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--name", default="bench", help="run name in the report")
     p.add_argument("--out", default=None, help="write a headway report (JSON/CSV/plots) to this folder")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS",
+                   help="SLO targets in milliseconds as `vllm bench serve --goodput`, e.g. "
+                        "ttft:500 tpot:50 e2el:2000: report goodput (requests/s meeting every target) "
+                        "and SLO attainment")
     p.set_defaults(func=_run_bench)
     return p
 
@@ -213,10 +217,15 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from headway.metrics import comparison_table, summarize, write_report
+    from headway.metrics import SLO, comparison_table, summarize, write_report
     from headway.serve._bench import BenchConfig, run_bench_sync
     from headway.workload import load_workload
 
+    try:
+        slo = SLO.parse(args.goodput) if args.goodput else None
+    except ValueError as exc:
+        print(f"headway bench serve: --goodput: {exc}", file=sys.stderr)
+        return 2
     opts: dict[str, Any] = {"seed": args.seed}
     for name in ("num_requests", "rate", "burstiness", "arrivals", "tenants"):
         v = getattr(args, name)
@@ -241,7 +250,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         print(f"headway bench serve: {exc}", file=sys.stderr)
         return 2
     requests = run_bench_sync(workload, cfg)
-    summary = summarize(requests, name=args.name)
+    summary = summarize(requests, slo=slo, name=args.name)
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2, default=str))
     else:
