@@ -20,7 +20,8 @@ import pytest
 from headway.integrations._client import ReplayResult, ReplaySpec, replay_sync
 from headway.integrations._server import default_vllm_paths, headway_src_dir
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# end to end on a 2-core machine: a run whose timing went wrong is retried (it must pass once in 3)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.flaky(reruns=2)]
 
 LONG = [120, 100, 110, 90, 105]
 SHORT = [6, 8, 5, 7, 6]
@@ -130,6 +131,7 @@ def test_pars_orders_by_request_scores(plugin_server) -> None:  # type: ignore[n
     assert shorts_first(recs), [r["client_id"] for r in recs]
 
 
+@pytest.mark.timing
 def test_pars_scores_prompts_in_process(plugin_server) -> None:  # type: ignore[no-untyped-def]
     """No score in the request: the scheduler detokenizes the prompt and scores it (word count toy
     scorer); long requests carry long prompts here, so the toy scores rank them last."""
