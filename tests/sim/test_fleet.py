@@ -20,7 +20,7 @@ from headway.core import (
     available_routers,
     make_router,
 )
-from headway.core._policy import _REGISTRY
+from headway.core._policy import _POLICIES
 from headway.policies import FCFSPolicy
 from headway.sim import CacheConfig, SchedulerConfig, SimResult, simulate
 from headway.sim._fleet import FLEET, fleet_presets, fleet_summaries, relative_speeds, split_by_replica
@@ -48,13 +48,13 @@ class _CountingFCFS(FCFSPolicy):
 def _counting_policy() -> Iterator[str]:
     """Registers :class:`_CountingFCFS` for the duration (replicas build policies by name)."""
     name = "test-counting-fcfs"
-    _REGISTRY[name] = _CountingFCFS
+    _POLICIES.register(name)(_CountingFCFS)
     _CountingFCFS.arrived.clear()
     _CountingFCFS.finished.clear()
     try:
         yield name
     finally:
-        del _REGISTRY[name]
+        _POLICIES.unregister(name)
 
 
 def _fingerprint(res: SimResult) -> list[tuple[object, ...]]:

@@ -43,11 +43,11 @@ UniBoost's grow: they must give hints). Engines skip work between hints.
 
 from __future__ import annotations
 
-import difflib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
+from headway.core._registry import Registry
 from headway.core._request import Request
 
 __all__ = [
@@ -146,8 +146,14 @@ class Policy(ABC):
 
 
 # ------------------------------------------------------------------ registry
-_REGISTRY: dict[str, type[Policy]] = {}
 P = TypeVar("P", bound=type[Policy])
+
+
+def _load_builtin() -> None:
+    import headway.policies  # noqa: F401  (modules register themselves on import)
+
+
+_POLICIES: Registry[Policy] = Registry("policy", "policies", UnknownPolicyError, _load_builtin)
 
 
 def register_policy(name: str) -> Callable[[P], P]:
@@ -155,48 +161,19 @@ def register_policy(name: str) -> Callable[[P], P]:
 
     Names are kebab case and unique; registering a name twice is an error.
     """
-    if not name or name != name.lower() or " " in name or "_" in name:
-        raise ValueError(f"policy names are lower kebab case, got {name!r}")
-
-    def decorate(cls: P) -> P:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(
-                f"policy name {name!r} is already registered by {_REGISTRY[name].__qualname__}"
-            )
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorate
-
-
-def _load_builtin() -> None:
-    import headway.policies  # noqa: F401  (modules register themselves on import)
+    return _POLICIES.register(name)
 
 
 def available_policies() -> list[str]:
     """Names of all registered policies, sorted."""
-    _load_builtin()
-    return sorted(_REGISTRY)
+    return _POLICIES.names()
 
 
 def get_policy_class(name: str) -> type[Policy]:
     """The class registered as ``name``; raises :class:`UnknownPolicyError`."""
-    _load_builtin()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, _REGISTRY, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise UnknownPolicyError(
-            f"Unknown policy {name!r}.{hint} Valid policies: {', '.join(sorted(_REGISTRY))}"
-        ) from None
+    return _POLICIES.get(name)
 
 
 def make_policy(name: str, **kwargs: Any) -> Policy:
     """Instantiate the policy registered as ``name`` with keyword settings."""
-    cls = get_policy_class(name)
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise ValueError(f"bad settings for policy {name!r}: {exc}") from None
+    return _POLICIES.make(name, **kwargs)

@@ -47,7 +47,6 @@ initial state, so the same seed gives bit-identical fleets.
 
 from __future__ import annotations
 
-import difflib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -55,6 +54,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
+from headway.core._registry import Registry
 from headway.core._request import Request
 
 __all__ = [
@@ -467,49 +467,28 @@ class _SeededRouter(Router):
 
 
 # ------------------------------------------------------------------- registry
-_REGISTRY: dict[str, type[Router]] = {}
 R = TypeVar("R", bound=type[Router])
+_ROUTERS: Registry[Router] = Registry("router", "routers", UnknownRouterError)
 
 
 def register_router(name: str) -> Callable[[R], R]:
     """Class decorator: register a :class:`Router` subclass under ``name`` (kebab case, unique)."""
-    if not name or name != name.lower() or " " in name or "_" in name:
-        raise ValueError(f"router names are lower kebab case, got {name!r}")
-
-    def decorate(cls: R) -> R:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"router name {name!r} is already registered by {_REGISTRY[name].__qualname__}")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorate
+    return _ROUTERS.register(name)
 
 
 def available_routers() -> list[str]:
     """Names of all registered routers, sorted."""
-    return sorted(_REGISTRY)
+    return _ROUTERS.names()
 
 
 def get_router_class(name: str) -> type[Router]:
     """The class registered as ``name``; raises :class:`UnknownRouterError` listing valid names."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, _REGISTRY, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise UnknownRouterError(
-            f"Unknown router {name!r}.{hint} Valid routers: {', '.join(sorted(_REGISTRY))}"
-        ) from None
+    return _ROUTERS.get(name)
 
 
 def make_router(name: str, **kwargs: Any) -> Router:
     """Instantiate the router registered as ``name`` with keyword settings."""
-    cls = get_router_class(name)
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise ValueError(f"bad settings for router {name!r}: {exc}") from None
+    return _ROUTERS.make(name, **kwargs)
 
 
 # ------------------------------------------------------------------ built-ins
