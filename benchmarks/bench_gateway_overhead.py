@@ -130,6 +130,7 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--rate", type=float, default=200.0, help="offered load for the latency phase")
     ap.add_argument("--policy", default="fcfs")
+    ap.add_argument("--scorer", default=None, help="gateway --scorer (e.g. 'default' for the trained predictor)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
 
@@ -152,11 +153,18 @@ def main() -> int:
             "256",
             "--log-level",
             "warning",
+            *(["--scorer", args.scorer] if args.scorer else []),
         ],
         gw_port,
     )
     try:
-        res: dict[str, object] = {"cpus": os.cpu_count(), "policy": args.policy, "seconds": args.seconds}
+        res: dict[str, object] = {
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg()[0],
+            "policy": args.policy,
+            "scorer": args.scorer,
+            "seconds": args.seconds,
+        }
         for name, port in (("gateway", gw_port), ("direct", stub_port)):
             asyncio.run(closed_loop(port, 4, 0.5))  # warm up
             rps, errors = asyncio.run(closed_loop(port, args.connections, args.seconds))
@@ -174,6 +182,9 @@ def main() -> int:
         assert isinstance(g, dict) and isinstance(d, dict)
         res["added_ms"] = {k: round(g[k] - d[k], 3) for k in g if k.startswith("p")}
         print(json.dumps(res, indent=2))
+        if g["errors"]:
+            print(f"error: {g['errors']} requests through the gateway failed; nothing written", file=sys.stderr)
+            return 1
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(res, fh, indent=2)

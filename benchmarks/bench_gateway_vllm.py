@@ -56,8 +56,32 @@ def burst_workload(n: int, seed: int, long_frac: float, short: tuple[int, int], 
     return Workload.from_specs("burst-mixed", specs)
 
 
+def heldout_alpaca_workload(n: int, seed: int, model: str, max_output: int, max_prompt_chars: int) -> Workload:
+    """``n`` held-out alpaca_eval prompts (the default predictor's test split: no prompt it was
+    trained on) with ``model``'s real output lengths, capped at ``max_output``."""
+    from headway.predict.data import load_alpaca_eval, split_by_prompt
+    from headway.predict.train import TrainConfig
+
+    cfg = TrainConfig()  # the split the default checkpoint was trained with
+    test = split_by_prompt(load_alpaca_eval(model, "tokens"), cfg.test_frac, cfg.val_frac, cfg.seed).test
+    pool = [ex for ex in test.examples if len(ex.prompt) <= max_prompt_chars]
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(pool), size=min(n, len(pool)), replace=False)
+    specs = [
+        RequestSpec(
+            f"a{i}",
+            0.0,
+            num_prompt_tokens=max(1, len(pool[j].prompt) // 4),
+            num_output_tokens=min(int(pool[j].length), max_output),
+            prompt=pool[j].prompt,
+        )
+        for i, j in enumerate(pick)
+    ]
+    return Workload.from_specs(f"alpaca-heldout-{model}", specs)
+
+
 def start_gateway(
-    backend: str, policy: str, concurrency: int, policy_args: list[str]
+    backend: str, policy: str, concurrency: int, policy_args: list[str], scorer: str | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [sys.executable, "-m", "headway.serve", "serve", "--backend", backend, "--policy", policy,
@@ -65,6 +89,8 @@ def start_gateway(
            "--log-level", "warning"]  # fmt: skip
     for a in policy_args:
         cmd += ["--policy-arg", a]
+    if scorer:
+        cmd += ["--scorer", scorer]
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -87,7 +113,22 @@ def main() -> int:
     ap.add_argument("--long-frac", type=float, default=0.2)
     ap.add_argument("--short", default="4,32", help="short output length range lo,hi")
     ap.add_argument("--long", default="200,400", help="long output length range lo,hi")
+    ap.add_argument(
+        "--gateway-concurrency",
+        type=int,
+        default=None,
+        help="gateway backend concurrency (default: --max-num-seqs); one or two above it keep a request "
+        "waiting inside vLLM so a freed slot is refilled without a gateway round trip",
+    )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--prompts",
+        default="synthetic",
+        help="'synthetic' (filler prompts, mixed lengths from --short/--long; pars uses the noisy oracle) or "
+        "'alpaca-heldout[:MODEL]' (held-out alpaca_eval prompts with MODEL's real output lengths, default gpt4; "
+        "pars scores the prompt text with the trained default predictor at the gateway)",
+    )
+    ap.add_argument("--max-output", type=int, default=600, help="cap on output lengths (alpaca-heldout)")
     ap.add_argument("--policies", default="pars,sjf-oracle,uniboost")
     ap.add_argument("--pars-tau", default="0.8", help="comma list: one pars run per Kendall tau")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
@@ -97,11 +138,20 @@ def main() -> int:
 
     short = tuple(int(x) for x in args.short.split(","))
     long = tuple(int(x) for x in args.long.split(","))
-    wl = burst_workload(args.num_requests, args.seed, args.long_frac, short, long)  # type: ignore[arg-type]
+    real = args.prompts.startswith("alpaca-heldout")
+    if real:
+        _, _, lm = args.prompts.partition(":")
+        wl = heldout_alpaca_workload(args.num_requests, args.seed, lm or "gpt4", args.max_output, 1500)
+    elif args.prompts == "synthetic":
+        wl = burst_workload(args.num_requests, args.seed, args.long_frac, short, long)  # type: ignore[arg-type]
+    else:
+        ap.error(f"--prompts: unknown {args.prompts!r} (synthetic or alpaca-heldout[:MODEL])")
     outs = [s.num_output_tokens for s in wl]
     print(f"workload: {len(wl)} requests at t=0, output tokens mean {np.mean(outs):.0f}, "
           f"min {min(outs)}, max {max(outs)}, total {sum(outs)}; "
           f"vLLM --max-num-seqs {args.max_num_seqs}")  # fmt: skip
+    gw_conc = args.gateway_concurrency if args.gateway_concurrency is not None else args.max_num_seqs
+    print(f"gateway backend concurrency {gw_conc}")
     python, model = default_vllm_paths(REPO)
     results: dict[str, dict[str, float]] = {}
     with (
@@ -112,7 +162,9 @@ def main() -> int:
         run_bench_sync(Workload.from_specs("warmup", list(wl)[:4]), bench)  # warm-up
         runs: list[tuple[str, str | None, list[str]]] = [("vllm-direct (fcfs)", None, [])]
         for p in [p for p in args.policies.split(",") if p]:
-            if p == "pars":
+            if p == "pars" and real:
+                runs.append(("gateway+pars (trained predictor)", p, []))
+            elif p == "pars":
                 for tau in args.pars_tau.split(","):
                     runs.append((f"gateway+pars (noisy-oracle tau={tau})", p, ["scorer=noisy-oracle", f"tau={tau}"]))
             else:
@@ -122,7 +174,8 @@ def main() -> int:
             gw = None
             endpoint = vllm
             if policy is not None:
-                gw, endpoint = start_gateway(vllm, policy, args.max_num_seqs, pargs)
+                scorer = "default" if real and policy == "pars" else None
+                gw, endpoint = start_gateway(vllm, policy, gw_conc, pargs, scorer)
             try:
                 t0 = time.monotonic()
                 cfg = BenchConfig(endpoint, model="tiny-llama", timeout_s=args.run_timeout)

@@ -67,8 +67,17 @@ def run_vidur(num_requests: int) -> dict[str, float] | None:
     path, python = os.environ.get("VIDUR_PATH"), os.environ.get("VIDUR_PYTHON")
     if not path or not python:
         return None
-    cmd = [python, str(HERE / "vidur_runner.py"), "--vidur-path", path, "--num-requests", str(num_requests),
-           "--trace", str(DATA / "vidur_traces" / "splitwise_conv.csv"), *shlex.split(os.environ.get("VIDUR_ARGS", ""))]
+    cmd = [
+        python,
+        str(HERE / "vidur_runner.py"),
+        "--vidur-path",
+        path,
+        "--num-requests",
+        str(num_requests),
+        "--trace",
+        str(DATA / "vidur_traces" / "splitwise_conv.csv"),
+        *shlex.split(os.environ.get("VIDUR_ARGS", "")),
+    ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1]
     data: dict[str, float] = json.loads(line)
@@ -82,8 +91,10 @@ def main() -> int:
     args = ap.parse_args()
     trace = DATA / "vidur_traces" / "splitwise_conv.csv"
     print(f"trace {trace}")
-    print(f"{'N':>6} {'policy':13} {'mode':6} {'wall s':>8} {'cpu s':>8} {'req/s':>10} {'req/cpu-s':>10} "
-          f"{'events/s':>10} {'steps':>8}")
+    print(
+        f"{'N':>6} {'policy':13} {'mode':6} {'wall s':>8} {'cpu s':>8} {'req/s':>10} {'req/cpu-s':>10} "
+        f"{'events/s':>10} {'steps':>8}"
+    )
     for n in args.num_requests:
         wl = read_vidur_trace(trace, limit=n)
         rows = {}
@@ -91,9 +102,11 @@ def main() -> int:
             for exact in (False, True):
                 r = bench(wl, policy, exact, args.repeat)
                 rows[(policy, exact)] = r
-                print(f"{n:>6} {policy:13} {'exact' if exact else 'fast':6} {r['wall_s']:8.3f} {r['cpu_s']:8.3f} "
-                      f"{r['requests_per_s']:10,.0f} {r['requests_per_cpu_s']:10,.0f} "
-                      f"{r['events_per_s']:10,.0f} {r['num_steps']:8}")
+                print(
+                    f"{n:>6} {policy:13} {'exact' if exact else 'fast':6} {r['wall_s']:8.3f} {r['cpu_s']:8.3f} "
+                    f"{r['requests_per_s']:10,.0f} {r['requests_per_cpu_s']:10,.0f} "
+                    f"{r['events_per_s']:10,.0f} {r['num_steps']:8}"
+                )
         fast, exact_r = rows[("fcfs", False)], rows[("fcfs", True)]
         print(f"       fast-forward vs exact (fcfs): {exact_r['wall_s'] / fast['wall_s']:.2f}x")
         vidur = run_vidur(n)
@@ -101,17 +114,21 @@ def main() -> int:
             print("       (set VIDUR_PATH and VIDUR_PYTHON to run Vidur side by side)")
             continue
         v_cpu = vidur.get("run_cpu_seconds", vidur["run_seconds"])
-        print(f"{n:>6} {'vidur-sarathi':13} {'':6} {vidur['run_seconds']:8.3f} {v_cpu:8.3f} "
-              f"{vidur['requests_per_second']:10,.0f} {n / v_cpu:10,.0f} {vidur['events_per_second']:10,.0f}")
+        print(
+            f"{n:>6} {'vidur-sarathi':13} {'':6} {vidur['run_seconds']:8.3f} {v_cpu:8.3f} "
+            f"{vidur['requests_per_second']:10,.0f} {n / v_cpu:10,.0f} {vidur['events_per_second']:10,.0f}"
+        )
         for policy in ("fcfs", "sjf-oracle"):
             wall = rows[(policy, False)]["requests_per_s"] / vidur["requests_per_second"]
             cpu = rows[(policy, False)]["requests_per_cpu_s"] / (n / v_cpu)
             print(f"       headway {policy} / Vidur: {cpu:,.0f}x per CPU second, {wall:,.0f}x per wall second")
     wl = long_output_workload()
     fast, exact_r = bench(wl, "fcfs", False, args.repeat), bench(wl, "fcfs", True, args.repeat)
-    print(f"long outputs (2,000 requests, median 600 output tokens): fcfs fast {fast['cpu_s']:.3f} cpu s, "
-          f"{fast['num_events']} events; exact {exact_r['cpu_s']:.3f} cpu s, {exact_r['num_events']} events "
-          f"({exact_r['cpu_s'] / fast['cpu_s']:.2f}x)")
+    print(
+        f"long outputs (2,000 requests, median 600 output tokens): fcfs fast {fast['cpu_s']:.3f} cpu s, "
+        f"{fast['num_events']} events; exact {exact_r['cpu_s']:.3f} cpu s, {exact_r['num_events']} events "
+        f"({exact_r['cpu_s'] / fast['cpu_s']:.2f}x)"
+    )
     return 0
 
 

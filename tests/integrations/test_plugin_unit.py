@@ -326,3 +326,19 @@ def test_load_text_scorer_specs() -> None:
         load_text_scorer("headway.nope:fn")
     with pytest.raises(PluginConfigError, match="module:attr"):
         load_text_scorer("not-a-spec")
+
+
+def test_engine_cpus_parses_lists_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    from headway.integrations._server import engine_cpus
+
+    assert engine_cpus("0-2,5") == {0, 1, 2, 5}
+    assert engine_cpus("all") is None
+    monkeypatch.delenv("HEADWAY_VLLM_CPUS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert engine_cpus() == {0}  # a small machine keeps its last CPU for clients
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert engine_cpus() is None
+    monkeypatch.setenv("HEADWAY_VLLM_CPUS", "1")
+    assert engine_cpus() == {1}
+    with pytest.raises(ValueError, match="bad CPU list 'x-1'"):
+        engine_cpus("x-1")

