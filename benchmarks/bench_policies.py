@@ -107,12 +107,14 @@ def main() -> None:
     worst = max(float(line.split("|")[-3]) for line in lines[2:])
     load_after = os.getloadavg()[0]
     print(
-        f"slowest policy at {args.sizes[-1]:,}: {worst:.2f} us/decision; load average {load_before:.2f} -> {load_after:.2f}"
+        f"slowest policy at {args.sizes[-1]:,}: {worst:.2f} us/decision; "
+        f"load average {load_before:.2f} -> {load_after:.2f}"
     )
     if args.out:
         header = (
             "# Policy decision cost\n\n"
-            f"Command: `python benchmarks/bench_policies.py --ops {args.ops} --repeat {args.repeat} --out {args.out}`\n\n"
+            "Command: `python benchmarks/bench_policies.py "
+            f"--ops {args.ops} --repeat {args.repeat} --out {args.out}`\n\n"
             "Microseconds per decision (on_arrival + PolicyQueue.add of a new request + pop of the best) at a steady "
             "queue of n waiting requests, scores precomputed, median of "
             f"{args.repeat} runs; last column: one O(n) re-key after a key_epoch bump. "
