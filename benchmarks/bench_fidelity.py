@@ -112,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "## Calibration",
         "",
-        f"Probe + fit took {calib_s:.0f} s. Preset `{args.preset_name}`: step "
-        f"{m.step_overhead * 1e3:.3f} ms + {m.per_token * 1e6:.2f} us/token + {m.per_seq * 1e6:.2f} us/seq + "
-        f"{m.per_kv_token * 1e9:.3f} ns/KV token.",
+        f"Probe + fit took {calib_s:.0f} s. Preset `{args.preset_name}`: {m.describe()}.",
         "",
         f"Fit on {fit.num_samples} measured steps ({fit.num_outliers} outliers dropped): R^2 = {fit.r2:.3f}, "
         f"mean |relative residual| = {fit.mean_abs_rel_residual:.1%}, median signed residual = "

@@ -64,47 +64,68 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     w = p.add_argument_group("workload")
-    w.add_argument("--workload", default="default",
-                   help="built-in name or trace file (see `headway workloads`)")
+    w.add_argument("--workload", default="default", help="built-in name or trace file (see `headway workloads`)")
     w.add_argument("--num-requests", type=int, default=None, help="requests to generate / read")
     w.add_argument("--rate", type=float, default=None, help="arrival rate (requests/s)")
-    w.add_argument("--burstiness", type=float, default=None,
-                   help="Gamma burstiness factor (1 = Poisson, < 1 burstier)")
-    w.add_argument("--output-cv", type=float, default=None,
-                   help="resample output lengths with this relative noise (CV)")
+    w.add_argument("--burstiness", type=float, default=None, help="Gamma burstiness factor (1 = Poisson, < 1 burstier)")
+    w.add_argument(
+        "--output-cv", type=float, default=None, help="resample output lengths with this relative noise (CV)"
+    )
     w.add_argument("--seed", type=int, default=0, help="seed of every random draw")
     s = p.add_argument_group("policies")
-    s.add_argument("--policies", default="all",
-                   help="comma-separated policy names, or 'all' (see `headway policies`)")
-    s.add_argument("--policy-arg", action="append", default=[], metavar="NAME.KEY=VALUE",
-                   help="a policy setting, e.g. pars.threshold=60 (repeatable)")
+    s.add_argument("--policies", default="all", help="comma-separated policy names, or 'all' (see `headway policies`)")
+    s.add_argument(
+        "--policy-arg",
+        action="append",
+        default=[],
+        metavar="NAME.KEY=VALUE",
+        help="a policy setting, e.g. pars.threshold=60 (repeatable)",
+    )
     s.add_argument("--baseline", default="fcfs", help="policy the table shows ratios against")
-    s.add_argument("--scorer-tau", type=float, default=0.75,
-                   help="score-based policies (pars, sjf-score, trail, ltr, rank-boost) get a noisy-oracle "
-                        "length score with this Kendall tau when the workload carries no scores and no "
-                        "scorer is set with --policy-arg NAME.scorer=...")
+    s.add_argument(
+        "--scorer-tau",
+        type=float,
+        default=0.75,
+        help="score-based policies (pars, sjf-score, trail, ltr, rank-boost) get a noisy-oracle "
+        "length score with this Kendall tau when the workload carries no scores and no "
+        "scorer is set with --policy-arg NAME.scorer=...",
+    )
     e = p.add_argument_group("engine and fleet")
-    e.add_argument("--preset", default="llama3-8b-a100",
-                   help="cost-model preset or JSON file (see `headway presets`); a fleet spec such as "
-                        "'llama3-8b-h100:2,llama3-8b-l4:2' gives a heterogeneous fleet")
-    e.add_argument("--replicas", type=int, default=None,
-                   help="number of engine replicas behind the router (default: from --preset, else 1)")
-    e.add_argument("--router", default="least-outstanding",
-                   help="how requests are spread over replicas (see `headway routers`)")
-    e.add_argument("--router-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="a router setting, e.g. separation=1 (repeatable)")
+    e.add_argument(
+        "--preset",
+        default="llama3-8b-a100",
+        help="cost-model preset or JSON file (see `headway presets`); a fleet spec such as "
+        "'llama3-8b-h100:2,llama3-8b-l4:2' gives a heterogeneous fleet",
+    )
+    e.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="number of engine replicas behind the router (default: from --preset, else 1)",
+    )
+    e.add_argument(
+        "--router", default="least-outstanding", help="how requests are spread over replicas (see `headway routers`)"
+    )
+    e.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a router setting, e.g. separation=1 (repeatable)",
+    )
     e.add_argument("--max-num-seqs", type=int, default=256)
     e.add_argument("--max-num-batched-tokens", type=int, default=8192)
     e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
     e.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
-    e.add_argument("--num-gpu-blocks", type=int, default=None,
-                   help="override the KV capacity computed from the preset")
+    e.add_argument("--num-gpu-blocks", type=int, default=None, help="override the KV capacity computed from the preset")
     e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    e.add_argument("--exact", action="store_true",
-                   help="step-by-step reference mode (no closed-form decode fast-forward)")
+    e.add_argument(
+        "--exact", action="store_true", help="step-by-step reference mode (no closed-form decode fast-forward)"
+    )
     o = p.add_argument_group("output")
-    o.add_argument("--slo", default=None,
-                   help="SLO targets in ms for attainment/goodput, e.g. 'ttft:500 tpot:50 e2el:20000'")
+    o.add_argument(
+        "--slo", default=None, help="SLO targets in ms for attainment/goodput, e.g. 'ttft:500 tpot:50 e2el:20000'"
+    )
     o.add_argument("--out", default=None, help="report folder (default: headway-out/simulate-<time>)")
     o.add_argument("--no-report", action="store_true", help="print the table only")
     p.set_defaults(func=_cmd_simulate)
@@ -126,7 +147,10 @@ def _parse_kv(items: Sequence[str], flag: str) -> dict[str, Any]:
 
 
 def _default_scorers(
-    names: Sequence[str], policy_args: dict[str, dict[str, Any]], workload: Any, args: argparse.Namespace,
+    names: Sequence[str],
+    policy_args: dict[str, dict[str, Any]],
+    workload: Any,
+    args: argparse.Namespace,
     notes: list[str],
 ) -> None:
     """Give score-based policies a noisy-oracle scorer when nothing else provides scores."""
@@ -139,8 +163,10 @@ def _default_scorers(
         if issubclass(get_policy_class(name), ScoredPolicy) and "scorer" not in policy_args.get(name, {}):
             kwargs = policy_args.setdefault(name, {})
             kwargs.update(scorer="noisy-oracle", tau=args.scorer_tau, seed=args.seed)
-            notes.append(f"{name}: no scores in the workload, using a noisy-oracle length score with "
-                         f"Kendall tau {args.scorer_tau} (--scorer-tau; or --policy-arg {name}.scorer=...)")
+            notes.append(
+                f"{name}: no scores in the workload, using a noisy-oracle length score with "
+                f"Kendall tau {args.scorer_tau} (--scorer-tau; or --policy-arg {name}.scorer=...)"
+            )
 
 
 def _load_workload(args: argparse.Namespace) -> Any:
@@ -164,9 +190,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from headway.sim._fleet import fleet_presets, fleet_summaries
 
     console = Console(width=max(Console().width, 140))
-    names = available_policies() if args.policies == "all" else [
-        n.strip() for n in args.policies.split(",") if n.strip()
-    ]
+    names = (
+        available_policies() if args.policies == "all" else [n.strip() for n in args.policies.split(",") if n.strip()]
+    )
     for n in names:
         get_policy_class(n)  # unknown names fail here, listing the valid ones
     policy_args = _parse_policy_args(args.policy_arg)
@@ -202,16 +228,29 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     timelines: dict[str, Any] = {}
     failures: dict[str, str] = {}
     replica_tables: dict[str, dict[str, Any]] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
         task = progress.add_task("simulating", total=len(names))
         for name in names:
             progress.update(task, description=f"simulating {name}")
             try:
-                res = simulate(workload, name, preset=presets, scheduler=scheduler, cache=cache,
-                               policy_kwargs=policy_args.get(name), record_timeline=not args.no_report,
-                               router=args.router if fleet else None,
-                               router_kwargs=(router_kwargs or None) if fleet else None)
+                res = simulate(
+                    workload,
+                    name,
+                    preset=presets,
+                    scheduler=scheduler,
+                    cache=cache,
+                    policy_kwargs=policy_args.get(name),
+                    record_timeline=not args.no_report,
+                    router=args.router if fleet else None,
+                    router_kwargs=(router_kwargs or None) if fleet else None,
+                )
             except (ValueError, RuntimeError, OSError, ImportError) as exc:
                 failures[name] = f"{type(exc).__name__}: {exc}"
             else:
@@ -235,17 +274,27 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     baseline = args.baseline if args.baseline in runs else None
     for name, per in replica_tables.items():
         console.print(comparison_table(per, None, compact=True, title=f"{name}: per replica"))
-    console.print(comparison_table({k: v[0] for k, v in runs.items()}, baseline, compact=True,
-                                   title=f"{workload.name} on {preset_names} (full table in the report)"))
+    console.print(
+        comparison_table(
+            {k: v[0] for k, v in runs.items()},
+            baseline,
+            compact=True,
+            title=f"{workload.name} on {preset_names} (full table in the report)",
+        )
+    )
     if not args.no_report:
         out = Path(args.out) if args.out else Path("headway-out") / time.strftime("simulate-%Y%m%d-%H%M%S")
-        notes = [f"workload {workload.name}: {len(workload)} requests, seed {args.seed}",
-                 f"presets {preset_names}; {scheduler}; {cache}", *notes]
+        notes = [
+            f"workload {workload.name}: {len(workload)} requests, seed {args.seed}",
+            f"presets {preset_names}; {scheduler}; {cache}",
+            *notes,
+        ]
         if fleet:
             notes.append(f"router {args.router} {router_kwargs or ''}")
         notes += [f"policy {k} failed: {v}" for k, v in failures.items()]
-        paths = write_report(out, runs, title=f"headway simulate: {workload.name}", notes=notes,
-                             baseline=baseline, timeline=timelines)
+        paths = write_report(
+            out, runs, title=f"headway simulate: {workload.name}", notes=notes, baseline=baseline, timeline=timelines
+        )
         console.print(f"report: {paths.html}")
     return 1 if failures else 0
 
@@ -278,8 +327,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
             models[name] = load_preset(name)
     for name, c in models.items():
         blocks = c.num_gpu_blocks(0.9, 16)
-        print(f"{name:20s} step {c.step_overhead * 1e3:.2f} ms + {c.per_token * 1e6:.1f} us/token + "
-              f"{c.per_kv_token * 1e9:.1f} ns/KV token; KV capacity {blocks * 16:,} tokens")
+        print(f"{name:20s} {c.describe()}; KV capacity {blocks * 16:,} tokens")
     return 0
 
 

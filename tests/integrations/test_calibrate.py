@@ -38,11 +38,12 @@ HEADER = {
     "type": "header", "vllm": "0.32.0", "num_gpu_blocks": 300, "block_size": 128, "max_num_seqs": 8,
     "max_num_batched_tokens": 2048, "max_model_len": 2048, "enable_chunked_prefill": True,
 }  # fmt: skip
-TRUE = {"step_overhead": 4e-3, "per_token": 6e-5, "per_seq": 2e-4, "per_kv_token": 3e-7}
+TRUE = {"step_overhead": 4e-3, "per_token": 6e-5, "per_seq": 2e-4, "per_kv_token": 3e-7, "per_prefill_step": 2e-3}
 
 
 def true_time(n: int, s: int, kv: int) -> float:
-    return TRUE["step_overhead"] + TRUE["per_token"] * n + TRUE["per_seq"] * s + TRUE["per_kv_token"] * kv
+    t = TRUE["step_overhead"] + TRUE["per_token"] * n + TRUE["per_seq"] * s + TRUE["per_kv_token"] * kv
+    return t + (TRUE["per_prefill_step"] if n > s else 0.0)
 
 
 def write_log(path: Path, n: int = 400, noise: float = 0.02, seed: int = 0) -> None:
@@ -76,6 +77,7 @@ def test_fit_recovers_constants_and_capacity(tmp_path: Path) -> None:
     assert m.step_overhead == pytest.approx(TRUE["step_overhead"], rel=0.1)
     assert m.per_token == pytest.approx(TRUE["per_token"], rel=0.1)
     assert m.per_kv_token == pytest.approx(TRUE["per_kv_token"], rel=0.2)
+    assert m.per_prefill_step == pytest.approx(TRUE["per_prefill_step"], rel=0.2)
     # KV capacity equals the engine's at the default utilization, for any block size
     assert m.num_gpu_blocks(0.9, 128) == 300
     assert m.num_gpu_blocks(0.9, 16) == 300 * 8

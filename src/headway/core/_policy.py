@@ -123,21 +123,17 @@ class Policy(ABC):
         """Engines call this on oracle policies only, with the true-length lookup."""
         if not self.oracle:
             raise OracleAccessError(
-                f"policy {self.name!r} does not declare oracle = True; "
-                "true output lengths are withheld from it"
+                f"policy {self.name!r} does not declare oracle = True; true output lengths are withheld from it"
             )
         self._oracle_fn = lookup
 
     def true_output_tokens(self, request: Request) -> int:
         """True output length of ``request``: oracles only, and only once bound."""
         if not self.oracle:
-            raise OracleAccessError(
-                f"policy {self.name!r} is not an oracle and may not read true output lengths"
-            )
+            raise OracleAccessError(f"policy {self.name!r} is not an oracle and may not read true output lengths")
         if self._oracle_fn is None:
             raise OracleAccessError(
-                f"oracle policy {self.name!r} has no oracle bound: this engine cannot "
-                "provide true output lengths"
+                f"oracle policy {self.name!r} has no oracle bound: this engine cannot provide true output lengths"
             )
         return self._oracle_fn(request)
 

@@ -35,9 +35,7 @@ class RequestState(enum.Enum):
 
 _ALLOWED: dict[RequestState, frozenset[RequestState]] = {
     RequestState.WAITING: frozenset({RequestState.RUNNING, RequestState.ABORTED}),
-    RequestState.RUNNING: frozenset(
-        {RequestState.PREEMPTED, RequestState.FINISHED, RequestState.ABORTED}
-    ),
+    RequestState.RUNNING: frozenset({RequestState.PREEMPTED, RequestState.FINISHED, RequestState.ABORTED}),
     RequestState.PREEMPTED: frozenset({RequestState.RUNNING, RequestState.ABORTED}),
     RequestState.FINISHED: frozenset(),
     RequestState.ABORTED: frozenset(),
@@ -119,25 +117,19 @@ class Request:
     def __post_init__(self) -> None:
         if self.num_prompt_tokens <= 0:
             raise ValueError(
-                f"request {self.request_id!r}: num_prompt_tokens must be > 0, "
-                f"got {self.num_prompt_tokens}"
+                f"request {self.request_id!r}: num_prompt_tokens must be > 0, got {self.num_prompt_tokens}"
             )
         if self.max_tokens <= 0:
-            raise ValueError(
-                f"request {self.request_id!r}: max_tokens must be > 0, got {self.max_tokens}"
-            )
+            raise ValueError(f"request {self.request_id!r}: max_tokens must be > 0, got {self.max_tokens}")
         if not self.arrival_time >= 0.0:  # also rejects NaN
-            raise ValueError(
-                f"request {self.request_id!r}: arrival_time must be >= 0, got {self.arrival_time}"
-            )
+            raise ValueError(f"request {self.request_id!r}: arrival_time must be >= 0, got {self.arrival_time}")
 
     # ----------------------------------------------------------------- state
     def transition(self, new_state: RequestState) -> None:
         """Move to ``new_state``, raising :class:`InvalidTransition` on an illegal edge."""
         if new_state not in _ALLOWED[self.state]:
             raise InvalidTransition(
-                f"request {self.request_id!r}: {self.state.name} -> {new_state.name} "
-                "is not a valid transition"
+                f"request {self.request_id!r}: {self.state.name} -> {new_state.name} is not a valid transition"
             )
         self.state = new_state
 
@@ -148,9 +140,7 @@ class Request:
     @property
     def in_prefill(self) -> bool:
         """True until the prompt (and any recomputed output) is in the KV cache."""
-        return self.num_computed_tokens < self.num_prompt_tokens + max(
-            self.num_output_tokens - 1, 0
-        )
+        return self.num_computed_tokens < self.num_prompt_tokens + max(self.num_output_tokens - 1, 0)
 
     @property
     def attained_tokens(self) -> int:
@@ -174,11 +164,7 @@ class Request:
     @property
     def tpot(self) -> float | None:
         """Mean time per output token after the first (None for 1-token outputs)."""
-        if (
-            self.first_token_time is None
-            or self.last_token_time is None
-            or self.num_output_tokens < 2
-        ):
+        if self.first_token_time is None or self.last_token_time is None or self.num_output_tokens < 2:
             return None
         return (self.last_token_time - self.first_token_time) / (self.num_output_tokens - 1)
 

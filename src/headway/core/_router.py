@@ -142,26 +142,32 @@ class TargetLoad(Protocol):
     def speed(self) -> float:
         """Relative throughput (1.0 = the fastest kind of target)."""
         ...
+
     @property
     def outstanding_requests(self) -> int:
         """Requests routed here and not yet released."""
         ...
+
     @property
     def outstanding_tokens(self) -> float:
         """Their sizes summed: prompt + expected output tokens."""
         ...
+
     @property
     def class_requests(self) -> Sequence[int]:
         """Outstanding requests per size class (:func:`length_class` of their size)."""
         ...
+
     @property
     def class_tokens(self) -> Sequence[float]:
         """Their sizes summed, per size class."""
         ...
+
     @property
     def longer_requests(self) -> Sequence[int]:
         """``longer_requests[c]``: outstanding requests of a size class above ``c``."""
         ...
+
     @property
     def longer_tokens(self) -> Sequence[float]:
         """``longer_tokens[c]``: their sizes summed."""
@@ -197,8 +203,10 @@ class Target:
         self.longer_tokens = [0.0] * LENGTH_CLASSES
 
     def __repr__(self) -> str:
-        return (f"Target({self.name!r}, speed={self.speed:g}, requests={self.outstanding_requests}, "
-                f"tokens={self.outstanding_tokens:g})")
+        return (
+            f"Target({self.name!r}, speed={self.speed:g}, requests={self.outstanding_requests}, "
+            f"tokens={self.outstanding_tokens:g})"
+        )
 
 
 class LoadTracker:
@@ -229,9 +237,7 @@ class LoadTracker:
             raise ValueError("LoadTracker needs at least one target")
         if names is not None and len(names) != len(speeds):
             raise ValueError(f"got {len(names)} names for {len(speeds)} targets")
-        self.targets = [
-            Target(i, s, None if names is None else names[i]) for i, s in enumerate(speeds)
-        ]
+        self.targets = [Target(i, s, None if names is None else names[i]) for i, s in enumerate(speeds)]
         self.indices = range(len(self.targets))
         """Every target index (the candidates when none are given)."""
         self.uniform = all(t.speed == self.targets[0].speed for t in self.targets)
@@ -705,8 +711,10 @@ class LengthAwareRouter(Router):
 
     def __init__(self, *, separation: float = 0.5, estimate_fn: Estimator | None = None) -> None:
         super().__init__(estimate_fn=estimate_fn)
-        if isinstance(separation, bool) or not isinstance(separation, int | float) or not (
-            math.isfinite(separation) and separation >= 0.0
+        if (
+            isinstance(separation, bool)
+            or not isinstance(separation, int | float)
+            or not (math.isfinite(separation) and separation >= 0.0)
         ):
             raise ValueError(f"length-aware: separation must be a finite number >= 0, got {separation!r}")
         self.separation = float(separation)
@@ -774,9 +782,7 @@ class LengthAwareRouter(Router):
             else:
                 w_c = t.class_tokens[c]
                 same = size * t.class_requests[c]
-                s_min = w - t.longer_tokens[c] - w_c + size * t.longer_requests[c] + (
-                    same if same < w_c else w_c
-                )
+                s_min = w - t.longer_tokens[c] - w_c + size * t.longer_requests[c] + (same if same < w_c else w_c)
                 cost = sep * (size * n + w) + k_min * s_min
                 if not uniform:
                     cost /= t.speed

@@ -182,9 +182,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         meta["probe_s"] = time.time() - t0
         path = save_preset(fit.model, meta, args.preset_dir)
     m = fit.model
-    print(f"preset {m.name}: step {m.step_overhead * 1e3:.3f} ms + {m.per_token * 1e6:.2f} us/token + "
-          f"{m.per_seq * 1e6:.2f} us/seq + {m.per_kv_token * 1e9:.3f} ns/KV token; "
-          f"KV capacity {geo.num_gpu_blocks * geo.block_size:,} tokens")  # fmt: skip
+    print(f"preset {m.name}: {m.describe()}; KV capacity {geo.num_gpu_blocks * geo.block_size:,} tokens")
     print(f"fit ({meta['source']}): {fit.num_samples} samples, {fit.num_outliers} outliers dropped, "
           f"R^2 {fit.r2:.3f}, mean |rel. residual| {fit.mean_abs_rel_residual:.1%}, "
           f"total time error {fit.total_time_error:+.2%}")  # fmt: skip

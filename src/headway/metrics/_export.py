@@ -91,10 +91,7 @@ def _as_runs(
     if isinstance(summaries, RunSummary):
         return {summaries.name: summaries}
     if isinstance(summaries, Mapping):
-        return {
-            str(k): v if v.name == k else dataclasses.replace(v, name=str(k))
-            for k, v in summaries.items()
-        }
+        return {str(k): v if v.name == k else dataclasses.replace(v, name=str(k)) for k, v in summaries.items()}
     out: dict[str, RunSummary] = {}
     for s in summaries:
         if s.name in out:
@@ -124,9 +121,7 @@ def _write_csv(path: str | Path, columns: tuple[str, ...], rows: Iterable[Mappin
     return out
 
 
-def write_requests_csv(
-    path: str | Path, requests: Iterable[Request], *, slo: SLO | str | None = None
-) -> Path:
+def write_requests_csv(path: str | Path, requests: Iterable[Request], *, slo: SLO | str | None = None) -> Path:
     """One row per request (columns :data:`REQUEST_COLUMNS`), in input order.
 
     Empty cells mean "not available"; floats are written with ``repr`` so they read
@@ -179,9 +174,7 @@ def write_summary_csv(
     return _write_csv(path, SUMMARY_COLUMNS, (summary_row(s) for s in runs.values()))
 
 
-def write_json(
-    path: str | Path, summaries: RunSummary | Mapping[str, RunSummary] | Iterable[RunSummary]
-) -> Path:
+def write_json(path: str | Path, summaries: RunSummary | Mapping[str, RunSummary] | Iterable[RunSummary]) -> Path:
     """Write ``{"format", "version", "runs": {name: RunSummary.to_dict()}}`` as JSON.
 
     Mapping keys name the runs (and replace ``summary.name``). The file is strict JSON

@@ -81,8 +81,20 @@ def _latency_table(s: RunSummary) -> str:
 
 
 def _group_table(groups: Mapping[str, GroupSummary], kind: str, with_slo: bool) -> str:
-    headers = [kind, "requests", "done", "aborted", "out tok/s", "TTFT mean (s)", "TTFT p99 (s)",
-               "E2E mean (s)", "E2E p99 (s)", "norm mean (ms/tok)", "norm p99 (ms/tok)", "preempt"]
+    headers = [
+        kind,
+        "requests",
+        "done",
+        "aborted",
+        "out tok/s",
+        "TTFT mean (s)",
+        "TTFT p99 (s)",
+        "E2E mean (s)",
+        "E2E p99 (s)",
+        "norm mean (ms/tok)",
+        "norm p99 (ms/tok)",
+        "preempt",
+    ]
     if with_slo:
         headers.append("SLO att.")
     rows = []
@@ -110,20 +122,25 @@ def _group_table(groups: Mapping[str, GroupSummary], kind: str, with_slo: bool) 
 def _facts(s: RunSummary) -> str:
     reasons = ", ".join(f"{k}: {v}" for k, v in s.aborted_by_reason.items()) or "none"
     items = [
-        ("requests", f"{s.num_requests} ({s.num_completed} completed, {s.num_aborted} aborted, "
-                     f"{s.num_unfinished} unfinished)"),
+        (
+            "requests",
+            f"{s.num_requests} ({s.num_completed} completed, {s.num_aborted} aborted, {s.num_unfinished} unfinished)",
+        ),
         ("abort reasons", reasons),
-        ("makespan", f"{_num(s.makespan)} s (first arrival {_num(s.start_time)} s → last finish "
-                     f"{_num(s.end_time)} s)"),
-        ("throughput", f"{_num(s.request_throughput)} req/s, {_num(s.output_throughput)} output tok/s, "
-                       f"{_num(s.total_token_throughput)} total tok/s"),
+        ("makespan", f"{_num(s.makespan)} s (first arrival {_num(s.start_time)} s → last finish {_num(s.end_time)} s)"),
+        (
+            "throughput",
+            f"{_num(s.request_throughput)} req/s, {_num(s.output_throughput)} output tok/s, "
+            f"{_num(s.total_token_throughput)} total tok/s",
+        ),
         ("preemptions", f"{s.num_preemptions} ({s.num_recomputed_tokens} tokens recomputed)"),
         ("Jain's fairness over tenants", _num(s.jain_fairness, ".3f")),
     ]
     if s.slo is not None:
         att = "–" if s.slo_attainment is None else f"{s.slo_attainment * 100:.1f}%"
-        items.append(("SLO", f"{s.slo.to_spec()} (ms): {s.num_slo_met} met, attainment {att}, "
-                             f"goodput {_num(s.goodput)} req/s"))
+        items.append(
+            ("SLO", f"{s.slo.to_spec()} (ms): {s.num_slo_met} met, attainment {att}, goodput {_num(s.goodput)} req/s")
+        )
     lis = "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in items)
     return f"<ul>{lis}</ul>\n"
 
@@ -159,7 +176,7 @@ def render_html(
         raise ValueError("a report needs at least one run")
     summaries = {name: s for name, (s, _) in runs.items()}
     parts = [
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
         f"<title>{_e(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n",
         f"<h1>{_e(title)}</h1>\n",
     ]
@@ -196,9 +213,7 @@ def render_html(
     return "".join(parts)
 
 
-def render_figures(
-    runs: Runs, timeline: Mapping[str, Sequence[TimelineLike]] | None = None
-) -> dict[str, bytes]:
+def render_figures(runs: Runs, timeline: Mapping[str, Sequence[TimelineLike]] | None = None) -> dict[str, bytes]:
     """PNG bytes of the report's figures, keyed ``latency_cdf``, ``percentiles``
     and (when ``timeline`` is given) ``timeline``."""
     images = {
@@ -225,7 +240,6 @@ def write_html_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"
-    text = render_html(runs, title=title, notes=notes, baseline=baseline,
-                       images=render_figures(runs, timeline))
+    text = render_html(runs, title=title, notes=notes, baseline=baseline, images=render_figures(runs, timeline))
     path.write_text(text, encoding="utf-8")
     return path

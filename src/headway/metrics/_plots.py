@@ -103,8 +103,14 @@ def plot_latency_cdfs(runs: Mapping[str, Sequence[Request]]) -> Figure:
                 continue
             all_vals.append(x)
             y = np.arange(1, x.size + 1) / x.size
-            ax.step(np.concatenate(([x[0]], x)), np.concatenate(([0.0], y)), where="post",
-                    color=_color(i), linestyle=_linestyle(i), label=name)
+            ax.step(
+                np.concatenate(([x[0]], x)),
+                np.concatenate(([0.0], y)),
+                where="post",
+                color=_color(i),
+                linestyle=_linestyle(i),
+                label=name,
+            )
         ax.set_xlabel(label)
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0.0, 1.02)
@@ -126,8 +132,9 @@ def _shared_legend(fig: Figure, axes: Iterable[Any]) -> None:
     for ax in axes:
         handles, labels = ax.get_legend_handles_labels()
         if handles:
-            fig.legend(handles, labels, loc="outside right upper", fontsize="small",
-                       ncols=1 if len(labels) <= 24 else 2)
+            fig.legend(
+                handles, labels, loc="outside right upper", fontsize="small", ncols=1 if len(labels) <= 24 else 2
+            )
             return
 
 
@@ -157,8 +164,13 @@ def plot_percentile_bars(summaries: Mapping[str, RunSummary]) -> Figure:
             any_data = any_data or any(h > 0.0 for h in heights)
             ax.bar(x + (j - 1) * width, heights, width, label=p, color=_color(j))
         crowded = len(names) > 3
-        ax.set_xticks(x, names, rotation=30 if crowded else 0, ha="right" if crowded else "center",
-                      fontsize="small" if crowded else None)
+        ax.set_xticks(
+            x,
+            names,
+            rotation=30 if crowded else 0,
+            ha="right" if crowded else "center",
+            fontsize="small" if crowded else None,
+        )
         ax.set_ylabel(label)
         ax.grid(True, axis="y", alpha=0.3)
         if not any_data:
@@ -190,8 +202,7 @@ def plot_timeline(timelines: Mapping[str, Sequence[TimelineLike]]) -> Figure:
             continue
         arr = np.asarray(rows, dtype=np.float64)
         for k, ax in enumerate(axes):
-            ax.step(arr[:, 0], arr[:, k + 1], where="post", color=_color(i), linestyle=_linestyle(i),
-                    label=name)
+            ax.step(arr[:, 0], arr[:, k + 1], where="post", color=_color(i), linestyle=_linestyle(i), label=name)
     for ax, label in zip(axes, labels, strict=True):
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)

@@ -30,8 +30,7 @@ class ReportPaths:
 
     def all(self) -> list[Path]:
         """Every written file."""
-        return [self.summary_json, self.summary_csv, *self.requests_csv.values(),
-                *self.figures.values(), self.html]
+        return [self.summary_json, self.summary_csv, *self.requests_csv.values(), *self.figures.values(), self.html]
 
 
 def write_report(

@@ -52,9 +52,7 @@ class SLO:
             key, sep, raw = tok.partition(":")
             key = key.strip().lower()
             if not sep or not raw:
-                raise ValueError(
-                    f"invalid SLO pair {tok!r}; expected KEY:VALUE with the value in milliseconds"
-                )
+                raise ValueError(f"invalid SLO pair {tok!r}; expected KEY:VALUE with the value in milliseconds")
             if key not in _KEYS:
                 raise ValueError(f"unknown SLO metric {key!r} in {tok!r}; valid: ttft, tpot, e2el")
             try:

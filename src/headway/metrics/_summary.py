@@ -334,10 +334,10 @@ class RunSummary:
             # goodput is None without an SLO, NaN (stored as None) for a zero makespan
             goodput=None if slo is None else _none_to_nan(goodput),
             jain_fairness=_get_float(data, "jain_fairness"),
-            tenants={k: GroupSummary.from_dict(_get_map(_get_map(data, "tenants"), k))
-                     for k in _get_map(data, "tenants")},
-            tiers={k: GroupSummary.from_dict(_get_map(_get_map(data, "tiers"), k))
-                   for k in _get_map(data, "tiers")},
+            tenants={
+                k: GroupSummary.from_dict(_get_map(_get_map(data, "tenants"), k)) for k in _get_map(data, "tenants")
+            },
+            tiers={k: GroupSummary.from_dict(_get_map(_get_map(data, "tiers"), k)) for k in _get_map(data, "tiers")},
         )
 
 
@@ -378,9 +378,7 @@ def _group(name: str, ms: list[_Metrics], slo: SLO | None, makespan: float) -> G
     )
 
 
-def summarize(
-    requests: Iterable[Request], *, slo: SLO | str | None = None, name: str = ""
-) -> RunSummary:
+def summarize(requests: Iterable[Request], *, slo: SLO | str | None = None, name: str = "") -> RunSummary:
     """Summarize one run from its requests (pure and deterministic).
 
     * Requests in state FINISHED are *completed*; ABORTED requests are counted by

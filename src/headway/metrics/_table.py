@@ -63,8 +63,16 @@ _SLO_COLUMNS: tuple[_Column, ...] = (
 _JAIN = _Column("Jain", lambda s: s.jain_fairness, _f3, ratio=False)
 # the terminal view: what fits 120 columns with ratios
 _COMPACT_HEADERS = frozenset(
-    {"done", "E2E mean (s)", "E2E p99 (s)", "TTFT p99 (s)", "norm mean (ms/tok)", "norm p99 (ms/tok)",
-     "preempt", "goodput (req/s)"}
+    {
+        "done",
+        "E2E mean (s)",
+        "E2E p99 (s)",
+        "TTFT p99 (s)",
+        "norm mean (ms/tok)",
+        "norm p99 (ms/tok)",
+        "preempt",
+        "goodput (req/s)",
+    }
 )
 
 

@@ -65,9 +65,7 @@ def batch_scorer(predictor: BatchTextScorer) -> ScoreFn:
 
     def fn(request: Request) -> float:
         if request.prompt is None:
-            raise ValueError(
-                f"request {request.request_id!r} has no prompt text; a text predictor cannot score it"
-            )
+            raise ValueError(f"request {request.request_id!r} has no prompt text; a text predictor cannot score it")
         return float(np.asarray(predictor.score([request.prompt]), dtype=float).reshape(-1)[0])
 
     return fn

@@ -144,8 +144,7 @@ class DriftEstimator:
             check_positive(f"base_tokens[{c!r}]", v, "driftsched")
         self.base = {c: float(base[c]) for c in CATEGORIES}
         self.tenant_scale = {
-            k: check_positive(f"tenant_scale[{k!r}]", v, "driftsched")
-            for k, v in (tenant_scale or {}).items()
+            k: check_positive(f"tenant_scale[{k!r}]", v, "driftsched") for k, v in (tenant_scale or {}).items()
         }
         self.alpha = check_range("alpha", alpha, 0.0, 1.0, "driftsched")
         self.adaptive = bool(adaptive)
@@ -196,12 +195,8 @@ _EST_KEY = "driftsched.estimate"
 class _TenantPolicy(Policy):
     """Shared estimator plumbing: every tenant policy estimates at arrival and learns at finish."""
 
-    def __init__(
-        self, *, estimator: DriftEstimator | None = None, adaptive: bool = True, alpha: float = 0.1
-    ) -> None:
-        self.estimator = (
-            estimator if estimator is not None else DriftEstimator(adaptive=adaptive, alpha=alpha)
-        )
+    def __init__(self, *, estimator: DriftEstimator | None = None, adaptive: bool = True, alpha: float = 0.1) -> None:
+        self.estimator = estimator if estimator is not None else DriftEstimator(adaptive=adaptive, alpha=alpha)
 
     def on_arrival(self, request: Request, now: float) -> None:
         est = self.estimator

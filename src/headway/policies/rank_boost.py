@@ -85,9 +85,7 @@ class RankBoostPolicy(ScoredPolicy):
         self.warmup = warmup
         self.refit_every = refit_every
         self.ada: GammaAda | None = (
-            GammaAda(
-                self.gamma, refit_every=refit_every, min_samples=200, gamma_min=gamma_min, gamma_max=gamma_max
-            )
+            GammaAda(self.gamma, refit_every=refit_every, min_samples=200, gamma_min=gamma_min, gamma_max=gamma_max)
             if adaptive
             else None
         )
@@ -109,9 +107,7 @@ class RankBoostPolicy(ScoredPolicy):
         if self.edges is None:
             self._warm_scores.append(s)
             if len(self._warm_scores) >= self.warmup:
-                qs = np.quantile(
-                    np.asarray(self._warm_scores), np.arange(1, self.num_buckets) / self.num_buckets
-                )
+                qs = np.quantile(np.asarray(self._warm_scores), np.arange(1, self.num_buckets) / self.num_buckets)
                 self.edges = [float(q) for q in qs]
                 self._warm_scores = []
                 if self._boosts is not None:

@@ -175,9 +175,7 @@ def write_report(exp: Experiment, out_dir: Path, command: str) -> Path:
     return path
 
 
-def save_figure(
-    out_dir: Path, fname: str, draw: Callable[[Any], None], size: tuple[float, float] = (7, 4)
-) -> str:
+def save_figure(out_dir: Path, fname: str, draw: Callable[[Any], None], size: tuple[float, float] = (7, 4)) -> str:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -85,8 +85,7 @@ def run(out_dir: Path, quick: bool = False, seed: int = 0) -> Experiment:
     exp.setup = [
         f"{n_cal + n_stress} synthetic requests: 4 categories (mix {CATEGORY_MIX}), 3 tiers "
         "(premium/standard/batch 20/50/30%, two tenants each), prompts from per-category templates.",
-        "True output = T_base(cat) x F_input x drift(cat, phase) x lognormal(CV 0.35); drift per phase: "
-        f"{DRIFT}.",
+        f"True output = T_base(cat) x F_input x drift(cat, phase) x lognormal(CV 0.35); drift per phase: {DRIFT}.",
         f"Calibration phase: first {n_cal} requests at 0.7x capacity; stress phase: next {n_stress} at "
         f"1.1x capacity (sustained contention); capacity {cap:.2f} req/s from an FCFS burst on {PRESET}.",
         "Estimator errors are those of the estimates the policies used at admission "
@@ -106,9 +105,7 @@ def run(out_dir: Path, quick: bool = False, seed: int = 0) -> Experiment:
         ms, rs = _errors(static[mask], truth[mask])
         ma, ra = _errors(adaptive[mask], truth[mask])
         red[phase] = (1 - ma / ms, 1 - ra / rs)
-        err_rows.append(
-            [phase, fmt(ms), fmt(ma), f"{red[phase][0]:.1%}", fmt(rs), fmt(ra), f"{red[phase][1]:.1%}"]
-        )
+        err_rows.append([phase, fmt(ms), fmt(ma), f"{red[phase][0]:.1%}", fmt(rs), fmt(ra), f"{red[phase][1]:.1%}"])
     exp.tables.append(
         (
             "Estimate error (tokens)",
@@ -183,10 +180,7 @@ def run(out_dir: Path, quick: bool = False, seed: int = 0) -> Experiment:
             "at least half the claimed reduction",
         ),
     ]
-    prem = {
-        p: pct([r.e2e_latency for r in res.requests if r.tier is Tier.PREMIUM], 99)
-        for p, res in results.items()
-    }
+    prem = {p: pct([r.e2e_latency for r in res.requests if r.tier is Tier.PREMIUM], 99) for p, res in results.items()}
     exp.notes.append("Premium P99 TTLT by policy: " + ", ".join(f"{p} {fmt(v)} s" for p, v in prem.items()))
 
     def draw(fig: Any) -> None:

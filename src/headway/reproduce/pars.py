@@ -107,10 +107,7 @@ def run(out_dir: Path, quick: bool = False, predictor: str | None = None, seed: 
         (
             "Burst: per-token latency (s/token) and throughput",
             ["policy", "mean", "p90", "throughput (tok/s)", "preemptions"],
-            [
-                [k, fmt(m[k]), fmt(p90[k]), fmt(thr[k], 4), str(v.replicas[0].num_preemptions)]
-                for k, v in res.items()
-            ],
+            [[k, fmt(m[k]), fmt(p90[k]), fmt(thr[k], 4), str(v.replicas[0].num_preemptions)] for k, v in res.items()],
         )
     )
     speed = m["fcfs"] / m["pars"]
@@ -213,12 +210,8 @@ def run(out_dir: Path, quick: bool = False, predictor: str | None = None, seed: 
         ax.set_ylabel("mean per-token latency (s/token)")
         ax.legend()
 
-    exp.figures.append(
-        (save_figure(out_dir, "pars_burst.png", draw_burst), "Burst: per-token latency by policy")
-    )
-    exp.figures.append(
-        (save_figure(out_dir, "pars_rates.png", draw_rates), "Poisson arrivals: latency vs rate")
-    )
+    exp.figures.append((save_figure(out_dir, "pars_burst.png", draw_burst), "Burst: per-token latency by policy"))
+    exp.figures.append((save_figure(out_dir, "pars_rates.png", draw_rates), "Poisson arrivals: latency vs rate"))
     exp.notes.append(
         f"Capacity estimated from the FCFS burst: {capacity:.2f} req/s. Below it, continuous batching "
         "with 256 sequence slots absorbs Poisson arrivals without a waiting queue, so no ordering "

@@ -171,8 +171,7 @@ def run(out_dir: Path, quick: bool = False, seed: int = 0) -> Experiment:
     cache = CacheConfig(num_gpu_blocks=blocks)
     mem_specs = _replay(conv, _capacity(conv, cache), 0.0)
     mem = {
-        p: _stats(run_policy(mem_specs, p, preset=PRESET, cache=cache))
-        for p in ("uniboost-base", "uniboost-memguard")
+        p: _stats(run_policy(mem_specs, p, preset=PRESET, cache=cache)) for p in ("uniboost-base", "uniboost-memguard")
     }
     rec_ratio = mem["uniboost-base"]["recomputed"] / max(mem["uniboost-memguard"]["recomputed"], 1.0)
     exp.rows.append(
@@ -184,8 +183,7 @@ def run(out_dir: Path, quick: bool = False, seed: int = 0) -> Experiment:
             rec_ratio > 1.1,
             "base recomputes > 1.1x memguard",
             "x",
-            note=f"{int(mem['uniboost-base']['recomputed'])} vs "
-            f"{int(mem['uniboost-memguard']['recomputed'])} tokens",
+            note=f"{int(mem['uniboost-base']['recomputed'])} vs {int(mem['uniboost-memguard']['recomputed'])} tokens",
         )
     )
 

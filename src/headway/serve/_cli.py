@@ -200,10 +200,15 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--name", default="bench", help="run name in the report")
     p.add_argument("--out", default=None, help="write a headway report (JSON/CSV/plots) to this folder")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS",
-                   help="SLO targets in milliseconds as `vllm bench serve --goodput`, e.g. "
-                        "ttft:500 tpot:50 e2el:2000: report goodput (requests/s meeting every target) "
-                        "and SLO attainment")
+    p.add_argument(
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="METRIC:MS",
+        help="SLO targets in milliseconds as `vllm bench serve --goodput`, e.g. "
+        "ttft:500 tpot:50 e2el:2000: report goodput (requests/s meeting every target) "
+        "and SLO attainment",
+    )
     p.set_defaults(func=_run_bench)
     return p
 

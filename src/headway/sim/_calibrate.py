@@ -265,34 +265,44 @@ def _fit_stats(model: CostModel, samples: Sequence[StepSample]) -> tuple[float, 
 def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> CostModel:
     """Two-stage fit that keeps the total time of decode-only and of prefill steps right.
 
-    The cost model reads ``a + b * num_seqs + t * (num_tokens - num_seqs) + c * num_kv_tokens``
-    with ``b = per_token + per_seq`` and ``t = per_token``. Decode-only steps
-    (``num_tokens == num_seqs``) fix ``a, b, c`` (least squares, non-negative); ``t`` is then
-    the prefill steps' remaining time per prefill token beyond one per sequence (a ratio
-    estimator: their total time is matched). A step that holds a prefill chunk costs more
-    than its tokens explain (a fixed cost the linear form has no term for); this puts it
-    on the prefill tokens instead of on every decode step. When ``t`` falls outside
-    ``[0, b]`` (``per_seq`` would be negative) it falls back to :meth:`CostModel.fit`.
+    The cost model reads ``a + b * num_seqs + t * (num_tokens - num_seqs) + c * num_kv_tokens
+    + p * [prefill]`` with ``b = per_token + per_seq`` and ``t = per_token``. Decode-only
+    steps (``num_tokens == num_seqs``) fix ``a, b, c`` (least squares, non-negative); the
+    prefill steps' remaining time is then fitted as ``p + t * (prefill tokens beyond one per
+    sequence)`` (least squares with an intercept, so their total time is matched). ``p`` is
+    the fixed extra a step holding a prefill chunk costs (``per_prefill_step``); without it
+    that cost would land on every prefill token or every decode step. ``t`` is capped at
+    ``b`` (``per_seq`` >= 0) and ``p`` at 0 from below, refitting the other; too few
+    decode-only or prefill steps fall back to :meth:`CostModel.fit`.
     """
     import numpy as np
     from scipy.optimize import nnls
 
     dec = [s for s in samples if s.num_tokens == s.num_seqs]
     pre = [s for s in samples if s.num_tokens > s.num_seqs]
-    if len(dec) < 4 or not pre:
+    if len(dec) < 4 or len(pre) < 2:
         return CostModel.fit(samples, base, name)
     a_mat = np.array([[1.0, s.num_seqs, s.num_kv_tokens] for s in dec])
     y = np.array([s.duration for s in dec])
     scale = np.maximum(a_mat.max(axis=0), 1e-12)
     coef, _ = nnls(a_mat / scale, y)
     a, b, c = (coef / scale).tolist()
-    extra = sum(s.num_tokens - s.num_seqs for s in pre)
-    rest = sum(s.duration - (a + b * s.num_seqs + c * s.num_kv_tokens) for s in pre)
-    t = rest / extra
-    if not 0.0 <= t <= b:  # the split does not fit this engine: least squares over all steps
-        return CostModel.fit(samples, base, name)
+    extra = np.array([float(s.num_tokens - s.num_seqs) for s in pre])
+    rest = np.array([s.duration - (a + b * s.num_seqs + c * s.num_kv_tokens) for s in pre])
+    if np.ptp(extra) > 0:
+        t, p = np.polyfit(extra, rest, 1).tolist()
+    else:
+        t, p = 0.0, float(rest.mean())
+    if t > b:
+        t = b
+    if t < 0:
+        t = 0.0
+    p = float((rest - t * extra).mean())
+    if p < 0:
+        p = 0.0
+        t = min(b, max(0.0, float(rest.sum() / extra.sum())))
     return CostModel(
-        name=name, step_overhead=a, per_token=t, per_seq=b - t, per_kv_token=c,
+        name=name, step_overhead=a, per_token=t, per_seq=b - t, per_kv_token=c, per_prefill_step=p,
         gpu_memory_bytes=base.gpu_memory_bytes, weight_bytes=base.weight_bytes,
         kv_bytes_per_token=base.kv_bytes_per_token, activation_bytes=base.activation_bytes,
         swap_per_token=base.swap_per_token,
@@ -393,6 +403,7 @@ def scaled(model: CostModel, factor: float, name: str | None = None) -> CostMode
         model, name=name or model.name, step_overhead=model.step_overhead * factor,
         per_token=model.per_token * factor, per_seq=model.per_seq * factor,
         per_kv_token=model.per_kv_token * factor, swap_per_token=model.swap_per_token * factor,
+        per_prefill_step=model.per_prefill_step * factor,
     )  # fmt: skip
 
 

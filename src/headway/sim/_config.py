@@ -32,9 +32,7 @@ class SchedulerConfig:
                 f"max_num_seqs ({self.max_num_seqs}) so every running decode fits a step"
             )
         if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(
-                f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
-            )
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if self.max_steps_per_event < 1:
             raise ValueError(f"max_steps_per_event must be >= 1, got {self.max_steps_per_event}")
 
@@ -54,8 +52,6 @@ class CacheConfig:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
-            )
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")

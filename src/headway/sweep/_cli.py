@@ -46,8 +46,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     tasks = grid.tasks()
     console.print(f"[bold]sweep[/] {len(tasks)} tasks ({'in-process' if args.no_ray else 'Ray'})")
     failures: list[TaskResult] = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as progress:
         bar = progress.add_task("simulating", total=len(tasks))
 
         def on_result(r: TaskResult) -> None:
@@ -56,8 +57,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                 failures.append(r)
                 progress.console.print(f"[red]task failed[/] {r.task.params()}: {r.error}")
 
-        results = run_sweep(grid, use_ray=not args.no_ray, ray_address=args.ray_address,
-                            num_cpus=args.num_cpus, on_result=on_result)
+        results = run_sweep(
+            grid, use_ray=not args.no_ray, ray_address=args.ray_address, num_cpus=args.num_cpus, on_result=on_result
+        )
     rows = aggregate(results)
     console.print(_table(rows))
     out = Path(args.out) if args.out else Path("headway-out") / time.strftime("sweep-%Y%m%d-%H%M%S")
@@ -79,8 +81,19 @@ def _table(rows: Sequence[dict[str, Any]]) -> Any:
     from rich.text import Text
 
     table = Table(title="sweep (mean over seeds)")
-    cols = ["preset", "workload", "policy", "rate", "seeds", "failed", "e2e_mean", "e2e_p99", "ttft_p99",
-            "norm_mean", "goodput_rps"]
+    cols = [
+        "preset",
+        "workload",
+        "policy",
+        "rate",
+        "seeds",
+        "failed",
+        "e2e_mean",
+        "e2e_p99",
+        "ttft_p99",
+        "norm_mean",
+        "goodput_rps",
+    ]
     for c in cols:
         table.add_column(Text(c), justify="left" if c in ("preset", "workload", "policy") else "right")
     for row in rows:
@@ -93,8 +106,7 @@ def write_sweep_report(out: Path, results: Sequence[TaskResult], rows: Sequence[
     out.mkdir(parents=True, exist_ok=True)
     per_task = out / "results.csv"
     with per_task.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["policy", "workload", "rate", "seed", "preset", "error",
-                                               *METRIC_NAMES])
+        writer = csv.DictWriter(f, fieldnames=["policy", "workload", "rate", "seed", "preset", "error", *METRIC_NAMES])
         writer.writeheader()
         for r in results:
             writer.writerow(r.row())
@@ -104,8 +116,9 @@ def write_sweep_report(out: Path, results: Sequence[TaskResult], rows: Sequence[
         writer.writeheader()
         writer.writerows(rows)
     js = out / "results.json"
-    js.write_text(json.dumps({"tasks": [r.row() for r in results], "aggregate": list(rows)}, indent=1,
-                             default=lambda v: None))
+    js.write_text(
+        json.dumps({"tasks": [r.row() for r in results], "aggregate": list(rows)}, indent=1, default=lambda v: None)
+    )
     paths = [per_task, agg, js]
     png = _plot_curves(out / "curves.png", rows)
     if png is not None:
@@ -129,10 +142,12 @@ def _plot_curves(path: Path, rows: Sequence[dict[str, Any]]) -> Path | None:
             series = sorted((r["rate"], r["norm_mean"], r["e2e_p99"]) for r in mine if r["policy"] == policy)
             style = ("-", "--", ":", "-.")[(i // 10) % 4]
             rates = [s[0] for s in series]
-            axes[0][j].plot(rates, [s[1] * 1e3 for s in series], marker="o", linestyle=style, color=f"C{i % 10}",
-                            label=policy)
-            axes[1][j].plot(rates, [s[2] for s in series], marker="o", linestyle=style, color=f"C{i % 10}",
-                            label=policy)
+            axes[0][j].plot(
+                rates, [s[1] * 1e3 for s in series], marker="o", linestyle=style, color=f"C{i % 10}", label=policy
+            )
+            axes[1][j].plot(
+                rates, [s[2] for s in series], marker="o", linestyle=style, color=f"C{i % 10}", label=policy
+            )
         axes[0][j].set_title(f"{workload} on {preset}")
         axes[0][j].set_ylabel("mean normalized latency (ms/token)")
         axes[1][j].set_ylabel("P99 end-to-end latency (s)")

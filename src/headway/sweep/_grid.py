@@ -25,8 +25,13 @@ class Task:
     preset: str
 
     def params(self) -> dict[str, Any]:
-        return {"policy": self.policy, "workload": self.workload, "rate": self.rate,
-                "seed": self.seed, "preset": self.preset}
+        return {
+            "policy": self.policy,
+            "workload": self.workload,
+            "rate": self.rate,
+            "seed": self.seed,
+            "preset": self.preset,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +68,7 @@ class Grid:
     def tasks(self) -> list[Task]:
         """Every combination, in a fixed order (the order results are reported in)."""
         combos = itertools.product(self.presets, self.workloads, self.policies, self.rates, self.seeds)
-        return [Task(i, pol, wl, rate, seed, preset)
-                for i, (preset, wl, pol, rate, seed) in enumerate(combos)]
+        return [Task(i, pol, wl, rate, seed, preset) for i, (preset, wl, pol, rate, seed) in enumerate(combos)]
 
 
 _LIST_KEYS = ("policies", "workloads", "rates", "seeds", "presets")

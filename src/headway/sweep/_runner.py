@@ -62,9 +62,12 @@ def run_task(task: Task, grid: Grid) -> TaskResult:
             options["num_requests"] = grid.num_requests
         workload = load_workload(task.workload, **options)
         res = simulate(
-            workload, task.policy, preset=task.preset,
-            scheduler=SchedulerConfig(max_num_seqs=grid.max_num_seqs,
-                                      max_num_batched_tokens=grid.max_num_batched_tokens),
+            workload,
+            task.policy,
+            preset=task.preset,
+            scheduler=SchedulerConfig(
+                max_num_seqs=grid.max_num_seqs, max_num_batched_tokens=grid.max_num_batched_tokens
+            ),
             policy_kwargs=dict(grid.policy_args.get(task.policy, {})),
         )
         summary = summarize(res.requests, slo=grid.slo, name=task.policy)
@@ -90,8 +93,13 @@ def _ray(tasks: Sequence[Task], grid: Grid, address: str | None, num_cpus: int |
         raise RuntimeError("Ray is not installed: pip install 'headway[sweep]' or run with --no-ray") from None
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
-                 logging_level=logging.ERROR, log_to_driver=False)
+        ray.init(
+            address=address,
+            num_cpus=None if address else num_cpus,
+            include_dashboard=False,
+            logging_level=logging.ERROR,
+            log_to_driver=False,
+        )
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
         grid_ref = ray.put(grid)
@@ -142,8 +150,14 @@ def aggregate(results: Sequence[TaskResult]) -> list[dict[str, Any]]:
     rows = []
     for (preset, workload, policy, rate), members in groups.items():
         ok = [m.metrics for m in members if m.metrics is not None]
-        row: dict[str, Any] = {"preset": preset, "workload": workload, "policy": policy, "rate": rate,
-                               "seeds": len(members), "failed": len(members) - len(ok)}
+        row: dict[str, Any] = {
+            "preset": preset,
+            "workload": workload,
+            "policy": policy,
+            "rate": rate,
+            "seeds": len(members),
+            "failed": len(members) - len(ok),
+        }
         for name in METRIC_NAMES:
             vals = [m[name] for m in ok if not math.isnan(m[name])]
             row[name] = sum(vals) / len(vals) if vals else float("nan")

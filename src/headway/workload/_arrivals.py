@@ -125,11 +125,7 @@ class GammaArrivals:
 
     def __post_init__(self) -> None:
         _check_rate(self.rate)
-        if not (
-            isinstance(self.burstiness, int | float)
-            and math.isfinite(self.burstiness)
-            and self.burstiness > 0.0
-        ):
+        if not (isinstance(self.burstiness, int | float) and math.isfinite(self.burstiness) and self.burstiness > 0.0):
             raise ValueError(f"burstiness must be a positive finite number, got {self.burstiness!r}")
         _check_time(self.start, "start")
 
@@ -194,9 +190,7 @@ def poisson_arrivals(n: int, rate: float, seed: Seed = 0, *, start: float = 0.0)
     return PoissonArrivals(rate, start).sample(n, seed)
 
 
-def gamma_arrivals(
-    n: int, rate: float, burstiness: float = 1.0, seed: Seed = 0, *, start: float = 0.0
-) -> FloatArray:
+def gamma_arrivals(n: int, rate: float, burstiness: float = 1.0, seed: Seed = 0, *, start: float = 0.0) -> FloatArray:
     """``n`` Gamma arrival times as ``vllm bench serve --request-rate rate --burstiness b``."""
     return GammaArrivals(rate, burstiness, start).sample(n, seed)
 

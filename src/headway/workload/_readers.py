@@ -218,9 +218,7 @@ def _csv_rows(
                     )
                 yield line, {c: row[i] for c, i in index.items()}, header
         except csv.Error as exc:
-            raise WorkloadFormatError(
-                path, reader.line_num, f"malformed CSV ({exc})", show_value=False
-            ) from None
+            raise WorkloadFormatError(path, reader.line_num, f"malformed CSV ({exc})", show_value=False) from None
 
 
 # ---------------------------------------------------------------------------- JSON
@@ -331,9 +329,7 @@ def _count(count_tokens: TokenCounter, text: str) -> int:
 
 
 # -------------------------------------------------------------------------- Azure
-_AZURE_TS = re.compile(
-    r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?\s*(Z|[+-]\d{2}:?\d{2})?$"
-)
+_AZURE_TS = re.compile(r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?\s*(Z|[+-]\d{2}:?\d{2})?$")
 
 
 def _azure_timestamp(path: Path, line: int, raw: str) -> tuple[int, float]:
@@ -481,15 +477,11 @@ def _first_turn(path: Path, line: int, rec: Any) -> tuple[str, str, int | None, 
     if "conversations" in rec:
         turns = rec["conversations"]
         if not isinstance(turns, list):
-            raise WorkloadFormatError(
-                path, line, "expected a list of turns", field="conversations", value=turns
-            )
+            raise WorkloadFormatError(path, line, "expected a list of turns", field="conversations", value=turns)
         roles: list[str] = []
         for k, turn in enumerate(turns):
             if not isinstance(turn, dict):
-                raise WorkloadFormatError(
-                    path, line, "expected an object", field=f"conversations[{k}]", value=turn
-                )
+                raise WorkloadFormatError(path, line, "expected an object", field=f"conversations[{k}]", value=turn)
             where = f"conversations[{k}]."
             roles.append(_text(path, line, f"{where}from", _field(path, line, turn, "from", where)))
             _text(path, line, f"{where}value", _field(path, line, turn, "value", where))
@@ -579,9 +571,7 @@ def _alpaca_lengths(path: Path, model: str) -> dict[int, tuple[int, int]]:
             continue
         idx_raw = cells["idx"].strip()
         if not idx_raw.isdigit():
-            raise WorkloadFormatError(
-                path, line, "expected a non-negative integer", field="idx", value=idx_raw
-            )
+            raise WorkloadFormatError(path, line, "expected a non-negative integer", field="idx", value=idx_raw)
         idx = int(idx_raw)
         if idx in lengths:
             raise WorkloadFormatError(
@@ -638,9 +628,7 @@ def read_alpaca_eval(
         if isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
             raise WorkloadFormatError(ip, line, "expected a non-negative integer", field="idx", value=idx)
         if idx in seen:
-            raise WorkloadFormatError(
-                ip, line, f"duplicate idx (first on line {seen[idx]})", field="idx", value=idx
-            )
+            raise WorkloadFormatError(ip, line, f"duplicate idx (first on line {seen[idx]})", field="idx", value=idx)
         seen[idx] = line
         text = _text(ip, line, "instruction", _field(ip, line, rec, "instruction"))
         dataset = rec.get("dataset")
@@ -670,6 +658,4 @@ def read_alpaca_eval(
         "model": model,
         "skipped": skipped,
     }
-    return _assemble(
-        name or f"alpaca-eval:{model}", rows, meta, arrivals=arrivals or BurstArrivals(), seed=seed
-    )
+    return _assemble(name or f"alpaca-eval:{model}", rows, meta, arrivals=arrivals or BurstArrivals(), seed=seed)

@@ -98,10 +98,7 @@ class LoadOptions:
             raise ValueError(f"arrivals must be one of {', '.join(ARRIVAL_KINDS)}, got {self.arrivals!r}")
         for what, value in (("rate", self.rate), ("burstiness", self.burstiness)):
             if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value <= 0
+                isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0
             ):
                 raise ValueError(f"{what} must be a positive finite number, got {value!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -146,9 +143,7 @@ def find_data_dir(data_dir: str | Path | None = None) -> Path:
         if c.is_dir():
             return c.resolve()
     tried = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(
-        f"shared data folder not found (tried {tried}); pass data_dir= or set {DATA_DIR_ENV}"
-    )
+    raise FileNotFoundError(f"shared data folder not found (tried {tried}); pass data_dir= or set {DATA_DIR_ENV}")
 
 
 # -------------------------------------------------------------------- file formats
@@ -174,9 +169,7 @@ def _read_alpaca(path: Path, o: LoadOptions) -> Workload:
     lengths = folder / "output_lengths_long.csv.gz"
     if not lengths.exists() and (folder / "output_lengths_long.csv").exists():
         lengths = folder / "output_lengths_long.csv"
-    return read_alpaca_eval(
-        instructions, lengths, o.model or DEFAULT_ALPACA_MODEL, count_tokens=o.count_tokens
-    )
+    return read_alpaca_eval(instructions, lengths, o.model or DEFAULT_ALPACA_MODEL, count_tokens=o.count_tokens)
 
 
 _FORMATS: dict[str, Callable[[Path, LoadOptions], Workload]] = {
@@ -251,9 +244,7 @@ def _synthetic(o: LoadOptions, *, burst: bool) -> Workload:
     if burst and kind != "burst":
         raise ValueError(f"workload 'burst' has burst arrivals; got arrivals={kind!r} (use 'default')")
     if kind == "trace":
-        raise ValueError(
-            "the synthetic workload has no recorded times; arrivals must be gamma, poisson or burst"
-        )
+        raise ValueError("the synthetic workload has no recorded times; arrivals must be gamma, poisson or burst")
     process: ArrivalProcess
     if kind == "burst":
         process = BurstArrivals()
@@ -346,9 +337,7 @@ def _retime(w: Workload, o: LoadOptions, timed: bool) -> Workload:
     recorded = [s.arrival_time for s in w.requests]
     if kind == "trace":
         if not timed:
-            raise ValueError(
-                f"workload {w.name!r} has no recorded arrival times; use arrivals=gamma, poisson or burst"
-            )
+            raise ValueError(f"workload {w.name!r} has no recorded arrival times; use arrivals=gamma, poisson or burst")
         if o.rate is None:
             return w
         times = replay_arrivals(recorded, o.rate)
@@ -371,9 +360,7 @@ def _retime(w: Workload, o: LoadOptions, timed: bool) -> Workload:
                 process = GammaArrivals(rate, o.burstiness or 1.0)
         times = process.sample(len(w), o.stream(_ARRIVE))
         meta = {**w.meta, "arrivals": repr(process)}
-    specs = [
-        dataclasses.replace(s, arrival_time=float(t)) for s, t in zip(w.requests, times.tolist(), strict=True)
-    ]
+    specs = [dataclasses.replace(s, arrival_time=float(t)) for s, t in zip(w.requests, times.tolist(), strict=True)]
     return Workload.from_specs(w.name, specs, meta)
 
 

@@ -48,8 +48,7 @@ class RequestSpec:
             )
         if self.max_tokens is not None and self.max_tokens < self.num_output_tokens:
             raise ValueError(
-                f"request {self.request_id!r}: max_tokens {self.max_tokens} < output length "
-                f"{self.num_output_tokens}"
+                f"request {self.request_id!r}: max_tokens {self.max_tokens} < output length {self.num_output_tokens}"
             )
 
     def to_request(self) -> Request:
@@ -80,9 +79,7 @@ class Workload:
     meta: dict[str, object] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_specs(
-        cls, name: str, specs: Sequence[RequestSpec], meta: dict[str, object] | None = None
-    ) -> Workload:
+    def from_specs(cls, name: str, specs: Sequence[RequestSpec], meta: dict[str, object] | None = None) -> Workload:
         ids = set()
         for spec in specs:
             if spec.request_id in ids:

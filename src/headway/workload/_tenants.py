@@ -31,9 +31,7 @@ class Tenant:
         if not isinstance(self.tenant_id, str) or not self.tenant_id:
             raise ValueError(f"tenant_id must be a non-empty string, got {self.tenant_id!r}")
         share = self.share
-        if isinstance(share, bool) or not (
-            isinstance(share, int | float) and math.isfinite(share) and share > 0.0
-        ):
+        if isinstance(share, bool) or not (isinstance(share, int | float) and math.isfinite(share) and share > 0.0):
             raise ValueError(f"tenant {self.tenant_id!r}: share must be a positive number, got {share!r}")
         object.__setattr__(self, "tier", Tier.parse(self.tier))
 
