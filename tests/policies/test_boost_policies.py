@@ -70,9 +70,10 @@ def test_uniboost_base_key_unifies_phases_with_hysteresis_and_linear_hints():
 
 def test_memguard_blocks_eviction_until_next_threshold():
     pol = make_policy("uniboost-memguard", memguard_base=32)
-    a = run(make_request(prompt_tokens=10))
-    a.num_output_tokens = 40  # scheduled in band 1 ([32, 64))
-    pol.on_progress(a, 0.0, 1)
+    a = make_request(prompt_tokens=10)
+    a.num_output_tokens = 40  # (re)scheduled in band 1 ([32, 64)): the run starts there
+    a = run(a)
+    assert a.run_start_output_tokens == 40
     assert not pol.can_preempt(a, 0.0)
     assert pol.rekey_after_tokens(a) == 64 - 40
     a.num_output_tokens = 64
@@ -80,7 +81,6 @@ def test_memguard_blocks_eviction_until_next_threshold():
     # memory eviction prefers an evictable request even if its key is better
     b = run(make_request(prompt_tokens=10, arrival=100.0))
     b.num_output_tokens = 1
-    pol.on_progress(b, 0.0, 1)
     assert pol.key(b, 0.0) > pol.key(a, 0.0)
     assert pol.choose_victim([a, b], 0.0) is a
     # a preemption starts a new run with a fresh guard

@@ -111,6 +111,8 @@ class Request:
     num_preemptions: int = 0
     num_recomputed_tokens: int = 0
     """Tokens computed again after preemption by recompute."""
+    run_start_output_tokens: int = 0
+    """``num_output_tokens`` when the current run began (set on every move to RUNNING)."""
     extra: dict[str, object] = field(default_factory=dict)
     """Per-request state that a policy wants to keep (namespaced by policy name)."""
 
@@ -131,6 +133,8 @@ class Request:
             raise InvalidTransition(
                 f"request {self.request_id!r}: {self.state.name} -> {new_state.name} is not a valid transition"
             )
+        if new_state is RequestState.RUNNING:
+            self.run_start_output_tokens = self.num_output_tokens
         self.state = new_state
 
     @property

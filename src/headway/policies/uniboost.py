@@ -188,19 +188,10 @@ class UniBoostMemGuardPolicy(UniBoostBasePolicy):
     def next_grid_point(self, generated: int) -> int:
         return self.memguard_base << memguard_level(generated, self.memguard_base)
 
-    def _guard(self, request: Request) -> tuple[int, int]:
-        """(run id, band at scheduling) of the request's current run."""
-        g = request.extra.get("memguard")
-        if not (isinstance(g, tuple) and g[0] == request.num_preemptions):
-            g = (request.num_preemptions, memguard_level(request.num_output_tokens, self.memguard_base))
-            request.extra["memguard"] = g
-        return g
-
-    def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:
-        self._guard(request)  # first sight of a run records the band it was scheduled in
-
     def can_preempt(self, request: Request, now: float) -> bool:
-        _, band = self._guard(request)
+        # the band the current run was scheduled in (no per-step hook needed: the engine
+        # records the output count at every move to RUNNING)
+        band = memguard_level(request.run_start_output_tokens, self.memguard_base)
         return memguard_level(request.num_output_tokens, self.memguard_base) > band
 
     def choose_victim(self, running: Sequence[Request], now: float) -> Request:
