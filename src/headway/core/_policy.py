@@ -38,7 +38,10 @@ tokens the key of a running request may get *worse* (larger); ``rekey_at_time(re
 an absolute time at which the key of a queued request changes (e.g. starvation
 promotion). Between hints a running request's key may stay or improve, never worsen
 (SRPT's remaining length only shrinks: no hint needed; attained-service keys such as
-UniBoost's grow: they must give hints). Engines skip work between hints.
+UniBoost's grow: they must give hints). Engines skip work between hints: for policies
+with the default ``can_preempt`` and no ``on_progress``, the simulator and the vLLM
+plugin skip a displacement check while the queue head, the running set and
+``key_epoch`` are unchanged.
 """
 
 from __future__ import annotations

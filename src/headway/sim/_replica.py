@@ -91,6 +91,10 @@ class Replica:
         self._rekey_hook = kind.rekey_after_tokens is not Policy.rekey_after_tokens
         self._arrival_hook = kind.on_arrival is not Policy.on_arrival
         self._finish_hook = kind.on_finish is not Policy.on_finish
+        # displacement checks are skipped while nothing they read changed (see _start_step)
+        self._run_version = 0
+        self._static_preemption = not self._progress_hook and kind.can_preempt is Policy.can_preempt
+        self._displace_sig: tuple[object, ...] | None = None
         self.seqs: dict[Request, _Seq] = {}
         self.decoders: dict[_Seq, None] = {}  # insertion-ordered set
         self.prefilling: list[_Seq] = []
@@ -250,6 +254,7 @@ class Replica:
         s.blocks = 0
         req.finish_time = now
         req.transition(RequestState.FINISHED)
+        self._run_version += 1
         del self.seqs[req]
         if self._finish_hook:
             self.policy.on_finish(req, now)
@@ -274,6 +279,7 @@ class Replica:
             req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
+        self._run_version += 1
         req.transition(RequestState.PREEMPTED)
         self.waiting.add(req, now)
         self._arm_timer(req)
@@ -296,7 +302,19 @@ class Replica:
         if self.free < 0:
             budget = self._evict_for_memory(now, budget)
         if self.policy.preemptive and self.waiting:
-            budget = self._displace(now, budget)
+            # Running keys only improve between rekey hints (the Policy contract; a hint bumps
+            # _run_version), so with the same queue head, running set and key epoch as after the
+            # last check nobody can be displaced now. Policies with a progress hook or their own
+            # can_preempt (MemGuard's bands flip between hints) are checked at every step.
+            sig = (self.waiting.peek(), self.waiting.peek_key(), self._run_version, self.policy.key_epoch)
+            if not self._static_preemption or sig != self._displace_sig:
+                budget = self._displace(now, budget)
+                # a check cut short by an exhausted token budget proves nothing for later steps
+                self._displace_sig = (
+                    (self.waiting.peek(), self.waiting.peek_key(), self._run_version, self.policy.key_epoch)
+                    if budget > 0
+                    else None
+                )
         self._admit(now, budget)
         self._launch(now)
 
@@ -391,6 +409,7 @@ class Replica:
         if req.first_scheduled_time is None:
             req.first_scheduled_time = now
         self.prefilling.append(s)
+        self._run_version += 1
 
     def _admit(self, now: float, budget: int) -> None:
         waiting, seqs = self.waiting, self.seqs
@@ -488,6 +507,7 @@ class Replica:
     def _complete_prefills(self, now: float) -> None:
         if not self.prefilling:
             return
+        self._run_version += 1  # prefill progress moves keys and phases (no token hints for it)
         still: list[_Seq] = []
         done: list[_Seq] = []
         for s in self.prefilling:
@@ -529,3 +549,4 @@ class Replica:
                 continue
             self._sync(s, now)
             self._arm_rekey(s)
+            self._run_version += 1  # an announced key (or can_preempt) change of a running request
