@@ -18,6 +18,7 @@ from headway.predict.data import (
     ExampleSet,
     keep_pair,
     load_alpaca_eval,
+    load_alpaca_eval_consensus,
     load_codealpaca,
     load_dataset,
     load_jsonl,
@@ -245,6 +246,28 @@ def test_sharegpt_and_codealpaca_loaders(data_dir: Path) -> None:
     assert len(ca) > 1900 and ca.models() == ["text-davinci-003"]
     ca_tok = load_codealpaca("2k", "tokens", data_dir)
     assert "wordpiece" in ca_tok.unit_label
+
+
+def test_alpaca_eval_consensus_is_the_geometric_mean(data_dir: Path) -> None:
+    import math
+
+    pair = load_alpaca_eval_consensus(["gpt4", "claude-2.1"], "tokens", data_dir)
+    assert len(pair) == 805 and pair.models() == ["mean"] and "gpt4,claude-2.1" in pair.notes[0]
+    a = {e.prompt: e.length for e in load_alpaca_eval("gpt4", "tokens", data_dir)}
+    b = {e.prompt: e.length for e in load_alpaca_eval("claude-2.1", "tokens", data_dir)}
+    for ex in pair.examples[:50]:
+        assert ex.length == max(1, round(math.sqrt(a[ex.prompt] * b[ex.prompt])))
+    every = load_dataset("alpaca_eval:mean", data_dir=data_dir)
+    assert len(every) == 805 and "227 models" in every.notes[0]
+    with pytest.raises(DataError, match="no model 'nope'"):
+        load_dataset("alpaca_eval:mean:gpt4,nope", data_dir=data_dir)
+
+
+def test_plus_concatenates_data_sets(data_dir: Path) -> None:
+    mix = load_dataset("alpaca_eval:gpt4+sharegpt:30", data_dir=data_dir)
+    assert len(mix) == 805 + 30 and mix.unit_label == "tokens (cl100k_base)"
+    with pytest.raises(DataError, match="count tokens differently"):
+        load_dataset("alpaca_eval:gpt4+codealpaca:2k", data_dir=data_dir)
 
 
 def test_unknown_dataset_spec() -> None:

@@ -84,7 +84,10 @@ def test_fcfs_never_reorders_arrivals(wl: Workload, cfg: tuple[SchedulerConfig, 
 
 
 
-@given(wl=workloads(), cfg=engine_configs(), name=st.sampled_from(["fcfs", "sjf-oracle", "srpt-oracle"]))
+FAST_FORWARD_POLICIES = ["fcfs", "sjf-oracle", "srpt-oracle", "uniboost-base", "uniboost-memguard", "uniboost"]
+
+
+@given(wl=workloads(), cfg=engine_configs(), name=st.sampled_from(FAST_FORWARD_POLICIES))
 def test_fast_forward_matches_exact_mode(
     wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], name: str
 ) -> None:

@@ -188,6 +188,13 @@ class UniBoostMemGuardPolicy(UniBoostBasePolicy):
     def next_grid_point(self, generated: int) -> int:
         return self.memguard_base << memguard_level(generated, self.memguard_base)
 
+    def rekey_after_tokens(self, request: Request) -> int | None:
+        # Every band boundary, also those below the prompt floor that leave w~ (the key) alone:
+        # can_preempt turns true there, and engines look again only at announced points (without
+        # this the simulator's decode fast-forward noticed such a flip only at the end of a stretch).
+        g = request.num_output_tokens
+        return self.next_grid_point(g) - g
+
     def can_preempt(self, request: Request, now: float) -> bool:
         # the band the current run was scheduled in (no per-step hook needed: the engine
         # records the output count at every move to RUNNING)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from headway.predict._errors import PredictError
+from headway.predict._paths import DEFAULT_PREDICTOR_NAME, DEFAULT_TRAIN_DATA
 
 __all__ = ["add_predictor_parser", "main"]
 
@@ -91,7 +92,7 @@ def _train_config(args: argparse.Namespace, **override: Any) -> Any:
     from headway.predict.train import TrainConfig
 
     values: dict[str, Any] = {
-        "data": getattr(args, "data", "alpaca_eval:gpt4"),
+        "data": getattr(args, "data", DEFAULT_TRAIN_DATA),
         "unit": args.unit,
         "loss": getattr(args, "loss", "pairwise"),
         "mode": args.mode,
@@ -249,19 +250,21 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
         "train",
         help="train a predictor (defaults reproduce the default checkpoint)",
         description="Train a predictor on a prompt-disjoint split and report held-out metrics. With no "
-        "options it trains the default checkpoint (~/.cache/headway/predictors/pars-minilm-alpaca-gpt4): "
-        "pairwise loss, full fine-tuning of MiniLM-L6 on alpaca_eval gpt4 lengths (cl100k tokens).",
+        f"options it trains the default checkpoint (~/.cache/headway/predictors/{DEFAULT_PREDICTOR_NAME}): "
+        "pairwise loss, full fine-tuning of MiniLM-L6 on alpaca_eval prompts, each labelled with the "
+        "geometric mean of its 227 models' output lengths (cl100k tokens).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(
         "--data",
-        default="alpaca_eval:gpt4",
-        help="alpaca_eval:MODEL[,MODEL], alpaca_eval:all, sharegpt, codealpaca[:2k|new] or FILE.jsonl",
+        default=DEFAULT_TRAIN_DATA,
+        help="alpaca_eval:MODEL[,MODEL], alpaca_eval:all, alpaca_eval:mean[:MODEL,...] (consensus lengths), "
+        "sharegpt[:N], codealpaca[:2k|new], FILE.jsonl, or A+B (concatenated)",
     )
     out = p.add_mutually_exclusive_group()
     out.add_argument("--out", metavar="DIR", help="checkpoint directory")
     out.add_argument(
-        "--name", default="pars-minilm-alpaca-gpt4", help="checkpoint name under ~/.cache/headway/predictors/"
+        "--name", default=DEFAULT_PREDICTOR_NAME, help="checkpoint name under ~/.cache/headway/predictors/"
     )
     _add_training_options(p)
     p.set_defaults(func=_guarded(_cmd_train))
@@ -300,7 +303,11 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
         "and the resampling ceiling.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--train-model", default="gpt4", help="alpaca_eval model whose lengths train the predictors")
+    p.add_argument(
+        "--train-model",
+        default="gpt4",
+        help="alpaca_eval model whose lengths train the predictors ('mean' or 'mean:A,B': consensus lengths)",
+    )
     p.add_argument("--eval-models", help="comma-separated alpaca_eval models (default: 12 well-known models)")
     p.add_argument("--losses", default="pairwise,pointwise,listwise", help="comma-separated losses")
     p.add_argument("--out", metavar="FILE.md", help="also write the markdown table here")

@@ -46,6 +46,7 @@ __all__ = [
     "alpaca_eval_models",
     "keep_pair",
     "load_alpaca_eval",
+    "load_alpaca_eval_consensus",
     "load_codealpaca",
     "load_dataset",
     "load_jsonl",
@@ -328,6 +329,42 @@ def load_alpaca_eval(
     return ExampleSet(f"alpaca_eval:{label}", unit_, tuple(examples), CL100K if unit_ == "tokens" else None, notes)
 
 
+def load_alpaca_eval_consensus(
+    models: str | Sequence[str] = "all",
+    unit: str = "tokens",
+    data_dir: str | Path | None = None,
+) -> ExampleSet:
+    """alpaca_eval's instructions, each labelled with the geometric mean of several models' lengths.
+
+    One example per instruction (model ``"mean"``): ``exp(mean(log length))`` over ``models``
+    (``"all"`` = the 227 models) that gave a non-empty answer. A single model's length is one noisy
+    sample of how long a prompt's answer tends to be (the same prompt resampled ranks at Spearman
+    ~0.8); the consensus keeps the prompt's part and averages the sampling noise away, so a ranker
+    trained on it learns what makes prompts long rather than one sample's accidents. Split by
+    prompt as usual: held-out prompts stay held out for every model.
+    """
+    unit_ = _check_unit(unit)
+    instructions, lengths = _alpaca_tables(_resolve_data_dir(data_dir))
+    names = sorted(lengths) if models == "all" else [models] if isinstance(models, str) else list(models)
+    col = UNITS.index(unit_)
+    logs: dict[int, list[float]] = defaultdict(list)
+    for model in names:
+        if model not in lengths:
+            raise _unknown_model(model, sorted(lengths))
+        for idx, values in lengths[model].items():
+            if values[col] > 0:
+                logs[idx].append(math.log(values[col]))
+    examples = []
+    for idx in sorted(logs):
+        if idx not in instructions:
+            raise DataError(f"alpaca_eval:mean: idx {idx} has no instruction")
+        length = max(1, round(math.exp(sum(logs[idx]) / len(logs[idx]))))
+        examples.append(Example(instructions[idx], length, "mean", f"alpaca_eval:mean:idx={idx}"))
+    label = ",".join(names) if len(names) <= 3 else f"{len(names)} models"
+    notes = (f"geometric mean length over {label}",)
+    return ExampleSet("alpaca_eval:mean", unit_, tuple(examples), CL100K if unit_ == "tokens" else None, notes)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # ShareGPT and CodeAlpaca
 
@@ -414,10 +451,28 @@ def load_codealpaca(
 
 
 def load_dataset(spec: str, unit: str = "tokens", data_dir: str | Path | None = None) -> ExampleSet:
-    """Load by name: ``alpaca_eval:MODEL[,MODEL...]`` (or ``alpaca_eval:all``), ``sharegpt``,
-    ``codealpaca[:2k|new|all]``, or a path to a generic ``.jsonl`` file."""
+    """Load by name: ``alpaca_eval:MODEL[,MODEL...]`` (or ``alpaca_eval:all``), ``alpaca_eval:mean[:MODEL,...]``
+    (one consensus length per prompt), ``sharegpt[:N]``,
+    ``codealpaca[:2k|new|all]``, or a path to a generic ``.jsonl`` file; ``A+B`` concatenates data sets
+    that count lengths the same way."""
+    if "+" in spec and not Path(spec).exists():  # trained together, e.g. alpaca_eval:mean+sharegpt:2000
+        parts = [load_dataset(part, unit, data_dir) for part in spec.split("+") if part]
+        counted = {p.tokenizer for p in parts if p.unit == "tokens"}
+        if len(counted) > 1:
+            raise DataError(f"{spec!r}: the parts count tokens differently ({', '.join(sorted(map(str, counted)))})")
+        return ExampleSet(
+            spec,
+            parts[0].unit,
+            tuple(ex for p in parts for ex in p.examples),
+            parts[0].tokenizer,
+            tuple(n for p in parts for n in p.notes),
+        )
     name, _, arg = spec.partition(":")
     if name == "alpaca_eval":
+        head, _, rest = arg.partition(":")
+        if head == "mean":  # alpaca_eval:mean[:MODEL,...]: consensus lengths (see load_alpaca_eval_consensus)
+            chosen: str | list[str] = [m for m in rest.split(",") if m] if rest else "all"
+            return load_alpaca_eval_consensus(chosen, unit, data_dir)
         models: str | list[str] = "all" if arg == "all" else [m for m in (arg or "gpt4").split(",") if m]
         return load_alpaca_eval(models, unit, data_dir)
     if name == "sharegpt":

@@ -22,7 +22,7 @@ from scipy import stats
 
 from headway.predict._errors import DataError
 from headway.predict._paths import default_data_dir
-from headway.predict.data import DEFAULT_DELTA, ExampleSet, load_alpaca_eval, split_by_prompt
+from headway.predict.data import DEFAULT_DELTA, ExampleSet, load_dataset, split_by_prompt
 
 if TYPE_CHECKING:
     from headway.predict.score import Scorer
@@ -297,11 +297,14 @@ def cross_model_matrix(
     from headway.predict.train import TrainConfig, train_predictor
 
     base = base_config or TrainConfig()
-    train_data = load_alpaca_eval(train_model, base.unit, data_dir)
+    # "mean" (or "mean:A,B"): the per-prompt consensus of several models (load_alpaca_eval_consensus)
+    train_data = load_dataset(f"alpaca_eval:{train_model}", base.unit, data_dir)
     split = split_by_prompt(train_data, base.test_frac, base.val_frac, base.seed)
     test_prompts = split.test.prompts()
     evals = {
-        m: split_by_prompt(load_alpaca_eval(m, base.unit, data_dir), base.test_frac, base.val_frac, base.seed)
+        m: split_by_prompt(
+            load_dataset(f"alpaca_eval:{m}", base.unit, data_dir), base.test_frac, base.val_frac, base.seed
+        )
         for m in eval_models
     }
     root = Path(out_root) if out_root else Path(tempfile.mkdtemp(prefix="headway-matrix-"))

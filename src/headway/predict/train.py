@@ -32,7 +32,7 @@ import numpy.typing as npt
 import torch
 
 from headway.predict._errors import DataError
-from headway.predict._paths import default_cache_dir
+from headway.predict._paths import DEFAULT_PREDICTOR_NAME, DEFAULT_TRAIN_DATA, default_cache_dir
 from headway.predict.data import (
     DEFAULT_DELTA,
     ExampleSet,
@@ -55,8 +55,6 @@ __all__ = [
     "train_predictor",
 ]
 
-DEFAULT_PREDICTOR_NAME = "pars-minilm-alpaca-gpt4"
-"""Name (under ``~/.cache/headway/predictors/``) of the checkpoint ``headway predictor train`` makes."""
 
 Mode = Literal["full", "frozen"]
 
@@ -69,8 +67,9 @@ def default_predictor_dir(name: str = DEFAULT_PREDICTOR_NAME) -> Path:
 class TrainConfig:
     """Every setting of a training run; stored in the checkpoint's ``predictor.json``."""
 
-    data: str = "alpaca_eval:gpt4"
-    """A :func:`load_dataset` spec: ``alpaca_eval:MODEL``, ``sharegpt``, ``codealpaca`` or a JSONL path."""
+    data: str = DEFAULT_TRAIN_DATA
+    """A :func:`load_dataset` spec: ``alpaca_eval:MODEL``, ``alpaca_eval:mean`` (default), ``sharegpt``,
+    ``codealpaca``, a JSONL path, or ``A+B``."""
     unit: str = "tokens"
     loss: str = "pairwise"
     mode: Mode = "full"
