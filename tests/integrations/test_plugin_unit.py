@@ -7,6 +7,8 @@ import math
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from headway.core import Policy, PolicyKey, Request, make_policy, register_policy
 from headway.integrations.vllm import (
@@ -342,3 +344,32 @@ def test_engine_cpus_parses_lists_and_defaults(monkeypatch: pytest.MonkeyPatch) 
     assert engine_cpus() == {1}
     with pytest.raises(ValueError, match="bad CPU list 'x-1'"):
         engine_cpus("x-1")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.sampled_from(["uniboost-memguard", "uniboost-base", "uniboost", "srpt-oracle"]),
+    lengths=st.lists(st.tuples(st.integers(1, 400), st.integers(1, 300), st.integers(0, 30)), min_size=2, max_size=14),
+    slots=st.integers(1, 4),
+)
+def test_cached_victim_scan_decides_like_a_fresh_scan(
+    name: str, lengths: list[tuple[int, int, int]], slots: int
+) -> None:
+    """The plugin caches running requests' keys and can_preempt between rekey points; every
+    displacement decision must be the one a fresh scan of every running request makes."""
+
+    def run(cache: bool) -> tuple[list[str], list[str]]:
+        eng = FakeEngine(make_policy(name), max_num_seqs=slots, oracle="max_tokens")
+        eng.adapter._cache_victims = cache
+        t = 1000.0
+        for i, (prompt, out, gap) in enumerate(lengths):
+            for _ in range(gap):
+                eng.step()
+            t += 1e-3
+            eng.add(FakeRequest(f"r{i}", t, prompt, out))
+        eng.run()
+        return eng.finished, eng.preempted
+
+    cached, fresh = run(True), run(False)
+    assert cached == fresh
+    assert sorted(cached[0]) == sorted(f"r{i}" for i in range(len(lengths)))

@@ -35,7 +35,9 @@ observed output length (aborted requests get no ``on_finish``).
 Cost: O(log n) per queue operation; per step O(requests admitted) plus, for policies
 with an ``on_progress`` hook, O(scheduled requests), and for preemptive ones a scan of
 the running requests when the queue head or the running set changed (every step for
-policies that override ``can_preempt`` or give rekey hints).
+policies that override ``can_preempt`` or give rekey hints; there each running request's
+key and ``can_preempt`` are cached until its next rekey point, so a step costs a dict
+lookup per running request).
 ``benchmarks/bench_plugin_overhead.py`` measures it with 1,000 requests waiting.
 
 ``HeadwayAsyncScheduler`` is the same on top of vLLM's ``AsyncScheduler`` (GPU engines
@@ -368,6 +370,11 @@ class PolicyAdapter:
             or kind.rekey_after_tokens is not Policy.rekey_after_tokens
         )
         self._no_victim = None
+        # per running request: (valid below this output count, preemptions, key epoch, can_preempt,
+        # (key, seq)); keys and can_preempt hold between rekey hints (the Policy contract) unless
+        # the policy watches progress itself
+        self._victim_cache: dict[Request, tuple[int, int, int, bool, tuple[PolicyKey, int]]] = {}
+        self._cache_victims = not self._progress_hook
         for q in self.queues:
             q._pq = PolicyQueue(policy)
         self._timers.clear()
@@ -615,6 +622,7 @@ class PolicyAdapter:
             return None
         self.engine.pop(h, None)
         self._awaiting_first.pop(h, None)
+        self._victim_cache.pop(h, None)
         self._running_version += 1
         q = self._pending.pop(h, None)
         if q is not None:
@@ -679,6 +687,39 @@ class PolicyAdapter:
         self.policy_time += time.perf_counter() - t0
         return unknown + order
 
+    def _cached_victim(self, bound: tuple[PolicyKey, int], running: Sequence[Any], now: float) -> Any:
+        """:meth:`displacement_victim` from cached keys: each running request's key and
+        ``can_preempt`` are recomputed only once it reaches its next rekey point (or is
+        preempted, or the key epoch moves). Between those points a key may only improve, so a
+        cached key is never better than the true one: no cached candidate means no victim, and
+        a candidate whose fresh key equals its cached one is the true worst. Anything else:
+        ``_RESCAN`` (the caller scans with fresh keys)."""
+        policy, reqs, cache = self.policy, self.reqs, self._victim_cache
+        epoch = policy.key_epoch
+        cand: Any = None
+        cand_h: Request | None = None
+        cand_key: tuple[PolicyKey, int] | None = None
+        for e in running:
+            h = reqs.get(e.request_id)
+            if h is None or h.state is not RequestState.RUNNING:
+                continue
+            out = int(e.num_output_tokens)
+            c = cache.get(h)
+            if c is None or out >= c[0] or c[1] != h.num_preemptions or c[2] != epoch:
+                self._sync(h, e, now)
+                hint = policy.rekey_after_tokens(h)
+                until = out + max(int(hint), 1) if hint is not None else out + 1
+                c = (until, h.num_preemptions, epoch, policy.can_preempt(h, now), (policy.key(h, now), h.seq))
+                cache[h] = c
+            if c[3] and c[4] > bound and (cand_key is None or c[4] > cand_key):
+                cand, cand_h, cand_key = e, h, c[4]
+        if cand is None or cand_h is None:
+            return None
+        self._sync(cand_h, cand, now)
+        if policy.can_preempt(cand_h, now) and (policy.key(cand_h, now), cand_h.seq) == cand_key:
+            return cand
+        return _RESCAN
+
     def displacement_victim(self, queue: HeadwayRequestQueue, running: Sequence[Any]) -> Any | None:
         """For preemptive policies: the running request that ``queue``'s head should displace.
 
@@ -696,6 +737,11 @@ class PolicyAdapter:
                 return None
             bound = (head_key, head.seq)
             now = self.now()
+            if self._cache_victims:
+                found = self._cached_victim(bound, running, now)
+                if found is not _RESCAN:
+                    self._no_victim = sig if found is None else None
+                    return found
             worst: Any = None
             worst_key: tuple[PolicyKey, int] | None = None
             policy = self.policy
@@ -713,6 +759,10 @@ class PolicyAdapter:
             return worst
         finally:
             self.policy_time += time.perf_counter() - t0
+
+
+_RESCAN: Any = object()
+"""Returned by ``PolicyAdapter._cached_victim`` when the cache cannot decide."""
 
 
 class HeadwayRequestQueue:
