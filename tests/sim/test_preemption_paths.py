@@ -23,7 +23,7 @@ def _always_checked(name: str):  # type: ignore[no-untyped-def]
     return Checked()
 
 
-@pytest.mark.parametrize("name", ["srpt-oracle", "uniboost-base"])
+@pytest.mark.parametrize("name", ["srpt-oracle", "uniboost-base", "uniboost-memguard", "uniboost"])
 @pytest.mark.parametrize(("rate", "max_num_seqs"), [(6.0, 64), (12.0, 8)])
 def test_skipped_checks_change_nothing(name: str, rate: float, max_num_seqs: int) -> None:
     wl = default_workload(num_requests=600, rate=rate)

@@ -39,9 +39,9 @@ an absolute time at which the key of a queued request changes (e.g. starvation
 promotion). Between hints a running request's key may stay or improve, never worsen
 (SRPT's remaining length only shrinks: no hint needed; attained-service keys such as
 UniBoost's grow: they must give hints). Engines skip work between hints: for policies
-with the default ``can_preempt`` and no ``on_progress``, the simulator and the vLLM
-plugin skip a displacement check while the queue head, the running set and
-``key_epoch`` are unchanged.
+with no ``on_progress`` and either the default ``can_preempt`` or
+``preempt_changes_at_hints``, the simulator skips a displacement check while the queue
+head, the running set and ``key_epoch`` are unchanged (a hint counts as a change).
 """
 
 from __future__ import annotations
@@ -85,6 +85,10 @@ class Policy(ABC):
     may set it per instance (e.g. only when configured with an oracle scorer)."""
     preemptive: ClassVar[bool] = False
     """True if a better-keyed waiting request may displace a running one."""
+    preempt_changes_at_hints: ClassVar[bool] = False
+    """True if an overridden ``can_preempt`` of a running request changes only at its
+    ``rekey_after_tokens`` points (as MemGuard's bands do); engines may then skip
+    displacement checks between hints as they do for the default ``can_preempt``."""
     key_epoch: int = 0
     """Bump this when every cached key is stale at once (e.g. a global parameter such
     as gamma-Ada's gamma changed); queues then re-key all waiting requests."""

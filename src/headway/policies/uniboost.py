@@ -188,6 +188,8 @@ class UniBoostMemGuardPolicy(UniBoostBasePolicy):
     def next_grid_point(self, generated: int) -> int:
         return self.memguard_base << memguard_level(generated, self.memguard_base)
 
+    preempt_changes_at_hints = True  # can_preempt flips only at band boundaries, all announced
+
     def rekey_after_tokens(self, request: Request) -> int | None:
         # Every band boundary, also those below the prompt floor that leave w~ (the key) alone:
         # can_preempt turns true there, and engines look again only at announced points (without

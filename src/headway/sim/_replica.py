@@ -93,7 +93,9 @@ class Replica:
         self._finish_hook = kind.on_finish is not Policy.on_finish
         # displacement checks are skipped while nothing they read changed (see _start_step)
         self._run_version = 0
-        self._static_preemption = not self._progress_hook and kind.can_preempt is Policy.can_preempt
+        self._static_preemption = not self._progress_hook and (
+            kind.can_preempt is Policy.can_preempt or policy.preempt_changes_at_hints
+        )
         self._displace_sig: tuple[object, ...] | None = None
         self.seqs: dict[Request, _Seq] = {}
         self.decoders: dict[_Seq, None] = {}  # insertion-ordered set
@@ -304,8 +306,8 @@ class Replica:
         if self.policy.preemptive and self.waiting:
             # Running keys only improve between rekey hints (the Policy contract; a hint bumps
             # _run_version), so with the same queue head, running set and key epoch as after the
-            # last check nobody can be displaced now. Policies with a progress hook or their own
-            # can_preempt (MemGuard's bands flip between hints) are checked at every step.
+            # last check nobody can be displaced now. Policies with a progress hook, or a
+            # can_preempt that may change between hints, are checked at every step.
             sig = (self.waiting.peek(), self.waiting.peek_key(), self._run_version, self.policy.key_epoch)
             if not self._static_preemption or sig != self._displace_sig:
                 budget = self._displace(now, budget)
