@@ -89,7 +89,7 @@ def engine_cpus(spec: str | None = None) -> set[int] | None:
     core and its API server spread over both CPUs, other processes stalled for up to 2 s
     at a time (a 5 ms sleep loop in a separate process saw 1.5-2 s gaps), so a request
     sent 0.3 s into a burst reached vLLM only after the burst finished. With vLLM on
-    CPU 0 the gaps stayed under 60 ms and decode ran about 30 % slower.
+    CPU 0 the worst gap was 7-10 ms (4 runs) and decode ran about 30 % slower.
     """
     spec = os.environ.get("HEADWAY_VLLM_CPUS") if spec is None else spec
     if spec is None or not spec.strip():
