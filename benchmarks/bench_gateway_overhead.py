@@ -20,14 +20,14 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-import httpx
 import numpy as np
 
-from headway.serve import free_port
+from headway.serve._cluster import Cluster
 
 BODY = json.dumps({"model": "stub-model", "prompt": "hello world", "max_tokens": 1}).encode()
 
@@ -105,21 +105,6 @@ async def sequential(port: int, seconds: float) -> list[float]:
     return await paced(port, rate=1e9, seconds=seconds, connections=1)
 
 
-def _start(cmd: list[str], port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"{cmd} did not start")
-        time.sleep(0.1)
-
-
 def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs) * 1e3, q)) if xs else float("nan")
 
@@ -134,29 +119,14 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
 
-    stub_port, gw_port = free_port(), free_port()
-    py = sys.executable
-    stub = _start([py, "-m", "headway.serve", "stub", "--port", str(stub_port)], stub_port)
-    gw = _start(
-        [
-            py,
-            "-m",
-            "headway.serve",
-            "serve",
-            "--backend",
-            f"http://127.0.0.1:{stub_port}",
-            "--policy",
-            args.policy,
-            "--port",
-            str(gw_port),
-            "--backend-concurrency",
-            "256",
-            "--log-level",
-            "warning",
-            *(["--scorer", args.scorer] if args.scorer else []),
-        ],
-        gw_port,
-    )
+    tmp = tempfile.TemporaryDirectory(prefix="headway-gw-overhead-")
+    procs = Cluster(Path(tmp.name))
+    stub = procs.stub()
+    gw_args = ["--policy", args.policy, "--backend-concurrency", "256"]
+    if args.scorer:
+        gw_args += ["--scorer", args.scorer]
+    gw = procs.gateway([stub.url], *gw_args, start=False).start(timeout=30)  # a scorer may load a model
+    stub_port, gw_port = stub.port, gw.port
     try:
         res: dict[str, object] = {
             "cpus": os.cpu_count(),
@@ -189,12 +159,8 @@ def main() -> int:
             with open(args.json, "w") as fh:
                 json.dump(res, fh, indent=2)
     finally:
-        for p in (gw, stub):
-            p.terminate()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        procs.close()
+        tmp.cleanup()
     return 0
 
 

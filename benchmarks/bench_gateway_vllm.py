@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from headway.metrics import summarize
-from headway.serve import free_port
 from headway.serve._bench import BenchConfig, run_bench_sync
+from headway.serve._cluster import Cluster, Proc
 from headway.serve._vllm import default_vllm_paths, start_vllm
 from headway.workload import RequestSpec, Workload
 
@@ -81,29 +79,14 @@ def heldout_alpaca_workload(n: int, seed: int, model: str, max_output: int, max_
 
 
 def start_gateway(
-    backend: str, policy: str, concurrency: int, policy_args: list[str], scorer: str | None = None
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "headway.serve", "serve", "--backend", backend, "--policy", policy,
-           "--port", str(port), "--backend-concurrency", str(concurrency), "--queue-ttl", "3600",
-           "--log-level", "warning"]  # fmt: skip
+    procs: Cluster, backend: str, policy: str, concurrency: int, policy_args: list[str], scorer: str | None = None
+) -> Proc:
+    args = ["--policy", policy, "--backend-concurrency", str(concurrency), "--queue-ttl", "3600"]
     for a in policy_args:
-        cmd += ["--policy-arg", a]
+        args += ["--policy-arg", a]
     if scorer:
-        cmd += ["--scorer", scorer]
-    proc = subprocess.Popen(cmd)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"gateway ({policy}) did not start")
-        time.sleep(0.1)
+        args += ["--scorer", scorer]
+    return procs.gateway([backend], *args, start=False).start(timeout=30)  # a scorer may load a model
 
 
 def main() -> int:
@@ -158,6 +141,7 @@ def main() -> int:
         tempfile.TemporaryDirectory() as tmp,
         start_vllm(python, model, max_num_seqs=args.max_num_seqs, log_path=Path(tmp) / "vllm.log") as vllm,
     ):
+        gateways = Cluster(Path(tmp))
         bench = BenchConfig(vllm, model="tiny-llama", timeout_s=args.run_timeout, request_timeout_s=args.run_timeout)
         run_bench_sync(Workload.from_specs("warmup", list(wl)[:4]), bench)  # warm-up
         runs: list[tuple[str, str | None, list[str]]] = [("vllm-direct (fcfs)", None, [])]
@@ -175,7 +159,8 @@ def main() -> int:
             endpoint = vllm
             if policy is not None:
                 scorer = "default" if real and policy == "pars" else None
-                gw, endpoint = start_gateway(vllm, policy, gw_conc, pargs, scorer)
+                gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, scorer)
+                endpoint = gw.url
             try:
                 t0 = time.monotonic()
                 cfg = BenchConfig(endpoint, model="tiny-llama", timeout_s=args.run_timeout)
@@ -183,8 +168,7 @@ def main() -> int:
                 wall = time.monotonic() - t0
             finally:
                 if gw is not None:
-                    gw.terminate()
-                    gw.wait(timeout=30)
+                    gw.stop(timeout=30)
             s = summarize(reqs, name=label)
             rounds[label].append(
                 {
