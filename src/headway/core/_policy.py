@@ -125,6 +125,21 @@ class Policy(ABC):
         """Absolute time at which a queued request's key changes (None: never)."""
         return None
 
+    # ------------------------------------------------- what engines may skip
+    @classmethod
+    def overrides(cls, hook: str) -> bool:
+        """Whether this class replaces :class:`Policy`'s default ``hook`` (engines skip the
+        defaults on their hot paths)."""
+        return getattr(cls, hook) is not getattr(Policy, hook)
+
+    @classmethod
+    def stable_displacement(cls) -> bool:
+        """Whether a failed displacement check stays failed until the queue head, the running
+        set, ``key_epoch`` or a ``rekey_after_tokens`` point changes: no ``on_progress``, and
+        the default ``can_preempt`` or one that changes only at hints
+        (``preempt_changes_at_hints``)."""
+        return not cls.overrides("on_progress") and (not cls.overrides("can_preempt") or cls.preempt_changes_at_hints)
+
     # ---------------------------------------------------------------- oracle
     def bind_oracle(self, lookup: Callable[[Request], int]) -> None:
         """Engines call this on oracle policies only, with the true-length lookup."""

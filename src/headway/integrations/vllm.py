@@ -355,20 +355,16 @@ class PolicyAdapter:
             policy.bind_oracle(self._true_length)
         self.policy = policy
         kind = type(policy)
-        self._arrival_hook = kind.on_arrival is not Policy.on_arrival
-        self._progress_hook = kind.on_progress is not Policy.on_progress
-        self._finish_hook = kind.on_finish is not Policy.on_finish
-        self._timer_hook = kind.rekey_at_time is not Policy.rekey_at_time
-        self.custom_victim = kind.choose_victim is not Policy.choose_victim
+        self._arrival_hook = kind.overrides("on_arrival")
+        self._progress_hook = kind.overrides("on_progress")
+        self._finish_hook = kind.overrides("on_finish")
+        self._timer_hook = kind.overrides("rekey_at_time")
+        self.custom_victim = kind.overrides("choose_victim")
         self.preemptive = bool(policy.preemptive)
-        # keys of running requests only improve between events (the contract) and
-        # can_preempt is the class default: a failed displacement check stays failed
-        # until the queue head, the running set or the key epoch changes
-        self._static_preemption = not (
-            self._progress_hook
-            or kind.can_preempt is not Policy.can_preempt
-            or kind.rekey_after_tokens is not Policy.rekey_after_tokens
-        )
+        # a failed displacement check stays failed until the queue head, the running set or
+        # the key epoch changes; the plugin does not track rekey points, so policies that give
+        # them go through the per-request cache of _cached_victim instead
+        self._static_preemption = kind.stable_displacement() and not kind.overrides("rekey_after_tokens")
         self._no_victim = None
         # per running request: (valid below this output count, preemptions, key epoch, can_preempt,
         # (key, seq)); keys and can_preempt hold between rekey hints (the Policy contract) unless

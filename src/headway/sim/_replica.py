@@ -86,16 +86,15 @@ class Replica:
         self.waiting = PolicyQueue(policy)
         kind = type(policy)
         # hooks the policy leaves at their defaults are skipped on the hot path
-        self._progress_hook = kind.on_progress is not Policy.on_progress
-        self._timer_hook = kind.rekey_at_time is not Policy.rekey_at_time
-        self._rekey_hook = kind.rekey_after_tokens is not Policy.rekey_after_tokens
-        self._arrival_hook = kind.on_arrival is not Policy.on_arrival
-        self._finish_hook = kind.on_finish is not Policy.on_finish
-        # displacement checks are skipped while nothing they read changed (see _start_step)
+        self._progress_hook = kind.overrides("on_progress")
+        self._timer_hook = kind.overrides("rekey_at_time")
+        self._rekey_hook = kind.overrides("rekey_after_tokens")
+        self._arrival_hook = kind.overrides("on_arrival")
+        self._finish_hook = kind.overrides("on_finish")
+        # displacement checks are skipped while nothing they read changed (see _start_step);
+        # a rekey point bumps _run_version
         self._run_version = 0
-        self._static_preemption = not self._progress_hook and (
-            kind.can_preempt is Policy.can_preempt or policy.preempt_changes_at_hints
-        )
+        self._static_preemption = kind.stable_displacement()
         self._displace_sig: tuple[object, ...] | None = None
         self.seqs: dict[Request, _Seq] = {}
         self.decoders: dict[_Seq, None] = {}  # insertion-ordered set
