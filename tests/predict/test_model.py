@@ -135,11 +135,11 @@ def _rewrite(checkpoint: Path, tensors: dict[str, torch.Tensor]) -> None:
     """Replace the weights *and* their recorded hash: only the content checks can catch it."""
     from safetensors.torch import save_file
 
-    from headway.predict.model import _sha256
+    from headway.predict._paths import file_sha256
 
     save_file(tensors, str(checkpoint / "model.safetensors"))
     meta = json.loads((checkpoint / "predictor.json").read_text())
-    meta["files"]["model.safetensors"] = _sha256(checkpoint / "model.safetensors")
+    meta["files"]["model.safetensors"] = file_sha256(checkpoint / "model.safetensors")
     (checkpoint / "predictor.json").write_text(json.dumps(meta))
 
 

@@ -5,6 +5,7 @@ Nothing here imports torch or transformers.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 from pathlib import Path
@@ -16,6 +17,7 @@ __all__ = [
     "default_cache_dir",
     "default_data_dir",
     "default_encoder_path",
+    "file_sha256",
     "set_offline",
 ]
 
@@ -72,3 +74,12 @@ def set_offline() -> None:
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks (checkpoint and ONNX integrity checks)."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

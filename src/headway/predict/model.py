@@ -17,7 +17,6 @@ MiniLM, else a path). Loading verifies hashes, keys, shapes and finiteness: a co
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import os
@@ -35,7 +34,7 @@ import torch
 from torch import nn
 
 from headway.predict._errors import CheckpointError, EncoderError
-from headway.predict._paths import default_encoder_path, set_offline
+from headway.predict._paths import default_encoder_path, file_sha256, set_offline
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -181,14 +180,6 @@ class LengthPredictor(nn.Module):
 # Checkpoints
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @dataclass
 class LoadedPredictor:
     """A checkpoint in memory: the model (eval mode), its tokenizer and its settings."""
@@ -248,7 +239,7 @@ def save_checkpoint(
                 "fine_tuned": fine_tuned,
             },
             **(meta or {}),
-            "files": {_WEIGHTS: _sha256(tmp / _WEIGHTS)},
+            "files": {_WEIGHTS: file_sha256(tmp / _WEIGHTS)},
         }
         (tmp / _META).write_text(json.dumps(info, indent=2, sort_keys=False, default=str) + "\n")
         if out.exists():
@@ -292,7 +283,7 @@ def verify_checkpoint_files(path: str | Path, meta: dict[str, Any]) -> dict[str,
         f = p / name
         if not f.is_file():
             raise CheckpointError(f"{f}: missing checkpoint file")
-        actual = _sha256(f)
+        actual = file_sha256(f)
         if actual != expected:
             raise CheckpointError(
                 f"{f}: SHA-256 mismatch (recorded {str(expected)[:12]}…, found {actual[:12]}…): "

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from headway.predict._errors import CheckpointError
-from headway.predict._paths import set_offline
+from headway.predict._paths import file_sha256, set_offline
 
 if TYPE_CHECKING:
     from headway.predict.model import LengthPredictor
@@ -247,14 +247,6 @@ class Scorer:
 # ONNX export
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _onnx_problem(ckpt: Path, hashes: dict[str, str]) -> str | None:
     onnx_path, sidecar = ckpt / ONNX_FILE, ckpt / _ONNX_SIDECAR
     if not onnx_path.is_file():
@@ -265,7 +257,7 @@ def _onnx_problem(ckpt: Path, hashes: dict[str, str]) -> str | None:
         return f"missing or corrupt {_ONNX_SIDECAR}"
     if info.get("weights_sha256") != hashes.get("model.safetensors"):
         return "stale ONNX export (the weights changed since)"
-    if info.get("onnx_sha256") != _sha256(onnx_path):
+    if info.get("onnx_sha256") != file_sha256(onnx_path):
         return "ONNX file is corrupt or was modified"
     return None
 
@@ -317,7 +309,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, opset:
     if out is None:
         sidecar = {
             "weights_sha256": loaded.files_sha256.get("model.safetensors"),
-            "onnx_sha256": _sha256(target),
+            "onnx_sha256": file_sha256(target),
             "opset": opset,
             "max_length": loaded.max_length,
         }
