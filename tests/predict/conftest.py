@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def shared_data_dir() -> Path:
-    env = os.environ.get("HEADWAY_DATA_DIR")
-    return Path(env) if env else REPO.parent / "shared" / "data"
+from headway.predict._paths import default_data_dir
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    path = shared_data_dir()
+    path = default_data_dir()  # $HEADWAY_DATA_DIR, else <repo>/../shared/data
     if not (path / "alpaca_eval").is_dir():
         pytest.skip(f"shared data folder {path} not found (set HEADWAY_DATA_DIR to run real-data tests)")
     return path

@@ -4,25 +4,18 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def shared_data_dir() -> Path:
-    """``$HEADWAY_DATA_DIR`` if set, else ``<repo>/../shared/data``."""
-    env = os.environ.get("HEADWAY_DATA_DIR")
-    return Path(env) if env else REPO.parent / "shared" / "data"
+from headway.predict._paths import default_data_dir
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The shared real-data folder; tests using it skip when it is absent."""
-    path = shared_data_dir()
+    path = default_data_dir()  # $HEADWAY_DATA_DIR, else <repo>/../shared/data
     if not path.is_dir():
         pytest.skip(f"shared data folder {path} not found (set HEADWAY_DATA_DIR to run real-data tests)")
     return path
