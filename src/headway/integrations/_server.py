@@ -86,10 +86,11 @@ def engine_cpus(spec: str | None = None) -> set[int] | None:
     ``"0"``, ``"0-2,5"``. Unset: on a machine with at most 4 CPUs every CPU but the last
     goes to vLLM, so the client, the gateway and the tests keep one. Measured on this
     project's 2-core VM: with vLLM's worker (bound to CPU 0 by vLLM itself), its engine
-    core and its API server spread over both CPUs, other processes stalled for up to 2 s
-    at a time (a 5 ms sleep loop in a separate process saw 1.5-2 s gaps), so a request
-    sent 0.3 s into a burst reached vLLM only after the burst finished. With vLLM on
-    CPU 0 the worst gap was 7-10 ms (4 runs) and decode ran about 30 % slower.
+    core and its API server spread over both CPUs, other processes stalled for seconds at
+    a time (a 5 ms sleep loop in a separate process saw gaps of 2.3-2.8 s), so a request
+    sent 0.3 s into a burst could reach vLLM only after the burst finished. With vLLM on
+    CPU 0 the worst gap was 9-15 ms and decoding was 1.4x slower
+    (``benchmarks/cpu_stall_probe.py``, ``benchmarks/results/cpu_stall_probe.md``).
     """
     spec = os.environ.get("HEADWAY_VLLM_CPUS") if spec is None else spec
     if spec is None or not spec.strip():
