@@ -89,6 +89,23 @@ def start_gateway(
     return procs.gateway([backend], *args, start=False).start(timeout=30)  # a scorer may load a model
 
 
+def simulate_ratios(wl: Workload, step_s: float, max_num_seqs: int, taus: list[float]) -> int:
+    """The simulator's prediction: ideal dispatch (no gateway round trips), a fixed step time."""
+    from headway.sim import CostModel, SchedulerConfig, simulate
+
+    cost = CostModel("fixed-step", step_overhead=step_s, per_token=0.0, per_seq=0.0, per_kv_token=0.0,
+                     gpu_memory_bytes=1e12, weight_bytes=0.0, kv_bytes_per_token=1.0)  # fmt: skip
+    runs = [("fcfs", "fcfs", {}), ("sjf-oracle", "sjf-oracle", {})]
+    runs += [(f"pars (noisy-oracle tau={t})", "pars", {"scorer": "noisy-oracle", "tau": t}) for t in taus]
+    base = 0.0
+    for label, policy, kw in runs:
+        res = simulate(wl, policy, preset=cost, scheduler=SchedulerConfig(max_num_seqs=max_num_seqs), policy_kwargs=kw)
+        mean = summarize(res.requests).normalized_latency.mean
+        base = base or mean
+        print(f"simulated {label:32s} mean per-token {mean * 1e3:7.1f} ms  vs fcfs x{base / mean:.2f}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-requests", type=int, default=48)
@@ -117,6 +134,14 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
     ap.add_argument("--run-timeout", type=float, default=600.0)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--simulate",
+        type=float,
+        metavar="STEP_MS",
+        default=None,
+        help="no vLLM: print what headway's simulator predicts for this workload (per-token latency of "
+        "sjf-oracle and of pars at noisy-oracle taus, relative to fcfs) with a STEP_MS-per-step engine",
+    )
     args = ap.parse_args()
 
     short = tuple(int(x) for x in args.short.split(","))
@@ -133,6 +158,8 @@ def main() -> int:
     print(f"workload: {len(wl)} requests at t=0, output tokens mean {np.mean(outs):.0f}, "
           f"min {min(outs)}, max {max(outs)}, total {sum(outs)}; "
           f"vLLM --max-num-seqs {args.max_num_seqs}")  # fmt: skip
+    if args.simulate is not None:
+        return simulate_ratios(wl, args.simulate / 1e3, args.max_num_seqs, [float(t) for t in args.pars_tau.split(",")])
     gw_conc = args.gateway_concurrency if args.gateway_concurrency is not None else args.max_num_seqs
     print(f"gateway backend concurrency {gw_conc}")
     python, model = default_vllm_paths(REPO)
