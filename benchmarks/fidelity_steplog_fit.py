@@ -43,6 +43,8 @@ def fit(rows: list[dict[str, float]], max_gap: float = 2e-4) -> tuple[np.ndarray
         pre = s["num_prefill_tokens"]
         x.append([1.0, s["num_seqs"], s["num_kv_tokens"], pre, float(pre > 0), s["arrivals"], n["arrivals"]])
         y.append(n["t0"] - s["t0"])
+    if len(y) < len(NAMES):
+        return np.full(len(NAMES), np.nan), len(y)
     coef, *_ = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)
     return coef, len(y)
 
@@ -53,9 +55,12 @@ def main() -> int:
     args = ap.parse_args()
     if not args.step_log.is_file():
         ap.error(f"no step log at {args.step_log}")
+    segs = segments(args.step_log)
+    if not segs:
+        ap.error(f"{args.step_log}: no step records (is it a headway step_log?)")
     print("| segment | steps | " + " | ".join(f"{n} (ms)" for n in NAMES) + " |")
     print("|---|---:|" + "---:|" * len(NAMES))
-    for i, rows in enumerate(segments(args.step_log)):
+    for i, rows in enumerate(segs):
         coef, n = fit(rows)
         label = "probe" if i == 0 else f"replay {i}"
         print(f"| {label} | {n} | " + " | ".join(f"{c * 1e3:.4f}" for c in coef) + " |")

@@ -373,3 +373,22 @@ def test_cached_victim_scan_decides_like_a_fresh_scan(
     cached, fresh = run(True), run(False)
     assert cached == fresh
     assert sorted(cached[0]) == sorted(f"r{i}" for i in range(len(lengths)))
+
+
+def test_a_cpu_list_outside_this_process_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from headway.integrations._server import start_vllm_server
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    python, model = tmp_path / "python", tmp_path / "model"
+    python.write_text("")
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    monkeypatch.setenv("HEADWAY_VLLM_CPUS", "4096")
+    with (
+        pytest.raises(ValueError, match="HEADWAY_VLLM_CPUS='4096' names none of the CPUs"),
+        start_vllm_server(python, model),
+    ):
+        pass

@@ -172,7 +172,12 @@ def start_vllm_server(
     pin = engine_cpus(cpus)
     if pin is not None and hasattr(os, "sched_setaffinity"):
         available = os.sched_getaffinity(0)
-        pin = pin & available or None  # a CPU list that names no CPU we may use: no pinning
+        chosen = cpus if cpus is not None else os.environ.get("HEADWAY_VLLM_CPUS")
+        if chosen and chosen.strip() and not pin & available:
+            raise ValueError(
+                f"HEADWAY_VLLM_CPUS={chosen!r} names none of the CPUs this process may use ({sorted(available)})"
+            )
+        pin = pin & available or None  # the built-in default outside this process's CPUs: no pinning
     proc = subprocess.Popen(
         cmd,
         stdout=log,
