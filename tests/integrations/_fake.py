@@ -50,7 +50,9 @@ class FakeEngine:
     policies the head of the queue displaces ``displacement_victim`` when no slot is free.
     """
 
-    def __init__(self, policy: Policy, max_num_seqs: int = 2, **adapter_kwargs: Any) -> None:
+    def __init__(
+        self, policy: Policy, max_num_seqs: int = 2, gain_bound: int | None = 1, **adapter_kwargs: Any
+    ) -> None:
         self.clock = FakeClock()
         self.adapter = PolicyAdapter(policy, clock=self.clock, epoch=1000.0, **adapter_kwargs)
         self.waiting = self.adapter.make_queue()
@@ -60,6 +62,7 @@ class FakeEngine:
         self.preempted: list[str] = []
         self.started: list[str] = []
         self.step_dt = 0.01
+        self.gain_bound = gain_bound  # what progress() is told a request gains per step at most
 
     def add(self, req: FakeRequest) -> None:
         self.waiting.add_request(req)
@@ -96,7 +99,7 @@ class FakeEngine:
         self.clock.t += self.step_dt
         for r in self.running:
             r.output += 1
-        a.progress(scheduled)
+        a.progress(scheduled, self.gain_bound)
         for r in list(self.running):
             if r.output >= r.max_tokens:
                 self.running.remove(r)

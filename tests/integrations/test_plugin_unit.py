@@ -348,19 +348,21 @@ def test_engine_cpus_parses_lists_and_defaults(monkeypatch: pytest.MonkeyPatch) 
 
 @settings(max_examples=40, deadline=None)
 @given(
-    name=st.sampled_from(["uniboost-memguard", "uniboost-base", "uniboost", "srpt-oracle"]),
+    name=st.sampled_from(["uniboost-memguard", "uniboost-base", "uniboost", "srpt-oracle", "trail-oracle"]),
     lengths=st.lists(st.tuples(st.integers(1, 400), st.integers(1, 300), st.integers(0, 30)), min_size=2, max_size=14),
     slots=st.integers(1, 4),
+    gain_bound=st.sampled_from([1, None]),
 )
 def test_cached_victim_scan_decides_like_a_fresh_scan(
-    name: str, lengths: list[tuple[int, int, int]], slots: int
+    name: str, lengths: list[tuple[int, int, int]], slots: int, gain_bound: int | None
 ) -> None:
-    """The plugin caches running requests' keys and can_preempt between rekey points; every
+    """The plugin caches running requests' keys and can_preempt between rekey points, and
+    skips a check that failed while no rekey point can have been reached; every
     displacement decision must be the one a fresh scan of every running request makes."""
 
     def run(cache: bool) -> tuple[list[str], list[str]]:
-        eng = FakeEngine(make_policy(name), max_num_seqs=slots, oracle="max_tokens")
-        eng.adapter._cache_victims = cache
+        eng = FakeEngine(make_policy(name), max_num_seqs=slots, oracle="max_tokens", gain_bound=gain_bound)
+        eng.adapter._cache_victims = eng.adapter._skip_failed = cache
         t = 1000.0
         for i, (prompt, out, gap) in enumerate(lengths):
             for _ in range(gap):

@@ -121,6 +121,16 @@ def test_uniboost_bumps_key_epoch_when_gamma_changes():
     assert pol.key_epoch == epoch + 1 and pol.gamma != 0.1
 
 
+def test_boost_memo_follows_gamma_and_theta():
+    pol = make_policy("uniboost")
+    assert pol.boost(50.0) == b_gamma(50.0 * 0.02, 0.1)
+    pol.gamma = 0.7  # as gamma-Ada does
+    assert pol.boost(50.0) == b_gamma(50.0 * 0.02, 0.7)
+    pol.seconds_per_token = 0.05
+    assert pol.boost(50.0) == b_gamma(50.0 * 0.05, 0.7)
+    assert pol.boost(0.0) == b_gamma(1.0 * 0.05, 0.7)  # floored at one token
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.sampled_from(["uniboost-base", "uniboost-memguard", "uniboost"]),

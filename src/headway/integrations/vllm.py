@@ -361,16 +361,21 @@ class PolicyAdapter:
         self._timer_hook = kind.overrides("rekey_at_time")
         self.custom_victim = kind.overrides("choose_victim")
         self.preemptive = bool(policy.preemptive)
-        # a failed displacement check stays failed until the queue head, the running set or
-        # the key epoch changes; the plugin does not track rekey points, so policies that give
-        # them go through the per-request cache of _cached_victim instead
-        self._static_preemption = kind.stable_displacement() and not kind.overrides("rekey_after_tokens")
+        # a failed displacement check stays failed until the queue head, the running set, the key
+        # epoch or a running request's rekey point changes (stable_displacement); the rekey points
+        # are tracked in output tokens: the check records how many tokens the nearest one is away
+        # (its slack) and progress() counts the most tokens one request may have gained since
+        self._skip_failed = kind.stable_displacement()
+        self._hinted = kind.overrides("rekey_after_tokens")
         self._no_victim = None
-        # per running request: (valid below this output count, preemptions, key epoch, can_preempt,
-        # (key, seq)); keys and can_preempt hold between rekey hints (the Policy contract) unless
-        # the policy watches progress itself
-        self._victim_cache: dict[Request, tuple[int, int, int, bool, tuple[PolicyKey, int]]] = {}
+        self._no_victim_slack = 0.0
+        self._gained = 0
+        # per running request id: (valid below this output count, preemptions, key epoch, can_preempt,
+        # (key, seq), next rekey point or inf, request); keys hold between rekey hints (the Policy contract) unless the policy watches
+        # progress itself; can_preempt is cached only where it changes at hints alone
+        self._victim_cache: dict[str, tuple[int, int, int, bool, tuple[PolicyKey, int], float, Request]] = {}
         self._cache_victims = not self._progress_hook
+        self._fresh_can_preempt = kind.overrides("can_preempt") and not kind.preempt_changes_at_hints
         for q in self.queues:
             q._pq = PolicyQueue(policy)
         self._timers.clear()
@@ -580,15 +585,22 @@ class PolicyAdapter:
         if h.state is RequestState.RUNNING:
             h.num_computed_tokens = int(e.num_computed_tokens)
 
-    def progress(self, num_scheduled: Mapping[str, int]) -> None:
+    def progress(self, num_scheduled: Mapping[str, int], max_new_tokens: int | None = None) -> None:
         """After a step: the tokens each request computed.
 
         Policies that override ``on_progress`` get one call per scheduled request per step
         (with the step's tokens). For the others nothing is done per request: counters are
         synced lazily, before the policy reads a key, at preemption and at finish; only
         requests still waiting for their first token are checked (for its timestamp).
+
+        ``max_new_tokens``: the most output tokens one request can have gained in the step
+        (vLLM: 1 plus its speculative tokens); default the largest ``num_scheduled`` count,
+        an upper bound since a request gains at most one output token per computed token.
         """
         t0 = time.perf_counter()
+        if max_new_tokens is None:
+            max_new_tokens = max(num_scheduled.values(), default=0)
+        self._gained += max_new_tokens
         now = self.now()
         reqs, engine = self.reqs, self.engine
         if self._progress_hook:
@@ -618,7 +630,7 @@ class PolicyAdapter:
             return None
         self.engine.pop(h, None)
         self._awaiting_first.pop(h, None)
-        self._victim_cache.pop(h, None)
+        self._victim_cache.pop(h.request_id, None)
         self._running_version += 1
         q = self._pending.pop(h, None)
         if q is not None:
@@ -689,27 +701,42 @@ class PolicyAdapter:
         preempted, or the key epoch moves). Between those points a key may only improve, so a
         cached key is never better than the true one: no cached candidate means no victim, and
         a candidate whose fresh key equals its cached one is the true worst. Anything else:
-        ``_RESCAN`` (the caller scans with fresh keys)."""
+        ``_RESCAN`` (the caller scans with fresh keys). With no victim it records the slack:
+        the fewest output tokens any running request is from its next rekey point.
+        ``can_preempt`` is cached only when the policy says it changes at hints alone."""
         policy, reqs, cache = self.policy, self.reqs, self._victim_cache
-        epoch = policy.key_epoch
+        epoch, fresh, running_state = policy.key_epoch, self._fresh_can_preempt, RequestState.RUNNING
         cand: Any = None
         cand_h: Request | None = None
         cand_key: tuple[PolicyKey, int] | None = None
+        slack = math.inf
         for e in running:
-            h = reqs.get(e.request_id)
-            if h is None or h.state is not RequestState.RUNNING:
-                continue
-            out = int(e.num_output_tokens)
-            c = cache.get(h)
-            if c is None or out >= c[0] or c[1] != h.num_preemptions or c[2] != epoch:
+            rid = e.request_id
+            out = e.num_output_tokens
+            c = cache.get(rid)
+            if c is None or out >= c[0] or c[2] != epoch or c[1] != c[6].num_preemptions:
+                h = reqs.get(rid)
+                if h is None or h.state is not running_state:
+                    continue
                 self._sync(h, e, now)
                 hint = policy.rekey_after_tokens(h)
+                # without a hint the key only improves: refresh it each token, but it never
+                # turns a failed check into a success (no limit on the slack)
                 until = out + max(int(hint), 1) if hint is not None else out + 1
-                c = (until, h.num_preemptions, epoch, policy.can_preempt(h, now), (policy.key(h, now), h.seq))
-                cache[h] = c
-            if c[3] and c[4] > bound and (cand_key is None or c[4] > cand_key):
-                cand, cand_h, cand_key = e, h, c[4]
+                limit = until if hint is not None else math.inf
+                key = (policy.key(h, now), h.seq)
+                c = (until, h.num_preemptions, epoch, policy.can_preempt(h, now), key, limit, h)
+                cache[rid] = c
+            elif c[6].state is not running_state:
+                continue
+            if c[5] - out < slack:
+                slack = c[5] - out
+            if c[4] > bound and (c[3] or (fresh and policy.can_preempt(c[6], now))) and (
+                cand_key is None or c[4] > cand_key
+            ):
+                cand, cand_h, cand_key = e, c[6], c[4]
         if cand is None or cand_h is None:
+            self._no_victim_slack = slack
             return None
         self._sync(cand_h, cand, now)
         if policy.can_preempt(cand_h, now) and (policy.key(cand_h, now), cand_h.seq) == cand_key:
@@ -728,15 +755,16 @@ class PolicyAdapter:
             head_key = queue._pq.peek_key()
             if head is None or head_key is None:
                 return None
-            sig = (head, head_key, self._running_version, self.policy.key_epoch, len(running))
-            if self._static_preemption and sig == self._no_victim:
+            sig = (head.seq, head_key, self._running_version, self.policy.key_epoch, len(running))
+            if sig == self._no_victim and self._gained < self._no_victim_slack:
                 return None
             bound = (head_key, head.seq)
             now = self.now()
+            self._gained = 0
             if self._cache_victims:
                 found = self._cached_victim(bound, running, now)
                 if found is not _RESCAN:
-                    self._no_victim = sig if found is None else None
+                    self._no_victim = sig if found is None and self._skip_failed else None
                     return found
             worst: Any = None
             worst_key: tuple[PolicyKey, int] | None = None
@@ -751,7 +779,9 @@ class PolicyAdapter:
                 k = (policy.key(h, now), h.seq)
                 if k > bound and (worst_key is None or k > worst_key):
                     worst, worst_key = e, k
-            self._no_victim = sig if worst is None else None
+            # a fresh scan records no rekey points: only a hintless policy may skip the next check
+            self._no_victim_slack = 0.0 if self._hinted else math.inf
+            self._no_victim = sig if worst is None and self._skip_failed else None
             return worst
         finally:
             self.policy_time += time.perf_counter() - t0
@@ -864,6 +894,17 @@ def _check_interface(scheduler_cls: Any, queue_cls: Any, version: str) -> None:
             f"vLLM {version}'s scheduler interface differs from the one headway's plugin supports "
             f"(vLLM {', '.join(v + '.x' for v in SUPPORTED_VLLM_VERSIONS)}): missing {', '.join(missing)}"
         )
+
+
+def _max_new_tokens(scheduler_output: Any) -> int | None:
+    """The most output tokens one request can gain from a vLLM step: 1 plus its speculative
+    draft tokens (None when the step schedules nothing or the output lacks the field)."""
+    if not scheduler_output.num_scheduled_tokens:
+        return 0
+    spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None)
+    if not isinstance(spec, Mapping):
+        return None
+    return 1 + max(map(len, spec.values()), default=0)
 
 
 class _StepLog:
@@ -1113,7 +1154,7 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 t2 = time.perf_counter()
                 result = super().update_from_output(scheduler_output, model_runner_output)
                 a = self.headway
-                a.progress(scheduler_output.num_scheduled_tokens)
+                a.progress(scheduler_output.num_scheduled_tokens, _max_new_tokens(scheduler_output))
                 if self._hw_log is not None and scheduler_output.total_num_scheduled_tokens > 0:
                     self._hw_record(scheduler_output, t2)
                 return result

@@ -42,6 +42,7 @@ requires. gamma-Ada changes every key at once: it bumps ``key_epoch``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from headway.core import Policy, PolicyKey, Request, RequestState, register_policy
@@ -80,10 +81,23 @@ class _BoostPolicy(Policy):
         self.seconds_per_token = check_positive("seconds_per_token", seconds_per_token, n)
         self.prefill_weight = check_nonneg("prefill_weight", prefill_weight, n)
         self.hysteresis = check_nonneg("hysteresis", hysteresis, n)
+        self._memo: dict[float, float] = {}
+        self._memo_gamma = self._memo_theta = math.nan
 
     def boost(self, work_tokens: float) -> float:
-        """``b_gamma`` of ``work_tokens`` (floored at one token), in seconds."""
-        return b_gamma(max(work_tokens, 1.0) * self.seconds_per_token, self.gamma)
+        """``b_gamma`` of ``work_tokens`` (floored at one token), in seconds.
+
+        Memoized per work value (work takes few distinct values: prompt lengths and grid
+        points), so re-keying a long queue after gamma-Ada moves gamma costs a lookup per
+        request; the memo is dropped whenever gamma or ``seconds_per_token`` changes.
+        """
+        if self._memo_gamma != self.gamma or self._memo_theta != self.seconds_per_token:
+            self._memo = {}
+            self._memo_gamma, self._memo_theta = self.gamma, self.seconds_per_token
+        b = self._memo.get(work_tokens)
+        if b is None:
+            b = self._memo[work_tokens] = b_gamma(max(work_tokens, 1.0) * self.seconds_per_token, self.gamma)
+        return b
 
 
 @register_policy("distboost")
