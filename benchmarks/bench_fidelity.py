@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--load", type=float, default=0.6, help="target utilization when --rate is not given")
     ap.add_argument("--quick", action="store_true", help="shorter probe")
+    ap.add_argument(
+        "--warmup", type=int, default=1, help="unmeasured runs of the probe and of the workload before measuring"
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "fidelity_vllm_cpu.md")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the step log and server log here")
     args = ap.parse_args(argv)
@@ -75,9 +78,12 @@ def main(argv: list[str] | None = None) -> int:
             header = read_step_log(step_log).header
             geo = Geometry.from_header(header)
             # --- calibrate
-            n0 = count_lines(step_log)
             t1 = time.time()
-            run_probe(srv.url, probe_phases(geo, quick=args.quick, seed=args.seed), log=log, stream=False)
+            phases = probe_phases(geo, quick=args.quick, seed=args.seed)
+            for _ in range(args.warmup):
+                run_probe(srv.url, phases, stream=False)  # the engine's warm-up, not measured
+            n0 = count_lines(step_log)
+            run_probe(srv.url, phases, log=log, stream=False)
             time.sleep(1.0)
             fit, meta = fit_from_step_log(read_step_log(step_log, since_line=n0), args.preset_name)
             path = save_preset(fit.model, meta)
@@ -89,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
             mean_p = statistics.fmean(s.num_prompt_tokens for s in fidelity_workload(2000, 1.0, seed=99))
             mean_o = statistics.fmean(s.max_tokens for s in fidelity_workload(2000, 1.0, seed=99))
             c = geo.max_num_seqs
-            per_req = mean_o * m.step_time(c, c, int(c * (mean_p + mean_o / 2))) / c + m.per_token * mean_p
+            per_req = (
+                mean_o * m.step_time(c, c, int(c * (mean_p + mean_o / 2))) / c + m.per_token * mean_p + m.per_arrival
+            )
             rate = args.rate or round(args.load / per_req, 2)
             del specs0
             specs = fidelity_workload(
@@ -97,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             log(f"fidelity workload: {len(specs)} requests at {rate} req/s (estimated capacity {1 / per_req:.1f}/s)")
             t2 = time.time()
-            rows = run_fidelity(srv.url, control, step_log, m, policies, specs, log=log)
+            rows = run_fidelity(srv.url, control, step_log, m, policies, specs, log=log, warmup=args.warmup)
             fid_s = time.time() - t2
             steps = read_step_log(step_log).steps
     overhead = [s["policy_s"] / (s["t3"] - s["t0"]) for s in steps if s["t3"] > s["t0"]]
@@ -112,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "## Calibration",
         "",
-        f"Probe + fit took {calib_s:.0f} s. Preset `{args.preset_name}`: {m.describe()}.",
+        f"Probe ({args.warmup} unmeasured warm-up run(s) first) + fit took {calib_s:.0f} s. "
+        f"Preset `{args.preset_name}`: {m.describe()}.",
         "",
         f"Fit on {fit.num_samples} measured steps ({fit.num_outliers} outliers dropped): R^2 = {fit.r2:.3f}, "
         f"mean |relative residual| = {fit.mean_abs_rel_residual:.1%}, median signed residual = "
@@ -122,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         "## Fidelity (engine-side latencies)",
         "",
         f"{len(specs)} requests, Poisson {rate} req/s, log-normal prompts (median 96) and outputs (median 48, "
-        "ignore_eos), same arrivals at the scheduler / lengths / policy in the simulator. Relative error = "
-        f"(sim - real) / real. Replays took {fid_s:.0f} s.",
+        "ignore_eos), same arrivals at the scheduler / lengths / policy in the simulator; latencies count from "
+        "when the scheduler first saw each request (vLLM's engine core adds requests between steps; the "
+        "simulator's `queued_time`). Relative error = (sim - real) / real. "
+        f"{args.warmup} unmeasured warm-up replay(s) first; replays took {fid_s:.0f} s.",
         "",
         format_fidelity_table(rows),
         "`speed` = measured / preset-predicted total step time of the run's own steps (x1.00 = the engine ran "

@@ -38,29 +38,33 @@ HEADER = {
     "type": "header", "vllm": "0.32.0", "num_gpu_blocks": 300, "block_size": 128, "max_num_seqs": 8,
     "max_num_batched_tokens": 2048, "max_model_len": 2048, "enable_chunked_prefill": True,
 }  # fmt: skip
-TRUE = {"step_overhead": 4e-3, "per_token": 6e-5, "per_seq": 2e-4, "per_kv_token": 3e-7, "per_prefill_step": 2e-3}
+TRUE = {"step_overhead": 4e-3, "per_token": 6e-5, "per_seq": 2e-4, "per_kv_token": 3e-7, "per_prefill_step": 2e-3,
+        "per_arrival": 1.5e-3}  # fmt: skip
 
 
-def true_time(n: int, s: int, kv: int) -> float:
+def true_time(n: int, s: int, kv: int, arrivals: int = 0) -> float:
     t = TRUE["step_overhead"] + TRUE["per_token"] * n + TRUE["per_seq"] * s + TRUE["per_kv_token"] * kv
-    return t + (TRUE["per_prefill_step"] if n > s else 0.0)
+    return t + (TRUE["per_prefill_step"] if n > s else 0.0) + TRUE["per_arrival"] * arrivals
 
 
 def write_log(path: Path, n: int = 400, noise: float = 0.02, seed: int = 0) -> None:
     rng = random.Random(seed)
     rows: list[dict[str, object]] = [HEADER]
     t = 100.0
+    seen = 0  # requests that arrived during the previous step: this step's line counts them
     for i in range(n):
         seqs = rng.randint(1, 8)
         prefill = rng.choice([0, 0, 0, rng.randint(16, 1024)])
         tokens = seqs + prefill
         kv = seqs * rng.randint(16, 1500)
-        d = true_time(tokens, seqs, kv) * (1 + rng.gauss(0, noise))
-        gap = 1e-4
         busy = (i % 50) != 49  # the engine idles every 50 steps
+        during = rng.choice([0, 0, 0, 1, 2]) if busy else 0
+        d = true_time(tokens, seqs, kv, during) * (1 + rng.gauss(0, noise))
+        gap = 1e-4
         rows.append({"step": i + 1, "t0": t, "t1": t + 1e-4, "t2": t + 2e-4, "t3": t + d - gap,
                      "num_tokens": tokens, "num_seqs": seqs, "num_kv_tokens": kv, "busy": busy,
-                     "waiting": 0, "running": seqs, "policy_s": 1e-5})  # fmt: skip
+                     "waiting": 0, "running": seqs, "policy_s": 1e-5, "arrivals": seen})  # fmt: skip
+        seen = during
         t += d if busy else d + 0.5  # idle: the next step starts much later
     rows.append({"type": "request", "id": "a", "client_id": "c0", "state": "finished"})
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -78,6 +82,7 @@ def test_fit_recovers_constants_and_capacity(tmp_path: Path) -> None:
     assert m.per_token == pytest.approx(TRUE["per_token"], rel=0.1)
     assert m.per_kv_token == pytest.approx(TRUE["per_kv_token"], rel=0.2)
     assert m.per_prefill_step == pytest.approx(TRUE["per_prefill_step"], rel=0.2)
+    assert m.per_arrival == pytest.approx(TRUE["per_arrival"], rel=0.1)
     # KV capacity equals the engine's at the default utilization, for any block size
     assert m.num_gpu_blocks(0.9, 128) == 300
     assert m.num_gpu_blocks(0.9, 16) == 300 * 8
@@ -88,8 +93,11 @@ def test_step_durations_use_next_start_only_while_busy(tmp_path: Path) -> None:
     p = tmp_path / "steps.jsonl"
     write_log(p, n=100, noise=0.0)
     samples = step_samples(read_step_log(p).steps)
-    for s in samples:  # every step, idle-before or not, gets its own duration back
-        assert s.duration == pytest.approx(true_time(s.num_tokens, s.num_seqs, s.num_kv_tokens), rel=1e-6)
+    for s in samples:  # every step, idle-before or not, gets its own duration and arrivals back
+        assert s.duration == pytest.approx(
+            true_time(s.num_tokens, s.num_seqs, s.num_kv_tokens, s.num_arrivals), rel=1e-6
+        )
+    assert sum(s.num_arrivals for s in samples) > 20
 
 
 def test_torn_last_line_and_missing_header(tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ def test_presets_are_plausible() -> None:
 
 def test_fit_recovers_constants() -> None:
     truth = CostModel("t", step_overhead=0.004, per_token=5e-5, per_seq=1e-5, per_kv_token=2e-8,
-                      gpu_memory_bytes=1e10, weight_bytes=1e9, kv_bytes_per_token=1e4, per_prefill_step=0.002)
+                      gpu_memory_bytes=1e10, weight_bytes=1e9, kv_bytes_per_token=1e4, per_prefill_step=0.002,
+                      per_arrival=0.0015)
     rng = np.random.default_rng(0)
     samples = []
     for _ in range(300):
@@ -35,12 +36,15 @@ def test_fit_recovers_constants() -> None:
         if rng.random() < 0.4:  # a decode-only step
             tokens = seqs
         noise = 1.0 + 0.01 * rng.standard_normal()
-        samples.append(StepSample(tokens, seqs, kv, truth.step_time(tokens, seqs, kv) * noise))
+        arrivals = int(rng.integers(0, 3))
+        samples.append(StepSample(tokens, seqs, kv, 0.0, arrivals))
+        samples[-1] = StepSample(tokens, seqs, kv, truth.sample_time(samples[-1]) * noise, arrivals)
     fitted = CostModel.fit(samples, base=truth, name="fitted")
     assert fitted.step_overhead == pytest.approx(truth.step_overhead, rel=0.1)
     assert fitted.per_token == pytest.approx(truth.per_token, rel=0.02)
     assert fitted.per_kv_token == pytest.approx(truth.per_kv_token, rel=0.05)
     assert fitted.per_prefill_step == pytest.approx(truth.per_prefill_step, rel=0.15)
+    assert fitted.per_arrival == pytest.approx(truth.per_arrival, rel=0.15)
     assert truth.step_time(8, 8, 100) + truth.per_prefill_step == pytest.approx(truth.step_time(9, 8, 100) - 5e-5)
     assert fitted.kv_bytes_per_token == truth.kv_bytes_per_token  # memory figures from the base
 

@@ -32,6 +32,39 @@ def test_two_requests_mixed_batch(max_steps: int) -> None:
 
 
 @pytest.mark.parametrize("max_steps", [1, 1 << 30])
+def test_an_arrival_lengthens_the_step_in_flight(max_steps: int) -> None:
+    # As test_two_requests_mixed_batch, with per_arrival = 0.5: A arrives on an idle engine (no
+    # cost, queued at 0); B arrives at 0.5 during step 0, which ends 0.5 later, at 2.54; B is
+    # queued then. Step 1 [2.54, 4.88], step 2 [4.88, 6.19].
+    import dataclasses
+
+    wl = make_workload([(0.0, 4, 3), (0.5, 4, 1)])
+    cost = dataclasses.replace(unit_cost(1.0, 0.25, 0.01), per_arrival=0.5)
+    res = simulate(wl, "fcfs", preset=cost, scheduler=SchedulerConfig(max_steps_per_event=max_steps))
+    a, b = res.requests
+    assert (a.queued_time, b.queued_time) == (0.0, pytest.approx(2.54, abs=1e-12))
+    assert a.first_token_time == pytest.approx(2.54, abs=1e-12)
+    assert b.finish_time == pytest.approx(4.88, abs=1e-12)
+    assert a.finish_time == pytest.approx(6.19, abs=1e-12)
+
+
+def test_arrivals_during_a_decode_stretch_cut_it_and_add_up() -> None:
+    # A decodes alone (step 1 + 0.25 + 0.01 x kv); B and C arrive at 3.0 and 3.1, inside the same
+    # decode step, each adding 0.5 to it; fast-forward and step-by-step agree.
+    import dataclasses
+
+    wl = make_workload([(0.0, 4, 40), (3.0, 4, 2), (3.1, 4, 2)])
+    cost = dataclasses.replace(unit_cost(1.0, 0.25, 0.01), per_arrival=0.5)
+    runs = [simulate(wl, "fcfs", preset=cost, scheduler=SchedulerConfig(max_steps_per_event=k)) for k in (1, 1 << 30)]
+    base = simulate(wl, "fcfs", preset=unit_cost(1.0, 0.25, 0.01), scheduler=SchedulerConfig(max_steps_per_event=1))
+    for res in runs:
+        b, c = res.requests[1], res.requests[2]
+        assert b.queued_time == c.queued_time  # both seen at the end of the step they arrived in
+        assert b.queued_time == pytest.approx(base.requests[1].queued_time + 1.0, abs=1e-12)
+    assert [r.finish_time for r in runs[0].requests] == pytest.approx([r.finish_time for r in runs[1].requests])
+
+
+@pytest.mark.parametrize("max_steps", [1, 1 << 30])
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemption_when_blocks_run_out(max_steps: int, mode: str) -> None:
     # Two blocks of 16 tokens; two 16-token prompts fill them. At step 1 both decoders

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -87,23 +88,27 @@ def test_fcfs_never_reorders_arrivals(wl: Workload, cfg: tuple[SchedulerConfig, 
 FAST_FORWARD_POLICIES = ["fcfs", "sjf-oracle", "srpt-oracle", "uniboost-base", "uniboost-memguard", "uniboost"]
 
 
-@given(wl=workloads(), cfg=engine_configs(), name=st.sampled_from(FAST_FORWARD_POLICIES))
+@given(
+    wl=workloads(), cfg=engine_configs(), name=st.sampled_from(FAST_FORWARD_POLICIES),
+    per_arrival=st.sampled_from([0.0, 3e-3]),
+)  # fmt: skip
 def test_fast_forward_matches_exact_mode(
-    wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], name: str
+    wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], name: str, per_arrival: float
 ) -> None:
     sched, cache = cfg
-    fast = simulate(wl, name, preset=COST, scheduler=sched, cache=cache)
+    cost = dataclasses.replace(COST, per_arrival=per_arrival)
+    fast = simulate(wl, name, preset=cost, scheduler=sched, cache=cache)
     exact_cfg = SchedulerConfig(
         max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
         enable_chunked_prefill=sched.enable_chunked_prefill, preemption_mode=sched.preemption_mode,
         max_steps_per_event=1,
     )
-    exact = simulate(wl, name, preset=COST, scheduler=exact_cfg, cache=cache)
+    exact = simulate(wl, name, preset=cost, scheduler=exact_cfg, cache=cache)
     assert fast.num_steps == exact.num_steps
     for a, b in zip(fast.requests, exact.requests, strict=True):
         assert (a.state, a.num_output_tokens, a.num_preemptions, a.num_recomputed_tokens) == (
             b.state, b.num_output_tokens, b.num_preemptions, b.num_recomputed_tokens)
-        for f in ("first_scheduled_time", "first_token_time", "finish_time"):
+        for f in ("queued_time", "first_scheduled_time", "first_token_time", "finish_time"):
             x, y = getattr(a, f), getattr(b, f)
             assert (x is None) == (y is None), f
             if x is not None:

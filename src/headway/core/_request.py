@@ -104,6 +104,10 @@ class Request:
     """Tokens whose KV entries are currently computed (prompt + generated)."""
     num_output_tokens: int = 0
     """Tokens generated so far."""
+    queued_time: float | None = None
+    """When the engine's scheduler first saw it. Engines add arrivals between steps (vLLM's
+    engine core does), so this is the arrival on an idle engine, else the start of the next
+    step; engine-side latencies (vLLM's queued timestamp) count from here."""
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

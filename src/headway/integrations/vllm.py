@@ -370,9 +370,10 @@ class PolicyAdapter:
         self._no_victim = None
         self._no_victim_slack = 0.0
         self._gained = 0
-        # per running request id: (valid below this output count, preemptions, key epoch, can_preempt,
-        # (key, seq), next rekey point or inf, request); keys hold between rekey hints (the Policy contract) unless the policy watches
-        # progress itself; can_preempt is cached only where it changes at hints alone
+        # per running request id: (valid below this output count, preemptions, key epoch,
+        # can_preempt, (key, seq), next rekey point or inf, request); keys hold between rekey
+        # hints (the Policy contract) unless the policy watches progress itself; can_preempt is
+        # cached only where it changes at hints alone
         self._victim_cache: dict[str, tuple[int, int, int, bool, tuple[PolicyKey, int], float, Request]] = {}
         self._cache_victims = not self._progress_hook
         self._fresh_can_preempt = kind.overrides("can_preempt") and not kind.preempt_changes_at_hints
@@ -423,7 +424,7 @@ class PolicyAdapter:
             score=float(score) if isinstance(score, (int, float)) else None,
             seq=next(self._seq),
         )
-        h.extra["headway.added"] = self.now()
+        h.queued_time = self.now()
         if "headway_request_id" in xa:
             h.extra["headway.client_id"] = str(xa["headway_request_id"])
         self.reqs[h.request_id] = h
@@ -731,8 +732,10 @@ class PolicyAdapter:
                 continue
             if c[5] - out < slack:
                 slack = c[5] - out
-            if c[4] > bound and (c[3] or (fresh and policy.can_preempt(c[6], now))) and (
-                cand_key is None or c[4] > cand_key
+            if (
+                c[4] > bound
+                and (c[3] or (fresh and policy.can_preempt(c[6], now)))
+                and (cand_key is None or c[4] > cand_key)
             ):
                 cand, cand_h, cand_key = e, c[6], c[4]
         if cand is None or cand_h is None:
@@ -1189,7 +1192,7 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     self._hw_log.write({
                         "type": "request", "id": h.request_id, "client_id": h.extra.get("headway.client_id"),
                         "seq": h.seq, "state": h.state.value, "epoch": self.headway.epoch,
-                        "arrival": h.arrival_time, "added": h.extra.get("headway.added"),
+                        "arrival": h.arrival_time, "added": h.queued_time,
                         "scheduled": h.first_scheduled_time, "first_token": h.first_token_time,
                         "finish": h.finish_time, "prompt": h.num_prompt_tokens,
                         "output": h.num_output_tokens, "preemptions": h.num_preemptions,

