@@ -85,13 +85,13 @@ def main(argv: list[str] | None = None) -> int:
             n0 = count_lines(step_log)
             run_probe(srv.url, phases, log=log, stream=False)
             time.sleep(1.0)
+            n1 = count_lines(step_log)
             fit, meta = fit_from_step_log(read_step_log(step_log, since_line=n0), args.preset_name)
             path = save_preset(fit.model, meta)
             calib_s = time.time() - t1
             log(f"calibrated in {calib_s:.0f} s: {fit.summary()}\n  -> {path}")
             m = fit.model
             # --- fidelity
-            specs0 = fidelity_workload(10, 1.0, seed=args.seed)
             mean_p = statistics.fmean(s.num_prompt_tokens for s in fidelity_workload(2000, 1.0, seed=99))
             mean_o = statistics.fmean(s.max_tokens for s in fidelity_workload(2000, 1.0, seed=99))
             c = geo.max_num_seqs
@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                 mean_o * m.step_time(c, c, int(c * (mean_p + mean_o / 2))) / c + m.per_token * mean_p + m.per_arrival
             )
             rate = args.rate or round(args.load / per_req, 2)
-            del specs0
+            run = {"probe_lines": [n0, n1], "rate": rate, "num_requests": args.num_requests, "seed": args.seed}
+            (tmpd / "run.json").write_text(json.dumps(run) + "\n")  # for fidelity_ablation.py
             specs = fidelity_workload(
                 args.num_requests, rate, seed=args.seed, max_prompt=min(1024, geo.max_model_len - 257)
             )

@@ -2,12 +2,16 @@
 
 Reads the ``step_log`` the headway scheduler writes (``bench_fidelity.py --workdir DIR`` keeps
 it as ``DIR/steps.jsonl``); segments are split at policy switches (segment 0 = the calibration
-probe, then one per replayed policy). Each busy step's duration (to the next step's start) is
+probe with any warm-up runs, then one per replayed policy). Each busy step's duration (to the next step's start) is
 fitted as ``const + a x seqs + b x KV tokens + c x prefill tokens + d x [prefill]`` plus the
 arrivals the scheduler saw in this step and in the next one: an arriving request's HTTP work in
 the API server (on vLLM's core) shows up in the step *before* it reaches the scheduler.
 
-    python benchmarks/fidelity_steplog_fit.py DIR/steps.jsonl
+With ``--quarters``, it also fits the simulator's cost model to segment 0 and prints, for each
+segment's four quarters (by step count), measured over predicted time of its prefill steps and
+of its decode-only steps: how the engine's speed moves within and between replays (warm-up).
+
+    python benchmarks/fidelity_steplog_fit.py DIR/steps.jsonl [--quarters]
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from headway.sim._calibrate import StepLog
 
 NAMES = ("const", "per seq", "per KV token", "per prefill token", "prefill step", "arrival (this)", "arrival (next)")
 
@@ -52,6 +58,7 @@ def fit(rows: list[dict[str, float]], max_gap: float = 2e-4) -> tuple[np.ndarray
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("step_log", type=Path)
+    ap.add_argument("--quarters", action="store_true", help="speed against a fit of segment 0, by quarter")
     args = ap.parse_args()
     if not args.step_log.is_file():
         ap.error(f"no step log at {args.step_log}")
@@ -62,9 +69,33 @@ def main() -> int:
     print("|---|---:|" + "---:|" * len(NAMES))
     for i, rows in enumerate(segs):
         coef, n = fit(rows)
-        label = "probe" if i == 0 else f"replay {i}"
+        label = "probe and warm-up" if i == 0 else f"replay {i}"
         print(f"| {label} | {n} | " + " | ".join(f"{c * 1e3:.4f}" for c in coef) + " |")
+    if args.quarters:
+        quarters(args.step_log, segs)
     return 0
+
+
+def quarters(path: Path, segs: list[list[dict[str, float]]]) -> None:
+    from headway.sim._calibrate import fit_from_step_log, read_step_log, speed_factor, step_samples
+
+    header = read_step_log(path).header
+    model = fit_from_step_log(StepLog(header, segs[0], []), "segment-0")[0].model
+    print(f"\nmeasured / predicted time by quarter, cost model fitted on segment 0: {model.describe()}\n")
+    print("| segment | steps | prefill steps, quarters 1-4 | decode steps, quarters 1-4 |")
+    print("|---|---:|---|---|")
+    for i, rows in enumerate(segs):
+        samples = step_samples(rows)
+        q = len(samples) // 4
+        parts = [samples[k * q : (k + 1) * q] for k in range(4)]
+        cells = []
+        for want_prefill in (True, False):
+            ratios = [
+                speed_factor(model, [s for s in part if (s.num_tokens > s.num_seqs) == want_prefill]) for part in parts
+            ]
+            cells.append(" ".join(f"{r:.2f}" for r in ratios))
+        label = "probe and warm-up" if i == 0 else f"replay {i}"
+        print(f"| {label} | {len(samples)} | {cells[0]} | {cells[1]} |")
 
 
 if __name__ == "__main__":

@@ -258,13 +258,14 @@ def fidelity_workload(
 
 def simulate_replay(
     arrivals: Sequence[float], specs: Sequence[ReplaySpec], policy: str, preset: CostModel, header: Mapping[str, Any],
-    policy_args: Mapping[str, Any] | None = None,
+    policy_args: Mapping[str, Any] | None = None, *, from_arrival: bool = False,
 ) -> list[tuple[float, float]]:  # fmt: skip
     """Simulate ``specs`` arriving at ``arrivals`` (seconds); returns (TTFT, E2E) per spec.
 
     Engine-side, like the live engine's: counted from ``queued_time``, when the simulated
     scheduler first saw the request (the arrival on an idle engine, else the end of the step
-    in flight), as the plugin counts from when vLLM's engine core added it (between steps).
+    in flight), as the plugin counts from when vLLM's engine core added it (between steps);
+    ``from_arrival``: from the arrival instead.
     """
     from headway.sim import simulate
     from headway.workload import RequestSpec
@@ -289,7 +290,7 @@ def simulate_replay(
     )
     out: list[tuple[float, float]] = [(math.nan, math.nan)] * len(rs)
     for i, r in zip(order, res.requests, strict=True):
-        seen = r.queued_time if r.queued_time is not None else r.arrival_time
+        seen = r.arrival_time if from_arrival or r.queued_time is None else r.queued_time
         out[i] = (
             r.first_token_time - seen if r.first_token_time is not None else math.nan,
             r.finish_time - seen if r.finish_time is not None else math.nan,
