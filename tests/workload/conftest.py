@@ -15,9 +15,10 @@ from headway.predict._paths import default_data_dir
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The shared real-data folder; tests using it skip when it is absent."""
-    path = default_data_dir()  # $HEADWAY_DATA_DIR, else <repo>/../shared/data
-    if not path.is_dir():
-        pytest.skip(f"shared data folder {path} not found (set HEADWAY_DATA_DIR to run real-data tests)")
+    try:
+        path = default_data_dir()  # $HEADWAY_DATA_DIR, else ../shared/data
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc} (set HEADWAY_DATA_DIR to run real-data tests)")
     return path
 
 

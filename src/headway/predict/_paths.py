@@ -33,15 +33,14 @@ lengths alone: held-out tau_b vs gpt4 0.480 vs 0.465, mean over 11 other models 
 DEFAULT_PREDICTOR_NAME = "pars-minilm-alpaca-mean"
 """Name (under ``~/.cache/headway/predictors/``) of the checkpoint ``headway predictor train`` makes."""
 
-_REPO_ROOT = Path(__file__).resolve().parents[3]
-
 
 def default_data_dir() -> Path:
-    """``$HEADWAY_DATA_DIR`` if set, else ``<repo>/../shared/data``."""
-    env = os.environ.get("HEADWAY_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    return (_REPO_ROOT.parent / "shared" / "data").resolve()
+    """The shared data folder, found as the workload loaders find it
+    (:func:`headway.workload.find_data_dir`: ``$HEADWAY_DATA_DIR``, else ``../shared/data`` next
+    to the working directory or to this checkout); FileNotFoundError naming what was tried."""
+    from headway.workload import find_data_dir
+
+    return find_data_dir()
 
 
 def default_cache_dir() -> Path:

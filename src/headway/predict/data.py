@@ -1,8 +1,8 @@
 """Length-prediction data: (prompt, output length, model) examples, loaders, prompt-disjoint splits, pairs.
 
-Loaders read the public data under ``data_dir`` (default ``$HEADWAY_DATA_DIR`` or ``<repo>/../shared/data``)
-and never copy it. Every :class:`ExampleSet` carries its length unit (``tokens``, ``words`` or ``chars``)
-and, for tokens, how they were counted, so reports can state it.
+Loaders read the public data under ``data_dir`` (default: :func:`default_data_dir`, ``$HEADWAY_DATA_DIR``
+or ``../shared/data``) and never copy it. Every :class:`ExampleSet` carries its length unit (``tokens``,
+``words`` or ``chars``) and, for tokens, how they were counted, so reports can state it.
 
 The generic JSONL format, one object per line::
 
@@ -74,7 +74,13 @@ def _check_unit(unit: str) -> LengthUnit:
 
 
 def _resolve_data_dir(data_dir: str | Path | None) -> Path:
-    path = Path(data_dir) if data_dir is not None else default_data_dir()
+    """``data_dir``, else the shared data folder; DataError when it is not a directory."""
+    if data_dir is None:
+        try:
+            return default_data_dir()
+        except FileNotFoundError as exc:
+            raise DataError(str(exc)) from None
+    path = Path(data_dir)
     if not path.is_dir():
         raise DataError(f"data directory {path} does not exist (set HEADWAY_DATA_DIR or pass data_dir)")
     return path

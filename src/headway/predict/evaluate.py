@@ -21,8 +21,7 @@ import numpy.typing as npt
 from scipy import stats
 
 from headway.predict._errors import DataError
-from headway.predict._paths import default_data_dir
-from headway.predict.data import DEFAULT_DELTA, ExampleSet, load_dataset, split_by_prompt
+from headway.predict.data import DEFAULT_DELTA, ExampleSet, _resolve_data_dir, load_dataset, split_by_prompt
 
 if TYPE_CHECKING:
     from headway.predict.score import Scorer
@@ -160,8 +159,7 @@ def evaluate_scorer(scorer: Scorer, data: ExampleSet, delta: float = DEFAULT_DEL
 def resampling_ceiling(data_dir: str | Path | None = None) -> dict[str, float]:
     """Rank agreement of two samples of the same prompts from the same model (Vicuna-7B at temperatures
     0.7 and 0.5, 10,000 prompts, ``sequence_scheduling``): an upper bound for any length predictor."""
-    folder = Path(data_dir) if data_dir is not None else default_data_dir()
-    path = folder / "sequence_scheduling" / "alpaca-val-10k-length.json"
+    path = _resolve_data_dir(data_dir) / "sequence_scheduling" / "alpaca-val-10k-length.json"
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     rows = json.loads(path.read_text())
