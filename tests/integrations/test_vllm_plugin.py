@@ -9,16 +9,20 @@ alone, whatever delays the HTTP frontend added.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import statistics
 import subprocess
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from headway.integrations._client import ReplayResult, ReplaySpec, replay_sync
 from headway.integrations._server import default_vllm_paths, headway_src_dir
+
+from .conftest import _unavailable
 
 # end to end on a 2-core machine: a run whose timing went wrong is retried (it must pass once in 3).
 # The server is confined to one CPU there (engine_cpus), so this client is not starved while it runs.
@@ -193,7 +197,6 @@ def test_scheduler_class_resolves_like_vllm_loads_it() -> None:
 def test_calibrate_and_fidelity_commands_against_the_server(plugin_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """``headway calibrate --endpoint`` (step-log fit) and ``headway fidelity --endpoint`` on the live server."""
     import argparse
-    import json as _json
 
     from headway.integrations._cli import add_calibrate_parser
     from headway.sim import load_preset
@@ -208,7 +211,7 @@ def test_calibrate_and_fidelity_commands_against_the_server(plugin_server, tmp_p
     plugin_server.use("fcfs")
     assert args.func(args) == 0
     saved = presets / "test-vllm-cpu.json"
-    meta = _json.loads((presets / "test-vllm-cpu.calibration.json").read_text())
+    meta = json.loads((presets / "test-vllm-cpu.calibration.json").read_text())
     assert meta["source"] == "step_log" and meta["fit"]["num_samples"] > 50
     model = load_preset(str(saved))
     assert model.step_overhead + model.per_token > 0
@@ -222,3 +225,32 @@ def test_calibrate_and_fidelity_commands_against_the_server(plugin_server, tmp_p
     assert args.func(args) == 0
     table = out.read_text()
     assert "| fcfs | 24 |" in table and "| sjf-oracle | 24 |" in table
+
+
+ASYNC_LENGTHS = [40, 40, 4, 40, 40, 4, 40, 4, 40, 40]
+ASYNC_SHORT = {f"r{i}" for i, n in enumerate(ASYNC_LENGTHS) if n == 4}
+
+
+def test_async_scheduler_class_in_process_under_a_batch_queue() -> None:
+    """``HeadwayAsyncScheduler`` on vLLM's real ``AsyncScheduler`` code, driven as the engine core
+    drives an async scheduler (two batches in flight). No live server can run it on CPU: vLLM's
+    CPU platform forces ``async_scheduling = False``."""
+    python, model = default_vllm_paths()
+    if not python.exists() or not (model / "config.json").exists():
+        _unavailable(f"vLLM virtualenv {python} or model {model} missing")
+    harness = Path(__file__).with_name("_async_harness.py")
+    env = {**os.environ, "PYTHONPATH": str(headway_src_dir())}
+    proc = subprocess.run(
+        [str(python), str(harness), str(model), "fcfs,sjf-oracle,uniboost", json.dumps(ASYNC_LENGTHS)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {r["policy"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    for r in runs.values():
+        assert r["mro"] == ["HeadwayAsyncScheduler", "AsyncScheduler", "Scheduler"]
+        # nothing lost or duplicated: every request finished once with exactly its tokens
+        assert sorted(r["finished"]) == sorted(f"r{i}" for i in range(len(ASYNC_LENGTHS)))
+        assert r["tokens"] == {f"r{i}": n for i, n in enumerate(ASYNC_LENGTHS)}
+    assert set(runs["sjf-oracle"]["finished"][:3]) == ASYNC_SHORT  # shortest first
+    assert runs["fcfs"]["finished"][:2] == ["r0", "r1"]  # arrival order: two long ones first
+    assert runs["uniboost"]["finished"] != runs["fcfs"]["finished"]
