@@ -42,7 +42,9 @@ lookup per running request).
 
 ``HeadwayAsyncScheduler`` is the same on top of vLLM's ``AsyncScheduler`` (GPU engines
 with async scheduling); its step log's per-step times are approximate there, since a
-step's output is processed after the next step is scheduled.
+step's output is processed after the next step is scheduled. vLLM's CPU platform turns
+async scheduling off, so on CPU it is tested in-process only (driven like the engine core's
+batch queue, ``tests/integrations/_async_harness.py``), not behind a live server.
 
 **Why** ``--additional-config``: it is vLLM's documented engine argument for plugin
 settings, so the settings travel with the engine configuration to the engine-core
