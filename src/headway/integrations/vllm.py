@@ -34,10 +34,12 @@ observed output length (aborted requests get no ``on_finish``).
 
 Cost: O(log n) per queue operation; per step O(requests admitted) plus, for policies
 with an ``on_progress`` hook, O(scheduled requests), and for preemptive ones a scan of
-the running requests when the queue head or the running set changed (every step for
-policies that override ``can_preempt`` or give rekey hints; there each running request's
-key and ``can_preempt`` are cached until its next rekey point, so a step costs a dict
-lookup per running request).
+the running requests when the queue head, the running set or the key epoch changed, or a
+running request may have reached its next rekey point (the scan records the fewest output
+tokens any of them is from it; every step for policies whose ``can_preempt`` may change
+between hints). Each running request's key (and ``can_preempt`` where it changes at hints
+alone) is cached until its next rekey point, so a scan costs a dict lookup per running
+request.
 ``benchmarks/bench_plugin_overhead.py`` measures it with 1,000 requests waiting.
 
 ``HeadwayAsyncScheduler`` is the same on top of vLLM's ``AsyncScheduler`` (GPU engines
