@@ -95,14 +95,28 @@ def simulate_ratios(wl: Workload, step_s: float, max_num_seqs: int, taus: list[f
 
     cost = CostModel("fixed-step", step_overhead=step_s, per_token=0.0, per_seq=0.0, per_kv_token=0.0,
                      gpu_memory_bytes=1e12, weight_bytes=0.0, kv_bytes_per_token=1.0)  # fmt: skip
-    runs = [("fcfs", "fcfs", {}), ("sjf-oracle", "sjf-oracle", {})]
-    runs += [(f"pars (noisy-oracle tau={t})", "pars", {"scorer": "noisy-oracle", "tau": t}) for t in taus]
+    runs: list[tuple[str, str, dict[str, object], Workload]] = [
+        ("fcfs", "fcfs", {}, wl), ("sjf-oracle", "sjf-oracle", {}, wl),
+    ]  # fmt: skip
+    runs += [(f"pars (noisy-oracle tau={t})", "pars", {"scorer": "noisy-oracle", "tau": t}, wl) for t in taus]
+    prompts = [s.prompt for s in wl]
+    if all(prompts):  # real prompts: also the trained default predictor's own scores (as --scorer default)
+        from dataclasses import replace
+
+        from scipy.stats import kendalltau
+
+        from headway.predict.score import default_scorer
+
+        scores = [float(x) for x in default_scorer().score([str(x) for x in prompts])]
+        tau = kendalltau(scores, [s.num_output_tokens for s in wl]).statistic
+        scored = Workload.from_specs(wl.name, [replace(s, score=v) for s, v in zip(wl, scores, strict=True)])
+        runs.append((f"pars (trained predictor, tau={tau:.2f})", "pars", {}, scored))
     base = 0.0
-    for label, policy, kw in runs:
-        res = simulate(wl, policy, preset=cost, scheduler=SchedulerConfig(max_num_seqs=max_num_seqs), policy_kwargs=kw)
+    for label, policy, kw, w in runs:
+        res = simulate(w, policy, preset=cost, scheduler=SchedulerConfig(max_num_seqs=max_num_seqs), policy_kwargs=kw)
         mean = summarize(res.requests).normalized_latency.mean
         base = base or mean
-        print(f"simulated {label:32s} mean per-token {mean * 1e3:7.1f} ms  vs fcfs x{base / mean:.2f}")
+        print(f"simulated {label:40s} mean per-token {mean * 1e3:7.1f} ms  vs fcfs x{base / mean:.2f}")
     return 0
 
 

@@ -72,6 +72,7 @@ def test_load_toml_and_json(tmp_path):
         ({"backends": [{"url": "http://a", "max_concurrency": 0}]}, "needs max_concurrency > 0"),
         ({"backends": ["http://a"], "queue_ttl_s": 0}, "queue_ttl_s must be > 0, got 0"),
         ({"backends": ["http://a"], "max_queue_len": 0}, "max_queue_len must be >= 1, got 0"),
+        ({"backends": ["http://a"], "scorer_hold_s": -1}, "scorer_hold_s must be >= 0, got -1"),
         ({"backends": ["http://a"], "bogus": 1}, "unknown gateway setting(s) ['bogus']"),
         ({"backends": ["http://a"], "redis_url": "http://r"}, "redis_url must start with"),
         ({"backends": ["http://a"], "tenants": [{"name": "t", "api_key_sha256": ["abc"]}]}, "64 hex digits"),

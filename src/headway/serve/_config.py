@@ -182,6 +182,10 @@ class GatewayConfig:
     ``score(prompts)``) or ``"module:factory()"``."""
     scorer_batch_size: int = 32
     scorer_max_wait_s: float = 0.002
+    scorer_hold_s: float = 1.0
+    """With a scorer: while more requests are being scored than are queued, free backends wait
+    for the scores, at most this long (0: never). Without it, the first requests of a burst
+    to be scored are dispatched before the rest are known. In-memory mode only."""
 
     def __post_init__(self) -> None:
         _check(len(self.backends) > 0, "at least one backend is required (--backend URL)")
@@ -239,6 +243,7 @@ class GatewayConfig:
             f"scorer must be 'default' or 'module:callable', got {self.scorer!r}",
         )
         _check(self.scorer_batch_size >= 1, f"scorer_batch_size must be >= 1, got {self.scorer_batch_size}")
+        _check(self.scorer_hold_s >= 0, f"scorer_hold_s must be >= 0, got {self.scorer_hold_s}")
         _check(
             self.api_keys in ("auto", "required", "off"),
             f"api_keys must be auto, required or off, got {self.api_keys!r}",

@@ -82,8 +82,14 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         on_dispatch: Callable[[Request, Backend], None] | None = None,
         router: Router | None = None,
+        score_hold_s: float = 0.0,
     ) -> None:
         self.policy = policy
+        self.score_hold_s = score_hold_s
+        self.scoring = 0
+        """Requests being scored before they are queued (the gateway counts them; see :meth:`_holding`)."""
+        self._hold_since: float | None = None
+        self._soon = False
         self.router = router if router is not None else make_router("least-outstanding")
         # backends with a concurrency limit count as that much faster: load-proportional routing
         limits = [b.config.max_concurrency for b in backends]
@@ -136,8 +142,23 @@ class Dispatcher:
         self.queue.add(request, now)
         self.queued_per_tenant[tenant_key] += 1
         self._arm_rekey(request)
-        self.dispatch()
+        if self.scoring:
+            self._dispatch_soon()
+        else:
+            self.dispatch()
         return fut
+
+    def _dispatch_soon(self) -> None:
+        """Dispatch once the tasks already ready in this loop iteration ran: the rest of a scored
+        batch resume together, and the first of them must not be dispatched before the others
+        are queued."""
+        if not self._soon:
+            self._soon = True
+            asyncio.get_running_loop().call_soon(self._run_soon)
+
+    def _run_soon(self) -> None:
+        self._soon = False
+        self.dispatch()
 
     def _arm_rekey(self, request: Request) -> None:
         at = self.policy.rekey_at_time(request)
@@ -188,12 +209,30 @@ class Dispatcher:
                 k = self.router.route(req, self.tracker, candidates)
         return self.backends[k]
 
+    def _holding(self, now_mono: float) -> bool:
+        """Whether free backends should wait for scores still being computed.
+
+        While more requests are being scored than are queued, the best next request is more
+        likely among those not yet scored (in a burst, the first few scored would otherwise
+        be dispatched before the rest are known, whatever their length). A hold lasts at
+        most ``score_hold_s`` (0: never hold); a timer re-runs :meth:`dispatch` when it ends.
+        """
+        if self.score_hold_s <= 0 or self.scoring <= len(self.queue):
+            self._hold_since = None
+            return False
+        if self._hold_since is None:
+            self._hold_since = now_mono
+            asyncio.get_running_loop().call_later(self.score_hold_s, self.dispatch)
+        return now_mono - self._hold_since < self.score_hold_s
+
     def dispatch(self) -> int:
         """Hand queued requests to backends while one has room; returns how many."""
         queue = self.queue
         if not queue:
             return 0
         now_mono = self._clock()
+        if self._holding(now_mono):
+            return 0
         queue.refresh(now_mono - self._t0)
         n = 0
         skipped: list[Request] = []

@@ -256,6 +256,7 @@ class Gateway:
                 max_queue_per_tenant=config.max_queue_per_tenant,
                 on_dispatch=self._on_dispatch,
                 router=make_router(config.router, **dict(config.router_args)),
+                score_hold_s=config.scorer_hold_s if config.scorer else 0.0,
             )
             self._id_prefix = "hw-"
         self._admin_keys = frozenset(config.admin_api_key_sha256)
@@ -554,10 +555,16 @@ class Gateway:
     ) -> Response:
         req = self._new_request(parsed, ident)
         if self.scorer is not None and req.prompt:
+            self.dispatcher.scoring += 1  # free backends may wait for it (Dispatcher._holding)
             try:
                 req.score = await self.scorer.score(req.prompt)
             except Exception:
                 log.exception("scorer failed; request %s goes unscored", req.request_id)
+            except BaseException:  # cancelled: it goes no further, and a hold may end without it
+                self.dispatcher.scoring -= 1
+                self.dispatcher.dispatch()
+                raise
+            self.dispatcher.scoring -= 1  # queued below, before any await
         if parsed.stream:
             if not parsed.wants_usage:
                 body = dict(body)

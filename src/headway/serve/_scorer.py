@@ -25,7 +25,13 @@ def load_score_fn(spec: str) -> ScoreFn:
 
 
 class BatchScorer:
-    """Collects prompts for up to ``max_wait_s`` or ``batch_size`` and scores them in a thread."""
+    """Collects prompts for up to ``max_wait_s`` or ``batch_size`` and scores them in a thread.
+
+    One batch at a time: prompts that arrive while a batch is being scored wait and form the
+    next one (up to ``batch_size``) as soon as it is done. Batches scored side by side would
+    share the same cores and all finish late; one at a time, the first results come back
+    while the rest are still being scored.
+    """
 
     def __init__(self, fn: ScoreFn, batch_size: int = 32, max_wait_s: float = 0.002) -> None:
         self._fn = fn
@@ -33,28 +39,39 @@ class BatchScorer:
         self._max_wait_s = max_wait_s
         self._pending: list[tuple[str, asyncio.Future[float]]] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._busy = False
         self.num_batches = 0
 
     async def score(self, prompt: str) -> float:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[float] = loop.create_future()
         self._pending.append((prompt, fut))
-        if len(self._pending) >= self._batch_size:
-            self._flush()
-        elif self._timer is None:
-            self._timer = loop.call_later(self._max_wait_s, self._flush)
+        if not self._busy:
+            if len(self._pending) >= self._batch_size:
+                self._flush()
+            elif self._timer is None:
+                self._timer = loop.call_later(self._max_wait_s, self._flush)
         return await fut
 
     def _flush(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch, self._pending = self._pending, []
-        if batch:
-            self.num_batches += 1
-            asyncio.get_running_loop().create_task(self._run(batch))
+        if self._busy or not self._pending:
+            return
+        batch, self._pending = self._pending[: self._batch_size], self._pending[self._batch_size :]
+        self._busy = True
+        self.num_batches += 1
+        asyncio.get_running_loop().create_task(self._run(batch))
 
     async def _run(self, batch: list[tuple[str, asyncio.Future[float]]]) -> None:
+        try:
+            await self._score(batch)
+        finally:
+            self._busy = False
+            self._flush()  # what arrived meanwhile
+
+    async def _score(self, batch: list[tuple[str, asyncio.Future[float]]]) -> None:
         try:
             scores = await asyncio.to_thread(self._fn, [p for p, _ in batch])
             if len(scores) != len(batch):

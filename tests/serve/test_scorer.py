@@ -1,0 +1,61 @@
+"""The gateway's batch scorer: one batch at a time, later arrivals batched behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from headway.serve._scorer import BatchScorer
+
+
+def test_batches_run_one_at_a_time_and_arrivals_meanwhile_form_the_next() -> None:
+    running = 0
+    most = 0
+    sizes: list[int] = []
+    lock = threading.Lock()
+
+    def slow(prompts: list[str]) -> list[float]:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        sizes.append(len(prompts))
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        return [float(len(p)) for p in prompts]
+
+    async def main() -> list[float]:
+        scorer = BatchScorer(slow, batch_size=4, max_wait_s=0.001)
+        first = asyncio.ensure_future(scorer.score("a"))
+        await asyncio.sleep(0.01)  # the first batch (one prompt) is being scored
+        rest = [asyncio.ensure_future(scorer.score("b" * (i + 2))) for i in range(9)]
+        return await asyncio.gather(first, *rest)
+
+    scores = asyncio.run(main())
+    assert scores == [1.0] + [float(i + 2) for i in range(9)]
+    assert most == 1  # never two batches at once
+    assert sizes == [1, 4, 4, 1]  # the nine that arrived meanwhile, in batches of at most 4
+
+
+def test_a_failing_batch_fails_its_prompts_and_the_next_batch_still_runs() -> None:
+    calls = 0
+
+    def flaky(prompts: list[str]) -> list[float]:
+        nonlocal calls
+        calls += 1
+        time.sleep(0.02)
+        if calls == 1:
+            raise RuntimeError("model crashed")
+        return [1.0] * len(prompts)
+
+    async def main() -> list[object]:
+        scorer = BatchScorer(flaky, batch_size=8, max_wait_s=0.001)
+        first = asyncio.ensure_future(scorer.score("x"))
+        await asyncio.sleep(0.005)
+        second = asyncio.ensure_future(scorer.score("y"))
+        return await asyncio.gather(first, second, return_exceptions=True)
+
+    first, second = asyncio.run(main())
+    assert isinstance(first, RuntimeError) and second == 1.0
