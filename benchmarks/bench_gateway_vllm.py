@@ -79,13 +79,16 @@ def heldout_alpaca_workload(n: int, seed: int, model: str, max_output: int, max_
 
 
 def start_gateway(
-    procs: Cluster, backend: str, policy: str, concurrency: int, policy_args: list[str], scorer: str | None = None
+    procs: Cluster, backend: str, policy: str, concurrency: int, policy_args: list[str], scorer: str | None = None,
+    scorer_hold: str | None = None,
 ) -> Proc:
     args = ["--policy", policy, "--backend-concurrency", str(concurrency), "--queue-ttl", "3600"]
     for a in policy_args:
         args += ["--policy-arg", a]
     if scorer:
         args += ["--scorer", scorer]
+    if scorer_hold is not None:
+        args += ["--scorer-hold", scorer_hold]
     return procs.gateway([backend], *args, start=False).start(timeout=30)  # a scorer may load a model
 
 
@@ -145,6 +148,9 @@ def main() -> int:
     ap.add_argument("--max-output", type=int, default=600, help="cap on output lengths (alpaca-heldout)")
     ap.add_argument("--policies", default="pars,sjf-oracle,uniboost")
     ap.add_argument("--pars-tau", default="0.8", help="comma list: one pars run per Kendall tau")
+    ap.add_argument(
+        "--scorer-hold", default="1", help="alpaca-heldout: comma list, one pars run per gateway --scorer-hold"
+    )
     ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
     ap.add_argument("--run-timeout", type=float, default=600.0)
     ap.add_argument("--json", default=None)
@@ -188,7 +194,8 @@ def main() -> int:
         runs: list[tuple[str, str | None, list[str]]] = [("vllm-direct (fcfs)", None, [])]
         for p in [p for p in args.policies.split(",") if p]:
             if p == "pars" and real:
-                runs.append(("gateway+pars (trained predictor)", p, []))
+                for hold in args.scorer_hold.split(","):
+                    runs.append((f"gateway+pars (trained predictor, hold {hold} s)", p, [f"hold={hold}"]))
             elif p == "pars":
                 for tau in args.pars_tau.split(","):
                     runs.append((f"gateway+pars (noisy-oracle tau={tau})", p, ["scorer=noisy-oracle", f"tau={tau}"]))
@@ -200,7 +207,9 @@ def main() -> int:
             endpoint = vllm
             if policy is not None:
                 scorer = "default" if real and policy == "pars" else None
-                gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, scorer)
+                hold = [a.removeprefix("hold=") for a in pargs if a.startswith("hold=")]
+                pargs = [a for a in pargs if not a.startswith("hold=")]
+                gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, scorer, hold[0] if hold else None)
                 endpoint = gw.url
             try:
                 t0 = time.monotonic()

@@ -164,9 +164,10 @@ def test_cli_parsers_build_and_map_to_config():
     args = parser.parse_args(
         ["serve", "--backend", "http://127.0.0.1:1", "--backend", "http://127.0.0.1:2", "--policy", "pars",
          "--policy-arg", "tau=0.9", "--policy-arg", "scorer=noisy-oracle", "--backend-concurrency", "3",
-         "--queue-ttl", "7", "--api-keys", "off"]
+         "--queue-ttl", "7", "--api-keys", "off", "--scorer-hold", "0.25"]
     )  # fmt: skip
     c = build_config(args)
+    assert c.scorer_hold_s == 0.25
     assert [b.max_concurrency for b in c.backends] == [3, 3]
     assert c.policy_args == {"tau": 0.9, "scorer": "noisy-oracle"} and c.queue_ttl_s == 7
     assert not c.auth_enabled

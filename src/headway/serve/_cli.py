@@ -107,6 +107,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="prompt scorer for score-ranked policies: 'default' or 'module:callable'",
     )
+    p.add_argument(
+        "--scorer-hold",
+        type=float,
+        default=None,
+        metavar="S",
+        help="while more requests are being scored than queued, free backends wait for the scores "
+        "up to S seconds (default 1; 0: never)",
+    )
     p.add_argument("--log-level", default="info")
     p.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn access log)")
     p.set_defaults(func=_run_serve)
@@ -130,6 +138,7 @@ def build_config(args: argparse.Namespace) -> Any:
         "queue_ttl_s": args.queue_ttl,
         "drain_timeout_s": args.drain_timeout,
         "scorer": args.scorer,
+        "scorer_hold_s": getattr(args, "scorer_hold", None),
         "api_keys": args.api_keys,
         "redis_lease_s": getattr(args, "redis_lease", None),
         "router": getattr(args, "router", None),
