@@ -79,7 +79,12 @@ def heldout_alpaca_workload(n: int, seed: int, model: str, max_output: int, max_
 
 
 def start_gateway(
-    procs: Cluster, backend: str, policy: str, concurrency: int, policy_args: list[str], scorer: str | None = None,
+    procs: Cluster,
+    backend: str,
+    policy: str,
+    concurrency: int,
+    policy_args: list[str],
+    scorer: str | None = None,
     scorer_hold: str | None = None,
 ) -> Proc:
     args = ["--policy", policy, "--backend-concurrency", str(concurrency), "--queue-ttl", "3600"]
@@ -151,6 +156,12 @@ def main() -> int:
     ap.add_argument(
         "--scorer-hold", default="1", help="alpaca-heldout: comma list, one pars run per gateway --scorer-hold"
     )
+    ap.add_argument(
+        "--scorer",
+        default="default:onnx-int8",
+        help="alpaca-heldout: comma list of gateway --scorer specs (the trained predictor on a backend), one pars "
+        "run each",
+    )
     ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
     ap.add_argument("--run-timeout", type=float, default=600.0)
     ap.add_argument("--json", default=None)
@@ -194,8 +205,10 @@ def main() -> int:
         runs: list[tuple[str, str | None, list[str]]] = [("vllm-direct (fcfs)", None, [])]
         for p in [p for p in args.policies.split(",") if p]:
             if p == "pars" and real:
-                for hold in args.scorer_hold.split(","):
-                    runs.append((f"gateway+pars (trained predictor, hold {hold} s)", p, [f"hold={hold}"]))
+                for spec in args.scorer.split(","):
+                    for hold in args.scorer_hold.split(","):
+                        label = f"gateway+pars ({spec}, hold {hold} s)"
+                        runs.append((label, p, [f"gw-hold={hold}", f"gw-scorer={spec}"]))
             elif p == "pars":
                 for tau in args.pars_tau.split(","):
                     runs.append((f"gateway+pars (noisy-oracle tau={tau})", p, ["scorer=noisy-oracle", f"tau={tau}"]))
@@ -206,10 +219,10 @@ def main() -> int:
             gw = None
             endpoint = vllm
             if policy is not None:
-                scorer = "default" if real and policy == "pars" else None
-                hold = [a.removeprefix("hold=") for a in pargs if a.startswith("hold=")]
-                pargs = [a for a in pargs if not a.startswith("hold=")]
-                gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, scorer, hold[0] if hold else None)
+                # gateway options ride along as gw-NAME=VALUE; the rest are --policy-arg
+                opts = {k: v for k, _, v in (a.partition("=") for a in pargs if a.startswith("gw-"))}
+                pargs = [a for a in pargs if not a.startswith("gw-")]
+                gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, opts.get("gw-scorer"), opts.get("gw-hold"))
                 endpoint = gw.url
             try:
                 t0 = time.monotonic()

@@ -108,6 +108,35 @@ def test_onnx_export_matches_torch_and_detects_staleness(checkpoint: Path, tmp_p
         Scorer.from_checkpoint(ck, "onnx", export_if_missing=False)
 
 
+def test_int8_onnx_ranks_like_the_float_model_and_detects_changes(checkpoint: Path, tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    import shutil
+
+    from scipy.stats import spearmanr
+
+    from headway.predict import quantize_onnx
+
+    ck = tmp_path / "ck"
+    shutil.copytree(checkpoint, ck)
+    path = quantize_onnx(ck)  # exports the float model first
+    assert path == ck / "model.int8.onnx" and (ck / "model.onnx").is_file()
+    ref = Scorer.from_checkpoint(ck, "onnx").score(PROMPTS)
+    int8 = Scorer.from_checkpoint(ck, "onnx-int8", batch_size=2)
+    assert int8.backend == "onnx"
+    got = int8.score(PROMPTS)
+    assert spearmanr(got, ref).statistic > 0.9
+    assert float(np.max(np.abs(got - ref))) <= 0.1 * float(np.ptp(ref))
+    path.write_bytes(path.read_bytes()[:-10] + b"0123456789")
+    with pytest.raises(CheckpointError, match="corrupt or was modified"):
+        Scorer.from_checkpoint(ck, "onnx-int8", export_if_missing=False)
+    Scorer.from_checkpoint(ck, "onnx-int8")  # quantized again
+    side = json.loads((ck / "model.int8.onnx.json").read_text())
+    side["source_sha256"] = "0" * 64  # as if model.onnx had been exported again since
+    (ck / "model.int8.onnx.json").write_text(json.dumps(side))
+    with pytest.raises(CheckpointError, match="stale int8"):
+        Scorer.from_checkpoint(ck, "onnx-int8", export_if_missing=False)
+
+
 def test_ensure_predictor_uses_existing_and_refuses_missing(checkpoint: Path, tmp_path: Path) -> None:
     assert ensure_predictor(checkpoint, train_if_missing=False) == checkpoint
     with pytest.raises(CheckpointError, match="headway predictor train"):

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         default_scorer,
         ensure_predictor,
         export_onnx,
+        quantize_onnx,
         score_workload,
     )
     from headway.predict.train import TrainConfig, TrainResult, train_predictor
@@ -86,6 +87,7 @@ _EXPORTS: dict[str, str] = {
     "default_scorer": "score",
     "ensure_predictor": "score",
     "export_onnx": "score",
+    "quantize_onnx": "score",
     "score_workload": "score",
     "TrainConfig": "train",
     "TrainResult": "train",
@@ -128,6 +130,7 @@ __all__ = [
     "make_pairs",
     "margin_ranking_loss",
     "pointwise_loss",
+    "quantize_onnx",
     "rank_metrics",
     "resampling_ceiling",
     "save_checkpoint",

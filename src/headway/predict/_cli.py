@@ -215,10 +215,12 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from headway.predict.score import export_onnx
+    from headway.predict.score import export_onnx, quantize_onnx
 
     path = export_onnx(args.model, args.out, opset=args.opset, verify=not args.no_verify)
     print(f"exported {path}" + ("" if args.no_verify else " (ONNX Runtime scores match torch)"))
+    if args.int8:
+        print(f"quantized {quantize_onnx(args.model)} (int8 weights; ranks like the float model)")
     return 0
 
 
@@ -287,7 +289,7 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--unit", choices=("tokens", "words", "chars"), default="tokens", help="length unit")
     p.add_argument("--delta", type=float, default=0.2, help="pair accuracy counts pairs with |a-b|/max(a,b) >= delta")
-    p.add_argument("--backend", choices=("torch", "onnx"), default="torch", help="inference backend")
+    p.add_argument("--backend", choices=("torch", "onnx", "onnx-int8"), default="torch", help="inference backend")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per forward")
     p.add_argument("--threads", type=int, default=2, help="CPU threads")
     p.add_argument("--data-dir", metavar="DIR", help="shared data directory for built-in data sets")
@@ -332,6 +334,7 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", help="ONNX file (default DIR/model.onnx)")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset")
     p.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs torch check")
+    p.add_argument("--int8", action="store_true", help="also write DIR/model.int8.onnx (dynamic int8 quantization)")
     p.set_defaults(func=_guarded(_cmd_export))
     return cast(argparse.ArgumentParser, pred)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from headway.predict._resolve import resolve_score_fn
 
@@ -17,9 +18,16 @@ def load_score_fn(spec: str) -> ScoreFn:
     """Resolve a scorer spec to ``list[str] -> scores``: ``"pkg.module:attr"`` or
     ``"pkg.module:factory()"`` (see :func:`headway.predict._resolve.resolve_score_fn`), or
     ``"default"`` for ``headway.predict.score:default_scorer()`` (the ``pars`` predictor;
-    trains it if missing)."""
-    if spec == "default":
-        spec = "headway.predict.score:default_scorer()"
+    trains it if missing), ``"default:BACKEND"`` for it on ``torch``, ``onnx`` or ``onnx-int8``."""
+    name, _, backend = spec.partition(":")
+    if name == "default":
+        if not backend:
+            return resolve_score_fn("headway.predict.score:default_scorer()")
+        if backend not in ("torch", "onnx", "onnx-int8"):
+            raise ValueError(f"scorer {spec!r}: unknown backend {backend!r}; use torch, onnx or onnx-int8")
+        from headway.predict.score import Backend, default_scorer
+
+        return cast(ScoreFn, default_scorer(cast("Backend", backend)).score)
     fn: ScoreFn = resolve_score_fn(spec)
     return fn
 
