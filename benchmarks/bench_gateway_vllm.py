@@ -267,7 +267,7 @@ def main() -> int:
                   f"  p90 E2E x{r['p90_e2e_speedup']:.2f}"
                   f"  p99 E2E x{r['p99_e2e_speedup']:.2f}")  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "rounds": rounds}, indent=2))
     return 0
 
 
