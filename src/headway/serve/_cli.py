@@ -105,7 +105,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--scorer",
         default=None,
-        help="prompt scorer for score-ranked policies: 'default' or 'module:callable'",
+        help="prompt scorer for score-ranked policies: 'default' (the trained predictor; 'default:onnx-int8' "
+        "is about twice as fast on CPU) or 'module:callable'",
     )
     p.add_argument(
         "--scorer-hold",
@@ -113,7 +114,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="while more requests are being scored than queued, free backends wait for the scores "
-        "up to S seconds (default 1; 0: never)",
+        "up to S seconds (default 1; 0: never; in-memory queue only)",
     )
     p.add_argument("--log-level", default="info")
     p.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn access log)")
