@@ -263,19 +263,29 @@ class Scorer:
 # ONNX export
 
 
-def _onnx_problem(ckpt: Path, hashes: dict[str, str]) -> str | None:
-    onnx_path, sidecar = ckpt / ONNX_FILE, ckpt / _ONNX_SIDECAR
-    if not onnx_path.is_file():
-        return "no ONNX export"
+def _derived_problem(
+    path: Path, sidecar: Path, what: str, source: tuple[str, str | None], own_key: str, stale: str
+) -> str | None:
+    """Why ``path``, a file derived from a checkpoint and described by the JSON ``sidecar``, cannot be
+    used (missing; made from another ``source`` = (sidecar key, current hash); or its hash, under
+    ``own_key``, no longer matches); None if it can."""
+    if not path.is_file():
+        return f"no {what}"
     try:
         info = json.loads(sidecar.read_text())
     except (OSError, json.JSONDecodeError):
-        return f"missing or corrupt {_ONNX_SIDECAR}"
-    if info.get("weights_sha256") != hashes.get("model.safetensors"):
-        return "stale ONNX export (the weights changed since)"
-    if info.get("onnx_sha256") != file_sha256(onnx_path):
-        return "ONNX file is corrupt or was modified"
+        return f"missing or corrupt {sidecar.name}"
+    if info.get(source[0]) != source[1]:
+        return stale
+    if info.get(own_key) != file_sha256(path):
+        return f"{what} is corrupt or was modified"
     return None
+
+
+def _onnx_problem(ckpt: Path, hashes: dict[str, str]) -> str | None:
+    weights = ("weights_sha256", hashes.get("model.safetensors"))
+    stale = "stale ONNX export (the weights changed since)"
+    return _derived_problem(ckpt / ONNX_FILE, ckpt / _ONNX_SIDECAR, "ONNX export", weights, "onnx_sha256", stale)
 
 
 def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, opset: int = 17, verify: bool = True) -> Path:
@@ -334,18 +344,10 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, opset:
 
 
 def _int8_problem(ckpt: Path) -> str | None:
-    path, sidecar = ckpt / ONNX_INT8_FILE, ckpt / _INT8_SIDECAR
-    if not path.is_file():
-        return "no int8 ONNX model"
-    try:
-        info = json.loads(sidecar.read_text())
-    except (OSError, json.JSONDecodeError):
-        return f"missing or corrupt {_INT8_SIDECAR}"
-    if info.get("source_sha256") != file_sha256(ckpt / ONNX_FILE):
-        return "stale int8 model (model.onnx changed since)"
-    if info.get("int8_sha256") != file_sha256(path):
-        return "int8 ONNX file is corrupt or was modified"
-    return None
+    source = ("source_sha256", file_sha256(ckpt / ONNX_FILE))
+    stale = "stale int8 model (model.onnx changed since)"
+    path = ckpt / ONNX_INT8_FILE
+    return _derived_problem(path, ckpt / _INT8_SIDECAR, "int8 ONNX model", source, "int8_sha256", stale)
 
 
 def quantize_onnx(checkpoint: str | Path) -> Path:
