@@ -144,6 +144,13 @@ def main() -> int:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--stagger-ms",
+        type=float,
+        default=0.0,
+        help="send the burst's requests this far apart, in the workload's (seeded) order, instead of all "
+        "at once: the direct run's FCFS order is then fixed rather than an HTTP race",
+    )
+    ap.add_argument(
         "--prompts",
         default="synthetic",
         help="'synthetic' (filler prompts, mixed lengths from --short/--long; pars uses the noisy oracle) or "
@@ -185,8 +192,15 @@ def main() -> int:
         wl = burst_workload(args.num_requests, args.seed, args.long_frac, short, long)  # type: ignore[arg-type]
     else:
         ap.error(f"--prompts: unknown {args.prompts!r} (synthetic or alpaca-heldout[:MODEL])")
+    if args.stagger_ms > 0:  # a fixed send order (the workload's, seeded), so vLLM's own FCFS order is too
+        from dataclasses import replace
+
+        wl = Workload.from_specs(
+            wl.name, [replace(s, arrival_time=i * args.stagger_ms / 1e3) for i, s in enumerate(wl)]
+        )
     outs = [s.num_output_tokens for s in wl]
-    print(f"workload: {len(wl)} requests at t=0, output tokens mean {np.mean(outs):.0f}, "
+    sent = f"{args.stagger_ms:g} ms apart" if args.stagger_ms > 0 else "at t=0"
+    print(f"workload: {len(wl)} requests {sent}, output tokens mean {np.mean(outs):.0f}, "
           f"min {min(outs)}, max {max(outs)}, total {sum(outs)}; "
           f"vLLM --max-num-seqs {args.max_num_seqs}")  # fmt: skip
     if args.simulate is not None:
