@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from headway.sim._config import CacheConfig, SchedulerConfig
-from headway.sim._cost import CostModel, StepSample
+from headway.sim._cost import TIME_FIELDS, CostModel, StepSample
 
 __all__ = [
     "PRESET_DIR_ENV",
@@ -406,12 +406,8 @@ def scaled(model: CostModel, factor: float, name: str | None = None) -> CostMode
     """``model`` with every time constant multiplied by ``factor``."""
     import dataclasses
 
-    return dataclasses.replace(
-        model, name=name or model.name, step_overhead=model.step_overhead * factor,
-        per_token=model.per_token * factor, per_seq=model.per_seq * factor,
-        per_kv_token=model.per_kv_token * factor, swap_per_token=model.swap_per_token * factor,
-        per_prefill_step=model.per_prefill_step * factor, per_arrival=model.per_arrival * factor,
-    )  # fmt: skip
+    times = {f: getattr(model, f) * factor for f in TIME_FIELDS}
+    return dataclasses.replace(model, name=name or model.name, **times)
 
 
 # ------------------------------------------------------------------ metrics

@@ -52,6 +52,12 @@ class StepSample:
     """Requests that arrived while the step ran (the scheduler sees them at the next step)."""
 
 
+TIME_FIELDS = (
+    "step_overhead", "per_token", "per_seq", "per_kv_token", "swap_per_token", "per_prefill_step", "per_arrival",
+)  # fmt: skip
+""":class:`CostModel`'s time constants (seconds): each must be >= 0, and a speed factor scales them all."""
+
+
 @dataclass(frozen=True, slots=True)
 class CostModel:
     """Step-time constants (seconds) and the memory figures that size the KV cache."""
@@ -82,15 +88,7 @@ class CostModel:
     CPU); the simulator lengthens the step in progress at each arrival."""
 
     def __post_init__(self) -> None:
-        for field_name in (
-            "step_overhead",
-            "per_token",
-            "per_seq",
-            "per_kv_token",
-            "swap_per_token",
-            "per_prefill_step",
-            "per_arrival",
-        ):
+        for field_name in TIME_FIELDS:
             value = getattr(self, field_name)
             if not (value >= 0.0 and math.isfinite(value)):
                 raise ValueError(f"cost model {self.name!r}: {field_name} must be >= 0, got {value}")
