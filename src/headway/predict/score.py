@@ -359,7 +359,8 @@ def quantize_onnx(checkpoint: str | Path) -> Path:
     from headway.predict.model import read_checkpoint_meta, verify_checkpoint_files
 
     p = Path(checkpoint).expanduser().resolve()
-    if _onnx_problem(p, verify_checkpoint_files(p, read_checkpoint_meta(p))):
+    meta = read_checkpoint_meta(p)
+    if _onnx_problem(p, verify_checkpoint_files(p, meta)):
         export_onnx(p)
     source, target = p / ONNX_FILE, p / ONNX_INT8_FILE
     tmp = target.with_name(f".{target.name}.tmp")
@@ -381,7 +382,7 @@ def quantize_onnx(checkpoint: str | Path) -> Path:
         "Explain how a transformer language model works, step by step, in detail.",
         "Write a 1000-word essay on the history of the Roman Empire.",
     ]  # fmt: skip
-    ii, mm = pad_batch(tokenize(tokenizer, sample, 128), int(tokenizer.pad_token_id or 0))
+    ii, mm = pad_batch(tokenize(tokenizer, sample, int(meta.get("max_length", 128))), int(tokenizer.pad_token_id or 0))
     ref = OnnxBackend(source, 1).run(ii, mm).reshape(-1)
     got = OnnxBackend(target, 1).run(ii, mm).reshape(-1)
     spread = float(np.ptp(ref)) or 1.0
