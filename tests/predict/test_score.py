@@ -42,6 +42,23 @@ def test_scores_do_not_depend_on_batching_or_padding(checkpoint: Path) -> None:
     assert len(set(np.round(batched, 6))) == 5
 
 
+def test_max_length_truncates_prompts_at_scoring_time_within_the_checkpoints_length(checkpoint: Path) -> None:
+    long_a = "alpha beta gamma delta " * 20  # far over 32 tokens; the two differ only after token 8
+    long_b = "alpha beta " + "omega psi chi " * 20
+    full = Scorer.from_checkpoint(checkpoint, cache_size=0)
+    assert full.max_length == 32  # the checkpoint's
+    short = Scorer.from_checkpoint(checkpoint, cache_size=0, max_length=8)
+    assert short.max_length == 8
+    a, b = short.score([long_a, long_b])
+    assert a != b  # 8 tokens still see where they differ ([CLS] + 6 words + [SEP])
+    same = Scorer.from_checkpoint(checkpoint, cache_size=0, max_length=8).score(["x " * 6 + "y " * 50, "x " * 6])
+    assert same[0] == pytest.approx(same[1], abs=1e-5)  # truncated to the same 8 tokens
+    assert not np.allclose(full.score(["x " * 6 + "y " * 50, "x " * 6]), same)
+    for bad in (4, 33):
+        with pytest.raises(ValueError, match=f"max_length must be 8..32 tokens .*got {bad}"):
+            Scorer.from_checkpoint(checkpoint, max_length=bad)
+
+
 def test_cache_hits_misses_duplicates_and_eviction(checkpoint: Path) -> None:
     scorer = Scorer.from_checkpoint(checkpoint, cache_size=3)
     first = scorer.score(PROMPTS[:3])

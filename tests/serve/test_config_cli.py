@@ -73,6 +73,10 @@ def test_load_toml_and_json(tmp_path):
         ({"backends": ["http://a"], "queue_ttl_s": 0}, "queue_ttl_s must be > 0, got 0"),
         ({"backends": ["http://a"], "max_queue_len": 0}, "max_queue_len must be >= 1, got 0"),
         ({"backends": ["http://a"], "scorer_hold_s": -1}, "scorer_hold_s must be >= 0, got -1"),
+        ({"backends": ["http://a"], "scorer": "default", "scorer_threads": 0}, "scorer_threads must be >= 1, got 0"),
+        ({"backends": ["http://a"], "scorer": "default", "scorer_threads": "2"}, "'scorer_threads' must be an integer"),
+        ({"backends": ["http://a"], "scorer": "default", "scorer_max_length": 4}, "must be >= 8 tokens, got 4"),
+        ({"backends": ["http://a"], "scorer": "m:f", "scorer_max_length": 64}, "only to the 'default' scorer"),
         ({"backends": ["http://a"], "bogus": 1}, "unknown gateway setting(s) ['bogus']"),
         ({"backends": ["http://a"], "redis_url": "http://r"}, "redis_url must start with"),
         ({"backends": ["http://a"], "tenants": [{"name": "t", "api_key_sha256": ["abc"]}]}, "64 hex digits"),
@@ -164,10 +168,12 @@ def test_cli_parsers_build_and_map_to_config():
     args = parser.parse_args(
         ["serve", "--backend", "http://127.0.0.1:1", "--backend", "http://127.0.0.1:2", "--policy", "pars",
          "--policy-arg", "tau=0.9", "--policy-arg", "scorer=noisy-oracle", "--backend-concurrency", "3",
-         "--queue-ttl", "7", "--api-keys", "off", "--scorer-hold", "0.25"]
+         "--queue-ttl", "7", "--api-keys", "off", "--scorer-hold", "0.25", "--scorer", "default:onnx-int8",
+         "--scorer-threads", "2", "--scorer-max-length", "64"]
     )  # fmt: skip
     c = build_config(args)
     assert c.scorer_hold_s == 0.25
+    assert (c.scorer, c.scorer_threads, c.scorer_max_length) == ("default:onnx-int8", 2, 64)
     assert [b.max_concurrency for b in c.backends] == [3, 3]
     assert c.policy_args == {"tau": 0.9, "scorer": "noisy-oracle"} and c.queue_ttl_s == 7
     assert not c.auth_enabled

@@ -383,6 +383,7 @@ def test_scorer_runs_batched_off_the_event_loop(make_stub, make_gateway, monkeyp
     assert all(not name.startswith("uvicorn") for name in threads)
     assert sorted(q.score for q in gw.gateway.finished_requests) == [float(i) for i in range(1, 9)]
     assert gw.gateway.dispatcher.scoring == 0  # every scored request was counted out
+    assert "headway_score_wait_seconds_count 8.0" in httpx.get(gw.url + "/metrics").text
 
 
 def test_policy_error_is_a_clear_500(make_stub, make_gateway):

@@ -6,7 +6,9 @@ import asyncio
 import threading
 import time
 
-from headway.serve._scorer import BatchScorer
+import pytest
+
+from headway.serve._scorer import BatchScorer, load_score_fn
 
 
 def test_batches_run_one_at_a_time_and_arrivals_meanwhile_form_the_next() -> None:
@@ -59,3 +61,10 @@ def test_a_failing_batch_fails_its_prompts_and_the_next_batch_still_runs() -> No
 
     first, second = asyncio.run(main())
     assert isinstance(first, RuntimeError) and second == 1.0
+
+
+def test_threads_and_max_length_are_refused_for_a_custom_scorer() -> None:
+    with pytest.raises(ValueError, match="apply only to the 'default' scorer"):
+        load_score_fn("headway.predict.score:default_scorer()", threads=2)
+    with pytest.raises(ValueError, match="unknown backend 'gpu'"):
+        load_score_fn("default:gpu")

@@ -103,6 +103,15 @@ def _hash(prompt: str) -> bytes:
     return hashlib.blake2b(prompt.encode("utf-8"), digest_size=16).digest()
 
 
+def _scoring_length(requested: int | None, trained: int) -> int:
+    """The prompt length to score at: ``requested`` (8 tokens up to the checkpoint's own), or the checkpoint's."""
+    if requested is None:
+        return trained
+    if not 8 <= requested <= trained:
+        raise ValueError(f"max_length must be 8..{trained} tokens (the checkpoint's length), got {requested}")
+    return requested
+
+
 class Scorer:
     """Scores prompts with a trained predictor.
 
@@ -150,11 +159,15 @@ class Scorer:
         threads: int = 2,
         cache_size: int = 100_000,
         export_if_missing: bool = True,
+        max_length: int | None = None,
     ) -> Scorer:
         """Load a checkpoint directory for scoring. With ``backend="onnx"``, ``model.onnx`` in the
         checkpoint is used (exported first when missing or stale and ``export_if_missing``); with
         ``"onnx-int8"``, its dynamically int8-quantized copy ``model.int8.onnx`` (made the same way;
-        about twice as fast on CPU, see ``benchmarks/results/predictor_bench.md``)."""
+        about twice as fast on CPU, see ``benchmarks/results/predictor_bench.md``).
+
+        ``max_length`` truncates prompts at scoring time to fewer tokens than the checkpoint was
+        trained with (default: the checkpoint's): scoring time grows with the longest prompts."""
         import torch
 
         from headway.predict.model import load_checkpoint, read_checkpoint_meta, verify_checkpoint_files
@@ -166,7 +179,7 @@ class Scorer:
             return cls(
                 TorchBackend(loaded.model),
                 loaded.tokenizer,
-                max_length=loaded.max_length,
+                max_length=_scoring_length(max_length, loaded.max_length),
                 batch_size=batch_size,
                 cache_size=cache_size,
                 name=p.name,
@@ -199,7 +212,7 @@ class Scorer:
         return cls(
             OnnxBackend(onnx_path, threads),
             tokenizer,
-            max_length=int(meta.get("max_length", 128)),
+            max_length=_scoring_length(max_length, int(meta.get("max_length", 128))),
             batch_size=batch_size,
             cache_size=cache_size,
             name=p.name,
@@ -445,8 +458,13 @@ def ensure_predictor(
 
 
 def default_scorer(
-    backend: Backend = "torch", *, train_if_missing: bool = True, threads: int = 2, batch_size: int = 32
+    backend: Backend = "torch",
+    *,
+    train_if_missing: bool = True,
+    threads: int = 2,
+    batch_size: int = 32,
+    max_length: int | None = None,
 ) -> Scorer:
     """The scorer the ``pars`` policy and the simulator use by default (see :func:`ensure_predictor`)."""
     path = ensure_predictor(train_if_missing=train_if_missing)
-    return Scorer.from_checkpoint(path, backend, threads=threads, batch_size=batch_size)
+    return Scorer.from_checkpoint(path, backend, threads=threads, batch_size=batch_size, max_length=max_length)

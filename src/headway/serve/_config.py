@@ -180,6 +180,15 @@ class GatewayConfig:
     ``pars`` and other score-ranked policies). ``"default"`` (the ``headway.predict``
     predictor), ``"module:callable"`` (``list[str] -> scores``, or an object with
     ``score(prompts)``) or ``"module:factory()"``."""
+    scorer_threads: int | None = None
+    """CPU threads of the ``default`` predictor (default 2). On this project's 2-core VM, with
+    vLLM on one core, neither 1 nor 2 was faster in every session (``benchmarks/results/gateway.md``)."""
+    scorer_max_length: int | None = None
+    """Truncate prompts to this many tokens when scoring with the ``default`` predictor
+    (default: the length it was trained with, 128). Scoring time grows with the longest
+    prompts: at 64 the int8 predictor scores alpaca_eval's instructions 1.4x as fast, with
+    held-out tau_b 0.483 vs 0.487 (``benchmarks/results/predictor_bench_max_length.md``), and
+    ``pars`` behind the gateway gains (``benchmarks/results/gateway.md``)."""
     scorer_batch_size: int = 32
     scorer_max_wait_s: float = 0.002
     scorer_hold_s: float = 1.0
@@ -242,6 +251,18 @@ class GatewayConfig:
             not self.scorer or self.scorer == "default" or ":" in self.scorer,
             f"scorer must be 'default' or 'module:callable', got {self.scorer!r}",
         )
+        _check(
+            self.scorer_threads is None or self.scorer_threads >= 1,
+            f"scorer_threads must be >= 1, got {self.scorer_threads}",
+        )
+        _check(
+            self.scorer_max_length is None or self.scorer_max_length >= 8,
+            f"scorer_max_length must be >= 8 tokens, got {self.scorer_max_length}",
+        )
+        _check(
+            (self.scorer_threads is None and self.scorer_max_length is None) or self.scorer.startswith("default"),
+            f"scorer_threads and scorer_max_length apply only to the 'default' scorer, got scorer {self.scorer!r}",
+        )
         _check(self.scorer_batch_size >= 1, f"scorer_batch_size must be >= 1, got {self.scorer_batch_size}")
         _check(self.scorer_hold_s >= 0, f"scorer_hold_s must be >= 0, got {self.scorer_hold_s}")
         _check(
@@ -282,6 +303,10 @@ def _types(kind: str, cls: type, data: Mapping[str, Any]) -> None:
     fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
     for name, value in data.items():
         ann = str(fields[name].type)
+        if ann.endswith(" | None"):  # optional: None means the default
+            if value is None:
+                continue
+            ann = ann.removesuffix(" | None")
         if ann == "bool":
             ok, want = isinstance(value, bool), "true or false"
         elif ann == "int":

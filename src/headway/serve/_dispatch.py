@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from headway.core._router import Estimator, policy_estimator
 from headway.serve._config import BackendConfig
 
 __all__ = ["Backend", "Dispatcher", "QueueFullError"]
+
+log = logging.getLogger("headway.serve.dispatch")
 
 
 class QueueFullError(Exception):
@@ -221,6 +224,7 @@ class Dispatcher:
             self._hold_since = None
             return False
         if self._hold_since is None:
+            log.debug("hold: %d being scored, %d queued", self.scoring, len(self.queue))
             self._hold_since = now_mono
             asyncio.get_running_loop().call_later(self.score_hold_s, self.dispatch)
         return now_mono - self._hold_since < self.score_hold_s
@@ -236,6 +240,7 @@ class Dispatcher:
         queue.refresh(now_mono - self._t0)
         n = 0
         skipped: list[Request] = []
+        trace = log.isEnabledFor(logging.DEBUG)
         while queue:
             req = queue.peek()
             assert req is not None
@@ -256,6 +261,9 @@ class Dispatcher:
             req.transition(RequestState.RUNNING)
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
+            if trace:
+                log.debug("dispatch %s at %.3f s (waited %.3f s, score %s, %d queued) to %s", req.request_id, now,
+                          now - req.arrival_time, req.score, len(queue), backend.url)  # fmt: skip
             if self._on_dispatch is not None:
                 self._on_dispatch(req, backend)
             if not fut.done():

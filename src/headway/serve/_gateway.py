@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -269,7 +270,8 @@ class Gateway:
         self.tenants = TenantDirectory(config, self._redis)
         self.scorer: BatchScorer | None = None
         if config.scorer:
-            self.scorer = BatchScorer(load_score_fn(config.scorer), config.scorer_batch_size, config.scorer_max_wait_s)
+            fn = load_score_fn(config.scorer, threads=config.scorer_threads, max_length=config.scorer_max_length)
+            self.scorer = BatchScorer(fn, config.scorer_batch_size, config.scorer_max_wait_s)
         self.client: httpx.AsyncClient | None = None
         """For /metrics polls and /v1/models; requests go through :attr:`pools`."""
         self.pools = [
@@ -556,8 +558,10 @@ class Gateway:
         req = self._new_request(parsed, ident)
         if self.scorer is not None and req.prompt:
             self.dispatcher.scoring += 1  # free backends may wait for it (Dispatcher._holding)
+            t0 = time.perf_counter()
             try:
                 req.score = await self.scorer.score(req.prompt)
+                self.metrics.score_wait.observe(time.perf_counter() - t0)
             except Exception:
                 log.exception("scorer failed; request %s goes unscored", req.request_id)
             except BaseException:  # cancelled: it goes no further, and a hold may end without it

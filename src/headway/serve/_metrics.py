@@ -54,6 +54,12 @@ class GatewayMetrics:
             buckets=_WAIT_BUCKETS,
             registry=self.registry,
         )
+        self.score_wait = Histogram(
+            "headway_score_wait_seconds",
+            "Time from arrival until the prompt's length score is there (with a scorer)",
+            buckets=_WAIT_BUCKETS,
+            registry=self.registry,
+        )
         self.dispatches = Counter(
             "headway_dispatches", "Requests dispatched to a backend", ["backend"], registry=self.registry
         )

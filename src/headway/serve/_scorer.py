@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import cast
 
@@ -10,26 +12,34 @@ from headway.predict._resolve import resolve_score_fn
 
 __all__ = ["BatchScorer", "ScoreFn", "load_score_fn"]
 
+log = logging.getLogger("headway.serve.scorer")
+
 ScoreFn = Callable[[list[str]], Sequence[float]]
 """Scores a batch of prompts (higher = longer expected output)."""
 
 
-def load_score_fn(spec: str) -> ScoreFn:
+def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | None = None) -> ScoreFn:
     """Resolve a scorer spec to ``list[str] -> scores``: ``"pkg.module:attr"`` or
     ``"pkg.module:factory()"`` (see :func:`headway.predict._resolve.resolve_score_fn`), or
     ``"default"`` for ``headway.predict.score:default_scorer()`` (the ``pars`` predictor;
-    trains it if missing), ``"default:BACKEND"`` for it on ``torch``, ``onnx`` or ``onnx-int8``."""
-    name, _, backend = spec.partition(":")
-    if name == "default":
-        if not backend:
-            return resolve_score_fn("headway.predict.score:default_scorer()")
-        if backend not in ("torch", "onnx", "onnx-int8"):
-            raise ValueError(f"scorer {spec!r}: unknown backend {backend!r}; use torch, onnx or onnx-int8")
-        from headway.predict.score import Backend, default_scorer
+    trains it if missing), ``"default:BACKEND"`` for it on ``torch``, ``onnx`` or ``onnx-int8``.
 
-        return cast(ScoreFn, default_scorer(cast("Backend", backend)).score)
-    fn: ScoreFn = resolve_score_fn(spec)
-    return fn
+    ``threads`` (default 2) and ``max_length`` (default: the checkpoint's) apply to the
+    default predictor only; see :class:`~headway.serve.GatewayConfig`.
+    """
+    name, _, backend = spec.partition(":")
+    if name != "default":
+        if threads is not None or max_length is not None:
+            raise ValueError(f"scorer {spec!r}: scorer threads and max length apply only to the 'default' scorer")
+        fn: ScoreFn = resolve_score_fn(spec)
+        return fn
+    backend = backend or "torch"
+    if backend not in ("torch", "onnx", "onnx-int8"):
+        raise ValueError(f"scorer {spec!r}: unknown backend {backend!r}; use torch, onnx or onnx-int8")
+    from headway.predict.score import Backend, default_scorer
+
+    scorer = default_scorer(cast("Backend", backend), threads=threads or 2, max_length=max_length)
+    return cast(ScoreFn, scorer.score)
 
 
 class BatchScorer:
@@ -80,6 +90,7 @@ class BatchScorer:
             self._flush()  # what arrived meanwhile
 
     async def _score(self, batch: list[tuple[str, asyncio.Future[float]]]) -> None:
+        t0 = time.perf_counter()
         try:
             scores = await asyncio.to_thread(self._fn, [p for p, _ in batch])
             if len(scores) != len(batch):
@@ -89,6 +100,8 @@ class BatchScorer:
                 if not fut.done():
                     fut.set_exception(exc)
             return
+        log.debug("scored %d prompts in %.1f ms (%d waiting)", len(batch), (time.perf_counter() - t0) * 1e3,
+                  len(self._pending))  # fmt: skip
         for (_, fut), s in zip(batch, scores, strict=True):
             if not fut.done():
                 fut.set_result(float(s))
