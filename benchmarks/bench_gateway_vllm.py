@@ -20,6 +20,7 @@ Bounded: every run has a whole-run timeout (--run-timeout); servers are killed a
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tempfile
@@ -86,6 +87,8 @@ def start_gateway(
     policy_args: list[str],
     scorer: str | None = None,
     scorer_hold: str | None = None,
+    scorer_threads: str | None = None,
+    scorer_max_length: str | None = None,
 ) -> Proc:
     args = ["--policy", policy, "--backend-concurrency", str(concurrency), "--queue-ttl", "3600"]
     for a in policy_args:
@@ -94,7 +97,26 @@ def start_gateway(
         args += ["--scorer", scorer]
     if scorer_hold is not None:
         args += ["--scorer-hold", scorer_hold]
+    if scorer_threads is not None:
+        args += ["--scorer-threads", scorer_threads]
+    if scorer_max_length is not None:
+        args += ["--scorer-max-length", scorer_max_length]
     return procs.gateway([backend], *args, start=False).start(timeout=30)  # a scorer may load a model
+
+
+def _precompute_scores(wl: Workload, path: Path) -> None:
+    """``--scorer precomputed``: the int8 predictor's scores (at its full 128 tokens), looked up by
+    the gateway through ``benchmarks/_bench_scores.py``: the ranking without the scoring time."""
+    import os
+
+    from headway.predict.score import default_scorer
+
+    prompts = [str(s.prompt) for s in wl]
+    scores = default_scorer("onnx-int8").score(prompts)
+    path.write_text(json.dumps({p: float(x) for p, x in zip(prompts, scores, strict=True)}))
+    os.environ["HEADWAY_BENCH_SCORES"] = str(path)
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (here, os.environ.get("PYTHONPATH")) if x)
 
 
 def simulate_ratios(wl: Workload, step_s: float, max_num_seqs: int, taus: list[float]) -> int:
@@ -167,9 +189,23 @@ def main() -> int:
         "--scorer",
         default="default:onnx-int8",
         help="alpaca-heldout: comma list of gateway --scorer specs (the trained predictor on a backend), one pars "
-        "run each",
+        "run each; 'precomputed': the int8 predictor's scores computed before the run and looked up by the "
+        "gateway (the same ranking without scoring time)",
     )
-    ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
+    ap.add_argument(
+        "--scorer-threads", default="2", help="alpaca-heldout: comma list, one pars run per gateway --scorer-threads"
+    )
+    ap.add_argument(
+        "--scorer-max-length",
+        default="64",
+        help="alpaca-heldout: comma list, one pars run per gateway --scorer-max-length (tokens)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="interleaved rounds (every other one in reverse order); medians are reported",
+    )
     ap.add_argument("--run-timeout", type=float, default=600.0)
     ap.add_argument("--json", default=None)
     ap.add_argument(
@@ -180,7 +216,11 @@ def main() -> int:
         help="no vLLM: print what headway's simulator predicts for this workload (per-token latency of "
         "sjf-oracle and of pars at noisy-oracle taus, relative to fcfs) with a STEP_MS-per-step engine",
     )
+    ap.add_argument("--rounds-of", metavar="JSON", help="print the per-round table of a saved --json file and exit")
     args = ap.parse_args()
+    if args.rounds_of:
+        print_rounds(json.loads(Path(args.rounds_of).read_text())["rounds"])
+        return 0
 
     short = tuple(int(x) for x in args.short.split(","))
     long = tuple(int(x) for x in args.long.split(","))
@@ -214,29 +254,44 @@ def main() -> int:
         start_vllm(python, model, max_num_seqs=args.max_num_seqs, log_path=Path(tmp) / "vllm.log") as vllm,
     ):
         gateways = Cluster(Path(tmp))
+        if real and "precomputed" in args.scorer.split(","):
+            _precompute_scores(wl, Path(tmp) / "scores.json")
         bench = BenchConfig(vllm, model="tiny-llama", timeout_s=args.run_timeout, request_timeout_s=args.run_timeout)
         run_bench_sync(Workload.from_specs("warmup", list(wl)[:4]), bench)  # warm-up
         runs: list[tuple[str, str | None, list[str]]] = [("vllm-direct (fcfs)", None, [])]
         for p in [p for p in args.policies.split(",") if p]:
             if p == "pars" and real:
-                for spec in args.scorer.split(","):
+                if "precomputed" in args.scorer.split(","):
                     for hold in args.scorer_hold.split(","):
-                        label = f"gateway+pars ({spec}, hold {hold} s)"
-                        runs.append((label, p, [f"gw-hold={hold}", f"gw-scorer={spec}"]))
+                        label = f"gateway+pars (precomputed int8 scores, hold {hold} s)"
+                        runs.append((label, p, [f"gw-hold={hold}", "gw-scorer=_bench_scores:lookup"]))
+                for spec, hold, threads, max_len in itertools.product(
+                    [s for s in args.scorer.split(",") if s != "precomputed"],
+                    args.scorer_hold.split(","),
+                    args.scorer_threads.split(","),
+                    args.scorer_max_length.split(","),
+                ):
+                    label = f"gateway+pars ({spec}, hold {hold} s, {threads} thr, max {max_len} tok)"
+                    gw_opts = [f"gw-hold={hold}", f"gw-scorer={spec}", f"gw-threads={threads}", f"gw-maxlen={max_len}"]
+                    runs.append((label, p, gw_opts))
             elif p == "pars":
                 for tau in args.pars_tau.split(","):
                     runs.append((f"gateway+pars (noisy-oracle tau={tau})", p, ["scorer=noisy-oracle", f"tau={tau}"]))
             else:
                 runs.append((f"gateway+{p}", p, []))
         rounds: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in runs}
-        for label, policy, pargs in [r for _ in range(args.repeats) for r in runs]:
+        # every other round runs in reverse order (ABBA), so a drift in the machine's speed over the
+        # session does not favour the runs that come later in a round
+        schedule = [r for i in range(args.repeats) for r in (runs if i % 2 == 0 else runs[::-1])]
+        for label, policy, pargs in schedule:
             gw = None
             endpoint = vllm
             if policy is not None:
                 # gateway options ride along as gw-NAME=VALUE; the rest are --policy-arg
                 opts = {k: v for k, _, v in (a.partition("=") for a in pargs if a.startswith("gw-"))}
                 pargs = [a for a in pargs if not a.startswith("gw-")]
-                gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, opts.get("gw-scorer"), opts.get("gw-hold"))
+                gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, opts.get("gw-scorer"), opts.get("gw-hold"),
+                                   opts.get("gw-threads"), opts.get("gw-maxlen"))  # fmt: skip
                 endpoint = gw.url
             try:
                 t0 = time.monotonic()
@@ -280,9 +335,21 @@ def main() -> int:
             print(f"  {label:45s} per-token x{r['per_token_speedup']:.2f}"
                   f"  p90 E2E x{r['p90_e2e_speedup']:.2f}"
                   f"  p99 E2E x{r['p99_e2e_speedup']:.2f}")  # fmt: skip
+    if args.repeats > 1:
+        print_rounds(rounds)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "rounds": rounds}, indent=2))
     return 0
+
+
+def print_rounds(rounds: dict[str, list[dict[str, float]]]) -> None:
+    """Each round's mean per-token latency and its ratio to the same round's direct run."""
+    base = [r["mean_per_token_latency_ms"] for r in rounds["vllm-direct (fcfs)"]]
+    print("\nper round: mean per-token latency (ms), and direct / gateway in that round:")
+    for label, rs in rounds.items():
+        ms = [r["mean_per_token_latency_ms"] for r in rs]
+        print(f"  {label:45s} " + " ".join(f"{m:6.1f}" for m in ms) + "   x " + " ".join(
+            f"{b / m:4.2f}" for b, m in zip(base, ms, strict=True)))  # fmt: skip
 
 
 if __name__ == "__main__":

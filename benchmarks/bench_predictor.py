@@ -1,8 +1,8 @@
 """Predictor scoring speed on CPU: prompts/s batched (torch vs ONNX Runtime) and single-prompt latency.
 
-Scores alpaca_eval's 805 instructions (truncated to the checkpoint's max length, 128 by default) end to
-end: tokenization, dynamic padding, the model, with the score cache disabled. Target: >= 100 prompts/s
-batched on 2 CPU cores.
+Scores alpaca_eval's 805 instructions (truncated to the checkpoint's max length, 128 by default, or to
+each ``--score-max-length``) end to end: tokenization, dynamic padding, the model, with the score cache
+disabled. Target: >= 100 prompts/s batched on 2 CPU cores.
 
     python benchmarks/bench_predictor.py                       # the default checkpoint if trained
     python benchmarks/bench_predictor.py --model DIR --out benchmarks/results/predictor_bench.md
@@ -88,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
     ap.add_argument("--batch-size", type=int, default=32, help="prompts per forward (default 32)")
     ap.add_argument("--max-length", type=int, default=128, help="for an untrained checkpoint (default 128)")
+    ap.add_argument(
+        "--score-max-length",
+        default="",
+        help="comma list of lengths (tokens) to truncate prompts to when scoring, one row each per backend "
+        "(default: the checkpoint's); the gateway's --scorer-max-length",
+    )
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     ap.add_argument("--repeats", type=int, default=3, help="timed passes over the 805 prompts (default 3)")
     ap.add_argument("--single", type=int, default=100, help="prompts timed one at a time (default 100)")
@@ -107,18 +113,21 @@ def main(argv: list[str] | None = None) -> int:
     ckpt, what = _checkpoint(args.model, args.max_length)
     load_before = os.getloadavg()
     rows = []
-    for backend in [b for b in args.backends.split(",") if b]:
+    lengths: list[int | None] = [int(x) for x in args.score_max_length.split(",") if x] or [None]
+    for backend, length in [(b, n) for b in args.backends.split(",") if b for n in lengths]:
         scorer = Scorer.from_checkpoint(
             ckpt,
             backend,
             batch_size=args.batch_size,
             threads=args.threads,
             cache_size=0,
+            max_length=length,
         )
         rates = _throughput(scorer, prompts, args.repeats)
         lat = _latency_ms(scorer, list(reversed(prompts)), args.single)
         row = {
             "backend": backend,
+            "max_length": scorer.max_length,
             "heldout_tau": _heldout_tau(scorer, data_dir),
             "prompts_per_s_median": statistics.median(rates),
             "prompts_per_s_best": max(rates),
@@ -127,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows.append(row)
         print(
-            f"{backend:>5}: {row['prompts_per_s_median']:7.1f} prompts/s batched "
+            f"{backend:>5} ({scorer.max_length} tokens): {row['prompts_per_s_median']:7.1f} prompts/s batched "
             f"(best {row['prompts_per_s_best']:.1f}), single p50 {row['single_p50_ms']:.1f} ms, "
             f"p90 {row['single_p90_ms']:.1f} ms, held-out tau_b vs gpt4 {row['heldout_tau']:.4f}",
             flush=True,
@@ -154,12 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         "Held-out tau_b: Kendall tau_b against gpt4's lengths on the default split's 154 test prompts",
         "(quality check of each backend's scores; the same for torch and onnx, int8 may differ).",
         "",
-        "| backend | prompts/s batched (median) | best | single prompt p50 (ms) | p90 (ms) | held-out tau_b |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| backend | prompt tokens (max) | prompts/s batched (median) | best | single prompt p50 (ms) | p90 (ms) "
+        "| held-out tau_b |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['backend']} | {r['prompts_per_s_median']:.1f} | {r['prompts_per_s_best']:.1f} | "
+            f"| {r['backend']} | {r['max_length']} | {r['prompts_per_s_median']:.1f} | {r['prompts_per_s_best']:.1f} | "
             f"{r['single_p50_ms']:.1f} | {r['single_p90_ms']:.1f} | {r['heldout_tau']:.4f} |"
         )
     text = "\n".join(lines) + "\n"
