@@ -68,3 +68,22 @@ def test_threads_and_max_length_are_refused_for_a_custom_scorer() -> None:
         load_score_fn("headway.predict.score:default_scorer()", threads=2)
     with pytest.raises(ValueError, match="unknown backend 'gpu'"):
         load_score_fn("default:gpu")
+
+
+def test_default_scorer_gets_the_gateways_threads_and_max_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    import headway.predict.score as score_mod
+
+    seen: list[tuple[str, int, int | None]] = []
+
+    class Fake:
+        def score(self, prompts: list[str]) -> list[float]:
+            return [0.0] * len(prompts)
+
+    def fake_default_scorer(backend: str = "torch", *, threads: int = 2, max_length: int | None = None) -> Fake:
+        seen.append((backend, threads, max_length))
+        return Fake()
+
+    monkeypatch.setattr(score_mod, "default_scorer", fake_default_scorer)
+    assert load_score_fn("default:onnx-int8", threads=1, max_length=64)(["a", "b"]) == [0.0, 0.0]
+    load_score_fn("default")
+    assert seen == [("onnx-int8", 1, 64), ("torch", 2, None)]  # unset: 2 threads, the checkpoint's length
