@@ -77,6 +77,7 @@ def test_load_toml_and_json(tmp_path):
         ({"backends": ["http://a"], "scorer": "default", "scorer_threads": "2"}, "'scorer_threads' must be an integer"),
         ({"backends": ["http://a"], "scorer": "default", "scorer_max_length": 4}, "must be >= 8 tokens, got 4"),
         ({"backends": ["http://a"], "scorer": "m:f", "scorer_max_length": 64}, "only to the 'default' scorer"),
+        ({"backends": ["http://a"], "scorer": "defaults:f", "scorer_threads": 1}, "only to the 'default' scorer"),
         ({"backends": ["http://a"], "bogus": 1}, "unknown gateway setting(s) ['bogus']"),
         ({"backends": ["http://a"], "redis_url": "http://r"}, "redis_url must start with"),
         ({"backends": ["http://a"], "tenants": [{"name": "t", "api_key_sha256": ["abc"]}]}, "64 hex digits"),

@@ -259,8 +259,9 @@ class GatewayConfig:
             self.scorer_max_length is None or self.scorer_max_length >= 8,
             f"scorer_max_length must be >= 8 tokens, got {self.scorer_max_length}",
         )
+        tuned = self.scorer_threads is not None or self.scorer_max_length is not None
         _check(
-            (self.scorer_threads is None and self.scorer_max_length is None) or self.scorer.startswith("default"),
+            not tuned or self.scorer.partition(":")[0] == "default",
             f"scorer_threads and scorer_max_length apply only to the 'default' scorer, got scorer {self.scorer!r}",
         )
         _check(self.scorer_batch_size >= 1, f"scorer_batch_size must be >= 1, got {self.scorer_batch_size}")
