@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import tempfile
 import time
@@ -107,8 +108,6 @@ def start_gateway(
 def _precompute_scores(wl: Workload, path: Path) -> None:
     """``--scorer precomputed``: the int8 predictor's scores (at its full 128 tokens), looked up by
     the gateway through ``benchmarks/_bench_scores.py``: the ranking without the scoring time."""
-    import os
-
     from headway.predict.score import default_scorer
 
     prompts = [str(s.prompt) for s in wl]
@@ -201,6 +200,12 @@ def main() -> int:
         help="alpaca-heldout: comma list, one pars run per gateway --scorer-max-length (tokens)",
     )
     ap.add_argument(
+        "--scorer-spinning",
+        default="1",
+        help="alpaca-heldout: comma list of HEADWAY_ORT_SPINNING values (1: ONNX Runtime's threads busy-wait "
+        "between runs, its default; 0: they sleep), one pars run each",
+    )
+    ap.add_argument(
         "--repeats",
         type=int,
         default=1,
@@ -216,11 +221,17 @@ def main() -> int:
         help="no vLLM: print what headway's simulator predicts for this workload (per-token latency of "
         "sjf-oracle and of pars at noisy-oracle taus, relative to fcfs) with a STEP_MS-per-step engine",
     )
-    ap.add_argument("--rounds-of", metavar="JSON", help="print the per-round table of a saved --json file and exit")
+    ap.add_argument(
+        "--rounds-of", nargs="+", metavar="JSON", help="print the per-round tables of saved --json files and exit"
+    )
+    ap.add_argument(
+        "--pool",
+        metavar="REGEX",
+        help="with --rounds-of: the per-round ratios of every run whose label matches REGEX, over all the files",
+    )
     args = ap.parse_args()
     if args.rounds_of:
-        print_rounds(json.loads(Path(args.rounds_of).read_text())["rounds"])
-        return 0
+        return print_saved_rounds(args.rounds_of, args.pool)
 
     short = tuple(int(x) for x in args.short.split(","))
     long = tuple(int(x) for x in args.long.split(","))
@@ -265,14 +276,18 @@ def main() -> int:
                     for hold in args.scorer_hold.split(","):
                         label = f"gateway+pars (precomputed int8 scores, hold {hold} s)"
                         runs.append((label, p, [f"gw-hold={hold}", "gw-scorer=_bench_scores:lookup"]))
-                for spec, hold, threads, max_len in itertools.product(
+                spins = args.scorer_spinning.split(",")
+                for spec, hold, threads, max_len, spin in itertools.product(
                     [s for s in args.scorer.split(",") if s != "precomputed"],
                     args.scorer_hold.split(","),
                     args.scorer_threads.split(","),
                     args.scorer_max_length.split(","),
+                    spins,
                 ):
                     label = f"gateway+pars ({spec}, hold {hold} s, {threads} thr, max {max_len} tok)"
-                    gw_opts = [f"gw-hold={hold}", f"gw-scorer={spec}", f"gw-threads={threads}", f"gw-maxlen={max_len}"]
+                    label += f" spinning {spin}" if len(spins) > 1 else ""
+                    gw_opts = [f"gw-hold={hold}", f"gw-scorer={spec}", f"gw-threads={threads}", f"gw-maxlen={max_len}",
+                               f"gw-spin={spin}"]  # fmt: skip
                     runs.append((label, p, gw_opts))
             elif p == "pars":
                 for tau in args.pars_tau.split(","):
@@ -290,6 +305,7 @@ def main() -> int:
                 # gateway options ride along as gw-NAME=VALUE; the rest are --policy-arg
                 opts = {k: v for k, _, v in (a.partition("=") for a in pargs if a.startswith("gw-"))}
                 pargs = [a for a in pargs if not a.startswith("gw-")]
+                os.environ["HEADWAY_ORT_SPINNING"] = opts.get("gw-spin", "1")  # the gateway inherits it
                 gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, opts.get("gw-scorer"), opts.get("gw-hold"),
                                    opts.get("gw-threads"), opts.get("gw-maxlen"))  # fmt: skip
                 endpoint = gw.url
@@ -339,6 +355,29 @@ def main() -> int:
         print_rounds(rounds)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "rounds": rounds}, indent=2))
+    return 0
+
+
+def print_saved_rounds(paths: list[str], pool: str | None) -> int:
+    """``--rounds-of``: each file's per-round table; with ``--pool``, the matching runs' ratios together."""
+    import re
+
+    pooled: list[float] = []
+    for path in paths:
+        print(f"\n{path}:")
+        rounds = json.loads(Path(path).read_text())["rounds"]
+        print_rounds(rounds)
+        base = [r["mean_per_token_latency_ms"] for r in rounds["vllm-direct (fcfs)"]]
+        for label, rs in rounds.items():
+            if pool and re.search(pool, label):
+                pooled += [b / r["mean_per_token_latency_ms"] for b, r in zip(base, rs, strict=True)]
+    if pool:
+        if not pooled:
+            print(f"\nno run label matches {pool!r}")
+            return 1
+        xs = sorted(pooled)
+        print(f"\nruns matching {pool!r}: {len(xs)} rounds, direct / gateway {xs[0]:.2f}-{xs[-1]:.2f}, "
+              f"median {float(np.median(xs)):.2f}, {sum(x >= 3 for x in xs)} of {len(xs)} at 3x or above")  # fmt: skip
     return 0
 
 

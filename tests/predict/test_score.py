@@ -113,6 +113,12 @@ def test_onnx_export_matches_torch_and_detects_staleness(checkpoint: Path, tmp_p
     onnx = Scorer.from_checkpoint(ck, "onnx", batch_size=2)
     assert onnx.backend == "onnx"
     assert np.allclose(onnx.score(PROMPTS), ref, atol=1e-4)
+    with pytest.MonkeyPatch.context() as mp:  # ONNX Runtime's thread spinning: 1 (default) or 0, nothing else
+        mp.setenv("HEADWAY_ORT_SPINNING", "0")
+        assert np.allclose(Scorer.from_checkpoint(ck, "onnx").score(PROMPTS), ref, atol=1e-4)
+        mp.setenv("HEADWAY_ORT_SPINNING", "yes")
+        with pytest.raises(ValueError, match="HEADWAY_ORT_SPINNING must be 0 or 1, got 'yes'"):
+            Scorer.from_checkpoint(ck, "onnx")
     # a modified ONNX file is refused (or re-exported when allowed)
     path.write_bytes(path.read_bytes()[:-10] + b"0123456789")
     with pytest.raises(CheckpointError, match="corrupt or was modified"):

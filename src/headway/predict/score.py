@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -70,7 +71,13 @@ class TorchBackend:
 
 
 class OnnxBackend:
-    """Runs an exported ``model.onnx`` with ONNX Runtime's CPU provider."""
+    """Runs an exported ``model.onnx`` with ONNX Runtime's CPU provider.
+
+    ONNX Runtime's worker threads busy-wait for the next run (its default).
+    ``HEADWAY_ORT_SPINNING=0`` makes them sleep instead (``session.intra_op.allow_spinning``),
+    which frees CPU on shared cores; in the gateway's burst benchmark it did not change latency
+    (``benchmarks/results/gateway.md``).
+    """
 
     name = "onnx"
 
@@ -80,6 +87,10 @@ class OnnxBackend:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = max(1, threads)
         opts.inter_op_num_threads = 1
+        spinning = os.environ.get("HEADWAY_ORT_SPINNING", "1")
+        if spinning not in ("0", "1"):
+            raise ValueError(f"HEADWAY_ORT_SPINNING must be 0 or 1, got {spinning!r}")
+        opts.add_session_config_entry("session.intra_op.allow_spinning", spinning)
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         try:
             self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
