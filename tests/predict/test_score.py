@@ -43,7 +43,7 @@ def test_scores_do_not_depend_on_batching_or_padding(checkpoint: Path) -> None:
 
 
 def test_max_length_truncates_prompts_at_scoring_time_within_the_checkpoints_length(checkpoint: Path) -> None:
-    long_a = "alpha beta gamma delta " * 20  # far over 32 tokens; the two differ only after token 8
+    long_a = "alpha beta gamma delta " * 20  # far over 32 tokens; the two differ from the third word on
     long_b = "alpha beta " + "omega psi chi " * 20
     full = Scorer.from_checkpoint(checkpoint, cache_size=0)
     assert full.max_length == 32  # the checkpoint's
