@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from headway.predict._errors import PredictError
 from headway.predict._paths import DEFAULT_PREDICTOR_NAME, DEFAULT_TRAIN_DATA
+from headway.predict.score import BACKENDS
 
 __all__ = ["add_predictor_parser", "main"]
 
@@ -289,7 +290,7 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--unit", choices=("tokens", "words", "chars"), default="tokens", help="length unit")
     p.add_argument("--delta", type=float, default=0.2, help="pair accuracy counts pairs with |a-b|/max(a,b) >= delta")
-    p.add_argument("--backend", choices=("torch", "onnx", "onnx-int8"), default="torch", help="inference backend")
+    p.add_argument("--backend", choices=BACKENDS, default="torch", help="inference backend")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per forward")
     p.add_argument("--threads", type=int, default=2, help="CPU threads")
     p.add_argument("--data-dir", metavar="DIR", help="shared data directory for built-in data sets")

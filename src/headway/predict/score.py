@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 Backend = Literal["torch", "onnx", "onnx-int8"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+"""The scoring backends by name (``--backend`` and ``scorer_backend`` choices)."""
 ONNX_FILE = "model.onnx"
 _ONNX_SIDECAR = "model.onnx.json"
 ONNX_INT8_FILE = "model.int8.onnx"
@@ -196,8 +198,8 @@ class Scorer:
                 name=p.name,
                 meta=loaded.meta,
             )
-        if backend not in ("onnx", "onnx-int8"):
-            raise ValueError(f"unknown backend {backend!r}; choose torch, onnx or onnx-int8")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose {', '.join(BACKENDS)}")
         meta = read_checkpoint_meta(p)
         hashes = verify_checkpoint_files(p, meta)
         onnx_path = p / ONNX_FILE

@@ -33,10 +33,11 @@ def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | No
             raise ValueError(f"scorer {spec!r}: scorer threads and max length apply only to the 'default' scorer")
         fn: ScoreFn = resolve_score_fn(spec)
         return fn
+    from headway.predict.score import BACKENDS, Backend, default_scorer
+
     backend = backend or "torch"
-    if backend not in ("torch", "onnx", "onnx-int8"):
-        raise ValueError(f"scorer {spec!r}: unknown backend {backend!r}; use torch, onnx or onnx-int8")
-    from headway.predict.score import Backend, default_scorer
+    if backend not in BACKENDS:  # before default_scorer, which may train the predictor first
+        raise ValueError(f"scorer {spec!r}: unknown backend {backend!r}; use {', '.join(BACKENDS)}")
 
     scorer = default_scorer(cast("Backend", backend), threads=threads or 2, max_length=max_length)
     return cast(ScoreFn, scorer.score)
