@@ -289,6 +289,9 @@ def test_config_from_additional_config_env_and_defaults(tmp_path) -> None:  # ty
         PluginConfig.from_mapping({"polcy": "fcfs"})
     with pytest.raises(PluginConfigError, match="oracle"):
         PluginConfig(oracle="yes")
+    assert PluginConfig(scorer_backend="onnx-int8").scorer_backend == "onnx-int8"  # every scoring backend
+    with pytest.raises(PluginConfigError, match="scorer_backend must be one of torch, onnx, onnx-int8, got 'gpu'"):
+        PluginConfig(scorer_backend="gpu")
     with pytest.raises(PluginConfigError, match="not valid JSON"):
         PluginConfig.resolve(None, {"HEADWAY_VLLM_CONFIG": "{bad"})
 

@@ -75,7 +75,7 @@ Settings (keys of the ``headway`` object):
     detokenization plus the predictor's forward pass, on the engine thread
     (see ``benchmarks/bench_plugin_overhead.py``).
 ``scorer_backend`` (``"torch"``), ``scorer_threads`` (``1``)
-    Backend (``torch`` or ``onnx``) and threads for a predictor checkpoint.
+    Backend (``torch``, ``onnx`` or ``onnx-int8``) and threads for a predictor checkpoint.
 ``missing_score`` (``null``)
     Score given to a request that has none when the policy needs one; ``null``: the mean
     of the scores seen so far (0 before any), i.e. the middle of the queue. Logged once;
@@ -189,9 +189,11 @@ class PluginConfig:
             raise PluginConfigError(f"headway plugin: policy_args must be a JSON object, got {self.policy_args!r}")
         if self.oracle not in ("none", "max_tokens"):
             raise PluginConfigError(f"headway plugin: oracle must be 'none' or 'max_tokens', got {self.oracle!r}")
-        if self.scorer_backend not in ("torch", "onnx"):
+        from headway.predict.score import BACKENDS
+
+        if self.scorer_backend not in BACKENDS:
             raise PluginConfigError(
-                f"headway plugin: scorer_backend must be 'torch' or 'onnx', got {self.scorer_backend!r}"
+                f"headway plugin: scorer_backend must be one of {', '.join(BACKENDS)}, got {self.scorer_backend!r}"
             )
         if self.missing_score is not None and not (
             isinstance(self.missing_score, (int, float)) and math.isfinite(self.missing_score)
