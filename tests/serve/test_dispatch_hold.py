@@ -39,7 +39,7 @@ def test_holds_while_more_are_scored_than_queued_then_takes_the_best() -> None:
     assert asyncio.run(main()) == ["r1", "r3", "r0"]
 
 
-def test_no_hold_when_scored_requests_outnumber_those_in_flight() -> None:
+def test_no_hold_once_as_many_are_queued_as_are_being_scored() -> None:
     async def main() -> bool:
         d = _dispatcher(hold=5.0)
         d.scoring = 1
