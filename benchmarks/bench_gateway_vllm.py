@@ -59,11 +59,10 @@ def burst_workload(n: int, seed: int, long_frac: float, short: tuple[int, int], 
 def heldout_alpaca_workload(n: int, seed: int, model: str, max_output: int, max_prompt_chars: int) -> Workload:
     """``n`` held-out alpaca_eval prompts (the default predictor's test split: no prompt it was
     trained on) with ``model``'s real output lengths, capped at ``max_output``."""
-    from headway.predict.data import load_alpaca_eval, split_by_prompt
+    from headway.predict.data import load_alpaca_eval
     from headway.predict.train import TrainConfig
 
-    cfg = TrainConfig()  # the split the default checkpoint was trained with
-    test = split_by_prompt(load_alpaca_eval(model, "tokens"), cfg.test_frac, cfg.val_frac, cfg.seed).test
+    test = TrainConfig().split(load_alpaca_eval(model, "tokens")).test  # the default checkpoint's split
     pool = [ex for ex in test.examples if len(ex.prompt) <= max_prompt_chars]
     rng = np.random.default_rng(seed)
     pick = rng.choice(len(pool), size=min(n, len(pool)), replace=False)

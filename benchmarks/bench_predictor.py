@@ -73,12 +73,10 @@ def _heldout_tau(scorer: Any, data_dir: Path) -> float:
     """Kendall tau_b of the scores against gpt4's lengths on the default training split's test prompts."""
     from scipy.stats import kendalltau
 
-    from headway.predict.data import load_alpaca_eval, split_by_prompt
+    from headway.predict.data import load_alpaca_eval
     from headway.predict.train import TrainConfig
 
-    cfg = TrainConfig()
-    test = split_by_prompt(load_alpaca_eval("gpt4", "tokens", data_dir=data_dir), cfg.test_frac, cfg.val_frac, cfg.seed)
-    examples = test.test.examples
+    examples = TrainConfig().split(load_alpaca_eval("gpt4", "tokens", data_dir=data_dir)).test.examples
     return float(kendalltau(scorer.score([e.prompt for e in examples]), [e.length for e in examples]).statistic)
 
 

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 from scipy.stats import kendalltau
 
-from headway.predict.data import load_alpaca_eval, load_alpaca_eval_consensus, split_by_prompt
+from headway.predict.data import load_alpaca_eval, load_alpaca_eval_consensus
 
 
 def main() -> int:
@@ -34,8 +34,7 @@ def main() -> int:
     from headway.predict.score import Scorer
     from headway.predict.train import TrainConfig
 
-    cfg = TrainConfig()
-    test = split_by_prompt(truth, cfg.test_frac, cfg.val_frac, cfg.seed).test
+    test = TrainConfig().split(truth).test
     prompts, y = [e.prompt for e in test.examples], np.array([e.length for e in test.examples])
     zs = []
     for ck in args.checkpoints:

@@ -9,18 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from headway.predict._paths import default_data_dir
-
 
 @pytest.fixture(scope="session")
-def data_dir() -> Path:
-    try:
-        path = default_data_dir()  # $HEADWAY_DATA_DIR, else ../shared/data
-    except FileNotFoundError as exc:
-        pytest.skip(f"{exc} (set HEADWAY_DATA_DIR to run real-data tests)")
-    if not (path / "alpaca_eval").is_dir():
-        pytest.skip(f"shared data folder {path} has no alpaca_eval (set HEADWAY_DATA_DIR to run real-data tests)")
-    return path
+def data_dir(data_dir: Path) -> Path:
+    """The shared data folder (tests/conftest.py), which the predictor tests need with alpaca_eval."""
+    if not (data_dir / "alpaca_eval").is_dir():
+        msg = f"shared data folder {data_dir} has no alpaca_eval (set HEADWAY_DATA_DIR to run real-data tests)"
+        pytest.skip(msg)
+    return data_dir
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Fixtures for workload tests: the shared data folder and small trace-file writers."""
+"""Fixtures for workload tests: small trace-file writers (the shared data folder: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-
-from headway.predict._paths import default_data_dir
-
-
-@pytest.fixture(scope="session")
-def data_dir() -> Path:
-    """The shared real-data folder; tests using it skip when it is absent."""
-    try:
-        path = default_data_dir()  # $HEADWAY_DATA_DIR, else ../shared/data
-    except FileNotFoundError as exc:
-        pytest.skip(f"{exc} (set HEADWAY_DATA_DIR to run real-data tests)")
-    return path
 
 
 def _write_text(path: Path, text: str) -> Path:

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from scipy import stats
 
 from headway.predict._errors import DataError
-from headway.predict.data import DEFAULT_DELTA, ExampleSet, _resolve_data_dir, load_dataset, split_by_prompt
+from headway.predict.data import DEFAULT_DELTA, ExampleSet, _resolve_data_dir, load_dataset
 
 if TYPE_CHECKING:
     from headway.predict.score import Scorer
@@ -297,14 +297,9 @@ def cross_model_matrix(
     base = base_config or TrainConfig()
     # "mean" (or "mean:A,B"): the per-prompt consensus of several models (load_alpaca_eval_consensus)
     train_data = load_dataset(f"alpaca_eval:{train_model}", base.unit, data_dir)
-    split = split_by_prompt(train_data, base.test_frac, base.val_frac, base.seed)
+    split = base.split(train_data)
     test_prompts = split.test.prompts()
-    evals = {
-        m: split_by_prompt(
-            load_dataset(f"alpaca_eval:{m}", base.unit, data_dir), base.test_frac, base.val_frac, base.seed
-        )
-        for m in eval_models
-    }
+    evals = {m: base.split(load_dataset(f"alpaca_eval:{m}", base.unit, data_dir)) for m in eval_models}
     root = Path(out_root) if out_root else Path(tempfile.mkdtemp(prefix="headway-matrix-"))
     cells: dict[tuple[str, str], Metrics] = {}
     seconds: dict[str, float] = {}

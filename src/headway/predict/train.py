@@ -136,6 +136,10 @@ class TrainConfig:
     def resolved_head_lr(self) -> float:
         return self.head_lr if self.head_lr is not None else (1e-3 if self.mode == "full" else 3e-3)
 
+    def split(self, data: ExampleSet) -> Split:
+        """``data`` split by prompt as this run splits it (``test_frac``, ``val_frac``, ``seed``)."""
+        return split_by_prompt(data, self.test_frac, self.val_frac, self.seed)
+
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("progress")
@@ -371,7 +375,7 @@ def train_predictor(
     dataset = data if data is not None else load_dataset(cfg.data, cfg.unit, data_dir)
     if dataset.unit != cfg.unit:
         raise DataError(f"{dataset.name}: data is in {dataset.unit}, config asks for {cfg.unit}")
-    split: Split = split_by_prompt(dataset, cfg.test_frac, cfg.val_frac, cfg.seed)
+    split = cfg.split(dataset)
     train = split.train
     if len(train) < 2:
         raise DataError(f"{dataset.name}: only {len(train)} training examples after the split")
