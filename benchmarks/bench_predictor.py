@@ -6,6 +6,7 @@ disabled. Target: >= 100 prompts/s batched on 2 CPU cores.
 
     python benchmarks/bench_predictor.py                       # the default checkpoint if trained
     python benchmarks/bench_predictor.py --model DIR --out benchmarks/results/predictor_bench.md
+    python benchmarks/bench_predictor.py --model default,DIR --backends onnx-int8   # two checkpoints side by side
 
 Without a trained checkpoint it benchmarks an untrained head on the bundled MiniLM-L6 (the same compute).
 The machine's load average is printed: on a shared machine other processes slow every number down.
@@ -36,7 +37,7 @@ def _checkpoint(model: str | None, max_length: int) -> tuple[Path, str]:
     from headway.predict.model import LengthPredictor, load_encoder, save_checkpoint
     from headway.predict.train import default_predictor_dir
 
-    if model:
+    if model and model != "default":
         return Path(model), "given checkpoint"
     default = default_predictor_dir()
     if (default / "predictor.json").is_file():
@@ -45,6 +46,18 @@ def _checkpoint(model: str | None, max_length: int) -> tuple[Path, str]:
     out = Path(tempfile.mkdtemp(prefix="headway-bench-")) / "untrained"
     save_checkpoint(LengthPredictor(encoder), tokenizer, out, fine_tuned=True, max_length=max_length)
     return out, "untrained head on bundled MiniLM-L6 (same compute as a trained one)"
+
+
+def _layers(ckpt: Path, meta: dict[str, Any]) -> int | str:
+    """Encoder layers a checkpoint runs: its own encoder config (fine-tuned), else the layers it keeps of
+    its source encoder (frozen); ``?`` when neither says."""
+    enc = meta.get("encoder", {})
+    if isinstance(enc.get("num_layers"), int):
+        return int(enc["num_layers"])
+    for config in (ckpt / "encoder" / "config.json", Path(str(enc.get("path", ""))) / "config.json"):
+        if config.is_file():
+            return int(json.loads(config.read_text()).get("num_hidden_layers", 0)) or "?"
+    return "?"
 
 
 def _throughput(scorer: object, prompts: list[str], repeats: int) -> list[float]:
@@ -82,7 +95,11 @@ def _heldout_tau(scorer: Any, data_dir: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="checkpoint directory (default: the default predictor, else untrained)")
+    ap.add_argument(
+        "--model",
+        default="default",
+        help="comma list of checkpoint directories, rows each ('default': the default predictor, else untrained)",
+    )
     ap.add_argument("--data-dir", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
     ap.add_argument("--batch-size", type=int, default=32, help="prompts per forward (default 32)")
     ap.add_argument("--max-length", type=int, default=128, help="for an untrained checkpoint (default 128)")
@@ -103,27 +120,37 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime
     import torch
 
+    from headway.predict._errors import CheckpointError
     from headway.predict._paths import default_data_dir
     from headway.predict.score import Scorer
 
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     prompts = _instructions(data_dir)
-    ckpt, what = _checkpoint(args.model, args.max_length)
+    ckpts = [_checkpoint(m, args.max_length) for m in args.model.split(",") if m]
     load_before = os.getloadavg()
     rows = []
     lengths: list[int | None] = [int(x) for x in args.score_max_length.split(",") if x] or [None]
-    for backend, length in [(b, n) for b in args.backends.split(",") if b for n in lengths]:
-        scorer = Scorer.from_checkpoint(
-            ckpt,
-            backend,
-            batch_size=args.batch_size,
-            threads=args.threads,
-            cache_size=0,
-            max_length=length,
-        )
+    backends = [b for b in args.backends.split(",") if b]
+    refused: list[str] = []
+    for (ckpt, _), backend, length in [(c, b, n) for c in ckpts for b in backends for n in lengths]:
+        try:
+            scorer = Scorer.from_checkpoint(
+                ckpt,
+                backend,
+                batch_size=args.batch_size,
+                threads=args.threads,
+                cache_size=0,
+                max_length=length,
+            )
+        except CheckpointError as exc:  # e.g. an int8 copy that does not rank like the float model
+            refused.append(f"{ckpt.name} on {backend}: {exc}")
+            print(f"{ckpt.name}: {backend:>5}: refused: {exc}", flush=True)
+            continue
         rates = _throughput(scorer, prompts, args.repeats)
         lat = _latency_ms(scorer, list(reversed(prompts)), args.single)
         row = {
+            "checkpoint": ckpt.name,
+            "layers": _layers(ckpt, scorer.meta),
             "backend": backend,
             "max_length": scorer.max_length,
             "heldout_tau": _heldout_tau(scorer, data_dir),
@@ -134,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows.append(row)
         print(
-            f"{backend:>5} ({scorer.max_length} tokens): {row['prompts_per_s_median']:7.1f} prompts/s batched "
+            f"{ckpt.name}: {backend:>5} ({scorer.max_length} tokens): "
+            f"{row['prompts_per_s_median']:7.1f} prompts/s batched "
             f"(best {row['prompts_per_s_best']:.1f}), single p50 {row['single_p50_ms']:.1f} ms, "
             f"p90 {row['single_p90_ms']:.1f} ms, held-out tau_b vs gpt4 {row['heldout_tau']:.4f}",
             flush=True,
@@ -150,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         command,
         "```",
         "",
-        f"- checkpoint: {what} (`max_length` {Scorer.from_checkpoint(ckpt).max_length} tokens)",
+        *[
+            f"- checkpoint `{c.name}`: {what} (`max_length` {Scorer.from_checkpoint(c).max_length} tokens)"
+            for c, what in ckpts
+        ],
         f"- prompts: alpaca_eval's {len(prompts)} instructions, cache off, tokenization included, "
         f"batch size {args.batch_size}, dynamic padding (length-sorted batches)",
         f"- threads: {args.threads}; CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
@@ -161,15 +192,18 @@ def main(argv: list[str] | None = None) -> int:
         "Held-out tau_b: Kendall tau_b against gpt4's lengths on the default split's 154 test prompts",
         "(quality check of each backend's scores; the same for torch and onnx, int8 may differ).",
         "",
-        "| backend | prompt tokens (max) | prompts/s batched (median) | best | single prompt p50 (ms) | p90 (ms) "
-        "| held-out tau_b |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| checkpoint | encoder layers | backend | prompt tokens (max) | prompts/s batched (median) | best "
+        "| single prompt p50 (ms) | p90 (ms) | held-out tau_b |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['backend']} | {r['max_length']} | {r['prompts_per_s_median']:.1f} | {r['prompts_per_s_best']:.1f} | "
+            f"| {r['checkpoint']} | {r['layers']} | {r['backend']} | {r['max_length']} | "
+            f"{r['prompts_per_s_median']:.1f} | {r['prompts_per_s_best']:.1f} | "
             f"{r['single_p50_ms']:.1f} | {r['single_p90_ms']:.1f} | {r['heldout_tau']:.4f} |"
         )
+    if refused:
+        lines += ["", "Not measured (the scorer refused to load):", "", *[f"- {r}" for r in refused]]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

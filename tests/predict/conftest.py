@@ -25,21 +25,18 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("HEADWAY_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "headway-cache"))
 
 
-@pytest.fixture(scope="session")
-def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 1-layer, 32-wide random BERT with the bundled MiniLM's uncased WordPiece tokenizer."""
-    pytest.importorskip("torch")
+def make_tiny_encoder(out: Path, layers: int = 1) -> Path:
+    """A random BERT (32 wide, ``layers`` layers) with the bundled MiniLM's uncased WordPiece tokenizer."""
     transformers = pytest.importorskip("transformers")
     import torch
 
     from headway.predict import default_encoder_path
 
     torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny-bert")
     config = transformers.BertConfig(
         vocab_size=30522,
         hidden_size=32,
-        num_hidden_layers=1,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=512,
@@ -49,6 +46,20 @@ def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(src / name, out / name)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1-layer, 32-wide random BERT with the bundled MiniLM's uncased WordPiece tokenizer."""
+    pytest.importorskip("torch")
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_3_layers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same with 3 layers (for cutting layers)."""
+    pytest.importorskip("torch")
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny-bert-3"), layers=3)
 
 
 TOPICS = [

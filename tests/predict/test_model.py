@@ -167,3 +167,17 @@ def test_pooling_choices(tiny_encoder: Path) -> None:
     assert LengthPredictor(encoder).pooling == "pooler"  # BERT has a pooler
     with pytest.raises(ValueError, match="unknown pooling"):
         LengthPredictor(encoder, "max")
+
+
+def test_encoder_layers_can_be_cut(tiny_encoder_3_layers: Path) -> None:
+    import torch
+
+    full, _ = load_encoder(tiny_encoder_3_layers)
+    cut, _ = load_encoder(tiny_encoder_3_layers, num_layers=2)
+    assert len(full.encoder.layer) == 3 and len(cut.encoder.layer) == 2
+    assert cut.config.num_hidden_layers == 2
+    kept = cut.state_dict()
+    assert all(torch.equal(v, full.state_dict()[k]) for k, v in kept.items())  # the first layers, as trained
+    for bad in (0, 4):
+        with pytest.raises(EncoderError, match=f"encoder layers must be 1..3 \\(its layer count\\), got {bad}"):
+            load_encoder(tiny_encoder_3_layers, num_layers=bad)

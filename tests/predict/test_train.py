@@ -77,6 +77,21 @@ def test_full_mode_runs_and_saves_a_fine_tuned_encoder(
     assert meta["result"]["heldout_test"]["n"] == result.n_test
 
 
+@pytest.mark.parametrize("mode", ["full", "frozen"])
+def test_a_predictor_on_the_first_layers_reloads_with_them(
+    tmp_path: Path, tiny_encoder_3_layers: Path, synthetic_jsonl: Path, mode: str
+) -> None:
+    cfg = _cfg(synthetic_jsonl, tiny_encoder_3_layers, mode=mode, epochs=2, encoder_layers=2)
+    result = train_predictor(cfg, out_dir=tmp_path / mode)
+    loaded = load_checkpoint(result.path)
+    assert len(loaded.model.encoder.encoder.layer) == 2
+    assert loaded.meta["encoder"]["num_layers"] == 2 and loaded.meta["training"]["encoder_layers"] == 2
+    assert result.test is not None
+    test = split_by_prompt(load_jsonl(synthetic_jsonl), cfg.test_frac, cfg.val_frac, cfg.seed).test
+    again = rank_metrics(Scorer.from_checkpoint(result.path).score(test.prompts()), test.lengths())
+    assert again.kendall_tau_b == pytest.approx(result.test.kendall_tau_b, abs=1e-6)
+
+
 def test_training_is_seeded(tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path) -> None:
     cfg = _cfg(synthetic_jsonl, tiny_encoder, epochs=5)
     a = train_predictor(cfg, out_dir=tmp_path / "a")
@@ -99,3 +114,5 @@ def test_bad_config_is_rejected() -> None:
         TrainConfig(loss="hinge")
     with pytest.raises(ValueError, match="unknown mode"):
         TrainConfig(mode="half")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="encoder_layers must be >= 1, got 0"):
+        TrainConfig(encoder_layers=0)

@@ -43,6 +43,12 @@ def _add_training_options(p: argparse.ArgumentParser, *, matrix: bool = False) -
     )
     g.add_argument("--encoder", metavar="DIR", help="local Hugging Face encoder (default: bundled MiniLM-L6)")
     g.add_argument(
+        "--encoder-layers",
+        type=int,
+        metavar="N",
+        help="keep only the encoder's first N layers: scoring takes about N/all of the time (default: all)",
+    )
+    g.add_argument(
         "--pooling",
         choices=("auto", "cls", "pooler", "mean"),
         default=None,
@@ -98,6 +104,7 @@ def _train_config(args: argparse.Namespace, **override: Any) -> Any:
         "loss": getattr(args, "loss", "pairwise"),
         "mode": args.mode,
         "encoder": args.encoder,
+        "encoder_layers": args.encoder_layers,
         "pooling": args.pooling,
         "max_length": args.max_length,
         "epochs": args.epochs,

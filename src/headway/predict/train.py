@@ -75,6 +75,9 @@ class TrainConfig:
     mode: Mode = "full"
     encoder: str | None = None
     """Local Hugging Face encoder directory; ``None`` = the bundled MiniLM-L6."""
+    encoder_layers: int | None = None
+    """Keep only the encoder's first layers (``None``: all). Scoring time is about proportional to
+    the layers kept (``benchmarks/results/predictor_layers.md``)."""
     pooling: str | None = None
     """``None``: ``"auto"`` (pooled [CLS]) when fine-tuning; ``"mean"`` in frozen mode, because a frozen
     sentence-transformers encoder (MiniLM) was trained for mean pooling: on alpaca_eval gpt4 held-out
@@ -115,6 +118,8 @@ class TrainConfig:
             raise ValueError(f"pairs_from must be batch or global, got {self.pairs_from!r}")
         if self.batch_size < 2 or self.micro_batch < 1 or self.max_length < 8:
             raise ValueError("batch_size >= 2, micro_batch >= 1 and max_length >= 8 are required")
+        if self.encoder_layers is not None and self.encoder_layers < 1:
+            raise ValueError(f"encoder_layers must be >= 1, got {self.encoder_layers}")
         if not (0.0 <= self.delta < 1.0):
             raise ValueError(f"delta must be in [0, 1), got {self.delta}")
 
@@ -199,12 +204,15 @@ def _embed_ids(
     return emb[inverse]
 
 
-def embedding_tag(encoder: str | Path | None, pooling: str, max_length: int) -> str:
-    """Identity of frozen features: encoder directory (and its weights' size and mtime), pooling, length."""
+def embedding_tag(encoder: str | Path | None, pooling: str, max_length: int, layers: int | None = None) -> str:
+    """Identity of frozen features: encoder directory (and its weights' size and mtime), layers kept,
+    pooling, length."""
     from headway.predict._paths import default_encoder_path
 
     root = Path(encoder) if encoder else default_encoder_path()
     stamp = [str(root.resolve()), pooling, str(max_length)]
+    if layers is not None:
+        stamp.append(f"layers={layers}")
     for f in sorted(root.glob("*.safetensors")) + sorted(root.glob("*.bin")):
         st = f.stat()
         stamp.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
@@ -384,11 +392,11 @@ def train_predictor(
         f"(prompt-disjoint, seed {cfg.seed}); unit {dataset.unit_label}"
     )
 
-    encoder, tokenizer = load_encoder(cfg.encoder)
+    encoder, tokenizer = load_encoder(cfg.encoder, cfg.encoder_layers)
     model = LengthPredictor(encoder, cfg.resolved_pooling)
     pad_id = int(tokenizer.pad_token_id or 0)
     frozen = cfg.mode == "frozen"
-    cache_tag = embedding_tag(cfg.encoder, model.pooling, cfg.max_length)
+    cache_tag = embedding_tag(cfg.encoder, model.pooling, cfg.max_length, cfg.encoder_layers)
 
     lengths = train.lengths()
     log_len = np.log(lengths)
@@ -583,6 +591,7 @@ def train_predictor(
         out,
         fine_tuned=not frozen,
         encoder_path=cfg.encoder,
+        encoder_layers=cfg.encoder_layers,
         max_length=cfg.max_length,
         meta=meta,
     )
