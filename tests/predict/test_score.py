@@ -164,3 +164,15 @@ def test_ensure_predictor_uses_existing_and_refuses_missing(checkpoint: Path, tm
     assert ensure_predictor(checkpoint, train_if_missing=False) == checkpoint
     with pytest.raises(CheckpointError, match="headway predictor train"):
         ensure_predictor("no-such-predictor", train_if_missing=False)
+
+
+def test_the_gateway_scores_with_a_checkpoint_directory(checkpoint: Path) -> None:
+    pytest.importorskip("httpx")
+    from headway.serve import BackendConfig, GatewayConfig
+    from headway.serve._scorer import load_score_fn
+
+    expected = Scorer.from_checkpoint(checkpoint, cache_size=0, max_length=16).score(PROMPTS)
+    got = load_score_fn(f"{checkpoint}:onnx", threads=1, max_length=16)(PROMPTS)
+    assert np.allclose(got, expected, atol=1e-4)
+    config = GatewayConfig(backends=(BackendConfig("http://a"),), scorer=str(checkpoint), scorer_max_length=16)
+    assert config.scorer == str(checkpoint)

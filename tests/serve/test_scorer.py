@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from headway.serve._scorer import BatchScorer, load_score_fn
+from headway.serve._scorer import BatchScorer, default_scorer_threads, load_score_fn, predictor_spec
 
 
 def test_batches_run_one_at_a_time_and_arrivals_meanwhile_form_the_next() -> None:
@@ -64,7 +66,7 @@ def test_a_failing_batch_fails_its_prompts_and_the_next_batch_still_runs() -> No
 
 
 def test_threads_and_max_length_are_refused_for_a_custom_scorer() -> None:
-    with pytest.raises(ValueError, match="apply only to the 'default' scorer"):
+    with pytest.raises(ValueError, match="apply only to a trained predictor"):
         load_score_fn("headway.predict.score:default_scorer()", threads=2)
     with pytest.raises(ValueError, match="unknown backend 'gpu'"):
         load_score_fn("default:gpu")
@@ -84,6 +86,58 @@ def test_default_scorer_gets_the_gateways_threads_and_max_length(monkeypatch: py
         return Fake()
 
     monkeypatch.setattr(score_mod, "default_scorer", fake_default_scorer)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     assert load_score_fn("default:onnx-int8", threads=1, max_length=64)(["a", "b"]) == [0.0, 0.0]
     load_score_fn("default")
     assert seen == [("onnx-int8", 1, 64), ("torch", 2, None)]  # unset: 2 threads, the checkpoint's length
+
+
+@pytest.mark.parametrize(("cpus", "threads"), [({3}, 1), ({0, 1}, 2), (set(range(16)), 2)])
+def test_default_threads_follow_the_cpus_the_gateway_may_use(
+    monkeypatch: pytest.MonkeyPatch, cpus: set[int], threads: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus, raising=False)
+    assert default_scorer_threads() == threads
+
+
+def test_predictor_specs(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "predictor.json").write_text("{}")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert predictor_spec("default") == (None, "torch")
+    assert predictor_spec("default:onnx-int8") == (None, "onnx-int8")
+    assert predictor_spec(str(ckpt)) == (str(ckpt), "torch")
+    assert predictor_spec(f"{ckpt}:onnx-int8") == (str(ckpt), "onnx-int8")
+    assert predictor_spec(str(plain)) == (str(plain), "torch")  # a directory: loading it says what is missing
+    assert predictor_spec(f"{plain}:attr") is None  # not a checkpoint: a module spec
+    assert predictor_spec("headway.predict.score:default_scorer()") is None
+    assert predictor_spec(str(tmp_path / "missing")) is None
+
+
+def test_a_checkpoint_directory_scores_with_the_gateways_threads_and_max_length(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import headway.predict.score as score_mod
+
+    seen: list[tuple[str, str, int, int | None]] = []
+
+    class Fake:
+        def score(self, prompts: list[str]) -> list[float]:
+            return [1.0] * len(prompts)
+
+    def fake_from_checkpoint(
+        path: str, backend: str = "torch", *, threads: int = 2, max_length: int | None = None
+    ) -> Fake:
+        seen.append((path, backend, threads, max_length))
+        return Fake()
+
+    monkeypatch.setattr(score_mod.Scorer, "from_checkpoint", fake_from_checkpoint)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    (tmp_path / "predictor.json").write_text("{}")
+    assert load_score_fn(f"{tmp_path}:onnx-int8", threads=1, max_length=64)(["a"]) == [1.0]
+    load_score_fn(str(tmp_path))
+    assert seen == [(str(tmp_path), "onnx-int8", 1, 64), (str(tmp_path), "torch", 2, None)]
+    with pytest.raises(ValueError, match="unknown backend 'gpu'"):
+        load_score_fn(f"{tmp_path}:gpu")

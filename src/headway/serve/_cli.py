@@ -105,8 +105,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--scorer",
         default=None,
-        help="prompt scorer for score-ranked policies: 'default' (the trained predictor; 'default:onnx-int8' "
-        "is about twice as fast on CPU) or 'module:callable'",
+        help="prompt scorer for score-ranked policies: 'default' (the trained predictor), a predictor "
+        "checkpoint DIR, either with ':BACKEND' ('default:onnx-int8' is about twice as fast on CPU), "
+        "or 'module:callable'",
     )
     p.add_argument(
         "--scorer-hold",
@@ -121,14 +122,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="CPU threads of the default predictor (default 2)",
+        help="CPU threads of a trained predictor (default 2, or 1 when the gateway may use only one CPU)",
     )
     p.add_argument(
         "--scorer-max-length",
         type=int,
         default=None,
         metavar="TOKENS",
-        help="truncate prompts to this many tokens when scoring with the default predictor "
+        help="truncate prompts to this many tokens when scoring with a trained predictor "
         "(default: its training length, 128; at 64 alpaca_eval's prompts score 1.4x as fast)",
     )
     p.add_argument("--log-level", default="info")

@@ -50,6 +50,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from headway.core import Tier, get_policy_class, get_router_class
+from headway.serve._scorer import predictor_spec
 
 __all__ = [
     "BackendConfig",
@@ -177,14 +178,17 @@ class GatewayConfig:
     key sees only its own tenant's series; no key: 401)."""
     scorer: str = ""
     """Prompt scorer run batched in a worker thread on arrival; sets ``Request.score`` (for
-    ``pars`` and other score-ranked policies). ``"default"`` (the ``headway.predict``
-    predictor), ``"module:callable"`` (``list[str] -> scores``, or an object with
-    ``score(prompts)``) or ``"module:factory()"``."""
+    ``pars`` and other score-ranked policies). A trained predictor: ``"default"`` (the
+    ``headway.predict`` default predictor) or a checkpoint directory, each optionally with
+    ``":BACKEND"`` (``torch``, ``onnx``, ``onnx-int8``); or ``"module:callable"`` (``list[str]
+    -> scores``, or an object with ``score(prompts)``) or ``"module:factory()"``."""
     scorer_threads: int | None = None
-    """CPU threads of the ``default`` predictor (default 2). On this project's 2-core VM, with
-    vLLM on one core, neither 1 nor 2 was faster in every session (``benchmarks/results/gateway.md``)."""
+    """CPU threads of a trained predictor (default 2, or 1 when the gateway may run on only
+    one CPU: there, 1 thread beat 2 in ``benchmarks/results/gateway.md``). On this project's
+    2-core VM with vLLM on one core and the gateway unpinned, neither 1 nor 2 was faster in
+    every session."""
     scorer_max_length: int | None = None
-    """Truncate prompts to this many tokens when scoring with the ``default`` predictor
+    """Truncate prompts to this many tokens when scoring with a trained predictor
     (default: the length it was trained with, 128). Scoring time grows with the longest
     prompts: at 64 the int8 predictor scores alpaca_eval's instructions 1.4x as fast, with
     held-out tau_b 0.483 vs 0.487 (``benchmarks/results/predictor_bench_max_length.md``), and
@@ -247,9 +251,10 @@ class GatewayConfig:
             not self.redis_url or self.redis_url.startswith(("redis://", "rediss://", "unix://")),
             f"redis_url must start with redis://, rediss:// or unix://, got {self.redis_url!r}",
         )
+        predictor = predictor_spec(self.scorer) if self.scorer else None
         _check(
-            not self.scorer or self.scorer == "default" or ":" in self.scorer,
-            f"scorer must be 'default' or 'module:callable', got {self.scorer!r}",
+            not self.scorer or predictor is not None or ":" in self.scorer,
+            f"scorer must be 'default', a predictor checkpoint directory or 'module:callable', got {self.scorer!r}",
         )
         _check(
             self.scorer_threads is None or self.scorer_threads >= 1,
@@ -261,8 +266,9 @@ class GatewayConfig:
         )
         tuned = self.scorer_threads is not None or self.scorer_max_length is not None
         _check(
-            not tuned or self.scorer.partition(":")[0] == "default",
-            f"scorer_threads and scorer_max_length apply only to the 'default' scorer, got scorer {self.scorer!r}",
+            not tuned or predictor is not None,
+            f"scorer_threads and scorer_max_length apply only to a trained predictor ('default' or a checkpoint "
+            f"directory), got scorer {self.scorer!r}",
         )
         _check(self.scorer_batch_size >= 1, f"scorer_batch_size must be >= 1, got {self.scorer_batch_size}")
         _check(self.scorer_hold_s >= 0, f"scorer_hold_s must be >= 0, got {self.scorer_hold_s}")

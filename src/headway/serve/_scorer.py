@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import cast
 
 from headway.predict._resolve import resolve_score_fn
 
-__all__ = ["BatchScorer", "ScoreFn", "load_score_fn"]
+__all__ = ["BatchScorer", "ScoreFn", "default_scorer_threads", "load_score_fn", "predictor_spec"]
 
 log = logging.getLogger("headway.serve.scorer")
 
@@ -18,28 +20,62 @@ ScoreFn = Callable[[list[str]], Sequence[float]]
 """Scores a batch of prompts (higher = longer expected output)."""
 
 
+def default_scorer_threads() -> int:
+    """2, or 1 when this process may run on only one CPU (``os.sched_getaffinity``): a second
+    thread on the same CPU makes every batch wait for the slower of the two (on this project's
+    2-core VM with the gateway pinned beside vLLM, ``benchmarks/results/gateway.md``)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(2, cpus))
+
+
+def predictor_spec(spec: str) -> tuple[str | None, str] | None:
+    """``(checkpoint, backend)`` when ``spec`` names a trained predictor, else ``None``.
+
+    ``"default"`` / ``"default:BACKEND"``: the default predictor (checkpoint ``None``);
+    ``"DIR"`` / ``"DIR:BACKEND"``: the checkpoint in directory DIR (with ``":BACKEND"``, only
+    when DIR holds a ``predictor.json``, so that ``"module:attr"`` stays a module even where a
+    directory has the module's name). The backend (default ``torch``) is not checked here."""
+    if spec == "default" or spec.startswith("default:"):
+        return None, spec.partition(":")[2] or "torch"
+    head, sep, tail = spec.rpartition(":")
+    if sep and tail and (Path(head).expanduser() / "predictor.json").is_file():
+        return head, tail
+    if Path(spec).expanduser().is_dir():
+        return spec, "torch"
+    return None
+
+
 def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | None = None) -> ScoreFn:
     """Resolve a scorer spec to ``list[str] -> scores``: ``"pkg.module:attr"`` or
-    ``"pkg.module:factory()"`` (see :func:`headway.predict._resolve.resolve_score_fn`), or
-    ``"default"`` for ``headway.predict.score:default_scorer()`` (the ``pars`` predictor;
-    trains it if missing), ``"default:BACKEND"`` for it on ``torch``, ``onnx`` or ``onnx-int8``.
+    ``"pkg.module:factory()"`` (see :func:`headway.predict._resolve.resolve_score_fn`), or a
+    trained predictor (:func:`predictor_spec`): ``"default"`` for the ``pars`` predictor
+    (``headway.predict.score:default_scorer()``, trained if missing) or ``"DIR"`` for the
+    checkpoint in directory DIR, each optionally followed by ``":BACKEND"`` (``torch``,
+    ``onnx`` or ``onnx-int8``).
 
-    ``threads`` (default 2) and ``max_length`` (default: the checkpoint's) apply to the
-    default predictor only; see :class:`~headway.serve.GatewayConfig`.
+    ``threads`` (default :func:`default_scorer_threads`) and ``max_length`` (default: the
+    checkpoint's) apply to trained predictors only; see :class:`~headway.serve.GatewayConfig`.
     """
-    name, _, backend = spec.partition(":")
-    if name != "default":
+    predictor = predictor_spec(spec)
+    if predictor is None:
         if threads is not None or max_length is not None:
-            raise ValueError(f"scorer {spec!r}: scorer threads and max length apply only to the 'default' scorer")
+            raise ValueError(f"scorer {spec!r}: scorer threads and max length apply only to a trained predictor")
         fn: ScoreFn = resolve_score_fn(spec)
         return fn
-    from headway.predict.score import BACKENDS, Backend, default_scorer
+    from headway.predict.score import BACKENDS, Backend, Scorer, default_scorer
 
-    backend = backend or "torch"
+    checkpoint, backend = predictor
     if backend not in BACKENDS:  # before default_scorer, which may train the predictor first
         raise ValueError(f"scorer {spec!r}: unknown backend {backend!r}; use {', '.join(BACKENDS)}")
-
-    scorer = default_scorer(cast("Backend", backend), threads=threads or 2, max_length=max_length)
+    kind = cast("Backend", backend)
+    threads = threads or default_scorer_threads()
+    if checkpoint is None:
+        scorer = default_scorer(kind, threads=threads, max_length=max_length)
+    else:
+        scorer = Scorer.from_checkpoint(checkpoint, kind, threads=threads, max_length=max_length)
     return cast(ScoreFn, scorer.score)
 
 
