@@ -210,6 +210,12 @@ def main() -> int:
         default=1,
         help="interleaved rounds (every other one in reverse order); medians are reported",
     )
+    ap.add_argument(
+        "--pin-client",
+        action="store_true",
+        help="run the load generator and the gateways on the CPUs vLLM is not confined to (engine_cpus), so "
+        "that the engine's CPU is the engine's alone, as when clients and gateways are on other hosts",
+    )
     ap.add_argument("--run-timeout", type=float, default=600.0)
     ap.add_argument("--json", default=None)
     ap.add_argument(
@@ -264,6 +270,8 @@ def main() -> int:
         start_vllm(python, model, max_num_seqs=args.max_num_seqs, log_path=Path(tmp) / "vllm.log") as vllm,
     ):
         gateways = Cluster(Path(tmp))
+        if args.pin_client:
+            _pin_to_other_cpus()
         if real and "precomputed" in args.scorer.split(","):
             _precompute_scores(wl, Path(tmp) / "scores.json")
         bench = BenchConfig(vllm, model="tiny-llama", timeout_s=args.run_timeout, request_timeout_s=args.run_timeout)
@@ -355,6 +363,18 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "rounds": rounds}, indent=2))
     return 0
+
+
+def _pin_to_other_cpus() -> None:
+    """``--pin-client``: this process and what it starts from now on (gateways) leave vLLM's CPUs."""
+    from headway.integrations._server import engine_cpus
+
+    engine = engine_cpus() or set()
+    others = set(range(os.cpu_count() or 1)) - engine
+    if not engine or not others:
+        raise SystemExit(f"--pin-client: vLLM is not confined to some of the CPUs (engine CPUs {sorted(engine)})")
+    os.sched_setaffinity(0, others)
+    print(f"load generator and gateways on CPUs {sorted(others)}, vLLM on {sorted(engine)}")
 
 
 def print_saved_rounds(paths: list[str], pool: str | None) -> int:
