@@ -89,6 +89,7 @@ def start_gateway(
     scorer_hold: str | None = None,
     scorer_threads: str | None = None,
     scorer_max_length: str | None = None,
+    scorer_batch_size: str | None = None,
 ) -> Proc:
     args = ["--policy", policy, "--backend-concurrency", str(concurrency), "--queue-ttl", "3600"]
     for a in policy_args:
@@ -101,6 +102,8 @@ def start_gateway(
         args += ["--scorer-threads", scorer_threads]
     if scorer_max_length is not None:
         args += ["--scorer-max-length", scorer_max_length]
+    if scorer_batch_size is not None:
+        args += ["--scorer-batch-size", scorer_batch_size]
     return procs.gateway([backend], *args, start=False).start(timeout=30)  # a scorer may load a model
 
 
@@ -199,6 +202,11 @@ def main() -> int:
         help="alpaca-heldout: comma list, one pars run per gateway --scorer-max-length (tokens)",
     )
     ap.add_argument(
+        "--scorer-batch-size",
+        default="32",
+        help="alpaca-heldout: comma list, one pars run per gateway --scorer-batch-size",
+    )
+    ap.add_argument(
         "--scorer-spinning",
         default="1",
         help="alpaca-heldout: comma list of HEADWAY_ORT_SPINNING values (1: ONNX Runtime's threads busy-wait "
@@ -284,17 +292,20 @@ def main() -> int:
                         label = f"gateway+pars (precomputed int8 scores, hold {hold} s)"
                         runs.append((label, p, [f"gw-hold={hold}", "gw-scorer=_bench_scores:lookup"]))
                 spins = args.scorer_spinning.split(",")
-                for spec, hold, threads, max_len, spin in itertools.product(
+                batches = args.scorer_batch_size.split(",")
+                for spec, hold, threads, max_len, spin, batch in itertools.product(
                     [s for s in args.scorer.split(",") if s != "precomputed"],
                     args.scorer_hold.split(","),
                     args.scorer_threads.split(","),
                     args.scorer_max_length.split(","),
                     spins,
+                    batches,
                 ):
                     label = f"gateway+pars ({spec}, hold {hold} s, {threads} thr, max {max_len} tok)"
                     label += f" spinning {spin}" if len(spins) > 1 else ""
+                    label += f" batch {batch}" if len(batches) > 1 else ""
                     gw_opts = [f"gw-hold={hold}", f"gw-scorer={spec}", f"gw-threads={threads}", f"gw-maxlen={max_len}",
-                               f"gw-spin={spin}"]  # fmt: skip
+                               f"gw-spin={spin}", f"gw-batch={batch}"]  # fmt: skip
                     runs.append((label, p, gw_opts))
             elif p == "pars":
                 for tau in args.pars_tau.split(","):
@@ -314,7 +325,7 @@ def main() -> int:
                 pargs = [a for a in pargs if not a.startswith("gw-")]
                 os.environ["HEADWAY_ORT_SPINNING"] = opts.get("gw-spin", "1")  # the gateway inherits it
                 gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, opts.get("gw-scorer"), opts.get("gw-hold"),
-                                   opts.get("gw-threads"), opts.get("gw-maxlen"))  # fmt: skip
+                                   opts.get("gw-threads"), opts.get("gw-maxlen"), opts.get("gw-batch"))  # fmt: skip
                 endpoint = gw.url
             try:
                 t0 = time.monotonic()

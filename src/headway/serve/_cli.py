@@ -132,6 +132,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="truncate prompts to this many tokens when scoring with a trained predictor "
         "(default: its training length, 128; at 64 alpaca_eval's prompts score 1.4x as fast)",
     )
+    p.add_argument(
+        "--scorer-batch-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="most prompts scored together; arrivals meanwhile wait for the next batch (default 32)",
+    )
     p.add_argument("--log-level", default="info")
     p.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn access log)")
     p.set_defaults(func=_run_serve)
@@ -158,6 +165,7 @@ def build_config(args: argparse.Namespace) -> Any:
         "scorer_hold_s": getattr(args, "scorer_hold", None),
         "scorer_threads": getattr(args, "scorer_threads", None),
         "scorer_max_length": getattr(args, "scorer_max_length", None),
+        "scorer_batch_size": getattr(args, "scorer_batch_size", None),
         "api_keys": args.api_keys,
         "redis_lease_s": getattr(args, "redis_lease", None),
         "router": getattr(args, "router", None),
