@@ -110,10 +110,22 @@ def test_predictor_specs(tmp_path: Path) -> None:
     assert predictor_spec("default:onnx-int8") == (None, "onnx-int8")
     assert predictor_spec(str(ckpt)) == (str(ckpt), "torch")
     assert predictor_spec(f"{ckpt}:onnx-int8") == (str(ckpt), "onnx-int8")
-    assert predictor_spec(str(plain)) == (str(plain), "torch")  # a directory: loading it says what is missing
-    assert predictor_spec(f"{plain}:attr") is None  # not a checkpoint: a module spec
+    assert predictor_spec(str(plain)) == (str(plain), "torch")  # a path: loading it says what is missing
+    assert predictor_spec(str(tmp_path / "missing")) == (str(tmp_path / "missing"), "torch")
+    assert predictor_spec("~/ckpt:onnx") == ("~/ckpt", "onnx")
+    assert predictor_spec("./ckpt") == ("./ckpt", "torch")
     assert predictor_spec("headway.predict.score:default_scorer()") is None
-    assert predictor_spec(str(tmp_path / "missing")) is None
+    assert predictor_spec("mymodule:attr") is None
+
+
+def test_a_module_spec_stays_a_module_where_a_directory_has_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mymodule").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert predictor_spec("mymodule:attr") is None
+    (tmp_path / "mymodule" / "predictor.json").write_text("{}")
+    assert predictor_spec("mymodule:onnx") == ("mymodule", "onnx")
 
 
 def test_a_checkpoint_directory_scores_with_the_gateways_threads_and_max_length(

@@ -35,17 +35,23 @@ def predictor_spec(spec: str) -> tuple[str | None, str] | None:
     """``(checkpoint, backend)`` when ``spec`` names a trained predictor, else ``None``.
 
     ``"default"`` / ``"default:BACKEND"``: the default predictor (checkpoint ``None``);
-    ``"DIR"`` / ``"DIR:BACKEND"``: the checkpoint in directory DIR (with ``":BACKEND"``, only
-    when DIR holds a ``predictor.json``, so that ``"module:attr"`` stays a module even where a
-    directory has the module's name). The backend (default ``torch``) is not checked here."""
+    ``"DIR"`` / ``"DIR:BACKEND"``: the checkpoint in directory DIR, when DIR looks like a path
+    (has a ``/`` or starts with ``~`` or ``.``; a module name never does) or holds a
+    ``predictor.json`` (so ``"module:attr"`` stays a module even where a directory has the
+    module's name). Neither the directory nor the backend (default ``torch``) is checked here:
+    loading names what is missing."""
     if spec == "default" or spec.startswith("default:"):
         return None, spec.partition(":")[2] or "torch"
     head, sep, tail = spec.rpartition(":")
-    if sep and tail and (Path(head).expanduser() / "predictor.json").is_file():
+    if not sep:
+        head, tail = spec, "torch"
+    if head and tail and (_looks_like_path(head) or (Path(head).expanduser() / "predictor.json").is_file()):
         return head, tail
-    if Path(spec).expanduser().is_dir():
-        return spec, "torch"
     return None
+
+
+def _looks_like_path(text: str) -> bool:
+    return "/" in text or os.sep in text or text.startswith(("~", "."))
 
 
 def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | None = None) -> ScoreFn:
