@@ -219,6 +219,12 @@ def main() -> int:
         help="interleaved rounds (every other one in reverse order); medians are reported",
     )
     ap.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="every run asks for whole answers instead of streams (no per-token work in the load generator "
+        "or the gateway); per-token latency and E2E are measured the same way",
+    )
+    ap.add_argument(
         "--pin-client",
         action="store_true",
         help="run the load generator and the gateways on the CPUs vLLM is not confined to (engine_cpus), so "
@@ -270,7 +276,7 @@ def main() -> int:
     if args.simulate is not None:
         return simulate_ratios(wl, args.simulate / 1e3, args.max_num_seqs, [float(t) for t in args.pars_tau.split(",")])
     gw_conc = args.gateway_concurrency if args.gateway_concurrency is not None else args.max_num_seqs
-    print(f"gateway backend concurrency {gw_conc}")
+    print(f"gateway backend concurrency {gw_conc}" + ("; responses not streamed" if args.no_stream else ""))
     python, model = default_vllm_paths(REPO)
     results: dict[str, dict[str, float]] = {}
     with (
@@ -329,7 +335,7 @@ def main() -> int:
                 endpoint = gw.url
             try:
                 t0 = time.monotonic()
-                cfg = BenchConfig(endpoint, model="tiny-llama", timeout_s=args.run_timeout)
+                cfg = BenchConfig(endpoint, model="tiny-llama", timeout_s=args.run_timeout, stream=not args.no_stream)
                 reqs = run_bench_sync(wl, cfg)
                 wall = time.monotonic() - t0
             finally:

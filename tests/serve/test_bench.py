@@ -40,6 +40,18 @@ def test_bench_fills_request_times_for_metrics(make_stub, make_gateway):
     assert {q.tenant_id for q in gw.gateway.finished_requests} == {"acme", "bulk"}
 
 
+def test_bench_without_streaming_takes_the_tokens_from_usage(make_stub, make_gateway):
+    stub = make_stub(token_delay_s=0.002)
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=2)])
+    for endpoint in (stub.url, gw.url):
+        reqs = run_bench_sync(_workload(), BenchConfig(endpoint, model="m", stream=False, timeout_s=30))
+        assert [r.state.name for r in reqs] == ["FINISHED"] * 6
+        assert [r.num_output_tokens for r in reqs] == [3, 12, 5, 20, 8, 1]
+        for r in reqs:
+            assert r.arrival_time < r.first_token_time == r.last_token_time == r.finish_time
+        assert reqs[3].finish_time - reqs[3].arrival_time >= 20 * 0.002  # the whole answer was waited for
+
+
 def test_bench_records_rejections_as_aborted(make_stub, make_gateway):
     stub = make_stub()
     tenants = (TenantConfig("acme", Tier.PREMIUM, (hash_api_key("ka"),)),)

@@ -67,6 +67,9 @@ class BenchConfig:
     """``model`` field to send (default: the first of ``GET /v1/models``)."""
     chat: bool = False
     """Use ``/v1/chat/completions`` instead of ``/v1/completions``."""
+    stream: bool = True
+    """Stream the responses (SSE). ``False``: one JSON answer per request, so the client and
+    any gateway do no per-token work; TTFT then equals E2E (the first token is not seen)."""
     api_key: str | None = None
     tenant_keys: Mapping[str, str] = field(default_factory=dict)
     """API key per tenant id (overrides ``api_key`` for that tenant's requests)."""
@@ -137,10 +140,11 @@ async def _one(
         "model": model,
         "max_tokens": out_tokens,
         "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream": cfg.stream,
         "temperature": 0.0,
     }
+    if cfg.stream:
+        body["stream_options"] = {"include_usage": True}
     if cfg.chat:
         body["messages"] = [{"role": "user", "content": prompt}]
         path = "/v1/chat/completions"
@@ -153,6 +157,9 @@ async def _one(
     req.arrival_time = max(0.0, clock() - t0)
     req.transition(RequestState.RUNNING)
     usage: int | None = None
+    if not cfg.stream:
+        await _one_unstreamed(client, cfg, path, body, headers, req, t0)
+        return
     try:
         async with client.stream(
             "POST", _base(cfg.endpoint) + path, json=body, headers=headers, timeout=cfg.request_timeout_s
@@ -191,6 +198,36 @@ async def _one(
     req.finish_time = now
     if req.first_token_time is None:
         req.first_token_time = req.last_token_time = now
+    req.transition(RequestState.FINISHED)
+
+
+async def _one_unstreamed(
+    client: httpx.AsyncClient,
+    cfg: BenchConfig,
+    path: str,
+    body: dict[str, object],
+    headers: dict[str, str],
+    req: Request,
+    t0: float,
+) -> None:
+    """One request answered as a whole: its finish time, and its tokens from ``usage``."""
+    clock = time.perf_counter
+    try:
+        resp = await client.post(_base(cfg.endpoint) + path, json=body, headers=headers, timeout=cfg.request_timeout_s)
+    except httpx.HTTPError as exc:
+        _abort(req, type(exc).__name__, clock() - t0)
+        return
+    now = clock() - t0
+    if resp.status_code != 200:
+        _abort(req, f"http_{resp.status_code}", now)
+        return
+    try:
+        req.num_output_tokens = int(resp.json()["usage"]["completion_tokens"])
+    except (ValueError, KeyError, TypeError):
+        _abort(req, "bad_response", now)
+        return
+    req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens
+    req.first_token_time = req.last_token_time = req.finish_time = now
     req.transition(RequestState.FINISHED)
 
 

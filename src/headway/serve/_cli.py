@@ -218,6 +218,11 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tenants", default=None, help="tenant mix for load_workload ('default' or 'none')")
     p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    p.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="ask for whole answers instead of streams: no per-token work in the client (TTFT then equals E2E)",
+    )
     p.add_argument("--api-key", default=None, help="bearer key for every request")
     p.add_argument(
         "--tenant-key",
@@ -278,6 +283,7 @@ def _run_bench(args: argparse.Namespace) -> int:
             endpoint=args.endpoint,
             model=args.model,
             chat=args.chat,
+            stream=not args.no_stream,
             api_key=args.api_key,
             tenant_keys=dict(args.tenant_key),
             max_concurrency=args.max_concurrency,
