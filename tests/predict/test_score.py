@@ -176,3 +176,5 @@ def test_the_gateway_scores_with_a_checkpoint_directory(checkpoint: Path) -> Non
     assert np.allclose(got, expected, atol=1e-4)
     config = GatewayConfig(backends=(BackendConfig("http://a"),), scorer=str(checkpoint), scorer_max_length=16)
     assert config.scorer == str(checkpoint)
+    with pytest.raises(ValueError, match=r"--scorer-max-length\): max_length must be 8\.\.32 tokens .*got 64"):
+        load_score_fn(str(checkpoint), max_length=64)

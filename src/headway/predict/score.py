@@ -30,9 +30,11 @@ if TYPE_CHECKING:
     from headway.workload import Workload
 
 __all__ = [
+    "MIN_SCORING_LENGTH",
     "CacheInfo",
     "OnnxBackend",
     "Scorer",
+    "ScoringLengthError",
     "TorchBackend",
     "default_scorer",
     "ensure_predictor",
@@ -44,6 +46,14 @@ __all__ = [
 Backend = Literal["torch", "onnx", "onnx-int8"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 """The scoring backends by name (``--backend`` and ``scorer_backend`` choices)."""
+MIN_SCORING_LENGTH = 8
+"""The fewest prompt tokens a scorer may cut prompts to (``max_length``)."""
+
+
+class ScoringLengthError(ValueError):
+    """A scoring ``max_length`` outside ``MIN_SCORING_LENGTH`` .. the checkpoint's own length."""
+
+
 ONNX_FILE = "model.onnx"
 _ONNX_SIDECAR = "model.onnx.json"
 ONNX_INT8_FILE = "model.int8.onnx"
@@ -117,11 +127,14 @@ def _hash(prompt: str) -> bytes:
 
 
 def _scoring_length(requested: int | None, trained: int) -> int:
-    """The prompt length to score at: ``requested`` (8 tokens up to the checkpoint's own), or the checkpoint's."""
+    """The prompt length to score at: ``requested`` (``MIN_SCORING_LENGTH`` tokens up to the
+    checkpoint's own), or the checkpoint's."""
     if requested is None:
         return trained
-    if not 8 <= requested <= trained:
-        raise ValueError(f"max_length must be 8..{trained} tokens (the checkpoint's length), got {requested}")
+    if not MIN_SCORING_LENGTH <= requested <= trained:
+        raise ScoringLengthError(
+            f"max_length must be {MIN_SCORING_LENGTH}..{trained} tokens (the checkpoint's length), got {requested}"
+        )
     return requested
 
 

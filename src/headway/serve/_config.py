@@ -50,6 +50,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from headway.core import Tier, get_policy_class, get_router_class
+from headway.predict.score import MIN_SCORING_LENGTH
 from headway.serve._scorer import predictor_spec
 
 __all__ = [
@@ -261,8 +262,8 @@ class GatewayConfig:
             f"scorer_threads must be >= 1, got {self.scorer_threads}",
         )
         _check(
-            self.scorer_max_length is None or self.scorer_max_length >= 8,
-            f"scorer_max_length must be >= 8 tokens, got {self.scorer_max_length}",
+            self.scorer_max_length is None or self.scorer_max_length >= MIN_SCORING_LENGTH,
+            f"scorer_max_length must be >= {MIN_SCORING_LENGTH} tokens, got {self.scorer_max_length}",
         )
         tuned = self.scorer_threads is not None or self.scorer_max_length is not None
         _check(

@@ -71,17 +71,20 @@ def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | No
             raise ValueError(f"scorer {spec!r}: scorer threads and max length apply only to a trained predictor")
         fn: ScoreFn = resolve_score_fn(spec)
         return fn
-    from headway.predict.score import BACKENDS, Backend, Scorer, default_scorer
+    from headway.predict.score import BACKENDS, Backend, Scorer, ScoringLengthError, default_scorer
 
     checkpoint, backend = predictor
     if backend not in BACKENDS:  # before default_scorer, which may train the predictor first
         raise ValueError(f"scorer {spec!r}: unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     kind = cast("Backend", backend)
     threads = threads or default_scorer_threads()
-    if checkpoint is None:
-        scorer = default_scorer(kind, threads=threads, max_length=max_length)
-    else:
-        scorer = Scorer.from_checkpoint(checkpoint, kind, threads=threads, max_length=max_length)
+    try:
+        if checkpoint is None:
+            scorer = default_scorer(kind, threads=threads, max_length=max_length)
+        else:
+            scorer = Scorer.from_checkpoint(checkpoint, kind, threads=threads, max_length=max_length)
+    except ScoringLengthError as exc:
+        raise ValueError(f"scorer_max_length (--scorer-max-length): {exc}") from None
     return cast(ScoreFn, scorer.score)
 
 
