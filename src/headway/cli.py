@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from headway._help import HelpFormatter
+
 __all__ = ["build_parser", "main"]
 
 # (module, function) pairs that add subcommands; imported when the parser is built.
@@ -61,7 +63,7 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
             "print a comparison table and write a report (JSON, CSV, PNG, HTML). With no "
             "arguments: the built-in default workload under every registered policy."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="default", help="built-in name or trace file (see `headway workloads`)")

@@ -72,3 +72,20 @@ def test_listings(capsys: pytest.CaptureFixture[str]) -> None:
         assert main([cmd]) == 0
     out = capsys.readouterr().out
     assert "uniboost" in out and "llama3-70b-4xh100" in out and "length-aware" in out
+
+
+def test_help_shows_a_default_only_where_it_adds_something() -> None:
+    import argparse
+
+    from headway._help import HelpFormatter
+
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter)
+    p.add_argument("--rate", type=float, default=2.5, help="arrival rate")
+    p.add_argument("--seed", type=int, default=None, help="seed")
+    p.add_argument("--quiet", action="store_true", help="no output")
+    p.add_argument("--tag", action="append", default=[], help="repeatable")
+    p.add_argument("--batch", type=int, default=32, help="batch size (default 32)")
+    text = " ".join(p.format_help().split())
+    assert "arrival rate (default: 2.5)" in text
+    assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text
+    assert "batch size (default 32)" in text and "(default: 32)" not in text

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from headway._help import HelpFormatter
+
 __all__ = ["add_calibrate_parser"]
 
 
@@ -71,7 +73,7 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
             "headway scheduler's step log (--step-log, or --launch) the fit uses measured engine steps; "
             "otherwise client-side first-token and inter-token times."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     _add_server_args(p)
     p.add_argument("--name", default="vllm-calibrated", help="preset name to save under")
@@ -102,7 +104,7 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
             "E2E latency and TTFT per policy. Policies are switched on the server through the scheduler's "
             "control_file setting (--control-file), so --endpoint needs --step-log and --control-file."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     _add_server_args(f)
     f.add_argument("--control-file", type=Path, default=None, help="the server's headway control_file")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from headway._help import HelpFormatter
 from headway.predict._errors import PredictError
 from headway.predict._paths import DEFAULT_PREDICTOR_NAME, DEFAULT_TRAIN_DATA
 from headway.predict.score import BACKENDS
@@ -263,7 +264,7 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"options it trains the default checkpoint (~/.cache/headway/predictors/{DEFAULT_PREDICTOR_NAME}): "
         "pairwise loss, full fine-tuning of MiniLM-L6 on alpaca_eval prompts, each labelled with the "
         "geometric mean of its 227 models' output lengths (cl100k tokens).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--data",
@@ -285,7 +286,7 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Score every prompt of a data set and compare with the true output lengths. --data takes "
         'any generic JSONL file (one {"prompt": str, "output_tokens": int, "model": str?} per line) or a '
         "built-in data set name.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--model", required=True, metavar="DIR", help="predictor checkpoint directory")
     p.add_argument("--data", required=True, metavar="FILE|NAME", help="FILE.jsonl, alpaca_eval:MODEL, sharegpt, ...")
@@ -311,7 +312,7 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(same split, backbone and budget), evaluated without retraining on the held-out prompts "
         "against each eval model's lengths, next to the oracle (the training model's own lengths) "
         "and the resampling ceiling.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--train-model",
@@ -336,7 +337,7 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
         "export-onnx",
         help="export a checkpoint to ONNX for ONNX Runtime on CPU",
         description="Write model.onnx into the checkpoint (or --out) and verify ONNX Runtime against torch.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--model", required=True, metavar="DIR", help="predictor checkpoint directory")
     p.add_argument("--out", metavar="FILE", help="ONNX file (default DIR/model.onnx)")

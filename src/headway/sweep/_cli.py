@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from headway._help import HelpFormatter
 from headway.sweep._grid import load_grid
 from headway.sweep._runner import METRIC_NAMES, TaskResult, aggregate, run_sweep
 
@@ -27,7 +28,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
             "cluster, and write one table and report (latency vs load per policy). A failed task "
             "is reported with its parameters; the others' results are kept."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--grid", required=True, help="grid file (.toml or .json)")
     p.add_argument("--ray-address", default=None, help="Ray cluster address (default: a local Ray)")
