@@ -10,7 +10,10 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["resolve_score_fn"]
+__all__ = ["MIN_SCORING_LENGTH", "resolve_score_fn"]
+
+MIN_SCORING_LENGTH = 8
+"""The fewest prompt tokens a predictor's scorer may cut prompts to (its ``max_length``)."""
 
 
 def resolve_score_fn(spec: str) -> Callable[[list[str]], Any]:

@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from headway.predict._errors import CheckpointError
 from headway.predict._paths import file_sha256, set_offline
+from headway.predict._resolve import MIN_SCORING_LENGTH
 
 if TYPE_CHECKING:
     from headway.predict.model import LengthPredictor
@@ -46,8 +47,6 @@ __all__ = [
 Backend = Literal["torch", "onnx", "onnx-int8"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 """The scoring backends by name (``--backend`` and ``scorer_backend`` choices)."""
-MIN_SCORING_LENGTH = 8
-"""The fewest prompt tokens a scorer may cut prompts to (``max_length``)."""
 
 
 class ScoringLengthError(ValueError):
