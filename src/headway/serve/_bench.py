@@ -191,7 +191,12 @@ async def _one(
     except httpx.HTTPError as exc:
         _abort(req, type(exc).__name__, clock() - t0)
         return
-    now = clock() - t0
+    _finish(req, clock() - t0, usage)
+
+
+def _finish(req: Request, now: float, usage: int | None) -> None:
+    """A completed request: its output tokens (``usage`` when the server reported it) and times
+    (a request whose tokens were not seen gets its first token at the finish)."""
     if usage is not None:
         req.num_output_tokens = usage
     req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens
@@ -222,13 +227,11 @@ async def _one_unstreamed(
         _abort(req, f"http_{resp.status_code}", now)
         return
     try:
-        req.num_output_tokens = int(resp.json()["usage"]["completion_tokens"])
+        usage = int(resp.json()["usage"]["completion_tokens"])
     except (ValueError, KeyError, TypeError):
         _abort(req, "bad_response", now)
         return
-    req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens
-    req.first_token_time = req.last_token_time = req.finish_time = now
-    req.transition(RequestState.FINISHED)
+    _finish(req, now, usage)
 
 
 async def run_bench(workload: Workload | Sequence[RequestSpec], cfg: BenchConfig) -> list[Request]:
