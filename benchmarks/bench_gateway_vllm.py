@@ -94,16 +94,16 @@ def start_gateway(
     args = ["--policy", policy, "--backend-concurrency", str(concurrency), "--queue-ttl", "3600"]
     for a in policy_args:
         args += ["--policy-arg", a]
-    if scorer:
-        args += ["--scorer", scorer]
-    if scorer_hold is not None:
-        args += ["--scorer-hold", scorer_hold]
-    if scorer_threads is not None:
-        args += ["--scorer-threads", scorer_threads]
-    if scorer_max_length is not None:
-        args += ["--scorer-max-length", scorer_max_length]
-    if scorer_batch_size is not None:
-        args += ["--scorer-batch-size", scorer_batch_size]
+    scorer_opts = {
+        "--scorer": scorer,
+        "--scorer-hold": scorer_hold,
+        "--scorer-threads": scorer_threads,
+        "--scorer-max-length": scorer_max_length,
+        "--scorer-batch-size": scorer_batch_size,
+    }
+    for flag, value in scorer_opts.items():
+        if value:  # None: the gateway's default (every value given is a non-empty string)
+            args += [flag, value]
     return procs.gateway([backend], *args, start=False).start(timeout=30)  # a scorer may load a model
 
 
