@@ -122,11 +122,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from headway.predict._errors import CheckpointError
     from headway.predict._paths import default_data_dir
+    from headway.predict.model import read_checkpoint_meta
     from headway.predict.score import Scorer
 
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     prompts = _instructions(data_dir)
     ckpts = [_checkpoint(m, args.max_length) for m in args.model.split(",") if m]
+    try:  # every checkpoint is readable before any is timed; its trained length for the report
+        trained = {c: int(read_checkpoint_meta(c).get("max_length", 128)) for c, _ in ckpts}
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     load_before = os.getloadavg()
     rows = []
     lengths: list[int | None] = [int(x) for x in args.score_max_length.split(",") if x] or [None]
@@ -178,10 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         command,
         "```",
         "",
-        *[
-            f"- checkpoint `{c.name}`: {what} (`max_length` {Scorer.from_checkpoint(c).max_length} tokens)"
-            for c, what in ckpts
-        ],
+        *[f"- checkpoint `{c.name}`: {what} (`max_length` {trained[c]} tokens)" for c, what in ckpts],
         f"- prompts: alpaca_eval's {len(prompts)} instructions, cache off, tokenization included, "
         f"batch size {args.batch_size}, dynamic padding (length-sorted batches)",
         f"- threads: {args.threads}; CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
