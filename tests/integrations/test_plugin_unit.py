@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -331,6 +332,38 @@ def test_load_text_scorer_specs() -> None:
         load_text_scorer("headway.nope:fn")
     with pytest.raises(PluginConfigError, match="module:attr"):
         load_text_scorer("not-a-spec")
+
+
+def test_load_text_scorer_takes_the_backend_from_a_predictor_spec(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The plugin reads predictor specs as the gateway does: ``DIR:BACKEND`` beats ``scorer_backend``."""
+    import headway.predict.score as score_mod
+
+    seen: list[tuple[str, str, int]] = []
+
+    class Fake:
+        def score(self, prompts: list[str]) -> list[float]:
+            return [2.0] * len(prompts)
+
+    def fake_from_checkpoint(path: Path, backend: str = "torch", *, threads: int = 1) -> Fake:
+        seen.append((str(path), backend, threads))
+        return Fake()
+
+    monkeypatch.setattr(score_mod, "ensure_predictor", lambda p, **kw: Path(p))
+    monkeypatch.setattr(score_mod.Scorer, "from_checkpoint", fake_from_checkpoint)
+    assert load_text_scorer(f"{tmp_path}:onnx-int8", backend="torch", threads=2)(["a"]) == [2.0]
+    load_text_scorer(str(tmp_path), backend="onnx")
+    assert seen == [(str(tmp_path), "onnx-int8", 2), (str(tmp_path), "onnx", 1)]
+    with pytest.raises(PluginConfigError, match="unknown backend 'gpu'"):
+        load_text_scorer(f"{tmp_path}:gpu")
+
+
+def test_load_text_scorer_names_a_missing_checkpoint_directory(tmp_path: Path) -> None:
+    from headway.predict import CheckpointError
+
+    with pytest.raises(CheckpointError, match="no predictor checkpoint"):
+        load_text_scorer(str(tmp_path / "missing"))
 
 
 def test_engine_cpus_parses_lists_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

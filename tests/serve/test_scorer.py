@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from headway.serve._scorer import BatchScorer, default_scorer_threads, load_score_fn, predictor_spec
+from headway.serve._scorer import BatchScorer, default_scorer_threads, load_score_fn
 
 
 def test_batches_run_one_at_a_time_and_arrivals_meanwhile_form_the_next() -> None:
@@ -98,34 +98,6 @@ def test_default_threads_follow_the_cpus_the_gateway_may_use(
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus, raising=False)
     assert default_scorer_threads() == threads
-
-
-def test_predictor_specs(tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    (ckpt / "predictor.json").write_text("{}")
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    assert predictor_spec("default") == (None, "torch")
-    assert predictor_spec("default:onnx-int8") == (None, "onnx-int8")
-    assert predictor_spec(str(ckpt)) == (str(ckpt), "torch")
-    assert predictor_spec(f"{ckpt}:onnx-int8") == (str(ckpt), "onnx-int8")
-    assert predictor_spec(str(plain)) == (str(plain), "torch")  # a path: loading it says what is missing
-    assert predictor_spec(str(tmp_path / "missing")) == (str(tmp_path / "missing"), "torch")
-    assert predictor_spec("~/ckpt:onnx") == ("~/ckpt", "onnx")
-    assert predictor_spec("./ckpt") == ("./ckpt", "torch")
-    assert predictor_spec("headway.predict.score:default_scorer()") is None
-    assert predictor_spec("mymodule:attr") is None
-
-
-def test_a_module_spec_stays_a_module_where_a_directory_has_its_name(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (tmp_path / "mymodule").mkdir()
-    monkeypatch.chdir(tmp_path)
-    assert predictor_spec("mymodule:attr") is None
-    (tmp_path / "mymodule" / "predictor.json").write_text("{}")
-    assert predictor_spec("mymodule:onnx") == ("mymodule", "onnx")
 
 
 def test_a_checkpoint_directory_scores_with_the_gateways_threads_and_max_length(

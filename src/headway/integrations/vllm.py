@@ -69,8 +69,9 @@ Settings (keys of the ``headway`` object):
     ``vllm_xargs: {"headway_score": x}`` always wins; requests without one are scored
     in-process at arrival, batched per engine step, by this scorer: ``"default"`` (the
     trained headway predictor, never trained here), a predictor checkpoint directory,
-    or ``"module:attr"`` / ``"module:factory()"`` naming a callable ``list[str] ->
-    scores`` or an object with ``score(prompts)``. Prompts are detokenized with the
+    each optionally with ``":BACKEND"`` (as the gateway's ``--scorer``; it overrides
+    ``scorer_backend``), or ``"module:attr"`` / ``"module:factory()"`` naming a callable
+    ``list[str] -> scores`` or an object with ``score(prompts)``. Prompts are detokenized with the
     model's tokenizer (``tokenizer`` overrides its path). Cost per request: the
     detokenization plus the predictor's forward pass, on the engine thread
     (see ``benchmarks/bench_plugin_overhead.py``).
@@ -119,7 +120,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState, Tier, make_policy
-from headway.predict._resolve import resolve_score_fn
+from headway.predict._resolve import predictor_spec, resolve_score_fn
 
 __all__ = [
     "ENV_CONFIG",
@@ -254,11 +255,19 @@ def word_count_scorer(prompts: Sequence[str]) -> list[float]:
 
 
 def load_text_scorer(spec: str, *, backend: str = "torch", threads: int = 1) -> TextScoreFn:
-    """Resolve the ``scorer`` setting to a batch function ``list[str] -> scores``."""
-    if spec == "default" or Path(spec).expanduser().is_dir():
-        from headway.predict.score import Scorer, ensure_predictor
+    """Resolve the ``scorer`` setting to a batch function ``list[str] -> scores``; a
+    predictor spec's own backend (``"DIR:onnx-int8"``) wins over ``backend``."""
+    predictor = predictor_spec(spec)
+    if predictor is not None:
+        from headway.predict.score import BACKENDS, Scorer, ensure_predictor
 
-        path = ensure_predictor(None if spec == "default" else spec, train_if_missing=False, log=None)
+        checkpoint, given = predictor
+        backend = given or backend
+        if backend not in BACKENDS:
+            raise PluginConfigError(
+                f"headway plugin: scorer {spec!r}: unknown backend {backend!r}; use {', '.join(BACKENDS)}"
+            )
+        path = ensure_predictor(checkpoint, train_if_missing=False, log=None)
         scorer = Scorer.from_checkpoint(path, backend, threads=threads)  # type: ignore[arg-type]
         return scorer.score
     try:

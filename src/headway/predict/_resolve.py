@@ -1,16 +1,19 @@
 """Resolve a scorer spec (``"pkg.module:attr"``) to a batch function ``list[str] -> scores``.
 
 Shared by the gateway (``headway serve --scorer``) and the vLLM plugin (``scorer``
-setting); imports nothing heavy, so either can use it without torch installed.
+setting), as is :func:`predictor_spec`, which tells a trained predictor's spec from a module's;
+imports nothing heavy, so either can use it without torch installed.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["MIN_SCORING_LENGTH", "resolve_score_fn"]
+__all__ = ["MIN_SCORING_LENGTH", "predictor_spec", "resolve_score_fn"]
 
 MIN_SCORING_LENGTH = 8
 """The fewest prompt tokens a predictor's scorer may cut prompts to (its ``max_length``)."""
@@ -39,3 +42,28 @@ def resolve_score_fn(spec: str) -> Callable[[list[str]], Any]:
         raise ValueError(f"scorer {spec!r} is neither callable nor has a score(prompts) method")
     fn: Callable[[list[str]], Any] = obj
     return fn
+
+
+def predictor_spec(spec: str) -> tuple[str | None, str | None] | None:
+    """``(checkpoint, backend)`` when ``spec`` names a trained predictor, else ``None`` (a
+    ``"module:attr"`` spec for :func:`resolve_score_fn`).
+
+    ``"default"`` / ``"default:BACKEND"``: the default predictor (checkpoint ``None``);
+    ``"DIR"`` / ``"DIR:BACKEND"``: the checkpoint in directory DIR, when DIR looks like a path
+    (has a ``/`` or starts with ``~`` or ``.``; a module name never does) or holds a
+    ``predictor.json`` (so ``"module:attr"`` stays a module even where a directory has the
+    module's name). ``backend`` is ``None`` when the spec names none (the caller's default).
+    Neither the directory nor the backend is checked here: loading names what is missing."""
+    if spec == "default" or spec.startswith("default:"):
+        return None, spec.partition(":")[2] or None
+    head, sep, tail = spec.rpartition(":")
+    backend: str | None = tail
+    if not sep:
+        head, backend = spec, None
+    if head and tail and (_looks_like_path(head) or (Path(head).expanduser() / "predictor.json").is_file()):
+        return head, backend
+    return None
+
+
+def _looks_like_path(text: str) -> bool:
+    return "/" in text or os.sep in text or text.startswith(("~", "."))

@@ -50,8 +50,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from headway.core import Tier, get_policy_class, get_router_class
-from headway.predict._resolve import MIN_SCORING_LENGTH
-from headway.serve._scorer import predictor_spec
+from headway.predict._resolve import MIN_SCORING_LENGTH, predictor_spec
 
 __all__ = [
     "BackendConfig",

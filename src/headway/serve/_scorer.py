@@ -7,12 +7,11 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import cast
 
-from headway.predict._resolve import resolve_score_fn
+from headway.predict._resolve import predictor_spec, resolve_score_fn
 
-__all__ = ["BatchScorer", "ScoreFn", "default_scorer_threads", "load_score_fn", "predictor_spec"]
+__all__ = ["BatchScorer", "ScoreFn", "default_scorer_threads", "load_score_fn"]
 
 log = logging.getLogger("headway.serve.scorer")
 
@@ -29,29 +28,6 @@ def default_scorer_threads() -> int:
     except AttributeError:  # pragma: no cover - not on Linux
         cpus = os.cpu_count() or 1
     return max(1, min(2, cpus))
-
-
-def predictor_spec(spec: str) -> tuple[str | None, str] | None:
-    """``(checkpoint, backend)`` when ``spec`` names a trained predictor, else ``None``.
-
-    ``"default"`` / ``"default:BACKEND"``: the default predictor (checkpoint ``None``);
-    ``"DIR"`` / ``"DIR:BACKEND"``: the checkpoint in directory DIR, when DIR looks like a path
-    (has a ``/`` or starts with ``~`` or ``.``; a module name never does) or holds a
-    ``predictor.json`` (so ``"module:attr"`` stays a module even where a directory has the
-    module's name). Neither the directory nor the backend (default ``torch``) is checked here:
-    loading names what is missing."""
-    if spec == "default" or spec.startswith("default:"):
-        return None, spec.partition(":")[2] or "torch"
-    head, sep, tail = spec.rpartition(":")
-    if not sep:
-        head, tail = spec, "torch"
-    if head and tail and (_looks_like_path(head) or (Path(head).expanduser() / "predictor.json").is_file()):
-        return head, tail
-    return None
-
-
-def _looks_like_path(text: str) -> bool:
-    return "/" in text or os.sep in text or text.startswith(("~", "."))
 
 
 def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | None = None) -> ScoreFn:
@@ -73,7 +49,8 @@ def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | No
         return fn
     from headway.predict.score import BACKENDS, Backend, Scorer, ScoringLengthError, default_scorer
 
-    checkpoint, backend = predictor
+    checkpoint, given = predictor
+    backend = given or "torch"
     if backend not in BACKENDS:  # before default_scorer, which may train the predictor first
         raise ValueError(f"scorer {spec!r}: unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     kind = cast("Backend", backend)
