@@ -23,6 +23,8 @@ import argparse
 import itertools
 import json
 import os
+import re
+import shutil
 import sys
 import tempfile
 import time
@@ -90,8 +92,12 @@ def start_gateway(
     scorer_threads: str | None = None,
     scorer_max_length: str | None = None,
     scorer_batch_size: str | None = None,
+    *,
+    debug: bool = False,
 ) -> Proc:
     args = ["--policy", policy, "--backend-concurrency", str(concurrency), "--queue-ttl", "3600"]
+    if debug:
+        args += ["--log-level", "debug"]
     for a in policy_args:
         args += ["--policy-arg", a]
     scorer_opts = {
@@ -230,6 +236,13 @@ def main() -> int:
         help="run the load generator and the gateways on the CPUs vLLM is not confined to (engine_cpus), so "
         "that the engine's CPU is the engine's alone, as when clients and gateways are on other hosts",
     )
+    ap.add_argument(
+        "--gateway-logs",
+        metavar="DIR",
+        default=None,
+        help="run the gateways at --log-level debug and keep their logs (one per run) in DIR: each scoring "
+        "batch with its wall and CPU time, each dispatch",
+    )
     ap.add_argument("--run-timeout", type=float, default=600.0)
     ap.add_argument("--json", default=None)
     ap.add_argument(
@@ -331,7 +344,8 @@ def main() -> int:
                 pargs = [a for a in pargs if not a.startswith("gw-")]
                 os.environ["HEADWAY_ORT_SPINNING"] = opts.get("gw-spin", "1")  # the gateway inherits it
                 gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, opts.get("gw-scorer"), opts.get("gw-hold"),
-                                   opts.get("gw-threads"), opts.get("gw-maxlen"), opts.get("gw-batch"))  # fmt: skip
+                                   opts.get("gw-threads"), opts.get("gw-maxlen"), opts.get("gw-batch"),
+                                   debug=args.gateway_logs is not None)  # fmt: skip
                 endpoint = gw.url
             try:
                 t0 = time.monotonic()
@@ -341,6 +355,11 @@ def main() -> int:
             finally:
                 if gw is not None:
                     gw.stop(timeout=30)
+                    if args.gateway_logs is not None:
+                        Path(args.gateway_logs).mkdir(parents=True, exist_ok=True)
+                        n = sum(len(v) for v in rounds.values())
+                        name = re.sub(r"[^A-Za-z0-9.+-]+", "_", label).strip("_")
+                        shutil.copyfile(gw.log_path, Path(args.gateway_logs) / f"{n:02d}-{name}.log")
             s = summarize(reqs, name=label)
             rounds[label].append(
                 {

@@ -115,7 +115,7 @@ class BatchScorer:
     async def _score(self, batch: list[tuple[str, asyncio.Future[float]]]) -> None:
         t0 = time.perf_counter()
         try:
-            scores = await asyncio.to_thread(self._fn, [p for p, _ in batch])
+            scores, cpu_s = await asyncio.to_thread(_timed, self._fn, [p for p, _ in batch])
             if len(scores) != len(batch):
                 raise ValueError(f"scorer returned {len(scores)} scores for {len(batch)} prompts")
         except Exception as exc:
@@ -123,8 +123,15 @@ class BatchScorer:
                 if not fut.done():
                     fut.set_exception(exc)
             return
-        log.debug("scored %d prompts in %.1f ms (%d waiting)", len(batch), (time.perf_counter() - t0) * 1e3,
-                  len(self._pending))  # fmt: skip
+        log.debug("scored %d prompts in %.1f ms, %.1f ms on the scoring thread's CPU (%d waiting)", len(batch),
+                  (time.perf_counter() - t0) * 1e3, cpu_s * 1e3, len(self._pending))  # fmt: skip
         for (_, fut), s in zip(batch, scores, strict=True):
             if not fut.done():
                 fut.set_result(float(s))
+
+
+def _timed(fn: ScoreFn, prompts: list[str]) -> tuple[Sequence[float], float]:
+    """``fn(prompts)`` and the CPU time this thread spent in it: far below the wall time, the
+    thread waited (for a CPU, the GIL or the backend's other threads), not computed."""
+    c0 = time.thread_time()
+    return fn(prompts), time.thread_time() - c0
