@@ -8,6 +8,14 @@ disabled. Target: >= 100 prompts/s batched on 2 CPU cores.
     python benchmarks/bench_predictor.py --model DIR --out benchmarks/results/predictor_bench.md
     python benchmarks/bench_predictor.py --model default,DIR --backends onnx-int8   # two checkpoints side by side
 
+Two throughputs: all 805 prompts in one call (the scorer sorts them by length, so its batches hardly
+pad), and ``--call-size`` prompts per call in a seeded random order, as a gateway scores what arrived
+together (each call's prompts are sorted and batched alone). ``--chunking fixed,padding`` adds rows
+with the scorer's batches cut every ``--batch-size`` prompts (as before 2026-11-30) beside its
+padding-aware batches, in the same process:
+
+    python benchmarks/bench_predictor.py --backends onnx-int8,torch --score-max-length 64 --chunking fixed,padding
+
 Without a trained checkpoint it benchmarks an untrained head on the bundled MiniLM-L6 (the same compute).
 The machine's load average is printed: on a shared machine other processes slow every number down.
 """
@@ -71,6 +79,27 @@ def _throughput(scorer: object, prompts: list[str], repeats: int) -> list[float]
     return rates
 
 
+def _calls_throughput(scorer: object, prompts: list[str], call: int, repeats: int) -> list[float]:
+    """Prompts/s when the prompts come ``call`` at a time in a seeded random order (a gateway's batches)."""
+    import random
+
+    order = list(prompts)
+    random.Random(0).shuffle(order)
+    score = scorer.score  # type: ignore[attr-defined]
+    rates = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for k in range(0, len(order), call):
+            score(order[k : k + call])
+        rates.append(len(order) / (time.perf_counter() - t))
+    return rates
+
+
+def _fixed_chunks(lengths: Any, max_batch: int, pass_cost: int = 0) -> list[tuple[int, int]]:
+    """``--chunking fixed``: a batch every ``max_batch`` prompts, whatever their lengths."""
+    return [(k, min(k + max_batch, len(lengths))) for k in range(0, len(lengths), max_batch)]
+
+
 def _latency_ms(scorer: object, prompts: list[str], n: int) -> list[float]:
     score_one = scorer.score_one  # type: ignore[attr-defined]
     score_one(prompts[0])
@@ -113,17 +142,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed passes over the 805 prompts (default 3)")
     ap.add_argument("--single", type=int, default=100, help="prompts timed one at a time (default 100)")
     ap.add_argument("--backends", default="torch,onnx,onnx-int8", help="comma-separated (default torch,onnx,onnx-int8)")
+    ap.add_argument("--call-size", type=int, default=32, help="prompts per call in arrival order (default 32)")
+    ap.add_argument(
+        "--chunking",
+        default="padding",
+        help="comma list: 'padding' (the scorer's padding-aware batches) and/or 'fixed' (a batch every "
+        "--batch-size prompts), rows each (default padding)",
+    )
     ap.add_argument("--out", help="write a markdown report here")
     args = ap.parse_args(argv)
+    chunkings = [c for c in args.chunking.split(",") if c]
+    if not chunkings or set(chunkings) - {"padding", "fixed"}:
+        ap.error(f"--chunking: use padding and/or fixed, got {args.chunking!r}")
 
     import numpy as np
     import onnxruntime
     import torch
 
+    import headway.predict.score as score_mod
     from headway.predict._errors import CheckpointError
     from headway.predict._paths import default_data_dir
     from headway.predict.model import read_checkpoint_meta
     from headway.predict.score import Scorer
+
+    padding_chunks = score_mod._padding_chunks
 
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     prompts = _instructions(data_dir)
@@ -138,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     lengths: list[int | None] = [int(x) for x in args.score_max_length.split(",") if x] or [None]
     backends = [b for b in args.backends.split(",") if b]
     refused: list[str] = []
-    for (ckpt, _), backend, length in [(c, b, n) for c in ckpts for b in backends for n in lengths]:
+    combos = [(c, b, n, k) for c in ckpts for b in backends for n in lengths for k in chunkings]
+    for (ckpt, _), backend, length, chunking in combos:
+        score_mod._padding_chunks = padding_chunks if chunking == "padding" else _fixed_chunks
         try:
             scorer = Scorer.from_checkpoint(
                 ckpt,
@@ -153,12 +197,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{ckpt.name}: {backend:>5}: refused: {exc}", flush=True)
             continue
         rates = _throughput(scorer, prompts, args.repeats)
+        calls = _calls_throughput(scorer, prompts, args.call_size, args.repeats)
         lat = _latency_ms(scorer, list(reversed(prompts)), args.single)
         row = {
             "checkpoint": ckpt.name,
             "layers": _layers(ckpt, scorer.meta),
             "backend": backend,
             "max_length": scorer.max_length,
+            "chunking": chunking,
+            "calls_per_s_median": statistics.median(calls),
             "heldout_tau": _heldout_tau(scorer, data_dir),
             "prompts_per_s_median": statistics.median(rates),
             "prompts_per_s_best": max(rates),
@@ -167,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows.append(row)
         print(
-            f"{ckpt.name}: {backend:>5} ({scorer.max_length} tokens): "
+            f"{ckpt.name}: {backend:>5} ({scorer.max_length} tokens, {chunking} batches): "
             f"{row['prompts_per_s_median']:7.1f} prompts/s batched "
-            f"(best {row['prompts_per_s_best']:.1f}), single p50 {row['single_p50_ms']:.1f} ms, "
+            f"(best {row['prompts_per_s_best']:.1f}), {row['calls_per_s_median']:.1f} in calls of {args.call_size}, "
+            f"single p50 {row['single_p50_ms']:.1f} ms, "
             f"p90 {row['single_p90_ms']:.1f} ms, held-out tau_b vs gpt4 {row['heldout_tau']:.4f}",
             flush=True,
         )
@@ -186,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *[f"- checkpoint `{c.name}`: {what} (`max_length` {trained[c]} tokens)" for c, what in ckpts],
         f"- prompts: alpaca_eval's {len(prompts)} instructions, cache off, tokenization included, "
-        f"batch size {args.batch_size}, dynamic padding (length-sorted batches)",
+        f"batch size {args.batch_size}, dynamic padding (length-sorted batches); 'calls of {args.call_size}': "
+        f"{args.call_size} prompts per call in a seeded random order, as a gateway's scoring batches",
         f"- threads: {args.threads}; CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         f"- torch {torch.__version__}, onnxruntime {onnxruntime.__version__}",
         f"- load average (1 min) before/after: {load_before[0]:.1f} / {load_after[0]:.1f} "
@@ -195,14 +244,14 @@ def main(argv: list[str] | None = None) -> int:
         "Held-out tau_b: Kendall tau_b against gpt4's lengths on the default split's 154 test prompts",
         "(quality check of each backend's scores; the same for torch and onnx, int8 may differ).",
         "",
-        "| checkpoint | encoder layers | backend | prompt tokens (max) | prompts/s batched (median) | best "
-        "| single prompt p50 (ms) | p90 (ms) | held-out tau_b |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| checkpoint | encoder layers | backend | prompt tokens (max) | batches | prompts/s batched (median) | best "
+        f"| prompts/s in calls of {args.call_size} (median) | single prompt p50 (ms) | p90 (ms) | held-out tau_b |",
+        "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['checkpoint']} | {r['layers']} | {r['backend']} | {r['max_length']} | "
-            f"{r['prompts_per_s_median']:.1f} | {r['prompts_per_s_best']:.1f} | "
+            f"| {r['checkpoint']} | {r['layers']} | {r['backend']} | {r['max_length']} | {r['chunking']} | "
+            f"{r['prompts_per_s_median']:.1f} | {r['prompts_per_s_best']:.1f} | {r['calls_per_s_median']:.1f} | "
             f"{r['single_p50_ms']:.1f} | {r['single_p90_ms']:.1f} | {r['heldout_tau']:.4f} |"
         )
     if refused:

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from headway.predict import CheckpointError, Scorer, export_onnx, score_workload  # noqa: E402
 from headway.predict.model import LengthPredictor, load_encoder, save_checkpoint  # noqa: E402
-from headway.predict.score import ensure_predictor  # noqa: E402
+from headway.predict.score import _padding_chunks, ensure_predictor  # noqa: E402
 from headway.workload import RequestSpec, Workload  # noqa: E402
 
 PROMPTS = [
@@ -40,6 +43,47 @@ def test_scores_do_not_depend_on_batching_or_padding(checkpoint: Path) -> None:
     assert batched.shape == (5,) and batched.dtype == np.float64
     assert np.allclose(batched, one_by_one, atol=1e-5)
     assert len(set(np.round(batched, 6))) == 5
+
+
+def _tokens_run(lengths: list[int], chunks: list[tuple[int, int]], pass_cost: int) -> int:
+    return sum(pass_cost + (b - a) * lengths[b - 1] for a, b in chunks)
+
+
+@given(
+    st.lists(st.integers(1, 64), max_size=40).map(sorted),
+    st.integers(1, 12),
+    st.integers(0, 40),
+)
+def test_padding_chunks_cover_in_order_within_the_cap_and_run_no_more_than_fixed_batches(
+    lengths: list[int], cap: int, pass_cost: int
+) -> None:
+    chunks = _padding_chunks(lengths, cap, pass_cost)
+    assert [i for a, b in chunks for i in range(a, b)] == list(range(len(lengths)))
+    assert all(1 <= b - a <= cap for a, b in chunks)
+    fixed = [(k, min(k + cap, len(lengths))) for k in range(0, len(lengths), cap)]
+    assert _tokens_run(lengths, chunks, pass_cost) <= _tokens_run(lengths, fixed, pass_cost)
+
+
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=8).map(sorted), st.integers(1, 4), st.integers(0, 10))
+def test_padding_chunks_are_optimal_against_every_split(lengths: list[int], cap: int, pass_cost: int) -> None:
+    n = len(lengths)
+    best = None
+    for mask in itertools.product((False, True), repeat=n - 1):  # a cut after position i where mask[i]
+        cuts = [0] + [i + 1 for i, cut in enumerate(mask) if cut] + [n]
+        split = list(itertools.pairwise(cuts))
+        if all(b - a <= cap for a, b in split):
+            cost = _tokens_run(lengths, split, pass_cost)
+            best = cost if best is None else min(best, cost)
+    assert _tokens_run(lengths, _padding_chunks(lengths, cap, pass_cost), pass_cost) == best
+
+
+def test_padding_chunks_keep_a_long_prompt_from_padding_the_short_ones() -> None:
+    assert _padding_chunks([8] * 30 + [64, 64], 32) == [(0, 30), (30, 32)]
+    assert _padding_chunks([], 32) == []
+    with pytest.raises(ValueError, match="ascending"):
+        _padding_chunks([3, 2], 4)
+    with pytest.raises(ValueError, match="max_batch must be >= 1, got 0"):
+        _padding_chunks([1], 0)
 
 
 def test_max_length_truncates_prompts_at_scoring_time_within_the_checkpoints_length(checkpoint: Path) -> None:

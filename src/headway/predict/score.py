@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -137,12 +138,51 @@ def _scoring_length(requested: int | None, trained: int) -> int:
     return requested
 
 
+_PASS_COST_TOKENS = 16
+"""What one forward pass costs beyond its tokens, in tokens (:func:`_padding_chunks`). Measured with
+the int8 predictor at 64 tokens on 32-prompt batches of alpaca_eval instructions in arrival order:
+8-32 ran about equally fast (1 and 2 threads); 0, which splits wherever lengths differ, and 64 or
+more ran slower."""
+
+
+def _padding_chunks(
+    lengths: Sequence[int], max_batch: int, pass_cost: int = _PASS_COST_TOKENS
+) -> list[tuple[int, int]]:
+    """Split ``lengths`` (ascending) into consecutive ``[a, b)`` batches of at most ``max_batch``
+    that minimise the tokens run, ``(b - a) * lengths[b - 1]`` per batch (each padded to its
+    longest), plus ``pass_cost`` per batch. Dynamic programming, O(n x max_batch)."""
+    n = len(lengths)
+    if any(a > b for a, b in itertools.pairwise(lengths)):
+        raise ValueError("_padding_chunks: lengths must be in ascending order")
+    if max_batch < 1:
+        raise ValueError(f"_padding_chunks: max_batch must be >= 1, got {max_batch}")
+    best = [0] * (n + 1)
+    start = [0] * (n + 1)
+    for b in range(1, n + 1):
+        cost, at = min((best[a] + pass_cost + (b - a) * lengths[b - 1], a) for a in range(max(0, b - max_batch), b))
+        best[b], start[b] = cost, at
+    out: list[tuple[int, int]] = []
+    b = n
+    while b > 0:
+        out.append((start[b], b))
+        b = start[b]
+    return out[::-1]
+
+
 class Scorer:
     """Scores prompts with a trained predictor.
 
     Prompts are tokenized (truncated to ``max_length``), sorted by length and run in batches of
-    ``batch_size`` padded only to the batch's longest prompt. Scores are cached (LRU, ``cache_size``
-    entries, 0 disables) under a 128-bit BLAKE2b hash of the prompt text.
+    at most ``batch_size``, each padded only to its longest prompt. The batch boundaries are the
+    ones that run the fewest tokens, padding included, counting each forward pass as
+    :data:`_PASS_COST_TOKENS` more (:func:`_padding_chunks`): prompts that arrive together (a
+    gateway's scoring batch) are often mostly short with a few long ones, and one batch padded to
+    the longest ran 2-2.5x the tokens. Scores are cached (LRU, ``cache_size`` entries, 0
+    disables) under a 128-bit BLAKE2b hash of the prompt text.
+
+    The int8 model quantizes activations per batch (dynamic quantization), so its scores move
+    a little with the batch a prompt lands in (by up to about 0.17 for scores with a standard
+    deviation of 1.4 on alpaca_eval); the float backends do not.
     """
 
     def __init__(
@@ -290,8 +330,8 @@ class Scorer:
         ids = tokenize(self.tokenizer, texts, self.max_length)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         result = np.empty(len(ids), dtype=np.float64)
-        for k in range(0, len(order), self.batch_size):
-            chunk = order[k : k + self.batch_size]
+        for a, b in _padding_chunks([len(ids[i]) for i in order], self.batch_size):
+            chunk = order[a:b]
             input_ids, mask = pad_batch([ids[i] for i in chunk], self._pad_id)
             result[chunk] = self.runner.run(input_ids, mask).reshape(-1)
         return result
