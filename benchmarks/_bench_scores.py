@@ -3,13 +3,16 @@
 ``bench_gateway_vllm.py --scorer precomputed`` writes the trained predictor's scores for its
 workload to a JSON file named by ``HEADWAY_BENCH_SCORES`` and starts the gateway with
 ``--scorer _bench_scores:lookup``: the same ranking as the real scorer, without the time
-scoring takes, to measure what that time costs.
+scoring takes, to measure what that time costs. ``--scorer precomputed@MS`` looks them up through
+:func:`delayed` instead, which sleeps ``HEADWAY_BENCH_SCORE_MS`` milliseconds per prompt first: the
+same ranking, as late as a real scorer delivers it, but without using a CPU.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 _SCORES: dict[str, float] = json.loads(Path(os.environ["HEADWAY_BENCH_SCORES"]).read_text())
@@ -17,3 +20,8 @@ _SCORES: dict[str, float] = json.loads(Path(os.environ["HEADWAY_BENCH_SCORES"]).
 
 def lookup(prompts: list[str]) -> list[float]:
     return [_SCORES[p] for p in prompts]
+
+
+def delayed(prompts: list[str]) -> list[float]:
+    time.sleep(float(os.environ.get("HEADWAY_BENCH_SCORE_MS", "0")) * len(prompts) / 1e3)
+    return lookup(prompts)

@@ -113,13 +113,14 @@ def start_gateway(
     return procs.gateway([backend], *args, start=False).start(timeout=30)  # a scorer may load a model
 
 
-def _precompute_scores(wl: Workload, path: Path) -> None:
-    """``--scorer precomputed``: the int8 predictor's scores (at its full 128 tokens), looked up by
-    the gateway through ``benchmarks/_bench_scores.py``: the ranking without the scoring time."""
+def _precompute_scores(wl: Workload, path: Path, max_length: int) -> None:
+    """``--scorer precomputed``: the int8 predictor's scores (prompts cut to ``max_length`` tokens, all
+    in one call), looked up by the gateway through ``benchmarks/_bench_scores.py``: the ranking without
+    the scoring time."""
     from headway.predict.score import default_scorer
 
     prompts = [str(s.prompt) for s in wl]
-    scores = default_scorer("onnx-int8").score(prompts)
+    scores = default_scorer("onnx-int8", max_length=max_length).score(prompts)
     path.write_text(json.dumps({p: float(x) for p, x in zip(prompts, scores, strict=True)}))
     os.environ["HEADWAY_BENCH_SCORES"] = str(path)
     here = str(Path(__file__).resolve().parent)
@@ -197,7 +198,14 @@ def main() -> int:
         default="default:onnx-int8",
         help="alpaca-heldout: comma list of gateway --scorer specs (the trained predictor on a backend), one pars "
         "run each; 'precomputed': the int8 predictor's scores computed before the run and looked up by the "
-        "gateway (the same ranking without scoring time)",
+        "gateway (the same ranking without scoring time); 'precomputed@MS': looked up after sleeping MS ms per "
+        "prompt (the same ranking, as late as a scorer would give it, without its CPU)",
+    )
+    ap.add_argument(
+        "--precomputed-max-length",
+        type=int,
+        default=128,
+        help="--scorer precomputed: prompt tokens the scores are computed on (default 128, the checkpoint's)",
     )
     ap.add_argument(
         "--scorer-threads", default="2", help="alpaca-heldout: comma list, one pars run per gateway --scorer-threads"
@@ -299,21 +307,29 @@ def main() -> int:
         gateways = Cluster(Path(tmp))
         if args.pin_client:
             _pin_to_other_cpus()
-        if real and "precomputed" in args.scorer.split(","):
-            _precompute_scores(wl, Path(tmp) / "scores.json")
+        precomputed = [s for s in args.scorer.split(",") if s.partition("@")[0] == "precomputed"]
+        if real and precomputed:
+            _precompute_scores(wl, Path(tmp) / "scores.json", args.precomputed_max_length)
         bench = BenchConfig(vllm, model="tiny-llama", timeout_s=args.run_timeout, request_timeout_s=args.run_timeout)
         run_bench_sync(Workload.from_specs("warmup", list(wl)[:4]), bench)  # warm-up
         runs: list[tuple[str, str | None, list[str]]] = [("vllm-direct (fcfs)", None, [])]
         for p in [p for p in args.policies.split(",") if p]:
             if p == "pars" and real:
-                if "precomputed" in args.scorer.split(","):
-                    for hold in args.scorer_hold.split(","):
-                        label = f"gateway+pars (precomputed int8 scores, hold {hold} s)"
+                at = f" at {args.precomputed_max_length} tok" if args.precomputed_max_length != 128 else ""
+                for spec, hold in itertools.product(precomputed, args.scorer_hold.split(",")):
+                    delay = spec.partition("@")[2]
+                    if delay:
+                        label = f"gateway+pars (precomputed int8 scores{at}, {delay} ms/prompt, hold {hold} s)"
+                        runs.append(
+                            (label, p, [f"gw-hold={hold}", "gw-scorer=_bench_scores:delayed", f"gw-delay={delay}"])
+                        )
+                    else:
+                        label = f"gateway+pars (precomputed int8 scores{at}, hold {hold} s)"
                         runs.append((label, p, [f"gw-hold={hold}", "gw-scorer=_bench_scores:lookup"]))
                 spins = args.scorer_spinning.split(",")
                 batches = args.scorer_batch_size.split(",")
                 for spec, hold, threads, max_len, spin, batch in itertools.product(
-                    [s for s in args.scorer.split(",") if s != "precomputed"],
+                    [s for s in args.scorer.split(",") if s not in precomputed],
                     args.scorer_hold.split(","),
                     args.scorer_threads.split(","),
                     args.scorer_max_length.split(","),
@@ -343,15 +359,18 @@ def main() -> int:
                 opts = {k: v for k, _, v in (a.partition("=") for a in pargs if a.startswith("gw-"))}
                 pargs = [a for a in pargs if not a.startswith("gw-")]
                 os.environ["HEADWAY_ORT_SPINNING"] = opts.get("gw-spin", "1")  # the gateway inherits it
+                os.environ["HEADWAY_BENCH_SCORE_MS"] = opts.get("gw-delay", "0")
                 gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, opts.get("gw-scorer"), opts.get("gw-hold"),
                                    opts.get("gw-threads"), opts.get("gw-maxlen"), opts.get("gw-batch"),
                                    debug=args.gateway_logs is not None)  # fmt: skip
                 endpoint = gw.url
             try:
                 t0 = time.monotonic()
+                cpu0 = _cpu_seconds(gw)
                 cfg = BenchConfig(endpoint, model="tiny-llama", timeout_s=args.run_timeout, stream=not args.no_stream)
                 reqs = run_bench_sync(wl, cfg)
                 wall = time.monotonic() - t0
+                cpu = {k: v - cpu0[k] for k, v in _cpu_seconds(gw).items()}
             finally:
                 if gw is not None:
                     gw.stop(timeout=30)
@@ -371,11 +390,14 @@ def main() -> int:
                     "mean_ttft_s": s.ttft.mean,
                     "output_tok_per_s": s.output_throughput,
                     "wall_s": wall,
+                    **{f"cpu_{k}_s": v for k, v in cpu.items()},
                 }
             )
             print(f"{label:45s} done {s.num_completed}/{len(wl)}"
                   f"  per-token {s.normalized_latency.mean * 1e3:8.1f} ms"
-                  f"  E2E p90 {s.e2e.p90:6.2f} s  p99 {s.e2e.p99:6.2f} s  tok/s {s.output_throughput:6.0f}",
+                  f"  E2E p90 {s.e2e.p90:6.2f} s  p99 {s.e2e.p99:6.2f} s  tok/s {s.output_throughput:6.0f}"
+                  f"  CPU s: gateway {cpu['gateway']:.1f}, load generator {cpu['client']:.1f}, "
+                  f"all {cpu['machine']:.1f} of {wall * (os.cpu_count() or 1):.1f}",
                   flush=True)  # fmt: skip
         for label, rs in rounds.items():
             results[label] = {k: float(np.median([r[k] for r in rs])) for k in rs[0]}
@@ -399,6 +421,26 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "rounds": rounds}, indent=2))
     return 0
+
+
+def _cpu_seconds(gw: Proc | None) -> dict[str, float]:
+    """CPU seconds used so far by the gateway process (0 without one), this process (the load
+    generator) and the whole machine (busy time of all CPUs, from /proc/stat): the rest of the
+    machine's is vLLM's, mostly."""
+    tick = os.sysconf("SC_CLK_TCK")
+    gateway = 0.0
+    if gw is not None and gw.proc is not None:
+        try:
+            fields = Path(f"/proc/{gw.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            gateway = (int(fields[11]) + int(fields[12])) / tick  # utime + stime, all threads
+        except (OSError, IndexError, ValueError):
+            gateway = float("nan")
+    try:
+        cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        machine = (sum(cpu) - cpu[3] - cpu[4]) / tick  # all but idle and iowait
+    except (OSError, IndexError, ValueError):
+        machine = float("nan")
+    return {"gateway": gateway, "client": time.process_time(), "machine": machine}
 
 
 def _pin_to_other_cpus() -> None:
