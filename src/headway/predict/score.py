@@ -177,8 +177,9 @@ class Scorer:
     ones that run the fewest tokens, padding included, counting each forward pass as
     :data:`_PASS_COST_TOKENS` more (:func:`_padding_chunks`): prompts that arrive together (a
     gateway's scoring batch) are often mostly short with a few long ones, and one batch padded to
-    the longest ran 2-2.5x the tokens. Scores are cached (LRU, ``cache_size`` entries, 0
-    disables) under a 128-bit BLAKE2b hash of the prompt text.
+    the longest took about twice as long (``benchmarks/results/predictor_bench_padding.md``).
+    Scores are cached (LRU, ``cache_size`` entries, 0 disables) under a 128-bit BLAKE2b hash of
+    the prompt text.
 
     The int8 model quantizes activations per batch (dynamic quantization), so its scores move
     a little with the batch a prompt lands in (by up to about 0.17 for scores with a standard
