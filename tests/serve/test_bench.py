@@ -52,6 +52,30 @@ def test_bench_without_streaming_takes_the_tokens_from_usage(make_stub, make_gat
         assert reqs[3].finish_time - reqs[3].arrival_time >= 20 * 0.002  # the whole answer was waited for
 
 
+
+def test_bench_without_streaming_records_an_answer_without_usage_as_a_bad_response(servers):
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+
+    from headway.serve import serve_in_thread
+
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        if body["max_tokens"] == 3:
+            return PlainTextResponse("not json")
+        if body["max_tokens"] == 12:
+            return JSONResponse({"choices": [{"text": "x"}], "usage": {"completion_tokens": "many"}})
+        return JSONResponse({"choices": [{"text": "x"}]})  # no usage: the tokens are unknown
+
+    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+    url = servers.enter_context(serve_in_thread(app))
+    reqs = run_bench_sync(_workload(), BenchConfig(url, model="m", stream=False, timeout_s=30))
+    assert [r.state.name for r in reqs] == ["ABORTED"] * 6
+    assert {r.extra["abort_reason"] for r in reqs} == {"bad_response"}
+    assert summarize(reqs, name="x").num_completed == 0
+
 def test_bench_records_rejections_as_aborted(make_stub, make_gateway):
     stub = make_stub()
     tenants = (TenantConfig("acme", Tier.PREMIUM, (hash_api_key("ka"),)),)
