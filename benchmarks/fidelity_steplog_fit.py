@@ -10,8 +10,11 @@ the API server (on vLLM's core) shows up in the step *before* it reaches the sch
 With ``--quarters``, it also fits the simulator's cost model to segment 0 and prints, for each
 segment's four quarters (by step count), measured over predicted time of its prefill steps and
 of its decode-only steps: how the engine's speed moves within and between replays (warm-up).
+With ``--by-seqs``, the same ratio for decode-only steps by batch size (sequences in the step):
+a ratio that moves with the batch size is an error of the model; one that moves only between
+segments is the engine running faster or slower than at calibration.
 
-    python benchmarks/fidelity_steplog_fit.py DIR/steps.jsonl [--quarters]
+    python benchmarks/fidelity_steplog_fit.py DIR/steps.jsonl [--quarters] [--by-seqs]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import itertools
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +63,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("step_log", type=Path)
     ap.add_argument("--quarters", action="store_true", help="speed against a fit of segment 0, by quarter")
+    ap.add_argument(
+        "--by-seqs", action="store_true", help="decode-only speed against a fit of segment 0, by sequences per step"
+    )
     args = ap.parse_args()
     if not args.step_log.is_file():
         ap.error(f"no step log at {args.step_log}")
@@ -73,14 +80,43 @@ def main() -> int:
         print(f"| {label} | {n} | " + " | ".join(f"{c * 1e3:.4f}" for c in coef) + " |")
     if args.quarters:
         quarters(args.step_log, segs)
+    if args.by_seqs:
+        by_seqs(args.step_log, segs)
     return 0
 
 
-def quarters(path: Path, segs: list[list[dict[str, float]]]) -> None:
-    from headway.sim._calibrate import fit_from_step_log, read_step_log, speed_factor, step_samples
+def _segment0_model(path: Path, segs: list[list[dict[str, float]]]) -> Any:
+    from headway.sim._calibrate import fit_from_step_log, read_step_log
 
     header = read_step_log(path).header
-    model = fit_from_step_log(StepLog(header, segs[0], []), "segment-0")[0].model
+    return fit_from_step_log(StepLog(header, segs[0], []), "segment-0")[0].model
+
+
+def by_seqs(path: Path, segs: list[list[dict[str, float]]]) -> None:
+    from headway.sim._calibrate import speed_factor, step_samples
+
+    model = _segment0_model(path, segs)
+    samples = [[s for s in step_samples(rows) if s.num_tokens == s.num_seqs] for rows in segs]
+    sizes = sorted({s.num_seqs for seg in samples for s in seg})
+    print(
+        f"\ndecode-only steps, measured / predicted time (steps), cost model fitted on segment 0: {model.describe()}\n"
+    )
+    print(
+        "| sequences | " + " | ".join("probe and warm-up" if i == 0 else f"replay {i}" for i in range(len(segs))) + " |"
+    )
+    print("|---:|" + "---:|" * len(segs))
+    for n in [*sizes, None]:
+        cells = []
+        for seg in samples:
+            part = [s for s in seg if n is None or s.num_seqs == n]
+            cells.append(f"{speed_factor(model, part):.2f} ({len(part)})" if part else "-")
+        print(f"| {'all' if n is None else n} | " + " | ".join(cells) + " |")
+
+
+def quarters(path: Path, segs: list[list[dict[str, float]]]) -> None:
+    from headway.sim._calibrate import speed_factor, step_samples
+
+    model = _segment0_model(path, segs)
     print(f"\nmeasured / predicted time by quarter, cost model fitted on segment 0: {model.describe()}\n")
     print("| segment | steps | prefill steps, quarters 1-4 | decode steps, quarters 1-4 |")
     print("|---|---:|---|---|")
