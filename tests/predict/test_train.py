@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -116,3 +118,25 @@ def test_bad_config_is_rejected() -> None:
         TrainConfig(mode="half")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="encoder_layers must be >= 1, got 0"):
         TrainConfig(encoder_layers=0)
+    with pytest.raises(ValueError, match="pretrain needs mode='full'"):
+        TrainConfig(pretrain="sharegpt", mode="frozen")
+    with pytest.raises(ValueError, match="pretrain_epochs must be >= 1, got 0"):
+        TrainConfig(pretrain="sharegpt", pretrain_epochs=0)
+
+
+def test_pretraining_gives_stage_two_its_encoder(tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path) -> None:
+    rows = [json.loads(line) for line in synthetic_jsonl.read_text().splitlines()]
+    other = tmp_path / "reversed.jsonl"  # the same prompts ranked the other way round
+    top = max(r["output_tokens"] for r in rows)
+    other.write_text("".join(json.dumps({**r, "output_tokens": top + 1 - r["output_tokens"]}) + "\n" for r in rows))
+    cfg = _cfg(synthetic_jsonl, tiny_encoder, mode="full", epochs=1, lr=1e-3)
+    plain = train_predictor(cfg, out_dir=tmp_path / "plain")
+    pre = train_predictor(replace(cfg, pretrain=str(other), pretrain_epochs=2), out_dir=tmp_path / "pre")
+    meta = load_checkpoint(pre.path).meta
+    assert meta["pretrain"]["data"] == str(other) and meta["pretrain"]["epochs"] == 2
+    assert meta["pretrain"]["n_train"] == plain.n_train and meta["training"]["pretrain"] == str(other)
+    assert "pretrain" not in load_checkpoint(plain.path).meta
+    prompts = load_jsonl(synthetic_jsonl).prompts()[:10]
+    # same seed, same stage 2: only the encoder it started from differs
+    a, b = Scorer.from_checkpoint(pre.path).score(prompts), Scorer.from_checkpoint(plain.path).score(prompts)
+    assert not np.allclose(a, b)

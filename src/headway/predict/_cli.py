@@ -56,6 +56,13 @@ def _add_training_options(p: argparse.ArgumentParser, *, matrix: bool = False) -
         help="features the head scores (auto: the pooler where the model has one, else [CLS]; "
         "default: auto when fine-tuning, mean in frozen mode)",
     )
+    if not matrix:
+        g.add_argument(
+            "--pretrain",
+            metavar="DATA",
+            help="full mode: first train on DATA (e.g. sharegpt), then on --data from that encoder (default: none)",
+        )
+        g.add_argument("--pretrain-epochs", type=int, default=1, help="passes over the --pretrain data (default 1)")
     g.add_argument("--max-length", type=int, default=128, help="prompt tokens kept (default 128)")
     g.add_argument("--epochs", type=int, help="passes over the training prompts (default 6 full, 60 frozen)")
     g.add_argument("--batch-size", type=int, default=32, help="training examples per step (default 32)")
@@ -127,6 +134,8 @@ def _train_config(args: argparse.Namespace, **override: Any) -> Any:
         "seed": args.seed,
         "threads": args.threads,
         "progress": not args.no_progress,
+        "pretrain": getattr(args, "pretrain", None),
+        "pretrain_epochs": getattr(args, "pretrain_epochs", 1),
     }
     values.update(override)
     return TrainConfig(**values)
