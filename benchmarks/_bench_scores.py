@@ -4,8 +4,9 @@
 workload to a JSON file named by ``HEADWAY_BENCH_SCORES`` and starts the gateway with
 ``--scorer _bench_scores:lookup``: the same ranking as the real scorer, without the time
 scoring takes, to measure what that time costs. ``--scorer precomputed@MS`` looks them up through
-:func:`delayed` instead, which sleeps ``HEADWAY_BENCH_SCORE_MS`` milliseconds per prompt first: the
-same ranking, as late as a real scorer delivers it, but without using a CPU.
+:func:`delayed` instead, which sleeps ``HEADWAY_BENCH_SCORE_MS`` milliseconds per prompt first
+(``precomputed@MS/batch``: ``HEADWAY_BENCH_SCORE_BATCH_MS`` per call, whatever its size): the same
+ranking, delivered late, but without using a CPU.
 """
 
 from __future__ import annotations
@@ -23,5 +24,7 @@ def lookup(prompts: list[str]) -> list[float]:
 
 
 def delayed(prompts: list[str]) -> list[float]:
-    time.sleep(float(os.environ.get("HEADWAY_BENCH_SCORE_MS", "0")) * len(prompts) / 1e3)
+    per_prompt = float(os.environ.get("HEADWAY_BENCH_SCORE_MS", "0"))
+    per_call = float(os.environ.get("HEADWAY_BENCH_SCORE_BATCH_MS", "0"))
+    time.sleep((per_call + per_prompt * len(prompts)) / 1e3)
     return lookup(prompts)

@@ -199,7 +199,7 @@ def main() -> int:
         help="alpaca-heldout: comma list of gateway --scorer specs (the trained predictor on a backend), one pars "
         "run each; 'precomputed': the int8 predictor's scores computed before the run and looked up by the "
         "gateway (the same ranking without scoring time); 'precomputed@MS': looked up after sleeping MS ms per "
-        "prompt (the same ranking, as late as a scorer would give it, without its CPU)",
+        "prompt, 'precomputed@MS/batch' MS ms per scoring batch (the same ranking, late, without a scorer's CPU)",
     )
     ap.add_argument(
         "--precomputed-max-length",
@@ -319,10 +319,11 @@ def main() -> int:
                 for spec, hold in itertools.product(precomputed, args.scorer_hold.split(",")):
                     delay = spec.partition("@")[2]
                     if delay:
-                        label = f"gateway+pars (precomputed int8 scores{at}, {delay} ms/prompt, hold {hold} s)"
-                        runs.append(
-                            (label, p, [f"gw-hold={hold}", "gw-scorer=_bench_scores:delayed", f"gw-delay={delay}"])
-                        )
+                        ms, per_batch = delay.removesuffix("/batch"), delay.endswith("/batch")
+                        unit = "batch" if per_batch else "prompt"
+                        label = f"gateway+pars (precomputed int8 scores{at}, {ms} ms/{unit}, hold {hold} s)"
+                        gw_delay = f"gw-{'batch-' if per_batch else ''}delay={ms}"
+                        runs.append((label, p, [f"gw-hold={hold}", "gw-scorer=_bench_scores:delayed", gw_delay]))
                     else:
                         label = f"gateway+pars (precomputed int8 scores{at}, hold {hold} s)"
                         runs.append((label, p, [f"gw-hold={hold}", "gw-scorer=_bench_scores:lookup"]))
@@ -360,6 +361,7 @@ def main() -> int:
                 pargs = [a for a in pargs if not a.startswith("gw-")]
                 os.environ["HEADWAY_ORT_SPINNING"] = opts.get("gw-spin", "1")  # the gateway inherits it
                 os.environ["HEADWAY_BENCH_SCORE_MS"] = opts.get("gw-delay", "0")
+                os.environ["HEADWAY_BENCH_SCORE_BATCH_MS"] = opts.get("gw-batch-delay", "0")
                 gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, opts.get("gw-scorer"), opts.get("gw-hold"),
                                    opts.get("gw-threads"), opts.get("gw-maxlen"), opts.get("gw-batch"),
                                    debug=args.gateway_logs is not None)  # fmt: skip
