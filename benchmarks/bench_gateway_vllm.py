@@ -94,7 +94,6 @@ def start_gateway(
     scorer_batch_size: str | None = None,
     *,
     debug: bool = False,
-    scorer_hold_idle: str | None = None,
 ) -> Proc:
     args = ["--policy", policy, "--backend-concurrency", str(concurrency), "--queue-ttl", "3600"]
     if debug:
@@ -107,7 +106,6 @@ def start_gateway(
         "--scorer-threads": scorer_threads,
         "--scorer-max-length": scorer_max_length,
         "--scorer-batch-size": scorer_batch_size,
-        "--scorer-hold-idle": scorer_hold_idle,
     }
     for flag, value in scorer_opts.items():
         if value:  # None: the gateway's default (every value given is a non-empty string)
@@ -208,11 +206,6 @@ def main() -> int:
         type=int,
         default=128,
         help="--scorer precomputed: prompt tokens the scores are computed on (default 128, the checkpoint's)",
-    )
-    ap.add_argument(
-        "--scorer-hold-idle",
-        default="wait",
-        help="alpaca-heldout: comma list (wait, fill), one pars run per gateway --scorer-hold-idle",
     )
     ap.add_argument(
         "--scorer-threads", default="2", help="alpaca-heldout: comma list, one pars run per gateway --scorer-threads"
@@ -336,22 +329,19 @@ def main() -> int:
                         runs.append((label, p, [f"gw-hold={hold}", "gw-scorer=_bench_scores:lookup"]))
                 spins = args.scorer_spinning.split(",")
                 batches = args.scorer_batch_size.split(",")
-                idles = args.scorer_hold_idle.split(",")
-                for spec, hold, threads, max_len, spin, batch, idle in itertools.product(
+                for spec, hold, threads, max_len, spin, batch in itertools.product(
                     [s for s in args.scorer.split(",") if s not in precomputed],
                     args.scorer_hold.split(","),
                     args.scorer_threads.split(","),
                     args.scorer_max_length.split(","),
                     spins,
                     batches,
-                    idles,
                 ):
                     label = f"gateway+pars ({spec}, hold {hold} s, {threads} thr, max {max_len} tok)"
                     label += f" spinning {spin}" if len(spins) > 1 else ""
                     label += f" batch {batch}" if len(batches) > 1 else ""
-                    label += f" idle {idle}" if len(idles) > 1 else ""
                     gw_opts = [f"gw-hold={hold}", f"gw-scorer={spec}", f"gw-threads={threads}", f"gw-maxlen={max_len}",
-                               f"gw-spin={spin}", f"gw-batch={batch}", f"gw-idle={idle}"]  # fmt: skip
+                               f"gw-spin={spin}", f"gw-batch={batch}"]  # fmt: skip
                     runs.append((label, p, gw_opts))
             elif p == "pars":
                 for tau in args.pars_tau.split(","):
@@ -374,8 +364,7 @@ def main() -> int:
                 os.environ["HEADWAY_BENCH_SCORE_BATCH_MS"] = opts.get("gw-batch-delay", "0")
                 gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, opts.get("gw-scorer"), opts.get("gw-hold"),
                                    opts.get("gw-threads"), opts.get("gw-maxlen"), opts.get("gw-batch"),
-                                   debug=args.gateway_logs is not None,
-                                   scorer_hold_idle=opts.get("gw-idle"))  # fmt: skip
+                                   debug=args.gateway_logs is not None)  # fmt: skip
                 endpoint = gw.url
             try:
                 t0 = time.monotonic()

@@ -13,11 +13,9 @@ def _req(i: int, score: float) -> Request:
     return Request(request_id=f"r{i}", arrival_time=0.0, num_prompt_tokens=8, max_tokens=16, score=score)
 
 
-def _dispatcher(hold: float, slots: int = 1, fill_idle: bool = False) -> Dispatcher:
+def _dispatcher(hold: float, slots: int = 1) -> Dispatcher:
     backend = Backend(BackendConfig("http://127.0.0.1:9", max_concurrency=slots), 0)
-    return Dispatcher(
-        make_policy("pars"), [backend], max_queue_len=100, score_hold_s=hold, hold_fills_idle=fill_idle
-    )
+    return Dispatcher(make_policy("pars"), [backend], max_queue_len=100, score_hold_s=hold)
 
 
 def test_holds_while_more_are_scored_than_queued_then_takes_the_best() -> None:
@@ -65,26 +63,3 @@ def test_a_hold_ends_after_score_hold_s_and_zero_never_holds() -> None:
 
     assert asyncio.run(main(0.05)) == (False, True)
     assert asyncio.run(main(0.0)) == (True, True)
-
-
-def test_hold_fills_idle_fills_an_idle_backend_and_holds_the_slots_it_frees() -> None:
-    async def main() -> tuple[list[str], list[str], list[str]]:
-        d = _dispatcher(hold=5.0, slots=2, fill_idle=True)
-        d.scoring = 4  # four still being scored
-        futs = {f"r{i}": d.submit(_req(i, s)) for i, s in ((0, 9.0), (1, 2.0), (2, 5.0))}
-        await asyncio.sleep(0.01)
-        # the backend was idle: it is filled from what is scored (best two), though more are coming
-        first = sorted(r for r, f in futs.items() if f.done())
-        backend = d.backends[0]
-        d.release(backend)  # one of them finished while the others are still being scored
-        await asyncio.sleep(0.01)
-        after_release = sorted(r for r, f in futs.items() if f.done())  # busy backend: the freed slot waits
-        d.scoring = 0
-        d.dispatch()
-        await asyncio.sleep(0.01)
-        return first, after_release, sorted(r for r, f in futs.items() if f.done())
-
-    first, after_release, last = asyncio.run(main())
-    assert first == ["r1", "r2"]
-    assert after_release == ["r1", "r2"]
-    assert last == ["r0", "r1", "r2"]

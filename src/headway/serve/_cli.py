@@ -118,12 +118,6 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "up to S seconds (default 1; 0: never; in-memory queue only)",
     )
     p.add_argument(
-        "--scorer-hold-idle",
-        choices=("wait", "fill"),
-        default=None,
-        help="during a hold, an idle backend waits too, or is filled from the requests scored so far (default wait)",
-    )
-    p.add_argument(
         "--scorer-threads",
         type=int,
         default=None,
@@ -169,9 +163,6 @@ def build_config(args: argparse.Namespace) -> Any:
         "drain_timeout_s": args.drain_timeout,
         "scorer": args.scorer,
         "scorer_hold_s": getattr(args, "scorer_hold", None),
-        "scorer_hold_fills_idle": (
-            None if getattr(args, "scorer_hold_idle", None) is None else args.scorer_hold_idle == "fill"
-        ),
         "scorer_threads": getattr(args, "scorer_threads", None),
         "scorer_max_length": getattr(args, "scorer_max_length", None),
         "scorer_batch_size": getattr(args, "scorer_batch_size", None),

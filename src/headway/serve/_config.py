@@ -199,9 +199,6 @@ class GatewayConfig:
     """With a scorer: while more requests are being scored than are queued, free backends wait
     for the scores, at most this long (0: never). Without it, the first requests of a burst
     to be scored are dispatched before the rest are known. In-memory mode only."""
-    scorer_hold_fills_idle: bool = False
-    """During a hold, still fill a backend that has nothing in flight from the requests scored so
-    far; only slots of busy backends wait (``--scorer-hold-idle fill``)."""
 
     def __post_init__(self) -> None:
         _check(len(self.backends) > 0, "at least one backend is required (--backend URL)")
@@ -275,10 +272,6 @@ class GatewayConfig:
         )
         _check(self.scorer_batch_size >= 1, f"scorer_batch_size must be >= 1, got {self.scorer_batch_size}")
         _check(self.scorer_hold_s >= 0, f"scorer_hold_s must be >= 0, got {self.scorer_hold_s}")
-        _check(
-            isinstance(self.scorer_hold_fills_idle, bool),
-            f"scorer_hold_fills_idle must be true or false, got {self.scorer_hold_fills_idle!r}",
-        )
         _check(
             self.api_keys in ("auto", "required", "off"),
             f"api_keys must be auto, required or off, got {self.api_keys!r}",

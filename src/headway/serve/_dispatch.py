@@ -86,13 +86,9 @@ class Dispatcher:
         on_dispatch: Callable[[Request, Backend], None] | None = None,
         router: Router | None = None,
         score_hold_s: float = 0.0,
-        hold_fills_idle: bool = False,
     ) -> None:
         self.policy = policy
         self.score_hold_s = score_hold_s
-        self.hold_fills_idle = hold_fills_idle
-        """During a hold, a backend with nothing in flight is still filled from the requests scored so
-        far (only slots of busy backends wait); see :meth:`_holding`."""
         self.scoring = 0
         """Requests being scored before they are queued (the gateway counts them; see :meth:`_holding`)."""
         self._hold_since: float | None = None
@@ -200,12 +196,8 @@ class Dispatcher:
             del self.queued_per_tenant[key]
 
     # -------------------------------------------------------------- dispatch
-    def _candidates(self, now: float, exclude: frozenset[int], only: frozenset[int] | None = None) -> list[int]:
-        return [
-            b.index
-            for b in self.backends
-            if b.index not in exclude and (only is None or b.index in only) and b.has_room(now)
-        ]
+    def _candidates(self, now: float, exclude: frozenset[int]) -> list[int]:
+        return [b.index for b in self.backends if b.index not in exclude and b.has_room(now)]
 
     def _route(self, req: Request, candidates: list[int]) -> Backend:
         """The router's pick among ``candidates`` (recorded in the tracker until :meth:`release`)."""
@@ -227,8 +219,6 @@ class Dispatcher:
         likely among those not yet scored (in a burst, the first few scored would otherwise
         be dispatched before the rest are known, whatever their length). A hold lasts at
         most ``score_hold_s`` (0: never hold); a timer re-runs :meth:`dispatch` when it ends.
-        With ``hold_fills_idle``, :meth:`dispatch` still fills backends that have nothing in
-        flight: an idle engine gains nothing from the wait.
         """
         if self.score_hold_s <= 0 or self.scoring <= len(self.queue):
             self._hold_since = None
@@ -245,11 +235,8 @@ class Dispatcher:
         if not queue:
             return 0
         now_mono = self._clock()
-        only: frozenset[int] | None = None  # the backends this call may fill (None: all)
         if self._holding(now_mono):
-            only = frozenset(b.index for b in self.backends if b.in_flight == 0) if self.hold_fills_idle else None
-            if not only:
-                return 0
+            return 0
         queue.refresh(now_mono - self._t0)
         n = 0
         skipped: list[Request] = []
@@ -258,9 +245,9 @@ class Dispatcher:
             req = queue.peek()
             assert req is not None
             fut, exclude = self._waiters[req]
-            candidates = self._candidates(now_mono, exclude, only)
+            candidates = self._candidates(now_mono, exclude)
             if not candidates:
-                if not exclude or not self._candidates(now_mono, frozenset(), only):
+                if not exclude or not self._candidates(now_mono, frozenset()):
                     break  # nobody has room: the head waits (head-of-line by policy order)
                 # the head may not use the free backend (it failed there): look further
                 skipped.append(queue.pop())

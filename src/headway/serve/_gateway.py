@@ -258,7 +258,6 @@ class Gateway:
                 on_dispatch=self._on_dispatch,
                 router=make_router(config.router, **dict(config.router_args)),
                 score_hold_s=config.scorer_hold_s if config.scorer else 0.0,
-                hold_fills_idle=config.scorer_hold_fills_idle,
             )
             self._id_prefix = "hw-"
         self._admin_keys = frozenset(config.admin_api_key_sha256)
