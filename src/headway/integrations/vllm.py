@@ -259,16 +259,15 @@ def load_text_scorer(spec: str, *, backend: str = "torch", threads: int = 1) -> 
     predictor spec's own backend (``"DIR:onnx-int8"``) wins over ``backend``."""
     predictor = predictor_spec(spec)
     if predictor is not None:
-        from headway.predict.score import BACKENDS, Scorer, ensure_predictor
+        from headway.predict.score import Scorer, ensure_predictor, scoring_backend
 
         checkpoint, given = predictor
-        backend = given or backend
-        if backend not in BACKENDS:
-            raise PluginConfigError(
-                f"headway plugin: scorer {spec!r}: unknown backend {backend!r}; use {', '.join(BACKENDS)}"
-            )
+        try:
+            kind = scoring_backend(given or backend)
+        except ValueError as exc:
+            raise PluginConfigError(f"headway plugin: scorer {spec!r}: {exc}") from None
         path = ensure_predictor(checkpoint, train_if_missing=False, log=None)
-        scorer = Scorer.from_checkpoint(path, backend, threads=threads)  # type: ignore[arg-type]
+        scorer = Scorer.from_checkpoint(path, kind, threads=threads)
         return scorer.score
     try:
         return resolve_score_fn(spec)

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -43,11 +43,19 @@ __all__ = [
     "export_onnx",
     "quantize_onnx",
     "score_workload",
+    "scoring_backend",
 ]
 
 Backend = Literal["torch", "onnx", "onnx-int8"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 """The scoring backends by name (``--backend`` and ``scorer_backend`` choices)."""
+
+
+def scoring_backend(name: str) -> Backend:
+    """``name`` as a :data:`Backend`; ValueError naming the choices when it is none of them."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; use {', '.join(BACKENDS)}")
+    return cast("Backend", name)
 
 
 class ScoringLengthError(ValueError):
@@ -251,8 +259,7 @@ class Scorer:
                 name=p.name,
                 meta=loaded.meta,
             )
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; choose {', '.join(BACKENDS)}")
+        scoring_backend(backend)
         meta = read_checkpoint_meta(p)
         hashes = verify_checkpoint_files(p, meta)
         onnx_path = p / ONNX_FILE

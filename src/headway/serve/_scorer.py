@@ -47,13 +47,13 @@ def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | No
             raise ValueError(f"scorer {spec!r}: scorer threads and max length apply only to a trained predictor")
         fn: ScoreFn = resolve_score_fn(spec)
         return fn
-    from headway.predict.score import BACKENDS, Backend, Scorer, ScoringLengthError, default_scorer
+    from headway.predict.score import Scorer, ScoringLengthError, default_scorer, scoring_backend
 
     checkpoint, given = predictor
-    backend = given or "torch"
-    if backend not in BACKENDS:  # before default_scorer, which may train the predictor first
-        raise ValueError(f"scorer {spec!r}: unknown backend {backend!r}; use {', '.join(BACKENDS)}")
-    kind = cast("Backend", backend)
+    try:  # before default_scorer, which may train the predictor first
+        kind = scoring_backend(given or "torch")
+    except ValueError as exc:
+        raise ValueError(f"scorer {spec!r}: {exc}") from None
     threads = threads or default_scorer_threads()
     try:
         if checkpoint is None:
