@@ -68,29 +68,23 @@ def _layers(ckpt: Path, meta: dict[str, Any]) -> int | str:
     return "?"
 
 
-def _throughput(scorer: object, prompts: list[str], repeats: int) -> list[float]:
-    rates = []
-    score = scorer.score  # type: ignore[attr-defined]
-    score(prompts[:64])  # warm-up
-    for _ in range(repeats):
-        t = time.perf_counter()
-        score(prompts)
-        rates.append(len(prompts) / (time.perf_counter() - t))
-    return rates
-
-
-def _calls_throughput(scorer: object, prompts: list[str], call: int, repeats: int) -> list[float]:
-    """Prompts/s when the prompts come ``call`` at a time in a seeded random order (a gateway's batches)."""
+def _throughput(scorer: object, prompts: list[str], repeats: int, call: int | None = None) -> list[float]:
+    """Prompts/s scoring all ``prompts`` in one call, or ``call`` at a time in a seeded random order
+    (a gateway's batches)."""
     import random
 
-    order = list(prompts)
-    random.Random(0).shuffle(order)
     score = scorer.score  # type: ignore[attr-defined]
+    order = list(prompts)
+    if call is None:
+        score(prompts[:64])  # warm-up
+    else:
+        random.Random(0).shuffle(order)
+    step = call or len(order)
     rates = []
     for _ in range(repeats):
         t = time.perf_counter()
-        for k in range(0, len(order), call):
-            score(order[k : k + call])
+        for k in range(0, len(order), step):
+            score(order[k : k + step])
         rates.append(len(order) / (time.perf_counter() - t))
     return rates
 
@@ -197,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{ckpt.name}: {backend:>5}: refused: {exc}", flush=True)
             continue
         rates = _throughput(scorer, prompts, args.repeats)
-        calls = _calls_throughput(scorer, prompts, args.call_size, args.repeats)
+        calls = _throughput(scorer, prompts, args.repeats, args.call_size)
         lat = _latency_ms(scorer, list(reversed(prompts)), args.single)
         row = {
             "checkpoint": ckpt.name,
