@@ -76,12 +76,12 @@ def main() -> int:
     print("|---|---:|" + "---:|" * len(NAMES))
     for i, rows in enumerate(segs):
         coef, n = fit(rows)
-        label = "probe and warm-up" if i == 0 else f"replay {i}"
-        print(f"| {label} | {n} | " + " | ".join(f"{c * 1e3:.4f}" for c in coef) + " |")
+        print(f"| {_label(i)} | {n} | " + " | ".join(f"{c * 1e3:.4f}" for c in coef) + " |")
+    model = _segment0_model(args.step_log, segs) if args.quarters or args.by_seqs else None
     if args.quarters:
-        quarters(args.step_log, segs)
+        quarters(model, segs)
     if args.by_seqs:
-        by_seqs(args.step_log, segs)
+        by_seqs(model, segs)
     return 0
 
 
@@ -92,18 +92,19 @@ def _segment0_model(path: Path, segs: list[list[dict[str, float]]]) -> Any:
     return fit_from_step_log(StepLog(header, segs[0], []), "segment-0")[0].model
 
 
-def by_seqs(path: Path, segs: list[list[dict[str, float]]]) -> None:
+def _label(segment: int) -> str:
+    return "probe and warm-up" if segment == 0 else f"replay {segment}"
+
+
+def by_seqs(model: Any, segs: list[list[dict[str, float]]]) -> None:
     from headway.sim._calibrate import speed_factor, step_samples
 
-    model = _segment0_model(path, segs)
     samples = [[s for s in step_samples(rows) if s.num_tokens == s.num_seqs] for rows in segs]
     sizes = sorted({s.num_seqs for seg in samples for s in seg})
     print(
         f"\ndecode-only steps, measured / predicted time (steps), cost model fitted on segment 0: {model.describe()}\n"
     )
-    print(
-        "| sequences | " + " | ".join("probe and warm-up" if i == 0 else f"replay {i}" for i in range(len(segs))) + " |"
-    )
+    print("| sequences | " + " | ".join(_label(i) for i in range(len(segs))) + " |")
     print("|---:|" + "---:|" * len(segs))
     for n in [*sizes, None]:
         cells = []
@@ -113,10 +114,9 @@ def by_seqs(path: Path, segs: list[list[dict[str, float]]]) -> None:
         print(f"| {'all' if n is None else n} | " + " | ".join(cells) + " |")
 
 
-def quarters(path: Path, segs: list[list[dict[str, float]]]) -> None:
+def quarters(model: Any, segs: list[list[dict[str, float]]]) -> None:
     from headway.sim._calibrate import speed_factor, step_samples
 
-    model = _segment0_model(path, segs)
     print(f"\nmeasured / predicted time by quarter, cost model fitted on segment 0: {model.describe()}\n")
     print("| segment | steps | prefill steps, quarters 1-4 | decode steps, quarters 1-4 |")
     print("|---|---:|---|---|")
@@ -130,8 +130,7 @@ def quarters(path: Path, segs: list[list[dict[str, float]]]) -> None:
                 speed_factor(model, [s for s in part if (s.num_tokens > s.num_seqs) == want_prefill]) for part in parts
             ]
             cells.append(" ".join(f"{r:.2f}" for r in ratios))
-        label = "probe and warm-up" if i == 0 else f"replay {i}"
-        print(f"| {label} | {len(samples)} | {cells[0]} | {cells[1]} |")
+        print(f"| {_label(i)} | {len(samples)} | {cells[0]} | {cells[1]} |")
 
 
 if __name__ == "__main__":
