@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from headway.metrics import summarize
+from headway.predict._resolve import MIN_SCORING_LENGTH
 from headway.serve._bench import BenchConfig, run_bench_sync
 from headway.serve._cluster import Cluster, Proc
 from headway.serve._vllm import default_vllm_paths, start_vllm
@@ -272,6 +273,15 @@ def main() -> int:
     args = ap.parse_args()
     if args.rounds_of:
         return print_saved_rounds(args.rounds_of, args.pool)
+    for spec in args.scorer.split(","):
+        name, _, delay = spec.partition("@")
+        if name == "precomputed" and delay:
+            try:
+                float(delay.removesuffix("/batch"))
+            except ValueError:
+                ap.error(f"--scorer {spec!r}: the delay must be precomputed@MS or precomputed@MS/batch")
+    if args.precomputed_max_length < MIN_SCORING_LENGTH:
+        ap.error(f"--precomputed-max-length must be >= {MIN_SCORING_LENGTH} tokens, got {args.precomputed_max_length}")
 
     short = tuple(int(x) for x in args.short.split(","))
     long = tuple(int(x) for x in args.long.split(","))

@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     chunkings = [c for c in args.chunking.split(",") if c]
     if not chunkings or set(chunkings) - {"padding", "fixed"}:
         ap.error(f"--chunking: use padding and/or fixed, got {args.chunking!r}")
+    if args.call_size < 1:
+        ap.error(f"--call-size must be >= 1, got {args.call_size}")
 
     import numpy as np
     import onnxruntime
