@@ -402,3 +402,60 @@ def test_policy_sees_requests_through_make_policy(make_stub, make_gateway):
     r = httpx.post(gw.url + "/v1/completions", json={**COMPLETION, "priority": 3})
     assert r.status_code == 200
     assert gw.gateway.finished_requests[0].priority == 3
+
+
+def test_provisional_scores_dispatch_at_once_and_the_predictors_scores_reorder_the_queue(
+    make_stub, make_gateway, monkeypatch, tmp_path
+):
+    import headway.serve._gateway as gateway_mod
+
+    release = threading.Event()
+    predictor = {"p0": 5.0, "pB": 9.0, "pC": 1.0}  # the predictor ranks pC before pB...
+    fast = {"p0": 5.0, "pB": 2.0, "pC": 3.0}  # ...the fast scorer the other way round
+    predictor_batches: list[list[str]] = []
+
+    def slow(prompts: list[str]) -> list[float]:
+        predictor_batches.append(list(prompts))
+        assert release.wait(10)
+        return [predictor[p] for p in prompts]
+
+    def load_slow(spec: str, **kw: object) -> Callable[[list[str]], list[float]]:
+        return slow
+
+    monkeypatch.setattr(gateway_mod, "load_score_fn", load_slow)
+    monkeypatch.setattr(gateway_mod, "load_provisional_fn", lambda spec: fast.__getitem__)
+    (tmp_path / "predictor.json").write_text("{}")  # a checkpoint directory, as the config requires
+    stub = make_stub(token_delay_s=0.02)
+    gw = make_gateway(
+        [BackendConfig(stub.url, max_concurrency=1)], policy="pars", scorer=str(tmp_path), scorer_provisional=True
+    )
+    d = gw.gateway.dispatcher
+    out: list[httpx.Response] = []
+
+    def post(prompt: str, n: int) -> None:
+        out.append(httpx.post(gw.url + "/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": n}))
+
+    threads = [threading.Thread(target=post, args=("p0", 100))]
+    threads[0].start()
+    # dispatched on its fast score while the predictor is still busy with it: no hold
+    # dispatched at once on its fast score (no hold), before its scoring batch formed: never scored
+    wait_until(lambda: d.backends[0].in_flight == 1, what="p0 dispatched")
+    assert d.scoring == 0 and gw.gateway._rescoring == {}
+    for prompt in ("pB", "pC"):
+        threads.append(threading.Thread(target=post, args=(prompt, 3)))
+        threads[-1].start()
+        wait_until(lambda prompt=prompt: prompt in [r.prompt for r in d.queue], what=f"{prompt} queued")
+    assert [r.prompt for r in d.queue] == ["pB", "pC"]  # fast scores 2 < 3
+    release.set()
+    wait_until(lambda: [r.prompt for r in d.queue] == ["pC", "pB"], what="the predictor's order")
+    for t in threads:
+        t.join(timeout=30)
+    assert [r.status_code for r in out] == [200] * 3
+    assert stub.stub.stats.order == ["p0", "pC", "pB"]
+    assert predictor_batches == [["pB"], ["pC"]]  # pC arrived while pB's batch was being scored
+    assert sorted((q.prompt, q.score) for q in gw.gateway.finished_requests) == [
+        ("p0", 5.0),  # the fast score
+        ("pB", 9.0),
+        ("pC", 1.0),
+    ]
+    assert gw.gateway._rescoring == {}
