@@ -94,7 +94,6 @@ def start_gateway(
     scorer_max_length: str | None = None,
     scorer_batch_size: str | None = None,
     *,
-    provisional: bool = False,
     debug: bool = False,
 ) -> Proc:
     args = ["--policy", policy, "--backend-concurrency", str(concurrency), "--queue-ttl", "3600"]
@@ -112,8 +111,6 @@ def start_gateway(
     for flag, value in scorer_opts.items():
         if value:  # None: the gateway's default (every value given is a non-empty string)
             args += [flag, value]
-    if provisional:
-        args.append("--scorer-provisional")
     return procs.gateway([backend], *args, start=False).start(timeout=30)  # a scorer may load a model
 
 
@@ -225,11 +222,6 @@ def main() -> int:
         help="alpaca-heldout: comma list, one pars run per gateway --scorer-batch-size",
     )
     ap.add_argument(
-        "--scorer-provisional",
-        default="off",
-        help="alpaca-heldout: comma list of off/on, one pars run each (on: gateway --scorer-provisional)",
-    )
-    ap.add_argument(
         "--scorer-spinning",
         default="1",
         help="alpaca-heldout: comma list of HEADWAY_ORT_SPINNING values (1: ONNX Runtime's threads busy-wait "
@@ -288,8 +280,6 @@ def main() -> int:
                 float(delay.removesuffix("/batch"))
             except ValueError:
                 ap.error(f"--scorer {spec!r}: the delay must be precomputed@MS or precomputed@MS/batch")
-    if set(args.scorer_provisional.split(",")) - {"off", "on"}:
-        ap.error(f"--scorer-provisional: a comma list of off and on, got {args.scorer_provisional!r}")
     if args.precomputed_max_length < MIN_SCORING_LENGTH:
         ap.error(f"--precomputed-max-length must be >= {MIN_SCORING_LENGTH} tokens, got {args.precomputed_max_length}")
 
@@ -349,22 +339,19 @@ def main() -> int:
                         runs.append((label, p, [f"gw-hold={hold}", "gw-scorer=_bench_scores:lookup"]))
                 spins = args.scorer_spinning.split(",")
                 batches = args.scorer_batch_size.split(",")
-                provisionals = args.scorer_provisional.split(",")
-                for spec, hold, threads, max_len, spin, batch, prov in itertools.product(
+                for spec, hold, threads, max_len, spin, batch in itertools.product(
                     [s for s in args.scorer.split(",") if s not in precomputed],
                     args.scorer_hold.split(","),
                     args.scorer_threads.split(","),
                     args.scorer_max_length.split(","),
                     spins,
                     batches,
-                    provisionals,
                 ):
                     label = f"gateway+pars ({spec}, hold {hold} s, {threads} thr, max {max_len} tok)"
                     label += f" spinning {spin}" if len(spins) > 1 else ""
                     label += f" batch {batch}" if len(batches) > 1 else ""
-                    label += " provisional" if prov == "on" else ""
                     gw_opts = [f"gw-hold={hold}", f"gw-scorer={spec}", f"gw-threads={threads}", f"gw-maxlen={max_len}",
-                               f"gw-spin={spin}", f"gw-batch={batch}", f"gw-prov={prov}"]  # fmt: skip
+                               f"gw-spin={spin}", f"gw-batch={batch}"]  # fmt: skip
                     runs.append((label, p, gw_opts))
             elif p == "pars":
                 for tau in args.pars_tau.split(","):
@@ -387,7 +374,6 @@ def main() -> int:
                 os.environ["HEADWAY_BENCH_SCORE_BATCH_MS"] = opts.get("gw-batch-delay", "0")
                 gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, opts.get("gw-scorer"), opts.get("gw-hold"),
                                    opts.get("gw-threads"), opts.get("gw-maxlen"), opts.get("gw-batch"),
-                                   provisional=opts.get("gw-prov") == "on",
                                    debug=args.gateway_logs is not None)  # fmt: skip
                 endpoint = gw.url
             try:

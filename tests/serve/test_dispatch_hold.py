@@ -63,28 +63,3 @@ def test_a_hold_ends_after_score_hold_s_and_zero_never_holds() -> None:
 
     assert asyncio.run(main(0.05)) == (False, True)
     assert asyncio.run(main(0.0)) == (True, True)
-
-
-def test_rescore_moves_a_queued_request_and_replaces_the_cached_score() -> None:
-    async def main() -> tuple[list[str], list[str], str, float]:
-        d = _dispatcher(hold=0.0)
-        d.backends[0].in_flight = 1  # the one slot is taken: everything stays queued
-        reqs = [_req(i, s) for i, s in enumerate((1.0, 2.0, 3.0))]
-        for r in reqs:
-            d.submit(r)
-        before = [r.request_id for r in d.queue]
-        d.rescore(reqs[2], 0.5)
-        elsewhere = _req(9, 0.1)  # not queued (dispatched, or not submitted yet): only its score changes
-        d.rescore(elsewhere, 0.2)
-        await asyncio.sleep(0.01)
-        after = [r.request_id for r in d.queue]
-        d.backends[0].in_flight = 0
-        d.dispatch()
-        first = next(r.request_id for r in reqs if r not in d.queue)
-        return before, after, first, d.policy.score_of(elsewhere)  # type: ignore[attr-defined]
-
-    before, after, first, elsewhere = asyncio.run(main())
-    assert before == ["r0", "r1", "r2"]
-    assert after == ["r2", "r0", "r1"]
-    assert first == "r2"
-    assert elsewhere == 0.2

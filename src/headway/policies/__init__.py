@@ -22,7 +22,6 @@ from headway.policies._scoring import (
     batch_scorer,
     kendall_tau,
     noisy_oracle_scores,
-    set_score,
 )
 from headway.policies.driftsched import (
     DEFAULT_BASE_TOKENS,
@@ -84,5 +83,4 @@ __all__ = [
     "classify_prompt",
     "kendall_tau",
     "noisy_oracle_scores",
-    "set_score",
 ]

@@ -44,7 +44,6 @@ __all__ = [
     "kendall_tau",
     "noisy_oracle_scores",
     "request_normal",
-    "set_score",
     "tau_to_rho",
 ]
 
@@ -53,13 +52,6 @@ SCORE_KEY = "headway.score"
 
 ScoreFn = Callable[[Request], float]
 """A scorer: maps a request to its length score (higher = longer)."""
-
-
-def set_score(request: Request, score: float) -> None:
-    """Replace ``request.score`` and drop the policies' cached copy, so the next key uses the new
-    one (a queued request must then be re-keyed: ``PolicyQueue.rekey``)."""
-    request.score = score
-    request.extra.pop(SCORE_KEY, None)
 
 
 class BatchTextScorer(Protocol):

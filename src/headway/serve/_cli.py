@@ -139,14 +139,6 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="most prompts scored together; arrivals meanwhile wait for the next batch (default 32)",
     )
-    p.add_argument(
-        "--scorer-provisional",
-        action="store_true",
-        default=None,
-        help="with a trained predictor: queue each request at once with a score from the predictor's "
-        "distilled fast scorer (hashed word n-grams, microseconds), and move it when the predictor's own "
-        "score arrives; nothing waits for the predictor (in-memory queue only)",
-    )
     p.add_argument("--log-level", default="info")
     p.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn access log)")
     p.set_defaults(func=_run_serve)
@@ -174,7 +166,6 @@ def build_config(args: argparse.Namespace) -> Any:
         "scorer_threads": getattr(args, "scorer_threads", None),
         "scorer_max_length": getattr(args, "scorer_max_length", None),
         "scorer_batch_size": getattr(args, "scorer_batch_size", None),
-        "scorer_provisional": getattr(args, "scorer_provisional", None),
         "api_keys": args.api_keys,
         "redis_lease_s": getattr(args, "redis_lease", None),
         "router": getattr(args, "router", None),

@@ -199,13 +199,6 @@ class GatewayConfig:
     """With a scorer: while more requests are being scored than are queued, free backends wait
     for the scores, at most this long (0: never). Without it, the first requests of a burst
     to be scored are dispatched before the rest are known. In-memory mode only."""
-    scorer_provisional: bool = False
-    """With a trained predictor as ``scorer``: queue each request at once with a provisional
-    score from the predictor's distilled fast scorer (``headway.predict.fast``: hashed word
-    n-grams, tens of microseconds, on the event loop), and move it when the predictor's own
-    score arrives. Nothing waits for the predictor (no hold), at the price of a worse ranking
-    for requests dispatched before their score. The fast scorer is distilled on first use
-    (``headway predictor distill``). In-memory mode only."""
 
     def __post_init__(self) -> None:
         _check(len(self.backends) > 0, "at least one backend is required (--backend URL)")
@@ -279,15 +272,6 @@ class GatewayConfig:
         )
         _check(self.scorer_batch_size >= 1, f"scorer_batch_size must be >= 1, got {self.scorer_batch_size}")
         _check(self.scorer_hold_s >= 0, f"scorer_hold_s must be >= 0, got {self.scorer_hold_s}")
-        _check(
-            not self.scorer_provisional or predictor is not None,
-            f"scorer_provisional needs a trained predictor as scorer ('default' or a checkpoint directory), "
-            f"got scorer {self.scorer!r}",
-        )
-        _check(
-            not (self.scorer_provisional and self.redis_url),
-            "scorer_provisional works with the in-memory queue only (not with redis_url)",
-        )
         _check(
             self.api_keys in ("auto", "required", "off"),
             f"api_keys must be auto, required or off, got {self.api_keys!r}",

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 from headway.core import LoadTracker, Policy, PolicyQueue, Request, RequestState, Router, make_router
 from headway.core._router import Estimator, policy_estimator
-from headway.policies import set_score
 from headway.serve._config import BackendConfig
 
 __all__ = ["Backend", "Dispatcher", "QueueFullError"]
@@ -178,14 +177,6 @@ class Dispatcher:
             self.queue.rekey(request, self.now())
             self._arm_rekey(request)
             self.dispatch()
-
-    def rescore(self, request: Request, score: float) -> None:
-        """Give ``request`` a new score (the predictor's, after a provisional one): a queued request
-        moves to its new place; the dispatch waits for the rest of a scored batch (as in :meth:`submit`)."""
-        set_score(request, score)
-        if request in self.queue:
-            self.queue.rekey(request, self.now())
-            self._dispatch_soon()
 
     def cancel(self, request: Request) -> bool:
         """Remove a queued request (client gone, TTL); returns whether it was queued."""

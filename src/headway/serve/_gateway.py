@@ -30,7 +30,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,7 @@ from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 from headway.serve._metrics import GatewayMetrics
 from headway.serve._openapi import openapi_schema
 from headway.serve._redis_queue import RedisDispatcher
-from headway.serve._scorer import BatchScorer, load_provisional_fn, load_score_fn
+from headway.serve._scorer import BatchScorer, load_score_fn
 from headway.serve._tenants import Identity, TenantDirectory
 from headway.serve._upstream import (
     UpstreamConnectError,
@@ -269,14 +269,9 @@ class Gateway:
         self._transport = transport
         self.tenants = TenantDirectory(config, self._redis)
         self.scorer: BatchScorer | None = None
-        self.provisional: Callable[[str], float] | None = None
-        """The fast scorer behind ``scorer_provisional`` (queue at once, move when scored)."""
-        self._rescoring: dict[Request, asyncio.Task[None]] = {}
         if config.scorer:
             fn = load_score_fn(config.scorer, threads=config.scorer_threads, max_length=config.scorer_max_length)
             self.scorer = BatchScorer(fn, config.scorer_batch_size, config.scorer_max_wait_s)
-            if config.scorer_provisional:
-                self.provisional = load_provisional_fn(config.scorer)
         self.client: httpx.AsyncClient | None = None
         """For /metrics polls and /v1/models; requests go through :attr:`pools`."""
         self.pools = [
@@ -311,8 +306,6 @@ class Gateway:
         for t in self._pollers:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        for task in list(self._rescoring.values()):
-            task.cancel()
         self.dispatcher.fail_all(RuntimeError("gateway shutting down"))
         if isinstance(self.dispatcher, RedisDispatcher):
             await self.dispatcher.stop()
@@ -334,9 +327,6 @@ class Gateway:
 
     def _on_dispatch(self, req: Request, backend: Backend) -> None:
         self.metrics.dispatches.labels(backend.url).inc()
-        rescoring = self._rescoring.pop(req, None)
-        if rescoring is not None:  # dispatched on its provisional score: its place no longer matters
-            rescoring.cancel()
         if req.first_scheduled_time is not None and req.num_preemptions == 0:
             self.metrics.wait_time.labels(req.tier.name.lower()).observe(req.first_scheduled_time - req.arrival_time)
 
@@ -556,28 +546,6 @@ class Gateway:
             req.finish_time = self.dispatcher.now()
             self._record(req)
 
-    def _score_provisionally(
-        self, req: Request, prompt: str, scorer: BatchScorer, fast: Callable[[str], float]
-    ) -> None:
-        """``scorer_provisional``: the fast score now, the predictor's when it comes (:meth:`_rescore`)."""
-        try:
-            req.score = fast(prompt)
-        except Exception:
-            log.exception("fast scorer failed; request %s waits unscored for the predictor", req.request_id)
-        self._rescoring[req] = asyncio.get_running_loop().create_task(self._rescore(req, prompt, scorer))
-
-    async def _rescore(self, req: Request, prompt: str, scorer: BatchScorer) -> None:
-        t0 = time.perf_counter()
-        try:
-            score = await scorer.score(prompt)
-        except Exception:
-            log.exception("scorer failed; request %s keeps its provisional score", req.request_id)
-            return
-        finally:
-            self._rescoring.pop(req, None)
-        self.metrics.score_wait.observe(time.perf_counter() - t0)
-        self.dispatcher.rescore(req, score)
-
     async def _serve(
         self,
         request: HTTPRequest,
@@ -588,9 +556,7 @@ class Gateway:
         ident: Identity,
     ) -> Response:
         req = self._new_request(parsed, ident)
-        if self.scorer is not None and req.prompt and self.provisional is not None:
-            self._score_provisionally(req, req.prompt, self.scorer, self.provisional)
-        elif self.scorer is not None and req.prompt:
+        if self.scorer is not None and req.prompt:
             self.dispatcher.scoring += 1  # free backends may wait for it (Dispatcher._holding)
             t0 = time.perf_counter()
             try:

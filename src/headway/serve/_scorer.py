@@ -11,7 +11,7 @@ from typing import cast
 
 from headway.predict._resolve import predictor_spec, resolve_score_fn
 
-__all__ = ["BatchScorer", "ScoreFn", "default_scorer_threads", "load_provisional_fn", "load_score_fn"]
+__all__ = ["BatchScorer", "ScoreFn", "default_scorer_threads", "load_score_fn"]
 
 log = logging.getLogger("headway.serve.scorer")
 
@@ -65,18 +65,6 @@ def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | No
     return cast(ScoreFn, scorer.score)
 
 
-def load_provisional_fn(spec: str) -> Callable[[str], float]:
-    """The fast scorer (``headway.predict.fast``) distilled from the trained predictor that ``spec``
-    names (as in :func:`load_score_fn`), distilled first if missing or stale."""
-    predictor = predictor_spec(spec)
-    if predictor is None:
-        raise ValueError(f"scorer {spec!r}: provisional scores need a trained predictor ('default' or DIR)")
-    from headway.predict.fast import ensure_fast
-    from headway.predict.score import ensure_predictor
-
-    return ensure_fast(ensure_predictor(predictor[0]), log=log.info).score_one
-
-
 class BatchScorer:
     """Collects prompts for up to ``max_wait_s`` or ``batch_size`` and scores them in a thread.
 
@@ -110,10 +98,7 @@ class BatchScorer:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._busy:
-            return
-        self._pending = [entry for entry in self._pending if not entry[1].done()]  # drop the cancelled
-        if not self._pending:
+        if self._busy or not self._pending:
             return
         batch, self._pending = self._pending[: self._batch_size], self._pending[self._batch_size :]
         self._busy = True
