@@ -474,7 +474,11 @@ def print_saved_rounds(paths: list[str], pool: str | None) -> int:
     pooled: list[float] = []
     for path in paths:
         print(f"\n{path}:")
-        rounds = json.loads(Path(path).read_text())["rounds"]
+        saved = json.loads(Path(path).read_text())
+        if "rounds" not in saved:  # files written before per-round results were kept
+            print(f"  no per-round results (an older file; medians only, of: {', '.join(saved.get('results', {}))})")
+            continue
+        rounds = saved["rounds"]
         print_rounds(rounds)
         base = [r["mean_per_token_latency_ms"] for r in rounds["vllm-direct (fcfs)"]]
         for label, rs in rounds.items():
