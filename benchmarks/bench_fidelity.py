@@ -7,7 +7,7 @@ simulator (same arrivals at the scheduler, lengths, policy; the engine's block c
 block size and batching limits). Writes ``benchmarks/results/fidelity_vllm_cpu.md``.
 
     python benchmarks/bench_fidelity.py [--policies fcfs,sjf-oracle,pars,srpt-oracle]
-        [--num-requests 200] [--rate R] [--max-num-seqs 8] [--preset-name vllm-cpu-tiny]
+        [--num-requests 200] [--rate R] [--max-num-seqs 8] [--preset-name vllm-cpu-tiny-bench]
 
 Needs ``.venv-vllm`` (``bash scripts/setup_vllm_env.sh``) and httpx.
 """
@@ -46,7 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=None, help="arrivals/s (default: --load x estimated capacity)")
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--max-model-len", type=int, default=2048)
-    ap.add_argument("--preset-name", default="vllm-cpu-tiny")
+    ap.add_argument(
+        "--preset-name",
+        default="vllm-cpu-tiny-bench",
+        help="save the fitted preset under this name, replacing one of that name (the default keeps clear of "
+        "the README's `headway calibrate --name vllm-cpu-tiny`)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--load", type=float, default=0.6, help="target utilization when --rate is not given")
     ap.add_argument("--quick", action="store_true", help="shorter probe")
