@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from scipy.stats import spearmanr  # noqa: E402
+
 from headway.predict import CheckpointError, Scorer, export_onnx, score_workload  # noqa: E402
 from headway.predict.model import LengthPredictor, load_encoder, save_checkpoint  # noqa: E402
 from headway.predict.score import _padding_chunks, ensure_predictor  # noqa: E402
@@ -175,11 +177,42 @@ def test_onnx_export_matches_torch_and_detects_staleness(checkpoint: Path, tmp_p
         Scorer.from_checkpoint(ck, "onnx", export_if_missing=False)
 
 
-def test_int8_onnx_ranks_like_the_float_model_and_detects_changes(checkpoint: Path, tmp_path: Path) -> None:
+def test_a_read_only_checkpoint_gets_its_exports_in_the_cache_once(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("onnxruntime")
     import shutil
 
-    from scipy.stats import spearmanr
+    import headway.predict.score as score_mod
+
+    ck, shipped = tmp_path / "ck", tmp_path / "shipped"
+    shutil.copytree(checkpoint, ck)
+    shutil.copytree(checkpoint, shipped)
+    score_mod.quantize_onnx(shipped)  # a checkpoint that comes with its exports
+    read_only = {ck.resolve(), shipped.resolve()}
+    monkeypatch.setattr(score_mod, "_writable", lambda path: path.resolve() not in read_only)  # root writes anywhere
+    files = sorted(f.name for f in ck.iterdir())
+    ref = Scorer.from_checkpoint(ck, "torch").score(PROMPTS)
+    got = Scorer.from_checkpoint(ck, "onnx-int8").score(PROMPTS)
+    assert sorted(f.name for f in ck.iterdir()) == files  # nothing written into the checkpoint
+    where = score_mod.derived_dir(ck, "onnx-int8")
+    assert where.parent.name == "derived" and (where / "model.int8.onnx").is_file() and (where / "model.onnx").is_file()
+    assert spearmanr(got, ref).statistic > 0.9
+
+    def no_export(*args: object, **kw: object) -> Path:
+        raise AssertionError("exported again")
+
+    monkeypatch.setattr(score_mod, "export_onnx", no_export)
+    monkeypatch.setattr(score_mod, "quantize_onnx", no_export)
+    assert np.array_equal(Scorer.from_checkpoint(ck, "onnx-int8").score(PROMPTS), got)  # the cached exports
+    assert np.allclose(Scorer.from_checkpoint(ck, "onnx").score(PROMPTS), ref, atol=1e-4)
+    assert score_mod.derived_dir(shipped, "onnx-int8") == shipped.resolve()  # used in place
+    Scorer.from_checkpoint(shipped, "onnx-int8")
+
+
+def test_int8_onnx_ranks_like_the_float_model_and_detects_changes(checkpoint: Path, tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    import shutil
 
     from headway.predict import quantize_onnx
 

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from headway.predict._errors import CheckpointError
-from headway.predict._paths import file_sha256, set_offline
+from headway.predict._paths import default_cache_dir, file_sha256, set_offline
 from headway.predict._resolve import MIN_SCORING_LENGTH
 
 if TYPE_CHECKING:
@@ -262,21 +262,22 @@ class Scorer:
         scoring_backend(backend)
         meta = read_checkpoint_meta(p)
         hashes = verify_checkpoint_files(p, meta)
-        onnx_path = p / ONNX_FILE
-        problem = _onnx_problem(p, hashes)
+        where = derived_dir(p, backend)
+        onnx_path = where / ONNX_FILE
+        problem = _onnx_problem(where, hashes)
         if problem:
             if not export_if_missing:
                 raise CheckpointError(f"{onnx_path}: {problem}; run `headway predictor export-onnx --model {p}`")
-            export_onnx(p)
+            export_onnx(p, into=where)
         if backend == "onnx-int8":
-            int8_path = p / ONNX_INT8_FILE
-            problem = _int8_problem(p)
+            int8_path = where / ONNX_INT8_FILE
+            problem = _int8_problem(where)
             if problem:
                 if not export_if_missing:
                     raise CheckpointError(
                         f"{int8_path}: {problem}; run `headway predictor export-onnx --int8 --model {p}`"
                     )
-                quantize_onnx(p)
+                quantize_onnx(p, into=where)
             onnx_path = int8_path
         set_offline()
         from transformers import AutoTokenizer
@@ -368,15 +369,42 @@ def _derived_problem(
     return None
 
 
+def _writable(path: Path) -> bool:
+    return os.access(path, os.W_OK)
+
+
+def derived_dir(checkpoint: str | Path, backend: Backend = "onnx-int8") -> Path:
+    """Where the ONNX files of ``checkpoint`` for ``backend`` are (or will be exported to): the
+    checkpoint directory, unless it is read-only and lacks usable ones; then a cache directory
+    named by the checkpoint's weights, ``<cache>/derived/<first 16 hex digits of their SHA-256>``
+    (a checkpoint on a read-only volume still gets its exports, once)."""
+    from headway.predict.model import read_checkpoint_meta, verify_checkpoint_files
+
+    p = Path(checkpoint).expanduser().resolve()
+    hashes = verify_checkpoint_files(p, read_checkpoint_meta(p))
+    usable = _onnx_problem(p, hashes) is None and (backend != "onnx-int8" or _int8_problem(p) is None)
+    if usable or _writable(p):
+        return p
+    return default_cache_dir() / "derived" / hashes["model.safetensors"][:16]
+
+
 def _onnx_problem(ckpt: Path, hashes: dict[str, str]) -> str | None:
     weights = ("weights_sha256", hashes.get("model.safetensors"))
     stale = "stale ONNX export (the weights changed since)"
     return _derived_problem(ckpt / ONNX_FILE, ckpt / _ONNX_SIDECAR, "ONNX export", weights, "onnx_sha256", stale)
 
 
-def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, opset: int = 17, verify: bool = True) -> Path:
+def export_onnx(
+    checkpoint: str | Path,
+    out: str | Path | None = None,
+    *,
+    opset: int = 17,
+    verify: bool = True,
+    into: Path | None = None,
+) -> Path:
     """Export a checkpoint to ONNX (inputs ``input_ids``, ``attention_mask`` int64 ``[batch, seq]``;
-    output ``score`` ``[batch]``), by default to ``<checkpoint>/model.onnx``, and check that ONNX
+    output ``score`` ``[batch]``), by default to ``model.onnx`` in ``into`` (default
+    :func:`derived_dir`: the checkpoint directory unless it is read-only), and check that ONNX
     Runtime reproduces the torch scores on batches of other shapes."""
     import torch
 
@@ -384,7 +412,8 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, opset:
 
     loaded = load_checkpoint(checkpoint)
     model = loaded.model.eval()
-    target = Path(out) if out is not None else loaded.path / ONNX_FILE
+    where = into if into is not None else derived_dir(loaded.path, "onnx")
+    target = Path(out) if out is not None else where / ONNX_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
     pad_id = int(loaded.tokenizer.pad_token_id or 0)
     sample = ["Write a poem about the sea.", "What is 2 + 2?", "Explain " + "in detail " * 40]
@@ -425,7 +454,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, opset:
             "opset": opset,
             "max_length": loaded.max_length,
         }
-        (loaded.path / _ONNX_SIDECAR).write_text(json.dumps(sidecar, indent=2) + "\n")
+        (where / _ONNX_SIDECAR).write_text(json.dumps(sidecar, indent=2) + "\n")
     return target
 
 
@@ -436,19 +465,20 @@ def _int8_problem(ckpt: Path) -> str | None:
     return _derived_problem(path, ckpt / _INT8_SIDECAR, "int8 ONNX model", source, "int8_sha256", stale)
 
 
-def quantize_onnx(checkpoint: str | Path) -> Path:
-    """Dynamically quantize ``<checkpoint>/model.onnx`` (exported first if missing or stale) to int8
-    weights, ``<checkpoint>/model.int8.onnx`` (ONNX Runtime's ``quantize_dynamic``), and check that it
-    ranks a few prompts as the float model does."""
+def quantize_onnx(checkpoint: str | Path, *, into: Path | None = None) -> Path:
+    """Dynamically quantize ``model.onnx`` (exported first if missing or stale) to int8 weights,
+    ``model.int8.onnx`` (ONNX Runtime's ``quantize_dynamic``), both in ``into`` (default
+    :func:`derived_dir`), and check that it ranks a few prompts as the float model does."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from headway.predict.model import read_checkpoint_meta, verify_checkpoint_files
 
     p = Path(checkpoint).expanduser().resolve()
     meta = read_checkpoint_meta(p)
-    if _onnx_problem(p, verify_checkpoint_files(p, meta)):
-        export_onnx(p)
-    source, target = p / ONNX_FILE, p / ONNX_INT8_FILE
+    where = into if into is not None else derived_dir(p, "onnx-int8")
+    if _onnx_problem(where, verify_checkpoint_files(p, meta)):
+        export_onnx(p, into=where)
+    source, target = where / ONNX_FILE, where / ONNX_INT8_FILE
     tmp = target.with_name(f".{target.name}.tmp")
     root = logging.getLogger()
     was, root.disabled = root.disabled, True  # quantize_dynamic logs a pre-processing hint on the root logger
@@ -476,7 +506,7 @@ def quantize_onnx(checkpoint: str | Path) -> Path:
         target.unlink(missing_ok=True)
         raise CheckpointError(f"{target}: int8 scores differ too much from the float model ({got} vs {ref})")
     info = {"source_sha256": file_sha256(source), "int8_sha256": file_sha256(target), "weight_type": "QInt8"}
-    (p / _INT8_SIDECAR).write_text(json.dumps(info, indent=2) + "\n")
+    (where / _INT8_SIDECAR).write_text(json.dumps(info, indent=2) + "\n")
     return target
 
 
