@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -130,3 +131,114 @@ def test_shared_queue_limit_gives_429(redis_url, make_stub, make_gateway):
     for t in threads:
         t.join()
     assert resp.status_code == 429 and resp.headers["retry-after"] == "1"
+
+
+# ------------------------------------------------------------------ score hold over replicas
+def _replicas(redis_url: str, hold: float, n: int = 2) -> list:
+    import redis.asyncio as aioredis
+
+    from headway.core import make_policy
+    from headway.serve._dispatch import Backend
+    from headway.serve._redis_queue import RedisDispatcher
+
+    prefix = f"t{uuid.uuid4().hex[:6]}:"
+    return [
+        RedisDispatcher(
+            make_policy("pars"),
+            [Backend(BackendConfig("http://127.0.0.1:9", max_concurrency=1), 0)],  # one slot over all replicas
+            aioredis.from_url(redis_url),
+            max_queue_len=100,
+            prefix=prefix,
+            score_hold_s=hold,
+        )
+        for _ in range(n)
+    ]
+
+
+def _req(name: str, score: float, now: float):
+    from headway.core import Request
+
+    return Request(request_id=name, arrival_time=now, num_prompt_tokens=8, max_tokens=16, score=score)
+
+
+def test_replicas_hold_free_slots_while_any_replica_scores_more_than_is_queued(redis_url):
+    async def main() -> tuple[bool, str, bool]:
+        a, b = _replicas(redis_url, hold=5.0)
+        for d in (a, b):
+            await d.start()
+        try:
+            a.scoring = 2  # replica a is scoring two requests
+            await asyncio.sleep(0.05)
+            long = b.submit(_req("long", 9.0, b.now()))  # 2 being scored > 1 queued, over both replicas
+            await asyncio.sleep(0.2)
+            held = not long.done()
+            a.scoring = 1  # a's first is scored: 1 being scored, 2 queued: no more hold
+            short = a.submit(_req("short", 5.0, a.now()))
+            done, _ = await asyncio.wait([long, short], timeout=5, return_when=asyncio.FIRST_COMPLETED)
+            first = "short" if short in done else "long"
+            return held, first, long.done()
+        finally:
+            for d in (a, b):
+                await d.stop()
+                await d.redis.aclose()
+
+    held, first, long_done = asyncio.run(main())
+    assert held  # the free slot waited for the scores
+    assert first == "short" and not long_done  # then went to the better of the two
+
+
+def test_a_redis_hold_ends_after_score_hold_s_and_with_the_replica_that_scored(redis_url):
+    import redis
+
+    async def main(hold: float, stop_scorer: bool) -> tuple[bool, float]:
+        a, b = _replicas(redis_url, hold=hold)
+        for d in (a, b):
+            await d.start()
+        try:
+            a.scoring = 5  # a scorer that never answers
+            await asyncio.sleep(0.05)
+            assert redis.Redis.from_url(redis_url).hget(a.prefix + "scoring", a.replica) == b"5"
+            t0 = time.monotonic()
+            fut = b.submit(_req("r", 1.0, b.now()))
+            await asyncio.sleep(0.1)
+            early = fut.done()
+            if stop_scorer:
+                await a.stop()  # leaves: its scoring count goes with it
+                assert redis.Redis.from_url(redis_url).hget(a.prefix + "scoring", a.replica) is None
+                b.dispatch()
+            await asyncio.wait_for(fut, 5)
+            return early, time.monotonic() - t0
+        finally:
+            for d in (a, b):
+                await d.stop()
+                await d.redis.aclose()
+
+    early, waited = asyncio.run(main(0.4, stop_scorer=False))
+    assert not early and 0.35 < waited < 2.0  # held, then dispatched when the hold ran out
+    early, waited = asyncio.run(main(30.0, stop_scorer=True))
+    assert not early and waited < 2.0
+
+
+def test_a_scoring_gateway_on_redis_holds_and_leaves_no_count_behind(redis_url, make_stub, make_gateway):
+    prefix = f"t{uuid.uuid4().hex[:6]}:"
+    stub = make_stub()
+    gw = make_gateway(
+        [BackendConfig(stub.url, max_concurrency=1)],
+        policy="pars",
+        scorer="headway.serve._stub:prompt_length_scores",
+        redis_url=redis_url,
+        redis_prefix=prefix,
+    )
+    d = gw.gateway.dispatcher
+    assert d.score_hold_s == 1.0
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
+            bodies = [{"model": "m", "prompt": "x" * (8 - i), "max_tokens": 2} for i in range(8)]
+            rs = await asyncio.gather(*[c.post("/v1/completions", json=body) for body in bodies])
+        return [r.status_code for r in rs]
+
+    assert asyncio.run(burst()) == [200] * 8
+    r = _client(redis_url)
+    wait_until(lambda: r.hget(prefix + "scoring", d.replica) is None, what="the scoring count back to 0")
+    assert d.scoring == 0 and r.hget(prefix + "scoring_seq", d.replica) is not None  # counts were sent

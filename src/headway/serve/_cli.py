@@ -115,7 +115,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="while more requests are being scored than queued, free backends wait for the scores "
-        "up to S seconds (default 1; 0: never; in-memory queue only)",
+        "up to S seconds (default 1; 0: never; with --redis, over all replicas)",
     )
     p.add_argument(
         "--scorer-threads",

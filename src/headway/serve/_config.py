@@ -198,7 +198,8 @@ class GatewayConfig:
     scorer_hold_s: float = 1.0
     """With a scorer: while more requests are being scored than are queued, free backends wait
     for the scores, at most this long (0: never). Without it, the first requests of a burst
-    to be scored are dispatched before the rest are known. In-memory mode only."""
+    to be scored are dispatched before the rest are known. With ``redis_url`` the counts are
+    global: requests being scored by every replica, and the shared queue."""
 
     def __post_init__(self) -> None:
         _check(len(self.backends) > 0, "at least one backend is required (--backend URL)")

@@ -247,6 +247,7 @@ class Gateway:
                 lease_s=config.redis_lease_s,
                 retry_s=config.redis_retry_s,
                 listen_redis=listener,
+                score_hold_s=config.scorer_hold_s if config.scorer else 0.0,
             )
             self._id_prefix = f"hw-{self.dispatcher.replica}-"
         else:

@@ -20,6 +20,9 @@ Layout (``P`` = the key prefix, ``headway:`` by default; one Redis instance, not
 ``P replicas`` / ``P gen``
     Sorted set replica -> lease expiry (ms, Redis server clock) and hash replica ->
     generation: the live replicas.
+``P scoring`` / ``P hold_since``
+    Hash replica -> requests it is scoring before they are queued, and when the current
+    score hold began (ms): the score hold of the in-memory dispatcher, over all replicas.
 
 Every state change is one Lua script (atomic in Redis): *enqueue*, *release*, *cancel*,
 *heartbeat*, *join*, *reap*; enqueue, release and reap end with *dispatch*: while the head
@@ -33,6 +36,13 @@ the order and the backend slots are global, the dispatch is local. A request is 
 upstream at most once per grant and a handler's future resolves once, so nothing is
 dispatched twice; a grant for a request its owner already dropped (client gone, TTL,
 cancelled) is released at once.
+
+**Score hold.** As in memory (:meth:`Dispatcher._holding`), free slots wait while more
+requests are being scored than are queued, for at most ``score_hold_s``; here both counts are
+global. Each replica sends how many it is scoring (numbered, so a late message cannot undo a
+newer one). A scored request's new count travels in its own *enqueue*, so it leaves "being
+scored" in the same step as it enters the queue. A script that held returns how long the hold
+has left, and the replica asks for a dispatch again when it ends.
 
 **Leases.** Each replica holds a lease in ``P replicas`` that it renews every
 ``lease_s / 3``. A replica whose lease has expired is presumed dead; any live replica
@@ -97,7 +107,41 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+local held_ms = 0
+local function holding(hold_ms)
+  -- the score hold (Dispatcher._holding) over all replicas: while more requests are being
+  -- scored (P scoring: replica -> count) than are queued, free slots wait, at most hold_ms
+  if hold_ms <= 0 then return false end
+  local queued = redis.call('ZCARD', P .. 'queue')
+  if queued == 0 then return false end
+  local scoring = 0
+  for _, v in ipairs(redis.call('HVALS', P .. 'scoring')) do scoring = scoring + tonumber(v) end
+  if scoring <= queued then
+    redis.call('DEL', P .. 'hold_since')
+    return false
+  end
+  local t = now_ms()
+  local since = tonumber(redis.call('GET', P .. 'hold_since') or '-1')
+  if since < 0 then
+    since = t
+    redis.call('SET', P .. 'hold_since', t)
+  end
+  held_ms = hold_ms - (t - since)
+  return held_ms > 0
+end
+local function set_scoring(r, count, seq)
+  -- a replica's scoring count; messages may land out of order: only a newer one counts
+  if tonumber(seq) <= tonumber(redis.call('HGET', P .. 'scoring_seq', r) or '-1') then return end
+  redis.call('HSET', P .. 'scoring_seq', r, seq)
+  if tonumber(count) > 0 then
+    redis.call('HSET', P .. 'scoring', r, count)
+  else
+    redis.call('HDEL', P .. 'scoring', r)
+  end
+end
 local function dispatch(b0)
+  if holding(tonumber(ARGV[b0])) then return 0 end
+  b0 = b0 + 1
   local qkey, infkey, exkey, reps = P .. 'queue', P .. 'inflight', P .. 'exclude', P .. 'replicas'
   local nb = tonumber(ARGV[b0])
   local granted = 0
@@ -165,6 +209,8 @@ local function reap_one(r, count)
     end
   end
   redis.call('DEL', P .. 'rq:' .. r, P .. 'held:' .. r, P .. 'grant:' .. r)
+  redis.call('HDEL', P .. 'scoring', r)
+  redis.call('HDEL', P .. 'scoring_seq', r)
   redis.call('ZREM', P .. 'replicas', r)
   redis.call('HDEL', P .. 'gen', r)
   if count then
@@ -175,24 +221,29 @@ local function reap_one(r, count)
 end
 """
 
-# ARGV: prefix, replica, keyhex, request_id, max_len, excl, nb, url, lim, ...
+# Scripts that dispatch return {result, held_ms}: held_ms > 0 while the score hold keeps free
+# slots waiting, for that many more ms (the replica then asks again; see _held).
+
+# ARGV: prefix, replica, keyhex, request_id, max_len, excl, scoring count, its seq, hold_ms, nb, url, lim, ...
+# (the count travels with the enqueue: a request leaves "being scored" as it enters the queue)
 _ENQUEUE = (
     _COMMON
     + """
 local r = ARGV[2]
 if not redis.call('ZSCORE', P .. 'replicas', r) then return 'fenced' end
+set_scoring(r, ARGV[7], ARGV[8])
 if redis.call('ZCARD', P .. 'queue') >= tonumber(ARGV[5]) then return 'full' end
 local seq = redis.call('INCR', P .. 'seq')
 local m = ARGV[3] .. string.format('%016x', seq) .. '|' .. r .. '|' .. ARGV[4]
 redis.call('ZADD', P .. 'queue', 0, m)
 redis.call('SADD', P .. 'rq:' .. r, m)
 if ARGV[6] ~= '' then redis.call('HSET', P .. 'exclude', m, ARGV[6]) end
-dispatch(7)
-return m
+dispatch(9)
+return {m, held_ms}
 """
 )
 
-# ARGV: prefix, replica, url ('' = dispatch only), count, gen, nb, url, lim, ...
+# ARGV: prefix, replica, url ('' = dispatch only), count, gen, hold_ms, nb, url, lim, ...
 _RELEASE = (
     _COMMON
     + """
@@ -207,7 +258,8 @@ if url ~= '' and redis.call('HGET', P .. 'gen', r) == ARGV[5] then
     if v < 0 then redis.call('HSET', P .. 'inflight', url, 0) end
   end
 end
-return dispatch(6)
+local granted = dispatch(6)
+return {granted, held_ms}
 """
 )
 
@@ -254,7 +306,7 @@ return 1
 """
 )
 
-# ARGV: prefix, replica ('' = every replica whose lease expired), nb, url, lim, ...
+# ARGV: prefix, replica ('' = every replica whose lease expired), hold_ms, nb, url, lim, ...
 _REAP = (
     _COMMON
     + """
@@ -267,7 +319,19 @@ else
   n = #dead
 end
 dispatch(3)
-return n
+return {n, held_ms}
+"""
+)
+
+# ARGV: prefix, replica, count, seq, gen, hold_ms, nb, url, lim, ...: how many requests this replica is scoring
+_SCORING = (
+    _COMMON
+    + """
+local r = ARGV[2]
+if redis.call('HGET', P .. 'gen', r) ~= ARGV[5] then return {0, 0} end
+set_scoring(r, ARGV[3], ARGV[4])
+local granted = dispatch(6)
+return {granted, held_ms}
 """
 )
 
@@ -303,7 +367,10 @@ class RedisDispatcher(Dispatcher):
         retry_s: float = 5.0,
         replica: str | None = None,
         listen_redis: Any = None,
+        score_hold_s: float = 0.0,
     ) -> None:
+        self._scoring = 0
+        self._started = False
         super().__init__(
             policy,
             backends,
@@ -311,6 +378,7 @@ class RedisDispatcher(Dispatcher):
             max_queue_per_tenant=max_queue_per_tenant,
             clock=time.monotonic,
             on_dispatch=on_dispatch,
+            score_hold_s=score_hold_s,
         )
         self.redis = redis
         self.listen_redis = listen_redis if listen_redis is not None else redis
@@ -329,6 +397,7 @@ class RedisDispatcher(Dispatcher):
                 ("heartbeat", _HEARTBEAT),
                 ("join", _JOIN),
                 ("reap", _REAP),
+                ("scoring", _SCORING),
             )
         }
         self._by_id: dict[str, Request] = {}
@@ -347,6 +416,60 @@ class RedisDispatcher(Dispatcher):
         self._last_error_log = 0.0
         self.rejoins = 0
         self.redis_errors = 0
+        self._scoring_sent: int | None = 0
+        """The scoring count in this replica's last message to Redis (None: unknown, send it)."""
+        self._scoring_seq = 0
+        self._publishing = False
+        self._hold_end: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------ score hold
+    @property
+    def scoring(self) -> int:
+        """Requests this replica is scoring; with a score hold, published to ``P scoring``."""
+        return self._scoring
+
+    @scoring.setter
+    def scoring(self, n: int) -> None:
+        self._scoring = n
+        if self._started and self.score_hold_s > 0 and not self._publishing:
+            self._publishing = True
+            self._spawn(self._publish_scoring())
+
+    def _scoring_args(self) -> list[int]:
+        """The scoring count and its sequence number, for a message about to be sent."""
+        self._scoring_seq += 1
+        self._scoring_sent = self._scoring
+        return [self._scoring, self._scoring_seq]
+
+    async def _publish_scoring(self) -> None:
+        try:
+            # a scored request is submitted right after its count drops, and its enqueue carries
+            # the new count: let those enqueues go first, so the count never drops before the
+            # request is in the queue (which would end a hold without it)
+            await asyncio.sleep(0)
+            while self._scoring_sent != self._scoring:
+                args = [self.replica, *self._scoring_args(), self.gen, *self._backend_args()]
+                try:
+                    self._held(await self._retrying("scoring", args))
+                except Exception as exc:
+                    self._scoring_sent = None
+                    self._log_error("scoring count", exc)  # stale in Redis: a hold lasts score_hold_s at most
+                    return
+        finally:
+            self._publishing = False
+
+    def _held(self, res: Any) -> Any:
+        """A dispatching script's result; while the score hold keeps slots waiting, ask again when it ends."""
+        if not isinstance(res, list):
+            return res  # an early return ('fenced', 'full')
+        value, held_ms = res
+        if int(held_ms) > 0 and (self._hold_end is None or self._hold_end.cancelled()):
+            self._hold_end = asyncio.get_running_loop().call_later(int(held_ms) / 1000 + 0.001, self._end_hold)
+        return value
+
+    def _end_hold(self) -> None:
+        self._hold_end = None
+        self.dispatch()
 
     # ----------------------------------------------------------------- time
     def now(self) -> float:
@@ -356,11 +479,15 @@ class RedisDispatcher(Dispatcher):
     async def start(self) -> None:
         """Register (retrying while Redis is unreachable) and start the listener and heartbeat."""
         await self._join()
+        self._started = True
+        self.scoring = self._scoring  # publish what arrived before the start
         self._listener = asyncio.create_task(self._listen())
         self._heartbeat = asyncio.create_task(self._beat())
 
     async def stop(self) -> None:
         """Stop listening; return owed slots; deregister (our queue entries go, our slots are freed)."""
+        if self._hold_end is not None:
+            self._hold_end.cancel()
         for task in (self._heartbeat, self._listener):
             if task is not None:
                 task.cancel()
@@ -378,8 +505,9 @@ class RedisDispatcher(Dispatcher):
         task.add_done_callback(self._tasks.discard)
 
     def _backend_args(self) -> list[str | int]:
+        """The dispatch arguments: score hold (ms), then the backends and their limits."""
         now = self._clock()
-        args: list[str | int] = [len(self.backends)]
+        args: list[str | int] = [int(self.score_hold_s * 1000), len(self.backends)]
         for b in self.backends:
             down = now < b.down_until
             args += [b.url, -1 if down else b.config.max_concurrency]
@@ -422,6 +550,7 @@ class RedisDispatcher(Dispatcher):
         for url, n in held:
             args += [url, n]
         await self._retrying("join", args)
+        self._scoring_sent = None  # the join cleared this replica's scoring count
         self._joined.set()
 
     async def _rejoin(self) -> None:
@@ -432,6 +561,7 @@ class RedisDispatcher(Dispatcher):
             log.warning("replica %s lost its lease (reaped or Redis state lost): rejoining", self.replica)
             await self._join()
             self.rejoins += 1
+            self.scoring = self._scoring  # publish it again
             for req in list(self._waiters):
                 if req in self.queue:  # still waiting here: enter the shared queue again
                     self._members.pop(req, None)
@@ -450,16 +580,20 @@ class RedisDispatcher(Dispatcher):
                 ok = await self._script("heartbeat", [self.replica, int(self.lease_s * 1000), self.gen], side)
                 if not ok:
                     await self._rejoin()
+                if self._scoring_sent != self._scoring:  # a count that could not be sent
+                    self.scoring = self._scoring
                 for url, n in list(self._owed.items()):
                     del self._owed[url]
-                    await self._script("release", [self.replica, url, n, self.gen, *self._backend_args()], side)
+                    args = [self.replica, url, n, self.gen, *self._backend_args()]
+                    self._held(await self._script("release", args, side))
                 info = await side.info("server")
                 if float(info.get("uptime_in_seconds", 0)) >= 2 * self.lease_s:
-                    n = await self._script("reap", ["", *self._backend_args()], side)
+                    n = self._held(await self._script("reap", ["", *self._backend_args()], side))
                     if n:
                         log.warning("reaped %d replica(s) whose lease expired", n)
                 else:  # Redis just restarted: give every replica time to renew first
-                    await self._script("release", [self.replica, "", 0, self.gen, *self._backend_args()], side)
+                    args = [self.replica, "", 0, self.gen, *self._backend_args()]
+                    self._held(await self._script("release", args, side))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -493,10 +627,12 @@ class RedisDispatcher(Dispatcher):
             now = self.now()
             excl = ",".join(b.url for b in self.backends if b.index in waiter[1])
             args = [self.replica, encode_key(self.policy.key(request, now)), request.request_id,
-                    self.max_queue_len, excl, *self._backend_args()]  # fmt: skip
+                    self.max_queue_len, excl, *self._scoring_args(), *self._backend_args()]  # fmt: skip
             try:
-                res = await self._retrying("enqueue", args)
+                res = self._held(await self._retrying("enqueue", args))
             except Exception as exc:
+                self._scoring_sent = None
+                self.scoring = self._scoring  # send the count on its own
                 log.error("redis enqueue of %s failed: %s", request.request_id, exc)
                 self._fail(request, exc)
                 return
@@ -568,7 +704,7 @@ class RedisDispatcher(Dispatcher):
         if not url:
             self._dispatch_pending = False
         try:
-            await self._retrying("release", [self.replica, url, 1, gen, *self._backend_args()])
+            self._held(await self._retrying("release", [self.replica, url, 1, gen, *self._backend_args()]))
         except Exception as exc:
             self._log_error("release", exc)
             if url and gen == self.gen:
