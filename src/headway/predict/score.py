@@ -39,6 +39,7 @@ __all__ = [
     "ScoringLengthError",
     "TorchBackend",
     "default_scorer",
+    "derived_dir",
     "ensure_predictor",
     "export_onnx",
     "quantize_onnx",
@@ -262,7 +263,7 @@ class Scorer:
         scoring_backend(backend)
         meta = read_checkpoint_meta(p)
         hashes = verify_checkpoint_files(p, meta)
-        where = derived_dir(p, backend)
+        where = _derived_dir(p, hashes, backend)
         onnx_path = where / ONNX_FILE
         problem = _onnx_problem(where, hashes)
         if problem:
@@ -381,7 +382,10 @@ def derived_dir(checkpoint: str | Path, backend: Backend = "onnx-int8") -> Path:
     from headway.predict.model import read_checkpoint_meta, verify_checkpoint_files
 
     p = Path(checkpoint).expanduser().resolve()
-    hashes = verify_checkpoint_files(p, read_checkpoint_meta(p))
+    return _derived_dir(p, verify_checkpoint_files(p, read_checkpoint_meta(p)), backend)
+
+
+def _derived_dir(p: Path, hashes: dict[str, str], backend: Backend) -> Path:
     usable = _onnx_problem(p, hashes) is None and (backend != "onnx-int8" or _int8_problem(p) is None)
     if usable or _writable(p):
         return p
@@ -412,7 +416,7 @@ def export_onnx(
 
     loaded = load_checkpoint(checkpoint)
     model = loaded.model.eval()
-    where = into if into is not None else derived_dir(loaded.path, "onnx")
+    where = into if into is not None else _derived_dir(loaded.path, loaded.files_sha256, "onnx")
     target = Path(out) if out is not None else where / ONNX_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
     pad_id = int(loaded.tokenizer.pad_token_id or 0)
@@ -475,8 +479,9 @@ def quantize_onnx(checkpoint: str | Path, *, into: Path | None = None) -> Path:
 
     p = Path(checkpoint).expanduser().resolve()
     meta = read_checkpoint_meta(p)
-    where = into if into is not None else derived_dir(p, "onnx-int8")
-    if _onnx_problem(where, verify_checkpoint_files(p, meta)):
+    hashes = verify_checkpoint_files(p, meta)
+    where = into if into is not None else _derived_dir(p, hashes, "onnx-int8")
+    if _onnx_problem(where, hashes):
         export_onnx(p, into=where)
     source, target = where / ONNX_FILE, where / ONNX_INT8_FILE
     tmp = target.with_name(f".{target.name}.tmp")
