@@ -93,7 +93,6 @@ def start_gateway(
     scorer_threads: str | None = None,
     scorer_max_length: str | None = None,
     scorer_batch_size: str | None = None,
-    scorer_order: str | None = None,
     *,
     debug: bool = False,
 ) -> Proc:
@@ -108,7 +107,6 @@ def start_gateway(
         "--scorer-threads": scorer_threads,
         "--scorer-max-length": scorer_max_length,
         "--scorer-batch-size": scorer_batch_size,
-        "--scorer-order": scorer_order,
     }
     for flag, value in scorer_opts.items():
         if value:  # None: the gateway's default (every value given is a non-empty string)
@@ -224,11 +222,6 @@ def main() -> int:
         help="alpaca-heldout: comma list, one pars run per gateway --scorer-batch-size",
     )
     ap.add_argument(
-        "--scorer-order",
-        default="arrival",
-        help="alpaca-heldout: comma list of gateway --scorer-order values (arrival, fast), one pars run each",
-    )
-    ap.add_argument(
         "--scorer-spinning",
         default="1",
         help="alpaca-heldout: comma list of HEADWAY_ORT_SPINNING values (1: ONNX Runtime's threads busy-wait "
@@ -287,8 +280,6 @@ def main() -> int:
                 float(delay.removesuffix("/batch"))
             except ValueError:
                 ap.error(f"--scorer {spec!r}: the delay must be precomputed@MS or precomputed@MS/batch")
-    if set(args.scorer_order.split(",")) - {"arrival", "fast"}:
-        ap.error(f"--scorer-order: a comma list of arrival and fast, got {args.scorer_order!r}")
     if args.precomputed_max_length < MIN_SCORING_LENGTH:
         ap.error(f"--precomputed-max-length must be >= {MIN_SCORING_LENGTH} tokens, got {args.precomputed_max_length}")
 
@@ -348,22 +339,19 @@ def main() -> int:
                         runs.append((label, p, [f"gw-hold={hold}", "gw-scorer=_bench_scores:lookup"]))
                 spins = args.scorer_spinning.split(",")
                 batches = args.scorer_batch_size.split(",")
-                orders = args.scorer_order.split(",")
-                for spec, hold, threads, max_len, spin, batch, order in itertools.product(
+                for spec, hold, threads, max_len, spin, batch in itertools.product(
                     [s for s in args.scorer.split(",") if s not in precomputed],
                     args.scorer_hold.split(","),
                     args.scorer_threads.split(","),
                     args.scorer_max_length.split(","),
                     spins,
                     batches,
-                    orders,
                 ):
                     label = f"gateway+pars ({spec}, hold {hold} s, {threads} thr, max {max_len} tok)"
                     label += f" spinning {spin}" if len(spins) > 1 else ""
                     label += f" batch {batch}" if len(batches) > 1 else ""
-                    label += " order fast" if order == "fast" else ""
                     gw_opts = [f"gw-hold={hold}", f"gw-scorer={spec}", f"gw-threads={threads}", f"gw-maxlen={max_len}",
-                               f"gw-spin={spin}", f"gw-batch={batch}", f"gw-order={order}"]  # fmt: skip
+                               f"gw-spin={spin}", f"gw-batch={batch}"]  # fmt: skip
                     runs.append((label, p, gw_opts))
             elif p == "pars":
                 for tau in args.pars_tau.split(","):
@@ -386,7 +374,7 @@ def main() -> int:
                 os.environ["HEADWAY_BENCH_SCORE_BATCH_MS"] = opts.get("gw-batch-delay", "0")
                 gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, opts.get("gw-scorer"), opts.get("gw-hold"),
                                    opts.get("gw-threads"), opts.get("gw-maxlen"), opts.get("gw-batch"),
-                                   opts.get("gw-order"), debug=args.gateway_logs is not None)  # fmt: skip
+                                   debug=args.gateway_logs is not None)  # fmt: skip
                 endpoint = gw.url
             try:
                 t0 = time.monotonic()

@@ -79,8 +79,6 @@ def test_load_toml_and_json(tmp_path):
         ({"backends": ["http://a"], "scorer": "m:f", "scorer_max_length": 64}, "only to a trained predictor"),
         ({"backends": ["http://a"], "scorer": "defaults:f", "scorer_threads": 1}, "only to a trained predictor"),
         ({"backends": ["http://a"], "scorer": "no-such-dir"}, "a predictor checkpoint directory or 'module:callable'"),
-        ({"backends": ["http://a"], "scorer": "default", "scorer_order": "fifo"}, "must be 'arrival' or 'fast'"),
-        ({"backends": ["http://a"], "scorer": "m:f", "scorer_order": "fast"}, "'fast' needs a trained predictor"),
         ({"backends": ["http://a"], "bogus": 1}, "unknown gateway setting(s) ['bogus']"),
         ({"backends": ["http://a"], "redis_url": "http://r"}, "redis_url must start with"),
         ({"backends": ["http://a"], "tenants": [{"name": "t", "api_key_sha256": ["abc"]}]}, "64 hex digits"),
@@ -173,11 +171,9 @@ def test_cli_parsers_build_and_map_to_config():
         ["serve", "--backend", "http://127.0.0.1:1", "--backend", "http://127.0.0.1:2", "--policy", "pars",
          "--policy-arg", "tau=0.9", "--policy-arg", "scorer=noisy-oracle", "--backend-concurrency", "3",
          "--queue-ttl", "7", "--api-keys", "off", "--scorer-hold", "0.25", "--scorer", "default:onnx-int8",
-         "--scorer-threads", "2", "--scorer-max-length", "64", "--scorer-batch-size", "8",
-         "--scorer-order", "fast"]
+         "--scorer-threads", "2", "--scorer-max-length", "64", "--scorer-batch-size", "8"]
     )  # fmt: skip
     c = build_config(args)
-    assert c.scorer_order == "fast"
     assert c.scorer_hold_s == 0.25
     assert (c.scorer, c.scorer_threads, c.scorer_max_length) == ("default:onnx-int8", 2, 64)
     assert c.scorer_batch_size == 8

@@ -402,27 +402,3 @@ def test_policy_sees_requests_through_make_policy(make_stub, make_gateway):
     r = httpx.post(gw.url + "/v1/completions", json={**COMPLETION, "priority": 3})
     assert r.status_code == 200
     assert gw.gateway.finished_requests[0].priority == 3
-
-
-def test_scorer_order_fast_gives_the_batch_scorer_the_distilled_fast_scorer(
-    make_stub, make_gateway, monkeypatch, tmp_path
-):
-    import headway.serve._gateway as gateway_mod
-
-    specs: list[str] = []
-
-    def fast(spec: str) -> Callable[[str], float]:
-        specs.append(spec)
-        return lambda prompt: float(len(prompt))
-
-    monkeypatch.setattr(gateway_mod, "load_score_fn", lambda spec, **kw: lambda prompts: [1.0] * len(prompts))
-    monkeypatch.setattr(gateway_mod, "load_fast_fn", fast)
-    (tmp_path / "predictor.json").write_text("{}")  # a checkpoint directory, as the setting requires
-    stub = make_stub()
-    gw = make_gateway([stub.url], policy="pars", scorer=f"{tmp_path}:onnx-int8", scorer_order="fast")
-    assert specs == [f"{tmp_path}:onnx-int8"]
-    assert gw.gateway.scorer is not None and gw.gateway.scorer._order is not None
-    assert gw.gateway.scorer._order("abc") == 3.0
-    assert httpx.post(gw.url + "/v1/completions", json=COMPLETION).status_code == 200
-    plain = make_gateway([stub.url], policy="pars", scorer=f"{tmp_path}:onnx-int8")
-    assert plain.gateway.scorer is not None and plain.gateway.scorer._order is None and len(specs) == 1

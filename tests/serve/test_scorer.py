@@ -43,33 +43,6 @@ def test_batches_run_one_at_a_time_and_arrivals_meanwhile_form_the_next() -> Non
     assert sizes == [1, 4, 4, 1]  # the nine that arrived meanwhile, in batches of at most 4
 
 
-def test_an_order_picks_which_waiting_prompts_are_scored_next() -> None:
-    batches: list[list[str]] = []
-
-    def slow(prompts: list[str]) -> list[float]:
-        batches.append(list(prompts))
-        time.sleep(0.05)
-        return [float(len(p)) for p in prompts]
-
-    def order(prompt: str) -> float:
-        if prompt == "broken":
-            raise ValueError("fast scorer failed")
-        return -float(len(prompt))  # here: longest prompt first
-
-    async def main() -> list[float]:
-        scorer = BatchScorer(slow, batch_size=3, max_wait_s=0.001, order=order)
-        first = asyncio.ensure_future(scorer.score("a"))
-        await asyncio.sleep(0.01)  # the first batch is being scored; these wait
-        prompts = ["bb", "broken", "cccccc", "dddd", "eee", "ffff"]
-        rest = [asyncio.ensure_future(scorer.score(p)) for p in prompts]
-        return await asyncio.gather(first, *rest)
-
-    scores = asyncio.run(main())
-    assert scores == [1.0, 2.0, 6.0, 6.0, 4.0, 3.0, 4.0]  # every prompt gets its own score
-    # by the order, ties in arrival order; a prompt the order fails on goes last
-    assert batches == [["a"], ["cccccc", "dddd", "ffff"], ["eee", "bb", "broken"]]
-
-
 def test_a_failing_batch_fails_its_prompts_and_the_next_batch_still_runs() -> None:
     calls = 0
 

@@ -1,4 +1,4 @@
-"""``headway predictor {train,eval,matrix,export-onnx,distill}``.
+"""``headway predictor {train,eval,matrix,export-onnx}``.
 
 :func:`add_predictor_parser` adds the ``predictor`` command to an argparse sub-parser set; every leaf
 parser sets ``func`` (``args.func(args) -> int``). ``python -m headway.predict`` runs it standalone.
@@ -242,15 +242,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_distill(args: argparse.Namespace) -> int:
-    from headway.predict.fast import distill_fast
-    from headway.predict.score import ensure_predictor
-
-    path = ensure_predictor(args.model, train_if_missing=False)
-    distill_fast(path, data=args.data, data_dir=args.data_dir, alpha=args.alpha, log=_say)
-    return 0
-
-
 def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Data, checkpoint and encoder errors become ``error: ...`` on stderr and exit code 2."""
 
@@ -363,30 +354,6 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs torch check")
     p.add_argument("--int8", action="store_true", help="also write DIR/model.int8.onnx (dynamic int8 quantization)")
     p.set_defaults(func=_guarded(_cmd_export))
-
-    p = sub.add_parser(
-        "distill",
-        help="fit a checkpoint's fast first-look scorer (for the gateway's --scorer-order fast)",
-        description="Fit hashed word n-grams with a ridge regression to the checkpoint's own scores on its "
-        "training prompts (no lengths used), save DIR/fast.npy and DIR/fast.json, and print Kendall tau_b "
-        "of both scorers on the checkpoint's held-out prompts. It scores a prompt in tens of microseconds.",
-        formatter_class=HelpFormatter,
-    )
-    p.add_argument(
-        "--model",
-        default=DEFAULT_PREDICTOR_NAME,
-        metavar="DIR",
-        help="predictor checkpoint directory, or a name under ~/.cache/headway/predictors/",
-    )
-    p.add_argument(
-        "--data",
-        metavar="FILE|NAME",
-        help="distill on all prompts of this data set instead (default: the train and validation parts of "
-        "the data the checkpoint was trained on)",
-    )
-    p.add_argument("--alpha", type=float, default=0.3, help="ridge penalty")
-    p.add_argument("--data-dir", metavar="DIR", help="shared data directory for built-in data sets")
-    p.set_defaults(func=_guarded(_cmd_distill))
     return cast(argparse.ArgumentParser, pred)
 
 

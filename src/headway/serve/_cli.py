@@ -139,13 +139,6 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="most prompts scored together; arrivals meanwhile wait for the next batch (default 32)",
     )
-    p.add_argument(
-        "--scorer-order",
-        choices=("arrival", "fast"),
-        default=None,
-        help="which waiting prompts a trained predictor scores next: arrival order (default), or those a fast "
-        "scorer distilled from it ranks shortest",
-    )
     p.add_argument("--log-level", default="info")
     p.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn access log)")
     p.set_defaults(func=_run_serve)
@@ -173,7 +166,6 @@ def build_config(args: argparse.Namespace) -> Any:
         "scorer_threads": getattr(args, "scorer_threads", None),
         "scorer_max_length": getattr(args, "scorer_max_length", None),
         "scorer_batch_size": getattr(args, "scorer_batch_size", None),
-        "scorer_order": getattr(args, "scorer_order", None),
         "api_keys": args.api_keys,
         "redis_lease_s": getattr(args, "redis_lease", None),
         "router": getattr(args, "router", None),

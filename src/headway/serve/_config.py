@@ -195,11 +195,6 @@ class GatewayConfig:
     ``pars`` behind the gateway gains (``benchmarks/results/gateway.md``)."""
     scorer_batch_size: int = 32
     scorer_max_wait_s: float = 0.002
-    scorer_order: str = "arrival"
-    """Which waiting prompts the scorer takes next: ``"arrival"`` (first come), or ``"fast"``:
-    those a fast scorer distilled from the predictor (:mod:`headway.predict.fast`, tens of
-    microseconds per prompt, distilled on first use) ranks shortest, so that the requests
-    likely to go first are ranked first. ``"fast"`` needs a trained predictor as ``scorer``."""
     scorer_hold_s: float = 1.0
     """With a scorer: while more requests are being scored than are queued, free backends wait
     for the scores, at most this long (0: never). Without it, the first requests of a burst
@@ -278,15 +273,6 @@ class GatewayConfig:
         )
         _check(self.scorer_batch_size >= 1, f"scorer_batch_size must be >= 1, got {self.scorer_batch_size}")
         _check(self.scorer_hold_s >= 0, f"scorer_hold_s must be >= 0, got {self.scorer_hold_s}")
-        _check(
-            self.scorer_order in ("arrival", "fast"),
-            f"scorer_order must be 'arrival' or 'fast', got {self.scorer_order!r}",
-        )
-        _check(
-            self.scorer_order == "arrival" or predictor is not None,
-            f"scorer_order 'fast' needs a trained predictor as scorer ('default' or a checkpoint directory), "
-            f"got scorer {self.scorer!r}",
-        )
         _check(
             self.api_keys in ("auto", "required", "off"),
             f"api_keys must be auto, required or off, got {self.api_keys!r}",

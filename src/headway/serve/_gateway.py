@@ -47,7 +47,7 @@ from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 from headway.serve._metrics import GatewayMetrics
 from headway.serve._openapi import openapi_schema
 from headway.serve._redis_queue import RedisDispatcher
-from headway.serve._scorer import BatchScorer, load_fast_fn, load_score_fn
+from headway.serve._scorer import BatchScorer, load_score_fn
 from headway.serve._tenants import Identity, TenantDirectory
 from headway.serve._upstream import (
     UpstreamConnectError,
@@ -272,8 +272,7 @@ class Gateway:
         self.scorer: BatchScorer | None = None
         if config.scorer:
             fn = load_score_fn(config.scorer, threads=config.scorer_threads, max_length=config.scorer_max_length)
-            order = load_fast_fn(config.scorer) if config.scorer_order == "fast" else None
-            self.scorer = BatchScorer(fn, config.scorer_batch_size, config.scorer_max_wait_s, order)
+            self.scorer = BatchScorer(fn, config.scorer_batch_size, config.scorer_max_wait_s)
         self.client: httpx.AsyncClient | None = None
         """For /metrics polls and /v1/models; requests go through :attr:`pools`."""
         self.pools = [

@@ -11,7 +11,7 @@ from typing import cast
 
 from headway.predict._resolve import predictor_spec, resolve_score_fn
 
-__all__ = ["BatchScorer", "ScoreFn", "default_scorer_threads", "load_fast_fn", "load_score_fn"]
+__all__ = ["BatchScorer", "ScoreFn", "default_scorer_threads", "load_score_fn"]
 
 log = logging.getLogger("headway.serve.scorer")
 
@@ -65,18 +65,6 @@ def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | No
     return cast(ScoreFn, scorer.score)
 
 
-def load_fast_fn(spec: str) -> Callable[[str], float]:
-    """The fast scorer (:mod:`headway.predict.fast`) distilled from the trained predictor that
-    ``spec`` names (as in :func:`load_score_fn`), distilled first if missing or stale."""
-    predictor = predictor_spec(spec)
-    if predictor is None:
-        raise ValueError(f"scorer {spec!r}: a fast scorer needs a trained predictor ('default' or DIR)")
-    from headway.predict.fast import ensure_fast
-    from headway.predict.score import ensure_predictor
-
-    return ensure_fast(ensure_predictor(predictor[0]), log=log.info).score_one
-
-
 class BatchScorer:
     """Collects prompts for up to ``max_wait_s`` or ``batch_size`` and scores them in a thread.
 
@@ -84,24 +72,13 @@ class BatchScorer:
     next one (up to ``batch_size``) as soon as it is done. Batches scored side by side would
     share the same cores and all finish late; one at a time, the first results come back
     while the rest are still being scored.
-
-    ``order`` (a cheap ``prompt -> float``, lowest first) picks which waiting prompts form the
-    next batch; default: arrival order.
     """
 
-    def __init__(
-        self,
-        fn: ScoreFn,
-        batch_size: int = 32,
-        max_wait_s: float = 0.002,
-        order: Callable[[str], float] | None = None,
-    ) -> None:
+    def __init__(self, fn: ScoreFn, batch_size: int = 32, max_wait_s: float = 0.002) -> None:
         self._fn = fn
         self._batch_size = batch_size
         self._max_wait_s = max_wait_s
-        self._order = order
         self._pending: list[tuple[str, asyncio.Future[float]]] = []
-        self._rank: dict[asyncio.Future[float], float] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._busy = False
         self.num_batches = 0
@@ -109,12 +86,6 @@ class BatchScorer:
     async def score(self, prompt: str) -> float:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[float] = loop.create_future()
-        if self._order is not None:
-            try:
-                self._rank[fut] = self._order(prompt)
-            except Exception:
-                log.exception("scoring order: the fast scorer failed; this prompt waits its turn last")
-                self._rank[fut] = float("inf")
         self._pending.append((prompt, fut))
         if not self._busy:
             if len(self._pending) >= self._batch_size:
@@ -129,11 +100,7 @@ class BatchScorer:
             self._timer = None
         if self._busy or not self._pending:
             return
-        if self._order is not None:  # stable: arrival order among equals
-            self._pending.sort(key=lambda entry: self._rank[entry[1]])
         batch, self._pending = self._pending[: self._batch_size], self._pending[self._batch_size :]
-        for _, fut in batch:
-            self._rank.pop(fut, None)
         self._busy = True
         self.num_batches += 1
         asyncio.get_running_loop().create_task(self._run(batch))
