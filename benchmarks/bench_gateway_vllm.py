@@ -20,6 +20,7 @@ Bounded: every run has a whole-run timeout (--run-timeout); servers are killed a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -94,6 +95,7 @@ def start_gateway(
     scorer_max_length: str | None = None,
     scorer_batch_size: str | None = None,
     *,
+    redis_url: str | None = None,
     debug: bool = False,
 ) -> Proc:
     args = ["--policy", policy, "--backend-concurrency", str(concurrency), "--queue-ttl", "3600"]
@@ -111,7 +113,8 @@ def start_gateway(
     for flag, value in scorer_opts.items():
         if value:  # None: the gateway's default (every value given is a non-empty string)
             args += [flag, value]
-    return procs.gateway([backend], *args, start=False).start(timeout=30)  # a scorer may load a model
+    gw = procs.gateway([backend], *args, redis_url=redis_url, start=False)
+    return gw.start(timeout=30)  # a scorer may load a model
 
 
 def _precompute_scores(wl: Workload, path: Path, max_length: int) -> None:
@@ -246,6 +249,12 @@ def main() -> int:
         "that the engine's CPU is the engine's alone, as when clients and gateways are on other hosts",
     )
     ap.add_argument(
+        "--queue",
+        default="memory",
+        help="comma list of memory and redis: each gateway run once per queue; with redis the gateway keeps its "
+        "queue in a private redis-server, emptied before each run, and the run's label ends in 'redis'",
+    )
+    ap.add_argument(
         "--gateway-logs",
         metavar="DIR",
         default=None,
@@ -280,6 +289,9 @@ def main() -> int:
                 float(delay.removesuffix("/batch"))
             except ValueError:
                 ap.error(f"--scorer {spec!r}: the delay must be precomputed@MS or precomputed@MS/batch")
+    queues = args.queue.split(",")
+    if not queues or set(queues) - {"memory", "redis"}:
+        ap.error(f"--queue: a comma list of memory and redis, got {args.queue!r}")
     if args.precomputed_max_length < MIN_SCORING_LENGTH:
         ap.error(f"--precomputed-max-length must be >= {MIN_SCORING_LENGTH} tokens, got {args.precomputed_max_length}")
 
@@ -313,8 +325,8 @@ def main() -> int:
     with (
         tempfile.TemporaryDirectory() as tmp,
         start_vllm(python, model, max_num_seqs=args.max_num_seqs, log_path=Path(tmp) / "vllm.log") as vllm,
+        contextlib.closing(Cluster(Path(tmp))) as gateways,  # its redis-server, and any gateway left running
     ):
-        gateways = Cluster(Path(tmp))
         if args.pin_client:
             _pin_to_other_cpus()
         precomputed = [s for s in args.scorer.split(",") if s.partition("@")[0] == "precomputed"]
@@ -358,6 +370,12 @@ def main() -> int:
                     runs.append((f"gateway+pars (noisy-oracle tau={tau})", p, ["scorer=noisy-oracle", f"tau={tau}"]))
             else:
                 runs.append((f"gateway+{p}", p, []))
+        redis = gateways.redis(appendonly=False) if "redis" in queues else None
+        runs = [run for run in runs if run[1] is None or "memory" in queues] + [
+            (f"{label} redis", policy, [*pargs, "gw-queue=redis"])
+            for label, policy, pargs in runs
+            if policy is not None and redis is not None
+        ]
         rounds: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in runs}
         # every other round runs in reverse order (ABBA), so a drift in the machine's speed over the
         # session does not favour the runs that come later in a round
@@ -372,8 +390,13 @@ def main() -> int:
                 os.environ["HEADWAY_ORT_SPINNING"] = opts.get("gw-spin", "1")  # the gateway inherits it
                 os.environ["HEADWAY_BENCH_SCORE_MS"] = opts.get("gw-delay", "0")
                 os.environ["HEADWAY_BENCH_SCORE_BATCH_MS"] = opts.get("gw-batch-delay", "0")
+                redis_url = None
+                if redis is not None and opts.get("gw-queue") == "redis":
+                    redis.client().flushdb()
+                    redis_url = redis.redis_url
                 gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, opts.get("gw-scorer"), opts.get("gw-hold"),
                                    opts.get("gw-threads"), opts.get("gw-maxlen"), opts.get("gw-batch"),
+                                   redis_url=redis_url,
                                    debug=args.gateway_logs is not None)  # fmt: skip
                 endpoint = gw.url
             try:

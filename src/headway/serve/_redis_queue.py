@@ -746,8 +746,12 @@ class RedisDispatcher(Dispatcher):
         backend.in_flight += 1
         backend.dispatched_since_poll += 1
         req.transition(RequestState.RUNNING)
+        now = self.now()
         if req.first_scheduled_time is None:
-            req.first_scheduled_time = self.now()
+            req.first_scheduled_time = now
+        if log.isEnabledFor(logging.DEBUG):  # as the in-memory Dispatcher logs it (queued: this replica's)
+            log.debug("dispatch %s at %.3f s (waited %.3f s, score %s, %d queued) to %s", req.request_id, now,
+                      now - req.arrival_time, req.score, len(self.queue), backend.url)  # fmt: skip
         if self._on_dispatch is not None:
             self._on_dispatch(req, backend)
         if not fut.done():
