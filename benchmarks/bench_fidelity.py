@@ -58,6 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--warmup", type=int, default=1, help="unmeasured runs of the probe and of the workload before measuring"
     )
+    ap.add_argument(
+        "--speed-check",
+        type=int,
+        default=0,
+        metavar="N",
+        help="before each measured replay, replay N requests of the same kind at 4x the rate under fcfs and simulate "
+        "with the preset scaled by their speed factor too (a third table; 0: off)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "fidelity_vllm_cpu.md")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the step log and server log here")
     args = ap.parse_args(argv)
@@ -111,7 +119,16 @@ def main(argv: list[str] | None = None) -> int:
             )
             log(f"fidelity workload: {len(specs)} requests at {rate} req/s (estimated capacity {1 / per_req:.1f}/s)")
             t2 = time.time()
-            rows = run_fidelity(srv.url, control, step_log, m, policies, specs, log=log, warmup=args.warmup)
+            check = (
+                fidelity_workload(
+                    args.speed_check, 4 * rate, seed=args.seed + 1000, max_prompt=min(1024, geo.max_model_len - 257)
+                )
+                if args.speed_check > 0
+                else []
+            )
+            rows = run_fidelity(
+                srv.url, control, step_log, m, policies, specs, log=log, warmup=args.warmup, speed_check=check
+            )
             fid_s = time.time() - t2
             steps = read_step_log(step_log).steps
     overhead = [s["policy_s"] / (s["t3"] - s["t0"]) for s in steps if s["t3"] > s["t0"]]
@@ -149,6 +166,17 @@ def main(argv: list[str] | None = None) -> int:
         "scheduling fidelity alone (a diagnostic, not a calibrated prediction):",
         "",
         format_fidelity_table(rows, corrected=True),
+        *(
+            [
+                f"Speed checked just before each replay (`--speed-check {args.speed_check}`: that many requests of "
+                "the same kind at 4x the rate, under fcfs); `speed` is the check's, and the simulation uses the "
+                "preset scaled by it. This is a prediction: nothing from the replay itself goes into it.",
+                "",
+                format_fidelity_table(rows, checked=True),
+            ]
+            if args.speed_check > 0
+            else []
+        ),
         "Client-side view (HTTP frontend included; not modelled by the simulator):",
         "",
         "| policy | mean E2E client (s) | frontend in (median s) | frontend out (median s) |",

@@ -193,6 +193,11 @@ def test_simulate_replay_and_table() -> None:
     table = format_fidelity_table([row])
     assert "| fcfs | 60 |" in table and "+10.0%" in table and "-10.0%" in table
     assert "+0.0%" in format_fidelity_table([row], corrected=True)
+    row.speed, row.check_speed = 1.08, 1.02
+    row.sim_checked = {"e2e_mean": 0.95, "e2e_p90": 2.0, "ttft_mean": 0.1, "ttft_p90": 0.2}
+    checked = format_fidelity_table([row], checked=True)
+    assert "| x1.02 |" in checked and "-5.0%" in checked and "+10.0%" not in checked
+    assert row.errors(checked=True)["e2e_mean"] == pytest.approx(-0.05)
     assert percentile([1, 2, 3, 4], 50) == 2.5
 
 

