@@ -215,3 +215,8 @@ def test_cli_parsers_and_argument_errors() -> None:
         args = parser.parse_args([*cmd, "--warmup", "-1", "--endpoint", "http://x"])
         with pytest.raises(ValueError, match="--warmup must be >= 0, got -1"):
             args.func(args)
+    args = parser.parse_args(
+        ["fidelity", "--preset", "x", "--rate", "2", "--speed-check", "-1", "--endpoint", "http://x"]
+    )
+    with pytest.raises(ValueError, match="--speed-check must be >= 0, got -1"):
+        args.func(args)

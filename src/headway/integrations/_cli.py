@@ -116,6 +116,14 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     f.add_argument(
         "--warmup", type=int, default=1, help="unmeasured replays of the workload first (the engine's warm-up)"
     )
+    f.add_argument(
+        "--speed-check",
+        type=int,
+        default=0,
+        metavar="N",
+        help="before each replay, replay N requests of the same kind at 4x the rate under fcfs, and also "
+        "simulate with the preset scaled by their speed (for an engine whose speed drifts; 0: off)",
+    )
     f.add_argument("--out", type=Path, default=None, help="also write the table to this Markdown file")
     f.set_defaults(func=_cmd_fidelity)
 
@@ -217,6 +225,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _cmd_fidelity(args: argparse.Namespace) -> int:
     _check_warmup(args)
+    if args.speed_check < 0:
+        raise ValueError(f"--speed-check must be >= 0, got {args.speed_check}")
     from headway.integrations._probe import fidelity_workload, format_fidelity_table, run_fidelity
     from headway.sim import load_preset
 
@@ -235,12 +245,18 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
             from headway.sim._calibrate import read_step_log
 
             max_len = int(read_step_log(step_log).header["max_model_len"])
-            specs = fidelity_workload(args.num_requests, args.rate, seed=args.seed, max_prompt=min(1024, max_len - 257))
+            max_prompt = min(1024, max_len - 257)
+            specs = fidelity_workload(args.num_requests, args.rate, seed=args.seed, max_prompt=max_prompt)
+            check = fidelity_workload(args.speed_check, 4 * args.rate, seed=args.seed + 1000, max_prompt=max_prompt)
             _log(f"replaying {len(specs)} requests at {args.rate} req/s under {', '.join(policies)}")
             rows = run_fidelity(
-                url, control, step_log, preset, policies, specs, model=model, log=_log, warmup=args.warmup
-            )
+                url, control, step_log, preset, policies, specs, model=model, log=_log, warmup=args.warmup,
+                speed_check=check,
+            )  # fmt: skip
     table = format_fidelity_table(rows)
+    if args.speed_check:
+        table += "\nWith the preset scaled by the speed check before each replay (speed: the check's):\n\n"
+        table += format_fidelity_table(rows, checked=True)
     print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
