@@ -32,6 +32,7 @@ from headway.integrations._probe import (
     probe_phases,
     run_fidelity,
     run_probe,
+    speed_check_workload,
 )
 from headway.integrations._server import start_vllm_server
 from headway.sim._calibrate import fit_from_step_log, read_step_log, save_preset
@@ -114,18 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             rate = args.rate or round(args.load / per_req, 2)
             run = {"probe_lines": [n0, n1], "rate": rate, "num_requests": args.num_requests, "seed": args.seed}
             (tmpd / "run.json").write_text(json.dumps(run) + "\n")  # for fidelity_ablation.py
-            specs = fidelity_workload(
-                args.num_requests, rate, seed=args.seed, max_prompt=min(1024, geo.max_model_len - 257)
-            )
+            max_prompt = min(1024, geo.max_model_len - 257)
+            specs = fidelity_workload(args.num_requests, rate, seed=args.seed, max_prompt=max_prompt)
             log(f"fidelity workload: {len(specs)} requests at {rate} req/s (estimated capacity {1 / per_req:.1f}/s)")
             t2 = time.time()
-            check = (
-                fidelity_workload(
-                    args.speed_check, 4 * rate, seed=args.seed + 1000, max_prompt=min(1024, geo.max_model_len - 257)
-                )
-                if args.speed_check > 0
-                else []
-            )
+            check = speed_check_workload(args.speed_check, rate, seed=args.seed, max_prompt=max_prompt)
             rows = run_fidelity(
                 srv.url, control, step_log, m, policies, specs, log=log, warmup=args.warmup, speed_check=check
             )

@@ -227,7 +227,12 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
     _check_warmup(args)
     if args.speed_check < 0:
         raise ValueError(f"--speed-check must be >= 0, got {args.speed_check}")
-    from headway.integrations._probe import fidelity_workload, format_fidelity_table, run_fidelity
+    from headway.integrations._probe import (
+        fidelity_workload,
+        format_fidelity_table,
+        run_fidelity,
+        speed_check_workload,
+    )
     from headway.sim import load_preset
 
     preset = load_preset(args.preset)
@@ -247,7 +252,7 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
             max_len = int(read_step_log(step_log).header["max_model_len"])
             max_prompt = min(1024, max_len - 257)
             specs = fidelity_workload(args.num_requests, args.rate, seed=args.seed, max_prompt=max_prompt)
-            check = fidelity_workload(args.speed_check, 4 * args.rate, seed=args.seed + 1000, max_prompt=max_prompt)
+            check = speed_check_workload(args.speed_check, args.rate, seed=args.seed, max_prompt=max_prompt)
             _log(f"replaying {len(specs)} requests at {args.rate} req/s under {', '.join(policies)}")
             rows = run_fidelity(
                 url, control, step_log, preset, policies, specs, model=model, log=_log, warmup=args.warmup,

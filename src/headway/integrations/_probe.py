@@ -256,6 +256,12 @@ def fidelity_workload(
     return specs
 
 
+def speed_check_workload(n: int, rate: float, *, seed: int = 0, max_prompt: int = 1024) -> list[ReplaySpec]:
+    """``n`` requests like :func:`fidelity_workload`'s at 4x ``rate`` (seed + 1000: other requests):
+    the ``speed_check`` of :func:`run_fidelity`."""
+    return fidelity_workload(n, 4 * rate, seed=seed + 1000, max_prompt=max_prompt)
+
+
 def simulate_replay(
     arrivals: Sequence[float], specs: Sequence[ReplaySpec], policy: str, preset: CostModel, header: Mapping[str, Any],
     policy_args: Mapping[str, Any] | None = None, *, from_arrival: bool = False,
@@ -317,8 +323,12 @@ class FidelityRow:
     client: dict[str, float] = field(default_factory=dict)
     frontend: dict[str, float] = field(default_factory=dict)
 
+    def simulated(self, corrected: bool = False, *, checked: bool = False) -> dict[str, float]:
+        """:attr:`sim`, :attr:`sim_corrected` or :attr:`sim_checked`."""
+        return self.sim_checked if checked else self.sim_corrected if corrected else self.sim
+
     def errors(self, corrected: bool = False, *, checked: bool = False) -> dict[str, float]:
-        sim = self.sim_checked if checked else self.sim_corrected if corrected else self.sim
+        sim = self.simulated(corrected, checked=checked)
         return {k: relative_error(sim[k], self.real[k]) for k in self.real}
 
 
@@ -440,7 +450,7 @@ def format_fidelity_table(rows: Sequence[FidelityRow], corrected: bool = False, 
     lines = []
     for r in rows:
         e = r.errors(corrected, checked=checked)
-        sim = r.sim_checked if checked else r.sim_corrected if corrected else r.sim
+        sim = r.simulated(corrected, checked=checked)
         speed = r.check_speed if checked and r.check_speed is not None else r.speed
         cells = []
         for k in ("e2e_mean", "e2e_p90", "ttft_mean", "ttft_p90"):
