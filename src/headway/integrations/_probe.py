@@ -360,6 +360,8 @@ def run_fidelity(
         if log:
             log(f"  warm-up replay {i + 1} of {warmup} (not measured)")
         replay_sync(url, specs, model=model, stream=False)
+        if speed_check:  # the check's batch shapes too: a first check on them read the engine as slow
+            replay_sync(url, speed_check, model=model, stream=False)
     rows = []
     for policy in policies:
         args = dict((policy_args or {}).get(policy, {}))
