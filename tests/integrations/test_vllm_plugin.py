@@ -220,11 +220,13 @@ def test_calibrate_and_fidelity_commands_against_the_server(plugin_server, tmp_p
     args = parser.parse_args([
         "fidelity", "--endpoint", plugin_server.url, "--step-log", str(plugin_server.step_log),
         "--control-file", str(plugin_server.control), "--preset", str(saved), "--policies", "fcfs,sjf-oracle",
-        "--num-requests", "24", "--rate", "4", "--out", str(out),
+        "--num-requests", "24", "--rate", "4", "--speed-check", "6", "--out", str(out),
     ])  # fmt: skip
     assert args.func(args) == 0
     table = out.read_text()
     assert "| fcfs | 24 |" in table and "| sjf-oracle | 24 |" in table
+    plain, checked = table.split("speed check before each replay")  # the second table: the check's speed
+    assert "| sjf-oracle | 24 |" in checked and plain.count("| fcfs | 24 |") == 1
 
 
 ASYNC_LENGTHS = [40, 40, 4, 40, 40, 4, 40, 4, 40, 40]

@@ -38,6 +38,7 @@ from typing import Any
 from headway.integrations._client import ReplayResult, ReplaySpec, replay_sync
 from headway.sim._calibrate import (
     CalibrationFit,
+    StepLog,
     capacity_cost_model,
     engine_configs,
     fit_from_step_log,
@@ -332,6 +333,11 @@ class FidelityRow:
         return {k: relative_error(sim[k], self.real[k]) for k in self.real}
 
 
+def _sim_stats(pairs: Sequence[tuple[float, float]]) -> dict[str, float]:
+    """:func:`_stats` of :func:`simulate_replay`'s (TTFT, E2E) pairs."""
+    return _stats([t for t, _ in pairs], [e for _, e in pairs])
+
+
 def _stats(ttft: Sequence[float], e2e: Sequence[float]) -> dict[str, float]:
     return {
         "ttft_mean": statistics.fmean(ttft), "ttft_p90": percentile(ttft, 90),
@@ -368,18 +374,11 @@ def run_fidelity(
         args = dict((policy_args or {}).get(policy, {}))
         check_speed = None
         if speed_check:  # under fcfs, the same reference for every policy (preemptions would skew it)
-            control_file.write_text(json.dumps({"policy": "fcfs", "oracle": "max_tokens"}))
-            time.sleep(0.05)
-            check_speed = _speed_check(url, step_log, preset, speed_check, model, settle_s)
-        control_file.write_text(json.dumps({"policy": policy, "policy_args": args, "oracle": "max_tokens"}))
-        time.sleep(0.05)
-        n0 = count_lines(step_log)
-        res = replay_sync(url, specs, model=model, stream=False)  # light client: less CPU taken from vLLM
-        bad = [r for r in res if not r.ok]
-        if bad:
-            raise RuntimeError(f"fidelity replay under {policy}: {len(bad)} requests failed ({bad[0].error})")
-        time.sleep(settle_s)  # let the step log flush
-        slog = read_step_log(step_log, since_line=n0)
+            _switch(control_file, "fcfs", {})
+            _, check_log = _logged_replay(url, step_log, speed_check, model, settle_s, "fidelity speed check")
+            check_speed = speed_factor(preset, step_samples(check_log.steps))
+        _switch(control_file, policy, args)
+        res, slog = _logged_replay(url, step_log, specs, model, settle_s, f"fidelity replay under {policy}")
         switched = [p for p in slog.policies if p.get("policy") == policy]
         if (
             policy != slog.header.get("policy")
@@ -398,14 +397,14 @@ def run_fidelity(
         sim = simulate_replay(added, specs, policy, preset, slog.header, args)
         row = FidelityRow(policy, len(specs))
         row.real = _stats(real_ttft, real_e2e)
-        row.sim = _stats([t for t, _ in sim], [e for _, e in sim])
+        row.sim = _sim_stats(sim)
         row.speed = speed_factor(preset, step_samples(slog.steps))
         fixed = simulate_replay(added, specs, policy, scaled(preset, row.speed), slog.header, args)
-        row.sim_corrected = _stats([t for t, _ in fixed], [e for _, e in fixed])
+        row.sim_corrected = _sim_stats(fixed)
         if check_speed is not None:
             row.check_speed = check_speed
             checked = simulate_replay(added, specs, policy, scaled(preset, check_speed), slog.header, args)
-            row.sim_checked = _stats([t for t, _ in checked], [e for _, e in checked])
+            row.sim_checked = _sim_stats(checked)
         row.client = {"e2e_mean": statistics.fmean(r.e2e or math.nan for r in res)}
         fin = [r.send_wall + (r.e2e or 0.0) for r in res]
         row.frontend = {
@@ -429,16 +428,24 @@ def run_fidelity(
     return rows
 
 
-def _speed_check(
-    url: str, step_log: Path, preset: CostModel, check: Sequence[ReplaySpec], model: str, settle_s: float
-) -> float:
-    """Replay ``check`` and return its speed factor (measured / preset-predicted step time)."""
-    c0 = count_lines(step_log)
-    res = replay_sync(url, check, model=model, stream=False)
-    if not all(r.ok for r in res):
-        raise RuntimeError("fidelity speed check: some requests failed")
-    time.sleep(settle_s)
-    return speed_factor(preset, step_samples(read_step_log(step_log, since_line=c0).steps))
+def _switch(control_file: Path, policy: str, args: Mapping[str, Any]) -> None:
+    """Tell the server (its headway ``control_file``) to schedule with ``policy`` from now on."""
+    control_file.write_text(json.dumps({"policy": policy, "policy_args": dict(args), "oracle": "max_tokens"}))
+    time.sleep(0.05)
+
+
+def _logged_replay(
+    url: str, step_log: Path, specs: Sequence[ReplaySpec], model: str, settle_s: float, what: str
+) -> tuple[list[ReplayResult], StepLog]:
+    """Replay ``specs`` (RuntimeError naming ``what`` if any request fails) and read the step-log
+    lines they produced."""
+    n0 = count_lines(step_log)
+    res = replay_sync(url, specs, model=model, stream=False)  # light client: less CPU taken from vLLM
+    bad = [r for r in res if not r.ok]
+    if bad:
+        raise RuntimeError(f"{what}: {len(bad)} requests failed ({bad[0].error})")
+    time.sleep(settle_s)  # let the step log flush
+    return res, read_step_log(step_log, since_line=n0)
 
 
 def format_fidelity_table(rows: Sequence[FidelityRow], corrected: bool = False, *, checked: bool = False) -> str:
