@@ -431,6 +431,10 @@ class RedisDispatcher(Dispatcher):
     @scoring.setter
     def scoring(self, n: int) -> None:
         self._scoring = n
+        self._publish_scoring_soon()
+
+    def _publish_scoring_soon(self) -> None:
+        """Send the scoring count unless Redis has it (with a score hold, once started)."""
         if self._started and self.score_hold_s > 0 and not self._publishing:
             self._publishing = True
             self._spawn(self._publish_scoring())
@@ -448,7 +452,7 @@ class RedisDispatcher(Dispatcher):
             # request is in the queue (which would end a hold without it)
             await asyncio.sleep(0)
             while self._scoring_sent != self._scoring:
-                args = [self.replica, *self._scoring_args(), self.gen, *self._backend_args()]
+                args = [self.replica, *self._scoring_args(), self.gen, *self._dispatch_args()]
                 try:
                     self._held(await self._retrying("scoring", args))
                 except Exception as exc:
@@ -480,7 +484,7 @@ class RedisDispatcher(Dispatcher):
         """Register (retrying while Redis is unreachable) and start the listener and heartbeat."""
         await self._join()
         self._started = True
-        self.scoring = self._scoring  # publish what arrived before the start
+        self._publish_scoring_soon()  # what arrived before the start
         self._listener = asyncio.create_task(self._listen())
         self._heartbeat = asyncio.create_task(self._beat())
 
@@ -497,14 +501,14 @@ class RedisDispatcher(Dispatcher):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(t, 2.0)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._script("reap", [self.replica, *self._backend_args()]), 2.0)
+            await asyncio.wait_for(self._script("reap", [self.replica, *self._dispatch_args()]), 2.0)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _backend_args(self) -> list[str | int]:
+    def _dispatch_args(self) -> list[str | int]:
         """The dispatch arguments: score hold (ms), then the backends and their limits."""
         now = self._clock()
         args: list[str | int] = [int(self.score_hold_s * 1000), len(self.backends)]
@@ -561,7 +565,7 @@ class RedisDispatcher(Dispatcher):
             log.warning("replica %s lost its lease (reaped or Redis state lost): rejoining", self.replica)
             await self._join()
             self.rejoins += 1
-            self.scoring = self._scoring  # publish it again
+            self._publish_scoring_soon()  # the join cleared it
             for req in list(self._waiters):
                 if req in self.queue:  # still waiting here: enter the shared queue again
                     self._members.pop(req, None)
@@ -580,19 +584,18 @@ class RedisDispatcher(Dispatcher):
                 ok = await self._script("heartbeat", [self.replica, int(self.lease_s * 1000), self.gen], side)
                 if not ok:
                     await self._rejoin()
-                if self._scoring_sent != self._scoring:  # a count that could not be sent
-                    self.scoring = self._scoring
+                self._publish_scoring_soon()  # a count that could not be sent
                 for url, n in list(self._owed.items()):
                     del self._owed[url]
-                    args = [self.replica, url, n, self.gen, *self._backend_args()]
+                    args = [self.replica, url, n, self.gen, *self._dispatch_args()]
                     self._held(await self._script("release", args, side))
                 info = await side.info("server")
                 if float(info.get("uptime_in_seconds", 0)) >= 2 * self.lease_s:
-                    n = self._held(await self._script("reap", ["", *self._backend_args()], side))
+                    n = self._held(await self._script("reap", ["", *self._dispatch_args()], side))
                     if n:
                         log.warning("reaped %d replica(s) whose lease expired", n)
                 else:  # Redis just restarted: give every replica time to renew first
-                    args = [self.replica, "", 0, self.gen, *self._backend_args()]
+                    args = [self.replica, "", 0, self.gen, *self._dispatch_args()]
                     self._held(await self._script("release", args, side))
             except asyncio.CancelledError:
                 raise
@@ -627,12 +630,12 @@ class RedisDispatcher(Dispatcher):
             now = self.now()
             excl = ",".join(b.url for b in self.backends if b.index in waiter[1])
             args = [self.replica, encode_key(self.policy.key(request, now)), request.request_id,
-                    self.max_queue_len, excl, *self._scoring_args(), *self._backend_args()]  # fmt: skip
+                    self.max_queue_len, excl, *self._scoring_args(), *self._dispatch_args()]  # fmt: skip
             try:
                 res = self._held(await self._retrying("enqueue", args))
             except Exception as exc:
                 self._scoring_sent = None
-                self.scoring = self._scoring  # send the count on its own
+                self._publish_scoring_soon()  # the count on its own
                 log.error("redis enqueue of %s failed: %s", request.request_id, exc)
                 self._fail(request, exc)
                 return
@@ -704,7 +707,7 @@ class RedisDispatcher(Dispatcher):
         if not url:
             self._dispatch_pending = False
         try:
-            self._held(await self._retrying("release", [self.replica, url, 1, gen, *self._backend_args()]))
+            self._held(await self._retrying("release", [self.replica, url, 1, gen, *self._dispatch_args()]))
         except Exception as exc:
             self._log_error("release", exc)
             if url and gen == self.gen:
