@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS / "fidelity_vllm_cpu.md")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the step log and server log here")
     args = ap.parse_args(argv)
+    if args.speed_check < 0:
+        ap.error(f"--speed-check must be >= 0, got {args.speed_check}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup: stop the server
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
 
