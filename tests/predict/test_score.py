@@ -235,6 +235,47 @@ def test_int8_onnx_ranks_like_the_float_model_and_detects_changes(checkpoint: Pa
     (ck / "model.int8.onnx.json").write_text(json.dumps(side))
     with pytest.raises(CheckpointError, match="stale int8"):
         Scorer.from_checkpoint(ck, "onnx-int8", export_if_missing=False)
+    Scorer.from_checkpoint(ck, "onnx-int8")
+    assert json.loads((ck / "model.int8.onnx.json").read_text())["per_channel"] is False  # per-tensor scales pass
+
+
+def test_int8_uses_per_channel_scales_where_per_tensor_ones_stray(
+    checkpoint: Path, tiny_encoder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("onnxruntime")
+    import shutil
+
+    import onnxruntime.quantization as ortq
+
+    from headway.predict import quantize_onnx
+
+    ck = tmp_path / "ck"
+    shutil.copytree(checkpoint, ck)
+    torch.manual_seed(1)
+    encoder, tokenizer = load_encoder(tiny_encoder)
+    other = save_checkpoint(
+        LengthPredictor(encoder, "mean"), tokenizer, tmp_path / "other", fine_tuned=True, max_length=32
+    )
+    stray = export_onnx(other)  # scores nothing like ck's
+    real = ortq.quantize_dynamic
+    calls: list[bool] = []
+
+    def quantize(source: str, target: str, **kw: object) -> None:  # per-tensor scales that fail the check
+        calls.append(bool(kw.get("per_channel")))
+        real(source if kw.get("per_channel") else str(stray), target, **kw)
+
+    monkeypatch.setattr(ortq, "quantize_dynamic", quantize)
+    quantize_onnx(ck)
+    assert calls == [False, True]
+    assert json.loads((ck / "model.int8.onnx.json").read_text())["per_channel"] is True
+    ref = Scorer.from_checkpoint(ck, "onnx").score(PROMPTS)
+    got = Scorer.from_checkpoint(ck, "onnx-int8").score(PROMPTS)
+    assert float(np.max(np.abs(got - ref))) <= 0.1 * float(np.ptp(ref))
+    calls.clear()
+    monkeypatch.setattr(ortq, "quantize_dynamic", lambda source, target, **kw: real(str(stray), target, **kw))
+    with pytest.raises(CheckpointError, match="int8 scores differ too much"):
+        quantize_onnx(ck)
+    assert not (ck / ".model.int8.onnx.tmp").exists()
 
 
 def test_ensure_predictor_uses_existing_and_refuses_missing(checkpoint: Path, tmp_path: Path) -> None:
