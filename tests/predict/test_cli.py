@@ -60,3 +60,11 @@ def test_eval_on_generic_jsonl_and_bad_input(
     )
     assert code == 2
     assert f"{not_encoder}: not a Hugging Face model directory" in capsys.readouterr().err
+
+
+def test_training_another_encoder_needs_a_checkpoint_name(
+    tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["predictor", "train", "--data", str(synthetic_jsonl), "--encoder", str(tiny_encoder), "--no-progress"])
+    assert code == 2
+    assert "name the checkpoint with --name or --out" in capsys.readouterr().err

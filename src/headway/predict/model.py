@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from headway.predict._errors import CheckpointError, EncoderError
-from headway.predict._paths import default_encoder_path, file_sha256, set_offline
+from headway.predict._paths import encoder_path, file_sha256, packaged_encoder_name, set_offline
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -81,7 +81,8 @@ def _check_encoder_config(path: Path, config: Any) -> None:
 
 
 def load_encoder(path: str | Path | None = None, num_layers: int | None = None) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` of a local Hugging Face encoder (default: the bundled MiniLM-L6).
+    """Load ``(model, tokenizer)`` of a local Hugging Face encoder (default: the bundled MiniLM-L6;
+    ``"minilm"`` and ``"mpnet"`` name the packaged encoders, see :func:`encoder_path`).
 
     ``num_layers`` keeps only the encoder's first layers (its embeddings and layers 1..n): a
     predictor fine-tuned on them scores in about n/N of the time.
@@ -91,7 +92,10 @@ def load_encoder(path: str | Path | None = None, num_layers: int | None = None) 
     between 1 and its layer count. Never downloads.
     """
     transformers = _quiet_transformers()
-    p = Path(path) if path is not None else default_encoder_path()
+    try:
+        p = encoder_path(path)
+    except (ModuleNotFoundError, ValueError) as exc:
+        raise EncoderError(f"encoder {path}: {exc}") from None
     if not p.exists():
         raise EncoderError(f"{p}: encoder path does not exist")
     if not p.is_dir():
@@ -206,12 +210,15 @@ class LoadedPredictor:
         return int(self.meta.get("max_length", 128))
 
 
-def _encoder_ref(encoder_path: Path | None, num_layers: int | None) -> dict[str, Any]:
-    default = default_encoder_path()
-    if encoder_path is None or Path(encoder_path).resolve() == default.resolve():
-        ref: dict[str, Any] = {"source": "default", "path": str(default)}
+def _encoder_ref(encoder: str | Path | None, num_layers: int | None) -> dict[str, Any]:
+    root = encoder_path(encoder).resolve()
+    name = packaged_encoder_name(root)
+    if name == "minilm":
+        ref: dict[str, Any] = {"source": "default", "path": str(root)}
+    elif name is not None:
+        ref = {"source": "packaged", "name": name, "path": str(root)}
     else:
-        ref = {"source": "path", "path": str(Path(encoder_path).resolve())}
+        ref = {"source": "path", "path": str(root)}
     if num_layers is not None:
         ref["num_layers"] = num_layers
     return ref
@@ -251,7 +258,7 @@ def save_checkpoint(
             "hidden_size": model.hidden_size,
             "max_length": max_length,
             "encoder": {
-                **_encoder_ref(Path(encoder_path) if encoder_path else None, encoder_layers),
+                **_encoder_ref(encoder_path, encoder_layers),
                 "fine_tuned": fine_tuned,
             },
             **(meta or {}),
@@ -354,7 +361,8 @@ def load_checkpoint(path: str | Path) -> LoadedPredictor:
                 f"(missing {missing[:3]}, unexpected {list(result.unexpected_keys)[:3]})"
             )
     else:
-        src = default_encoder_path() if enc.get("source") == "default" else Path(str(enc.get("path")))
+        source = enc.get("source")
+        src = "minilm" if source == "default" else str(enc.get("name") if source == "packaged" else enc.get("path"))
         layers = enc.get("num_layers")
         if layers is not None and not isinstance(layers, int):
             raise CheckpointError(f"{p / _META}: encoder 'num_layers' must be an integer, got {layers!r}")

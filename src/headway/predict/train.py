@@ -74,7 +74,8 @@ class TrainConfig:
     loss: str = "pairwise"
     mode: Mode = "full"
     encoder: str | None = None
-    """Local Hugging Face encoder directory; ``None`` = the bundled MiniLM-L6."""
+    """Local Hugging Face encoder directory, or a packaged encoder's name (``"minilm"``, ``"mpnet"``:
+    :data:`~headway.predict._paths.PACKAGED_ENCODERS`); ``None`` = the bundled MiniLM-L6."""
     encoder_layers: int | None = None
     """Keep only the encoder's first layers (``None``: all). Scoring time is about proportional to
     the layers kept (``benchmarks/results/predictor_layers.md``)."""
@@ -218,9 +219,9 @@ def _embed_ids(
 def embedding_tag(encoder: str | Path | None, pooling: str, max_length: int, layers: int | None = None) -> str:
     """Identity of frozen features: encoder directory (and its weights' size and mtime), layers kept,
     pooling, length."""
-    from headway.predict._paths import default_encoder_path
+    from headway.predict._paths import encoder_path
 
-    root = Path(encoder) if encoder else default_encoder_path()
+    root = encoder_path(encoder)
     stamp = [str(root.resolve()), pooling, str(max_length)]
     if layers is not None:
         stamp.append(f"layers={layers}")
