@@ -117,18 +117,19 @@ def start_gateway(
     return gw.start(timeout=30)  # a scorer may load a model
 
 
-def _precompute_scores(wl: Workload, path: Path, max_length: int) -> None:
-    """``--scorer precomputed``: the int8 predictor's scores (prompts cut to ``max_length`` tokens, all
-    in one call), looked up by the gateway through ``benchmarks/_bench_scores.py``: the ranking without
-    the scoring time."""
-    from headway.predict.score import default_scorer
+def _precompute_scores(wl: Workload, path: Path, max_length: int, model: str = "default") -> None:
+    """``--scorer precomputed``: the int8 predictor's scores (``model``: the default predictor or a
+    checkpoint directory; prompts cut to ``max_length`` tokens, all in one call), looked up by the
+    gateway through ``benchmarks/_bench_scores.py``: the ranking without the scoring time."""
+    from headway.predict.score import Scorer, default_scorer
 
     prompts = [str(s.prompt) for s in wl]
-    scores = default_scorer("onnx-int8", max_length=max_length).score(prompts)
+    if model == "default":
+        scorer = default_scorer("onnx-int8", max_length=max_length)
+    else:
+        scorer = Scorer.from_checkpoint(model, "onnx-int8", max_length=max_length)
+    scores = scorer.score(prompts)
     path.write_text(json.dumps({p: float(x) for p, x in zip(prompts, scores, strict=True)}))
-    os.environ["HEADWAY_BENCH_SCORES"] = str(path)
-    here = str(Path(__file__).resolve().parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (here, os.environ.get("PYTHONPATH")) if x)
 
 
 def simulate_ratios(wl: Workload, step_s: float, max_num_seqs: int, taus: list[float]) -> int:
@@ -204,6 +205,12 @@ def main() -> int:
         "run each; 'precomputed': the int8 predictor's scores computed before the run and looked up by the "
         "gateway (the same ranking without scoring time); 'precomputed@MS': looked up after sleeping MS ms per "
         "prompt, 'precomputed@MS/batch' MS ms per scoring batch (the same ranking, late, without a scorer's CPU)",
+    )
+    ap.add_argument(
+        "--precomputed-model",
+        default="default",
+        help="--scorer precomputed: comma list of checkpoints whose int8 scores are precomputed, one run each "
+        "('default': the default predictor; else a checkpoint directory, named in the label)",
     )
     ap.add_argument(
         "--precomputed-max-length",
@@ -330,25 +337,34 @@ def main() -> int:
         if args.pin_client:
             _pin_to_other_cpus()
         precomputed = [s for s in args.scorer.split(",") if s.partition("@")[0] == "precomputed"]
-        if real and precomputed:
-            _precompute_scores(wl, Path(tmp) / "scores.json", args.precomputed_max_length)
+        score_files: dict[str, Path] = {}
+        for i, model_dir in enumerate(m for m in args.precomputed_model.split(",") if m and real and precomputed):
+            score_files[model_dir] = Path(tmp) / f"scores-{i}.json"
+            _precompute_scores(wl, score_files[model_dir], args.precomputed_max_length, model_dir)
+        if score_files:
+            here = str(Path(__file__).resolve().parent)
+            os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (here, os.environ.get("PYTHONPATH")) if x)
         bench = BenchConfig(vllm, model="tiny-llama", timeout_s=args.run_timeout, request_timeout_s=args.run_timeout)
         run_bench_sync(Workload.from_specs("warmup", list(wl)[:4]), bench)  # warm-up
         runs: list[tuple[str, str | None, list[str]]] = [("vllm-direct (fcfs)", None, [])]
         for p in [p for p in args.policies.split(",") if p]:
             if p == "pars" and real:
                 at = f" at {args.precomputed_max_length} tok" if args.precomputed_max_length != 128 else ""
-                for spec, hold in itertools.product(precomputed, args.scorer_hold.split(",")):
+                for (model_dir, scores), spec, hold in itertools.product(
+                    score_files.items(), precomputed, args.scorer_hold.split(",")
+                ):
                     delay = spec.partition("@")[2]
+                    which = "" if model_dir == "default" else f"{Path(model_dir).name} "
+                    lookup = [f"gw-hold={hold}", f"gw-scores={scores}"]
                     if delay:
                         ms, per_batch = delay.removesuffix("/batch"), delay.endswith("/batch")
                         unit = "batch" if per_batch else "prompt"
-                        label = f"gateway+pars (precomputed int8 scores{at}, {ms} ms/{unit}, hold {hold} s)"
+                        label = f"gateway+pars (precomputed {which}int8 scores{at}, {ms} ms/{unit}, hold {hold} s)"
                         gw_delay = f"gw-{'batch-' if per_batch else ''}delay={ms}"
-                        runs.append((label, p, [f"gw-hold={hold}", "gw-scorer=_bench_scores:delayed", gw_delay]))
+                        runs.append((label, p, [*lookup, "gw-scorer=_bench_scores:delayed", gw_delay]))
                     else:
-                        label = f"gateway+pars (precomputed int8 scores{at}, hold {hold} s)"
-                        runs.append((label, p, [f"gw-hold={hold}", "gw-scorer=_bench_scores:lookup"]))
+                        label = f"gateway+pars (precomputed {which}int8 scores{at}, hold {hold} s)"
+                        runs.append((label, p, [*lookup, "gw-scorer=_bench_scores:lookup"]))
                 spins = args.scorer_spinning.split(",")
                 batches = args.scorer_batch_size.split(",")
                 for spec, hold, threads, max_len, spin, batch in itertools.product(
@@ -390,6 +406,8 @@ def main() -> int:
                 os.environ["HEADWAY_ORT_SPINNING"] = opts.get("gw-spin", "1")  # the gateway inherits it
                 os.environ["HEADWAY_BENCH_SCORE_MS"] = opts.get("gw-delay", "0")
                 os.environ["HEADWAY_BENCH_SCORE_BATCH_MS"] = opts.get("gw-batch-delay", "0")
+                if "gw-scores" in opts:
+                    os.environ["HEADWAY_BENCH_SCORES"] = opts["gw-scores"]
                 redis_url = None
                 if redis is not None and opts.get("gw-queue") == "redis":
                     redis.client().flushdb()
