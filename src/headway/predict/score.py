@@ -504,7 +504,7 @@ def quantize_onnx(checkpoint: str | Path, *, into: Path | None = None) -> Path:
     quarter, half, or all of the encoder's layers left in float. The bundled MiniLM passes at the
     first step. all-mpnet-base-v2 fine-tuned on alpaca_eval needs the last half in float: held-out
     tau_b vs gpt4 0.620, against 0.612 for the float model and 0.577 per-channel throughout, which
-    fails the check (``benchmarks/results/predictor_bench_mpnet.md``)."""
+    fails the check (``benchmarks/results/predictor_eval.md``)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from headway.predict.model import read_checkpoint_meta, verify_checkpoint_files
