@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Fit on {fit.num_samples} measured steps ({fit.num_outliers} outliers dropped): R^2 = {fit.r2:.3f}, "
         f"mean |relative residual| = {fit.mean_abs_rel_residual:.1%}, median signed residual = "
         f"{fit.median_rel_residual:+.1%}, total time error = {fit.total_time_error:+.2%}, mean step "
-        f"{fit.mean_step_s * 1e3:.2f} ms.",
+        f"{fit.mean_step_s * 1e3:.2f} ms. {fit.num_new_shapes} steps ran a token count for the first time; "
+        f"their one-time extra, {fit.new_shape_cost_s * 1e3:.2f} ms, is fitted and left out of the preset.",
         "",
         "## Fidelity (engine-side latencies)",
         "",

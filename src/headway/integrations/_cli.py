@@ -215,7 +215,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"preset {m.name}: {m.describe()}; KV capacity {geo.num_gpu_blocks * geo.block_size:,} tokens")
     print(f"fit ({meta['source']}): {fit.num_samples} samples, {fit.num_outliers} outliers dropped, "
           f"R^2 {fit.r2:.3f}, mean |rel. residual| {fit.mean_abs_rel_residual:.1%}, "
-          f"total time error {fit.total_time_error:+.2%}")  # fmt: skip
+          f"total time error {fit.total_time_error:+.2%}; {fit.num_new_shapes} steps of a new token count "
+          f"cost {fit.new_shape_cost_s * 1e3:.2f} ms more once (not modelled)")  # fmt: skip
     print(
         f"saved {path}; use: headway simulate --preset {m.name} "
         f"--max-num-seqs {geo.max_num_seqs} --max-num-batched-tokens {geo.max_num_batched_tokens}"

