@@ -109,6 +109,10 @@ def test_the_one_time_cost_of_a_new_token_count_is_fitted_and_left_out(tmp_path:
     assert meta["fit"]["new_shape_cost_s"] == fit.new_shape_cost_s
     assert fit.model.per_prefill_step == pytest.approx(TRUE["per_prefill_step"], rel=0.2)
     assert fit.model.step_overhead == pytest.approx(TRUE["step_overhead"], rel=0.1)
+    later = read_step_log(p, since_line=1001)  # the header and the first 1,000 steps come before
+    assert later.earlier_shapes and len(later.steps) == 1000
+    fit_later, _ = fit_from_step_log(later, "unit-preset")  # shapes run before since_line are not new
+    assert fit_later.num_new_shapes < sum(s.new_shape for s in step_samples(later.steps))
 
 
 def test_step_durations_use_next_start_only_while_busy(tmp_path: Path) -> None:

