@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from headway.integrations._probe import fidelity_workload, simulate_replay
+from headway.integrations._probe import fidelity_max_prompt, fidelity_workload, simulate_replay
 from headway.sim._calibrate import StepLog, fit_from_step_log, percentile, relative_error
 
 METRICS = ("e2e_mean", "e2e_p90", "ttft_mean", "ttft_p90")
@@ -78,7 +78,7 @@ def main() -> int:
     before, _ = fit_from_step_log(StepLog(header, without, []), "before")
     print(f"now:    {now.model.describe()}")
     print(f"before: {before.model.describe()}\n")
-    max_prompt = min(1024, int(header["max_model_len"]) - 257)
+    max_prompt = fidelity_max_prompt(int(header["max_model_len"]))
     specs = fidelity_workload(run["num_requests"], run["rate"], seed=run["seed"], max_prompt=max_prompt)
     print("| policy | model | " + " | ".join(f"{m} err" for m in METRICS) + " |")
     print("|---|---|" + "---:|" * len(METRICS))

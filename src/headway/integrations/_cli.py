@@ -229,6 +229,7 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
     if args.speed_check < 0:
         raise ValueError(f"--speed-check must be >= 0, got {args.speed_check}")
     from headway.integrations._probe import (
+        fidelity_max_prompt,
         fidelity_workload,
         format_fidelity_table,
         run_fidelity,
@@ -251,7 +252,7 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
             from headway.sim._calibrate import read_step_log
 
             max_len = int(read_step_log(step_log).header["max_model_len"])
-            max_prompt = min(1024, max_len - 257)
+            max_prompt = fidelity_max_prompt(max_len)
             specs = fidelity_workload(args.num_requests, args.rate, seed=args.seed, max_prompt=max_prompt)
             check = speed_check_workload(args.speed_check, args.rate, seed=args.seed, max_prompt=max_prompt)
             _log(f"replaying {len(specs)} requests at {args.rate} req/s under {', '.join(policies)}")

@@ -56,6 +56,7 @@ __all__ = [
     "FidelityRow",
     "Geometry",
     "count_lines",
+    "fidelity_max_prompt",
     "fidelity_workload",
     "fit_from_client",
     "format_fidelity_table",
@@ -255,6 +256,12 @@ def fidelity_workload(
         score = math.log(o) + rng.gauss(0.0, 0.5)
         specs.append(ReplaySpec(f"w{seed}-{i}", t, p, o, xargs={"headway_score": round(score, 6)}))
     return specs
+
+
+def fidelity_max_prompt(max_model_len: int, max_output: int = 256) -> int:
+    """The longest prompt a :func:`fidelity_workload` may draw on an engine of ``max_model_len``:
+    1,024 tokens, or fewer where a prompt and a ``max_output``-token answer would not fit."""
+    return min(1024, max_model_len - max_output - 1)
 
 
 def speed_check_workload(n: int, rate: float, *, seed: int = 0, max_prompt: int = 1024) -> list[ReplaySpec]:
