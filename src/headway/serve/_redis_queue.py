@@ -435,7 +435,7 @@ class RedisDispatcher(Dispatcher):
 
     def _publish_scoring_soon(self) -> None:
         """Send the scoring count unless Redis has it (with a score hold, once started)."""
-        if self._started and self.score_hold_s > 0 and not self._publishing:
+        if self._started and self.score_hold_s > 0 and not self._publishing and self._scoring_sent != self._scoring:
             self._publishing = True
             self._spawn(self._publish_scoring())
 
