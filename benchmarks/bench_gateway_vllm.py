@@ -94,6 +94,7 @@ def start_gateway(
     scorer_threads: str | None = None,
     scorer_max_length: str | None = None,
     scorer_batch_size: str | None = None,
+    scorer_process: str | None = None,
     *,
     redis_url: str | None = None,
     debug: bool = False,
@@ -113,6 +114,8 @@ def start_gateway(
     for flag, value in scorer_opts.items():
         if value:  # None: the gateway's default (every value given is a non-empty string)
             args += [flag, value]
+    if scorer_process:
+        args.append("--scorer-process" if scorer_process == "on" else "--no-scorer-process")
     gw = procs.gateway([backend], *args, redis_url=redis_url, start=False)
     return gw.start(timeout=30)  # a scorer may load a model
 
@@ -232,6 +235,12 @@ def main() -> int:
         help="alpaca-heldout: comma list, one pars run per gateway --scorer-batch-size",
     )
     ap.add_argument(
+        "--scorer-process",
+        default="off",
+        help="alpaca-heldout: comma list of 'off' (the scorer in a thread of the gateway) and 'on' (in a worker "
+        "process), one pars run each",
+    )
+    ap.add_argument(
         "--scorer-spinning",
         default="1",
         help="alpaca-heldout: comma list of HEADWAY_ORT_SPINNING values (1: ONNX Runtime's threads busy-wait "
@@ -299,6 +308,8 @@ def main() -> int:
     queues = args.queue.split(",")
     if not queues or set(queues) - {"memory", "redis"}:
         ap.error(f"--queue: a comma list of memory and redis, got {args.queue!r}")
+    if not set(args.scorer_process.split(",")) <= {"off", "on"}:
+        ap.error(f"--scorer-process: a comma list of off and on, got {args.scorer_process!r}")
     if args.precomputed_max_length < MIN_SCORING_LENGTH:
         ap.error(f"--precomputed-max-length must be >= {MIN_SCORING_LENGTH} tokens, got {args.precomputed_max_length}")
 
@@ -367,19 +378,22 @@ def main() -> int:
                         runs.append((label, p, [*lookup, "gw-scorer=_bench_scores:lookup"]))
                 spins = args.scorer_spinning.split(",")
                 batches = args.scorer_batch_size.split(",")
-                for spec, hold, threads, max_len, spin, batch in itertools.product(
+                procs_opt = args.scorer_process.split(",")
+                for spec, hold, threads, max_len, spin, batch, in_proc in itertools.product(
                     [s for s in args.scorer.split(",") if s not in precomputed],
                     args.scorer_hold.split(","),
                     args.scorer_threads.split(","),
                     args.scorer_max_length.split(","),
                     spins,
                     batches,
+                    procs_opt,
                 ):
                     label = f"gateway+pars ({spec}, hold {hold} s, {threads} thr, max {max_len} tok)"
                     label += f" spinning {spin}" if len(spins) > 1 else ""
                     label += f" batch {batch}" if len(batches) > 1 else ""
+                    label += f" process {in_proc}" if len(procs_opt) > 1 else ""
                     gw_opts = [f"gw-hold={hold}", f"gw-scorer={spec}", f"gw-threads={threads}", f"gw-maxlen={max_len}",
-                               f"gw-spin={spin}", f"gw-batch={batch}"]  # fmt: skip
+                               f"gw-spin={spin}", f"gw-batch={batch}", f"gw-process={in_proc}"]  # fmt: skip
                     runs.append((label, p, gw_opts))
             elif p == "pars":
                 for tau in args.pars_tau.split(","):
@@ -414,7 +428,7 @@ def main() -> int:
                     redis_url = redis.redis_url
                 gw = start_gateway(gateways, vllm, policy, gw_conc, pargs, opts.get("gw-scorer"), opts.get("gw-hold"),
                                    opts.get("gw-threads"), opts.get("gw-maxlen"), opts.get("gw-batch"),
-                                   redis_url=redis_url,
+                                   opts.get("gw-process"), redis_url=redis_url,
                                    debug=args.gateway_logs is not None)  # fmt: skip
                 endpoint = gw.url
             try:

@@ -386,6 +386,31 @@ def test_scorer_runs_batched_off_the_event_loop(make_stub, make_gateway, monkeyp
     assert "headway_score_wait_seconds_count 8.0" in httpx.get(gw.url + "/metrics").text
 
 
+def test_scorer_in_a_worker_process_scores_and_stops_with_the_gateway(make_stub):
+    import math
+    import os
+
+    from headway.serve import GatewayConfig, create_app, serve_in_thread
+
+    stub = make_stub()
+    config = GatewayConfig(
+        backends=(BackendConfig(stub.url, max_concurrency=4),),
+        scorer="headway.serve._stub:prompt_length_scores",
+        scorer_process=True,
+    )
+    app = create_app(config)
+    gateway = app.state.gateway
+    pid = gateway.scorer._fn.pid
+    assert pid is not None and pid != os.getpid()
+    with serve_in_thread(app) as url:
+        rs = _fire(url, [{**COMPLETION, "prompt": "x" * (i + 1)} for i in range(4)], delay=0.0)
+        assert [r.status_code for r in rs] == [200] * 4
+        assert sorted(q.score for q in gateway.finished_requests) == [math.log1p(i + 1) for i in range(4)]
+    assert gateway.scorer._fn.pid is None  # shut down with the gateway
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
 def test_policy_error_is_a_clear_500(make_stub, make_gateway):
     stub = make_stub()
     gw = make_gateway([stub.url], policy="pars")  # no scorer configured: pars cannot rank

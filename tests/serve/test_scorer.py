@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from headway.serve._scorer import BatchScorer, default_scorer_threads, load_score_fn
+from headway.serve._scorer import BatchScorer, ProcessScoreFn, default_scorer_threads, load_score_fn
 
 
 def test_batches_run_one_at_a_time_and_arrivals_meanwhile_form_the_next() -> None:
@@ -125,3 +125,108 @@ def test_a_checkpoint_directory_scores_with_the_gateways_threads_and_max_length(
     assert seen == [(str(tmp_path), "onnx-int8", 1, 64), (str(tmp_path), "torch", 2, None)]
     with pytest.raises(ValueError, match="unknown backend 'gpu'"):
         load_score_fn(f"{tmp_path}:gpu")
+
+
+# ------------------------------------------------------------- scoring in a worker process
+_WORKER_SCORERS = """
+import os
+
+
+def length(prompts):
+    return [float(len(p)) for p in prompts]
+
+
+def pid(prompts):
+    return [float(os.getpid())] * len(prompts)
+
+
+def crash(prompts):
+    if prompts == ["die"]:
+        os._exit(3)
+    return [1.0] * len(prompts)
+
+
+def broken(prompts):
+    raise KeyError("no such token")
+
+
+def no_model():
+    raise RuntimeError("no model at /nowhere")
+"""
+
+
+@pytest.fixture
+def worker_scorers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module the worker process can import (a spawned process gets the parent's sys.path)."""
+    (tmp_path / "hw_worker_scorers.py").write_text(_WORKER_SCORERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "hw_worker_scorers"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # a child that exited and was joined (reaped) is gone
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_process_scorer_scores_in_another_process_and_close_stops_it(worker_scorers: str) -> None:
+    fn = ProcessScoreFn(f"{worker_scorers}:length")
+    pid = fn.pid
+    try:
+        assert pid is not None and pid != os.getpid() and _alive(pid)
+        assert list(fn(["a", "bcd"])) == [1.0, 3.0]
+        scores, cpu_s = fn.timed(["xy"])
+        assert list(scores) == [2.0] and cpu_s >= 0.0
+    finally:
+        fn.close()
+    assert fn.pid is None and not _alive(pid)
+    fn.close()  # twice is fine
+
+
+def test_a_process_scorer_reports_load_errors_when_built(worker_scorers: str) -> None:
+    with pytest.raises(ValueError, match="no model at /nowhere"):
+        ProcessScoreFn(f"{worker_scorers}:no_model()")
+    with pytest.raises(ValueError, match="apply only to a trained predictor"):
+        ProcessScoreFn(f"{worker_scorers}:length", threads=2)
+
+
+def test_a_scoring_error_fails_the_batch_and_the_worker_goes_on(worker_scorers: str) -> None:
+    bad = ProcessScoreFn(f"{worker_scorers}:broken")
+    try:
+        with pytest.raises(RuntimeError, match="KeyError: 'no such token'"):
+            bad(["a"])
+        pid = bad.pid
+        with pytest.raises(RuntimeError, match="KeyError"):
+            bad(["b"])
+        assert bad.pid == pid  # the same worker
+    finally:
+        bad.close()
+
+
+def test_a_dead_worker_fails_its_batch_and_the_next_call_starts_another(worker_scorers: str) -> None:
+    fn = ProcessScoreFn(f"{worker_scorers}:crash")
+    first = fn.pid
+    try:
+        with pytest.raises(RuntimeError, match="exited with code 3 while scoring"):
+            fn(["die"])
+        assert fn.pid is None
+        assert list(fn(["a", "b"])) == [1.0, 1.0]  # a new worker
+        assert fn.pid not in (None, first)
+    finally:
+        fn.close()
+
+
+def test_batch_scorer_through_a_worker_process(worker_scorers: str) -> None:
+    async def main() -> tuple[list[float], int]:
+        scorer = BatchScorer(ProcessScoreFn(f"{worker_scorers}:pid"), batch_size=4, max_wait_s=0.001)
+        try:
+            got = await asyncio.gather(*[scorer.score(f"p{i}") for i in range(6)])
+            return got, scorer.num_batches
+        finally:
+            scorer.close()
+
+    got, batches = asyncio.run(main())
+    assert len(set(got)) == 1 and got[0] != float(os.getpid())  # every score from the one worker
+    assert batches >= 2  # at most 4 per batch

@@ -139,6 +139,12 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="most prompts scored together; arrivals meanwhile wait for the next batch (default 32)",
     )
+    p.add_argument(
+        "--scorer-process",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="score in a worker process, apart from the event loop's GIL (default: off)",
+    )
     p.add_argument("--log-level", default="info")
     p.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn access log)")
     p.set_defaults(func=_run_serve)
@@ -166,6 +172,7 @@ def build_config(args: argparse.Namespace) -> Any:
         "scorer_threads": getattr(args, "scorer_threads", None),
         "scorer_max_length": getattr(args, "scorer_max_length", None),
         "scorer_batch_size": getattr(args, "scorer_batch_size", None),
+        "scorer_process": getattr(args, "scorer_process", None),
         "api_keys": args.api_keys,
         "redis_lease_s": getattr(args, "redis_lease", None),
         "router": getattr(args, "router", None),

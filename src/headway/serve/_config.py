@@ -195,6 +195,9 @@ class GatewayConfig:
     ``pars`` behind the gateway gains (``benchmarks/results/gateway.md``)."""
     scorer_batch_size: int = 32
     scorer_max_wait_s: float = 0.002
+    scorer_process: bool = False
+    """Score in a worker process instead of a thread of the gateway's process, so that the
+    scorer no longer shares the GIL with the event loop (``headway.serve._scorer.ProcessScoreFn``)."""
     scorer_hold_s: float = 1.0
     """With a scorer: while more requests are being scored than are queued, free backends wait
     for the scores, at most this long (0: never). Without it, the first requests of a burst

@@ -47,7 +47,7 @@ from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 from headway.serve._metrics import GatewayMetrics
 from headway.serve._openapi import openapi_schema
 from headway.serve._redis_queue import RedisDispatcher
-from headway.serve._scorer import BatchScorer, load_score_fn
+from headway.serve._scorer import BatchScorer, ProcessScoreFn, load_score_fn
 from headway.serve._tenants import Identity, TenantDirectory
 from headway.serve._upstream import (
     UpstreamConnectError,
@@ -271,7 +271,8 @@ class Gateway:
         self.tenants = TenantDirectory(config, self._redis)
         self.scorer: BatchScorer | None = None
         if config.scorer:
-            fn = load_score_fn(config.scorer, threads=config.scorer_threads, max_length=config.scorer_max_length)
+            load = ProcessScoreFn if config.scorer_process else load_score_fn
+            fn = load(config.scorer, threads=config.scorer_threads, max_length=config.scorer_max_length)
             self.scorer = BatchScorer(fn, config.scorer_batch_size, config.scorer_max_wait_s)
         self.client: httpx.AsyncClient | None = None
         """For /metrics polls and /v1/models; requests go through :attr:`pools`."""
@@ -314,6 +315,8 @@ class Gateway:
             await self.client.aclose()
         for pool in self.pools:
             pool.close()
+        if self.scorer is not None:
+            await asyncio.to_thread(self.scorer.close)
         for client in (self._redis, getattr(self, "_listen_redis", None)):
             if client is not None:
                 with contextlib.suppress(Exception):

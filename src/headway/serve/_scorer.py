@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import multiprocessing
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import cast
+from multiprocessing.connection import Connection
+from typing import Any, cast
 
 from headway.predict._resolve import predictor_spec, resolve_score_fn
 
-__all__ = ["BatchScorer", "ScoreFn", "default_scorer_threads", "load_score_fn"]
+__all__ = ["BatchScorer", "ProcessScoreFn", "ScoreFn", "default_scorer_threads", "load_score_fn"]
 
 log = logging.getLogger("headway.serve.scorer")
 
@@ -65,6 +70,125 @@ def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | No
     return cast(ScoreFn, scorer.score)
 
 
+class ProcessScoreFn:
+    """A :data:`ScoreFn` that scores in a worker process: ``load_score_fn(spec, ...)`` runs there.
+
+    Why: scoring in a thread of the gateway's process shares the GIL with the event loop. The
+    scorer holds it between its model's runs (tokenizing, padding, collecting scores), so while
+    the loop is busy (receiving a burst, relaying tokens) every batch also waits for the GIL:
+    on this project's 2-core VM, a batch of 32 prompts took 2.7x as long beside a busy Python
+    thread and 1.8x beside a busy process (``benchmarks/results/gateway.md``). The worker
+    has its own interpreter; the calling thread only waits on a pipe.
+
+    The worker loads the model before the constructor returns (its errors are raised here, as
+    :func:`load_score_fn` would raise them). If it dies, the batch in progress fails with a
+    :class:`RuntimeError` naming its exit code and the next call starts a new one. It ignores
+    SIGINT and SIGTERM (the gateway decides when scoring ends: :meth:`close`) and exits when
+    the gateway's end of the pipe closes, so it cannot outlive the gateway.
+    """
+
+    def __init__(self, spec: str, *, threads: int | None = None, max_length: int | None = None) -> None:
+        self._args = (spec, threads, max_length)
+        self._lock = threading.Lock()
+        self._proc: Any = None
+        self._conn: Connection | None = None
+        self._start()
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads and an event loop
+        ours, theirs = ctx.Pipe()
+        proc = ctx.Process(target=_score_worker, args=(theirs, *self._args), name="headway-scorer", daemon=True)
+        proc.start()
+        theirs.close()
+        try:
+            while not ours.poll(0.5):
+                if not proc.is_alive():
+                    raise RuntimeError(f"the scorer process exited with code {proc.exitcode} while loading")
+            kind, value = ours.recv()
+        except BaseException:
+            ours.close()
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+            raise
+        if kind != "ready":
+            ours.close()
+            proc.join(5)
+            raise ValueError(str(value))
+        self._proc, self._conn = proc, ours
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id (None once closed)."""
+        return None if self._proc is None else int(self._proc.pid)
+
+    def __call__(self, prompts: list[str]) -> Sequence[float]:
+        return self.timed(prompts)[0]
+
+    def timed(self, prompts: list[str]) -> tuple[Sequence[float], float]:
+        """Scores and the CPU time the worker's scoring thread spent on them."""
+        with self._lock:
+            if self._conn is None:
+                log.warning("restarting the scorer process")
+                self._start()
+            conn = self._conn
+            assert conn is not None
+            try:
+                conn.send(prompts)
+                kind, value, cpu_s = conn.recv()
+            except (EOFError, OSError):
+                code = self._stop(timeout=1.0)
+                raise RuntimeError(f"the scorer process exited with code {code} while scoring") from None
+        if kind != "ok":
+            raise RuntimeError(f"scorer process: {value}")
+        return cast(list[float], value), float(cpu_s)
+
+    def _stop(self, timeout: float) -> int | None:
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+            conn.close()
+        if proc is None:
+            return None
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout)
+        return cast(int | None, proc.exitcode)
+
+    def close(self) -> None:
+        """Stop the worker (it finishes the batch in progress first, up to 5 s)."""
+        with self._lock:
+            self._stop(timeout=5.0)
+
+
+def _score_worker(conn: Connection, spec: str, threads: int | None, max_length: int | None) -> None:
+    """The worker of :class:`ProcessScoreFn`: load, say ``ready`` (or the error), then score
+    every list of prompts received until ``None`` or the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        fn = load_score_fn(spec, threads=threads, max_length=max_length)
+    except Exception as exc:
+        conn.send(("error", str(exc)))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            prompts = conn.recv()
+        except (EOFError, OSError):
+            return
+        if prompts is None:
+            return
+        try:
+            scores, cpu_s = _timed(fn, prompts)
+            conn.send(("ok", [float(x) for x in scores], cpu_s))
+        except Exception as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}", 0.0))
+
+
 class BatchScorer:
     """Collects prompts for up to ``max_wait_s`` or ``batch_size`` and scores them in a thread.
 
@@ -82,6 +206,11 @@ class BatchScorer:
         self._timer: asyncio.TimerHandle | None = None
         self._busy = False
         self.num_batches = 0
+
+    def close(self) -> None:
+        """Stop the scorer's worker process, if it has one (:class:`ProcessScoreFn`)."""
+        if isinstance(self._fn, ProcessScoreFn):
+            self._fn.close()
 
     async def score(self, prompt: str) -> float:
         loop = asyncio.get_running_loop()
@@ -131,7 +260,10 @@ class BatchScorer:
 
 
 def _timed(fn: ScoreFn, prompts: list[str]) -> tuple[Sequence[float], float]:
-    """``fn(prompts)`` and the CPU time this thread spent in it: far below the wall time, the
-    thread waited (for a CPU, the GIL or the backend's other threads), not computed."""
+    """``fn(prompts)`` and the CPU time this thread (or a :class:`ProcessScoreFn`'s worker
+    thread) spent in it: far below the wall time, the thread waited (for a CPU, the GIL or the
+    backend's other threads), not computed."""
+    if isinstance(fn, ProcessScoreFn):
+        return fn.timed(prompts)
     c0 = time.thread_time()
     return fn(prompts), time.thread_time() - c0
