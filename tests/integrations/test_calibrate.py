@@ -19,6 +19,7 @@ from headway.integrations._probe import (
     format_fidelity_table,
     probe_phases,
     simulate_replay,
+    simulated_requests,
 )
 from headway.sim import CostModel, load_preset
 from headway.sim._calibrate import (
@@ -213,6 +214,11 @@ def test_simulate_replay_and_table() -> None:
         assert len(rows) == 60 and all(0 < t <= e for t, e in rows)
     mean = {k: sum(e for _, e in v) / 60 for k, v in out.items()}
     assert mean["sjf-oracle"] <= mean["fcfs"] * 1.01
+    # the simulated requests behind those figures, in the order of the specs
+    reqs = simulated_requests([s.arrival_time for s in specs], specs, "fcfs", model, HEADER)
+    assert [r.request_id for r in reqs] == [s.request_id for s in specs]
+    assert [(r.first_token_time - r.queued_time, r.finish_time - r.queued_time) for r in reqs] == out["fcfs"]
+    assert all(r.queued_time <= r.first_scheduled_time <= r.first_token_time for r in reqs)
     row = FidelityRow("fcfs", 60, real={"e2e_mean": 1.0, "e2e_p90": 2.0, "ttft_mean": 0.1, "ttft_p90": 0.2},
                       sim={"e2e_mean": 1.1, "e2e_p90": 1.8, "ttft_mean": 0.1, "ttft_p90": 0.25},
                       sim_corrected={"e2e_mean": 1.0, "e2e_p90": 2.0, "ttft_mean": 0.1, "ttft_p90": 0.2})  # fmt: skip

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headway.core import Request
 from headway.integrations._client import ReplayResult, ReplaySpec, replay_sync
 from headway.sim._calibrate import (
     CalibrationFit,
@@ -65,6 +66,7 @@ __all__ = [
     "run_fidelity",
     "run_probe",
     "simulate_replay",
+    "simulated_requests",
 ]
 
 Log = Callable[[str], None]
@@ -281,6 +283,22 @@ def simulate_replay(
     in flight), as the plugin counts from when vLLM's engine core added it (between steps);
     ``from_arrival``: from the arrival instead.
     """
+    out = []
+    for r in simulated_requests(arrivals, specs, policy, preset, header, policy_args):
+        seen = r.arrival_time if from_arrival or r.queued_time is None else r.queued_time
+        out.append((
+            r.first_token_time - seen if r.first_token_time is not None else math.nan,
+            r.finish_time - seen if r.finish_time is not None else math.nan,
+        ))  # fmt: skip
+    return out
+
+
+def simulated_requests(
+    arrivals: Sequence[float], specs: Sequence[ReplaySpec], policy: str, preset: CostModel, header: Mapping[str, Any],
+    policy_args: Mapping[str, Any] | None = None,
+) -> list[Request]:  # fmt: skip
+    """The simulated requests of :func:`simulate_replay`, in the order of ``specs`` (their times
+    count from the first arrival)."""
     from headway.sim import simulate
     from headway.workload import RequestSpec
 
@@ -302,14 +320,10 @@ def simulate_replay(
         cache=cache,
         policy_kwargs=dict(policy_args or {}),
     )
-    out: list[tuple[float, float]] = [(math.nan, math.nan)] * len(rs)
+    out: list[Request | None] = [None] * len(rs)
     for i, r in zip(order, res.requests, strict=True):
-        seen = r.arrival_time if from_arrival or r.queued_time is None else r.queued_time
-        out[i] = (
-            r.first_token_time - seen if r.first_token_time is not None else math.nan,
-            r.finish_time - seen if r.finish_time is not None else math.nan,
-        )
-    return out
+        out[i] = r
+    return [r for r in out if r is not None]
 
 
 @dataclass
