@@ -320,10 +320,8 @@ def simulated_requests(
         cache=cache,
         policy_kwargs=dict(policy_args or {}),
     )
-    out: list[Request | None] = [None] * len(rs)
-    for i, r in zip(order, res.requests, strict=True):
-        out[i] = r
-    return [r for r in out if r is not None]
+    by_spec = dict(zip(order, res.requests, strict=True))
+    return [by_spec[i] for i in range(len(rs))]
 
 
 @dataclass
