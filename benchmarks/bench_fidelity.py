@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         metavar="N",
-        help="before each measured replay, replay N requests of the same kind at 4x the rate under fcfs and simulate "
-        "with the preset scaled by their speed factor too (a third table; 0: off)",
+        help="before each measured replay and after the last, replay N requests of the same kind at 4x the rate "
+        "under fcfs, and simulate each replay with the preset scaled by the mean speed factor of the checks on "
+        "either side of it too (a third table; 0: off)",
     )
     ap.add_argument("--out", type=Path, default=RESULTS / "fidelity_vllm_cpu.md")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the step log and server log here")
@@ -166,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         format_fidelity_table(rows, corrected=True),
         *(
             [
-                f"Speed checked just before each replay (`--speed-check {args.speed_check}`: that many requests of "
-                "the same kind at 4x the rate, under fcfs); `speed` is the check's, and the simulation uses the "
-                "preset scaled by it. This is a prediction: nothing from the replay itself goes into it.",
+                f"Speed checked before and after each replay (`--speed-check {args.speed_check}`: that many "
+                "requests of the same kind at 4x the rate, under fcfs, before each replay and once after the last); "
+                "`speed` is the mean of the two checks on either side of the replay, and the simulation uses the "
+                "preset scaled by it. Nothing from the replay itself goes into it.",
                 "",
                 format_fidelity_table(rows, checked=True),
             ]

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from headway.integrations._client import ReplaySpec
 from headway.integrations._probe import (
     calibrate_step_log,
     fidelity_max_prompt,
@@ -31,6 +32,7 @@ from headway.integrations._probe import (
     simulated_requests,
 )
 from headway.sim._calibrate import percentile, scaled, speed_factor, step_samples
+from headway.sim._cost import CostModel
 
 
 def segments(lines: list[str], start: int) -> list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]]:
@@ -50,6 +52,22 @@ def segments(lines: list[str], start: int) -> list[tuple[str, list[dict[str, Any
     return segs
 
 
+def load_run(workdir: Path) -> tuple[dict[str, Any], list[str], dict[str, Any], CostModel, list[ReplaySpec]]:
+    """A ``bench_fidelity.py --workdir``'s run.json, step-log lines and header, the preset as the run
+    fitted it (on the measured probe, the log as it was then), and the replayed workload."""
+    run = json.loads((workdir / "run.json").read_text())
+    n0, n1 = run["probe_lines"]
+    lines = (workdir / "steps.jsonl").read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        upto = Path(tmp) / "steps.jsonl"
+        upto.write_text("\n".join(lines[:n1]) + "\n", encoding="utf-8")
+        fit, _ = calibrate_step_log(upto, n0, "probe")
+    max_prompt = fidelity_max_prompt(int(header["max_model_len"]))
+    specs = fidelity_workload(run["num_requests"], run["rate"], seed=run["seed"], max_prompt=max_prompt)
+    return run, lines, header, fit.model, specs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workdir", type=Path, help="a bench_fidelity.py --workdir (steps.jsonl and run.json)")
@@ -58,32 +76,22 @@ def main() -> int:
     log, meta = args.workdir / "steps.jsonl", args.workdir / "run.json"
     if not log.is_file() or not meta.is_file():
         ap.error(f"{args.workdir}: needs steps.jsonl and run.json from bench_fidelity.py --workdir")
-    run = json.loads(meta.read_text())
-    n0, n1 = run["probe_lines"]
-    lines = log.read_text(encoding="utf-8").splitlines()
-    header = json.loads(lines[0])
-    with tempfile.TemporaryDirectory() as tmp:  # the log as it was when the run calibrated
-        upto = Path(tmp) / "steps.jsonl"
-        upto.write_text("\n".join(lines[:n1]) + "\n", encoding="utf-8")
-        fit, _ = calibrate_step_log(upto, n0, "probe")
-    print(f"preset fitted on the measured probe: {fit.model.describe()}\n")
-    specs = fidelity_workload(
-        run["num_requests"], run["rate"], seed=run["seed"], max_prompt=fidelity_max_prompt(int(header["max_model_len"]))
-    )
+    run, lines, header, preset, specs = load_run(args.workdir)
+    print(f"preset fitted on the measured probe: {preset.describe()}\n")
     wait_s = args.wait_ms / 1e3
     print(
         "| policy | speed | waited for a slot, real / sim | their mean wait (ms), real / sim "
         "| first schedule to first token (ms), real / sim | mean TTFT (ms), real / sim | P90 TTFT (ms), real / sim |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for policy, steps, reqs in segments(lines, n1):
+    for policy, steps, reqs in segments(lines, run["probe_lines"][1]):
         by = {r.get("client_id"): r for r in reqs}
         if any(s.request_id not in by for s in specs):
             continue  # a speed check, or a segment of another workload
         eng = [by[s.request_id] for s in specs]
         added = [float(e["added"]) for e in eng]
-        speed = speed_factor(fit.model, step_samples(steps))
-        sim = simulated_requests(added, specs, policy, scaled(fit.model, speed), header)
+        speed = speed_factor(preset, step_samples(steps))
+        sim = simulated_requests(added, specs, policy, scaled(preset, speed), header)
         real_wait = [float(e["scheduled"]) - float(e["added"]) for e in eng]
         real_first = [float(e["first_token"]) - float(e["scheduled"]) for e in eng]
         real_ttft = [float(e["first_token"]) - float(e["added"]) for e in eng]

@@ -225,7 +225,8 @@ def test_calibrate_and_fidelity_commands_against_the_server(plugin_server, tmp_p
     assert args.func(args) == 0
     table = out.read_text()
     assert "| fcfs | 24 |" in table and "| sjf-oracle | 24 |" in table
-    plain, checked = table.split("speed check before each replay")  # the second table: the check's speed
+    plain, checked = table.split("speed checks before and after each replay")  # the second table: the checks'
+    assert "x" in checked.split("| sjf-oracle | 24 |")[1].split("|")[1]  # the checks' mean speed
     assert "| sjf-oracle | 24 |" in checked and plain.count("| fcfs | 24 |") == 1
 
 

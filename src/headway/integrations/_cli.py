@@ -121,8 +121,9 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         type=int,
         default=0,
         metavar="N",
-        help="before each replay, replay N requests of the same kind at 4x the rate under fcfs, and also "
-        "simulate with the preset scaled by their speed (for an engine whose speed drifts; 0: off)",
+        help="before each replay and after the last, replay N requests of the same kind at 4x the rate under "
+        "fcfs, and also simulate each replay with the preset scaled by the mean speed of the checks on either "
+        "side of it (for an engine whose speed drifts; 0: off)",
     )
     f.add_argument("--out", type=Path, default=None, help="also write the table to this Markdown file")
     f.set_defaults(func=_cmd_fidelity)
@@ -262,7 +263,7 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
             )  # fmt: skip
     table = format_fidelity_table(rows)
     if args.speed_check:
-        table += "\nWith the preset scaled by the speed check before each replay (speed: the check's):\n\n"
+        table += "\nWith the preset scaled by the speed checks before and after each replay (speed: their mean):\n\n"
         table += format_fidelity_table(rows, checked=True)
     print(table)
     if args.out:

@@ -1,0 +1,86 @@
+"""Speed checks before a replay only, or on both sides of it: which predicts the replay better.
+
+``bench_fidelity.py --speed-check N`` replays N requests under fcfs before each measured replay (and,
+since 2026-11-30, once more after the last), and simulates each replay with the preset scaled by the
+checks' speed. For each measured replay in the kept step logs of such runs (``--workdir``), this
+simulates it twice: with the speed of the check just before it, and with the mean of that check and
+the one just after it (the next replay's check). It prints both errors against the real replay and
+counts, over all the runs given, how many are within ``--within`` (5 %).
+
+    python benchmarks/fidelity_checks.py DIR [DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from fidelity_ttft import load_run, segments
+from headway.integrations._probe import simulate_replay
+from headway.sim._calibrate import percentile, relative_error, scaled, speed_factor, step_samples
+
+METRICS = ("e2e_mean", "e2e_p90", "ttft_mean", "ttft_p90")
+
+
+def stats(pairs: list[tuple[float, float]]) -> dict[str, float]:
+    ttft, e2e = [t for t, _ in pairs], [e for _, e in pairs]
+    return {
+        "e2e_mean": statistics.fmean(e2e), "e2e_p90": percentile(e2e, 90),
+        "ttft_mean": statistics.fmean(ttft), "ttft_p90": percentile(ttft, 90),
+    }  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("workdirs", type=Path, nargs="+", help="bench_fidelity.py --speed-check N --workdir DIRs")
+    ap.add_argument("--within", type=float, default=0.05, help="the error counted as met (default 0.05)")
+    args = ap.parse_args()
+    hits = {k: {m: [0, 0] for m in METRICS} for k in ("before", "bracket")}
+    print("| run | policy | speed (own) | check before / after | " + " | ".join(
+        f"{m} err, before / bracketed" for m in METRICS) + " |")  # fmt: skip
+    print("|---|---|---:|---:|" + "---:|" * len(METRICS))
+    for wd in args.workdirs:
+        run, lines, header, preset, specs = load_run(wd)
+        segs = segments(lines, run["probe_lines"][1])
+        ids = {s.request_id for s in specs}
+        replay = [ids <= {r.get("client_id") for r in reqs} for _, _, reqs in segs]
+        for i, (policy, steps, reqs) in enumerate(segs):
+            if not replay[i] or i == 0 or replay[i - 1]:
+                continue  # a check, or a replay without a check just before it
+            by = {r.get("client_id"): r for r in reqs}
+            eng = [by[s.request_id] for s in specs]
+            added = [float(e["added"]) for e in eng]
+            real = stats([(e["first_token"] - e["added"], e["finish"] - e["added"]) for e in eng])
+            before = speed_factor(preset, step_samples(segs[i - 1][1]))
+            after = None
+            if i + 1 < len(segs) and not replay[i + 1]:
+                after = speed_factor(preset, step_samples(segs[i + 1][1]))
+            err = {}
+            for kind, f in (("before", before), ("bracket", None if after is None else (before + after) / 2)):
+                if f is None:
+                    continue
+                sim = stats(simulate_replay(added, specs, policy, scaled(preset, f), header))
+                err[kind] = {m: relative_error(sim[m], real[m]) for m in METRICS}
+            own = speed_factor(preset, step_samples(steps))
+            cells = []
+            for m in METRICS:
+                b = err["before"][m]
+                c = err["bracket"][m] if "bracket" in err else None
+                cells.append(f"{b:+.1%} / " + ("-" if c is None else f"{c:+.1%}"))
+                if c is not None:  # count only replays with both, so the two tallies cover the same ones
+                    for kind, e in (("before", b), ("bracket", c)):
+                        hits[kind][m][0] += abs(e) <= args.within
+                        hits[kind][m][1] += 1
+            checks = f"x{before:.2f} / " + ("-" if after is None else f"x{after:.2f}")
+            print(f"| {wd.name} | {policy} | x{own:.2f} | {checks} | " + " | ".join(cells) + " |")
+    print()
+    for kind, label in (("before", "check before only"), ("bracket", "checks before and after")):
+        print(f"{label}: " + ", ".join(
+            f"{m} {h[0]} of {h[1]} within {args.within:.0%}" for m, h in hits[kind].items()))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
