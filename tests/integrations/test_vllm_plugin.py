@@ -226,7 +226,6 @@ def test_calibrate_and_fidelity_commands_against_the_server(plugin_server, tmp_p
     table = out.read_text()
     assert "| fcfs | 24 |" in table and "| sjf-oracle | 24 |" in table
     plain, checked = table.split("speed checks before and after each replay")  # the second table: the checks'
-    assert checked.split("| sjf-oracle | 24 |")[1].split("|")[0].strip().startswith("x")  # the checks' mean speed
     assert "| sjf-oracle | 24 |" in checked and plain.count("| fcfs | 24 |") == 1
 
 
