@@ -13,23 +13,15 @@ counts, over all the runs given, how many are within ``--within`` (5 %).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
+from fidelity_ablation import stats
 from fidelity_ttft import load_run, segments
 from headway.integrations._probe import simulate_replay
-from headway.sim._calibrate import percentile, relative_error, scaled, speed_factor, step_samples
+from headway.sim._calibrate import relative_error, scaled, speed_factor, step_samples
 
 METRICS = ("e2e_mean", "e2e_p90", "ttft_mean", "ttft_p90")
-
-
-def stats(pairs: list[tuple[float, float]]) -> dict[str, float]:
-    ttft, e2e = [t for t, _ in pairs], [e for _, e in pairs]
-    return {
-        "e2e_mean": statistics.fmean(e2e), "e2e_p90": percentile(e2e, 90),
-        "ttft_mean": statistics.fmean(ttft), "ttft_p90": percentile(ttft, 90),
-    }  # fmt: skip
 
 
 def main() -> int:
@@ -52,7 +44,7 @@ def main() -> int:
             by = {r.get("client_id"): r for r in reqs}
             eng = [by[s.request_id] for s in specs]
             added = [float(e["added"]) for e in eng]
-            real = stats([(e["first_token"] - e["added"], e["finish"] - e["added"]) for e in eng])
+            real = stats([e["first_token"] - e["added"] for e in eng], [e["finish"] - e["added"] for e in eng])
             before = speed_factor(preset, step_samples(segs[i - 1][1]))
             after = None
             if i + 1 < len(segs) and not replay[i + 1]:
@@ -61,7 +53,8 @@ def main() -> int:
             for kind, f in (("before", before), ("bracket", None if after is None else (before + after) / 2)):
                 if f is None:
                     continue
-                sim = stats(simulate_replay(added, specs, policy, scaled(preset, f), header))
+                pairs = simulate_replay(added, specs, policy, scaled(preset, f), header)
+                sim = stats([t for t, _ in pairs], [e for _, e in pairs])
                 err[kind] = {m: relative_error(sim[m], real[m]) for m in METRICS}
             own = speed_factor(preset, step_samples(steps))
             cells = []
