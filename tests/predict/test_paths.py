@@ -93,6 +93,7 @@ def test_encoder_names_and_default_checkpoint_names(tmp_path: Path) -> None:
     assert encoder_path(str(tmp_path)) == tmp_path
     assert packaged_encoder_name(default_encoder_path()) == "minilm"
     assert default_predictor_name(None) == default_predictor_name("minilm") == "pars-minilm-alpaca-mean"
+    assert default_predictor_name("") == "pars-minilm-alpaca-mean"  # empty --encoder: the default, as encoder_path
     assert default_predictor_name("mpnet") == "pars-mpnet-alpaca-mean"
     with pytest.raises(ValueError, match="--name or --out"):
         default_predictor_name(str(tmp_path))

@@ -116,7 +116,7 @@ def default_predictor_name(encoder: str | None) -> str:
     :data:`DEFAULT_PREDICTOR_NAME` for the default encoder, ``pars-mpnet-alpaca-mean`` for
     ``mpnet``. Another encoder needs an explicit name (ValueError), so that training it never
     replaces the default checkpoint."""
-    if encoder is None or encoder == "minilm":
+    if not encoder or encoder == "minilm":  # as encoder_path: empty is the default encoder
         return DEFAULT_PREDICTOR_NAME
     if encoder == "mpnet":
         return "pars-mpnet-alpaca-mean"
