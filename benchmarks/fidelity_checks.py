@@ -29,6 +29,9 @@ def main() -> int:
     ap.add_argument("workdirs", type=Path, nargs="+", help="bench_fidelity.py --speed-check N --workdir DIRs")
     ap.add_argument("--within", type=float, default=0.05, help="the error counted as met (default 0.05)")
     args = ap.parse_args()
+    for wd in args.workdirs:
+        if not (wd / "steps.jsonl").is_file() or not (wd / "run.json").is_file():
+            ap.error(f"{wd}: needs steps.jsonl and run.json from bench_fidelity.py --workdir")
     hits = {k: {m: [0, 0] for m in METRICS} for k in ("before", "bracket")}
     print("| run | policy | speed (own) | check before / after | " + " | ".join(
         f"{m} err, before / bracketed" for m in METRICS) + " |")  # fmt: skip
