@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 from pathlib import Path
 
 STAMP = "headway-tiny-llama.json"
 VERSION = 1
-DEFAULT_TEXT = Path("/work/shared/data/alpaca_eval/instructions.jsonl")
+# the shared data folder as headway finds it: $HEADWAY_DATA_DIR, else ../shared/data beside the checkout
+DEFAULT_TEXT = (
+    Path(os.environ.get("HEADWAY_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
+    / "alpaca_eval"
+    / "instructions.jsonl"
+)
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
@@ -35,6 +41,7 @@ def corpus(text_path: Path) -> list[str]:
                 except (ValueError, KeyError):
                     continue
     if len(lines) < 100:  # generated fallback text
+        print(f"[tiny-llama] {text_path} has no instructions: training the tokenizer on generated text")
         rng = random.Random(0)
         words = [
             "the",
