@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,11 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 @pytest.fixture
 def redis_proc(cluster: Cluster) -> RedisProc:
-    """A fresh redis-server for this test (AOF on, fsync always)."""
+    """A fresh redis-server for this test (AOF on, fsync always); skips without one, or fails
+    with HEADWAY_REQUIRE_REDIS=1 (as CI sets), like the gateway tests' ``redis_url``."""
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not found")
+        msg = "redis-server not found (apt-get install -y redis-server)"
+        if os.environ.get("HEADWAY_REQUIRE_REDIS") == "1":
+            pytest.fail(msg + " and HEADWAY_REQUIRE_REDIS=1")
+        pytest.skip(msg)
     return cluster.redis()
