@@ -16,6 +16,7 @@ from headway.workload import (
     WorkloadFormatError,
     approx_token_count,
     read_alpaca_eval,
+    read_alpaca_eval_outputs,
     read_azure_trace,
     read_mooncake_trace,
     read_sharegpt,
@@ -200,6 +201,50 @@ def test_alpaca_eval_unknown_model_suggests_close_names(
     instr, lens = _alpaca(write_text, write_jsonl, tmp_path)
     with pytest.raises(ValueError, match=r"no rows for model 'a'.*2 models.*close matches: A"):
         read_alpaca_eval(instr, lens, "a")
+
+
+AE_OUTPUTS = [
+    {"dataset": "helpful_base", "instruction": "Name three actors.", "output": "A, B and C are actors.",
+     "generator": "gpt4"},
+    {"dataset": "koala", "instruction": "Write a haiku", "output": "", "generator": "gpt4"},
+    {"dataset": "oasst", "instruction": "Why?", "output": "Because " * 40, "generator": "gpt4"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("as_jsonl", [False, True])
+def test_alpaca_eval_outputs_as_published(
+    write_text: TextWriter, write_jsonl: JsonlWriter, tmp_path: Path, as_jsonl: bool
+) -> None:
+    if as_jsonl:
+        path = write_jsonl(tmp_path / "model_outputs.jsonl", AE_OUTPUTS)
+    else:
+        path = write_text(tmp_path / "model_outputs.json", json.dumps(AE_OUTPUTS, indent=2))
+    w = read_alpaca_eval_outputs(path)
+    assert lengths(w) == [
+        (approx_token_count("Name three actors."), approx_token_count("A, B and C are actors.")),
+        (approx_token_count("Why?"), approx_token_count("Because " * 40)),
+    ]
+    assert [s.category for s in w] == ["helpful_base", "oasst"]
+    assert w.meta["skipped"] == 1 and w.meta["model"] == "gpt4" and w.meta["format"] == "alpaca-eval-outputs"
+
+
+def test_alpaca_eval_outputs_pick_a_generator(write_text: TextWriter, tmp_path: Path) -> None:
+    mixed = [*AE_OUTPUTS, {"instruction": "Hi", "output": "Hello there", "generator": "claude"}]
+    path = write_text(tmp_path / "all.json", json.dumps(mixed))
+    with pytest.raises(ValueError, match=r"outputs of 2 generators \(claude, gpt4\); pick one with model="):
+        read_alpaca_eval_outputs(path)
+    assert lengths(read_alpaca_eval_outputs(path, model="claude")) == [(1, approx_token_count("Hello there"))]
+    with pytest.raises(ValueError, match=r"no outputs of generator 'claud'.*close matches: claude"):
+        read_alpaca_eval_outputs(path, model="claud")
+
+
+def test_alpaca_eval_outputs_bad_record_names_file_and_line(write_text: TextWriter, tmp_path: Path) -> None:
+    path = write_text(
+        tmp_path / "o.json", '[\n{"instruction": "x", "output": "y"},\n{"instruction": "x", "output": 3}\n]'
+    )
+    with pytest.raises(WorkloadFormatError) as info:
+        read_alpaca_eval_outputs(path)
+    assert str(info.value) == f"{path}:3: output: expected a string (got 3)"
 
 
 def test_limit_keeps_first_rows(write_text: TextWriter, tmp_path: Path) -> None:

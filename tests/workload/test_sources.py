@@ -110,7 +110,20 @@ def test_file_formats_are_sniffed(write_text: TextWriter, write_jsonl: JsonlWrit
     assert load_workload(str(sharegpt_file(write_text, tmp_path))).meta["format"] == "sharegpt"
     first_turn = write_jsonl(tmp_path / "ft.jsonl", [{"id": "x", "prompt": "hi", "response": "yo"}])
     assert load_workload(str(first_turn)).meta["format"] == "sharegpt"
-    assert set(available_formats()) == {"azure", "vidur", "mooncake", "sharegpt", "alpaca-eval"}
+    outputs = write_text(
+        tmp_path / "model_outputs.json",
+        '[\n  {\n    "dataset": "d",\n    "instruction": "hi",\n    "output": "hello",\n    "generator": "g"\n  }\n]',
+    )
+    assert load_workload(str(outputs)).meta["format"] == "alpaca-eval-outputs"
+    assert load_workload(str(outputs), model="g").meta["model"] == "g"
+    assert set(available_formats()) == {"azure", "vidur", "mooncake", "sharegpt", "alpaca-eval", "alpaca-eval-outputs"}
+
+
+def test_sniffing_a_corrupt_gzip_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "x.csv"
+    bad.write_bytes(b"\x1f\x8bgarbage")
+    with pytest.raises(WorkloadFormatError, match=r"x\.csv.*corrupt gzip"):
+        load_workload(str(bad))
 
 
 def test_alpaca_folder_and_model_option(

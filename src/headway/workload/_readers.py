@@ -26,6 +26,10 @@ Formats:
 - alpaca_eval: ``instructions.jsonl`` (idx, dataset, instruction) plus
   ``output_lengths_long.csv.gz`` (model, idx, chars, words, cl100k_tokens); one model's
   ``cl100k_tokens`` are the output lengths.
+- alpaca_eval model outputs, as the alpaca_eval leaderboard publishes them
+  (``results/<model>/model_outputs.json``): a JSON list (or JSONL) of
+  ``{"instruction", "output", "generator", "dataset"}``; the output's token count is the
+  output length.
 
 Text datasets have no token counts of their own model; lengths come from a
 ``count_tokens`` callable. The default, :func:`approx_token_count`, is an
@@ -60,6 +64,7 @@ __all__ = [
     "approx_token_count",
     "open_text",
     "read_alpaca_eval",
+    "read_alpaca_eval_outputs",
     "read_azure_trace",
     "read_mooncake_trace",
     "read_sharegpt",
@@ -232,7 +237,7 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise WorkloadFormatError(
-                    path, line, f"invalid JSON ({exc.msg} at column {exc.colno})", show_value=False
+                    path, line, f"invalid JSON ({exc.msg}; column {exc.colno})", show_value=False
                 ) from None
             if not isinstance(obj, dict):
                 raise WorkloadFormatError(path, line, "expected a JSON object", field="record", value=obj)
@@ -267,7 +272,7 @@ def _json_array_records(path: Path, text: str) -> Iterator[tuple[int, Any]]:
             obj, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
             raise WorkloadFormatError(
-                path, exc.lineno, f"invalid JSON ({exc.msg} at column {exc.colno})", show_value=False
+                path, exc.lineno, f"invalid JSON ({exc.msg}; column {exc.colno})", show_value=False
             ) from None
         yield line_at(pos), obj
         pos = _WS.match(text, end).end()  # type: ignore[union-attr]
@@ -502,7 +507,8 @@ def _first_turn(path: Path, line: int, rec: Any) -> tuple[str, str, int | None, 
     return prompt, response, recorded[0], recorded[1]
 
 
-def _sharegpt_records(path: Path) -> Iterator[tuple[int, Any]]:
+def _json_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """``(line, record)`` of a JSON list or of a JSONL file, whichever ``path`` holds."""
     with _reading(path) as f:
         head = f.read(4096)
         first = head.lstrip()[:1]
@@ -537,7 +543,7 @@ def read_sharegpt(
     rows: list[_Row] = []
     seen: set[str] = set()
     skipped = 0
-    for line, rec in _sharegpt_records(p):
+    for line, rec in _json_records(p):
         if limit is not None and len(rows) >= limit:
             break
         pair = _first_turn(p, line, rec)
@@ -659,3 +665,82 @@ def read_alpaca_eval(
         "skipped": skipped,
     }
     return _assemble(name or f"alpaca-eval:{model}", rows, meta, arrivals=arrivals or BurstArrivals(), seed=seed)
+
+
+def _generator_error(path: Path, model: str | None, generators: set[str]) -> ValueError:
+    import difflib
+
+    names = sorted(generators)
+    if model is None:
+        return ValueError(
+            f"{path}: outputs of {len(names)} generators ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''});"
+            " pick one with model= (--model)"
+        )
+    close = difflib.get_close_matches(model, names, n=8, cutoff=0.4)
+    hint = f"; close matches: {', '.join(close)}" if close else ""
+    return ValueError(f"{path}: no outputs of generator {model!r} ({len(names)} generators in the file{hint})")
+
+
+def read_alpaca_eval_outputs(
+    path: PathLike,
+    *,
+    model: str | None = None,
+    count_tokens: TokenCounter | None = None,
+    arrivals: ArrivalProcess | None = None,
+    seed: Seed = 0,
+    limit: int | None = None,
+    name: str | None = None,
+) -> Workload:
+    """alpaca_eval model outputs as the leaderboard publishes them (``model_outputs.json``).
+
+    A JSON list, or JSONL, of ``{"instruction", "output", "generator", "dataset"}``: the
+    instruction is the prompt and the output's token count (``count_tokens``, default
+    :func:`approx_token_count`) the output length; ``category`` is the dataset. ``model``
+    keeps one generator's outputs; without it the file must hold a single generator.
+    Records whose instruction or output counts 0 tokens are skipped (``meta["skipped"]``).
+    No times: ``arrivals`` assigns them in file order, default a burst at t = 0.
+    """
+    _check_limit(limit)
+    p = _existing(path)
+    counter = count_tokens or approx_token_count
+    rows: list[_Row] = []
+    generators: set[str] = set()
+    skipped = 0
+    for line, rec in _json_records(p):
+        if limit is not None and len(rows) >= limit:
+            break
+        if not isinstance(rec, dict):
+            raise WorkloadFormatError(p, line, "expected a JSON object", field="record", value=rec)
+        gen = rec.get("generator")
+        if gen is not None:
+            gen = _text(p, line, "generator", gen)
+            generators.add(gen)
+        if model is not None and gen != model:
+            continue
+        prompt = _text(p, line, "instruction", _field(p, line, rec, "instruction"))
+        output = _text(p, line, "output", _field(p, line, rec, "output"))
+        n_prompt, n_output = _count(counter, prompt), _count(counter, output)
+        if n_prompt <= 0 or n_output <= 0:
+            skipped += 1
+            continue
+        dataset = rec.get("dataset")
+        rows.append(
+            _Row(
+                line,
+                f"{_stem(p)}-{len(rows)}",
+                n_prompt,
+                n_output,
+                prompt=prompt,
+                category=str(dataset) if dataset is not None else None,
+            )
+        )
+    if (model is not None and not rows and not skipped) or (model is None and len(generators) > 1):
+        raise _generator_error(p, model, generators)
+    meta: dict[str, object] = {
+        "source": str(p),
+        "format": "alpaca-eval-outputs",
+        "timed": False,
+        "model": model if model is not None else next(iter(generators), None),
+        "skipped": skipped,
+    }
+    return _assemble(name or _stem(p), rows, meta, arrivals=arrivals or BurstArrivals(), seed=seed)

@@ -23,8 +23,9 @@ from headway.workload._default import DEFAULT_BURSTINESS, DEFAULT_NUM_REQUESTS, 
 from headway.workload._errors import UnknownWorkloadError, WorkloadFormatError
 from headway.workload._readers import (
     TokenCounter,
-    open_text,
+    _reading,
     read_alpaca_eval,
+    read_alpaca_eval_outputs,
     read_azure_trace,
     read_mooncake_trace,
     read_sharegpt,
@@ -62,7 +63,7 @@ class LoadOptions:
     - ``arrivals``: ``"trace"`` (replay recorded times), ``"gamma"``, ``"poisson"`` or
       ``"burst"`` (all at t = 0). Default: ``"gamma"`` when ``burstiness`` is given,
       else ``"trace"`` for timed sources, else ``"gamma"`` when ``rate`` is given, else
-      ``"burst"``. The synthetic ``default`` uses Gamma(4 req/s, burstiness 0.5).
+      ``"burst"``. The synthetic ``default`` uses Gamma(6 req/s, burstiness 0.5).
     - ``rate``: requests/s; for ``"trace"`` the replay is time-scaled to this mean rate;
       for ``"gamma"``/``"poisson"`` on a timed trace it defaults to the trace's rate.
     - ``burstiness``: Gamma shape (``vllm bench serve --burstiness``; default 1).
@@ -172,21 +173,33 @@ def _read_alpaca(path: Path, o: LoadOptions) -> Workload:
     return read_alpaca_eval(instructions, lengths, o.model or DEFAULT_ALPACA_MODEL, count_tokens=o.count_tokens)
 
 
+def _read_alpaca_outputs(path: Path, o: LoadOptions) -> Workload:
+    return read_alpaca_eval_outputs(path, model=o.model, count_tokens=o.count_tokens)
+
+
 _FORMATS: dict[str, Callable[[Path, LoadOptions], Workload]] = {
     "azure": _read_azure,
     "vidur": _read_vidur,
     "mooncake": _read_mooncake,
     "sharegpt": _read_sharegpt,
     "alpaca-eval": _read_alpaca,
+    "alpaca-eval-outputs": _read_alpaca_outputs,
 }
+_MODEL_FORMATS = frozenset({"alpaca-eval", "alpaca-eval-outputs"})
+"""Formats whose ``model`` option picks the answering model."""
 
 _JSON_KEYS: tuple[tuple[frozenset[str], str], ...] = (
     (frozenset({"timestamp", "input_length", "output_length"}), "mooncake"),
     (frozenset({"conversations"}), "sharegpt"),
     (frozenset({"prompt", "response"}), "sharegpt"),
+    (frozenset({"instruction", "output"}), "alpaca-eval-outputs"),
     (frozenset({"idx", "instruction"}), "alpaca-eval"),
 )
 _CSV_COLUMNS: tuple[tuple[str, str], ...] = (("TIMESTAMP", "azure"), ("num_prefill_tokens", "vidur"))
+
+
+_SNIFF_CHARS = 1 << 20
+"""How much of a JSON list is read to find its first record's keys."""
 
 
 def available_formats() -> list[str]:
@@ -200,15 +213,21 @@ def _sniff_format(path: Path) -> str:
         if (path / "instructions.jsonl").exists():
             return "alpaca-eval"
         raise FileNotFoundError(2, "no instructions.jsonl (alpaca_eval) in workload folder", str(path))
-    with open_text(path) as f:
+    with _reading(path) as f:
         first = ""
         for line in f:
             if line.strip():
                 first = line.strip()
                 break
-    hint = f"pass format= one of {', '.join(available_formats())}"
-    if first.startswith("["):
-        return "sharegpt"
+        head = first + f.read(_SNIFF_CHARS) if first.startswith("[") else ""
+    hint = f"pass format= (--format) one of {', '.join(available_formats())}"
+    if first.startswith("["):  # a JSON list: the keys of its first record, when it is short enough to read
+        try:
+            record, _ = json.JSONDecoder().raw_decode(head, head.index("{"))
+            keys = set(record)
+        except (ValueError, TypeError):
+            return "sharegpt"
+        return next((fmt for needed, fmt in _JSON_KEYS if needed <= keys), "sharegpt")
     if first.startswith("{"):
         try:
             keys = set(json.loads(first))
@@ -337,7 +356,9 @@ def _retime(w: Workload, o: LoadOptions, timed: bool) -> Workload:
     recorded = [s.arrival_time for s in w.requests]
     if kind == "trace":
         if not timed:
-            raise ValueError(f"workload {w.name!r} has no recorded arrival times; use arrivals=gamma, poisson or burst")
+            raise ValueError(
+                f"workload {w.name!r} has no recorded arrival times; use arrivals= (--arrivals) gamma, poisson or burst"
+            )
         if o.rate is None:
             return w
         times = replay_arrivals(recorded, o.rate)
@@ -351,7 +372,7 @@ def _retime(w: Workload, o: LoadOptions, timed: bool) -> Workload:
             if rate is None and timed and len(recorded) > 1 and recorded[-1] > recorded[0]:
                 rate = (len(recorded) - 1) / (recorded[-1] - recorded[0])
             if rate is None:
-                raise ValueError(f"arrivals={kind!r} needs a rate (requests/s) for workload {w.name!r}")
+                raise ValueError(f"arrivals={kind!r} needs a rate (rate=, --rate; requests/s) for workload {w.name!r}")
             if kind == "poisson":
                 if o.burstiness not in (None, 1, 1.0):
                     raise ValueError(f"poisson arrivals have burstiness 1, got burstiness={o.burstiness!r}")
@@ -419,8 +440,8 @@ def load_workload(source: str, **options: object) -> Workload:
     else:
         w = _load_file(Path(source), o)
         synthetic = False
-    if o.model is not None and w.meta.get("format") != "alpaca-eval":
-        raise ValueError(f"option model={o.model!r} only applies to alpaca_eval, not {source!r}")
+    if o.model is not None and w.meta.get("format") not in _MODEL_FORMATS:
+        raise ValueError(f"option model={o.model!r} (--model) only applies to alpaca_eval, not {source!r}")
     if not synthetic:
         timed = bool(w.meta.get("timed", False))
         w = _retime(_select(w, o, timed), o, timed)
