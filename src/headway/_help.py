@@ -1,10 +1,32 @@
-"""Command-line help shared by headway's subcommands."""
+"""Command-line pieces shared by headway's subcommands: help formatting, user-facing errors,
+report folders."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
-__all__ = ["HelpFormatter"]
+__all__ = ["CLIError", "HelpFormatter", "prepare_out_dir"]
+
+
+class CLIError(Exception):
+    """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def prepare_out_dir(path: str | Path, flag: str = "--out") -> Path:
+    """Create the report folder ``path`` (and its parents) now, so that a path that cannot hold
+    one fails before any work is done: CLIError naming ``flag`` and the path."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise CLIError(f"{flag} {p}: exists and is not a folder")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CLIError(f"{flag} {p}: cannot create the folder ({exc.strerror or exc})") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise CLIError(f"{flag} {p}: the folder is not writable")
+    return p
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from headway._help import HelpFormatter
+from headway._help import CLIError, HelpFormatter, prepare_out_dir
 
-__all__ = ["build_parser", "main"]
+__all__ = ["CLIError", "build_parser", "main"]
 
 # (module, function) pairs that add subcommands; imported when the parser is built.
 _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
@@ -29,10 +30,6 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("headway.integrations._cli", "add_calibrate_parser"),
     ("headway.predict._cli", "add_predictor_parser"),
 )
-
-
-class CLIError(Exception):
-    """A user-facing error: printed without a traceback, exit status 2."""
 
 
 def _parse_policy_args(items: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -54,6 +51,19 @@ def _parse_policy_args(items: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 # ----------------------------------------------------------------- simulate
+_DEFAULT_ROUTER = "least-outstanding"
+
+
+def _default_out(kind: str) -> Path:
+    """``headway-out/<kind>-<time>``, with ``-2``, ``-3``... when a run in the same second has it."""
+    base = Path("headway-out") / time.strftime(f"{kind}-%Y%m%d-%H%M%S")
+    path, k = base, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return path
+
+
 def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "simulate",
@@ -73,6 +83,15 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     w.add_argument(
         "--output-cv", type=float, default=None, help="resample output lengths with this relative noise (CV)"
     )
+    w.add_argument(
+        "--arrivals",
+        choices=["trace", "poisson", "gamma", "burst"],
+        default=None,
+        help="arrival process (default: a timed trace's own times; else gamma when --rate or --burstiness "
+        "is given, burstiness 1 = Poisson; else a burst at t = 0; the synthetic default is gamma)",
+    )
+    w.add_argument("--model", default=None, help="alpaca_eval: the model whose outputs give the lengths")
+    w.add_argument("--format", default=None, help="file format when it cannot be told from the content")
     w.add_argument("--seed", type=int, default=0, help="seed of every random draw")
     s = p.add_argument_group("policies")
     s.add_argument("--policies", default="all", help="comma-separated policy names, or 'all' (see `headway policies`)")
@@ -83,7 +102,9 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         metavar="NAME.KEY=VALUE",
         help="a policy setting, e.g. pars.threshold=60 (repeatable)",
     )
-    s.add_argument("--baseline", default="fcfs", help="policy the table shows ratios against")
+    s.add_argument(
+        "--baseline", default=None, help="policy the table shows ratios against (default: fcfs when it runs)"
+    )
     s.add_argument(
         "--scorer-tau",
         type=float,
@@ -106,7 +127,7 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="number of engine replicas behind the router (default: from --preset, else 1)",
     )
     e.add_argument(
-        "--router", default="least-outstanding", help="how requests are spread over replicas (see `headway routers`)"
+        "--router", default=_DEFAULT_ROUTER, help="how requests are spread over replicas (see `headway routers`)"
     )
     e.add_argument(
         "--router-arg",
@@ -155,19 +176,19 @@ def _default_scorers(
     args: argparse.Namespace,
     notes: list[str],
 ) -> None:
-    """Give score-based policies a noisy-oracle scorer when nothing else provides scores."""
-    from headway.core import get_policy_class
-    from headway.policies import ScoredPolicy
+    """Give score-based policies a noisy-oracle scorer when nothing else provides scores (settings
+    the user gave, such as --policy-arg NAME.tau=..., win)."""
+    from headway.policies import noisy_oracle_defaults
 
     if all(spec.score is not None for spec in workload.requests):
         return
     for name in names:
-        if issubclass(get_policy_class(name), ScoredPolicy) and "scorer" not in policy_args.get(name, {}):
-            kwargs = policy_args.setdefault(name, {})
-            kwargs.update(scorer="noisy-oracle", tau=args.scorer_tau, seed=args.seed)
+        kwargs = noisy_oracle_defaults(name, policy_args.get(name), tau=args.scorer_tau, seed=args.seed)
+        if kwargs is not None:
+            policy_args[name] = kwargs
             notes.append(
                 f"{name}: no scores in the workload, using a noisy-oracle length score with "
-                f"Kendall tau {args.scorer_tau} (--scorer-tau; or --policy-arg {name}.scorer=...)"
+                f"Kendall tau {kwargs['tau']} (--scorer-tau; or --policy-arg {name}.scorer=...)"
             )
 
 
@@ -175,7 +196,7 @@ def _load_workload(args: argparse.Namespace) -> Any:
     from headway.workload import load_workload
 
     options: dict[str, Any] = {"seed": args.seed}
-    for name in ("num_requests", "rate", "burstiness", "output_cv"):
+    for name in ("num_requests", "rate", "burstiness", "output_cv", "arrivals", "model", "format"):
         value = getattr(args, name)
         if value is not None:
             options[name] = value
@@ -187,7 +208,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from headway.core import available_policies, get_policy_class, get_router_class
-    from headway.metrics import comparison_table, summarize, write_report
+    from headway.metrics import SLO, comparison_table, summarize, write_report
     from headway.sim import CacheConfig, SchedulerConfig, load_preset, simulate
     from headway.sim._fleet import fleet_presets, fleet_summaries
 
@@ -195,12 +216,24 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     names = (
         available_policies() if args.policies == "all" else [n.strip() for n in args.policies.split(",") if n.strip()]
     )
+    if not names:
+        raise CLIError(f"--policies names no policy: {args.policies!r}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise CLIError(f"--policies lists {', '.join(twice)} more than once")
     for n in names:
         get_policy_class(n)  # unknown names fail here, listing the valid ones
     policy_args = _parse_policy_args(args.policy_arg)
     unknown = sorted(set(policy_args) - set(names))
     if unknown:
         raise CLIError(f"--policy-arg names policies that are not being run: {', '.join(unknown)}")
+    if args.baseline is not None and args.baseline not in names:
+        raise CLIError(f"--baseline {args.baseline} is not one of the policies being run ({', '.join(names)})")
+    baseline_name = args.baseline or ("fcfs" if "fcfs" in names else None)
+    slo = SLO.parse(args.slo) if args.slo else None  # a bad spec fails before any simulation
+    if args.no_report and args.out:
+        raise CLIError("--out names a report folder, and --no-report writes none: drop one of them")
+    out = None if args.no_report else prepare_out_dir(args.out or _default_out("simulate"))
     scheduler = SchedulerConfig(
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
@@ -212,9 +245,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     presets = [load_preset(p) for p in fleet_presets(args.preset, args.replicas)]
     fleet = len(presets) > 1
     router_kwargs = _parse_kv(args.router_arg, "--router-arg")
+    get_router_class(args.router)  # an unknown name fails here, listing the valid ones
+    if not fleet and (args.router != _DEFAULT_ROUTER or router_kwargs):
+        raise CLIError("--router and --router-arg need a fleet: --replicas N > 1 or a fleet spec in --preset")
     if fleet and get_router_class(args.router).randomized:
         router_kwargs.setdefault("seed", args.seed)
     workload = _load_workload(args)
+    if not len(workload):
+        skipped = workload.meta.get("skipped")
+        why = f" ({skipped} records skipped: no prompt/response pair or 0 tokens)" if skipped else ""
+        raise CLIError(f"workload {workload.name} has no requests{why}")
     notes: list[str] = []
     _default_scorers(names, policy_args, workload, args, notes)
     preset_names = ", ".join(c.name for c in presets)
@@ -257,13 +297,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 failures[name] = f"{type(exc).__name__}: {exc}"
             else:
                 if fleet:
-                    per = fleet_summaries(res, slo=args.slo, name=name)
+                    per = fleet_summaries(res, slo=slo, name=name)
                     runs[name] = (per.pop("fleet"), res.requests)
                     replica_tables[name] = per
                 else:
-                    runs[name] = (summarize(res.requests, slo=args.slo, name=name), res.requests)
+                    runs[name] = (summarize(res.requests, slo=slo, name=name), res.requests)
                 rep = res.replicas[0]
-                timelines[name] = [(t, w, r, used / rep.num_gpu_blocks) for t, w, r, used in rep.timeline or ()]
+                label = f"{name} (replica 0 of {len(res.replicas)})" if fleet else name
+                timelines[label] = [(t, w, r, used / rep.num_gpu_blocks) for t, w, r, used in rep.timeline or ()]
                 progress.console.print(
                     f"  {name}: {len(res.requests)} requests in {res.wall_time:.3f} s wall "
                     f"({res.requests_per_second_wall:,.0f} simulated requests/s)"
@@ -273,7 +314,15 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         console.print(f"[red]policy {name} failed:[/] {why}")
     if not runs:
         raise CLIError("no policy ran successfully")
-    baseline = args.baseline if args.baseline in runs else None
+    for name, (summary, _) in runs.items():
+        if summary.num_aborted:
+            why = "; ".join(f"{n} {r}" for r, n in sorted(summary.aborted_by_reason.items()))
+            console.print(
+                f"[yellow]{name}: {summary.num_aborted} of {summary.num_requests} requests aborted ({why})[/]"
+            )
+    baseline = baseline_name if baseline_name in runs else None
+    if baseline_name is not None and baseline is None:
+        console.print(f"[yellow]no ratios: the baseline {baseline_name} failed[/]")
     for name, per in replica_tables.items():
         console.print(comparison_table(per, None, compact=True, title=f"{name}: per replica"))
     console.print(
@@ -284,8 +333,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             title=f"{workload.name} on {preset_names} (full table in the report)",
         )
     )
-    if not args.no_report:
-        out = Path(args.out) if args.out else Path("headway-out") / time.strftime("simulate-%Y%m%d-%H%M%S")
+    if out is not None:
         notes = [
             f"workload {workload.name}: {len(workload)} requests, seed {args.seed}",
             f"presets {preset_names}; {scheduler}; {cache}",
@@ -309,12 +357,18 @@ def _add_list_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sub.add_parser("routers", help="list fleet routers").set_defaults(func=_cmd_routers)
 
 
+def _plain(doc: str) -> str:
+    """A docstring line without its reST markup (``x``, :class:`~a.B`)."""
+    doc = re.sub(r":\w+:`~?(?:[\w.]*\.)?([^`]+)`", r"\1", doc)
+    return doc.replace("``", "")
+
+
 def _cmd_policies(args: argparse.Namespace) -> int:
     from headway.core import available_policies, get_policy_class
 
     for name in available_policies():
         cls = get_policy_class(name)
-        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        doc = _plain((cls.__doc__ or "").strip().splitlines()[0]) if cls.__doc__ else ""
         flags = ",".join(f for f, on in (("oracle", cls.oracle), ("preemptive", cls.preemptive)) if on)
         print(f"{name:22s} {('[' + flags + '] ') if flags else ''}{doc}")
     return 0
@@ -366,6 +420,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _describe(exc: BaseException) -> str:
+    """An error's message for the user: an OSError as ``path: what`` (not ``[Errno 2] ...``),
+    a truncated compressed file as such."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        return f"{where}{exc.strerror}"
+    if isinstance(exc, EOFError):
+        return f"a compressed input ended early ({exc})"
+    return str(exc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -374,11 +439,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args))
-    except CLIError as exc:
-        print(f"headway: error: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # bad values from configs and loaders name themselves
-        print(f"headway: error: {exc}", file=sys.stderr)
+    except (CLIError, ValueError, OSError, EOFError) as exc:  # bad values and files name themselves
+        print(f"headway: error: {_describe(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("headway: interrupted", file=sys.stderr)

@@ -89,3 +89,79 @@ def test_help_shows_a_default_only_where_it_adds_something() -> None:
     assert "arrival rate (default: 2.5)" in text
     assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text
     assert "batch size (default 32)" in text and "(default: 32)" not in text
+
+
+def test_file_errors_are_one_line_and_come_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--workload", str(tmp_path / "none.csv"), "--no-report"]) == 2
+    assert capsys.readouterr().err == f"headway: error: {tmp_path / 'none.csv'}: workload file not found\n"
+    (tmp_path / "afile").write_text("")
+    for out in ("afile", "afile/sub"):
+        assert main(["simulate", "--policies", "fcfs", "--out", str(tmp_path / out)]) == 2
+        err = capsys.readouterr()
+        assert err.err.startswith(f"headway: error: --out {tmp_path / out}: ") and "Traceback" not in err.err
+        assert "simulating" not in err.out and "workload" not in err.out  # refused before loading anything
+    assert main(["simulate", "--policies", "fcfs", "--slo", "ttft=5", "--no-report"]) == 2
+    assert "invalid SLO pair 'ttft=5'" in capsys.readouterr().err
+
+
+def test_settings_that_would_be_ignored_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, message in [
+        (["--policies", "pars", "--baseline", "nope"], "--baseline nope is not one of the policies being run"),
+        (["--policies", "fcfs,fcfs"], "--policies lists fcfs more than once"),
+        (["--policies", ","], "--policies names no policy"),
+        (["--router", "power-of-two"], "--router and --router-arg need a fleet"),
+        (["--out", "x", "--no-report"], "--out names a report folder, and --no-report writes none"),
+        (["--preset", "llama3-8b-h100:-1"], "replica count must be >= 1 in 'llama3-8b-h100:-1'"),
+    ]:
+        assert main(["simulate", "--no-report", *argv] if "--no-report" not in argv else ["simulate", *argv]) == 2
+        assert message in capsys.readouterr().err, argv
+
+
+def _norm_mean(out: Path) -> float:
+    (run,) = json.loads((out / "summary.json").read_text())["runs"].values()
+    return float(run["normalized_latency"]["mean"])
+
+
+def test_a_policy_arg_wins_over_the_noisy_oracle_defaults(tmp_path: Path) -> None:
+    common = ["simulate", "--policies", "pars", "--num-requests", "400"]
+    assert main([*common, "--out", str(tmp_path / "default")]) == 0
+    assert main([*common, "--policy-arg", "pars.tau=0.0", "--out", str(tmp_path / "arg")]) == 0
+    assert main([*common, "--scorer-tau", "0.0", "--out", str(tmp_path / "flag")]) == 0
+    assert _norm_mean(tmp_path / "arg") == _norm_mean(tmp_path / "flag") != _norm_mean(tmp_path / "default")
+
+
+def test_workload_flags_reach_the_loader(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    outputs = tmp_path / "model_outputs.json"
+    outputs.write_text(json.dumps([
+        {"instruction": "Say hi", "output": "Hello!", "generator": "a", "dataset": "d"},
+        {"instruction": "Count to three", "output": "One, two, three.", "generator": "b", "dataset": "d"},
+    ]))  # fmt: skip
+    assert main(["simulate", "--workload", str(outputs), "--policies", "fcfs", "--no-report"]) == 2
+    assert "pick one with model= (--model)" in capsys.readouterr().err
+    assert main(["simulate", "--workload", str(outputs), "--model", "b", "--policies", "fcfs", "--no-report"]) == 0
+    assert "model_outputs: 1 requests" in capsys.readouterr().out
+    argv = ["simulate", "--num-requests", "50", "--policies", "fcfs", "--no-report", "--arrivals", "burst"]
+    assert main(argv) == 0
+    assert "50 requests over 0.0 s" in capsys.readouterr().out
+    assert main(["simulate", "--workload", str(outputs), "--format", "nope", "--no-report"]) == 2
+    assert "format must be one of" in capsys.readouterr().err
+
+
+def test_aborted_requests_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--policies", "fcfs", "--num-requests", "30", "--num-gpu-blocks", "1", "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert "fcfs: 30 of 30 requests aborted (30 prompt does not fit max_model_len 16)" in out
+    assert "aborted" in out.split("(full table in the report)")[1]  # the table's column
+
+
+def test_an_empty_workload_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.csv"
+    empty.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    assert main(["simulate", "--workload", str(empty), "--policies", "fcfs", "--no-report"]) == 2
+    assert "headway: error: workload empty has no requests" in capsys.readouterr().err
+
+
+def test_policy_listing_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policies"]) == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and ":class:" not in out and "(priority, arrival_time)" in out

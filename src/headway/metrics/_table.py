@@ -88,7 +88,8 @@ def comparison_cells(
     With ``baseline``, each ratio-able cell of the other runs reads ``value (r×)``
     where ``r = value / baseline value``; the baseline's name gets ``(baseline)``.
     ``compact`` keeps the columns of a terminal view (counts, E2E, TTFT p99,
-    normalized latency, preemptions, goodput).
+    normalized latency, preemptions, goodput), and the aborted count when any run aborted
+    requests.
     """
     if baseline is not None and baseline not in summaries:
         raise KeyError(f"baseline {baseline!r} is not one of the runs: {sorted(summaries)}")
@@ -97,7 +98,8 @@ def comparison_cells(
         columns.extend(_SLO_COLUMNS)
     columns.append(_JAIN)
     if compact:
-        columns = [c for c in columns if c.header in _COMPACT_HEADERS]
+        aborted = any(s.num_aborted for s in summaries.values())
+        columns = [c for c in columns if c.header in _COMPACT_HEADERS or (aborted and c.header == "aborted")]
     headers = ["run", *(c.header for c in columns)]
     base = summaries[baseline] if baseline is not None else None
     rows: list[list[str]] = []

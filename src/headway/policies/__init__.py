@@ -14,7 +14,7 @@ from headway.policies import (  # noqa: F401
     trail,
     uniboost,
 )
-from headway.policies._base import ScoredPolicy
+from headway.policies._base import ScoredPolicy, noisy_oracle_defaults
 from headway.policies._boost import GammaAda, b_gamma, b_gamma_from_log_mgf
 from headway.policies._scoring import (
     NoisyOracleScorer,
@@ -82,5 +82,6 @@ __all__ = [
     "batch_scorer",
     "classify_prompt",
     "kendall_tau",
+    "noisy_oracle_defaults",
     "noisy_oracle_scores",
 ]

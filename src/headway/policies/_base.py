@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from headway.core import Policy, Request
 from headway.policies._scoring import SCORE_KEY, NoisyOracleScorer, ScoreFn
 
-__all__ = ["ScoredPolicy", "check_nonneg", "check_positive", "check_range"]
+__all__ = ["ScoredPolicy", "check_nonneg", "check_positive", "check_range", "noisy_oracle_defaults"]
 
 
 def check_positive(name: str, value: float, policy: str) -> float:
@@ -113,3 +113,18 @@ class ScoredPolicy(Policy):
 
     def describe(self) -> dict[str, Any]:
         return {"scorer": repr(self._score_fn) if self._score_fn is not None else "request.score"}
+
+
+def noisy_oracle_defaults(
+    policy: str, kwargs: Mapping[str, Any] | None, *, tau: float, seed: int
+) -> dict[str, Any] | None:
+    """Settings for ``policy`` on a workload without scores: for a :class:`ScoredPolicy` given no
+    ``scorer``, ``kwargs`` with a noisy-oracle scorer at Kendall ``tau`` and ``seed`` (settings in
+    ``kwargs``, such as its own ``tau``, win); None for other policies or when a scorer is set.
+    ``headway simulate`` and ``headway sweep`` both fill in scores this way."""
+    from headway.core import get_policy_class
+
+    given = dict(kwargs or {})
+    if not issubclass(get_policy_class(policy), ScoredPolicy) or "scorer" in given:
+        return None
+    return {"scorer": "noisy-oracle", "tau": tau, "seed": seed, **given}

@@ -49,7 +49,7 @@ def fleet_presets(spec: str | Sequence[str], num_replicas: int | None = None) ->
     out: list[str] = []
     for part in parts:
         name, sep, count = part.rpartition(":")
-        if sep and count.isdigit() and name:
+        if sep and count.lstrip("-").isdigit() and name:
             if int(count) < 1:
                 raise ValueError(f"replica count must be >= 1 in {part!r}")
             out += [name] * int(count)

@@ -138,9 +138,8 @@ class Replica:
         if req.num_prompt_tokens >= self.max_model_len:
             req.transition(RequestState.ABORTED)
             req.finish_time = now
-            req.extra["abort_reason"] = (
-                f"prompt of {req.num_prompt_tokens} tokens does not fit max_model_len {self.max_model_len}"
-            )
+            # one reason per engine, not per prompt length: summaries count requests by reason
+            req.extra["abort_reason"] = f"prompt does not fit max_model_len {self.max_model_len}"
             if self.on_done is not None:
                 self.on_done(req)
             return
