@@ -26,7 +26,16 @@ def test_grid_enumerates_every_combination_in_order() -> None:
     [
         ("policies = 'fcfs'", "policies must be a list"),
         ("rates = [1.0]", "needs a 'policies' list"),
-        ("policies = ['fcfs']\nrates = [-1.0]", "rates must be > 0"),
+        ("policies = ['fcfs']\nrates = [-1.0]", "rates must be numbers > 0"),
+        ("policies = ['fcfs']\nrates = ['a']", "rates must be numbers > 0, got 'a'"),
+        ("policies = ['fcfs']\nseeds = [-1]", "seeds must be integers >= 0, got -1"),
+        ("policies = ['fcfs']\nnum_requests = 'abc'", "num_requests must be an integer >= 1, got 'abc'"),
+        ("policies = ['fcfs', 'fcfs']", "policies lists fcfs more than once"),
+        ("policies = ['fcfs', 'nope']", "Unknown policy 'nope'"),
+        ("policies = ['fcfs']\npresets = ['llama3-8b-h100:2', 'nope']", "unknown preset 'nope'"),
+        ("policies = ['fcfs']\nworkloads = ['no-such.csv']", "'no-such.csv' is neither a built-in name"),
+        ("policies = ['fcfs']\nslo = 'ttft=5'", "invalid SLO pair 'ttft=5'"),
+        ("policies = ['fcfs']\nscorer_tau = 2", "scorer_tau must be a number in"),
         ("policies = ['fcfs']\ncolour = 1", "unknown grid keys"),
         ("policies = ['fcfs'\n", "not valid TOML"),
         ("policies = ['fcfs']\n[policy_args.pars]\ntau = 0.5", "policy_args for policies not in the grid"),
@@ -52,23 +61,65 @@ def test_ray_gives_identical_numbers_to_in_process() -> None:
     assert _numbers(local) == _numbers(on_ray)  # float-for-float identical
 
 
-def test_failed_task_is_reported_and_others_kept() -> None:
-    grid = Grid(policies=("fcfs",), workloads=("default", "no-such-workload"), num_requests=50)
+def _malformed_trace(tmp_path: Path) -> str:
+    """A file that passes the grid's checks (it exists) and fails its task when read."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nnot-a-time,1,2\n")
+    return str(bad)
+
+
+def test_failed_task_is_reported_and_others_kept(tmp_path: Path) -> None:
+    bad = _malformed_trace(tmp_path)
+    grid = Grid(policies=("fcfs",), workloads=("default", bad), num_requests=50)
     results = run_sweep(grid, use_ray=False)
-    ok, bad = results
+    ok, failed = results
     assert ok.error is None and ok.metrics is not None and ok.metrics["completed"] == 50
-    assert bad.metrics is None and "no-such-workload" in (bad.error or "")
-    assert bad.task.params()["workload"] == "no-such-workload"
+    assert failed.metrics is None and "bad.csv:2" in (failed.error or "")
+    assert failed.task.params()["workload"] == bad
+
+
+def test_score_based_policies_get_noisy_oracle_scores_as_in_simulate() -> None:
+    def run(tau: float) -> dict[str, float]:
+        grid = Grid(policies=("pars",), num_requests=300, rates=(8.0,), scorer_tau=tau)
+        (result,) = run_sweep(grid, use_ray=False)
+        assert result.error is None and result.metrics is not None
+        return result.metrics
+
+    assert run(0.0)["norm_mean"] > run(1.0)["norm_mean"]  # a better ranking, lower per-token latency
+    tau_arg = Grid(policies=("pars",), num_requests=300, rates=(8.0,), policy_args={"pars": {"tau": 0.0}})
+    (result,) = run_sweep(tau_arg, use_ray=False)
+    assert repr(result.metrics) == repr(run(0.0))  # a tau in policy_args wins over scorer_tau (repr: NaN == NaN)
+
+
+def test_a_preset_entry_may_name_a_fleet() -> None:
+    grid = Grid(policies=("fcfs",), presets=("llama3-8b-l4", "llama3-8b-l4:2"), num_requests=200, rates=(6.0,))
+    one, two = run_sweep(grid, use_ray=False)
+    assert one.metrics is not None and two.metrics is not None
+    assert two.metrics["e2e_mean"] < one.metrics["e2e_mean"]  # twice the engines, less waiting
+
+
+def test_sweep_cli_checks_before_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = tmp_path / "g.toml"
+    grid.write_text("policies = ['fcfs', 'nope']\n")
+    assert main(["sweep", "--grid", str(grid), "--no-ray", "--out", str(tmp_path / "out")]) == 2
+    assert "Unknown policy 'nope'" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    grid.write_text("policies = ['fcfs']\n")
+    assert main(["sweep", "--grid", str(grid), "--num-cpus", "0"]) == 2
+    assert "--num-cpus must be >= 1, got 0" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert main(["sweep", "--grid", str(grid), "--no-ray", "--out", str(tmp_path / "file")]) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
 
 
 def test_sweep_cli_writes_report_and_fails_loudly(tmp_path: Path) -> None:
     grid = tmp_path / "g.toml"
-    grid.write_text("policies = ['fcfs', 'nope']\nrates = [5.0]\nnum_requests = 40\n")
+    grid.write_text(f"policies = ['fcfs']\nworkloads = ['default', {_malformed_trace(tmp_path)!r}]\n"
+                    "rates = [5.0]\nnum_requests = 40\n")
     out = tmp_path / "out"
     code = main(["sweep", "--grid", str(grid), "--no-ray", "--out", str(out)])
-    assert code == 1  # one task failed: unknown policy
+    assert code == 1  # one task failed: a malformed trace
     rows = (out / "results.csv").read_text().splitlines()
-    assert len(rows) == 3 and "Unknown policy 'nope'" in rows[2]
+    assert len(rows) == 3 and "bad.csv:2" in rows[2]
     assert (out / "curves.png").stat().st_size > 0
     agg = (out / "aggregate.csv").read_text()
     assert "fcfs" in agg and not math.isnan(float(agg.splitlines()[1].split(",")[6]))

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from headway._help import HelpFormatter
+from headway._help import CLIError, HelpFormatter, prepare_out_dir
 from headway.sweep._grid import load_grid
 from headway.sweep._runner import METRIC_NAMES, TaskResult, aggregate, run_sweep
 
@@ -24,9 +24,12 @@ def add_sweep_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="run a grid of simulations (policies x workloads x rates x seeds x presets) on Ray",
         description=(
             "Run every combination of a grid file (TOML or JSON with keys policies, workloads, "
-            "rates, seeds, presets, num_requests, slo, policy_args) as Ray tasks, locally or on a "
-            "cluster, and write one table and report (latency vs load per policy). A failed task "
-            "is reported with its parameters; the others' results are kept."
+            "rates, seeds, presets, num_requests, slo, policy_args, max_num_seqs, "
+            "max_num_batched_tokens, scorer_tau) as Ray tasks, locally or on a cluster, and write "
+            "one table and report (latency vs load per policy). A preset entry may name a fleet "
+            "('llama3-8b-h100:2', routed least-outstanding). Names, types and the SLO are checked "
+            "before any task runs; a task that fails is reported with its parameters and the "
+            "others' results are kept."
         ),
         formatter_class=HelpFormatter,
     )
@@ -43,7 +46,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(width=max(Console().width, 140))
+    if args.num_cpus is not None and args.num_cpus < 1:
+        raise CLIError(f"--num-cpus must be >= 1, got {args.num_cpus}")
     grid = load_grid(args.grid)
+    out = prepare_out_dir(args.out or Path("headway-out") / time.strftime("sweep-%Y%m%d-%H%M%S"))
     tasks = grid.tasks()
     console.print(f"[bold]sweep[/] {len(tasks)} tasks ({'in-process' if args.no_ray else 'Ray'})")
     failures: list[TaskResult] = []
@@ -63,7 +69,6 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         )
     rows = aggregate(results)
     console.print(_table(rows))
-    out = Path(args.out) if args.out else Path("headway-out") / time.strftime("sweep-%Y%m%d-%H%M%S")
     paths = write_sweep_report(out, results, rows)
     console.print(f"report: {', '.join(str(p) for p in paths)}")
     if failures:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -51,19 +52,60 @@ class Grid:
     """Keyword settings per policy name."""
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    scorer_tau: float = 0.75
+    """Score-based policies get a noisy-oracle length score with this Kendall tau when the workload
+    carries no scores and their ``policy_args`` set no ``scorer`` (as ``headway simulate --scorer-tau``)."""
 
     def __post_init__(self) -> None:
         for name in ("policies", "workloads", "rates", "seeds", "presets"):
             if not getattr(self, name):
                 raise ValueError(f"grid: {name} must not be empty")
+        for name in ("policies", "workloads", "presets"):
+            for v in getattr(self, name):
+                if not isinstance(v, str) or not v:
+                    raise ValueError(f"grid: {name} must be non-empty strings, got {v!r}")
+            twice = sorted({v for v in getattr(self, name) if getattr(self, name).count(v) > 1})
+            if twice:
+                raise ValueError(f"grid: {name} lists {', '.join(twice)} more than once")
         for rate in self.rates:
-            if rate is not None and not rate > 0:
-                raise ValueError(f"grid: rates must be > 0, got {rate}")
-        if self.num_requests is not None and self.num_requests < 1:
-            raise ValueError(f"grid: num_requests must be >= 1, got {self.num_requests}")
+            if rate is not None and (not _is_number(rate) or not math.isfinite(rate) or not rate > 0):
+                raise ValueError(f"grid: rates must be numbers > 0, got {rate!r}")
+        for seed in self.seeds:
+            if not _is_int(seed) or seed < 0:
+                raise ValueError(f"grid: seeds must be integers >= 0, got {seed!r}")
+        for name in ("num_requests", "max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v < 1):
+                raise ValueError(f"grid: {name} must be an integer >= 1, got {v!r}")
+        if not _is_number(self.scorer_tau) or not -1 <= self.scorer_tau <= 1:
+            raise ValueError(f"grid: scorer_tau must be a number in [-1, 1], got {self.scorer_tau!r}")
         unknown = sorted(set(self.policy_args) - set(self.policies))
         if unknown:
             raise ValueError(f"grid: policy_args for policies not in the grid: {', '.join(unknown)}")
+        self._check_names()
+
+    def _check_names(self) -> None:
+        """Policies, presets, workloads and the SLO that would fail every task fail here, up front."""
+        from headway.core import get_policy_class
+        from headway.metrics import SLO
+        from headway.sim import load_preset
+        from headway.sim._fleet import fleet_presets
+        from headway.workload import available_workloads
+
+        for policy in self.policies:
+            get_policy_class(policy)  # lists the valid names
+        for spec in self.presets:
+            for name in dict.fromkeys(fleet_presets(spec)):
+                load_preset(name)  # lists the valid names
+        known = set(available_workloads())
+        for w in self.workloads:
+            if w not in known and not Path(w).exists():
+                names = ", ".join(sorted(known))
+                raise ValueError(f"grid: workload {w!r} is neither a built-in name ({names}) nor a file")
+        if self.slo is not None:
+            if not isinstance(self.slo, str):
+                raise ValueError(f"grid: slo must be a string such as 'ttft:2000 e2el:60000', got {self.slo!r}")
+            SLO.parse(self.slo)
 
     def tasks(self) -> list[Task]:
         """Every combination, in a fixed order (the order results are reported in)."""
@@ -71,8 +113,16 @@ class Grid:
         return [Task(i, pol, wl, rate, seed, preset) for i, (preset, wl, pol, rate, seed) in enumerate(combos)]
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 _LIST_KEYS = ("policies", "workloads", "rates", "seeds", "presets")
-_SCALAR_KEYS = ("num_requests", "slo", "max_num_seqs", "max_num_batched_tokens")
+_SCALAR_KEYS = ("num_requests", "slo", "max_num_seqs", "max_num_batched_tokens", "scorer_tau")
 
 
 def load_grid(path: str | Path) -> Grid:

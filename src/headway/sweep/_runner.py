@@ -30,6 +30,8 @@ _METRICS: tuple[tuple[str, Callable[[RunSummary], float | int | None]], ...] = (
     ("completed", lambda s: s.num_completed),
 )
 METRIC_NAMES = tuple(name for name, _ in _METRICS)
+FLEET_ROUTER = "least-outstanding"
+"""How a preset entry that names a fleet (``"llama3-8b-h100:2"``) spreads requests over its replicas."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +53,9 @@ class TaskResult:
 def run_task(task: Task, grid: Grid) -> TaskResult:
     """Simulate one grid point; never raises (errors come back in the result)."""
     from headway.metrics import summarize
+    from headway.policies import noisy_oracle_defaults
     from headway.sim import SchedulerConfig, simulate
+    from headway.sim._fleet import fleet_presets
     from headway.workload import load_workload
 
     try:
@@ -61,14 +65,19 @@ def run_task(task: Task, grid: Grid) -> TaskResult:
         if grid.num_requests is not None:
             options["num_requests"] = grid.num_requests
         workload = load_workload(task.workload, **options)
+        kwargs = dict(grid.policy_args.get(task.policy, {}))
+        if any(spec.score is None for spec in workload.requests):  # as headway simulate does
+            kwargs = noisy_oracle_defaults(task.policy, kwargs, tau=grid.scorer_tau, seed=task.seed) or kwargs
+        presets = fleet_presets(task.preset)
         res = simulate(
             workload,
             task.policy,
-            preset=task.preset,
+            preset=presets,
             scheduler=SchedulerConfig(
                 max_num_seqs=grid.max_num_seqs, max_num_batched_tokens=grid.max_num_batched_tokens
             ),
-            policy_kwargs=dict(grid.policy_args.get(task.policy, {})),
+            policy_kwargs=kwargs,
+            router=FLEET_ROUTER if len(presets) > 1 else None,
         )
         summary = summarize(res.requests, slo=grid.slo, name=task.policy)
         metrics = {}
