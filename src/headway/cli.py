@@ -397,10 +397,10 @@ def _cmd_routers(args: argparse.Namespace) -> int:
 
 
 def _cmd_workloads(args: argparse.Namespace) -> int:
-    from headway.workload import available_workloads
+    from headway.workload import available_workloads, workload_description
 
     for name in available_workloads():
-        print(name)
+        print(f"{name:12s} {workload_description(name)}")
     return 0
 
 

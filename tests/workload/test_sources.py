@@ -18,6 +18,7 @@ from headway.workload import (
     default_workload,
     find_data_dir,
     load_workload,
+    workload_description,
 )
 
 TextWriter = Callable[[Path, str], Path]  # the write_text fixture (conftest.py)
@@ -205,3 +206,12 @@ def test_find_data_dir_honours_env_and_reports_what_it_tried(
     monkeypatch.setenv("HEADWAY_DATA_DIR", str(tmp_path / "gone"))
     with pytest.raises(FileNotFoundError, match=r"gone.*HEADWAY_DATA_DIR"):
         load_workload("azure-conv")
+
+
+def test_every_built_in_workload_is_described() -> None:
+    for name in available_workloads():
+        assert workload_description(name), name
+    assert "Gamma(6 req/s, burstiness 0.5)" in workload_description("default")
+    assert "AzureLLMInferenceTrace_conv.csv" in workload_description("azure-conv")
+    with pytest.raises(UnknownWorkloadError, match="valid names: alpaca-eval"):
+        workload_description("nope")

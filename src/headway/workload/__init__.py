@@ -44,6 +44,7 @@ from headway.workload._sources import (
     available_workloads,
     find_data_dir,
     load_workload,
+    workload_description,
 )
 from headway.workload._spec import RequestSpec, Workload
 from headway.workload._tenants import DEFAULT_TENANT_MIX, Tenant, TenantMix, assign_tenants
@@ -90,4 +91,5 @@ __all__ = [
     "resample_output_lengths",
     "sample_output_lengths",
     "sample_prompt_lengths",
+    "workload_description",
 ]

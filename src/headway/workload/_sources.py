@@ -44,6 +44,7 @@ __all__ = [
     "available_workloads",
     "find_data_dir",
     "load_workload",
+    "workload_description",
 ]
 
 DATA_DIR_ENV = "HEADWAY_DATA_DIR"
@@ -295,11 +296,22 @@ def _data_file(*parts: str, fmt: str) -> Callable[[LoadOptions], Workload]:
 class _Source:
     load: Callable[[LoadOptions], Workload]
     synthetic: bool = False
+    about: str = ""
+
+    def description(self) -> str:
+        return self.about or (self.load.__doc__ or "").strip()
 
 
 _WORKLOADS: dict[str, _Source] = {
-    "default": _Source(lambda o: _synthetic(o, burst=False), synthetic=True),
-    "burst": _Source(lambda o: _synthetic(o, burst=True), synthetic=True),
+    "default": _Source(
+        lambda o: _synthetic(o, burst=False),
+        synthetic=True,
+        about=f"synthetic, Azure-conv-shaped lengths, Gamma({DEFAULT_RATE:g} req/s, burstiness "
+        f"{DEFAULT_BURSTINESS:g}) arrivals, 3 tenant tiers; needs no data",
+    ),
+    "burst": _Source(
+        lambda o: _synthetic(o, burst=True), synthetic=True, about="the default's requests, all at t = 0 (as in PARS)"
+    ),
     "azure-conv": _Source(_data_file("azure_llm_2023", "AzureLLMInferenceTrace_conv.csv", fmt="azure")),
     "azure-code": _Source(_data_file("azure_llm_2023", "AzureLLMInferenceTrace_code.csv", fmt="azure")),
     "vidur-conv": _Source(_data_file("vidur_traces", "splitwise_conv.csv", fmt="vidur")),
@@ -315,6 +327,13 @@ _WORKLOADS: dict[str, _Source] = {
 def available_workloads() -> list[str]:
     """Short names :func:`load_workload` accepts."""
     return sorted(_WORKLOADS)
+
+
+def workload_description(name: str) -> str:
+    """One line on what the built-in workload ``name`` is (UnknownWorkloadError listing the names)."""
+    if name not in _WORKLOADS:
+        raise UnknownWorkloadError(f"unknown workload {name!r}; valid names: {', '.join(available_workloads())}")
+    return _WORKLOADS[name].description()
 
 
 # ------------------------------------------------------------------ post-processing
