@@ -233,7 +233,6 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     slo = SLO.parse(args.slo) if args.slo else None  # a bad spec fails before any simulation
     if args.no_report and args.out:
         raise CLIError("--out names a report folder, and --no-report writes none: drop one of them")
-    out = None if args.no_report else prepare_out_dir(args.out or _default_out("simulate"))
     scheduler = SchedulerConfig(
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
@@ -255,6 +254,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         skipped = workload.meta.get("skipped")
         why = f" ({skipped} records skipped: no prompt/response pair or 0 tokens)" if skipped else ""
         raise CLIError(f"workload {workload.name} has no requests{why}")
+    out = None if args.no_report else prepare_out_dir(args.out or _default_out("simulate"))  # before simulating
     notes: list[str] = []
     _default_scorers(names, policy_args, workload, args, notes)
     preset_names = ", ".join(c.name for c in presets)
