@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from headway.integrations._cli import add_calibrate_parser
-from headway.integrations._client import ReplayResult, ReplaySpec
+from headway.integrations._client import ReplayResult, ReplaySpec, replay_sync
 from headway.integrations._probe import (
     FidelityRow,
     Geometry,
+    fidelity_max_prompt,
     fidelity_workload,
     fit_from_client,
     format_fidelity_table,
+    geometry_from_metrics,
     probe_phases,
     simulate_replay,
     simulated_requests,
@@ -26,7 +35,9 @@ from headway.sim._calibrate import (
     calibration_meta,
     engine_configs,
     fit_from_step_log,
+    load_saved_presets,
     percentile,
+    preset_path,
     read_step_log,
     save_preset,
     saved_presets,
@@ -149,10 +160,12 @@ def test_saved_presets_load_by_name_after_builtins(tmp_path: Path, monkeypatch: 
     assert load_preset("my-cpu") == fit.model
     assert calibration_meta("my-cpu")["engine"]["block_size"] == 128  # type: ignore[index]
     assert load_preset(str(path)) == fit.model
-    # a built-in name is never shadowed by a saved file
+    # a built-in name is never shadowed by a saved file (nor saved under: it would never be used)
     shadow = CostModel.from_json(path)
-    save_preset(scaled(shadow, 2.0, name="llama3-8b-a100"))
+    scaled(shadow, 2.0, name="llama3-8b-a100").save(tmp_path / "presets" / "llama3-8b-a100.json")
     assert load_preset("llama3-8b-a100").weight_bytes > 0
+    with pytest.raises(ValueError, match="'llama3-8b-a100' is a built-in preset's"):
+        save_preset(scaled(shadow, 2.0, name="llama3-8b-a100"))
     with pytest.raises(ValueError, match=r"saved presets.*my-cpu"):
         load_preset("nope")
     with pytest.raises(ValueError, match="plain file stems"):
@@ -252,3 +265,222 @@ def test_cli_parsers_and_argument_errors() -> None:
     )
     with pytest.raises(ValueError, match="--speed-check must be >= 0, got -1"):
         args.func(args)
+
+
+# ------------------------------------------------------ against a server that is not (quite) vLLM
+METRICS = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1.0\n'
+
+
+@contextlib.contextmanager
+def fake_server(models: object = None, metrics: str = METRICS, post_status: int = 500) -> Iterator[str]:
+    """An HTTP server on a free port: ``/v1/models`` answers ``models`` (JSON, or bytes as they are;
+    None: one model, ``fake``), ``/metrics`` answers ``metrics``, any other GET 404, and every POST
+    ``post_status`` with an error body."""
+    body = models if isinstance(models, bytes) else json.dumps(models or {"data": [{"id": "fake"}]}).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _send(self, code: int, data: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            pages = {"/v1/models": body, "/metrics": metrics.encode()}
+            self._send(200 if self.path in pages else 404, pages.get(self.path, b"{}"))
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self._send(post_status, b'{"error": "boom"}')
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_port}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def run_cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    add_calibrate_parser(parser.add_subparsers())
+    args = parser.parse_args(list(argv))
+    return int(args.func(args))
+
+
+def fidelity_files(tmp_path: Path, max_model_len: int = 2048) -> list[str]:
+    (tmp_path / "steps.jsonl").write_text(json.dumps({**HEADER, "max_model_len": max_model_len}) + "\n")
+    return ["--control-file", str(tmp_path / "control.json"), "--step-log", str(tmp_path / "steps.jsonl"),
+            "--preset", "llama3-8b-a100"]  # fmt: skip
+
+
+def test_an_unreachable_server_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEADWAY_PRESET_DIR", str(tmp_path / "presets"))
+    url = closed_port_url()
+    for argv in (
+        ["calibrate", "--endpoint", url, "--max-num-batched-tokens", "512"],
+        ["calibrate", "--endpoint", url, "--model", "m", "--max-num-batched-tokens", "512"],
+        ["fidelity", "--endpoint", url, *fidelity_files(tmp_path), "--rate", "2"],
+    ):
+        with pytest.raises(ValueError, match=f"cannot reach {re.escape(url)}: .*refused"):
+            run_cli(*argv)
+    with pytest.raises(ValueError, match=r"--endpoint must be an http:// or https:// URL, got '127\.0\.0\.1:8000'"):
+        run_cli("calibrate", "--endpoint", "127.0.0.1:8000", "--max-num-batched-tokens", "512")
+
+
+@pytest.mark.parametrize(
+    ("models", "path", "error"),
+    [
+        ({"object": "list"}, "", "did not answer with a list of models"),
+        ({"data": []}, "", "lists no models"),
+        (b"<html>hi</html>", "", "did not answer with a list of models"),
+        (None, "/nothing", "/nothing/v1/models answered HTTP 404"),
+    ],
+)
+def test_a_server_that_is_not_vllm_is_named(
+    models: object, path: str, error: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HEADWAY_PRESET_DIR", str(tmp_path / "presets"))
+    with fake_server(models) as url:
+        with pytest.raises(ValueError, match=error):
+            run_cli("calibrate", "--endpoint", url + path, "--max-num-batched-tokens", "512")
+        with pytest.raises(ValueError, match=error):
+            run_cli("fidelity", "--endpoint", url + path, *fidelity_files(tmp_path), "--rate", "2")
+    with fake_server() as url, pytest.raises(ValueError, match=r"--model 'other' is not served by .* fake"):
+        run_cli("calibrate", "--endpoint", url, "--model", "other", "--max-num-batched-tokens", "512")
+
+
+def test_metrics_without_the_cache_config_are_named() -> None:
+    with fake_server(metrics="foo 1\n") as url, pytest.raises(ValueError, match="no vllm:cache_config_info"):
+        geometry_from_metrics(url, 8, 512, 2048)
+    bad = 'vllm:cache_config_info{block_size="16"} 1\n'
+    with fake_server(metrics=bad) as url, pytest.raises(ValueError, match="lacks a numeric num_gpu_blocks"):
+        geometry_from_metrics(url, 8, 512, 2048)
+    with fake_server() as url:
+        assert geometry_from_metrics(url, 8, 512, 2048) == Geometry(8, 2048, 512, 100, 16)
+
+
+def test_failed_requests_end_the_probe_and_the_warm_up_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Failed requests are a clean error (not a RuntimeError traceback), and a replay gives up at the
+    first: the warm-up of 20 requests at 0.5/s used to run its whole ~40 s schedule first."""
+    monkeypatch.setenv("HEADWAY_PRESET_DIR", str(tmp_path / "presets"))
+    with fake_server() as url:
+        with pytest.raises(ValueError, match=r"probe phase 'prefill P=16': 1 requests failed .*HTTP 500: .*boom"):
+            run_cli("calibrate", "--endpoint", url, "--max-num-batched-tokens", "512", "--warmup", "0")
+        t0 = time.perf_counter()
+        with pytest.raises(ValueError, match=r"fidelity warm-up replay: 1 requests failed .*; 19 more not sent"):
+            run_cli("fidelity", "--endpoint", url, *fidelity_files(tmp_path), "--rate", "0.5", "--num-requests", "20")
+        assert time.perf_counter() - t0 < 15.0
+        specs = [ReplaySpec(f"r{i}", float(i), 8, 4) for i in range(30)]
+        t0 = time.perf_counter()
+        res = replay_sync(url, specs, stream=False, abort_on_error=True)
+        assert time.perf_counter() - t0 < 5.0
+        assert res[0].error is not None and not res[0].aborted and "HTTP 500" in res[0].error
+        assert all(r.aborted and not r.ok for r in res[1:])
+    assert not (tmp_path / "presets").exists()
+
+
+def test_calibrate_refuses_a_destination_before_it_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked before the server is asked anything: the endpoint here does not exist."""
+    monkeypatch.setenv("HEADWAY_PRESET_DIR", str(tmp_path / "presets"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    url = closed_port_url()
+    for extra, error in (
+        (["--name", "../evil"], "plain file stems"),
+        (["--name", "llama3-8b-a100"], "'llama3-8b-a100' is a built-in preset's"),
+        (["--name", "a,b"], "contains ',', which `headway simulate --preset` reads as a fleet spec"),
+        (["--name", "gpu:2"], "contains ':'"),
+        (["--name", " x"], "surrounding spaces"),
+        (["--preset-dir", str(a_file)], re.escape(f"cannot save presets in {a_file}: {a_file} is not a directory")),
+        (["--preset-dir", str(a_file / "sub")], re.escape(f"{a_file} is not a directory")),
+        (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
+        (["--max-num-seqs", "-4"], "--max-num-seqs must be >= 1, got -4"),
+        (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be >= 1, got 0"),
+        (["--max-model-len", "100"], "the probe needs --max-model-len >= 128, got 100"),
+    ):
+        with pytest.raises(ValueError, match=error):
+            run_cli("calibrate", "--endpoint", url, "--max-num-batched-tokens", "512", *extra)
+    assert preset_path("ok") == tmp_path / "presets" / "ok.json"  # not created yet, but creatable
+    (tmp_path / "presets" / "taken.json").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"taken\.json exists and is not a file"):
+        preset_path("taken")
+
+
+def test_fidelity_checks_its_arguments_before_the_server(tmp_path: Path) -> None:
+    url = closed_port_url()
+    files = fidelity_files(tmp_path)
+    for extra, error in (
+        (["--policies", "no-such-policy"], "unknown policy 'no-such-policy'; registered policies: .*fcfs"),
+        (["--policies", ""], "--policies names no policy"),
+        (["--policies", " , "], "--policies names no policy"),
+        (["--rate", "0"], "--rate must be a positive number of requests/s, got 0.0"),
+        (["--rate", "-1"], "got -1.0"),
+        (["--rate", "nan"], "got nan"),
+        (["--num-requests", "0"], "--num-requests must be >= 1, got 0"),
+        (["--num-requests", "-3"], "got -3"),
+        (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1"),
+        (["--control-file", str(tmp_path / "no-dir" / "c.json")], "no-dir is not a directory"),
+        (["--step-log", str(tmp_path / "none.jsonl")], "none.jsonl does not exist"),
+        (["--out", str(tmp_path)], "is a directory"),
+    ):
+        with pytest.raises(ValueError, match=error):
+            run_cli("fidelity", "--endpoint", url, *files, "--rate", "2", *extra)
+    assert not (tmp_path / "control.json").exists()  # nothing written to the server's control file
+    with pytest.raises(ValueError, match="--max-model-len: max_model_len 200 leaves no room"):
+        run_cli("fidelity", "--launch", "--preset", "llama3-8b-a100", "--rate", "2", "--max-model-len", "200")
+
+
+def test_a_context_too_short_for_the_workload_is_an_error(tmp_path: Path) -> None:
+    assert fidelity_max_prompt(2048) == 1024 and fidelity_max_prompt(300) == 43 and fidelity_max_prompt(258) == 1
+    for n in (257, 200, 0):
+        with pytest.raises(ValueError, match=f"max_model_len {n} leaves no room .* needs max_model_len >= 258"):
+            fidelity_max_prompt(n)
+    with fake_server() as url, pytest.raises(ValueError, match="max_model_len 257 leaves no room"):
+        run_cli("fidelity", "--endpoint", url, *fidelity_files(tmp_path, max_model_len=257), "--rate", "2")
+    with pytest.raises(ValueError, match="arrival rate must be a positive"):
+        fidelity_workload(3, 0.0)
+    assert all(1 <= s.num_prompt_tokens <= 5 for s in fidelity_workload(50, 2.0, max_prompt=5))
+
+
+def test_engine_geometry_is_checked() -> None:
+    with pytest.raises(ValueError, match="max_num_seqs must be >= 1, got 0"):
+        Geometry(0, 2048, 512, 100, 16)
+    with pytest.raises(ValueError, match="header has no 'num_gpu_blocks'"):
+        Geometry.from_header({k: v for k, v in HEADER.items() if k != "num_gpu_blocks"})
+    with pytest.raises(ValueError, match="needs max_model_len >= 128, got 100"):
+        probe_phases(Geometry(8, 100, 512, 100, 16))
+    geo = Geometry(8, 300, 512, 100, 16)  # short context: mixed requests still fit in it
+    assert all(s.num_prompt_tokens + s.max_tokens <= 300 for _, specs in probe_phases(geo) for s in specs)
+
+
+def test_saved_preset_listing_skips_and_reports_bad_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = tmp_path / "presets"
+    monkeypatch.setenv("HEADWAY_PRESET_DIR", str(d))
+    good = scaled(load_preset("llama3-8b-l4"), 1.0, name="other-name")
+    d.mkdir()
+    good.save(d / "good.json")  # its name field differs from its file's: the file name wins
+    (d / "list.json").write_text("[1, 2]")
+    (d / "latin.json").write_bytes(b"\xff\xfe{")
+    (d / "dir.json").mkdir()
+    good.save(d / "llama3-8b-l4.json")
+    models, problems = load_saved_presets()
+    assert list(models) == ["good"] and models["good"].name == "good"
+    assert load_preset("good").name == "good" and saved_presets() == ["good"]
+    assert len(problems) == 3
+    assert any(p.startswith(f"{d / 'list.json'}: ") and "not list" in p for p in problems)
+    assert any(p.startswith(f"{d / 'latin.json'}: ") and "utf-8" in p for p in problems)
+    assert any(p.startswith(f"{d / 'llama3-8b-l4.json'}: never used") for p in problems)
+    with pytest.raises(ValueError, match=re.escape(f"{d / 'latin.json'}: ") + ".*utf-8"):
+        load_preset("latin")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -78,3 +81,40 @@ def test_negative_constants_rejected_by_name(field: str) -> None:
               "gpu_memory_bytes": 1e10, "weight_bytes": 1e9, "kv_bytes_per_token": 1e3, field: -1.0}
     with pytest.raises(ValueError, match=field):
         CostModel(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"gpu_memory_bytes": "x"}, "field 'gpu_memory_bytes' must be a number, got 'x'"),
+        ({"per_token": True}, "field 'per_token' must be a number, got True"),
+        ({"name": None}, "field 'name' must be a non-empty string, got None"),
+        ({"extra": 1}, r"unknown fields: extra"),
+        ({"weight_bytes": -5.0}, "weight_bytes must be >= 0 and finite, got -5.0"),
+        ({"kv_bytes_per_token": float("nan")}, "kv_bytes_per_token must be > 0"),
+    ],
+)
+def test_bad_fields_in_a_cost_model_file_are_named(tmp_path: Path, change: dict[str, object], error: str) -> None:
+    path = tmp_path / "mine.json"
+    PRESETS["llama3-8b-l4"].save(path)
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}: .*{error}"):
+        load_preset(path)
+
+
+def test_cost_model_files_that_are_not_objects_or_not_utf8_name_the_file(tmp_path: Path) -> None:
+    for i, content in enumerate((b"[1, 2]", b"null", b"\xff\xfe{")):
+        path = tmp_path / f"bad{i}.json"
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match=re.escape(f"{path}: not a headway cost model JSON file")):
+            load_preset(path)
+    fields = dataclasses.asdict(PRESETS["llama3-8b-l4"])
+    del fields["per_token"]
+    (tmp_path / "short.json").write_text(json.dumps(fields))
+    with pytest.raises(ValueError, match="missing fields: per_token"):
+        load_preset(tmp_path / "short.json")
+
+
+def test_memory_figures_must_be_finite_and_non_negative() -> None:
+    with pytest.raises(ValueError, match="gpu_memory_bytes must be >= 0 and finite, got inf"):
+        dataclasses.replace(PRESETS["llama3-8b-l4"], gpu_memory_bytes=float("inf"))

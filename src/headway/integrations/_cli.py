@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
+import math
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headway._help import HelpFormatter
+
+if TYPE_CHECKING:
+    from headway.integrations._probe import Geometry
 
 __all__ = ["add_calibrate_parser"]
 
@@ -129,12 +134,47 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     f.set_defaults(func=_cmd_fidelity)
 
 
+def _user_errors(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``cmd`` with a failed run (a request the server refused, a vLLM that did not start, a file
+    that could not be written) raised as ValueError, which ``headway`` prints as
+    ``headway: error: ...`` rather than a traceback."""
+
+    @functools.wraps(cmd)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return cmd(args)
+        except OSError as exc:
+            where = f"{exc.filename}: " if exc.filename is not None else ""
+            raise ValueError(f"{where}{exc.strerror or exc}") from exc
+        except (RuntimeError, ImportError) as exc:
+            raise ValueError(str(exc) or type(exc).__name__) from exc
+
+    return run
+
+
+def _check_server_args(args: argparse.Namespace) -> None:
+    """What can be checked before a server is started or asked anything."""
+    if args.launch and args.endpoint:
+        raise ValueError("give --endpoint or --launch, not both")
+    if not args.launch and not args.endpoint:
+        raise ValueError("give --endpoint URL (a running vLLM) or --launch")
+    if args.endpoint and not args.endpoint.startswith(("http://", "https://")):
+        raise ValueError(f"--endpoint must be an http:// or https:// URL, got {args.endpoint!r}")
+    for flag in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.endpoint and args.step_log is not None and not args.step_log.is_file():
+        raise ValueError(f"step log {args.step_log} does not exist; start vLLM with the step_log setting")
+
+
 @contextlib.contextmanager
 def _server(args: argparse.Namespace, tmp: Path, control: Path | None) -> Iterator[tuple[str, Path | None]]:
-    """(url, step log) of the server to use: --endpoint as given, or one launched for the run."""
+    """(url, step log) of the server to use: --endpoint as given, or one launched for the run
+    (arguments checked by :func:`_check_server_args`)."""
     if args.launch:
-        if args.endpoint:
-            raise ValueError("give --endpoint or --launch, not both")
         from headway.integrations._server import start_vllm_server
 
         step_log = tmp / "steps.jsonl"
@@ -149,30 +189,55 @@ def _server(args: argparse.Namespace, tmp: Path, control: Path | None) -> Iterat
         ) as srv:  # fmt: skip
             yield srv.url, step_log
         return
-    if not args.endpoint:
-        raise ValueError("give --endpoint URL (a running vLLM) or --launch")
     yield args.endpoint.rstrip("/"), args.step_log
 
 
 def _served_model(url: str, given: str | None) -> str:
-    if given:
-        return given
-    import urllib.request
+    """``given`` or the server's first model, from its ``/v1/models``: the check, before any work,
+    that the server is there and answers like vLLM's OpenAI server (ValueError saying what is wrong)."""
+    from headway.integrations._probe import fetch_text
 
-    with urllib.request.urlopen(url + "/v1/models", timeout=10) as resp:
-        data = json.loads(resp.read())
-    return str(data["data"][0]["id"])
+    text = fetch_text(url, "/v1/models")
+    try:
+        ids = [str(m["id"]) for m in json.loads(text)["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(
+            f"{url}/v1/models did not answer with a list of models ({text[:80]!r}); is {url} a vLLM server?"
+        ) from None
+    if not ids:
+        raise ValueError(f"{url}/v1/models lists no models; is {url} a vLLM server?")
+    if given and given not in ids:
+        raise ValueError(f"--model {given!r} is not served by {url} (it serves {', '.join(ids)})")
+    return given or ids[0]
 
 
-def _check_warmup(args: argparse.Namespace) -> None:
-    if args.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+def _step_log_geometry(step_log: Path) -> Geometry:
+    """The engine's :class:`~headway.integrations._probe.Geometry` from a step log's header."""
+    from headway.integrations._probe import Geometry
+    from headway.sim._calibrate import read_step_log
+
+    if not step_log.is_file():
+        raise ValueError(f"step log {step_log} does not exist; start vLLM with the step_log setting")
+    header = read_step_log(step_log).header
+    try:
+        return Geometry.from_header(header)
+    except ValueError as exc:
+        raise ValueError(f"{step_log}: {exc}") from None
 
 
+@_user_errors
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    _check_warmup(args)
+    _check_server_args(args)
+    if not args.launch and args.step_log is None and args.max_num_batched_tokens is None:
+        raise ValueError("without --step-log, give the server's --max-num-batched-tokens")
+    from headway.integrations._probe import PROBE_MIN_MODEL_LEN
+    from headway.sim._calibrate import preset_path
+
+    if (args.launch or args.step_log is None) and args.max_model_len < PROBE_MIN_MODEL_LEN:
+        raise ValueError(f"the probe needs --max-model-len >= {PROBE_MIN_MODEL_LEN}, got {args.max_model_len}")
+
+    preset_path(args.name, args.preset_dir)  # before the probe: a name or directory it cannot save under
     from headway.integrations._probe import (
-        Geometry,
         count_lines,
         fit_from_client,
         geometry_from_metrics,
@@ -190,12 +255,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     ):
         model = _served_model(url, args.model)
         if step_log is not None:
-            if not step_log.exists():
-                raise ValueError(f"step log {step_log} does not exist; start vLLM with the step_log setting")
-            geo = Geometry.from_header(read_step_log(step_log).header)
+            geo = _step_log_geometry(step_log)
         else:
-            if args.max_num_batched_tokens is None:
-                raise ValueError("without --step-log, give the server's --max-num-batched-tokens")
+            assert args.max_num_batched_tokens is not None
             geo = geometry_from_metrics(url, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len)
         phases = probe_phases(geo, quick=args.quick, seed=args.seed)
         _log(f"probing {url} ({sum(len(s) for _, s in phases)} requests in {len(phases)} phases)")
@@ -225,10 +287,45 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_fidelity(args: argparse.Namespace) -> int:
-    _check_warmup(args)
+def _check_fidelity_args(args: argparse.Namespace) -> list[str]:
+    """The policies to replay; ValueError for any argument that cannot work, before a server is used."""
+    from headway.core import available_policies
+    from headway.integrations._probe import fidelity_max_prompt
+
+    _check_server_args(args)
     if args.speed_check < 0:
         raise ValueError(f"--speed-check must be >= 0, got {args.speed_check}")
+    if args.num_requests < 1:
+        raise ValueError(f"--num-requests must be >= 1, got {args.num_requests}")
+    if not (args.rate > 0 and math.isfinite(args.rate)):
+        raise ValueError(f"--rate must be a positive number of requests/s, got {args.rate}")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise ValueError(f"--policies names no policy ({args.policies!r}); give comma-separated policy names")
+    valid = available_policies()
+    unknown = [p for p in policies if p not in valid]
+    if unknown:
+        raise ValueError(f"--policies: unknown policy {unknown[0]!r}; registered policies: {', '.join(valid)}")
+    if args.endpoint:
+        if args.control_file is None:
+            raise ValueError("--endpoint needs --control-file (the server's headway control_file setting)")
+        if args.step_log is None:
+            raise ValueError("--endpoint needs --step-log (the server's headway step_log setting)")
+    if args.control_file is not None and not args.control_file.parent.is_dir():
+        raise ValueError(f"--control-file {args.control_file}: {args.control_file.parent} is not a directory")
+    if args.out is not None and args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a directory")
+    if args.launch:
+        try:
+            fidelity_max_prompt(args.max_model_len)  # the server started will have this context
+        except ValueError as exc:
+            raise ValueError(f"--max-model-len: {exc}") from None
+    return policies
+
+
+@_user_errors
+def _cmd_fidelity(args: argparse.Namespace) -> int:
+    policies = _check_fidelity_args(args)
     from headway.integrations._probe import (
         fidelity_max_prompt,
         fidelity_workload,
@@ -239,21 +336,14 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
     from headway.sim import load_preset
 
     preset = load_preset(args.preset)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     with tempfile.TemporaryDirectory(prefix="headway-fidelity-") as tmp:
-        control = args.control_file or (Path(tmp) / "control.json" if args.launch else None)
-        if control is None:
-            raise ValueError("--endpoint needs --control-file (the server's headway control_file setting)")
+        control = args.control_file or Path(tmp) / "control.json"
         if args.launch:
             control.write_text(json.dumps({"policy": "fcfs"}))
         with _server(args, Path(tmp), control) as (url, step_log):
-            if step_log is None:
-                raise ValueError("--endpoint needs --step-log (the server's headway step_log setting)")
+            assert step_log is not None
             model = _served_model(url, args.model)
-            from headway.sim._calibrate import read_step_log
-
-            max_len = int(read_step_log(step_log).header["max_model_len"])
-            max_prompt = fidelity_max_prompt(max_len)
+            max_prompt = fidelity_max_prompt(_step_log_geometry(step_log).max_model_len)
             specs = fidelity_workload(args.num_requests, args.rate, seed=args.seed, max_prompt=max_prompt)
             check = speed_check_workload(args.speed_check, args.rate, seed=args.seed, max_prompt=max_prompt)
             _log(f"replaying {len(specs)} requests at {args.rate} req/s under {', '.join(policies)}")

@@ -10,6 +10,7 @@ how many tokens were generated, and each token's arrival time is recorded. Needs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -51,6 +52,8 @@ class ReplayResult:
     finish_order: int = -1
     finish_reason: str | None = None
     error: str | None = None
+    aborted: bool = False
+    """Not sent, or cancelled in flight, because an earlier request failed (``replay(abort_on_error=True)``)."""
 
     @property
     def ok(self) -> bool:
@@ -82,7 +85,7 @@ def random_prompt(num_tokens: int, seed: str | int, vocab: tuple[int, int] = (4,
 
 async def _one(
     client: Any, url: str, model: str, spec: ReplaySpec, res: ReplayResult, t0: float,
-    stream: bool, record_tokens: bool, counter: list[int],
+    stream: bool, record_tokens: bool, counter: list[int], failed: asyncio.Event,
 ) -> None:  # fmt: skip
     body: dict[str, Any] = {
         "model": model,
@@ -102,7 +105,8 @@ async def _one(
     try:
         if not stream:
             resp = await client.post(url, json=body)
-            resp.raise_for_status()
+            if resp.status_code != 200:
+                raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
             data = resp.json()
             now = time.perf_counter() - t0
             res.num_output_tokens = int(data["usage"]["completion_tokens"])
@@ -135,8 +139,9 @@ async def _one(
             res.finish_time = time.perf_counter() - t0
         res.finish_order = counter[0]
         counter[0] += 1
-    except Exception as exc:  # recorded per request; the replay goes on
+    except Exception as exc:  # recorded per request; the replay goes on (unless abort_on_error)
         res.error = f"{type(exc).__name__}: {exc}"
+        failed.set()
 
 
 async def replay(
@@ -147,13 +152,19 @@ async def replay(
     stream: bool = True,
     record_token_times: bool = False,
     timeout_s: float = 600.0,
+    abort_on_error: bool = False,
 ) -> list[ReplayResult]:
-    """Send every spec at its arrival time; returns one result per spec (same order)."""
+    """Send every spec at its arrival time; returns one result per spec (same order).
+
+    ``abort_on_error``: once a request fails, send no more and cancel those in flight (their
+    results are ``aborted``), for a caller that gives up on any failure: against a dead server
+    it learns so at once, not after the workload's whole schedule."""
     import httpx
 
     endpoint = url.rstrip("/") + "/v1/completions"
     results = [ReplayResult(s.request_id, s.arrival_time) for s in specs]
     counter = [0]
+    failed = asyncio.Event()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(timeout_s, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
@@ -162,12 +173,28 @@ async def replay(
         order = sorted(range(len(specs)), key=lambda i: specs[i].arrival_time)
         for i in order:
             delay = specs[i].arrival_time - (time.perf_counter() - t0)
-            if delay > 0:
+            if delay > 0 and abort_on_error:
+                with contextlib.suppress(TimeoutError):  # woken early by a failure
+                    await asyncio.wait_for(failed.wait(), delay)
+            elif delay > 0:
                 await asyncio.sleep(delay)
+            if abort_on_error and failed.is_set():
+                break
             tasks.append(asyncio.create_task(
-                _one(client, endpoint, model, specs[i], results[i], t0, stream, record_token_times, counter)
+                _one(client, endpoint, model, specs[i], results[i], t0, stream, record_token_times, counter, failed)
             ))  # fmt: skip
-        await asyncio.gather(*tasks)
+        if abort_on_error and tasks:
+            waiters: list[asyncio.Future[Any]] = [asyncio.gather(*tasks), asyncio.ensure_future(failed.wait())]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)  # all done, or one failed
+            for task in [*tasks, *waiters]:
+                task.cancel()
+            await asyncio.gather(*tasks, *waiters, return_exceptions=True)
+        else:
+            await asyncio.gather(*tasks)
+    if abort_on_error and failed.is_set():
+        for res in results:
+            if res.error is None and res.finish_time is None:
+                res.error, res.aborted = "not sent or cancelled: an earlier request failed", True
     return results
 
 

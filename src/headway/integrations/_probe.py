@@ -54,9 +54,11 @@ from headway.sim._calibrate import (
 from headway.sim._cost import CostModel, StepSample
 
 __all__ = [
+    "PROBE_MIN_MODEL_LEN",
     "FidelityRow",
     "Geometry",
     "count_lines",
+    "fetch_text",
     "fidelity_max_prompt",
     "fidelity_workload",
     "fit_from_client",
@@ -83,12 +85,23 @@ class Geometry:
     block_size: int
     enable_chunked_prefill: bool = True
 
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_gpu_blocks", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"engine geometry: {name} must be >= 1, got {getattr(self, name)}")
+
     @classmethod
     def from_header(cls, h: Mapping[str, Any]) -> Geometry:
-        return cls(
-            int(h["max_num_seqs"]), int(h["max_model_len"]), int(h["max_num_batched_tokens"]),
-            int(h["num_gpu_blocks"]), int(h["block_size"]), bool(h.get("enable_chunked_prefill", True)),
-        )  # fmt: skip
+        """From a step-log header; ValueError naming a missing or bad setting."""
+        try:
+            return cls(
+                int(h["max_num_seqs"]), int(h["max_model_len"]), int(h["max_num_batched_tokens"]),
+                int(h["num_gpu_blocks"]), int(h["block_size"]), bool(h.get("enable_chunked_prefill", True)),
+            )  # fmt: skip
+        except KeyError as exc:
+            raise ValueError(f"the step log's header has no {exc.args[0]!r}; is it a headway step log?") from None
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the step log's header has a bad engine setting ({exc})") from None
 
     def as_meta(self) -> dict[str, Any]:
         return {
@@ -98,21 +111,46 @@ class Geometry:
         }  # fmt: skip
 
 
+def fetch_text(server: str, path: str, *, timeout: float = 10.0) -> str:
+    """The body of a GET of ``server + path``; ValueError saying that the server cannot be reached,
+    or what it answered instead (an HTTP error status, a body that is not UTF-8 text)."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    url = server.rstrip("/") + path
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body: bytes = resp.read()
+    except urllib.error.HTTPError as exc:
+        raise ValueError(f"{url} answered HTTP {exc.code} {exc.reason}; is {server} a vLLM server?") from None
+    except urllib.error.URLError as exc:
+        raise ValueError(f"cannot reach {server}: {exc.reason}") from None
+    except (OSError, http.client.HTTPException) as exc:  # timeouts, resets, a server that does not speak HTTP
+        raise ValueError(f"cannot reach {server}: {exc or type(exc).__name__}") from None
+    try:
+        return body.decode()
+    except UnicodeDecodeError:
+        raise ValueError(f"{url} answered with something other than text; is {server} a vLLM server?") from None
+
+
 def geometry_from_metrics(url: str, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> Geometry:
     """Block count and size from vLLM's ``/metrics`` (``vllm:cache_config_info``); the rest as given."""
     import re
-    import urllib.request
 
-    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+    url = url.rstrip("/")
+    text = fetch_text(url, "/metrics")
     line = next((ln for ln in text.splitlines() if ln.startswith("vllm:cache_config_info{")), None)
     if line is None:
         raise ValueError(f"{url}/metrics has no vllm:cache_config_info; is it a vLLM server?")
     labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
-    return Geometry(
-        max_num_seqs, max_model_len, max_num_batched_tokens,
-        int(labels["num_gpu_blocks"]), int(labels["block_size"]),
-    )  # fmt: skip
+    try:
+        blocks, block_size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"{url}/metrics: vllm:cache_config_info lacks a numeric num_gpu_blocks or block_size ({line.strip()})"
+        ) from None
+    return Geometry(max_num_seqs, max_model_len, max_num_batched_tokens, blocks, block_size)
 
 
 def count_lines(path: Path) -> int:
@@ -124,8 +162,14 @@ def count_lines(path: Path) -> int:
 
 
 # -------------------------------------------------------------------- probe
+PROBE_MIN_MODEL_LEN = 128
+"""The shortest context the probe fits in (its decode phases run 64-token prompts with 48 outputs)."""
+
+
 def probe_phases(geo: Geometry, *, quick: bool = False, seed: int = 0) -> list[tuple[str, list[ReplaySpec]]]:
     """The calibration probe: named phases of requests (see the module doc)."""
+    if geo.max_model_len < PROBE_MIN_MODEL_LEN:
+        raise ValueError(f"the calibration probe needs max_model_len >= {PROBE_MIN_MODEL_LEN}, got {geo.max_model_len}")
     rng = random.Random(seed)
     out_len = 24 if quick else 48
     half = max(16, geo.max_model_len // 2)
@@ -154,7 +198,7 @@ def probe_phases(geo: Geometry, *, quick: bool = False, seed: int = 0) -> list[t
     for _ in range(n_mixed):
         t += rng.expovariate(rate)
         p = int(min(half, max(8, rng.lognormvariate(math.log(128), 0.9))))
-        o = int(min(256, max(4, rng.lognormvariate(math.log(32), 0.8))))
+        o = int(min(256, geo.max_model_len - p, max(4, rng.lognormvariate(math.log(32), 0.8))))
         mixed.append(spec(t, p, o))
     phases.append(("mixed", mixed))
     return phases
@@ -174,10 +218,8 @@ def run_probe(
     the step log does without, and the lighter client takes less CPU from the engine)."""
     done = []
     for name, specs in phases:
-        res = replay_sync(url, specs, model=model, record_token_times=stream, stream=stream)
-        bad = [r for r in res if not r.ok]
-        if bad:
-            raise RuntimeError(f"probe phase {name!r}: {len(bad)} requests failed (first: {bad[0].error})")
+        res = replay_sync(url, specs, model=model, record_token_times=stream, stream=stream, abort_on_error=True)
+        _check_replay(res, f"probe phase {name!r}")
         short = [r for r, s in zip(res, specs, strict=True) if r.num_output_tokens != s.max_tokens]
         if short:
             raise RuntimeError(
@@ -241,6 +283,17 @@ def calibrate_step_log(path: Path, since_line: int, name: str) -> tuple[Calibrat
     return fit_from_step_log(log, name)
 
 
+def _check_replay(res: Sequence[ReplayResult], what: str) -> None:
+    """RuntimeError naming ``what``, how many requests failed and the first failure, if any did."""
+    bad = [r for r in res if not r.ok]
+    if not bad:
+        return
+    failed = [r for r in bad if not r.aborted]
+    first = (failed or bad)[0]
+    more = f"; {len(bad) - len(failed)} more not sent or cancelled" if len(failed) < len(bad) else ""
+    raise RuntimeError(f"{what}: {len(failed)} requests failed (first: {first.error}){more}")
+
+
 # ----------------------------------------------------------------- fidelity
 def fidelity_workload(
     n: int, rate: float, *, seed: int = 0, max_prompt: int = 1024, max_output: int = 256,
@@ -248,6 +301,12 @@ def fidelity_workload(
 ) -> list[ReplaySpec]:  # fmt: skip
     """Poisson arrivals, log-normal prompt and output lengths; a PARS-style score per request
     (``log(output) + noise``, rank correlation about 0.8) in ``headway_score``."""
+    if n < 0:
+        raise ValueError(f"the number of requests must be >= 0, got {n}")
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"the arrival rate must be a positive number of requests/s, got {rate}")
+    if max_prompt < 1 or max_output < 1:
+        raise ValueError(f"max_prompt and max_output must be >= 1, got {max_prompt} and {max_output}")
     rng = random.Random(seed)
     t = 0.0
     specs = []
@@ -262,7 +321,13 @@ def fidelity_workload(
 
 def fidelity_max_prompt(max_model_len: int, max_output: int = 256) -> int:
     """The longest prompt a :func:`fidelity_workload` may draw on an engine of ``max_model_len``:
-    1,024 tokens, or fewer where a prompt and a ``max_output``-token answer would not fit."""
+    1,024 tokens, or fewer where a prompt and a ``max_output``-token answer would not fit; ValueError
+    when not even a 1-token prompt does."""
+    if max_model_len - max_output - 1 < 1:
+        raise ValueError(
+            f"max_model_len {max_model_len} leaves no room for a prompt and a {max_output}-token answer; "
+            f"the fidelity workload needs max_model_len >= {max_output + 2}"
+        )
     return min(1024, max_model_len - max_output - 1)
 
 
@@ -392,9 +457,11 @@ def run_fidelity(
     for i in range(warmup):
         if log:
             log(f"  warm-up replay {i + 1} of {warmup} (not measured)")
-        replay_sync(url, specs, model=model, stream=False)
+        res = replay_sync(url, specs, model=model, stream=False, abort_on_error=True)
+        _check_replay(res, "fidelity warm-up replay")
         if speed_check:  # the check's batch shapes too: a first check on them read the engine as slow
-            replay_sync(url, speed_check, model=model, stream=False)
+            res = replay_sync(url, speed_check, model=model, stream=False, abort_on_error=True)
+            _check_replay(res, "fidelity warm-up speed check")
 
     def check() -> float:  # under fcfs, the same reference for every policy (preemptions would skew it)
         _switch(control_file, "fcfs", {})
@@ -476,10 +543,8 @@ def _logged_replay(
     """Replay ``specs`` (RuntimeError naming ``what`` if any request fails) and read the step-log
     lines they produced."""
     n0 = count_lines(step_log)
-    res = replay_sync(url, specs, model=model, stream=False)  # light client: less CPU taken from vLLM
-    bad = [r for r in res if not r.ok]
-    if bad:
-        raise RuntimeError(f"{what}: {len(bad)} requests failed ({bad[0].error})")
+    res = replay_sync(url, specs, model=model, stream=False, abort_on_error=True)  # light client: less CPU from vLLM
+    _check_replay(res, what)
     time.sleep(settle_s)  # let the step log flush
     return res, read_step_log(step_log, since_line=n0)
 

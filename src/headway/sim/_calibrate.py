@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from headway.sim._config import CacheConfig, SchedulerConfig
-from headway.sim._cost import TIME_FIELDS, CostModel, StepSample
+from headway.sim._cost import PRESETS, TIME_FIELDS, CostModel, StepSample
 
 __all__ = [
     "PRESET_DIR_ENV",
@@ -51,8 +51,10 @@ __all__ = [
     "engine_configs",
     "fit_from_step_log",
     "fit_step_samples",
+    "load_saved_presets",
     "percentile",
     "preset_dir",
+    "preset_path",
     "read_step_log",
     "relative_error",
     "save_preset",
@@ -73,28 +75,81 @@ def preset_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "headway" / "presets"
 
 
-def saved_presets() -> list[str]:
-    """Names of the presets saved in :func:`preset_dir`, sorted."""
-    d = preset_dir()
+def _saved_files(d: Path) -> list[Path]:
+    """The ``NAME.json`` files in ``d`` (not the calibration sidecars, not directories), by name."""
     if not d.is_dir():
         return []
-    return sorted(p.stem for p in d.glob("*.json") if not p.name.endswith(".calibration.json"))
+    return sorted(p for p in d.glob("*.json") if not p.name.endswith(".calibration.json") and p.is_file())
+
+
+def load_saved_presets() -> tuple[dict[str, CostModel], list[str]]:
+    """The presets saved in :func:`preset_dir` that ``load_preset(NAME)`` loads, by name (a saved
+    preset goes by its file name), and for every other ``*.json`` there a message naming the file
+    and why it is not one: for listings that show the good presets and report the rest."""
+    models: dict[str, CostModel] = {}
+    problems: list[str] = []
+    for path in _saved_files(preset_dir()):
+        if path.stem in PRESETS:
+            problems.append(f"{path}: never used: the built-in preset {path.stem!r} wins over a saved one")
+            continue
+        try:
+            model = CostModel.from_json(path, name=path.stem)
+            model.num_gpu_blocks(1.0, 1)  # memory for a KV cache at all
+        except ValueError as exc:
+            problems.append(str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}")
+            continue
+        models[path.stem] = model
+    return models, problems
+
+
+def saved_presets() -> list[str]:
+    """Names of the usable presets saved in :func:`preset_dir`, sorted (:func:`load_saved_presets`
+    says what is wrong with the other files there)."""
+    return sorted(load_saved_presets()[0])
 
 
 def _check_name(name: str) -> str:
     if not name or "/" in name or "\\" in name or name.startswith(".") or name.endswith(".json"):
         raise ValueError(f"preset names are plain file stems (no '/', no '.json'), got {name!r}")
+    if name in PRESETS:
+        raise ValueError(f"preset name {name!r} is a built-in preset's, which wins over a saved one; choose another")
+    for char in (",", ":"):
+        if char in name:
+            raise ValueError(
+                f"preset name {name!r} contains {char!r}, which `headway simulate --preset` reads as a fleet spec "
+                "(NAME:COUNT,NAME,...); choose another"
+            )
+    if name != name.strip() or not name.isprintable():
+        raise ValueError(f"preset name {name!r} has surrounding spaces or unprintable characters; choose another")
     return name
+
+
+def preset_path(name: str, directory: Path | None = None) -> Path:
+    """Where :func:`save_preset` writes a preset ``name`` (in ``directory``, default :func:`preset_dir`);
+    ValueError when the name is unusable or the directory cannot be created or written, so that
+    ``headway calibrate`` can say so before it probes."""
+    d = directory or preset_dir()
+    path = d / f"{_check_name(name)}.json"
+    top = d
+    while not top.exists() and top.parent != top:
+        top = top.parent
+    if not top.is_dir():
+        raise ValueError(f"cannot save presets in {d}: {top} is not a directory")
+    if not os.access(top, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot save presets in {d}: {top} is not writable")
+    for p in (path, d / f"{name}.calibration.json"):
+        if p.exists() and not p.is_file():
+            raise ValueError(f"cannot save preset {name!r}: {p} exists and is not a file")
+    return path
 
 
 def save_preset(model: CostModel, meta: Mapping[str, Any] | None = None, directory: Path | None = None) -> Path:
     """Write ``model`` as ``<dir>/<model.name>.json`` (plus ``.calibration.json`` with ``meta``)."""
-    d = directory or preset_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{_check_name(model.name)}.json"
+    path = preset_path(model.name, directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
     model.save(path)
     if meta is not None:
-        (d / f"{model.name}.calibration.json").write_text(json.dumps(dict(meta), indent=2) + "\n")
+        path.with_name(f"{model.name}.calibration.json").write_text(json.dumps(dict(meta), indent=2) + "\n")
     return path
 
 
@@ -168,7 +223,7 @@ def read_step_log(path: str | Path, *, since_line: int = 0) -> StepLog:
     requests: list[dict[str, Any]] = []
     policies: list[dict[str, Any]] = []
     earlier: set[int] = set()
-    with Path(path).open(encoding="utf-8") as fh:
+    with Path(path).open(encoding="utf-8", errors="replace") as fh:  # bad bytes: a line that is not JSON
         for i, line in enumerate(fh):
             line = line.strip()
             if not line:
@@ -177,6 +232,8 @@ def read_step_log(path: str | Path, *, since_line: int = 0) -> StepLog:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by a running writer
+            if not isinstance(row, dict):
+                continue
             kind = row.get("type")
             if kind == "header":
                 if not header:

@@ -24,6 +24,7 @@ Presets derive the constants from published hardware figures with the helper
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -60,6 +61,8 @@ TIME_FIELDS = (
     "step_overhead", "per_token", "per_seq", "per_kv_token", "swap_per_token", "per_prefill_step", "per_arrival",
 )  # fmt: skip
 """:class:`CostModel`'s time constants (seconds): each must be >= 0, and a speed factor scales them all."""
+MEMORY_FIELDS = ("gpu_memory_bytes", "weight_bytes", "activation_bytes")
+""":class:`CostModel`'s memory figures (bytes) besides ``kv_bytes_per_token``: each must be >= 0 and finite."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +99,13 @@ class CostModel:
             value = getattr(self, field_name)
             if not (value >= 0.0 and math.isfinite(value)):
                 raise ValueError(f"cost model {self.name!r}: {field_name} must be >= 0, got {value}")
+        for field_name in MEMORY_FIELDS:
+            value = getattr(self, field_name)
+            if not (value >= 0.0 and math.isfinite(value)):
+                raise ValueError(f"cost model {self.name!r}: {field_name} must be >= 0 and finite, got {value}")
         if self.step_overhead + self.per_token <= 0.0:
             raise ValueError(f"cost model {self.name!r}: a step must take positive time")
-        if self.kv_bytes_per_token <= 0:
+        if not (self.kv_bytes_per_token > 0 and math.isfinite(self.kv_bytes_per_token)):
             raise ValueError(f"cost model {self.name!r}: kv_bytes_per_token must be > 0, got {self.kv_bytes_per_token}")
 
     def step_time(self, num_tokens: int, num_seqs: int, num_kv_tokens: int) -> float:
@@ -184,13 +191,36 @@ class CostModel:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
-    def from_json(cls, path: str | Path) -> CostModel:
+    def from_json(cls, path: str | Path, *, name: str | None = None) -> CostModel:
+        """Read a file written by :meth:`save`; ValueError naming the file (and the field) when it is
+        not one. ``name``: the model's name instead of the file's ``name`` field (a saved preset goes
+        by its file name)."""
         p = Path(path)
+        what = f"{p}: not a headway cost model JSON file"
         try:
-            data = json.loads(p.read_text())
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:  # ValueError: not JSON, not UTF-8
+            raise ValueError(f"{what} ({exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{what} (a JSON object of cost-model fields, not {type(data).__name__})")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(k for k in data if k not in fields)
+        if unknown:
+            raise ValueError(f"{what} (unknown fields: {', '.join(unknown)})")
+        for key, value in data.items():
+            if key == "name" and not (isinstance(value, str) and value):
+                raise ValueError(f"{p}: field 'name' must be a non-empty string, got {value!r}")
+            if key != "name" and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ValueError(f"{p}: field {key!r} must be a number, got {value!r}")
+        if name is not None:
+            data["name"] = name
+        missing = [k for k, f in fields.items() if k not in data and f.default is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"{what} (missing fields: {', '.join(missing)})")
+        try:
             return cls(**data)
-        except (OSError, json.JSONDecodeError, TypeError) as exc:
-            raise ValueError(f"{p}: not a headway cost model JSON file ({exc})") from None
+        except ValueError as exc:
+            raise ValueError(f"{p}: {exc}") from None
 
 
 def roofline(
@@ -295,7 +325,9 @@ def load_preset(name_or_path: str | Path) -> CostModel:
     """A built-in preset by name, a preset saved by ``headway calibrate`` (by name, from
     ``$HEADWAY_PRESET_DIR`` or ``~/.cache/headway/presets``), or a cost model JSON file.
 
-    Built-in names win over saved ones; a name that is also a file path loads the file.
+    Built-in names win over saved ones; a name that is also a file path loads the file. A saved
+    preset loaded by name goes by that name (its file's), whatever its ``name`` field says, as
+    ``headway presets`` lists it; a file loaded by path keeps its ``name`` field.
     """
     key = str(name_or_path)
     if key in PRESETS:
@@ -304,7 +336,7 @@ def load_preset(name_or_path: str | Path) -> CostModel:
 
     saved = preset_dir() / f"{key}.json"
     if "/" not in key and not key.endswith(".json") and not Path(key).exists() and saved.is_file():
-        return CostModel.from_json(saved)
+        return CostModel.from_json(saved, name=key)  # a saved preset goes by its file name
     path = Path(key)
     if path.suffix == ".json" or path.exists():
         if not path.exists():
