@@ -375,15 +375,19 @@ def _cmd_policies(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
-    from headway.sim import PRESETS, load_preset, saved_presets
+    from headway.sim import PRESETS
+    from headway.sim._calibrate import load_saved_presets
 
-    models = dict(sorted(PRESETS.items()))
-    for name in saved_presets():
-        if name not in models:
-            models[name] = load_preset(name)
-    for name, c in models.items():
-        blocks = c.num_gpu_blocks(0.9, 16)
+    saved, problems = load_saved_presets()  # a bad file is reported, the rest still listed
+    for name, c in {**dict(sorted(PRESETS.items())), **saved}.items():
+        try:
+            blocks = c.num_gpu_blocks(0.9, 16)
+        except ValueError as exc:
+            problems.append(f"{name}: {exc}")
+            continue
         print(f"{name:20s} {c.describe()}; KV capacity {blocks * 16:,} tokens")
+    for problem in problems:
+        print(f"headway: warning: skipped {problem}", file=sys.stderr)
     return 0
 
 

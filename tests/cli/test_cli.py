@@ -165,3 +165,17 @@ def test_policy_listing_is_plain_text(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["policies"]) == 0
     out = capsys.readouterr().out
     assert "``" not in out and ":class:" not in out and "(priority, arrival_time)" in out
+
+
+def test_presets_lists_the_good_saved_presets_and_warns_about_bad_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from headway.sim import PRESETS
+
+    monkeypatch.setenv("HEADWAY_PRESET_DIR", str(tmp_path))
+    PRESETS["llama3-8b-l4"].save(tmp_path / "mine.json")
+    (tmp_path / "broken.json").write_text("[1, 2]")
+    assert main(["presets"]) == 0
+    out, err = capsys.readouterr()
+    assert "mine " in out and "llama3-8b-a100" in out and "broken" not in out
+    assert f"headway: warning: skipped {tmp_path / 'broken.json'}: not a headway cost model" in err
