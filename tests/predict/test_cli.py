@@ -1,8 +1,9 @@
-"""``python -m headway.predict predictor ...``: help, eval on generic JSONL, clear errors."""
+"""``python -m headway.predict ...``: help, eval on generic JSONL, clear errors."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,132 @@ def test_training_another_encoder_needs_a_checkpoint_name(
     code = main(["predictor", "train", "--data", str(synthetic_jsonl), "--encoder", str(tiny_encoder), "--no-progress"])
     assert code == 2
     assert "name the checkpoint with --name or --out" in capsys.readouterr().err
+
+
+def _train(tmp_path: Path, data: Path, encoder: Path, *extra: str) -> int:
+    base = ["train", "--data", str(data), "--encoder", str(encoder), "--mode", "frozen", "--epochs", "2"]
+    return main([*base, "--max-length", "32", "--no-progress", "--threads", "1", *extra])
+
+
+def test_standalone_main_takes_the_commands_with_or_without_predictor(
+    tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--help"])
+    assert info.value.code == 0 and "usage: python -m headway.predict train" in capsys.readouterr().out
+    for prefix in ([], ["predictor"]):  # benchmark reports record the older form
+        code = main([*prefix, "train", "--data", str(synthetic_jsonl), "--epochs", "0", "--out", str(tmp_path / "x")])
+        assert code == 2
+        assert capsys.readouterr().err == "headway: error: epochs must be >= 1, got 0\n"
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--partners", "0"], "partners must be >= 1, got 0"),
+        (["--pairs-from", "global", "--max-pairs", "0"], "max_pairs must be >= 1, got 0"),
+        (["--lr", "nan"], "lr must be a finite number > 0, got nan"),
+        (["--head-lr", "-1"], "head_lr must be a finite number > 0, got -1.0"),
+        (["--margin", "-1"], "margin must be a finite number >= 0, got -1.0"),
+        (["--seed", "-1"], "seed must be in 0..4294967295, got -1"),
+        (["--max-length", "600"], "max_length 600 is more than the encoder"),
+    ],
+)
+def test_train_options_that_would_harm_are_errors(
+    tmp_path: Path,
+    tiny_encoder: Path,
+    synthetic_jsonl: Path,
+    capsys: pytest.CaptureFixture[str],
+    option: list[str],
+    message: str,
+) -> None:
+    assert _train(tmp_path, synthetic_jsonl, tiny_encoder, "--out", str(tmp_path / "ck"), *option) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("headway: error: ") and message in err and "Traceback" not in err
+    assert not (tmp_path / "ck").exists()
+
+
+def test_train_never_replaces_what_is_not_a_checkpoint(
+    tmp_path: Path,
+    tiny_encoder: Path,
+    synthetic_jsonl: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    precious, a_file = tmp_path / "precious", tmp_path / "afile"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("keep me")
+    a_file.write_text("keep me")
+    for out in (precious, a_file):
+        assert _train(tmp_path, synthetic_jsonl, tiny_encoder, "--out", str(out)) == 2
+        assert capsys.readouterr().err.startswith(f"headway: error: --out {out}: {out}: exists and is not a ")
+    monkeypatch.chdir(precious)
+    assert _train(tmp_path, synthetic_jsonl, tiny_encoder, "--out", ".") == 2
+    assert "exists and is not a predictor checkpoint" in capsys.readouterr().err
+    assert [f.name for f in precious.iterdir()] == ["thesis.tex"] and a_file.read_text() == "keep me"
+    assert _train(tmp_path, synthetic_jsonl, tiny_encoder, "--out", str(tmp_path / "ck")) == 0
+    assert _train(tmp_path, synthetic_jsonl, tiny_encoder, "--out", str(tmp_path / "ck"), "--epochs", "1") == 0
+    assert json.loads((tmp_path / "ck" / "predictor.json").read_text())["training"]["epochs"] == 1  # replaced
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "../../x", "/abs"])
+def test_train_name_must_be_a_plain_name(
+    tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    assert _train(tmp_path, synthetic_jsonl, tiny_encoder, "--name", name) == 2
+    assert capsys.readouterr().err.startswith(f"headway: error: --name: predictor name {name!r} must be a plain")
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path, tiny_encoder: Path) -> Path:
+    torch = pytest.importorskip("torch")
+    from headway.predict.model import LengthPredictor, load_encoder, save_checkpoint
+
+    torch.manual_seed(0)
+    encoder, tokenizer = load_encoder(tiny_encoder)
+    model = LengthPredictor(encoder, "mean")
+    torch.nn.init.normal_(model.head.weight, std=1.0)  # scores that spread, as a trained head's
+    return save_checkpoint(model, tokenizer, tmp_path / "ck", fine_tuned=True, max_length=32)
+
+
+def test_eval_checks_delta_and_shows_progress(
+    checkpoint: Path, synthetic_jsonl: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for delta in ("5", "-1", "1"):
+        assert main(["eval", "--model", str(checkpoint), "--data", str(synthetic_jsonl), "--delta", delta]) == 2
+        assert f"headway: error: --delta must be in [0, 1), got {float(delta)}" in capsys.readouterr().err
+    assert main(["eval", "--model", str(checkpoint), "--data", str(synthetic_jsonl), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["all"]["n"] == 120 and "scoring" in captured.err  # the bar, on stderr
+    assert main(["eval", "--model", str(checkpoint), "--data", str(synthetic_jsonl), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_export_onnx_errors_and_int8_beside_out(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("onnxruntime")
+    for opset in ("0", "9", "99"):
+        assert main(["export-onnx", "--model", str(checkpoint), "--opset", opset]) == 2
+        err = capsys.readouterr().err
+        assert re.fullmatch(rf"headway: error: opset must be 14\.\.\d+ \(.*\), got {opset}\n", err)
+    a_dir = tmp_path / "a-dir"
+    a_dir.mkdir()
+    assert main(["export-onnx", "--model", str(checkpoint), "--out", str(a_dir)]) == 2
+    assert f"headway: error: {a_dir}: is a directory" in capsys.readouterr().err
+    assert list(a_dir.iterdir()) == [] and sorted(f.name for f in tmp_path.iterdir()) == ["a-dir", "ck"]
+    files = sorted(f.name for f in checkpoint.iterdir())
+    out = tmp_path / "exports" / "tiny.onnx"
+    assert main(["export-onnx", "--model", str(checkpoint), "--out", str(out), "--int8"]) == 0
+    assert f"quantized {tmp_path / 'exports' / 'tiny.int8.onnx'}" in capsys.readouterr().out
+    assert sorted(f.name for f in out.parent.iterdir()) == ["tiny.int8.onnx", "tiny.onnx"]
+    assert sorted(f.name for f in checkpoint.iterdir()) == files  # nothing written into the checkpoint
+
+
+def test_matrix_refuses_a_checkpoint_for_a_loss_it_does_not_train(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["matrix", "--losses", "pairwise", "--use-checkpoint", f"pointwise={tmp_path}", "--no-progress"])
+    assert code == 2
+    assert capsys.readouterr().err.startswith("headway: error: --use-checkpoint pointwise=...: pointwise is not among")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -279,3 +280,33 @@ def test_jsonl_spec_through_load_dataset(tmp_path: Path) -> None:
     path = tmp_path / "x.jsonl"
     path.write_text(json.dumps({"prompt": "q", "output_tokens": 2}) + "\n")
     assert len(load_dataset(str(path))) == 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("+", r"'\+': no data set named around '\+'"),
+        ("++", r"'\+\+': no data set named around '\+'"),
+        ("sharegpt:abc", "'sharegpt:abc': sharegpt:N takes a number of examples N, got 'abc'"),
+        ("sharegpt:0", "sharegpt: the number of examples must be >= 1, got 0"),
+        ("sharegpt:-3", "sharegpt: the number of examples must be >= 1, got -3"),
+    ],
+)
+def test_bad_dataset_specs_are_named(spec: str, message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        load_dataset(spec)
+
+
+def test_unreadable_jsonl_names_the_file_and_line(tmp_path: Path) -> None:
+    not_gzip = tmp_path / "data.jsonl.gz"
+    not_gzip.write_text(GOOD + "\n")
+    with pytest.raises(DataError, match=rf"{not_gzip}: cannot read it \(Not a gzipped file"):
+        load_jsonl(not_gzip)
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes((GOOD + "\n" + '{"prompt": "caf\xe9", "output_tokens": 3}\n').encode("latin-1"))
+    with pytest.raises(DataError, match=rf"{latin1}:2: not UTF-8 text \(invalid continuation byte at byte 15\)"):
+        load_jsonl(latin1)
+    good_gzip = tmp_path / "good.jsonl.gz"
+    with gzip.open(good_gzip, "wt", encoding="utf-8") as fh:
+        fh.write(GOOD + "\r\n\n" + '{"prompt": "café", "output_tokens": 3}\n')
+    assert [e.prompt for e in load_jsonl(good_gzip)][1] == "café"

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from headway.predict.evaluate import format_metrics, pair_accuracy, rank_metrics, resampling_ceiling
+from headway.predict import DataError
+from headway.predict.data import Example, ExampleSet
+from headway.predict.evaluate import evaluate_scorer, format_metrics, pair_accuracy, rank_metrics, resampling_ceiling
 
 
 def test_perfect_and_reversed_rankings() -> None:
@@ -48,3 +50,28 @@ def test_resampling_ceiling(data_dir: Path) -> None:
     c = resampling_ceiling(data_dir)
     assert 0.75 < c["spearman"] < 0.86  # ~0.81: the same prompt resampled is not perfectly predictable
     assert c["kendall_tau_b"] < c["spearman"]
+
+
+class _LengthScorer:
+    """Scores a prompt by its length, and records how many prompts each call got."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def score(self, prompts: list[str]) -> np.ndarray:
+        self.calls.append(len(prompts))
+        return np.array([len(p) for p in prompts], dtype=np.float64)
+
+
+def test_evaluate_scorer_checks_delta_and_shows_progress(capsys: pytest.CaptureFixture[str]) -> None:
+    data = ExampleSet("d", "tokens", tuple(Example("x" * (i + 1), i + 1) for i in range(600)))
+    scorer = _LengthScorer()
+    for bad in (5.0, -1.0, 1.0, math.nan):
+        with pytest.raises(DataError, match=rf"delta must be in \[0, 1\), got {bad}"):
+            evaluate_scorer(scorer, data, bad)  # type: ignore[arg-type]
+    assert scorer.calls == []
+    quiet = evaluate_scorer(scorer, data)  # type: ignore[arg-type]
+    assert scorer.calls == [600] and capsys.readouterr().err == ""
+    shown = evaluate_scorer(scorer, data, progress=True)  # type: ignore[arg-type]
+    assert scorer.calls == [600, 256, 256, 88] and "scoring" in capsys.readouterr().err
+    assert shown == quiet and shown[None].kendall_tau_b == pytest.approx(1.0)

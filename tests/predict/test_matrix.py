@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ from headway.predict import DataError, TrainConfig, cross_model_matrix
 
 
 @pytest.mark.slow
-def test_matrix_trains_each_loss_and_reuses_checkpoints(tmp_path: Path, tiny_encoder: Path, data_dir: Path) -> None:
+def test_matrix_trains_each_loss_and_reuses_checkpoints(
+    tmp_path: Path, tiny_encoder: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = TrainConfig(encoder=str(tiny_encoder), mode="frozen", epochs=3, max_length=32, threads=1, progress=False)
     models = ["gpt4", "claude-2.1"]
     result = cross_model_matrix(
@@ -28,6 +31,9 @@ def test_matrix_trains_each_loss_and_reuses_checkpoints(tmp_path: Path, tiny_enc
     assert "| claude-2.1 |" in text and "Kendall tau_b" in text and "tokens (cl100k_base)" in text
     assert "resampling ceiling" in text
 
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     reused = cross_model_matrix(
         "gpt4",
         models,
@@ -38,6 +44,7 @@ def test_matrix_trains_each_loss_and_reuses_checkpoints(tmp_path: Path, tiny_enc
         log=lambda _m: None,
     )
     assert reused.cells[("pairwise", "claude-2.1")] == result.cells[("pairwise", "claude-2.1")]
+    assert list(temporary.iterdir()) == []  # no checkpoint directory left behind without an out_root
     with pytest.raises(DataError, match="not trained like this matrix"):
         cross_model_matrix(
             "gpt4",
@@ -48,3 +55,8 @@ def test_matrix_trains_each_loss_and_reuses_checkpoints(tmp_path: Path, tiny_enc
             checkpoints={"pointwise": tmp_path / "ck" / "gpt4-pairwise-frozen"},
             log=lambda _m: None,
         )
+
+
+def test_a_checkpoint_for_a_loss_not_trained_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"given for pointwise, which is not among the losses \['pairwise'\]"):
+        cross_model_matrix("gpt4", ["gpt4"], ["pairwise"], checkpoints={"pointwise": tmp_path}, log=lambda _m: None)

@@ -16,9 +16,12 @@ from headway.predict import CheckpointError, EncoderError  # noqa: E402
 from headway.predict._paths import _mpnet_part_files  # noqa: E402
 from headway.predict.model import (  # noqa: E402
     LengthPredictor,
+    checkpoint_max_length,
     load_checkpoint,
     load_encoder,
     pad_batch,
+    position_limit,
+    read_checkpoint_meta,
     save_checkpoint,
     tokenize,
 )
@@ -131,6 +134,101 @@ def test_corrupt_or_missing_settings(checkpoint: Path, tmp_path: Path) -> None:
         load_checkpoint(checkpoint)
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "nothing-here")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("hidden_size", "abc"), ("hidden_size", True), ("max_length", "big"), ("max_length", 0), ("pooling", 3)],
+)
+def test_bad_settings_values_name_the_file(checkpoint: Path, key: str, value: object) -> None:
+    meta_path = checkpoint / "predictor.json"
+    meta = json.loads(meta_path.read_text())
+    meta[key] = value
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=f"{meta_path}: '{key}' must be a "):
+        load_checkpoint(checkpoint)
+
+
+def test_saving_refuses_a_path_that_is_not_a_checkpoint(tmp_path: Path, tiny_encoder: Path) -> None:
+    encoder, tokenizer = load_encoder(tiny_encoder)
+    model = LengthPredictor(encoder)
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep me")
+    with pytest.raises(CheckpointError, match=f"{a_file}: exists and is not a directory"):
+        save_checkpoint(model, tokenizer, a_file, fine_tuned=False)
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("keep me")
+    with pytest.raises(CheckpointError, match=f"{precious}: exists and is not a predictor checkpoint"):
+        save_checkpoint(model, tokenizer, precious, fine_tuned=False)
+    assert a_file.read_text() == "keep me" and (precious / "thesis.tex").read_text() == "keep me"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["notes.txt", "precious"]  # no temporary left
+    under_a_file = a_file / "ck"
+    with pytest.raises(CheckpointError, match=f"{under_a_file}: {a_file} is not a directory"):
+        save_checkpoint(model, tokenizer, under_a_file, fine_tuned=False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert (save_checkpoint(model, tokenizer, empty, fine_tuned=False) / "predictor.json").is_file()
+
+
+def test_saving_replaces_a_checkpoint_only_once_the_new_one_is_written(
+    checkpoint: Path, tiny_encoder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encoder, tokenizer = load_encoder(tiny_encoder)
+    model = LengthPredictor(encoder, "mean")
+    before = (checkpoint / "predictor.json").read_text()
+    (checkpoint / "model.onnx").write_bytes(b"an export of the old weights")
+
+    def fail(*args: object, **kw: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tokenizer, "save_pretrained", fail)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(model, tokenizer, checkpoint, fine_tuned=True)
+    assert (checkpoint / "predictor.json").read_text() == before  # the old one, whole
+    assert sorted(f.name for f in checkpoint.parent.iterdir()) == ["ck"]
+    monkeypatch.undo()
+    with torch.no_grad():
+        model.head.weight[0, 0] = float("nan")
+    with pytest.raises(CheckpointError, match=r"not saved: tensor 'head\.weight' has NaN"):
+        save_checkpoint(model, tokenizer, checkpoint, fine_tuned=True)
+    assert (checkpoint / "predictor.json").read_text() == before
+    with torch.no_grad():
+        model.head.weight[0, 0] = 1.0
+    assert save_checkpoint(model, tokenizer, checkpoint, fine_tuned=True) == checkpoint.resolve()
+    assert load_checkpoint(checkpoint).meta["pooling"] == "mean"  # the new one, in its place
+    assert sorted(f.name for f in checkpoint.parent.iterdir()) == ["ck"]
+    assert not (checkpoint / "model.onnx").exists()
+
+
+def test_a_checkpoint_is_readable_per_the_umask(tmp_path: Path, tiny_encoder: Path) -> None:
+    encoder, tokenizer = load_encoder(tiny_encoder)
+    old = os.umask(0o022)
+    try:
+        ck = save_checkpoint(LengthPredictor(encoder), tokenizer, tmp_path / "ck", fine_tuned=True)
+    finally:
+        os.umask(old)
+    assert ck.stat().st_mode & 0o777 == 0o755 and (ck / "tokenizer").stat().st_mode & 0o777 == 0o755
+    assert {f.stat().st_mode & 0o777 for f in ck.rglob("*") if f.is_file()} == {0o644}
+
+
+def test_position_limit_and_a_checkpoint_asking_for_more(tmp_path: Path, tiny_encoder: Path) -> None:
+    assert position_limit({"model_type": "bert", "max_position_embeddings": 512}) == 512
+    assert position_limit({"model_type": "mpnet", "max_position_embeddings": 514, "pad_token_id": 1}) == 512
+    assert position_limit({"model_type": "bert"}) is None
+    encoder, tokenizer = load_encoder(tiny_encoder)
+    assert position_limit(encoder.config) == 512
+    for fine_tuned in (True, False):  # trained on short prompts with max_length 1000, before that was refused
+        ck = save_checkpoint(
+            LengthPredictor(encoder),
+            tokenizer,
+            tmp_path / f"ck-{fine_tuned}",
+            fine_tuned=fine_tuned,
+            encoder_path=tiny_encoder,
+            max_length=1000,
+        )
+        assert load_checkpoint(ck).max_length == 512
+        assert checkpoint_max_length(ck, read_checkpoint_meta(ck)) == 512
 
 
 def _rewrite(checkpoint: Path, tensors: dict[str, torch.Tensor]) -> None:

@@ -35,3 +35,11 @@ def test_a_module_spec_stays_a_module_where_a_directory_has_its_name(
     assert predictor_spec("mymodule:attr") is None
     (tmp_path / "mymodule" / "predictor.json").write_text("{}")
     assert predictor_spec("mymodule:onnx") == ("mymodule", "onnx")
+
+
+def test_a_directory_with_a_colon_in_its_name_is_that_directory(tmp_path: Path) -> None:
+    versioned = tmp_path / "ck:v2"
+    versioned.mkdir()
+    assert predictor_spec(str(versioned)) == (str(versioned), None)
+    assert predictor_spec(f"{versioned}:onnx") == (str(versioned), "onnx")
+    assert predictor_spec(f"{tmp_path}/ck:onnx") == (f"{tmp_path}/ck", "onnx")  # no such directory: DIR:BACKEND

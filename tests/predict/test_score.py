@@ -123,10 +123,14 @@ def test_cache_hits_misses_duplicates_and_eviction(checkpoint: Path) -> None:
     assert scorer.cache_info().size == 0
 
 
-def test_empty_prompt_is_named(checkpoint: Path) -> None:
-    scorer = Scorer.from_checkpoint(checkpoint)
-    with pytest.raises(ValueError, match="prompt 1 is empty"):
-        scorer.score(["fine", "  "])
+def test_an_empty_or_blank_prompt_is_scored_and_a_non_string_is_named(checkpoint: Path) -> None:
+    scorer = Scorer.from_checkpoint(checkpoint, cache_size=0)
+    scores = scorer.score(["fine", "  ", "", PROMPTS[0]])
+    assert np.all(np.isfinite(scores))
+    assert scores[1] == pytest.approx(scores[2], abs=1e-5)  # both are [CLS] [SEP] alone
+    assert scores[[0, 3]] == pytest.approx(scorer.score(["fine", PROMPTS[0]]), abs=1e-5)  # the others as alone
+    with pytest.raises(TypeError, match="prompt 1 is not a string: None"):
+        scorer.score(["fine", None])  # type: ignore[list-item]
     with pytest.raises(TypeError):
         scorer.score("a string, not a list")
 
@@ -240,13 +244,13 @@ def test_int8_onnx_ranks_like_the_float_model_and_detects_changes(checkpoint: Pa
     assert json.loads((ck / "model.int8.onnx.json").read_text())["per_channel"] is False  # per-tensor scales pass
 
 
-@pytest.mark.parametrize("passing_step", [1, 2])
+@pytest.mark.parametrize("passing_step", [1, 2, 3])
 def test_int8_escalates_until_its_scores_match_the_float_model(
     passing_step: int, checkpoint: Path, tiny_encoder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Per-tensor scales, then per-channel ones, then per-channel with the feed-forward output
-    projections in float (the tiny encoder's one layer: ``layer.0/output/dense``): the first
-    setting whose scores pass is kept. Settings before ``passing_step`` quantize another model."""
+    """Per-tensor scales, then per-channel ones, then per-channel with the score head in float, then
+    also the feed-forward output projections (the tiny encoder's one layer: ``layer.0/output/dense``):
+    the first setting whose scores pass is kept. Settings before ``passing_step`` quantize another model."""
     pytest.importorskip("onnxruntime")
     import shutil
 
@@ -271,7 +275,9 @@ def test_int8_escalates_until_its_scores_match_the_float_model(
 
     monkeypatch.setattr(ortq, "quantize_dynamic", quantize)
     quantize_onnx(ck)
-    ladder = [(False, []), (True, []), (True, ["/encoder/encoder/layer.0/output/dense/MatMul"])]
+    head = ["/head/Gemm", "/head/Gemm_MatMul"]  # (and as quantize_dynamic renames it)
+    ffn = "/encoder/encoder/layer.0/output/dense/MatMul"
+    ladder = [(False, []), (True, []), (True, head), (True, [*head, ffn])]
     assert calls == ladder[: passing_step + 1]
     side = json.loads((ck / "model.int8.onnx.json").read_text())
     assert (side["per_channel"], side["float_nodes"]) == ladder[passing_step]
@@ -282,6 +288,67 @@ def test_int8_escalates_until_its_scores_match_the_float_model(
     with pytest.raises(CheckpointError, match="int8 scores differ too much"):
         quantize_onnx(ck)
     assert not (ck / ".model.int8.onnx.tmp").exists()
+
+
+def test_int8_keeps_the_head_in_float(tiny_encoder: Path, tmp_path: Path) -> None:
+    """A frozen-encoder head has the feature standardization folded in: weights of 1e4 and more on
+    features that hardly vary (as some of MiniLM's do) beside weights near 1. Quantized with them,
+    the others rounded to zero and every prompt scored the head's bias."""
+    pytest.importorskip("onnxruntime")
+    from headway.predict import quantize_onnx
+
+    torch.manual_seed(0)
+    encoder, tokenizer = load_encoder(tiny_encoder)
+    model = LengthPredictor(encoder, "mean")
+    norm = encoder.encoder.layer[-1].output.LayerNorm
+    with torch.no_grad():
+        norm.weight[0] = norm.bias[0] = 0.0  # feature 0 is 0 for every prompt
+        torch.nn.init.normal_(model.head.weight, std=1.0)
+        model.head.weight[0, 0] = 3e4
+    ck = save_checkpoint(model, tokenizer, tmp_path / "ck", fine_tuned=True, max_length=32)
+    quantize_onnx(ck)
+    ref = Scorer.from_checkpoint(ck, "onnx").score(PROMPTS)
+    got = Scorer.from_checkpoint(ck, "onnx-int8").score(PROMPTS)
+    assert float(np.max(np.abs(got - ref))) <= 0.1 * float(np.ptp(ref))
+    assert "/head/Gemm" in json.loads((ck / "model.int8.onnx.json").read_text())["float_nodes"]
+
+
+def test_a_checkpoint_asking_for_more_positions_than_its_encoder_has_scores_long_prompts(
+    tiny_encoder: Path, tmp_path: Path
+) -> None:
+    """Trained on short prompts with max_length 1000 (512 positions): prompts are cut at 512 tokens."""
+    pytest.importorskip("onnxruntime")
+    encoder, tokenizer = load_encoder(tiny_encoder)
+    ck = save_checkpoint(LengthPredictor(encoder, "mean"), tokenizer, tmp_path / "ck", fine_tuned=True, max_length=1000)
+    prompts = ["word " * 700, "word " * 510, PROMPTS[0]]
+    for backend in ("torch", "onnx", "onnx-int8"):
+        scorer = Scorer.from_checkpoint(ck, backend)  # type: ignore[arg-type]
+        assert scorer.max_length == 512
+        scores = scorer.score(prompts)
+        assert np.all(np.isfinite(scores)) and scores[0] == pytest.approx(scores[1], abs=1e-2)
+
+
+def test_a_failed_export_leaves_the_earlier_one(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("onnxruntime")
+    import shutil
+
+    import headway.predict.score as score_mod
+
+    ck = tmp_path / "ck"
+    shutil.copytree(checkpoint, ck)
+    before = export_onnx(ck).read_bytes()
+    for opset in (0, 9, 99):
+        with pytest.raises(ValueError, match=rf"opset must be 14\.\.\d+ .*, got {opset}"):
+            export_onnx(ck, opset=opset)
+    monkeypatch.setattr(score_mod.OnnxBackend, "run", lambda self, ids, mask: np.zeros(len(ids)))
+    with pytest.raises(CheckpointError, match="ONNX scores differ from torch"):
+        export_onnx(ck, opset=18)
+    assert (ck / "model.onnx").read_bytes() == before
+    assert not (ck / ".model.onnx.tmp").exists()
+    with pytest.raises(CheckpointError, match=f"{ck}: is a directory; give the path of the ONNX file"):
+        export_onnx(ck, ck)
 
 
 def test_ensure_predictor_uses_existing_and_refuses_missing(checkpoint: Path, tmp_path: Path) -> None:

@@ -12,10 +12,21 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from headway.predict import Scorer, TrainConfig, load_jsonl, rank_metrics, train_predictor
+from headway.predict import (
+    CheckpointError,
+    DataError,
+    EncoderError,
+    PredictError,
+    Scorer,
+    TrainConfig,
+    load_jsonl,
+    rank_metrics,
+    train_predictor,
+)
 from headway.predict.data import split_by_prompt
 from headway.predict.model import load_checkpoint
 from headway.predict.score import TorchBackend
+from headway.predict.train import default_predictor_dir
 
 
 def _cfg(data: Path, encoder: Path | None, **kw: object) -> TrainConfig:
@@ -122,6 +133,93 @@ def test_bad_config_is_rejected() -> None:
         TrainConfig(pretrain="sharegpt", mode="frozen")
     with pytest.raises(ValueError, match="pretrain_epochs must be >= 1, got 0"):
         TrainConfig(pretrain="sharegpt", pretrain_epochs=0)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"epochs": 0}, "epochs must be >= 1, got 0"),
+        ({"epochs": -2}, "epochs must be >= 1, got -2"),
+        ({"partners": 0}, "partners must be >= 1, got 0"),
+        ({"max_pairs": 0}, "max_pairs must be >= 1, got 0"),
+        ({"max_pairs": -1}, "max_pairs must be >= 1, got -1"),
+        ({"batch_size": 1}, "batch_size must be >= 2, got 1"),
+        ({"max_length": 4}, "max_length must be >= 8, got 4"),
+        ({"lr": -1.0}, "lr must be a finite number > 0, got -1.0"),
+        ({"lr": float("nan")}, "lr must be a finite number > 0, got nan"),
+        ({"head_lr": -1.0}, "head_lr must be a finite number > 0, got -1.0"),
+        ({"head_lr": 0.0}, "head_lr must be a finite number > 0, got 0.0"),
+        ({"margin": -1.0}, "margin must be a finite number >= 0, got -1.0"),
+        ({"margin": float("nan")}, "margin must be a finite number >= 0, got nan"),
+        ({"weight_decay": float("inf")}, "weight_decay must be a finite number >= 0, got inf"),
+        ({"grad_clip": -1.0}, "grad_clip must be a finite number >= 0, got -1.0"),
+        ({"warmup_frac": 1.5}, r"warmup_frac must be in \[0, 1\], got 1.5"),
+        ({"seed": -1}, "seed must be in 0..4294967295, got -1"),
+        ({"seed": 2**32}, "seed must be in 0..4294967295, got 4294967296"),
+        ({"test_frac": 0.6, "val_frac": 0.5}, "test_frac and val_frac must be in .* got 0.6 and 0.5"),
+        ({"delta": float("nan")}, r"delta must be in \[0, 1\), got nan"),
+    ],
+)
+def test_settings_that_would_train_nothing_or_harm_are_refused_by_name(
+    setting: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**setting)  # type: ignore[arg-type]
+
+
+def test_the_output_is_checked_before_anything_else(tmp_path: Path, tiny_encoder: Path) -> None:
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("keep me")
+    cfg = _cfg(tmp_path / "no-such-data.jsonl", tiny_encoder)  # loading it would fail: the output fails first
+    with pytest.raises(CheckpointError, match=f"{precious}: exists and is not a predictor checkpoint"):
+        train_predictor(cfg, out_dir=precious)
+    assert [f.name for f in precious.iterdir()] == ["thesis.tex"]
+    with pytest.raises(DataError, match=r"no-such-data\.jsonl: file not found"):
+        train_predictor(cfg, out_dir=tmp_path / "new")
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "../../x", "/abs", "a/b"])
+def test_a_predictor_name_cannot_leave_the_cache(name: str) -> None:
+    with pytest.raises(ValueError, match=f"predictor name {name!r} must be a plain name"):
+        default_predictor_dir(name)
+
+
+def test_more_tokens_than_the_encoder_has_positions_are_refused(
+    tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path
+) -> None:
+    cfg = _cfg(synthetic_jsonl, tiny_encoder, max_length=513, epochs=1)
+    with pytest.raises(EncoderError, match=r"max_length 513 is more than .* cover 512 tokens; use --max-length 512"):
+        train_predictor(cfg, out_dir=tmp_path / "ck")
+    assert not (tmp_path / "ck").exists()
+    assert train_predictor(replace(cfg, max_length=512), out_dir=tmp_path / "ck").path == tmp_path / "ck"
+
+
+@pytest.mark.parametrize("mode", ["full", "frozen"])
+def test_a_diverging_run_stops_and_keeps_the_old_checkpoint(
+    tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path, mode: str
+) -> None:
+    cfg = _cfg(synthetic_jsonl, tiny_encoder, mode=mode, epochs=2)
+    old = train_predictor(cfg, out_dir=tmp_path / "ck").path
+    before = (old / "model.safetensors").read_bytes()
+    cfg.head_lr = float("inf")  # past the settings' checks, as a run whose loss blows up
+    with pytest.raises(PredictError, match=r"training diverged: loss nan at epoch 1, step 2 .*nothing was saved"):
+        train_predictor(cfg, out_dir=old)
+    assert (old / "model.safetensors").read_bytes() == before
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["ck", "synthetic.jsonl"]
+
+
+@pytest.mark.parametrize("pairs_from", ["batch", "global"])
+def test_data_without_a_pair_to_learn_from_is_refused(
+    tmp_path: Path, tiny_encoder: Path, pairs_from: str, recwarn: pytest.WarningsRecorder
+) -> None:
+    same = tmp_path / "same.jsonl"
+    same.write_text("".join(json.dumps({"prompt": f"prompt {i}", "output_tokens": 100}) + "\n" for i in range(40)))
+    cfg = _cfg(same, tiny_encoder, mode="full", epochs=1, pairs_from=pairs_from)
+    with pytest.raises(DataError, match=r"same\.jsonl: nothing to learn from .*pair.*; nothing was saved"):
+        train_predictor(cfg, out_dir=tmp_path / "ck")
+    assert not (tmp_path / "ck").exists()
+    assert not [w for w in recwarn if "lr_scheduler" in str(w.message)]
 
 
 def test_pretraining_gives_stage_two_its_encoder(tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path) -> None:

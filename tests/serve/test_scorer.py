@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
 import time
@@ -125,6 +126,25 @@ def test_a_checkpoint_directory_scores_with_the_gateways_threads_and_max_length(
     assert seen == [(str(tmp_path), "onnx-int8", 1, 64), (str(tmp_path), "torch", 2, None)]
     with pytest.raises(ValueError, match="unknown backend 'gpu'"):
         load_score_fn(f"{tmp_path}:gpu")
+
+
+def test_a_blank_prompt_is_scored_and_so_are_its_batch_mates(tmp_path: Path) -> None:
+    """A blank prompt is a request too; it used to fail its whole scoring batch."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from headway.predict.model import LengthPredictor, load_encoder, save_checkpoint
+
+    encoder, tokenizer = load_encoder(None)  # the bundled MiniLM, frozen: only the head is written
+    ck = save_checkpoint(LengthPredictor(encoder, "mean"), tokenizer, tmp_path / "ck", fine_tuned=False, max_length=32)
+    prompts = ["Write a poem about the sea.", "What is 2+2?", " ", "List three colors.", ""]
+
+    async def main() -> list[float]:
+        scorer = BatchScorer(load_score_fn(str(ck), threads=1), batch_size=32, max_wait_s=0.01)
+        return await asyncio.gather(*[scorer.score(p) for p in prompts])
+
+    got = asyncio.run(main())
+    assert all(math.isfinite(x) for x in got) and got[2] == pytest.approx(got[4])
+    assert len({round(x, 6) for x in got}) == 4
 
 
 # ------------------------------------------------------------- scoring in a worker process

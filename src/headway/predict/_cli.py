@@ -152,17 +152,25 @@ def _say(msg: str) -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from headway.predict.evaluate import format_metrics
+    from headway.predict.model import check_checkpoint_target
     from headway.predict.train import default_predictor_dir, train_predictor
 
     cfg = _train_config(args)
-    if args.out:
-        out = Path(args.out)
+    if args.out is not None:
+        if not args.out:
+            raise PredictError("--out: empty path; give the checkpoint directory")
+        flag, out = f"--out {args.out}", Path(args.out)
     else:
         try:
-            name = args.name or default_predictor_name(args.encoder)
+            name = args.name if args.name is not None else default_predictor_name(args.encoder)
+            out = default_predictor_dir(name)
         except ValueError as exc:
-            raise PredictError(str(exc)) from None
-        out = default_predictor_dir(name)
+            raise PredictError(f"--name: {exc}" if args.name is not None else str(exc)) from None
+        flag = f"--name {name}"
+    try:  # before training: a path that is not a checkpoint is never replaced
+        check_checkpoint_target(out)
+    except PredictError as exc:
+        raise PredictError(f"{flag}: {exc}") from None
     result = train_predictor(cfg, out_dir=out, data_dir=args.data_dir, log=_say)
     pairs = f", {result.pairs_seen} pairs seen ({result.distinct_pairs} distinct)" if cfg.loss == "pairwise" else ""
     print(
@@ -181,15 +189,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from headway.predict.evaluate import evaluate_scorer, format_metrics
     from headway.predict.score import Scorer
 
+    if not (0.0 <= args.delta < 1.0):
+        raise PredictError(f"--delta must be in [0, 1), got {args.delta}")
     data = load_dataset(args.data, args.unit, args.data_dir)
     scorer = Scorer.from_checkpoint(args.model, args.backend, batch_size=args.batch_size, threads=args.threads)
     if args.split != "all":
         tr = scorer.meta.get("training", {})
-        split = split_by_prompt(
-            data, float(tr.get("test_frac", 0.2)), float(tr.get("val_frac", 0.1)), int(tr.get("seed", 0))
-        )
-        data = getattr(split, args.split)
-    results = evaluate_scorer(scorer, data, args.delta)
+        try:
+            fracs = float(tr.get("test_frac", 0.2)), float(tr.get("val_frac", 0.1)), int(tr.get("seed", 0))
+        except (AttributeError, TypeError, ValueError):
+            raise PredictError(f"{args.model}: predictor.json has no readable 'training' split settings") from None
+        data = getattr(split_by_prompt(data, *fracs), args.split)
+    results = evaluate_scorer(scorer, data, args.delta, progress=not args.no_progress)
     if args.json:
         print(json.dumps({str(k) if k else "all": v.as_dict() for k, v in results.items()}, indent=2))
         return 0
@@ -223,6 +234,13 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     for loss in losses:
         if loss not in _LOSSES:
             raise PredictError(f"unknown loss {loss!r} in --losses; choose from {', '.join(_LOSSES)}")
+    checkpoints: dict[str, str | Path] = dict(_parse_use(u) for u in args.use_checkpoint or [])
+    unused = [loss for loss in checkpoints if loss not in losses]
+    if unused:
+        raise PredictError(
+            f"--use-checkpoint {unused[0]}=...: {unused[0]} is not among --losses {','.join(losses)}; "
+            "add it there or drop the checkpoint"
+        )
     result = cross_model_matrix(
         args.train_model,
         eval_models,
@@ -232,7 +250,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         out_root=args.checkpoints,
         delta=args.delta,
         log=_say,
-        checkpoints=dict(_parse_use(u) for u in args.use_checkpoint or []),
+        checkpoints=checkpoints,
     )
     result.command = _command_line()
     text = result.to_markdown()
@@ -249,19 +267,21 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     path = export_onnx(args.model, args.out, opset=args.opset, verify=not args.no_verify)
     print(f"exported {path}" + ("" if args.no_verify else " (ONNX Runtime scores match torch)"))
-    if args.int8:
-        print(f"quantized {quantize_onnx(args.model)} (int8 weights; ranks like the float model)")
+    if args.int8:  # with --out F: beside F, as F.int8.onnx, quantized from F
+        int8 = quantize_onnx(args.model, path.with_suffix(".int8.onnx"), source=path) if args.out else None
+        print(f"quantized {int8 or quantize_onnx(args.model)} (int8 weights; ranks like the float model)")
     return 0
 
 
 def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Data, checkpoint and encoder errors become ``error: ...`` on stderr and exit code 2."""
+    """Data, checkpoint, encoder and option errors (:class:`PredictError` and the other ValueErrors,
+    which name the bad value) become ``headway: error: ...`` on stderr and exit code 2."""
 
     def wrapper(args: argparse.Namespace) -> int:
         try:
             return int(fn(args))
-        except PredictError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except ValueError as exc:
+            print(f"headway: error: {exc}", file=sys.stderr)
             return 2
 
     wrapper.__name__ = fn.__name__
@@ -326,6 +346,7 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="CPU threads")
     p.add_argument("--data-dir", metavar="DIR", help="shared data directory for built-in data sets")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_guarded(_cmd_eval))
 
     p = sub.add_parser(
@@ -364,16 +385,39 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--model", required=True, metavar="DIR", help="predictor checkpoint directory")
     p.add_argument("--out", metavar="FILE", help="ONNX file (default DIR/model.onnx)")
-    p.add_argument("--opset", type=int, default=17, help="ONNX opset")
+    p.add_argument("--opset", type=int, default=17, help="ONNX opset (14 or more)")
     p.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs torch check")
-    p.add_argument("--int8", action="store_true", help="also write DIR/model.int8.onnx (dynamic int8 quantization)")
+    p.add_argument(
+        "--int8",
+        action="store_true",
+        help="also write DIR/model.int8.onnx (dynamic int8 quantization; with --out FILE: FILE.int8.onnx, "
+        "FILE's suffix replaced)",
+    )
     p.set_defaults(func=_guarded(_cmd_export))
     return cast(argparse.ArgumentParser, pred)
 
 
+class _Standalone:
+    """Stands in for the sub-parser set of :func:`add_predictor_parser`: ``python -m headway.predict``
+    is the ``predictor`` command itself."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.pop("help", None)
+        return argparse.ArgumentParser(prog="python -m headway.predict", **kwargs)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m headway.predict", description="headway predictor commands")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    add_predictor_parser(sub)
-    args = parser.parse_args(argv)
-    return int(args.func(args))
+    """``python -m headway.predict COMMAND ...``, as ``headway predictor COMMAND ...`` (a leading
+    ``predictor``, as older command lines have it, is accepted too)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["predictor"]:
+        args_list = args_list[1:]
+    args = add_predictor_parser(_Standalone()).parse_args(args_list)
+    try:
+        return int(args.func(args))
+    except ValueError as exc:
+        print(f"headway: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("headway: interrupted", file=sys.stderr)
+        return 130

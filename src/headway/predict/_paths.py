@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_TRAIN_DATA",
     "MPNET_PARTS",
     "PACKAGED_ENCODERS",
+    "check_predictor_name",
     "default_cache_dir",
     "default_data_dir",
     "default_encoder_path",
@@ -124,6 +125,18 @@ def default_predictor_name(encoder: str | None) -> str:
         f"--encoder {encoder}: name the checkpoint with --name or --out "
         f"(without one it would replace the default {DEFAULT_PREDICTOR_NAME!r})"
     )
+
+
+def check_predictor_name(name: str) -> str:
+    """``name`` if it can name a checkpoint under ``<cache>/predictors/``: not empty, not ``.`` or ``..``,
+    no path separator (it would reach outside that folder); else ValueError naming it."""
+    seps = {"/", os.sep, os.altsep or "/", "\0"}
+    if not name or name in (".", "..") or any(sep in name for sep in seps):
+        raise ValueError(
+            f"predictor name {name!r} must be a plain name (not empty, '.' or '..', and no '/'); "
+            "give a directory with --out instead"
+        )
+    return name
 
 
 def _mpnet_dir() -> Path:

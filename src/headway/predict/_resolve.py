@@ -52,10 +52,14 @@ def predictor_spec(spec: str) -> tuple[str | None, str | None] | None:
     ``"DIR"`` / ``"DIR:BACKEND"``: the checkpoint in directory DIR, when DIR looks like a path
     (has a ``/`` or starts with ``~`` or ``.``; a module name never does) or holds a
     ``predictor.json`` (so ``"module:attr"`` stays a module even where a directory has the
-    module's name). ``backend`` is ``None`` when the spec names none (the caller's default).
-    Neither the directory nor the backend is checked here: loading names what is missing."""
+    module's name). A spec that is an existing directory as a whole is that directory, even with a
+    ``:`` in its name (``/ckpts/pars:v2``). ``backend`` is ``None`` when the spec names none (the
+    caller's default). Neither the directory nor the backend is checked here: loading names what is
+    missing."""
     if spec == "default" or spec.startswith("default:"):
         return None, spec.partition(":")[2] or None
+    if ":" in spec and Path(spec).expanduser().is_dir():
+        return spec, None
     head, sep, tail = spec.rpartition(":")
     backend: str | None = tail
     if not sep:

@@ -24,6 +24,7 @@ import gzip
 import hashlib
 import json
 import math
+import zlib
 from collections import defaultdict
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -209,47 +210,60 @@ def load_jsonl(path: str | Path, unit: str = "tokens", *, name: str | None = Non
         raise DataError(f"{path}: file not found")
     opener = gzip.open if path.suffix == ".gz" else open
     examples: list[Example] = []
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-            if "prompt" not in obj:
-                raise DataError(f"{where}: missing field 'prompt'")
-            prompt = obj["prompt"]
-            if not isinstance(prompt, str):
-                raise DataError(f"{where}: 'prompt' must be a string, got {type(prompt).__name__}")
-            if not prompt.strip():
-                raise DataError(f"{where}: empty prompt")
-            tokens = _int_field(obj, "output_tokens", where, required=True, minimum=1)
-            assert tokens is not None
-            reasoning_tokens = _int_field(obj, "reasoning_tokens", where, required=False, minimum=0) or 0
-            model = _str_field(obj, "model", where)
-            if unit_ == "tokens":
-                length = tokens + reasoning_tokens
-            else:
-                output = _str_field(obj, "output", where)
-                reasoning = _str_field(obj, "reasoning", where) or ""
-                if output is not None:
-                    length = _text_length(output, unit_) + _text_length(reasoning, unit_)
-                else:
-                    given = _int_field(obj, f"output_{unit_}", where, required=False, minimum=1)
-                    if given is None:
-                        raise DataError(f"{where}: unit {unit_!r} needs an 'output' text or an 'output_{unit_}' field")
-                    extra = _int_field(obj, f"reasoning_{unit_}", where, required=False, minimum=0)
-                    length = given + (extra or 0)
-                if length <= 0:
-                    raise DataError(f"{where}: output length in {unit_} must be positive, got {length}")
-            examples.append(Example(prompt, length, model, where))
+    try:
+        with opener(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+                example = _jsonl_example(line, f"{path}:{lineno}", unit_)
+                if example is not None:
+                    examples.append(example)
+    except (OSError, EOFError, zlib.error) as exc:  # a damaged or not gzipped .gz (gzip.BadGzipFile is an OSError)
+        raise DataError(f"{path}: cannot read it ({exc})") from None
     if not examples:
         raise DataError(f"{path}: no records")
     return ExampleSet(name or path.name, unit_, tuple(examples), "as given" if unit_ == "tokens" else None)
+
+
+def _jsonl_example(line: str, where: str, unit_: LengthUnit) -> Example | None:
+    """The example of one generic-JSONL line (None for a blank line); ``where`` is ``path:line``."""
+    if not line.strip():
+        return None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if "prompt" not in obj:
+        raise DataError(f"{where}: missing field 'prompt'")
+    prompt = obj["prompt"]
+    if not isinstance(prompt, str):
+        raise DataError(f"{where}: 'prompt' must be a string, got {type(prompt).__name__}")
+    if not prompt.strip():
+        raise DataError(f"{where}: empty prompt")
+    tokens = _int_field(obj, "output_tokens", where, required=True, minimum=1)
+    assert tokens is not None
+    reasoning_tokens = _int_field(obj, "reasoning_tokens", where, required=False, minimum=0) or 0
+    model = _str_field(obj, "model", where)
+    if unit_ == "tokens":
+        length = tokens + reasoning_tokens
+    else:
+        output = _str_field(obj, "output", where)
+        reasoning = _str_field(obj, "reasoning", where) or ""
+        if output is not None:
+            length = _text_length(output, unit_) + _text_length(reasoning, unit_)
+        else:
+            given = _int_field(obj, f"output_{unit_}", where, required=False, minimum=1)
+            if given is None:
+                raise DataError(f"{where}: unit {unit_!r} needs an 'output' text or an 'output_{unit_}' field")
+            extra = _int_field(obj, f"reasoning_{unit_}", where, required=False, minimum=0)
+            length = given + (extra or 0)
+        if length <= 0:
+            raise DataError(f"{where}: output length in {unit_} must be positive, got {length}")
+    return Example(prompt, length, model, where)
 
 
 def write_jsonl(data: ExampleSet | Sequence[Example], path: str | Path) -> Path:
@@ -376,8 +390,11 @@ def load_alpaca_eval_consensus(
 
 
 def load_sharegpt(unit: str = "tokens", data_dir: str | Path | None = None, limit: int | None = None) -> ExampleSet:
-    """ShareGPT first turns (prompt, ChatGPT response). Tokens are the published cl100k_base counts."""
+    """ShareGPT first turns (prompt, ChatGPT response), the first ``limit`` (>= 1) of them if given.
+    Tokens are the published cl100k_base counts."""
     unit_ = _check_unit(unit)
+    if limit is not None and limit < 1:
+        raise DataError(f"sharegpt: the number of examples must be >= 1, got {limit}")
     folder = _resolve_data_dir(data_dir) / "sharegpt"
     token_counts: dict[str, int] = {}
     if unit_ == "tokens":
@@ -463,6 +480,8 @@ def load_dataset(spec: str, unit: str = "tokens", data_dir: str | Path | None = 
     that count lengths the same way."""
     if "+" in spec and not Path(spec).exists():  # trained together, e.g. alpaca_eval:mean+sharegpt:2000
         parts = [load_dataset(part, unit, data_dir) for part in spec.split("+") if part]
+        if not parts:
+            raise DataError(f"{spec!r}: no data set named around '+' (e.g. alpaca_eval:mean+sharegpt:2000)")
         counted = {p.tokenizer for p in parts if p.unit == "tokens"}
         if len(counted) > 1:
             raise DataError(f"{spec!r}: the parts count tokens differently ({', '.join(sorted(map(str, counted)))})")
@@ -482,7 +501,11 @@ def load_dataset(spec: str, unit: str = "tokens", data_dir: str | Path | None = 
         models: str | list[str] = "all" if arg == "all" else [m for m in (arg or "gpt4").split(",") if m]
         return load_alpaca_eval(models, unit, data_dir)
     if name == "sharegpt":
-        return load_sharegpt(unit, data_dir, int(arg) if arg else None)
+        try:
+            limit = int(arg) if arg else None
+        except ValueError:
+            raise DataError(f"{spec!r}: sharegpt:N takes a number of examples N, got {arg!r}") from None
+        return load_sharegpt(unit, data_dir, limit)
     if name == "codealpaca":
         return load_codealpaca(cast(Literal["2k", "new", "all"], arg or "all"), unit, data_dir)
     path = Path(spec)

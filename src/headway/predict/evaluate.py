@@ -21,7 +21,7 @@ import numpy.typing as npt
 from scipy import stats
 
 from headway.predict._errors import DataError
-from headway.predict.data import DEFAULT_DELTA, ExampleSet, _resolve_data_dir, load_dataset
+from headway.predict.data import DEFAULT_DELTA, ExampleSet, _check_delta, _resolve_data_dir, load_dataset
 
 if TYPE_CHECKING:
     from headway.predict.score import Scorer
@@ -136,11 +136,30 @@ def format_metrics(m: Metrics, title: str = "") -> str:
     )
 
 
-def evaluate_scorer(scorer: Scorer, data: ExampleSet, delta: float = DEFAULT_DELTA) -> dict[str | None, Metrics]:
-    """Score ``data`` and compute metrics overall (key ``None``) and per model when it has several."""
+_PROGRESS_CHUNK = 256
+"""Prompts scored per progress-bar update in :func:`evaluate_scorer`."""
+
+
+def evaluate_scorer(
+    scorer: Scorer, data: ExampleSet, delta: float = DEFAULT_DELTA, *, progress: bool = False
+) -> dict[str | None, Metrics]:
+    """Score ``data`` and compute metrics overall (key ``None``) and per model when it has several.
+    ``progress`` shows a progress bar (on stderr) while scoring; ``delta`` must be in [0, 1)."""
+    _check_delta(delta)
     if len(data) == 0:
         raise DataError(f"{data.name}: nothing to evaluate")
-    scores = scorer.score(data.prompts())
+    prompts = data.prompts()
+    if progress:
+        from tqdm.auto import tqdm
+
+        parts = []
+        with tqdm(total=len(prompts), desc="scoring", unit="prompt", leave=False, dynamic_ncols=True) as bar:
+            for k in range(0, len(prompts), _PROGRESS_CHUNK):
+                parts.append(scorer.score(prompts[k : k + _PROGRESS_CHUNK]))
+                bar.update(len(parts[-1]))
+        scores = np.concatenate(parts)
+    else:
+        scores = scorer.score(prompts)
     lengths = data.lengths()
     out: dict[str | None, Metrics] = {None: rank_metrics(scores, lengths, delta, data.unit_label)}
     models = data.models()
@@ -286,8 +305,11 @@ def cross_model_matrix(
     budget), then score the held-out prompts once and compare against every eval model's lengths.
 
     ``checkpoints`` maps a loss to an already trained checkpoint to use instead of training; it must have
-    been trained on ``alpaca_eval:<train_model>`` with the same split (seed, fractions) and unit.
+    been trained on ``alpaca_eval:<train_model>`` with the same split (seed, fractions) and unit, and the
+    loss must be one of ``losses`` (ValueError otherwise). The checkpoints trained are kept under
+    ``out_root``; without one, in a temporary directory deleted at the end.
     """
+    import contextlib
     import dataclasses
     import tempfile
 
@@ -295,38 +317,43 @@ def cross_model_matrix(
     from headway.predict.train import TrainConfig, train_predictor
 
     base = base_config or TrainConfig()
+    unused = sorted(set(checkpoints or {}) - set(losses))
+    if unused:
+        raise ValueError(f"checkpoints given for {', '.join(unused)}, which is not among the losses {list(losses)}")
     # "mean" (or "mean:A,B"): the per-prompt consensus of several models (load_alpaca_eval_consensus)
     train_data = load_dataset(f"alpaca_eval:{train_model}", base.unit, data_dir)
     split = base.split(train_data)
     test_prompts = split.test.prompts()
     evals = {m: base.split(load_dataset(f"alpaca_eval:{m}", base.unit, data_dir)) for m in eval_models}
-    root = Path(out_root) if out_root else Path(tempfile.mkdtemp(prefix="headway-matrix-"))
-    cells: dict[tuple[str, str], Metrics] = {}
-    seconds: dict[str, float] = {}
-    scores_by_loss: dict[str, dict[str, float]] = {}
-    modes: set[str] = set()
-    cpu: dict[str, float] = {}
-    epochs: dict[str, Any] = {}
-    for loss in losses:
-        cfg = dataclasses.replace(base, loss=loss, data=f"alpaca_eval:{train_model}")
-        given = (checkpoints or {}).get(loss)
-        if given is not None:
-            path = Path(given)
-            scorer = Scorer.from_checkpoint(path, threads=cfg.threads)
-            _check_matrix_checkpoint(path, scorer.meta, loss, train_data.name, cfg)
-            seconds[loss] = float(scorer.meta.get("result", {}).get("train_seconds", math.nan))
-            cpu[loss] = float(scorer.meta.get("result", {}).get("cpu_seconds", math.nan))
-            log(f"using {path} for {loss} (trained in {seconds[loss]:.0f} s)")
-        else:
-            log(f"training {loss} ({cfg.mode}) on alpaca_eval:{train_model} ...")
-            result = train_predictor(cfg, out_dir=root / f"{train_model}-{loss}-{cfg.mode}", data=train_data)
-            seconds[loss] = result.train_seconds
-            cpu[loss] = result.cpu_seconds
-            scorer = Scorer.from_checkpoint(result.path, threads=cfg.threads)
-        modes.add("full" if scorer.meta.get("encoder", {}).get("fine_tuned") else "frozen")
-        epochs[loss] = scorer.meta.get("training", {}).get("epochs")
-        scores = scorer.score(test_prompts)
-        scores_by_loss[loss] = dict(zip(test_prompts, scores.tolist(), strict=True))
+    kept = contextlib.nullcontext(str(out_root)) if out_root else None
+    with kept or tempfile.TemporaryDirectory(prefix="headway-matrix-") as where:
+        root = Path(where)
+        cells: dict[tuple[str, str], Metrics] = {}
+        seconds: dict[str, float] = {}
+        scores_by_loss: dict[str, dict[str, float]] = {}
+        modes: set[str] = set()
+        cpu: dict[str, float] = {}
+        epochs: dict[str, Any] = {}
+        for loss in losses:
+            cfg = dataclasses.replace(base, loss=loss, data=f"alpaca_eval:{train_model}")
+            given = (checkpoints or {}).get(loss)
+            if given is not None:
+                path = Path(given)
+                scorer = Scorer.from_checkpoint(path, threads=cfg.threads)
+                _check_matrix_checkpoint(path, scorer.meta, loss, train_data.name, cfg)
+                seconds[loss] = float(scorer.meta.get("result", {}).get("train_seconds", math.nan))
+                cpu[loss] = float(scorer.meta.get("result", {}).get("cpu_seconds", math.nan))
+                log(f"using {path} for {loss} (trained in {seconds[loss]:.0f} s)")
+            else:
+                log(f"training {loss} ({cfg.mode}) on alpaca_eval:{train_model} ...")
+                result = train_predictor(cfg, out_dir=root / f"{train_model}-{loss}-{cfg.mode}", data=train_data)
+                seconds[loss] = result.train_seconds
+                cpu[loss] = result.cpu_seconds
+                scorer = Scorer.from_checkpoint(result.path, threads=cfg.threads)
+            modes.add("full" if scorer.meta.get("encoder", {}).get("fine_tuned") else "frozen")
+            epochs[loss] = scorer.meta.get("training", {}).get("epochs")
+            scores = scorer.score(test_prompts)
+            scores_by_loss[loss] = dict(zip(test_prompts, scores.tolist(), strict=True))
     oracle = {e.prompt: float(e.length) for e in split.test}
     scores_by_loss["oracle"] = oracle
     unit = train_data.unit_label

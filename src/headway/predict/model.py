@@ -41,8 +41,11 @@ __all__ = [
     "POOLINGS",
     "LengthPredictor",
     "LoadedPredictor",
+    "check_checkpoint_target",
+    "checkpoint_max_length",
     "load_checkpoint",
     "load_encoder",
+    "position_limit",
     "save_checkpoint",
     "tokenize",
 ]
@@ -55,6 +58,27 @@ _WEIGHTS = "model.safetensors"
 
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 _NOT_ENCODER_ARCH = ("CausalLM", "LMHeadModel", "ConditionalGeneration", "Seq2SeqLM")
+_OFFSET_POSITIONS = (
+    "camembert", "data2vec-text", "ibert", "longformer", "mpnet", "roberta", "roberta-prelayernorm", "xlm-roberta",
+    "xmod",
+)  # fmt: skip
+"""Encoders whose position ids start after the padding id (``pad_token_id + 1``), as RoBERTa's do."""
+
+
+def position_limit(config: Any) -> int | None:
+    """The most tokens (special tokens included) an encoder with this config (a transformers config or
+    its ``config.json`` as a dict) can take: its ``max_position_embeddings``, less the ``pad_token_id + 1``
+    positions that RoBERTa-like encoders (MPNet too) skip. None when the config does not say."""
+    if isinstance(config, dict):
+        n, kind, pad = config.get("max_position_embeddings"), config.get("model_type"), config.get("pad_token_id")
+    else:
+        n = getattr(config, "max_position_embeddings", None)
+        kind, pad = getattr(config, "model_type", None), getattr(config, "pad_token_id", None)
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        return None
+    if kind in _OFFSET_POSITIONS:
+        n -= (pad if isinstance(pad, int) and not isinstance(pad, bool) else 1) + 1
+    return n if n > 0 else None
 
 
 def _quiet_transformers() -> Any:
@@ -207,7 +231,11 @@ class LoadedPredictor:
 
     @property
     def max_length(self) -> int:
-        return int(self.meta.get("max_length", 128))
+        """The checkpoint's ``max_length``, capped at what its encoder's positions cover (a checkpoint
+        may ask for more, e.g. one trained on short prompts only)."""
+        limit = position_limit(cast(Any, self.model.encoder).config)
+        length = int(self.meta.get("max_length", 128))
+        return length if limit is None else min(length, limit)
 
 
 def _encoder_ref(encoder: str | Path | None, num_layers: int | None) -> dict[str, Any]:
@@ -224,6 +252,62 @@ def _encoder_ref(encoder: str | Path | None, num_layers: int | None) -> dict[str
     return ref
 
 
+def check_checkpoint_target(out_dir: str | Path) -> Path:
+    """``out_dir`` resolved, where :func:`save_checkpoint` may write a checkpoint: a new path, an empty
+    directory or an existing checkpoint (which is replaced). Anything else raises :class:`CheckpointError`
+    naming it, so that no file or directory that is not a checkpoint is ever deleted; so does a path
+    whose nearest existing parent is not a writable directory. Training checks this before it starts."""
+    out = Path(out_dir).expanduser().resolve()
+    if out.exists():
+        if not out.is_dir():
+            raise CheckpointError(f"{out}: exists and is not a directory; a checkpoint would replace it")
+        if not (out / _META).is_file() and any(out.iterdir()):
+            raise CheckpointError(
+                f"{out}: exists and is not a predictor checkpoint (no {_META}); a checkpoint would replace "
+                "the directory and all it holds: choose a new or empty directory"
+            )
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CheckpointError(f"{out}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CheckpointError(f"{out}: cannot write into {parent}")
+    return out
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _make_readable(root: Path) -> None:
+    """Give a checkpoint written under ``mkdtemp`` (0700) and by writers that make 0600 files the
+    modes a directory and files made normally get (0777 and 0666 less the umask)."""
+    mask = _umask()
+    root.chmod(0o777 & ~mask)
+    for path in root.rglob("*"):
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def _swap_into_place(new: Path, out: Path) -> None:
+    """Rename the directory ``new`` to ``out``. An existing ``out`` is first renamed aside, and deleted
+    only once ``new`` is in place (put back if that fails): a failure never loses the old checkpoint."""
+    if not out.exists():
+        os.replace(new, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+    os.replace(out, old)  # onto the empty directory just made
+    try:
+        os.replace(new, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def save_checkpoint(
     model: LengthPredictor,
     tokenizer: Any,
@@ -235,17 +319,23 @@ def save_checkpoint(
     max_length: int = 128,
     meta: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a checkpoint directory atomically (a temporary sibling renamed into place)."""
+    """Write a checkpoint directory atomically (a temporary sibling renamed into place). An existing
+    checkpoint there is replaced; any other existing path is refused (:func:`check_checkpoint_target`).
+    Weights that are not finite are refused (:class:`CheckpointError`): they would not load."""
     from safetensors.torch import save_file
 
-    out = Path(out_dir).expanduser().resolve()
+    out = check_checkpoint_target(out_dir)
+    tensors = {f"head.{k}": v.detach().clone().contiguous() for k, v in model.head.state_dict().items()}
+    if fine_tuned:
+        for k, v in model.encoder.state_dict().items():
+            tensors[f"encoder.{k}"] = v.detach().clone().contiguous()
+    for name, value in tensors.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{out}: not saved: tensor {name!r} has NaN or infinite values")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        tensors = {f"head.{k}": v.detach().clone().contiguous() for k, v in model.head.state_dict().items()}
         if fine_tuned:
-            for k, v in model.encoder.state_dict().items():
-                tensors[f"encoder.{k}"] = v.detach().clone().contiguous()
             cast(Any, model.encoder).config.save_pretrained(str(tmp / "encoder"))
         save_file(tensors, str(tmp / _WEIGHTS), metadata={"format": CHECKPOINT_FORMAT})
         with warnings.catch_warnings():
@@ -265,9 +355,9 @@ def save_checkpoint(
             "files": {_WEIGHTS: file_sha256(tmp / _WEIGHTS)},
         }
         (tmp / _META).write_text(json.dumps(info, indent=2, sort_keys=False, default=str) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        _make_readable(tmp)
+        check_checkpoint_target(out)  # still nothing else there
+        _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -293,7 +383,35 @@ def read_checkpoint_meta(path: str | Path) -> dict[str, Any]:
     for key in ("pooling", "hidden_size", "encoder", "files"):
         if key not in meta:
             raise CheckpointError(f"{meta_path}: missing {key!r}")
+    for key in ("hidden_size", "max_length"):
+        value = meta.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{meta_path}: {key!r} must be a positive integer, got {value!r}")
+    if not isinstance(meta["pooling"], str):
+        raise CheckpointError(f"{meta_path}: 'pooling' must be a string, got {meta['pooling']!r}")
     return meta
+
+
+def checkpoint_max_length(path: str | Path, meta: dict[str, Any]) -> int:
+    """The ``max_length`` of a checkpoint (``meta``: its :func:`read_checkpoint_meta`) without loading it,
+    capped as :attr:`LoadedPredictor.max_length` caps it, by the ``config.json`` of its encoder (its own
+    when fine-tuned, else the frozen one's; uncapped when that cannot be read)."""
+    length = int(meta.get("max_length", 128))
+    enc = meta.get("encoder")
+    enc = enc if isinstance(enc, dict) else {}
+    config_file = Path(path) / "encoder" / "config.json"
+    if not enc.get("fine_tuned"):
+        try:  # a packaged encoder by the path it was found at (never unpacked here)
+            root = encoder_path("minilm") if enc.get("source") == "default" else Path(str(enc.get("path")))
+        except ModuleNotFoundError:
+            return length
+        config_file = root / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return length
+    limit = position_limit(config) if isinstance(config, dict) else None
+    return length if limit is None else min(length, limit)
 
 
 def verify_checkpoint_files(path: str | Path, meta: dict[str, Any]) -> dict[str, str]:

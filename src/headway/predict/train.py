@@ -22,6 +22,7 @@ import math
 import os
 import random
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +32,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from headway.predict._errors import DataError
-from headway.predict._paths import DEFAULT_PREDICTOR_NAME, DEFAULT_TRAIN_DATA, default_cache_dir
+from headway.predict._errors import DataError, EncoderError, PredictError
+from headway.predict._paths import (
+    DEFAULT_PREDICTOR_NAME,
+    DEFAULT_TRAIN_DATA,
+    check_predictor_name,
+    default_cache_dir,
+)
 from headway.predict.data import (
     DEFAULT_DELTA,
     ExampleSet,
@@ -44,7 +50,15 @@ from headway.predict.data import (
 )
 from headway.predict.evaluate import Metrics, rank_metrics
 from headway.predict.losses import LOSSES, list_mle_loss, margin_ranking_loss, pointwise_loss
-from headway.predict.model import LengthPredictor, load_encoder, pad_batch, save_checkpoint, tokenize
+from headway.predict.model import (
+    LengthPredictor,
+    check_checkpoint_target,
+    load_encoder,
+    pad_batch,
+    position_limit,
+    save_checkpoint,
+    tokenize,
+)
 
 __all__ = [
     "DEFAULT_PREDICTOR_NAME",
@@ -60,7 +74,9 @@ Mode = Literal["full", "frozen"]
 
 
 def default_predictor_dir(name: str = DEFAULT_PREDICTOR_NAME) -> Path:
-    return default_cache_dir() / "predictors" / name
+    """``<cache>/predictors/<name>``; ValueError when ``name`` is not a plain name
+    (:func:`~headway.predict._paths.check_predictor_name`)."""
+    return default_cache_dir() / "predictors" / check_predictor_name(name)
 
 
 @dataclass
@@ -124,12 +140,31 @@ class TrainConfig:
             raise ValueError(f"unknown mode {self.mode!r}; choose full or frozen")
         if self.pairs_from not in ("batch", "global"):
             raise ValueError(f"pairs_from must be batch or global, got {self.pairs_from!r}")
-        if self.batch_size < 2 or self.micro_batch < 1 or self.max_length < 8:
-            raise ValueError("batch_size >= 2, micro_batch >= 1 and max_length >= 8 are required")
+        minimum = {"batch_size": 2, "micro_batch": 1, "max_length": 8, "partners": 1, "max_pairs": 1}
+        for name, least in minimum.items():
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
+        if self.epochs is not None and self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if self.encoder_layers is not None and self.encoder_layers < 1:
             raise ValueError(f"encoder_layers must be >= 1, got {self.encoder_layers}")
+        if not (0 <= self.seed < 2**32):
+            raise ValueError(f"seed must be in 0..{2**32 - 1}, got {self.seed}")
         if not (0.0 <= self.delta < 1.0):
             raise ValueError(f"delta must be in [0, 1), got {self.delta}")
+        for name in ("lr", "head_lr"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        for name in ("margin", "weight_decay", "grad_clip"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
+        if not (0.0 <= self.warmup_frac <= 1.0):
+            raise ValueError(f"warmup_frac must be in [0, 1], got {self.warmup_frac}")
+        if not (0.0 <= self.test_frac < 1.0 and 0.0 <= self.val_frac < 1.0 and self.test_frac + self.val_frac < 1.0):
+            raise ValueError(
+                f"test_frac and val_frac must be in [0, 1) and sum below 1, got {self.test_frac} and {self.val_frac}"
+            )
         if self.pretrain is not None and self.mode != "full":
             raise ValueError(f"pretrain needs mode='full' (a frozen encoder learns nothing from it), got {self.mode!r}")
         if self.pretrain_epochs < 1:
@@ -402,9 +437,15 @@ def train_predictor(
     log: Callable[[str], None] | None = None,
 ) -> TrainResult:
     """Train, keep the best-validation weights, save a checkpoint to ``out_dir`` (default
-    ``~/.cache/headway/predictors/<DEFAULT_PREDICTOR_NAME>``) and report held-out test metrics."""
+    ``~/.cache/headway/predictors/<DEFAULT_PREDICTOR_NAME>``) and report held-out test metrics.
+
+    ``out_dir`` is checked first: a path that exists and is not a checkpoint (nor an empty directory)
+    is refused (:func:`~headway.predict.model.check_checkpoint_target`); an existing checkpoint is
+    replaced only once the new one is written. Training that diverges (a loss that is not finite)
+    raises :class:`PredictError` and saves nothing."""
     cfg = config or TrainConfig()
     say = log or (lambda _m: None)
+    out = check_checkpoint_target(out_dir if out_dir is not None else default_predictor_dir())
     t_start = time.perf_counter()
     cpu_start = time.process_time()
     torch.set_num_threads(max(1, cfg.threads))
@@ -427,6 +468,12 @@ def train_predictor(
         _seed_everything(cfg.seed)  # stage 2 draws as a run from this encoder would
     else:
         encoder, tokenizer = load_encoder(cfg.encoder, cfg.encoder_layers)
+    limit = position_limit(cast(Any, encoder).config)
+    if limit is not None and cfg.max_length > limit:
+        raise EncoderError(
+            f"max_length {cfg.max_length} is more than the encoder ({cfg.encoder or 'minilm'}) takes: "
+            f"its position embeddings cover {limit} tokens; use --max-length {limit} or less"
+        )
     model = LengthPredictor(encoder, cfg.resolved_pooling)
     pad_id = int(tokenizer.pad_token_id or 0)
     frozen = cfg.mode == "frozen"
@@ -511,7 +558,7 @@ def train_predictor(
     best_tau, best_epoch, best_state = -math.inf, 0, None
     pairs_seen = 0
     seen_pairs: set[int] = set()
-    step = 0
+    step = opt_steps = 0
     bar = _progress(total_steps, f"train {cfg.loss}/{cfg.mode}", cfg.progress)
     for epoch in range(1, epochs + 1):
         model.train()
@@ -542,8 +589,16 @@ def train_predictor(
             step += 1
             bar.update(1)
             if loss is None:
-                sched.step()
+                with warnings.catch_warnings():  # no optimizer step yet when the first batches had no pairs
+                    warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+                    sched.step()
                 continue
+            if not bool(torch.isfinite(loss.detach())):
+                bar.close()
+                raise PredictError(
+                    f"training diverged: loss {float(loss.detach())} at epoch {epoch}, step {step} "
+                    f"(lr {cfg.resolved_lr:g}, head_lr {cfg.resolved_head_lr:g}); nothing was saved"
+                )
             if used is not None:
                 pairs_seen += int(used.shape[0])
                 ga, gb = rows[used[:, 0]], rows[used[:, 1]]
@@ -556,6 +611,7 @@ def train_predictor(
                 )
             opt.step()
             sched.step()
+            opt_steps += 1
             epoch_loss += float(loss.detach())
             epoch_batches += 1
             bar.set_postfix(loss=f"{epoch_loss / max(1, epoch_batches):.4f}")
@@ -567,6 +623,12 @@ def train_predictor(
             best_tau, best_epoch = (val_tau if not math.isnan(val_tau) else best_tau), epoch
             best_state = copy.deepcopy(model.head.state_dict() if frozen else model.state_dict())
     bar.close()
+    if opt_steps == 0:
+        why = {
+            "pairwise": f"no pair of examples (of one model) whose lengths differ by the delta {cfg.delta} or more",
+            "listwise": "no two examples of one model in a batch",
+        }.get(cfg.loss, "no batch of two or more examples")
+        raise DataError(f"{dataset.name}: nothing to learn from ({why}); nothing was saved")
     if best_state is not None:
         if frozen:
             model.head.load_state_dict(best_state)
@@ -590,7 +652,6 @@ def train_predictor(
                 s = model.score_embeddings(_embed_ids(model, ids, list(range(len(ids))), 64, pad_id)).numpy()
         test_metrics = rank_metrics(s, split.test.lengths(), cfg.delta, dataset.unit_label)
 
-    out = Path(out_dir) if out_dir is not None else default_predictor_dir()
     train_seconds = time.perf_counter() - t_start
     cpu_seconds = time.process_time() - cpu_start
     meta = {
