@@ -144,7 +144,10 @@ def test_sigterm_cuts_work_beyond_the_drain_timeout(cluster: Cluster):
     long.result(15)
     assert gw.proc is not None and gw.proc.wait(10) is not None
     assert time.monotonic() - t0 < 1 + 4
-    assert "[DONE]" not in long.events  # cut at the drain timeout, not finished
+    # cut at the drain timeout, not finished: a final error event, then the end of the stream
+    assert long.error is None and long.events[-1] == "[DONE]"
+    assert json.loads(long.events[-2])["error"]["code"] == "drain_timeout"
+    assert "Traceback" not in gw.log_text()
     _wait(lambda: _stats(stub)["aborted"] == 1, "upstream aborted")
 
 

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -75,6 +76,40 @@ def make_gateway(servers: ExitStack) -> Callable[..., GatewayHandle]:
         app = create_app(config, policy=policy_obj)  # type: ignore[arg-type]
         url = servers.enter_context(serve_in_thread(app))
         return GatewayHandle(url, app.state.gateway)
+
+    return make
+
+
+@pytest.fixture
+def make_hole(servers: ExitStack) -> Callable[[], str]:
+    """A backend that accepts connections and never answers (a stalled server); returns its URL."""
+
+    def make() -> str:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        held: list[socket.socket] = []
+        stop = threading.Event()
+
+        def accept() -> None:
+            sock.settimeout(0.05)
+            while not stop.is_set():
+                try:
+                    held.append(sock.accept()[0])
+                except OSError:
+                    continue
+
+        t = threading.Thread(target=accept, daemon=True)
+        t.start()
+
+        def close() -> None:
+            stop.set()
+            t.join(5)
+            for c in [*held, sock]:
+                c.close()
+
+        servers.callback(close)
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
     return make
 

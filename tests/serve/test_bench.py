@@ -6,7 +6,7 @@ import pytest
 
 from headway.core import Tier
 from headway.metrics import summarize
-from headway.serve import BackendConfig, BenchConfig, TenantConfig, hash_api_key, run_bench_sync
+from headway.serve import BackendConfig, BenchConfig, TenantConfig, free_port, hash_api_key, run_bench_sync
 from headway.serve._cli import main
 from headway.workload import RequestSpec, Workload
 
@@ -48,8 +48,11 @@ def test_bench_without_streaming_takes_the_tokens_from_usage(make_stub, make_gat
         assert [r.state.name for r in reqs] == ["FINISHED"] * 6
         assert [r.num_output_tokens for r in reqs] == [3, 12, 5, 20, 8, 1]
         for r in reqs:
-            assert r.arrival_time < r.first_token_time == r.last_token_time == r.finish_time
+            assert r.arrival_time < r.first_token_time == r.finish_time
+            assert r.last_token_time is None  # tokens not seen one by one
         assert reqs[3].finish_time - reqs[3].arrival_time >= 20 * 0.002  # the whole answer was waited for
+        s = summarize(reqs, name="x")
+        assert s.num_completed == 6 and s.tpot.count == 0  # TPOT n/a, not 0
 
 
 
@@ -117,3 +120,76 @@ def test_bench_config_validation():
         BenchConfig("localhost:8000")
     with pytest.raises(ValueError, match="time_scale"):
         BenchConfig("http://x", time_scale=0)
+    for name in ("time_scale", "timeout_s", "request_timeout_s"):
+        for bad in (float("inf"), float("nan")):
+            with pytest.raises(ValueError, match=f"{name} must be a finite number > 0"):
+                BenchConfig("http://x", **{name: bad})
+
+
+# ------------------------------------------------------------- unusable endpoints
+BASE = ["bench", "serve", "--workload", "burst", "--num-requests", "3", "--max-output-tokens", "2"]
+
+
+def test_bench_cli_says_why_an_endpoint_cannot_be_benchmarked(make_stub, make_gateway, make_hole, capsys):
+    import time
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    stub = make_stub()
+    gw = make_gateway([stub.url], tenants=(TenantConfig("acme", Tier.PREMIUM, (hash_api_key("ka"),)),))
+    cases = [
+        ([dead], f"headway: error: cannot reach {dead}/v1/models: ConnectError"),
+        (["http://no-such-host.invalid"], "headway: error: cannot reach http://no-such-host.invalid/v1/models"),
+        ([stub.url + "/foo"], f"headway: error: GET {stub.url}/foo/v1/models answered 404: --endpoint must be"),
+        ([gw.url], f"headway: error: GET {gw.url}/v1/models answered 401: the endpoint wants an API key (--api-key"),
+        ([make_hole(), "--timeout", "1"], "/v1/models: no answer within 1 s (--model NAME skips this lookup)"),
+    ]
+    for extra, message in cases:
+        t0 = time.monotonic()
+        assert main([*BASE, "--endpoint", *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+        assert time.monotonic() - t0 < 15
+
+
+def test_bench_cli_prints_why_requests_were_aborted(capsys):
+    dead = f"http://127.0.0.1:{free_port()}"
+    assert main([*BASE, "--endpoint", dead, "--model", "m"]) == 1
+    assert "aborted requests by reason: ConnectError: 3" in capsys.readouterr().out
+
+
+def test_bench_cli_checks_its_arguments_before_the_run(tmp_path, capsys):
+    dead = f"http://127.0.0.1:{free_port()}"
+    base = ["bench", "serve", "--endpoint", dead, "--model", "m"]
+    out_file = tmp_path / "f"
+    out_file.write_text("")
+    for extra, message in [
+        (["--num-requests", "0"], "--num-requests must be >= 1, got 0"),
+        (["--num-requests", "2", "--time-scale", "inf"], "time_scale must be a finite number > 0, got inf"),
+        (["--num-requests", "2", "--timeout", "nan"], "timeout_s must be a finite number > 0, got nan"),
+        (["--num-requests", "2", "--out", str(out_file)], f"--out {out_file}: exists and is not a folder"),
+    ]:
+        assert main([*base, *extra]) == 2, extra
+        captured = capsys.readouterr()
+        assert captured.err == f"headway: error: {message}\n" and captured.out == "", captured
+
+
+def test_bench_reads_sse_without_the_space_after_data(servers):
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+
+    from headway.serve import serve_in_thread
+
+    async def completions(request: Request) -> Response:
+        n = (await request.json())["max_tokens"]
+        chunks = [b'data:{"choices":[{"text":"t"}]}\r\n\r\n'] * n
+        chunks += [b'data:{"choices":[],"usage":{"completion_tokens":%d}}\r\n\r\n' % n, b"data:[DONE]\r\n\r\n"]
+        return StreamingResponse(iter(chunks), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+    url = servers.enter_context(serve_in_thread(app))
+    reqs = run_bench_sync(_workload(), BenchConfig(url, model="m", timeout_s=30))
+    assert [r.state.name for r in reqs] == ["FINISHED"] * 6
+    assert [r.num_output_tokens for r in reqs] == [3, 12, 5, 20, 8, 1]
+    assert all(r.first_token_time < r.finish_time for r in reqs)  # tokens were seen as they came

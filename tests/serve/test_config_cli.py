@@ -83,6 +83,15 @@ def test_load_toml_and_json(tmp_path):
         ({"backends": ["http://a"], "redis_url": "http://r"}, "redis_url must start with"),
         ({"backends": ["http://a"], "tenants": [{"name": "t", "api_key_sha256": ["abc"]}]}, "64 hex digits"),
         ({"backends": ["http://a"], "tenants": [{"name": "t", "tier": "gold"}]}, "unknown tier 'gold'"),
+        ({"backends": ["https://a"]}, "backends.url must be an http:// URL (the gateway speaks plain HTTP"),
+        ({"backends": ["http://127.0.0.1:999999"]}, "backends.url has a port out of range 0-65535: 'http"),
+        ({"backends": ["http://a"], "headers_timeout_s": -1}, "headers_timeout_s must be >= 0, got -1"),
+        ({"backends": ["http://a"], "api_keys": "required"}, "every request would get 401"),
+        ({"backends": ["http://a"], "tenants": [{"name": "t"}]}, "no tenant has an api_key_sha256"),
+    ]
+    + [
+        ({"backends": ["http://a"], "policy": p}, f"policy {p!r} ranks requests by a predicted length score")
+        for p in ("pars", "sjf-score", "trail", "ltr", "rank-boost")
     ],
 )
 def test_validation_names_the_bad_value(tmp_path, data, needle):
@@ -91,6 +100,32 @@ def test_validation_names_the_bad_value(tmp_path, data, needle):
     with pytest.raises(ValueError) as info:
         load_config(p)
     assert needle in str(info.value)
+
+
+def test_score_ranked_policy_needs_a_scorer_and_says_how():
+    with pytest.raises(ConfigError) as info:
+        GatewayConfig(backends=(BackendConfig("http://a"),), policy="pars")
+    assert "--scorer default:onnx-int8" in str(info.value) and "--policy-arg scorer=noisy-oracle" in str(info.value)
+    # either scorer will do
+    GatewayConfig(backends=(BackendConfig("http://a"),), policy="pars", scorer="default:onnx-int8")
+    GatewayConfig(
+        backends=(BackendConfig("http://a"),), policy="pars", policy_args={"scorer": "noisy-oracle", "tau": 0.8}
+    )
+
+
+def test_required_keys_may_come_from_redis():
+    c = GatewayConfig(backends=(BackendConfig("http://a"),), api_keys="required", redis_url="redis://127.0.0.1:1")
+    assert c.auth_enabled
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 0.0])
+def test_timeouts_must_be_finite_and_positive(value):
+    for name in ("connect_timeout_s", "read_timeout_s"):
+        with pytest.raises(ConfigError, match=f"{name} must be > 0 and finite"):
+            GatewayConfig(backends=(BackendConfig("http://a"),), **{name: value})
+    if value:
+        with pytest.raises(ConfigError, match="drain_timeout_s must be >= 0 and finite"):
+            GatewayConfig(backends=(BackendConfig("http://a"),), drain_timeout_s=value)
 
 
 def test_unknown_policy_lists_valid_ones():
@@ -107,7 +142,28 @@ def test_bad_config_file_is_a_config_error(tmp_path):
 
 def test_cli_rejects_bad_settings(capsys):
     assert main(["serve", "--backend", "http://127.0.0.1:1", "--policy", "nope"]) == 2
-    assert "Unknown policy 'nope'" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith("headway: error: Unknown policy 'nope'")
+    for port in ("99999", "-1"):
+        assert main(["serve", "--backend", "http://127.0.0.1:1", "--port", port]) == 2
+        assert capsys.readouterr().err == f"headway: error: --port must be in 0..65535, got {port}\n"
+        assert main(["stub", "--port", port]) == 2
+        assert "--port must be in 0..65535" in capsys.readouterr().err
+    assert main(["serve", "--backend", "http://127.0.0.1:1", "--policy", "pars"]) == 2
+    assert "headway: error: policy 'pars' ranks requests" in capsys.readouterr().err
+
+
+def test_unreachable_redis_at_startup_is_one_clear_line(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"redis_retry_s": 0.2}))
+    dead = f"redis://127.0.0.1:{free_port()}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "headway.serve", "serve", "--backend", "http://127.0.0.1:1", "--port", str(free_port()),
+         "--redis", dead, "--config", str(cfg)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 3
+    assert "Traceback" not in proc.stderr
+    assert "cannot start the gateway: redis unreachable for 0.2 s" in proc.stderr
 
 
 def test_sigterm_drains_inflight_and_queued_work():
@@ -158,6 +214,69 @@ def test_sigterm_drains_inflight_and_queued_work():
                 proc.wait()
 
 
+def test_sigterm_past_the_drain_timeout_ends_open_requests_cleanly(tmp_path):
+    """Past the drain timeout: a 503 with Retry-After for a queued and an in-flight non-streamed
+    request, a final error event and [DONE] for a stream; no traceback."""
+    stub_app = create_stub_app(StubConfig(token_delay_s=0.02))
+    log = tmp_path / "gateway.log"
+    with serve_in_thread(stub_app) as stub_url, open(log, "w") as out:
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "headway.serve", "serve", "--backend", stub_url, "--port", str(port),
+             "--backend-concurrency", "2", "--drain-timeout", "1", "--log-level", "warning"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    if httpx.get(url + "/health", timeout=0.5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"
+                time.sleep(0.05)
+            body = {"model": "m", "prompt": "x", "max_tokens": 500}  # 10 s each
+            plain: list[httpx.Response] = []
+            stream: list[str] = []
+
+            def send() -> None:
+                plain.append(httpx.post(url + "/v1/completions", json=body, timeout=20))
+
+            def read_stream() -> None:
+                with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=20) as r:
+                    stream.extend(line[6:] for line in r.iter_lines() if line.startswith("data: "))
+
+            threads = [threading.Thread(target=read_stream)]
+            threads[0].start()
+            time.sleep(0.3)
+            threads += [threading.Thread(target=send) for _ in range(2)]  # 1 running + 1 queued
+            for t in threads[1:]:
+                t.start()
+            deadline = time.monotonic() + 10
+            while httpx.get(url + "/health", timeout=2).json().get("queued") != 1:
+                assert time.monotonic() < deadline, "request did not queue"
+                time.sleep(0.02)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            for t in threads:
+                t.join(timeout=20)
+            assert time.monotonic() - t0 < 1 + 2
+            assert [r.status_code for r in plain] == [503, 503]
+            for r in plain:
+                assert r.json()["error"]["code"] == "drain_timeout" and r.headers["retry-after"] == "1"
+            assert stream[-1] == "[DONE]" and json.loads(stream[-2])["error"]["code"] == "drain_timeout"
+            assert len(stream) > 3  # tokens came before the cut
+            assert proc.wait(timeout=15) in (0, -signal.SIGTERM)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log.read_text()
+    assert "Traceback" not in text and "Internal Server Error" not in text, text
+
+
 def test_cli_parsers_build_and_map_to_config():
     import argparse
 
@@ -171,9 +290,11 @@ def test_cli_parsers_build_and_map_to_config():
         ["serve", "--backend", "http://127.0.0.1:1", "--backend", "http://127.0.0.1:2", "--policy", "pars",
          "--policy-arg", "tau=0.9", "--policy-arg", "scorer=noisy-oracle", "--backend-concurrency", "3",
          "--queue-ttl", "7", "--api-keys", "off", "--scorer-hold", "0.25", "--scorer", "default:onnx-int8",
-         "--scorer-threads", "2", "--scorer-max-length", "64", "--scorer-batch-size", "8", "--scorer-process"]
+         "--scorer-threads", "2", "--scorer-max-length", "64", "--scorer-batch-size", "8", "--scorer-process",
+         "--read-timeout", "120", "--headers-timeout", "7.5", "--max-tokens-limit", "100"]
     )  # fmt: skip
     c = build_config(args)
+    assert (c.read_timeout_s, c.headers_timeout_s, c.max_tokens_limit) == (120, 7.5, 100)
     assert c.scorer_hold_s == 0.25
     assert (c.scorer, c.scorer_threads, c.scorer_max_length) == ("default:onnx-int8", 2, 64)
     assert c.scorer_batch_size == 8 and c.scorer_process

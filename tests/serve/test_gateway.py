@@ -411,12 +411,19 @@ def test_scorer_in_a_worker_process_scores_and_stops_with_the_gateway(make_stub)
         os.kill(pid, 0)
 
 
+class RefusingPolicy(FCFSPolicy):
+    def on_arrival(self, request: Request, now: float) -> None:
+        raise ValueError(f"cannot rank request {request.request_id}")
+
+
 def test_policy_error_is_a_clear_500(make_stub, make_gateway):
+    # (a score-ranked policy without a scorer is refused at startup: test_config_cli)
     stub = make_stub()
-    gw = make_gateway([stub.url], policy="pars")  # no scorer configured: pars cannot rank
+    gw = make_gateway([stub.url], policy_obj=RefusingPolicy())
     r = httpx.post(gw.url + "/v1/completions", json=COMPLETION)
     assert r.status_code == 500
-    assert "has no score" in r.json()["error"]["message"]
+    assert r.json()["error"]["message"] == "scheduling policy error: cannot rank request hw-1"
+    assert r.json()["error"]["code"] == "policy_error"
     assert stub.stub.stats.started == 0
 
 
@@ -427,3 +434,256 @@ def test_policy_sees_requests_through_make_policy(make_stub, make_gateway):
     r = httpx.post(gw.url + "/v1/completions", json={**COMPLETION, "priority": 3})
     assert r.status_code == 200
     assert gw.gateway.finished_requests[0].priority == 3
+
+
+# --------------------------------------------------------- limits and bad values
+def _echo_backend(servers, received: list[dict]) -> str:
+    """A backend that records each request body and answers a 1-token completion."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request as HTTPRequest
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from headway.serve import serve_in_thread
+
+    async def complete(request: HTTPRequest) -> Response:
+        received.append(await request.json())
+        return JSONResponse({"choices": [{"text": "x"}], "usage": {"completion_tokens": 1}})
+
+    routes = [Route(p, complete, methods=["POST"]) for p in ("/v1/completions", "/v1/chat/completions")]
+    return servers.enter_context(serve_in_thread(Starlette(routes=routes)))
+
+
+def test_max_tokens_limit_caps_the_default_and_names_the_field_sent(servers, make_gateway):
+    received: list[dict] = []
+    gw = make_gateway([_echo_backend(servers, received)], max_tokens_limit=10)  # default_max_tokens 256
+    msgs = [{"role": "user", "content": "hi"}]
+    with gw.client() as c:
+        assert c.post("/v1/completions", json={"prompt": "x"}).status_code == 200
+        assert c.post("/v1/chat/completions", json={"messages": msgs}).status_code == 200
+        assert c.post("/v1/completions", json={"prompt": "x", "stream": True}).status_code != 400
+        r = c.post("/v1/chat/completions", json={"messages": msgs, "max_completion_tokens": 20})
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == "max_completion_tokens"
+        assert r.json()["error"]["message"] == "'max_completion_tokens' must be at most 10, got 20"
+    assert [b["max_tokens"] for b in received] == [10, 10, 10]
+    assert [q.max_tokens for q in gw.gateway.finished_requests[:2]] == [10, 10]
+
+
+def test_non_finite_numbers_and_absurd_max_tokens_are_refused(make_stub, make_gateway):
+    stub = make_stub()
+    gw = make_gateway([stub.url])
+    with gw.client() as c:
+        for raw, field, got in [
+            (b'{"prompt": "x", "temperature": NaN}', "temperature", "NaN"),
+            (b'{"prompt": "x", "logit_bias": {"50256": -Infinity}}', "logit_bias.50256", "-Infinity"),
+            (b'{"messages": [{"role": "user", "content": "x", "w": [1, Infinity]}]}', "messages[0].w[1]", "Infinity"),
+        ]:
+            path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
+            r = c.post(path, content=raw, headers={"Content-Type": "application/json"})
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"] == field and err["message"] == f"'{field}' must be a finite number, got {got}"
+            assert err["code"] == "invalid_value"
+        r = c.post("/v1/completions", json={**COMPLETION, "max_tokens": 10**30})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+        assert f"at most {2**31 - 1}" in r.json()["error"]["message"]
+        assert c.post("/v1/completions", json={**COMPLETION, "max_tokens": 2**31}).status_code == 400
+    assert stub.stub.stats.started == 0
+
+
+def test_error_codes_are_strings(make_stub, make_gateway):
+    stub = make_stub(fail_status=503)
+    gw = make_gateway([stub.url], retry_after_s=2)
+    with gw.client() as c:
+        codes = {
+            "invalid_json": c.post("/v1/completions", content=b"{nope"),
+            "invalid_value": c.post("/v1/completions", json={**COMPLETION, "n": 0}),
+            "not_found": c.get("/nowhere"),
+            "method_not_allowed": c.get("/v1/completions"),
+            "upstream_error": c.post("/v1/completions", json=COMPLETION),
+        }
+        for code, r in codes.items():
+            assert r.json()["error"]["code"] == code, (code, r.text)
+        # the client is not told which backend failed
+        assert stub.url.split("//")[1] not in codes["upstream_error"].text
+        gw.gateway.draining = True
+        r = c.post("/v1/completions", json=COMPLETION)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "draining"
+    assert r.headers["retry-after"] == "2"
+
+
+def test_unauthenticated_side_endpoints_are_not_counted_as_rejected_requests(make_stub, make_gateway):
+    stub = make_stub()
+    tenants = (TenantConfig("acme", Tier.PREMIUM, (hash_api_key("k1"),)),)
+    gw = make_gateway([stub.url], tenants=tenants, admin_api_key_sha256=(hash_api_key("adm"),))
+    with gw.client() as c:
+        for path in ("/metrics", "/v1/models", "/v1/requests/hw-1"):
+            assert c.get(path).status_code == 401
+        assert c.post("/v1/completions", json=COMPLETION).status_code == 401
+        text = c.get("/metrics", headers={"Authorization": "Bearer adm"}).text
+    assert 'headway_rejections_total{reason="unauthorized"} 1.0' in text
+
+
+# ------------------------------------------------------------- dead and stalled backends
+def test_no_reachable_backend_gives_503_and_health_degraded(make_gateway):
+    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    gw = make_gateway([BackendConfig(u, max_concurrency=2) for u in dead], queue_ttl_s=1.0, backend_down_s=0.2)
+    with gw.client() as c:
+        assert c.get("/health").json()["status"] == "ok"  # not tried yet
+        r = c.post("/v1/completions", json=COMPLETION)
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert err["code"] == "no_backend" and "no backend is reachable" in err["message"]
+        assert r.headers["retry-after"] == "1"
+        assert all(u.split("//")[1] not in r.text for u in dead)
+        h = c.get("/health")
+        assert h.status_code == 503 and h.json()["status"] == "degraded" and h.json()["queued"] == 0
+        text = c.get("/metrics").text
+    assert 'headway_rejections_total{reason="no_backend"} 1.0' in text
+    # every re-dispatch after a refused connection counts as a retry
+    retries = sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("headway_retries_total"))
+    assert retries >= 2
+
+
+def test_health_is_ok_while_a_backend_is_reachable_and_again_once_one_is_back(servers, make_stub, make_gateway):
+    from headway.serve import StubConfig, create_stub_app, serve_in_thread
+
+    port = free_port()
+    dead = f"http://127.0.0.1:{port}"
+    stub = make_stub()
+    gw = make_gateway([BackendConfig(dead, max_concurrency=8), BackendConfig(stub.url, max_concurrency=1)])
+    with gw.client() as c:
+        for _ in range(3):
+            assert c.post("/v1/completions", json=COMPLETION).status_code == 200
+        assert c.get("/health").json()["status"] == "ok"  # one backend is up
+    gw = make_gateway([BackendConfig(dead, max_concurrency=8)], queue_ttl_s=0.5, backend_down_s=0.1)
+    with gw.client() as c:
+        assert c.post("/v1/completions", json=COMPLETION).status_code == 503
+        assert c.get("/health").status_code == 503
+        servers.enter_context(serve_in_thread(create_stub_app(StubConfig()), port))  # the backend comes back
+        assert c.post("/v1/completions", json=COMPLETION).status_code == 200
+        assert c.get("/health").json()["status"] == "ok"
+
+
+def test_stalled_backend_is_skipped_for_a_stream(make_stub, make_hole, make_gateway):
+    hole, stub = make_hole(), make_stub()
+    gw = make_gateway(
+        [BackendConfig(hole, max_concurrency=8), BackendConfig(stub.url, max_concurrency=1)], headers_timeout_s=0.3
+    )
+    t0 = time.monotonic()
+    with gw.client() as c, c.stream("POST", "/v1/completions", json={**COMPLETION, "stream": True}) as r:
+        assert r.status_code == 200
+        assert sse_events(r)[-1] == "[DONE]"
+    assert time.monotonic() - t0 < 3
+    assert stub.stub.stats.completed == 1
+
+
+def test_stalled_only_backend_gives_a_quick_502(make_hole, make_gateway):
+    hole = make_hole()
+    gw = make_gateway([hole], headers_timeout_s=0.3)
+    t0 = time.monotonic()
+    r = httpx.post(gw.url + "/v1/completions", json={**COMPLETION, "stream": True}, timeout=10)
+    assert time.monotonic() - t0 < 3
+    assert r.status_code == 502
+    assert r.json()["error"]["message"] == "no backend could serve the request (last error: no response within 0.3 s)"
+    assert hole.split("//")[1] not in r.text
+
+
+# ----------------------------------------------------------------- SSE variants
+def _sse_backend(servers, sep: bytes, prefix: bytes, split: bool = False) -> str:
+    """A backend streaming 3 tokens, the usage chunk and [DONE] with its own SSE framing;
+    ``split``: every event in two chunks, cut inside the separator."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request as HTTPRequest
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+
+    from headway.serve import serve_in_thread
+
+    async def complete(request: HTTPRequest) -> Response:
+        body = await request.json()
+        n = body["max_tokens"]
+        events = [{"id": "x", "choices": [{"index": 0, "text": " t", "finish_reason": None}]}] * n
+        events.append({"id": "x", "choices": [], "usage": {"completion_tokens": n}})
+
+        async def gen():  # type: ignore[no-untyped-def]
+            for e in [*[json.dumps(e).encode() for e in events], b"[DONE]"]:
+                event = prefix + e + sep
+                if split:
+                    cut = len(event) - len(sep) + 1
+                    yield event[:cut]
+                    await asyncio.sleep(0.005)
+                    yield event[cut:]
+                else:
+                    yield event
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/v1/completions", complete, methods=["POST"])])
+    return servers.enter_context(serve_in_thread(app))
+
+
+@pytest.mark.parametrize(
+    ("sep", "prefix", "split"),
+    [
+        (b"\n\n", b"data:", False),
+        (b"\r\n\r\n", b"data: ", False),
+        (b"\r\n\r\n", b"data:", True),
+        (b"\r\r", b"data:", True),
+    ],
+)
+def test_sse_framing_variants_are_understood(servers, make_gateway, sep, prefix, split):
+    pol = RecordingPolicy()
+    gw = make_gateway([_sse_backend(servers, sep, prefix, split)], policy_obj=pol)
+    body = {**COMPLETION, "max_tokens": 3, "stream": True}
+    with gw.client() as c, c.stream("POST", "/v1/completions", json=body) as r:
+        text = r.read().decode()
+    events = [e for e in text.replace("\r\n", "\n").replace("\r", "\n").split("\n\n") if e]
+    assert len(events) == 4 and events[-1].endswith("[DONE]")  # 3 tokens and [DONE]: no usage, no error
+    assert "error" not in text and "usage" not in text
+    done = gw.gateway.finished_requests[0]
+    assert done.state.name == "FINISHED" and done.num_output_tokens == 3
+    assert pol.progress == {"hw-1": 3}
+
+
+def test_sse_helpers():
+    from headway.serve._gateway import _sse_data, _sse_newlines
+
+    assert _sse_newlines(b"data: a\r\n\r\ndata: b\r") == (b"data: a\n\ndata: b", b"\r")
+    assert _sse_newlines(b"\r\n") == (b"\n", b"")
+    assert _sse_data(b"data:x\n\n") == b"x"
+    assert _sse_data(b"id: 3\nevent: m\ndata:  two spaces\n\n") == b" two spaces"
+    assert _sse_data(b": comment\ndata: a\ndata\ndata: b\n\n") == b"a\n\nb"
+    assert _sse_data(b"event: ping\n\n") == b""
+
+
+# ---------------------------------------------------------------------- cancel
+def test_cancelling_a_stream_ends_it_at_once_even_while_the_backend_is_silent(make_stub, make_gateway):
+    stub = make_stub(token_delay_s=5.0)  # the first token would come in 5 s
+    gw = make_gateway([stub.url])
+    t0 = time.monotonic()
+    with gw.client() as c, c.stream("POST", "/v1/completions", json={**COMPLETION, "stream": True}) as r:
+        rid = r.headers["x-request-id"]
+        wait_until(lambda: stub.stub.stats.running == 1, what="stream running")
+        assert c.delete(f"/v1/requests/{rid}").status_code == 200
+        events = sse_events(r)
+    assert time.monotonic() - t0 < 3
+    err = json.loads(events[-2])["error"]
+    assert (err["type"], err["code"]) == ("cancelled", "cancelled") and events[-1] == "[DONE]"
+    wait_until(lambda: stub.stub.stats.aborted == 1, what="upstream aborted")
+    text = httpx.get(gw.url + "/metrics").text
+    assert 'headway_rejections_total{reason="cancelled"} 1.0' in text
+    assert "client_disconnected" not in text
+
+
+def test_backend_silent_mid_stream_ends_it_after_the_read_timeout(make_stub, make_gateway):
+    stub = make_stub(first_token_delay_s=5.0)  # headers at once, then silence
+    gw = make_gateway([stub.url], read_timeout_s=0.3)
+    t0 = time.monotonic()
+    with gw.client() as c, c.stream("POST", "/v1/completions", json={**COMPLETION, "stream": True}) as r:
+        events = sse_events(r)
+    assert time.monotonic() - t0 < 3
+    err = json.loads(events[-2])["error"]
+    assert err["message"] == "the backend failed mid-stream: no data from the backend for 0.3 s"
+    assert err["code"] == "upstream_error" and events[-1] == "[DONE]"

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -22,7 +23,17 @@ import httpx
 from headway.core import Request, RequestState
 from headway.workload import RequestSpec, Workload
 
-__all__ = ["BenchConfig", "run_bench", "run_bench_sync", "synthetic_prompt"]
+__all__ = ["BenchConfig", "BenchError", "run_bench", "run_bench_sync", "synthetic_prompt"]
+
+_MODELS_TIMEOUT_S = 30.0
+"""Longest wait for ``GET /v1/models`` (the default model): an endpoint that does not answer a
+model list this soon will not serve a benchmark either."""
+
+
+class BenchError(Exception):
+    """The endpoint cannot be benchmarked: unreachable, not an OpenAI-compatible base URL, or it
+    refuses the key (the message says which and what to pass)."""
+
 
 _WORDS = [
     "the",
@@ -90,10 +101,10 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if not self.endpoint.startswith(("http://", "https://")):
             raise ValueError(f"endpoint must be an http(s) URL, got {self.endpoint!r}")
-        if self.time_scale <= 0:
-            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
-        if self.timeout_s <= 0 or self.request_timeout_s <= 0:
-            raise ValueError("timeout_s and request_timeout_s must be > 0")
+        for name in ("time_scale", "timeout_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
         if self.max_concurrency < 0 or self.max_prompt_tokens < 0 or self.max_output_tokens < 0:
             raise ValueError("max_concurrency, max_prompt_tokens and max_output_tokens must be >= 0")
 
@@ -103,12 +114,29 @@ def _base(endpoint: str) -> str:
 
 
 async def _default_model(client: httpx.AsyncClient, cfg: BenchConfig) -> str:
+    """The first model of ``GET /v1/models``; :class:`BenchError` saying why there is none."""
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     if not headers and cfg.tenant_keys:
         headers = {"Authorization": f"Bearer {next(iter(cfg.tenant_keys.values()))}"}
-    r = await client.get(_base(cfg.endpoint) + "/v1/models", headers=headers)
-    r.raise_for_status()
-    return str(r.json()["data"][0]["id"])
+    url = _base(cfg.endpoint) + "/v1/models"
+    wait = min(_MODELS_TIMEOUT_S, cfg.timeout_s, cfg.request_timeout_s)
+    try:
+        r = await client.get(url, headers=headers, timeout=wait)
+    except httpx.TimeoutException:
+        raise BenchError(f"GET {url}: no answer within {wait:g} s (--model NAME skips this lookup)") from None
+    except httpx.HTTPError as exc:
+        raise BenchError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
+    if r.status_code in (401, 403):
+        raise BenchError(f"GET {url} answered {r.status_code}: the endpoint wants an API key (--api-key KEY)")
+    if r.status_code != 200:
+        raise BenchError(
+            f"GET {url} answered {r.status_code}: --endpoint must be the server's base URL, "
+            "e.g. http://127.0.0.1:8000 (or give --model NAME)"
+        )
+    try:
+        return str(r.json()["data"][0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise BenchError(f"GET {url} listed no model (give --model NAME)") from None
 
 
 def _abort(req: Request, reason: str, now: float) -> None:
@@ -169,9 +197,9 @@ async def _one(
                 _abort(req, f"http_{resp.status_code}", clock() - t0)
                 return
             async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
+                if not line.startswith("data:"):
                     continue
-                data = line[6:]
+                data = line[6:] if line.startswith("data: ") else line[5:]
                 if data == "[DONE]":
                     break
                 if data.startswith('{"error"') or '"error":{' in data[:20]:
@@ -232,10 +260,19 @@ async def _one_unstreamed(
         _abort(req, "bad_response", now)
         return
     _finish(req, now, usage)
+    req.last_token_time = None  # tokens not seen one by one: no TPOT (n/a, not 0)
 
 
-async def run_bench(workload: Workload | Sequence[RequestSpec], cfg: BenchConfig) -> list[Request]:
-    """Replay ``workload`` against ``cfg.endpoint``; returns one Request per spec."""
+async def run_bench(
+    workload: Workload | Sequence[RequestSpec],
+    cfg: BenchConfig,
+    *,
+    on_done: Callable[[Request], None] | None = None,
+) -> list[Request]:
+    """Replay ``workload`` against ``cfg.endpoint``; returns one Request per spec.
+
+    ``on_done``: called with each request as it ends (progress). :class:`BenchError` when no
+    ``cfg.model`` is given and the endpoint lists none (unreachable, wrong URL, key refused)."""
     specs = list(workload)
     limit = cfg.max_concurrency or max(1, len(specs))
     async with httpx.AsyncClient(
@@ -259,6 +296,8 @@ async def run_bench(workload: Workload | Sequence[RequestSpec], cfg: BenchConfig
                 await asyncio.sleep(delay)
             async with sem:
                 await _one(client, cfg, model, spec, req, t0)
+            if on_done is not None:
+                on_done(req)
 
         tasks = [asyncio.ensure_future(launch(s, r)) for s, r in zip(specs, reqs, strict=True)]
         if tasks:
@@ -275,5 +314,10 @@ async def run_bench(workload: Workload | Sequence[RequestSpec], cfg: BenchConfig
     return reqs
 
 
-def run_bench_sync(workload: Workload | Sequence[RequestSpec], cfg: BenchConfig) -> list[Request]:
-    return asyncio.run(run_bench(workload, cfg))
+def run_bench_sync(
+    workload: Workload | Sequence[RequestSpec],
+    cfg: BenchConfig,
+    *,
+    on_done: Callable[[Request], None] | None = None,
+) -> list[Request]:
+    return asyncio.run(run_bench(workload, cfg, on_done=on_done))

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,16 @@ def _kv(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key, value
+
+
+def _fail(message: str) -> int:
+    """A CLI error: ``headway: error: ...`` on stderr; returns the exit status 2."""
+    print(f"headway: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _bad_port(port: int) -> str | None:
+    return None if 0 <= port <= 65535 else f"--port must be in 0..65535, got {port}"
 
 
 def _parse_value(v: str) -> Any:
@@ -93,14 +104,42 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--max-queue", type=int, default=None, help="queued requests before 429")
     p.add_argument("--max-queue-per-tenant", type=int, default=None, help="queued requests per tenant before 429")
-    p.add_argument("--max-tokens-limit", type=int, default=None, help="400 above this many requested tokens")
-    p.add_argument("--queue-ttl", type=float, default=None, metavar="S", help="seconds queued before 408")
+    p.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=None,
+        help="400 above this many requested tokens; a request without max_tokens gets at most this many",
+    )
+    p.add_argument(
+        "--queue-ttl",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds queued before 408 (503 if no backend is reachable)",
+    )
     p.add_argument(
         "--drain-timeout",
         type=float,
         default=None,
         metavar="S",
-        help="on SIGTERM, finish in-flight and queued work for up to S seconds",
+        help="on SIGTERM, finish in-flight and queued work for up to S seconds, then end the rest "
+        "(503 with Retry-After, or a final error event in a stream)",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="longest silence from a backend while waiting for or reading a response, which also bounds a "
+        "whole non-streamed answer (default 300)",
+    )
+    p.add_argument(
+        "--headers-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="streamed requests: a backend that sends no response headers within S seconds is stalled: the "
+        "request is retried on another (default 30; 0: only --read-timeout)",
     )
     p.add_argument(
         "--scorer",
@@ -178,6 +217,8 @@ def build_config(args: argparse.Namespace) -> Any:
         "router": getattr(args, "router", None),
         "max_queue_per_tenant": getattr(args, "max_queue_per_tenant", None),
         "max_tokens_limit": getattr(args, "max_tokens_limit", None),
+        "read_timeout_s": getattr(args, "read_timeout", None),
+        "headers_timeout_s": getattr(args, "headers_timeout", None),
     }
     if args.policy_arg:
         overrides["policy_args"] = {k: _parse_value(v) for k, v in args.policy_arg}
@@ -189,12 +230,14 @@ def _run_serve(args: argparse.Namespace) -> int:
     from headway.serve._gateway import create_app
     from headway.serve._runner import run_app
 
+    bad = _bad_port(args.port)
+    if bad:
+        return _fail(bad)
     try:
         config = build_config(args)
         app = create_app(config)
     except (ConfigError, ValueError) as exc:
-        print(f"headway serve: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_app(
         app,
@@ -269,16 +312,40 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+class _Progress:
+    """A ``run_bench`` callback that keeps one status line on stderr (on a terminal)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = self.aborted = 0
+        self._shown = 0.0
+
+    def __call__(self, req: Any) -> None:
+        self.done += 1
+        self.aborted += req.state.name == "ABORTED"
+        now = time.monotonic()
+        if now - self._shown >= 0.1 or self.done == self.total:
+            self._shown = now
+            line = f"\r{self.done}/{self.total} requests done, {self.aborted} aborted"
+            print(line, end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._shown:
+            print(file=sys.stderr, flush=True)
+
+
 def _run_bench(args: argparse.Namespace) -> int:
+    from headway._help import CLIError, prepare_out_dir
     from headway.metrics import SLO, comparison_table, summarize, write_report
-    from headway.serve._bench import BenchConfig, run_bench_sync
+    from headway.serve._bench import BenchConfig, BenchError, run_bench_sync
     from headway.workload import load_workload
 
     try:
         slo = SLO.parse(args.goodput) if args.goodput else None
     except ValueError as exc:
-        print(f"headway bench serve: --goodput: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"--goodput: {exc}")
+    if args.num_requests is not None and args.num_requests < 1:
+        return _fail(f"--num-requests must be >= 1, got {args.num_requests}")
     opts: dict[str, Any] = {"seed": args.seed}
     for name in ("num_requests", "rate", "burstiness", "arrivals", "tenants"):
         v = getattr(args, name)
@@ -301,9 +368,22 @@ def _run_bench(args: argparse.Namespace) -> int:
             request_timeout_s=args.request_timeout,
         )
     except ValueError as exc:
-        print(f"headway bench serve: {exc}", file=sys.stderr)
-        return 2
-    requests = run_bench_sync(workload, cfg)
+        return _fail(str(exc))
+    if not len(workload):
+        return _fail(f"workload {args.workload!r} has no requests")
+    try:
+        if args.out:
+            prepare_out_dir(args.out)
+    except CLIError as exc:
+        return _fail(str(exc))
+    progress = _Progress(len(workload)) if sys.stderr.isatty() else None
+    try:
+        requests = run_bench_sync(workload, cfg, on_done=progress)
+    except BenchError as exc:
+        return _fail(str(exc))
+    finally:
+        if progress is not None:
+            progress.close()
     summary = summarize(requests, slo=slo, name=args.name)
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2, default=str))
@@ -313,6 +393,9 @@ def _run_bench(args: argparse.Namespace) -> int:
         Console(width=None if sys.stdout.isatty() else 200).print(
             comparison_table({args.name: summary}, title=f"{args.workload} -> {args.endpoint}")
         )
+        if summary.aborted_by_reason:
+            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(summary.aborted_by_reason.items()))
+            print(f"aborted requests by reason: {reasons}")
     if args.out:
         write_report(Path(args.out), {args.name: (summary, requests)}, title=f"bench serve {args.workload}")
     return 0 if summary.num_completed else 1
@@ -334,12 +417,16 @@ def _run_stub(args: argparse.Namespace) -> int:
     from headway.serve._runner import run_app
     from headway.serve._stub import StubConfig, create_stub_app
 
+    bad = _bad_port(args.port)
+    if bad:
+        return _fail(bad)
     app = create_stub_app(
         StubConfig(
             token_delay_s=args.token_delay, max_num_seqs=args.max_num_seqs, first_token_delay_s=args.first_token_delay
         )
     )
-    run_app(app, args.host, args.port, log_level="warning")
+    # SIGTERM: requests still running after a second are cut (a fake backend has nothing to finish)
+    run_app(app, args.host, args.port, drain_timeout_s=1.0, log_level="warning")
     return 0
 
 

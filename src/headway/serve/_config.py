@@ -4,22 +4,27 @@ Config file (TOML shown; JSON with the same structure works too)::
 
     policy = "pars"                 # any registered headway policy
     policy_args = { }               # keyword settings for make_policy
+    scorer = "default:onnx-int8"    # prompt scorer; score-ranked policies (pars, ...) need one
     max_queue_len = 10000           # 429 beyond this many queued requests
     max_queue_per_tenant = 0        # 0 = no per-tenant limit
-    queue_ttl_s = 60.0              # 408 after waiting this long in the queue
+    queue_ttl_s = 60.0              # 408 after waiting this long in the queue (503 when no backend is reachable)
     max_body_bytes = 1048576        # 413 beyond this
-    default_max_tokens = 256        # when a request gives no max_tokens
+    default_max_tokens = 256        # when a request gives no max_tokens (capped at max_tokens_limit)
     max_tokens_limit = 0            # 400 above this many requested output tokens (0 = none)
-    retry_after_s = 1               # Retry-After header of 429s
+    retry_after_s = 1               # Retry-After header of 429s and 503s
     max_attempts = 3                # backends tried per request before streaming starts
-    drain_timeout_s = 30.0          # SIGTERM: finish in-flight + queued work up to this
+    drain_timeout_s = 30.0          # SIGTERM: finish in-flight + queued work up to this, then 503 the rest
+    connect_timeout_s = 5.0         # opening a connection to a backend
+    read_timeout_s = 300.0          # longest silence from a backend while waiting for / reading a response
+    headers_timeout_s = 30.0        # streamed requests: response headers within this, else retried elsewhere
+    backend_down_s = 2.0            # a backend that refused a connection is skipped this long
     redis_url = ""                  # "" = in-memory queue state
     redis_lease_s = 5.0             # replica liveness lease (Redis mode), see _redis_queue
     router = "least-outstanding"    # which backend gets a dispatched request (headway routers)
     admin_api_key_sha256 = []       # keys that may read all of /metrics (when keys are required)
 
     [[backends]]
-    url = "http://127.0.0.1:8001"
+    url = "http://127.0.0.1:8001"   # plain http (the gateway does not speak TLS to backends)
     max_concurrency = 8             # in-flight requests sent to it (0 = no limit)
     metrics_poll_s = 0.5            # read its /metrics (0 = never)
     max_waiting = 0                 # saturated when vllm:num_requests_waiting > this
@@ -34,7 +39,12 @@ API keys: ``api_keys = "auto"`` (default) requires a key when ``[[tenants]]`` li
 else every request belongs to tenant ``default``; ``"required"`` always requires one;
 ``"off"`` never. With ``redis_url``, keys not in the file are looked up in the Redis hash
 ``headway:apikeys``: field = SHA-256 hex of the key, value =
-``{"tenant": "acme", "tier": "premium"}``.
+``{"tenant": "acme", "tier": "premium"}``. Keys required with none that could be valid (no
+tenant's ``api_key_sha256``, no ``redis_url``) is refused at startup.
+
+A score-ranked policy (``pars``, ``sjf-score``, ``trail``, ``ltr``, ``rank-boost``) needs a
+``scorer``, or a scorer of its own in ``policy_args`` (``scorer = "noisy-oracle"`` with
+``tau``); without either it is refused at startup.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from headway.core import Tier, get_policy_class, get_router_class
+from headway.policies import ScoredPolicy
 from headway.predict._resolve import MIN_SCORING_LENGTH, predictor_spec
 
 __all__ = [
@@ -94,9 +105,13 @@ class BackendConfig:
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
         _check(
-            parts.scheme in ("http", "https") and bool(parts.netloc),
-            f"backends.url must be an http(s) URL, got {self.url!r}",
+            parts.scheme == "http" and bool(parts.hostname),
+            f"backends.url must be an http:// URL (the gateway speaks plain HTTP to backends), got {self.url!r}",
         )
+        try:
+            parts.port  # noqa: B018 - raises ValueError when out of range
+        except ValueError:
+            raise ConfigError(f"backends.url has a port out of range 0-65535: {self.url!r}") from None
         object.__setattr__(self, "url", self.url.rstrip("/").removesuffix("/v1"))
         _check(self.max_concurrency >= 0, f"backends.max_concurrency must be >= 0, got {self.max_concurrency}")
         _check(
@@ -146,6 +161,10 @@ class GatewayConfig:
     queue_ttl_s: float = 60.0
     max_body_bytes: int = 1 << 20
     default_max_tokens: int = 256
+    """``max_tokens`` of a request that gives none (queued with it and sent to the backend). With
+    ``max_tokens_limit`` set, the smaller of the two: leaving ``max_tokens`` out never gets a
+    request more than the limit (capped rather than refused at startup, because the limit alone
+    is the usual setting: ``--max-tokens-limit`` has no default to agree with)."""
     max_tokens_limit: int = 0
     """400 for a request asking for more than this many output tokens (0 = no limit)."""
     retry_after_s: int = 1
@@ -153,7 +172,13 @@ class GatewayConfig:
     drain_timeout_s: float = 30.0
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 300.0
-    """Longest silence from a backend while a response is being read."""
+    """Longest silence from a backend while waiting for or reading a response (a non-streamed
+    answer's headers come only with its end, so this also bounds a whole non-streamed answer)."""
+    headers_timeout_s: float = 30.0
+    """Streamed requests: the backend's response headers must come within this (vLLM sends them at
+    once), else the backend counts as stalled: it is skipped for ``backend_down_s`` and the request,
+    of which nothing was streamed yet, is retried on another (``max_attempts``). 0 = only
+    ``read_timeout_s``."""
     backend_down_s: float = 2.0
     """A backend that refused a connection is skipped for this long."""
     redis_url: str = ""
@@ -208,7 +233,13 @@ class GatewayConfig:
         _check(len(self.backends) > 0, "at least one backend is required (--backend URL)")
         urls = [b.url for b in self.backends]
         _check(len(set(urls)) == len(urls), f"backends must be distinct, got {urls}")
-        get_policy_class(self.policy)  # UnknownPolicyError (a ValueError) names valid ones
+        policy_cls = get_policy_class(self.policy)  # UnknownPolicyError (a ValueError) names valid ones
+        _check(
+            not issubclass(policy_cls, ScoredPolicy) or bool(self.scorer) or "scorer" in self.policy_args,
+            f"policy {self.policy!r} ranks requests by a predicted length score, and no scorer is set: give "
+            "--scorer (e.g. --scorer default:onnx-int8; scorer = ... in a config file), or a scorer of the "
+            "policy's own (--policy-arg scorer=noisy-oracle --policy-arg tau=0.8)",
+        )
         _check(self.max_queue_len >= 1, f"max_queue_len must be >= 1, got {self.max_queue_len}")
         _check(
             self.max_queue_per_tenant >= 0,
@@ -223,9 +254,17 @@ class GatewayConfig:
         _check(self.max_tokens_limit >= 0, f"max_tokens_limit must be >= 0, got {self.max_tokens_limit}")
         _check(self.retry_after_s >= 0, f"retry_after_s must be >= 0, got {self.retry_after_s}")
         _check(self.max_attempts >= 1, f"max_attempts must be >= 1, got {self.max_attempts}")
-        _check(self.drain_timeout_s >= 0, f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
-        _check(self.connect_timeout_s > 0, f"connect_timeout_s must be > 0, got {self.connect_timeout_s}")
-        _check(self.read_timeout_s > 0, f"read_timeout_s must be > 0, got {self.read_timeout_s}")
+        _check(
+            self.drain_timeout_s >= 0 and math.isfinite(self.drain_timeout_s),
+            f"drain_timeout_s must be >= 0 and finite, got {self.drain_timeout_s}",
+        )
+        for name in ("connect_timeout_s", "read_timeout_s"):
+            value = getattr(self, name)
+            _check(value > 0 and math.isfinite(value), f"{name} must be > 0 and finite, got {value}")
+        _check(
+            self.headers_timeout_s >= 0 and math.isfinite(self.headers_timeout_s),
+            f"headers_timeout_s must be >= 0, got {self.headers_timeout_s}",
+        )
         _check(
             self.redis_lease_s > 0 and math.isfinite(self.redis_lease_s),
             f"redis_lease_s must be > 0, got {self.redis_lease_s}",
@@ -279,6 +318,12 @@ class GatewayConfig:
         _check(
             self.api_keys in ("auto", "required", "off"),
             f"api_keys must be auto, required or off, got {self.api_keys!r}",
+        )
+        _check(
+            not self.auth_enabled or bool(self.redis_url) or any(t.api_key_sha256 for t in self.tenants),
+            f"api_keys = {self.api_keys!r} requires a key, but no tenant has an api_key_sha256 and there is no "
+            "redis_url to look keys up in: every request would get 401 (add [[tenants]] with api_key_sha256, "
+            "set redis_url, or api_keys = 'off')",
         )
         names = [t.name for t in self.tenants]
         _check(len(set(names)) == len(names), f"tenant names must be unique, got {names}")

@@ -46,6 +46,9 @@ class Backend:
     dispatched_since_poll: int = 0
     finished_since_poll: int = 0
     last_poll_ok: bool = True
+    reachable: bool = True
+    """False since a connection attempt failed, until it answers again (``/health``, the 503
+    ``no_backend``); a backend never tried counts as reachable."""
     extra: dict[str, object] = field(default_factory=dict)
 
     @property

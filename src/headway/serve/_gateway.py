@@ -9,17 +9,32 @@ the response through (SSE event by event) and report progress and the final
 answer, counted once in ``headway_requests_finished`` or ``headway_rejections{reason}``.
 
 Backend failures: a backend that refuses the connection or drops it before answering is
-marked down for ``backend_down_s`` and the request goes back to the queue (same policy
-position) to wait for it or another backend, up to the queue TTL; nothing had reached
-the client. A 5xx or a broken exchange is retried on another backend (``max_attempts``),
-then 502. A backend failing mid-stream ends the stream with an error event and
-``[DONE]``; mid-body of a non-streamed response, a 502.
+marked down for ``backend_down_s`` and unreachable, and the request goes back to the queue
+(same policy position) to wait for it or another backend (counted in ``headway_retries``);
+nothing had reached the client. Waiting is bounded by the queue TTL only, so that a backend
+restarting in a few seconds loses no request; when the TTL runs out while no backend is
+reachable (each one's last connection attempt failed), the answer is a 503 ``no_backend``
+rather than the 408, and ``/health`` says ``degraded`` (503) meanwhile. A 5xx, a broken
+exchange or a stream whose response headers do not come within ``headers_timeout_s`` (a
+stalled backend, then also skipped for ``backend_down_s``) is retried on another backend
+(``max_attempts``), then 502. A backend failing mid-stream ends the stream with an error
+event and ``[DONE]``; mid-body of a non-streamed response, a 502. Client-visible messages
+never name a backend or the Redis address (the log does).
+
+Shutdown: on SIGTERM the gateway drains (new requests 503 ``draining``); when
+``drain_timeout_s`` is over, every request still open ends at once: a 503 ``drain_timeout``
+with Retry-After, or, mid-stream, a final error event and ``[DONE]``.
+
+Errors are OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` with ``code``
+always a string; a 4xx of a backend is passed through as it is.
 
 Other endpoints: ``GET``/``DELETE /v1/requests/{id}`` (status / cancel one of the
 caller's own requests on this replica: another tenant's request is a 404, like a
 missing one), ``/metrics`` (everything with API keys off or for an admin key; a tenant
-key sees only series labelled with its tenant; no key: 401), ``/health`` and
-``/openapi.json``.
+key sees only series labelled with its tenant, which today is ``headway_queue_length``
+alone; no key: 401), ``/health`` and ``/openapi.json``. A 401 on these endpoints is not
+counted in ``headway_rejections``, which counts generation requests only (so that
+``headway_requests_finished`` + ``headway_rejections`` = generation requests answered).
 """
 
 from __future__ import annotations
@@ -40,6 +55,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from headway.core import Policy, Request, RequestState, make_policy, make_router
 from headway.serve._config import GatewayConfig, hash_api_key
@@ -55,6 +71,7 @@ from headway.serve._upstream import (
     UpstreamError,
     UpstreamPool,
     UpstreamResponse,
+    UpstreamTimeout,
 )
 
 __all__ = ["Gateway", "create_app"]
@@ -74,7 +91,7 @@ def error_response(
     err_type: str,
     *,
     param: str | None = None,
-    code: str | int | None = None,
+    code: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     """An OpenAI-style error body."""
@@ -82,9 +99,82 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _sse_error(message: str, code: int = 502) -> bytes:
-    body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
+def _sse_error(message: str, err_type: str = "upstream_error", code: str = "upstream_error") -> bytes:
+    """A final SSE error event (same body as a JSON error) and ``[DONE]``."""
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
     return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+def _sse_newlines(chunk: bytes) -> tuple[bytes, bytes]:
+    """``chunk`` with CRLF and CR line ends made LF, and a trailing CR held back (the next chunk
+    may start with its LF)."""
+    held = b""
+    if chunk.endswith(b"\r"):
+        chunk, held = chunk[:-1], b"\r"
+    return chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), held
+
+
+def _sse_data(event: bytes) -> bytes:
+    """The data of one SSE event (LF line ends, ending in a blank line), per the spec: the value of
+    its ``data`` fields, each without one leading space, joined by LF (b"" when none)."""
+    parts = []
+    for line in event.split(b"\n"):
+        field, colon, value = line.partition(b":")
+        if field == b"data" and colon:
+            parts.append(value[1:] if value.startswith(b" ") else value)
+        elif line == b"data":
+            parts.append(b"")
+    return b"\n".join(parts)
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
+def _loads(raw: bytes) -> Any:
+    """``json.loads`` that refuses NaN and Infinity (``_NonFinite``): JSON has no such numbers."""
+    return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+
+
+def _nonfinite_field(raw: bytes) -> str | None:
+    """Where the first NaN/Infinity of a body is, e.g. ``temperature`` or ``logit_bias.50256``."""
+    marker = object()
+    try:
+        body = json.loads(raw, parse_constant=lambda _: marker)
+
+        def find(v: object, path: str) -> str | None:
+            if v is marker:
+                return path
+            items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+            for k, x in items:
+                hit = find(x, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else k)
+                if hit is not None:
+                    return hit
+            return None
+
+        return find(body, "")
+    except (ValueError, RecursionError):
+        return None
+
+
+_STOP_EVENTS: dict[str, bytes] = {
+    "cancelled": _sse_error("the request was cancelled", "cancelled", "cancelled"),
+    "shutdown": _sse_error(
+        "the gateway shut down before the stream ended (drain timeout); retry later",
+        "service_unavailable",
+        "drain_timeout",
+    ),
+}
+"""Why a stream was stopped (:class:`_Watch`) -> its final error event and ``[DONE]``."""
+_STOP_REASONS = {"cancelled": "cancelled", "shutdown": "drain_timeout", "disconnected": "client_disconnected"}
+"""Why a request was stopped -> its ``headway_rejections`` reason."""
 
 
 def _either(a: asyncio.Future[Any], b: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
@@ -96,13 +186,16 @@ def _is_int(v: object) -> bool:
 
 
 class _Watch:
-    """Why a request should stop early: its client disconnected, or it was cancelled by API."""
+    """Why a request should stop early: its client disconnected (``"disconnected"``), it was
+    cancelled by API (``"cancelled"``) or the drain timeout ran out (``"shutdown"``)."""
 
-    __slots__ = ("stop", "task")
+    __slots__ = ("stop", "task", "upstream")
 
     def __init__(self, task: asyncio.Future[None]) -> None:
         self.task = task
         self.stop: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.upstream: UpstreamResponse | None = None
+        """The backend's response being streamed, closed by :meth:`end` to wake the relay."""
         task.add_done_callback(self._on_disconnect)
 
     def _on_disconnect(self, task: asyncio.Future[None]) -> None:
@@ -111,9 +204,11 @@ class _Watch:
         if not self.stop.done():
             self.stop.set_result("disconnected")
 
-    def cancel(self) -> None:
+    def end(self, reason: str) -> None:
         if not self.stop.done():
-            self.stop.set_result("cancelled")
+            self.stop.set_result(reason)
+            if self.upstream is not None:
+                self.upstream.close()  # a relay waiting for the backend's next event ends now
 
     @property
     def reason(self) -> str | None:
@@ -134,9 +229,16 @@ class _Parsed:
     prompt_text: str
     num_prompt_tokens: int
     max_tokens: int | None
+    max_tokens_field: str
+    """The field ``max_tokens`` came from (``max_completion_tokens`` in chat)."""
     stream: bool
     priority: int
     wants_usage: bool
+
+
+MAX_TOKENS_CEILING = 2**31 - 1
+"""Largest ``max_tokens`` accepted even without ``max_tokens_limit`` (anything larger is no real
+request, and would not fit the 32-bit integers of engines and the Redis queue keys)."""
 
 
 def _estimate_tokens(text: str) -> int:
@@ -179,13 +281,16 @@ def validate_body(body: object, chat: bool) -> _Parsed:
         else:
             raise _BadRequest("'prompt' must be a non-empty string, array of strings or of token ids", "prompt")
     max_tokens: int | None = None
+    max_tokens_field = "max_tokens"
     for name in ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",):
         v = body.get(name)
         if v is None:
             continue
         if not _is_int(v) or v < 1:
             raise _BadRequest(f"'{name}' must be a positive integer, got {v!r}", name)
-        max_tokens = v
+        if v > MAX_TOKENS_CEILING:
+            raise _BadRequest(f"'{name}' must be at most {MAX_TOKENS_CEILING}, got {v}", name)
+        max_tokens, max_tokens_field = v, name
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -203,7 +308,7 @@ def validate_body(body: object, chat: bool) -> _Parsed:
     n = body.get("n")
     if n is not None and (not _is_int(n) or n < 1):
         raise _BadRequest(f"'n' must be a positive integer, got {n!r}", "n")
-    return _Parsed(text, ntok, max_tokens, stream, priority, wants_usage)
+    return _Parsed(text, ntok, max_tokens, max_tokens_field, stream, priority, wants_usage)
 
 
 class Gateway:
@@ -281,6 +386,10 @@ class Gateway:
             for b in config.backends
         ]
         self.draining = False
+        self.drain_expired = False
+        """The drain timeout ran out: requests still open are ended (see :meth:`end_drain`)."""
+        limit = config.max_tokens_limit
+        self._default_max_tokens = min(config.default_max_tokens, limit) if limit else config.default_max_tokens
         self._pollers: list[asyncio.Task[None]] = []
         self._models_cache: tuple[float, bytes] | None = None
         self._ids = 0
@@ -300,6 +409,14 @@ class Gateway:
         for b in self.backends:
             if b.config.metrics_poll_s > 0:
                 self._pollers.append(asyncio.create_task(self._poll_backend(b)))
+
+    def end_drain(self) -> None:
+        """The drain timeout is over: end every request still open now (a 503, or mid-stream a
+        final error event), so that none is cut by the server's own shutdown (a bare 500 or a
+        broken stream)."""
+        self.drain_expired = True
+        for entry in list(self.active.values()):
+            entry.watch.end("shutdown")
 
     async def shutdown(self) -> None:
         self.draining = True
@@ -351,7 +468,7 @@ class Gateway:
                         kv = max(kv, float(line.rsplit(" ", 1)[1]))
                 b.polled_waiting, b.polled_kv_usage = waiting, kv
                 b.dispatched_since_poll = b.finished_since_poll = 0
-                b.last_poll_ok = True
+                b.last_poll_ok = b.reachable = True
             except (httpx.HTTPError, ValueError, IndexError):
                 b.last_poll_ok = False
             self.dispatcher.dispatch()
@@ -359,9 +476,17 @@ class Gateway:
 
     # -------------------------------------------------------------- handlers
     async def health(self, request: HTTPRequest) -> Response:
+        """200 ``ok``; 503 ``draining``, or ``degraded`` while no backend is reachable (route
+        traffic elsewhere: requests wait in the queue for a backend, up to the queue TTL)."""
         if self.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
-        return JSONResponse({"status": "ok", "queued": len(self.dispatcher.queue)})
+        queued = len(self.dispatcher.queue)
+        if not self._any_reachable():
+            return JSONResponse({"status": "degraded", "reason": "no backend reachable", "queued": queued}, 503)
+        return JSONResponse({"status": "ok", "queued": queued})
+
+    def _any_reachable(self) -> bool:
+        return any(b.reachable for b in self.backends)
 
     async def prom(self, request: HTTPRequest) -> Response:
         """All series with API keys off or for an admin key; a tenant's key sees its own only."""
@@ -372,7 +497,7 @@ class Gateway:
             if token is None or hash_api_key(token) not in self._admin_keys:
                 ident = await self.tenants.resolve(auth)
                 if ident is None:
-                    return self._unauthorized()
+                    return self._unauthorized(count=False)
                 tenant = ident.tenant
         return Response(self.metrics.render(tenant), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -404,7 +529,7 @@ class Gateway:
     async def request_status(self, request: HTTPRequest) -> Response:
         ident = await self.tenants.resolve(request.headers.get("authorization"))
         if ident is None:
-            return self._unauthorized()
+            return self._unauthorized(count=False)
         rid = request.path_params["request_id"]
         entry = self.active.get(rid)
         if entry is not None and entry.req.tenant_id == ident.tenant:
@@ -417,7 +542,7 @@ class Gateway:
     async def request_cancel(self, request: HTTPRequest) -> Response:
         ident = await self.tenants.resolve(request.headers.get("authorization"))
         if ident is None:
-            return self._unauthorized()
+            return self._unauthorized(count=False)
         rid = request.path_params["request_id"]
         entry = self.active.get(rid)
         if entry is None or entry.req.tenant_id != ident.tenant:
@@ -426,12 +551,12 @@ class Gateway:
                 return error_response(409, f"request {rid!r} already ended ({done[1]})", "invalid_request_error",
                                       code="request_ended")  # fmt: skip
             return self._not_found(rid)
-        entry.watch.cancel()
+        entry.watch.end("cancelled")
         return JSONResponse({"id": rid, "object": "request", "cancelled": True})
 
     async def models(self, request: HTTPRequest) -> Response:
         if await self.tenants.resolve(request.headers.get("authorization")) is None:
-            return self._unauthorized()
+            return self._unauthorized(count=False)
         loop = asyncio.get_running_loop()
         if self._models_cache is not None and self._models_cache[0] > loop.time():
             return Response(self._models_cache[1], media_type="application/json")
@@ -447,10 +572,12 @@ class Gateway:
                 self._models_cache = (loop.time() + 5.0, r.content)
                 return Response(r.content, media_type="application/json")
             last = f"HTTP {r.status_code}"
-        return error_response(502, f"no backend listed models ({last})", "upstream_error", code=502)
+        return error_response(502, f"no backend listed models ({last})", "upstream_error", code="upstream_error")
 
-    def _unauthorized(self) -> Response:
-        self.metrics.rejections.labels("unauthorized").inc()
+    def _unauthorized(self, count: bool = True) -> Response:
+        """401; ``count``: a generation request, counted in ``headway_rejections``."""
+        if count:
+            self.metrics.rejections.labels("unauthorized").inc()
         return error_response(
             401,
             "Invalid or missing API key.",
@@ -485,7 +612,13 @@ class Gateway:
         if self.draining:
             return self._reject(
                 "draining",
-                error_response(503, "gateway is shutting down", "service_unavailable", headers={"Connection": "close"}),
+                error_response(
+                    503,
+                    "gateway is shutting down; retry later",
+                    "service_unavailable",
+                    code="draining",
+                    headers={"Connection": "close", "Retry-After": str(self.config.retry_after_s)},
+                ),
             )
         raw = await self._read_body(request)
         if raw is None:
@@ -502,27 +635,39 @@ class Gateway:
         if ident is None:
             return self._unauthorized()
         try:
-            body = json.loads(raw)
+            body = _loads(raw)
+        except _NonFinite as exc:
+            where = _nonfinite_field(raw)
+            what = f"'{where}'" if where else "a number in the request body"
+            return self._reject(
+                "invalid",
+                error_response(400, f"{what} must be a finite number, got {exc}", "invalid_request_error",
+                               param=where, code="invalid_value"),
+            )  # fmt: skip
         except ValueError as exc:
             return self._reject(
                 "invalid",
-                error_response(400, f"request body is not valid JSON: {exc}", "invalid_request_error"),
-            )
+                error_response(400, f"request body is not valid JSON: {exc}", "invalid_request_error",
+                               code="invalid_json"),
+            )  # fmt: skip
         except RecursionError:
             return self._reject(
                 "invalid",
-                error_response(400, "request body is nested too deeply", "invalid_request_error"),
+                error_response(400, "request body is nested too deeply", "invalid_request_error", code="invalid_json"),
             )
         try:
             parsed = validate_body(body, chat)
         except _BadRequest as exc:
-            return self._reject("invalid", error_response(400, str(exc), "invalid_request_error", param=exc.param))
+            return self._reject(
+                "invalid", error_response(400, str(exc), "invalid_request_error", param=exc.param, code="invalid_value")
+            )
         limit = self.config.max_tokens_limit
         if limit and parsed.max_tokens is not None and parsed.max_tokens > limit:
+            name = parsed.max_tokens_field
             return self._reject(
                 "invalid",
-                error_response(400, f"'max_tokens' must be at most {limit}, got {parsed.max_tokens}",
-                               "invalid_request_error", param="max_tokens"),
+                error_response(400, f"'{name}' must be at most {limit}, got {parsed.max_tokens}",
+                               "invalid_request_error", param=name, code="invalid_value"),
             )  # fmt: skip
         return await self._serve(request, path, body, raw, parsed, ident)
 
@@ -532,7 +677,7 @@ class Gateway:
             request_id=f"{self._id_prefix}{self._ids}",
             arrival_time=self.dispatcher.now(),
             num_prompt_tokens=parsed.num_prompt_tokens,
-            max_tokens=parsed.max_tokens or self.config.default_max_tokens,
+            max_tokens=parsed.max_tokens or self._default_max_tokens,
             tenant_id=ident.tenant,
             tier=ident.tier,
             priority=parsed.priority,
@@ -591,6 +736,8 @@ class Gateway:
 
         watch = _Watch(asyncio.ensure_future(self._wait_disconnect(request)))
         self.active[req.request_id] = _Active(req, watch)
+        if self.drain_expired:
+            watch.end("shutdown")
         streaming = False
         try:
             resp = await self._serve_watched(request, req, path, payload, parsed, watch)
@@ -637,6 +784,17 @@ class Gateway:
                     self._abort(req)
                     if watch.stop.done():
                         return self._stopped(watch)
+                    if not self._any_reachable():  # every backend's last connection attempt failed
+                        return self._reject(
+                            "no_backend",
+                            error_response(
+                                503,
+                                f"no backend is reachable (waited {self.config.queue_ttl_s:g} s in the queue)",
+                                "service_unavailable",
+                                code="no_backend",
+                                headers={"Retry-After": str(self.config.retry_after_s)},
+                            ),
+                        )
                     return self._reject(
                         "ttl",
                         error_response(
@@ -653,11 +811,12 @@ class Gateway:
                     return self._queue_full(exc)
                 except Exception as exc:  # queue store unavailable
                     self._abort(req)
+                    log.warning("request %s: queue unavailable: %s", req.request_id, exc)
                     return self._reject(
                         "queue_error",
                         error_response(
                             503,
-                            f"queue unavailable: {exc}",
+                            "queue unavailable (the gateway cannot reach its queue store); retry later",
                             "service_unavailable",
                             code="queue_error",
                             headers={"Retry-After": str(self.config.retry_after_s)},
@@ -670,7 +829,7 @@ class Gateway:
                     return outcome
                 # retryable failure before anything was sent to the client
                 message, connect_failed = outcome
-                last_error = f"{backend.url}: {message}"
+                last_error = message  # the client is not told which backend (the log is)
                 log.warning("request %s failed on %s (%s)", req.request_id, backend.url, message)
                 self.dispatcher.release(backend, req)
                 if watch.stop.done():
@@ -681,6 +840,7 @@ class Gateway:
                 if connect_failed and self.config.backend_down_s > 0 and loop.time() < deadline:
                     # the backend is down (marked so for backend_down_s): wait in the queue,
                     # in order, for it or another one; nothing reached a backend
+                    self.metrics.retries.labels(backend.url).inc()
                     continue
                 exclude = exclude | {backend.index}
                 attempts += 1
@@ -694,7 +854,7 @@ class Gateway:
                     502,
                     f"no backend could serve the request (last error: {last_error})",
                     "upstream_error",
-                    code=502,
+                    code="upstream_error",
                 ),
             )
         except asyncio.CancelledError:
@@ -706,10 +866,23 @@ class Gateway:
                 watch.close()
 
     def _stopped(self, watch: _Watch) -> Response:
-        if watch.reason == "cancelled":
+        reason = watch.reason
+        if reason == "cancelled":
             return self._reject(
                 "cancelled",
                 error_response(499, "the request was cancelled", "cancelled", code="cancelled"),
+            )
+        if reason == "shutdown":
+            return self._reject(
+                "drain_timeout",
+                error_response(
+                    503,
+                    f"the gateway shut down before the request was served (drain timeout "
+                    f"{self.config.drain_timeout_s:g} s); retry later",
+                    "service_unavailable",
+                    code="drain_timeout",
+                    headers={"Retry-After": str(self.config.retry_after_s), "Connection": "close"},
+                ),
             )
         return self._reject("client_disconnected", Response(status_code=499))
 
@@ -745,7 +918,8 @@ class Gateway:
     ) -> Response | tuple[str, bool]:
         """Send to ``backend``. A Response ends the request; ``(message, connect_failed)``
         is a retryable failure (nothing reached the client)."""
-        send = asyncio.ensure_future(self.pools[backend.index].post(path, payload))
+        wait = self.config.headers_timeout_s if parsed.stream else 0.0
+        send = asyncio.ensure_future(self.pools[backend.index].post(path, payload, headers_timeout=wait or None))
         await asyncio.wait(_either(send, watch.stop), return_when=asyncio.FIRST_COMPLETED)
         if not send.done():  # client went away (or cancelled) while we connected
             send.cancel()
@@ -760,9 +934,15 @@ class Gateway:
         except (UpstreamConnectError, UpstreamConnectionLost) as exc:
             # refused, or reset before any response: the backend is down (or restarting)
             self.dispatcher.mark_down(backend, self.config.backend_down_s)
+            backend.reachable = False
             return str(exc), True
+        except UpstreamTimeout as exc:
+            # it took the request and stalled: try another one, and skip it for a while
+            self.dispatcher.mark_down(backend, self.config.backend_down_s)
+            return str(exc), False
         except UpstreamError as exc:
             return str(exc), False
+        backend.reachable = True
         if resp.status_code >= 500:
             with contextlib.suppress(UpstreamError):
                 await resp.read()
@@ -771,6 +951,7 @@ class Gateway:
         if resp.status_code != 200 or not parsed.stream:
             return await self._finish_plain(req, backend, resp, watch)
         watch.close()  # StreamingResponse watches for disconnects from here on
+        watch.upstream = resp
         return StreamingResponse(
             self._relay(req, backend, resp, parsed.wants_usage, watch),
             status_code=200,
@@ -799,7 +980,7 @@ class Gateway:
                         502,
                         f"backend failed while responding: {exc}",
                         "upstream_error",
-                        code=502,
+                        code="upstream_error",
                     ),
                 )
         finally:
@@ -836,22 +1017,34 @@ class Gateway:
     async def _relay(
         self, req: Request, backend: Backend, resp: UpstreamResponse, wants_usage: bool, watch: _Watch
     ) -> AsyncIterator[bytes]:
-        """Pass SSE events through one by one; count tokens; read the final usage."""
+        """Pass SSE events through one by one; count tokens; read the final usage.
+
+        Events are split per the SSE spec (CRLF, CR or LF line ends; ``data:`` with or without
+        a space); vLLM's ``data: {...}\\n\\n`` takes the fast path."""
         policy = self.policy
         now = self.dispatcher.now
+        stop = watch.stop
         usage_tokens: int | None = None
         done = False
-        buf = b""
+        buf = held = b""
+        reason = "client_disconnected"  # unless set below: the client went away mid-stream
         try:
             try:
                 async for chunk in resp.iter_chunks():
+                    if held or b"\r" in chunk:
+                        chunk, held = _sse_newlines(held + chunk)
                     buf += chunk
                     while True:
                         cut = buf.find(b"\n\n")
                         if cut < 0:
                             break
                         event, buf = buf[: cut + 2], buf[cut + 2 :]
-                        data = event[6:-2] if event.startswith(b"data: ") else b""
+                        if event.startswith(b"data: "):
+                            data = event[6:-2]
+                            if b"\n" in data:
+                                data = _sse_data(event)
+                        else:
+                            data = _sse_data(event)
                         if data == b"[DONE]":
                             done = True
                         elif data.startswith(b"{"):
@@ -870,32 +1063,67 @@ class Gateway:
                                 req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens
                                 policy.on_progress(req, t, 1)
                         yield event
-                    if watch.reason == "cancelled":
-                        self._abort(req)
-                        self.metrics.rejections.labels("cancelled").inc()
-                        yield _sse_error("the request was cancelled", 499)
-                        return
-                if buf:
-                    yield buf
+                    if stop.done() and not done:
+                        break
+                else:
+                    if held:
+                        buf += b"\n"
+                    if buf:
+                        yield buf
             except UpstreamError as exc:
-                self._abort(req)
-                self.metrics.rejections.labels("backend_error_midstream").inc()
-                yield _sse_error(f"backend {backend.url} failed mid-stream: {exc}")
+                if not stop.done():  # not the gateway closing it (cancel, drain timeout)
+                    reason = "backend_error_midstream"
+                    log.warning("request %s: backend %s failed mid-stream: %s", req.request_id, backend.url, exc)
+                    yield _sse_error(f"the backend failed mid-stream: {exc}")
+                    return
+            if stop.done() and not done:
+                why = stop.result()
+                reason = _STOP_REASONS.get(why, reason)
+                if why in _STOP_EVENTS:
+                    yield _STOP_EVENTS[why]
                 return
             if not done and usage_tokens is None:
-                self._abort(req)
-                self.metrics.rejections.labels("backend_error_midstream").inc()
-                yield _sse_error(f"backend {backend.url} closed the stream early")
+                reason = "backend_error_midstream"
+                log.warning("request %s: backend %s closed the stream early", req.request_id, backend.url)
+                yield _sse_error("the backend closed the stream early")
                 return
-            t = now()
-            self._complete(req, usage_tokens if usage_tokens is not None else req.num_output_tokens, t)
+            self._complete(req, usage_tokens if usage_tokens is not None else req.num_output_tokens, now())
         finally:
-            if not req.is_finished:  # cancelled: the client disconnected mid-stream
-                self.metrics.rejections.labels("client_disconnected").inc()
+            if not req.is_finished:
+                self.metrics.rejections.labels(reason).inc()
                 self._abort(req)
+            watch.upstream = None
             resp.close()  # mid-body: closes the upstream connection: the backend aborts the request
             self.dispatcher.release(backend, req)
             self._ended(req, watch)
+
+
+class _GatewayApp(Starlette):
+    """The Starlette app, with the gateway's startup and shutdown as its ASGI lifespan: a startup
+    failure (Redis unreachable, say) is one line in the server's log, not a traceback."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await super().__call__(scope, receive, send)
+            return
+        gw: Gateway = self.state.gateway
+        await receive()  # lifespan.startup
+        try:
+            await gw.startup()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                await gw.shutdown()
+            await send({"type": "lifespan.startup.failed", "message": f"cannot start the gateway: {exc}"})
+            return
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        try:
+            await gw.shutdown()
+        except Exception as exc:
+            log.exception("gateway shutdown failed")
+            await send({"type": "lifespan.shutdown.failed", "message": f"gateway shutdown failed: {exc}"})
+            return
+        await send({"type": "lifespan.shutdown.complete"})
 
 
 def create_app(
@@ -914,21 +1142,14 @@ def create_app(
     """
     gw = Gateway(config, policy=policy, transport=transport, redis=redis)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await gw.startup()
-        try:
-            yield
-        finally:
-            await gw.shutdown()
-
     async def http_error(request: HTTPRequest, exc: Exception) -> Response:
         # Starlette's own 404/405 (unknown path, wrong method) as OpenAI-style JSON
         assert isinstance(exc, HTTPException)
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(exc.status_code, str(exc.detail), kind, headers=dict(exc.headers or {}))
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+        return error_response(exc.status_code, str(exc.detail), kind, code=code, headers=dict(exc.headers or {}))
 
-    app = Starlette(
+    app = _GatewayApp(
         exception_handlers={HTTPException: http_error},
         routes=[
             Route("/v1/completions", gw.completions, methods=["POST"]),
@@ -940,7 +1161,6 @@ def create_app(
             Route("/v1/requests/{request_id}", gw.request_cancel, methods=["DELETE"]),
             Route("/openapi.json", gw.openapi, methods=["GET"]),
         ],
-        lifespan=lifespan,
     )
     app.state.gateway = gw
     return app

@@ -22,7 +22,10 @@ _ERRORS: dict[str, Any] = {
     "429": _error("queue (or the tenant's share of it) full; see Retry-After"),
     "499": _error("cancelled through DELETE /v1/requests/{id}"),
     "502": _error("no backend could serve the request"),
-    "503": _error("gateway draining, or its queue store (Redis) unavailable"),
+    "503": _error(
+        "gateway draining (`draining`) or past its drain timeout (`drain_timeout`), no backend reachable "
+        "(`no_backend`), or its queue store (Redis) unavailable (`queue_error`); see Retry-After"
+    ),
 }
 
 _MESSAGE = {
@@ -57,8 +60,7 @@ _COMMON_FIELDS: dict[str, Any] = {
 def openapi_schema(config: GatewayConfig) -> dict[str, Any]:
     """The OpenAPI document served at ``/openapi.json``."""
     max_tokens = dict(_COMMON_FIELDS["max_tokens"])
-    if config.max_tokens_limit:
-        max_tokens["maximum"] = config.max_tokens_limit
+    max_tokens["maximum"] = config.max_tokens_limit or 2**31 - 1
     fields = {**_COMMON_FIELDS, "max_tokens": max_tokens}
     completion = {
         "type": "object",
@@ -145,7 +147,10 @@ def openapi_schema(config: GatewayConfig) -> dict[str, Any]:
             "/health": {
                 "get": {
                     "operationId": "health",
-                    "responses": {"200": ok_json, "503": {"description": "draining"}},
+                    "responses": {
+                        "200": ok_json,
+                        "503": {"description": "draining, or degraded: no backend reachable"},
+                    },
                 }
             },
             "/metrics": {

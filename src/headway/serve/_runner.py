@@ -26,22 +26,55 @@ def free_port() -> int:
         return port
 
 
+_BACKSTOP_S = 3
+"""A gateway ends its open requests itself at the drain timeout; uvicorn's own cut (a bare 500,
+a broken stream) comes this much later, for whatever is still stuck."""
+
+
+def _gateway_of(app: Any) -> Any:
+    return getattr(getattr(app, "state", None), "gateway", None)
+
+
 class _DrainingServer(uvicorn.Server):
     """On SIGTERM/SIGINT: mark the gateway draining (503 to new requests on open
-    connections, /health 503), stop accepting, let uvicorn finish in-flight work
-    (queued requests are in-flight HTTP requests) within ``timeout_graceful_shutdown``."""
+    connections, /health 503), stop accepting, let in-flight work (queued requests are
+    in-flight HTTP requests) finish for ``drain_timeout_s``, then have the gateway end what
+    is left (:meth:`~headway.serve.Gateway.end_drain`: 503s and final SSE error events)."""
+
+    def __init__(self, config: uvicorn.Config, drain_timeout_s: float | None = None) -> None:
+        super().__init__(config)
+        self.drain_timeout_s = drain_timeout_s
+        self._exit_at: float | None = None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        app = self.config.app
-        gw = getattr(getattr(app, "state", None), "gateway", None)
+        gw = _gateway_of(self.config.app)
         if gw is not None:
             gw.draining = True
+        if self._exit_at is None:
+            self._exit_at = time.monotonic()
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        gw = _gateway_of(self.config.app)
+        timer: asyncio.TimerHandle | None = None
+        if gw is not None and self.drain_timeout_s is not None:
+            gw.draining = True
+            start = self._exit_at if self._exit_at is not None else time.monotonic()
+            delay = max(0.0, start + self.drain_timeout_s - time.monotonic())
+            timer = asyncio.get_running_loop().call_later(delay, gw.end_drain)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
 def _config(
     app: Starlette, host: str, port: int, drain_timeout_s: float | None, log_level: str, access_log: bool = False
 ) -> uvicorn.Config:
+    graceful = None
+    if drain_timeout_s is not None:
+        graceful = max(1, math.ceil(drain_timeout_s)) + (_BACKSTOP_S if _gateway_of(app) is not None else 0)
     return uvicorn.Config(
         app,
         host=host,
@@ -49,7 +82,7 @@ def _config(
         log_level=log_level,
         access_log=access_log,
         lifespan="on",
-        timeout_graceful_shutdown=None if drain_timeout_s is None else max(1, math.ceil(drain_timeout_s)),
+        timeout_graceful_shutdown=graceful,
         timeout_keep_alive=30,
     )
 
@@ -64,7 +97,7 @@ def run_app(
     access_log: bool = False,
 ) -> None:
     """Serve ``app`` in the foreground until SIGTERM/SIGINT (then drain)."""
-    server = _DrainingServer(_config(app, host, port, drain_timeout_s, log_level, access_log))
+    server = _DrainingServer(_config(app, host, port, drain_timeout_s, log_level, access_log), drain_timeout_s)
     server.run()
 
 
@@ -74,7 +107,7 @@ def serve_in_thread(
 ) -> Iterator[str]:
     """Serve ``app`` on 127.0.0.1 in a daemon thread; yields its base URL."""
     port = port or free_port()
-    server = _DrainingServer(_config(app, "127.0.0.1", port, 5.0, log_level))
+    server = _DrainingServer(_config(app, "127.0.0.1", port, 5.0, log_level), 5.0)
     loop = asyncio.new_event_loop()
 
     def run() -> None:

@@ -84,16 +84,16 @@ class _Stub:
 
     async def stats_endpoint(self, request: Request) -> Response:
         s = self.stats
-        return JSONResponse(
-            {
-                "started": s.started,
-                "completed": s.completed,
-                "aborted": s.aborted,
-                "running": s.running,
-                "waiting": s.waiting,
-                "order": s.order,
-            }
-        )
+        stats = {
+            "started": s.started,
+            "completed": s.completed,
+            "aborted": s.aborted,
+            "running": s.running,
+            "waiting": s.waiting,
+            "order": s.order,
+        }
+        # ASCII-escaped: a prompt may hold a lone surrogate, which UTF-8 cannot encode
+        return Response(json.dumps(stats).encode(), media_type="application/json")
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, chat=False)
@@ -117,8 +117,9 @@ class _Stub:
         created = int(time.time())
 
         if not stream:
-            async with self._slot(label):
-                await self._sleep_tokens(n)
+            if not await self._generate_whole(request, label, n):
+                self.stats.aborted += 1
+                return Response(status_code=499)  # nobody is listening
             self.stats.completed += 1
             choice: dict[str, object] = (
                 {
@@ -211,6 +212,31 @@ class _Stub:
             self.stats.running -= 1
             if sem is not None:
                 sem.release()
+
+    async def _generate_whole(self, request: Request, label: str, n: int) -> bool:
+        """Take a slot and "generate" ``n`` tokens for a non-streamed answer; False when the
+        client disconnected first (vLLM aborts such a request too)."""
+        c = self.config
+        if not (c.max_num_seqs or c.first_token_delay_s or c.token_delay_s):
+            async with self._slot(label):
+                return True  # nothing to wait for
+
+        async def work() -> None:
+            async with self._slot(label):
+                await self._sleep_tokens(n)
+
+        async def disconnected() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        job, gone = asyncio.ensure_future(work()), asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (job, gone):
+                t.cancel()
+            await asyncio.gather(job, gone, return_exceptions=True)
+        return job.done() and not job.cancelled()
 
     async def _sleep_tokens(self, n: int) -> None:
         c = self.config

@@ -17,7 +17,14 @@ import contextlib
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
-__all__ = ["UpstreamConnectError", "UpstreamConnectionLost", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+__all__ = [
+    "UpstreamConnectError",
+    "UpstreamConnectionLost",
+    "UpstreamError",
+    "UpstreamPool",
+    "UpstreamResponse",
+    "UpstreamTimeout",
+]
 
 
 class UpstreamError(Exception):
@@ -30,6 +37,10 @@ class UpstreamConnectError(UpstreamError):
 
 class UpstreamConnectionLost(UpstreamError):
     """The connection was reset or closed before any response (the backend went away)."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """No response headers in time (the backend accepted the request and stalled)."""
 
 
 class _Conn:
@@ -100,12 +111,12 @@ class UpstreamResponse:
                     if not data:
                         break
                     yield data
+        except TimeoutError:  # before OSError, of which it is a subclass
+            self.close()
+            raise UpstreamError(f"no data from the backend for {self._timeout:g} s") from None
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             self.close()
             raise UpstreamError(f"{type(exc).__name__} while reading the body") from None
-        except TimeoutError:
-            self.close()
-            raise UpstreamError(f"no data from the backend for {self._timeout:g} s") from None
         self._done = True
         self._release()
 
@@ -164,10 +175,13 @@ class UpstreamPool:
             raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {type(exc).__name__}") from None
         return _Conn(reader, writer)
 
-    async def post(self, path: str, body: bytes, headers: bytes = b"") -> UpstreamResponse:
+    async def post(
+        self, path: str, body: bytes, headers: bytes = b"", *, headers_timeout: float | None = None
+    ) -> UpstreamResponse:
         """Send a JSON POST; returns once the status line and headers arrived.
 
-        ``headers``: extra header lines, each ending in CRLF (the load generator's keys)."""
+        ``headers``: extra header lines, each ending in CRLF (the load generator's keys);
+        ``headers_timeout``: wait this long for the headers instead of the read timeout."""
         head = (
             b"POST " + (self.prefix + path).encode() + b" HTTP/1.1\r\nHost: " + self._host_header
             + b"\r\nContent-Type: application/json\r\nAccept: */*\r\n" + headers + b"Content-Length: "
@@ -179,21 +193,27 @@ class UpstreamPool:
                 conn.close()
                 continue
             try:
-                return await self._exchange(conn, head, body)
+                return await self._exchange(conn, head, body, headers_timeout)
             except _StaleConnection:
                 continue  # the backend closed an idle connection: retry on another
-        return await self._exchange(await self._connect(), head, body, fresh=True)
+        return await self._exchange(await self._connect(), head, body, headers_timeout, fresh=True)
 
-    async def _exchange(self, conn: _Conn, head: bytes, body: bytes, fresh: bool = False) -> UpstreamResponse:
+    async def _exchange(
+        self, conn: _Conn, head: bytes, body: bytes, headers_timeout: float | None, fresh: bool = False
+    ) -> UpstreamResponse:
+        wait = self._read_timeout if headers_timeout is None else headers_timeout
         try:
             conn.writer.write(head + body)
-            async with asyncio.timeout(self._read_timeout):
+            async with asyncio.timeout(wait):
                 raw = await conn.reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError as exc:
             conn.close()
             if not fresh and not exc.partial:
                 raise _StaleConnection from None
             raise UpstreamConnectionLost("connection closed before a response") from None
+        except TimeoutError:  # before OSError, of which it is a subclass
+            conn.close()
+            raise UpstreamTimeout(f"no response within {wait:g} s") from None
         except (OSError, asyncio.LimitOverrunError) as exc:
             conn.close()
             if not fresh and isinstance(exc, ConnectionResetError | BrokenPipeError):
@@ -201,9 +221,6 @@ class UpstreamPool:
             if isinstance(exc, ConnectionError):
                 raise UpstreamConnectionLost(f"{type(exc).__name__} while waiting for the response") from None
             raise UpstreamError(f"{type(exc).__name__} while waiting for the response") from None
-        except TimeoutError:
-            conn.close()
-            raise UpstreamError(f"no response within {self._read_timeout:g} s") from None
         except asyncio.CancelledError:
             conn.close()
             raise
