@@ -166,6 +166,19 @@ def test_unreachable_redis_at_startup_is_one_clear_line(tmp_path):
     assert "cannot start the gateway: redis unreachable for 0.2 s" in proc.stderr
 
 
+def _wait_healthy(proc: subprocess.Popen[bytes], url: str) -> None:
+    """Until a gateway process answers /health with 200 (fails if it exits or takes over 20 s)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=0.5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"
+        time.sleep(0.05)
+
+
 def test_sigterm_drains_inflight_and_queued_work():
     """SIGTERM: stop accepting, finish running and queued requests, exit."""
     stub_app = create_stub_app(StubConfig(token_delay_s=0.02))
@@ -178,15 +191,7 @@ def test_sigterm_drains_inflight_and_queued_work():
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    if httpx.get(url + "/health", timeout=0.5).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"
-                time.sleep(0.05)
+            _wait_healthy(proc, url)
             results: list[int] = []
 
             def send() -> None:
@@ -228,15 +233,7 @@ def test_sigterm_past_the_drain_timeout_ends_open_requests_cleanly(tmp_path):
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    if httpx.get(url + "/health", timeout=0.5).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"
-                time.sleep(0.05)
+            _wait_healthy(proc, url)
             body = {"model": "m", "prompt": "x", "max_tokens": 500}  # 10 s each
             plain: list[httpx.Response] = []
             stream: list[str] = []
