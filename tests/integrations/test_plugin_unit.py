@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -295,6 +296,16 @@ def test_config_from_additional_config_env_and_defaults(tmp_path) -> None:  # ty
         PluginConfig(scorer_backend="gpu")
     with pytest.raises(PluginConfigError, match="not valid JSON"):
         PluginConfig.resolve(None, {"HEADWAY_VLLM_CONFIG": "{bad"})
+    for bad, message in [
+        ({"scorer_threads": 0}, "scorer_threads must be an integer >= 1, got 0"),
+        ({"scorer_threads": "2"}, "scorer_threads must be an integer >= 1, got '2'"),
+        ({"step_log": 5}, "step_log must be a non-empty string or null, got 5"),
+        ({"scorer": ""}, "scorer must be a non-empty string or null, got ''"),
+        ({"check_version": "no"}, "check_version must be true or false, got 'no'"),
+        ({"missing_score": True}, "missing_score must be a finite number or null, got True"),
+    ]:
+        with pytest.raises(PluginConfigError, match=re.escape(message)):
+            PluginConfig.from_mapping(bad)
 
 
 def test_version_guard_names_supported_versions() -> None:

@@ -196,8 +196,19 @@ class PluginConfig:
             raise PluginConfigError(
                 f"headway plugin: scorer_backend must be one of {', '.join(BACKENDS)}, got {self.scorer_backend!r}"
             )
+        threads = self.scorer_threads
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise PluginConfigError(f"headway plugin: scorer_threads must be an integer >= 1, got {threads!r}")
+        for name in ("scorer", "tokenizer", "step_log", "control_file"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise PluginConfigError(f"headway plugin: {name} must be a non-empty string or null, got {value!r}")
+        if not isinstance(self.check_version, bool):
+            raise PluginConfigError(f"headway plugin: check_version must be true or false, got {self.check_version!r}")
         if self.missing_score is not None and not (
-            isinstance(self.missing_score, (int, float)) and math.isfinite(self.missing_score)
+            isinstance(self.missing_score, (int, float))
+            and not isinstance(self.missing_score, bool)
+            and math.isfinite(self.missing_score)
         ):
             raise PluginConfigError(
                 f"headway plugin: missing_score must be a finite number or null, got {self.missing_score!r}"
