@@ -509,6 +509,12 @@ def test_alpaca_eval_bad_inputs_name_file_and_line(
     assert str(info.value) == f"{bad}:2: idx: expected a non-negative integer (got 'one')"
 
 
+def test_absurd_token_counts_are_format_errors(write_text: TextWriter, tmp_path: Path) -> None:
+    bad = write_text(tmp_path / "a.csv", AZURE_HEAD + "2023-11-16 18:15:46.0,10,99999999999999999999999\n")
+    with pytest.raises(WorkloadFormatError, match=r"a\.csv:2: GeneratedTokens: token count must be at most"):
+        read_azure_trace(bad)
+
+
 def test_not_utf8_and_corrupt_gzip_are_format_errors(tmp_path: Path) -> None:
     latin = tmp_path / "latin.csv"
     latin.write_bytes(AZURE_HEAD.encode() + b"\xff\xfe,1,2\n")

@@ -76,6 +76,10 @@ TokenCounter = Callable[[str], int]
 
 PathLike = str | Path
 
+MAX_TOKEN_COUNT = 2**31 - 1
+"""Largest prompt or output token count a trace may give (as the gateway's ``max_tokens``): a larger
+one is a corrupt row, not a request, and would make a simulation run for ever."""
+
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -154,6 +158,10 @@ def _int_value(path: Path, line: int, field: str, raw: object) -> int:
         raise WorkloadFormatError(path, line, "expected an integer token count", field=field, value=raw)
     if value <= 0:
         raise WorkloadFormatError(path, line, "token count must be > 0", field=field, value=value)
+    if value > MAX_TOKEN_COUNT:
+        raise WorkloadFormatError(
+            path, line, f"token count must be at most {MAX_TOKEN_COUNT:,} (no real request)", field=field, value=value
+        )
     return value
 
 
