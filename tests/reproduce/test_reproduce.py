@@ -50,3 +50,29 @@ def test_quick_reproduction_writes_report_and_rows(name, tmp_path):
     assert "| claim | paper | measured | ratio | reproduced |" in report
     pngs = list(tmp_path.glob(f"{name}_*.png"))
     assert pngs and all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_bad_arguments_fail_before_any_simulation(tmp_path, capsys):
+    from headway.cli import main
+
+    (tmp_path / "file").write_text("")
+    for argv, message in [
+        (["uniboost", "--predictor", "/x"], "--predictor scores prompts for pars only, not uniboost"),
+        (["pars", "--seed", "-5"], "--seed must be >= 0, got -5"),
+        (["pars", "--out", ""], "--out: empty path"),
+        (["pars", "--out", str(tmp_path / "file")], "exists and is not a folder"),
+    ]:
+        assert main(["reproduce", *argv, "--quick"]) == 2
+        captured = capsys.readouterr()
+        assert message in captured.err and "claims reproduced" not in captured.out, argv
+
+
+def test_module_entry_points_take_the_headway_command_line(tmp_path):
+    import subprocess
+    import sys
+
+    for argv in (["-m", "headway", "--version"], ["-m", "headway.reproduce", "driftsched", "--quick",
+                                                   "--out", str(tmp_path)]):  # fmt: skip
+        proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "driftsched.md").is_file()

@@ -72,6 +72,15 @@ def run_reproduction(
 
 
 def _main(args: argparse.Namespace) -> int:
+    from headway._help import CLIError, prepare_out_dir
+
+    if args.seed < 0:
+        raise CLIError(f"--seed must be >= 0, got {args.seed}")
+    if args.predictor is not None and args.experiment not in ("pars", "all"):
+        raise CLIError(f"--predictor scores prompts for pars only, not {args.experiment}")
+    if not args.out:
+        raise CLIError("--out: empty path; give the report folder")
+    prepare_out_dir(args.out)  # before any simulation
     command = "headway " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     rows = run_reproduction(
         args.experiment, args.out, args.quick, predictor=args.predictor, seed=args.seed, command=command
@@ -105,9 +114,11 @@ def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry point (``python -m headway.reproduce``) until the CLI wires it in."""
-    parser = argparse.ArgumentParser(prog="headway")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_reproduce_parser(sub)
-    args = parser.parse_args(argv)
-    return int(args.func(args))
+    """``python -m headway.reproduce EXPERIMENT ...``, as ``headway reproduce EXPERIMENT ...`` (a
+    leading ``reproduce``, as older command lines have it, is accepted too)."""
+    from headway.cli import main as headway_main
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["reproduce"]:
+        args = args[1:]
+    return headway_main(["reproduce", *args])

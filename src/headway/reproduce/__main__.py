@@ -1,4 +1,4 @@
-"""``python -m headway.reproduce reproduce pars --quick``."""
+"""``python -m headway.reproduce pars --quick``: ``headway reproduce``."""
 
 from headway.reproduce import main
 

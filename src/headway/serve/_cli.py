@@ -2,7 +2,8 @@
 
 ``headway.cli`` calls :func:`add_serve_parser` and :func:`add_bench_parser` on its
 subparsers; each subcommand stores its handler in ``func`` (``args.func(args) -> int``).
-Until then: ``python -m headway.serve serve ...`` / ``bench serve ...`` / ``stub ...``.
+``python -m headway.serve serve ...`` / ``bench serve ...`` / ``stub ...`` also runs them (the
+stub backend has no ``headway`` subcommand).
 """
 
 from __future__ import annotations

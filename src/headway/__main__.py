@@ -1,0 +1,5 @@
+"""``python -m headway ...``: the ``headway`` command."""
+
+from headway.cli import main
+
+raise SystemExit(main())
