@@ -149,6 +149,37 @@ def test_missing_score_falls_back_to_setting_or_mean() -> None:
     assert [r.request_id for r in q] == ["lo", "none", "hi"]
 
 
+def test_a_request_s_bad_fields_never_stop_the_engine(caplog: pytest.LogCaptureFixture) -> None:
+    """A client's headway_score that is not a finite number is ignored (the request counts as one
+    without a score) and a headway_tier that is not a tier is standard: raising instead stopped
+    vLLM's engine core, and with it every request."""
+    a = PolicyAdapter(make_policy("pars"), missing_score=50.0, clock=lambda: 1.0, epoch=0.0)
+    q = a.make_queue()
+    bad = [("nan", {"headway_score": math.nan}), ("inf", {"headway_score": math.inf}),
+           ("text", {"headway_score": "abc"}), ("bool", {"headway_score": True}),
+           ("tier", {"headway_tier": "bogus", "headway_score": 1.0}), ("tier9", {"headway_tier": 9}),
+           ("tier15", {"headway_tier": 1.5}), ("ok", {"headway_score": 10.0, "headway_tier": "premium"})]  # fmt: skip
+    for rid, xa in bad:
+        q.add_request(FakeRequest(rid, 0.5, 4, 10, sampling_params=SimpleNamespace(extra_args=xa)))
+    assert sorted(r.request_id for r in q) == sorted(rid for rid, _ in bad)
+    assert [a.reqs[rid].score for rid in ("nan", "inf", "text", "bool", "tier", "ok")] == [
+        50.0, 50.0, 50.0, 50.0, 1.0, 10.0]  # fmt: skip
+    assert {a.reqs[rid].tier.name for rid in ("tier", "tier9", "tier15")} == {"STANDARD"}
+    assert a.reqs["ok"].tier.name == "PREMIUM"
+    assert "is not a finite number; ignored" in caplog.text and "is not a tier; standard used" in caplog.text
+
+
+def test_a_scorer_s_non_finite_score_takes_the_missing_score_path() -> None:
+    a = PolicyAdapter(
+        make_policy("pars"), score_batch=lambda prompts: [math.nan] * len(prompts), missing_score=3.0,
+        decode=lambda batch: ["x"] * len(batch), clock=lambda: 1.0, epoch=0.0,
+    )  # fmt: skip
+    q = a.make_queue()
+    q.add_request(FakeRequest("r", 0.5, 4, 10, prompt_token_ids=[1, 2, 3, 4]))
+    a.flush()
+    assert a.reqs["r"].score == 3.0 and a.num_missing_scores == 1
+
+
 def test_pars_starvation_promotion_timer_rekeys_queued_requests() -> None:
     now = [0.0]
     a = PolicyAdapter(make_policy("pars", starvation_threshold=5.0), clock=lambda: now[0], epoch=0.0)

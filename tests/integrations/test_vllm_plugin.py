@@ -14,6 +14,7 @@ import math
 import os
 import statistics
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -256,3 +257,31 @@ def test_async_scheduler_class_in_process_under_a_batch_queue() -> None:
     assert set(runs["sjf-oracle"]["finished"][:3]) == ASYNC_SHORT  # shortest first
     assert runs["fcfs"]["finished"][:2] == ["r0", "r1"]  # arrival order: two long ones first
     assert runs["uniboost"]["finished"] != runs["fcfs"]["finished"]
+
+
+def test_bad_control_files_and_request_fields_never_stop_the_engine(plugin_server) -> None:  # type: ignore[no-untyped-def]
+    """Each of these used to raise inside vLLM's engine core, which then exited: every request in
+    flight failed and the server was gone. Now a bad control file is logged and ignored, and a
+    request's bad fields are ignored (its score) or defaulted (its tier)."""
+    plugin_server.use("pars")
+    for i, text in enumerate(['[1]', '{"policy": "pars", "missing_score": "abc"}',
+                              '{"policy": "pars", "policy_args": 5}', '{"policy": "pars", "colour": 1}']):  # fmt: skip
+        plugin_server.control.write_text(text)
+        time.sleep(0.02)  # a distinct mtime
+        (res,) = replay_sync(plugin_server.url, [ReplaySpec(f"ctl{i}", 0.0, 8, 4)], timeout_s=60)
+        assert res.ok, (text, res.error)
+    import httpx
+
+    body = {"model": plugin_server.server.model, "prompt": "hi", "max_tokens": 4, "ignore_eos": True}
+    raw = json.dumps({**body, "vllm_xargs": {"headway_score": math.nan}})  # NaN: not JSON, but sent as such
+    r = httpx.post(plugin_server.url + "/v1/completions", content=raw, timeout=60,
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    bad = [{"headway_score": "abc"}, {"headway_tier": "bogus"}, {"headway_tier": 9}]
+    res = replay_sync(
+        plugin_server.url, [ReplaySpec(f"xa{i}", 0.01 * i, 8, 4, xargs=xa) for i, xa in enumerate(bad)], timeout_s=60
+    )
+    assert all(r.ok for r in res), [r.error for r in res]
+    log = plugin_server.server.log_tail(200_000)
+    assert log.count("control file") >= 4 and "ignored" in log
+    plugin_server.use("fcfs")

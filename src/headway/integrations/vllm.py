@@ -107,6 +107,7 @@ vLLM) imports anywhere.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
 import itertools
 import json
@@ -147,6 +148,8 @@ logger = logging.getLogger("headway.integrations.vllm")
 SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = ("0.32",)
 """``major.minor`` releases of vLLM whose V1 scheduler this plugin was written against."""
 
+_CONTROL_KEYS = ("missing_score", "oracle", "policy", "policy_args", "scorer")
+"""Settings a ``control_file`` may switch while the engine runs."""
 ENV_CONFIG = "HEADWAY_VLLM_CONFIG"
 """Environment variable read when ``--additional-config`` has no ``headway`` section."""
 
@@ -432,21 +435,48 @@ class PolicyAdapter:
         self.queues.append(q)
         return q
 
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message + " (warned once)", *args)
+
+    def _request_score(self, e: Any, value: Any) -> float | None:
+        """A client's ``headway_score``: a finite number, else ignored (the request is scored as one
+        without): a request's own fields must never stop the engine."""
+        if value is None:
+            return None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        self._warn_once(
+            "bad_score", "headway: request %s: headway_score %r is not a finite number; ignored", e.request_id, value
+        )
+        return None
+
+    def _request_tier(self, e: Any, value: Any) -> Tier:
+        """A client's ``headway_tier`` (premium, standard, batch), else standard."""
+        if value is None:
+            return Tier.STANDARD
+        try:
+            return Tier.parse(value)
+        except (ValueError, TypeError, AttributeError):
+            self._warn_once(
+                "bad_tier", "headway: request %s: headway_tier %r is not a tier; standard used", e.request_id, value
+            )
+            return Tier.STANDARD
+
     def _new_request(self, e: Any) -> Request:
         xa = _xargs(e)
         arrival = max(0.0, float(getattr(e, "arrival_time", self._clock())) - self.epoch)
-        score = xa.get("headway_score")
-        tier = xa.get("headway_tier")
         h = Request(
             request_id=str(e.request_id),
             arrival_time=arrival,
             num_prompt_tokens=max(int(e.num_prompt_tokens), 1),
             max_tokens=max(int(e.max_tokens or 1), 1),
             tenant_id=str(xa.get("headway_tenant", "default")),
-            tier=Tier.parse(tier) if tier is not None else Tier.STANDARD,
+            tier=self._request_tier(e, xa.get("headway_tier")),
             priority=int(getattr(e, "priority", 0) or 0),
             category=str(xa["headway_category"]) if "headway_category" in xa else None,
-            score=float(score) if isinstance(score, (int, float)) else None,
+            score=self._request_score(e, xa.get("headway_score")),
             seq=next(self._seq),
         )
         h.queued_time = self.now()
@@ -489,7 +519,7 @@ class PolicyAdapter:
                 if len(scores) != len(todo):
                     raise RuntimeError(f"headway scorer returned {len(scores)} scores for {len(todo)} prompts")
                 for h, s in zip(todo, scores, strict=True):
-                    h.score = float(s)
+                    h.score = float(s) if math.isfinite(float(s)) else None  # none: the missing-score path
                 self.score_time += time.perf_counter() - s0
                 self.num_scored += len(todo)
         now = self.now()
@@ -507,15 +537,14 @@ class PolicyAdapter:
                         fallback = self._score_sum / self._score_n if self._score_n else 0.0
                     h.score = fallback
                     self.num_missing_scores += 1
-                    if "missing_score" not in self._warned:
-                        self._warned.add("missing_score")
-                        logger.warning(
-                            "headway: request %s has no score for policy %r; using %s (send vllm_xargs "
-                            "headway_score or set the scorer setting; warned once)",
-                            h.request_id,
-                            policy.name,
-                            fallback,
-                        )
+                    self._warn_once(
+                        "missing_score",
+                        "headway: request %s has no score for policy %r; using %s (send vllm_xargs "
+                        "headway_score or set the scorer setting)",
+                        h.request_id,
+                        policy.name,
+                        fallback,
+                    )
                     policy.on_arrival(h, now)
             if h.score is not None:
                 self._score_sum += h.score
@@ -1089,21 +1118,33 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 self._hw_control_mtime = mtime
                 try:
                     data = json.loads(Path(path).read_text())
-                    name = str(data.get("policy", self.headway.policy.name))
-                    policy = self._hw_make_policy(name, data.get("policy_args", {}))
-                    cfg = self.headway_config
-                    scorer = data.get("scorer", cfg.scorer)
+                    if not isinstance(data, dict):
+                        raise PluginConfigError(f"expected a JSON object, got {data!r:.80}")
+                    unknown = sorted(set(data) - set(_CONTROL_KEYS))
+                    if unknown:
+                        raise PluginConfigError(
+                            f"unknown key(s) {', '.join(unknown)}; valid: {', '.join(_CONTROL_KEYS)}"
+                        )
+                    current = {
+                        "policy": self.headway.policy.name,
+                        "oracle": self.headway.oracle_mode,
+                        "policy_args": {},
+                    }
+                    # the settings' own checks (types, oracle, missing_score) on the values it switches to
+                    cfg = dataclasses.replace(self.headway_config, **{**current, **data})
+                    name = cfg.policy
+                    policy = self._hw_make_policy(name, cfg.policy_args)
                     score_batch = (
                         None
-                        if scorer is None
-                        else load_text_scorer(str(scorer), backend=cfg.scorer_backend, threads=cfg.scorer_threads)
+                        if cfg.scorer is None
+                        else load_text_scorer(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
                     )
-                    self.headway.set_policy(policy, str(data.get("oracle", self.headway.oracle_mode)))
+                    self.headway.set_policy(policy, cfg.oracle)
                     self.headway.score_batch = score_batch
                     self.headway.decode = self._hw_decode
-                    self.headway.missing_score = data.get("missing_score", cfg.missing_score)
-                except (OSError, ValueError) as exc:
-                    logger.error("headway: control file %s ignored: %s", path, exc)
+                    self.headway.missing_score = cfg.missing_score
+                except Exception as exc:  # anything raised here would stop the engine
+                    logger.error("headway: control file %s ignored: %s: %s", path, type(exc).__name__, exc)
                     return
                 logger.info("headway: policy switched to %r %s", name, json.dumps(data.get("policy_args", {})))
                 if self._hw_log is not None:
