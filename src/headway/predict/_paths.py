@@ -20,6 +20,7 @@ __all__ = [
     "default_cache_dir",
     "default_data_dir",
     "default_encoder_path",
+    "default_predictor_dir",
     "default_predictor_name",
     "encoder_path",
     "file_sha256",
@@ -233,3 +234,10 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def default_predictor_dir(name: str = DEFAULT_PREDICTOR_NAME) -> Path:
+    """``<cache>/predictors/<name>``; ValueError when ``name`` is not a plain name
+    (:func:`check_predictor_name`). Here rather than in ``train`` so that finding a checkpoint
+    imports nothing that training needs (scipy)."""
+    return default_cache_dir() / "predictors" / check_predictor_name(name)

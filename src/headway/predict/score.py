@@ -646,8 +646,8 @@ def ensure_predictor(
     ``~/.cache/headway/predictors/<name>`` (default :data:`DEFAULT_PREDICTOR_NAME`), trained there with
     ``config`` (default: the settings of ``headway predictor train``) when missing. A corrupt
     checkpoint raises :class:`CheckpointError`; it is never silently replaced or loaded."""
+    from headway.predict._paths import DEFAULT_PREDICTOR_NAME, default_predictor_dir
     from headway.predict.model import read_checkpoint_meta, verify_checkpoint_files
-    from headway.predict.train import DEFAULT_PREDICTOR_NAME, default_predictor_dir, train_predictor
 
     candidate = Path(name_or_path).expanduser() if name_or_path is not None else None
     if candidate is not None and (candidate.is_dir() or candidate.is_absolute() or len(candidate.parts) > 1):
@@ -661,6 +661,8 @@ def ensure_predictor(
         raise CheckpointError(f"{path}: no predictor checkpoint; run `headway predictor train --out {path}`")
     if log:
         log(f"no predictor at {path}; training one (headway predictor train defaults)")
+    from headway.predict.train import train_predictor
+
     return train_predictor(config, out_dir=path, log=log).path
 
 

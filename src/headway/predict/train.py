@@ -36,8 +36,8 @@ from headway.predict._errors import DataError, EncoderError, PredictError
 from headway.predict._paths import (
     DEFAULT_PREDICTOR_NAME,
     DEFAULT_TRAIN_DATA,
-    check_predictor_name,
     default_cache_dir,
+    default_predictor_dir,
 )
 from headway.predict.data import (
     DEFAULT_DELTA,
@@ -71,12 +71,6 @@ __all__ = [
 
 
 Mode = Literal["full", "frozen"]
-
-
-def default_predictor_dir(name: str = DEFAULT_PREDICTOR_NAME) -> Path:
-    """``<cache>/predictors/<name>``; ValueError when ``name`` is not a plain name
-    (:func:`~headway.predict._paths.check_predictor_name`)."""
-    return default_cache_dir() / "predictors" / check_predictor_name(name)
 
 
 @dataclass
