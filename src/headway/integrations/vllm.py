@@ -90,14 +90,18 @@ Settings (keys of the ``headway`` object):
     Path of a JSON file with ``policy`` / ``policy_args`` / ``oracle`` / ``scorer`` /
     ``missing_score``; re-read when a request arrives at an empty engine and the file
     changed (so never in the middle of a run), so benchmarks can replay one workload
-    under several policies on one warm server. Keys it omits keep their startup values.
+    under several policies on one warm server. Keys it omits keep their startup values
+    (``policy_args``: none). A file that is not valid (other keys, bad values, a policy that
+    cannot be made) is logged and ignored: the engine keeps its policy.
 ``check_version`` (``true``)
     Refuse vLLM versions other than :data:`SUPPORTED_VLLM_VERSIONS`.
 
 Per-request fields travel in ``vllm_xargs`` (vLLM's ``SamplingParams.extra_args``):
 ``headway_score``, ``headway_tenant``, ``headway_tier``, ``headway_category`` (and
 ``headway_request_id``, copied to the step log to match client records); vLLM's own
-``priority`` field becomes :attr:`headway.core.Request.priority`.
+``priority`` field becomes :attr:`headway.core.Request.priority`. A ``headway_score`` that is
+not a finite number is ignored and a ``headway_tier`` that is not a tier is ``standard`` (with
+a warning, once): a request's own fields never stop the engine.
 
 vLLM is imported only when :class:`HeadwayScheduler` is first accessed, so this module
 (and :class:`PolicyAdapter`, which holds all the ordering logic and is tested without
