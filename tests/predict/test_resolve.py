@@ -43,3 +43,23 @@ def test_a_directory_with_a_colon_in_its_name_is_that_directory(tmp_path: Path) 
     assert predictor_spec(str(versioned)) == (str(versioned), None)
     assert predictor_spec(f"{versioned}:onnx") == (str(versioned), "onnx")
     assert predictor_spec(f"{tmp_path}/ck:onnx") == (f"{tmp_path}/ck", "onnx")  # no such directory: DIR:BACKEND
+
+
+def test_finding_a_checkpoint_does_not_import_the_training_code(tmp_path: Path) -> None:
+    """A vLLM venv may lack scipy (the training code's): a missing checkpoint directory must be
+    named, not a missing scipy."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] == 'scipy': raise ModuleNotFoundError('scipy blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from headway.predict.score import ensure_predictor\n"
+        f"ensure_predictor({str(tmp_path / 'none')!r}, train_if_missing=False)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "CheckpointError" in proc.stderr and "no predictor checkpoint" in proc.stderr, proc.stderr[-500:]

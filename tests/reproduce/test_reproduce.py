@@ -50,6 +50,8 @@ def test_quick_reproduction_writes_report_and_rows(name, tmp_path):
     assert "| claim | paper | measured | ratio | reproduced |" in report
     pngs = list(tmp_path.glob(f"{name}_*.png"))
     assert pngs and all(p.stat().st_size > 1000 for p in pngs)
+    if name == "uniboost":  # its wins over SRPT come from that baseline thrashing: the report says so
+        assert "come from that baseline thrashing" in report and "does not beat FCFS's tail" in report
 
 
 def test_bad_arguments_fail_before_any_simulation(tmp_path, capsys):
