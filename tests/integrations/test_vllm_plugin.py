@@ -264,6 +264,8 @@ def test_bad_control_files_and_request_fields_never_stop_the_engine(plugin_serve
     flight failed and the server was gone. Now a bad control file is logged and ignored, and a
     request's bad fields are ignored (its score) or defaulted (its tier)."""
     plugin_server.use("pars")
+    (res,) = replay_sync(plugin_server.url, [ReplaySpec("ctl-pars", 0.0, 8, 4)], timeout_s=60)  # switches to pars
+    assert res.ok, res.error
     for i, text in enumerate(['[1]', '{"policy": "pars", "missing_score": "abc"}',
                               '{"policy": "pars", "policy_args": 5}', '{"policy": "pars", "colour": 1}']):  # fmt: skip
         plugin_server.control.write_text(text)
@@ -284,4 +286,5 @@ def test_bad_control_files_and_request_fields_never_stop_the_engine(plugin_serve
     assert all(r.ok for r in res), [r.error for r in res]
     log = plugin_server.server.log_tail(200_000)
     assert log.count("control file") >= 4 and "ignored" in log
+    assert "headway: policy switched to 'pars'" in log  # INFO lines reach vLLM's log too
     plugin_server.use("fcfs")

@@ -152,6 +152,26 @@ logger = logging.getLogger("headway.integrations.vllm")
 SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = ("0.32",)
 """``major.minor`` releases of vLLM whose V1 scheduler this plugin was written against."""
 
+
+class _ToVllmLog(logging.Handler):
+    """Hands records to vLLM's ``vllm`` logger, whose handlers (configured by vLLM, possibly later
+    than this is attached) print them as vLLM's own lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger("vllm").handle(record)
+
+
+def _log_like_vllm() -> None:
+    """Send this module's log lines (INFO and up) through vLLM's logging, as its own loggers' are:
+    without a handler of its own, Python printed only warnings and errors, so the log never said
+    which policy runs or that a control file switched it."""
+    if any(isinstance(h, _ToVllmLog) for h in logger.handlers):
+        return
+    logger.addHandler(_ToVllmLog())
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 _CONTROL_KEYS = ("missing_score", "oracle", "policy", "policy_args", "scorer")
 """Settings a ``control_file`` may switch while the engine runs."""
 ENV_CONFIG = "HEADWAY_VLLM_CONFIG"
@@ -1021,6 +1041,7 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
             policy: Any  # vLLM's SchedulingPolicy, set by the base class
 
             def __init__(self, *args: Any, **kwargs: Any) -> None:
+                _log_like_vllm()
                 vllm_config = kwargs.get("vllm_config", args[0] if args else None)
                 cfg = PluginConfig.resolve(getattr(vllm_config, "additional_config", None))
                 if cfg.check_version:
