@@ -5,13 +5,35 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
-__all__ = ["CLIError", "HelpFormatter", "prepare_out_dir"]
+__all__ = ["CLIError", "HelpFormatter", "default_out_dir", "describe_error", "prepare_out_dir"]
 
 
 class CLIError(Exception):
     """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """An error's message for the user: an OSError as ``path: what`` (not ``[Errno 2] ...``),
+    a truncated compressed file as such."""
+    if isinstance(exc, OSError) and (exc.strerror or exc.filename is not None):
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        return f"{where}{exc.strerror or exc}"
+    if isinstance(exc, EOFError):
+        return f"a compressed input ended early ({exc})"
+    return str(exc)
+
+
+def default_out_dir(kind: str) -> Path:
+    """``headway-out/<kind>-<time>``, with ``-2``, ``-3``... when a run in the same second has it."""
+    base = Path("headway-out") / time.strftime(f"{kind}-%Y%m%d-%H%M%S")
+    path, k = base, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return path
 
 
 def prepare_out_dir(path: str | Path, flag: str = "--out") -> Path:

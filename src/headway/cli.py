@@ -10,12 +10,11 @@ import argparse
 import importlib
 import re
 import sys
-import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from headway._help import CLIError, HelpFormatter, prepare_out_dir
+from headway._help import CLIError, HelpFormatter, default_out_dir, describe_error, prepare_out_dir
+from headway.core import DEFAULT_ROUTER
 
 __all__ = ["CLIError", "build_parser", "main"]
 
@@ -51,19 +50,6 @@ def _parse_policy_args(items: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 # ----------------------------------------------------------------- simulate
-_DEFAULT_ROUTER = "least-outstanding"
-
-
-def _default_out(kind: str) -> Path:
-    """``headway-out/<kind>-<time>``, with ``-2``, ``-3``... when a run in the same second has it."""
-    base = Path("headway-out") / time.strftime(f"{kind}-%Y%m%d-%H%M%S")
-    path, k = base, 1
-    while path.exists():
-        k += 1
-        path = base.with_name(f"{base.name}-{k}")
-    return path
-
-
 def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "simulate",
@@ -127,7 +113,7 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="number of engine replicas behind the router (default: from --preset, else 1)",
     )
     e.add_argument(
-        "--router", default=_DEFAULT_ROUTER, help="how requests are spread over replicas (see `headway routers`)"
+        "--router", default=DEFAULT_ROUTER, help="how requests are spread over replicas (see `headway routers`)"
     )
     e.add_argument(
         "--router-arg",
@@ -245,7 +231,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     fleet = len(presets) > 1
     router_kwargs = _parse_kv(args.router_arg, "--router-arg")
     get_router_class(args.router)  # an unknown name fails here, listing the valid ones
-    if not fleet and (args.router != _DEFAULT_ROUTER or router_kwargs):
+    if not fleet and (args.router != DEFAULT_ROUTER or router_kwargs):
         raise CLIError("--router and --router-arg need a fleet: --replicas N > 1 or a fleet spec in --preset")
     if fleet and get_router_class(args.router).randomized:
         router_kwargs.setdefault("seed", args.seed)
@@ -254,7 +240,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         skipped = workload.meta.get("skipped")
         why = f" ({skipped} records skipped: no prompt/response pair or 0 tokens)" if skipped else ""
         raise CLIError(f"workload {workload.name} has no requests{why}")
-    out = None if args.no_report else prepare_out_dir(args.out or _default_out("simulate"))  # before simulating
+    out = None if args.no_report else prepare_out_dir(args.out or default_out_dir("simulate"))  # before simulating
     notes: list[str] = []
     _default_scorers(names, policy_args, workload, args, notes)
     preset_names = ", ".join(c.name for c in presets)
@@ -424,17 +410,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _describe(exc: BaseException) -> str:
-    """An error's message for the user: an OSError as ``path: what`` (not ``[Errno 2] ...``),
-    a truncated compressed file as such."""
-    if isinstance(exc, OSError) and exc.strerror:
-        where = f"{exc.filename}: " if exc.filename is not None else ""
-        return f"{where}{exc.strerror}"
-    if isinstance(exc, EOFError):
-        return f"a compressed input ended early ({exc})"
-    return str(exc)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -444,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (CLIError, ValueError, OSError, EOFError) as exc:  # bad values and files name themselves
-        print(f"headway: error: {_describe(exc)}", file=sys.stderr)
+        print(f"headway: error: {describe_error(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("headway: interrupted", file=sys.stderr)

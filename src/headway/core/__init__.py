@@ -13,6 +13,7 @@ from headway.core._policy import (
 from headway.core._queue import PolicyQueue
 from headway.core._request import InvalidTransition, Request, RequestState, Tier
 from headway.core._router import (
+    DEFAULT_ROUTER,
     Estimator,
     LengthAwareRouter,
     LoadTracker,
@@ -29,6 +30,7 @@ from headway.core._router import (
 )
 
 __all__ = [
+    "DEFAULT_ROUTER",
     "Estimator",
     "InvalidTransition",
     "LengthAwareRouter",

@@ -58,6 +58,7 @@ from headway.core._registry import Registry
 from headway.core._request import Request
 
 __all__ = [
+    "DEFAULT_ROUTER",
     "LENGTH_CLASSES",
     "Estimator",
     "LengthAwareRouter",
@@ -74,6 +75,9 @@ __all__ = [
     "policy_estimator",
     "register_router",
 ]
+
+DEFAULT_ROUTER = "least-outstanding"
+"""The router a fleet or a gateway uses when none is named."""
 
 Estimator = Callable[[Request], float]
 """Maps a request to its expected number of output tokens."""

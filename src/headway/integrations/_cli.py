@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from headway._help import HelpFormatter
+from headway._help import HelpFormatter, describe_error
 
 if TYPE_CHECKING:
     from headway.integrations._probe import Geometry
@@ -144,8 +144,7 @@ def _user_errors(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argparse
         try:
             return cmd(args)
         except OSError as exc:
-            where = f"{exc.filename}: " if exc.filename is not None else ""
-            raise ValueError(f"{where}{exc.strerror or exc}") from exc
+            raise ValueError(describe_error(exc)) from exc
         except (RuntimeError, ImportError) as exc:
             raise ValueError(str(exc) or type(exc).__name__) from exc
 

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from headway.core import Tier, get_policy_class, get_router_class
+from headway.core import DEFAULT_ROUTER, Tier, get_policy_class, get_router_class
 from headway.policies import ScoredPolicy
 from headway.predict._resolve import MIN_SCORING_LENGTH, predictor_spec
 
@@ -193,7 +193,7 @@ class GatewayConfig:
     long is presumed dead and its queued entries and held backend slots are reclaimed."""
     redis_retry_s: float = 5.0
     """Keep retrying a Redis operation on connection errors for this long (Redis restart)."""
-    router: str = "least-outstanding"
+    router: str = DEFAULT_ROUTER
     """Which backend (among those with room) a dispatched request goes to: a registered
     ``headway.core`` router (``headway.core.available_routers()``). In-memory mode only;
     with ``redis_url`` the shared Lua dispatcher picks the least-loaded backend."""

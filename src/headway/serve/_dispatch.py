@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from headway.core import LoadTracker, Policy, PolicyQueue, Request, RequestState, Router, make_router
+from headway.core import DEFAULT_ROUTER, LoadTracker, Policy, PolicyQueue, Request, RequestState, Router, make_router
 from headway.core._router import Estimator, policy_estimator
 from headway.serve._config import BackendConfig
 
@@ -96,7 +96,7 @@ class Dispatcher:
         """Requests being scored before they are queued (the gateway counts them; see :meth:`_holding`)."""
         self._hold_since: float | None = None
         self._soon = False
-        self.router = router if router is not None else make_router("least-outstanding")
+        self.router = router if router is not None else make_router(DEFAULT_ROUTER)
         # backends with a concurrency limit count as that much faster: load-proportional routing
         limits = [b.config.max_concurrency for b in backends]
         speeds = [lim / max(limits) for lim in limits] if backends and all(limits) else None

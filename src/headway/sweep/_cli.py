@@ -6,12 +6,11 @@ import argparse
 import csv
 import json
 import math
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from headway._help import CLIError, HelpFormatter, prepare_out_dir
+from headway._help import CLIError, HelpFormatter, default_out_dir, prepare_out_dir
 from headway.sweep._grid import load_grid
 from headway.sweep._runner import METRIC_NAMES, TaskResult, aggregate, run_sweep
 
@@ -49,7 +48,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.num_cpus is not None and args.num_cpus < 1:
         raise CLIError(f"--num-cpus must be >= 1, got {args.num_cpus}")
     grid = load_grid(args.grid)
-    out = prepare_out_dir(args.out or Path("headway-out") / time.strftime("sweep-%Y%m%d-%H%M%S"))
+    out = prepare_out_dir(args.out or default_out_dir("sweep"))
     tasks = grid.tasks()
     console.print(f"[bold]sweep[/] {len(tasks)} tasks ({'in-process' if args.no_ray else 'Ray'})")
     failures: list[TaskResult] = []

@@ -30,8 +30,6 @@ _METRICS: tuple[tuple[str, Callable[[RunSummary], float | int | None]], ...] = (
     ("completed", lambda s: s.num_completed),
 )
 METRIC_NAMES = tuple(name for name, _ in _METRICS)
-FLEET_ROUTER = "least-outstanding"
-"""How a preset entry that names a fleet (``"llama3-8b-h100:2"``) spreads requests over its replicas."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +50,7 @@ class TaskResult:
 
 def run_task(task: Task, grid: Grid) -> TaskResult:
     """Simulate one grid point; never raises (errors come back in the result)."""
+    from headway.core import DEFAULT_ROUTER
     from headway.metrics import summarize
     from headway.policies import noisy_oracle_defaults
     from headway.sim import SchedulerConfig, simulate
@@ -77,7 +76,7 @@ def run_task(task: Task, grid: Grid) -> TaskResult:
                 max_num_seqs=grid.max_num_seqs, max_num_batched_tokens=grid.max_num_batched_tokens
             ),
             policy_kwargs=kwargs,
-            router=FLEET_ROUTER if len(presets) > 1 else None,
+            router=DEFAULT_ROUTER if len(presets) > 1 else None,  # a fleet entry ("llama3-8b-h100:2")
         )
         summary = summarize(res.requests, slo=grid.slo, name=task.policy)
         metrics = {}
