@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["CLIError", "HelpFormatter", "default_out_dir", "describe_error", "prepare_out_dir"]
+__all__ = ["CLIError", "HelpFormatter", "default_out_dir", "describe_error", "prepare_out_dir", "unwritable"]
 
 
 class CLIError(Exception):
@@ -34,6 +34,20 @@ def default_out_dir(kind: str) -> Path:
         k += 1
         path = base.with_name(f"{base.name}-{k}")
     return path
+
+
+def unwritable(directory: Path) -> tuple[Path, str] | None:
+    """Why files cannot be made in ``directory`` (which may not exist yet): its nearest existing
+    ancestor (itself included) and ``"is not a directory"`` or ``"is not writable"``; None when
+    they can."""
+    top = directory
+    while not top.exists() and top.parent != top:
+        top = top.parent
+    if not top.is_dir():
+        return top, "is not a directory"
+    if not os.access(top, os.W_OK | os.X_OK):
+        return top, "is not writable"
+    return None
 
 
 def prepare_out_dir(path: str | Path, flag: str = "--out") -> Path:

@@ -33,6 +33,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from headway._help import unwritable
 from headway.predict._errors import CheckpointError, EncoderError
 from headway.predict._paths import encoder_path, file_sha256, packaged_encoder_name, set_offline
 
@@ -266,13 +267,11 @@ def check_checkpoint_target(out_dir: str | Path) -> Path:
                 f"{out}: exists and is not a predictor checkpoint (no {_META}); a checkpoint would replace "
                 "the directory and all it holds: choose a new or empty directory"
             )
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise CheckpointError(f"{out}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise CheckpointError(f"{out}: cannot write into {parent}")
+    problem = unwritable(out.parent)
+    if problem is not None:
+        parent, why = problem
+        raise CheckpointError(f"{out}: {parent} is not a directory" if why == "is not a directory" else
+                              f"{out}: cannot write into {parent}")  # fmt: skip
     return out
 
 

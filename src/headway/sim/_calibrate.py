@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headway._help import unwritable
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import PRESETS, TIME_FIELDS, CostModel, StepSample
 
@@ -130,13 +131,9 @@ def preset_path(name: str, directory: Path | None = None) -> Path:
     ``headway calibrate`` can say so before it probes."""
     d = directory or preset_dir()
     path = d / f"{_check_name(name)}.json"
-    top = d
-    while not top.exists() and top.parent != top:
-        top = top.parent
-    if not top.is_dir():
-        raise ValueError(f"cannot save presets in {d}: {top} is not a directory")
-    if not os.access(top, os.W_OK | os.X_OK):
-        raise ValueError(f"cannot save presets in {d}: {top} is not writable")
+    problem = unwritable(d)
+    if problem is not None:
+        raise ValueError(f"cannot save presets in {d}: {problem[0]} {problem[1]}")
     for p in (path, d / f"{name}.calibration.json"):
         if p.exists() and not p.is_file():
             raise ValueError(f"cannot save preset {name!r}: {p} exists and is not a file")
