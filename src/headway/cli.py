@@ -329,7 +329,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             notes.append(f"router {args.router} {router_kwargs or ''}")
         notes += [f"policy {k} failed: {v}" for k, v in failures.items()]
         paths = write_report(
-            out, runs, title=f"headway simulate: {workload.name}", notes=notes, baseline=baseline, timeline=timelines
+            out,
+            runs,
+            title=f"headway simulate: {workload.name}",
+            notes=notes,
+            baseline=baseline,
+            timeline=timelines,
+            replicas=replica_tables or None,
         )
         console.print(f"report: {paths.html}")
     return 1 if failures else 0

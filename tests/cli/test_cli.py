@@ -67,6 +67,23 @@ def test_simulate_fleet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "replica-0" in out and "replica-1" in out
 
 
+def test_simulate_fleet_report_has_the_per_replica_tables(tmp_path: Path) -> None:
+    from headway.metrics import read_json, read_replica_json
+
+    out = tmp_path / "fleet"
+    assert main(["simulate", "--policies", "fcfs,sjf-oracle", "--num-requests", "200", "--replicas", "2",
+                 "--router", "round-robin", "--out", str(out)]) == 0
+    per = read_replica_json(out / "summary.json")
+    assert sorted(per) == ["fcfs", "sjf-oracle"]
+    for name, reps in per.items():
+        assert sorted(reps) == ["replica-0", "replica-1"]
+        # round-robin splits 200 requests evenly, and the replicas add up to the fleet
+        assert [s.num_requests for s in reps.values()] == [100, 100]
+        assert read_json(out / "summary.json")[name].num_requests == 200
+    html = (out / "report.html").read_text()
+    assert html.count("<h4>Per replica</h4>") == 2 and "replica-1" in html
+
+
 def test_listings(capsys: pytest.CaptureFixture[str]) -> None:
     for cmd in ("policies", "presets", "workloads", "routers"):
         assert main([cmd]) == 0

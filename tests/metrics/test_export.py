@@ -15,6 +15,7 @@ from headway.metrics import (
     REQUEST_COLUMNS,
     SUMMARY_COLUMNS,
     read_json,
+    read_replica_json,
     request_rows,
     safe_filename,
     summarize,
@@ -36,6 +37,19 @@ def test_json_round_trip(tmp_path: Path, example_run: list[Request]) -> None:
     assert back["fcfs"].to_dict() == a.to_dict()
     assert back["sjf:oracle"].name == "sjf:oracle"  # the mapping key names the run
     assert back["sjf:oracle"].to_dict()["e2e"] == b.to_dict()["e2e"]
+
+
+def test_json_keeps_per_replica_summaries(tmp_path: Path, example_run: list[Request]) -> None:
+    whole = summarize(example_run, name="fcfs")
+    r0, r1 = summarize(example_run[:1], name="fcfs@r0"), summarize(example_run[1:], name="fcfs@r1")
+    path = write_json(tmp_path / "s.json", {"fcfs": whole}, replicas={"fcfs": {"r0": r0, "r1": r1}})
+    back = read_replica_json(path)
+    assert list(back) == ["fcfs"] and list(back["fcfs"]) == ["r0", "r1"]
+    assert back["fcfs"]["r1"].to_dict() == r1.to_dict()
+    assert read_json(path)["fcfs"].to_dict() == whole.to_dict()  # the runs read as before
+    assert read_replica_json(write_json(tmp_path / "single.json", whole)) == {}
+    with pytest.raises(KeyError, match="sjf"):
+        write_json(tmp_path / "bad.json", {"fcfs": whole}, replicas={"sjf": {"r0": r0}})
 
 
 def test_json_is_strict_with_undefined_values(tmp_path: Path, mk_aborted: Callable[..., Request]) -> None:

@@ -160,3 +160,6 @@ def test_write_report_validation(tmp_path: Path, runs: Runs) -> None:
         write_report(tmp_path, {})
     with pytest.raises(KeyError, match="baseline"):
         write_report(tmp_path, {"fcfs": runs["fcfs"]}, baseline="nope")
+    with pytest.raises(KeyError, match="per-replica"):
+        write_report(tmp_path / "never", {"fcfs": runs["fcfs"]}, replicas={"sjf": {"r0": runs["fcfs"][0]}})
+    assert not (tmp_path / "never").exists()  # refused before anything is written

@@ -32,6 +32,7 @@ Definitions (times in seconds on the engine clock):
 from headway.metrics._export import (
     SUMMARY_COLUMNS,
     read_json,
+    read_replica_json,
     safe_filename,
     summary_row,
     write_json,
@@ -70,6 +71,7 @@ __all__ = [
     "plot_percentile_bars",
     "plot_timeline",
     "read_json",
+    "read_replica_json",
     "request_rows",
     "safe_filename",
     "save_figure",

@@ -9,6 +9,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from headway.core import Request
 from headway.metrics._slo import SLO
@@ -17,6 +18,7 @@ from headway.metrics._summary import REQUEST_COLUMNS, Cell, RunSummary, request_
 __all__ = [
     "SUMMARY_COLUMNS",
     "read_json",
+    "read_replica_json",
     "safe_filename",
     "summary_row",
     "write_json",
@@ -174,18 +176,31 @@ def write_summary_csv(
     return _write_csv(path, SUMMARY_COLUMNS, (summary_row(s) for s in runs.values()))
 
 
-def write_json(path: str | Path, summaries: RunSummary | Mapping[str, RunSummary] | Iterable[RunSummary]) -> Path:
+def write_json(
+    path: str | Path,
+    summaries: RunSummary | Mapping[str, RunSummary] | Iterable[RunSummary],
+    *,
+    replicas: Mapping[str, Mapping[str, RunSummary]] | None = None,
+) -> Path:
     """Write ``{"format", "version", "runs": {name: RunSummary.to_dict()}}`` as JSON.
 
-    Mapping keys name the runs (and replace ``summary.name``). The file is strict JSON
-    (NaN is written as ``null``); :func:`read_json` reads it back.
+    Mapping keys name the runs (and replace ``summary.name``). ``replicas`` (a fleet's
+    per-replica summaries, ``{run: {replica: summary}}``) adds a ``"replicas"`` object of
+    the same shape; every run it names must be one of ``summaries``. The file is strict
+    JSON (NaN is written as ``null``); :func:`read_json` reads the runs back, and
+    :func:`read_replica_json` the per-replica summaries.
     """
     runs = _as_runs(summaries)
-    doc = {
+    doc: dict[str, Any] = {
         "format": _JSON_FORMAT,
         "version": _JSON_VERSION,
         "runs": {name: s.to_dict() for name, s in runs.items()},
     }
+    if replicas:
+        unknown = sorted(set(replicas) - set(runs))
+        if unknown:
+            raise KeyError(f"per-replica summaries for runs that are not in the file: {unknown}")
+        doc["replicas"] = {run: {str(k): s.to_dict() for k, s in per.items()} for run, per in replicas.items()}
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
@@ -203,3 +218,14 @@ def read_json(path: str | Path) -> dict[str, RunSummary]:
     if not isinstance(runs, dict):
         raise ValueError(f"{path}: 'runs' must be an object")
     return {str(k): RunSummary.from_dict(v) for k, v in runs.items()}
+
+
+def read_replica_json(path: str | Path) -> dict[str, dict[str, RunSummary]]:
+    """The per-replica summaries of a file written by :func:`write_json` with ``replicas``,
+    as ``{run: {replica: RunSummary}}``; ``{}`` when it has none (a single engine)."""
+    read_json(path)  # the format and version checks
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    per = doc.get("replicas", {})
+    if not isinstance(per, dict) or not all(isinstance(v, dict) for v in per.values()):
+        raise ValueError(f"{path}: 'replicas' must be an object of objects")
+    return {str(run): {str(k): RunSummary.from_dict(v) for k, v in reps.items()} for run, reps in per.items()}

@@ -170,8 +170,10 @@ def render_html(
     notes: str | Sequence[str] | None = None,
     baseline: str | None = None,
     images: Mapping[str, bytes] | None = None,
+    replicas: Mapping[str, Mapping[str, RunSummary]] | None = None,
 ) -> str:
-    """The report as one HTML string; ``images`` maps figure keys to PNG bytes."""
+    """The report as one HTML string; ``images`` maps figure keys to PNG bytes, and
+    ``replicas`` a fleet run's name to its per-replica summaries."""
     if not runs:
         raise ValueError("a report needs at least one run")
     summaries = {name: s for name, (s, _) in runs.items()}
@@ -206,6 +208,9 @@ def render_html(
         parts.append(f"<h3>{_e(name)}</h3>\n")
         parts.append(_facts(s))
         parts.append(_latency_table(s))
+        per_replica = (replicas or {}).get(name)
+        if per_replica:
+            parts.append("<h4>Per replica</h4>\n" + _table(*comparison_cells(dict(per_replica), None)))
         parts.append("<h4>Per tenant</h4>\n" + _group_table(s.tenants, "tenant", with_slo))
         parts.append("<h4>Per tier</h4>\n" + _group_table(s.tiers, "tier", with_slo))
     parts.append(_DEFINITIONS)

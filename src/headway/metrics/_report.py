@@ -41,6 +41,7 @@ def write_report(
     notes: str | Sequence[str] | None = None,
     baseline: str | None = None,
     timeline: Mapping[str, Sequence[TimelineLike]] | None = None,
+    replicas: Mapping[str, Mapping[str, RunSummary]] | None = None,
 ) -> ReportPaths:
     """Write ``summary.json``, ``summary.csv``, ``requests_<name>.csv`` per run,
     ``latency_cdf.png``, ``percentiles.png`` (and ``timeline.png`` when ``timeline``
@@ -49,16 +50,22 @@ def write_report(
     ``runs`` maps a run (policy) name to its summary and requests; names are used
     as given in tables and JSON, and sanitized (``[A-Za-z0-9._-]``, made unique) in
     file names. The per-request CSV's ``slo_met`` uses each summary's SLO.
+    ``replicas`` (``{run: {replica: summary}}``, a fleet's per-replica summaries) adds a
+    per-replica table to that run's section of ``report.html`` and a ``"replicas"``
+    object to ``summary.json``.
     """
     if not runs:
         raise ValueError("write_report() needs at least one run")
     if baseline is not None and baseline not in runs:
         raise KeyError(f"baseline {baseline!r} is not one of the runs: {sorted(runs)}")
+    if replicas and set(replicas) - set(runs):
+        raise KeyError(
+            f"per-replica summaries for runs that are not in the report: {sorted(set(replicas) - set(runs))}"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summaries = {name: s for name, (s, _) in runs.items()}
-
-    summary_json = write_json(out / "summary.json", summaries)
+    summary_json = write_json(out / "summary.json", summaries, replicas=replicas)
     summary_csv = write_summary_csv(out / "summary.csv", summaries)
     stems = unique_filenames(runs)
     requests_csv = {
@@ -73,7 +80,8 @@ def write_report(
         figures[key] = path
     html_path = out / "report.html"
     html_path.write_text(
-        render_html(runs, title=title, notes=notes, baseline=baseline, images=images), encoding="utf-8"
+        render_html(runs, title=title, notes=notes, baseline=baseline, images=images, replicas=replicas),
+        encoding="utf-8",
     )
     return ReportPaths(
         out_dir=out,
