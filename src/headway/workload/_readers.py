@@ -80,6 +80,10 @@ MAX_TOKEN_COUNT = 2**31 - 1
 """Largest prompt or output token count a trace may give (as the gateway's ``max_tokens``): a larger
 one is a corrupt row, not a request, and would make a simulation run for ever."""
 
+MAX_TRACE_SPAN_S = 10 * 366 * 86_400.0
+"""Longest span of arrival times a timed trace may have (about ten years): a longer one holds a
+corrupt timestamp, and would put a request ages after the others."""
+
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -187,6 +191,25 @@ def _time_value(path: Path, line: int, field: str, raw: object) -> float:
     if t < 0.0:
         raise WorkloadFormatError(path, line, "time must be >= 0", field=field, value=raw)
     return t
+
+
+def _check_span(path: Path, rows: list[_Row], field: str) -> None:
+    """Refuse a trace whose arrival times span more than :data:`MAX_TRACE_SPAN_S`,
+    naming the latest row's line and the earliest row's."""
+    if not rows:
+        return
+    first = min(rows, key=lambda r: r.arrival_time)
+    last = max(rows, key=lambda r: r.arrival_time)
+    span = last.arrival_time - first.arrival_time
+    if span > MAX_TRACE_SPAN_S:
+        raise WorkloadFormatError(
+            path,
+            last.line,
+            f"{span:.3g} s after the earliest request (line {first.line}), more than "
+            f"{MAX_TRACE_SPAN_S / 86_400:,.0f} days: not a trace's timestamp",
+            field=field,
+            show_value=False,
+        )
 
 
 def _check_limit(limit: int | None) -> None:
@@ -392,8 +415,10 @@ def read_azure_trace(path: PathLike, *, limit: int | None = None, name: str | No
         w0, f0 = min((w, f) for _, w, f in raw)
         for row, w, f in raw:
             row.arrival_time = max(0.0, (w - w0) + (f - f0))
+    rows = [r for r, _, _ in raw]
+    _check_span(p, rows, "TIMESTAMP")
     meta: dict[str, object] = {"source": str(p), "format": "azure", "timed": True}
-    return _assemble(name or stem, [r for r, _, _ in raw], meta)
+    return _assemble(name or stem, rows, meta)
 
 
 # -------------------------------------------------------------------------- Vidur
@@ -432,6 +457,8 @@ def read_vidur_trace(
         )
     if not timed and arrivals is None:
         arrivals = BurstArrivals()
+    if arrivals is None:
+        _check_span(p, rows, "arrived_at")
     meta: dict[str, object] = {"source": str(p), "format": "vidur", "timed": timed and arrivals is None}
     return _assemble(name or stem, rows, meta, arrivals=arrivals, seed=seed)
 
@@ -468,6 +495,7 @@ def read_mooncake_trace(path: PathLike, *, limit: int | None = None, name: str |
         t0 = min(r.arrival_time for r in rows)
         for r in rows:
             r.arrival_time = (r.arrival_time - t0) / 1000.0
+    _check_span(p, rows, "timestamp")
     meta: dict[str, object] = {"source": str(p), "format": "mooncake", "timed": True}
     return _assemble(name or stem, rows, meta)
 
