@@ -62,3 +62,14 @@ def test_fixed_rate_load_every_request_gets_one_answer(cluster: Cluster):
     check_every_request_answered_once(cluster, stub.url, gw.url, res)
     assert res.outcomes["completed"] > 0.2 * res.sent
     assert res.outcomes["http_429"] > 0  # overload is refused, not lost
+
+
+def test_gateway_counters_sum_over_tenants() -> None:
+    text = "\n".join([
+        "# HELP headway_requests_finished_total Requests completed successfully",
+        'headway_requests_finished_total{tenant="a",tier="standard"} 3.0',
+        'headway_requests_finished_total{tenant="b",tier="standard"} 4.0',
+        'headway_requests_finished_total{tenant="c",tier="batch"} 1.0',
+        'headway_rejections_total{reason="queue_full"} 2.0',
+    ])
+    assert gateway_counters(text) == {"finished": {"standard": 7.0, "batch": 1.0}, "rejections": {"queue_full": 2.0}}

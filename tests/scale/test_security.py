@@ -125,6 +125,29 @@ def test_metrics_show_a_tenant_only_its_own_labels(gw):
             if not line.startswith("#"):
                 assert f'tenant="{own}"' in line, line  # nothing without its own tenant label
     assert 'tenant="acme"' in admin.text and 'tenant="bulk"' in admin.text and "headway_backend_in_flight" in admin.text
+    # once served, a tenant also reads its own waits and completions, and nothing of the other's
+    after = httpx.get(url + "/metrics", headers=H_BULK, timeout=10).text
+    assert 'headway_requests_finished_total{tenant="bulk",tier="batch"} 2.0' in after
+    assert 'headway_queue_wait_seconds_count{tenant="bulk",tier="batch"} 2.0' in after
+    assert "acme" not in after
+
+
+def test_health_counts_the_queue_only_for_the_admin(gw):
+    url, gateway = gw
+    out: list[httpx.Response] = []
+    threads = [_post_thread(url, {"prompt": "x", "max_tokens": 300}, H_BULK, out)]
+    wait_for(lambda: gateway.backends[0].in_flight == 1, what="one running")
+    threads.append(_post_thread(url, {"prompt": "x", "max_tokens": 300}, H_ACME, out))
+    wait_for(lambda: len(gateway.dispatcher.queue) == 1, what="one queued")
+    with httpx.Client(base_url=url, timeout=10) as c:
+        anonymous = c.get("/health")
+        tenant = c.get("/health", headers=H_ACME)
+        admin = c.get("/health", headers={"Authorization": f"Bearer {ADMIN}"})
+    for t in threads:
+        t.join(30)
+    assert anonymous.status_code == tenant.status_code == admin.status_code == 200  # probes need no key
+    assert anonymous.json() == tenant.json() == {"status": "ok"}
+    assert admin.json() == {"status": "ok", "queued": 1}
 
 
 def test_api_keys_never_logged(tmp_path, caplog):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -53,12 +54,20 @@ def test_non_streaming_completion_and_chat_feed_the_policy(make_stub, make_gatew
         r = c.post("/v1/chat/completions", json=CHAT)
         assert r.status_code == 200
         assert r.json()["choices"][0]["message"]["content"] == " tok" * 4
-    assert pol.arrivals == ["hw-1", "hw-2"]
-    assert pol.finished == {"hw-1": 5, "hw-2": 4}
-    assert pol.progress == {"hw-1": 5, "hw-2": 4}
+    first, second = pol.arrivals
+    assert pol.finished == {first: 5, second: 4}
+    assert pol.progress == {first: 5, second: 4}
     done = gw.gateway.finished_requests
     assert [r.state.name for r in done] == ["FINISHED", "FINISHED"]
     assert all(r.first_token_time is not None and r.finish_time is not None for r in done)
+
+
+def test_request_ids_are_random_so_they_tell_a_tenant_nothing_about_other_traffic(make_stub, make_gateway):
+    gw = make_gateway([make_stub().url])
+    with gw.client() as c:
+        ids = [c.post("/v1/completions", json=COMPLETION).headers["x-request-id"] for _ in range(4)]
+    assert all(re.fullmatch(r"hw-[0-9a-f]{16}", rid) for rid in ids), ids
+    assert len(set(ids)) == 4
 
 
 def test_streaming_passes_events_through_and_counts_tokens(make_stub, make_gateway):
@@ -81,8 +90,9 @@ def test_streaming_passes_events_through_and_counts_tokens(make_stub, make_gatew
         ) as r:
             events = sse_events(r)
         assert json.loads(events[-2])["usage"]["completion_tokens"] == 5
-    assert pol.progress == {"hw-1": 6, "hw-2": 5}
-    assert pol.finished == {"hw-1": 6, "hw-2": 5}
+    first, second = pol.arrivals
+    assert pol.progress == {first: 6, second: 5}
+    assert pol.finished == {first: 6, second: 5}
     req = gw.gateway.finished_requests[0]
     assert req.first_token_time is not None and req.last_token_time is not None
     assert req.last_token_time > req.first_token_time  # tokens arrived one by one
@@ -422,7 +432,7 @@ def test_policy_error_is_a_clear_500(make_stub, make_gateway):
     gw = make_gateway([stub.url], policy_obj=RefusingPolicy())
     r = httpx.post(gw.url + "/v1/completions", json=COMPLETION)
     assert r.status_code == 500
-    assert r.json()["error"]["message"] == "scheduling policy error: cannot rank request hw-1"
+    assert re.fullmatch(r"scheduling policy error: cannot rank request hw-[0-9a-f]{16}", r.json()["error"]["message"])
     assert r.json()["error"]["code"] == "policy_error"
     assert stub.stub.stats.started == 0
 
@@ -644,7 +654,7 @@ def test_sse_framing_variants_are_understood(servers, make_gateway, sep, prefix,
     assert "error" not in text and "usage" not in text
     done = gw.gateway.finished_requests[0]
     assert done.state.name == "FINISHED" and done.num_output_tokens == 3
-    assert pol.progress == {"hw-1": 3}
+    assert pol.progress == {pol.arrivals[0]: 3}
 
 
 def test_sse_helpers():

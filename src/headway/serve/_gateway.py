@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -392,7 +393,6 @@ class Gateway:
         self._default_max_tokens = min(config.default_max_tokens, limit) if limit else config.default_max_tokens
         self._pollers: list[asyncio.Task[None]] = []
         self._models_cache: tuple[float, bytes] | None = None
-        self._ids = 0
         self.finished_requests: list[Request] = []
         """Most recent finished/aborted requests (bounded), for tests and debugging."""
 
@@ -449,7 +449,9 @@ class Gateway:
     def _on_dispatch(self, req: Request, backend: Backend) -> None:
         self.metrics.dispatches.labels(backend.url).inc()
         if req.first_scheduled_time is not None and req.num_preemptions == 0:
-            self.metrics.wait_time.labels(req.tier.name.lower()).observe(req.first_scheduled_time - req.arrival_time)
+            self.metrics.wait_time.labels(req.tenant_id, req.tier.name.lower()).observe(
+                req.first_scheduled_time - req.arrival_time
+            )
 
     async def _poll_backend(self, b: Backend) -> None:
         """Read ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` periodically."""
@@ -477,13 +479,23 @@ class Gateway:
     # -------------------------------------------------------------- handlers
     async def health(self, request: HTTPRequest) -> Response:
         """200 ``ok``; 503 ``draining``, or ``degraded`` while no backend is reachable (route
-        traffic elsewhere: requests wait in the queue for a backend, up to the queue TTL)."""
+        traffic elsewhere: requests wait in the queue for a backend, up to the queue TTL).
+
+        The body also counts the requests ``queued``, except with API keys on for a caller
+        without the admin key: load balancers probe without keys, and the count would tell
+        anyone how much the tenants send."""
         if self.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
-        queued = len(self.dispatcher.queue)
+        body: dict[str, Any] = {"status": "ok"}
         if not self._any_reachable():
-            return JSONResponse({"status": "degraded", "reason": "no backend reachable", "queued": queued}, 503)
-        return JSONResponse({"status": "ok", "queued": queued})
+            body = {"status": "degraded", "reason": "no backend reachable"}
+        if not self.tenants.enabled or self._is_admin(request):
+            body["queued"] = len(self.dispatcher.queue)
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    def _is_admin(self, request: HTTPRequest) -> bool:
+        token = self.tenants.bearer(request.headers.get("authorization"))
+        return token is not None and hash_api_key(token) in self._admin_keys
 
     def _any_reachable(self) -> bool:
         return any(b.reachable for b in self.backends)
@@ -491,14 +503,11 @@ class Gateway:
     async def prom(self, request: HTTPRequest) -> Response:
         """All series with API keys off or for an admin key; a tenant's key sees its own only."""
         tenant: str | None = None
-        if self.tenants.enabled:
-            auth = request.headers.get("authorization")
-            token = self.tenants.bearer(auth)
-            if token is None or hash_api_key(token) not in self._admin_keys:
-                ident = await self.tenants.resolve(auth)
-                if ident is None:
-                    return self._unauthorized(count=False)
-                tenant = ident.tenant
+        if self.tenants.enabled and not self._is_admin(request):
+            ident = await self.tenants.resolve(request.headers.get("authorization"))
+            if ident is None:
+                return self._unauthorized(count=False)
+            tenant = ident.tenant
         return Response(self.metrics.render(tenant), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def openapi(self, request: HTTPRequest) -> Response:
@@ -671,10 +680,17 @@ class Gateway:
             )  # fmt: skip
         return await self._serve(request, path, body, raw, parsed, ident)
 
+    def _new_id(self) -> str:
+        """A random id (``hw-`` and 16 hex digits, after the replica's name with Redis): a
+        sequential one would tell each tenant how much traffic the others send."""
+        while True:
+            rid = f"{self._id_prefix}{secrets.token_hex(8)}"
+            if rid not in self.active and rid not in self.recent:
+                return rid
+
     def _new_request(self, parsed: _Parsed, ident: Identity) -> Request:
-        self._ids += 1
         return Request(
-            request_id=f"{self._id_prefix}{self._ids}",
+            request_id=self._new_id(),
             arrival_time=self.dispatcher.now(),
             num_prompt_tokens=parsed.num_prompt_tokens,
             max_tokens=parsed.max_tokens or self._default_max_tokens,
@@ -1011,7 +1027,7 @@ class Gateway:
         req.finish_time = now
         req.transition(RequestState.FINISHED)
         self.policy.on_finish(req, now)
-        self.metrics.finished.labels(req.tier.name.lower()).inc()
+        self.metrics.finished.labels(req.tenant_id, req.tier.name.lower()).inc()
         self._record(req)
 
     async def _relay(

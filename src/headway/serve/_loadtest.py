@@ -195,7 +195,8 @@ def run_load_sync(cfg: LoadConfig) -> LoadResult:
 
 
 def gateway_counters(metrics_text: str) -> dict[str, dict[str, float]]:
-    """``headway_requests_finished_total`` and ``headway_rejections_total`` by label, from /metrics."""
+    """``headway_requests_finished_total`` by tier and ``headway_rejections_total`` by reason
+    (summed over the other labels, such as the tenant), from /metrics."""
     out: dict[str, dict[str, float]] = {"finished": {}, "rejections": {}}
     for line in metrics_text.splitlines():
         for name, key, label in (
@@ -204,5 +205,6 @@ def gateway_counters(metrics_text: str) -> dict[str, dict[str, float]]:
         ):
             if line.startswith(name):
                 lab = line[line.index(label + '="') + len(label) + 2 :]
-                out[key][lab[: lab.index('"')]] = float(line.rsplit(" ", 1)[1])
+                value = lab[: lab.index('"')]
+                out[key][value] = out[key].get(value, 0.0) + float(line.rsplit(" ", 1)[1])
     return out

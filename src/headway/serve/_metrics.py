@@ -50,7 +50,7 @@ class GatewayMetrics:
         self.wait_time = Histogram(
             "headway_queue_wait_seconds",
             "Time from arrival to dispatch",
-            ["tier"],
+            ["tenant", "tier"],
             buckets=_WAIT_BUCKETS,
             registry=self.registry,
         )
@@ -70,7 +70,10 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.finished = Counter(
-            "headway_requests_finished", "Requests completed successfully", ["tier"], registry=self.registry
+            "headway_requests_finished",
+            "Requests completed successfully",
+            ["tenant", "tier"],
+            registry=self.registry,
         )
         self.retries = Counter(
             "headway_retries", "Requests retried on another backend", ["backend"], registry=self.registry
