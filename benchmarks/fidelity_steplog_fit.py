@@ -12,9 +12,11 @@ segment's four quarters (by step count), measured over predicted time of its pre
 of its decode-only steps: how the engine's speed moves within and between replays (warm-up).
 With ``--by-seqs``, the same ratio for decode-only steps by batch size (sequences in the step):
 a ratio that moves with the batch size is an error of the model; one that moves only between
-segments is the engine running faster or slower than at calibration.
+segments is the engine running faster or slower than at calibration. With ``--windows S``, per
+S-second window of each segment: that ratio over all its steps, and how many of its steps had a
+request waiting (a slowdown that lasts seconds shows as a queue the simulator does not have).
 
-    python benchmarks/fidelity_steplog_fit.py DIR/steps.jsonl [--quarters] [--by-seqs]
+    python benchmarks/fidelity_steplog_fit.py DIR/steps.jsonl [--quarters] [--by-seqs] [--windows 1]
 """
 
 from __future__ import annotations
@@ -66,7 +68,10 @@ def main() -> int:
     ap.add_argument(
         "--by-seqs", action="store_true", help="decode-only speed against a fit of segment 0, by sequences per step"
     )
+    ap.add_argument("--windows", type=float, metavar="S", help="speed and queued steps per S-second window")
     args = ap.parse_args()
+    if args.windows is not None and not args.windows > 0:
+        ap.error(f"--windows must be > 0 seconds, got {args.windows}")
     if not args.step_log.is_file():
         ap.error(f"no step log at {args.step_log}")
     segs = segments(args.step_log)
@@ -77,11 +82,13 @@ def main() -> int:
     for i, rows in enumerate(segs):
         coef, n = fit(rows)
         print(f"| {_label(i)} | {n} | " + " | ".join(f"{c * 1e3:.4f}" for c in coef) + " |")
-    model = _segment0_model(args.step_log, segs) if args.quarters or args.by_seqs else None
+    model = _segment0_model(args.step_log, segs) if args.quarters or args.by_seqs or args.windows else None
     if args.quarters:
         quarters(model, segs)
     if args.by_seqs:
         by_seqs(model, segs)
+    if args.windows:
+        windows(model, segs, args.windows)
     return 0
 
 
@@ -131,6 +138,28 @@ def quarters(model: Any, segs: list[list[dict[str, float]]]) -> None:
             ]
             cells.append(" ".join(f"{r:.2f}" for r in ratios))
         print(f"| {_label(i)} | {len(samples)} | {cells[0]} | {cells[1]} |")
+
+
+def windows(model: Any, segs: list[list[dict[str, float]]], width: float) -> None:
+    from headway.sim._calibrate import speed_factor, step_samples
+
+    print(
+        f"\nper {width:g}-second window: measured / predicted time of its steps, and (in brackets) its steps "
+        f"with a request waiting; cost model fitted on segment 0: {model.describe()}\n"
+    )
+    print("| segment | steps | windows |")
+    print("|---|---:|---|")
+    for i, rows in enumerate(segs):
+        start = rows[0]["t0"]
+        groups: dict[int, list[dict[str, float]]] = {}
+        for r in rows:
+            groups.setdefault(int((r["t0"] - start) // width), []).append(r)
+        cells = []
+        for _, part in sorted(groups.items()):
+            samples = step_samples(part)
+            queued = sum(1 for r in part if r.get("waiting", 0) > 0)
+            cells.append(f"{speed_factor(model, samples):.2f} ({queued})" if samples else f"- ({queued})")
+        print(f"| {_label(i)} | {len(rows)} | {' '.join(cells)} |")
 
 
 if __name__ == "__main__":
