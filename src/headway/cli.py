@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from headway._help import CLIError, HelpFormatter, default_out_dir, describe_error, prepare_out_dir
-from headway.core import DEFAULT_ROUTER
+from headway.core import DEFAULT_ROUTER, PluginError
 
 __all__ = ["CLIError", "build_parser", "main"]
 
@@ -424,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args))
-    except (CLIError, ValueError, OSError, EOFError) as exc:  # bad values and files name themselves
+    except (CLIError, ValueError, OSError, EOFError, PluginError) as exc:  # bad values and files name themselves
         print(f"headway: error: {describe_error(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

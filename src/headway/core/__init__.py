@@ -11,6 +11,7 @@ from headway.core._policy import (
     register_policy,
 )
 from headway.core._queue import PolicyQueue
+from headway.core._registry import PLUGINS_ENV, PluginError
 from headway.core._request import InvalidTransition, Request, RequestState, Tier
 from headway.core._router import (
     DEFAULT_ROUTER,
@@ -31,11 +32,13 @@ from headway.core._router import (
 
 __all__ = [
     "DEFAULT_ROUTER",
+    "PLUGINS_ENV",
     "Estimator",
     "InvalidTransition",
     "LengthAwareRouter",
     "LoadTracker",
     "OracleAccessError",
+    "PluginError",
     "Policy",
     "PolicyKey",
     "PolicyQueue",

@@ -171,7 +171,7 @@ def _load_builtin() -> None:
     import headway.policies  # noqa: F401  (modules register themselves on import)
 
 
-_POLICIES: Registry[Policy] = Registry("policy", "policies", UnknownPolicyError, _load_builtin)
+_POLICIES: Registry[Policy] = Registry("policy", "policies", UnknownPolicyError, _load_builtin, base=Policy)
 
 
 def register_policy(name: str) -> Callable[[P], P]:

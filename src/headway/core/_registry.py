@@ -2,31 +2,122 @@
 
 Names are lower kebab case and unique; an unknown name fails with the closest match
 and the list of valid names; bad constructor settings fail naming the entry.
+
+Classes from outside headway join on the first lookup, in every process that looks a name
+up (the CLI, the gateway, Ray workers, vLLM's engine core), from two places:
+
+- installed packages' entry points in the registry's group (``headway.policies``,
+  ``headway.routers``): a module, imported so that its decorators register, or a class,
+  registered under the entry point's name unless it registered itself;
+- :data:`PLUGINS_ENV` (``HEADWAY_PLUGINS``): comma-separated module names or ``.py`` files,
+  imported once per process.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import importlib.util
+import os
+import sys
+import warnings
 from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Registry"]
+__all__ = ["PLUGINS_ENV", "PluginError", "Registry", "load_env_plugins"]
 
 T = TypeVar("T")
 C = TypeVar("C", bound=type[Any])
+
+PLUGINS_ENV = "HEADWAY_PLUGINS"
+"""Environment variable: comma-separated modules or ``.py`` files with policies or routers."""
+
+_env_done: set[str] = set()
+
+
+class PluginError(ImportError):
+    """A module named in ``HEADWAY_PLUGINS`` could not be imported."""
+
+
+def load_env_plugins() -> None:
+    """Import each module or ``.py`` file named in ``HEADWAY_PLUGINS`` (once per process)."""
+    for item in (x.strip() for x in os.environ.get(PLUGINS_ENV, "").split(",")):
+        if not item or item in _env_done:
+            continue
+        _env_done.add(item)  # a failing one fails once, not on every lookup
+        try:
+            if item.endswith(".py"):
+                _import_file(Path(item))
+            else:
+                importlib.import_module(item)
+        except Exception as exc:
+            raise PluginError(f"{PLUGINS_ENV}: cannot import {item!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _import_file(path: Path) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file {str(path)!r} (from {Path.cwd()})")
+    name = "headway_plugin_" + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
+    if name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
 
 
 class Registry(Generic[T]):
     """Classes of one kind registered by name with a class decorator."""
 
     def __init__(
-        self, kind: str, plural: str, unknown: type[ValueError], load: Callable[[], None] | None = None
+        self,
+        kind: str,
+        plural: str,
+        unknown: type[ValueError],
+        load: Callable[[], None] | None = None,
+        *,
+        base: type[Any] = object,
     ) -> None:
         self.kind = kind
         self.plural = plural
         self._unknown = unknown
-        self._load = load  # imports the built-in modules, which register themselves
+        self._builtin = load  # imports the built-in modules, which register themselves
+        self._base = base
         self._classes: dict[str, type[T]] = {}
+        self._entry_points_done = False
+
+    @property
+    def entry_point_group(self) -> str:
+        """Where installed packages declare their classes of this kind (``headway.policies``)."""
+        return f"headway.{self.plural}"
+
+    def _load(self) -> None:
+        if self._builtin is not None:
+            self._builtin()
+        if not self._entry_points_done:
+            self._entry_points_done = True
+            self._load_entry_points()
+        load_env_plugins()
+
+    def _load_entry_points(self) -> None:
+        for ep in entry_points(group=self.entry_point_group):
+            try:
+                obj = ep.load()
+                if isinstance(obj, type) and issubclass(obj, self._base) and obj not in self._classes.values():
+                    self.register(ep.name)(obj)
+            except Exception as exc:  # one broken package must not take every command down
+                warnings.warn(
+                    f"{self.kind} plugin {ep.name!r} ({ep.value}) failed to load: {type(exc).__name__}: {exc}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
 
     def register(self, name: str) -> Callable[[C], C]:
         """Class decorator: register a class under ``name`` and set its ``name`` attribute."""
@@ -49,14 +140,12 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         """Every registered name, sorted."""
-        if self._load is not None:
-            self._load()
+        self._load()
         return sorted(self._classes)
 
     def get(self, name: str) -> type[T]:
         """The class registered as ``name``; raises the registry's unknown-name error."""
-        if self._load is not None:
-            self._load()
+        self._load()
         try:
             return self._classes[name]
         except KeyError:

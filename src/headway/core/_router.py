@@ -478,7 +478,7 @@ class _SeededRouter(Router):
 
 # ------------------------------------------------------------------- registry
 R = TypeVar("R", bound=type[Router])
-_ROUTERS: Registry[Router] = Registry("router", "routers", UnknownRouterError)
+_ROUTERS: Registry[Router] = Registry("router", "routers", UnknownRouterError, base=Router)
 
 
 def register_router(name: str) -> Callable[[R], R]:
