@@ -86,7 +86,7 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         action="append",
         default=[],
         metavar="NAME.KEY=VALUE",
-        help="a policy setting, e.g. pars.threshold=60 (repeatable)",
+        help="a policy setting, e.g. pars.starvation_threshold=60 (repeatable)",
     )
     s.add_argument(
         "--baseline", default=None, help="policy the table shows ratios against (default: fcfs when it runs)"
@@ -288,6 +288,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                     replica_tables[name] = per
                 else:
                     runs[name] = (summarize(res.requests, slo=slo, name=name), res.requests)
+                if res.scheduler is not None and res.scheduler != scheduler:
+                    notes.append(
+                        f"{name} ran with its own token budget: {res.scheduler.max_num_batched_tokens} tokens per "
+                        f"step (the others: {scheduler.max_num_batched_tokens})"
+                    )
+                    progress.console.print(f"[dim]{notes[-1]}[/]")
                 rep = res.replicas[0]
                 label = f"{name} (replica 0 of {len(res.replicas)})" if fleet else name
                 timelines[label] = [(t, w, r, used / rep.num_gpu_blocks) for t, w, r, used in rep.timeline or ()]

@@ -288,3 +288,17 @@ def test_bad_control_files_and_request_fields_never_stop_the_engine(plugin_serve
     assert log.count("control file") >= 4 and "ignored" in log
     assert "headway: policy switched to 'pars'" in log  # INFO lines reach vLLM's log too
     plugin_server.use("fcfs")
+
+
+def test_sarathi_caps_the_step_token_budget_and_another_policy_restores_it(plugin_server) -> None:  # type: ignore[no-untyped-def]
+    def prefill_chunks(policy: str, tag: str, **settings: object) -> list[int]:
+        plugin_server.use(policy, **settings)
+        line = plugin_server.log_lines()
+        (res,) = replay_sync(plugin_server.url, [ReplaySpec(tag, 0.0, 900, 2)], timeout_s=60)
+        assert res.ok, res.error
+        time.sleep(0.3)  # the step log is flushed when the engine goes idle
+        steps = [r for r in plugin_server.records_since(line) if "step" in r]
+        return [s["num_prefill_tokens"] for s in steps if s["num_prefill_tokens"]]
+
+    assert prefill_chunks("sarathi", "sarathi-256", policy_args={"token_budget": 256}) == [256, 256, 256, 132]
+    assert prefill_chunks("fcfs", "sarathi-fcfs") == [900]  # the engine's own budget again

@@ -92,8 +92,14 @@ class Policy(ABC):
     key_epoch: int = 0
     """Bump this when every cached key is stale at once (e.g. a global parameter such
     as gamma-Ada's gamma changed); queues then re-key all waiting requests."""
+    requires_chunked_prefill: ClassVar[bool] = False
+    """True if the policy assumes chunked prefill (engines refuse to run it without)."""
+    token_budget: int | None = None
+    """The most tokens per step the policy assumes (Sarathi's small budget); engines that
+    can cap their own budget (the simulator, the vLLM plugin) use the smaller of the two."""
 
     _oracle_fn: Callable[[Request], int] | None = None
+    _simulated: bool = False  # set by the simulator: an instance runs one simulation
 
     # -------------------------------------------------------------- contract
     def on_arrival(self, request: Request, now: float) -> None:  # noqa: B027 - optional hook

@@ -1039,6 +1039,7 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
             """vLLM's scheduler with a headway policy ordering its queues (see the module doc)."""
 
             policy: Any  # vLLM's SchedulingPolicy, set by the base class
+            max_num_scheduled_tokens: int  # the step's token budget, set by the base class (capped by Sarathi's)
 
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 _log_like_vllm()
@@ -1061,8 +1062,11 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     score_batch = load_text_scorer(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
                 self._hw_tokenizer_path = cfg.tokenizer or getattr(self.vllm_config.model_config, "tokenizer", None)
                 self._hw_tokenizer: Any = None
+                self._hw_budget0 = int(self.max_num_scheduled_tokens)
+                first = self._hw_make_policy(cfg.policy, cfg.policy_args)
+                self.max_num_scheduled_tokens = self._hw_budget(first)
                 self.headway = PolicyAdapter(
-                    self._hw_make_policy(cfg.policy, cfg.policy_args),
+                    first,
                     oracle=cfg.oracle,
                     max_model_len=self.max_model_len,
                     score_batch=score_batch,
@@ -1096,6 +1100,24 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 )
 
             # ------------------------------------------------------ helpers
+            def _hw_budget(self, policy: Policy) -> int:
+                """The step's token budget under ``policy``: the engine's, capped by the policy's
+                own (Sarathi's); a policy that needs chunked prefill is refused without it."""
+                if policy.requires_chunked_prefill and not self.scheduler_config.enable_chunked_prefill:
+                    raise PluginConfigError(
+                        f"headway plugin: policy {policy.name!r} needs chunked prefill, which is off"
+                    )
+                budget = self._hw_budget0
+                if policy.token_budget is not None and policy.token_budget < budget:
+                    logger.info(
+                        "headway: policy %r caps the step's token budget at %d (the engine's: %d)",
+                        policy.name,
+                        policy.token_budget,
+                        budget,
+                    )
+                    budget = policy.token_budget
+                return budget
+
             @staticmethod
             def _hw_make_policy(name: str, args: Mapping[str, Any]) -> Policy:
                 try:
@@ -1159,12 +1181,14 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     cfg = dataclasses.replace(self.headway_config, **{**current, **data})
                     name = cfg.policy
                     policy = self._hw_make_policy(name, cfg.policy_args)
+                    budget = self._hw_budget(policy)
                     score_batch = (
                         None
                         if cfg.scorer is None
                         else load_text_scorer(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
                     )
                     self.headway.set_policy(policy, cfg.oracle)
+                    self.max_num_scheduled_tokens = budget
                     self.headway.score_batch = score_batch
                     self.headway.decode = self._hw_decode
                     self.headway.missing_score = cfg.missing_score

@@ -18,13 +18,19 @@ class SarathiPolicy(Policy):
     prompt never stalls ongoing decodes. headway's engines (the simulator, vLLM V1)
     already build steps this way when chunked prefill is on, so the policy only
     supplies the order and states the engine settings it assumes:
-    ``enable_chunked_prefill=True`` and a token budget of :attr:`token_budget` (the
-    Sarathi-Serve paper's chunk size for 7-8B models on A100: 512 tokens; larger
-    budgets trade decode latency for prefill throughput).
+    ``enable_chunked_prefill=True`` and a token budget of ``token_budget`` (default: the
+    Sarathi-Serve paper's chunk size for 7-8B models on A100, 512 tokens; larger
+    budgets trade decode latency for prefill throughput). The simulator and the vLLM
+    plugin cap their step's token budget at it; without chunked prefill they refuse
+    the policy.
     """
 
     requires_chunked_prefill: ClassVar[bool] = True
-    token_budget: ClassVar[int] = 512
+
+    def __init__(self, token_budget: int = 512) -> None:
+        if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
+            raise ValueError(f"sarathi: token_budget must be a positive integer, got {token_budget!r}")
+        self.token_budget = token_budget
 
     def key(self, request: Request, now: float) -> PolicyKey:
         return (request.arrival_time,)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,8 @@ class SimResult:
     """CPU seconds (``time.process_time``) the event loop took: robust on a busy machine."""
     router: str | None = None
     """Name of the router that spread requests over replicas (None: a ``route`` function or one replica)."""
+    scheduler: SchedulerConfig | None = None
+    """The engine settings the run used: the given ones, with the policy's own (Sarathi's budget)."""
 
     @property
     def num_steps(self) -> int:
@@ -73,8 +76,25 @@ def _resolve_policy(policy: Policy | str, policy_kwargs: Mapping[str, Any] | Non
     if isinstance(policy, Policy):
         if policy_kwargs:
             raise ValueError("policy_kwargs apply only when the policy is given by name")
+        if policy._simulated:
+            raise ValueError(
+                f"this {policy.name!r} instance already ran a simulation and keeps what it learned there "
+                "(estimates, random draws), so a second run would not repeat the first: pass the policy "
+                "by name, or a fresh instance"
+            )
+        policy._simulated = True
         return policy
     return make_policy(policy, **dict(policy_kwargs or {}))
+
+
+def _policy_scheduler(policy: Policy, scheduler: SchedulerConfig) -> SchedulerConfig:
+    """The engine settings ``policy`` assumes: chunked prefill on, its token budget as a cap."""
+    if policy.requires_chunked_prefill and not scheduler.enable_chunked_prefill:
+        raise ValueError(f"policy {policy.name!r} needs chunked prefill, which is off")
+    budget = policy.token_budget
+    if budget is not None and budget < scheduler.max_num_batched_tokens:
+        return dataclasses.replace(scheduler, max_num_batched_tokens=budget)
+    return scheduler
 
 
 def _resolve_router(
@@ -112,7 +132,10 @@ def simulate(
     ``preset`` is a cost-model name, a :class:`CostModel`, or one per replica for
     heterogeneous fleets (then ``num_replicas`` defaults to their count; otherwise to 1).
     Each replica gets its own policy instance (built from the name and
-    ``policy_kwargs``); a :class:`Policy` object is accepted for one replica.
+    ``policy_kwargs``); a :class:`Policy` object is accepted for one replica and one run
+    (a second run of the same object is refused: it would start from the first's state). A policy's
+    ``token_budget`` (Sarathi's) caps ``scheduler.max_num_batched_tokens``, and one that
+    ``requires_chunked_prefill`` is refused without it.
 
     Several replicas share one arrival stream and need a ``router`` (a
     :class:`~headway.core.Router` or a registered name, see
@@ -160,7 +183,7 @@ def simulate(
                 loop,
                 pol,
                 cost,
-                scheduler,
+                _policy_scheduler(pol, scheduler),
                 cache,
                 name=f"replica-{i}",
                 truth=truth,
@@ -168,6 +191,7 @@ def simulate(
             )
         )
     policy_name = replicas[0].policy.name
+    scheduler = replicas[0].cfg  # with the policy's own settings (Sarathi's budget)
     speeds = relative_speeds([r.cost for r in replicas], scheduler, cache, [r.num_blocks for r in replicas])
     if rtr is not None:
         tracker = LoadTracker(speeds=speeds, names=[r.name for r in replicas], length_sums=rtr.needs_length_sums)
@@ -251,4 +275,5 @@ def simulate(
         assignment=tuple(assignment),
         cpu_time=cpu,
         router=None if rtr is None else rtr.name,
+        scheduler=scheduler,
     )
