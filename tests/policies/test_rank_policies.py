@@ -32,7 +32,7 @@ def test_pars_promoted_requests_are_fcfs_and_threshold_is_configurable():
     a = make_request(arrival=1.0, score=5.0)
     b = make_request(arrival=2.0, score=0.5)
     assert pol.key(a, 20.0) < pol.key(b, 20.0)  # both promoted: arrival order
-    with pytest.raises(ValueError, match="starvation_threshold must be > 0, got -1"):
+    with pytest.raises(ValueError, match="starvation_threshold must be a finite number > 0, got -1"):
         make_policy("pars", starvation_threshold=-1)
 
 
@@ -137,7 +137,7 @@ def test_trail_oracle_exact_and_noisy():
     r2 = make_request(rid="fixed")
     k = noisy.key(r2, 0.0)[0]
     assert k != 100 and k > 0 and noisy.key(r2, 5.0)[0] == k
-    with pytest.raises(ValueError, match="noise must be >= 0"):
+    with pytest.raises(ValueError, match="noise must be a finite number >= 0"):
         make_policy("trail-oracle", noise=-0.1)
 
 

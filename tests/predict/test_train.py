@@ -238,3 +238,74 @@ def test_pretraining_gives_stage_two_its_encoder(tmp_path: Path, tiny_encoder: P
     # same seed, same stage 2: only the encoder it started from differs
     a, b = Scorer.from_checkpoint(pre.path).score(prompts), Scorer.from_checkpoint(plain.path).score(prompts)
     assert not np.allclose(a, b)
+
+
+def _taus_for_validation(monkeypatch: pytest.MonkeyPatch, taus: list[float]) -> list[np.ndarray]:
+    """Make the validation of epoch k report ``taus[k - 1]`` (the held-out test keeps its real metric);
+    returns the list into which each validation's scores are recorded."""
+    import headway.predict.train as train_module
+
+    real = train_module.rank_metrics
+    seen: list[np.ndarray] = []
+
+    def fake(scores: object, lengths: object, *args: object, **kw: object) -> object:
+        metrics = real(scores, lengths, *args, **kw)  # type: ignore[arg-type]
+        if len(seen) < len(taus):
+            seen.append(np.array(scores, dtype=float))
+            metrics = replace(metrics, kendall_tau_b=taus[len(seen) - 1])
+        return metrics
+
+    monkeypatch.setattr(train_module, "rank_metrics", fake)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("taus", "best"),
+    [
+        ([0.2, 0.5, float("nan"), float("nan")], 2),  # collapses after its best epoch
+        ([float("nan"), 0.3, float("nan"), 0.1], 2),  # a tie before the first finite tau
+        ([0.4, float("nan"), 0.6, float("nan")], 3),
+    ],
+)
+def test_an_epoch_whose_validation_tau_is_nan_does_not_replace_a_better_one(
+    tmp_path: Path,
+    tiny_encoder: Path,
+    synthetic_jsonl: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    taus: list[float],
+    best: int,
+) -> None:
+    seen = _taus_for_validation(monkeypatch, taus)
+    cfg = _cfg(synthetic_jsonl, tiny_encoder, epochs=len(taus))
+    result = train_predictor(cfg, out_dir=tmp_path / "ck")
+    assert len(seen) == len(taus)
+    assert result.best_epoch == best
+    meta = load_checkpoint(result.path).meta
+    assert meta["result"]["best_epoch"] == best and meta["result"]["best_val_kendall_tau_b"] == taus[best - 1]
+    # the saved weights are those of the best epoch: they score the validation prompts as it did
+    val = split_by_prompt(load_jsonl(synthetic_jsonl), cfg.test_frac, cfg.val_frac, cfg.seed).val
+    assert not np.allclose(seen[best - 1], seen[-1], atol=1e-4)
+    assert np.allclose(Scorer.from_checkpoint(result.path).score(val.prompts()), seen[best - 1], atol=1e-4)
+
+
+def _strict_json(text: str) -> object:
+    def refuse(constant: str) -> object:
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_without_a_validation_set_the_last_epoch_is_kept_and_predictor_json_is_strict(
+    tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path
+) -> None:
+    cfg = _cfg(synthetic_jsonl, tiny_encoder, epochs=3, val_frac=0.0)
+    result = train_predictor(cfg, out_dir=tmp_path / "ck")
+    assert result.n_val == 0 and result.best_epoch == 3
+    meta = _strict_json((result.path / "predictor.json").read_text())
+    assert isinstance(meta, dict)
+    assert meta["result"]["best_val_kendall_tau_b"] is None and meta["result"]["best_epoch"] == 3
+    assert [h["val_kendall_tau_b"] for h in meta["result"]["history"]] == [None, None, None]
+    assert meta["result"]["heldout_test"]["n"] == result.n_test
+    # the readers take it: it loads, scores, and evaluates on its own split
+    assert load_checkpoint(result.path).meta["result"]["best_val_kendall_tau_b"] is None
+    assert Scorer.from_checkpoint(result.path).score(["Write a long story about bees."]).shape == (1,)

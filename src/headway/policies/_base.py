@@ -3,36 +3,94 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from headway.core import Policy, Request
 from headway.policies._scoring import SCORE_KEY, NoisyOracleScorer, ScoreFn
 
-__all__ = ["ScoredPolicy", "check_nonneg", "check_positive", "check_range", "noisy_oracle_defaults"]
+__all__ = [
+    "ScoredPolicy",
+    "check_nonneg",
+    "check_positive",
+    "check_range",
+    "check_seed",
+    "noisy_oracle_defaults",
+]
+
+
+def _as_float(value: float) -> float:
+    """``value`` (a number already checked) as float; an int too large for a float is infinite."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def check_positive(name: str, value: float, policy: str) -> float:
     """``value`` as float if it is finite and > 0, else a ValueError naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{policy}: {name} must be a number, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{policy}: {name} must be > 0, got {value!r}")
-    return float(value)
+    number = _as_float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{policy}: {name} must be a finite number > 0, got {value!r}")
+    return number
 
 
 def check_nonneg(name: str, value: float, policy: str) -> float:
+    """``value`` as float if it is finite and >= 0, else a ValueError naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{policy}: {name} must be a number, got {value!r}")
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{policy}: {name} must be >= 0, got {value!r}")
-    return float(value)
+    number = _as_float(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{policy}: {name} must be a finite number >= 0, got {value!r}")
+    return number
 
 
 def check_range(name: str, value: float, lo: float, hi: float, policy: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (lo <= value <= hi):
         raise ValueError(f"{policy}: {name} must be in [{lo}, {hi}], got {value!r}")
     return float(value)
+
+
+def check_seed(value: int, policy: str) -> int:
+    """``value`` as int if it is an integer (not a bool), else a ValueError naming ``seed``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{policy}: seed must be an integer, got {value!r}")
+    return int(value)
+
+
+def _check_finite(name: str, value: float, policy: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{policy}: {name} must be a number, got {value!r}")
+    number = _as_float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{policy}: {name} must be a finite number, got {value!r}")
+    return number
+
+
+# The noisy oracle's settings, at their defaults in :class:`ScoredPolicy` (and its subclasses).
+_NOISY_ORACLE_DEFAULTS: dict[str, object] = {"tau": None, "seed": 0, "log_mean": 5.0, "log_std": 1.0}
+
+
+def _is_default(name: str, value: object) -> bool:
+    default = _NOISY_ORACLE_DEFAULTS[name]
+    if default is None or value is None:
+        return value is default
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value == default
+
+
+def _reject_unused(policy: str, scorer: str, **settings: object) -> None:
+    """A ValueError naming the noisy-oracle ``settings`` given (not at their defaults) to a ``scorer``
+    that does not use them."""
+    given = [f"{name}={value!r}" for name, value in settings.items() if not _is_default(name, value)]
+    if given:
+        one = len(given) == 1
+        raise ValueError(
+            f"{policy}: {', '.join(given)} {'is' if one else 'are'} only used by scorer='noisy-oracle'; "
+            f"{scorer} ignores {'it' if one else 'them'}"
+        )
 
 
 Scorer = str | Callable[[Request], float] | None
@@ -50,6 +108,9 @@ class ScoredPolicy(Policy):
     - ``"oracle"``: the noisy oracle at ``tau = 1`` (exact log length);
     - a callable ``Request -> float`` (e.g. :func:`~headway.policies.batch_scorer`).
 
+    ``tau``, ``seed``, ``log_mean`` and ``log_std`` set the noisy oracle only: given (away from
+    their defaults) with another scorer they are refused (a ValueError naming them), not ignored.
+
     A precomputed ``request.score`` always wins, so a workload scored offline by
     :func:`~headway.policies.noisy_oracle_scores` needs no oracle at run time.
     """
@@ -64,23 +125,28 @@ class ScoredPolicy(Policy):
         log_std: float = 1.0,
     ) -> None:
         self._score_fn: ScoreFn | None = None
-        if scorer is None:
-            if tau is not None:
-                raise ValueError(f"{self.name}: tau={tau!r} needs scorer='noisy-oracle'")
-        elif scorer in ("noisy-oracle", "oracle"):
+        if scorer in ("noisy-oracle", "oracle"):
             if scorer == "oracle":
-                if tau not in (None, 1, 1.0):
+                _reject_unused(self.name, "scorer='oracle' (exact)", seed=seed, log_mean=log_mean, log_std=log_std)
+                if tau is not None and (isinstance(tau, bool) or tau != 1):
                     raise ValueError(f"{self.name}: scorer='oracle' is exact; got tau={tau!r}")
                 tau = 1.0
             if tau is None:
                 raise ValueError(f"{self.name}: scorer='noisy-oracle' needs tau (Kendall tau in [-1, 1])")
+            tau = check_range("tau", tau, -1.0, 1.0, self.name)
+            seed = check_seed(seed, self.name)
+            log_std = check_positive("log_std", log_std, self.name)
+            log_mean = _check_finite("log_mean", log_mean, self.name)
             # An instance-level flag: this instance reads true lengths, others of the
             # class (scoring from a predictor) do not. Engines check ``policy.oracle``.
             self.oracle = True
             self._score_fn = NoisyOracleScorer(
                 tau, self.true_output_tokens, seed=seed, log_mean=log_mean, log_std=log_std
             )
-        elif callable(scorer):
+        elif scorer is None or callable(scorer):
+            # the noisy oracle's settings would be ignored: refuse them rather than drop them
+            what = "scorer=None (request.score)" if scorer is None else "a callable scorer"
+            _reject_unused(self.name, what, tau=tau, seed=seed, log_mean=log_mean, log_std=log_std)
             self._score_fn = scorer
         else:
             raise ValueError(

@@ -25,8 +25,10 @@ by bisection so that the *sample* tau-b hits the target.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -87,9 +89,27 @@ def request_normal(seed: int, request_id: str, salt: str = "") -> float:
 
 
 def _check_tau(tau: float) -> float:
-    if not (-1.0 <= tau <= 1.0):
-        raise ValueError(f"tau must be in [-1, 1], got {tau}")
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (-1.0 <= tau <= 1.0):
+        raise ValueError(f"tau must be in [-1, 1], got {tau!r}")
     return float(tau)
+
+
+def _check_seed(seed: int) -> int:
+    """``seed`` as int if it is an integer (not a bool): 1.7 or '3' is an error, not truncated or parsed."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    return int(seed)
+
+
+def _finite(name: str, value: float) -> float:
+    """``value`` as float if it is a finite number (not a bool), else a ValueError naming ``name``."""
+    number = math.nan
+    if not isinstance(value, bool) and isinstance(value, (int, float)):
+        with contextlib.suppress(OverflowError):  # an int too large for a float stays NaN: refused
+            number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return number
 
 
 class NoisyOracleScorer:
@@ -113,14 +133,12 @@ class NoisyOracleScorer:
         log_std: float = 1.0,
     ) -> None:
         self.tau = _check_tau(tau)
-        if not (log_std > 0.0 and math.isfinite(log_std)):
-            raise ValueError(f"log_std must be > 0, got {log_std}")
-        if not math.isfinite(log_mean):
-            raise ValueError(f"log_mean must be finite, got {log_mean}")
+        self.seed = _check_seed(seed)
+        self.log_std = _finite("log_std", log_std)
+        if not self.log_std > 0.0:
+            raise ValueError(f"log_std must be a finite number > 0, got {log_std!r}")
+        self.log_mean = _finite("log_mean", log_mean)
         self.rho = tau_to_rho(self.tau)
-        self.seed = int(seed)
-        self.log_mean = float(log_mean)
-        self.log_std = float(log_std)
         self._noise_scale = self.log_std * math.sqrt(max(0.0, 1.0 - self.rho * self.rho))
         self._oracle = oracle
 

@@ -405,6 +405,18 @@ def _lr_lambda(total: int, warmup: int) -> Callable[[int], float]:
     return f
 
 
+def _finite_or_null(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (in nested dicts, lists and tuples) replaced by None,
+    so that ``predictor.json`` is strict JSON (``json.dumps`` would write ``NaN`` and ``-Infinity``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
 def _pretrain(
     cfg: TrainConfig, data: str, data_dir: str | Path | None, say: Callable[[str], None]
 ) -> tuple[TrainResult, Any, Any]:
@@ -613,7 +625,10 @@ def train_predictor(
         history.append({"epoch": epoch, "loss": epoch_loss / max(1, epoch_batches), "val_kendall_tau_b": val_tau})
         if not frozen or epoch % 50 == 0 or epoch == epochs:
             say(f"epoch {epoch}/{epochs}: loss {history[-1]['loss']:.4f}, val tau_b {val_tau:.4f}")
-        if math.isnan(val_tau) or val_tau > best_tau:
+        # Keep the epoch with the best finite validation tau. A NaN tau (no validation set, or
+        # scores that all tie) keeps the latest weights only while no epoch has had a finite one:
+        # a run that collapses after a good epoch keeps the good epoch.
+        if val_tau > best_tau or (math.isnan(val_tau) and not math.isfinite(best_tau)):
             best_tau, best_epoch = (val_tau if not math.isnan(val_tau) else best_tau), epoch
             best_state = copy.deepcopy(model.head.state_dict() if frozen else model.state_dict())
     bar.close()
@@ -690,7 +705,7 @@ def train_predictor(
         encoder_path=cfg.encoder,
         encoder_layers=cfg.encoder_layers,
         max_length=cfg.max_length,
-        meta=meta,
+        meta=_finite_or_null(meta),
     )
     say(f"saved {path} ({train_seconds:.1f} s)")
     return TrainResult(
