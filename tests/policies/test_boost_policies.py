@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from headway.core import RequestState, make_policy
 from headway.policies import GammaAda, b_gamma, b_gamma_from_log_mgf
+from headway.policies._boost import GAMMA_FLOOR
 from headway.policies.uniboost import memguard_level
 
 from .conftest import make_request, run
@@ -88,6 +89,107 @@ def test_memguard_blocks_eviction_until_next_threshold():
     a.num_preemptions += 1
     a.transition(RequestState.RUNNING)
     assert not pol.can_preempt(a, 0.0)
+
+
+def test_memguard_bands_count_the_prompt_as_attained_work():
+    """The key's work is max(generated, pw * prompt); MemGuard's bands are of the same work, so a
+    request holding a 4000-token prompt is not evictable at 32 generated tokens (dropping 4032
+    tokens of KV) but only once it generates past 4096, the next threshold above 4000."""
+    pol = make_policy("uniboost-memguard", memguard_base=32)
+    r = run(make_request(prompt_tokens=4000))
+    for g in (0, 32, 2048, 4000, 4095):
+        r.num_output_tokens = g
+        assert not pol.can_preempt(r, 0.0), g
+    r.num_output_tokens = 4096
+    assert pol.can_preempt(r, 0.0)
+    # the key changes at the same point, and that is the one hint (none below the prompt floor)
+    r.num_output_tokens = 0
+    assert pol.rekey_after_tokens(r) == 4096
+    key = pol.key(r, 0.0)
+    r.num_output_tokens = 4095
+    assert pol.key(r, 0.0) == key
+    r.num_output_tokens = 4096
+    assert pol.key(r, 0.0) > key
+    # memory eviction takes a short-prompt request past its threshold first
+    short = run(make_request(prompt_tokens=10))
+    short.num_output_tokens = 32
+    r.num_output_tokens = 32
+    assert pol.choose_victim([r, short], 0.0) is short
+    # prefill_weight scales the prompt's work: at pw = 0 only generated tokens count
+    pw0 = make_policy("uniboost-memguard", memguard_base=32, prefill_weight=0.0)
+    assert pw0.can_preempt(r, 0.0)
+    half = make_policy("uniboost-memguard", memguard_base=32, prefill_weight=0.5)  # w = 2000 until g > 2000
+    r.num_output_tokens = 2047
+    assert not half.can_preempt(r, 0.0)
+    r.num_output_tokens = 2048
+    assert half.can_preempt(r, 0.0)
+
+
+def test_distboost_takes_no_hysteresis():
+    """distboost never preempts, so an incumbency bonus could not change anything: it is refused."""
+    with pytest.raises(ValueError, match="hysteresis"):
+        make_policy("distboost", hysteresis=50.0)
+    assert make_policy("uniboost-base", hysteresis=50.0).hysteresis == 50.0
+
+
+def test_gamma_ada_ignores_non_finite_response_times():
+    for bad in (math.inf, math.nan):
+        ada = GammaAda(0.1, window=200, refit_every=100, min_samples=200)
+        changed = [ada.observe(t) for t in [1.0] * 199 + [bad]]
+        assert not changed[-1] and ada.gamma == 0.1 and len(ada._times) == 199
+        assert all(math.isfinite(g) for g in ada.history)
+    # the estimator itself: no finite positive spread, no estimate
+    assert GammaAda.estimate(np.array([np.inf] * 10 + [1.0] * 290)) is None
+    assert GammaAda.estimate(np.r_[np.ones(290), np.full(10, np.nan)]) is None
+    assert GammaAda.estimate(np.full(300, 5.0)) is None
+
+
+def test_b_gamma_for_tiny_work_and_tiny_gamma():
+    # gamma w underflows to 0: b is (1/gamma) log(1/(gamma w)), not a math domain error
+    assert b_gamma(0.02, 5e-324) == math.inf  # finite in theory, beyond a float
+    assert b_gamma(5e-324, 0.1) == pytest.approx(-(math.log(0.1) + math.log(5e-324)) / 0.1)
+    assert b_gamma(1e-300, 1e-20) == pytest.approx(-(math.log(1e-20) + math.log(1e-300)) / 1e-20)
+    # and continuous across the switch to that form (at gamma w = 1e-300)
+    assert b_gamma(0.999e-300, 1.0) == pytest.approx(b_gamma(1.001e-300, 1.0), rel=1e-5)
+    # at the floor the boost is finite and still decreasing in w
+    assert math.isfinite(b_gamma(0.02, GAMMA_FLOOR)) and b_gamma(0.02, GAMMA_FLOOR) > b_gamma(0.04, GAMMA_FLOOR)
+
+
+@pytest.mark.parametrize("name", ["distboost", "uniboost-base", "uniboost-memguard", "uniboost"])
+def test_gamma_below_the_floor_is_refused(name):
+    for gamma in (5e-324, 1e-307, GAMMA_FLOOR / 2, 0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match=f"{name}: gamma must"):
+            make_policy(name, gamma=gamma)
+    r = make_request(prompt_tokens=100)
+    lowest = {"gamma_min": GAMMA_FLOOR} if name == "uniboost" else {}
+    assert math.isfinite(make_policy(name, gamma=GAMMA_FLOOR, **lowest).key(r, 0.0)[0])
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "match"),
+    [
+        (
+            "uniboost-memguard",
+            {"memguard_base": True},
+            "uniboost-memguard: memguard_base must be an int >= 1, got True",
+        ),
+        ("uniboost", {"memguard_base": True}, "uniboost: memguard_base must be an int >= 1, got True"),
+        ("uniboost-base", {"rekey_tokens": True}, "uniboost-base: rekey_tokens must be an int >= 1, got True"),
+        ("uniboost", {"window": True}, "uniboost: window must be an int >= 1, got True"),
+        ("uniboost", {"refit_every": True}, "uniboost: refit_every must be an int >= 1, got True"),
+        ("uniboost", {"min_samples": False}, "uniboost: min_samples must be an int >= 1, got False"),
+        ("uniboost", {"gamma_min": "abc"}, "uniboost: gamma_min must be a number, got 'abc'"),
+        ("uniboost", {"gamma_max": "abc"}, "uniboost: gamma_max must be a number, got 'abc'"),
+        ("uniboost", {"gamma_max": math.inf}, "uniboost: gamma_max must be finite .*got inf"),
+        ("uniboost", {"gamma_min": 1e-12}, "uniboost: gamma_min must be finite and >= 1e-09 .*got 1e-12"),
+        ("uniboost", {"gamma_min": 1.0}, "uniboost: gamma-Ada needs gamma_min <= gamma <= gamma_max.*gamma_min=1.0"),
+        ("uniboost", {"gamma": 6.0}, "uniboost: gamma-Ada needs .*gamma=6.0"),
+        ("uniboost", {"gamma": True}, "uniboost: gamma must be a number, got True"),
+    ],
+)
+def test_uniboost_rejects_bad_settings_naming_policy_argument_and_value(name, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_policy(name, **kwargs)
 
 
 def test_gamma_ada_estimator_on_exponential_tail():

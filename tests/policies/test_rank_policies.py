@@ -8,8 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from factories import make_workload
 from headway.core import PolicyQueue, RequestState, make_policy
 from headway.policies.trail import lognormal_residual_mean
+from headway.sim import CacheConfig, SchedulerConfig, simulate
+from headway.workload import default_workload
 
 from .conftest import make_request, run
 
@@ -87,6 +90,69 @@ def test_ltr_learns_step_time_and_resets_idle_clock_on_preemption():
     assert pol.rekey_at_time(r) == pytest.approx(3.0 + 200 * 0.05)
     with pytest.raises(ValueError, match="starvation_steps"):
         make_policy("ltr", starvation_steps=0)
+
+
+def test_ltr_step_time_ema_counts_every_token():
+    """A report of k tokens moves the estimate as k one-token reports do (the simulator's
+    fast-forward reports several tokens at once, its exact mode one at a time)."""
+    one, many = (make_policy("ltr", initial_step_time=0.02, step_time_ema=0.05) for _ in range(2))
+    a, b = make_request(score=1.0), make_request(score=1.0)
+    for pol, r in ((one, a), (many, b)):
+        pol.on_arrival(r, 0.0)
+        run(r)
+        r.num_output_tokens = 1
+        pol.on_progress(r, 1.0, 1)
+    for i in range(1, 31):  # 30 steps of 50 ms, one token each
+        a.num_output_tokens = 1 + i
+        one.on_progress(a, 1.0 + 0.05 * i, 1)
+    b.num_output_tokens = 31
+    many.on_progress(b, 2.5, 30)
+    expected = 0.05 + 0.95**30 * (0.02 - 0.05)
+    assert one.step_time == pytest.approx(expected, rel=1e-12)
+    assert many.step_time == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(("seed", "max_num_seqs", "blocks"), [(0, 4, None), (1, 16, 1500)])
+def test_ltr_fast_forward_matches_exact_mode(seed: int, max_num_seqs: int, blocks: int | None) -> None:
+    """The learned step time sets when a waiting request starves; before it counted each report
+    as one sample, so fast-forward (long reports) and exact mode learned different step times and
+    preempted differently. All requests arrive at 0: a request arriving mid-stretch reads a step
+    time the fast-forward has not brought up to date (the simulator reports progress lazily)."""
+    rows = [(0.0, s.num_prompt_tokens, s.num_output_tokens) for s in default_workload(60, seed)]
+    wl = make_workload(rows)
+    kw = {"scorer": "noisy-oracle", "tau": 0.7}
+    cache = CacheConfig(num_gpu_blocks=blocks)
+    fast = simulate(wl, "ltr", policy_kwargs=kw, cache=cache, scheduler=SchedulerConfig(max_num_seqs=max_num_seqs))
+    exact = simulate(wl, "ltr", policy_kwargs=kw, cache=cache,
+                     scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_steps_per_event=1))
+    assert sum(r.num_preemptions for r in exact.requests) > 50  # starvation promotions preempt
+    assert fast.num_steps == exact.num_steps
+    for a, b in zip(fast.requests, exact.requests, strict=True):
+        assert a.request_id == b.request_id and a.num_preemptions == b.num_preemptions
+        assert a.finish_time == pytest.approx(b.finish_time, rel=1e-9)
+        assert a.first_token_time == pytest.approx(b.first_token_time, rel=1e-9)
+
+
+def test_ltr_rejects_bad_settings_naming_them():
+    for kwargs, match in [
+        ({"step_time_ema": "abc"}, "ltr: step_time_ema must be a number, got 'abc'"),
+        ({"step_time_ema": 1.5}, r"ltr: step_time_ema must be in \(0, 1\], got 1.5"),
+        ({"step_time_ema": 0.0}, "ltr: step_time_ema"),
+        ({"starvation_steps": True}, "ltr: starvation_steps must be an int >= 1, got True"),
+        ({"quantum_steps": True}, "ltr: quantum_steps must be an int >= 1, got True"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            make_policy("ltr", **kwargs)
+
+
+def test_trail_clamps_a_huge_score_before_exp():
+    pol = make_policy("trail")
+    r = make_request(score=800.0, max_tokens=100)  # exp(800) overflows a float
+    pol.on_arrival(r, 0.0)
+    assert pol.key(r, 0.0) == (100.0,)  # capped at max_tokens, as any score above log(100) is
+    assert pol.key(make_request(score=math.log(100.0) + 0.5, max_tokens=100), 0.0) == (100.0,)
+    low = make_request(score=-800.0)
+    assert pol.key(low, 0.0) == (1.0,)
 
 
 def test_lognormal_residual_mean_hand_values():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from headway.core import PolicyKey, Request, register_policy
 from headway.policies._base import ScoredPolicy, Scorer, check_positive
+from headway.policies._boost import check_count
 
 __all__ = ["LTRPolicy"]
 
@@ -35,7 +36,10 @@ class LTRPolicy(ScoredPolicy):
     calls would be wrong. The policy instead *measures* the step time: each
     ``on_progress`` of a request that stayed running gives ``dt / tokens`` (one decode
     token per step), smoothed by an EMA (``step_time_ema``, initial guess
-    ``initial_step_time`` = 20 ms, an 8B model's decode step on an A100). Idle steps are
+    ``initial_step_time`` = 20 ms, an 8B model's decode step on an A100). The EMA is per
+    token: a report of ``k`` tokens is ``k`` one-step updates toward its mean step time,
+    so batching reports (the simulator's fast-forward) does not change the estimate when
+    the step time is constant over a report. Idle steps are
     then ``idle time / step time``: a waiting period that starts at ``t0`` (arrival, or
     the preemption) promotes at ``t0 + starvation_steps * step_time``, frozen when the
     period begins so the key is time-invariant apart from that instant
@@ -60,14 +64,10 @@ class LTRPolicy(ScoredPolicy):
         log_std: float = 1.0,
     ) -> None:
         super().__init__(scorer=scorer, tau=tau, seed=seed, log_mean=log_mean, log_std=log_std)
-        if not isinstance(starvation_steps, int) or starvation_steps < 1:
-            raise ValueError(f"ltr: starvation_steps must be an int >= 1, got {starvation_steps!r}")
-        if not isinstance(quantum_steps, int) or quantum_steps < 1:
-            raise ValueError(f"ltr: quantum_steps must be an int >= 1, got {quantum_steps!r}")
-        self.starvation_steps = starvation_steps
-        self.quantum_steps = quantum_steps
+        self.starvation_steps = check_count("starvation_steps", starvation_steps, "ltr")
+        self.quantum_steps = check_count("quantum_steps", quantum_steps, "ltr")
         self.step_time = check_positive("initial_step_time", initial_step_time, "ltr")
-        if not 0.0 < step_time_ema <= 1.0:
+        if check_positive("step_time_ema", step_time_ema, "ltr") > 1.0:
             raise ValueError(f"ltr: step_time_ema must be in (0, 1], got {step_time_ema!r}")
         self.step_time_ema = float(step_time_ema)
         self._last: dict[Request, tuple[float, int, int]] = {}
@@ -95,9 +95,13 @@ class LTRPolicy(ScoredPolicy):
         last = self._last.get(request)
         out = request.num_output_tokens
         if last is not None and last[2] == request.num_preemptions and out > last[1] > 0:
-            sample = (now - last[0]) / (out - last[1])
+            k = out - last[1]
+            sample = (now - last[0]) / k
             if sample > 0.0:
-                self.step_time += self.step_time_ema * (sample - self.step_time)
+                # k tokens = k decode steps: k one-step EMA updates toward the mean step time, in
+                # closed form, so a report of k tokens at once (the simulator's fast-forward) moves
+                # the estimate as much as k reports of one token (step by step) would
+                self.step_time = sample + (1.0 - self.step_time_ema) ** k * (self.step_time - sample)
         self._last[request] = (now, out, request.num_preemptions)
 
     def on_finish(self, request: Request, now: float) -> None:

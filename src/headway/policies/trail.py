@@ -61,7 +61,10 @@ class TrailPolicy(ScoredPolicy):
     def _pred(self, request: Request) -> list[float]:
         st = request.extra.get(_NS)
         if not isinstance(st, list):
-            p0 = min(max(math.exp(self.score_of(request)), 1.0), float(request.max_tokens))
+            # clamped before exp (a score of 800 would overflow it): above log(max_tokens) + 1 the
+            # prediction is capped at max_tokens anyway
+            log_p0 = min(self.score_of(request), math.log(max(request.max_tokens, 1)) + 1.0)
+            p0 = min(max(math.exp(log_p0), 1.0), float(request.max_tokens))
             st = [p0, p0]  # [initial prediction, current predicted total]
             request.extra[_NS] = st
         return st

@@ -29,9 +29,17 @@ that.
 **gamma** (1/s), default 0.1: boosts of ~10-20 s for short requests under the default
 theta (b(4 s) = 11.1 s, b(20 s) = 1.45 s), the order of queueing delays in a burst.
 
-**Hysteresis** ``h`` (s, default 1.0): a running request's key is ``h`` better than the
-same request waiting, so a waiting request must beat it by more than ``h`` to preempt
-it across phases (prefill vs decode); this bounds ping-pong preemption.
+**Hysteresis** ``h`` (s, default 1.0; the preemptive stages only): a running request's
+key is ``h`` better than the same request waiting, so a waiting request must beat it by
+more than ``h`` to preempt it across phases (prefill vs decode); this bounds ping-pong
+preemption. ``distboost`` never preempts, so it has no ``h`` (passing one is an error).
+
+**MemGuard's bands** are bands of the same attained work as the key, ``max(generated,
+pw * prompt tokens)``: a long prompt is work the request already holds in KV cache, so a
+request scheduled with a 4000-token prompt stays guarded until it has generated 4096
+tokens (the first threshold above 4000), not 32.
+
+**gamma** must be at least ``GAMMA_FLOOR`` (1e-9/s); see :mod:`headway.policies._boost`.
 
 **Rekey granularity.** ``w~`` grows while decoding, so keys *worsen*: uniboost-base
 quantizes generated tokens down to multiples of ``rekey_tokens`` (64) and asks to be
@@ -47,7 +55,7 @@ from collections.abc import Sequence
 
 from headway.core import Policy, PolicyKey, Request, RequestState, register_policy
 from headway.policies._base import check_nonneg, check_positive
-from headway.policies._boost import GammaAda, b_gamma
+from headway.policies._boost import GammaAda, b_gamma, check_count, check_gamma
 
 __all__ = [
     "DistBoostPolicy",
@@ -74,13 +82,11 @@ class _BoostPolicy(Policy):
         gamma: float = 0.1,
         seconds_per_token: float = 0.02,
         prefill_weight: float = 1.0,
-        hysteresis: float = 1.0,
     ) -> None:
         n = self.name
-        self.gamma = check_positive("gamma", gamma, n)
+        self.gamma = check_gamma("gamma", gamma, n)
         self.seconds_per_token = check_positive("seconds_per_token", seconds_per_token, n)
         self.prefill_weight = check_nonneg("prefill_weight", prefill_weight, n)
-        self.hysteresis = check_nonneg("hysteresis", hysteresis, n)
         self._memo: dict[float, float] = {}
         self._memo_gamma = self._memo_theta = math.nan
 
@@ -102,7 +108,15 @@ class _BoostPolicy(Policy):
 
 @register_policy("distboost")
 class DistBoostPolicy(_BoostPolicy):
-    """Stage 1: gamma-Boost over prefill requests only; running decodes are never displaced."""
+    """Stage 1: gamma-Boost over prefill requests only; running decodes are never displaced.
+
+    Non-preemptive, so it takes no ``hysteresis`` (an incumbency bonus matters only when
+    running and waiting keys are compared): ``make_policy("distboost", hysteresis=...)``
+    is a ValueError naming it.
+    """
+
+    def __init__(self, *, gamma: float = 0.1, seconds_per_token: float = 0.02, prefill_weight: float = 1.0) -> None:
+        super().__init__(gamma=gamma, seconds_per_token=seconds_per_token, prefill_weight=prefill_weight)
 
     def key(self, request: Request, now: float) -> PolicyKey:
         return (request.arrival_time - self.boost(self.prefill_weight * request.num_prompt_tokens),)
@@ -123,15 +137,9 @@ class UniBoostBasePolicy(_BoostPolicy):
         hysteresis: float = 1.0,
         rekey_tokens: int = 64,
     ) -> None:
-        super().__init__(
-            gamma=gamma,
-            seconds_per_token=seconds_per_token,
-            prefill_weight=prefill_weight,
-            hysteresis=hysteresis,
-        )
-        if not isinstance(rekey_tokens, int) or rekey_tokens < 1:
-            raise ValueError(f"{self.name}: rekey_tokens must be an int >= 1, got {rekey_tokens!r}")
-        self.rekey_tokens = rekey_tokens
+        super().__init__(gamma=gamma, seconds_per_token=seconds_per_token, prefill_weight=prefill_weight)
+        self.hysteresis = check_nonneg("hysteresis", hysteresis, self.name)
+        self.rekey_tokens = check_count("rekey_tokens", rekey_tokens, self.name)
 
     # -- work quantization (overridden by MemGuard)
     def quantized_output(self, generated: int) -> int:
@@ -168,11 +176,17 @@ class UniBoostBasePolicy(_BoostPolicy):
 class UniBoostMemGuardPolicy(UniBoostBasePolicy):
     """Stage 3: geometric work thresholds ``k, 2k, 4k, ...`` (``memguard_base = k`` = 32).
 
-    Once scheduled, a request cannot be evicted (by preemption *or* by memory
-    pressure, where any other candidate is taken first) until its generated tokens
-    cross the next threshold above the band it was scheduled in: each run therefore
-    amortizes its prefill (or recompute) over at least as many tokens as it already
-    had, which bounds recomputation (thrashing) to a constant factor.
+    The bands are of the key's attained work ``w = max(generated, pw * prompt tokens)``
+    (unquantized; :meth:`attained_work`). Once scheduled, a request cannot be evicted
+    (by preemption *or* by memory pressure, where any other candidate is taken first)
+    until its ``w`` crosses the next threshold above the band it was scheduled in, that
+    is until it has generated at least that threshold (``2^j k > w`` at scheduling): a
+    request in band ``[2^j k, 2^(j+1) k)`` is evicted at most once there, so the KV its
+    guarded evictions recompute (prompt plus output, at most ``(1 + 1/pw) w`` each time
+    for ``pw > 0``) sums to at most ``4 (1 + 1/pw)`` times its final attained work, which
+    bounds recomputation (thrashing). The key changes only at those same thresholds, so the
+    re-key hints are the base stage's (the first grid point above both the generated
+    tokens and the prompt floor).
     """
 
     def __init__(
@@ -184,9 +198,7 @@ class UniBoostMemGuardPolicy(UniBoostBasePolicy):
         hysteresis: float = 1.0,
         memguard_base: int = 32,
     ) -> None:
-        if not isinstance(memguard_base, int) or memguard_base < 1:
-            raise ValueError(f"{self.name}: memguard_base must be an int >= 1, got {memguard_base!r}")
-        self.memguard_base = memguard_base
+        self.memguard_base = check_count("memguard_base", memguard_base, self.name)
         super().__init__(
             gamma=gamma,
             seconds_per_token=seconds_per_token,
@@ -202,20 +214,21 @@ class UniBoostMemGuardPolicy(UniBoostBasePolicy):
     def next_grid_point(self, generated: int) -> int:
         return self.memguard_base << memguard_level(generated, self.memguard_base)
 
-    preempt_changes_at_hints = True  # can_preempt flips only at band boundaries, all announced
+    # can_preempt flips only where the attained work enters a new band; those are the grid points
+    # above the prompt floor, which the inherited rekey_after_tokens announces (they move w~, the key)
+    preempt_changes_at_hints = True
 
-    def rekey_after_tokens(self, request: Request) -> int | None:
-        # Every band boundary, also those below the prompt floor that leave w~ (the key) alone:
-        # can_preempt turns true there, and engines look again only at announced points (without
-        # this the simulator's decode fast-forward noticed such a flip only at the end of a stretch).
-        g = request.num_output_tokens
-        return self.next_grid_point(g) - g
+    def attained_work(self, request: Request, generated: int) -> int:
+        """MemGuard's work measure at ``generated`` output tokens: ``max(generated, pw * prompt)``,
+        floored to whole tokens (the thresholds are whole, so the band is the same)."""
+        return max(generated, math.floor(self.prefill_weight * request.num_prompt_tokens))
 
     def can_preempt(self, request: Request, now: float) -> bool:
         # the band the current run was scheduled in (no per-step hook needed: the engine
         # records the output count at every move to RUNNING)
-        band = memguard_level(request.run_start_output_tokens, self.memguard_base)
-        return memguard_level(request.num_output_tokens, self.memguard_base) > band
+        base = self.memguard_base
+        band = memguard_level(self.attained_work(request, request.run_start_output_tokens), base)
+        return memguard_level(self.attained_work(request, request.num_output_tokens), base) > band
 
     def choose_victim(self, running: Sequence[Request], now: float) -> Request:
         free = [r for r in running if self.can_preempt(r, now)]
@@ -259,6 +272,7 @@ class UniBoostPolicy(UniBoostMemGuardPolicy):
             min_samples=min_samples,
             gamma_min=gamma_min,
             gamma_max=gamma_max,
+            name=self.name,
         )
 
     def on_finish(self, request: Request, now: float) -> None:
