@@ -293,3 +293,8 @@ def test_rank_boost_learns_bucket_boosts_and_orders_like_sjf():
     assert pol.boost_of(b) == pytest.approx(b_gamma(10.0, 0.5))
     with pytest.raises(ValueError, match="warmup"):
         make_policy("rank-boost", num_buckets=8, warmup=4)
+    # its gamma settings are checked like uniboost's, naming rank-boost
+    for kw, msg in (({"gamma": 1e-12}, "rank-boost: gamma must be finite and >= 1e-09"),
+                    ({"gamma_min": "x"}, "rank-boost: gamma_min must be a number")):
+        with pytest.raises(ValueError, match=msg):
+            make_policy("rank-boost", scorer="oracle", **kw)

@@ -21,7 +21,7 @@ import numpy as np
 
 from headway.core import PolicyKey, Request, register_policy
 from headway.policies._base import ScoredPolicy, Scorer, check_nonneg, check_positive
-from headway.policies._boost import GammaAda, b_gamma, b_gamma_from_log_mgf
+from headway.policies._boost import GammaAda, b_gamma, b_gamma_from_log_mgf, check_gamma
 
 __all__ = ["RankBoostPolicy"]
 
@@ -67,7 +67,7 @@ class RankBoostPolicy(ScoredPolicy):
     ) -> None:
         super().__init__(scorer=scorer, tau=tau, seed=seed, log_mean=log_mean, log_std=log_std)
         n = "rank-boost"
-        self.gamma = check_positive("gamma", gamma, n)
+        self.gamma = check_gamma("gamma", gamma, n)
         self.seconds_per_token = check_positive("seconds_per_token", seconds_per_token, n)
         self.prefill_weight = check_nonneg("prefill_weight", prefill_weight, n)
         self.prior_weight = check_nonneg("prior_weight", prior_weight, n)
@@ -85,7 +85,14 @@ class RankBoostPolicy(ScoredPolicy):
         self.warmup = warmup
         self.refit_every = refit_every
         self.ada: GammaAda | None = (
-            GammaAda(self.gamma, refit_every=refit_every, min_samples=200, gamma_min=gamma_min, gamma_max=gamma_max)
+            GammaAda(
+                self.gamma,
+                refit_every=refit_every,
+                min_samples=200,
+                gamma_min=gamma_min,
+                gamma_max=gamma_max,
+                name=n,
+            )
             if adaptive
             else None
         )
