@@ -71,8 +71,16 @@ def test_request_rejects_bad_values(field: str, value: float) -> None:
 
 def test_tier_parse() -> None:
     assert Tier.parse("Premium") is Tier.PREMIUM and Tier.parse(2) is Tier.BATCH
+    assert Tier.parse(" batch ") is Tier.BATCH and Tier.parse(Tier.STANDARD) is Tier.STANDARD
     with pytest.raises(ValueError, match="valid tiers: premium, standard, batch"):
         Tier.parse("gold")
+
+
+@pytest.mark.parametrize("value", [None, True, False, 1.0, 3, -1, b"premium", ["premium"], {"tier": 0}])
+def test_tier_parse_rejects_other_types_with_a_value_error(value: object) -> None:
+    # bool is an int to Python, but True is no tier (it used to parse as STANDARD)
+    with pytest.raises(ValueError, match=r"^unknown tier .*; valid tiers: premium, standard, batch$"):
+        Tier.parse(value)
 
 
 @given(st.lists(st.tuples(st.integers(0, 3), st.floats(0, 100)), min_size=1, max_size=60),

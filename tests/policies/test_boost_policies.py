@@ -298,3 +298,18 @@ def test_rank_boost_learns_bucket_boosts_and_orders_like_sjf():
                     ({"gamma_min": "x"}, "rank-boost: gamma_min must be a number")):
         with pytest.raises(ValueError, match=msg):
             make_policy("rank-boost", scorer="oracle", **kw)
+
+
+def test_rank_boost_learns_no_size_from_an_unknown_output_length():
+    pol = make_policy("rank-boost", num_buckets=2, warmup=2, refit_every=10, adaptive=False, prior_weight=0.0)
+    for score in (0.0, 10.0):
+        pol.on_arrival(make_request(score=score), 0.0)
+    r = make_request(score=0.0)
+    pol.on_arrival(r, 0.0)
+    r.output_tokens_known = False  # e.g. the gateway got no usage: 0 tokens is no observation
+    pol.on_finish(r, 1.0)
+    assert all(len(sizes) == 0 for sizes in pol._sizes)
+    r.output_tokens_known = True
+    r.num_output_tokens = 7
+    pol.on_finish(r, 1.0)
+    assert sum(len(sizes) for sizes in pol._sizes) == 2  # its bucket and the pooled one

@@ -100,3 +100,161 @@ def test_tenant_sjf_orders_by_estimate_and_fifo_by_arrival():
         sjf.on_arrival(r, r.arrival_time)
     assert sjf.key(short, 5.0) < sjf.key(long, 5.0)
     assert fifo.key(long, 5.0) < fifo.key(short, 5.0)
+
+
+def test_unknown_output_count_teaches_nothing_but_finishes():
+    pol = make_policy("tenant-sjf")
+    r = make_request(category="short_qa")
+    pol.on_arrival(r, 0.0)
+    r.output_tokens_known = False  # the gateway's flag: no usage in the answer
+    pol.on_finish(r, 1.0)
+    assert pol.estimator.b_runtime["short_qa"] == 1.0
+    known = make_request(category="short_qa")
+    pol.on_arrival(known, 0.0)
+    pol.on_finish(known, 1.0)  # 0 observed tokens, reported as such: a real observation
+    assert pol.estimator.b_runtime["short_qa"] < 1.0
+
+
+@pytest.mark.parametrize("weights", [[1, 2, 3], (1, 2, 3), [1.0, 2.0, 3.0]])
+def test_weighted_accepts_sequences(weights):
+    pol = make_policy("tenant-weighted", weights=weights)
+    assert pol.weights == {Tier.PREMIUM: 1.0, Tier.STANDARD: 2.0, Tier.BATCH: 3.0}
+
+
+@pytest.mark.parametrize(
+    ("weights", "match"),
+    [
+        ("532", r"weights must be a mapping .* got '532'"),
+        (5, r"weights must be a mapping .* got 5"),
+        (None, r"weights must be a mapping .* got None"),
+        ([1, 2], r"weights needs 3 values .* got \[1, 2\]"),
+        ([1, "x", 3], r"weights\[standard\] must be a number, got 'x'"),
+        ([1, None, 3], r"weights\[standard\] must be a number, got None"),
+        ([1, True, 3], r"weights\[standard\] must be a number, got True"),
+        ([1, 0, 3], r"weights\[standard\] must be .*> 0, got 0"),
+        ({"premium": 1, "standard": 1, "batch": [2]}, r"weights\[batch\] must be a number, got \[2\]"),
+        ({"premium": 1, "standard": 1, None: 2}, r"weights key None: unknown tier None"),
+        ({"premium": 1, "standard": 1}, r"weights lack tiers \['batch'\]"),
+    ],
+)
+def test_weighted_rejects_bad_weights_naming_them(weights, match):
+    with pytest.raises(ValueError, match=match):
+        make_policy("tenant-weighted", weights=weights)
+
+
+def test_weighted_docstring_and_shared_queue_warning():
+    cls = type(make_policy("tenant-weighted"))
+    assert "Per replica only" in (cls.__doc__ or "")
+    assert "several replicas sharing" in cls.shared_queue_warning
+    assert getattr(make_policy("tenant-priority"), "shared_queue_warning", None) is None
+
+
+@pytest.mark.parametrize("value", ["False", "true", 0, 1, [True]])
+def test_adaptive_must_be_a_bool(value):
+    with pytest.raises(ValueError, match=r"adaptive must be true or false, got"):
+        make_policy("tenant-sjf", adaptive=value)
+    with pytest.raises(ValueError, match=r"adaptive must be true or false"):
+        DriftEstimator(adaptive=value)
+
+
+def test_adaptive_false_keeps_b_at_one():
+    pol = make_policy("tenant-fifo", adaptive=False)
+    r = make_request(category="report")
+    pol.on_arrival(r, 0.0)
+    r.num_output_tokens = 5000
+    pol.on_finish(r, 1.0)
+    assert pol.estimator.b_runtime["report"] == 1.0
+
+
+@pytest.mark.parametrize("alpha", [0, 0.0, -0.1, 1.5, float("nan"), True, "0.1"])
+def test_alpha_must_be_in_open_closed_unit_interval(alpha):
+    with pytest.raises(ValueError, match=r"alpha must be in \(0, 1\]"):
+        DriftEstimator(alpha=alpha)
+    with pytest.raises(ValueError, match=r"alpha must be in \(0, 1\]"):
+        make_policy("tenant-aging", alpha=alpha)
+    assert DriftEstimator(alpha=1).alpha == 1.0
+
+
+@pytest.mark.parametrize("name", ["tenant-fifo", "tenant-priority", "tenant-weighted", "tenant-sjf", "tenant-aging"])
+def test_policies_forward_tenant_scale_and_base_tokens(name):
+    base = {"short_qa": 10, "summary": 20, "technical": 30, "report": 40}
+    pol = make_policy(name, tenant_scale={"acme": 3}, base_tokens=base, alpha=0.5, adaptive=True)
+    est = pol.estimator
+    assert est.base == {c: float(v) for c, v in base.items()}
+    assert est.tenant_scale == {"acme": 3.0}
+    assert est.alpha == 0.5
+    r = make_request(category="technical", tenant="acme", prompt_tokens=256)
+    assert est.estimate(r) == pytest.approx(30 * 3)
+
+
+def test_estimator_settings_are_checked():
+    base = {"short_qa": 10, "summary": 20, "technical": 30, "report": 40}
+    with pytest.raises(ValueError, match=r"base_tokens has unknown categories \['poem'\]"):
+        make_policy("tenant-sjf", base_tokens={**base, "poem": 5})
+    with pytest.raises(ValueError, match=r"base_tokens lacks categories \['report'\]"):
+        make_policy("tenant-sjf", base_tokens={k: v for k, v in base.items() if k != "report"})
+    with pytest.raises(ValueError, match=r"base_tokens must be a mapping"):
+        make_policy("tenant-sjf", base_tokens=[1, 2, 3, 4])
+    with pytest.raises(ValueError, match=r"tenant_scale must be a mapping"):
+        make_policy("tenant-sjf", tenant_scale=2.0)
+    with pytest.raises(ValueError, match=r"tenant_scale\['acme'\] must be .*> 0"):
+        make_policy("tenant-sjf", tenant_scale={"acme": 0})
+    with pytest.raises(ValueError, match=r"estimator must be a DriftEstimator, got 'static'"):
+        make_policy("tenant-fifo", estimator="static")
+    est = DriftEstimator(adaptive=False)
+    assert make_policy("tenant-fifo", estimator=est).estimator is est
+    for extra in ({"alpha": 0.2}, {"adaptive": True}, {"tenant_scale": {"a": 2}}, {"base_tokens": base}):
+        with pytest.raises(ValueError, match=r"either estimator= or the estimator's settings, not both"):
+            make_policy("tenant-weighted", estimator=est, **extra)
+
+
+def test_sjf_rekeys_when_bias_drifts():
+    pol = make_policy("tenant-sjf", rekey_every=10)
+    q = PolicyQueue(pol)
+    # queued under B = 1: a summary (192 tokens x F_input 0.79) and ...
+    old = make_request(category="summary", arrival=0.0)
+    pol.on_arrival(old, 0.0)
+    q.add(old, 0.0)
+    # ... short_qa answers come back 10x longer than their budget: B(short_qa) -> ~6.5
+    for _ in range(9):
+        r = make_request(category="short_qa", arrival=1.0)
+        pol.on_arrival(r, 1.0)
+        r.num_output_tokens = 640
+        pol.on_finish(r, 2.0)
+    assert pol.key_epoch == 0  # rate-limited: at most one re-key per 10 learning finishes
+    r = make_request(category="short_qa", arrival=1.0)
+    pol.on_arrival(r, 1.0)
+    r.num_output_tokens = 640
+    pol.on_finish(r, 2.0)
+    assert pol.key_epoch == 1
+    b = pol.estimator.b_runtime["short_qa"]
+    assert b > 6.0 and pol.key_b["short_qa"] == b
+    # a short_qa request queued now is estimated at 64 x B > 192: it sorts after the old summary,
+    # and both keys are on the same (new) scale once the queue re-keys
+    new = make_request(category="short_qa", arrival=3.0)
+    pol.on_arrival(new, 3.0)
+    q.add(new, 3.0)
+    q.refresh(3.0)
+    assert q.pop() is old
+    assert pol.key(new, 3.0) == (pytest.approx(new.extra["driftsched.static"] * b),)
+    # small moves (within rekey_drift) do not re-key
+    for _ in range(20):
+        r = make_request(category="short_qa", arrival=4.0)
+        pol.on_arrival(r, 4.0)
+        r.num_output_tokens = round(r.extra["driftsched.static"] * b)
+        pol.on_finish(r, 5.0)
+    assert pol.key_epoch == 1
+
+
+def test_sjf_keys_stay_on_one_scale_before_a_rekey():
+    pol = make_policy("tenant-sjf")
+    a = make_request(category="summary", arrival=0.0)
+    pol.on_arrival(a, 0.0)
+    ka = pol.key(a, 0.0)
+    r = make_request(category="summary")
+    pol.on_arrival(r, 0.0)
+    r.num_output_tokens = 1900
+    pol.on_finish(r, 1.0)  # B moves, no re-key yet (rate limit)
+    b = make_request(category="summary", arrival=1.0)
+    pol.on_arrival(b, 1.0)
+    assert pol.key(b, 1.0) == ka  # same static estimate, same snapshot of B

@@ -697,3 +697,82 @@ def test_backend_silent_mid_stream_ends_it_after_the_read_timeout(make_stub, mak
     err = json.loads(events[-2])["error"]
     assert err["message"] == "the backend failed mid-stream: no data from the backend for 0.3 s"
     assert err["code"] == "upstream_error" and events[-1] == "[DONE]"
+
+
+# ------------------------------------------------------------- driftsched behind the gateway
+def _fixed_backend(servers, body: dict) -> str:
+    """A backend that answers every completion with ``body`` (e.g. one without ``usage``)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request as HTTPRequest
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from headway.serve import serve_in_thread
+
+    async def complete(request: HTTPRequest) -> Response:
+        return JSONResponse(body)
+
+    return servers.enter_context(serve_in_thread(Starlette(routes=[Route("/v1/completions", complete,
+                                                                           methods=["POST"])])))  # fmt: skip
+
+
+@pytest.mark.parametrize("usage", [None, {}, {"completion_tokens": None}, {"completion_tokens": "many"}])
+def test_answer_without_usage_is_no_observation_of_zero_tokens(servers, make_gateway, usage):
+    body = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": "hello " * 50}]}
+    if usage is not None:
+        body["usage"] = usage
+    pol = make_policy("tenant-sjf")
+    gw = make_gateway([_fixed_backend(servers, body)], policy_obj=pol)
+    with gw.client() as c:
+        for _ in range(5):
+            r = c.post("/v1/completions", json={"prompt": "What is the capital of France?", "max_tokens": 200})
+            assert r.status_code == 200, r.text
+    assert pol.estimator.b_runtime["short_qa"] == 1.0  # it used to fall toward 0.1 (0 tokens seen)
+    done = gw.gateway.finished_requests
+    assert len(done) == 5 and not any(q.output_tokens_known for q in done)
+    # on_finish still runs (policies clean up): a recording policy sees every finish
+    rec = RecordingPolicy()
+    gw2 = make_gateway([_fixed_backend(servers, body)], policy_obj=rec)
+    r = httpx.post(gw2.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3})
+    assert r.status_code == 200 and list(rec.finished) == [r.headers["x-request-id"]]
+
+
+def test_answer_with_usage_still_teaches_driftsched(servers, make_gateway):
+    body = {"choices": [{"index": 0, "text": "x"}], "usage": {"completion_tokens": 640}}
+    pol = make_policy("tenant-sjf")
+    gw = make_gateway([_fixed_backend(servers, body)], policy_obj=pol)
+    with gw.client() as c:
+        r = c.post("/v1/completions", json={"prompt": "What is the capital of France?", "max_tokens": 700})
+        assert r.status_code == 200, r.text
+    assert pol.estimator.b_runtime["short_qa"] > 1.5
+    assert gw.gateway.finished_requests[0].output_tokens_known
+
+
+def test_tenant_weighted_list_weights_from_a_config(make_stub, make_gateway):
+    from headway.serve._config import config_from_dict
+    from headway.serve._gateway import create_app
+
+    stub = make_stub()
+    gw = make_gateway([stub.url], policy="tenant-weighted", policy_args={"weights": [5, 3, 2]})
+    assert httpx.post(gw.url + "/v1/completions", json=COMPLETION).status_code == 200
+    assert gw.gateway.policy.weights == {Tier.PREMIUM: 5.0, Tier.STANDARD: 3.0, Tier.BATCH: 2.0}
+    data = {"backends": [{"url": "http://127.0.0.1:1"}], "policy": "tenant-weighted"}
+    create_app(config_from_dict({**data, "policy_args": {"weights": [1, 1, 1]}}))
+    with pytest.raises(ValueError, match=r"weights\[batch\] must be a number, got 'two'"):
+        create_app(config_from_dict({**data, "policy_args": {"weights": [5, 3, "two"]}}))
+
+
+def test_priority_is_bounded_and_named(make_stub, make_gateway):
+    stub = make_stub()
+    gw = make_gateway([stub.url], policy_obj=make_policy("priority"))
+    with gw.client() as c:
+        for ok in (2**53, -(2**53), 0):
+            assert c.post("/v1/completions", json={**COMPLETION, "priority": ok}).status_code == 200
+        huge = (10**400, "an integer of 401 digits")
+        for bad, shown in ((2**53 + 1, str(2**53 + 1)), (-(2**60), str(-(2**60))), huge):
+            r = c.post("/v1/completions", json={**COMPLETION, "priority": bad})
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"] == "priority" and err["code"] == "invalid_value"
+            assert err["message"] == f"'priority' must be between -{2**53} and {2**53}, got {shown}"
+    assert stub.stub.stats.started == 3

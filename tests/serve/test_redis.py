@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 import uuid
@@ -11,9 +12,10 @@ import uuid
 import httpx
 import pytest
 
-from headway.core import Tier
+from headway.core import PolicyKey, Request, Tier
+from headway.policies import FCFSPolicy
 from headway.serve import BackendConfig, hash_api_key
-from headway.serve._redis_queue import encode_key
+from headway.serve._redis_queue import KeyEncodingError, encode_key
 from headway.serve._tenants import REDIS_APIKEYS_HASH
 
 from .conftest import wait_until
@@ -242,3 +244,82 @@ def test_a_scoring_gateway_on_redis_holds_and_leaves_no_count_behind(redis_url, 
     r = _client(redis_url)
     wait_until(lambda: r.hget(prefix + "scoring", d.replica) is None, what="the scoring count back to 0")
     assert d.scoring == 0 and r.hget(prefix + "scoring_seq", d.replica) is not None  # counts were sent
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        json.dumps({"tenant": "n", "tier": None}),
+        json.dumps({"tenant": "n", "tier": True}),
+        json.dumps({"tenant": "n", "tier": "gold"}),
+        json.dumps({"tenant": "n", "tier": ["batch"]}),
+        json.dumps({"tenant": None, "tier": "batch"}),
+        json.dumps(["n", "batch"]),
+        "{not json",
+    ],
+)
+def test_malformed_api_key_record_is_a_401_and_a_warning(redis_url, make_stub, make_gateway, caplog, record):
+    key = f"sk-bad-{uuid.uuid4().hex}"
+    digest = hash_api_key(key)
+    _client(redis_url).hset(REDIS_APIKEYS_HASH, digest, record)
+    stub = make_stub()
+    gw = make_gateway([stub.url], redis_url=redis_url, redis_prefix=f"t{uuid.uuid4().hex[:6]}:", api_keys="required")
+    with caplog.at_level(logging.WARNING, logger="headway.serve"), gw.client() as c:
+        r = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 401, r.text  # it used to reset the connection (an AttributeError)
+    assert r.json()["error"]["code"] == "invalid_api_key"
+    warnings = [m.getMessage() for m in caplog.records if "malformed API-key record" in m.getMessage()]
+    assert len(warnings) == 1 and digest[:12] in warnings[0]
+    assert key not in caplog.text and digest not in caplog.text
+    assert stub.stub.stats.started == 0
+
+
+def test_tenant_weighted_on_redis_warns_that_shares_are_per_replica(redis_url, make_stub, make_gateway, caplog):
+    stub = make_stub()
+    with caplog.at_level(logging.WARNING, logger="headway.serve"):
+        for name in ("tenant-weighted", "tenant-priority"):
+            make_gateway([stub.url], policy=name, redis_url=redis_url, redis_prefix=f"t{uuid.uuid4().hex[:6]}:")
+        gw = make_gateway([stub.url], policy="tenant-weighted")  # in memory: one queue, one virtual time
+    warned = [m for m in caplog.records if "tenant-weighted" in m.getMessage()]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    assert "several replicas sharing this Redis queue do not keep them" in warned[0].getMessage()
+    assert httpx.post(gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_out_of_range_priority_on_redis_is_a_400(redis_url, make_stub, make_gateway):
+    stub = make_stub()
+    gw = make_gateway([stub.url], policy="priority", redis_url=redis_url, redis_prefix=f"t{uuid.uuid4().hex[:6]}:")
+    raw = b'{"prompt": "x", "max_tokens": 2, "priority": ' + b"9" * 400 + b"}"
+    with gw.client(timeout=5.0) as c:
+        r = c.post("/v1/completions", content=raw, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "priority"
+        assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "priority": -5}).status_code == 200
+
+
+class _HugeKeyPolicy(FCFSPolicy):
+    """Keys no double holds: the Redis queue cannot encode them."""
+
+    def key(self, request: Request, now: float) -> PolicyKey:
+        return (10**400,)
+
+
+def test_a_key_redis_cannot_encode_fails_the_request_at_once(redis_url, make_stub, make_gateway):
+    stub = make_stub()
+    prefix = f"t{uuid.uuid4().hex[:6]}:"
+    gw = make_gateway([stub.url], policy_obj=_HugeKeyPolicy(), redis_url=redis_url, redis_prefix=prefix,
+                      queue_ttl_s=20)  # fmt: skip
+    t0 = time.monotonic()
+    r = httpx.post(gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
+    assert time.monotonic() - t0 < 5  # it used to wait out the queue TTL
+    assert r.status_code == 500 and r.json()["error"]["code"] == "policy_error"
+    assert "cannot be queued in Redis" in r.json()["error"]["message"]
+    assert stub.stub.stats.started == 0 and not gw.gateway.active
+    assert _client(redis_url).zcard(prefix + "queue") == 0
+
+
+def test_encode_key_rejects_what_a_double_cannot_order():
+    with pytest.raises(KeyEncodingError, match=r"cannot be queued in Redis"):
+        encode_key((10**400,))
+    with pytest.raises(KeyEncodingError, match="NaN"):
+        encode_key((1.0, float("nan")))
+    assert encode_key((float("-inf"),)) < encode_key((-(2**53),)) < encode_key((2**53,)) < encode_key((float("inf"),))

@@ -54,17 +54,20 @@ class Tier(enum.IntEnum):
     BATCH = 2
 
     @classmethod
-    def parse(cls, value: str | int | Tier) -> Tier:
-        """Accept ``"premium"``, ``"PREMIUM"``, ``0`` or a :class:`Tier`."""
+    def parse(cls, value: object) -> Tier:
+        """Accept ``"premium"``, ``"PREMIUM"``, ``0`` or a :class:`Tier`; anything else (a bool,
+        None, an out-of-range int, another type) is a ValueError listing the valid tiers."""
         if isinstance(value, Tier):
             return value
-        if isinstance(value, int):
-            return cls(value)
         try:
-            return cls[value.strip().upper()]
-        except KeyError:
-            valid = ", ".join(t.name.lower() for t in cls)
-            raise ValueError(f"unknown tier {value!r}; valid tiers: {valid}") from None
+            if isinstance(value, int) and not isinstance(value, bool):
+                return cls(value)
+            if isinstance(value, str):
+                return cls[value.strip().upper()]
+        except (KeyError, ValueError):
+            pass
+        valid = ", ".join(t.name.lower() for t in cls)
+        raise ValueError(f"unknown tier {value!r}; valid tiers: {valid}")
 
 
 @dataclass(slots=True, eq=False)
@@ -117,6 +120,10 @@ class Request:
     """Tokens computed again after preemption by recompute."""
     run_start_output_tokens: int = 0
     """``num_output_tokens`` when the current run began (set on every move to RUNNING)."""
+    output_tokens_known: bool = True
+    """False when the engine could not observe the output length (the gateway, for an answer
+    without ``usage.completion_tokens``): ``num_output_tokens`` is then no observation, and
+    policies that learn from finished lengths skip the request."""
     extra: dict[str, object] = field(default_factory=dict)
     """Per-request state that a policy wants to keep (namespaced by policy name)."""
 

@@ -15,21 +15,29 @@ its output tokens are estimated as
 - ``F_input = clip((prompt tokens / 256)^0.25, 0.5, 2)``: longer inputs ask for longer
   answers, sub-linearly.
 
-With ``adaptive=False`` (the *static* estimator) ``B`` stays 1.
+With ``adaptive=False`` (the *static* estimator) ``B`` stays 1. A finished request whose
+output length the engine could not observe (``request.output_tokens_known`` False, set by
+the gateway when a backend's answer has no ``usage``) teaches nothing.
+
+Every policy takes the estimator's settings ``adaptive`` (a bool), ``alpha`` (``0 < alpha <= 1``),
+``tenant_scale`` (tenant -> scale) and ``base_tokens`` (category -> tokens, all of
+:data:`CATEGORIES`), or a ready ``estimator`` (:class:`DriftEstimator`) instead of them.
 
 **Policies** (all non-preemptive, tiers from :class:`~headway.core.Tier`):
 
 - ``tenant-fifo``: ``(arrival,)``;
 - ``tenant-priority``: strict tiers ``(tier, arrival)``;
-- ``tenant-weighted``: start-time fair queueing over tiers with weights 5/3/2;
-- ``tenant-sjf``: ``(estimate,)``;
+- ``tenant-weighted``: start-time fair queueing over tiers with weights 5/3/2 (per gateway
+  replica: see :class:`TenantWeightedPolicy`);
+- ``tenant-sjf``: ``(estimate,)``, re-keyed when ``B_runtime`` drifts;
 - ``tenant-aging``: priority ``tier - rate x wait`` written time-invariantly as
   ``tier + rate x arrival`` (``rate`` = 1/30 tier per second of waiting).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from headway.core import Policy, PolicyKey, Request, Tier, register_policy
 from headway.policies._base import check_positive, check_range
@@ -103,6 +111,7 @@ _KEYWORDS: tuple[tuple[str, frozenset[str], tuple[str, ...]], ...] = (
         ("explain how",),
     ),
 )
+
 _PUNCT = str.maketrans({c: " " for c in "!\"#$%&'()*+,-./:<=>?@[\\]^_`{|}~\n\t"})
 
 
@@ -136,18 +145,30 @@ class DriftEstimator:
         input_ref: float = 256.0,
         input_exponent: float = 0.25,
     ) -> None:
+        if base_tokens is not None and not isinstance(base_tokens, Mapping):
+            raise ValueError(f"driftsched: base_tokens must be a mapping category -> tokens, got {base_tokens!r}")
+        if tenant_scale is not None and not isinstance(tenant_scale, Mapping):
+            raise ValueError(f"driftsched: tenant_scale must be a mapping tenant -> scale, got {tenant_scale!r}")
         base = dict(DEFAULT_BASE_TOKENS if base_tokens is None else base_tokens)
         missing = [c for c in CATEGORIES if c not in base]
         if missing:
             raise ValueError(f"driftsched: base_tokens lacks categories {missing}")
+        unknown = [c for c in base if c not in CATEGORIES]
+        if unknown:
+            raise ValueError(f"driftsched: base_tokens has unknown categories {unknown}; valid: {list(CATEGORIES)}")
         for c, v in base.items():
             check_positive(f"base_tokens[{c!r}]", v, "driftsched")
         self.base = {c: float(base[c]) for c in CATEGORIES}
         self.tenant_scale = {
             k: check_positive(f"tenant_scale[{k!r}]", v, "driftsched") for k, v in (tenant_scale or {}).items()
         }
-        self.alpha = check_range("alpha", alpha, 0.0, 1.0, "driftsched")
-        self.adaptive = bool(adaptive)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 1.0:
+            # alpha = 0 would freeze B at 1: the static estimator under another name
+            raise ValueError(f"driftsched: alpha must be in (0, 1], got {alpha!r}")
+        self.alpha = float(alpha)
+        if not isinstance(adaptive, bool):
+            raise ValueError(f"driftsched: adaptive must be true or false, got {adaptive!r}")
+        self.adaptive = adaptive
         self.ratio_min = check_positive("ratio_min", ratio_min, "driftsched")
         self.ratio_max = check_positive("ratio_max", ratio_max, "driftsched")
         if self.ratio_min >= self.ratio_max:
@@ -195,8 +216,36 @@ _EST_KEY = "driftsched.estimate"
 class _TenantPolicy(Policy):
     """Shared estimator plumbing: every tenant policy estimates at arrival and learns at finish."""
 
-    def __init__(self, *, estimator: DriftEstimator | None = None, adaptive: bool = True, alpha: float = 0.1) -> None:
-        self.estimator = estimator if estimator is not None else DriftEstimator(adaptive=adaptive, alpha=alpha)
+    def __init__(
+        self,
+        *,
+        estimator: DriftEstimator | None = None,
+        adaptive: bool | None = None,
+        alpha: float | None = None,
+        tenant_scale: Mapping[str, float] | None = None,
+        base_tokens: Mapping[str, float] | None = None,
+    ) -> None:
+        settings: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("adaptive", adaptive),
+                ("alpha", alpha),
+                ("tenant_scale", tenant_scale),
+                ("base_tokens", base_tokens),
+            )
+            if v is not None
+        }
+        if estimator is None:
+            self.estimator = DriftEstimator(**settings)
+        elif not isinstance(estimator, DriftEstimator):
+            raise ValueError(f"{self.name}: estimator must be a DriftEstimator, got {estimator!r}")
+        elif settings:
+            raise ValueError(
+                f"{self.name}: give either estimator= or the estimator's settings, not both "
+                f"(got estimator= and {sorted(settings)})"
+            )
+        else:
+            self.estimator = estimator
 
     def on_arrival(self, request: Request, now: float) -> None:
         est = self.estimator
@@ -212,7 +261,15 @@ class _TenantPolicy(Policy):
         return est
 
     def on_finish(self, request: Request, now: float) -> None:
+        self.learn(request)
+
+    def learn(self, request: Request) -> bool:
+        """Feed a finished request's output length to the estimator; False (nothing learned)
+        when the engine could not observe it (``request.output_tokens_known``)."""
+        if not request.output_tokens_known:
+            return False
         self.estimator.observe(request, request.num_output_tokens)
+        return True
 
 
 @register_policy("tenant-fifo")
@@ -233,10 +290,58 @@ class TenantPriorityPolicy(_TenantPolicy):
 
 @register_policy("tenant-sjf")
 class TenantSJFPolicy(_TenantPolicy):
-    """Shortest estimated job first (DriftSched estimate at arrival)."""
+    """Shortest estimated job first (DriftSched estimate).
+
+    Keys of every queued request must be on one scale, so the key is the static estimate times
+    ``B_runtime`` *as of the last re-key* (a snapshot), not as of each request's arrival. Once
+    some category's live ``B`` has moved by more than ``rekey_drift`` (relative, default 5 %)
+    from the snapshot, the snapshot is renewed and ``key_epoch`` bumped, so queues re-key every
+    waiting request; checked at finishes, at most once per ``rekey_every`` learning finishes
+    (as gamma-Ada's refits are). Long jobs may wait indefinitely under a stream of short ones:
+    that is SJF; ``tenant-aging`` bounds waiting by tier instead.
+    """
+
+    def __init__(
+        self,
+        *,
+        rekey_drift: float = 0.05,
+        rekey_every: int = 50,
+        estimator: DriftEstimator | None = None,
+        adaptive: bool | None = None,
+        alpha: float | None = None,
+        tenant_scale: Mapping[str, float] | None = None,
+        base_tokens: Mapping[str, float] | None = None,
+    ) -> None:
+        super().__init__(
+            estimator=estimator, adaptive=adaptive, alpha=alpha, tenant_scale=tenant_scale, base_tokens=base_tokens
+        )
+        self.rekey_drift = check_positive("rekey_drift", rekey_drift, "tenant-sjf")
+        if isinstance(rekey_every, bool) or not isinstance(rekey_every, int) or rekey_every < 1:
+            raise ValueError(f"tenant-sjf: rekey_every must be an int >= 1, got {rekey_every!r}")
+        self.rekey_every = rekey_every
+        self.key_b = dict(self.estimator.b_runtime)
+        """``B_runtime`` per category as of the last re-key: the scale of every cached key."""
+        self._since_rekey = 0
 
     def key(self, request: Request, now: float) -> PolicyKey:
-        return (self.estimate_of(request),)
+        est = self.estimator
+        static = request.extra.get("driftsched.static")
+        if not isinstance(static, float):
+            static = est.static_estimate(request)
+            request.extra["driftsched.static"] = static
+        return (static * self.key_b[est.category(request)],)
+
+    def on_finish(self, request: Request, now: float) -> None:
+        if not self.learn(request):
+            return
+        self._since_rekey += 1
+        if self._since_rekey < self.rekey_every:
+            return
+        b, snap = self.estimator.b_runtime, self.key_b
+        if any(abs(b[c] - snap[c]) > self.rekey_drift * snap[c] for c in CATEGORIES):
+            self.key_b = dict(b)
+            self._since_rekey = 0
+            self.key_epoch += 1
 
 
 @register_policy("tenant-aging")
@@ -248,10 +353,14 @@ class TenantAgingPolicy(_TenantPolicy):
         *,
         rate: float = 1.0 / 30.0,
         estimator: DriftEstimator | None = None,
-        adaptive: bool = True,
-        alpha: float = 0.1,
+        adaptive: bool | None = None,
+        alpha: float | None = None,
+        tenant_scale: Mapping[str, float] | None = None,
+        base_tokens: Mapping[str, float] | None = None,
     ) -> None:
-        super().__init__(estimator=estimator, adaptive=adaptive, alpha=alpha)
+        super().__init__(
+            estimator=estimator, adaptive=adaptive, alpha=alpha, tenant_scale=tenant_scale, base_tokens=base_tokens
+        )
         self.rate = check_positive("rate", rate, "tenant-aging")
 
     def key(self, request: Request, now: float) -> PolicyKey:
@@ -268,36 +377,81 @@ class TenantWeightedPolicy(_TenantPolicy):
     at its first ``on_progress``). Backlogged tiers are thus served in proportion to
     their weights (default Premium/Standard/Batch = 5/3/2). ``cost`` is 1 per request
     (``share="requests"``) or the DriftSched token estimate (``share="tokens"``).
-    Tags are fixed at arrival, so keys are time-invariant.
+    Tags are fixed at arrival, so keys are time-invariant. ``weights``: a mapping tier ->
+    weight (``{"premium": 5, ...}``) or a sequence in tier order (``[5, 3, 2]``).
+
+    **Per replica only.** The virtual time lives in this policy instance. Gateway replicas
+    sharing one Redis queue each have their own, starting at 0, so their start tags are not
+    comparable: a freshly started replica's Batch requests sort ahead of a long-running
+    replica's Premium ones, and the shares do not hold across replicas. One replica with Redis
+    is fine; the gateway logs a warning when started with Redis (:attr:`shared_queue_warning`).
     """
+
+    shared_queue_warning: ClassVar[str] = (
+        "policy tenant-weighted keeps its virtual time per gateway replica: its weighted tier shares hold "
+        "within one replica only; several replicas sharing this Redis queue do not keep them (a newer "
+        "replica's requests sort ahead of an older one's regardless of tier). Run one replica, or use "
+        "tenant-priority / tenant-aging across replicas"
+    )
+    """Logged by the gateway at startup with a shared (Redis) queue."""
 
     def __init__(
         self,
         *,
-        weights: Mapping[str | int, float] | tuple[float, float, float] = (5.0, 3.0, 2.0),
+        weights: Mapping[str | int, float] | Sequence[float] = (5.0, 3.0, 2.0),
         share: str = "requests",
         estimator: DriftEstimator | None = None,
-        adaptive: bool = True,
-        alpha: float = 0.1,
+        adaptive: bool | None = None,
+        alpha: float | None = None,
+        tenant_scale: Mapping[str, float] | None = None,
+        base_tokens: Mapping[str, float] | None = None,
     ) -> None:
-        super().__init__(estimator=estimator, adaptive=adaptive, alpha=alpha)
-        if isinstance(weights, tuple):
-            if len(weights) != len(Tier):
-                raise ValueError(f"tenant-weighted: need {len(Tier)} weights, got {weights!r}")
-            w = {t: float(x) for t, x in zip(Tier, weights, strict=True)}
-        else:
-            w = {Tier.parse(k): float(v) for k, v in weights.items()}
-            missing = [t.name.lower() for t in Tier if t not in w]
-            if missing:
-                raise ValueError(f"tenant-weighted: weights lack tiers {missing}")
-        for t, x in w.items():
-            check_positive(f"weights[{t.name.lower()}]", x, "tenant-weighted")
+        super().__init__(
+            estimator=estimator, adaptive=adaptive, alpha=alpha, tenant_scale=tenant_scale, base_tokens=base_tokens
+        )
+        self.weights = self._parse_weights(weights)
         if share not in ("requests", "tokens"):
             raise ValueError(f"tenant-weighted: share must be 'requests' or 'tokens', got {share!r}")
-        self.weights = w
         self.share = share
         self.virtual_time = 0.0
         self._last_finish = {t: 0.0 for t in Tier}
+
+    @staticmethod
+    def _parse_weights(weights: object) -> dict[Tier, float]:
+        items: list[tuple[Tier, object]]
+        if isinstance(weights, Mapping):
+            items = []
+            for k, v in weights.items():
+                try:
+                    items.append((Tier.parse(k), v))
+                except ValueError as exc:
+                    raise ValueError(f"tenant-weighted: weights key {k!r}: {exc}") from None
+            missing = [t.name.lower() for t in Tier if t not in {t for t, _ in items}]
+            if missing:
+                raise ValueError(f"tenant-weighted: weights lack tiers {missing}")
+        elif isinstance(weights, Sequence) and not isinstance(weights, (str, bytes)):
+            if len(weights) != len(Tier):
+                raise ValueError(
+                    f"tenant-weighted: weights needs {len(Tier)} values "
+                    f"({', '.join(t.name.lower() for t in Tier)}), got {weights!r}"
+                )
+            items = list(zip(Tier, weights, strict=True))
+        else:
+            raise ValueError(
+                f"tenant-weighted: weights must be a mapping tier -> weight or a sequence of {len(Tier)} weights "
+                f"in tier order, got {weights!r}"
+            )
+        w: dict[Tier, float] = {}
+        for t, x in items:
+            name = f"weights[{t.name.lower()}]"
+            try:
+                if isinstance(x, bool):
+                    raise TypeError("a bool is no weight")
+                value = float(x)  # type: ignore[arg-type]
+            except (TypeError, ValueError, OverflowError):
+                raise ValueError(f"tenant-weighted: {name} must be a number, got {x!r}") from None
+            w[t] = check_positive(name, value, "tenant-weighted")
+        return w
 
     def on_arrival(self, request: Request, now: float) -> None:
         super().on_arrival(request, now)

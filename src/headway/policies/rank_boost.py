@@ -127,6 +127,10 @@ class RankBoostPolicy(ScoredPolicy):
         )
 
     def on_finish(self, request: Request, now: float) -> None:
+        if self.ada is not None and self.ada.observe(now - request.arrival_time):
+            self.gamma = self.ada.gamma
+        if not request.output_tokens_known:  # no size to learn (its latency counted above)
+            return
         b = request.extra.get("rank-boost.bucket")
         if not isinstance(b, int):
             b = self.bucket(self.score_of(request))
@@ -134,8 +138,6 @@ class RankBoostPolicy(ScoredPolicy):
         self._sizes[b].append(size)
         if b != self.num_buckets:
             self._sizes[self.num_buckets].append(size)
-        if self.ada is not None and self.ada.observe(now - request.arrival_time):
-            self.gamma = self.ada.gamma
         self._since += 1
         if self._since >= self.refit_every or self._boosts is None:
             self._since = 0

@@ -242,6 +242,11 @@ MAX_TOKENS_CEILING = 2**31 - 1
 request, and would not fit the 32-bit integers of engines and the Redis queue keys)."""
 
 
+MAX_ABS_PRIORITY = 2**53
+"""Largest ``|priority|`` accepted: every integer up to it is exact as a float (the Redis queue
+encodes keys as doubles, and a larger one overflows or collides)."""
+
+
 def _estimate_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
@@ -302,6 +307,10 @@ def validate_body(body: object, chat: bool) -> _Parsed:
         priority = 0
     if not _is_int(priority):
         raise _BadRequest(f"'priority' must be an integer, got {priority!r}", "priority")
+    if abs(priority) > MAX_ABS_PRIORITY:
+        shown = str(priority) if len(str(priority)) <= 40 else f"an integer of {len(str(abs(priority)))} digits"
+        raise _BadRequest(f"'priority' must be between -{MAX_ABS_PRIORITY} and {MAX_ABS_PRIORITY}, got {shown}",
+                          "priority")  # fmt: skip
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise _BadRequest("'stream_options' must be an object", "stream_options")
@@ -310,6 +319,16 @@ def validate_body(body: object, chat: bool) -> _Parsed:
     if n is not None and (not _is_int(n) or n < 1):
         raise _BadRequest(f"'n' must be a positive integer, got {n!r}", "n")
     return _Parsed(text, ntok, max_tokens, max_tokens_field, stream, priority, wants_usage)
+
+
+def _completion_tokens(content: bytes) -> int | None:
+    """``usage.completion_tokens`` of a non-streamed answer, or None when it has no usable one."""
+    try:
+        n = json.loads(content)["usage"]["completion_tokens"]
+        count = None if isinstance(n, bool) else int(n)
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError):
+        return None
+    return count if count is not None and count >= 0 else None
 
 
 class Gateway:
@@ -405,6 +424,9 @@ class Gateway:
             limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
         )
         if isinstance(self.dispatcher, RedisDispatcher):
+            warning = getattr(self.policy, "shared_queue_warning", None)
+            if isinstance(warning, str) and warning:
+                log.warning("%s (redis_prefix %r)", warning, self.config.redis_prefix)
             await self.dispatcher.start()
         for b in self.backends:
             if b.config.metrics_poll_s > 0:
@@ -825,6 +847,13 @@ class Gateway:
                 except QueueFullError as exc:  # the shared (Redis) queue is full
                     self._abort(req)
                     return self._queue_full(exc)
+                except (ValueError, TypeError, LookupError) as exc:  # the (Redis) queue cannot take its key
+                    log.warning("policy %s: request %s cannot be queued: %s", self.policy.name, req.request_id, exc)
+                    self._abort(req)
+                    return self._reject(
+                        "policy_error",
+                        error_response(500, f"scheduling policy error: {exc}", "server_error", code="policy_error"),
+                    )
                 except Exception as exc:  # queue store unavailable
                     self._abort(req)
                     log.warning("request %s: queue unavailable: %s", req.request_id, exc)
@@ -1009,11 +1038,11 @@ class Gateway:
             self.metrics.rejections.labels(f"backend_{resp.status_code}").inc()
             ctype = resp.headers.get("content-type", "application/json")
             return Response(content, status_code=resp.status_code, media_type=ctype)
-        n = 0
-        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-            n = int(json.loads(content)["usage"]["completion_tokens"])
+        n = _completion_tokens(content)
+        if n is None:  # the backend gave no count: the policy is told it is unknown, not 0
+            req.output_tokens_known = False
         req.first_token_time = req.last_token_time = now
-        self._complete(req, n, now)
+        self._complete(req, n or 0, now)
         return Response(content, media_type="application/json", headers={"X-Request-Id": req.request_id})
 
     def _complete(self, req: Request, completion_tokens: int, now: float) -> None:

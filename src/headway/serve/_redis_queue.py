@@ -89,7 +89,7 @@ from typing import Any
 from headway.core import Policy, PolicyKey, Request, RequestState
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 
-__all__ = ["RedisDispatcher", "RedisUnavailableError", "encode_key"]
+__all__ = ["KeyEncodingError", "RedisDispatcher", "RedisUnavailableError", "encode_key"]
 
 log = logging.getLogger("headway.serve.redis")
 
@@ -336,11 +336,26 @@ return {granted, held_ms}
 )
 
 
+class KeyEncodingError(ValueError):
+    """A policy key that the Redis queue cannot encode (an element that is no finite-or-infinite
+    float: NaN, or an integer too large for a double)."""
+
+
 def encode_key(key: PolicyKey) -> str:
-    """Order-preserving hex encoding of a policy key (16 hex digits per element)."""
+    """Order-preserving hex encoding of a policy key (16 hex digits per element).
+
+    Raises :class:`KeyEncodingError` (a ValueError) for an element that is NaN or does not
+    fit a double."""
     out = []
     for x in key:
-        bits: int = struct.unpack(">Q", struct.pack(">d", float(x)))[0]
+        try:
+            f = float(x)
+        except (OverflowError, TypeError, ValueError) as exc:
+            text = repr(x) if len(repr(x)) <= 40 else f"{repr(x)[:20]}... ({len(repr(x))} characters)"
+            raise KeyEncodingError(f"policy key element {text} cannot be queued in Redis: {exc}") from None
+        if f != f:
+            raise KeyEncodingError("policy key element NaN cannot be queued in Redis (it has no order)")
+        bits: int = struct.unpack(">Q", struct.pack(">d", f))[0]
         bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
         out.append(f"{bits:016x}")
     return "".join(out)
@@ -629,7 +644,15 @@ class RedisDispatcher(Dispatcher):
                 return
             now = self.now()
             excl = ",".join(b.url for b in self.backends if b.index in waiter[1])
-            args = [self.replica, encode_key(self.policy.key(request, now)), request.request_id,
+            try:
+                key = encode_key(self.policy.key(request, now))
+            except Exception as exc:  # fail the request now: unhandled here, it would wait out the TTL
+                log.error("request %s cannot be queued: %s: %s", request.request_id, type(exc).__name__, exc)
+                if not isinstance(exc, ValueError | TypeError | LookupError):
+                    exc = KeyEncodingError(f"policy key failed: {type(exc).__name__}: {exc}")
+                self._fail(request, exc)
+                return
+            args = [self.replica, key, request.request_id,
                     self.max_queue_len, excl, *self._scoring_args(), *self._dispatch_args()]  # fmt: skip
             try:
                 res = self._held(await self._retrying("enqueue", args))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,8 @@ from headway.core import Tier
 from headway.serve._config import GatewayConfig, hash_api_key
 
 __all__ = ["REDIS_APIKEYS_HASH", "Identity", "TenantDirectory"]
+
+log = logging.getLogger("headway.serve")
 
 REDIS_APIKEYS_HASH = "headway:apikeys"
 """Redis hash: field = SHA-256 hex of an API key, value = ``{"tenant": ..., "tier": ...}``."""
@@ -46,6 +49,23 @@ class TenantDirectory:
             return None
         return token.strip()
 
+    @staticmethod
+    def _parse_record(raw: Any, digest: str) -> Identity | None:
+        """The identity in a Redis API-key record, or None (a 401) for a malformed one: the
+        warning names the record by the first 12 hex digits of its key's hash, never the key."""
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise ValueError(f"expected an object, got {type(data).__name__}")
+            tenant = data.get("tenant")
+            if not isinstance(tenant, str) or not tenant:
+                raise ValueError(f"'tenant' must be a non-empty string, got {tenant!r}")
+            return Identity(tenant, Tier.parse(data.get("tier", "standard")))
+        except (ValueError, TypeError, RecursionError) as exc:  # JSONDecodeError and UnicodeError are ValueErrors
+            log.warning("malformed API-key record %s in Redis hash %s (%s): answered 401",
+                        digest[:12], REDIS_APIKEYS_HASH, exc)  # fmt: skip
+            return None
+
     async def resolve(self, authorization: str | None) -> Identity | None:
         """The caller's identity, :data:`ANONYMOUS` with auth off, None if not valid."""
         if not self.enabled:
@@ -62,13 +82,7 @@ class TenantDirectory:
         if hit is not None and hit[0] > now:
             return hit[1]
         raw = await self._redis.hget(REDIS_APIKEYS_HASH, digest)
-        ident = None
-        if raw is not None:
-            try:
-                data = json.loads(raw)
-                ident = Identity(str(data["tenant"]), Tier.parse(data.get("tier", "standard")))
-            except (ValueError, KeyError, TypeError):
-                ident = None
+        ident = None if raw is None else self._parse_record(raw, digest)
         if len(self._cache) > 10_000:
             self._cache.clear()
         self._cache[digest] = (now + self._cache_ttl_s, ident)
