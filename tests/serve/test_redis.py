@@ -323,3 +323,41 @@ def test_encode_key_rejects_what_a_double_cannot_order():
     with pytest.raises(KeyEncodingError, match="NaN"):
         encode_key((1.0, float("nan")))
     assert encode_key((float("-inf"),)) < encode_key((-(2**53),)) < encode_key((2**53,)) < encode_key((float("inf"),))
+
+
+class _FlipOnFinishPolicy(FCFSPolicy):
+    """FCFS until the first request finishes; then last-come-first-served, with ``key_epoch``
+    bumped (as gamma-Ada does when gamma changes): every key it gave before is stale."""
+
+    def __init__(self) -> None:
+        self.lifo = False
+
+    def key(self, request: Request, now: float) -> PolicyKey:
+        return (-request.arrival_time if self.lifo else request.arrival_time,)
+
+    def on_finish(self, request: Request, now: float) -> None:
+        if not self.lifo:
+            self.lifo = True
+            self.key_epoch += 1
+
+
+def test_a_key_epoch_bump_reorders_the_members_already_in_redis(redis_url, make_stub, make_gateway):
+    stub = make_stub(token_delay_s=0.01)
+    prefix = f"t{uuid.uuid4().hex[:6]}:"
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=1)], policy_obj=_FlipOnFinishPolicy(),
+                      redis_url=redis_url, redis_prefix=prefix)  # fmt: skip
+    r = _client(redis_url)
+    threads = []
+    for i, n in enumerate((30, 20, 20, 20)):  # the first runs; the others queue in Redis, FCFS keys
+        body = {"model": "m", "prompt": f"p{i}", "max_tokens": n}
+        t = threading.Thread(target=httpx.post, args=(gw.url + "/v1/completions",),
+                             kwargs={"json": body, "timeout": 30})  # fmt: skip
+        t.start()
+        threads.append(t)
+        wait_until(lambda i=i: stub.stub.stats.running == 1 and r.zcard(prefix + "queue") == i, what="queued")
+    for t in threads:
+        t.join(timeout=30)
+    # p0's finish flipped the order; p1 was granted as p0's slot came free, before the policy learned
+    # anything; p2 and p3 were re-keyed in Redis, so the newest goes first (before: p1 p2 p3)
+    assert stub.stub.stats.order == ["p0", "p1", "p3", "p2"]
+    assert r.zcard(prefix + "queue") == 0

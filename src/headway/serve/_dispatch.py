@@ -291,6 +291,10 @@ class Dispatcher:
 
         self._wakeup_handle = asyncio.get_running_loop().call_later(min(downs) - now_mono + 1e-3, wake)
 
+    def sync_keys(self) -> None:
+        """Called after the policy learned something (a finish): the in-memory queue re-keys
+        itself when the policy bumps ``key_epoch``, so there is nothing to do here."""
+
     def release(self, backend: Backend, request: Request | None = None) -> None:
         """``request``, dispatched to ``backend``, ended (any way): free its slot."""
         if request is not None and self.tracker is not None:

@@ -1056,6 +1056,7 @@ class Gateway:
         req.finish_time = now
         req.transition(RequestState.FINISHED)
         self.policy.on_finish(req, now)
+        self.dispatcher.sync_keys()  # what the policy learned may have changed every queued key
         self.metrics.finished.labels(req.tenant_id, req.tier.name.lower()).inc()
         self._record(req)
 

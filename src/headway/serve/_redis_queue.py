@@ -417,6 +417,7 @@ class RedisDispatcher(Dispatcher):
         }
         self._by_id: dict[str, Request] = {}
         self._members: dict[Request, str] = {}
+        self._key_epoch = policy.key_epoch  # the policy's key_epoch when the members' keys were given
         self._enq_epoch: dict[Request, int] = {}
         self._by_url = {b.url: b for b in backends}
         self._listener: asyncio.Task[None] | None = None
@@ -788,24 +789,36 @@ class RedisDispatcher(Dispatcher):
     def _rekey(self, request: Request) -> None:
         """Key changed (e.g. starvation promotion): re-enter the global queue with the new key."""
         self._timers.pop(request, None)
-        member = self._members.get(request)
-        if request not in self.queue or member is None:
-            return
-
-        async def move() -> None:
-            try:
-                removed = await self._retrying("cancel", [self.replica, member])
-            except Exception as exc:
-                self._log_error("rekey", exc)
-                return
-            if not removed or self._by_id.get(request.request_id) is not request:
-                return
-            self._members.pop(request, None)
-            self.queue.rekey(request, self.now())
-            await self._enqueue(request)
-
-        self._spawn(move())
+        if request in self.queue and request in self._members:
+            self._spawn(self._move(request))
         self._arm_rekey(request)
+
+    def sync_keys(self) -> None:
+        """The policy bumped ``key_epoch`` (gamma-Ada's new gamma, tenant-sjf's new scale): every
+        key it gave is stale, so this replica's queued members re-enter the global queue with
+        their new keys (the in-memory queue re-keys itself; Redis holds the keys as given)."""
+        epoch = self.policy.key_epoch
+        if epoch == self._key_epoch:
+            return
+        self._key_epoch = epoch
+        for request in [r for r in self._members if r in self.queue]:
+            self._spawn(self._move(request))
+
+    async def _move(self, request: Request) -> None:
+        """Take ``request``'s member out of the global queue and enqueue it again with its key now."""
+        member = self._members.get(request)
+        if member is None:
+            return
+        try:
+            removed = await self._retrying("cancel", [self.replica, member])
+        except Exception as exc:
+            self._log_error("rekey", exc)
+            return
+        if not removed or self._by_id.get(request.request_id) is not request or self._members.get(request) != member:
+            return
+        self._members.pop(request, None)
+        self.queue.rekey(request, self.now())
+        await self._enqueue(request)
 
     def fail_all(self, exc: BaseException) -> None:
         for req in list(self._waiters):
