@@ -85,7 +85,15 @@ def test_fcfs_never_reorders_arrivals(wl: Workload, cfg: tuple[SchedulerConfig, 
 
 
 
-FAST_FORWARD_POLICIES = ["fcfs", "sjf-oracle", "srpt-oracle", "uniboost-base", "uniboost-memguard", "uniboost"]
+FAST_FORWARD_POLICIES = [
+    "fcfs", "sjf-oracle", "srpt-oracle", "uniboost-base", "uniboost-memguard", "uniboost", "ltr", "trail",
+]
+# LTR learns its step time from progress reports and reads it at arrival; starving after 20 steps, a
+# 3-step quantum, it promotes (and preempts) within these small workloads
+POLICY_KWARGS: dict[str, dict[str, object]] = {
+    "ltr": {"scorer": "noisy-oracle", "tau": 0.5, "starvation_steps": 20, "quantum_steps": 3},
+    "trail": {"scorer": "noisy-oracle", "tau": 0.5},
+}
 
 
 @given(
@@ -97,13 +105,14 @@ def test_fast_forward_matches_exact_mode(
 ) -> None:
     sched, cache = cfg
     cost = dataclasses.replace(COST, per_arrival=per_arrival)
-    fast = simulate(wl, name, preset=cost, scheduler=sched, cache=cache)
+    kw = POLICY_KWARGS.get(name)
+    fast = simulate(wl, name, policy_kwargs=kw, preset=cost, scheduler=sched, cache=cache)
     exact_cfg = SchedulerConfig(
         max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
         enable_chunked_prefill=sched.enable_chunked_prefill, preemption_mode=sched.preemption_mode,
         max_steps_per_event=1,
     )
-    exact = simulate(wl, name, preset=cost, scheduler=exact_cfg, cache=cache)
+    exact = simulate(wl, name, policy_kwargs=kw, preset=cost, scheduler=exact_cfg, cache=cache)
     assert fast.num_steps == exact.num_steps
     for a, b in zip(fast.requests, exact.requests, strict=True):
         assert (a.state, a.num_output_tokens, a.num_preemptions, a.num_recomputed_tokens) == (

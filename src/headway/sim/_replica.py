@@ -22,6 +22,17 @@ histogram of block-boundary phases, and the stretch's duration is a closed-form 
 (step time is linear in the KV tokens, which grow by the batch size each step). An
 arrival in the middle truncates the stretch to the first step boundary after it.
 ``SchedulerConfig.max_steps_per_event = 1`` turns this off (the exact reference mode).
+
+**Progress reports in a stretch.** Step by step, a preemptive policy with an
+``on_progress`` hook and a non-empty queue has every running request's progress
+reported at each step boundary (the displacement check syncs them): one token per
+decoder, at that step's end time. Such a stretch reports the same calls: before an
+arrival's ``on_arrival`` (or a timer's re-key) in its middle, the steps that have
+ended by then, and the rest when it ends. One report of ``k`` tokens would not do:
+step time grows with the KV tokens, so an estimator of recent step times (LTR's EMA)
+learns a different value from one ``k``-step average than from the ``k`` steps. With
+an empty queue, or for other policies, step-by-step mode reports nothing mid-stretch
+either, and the stretch reports lazily (at its end, a finish, a preemption or a hint).
 """
 
 from __future__ import annotations
@@ -91,6 +102,8 @@ class Replica:
         self._rekey_hook = kind.overrides("rekey_after_tokens")
         self._arrival_hook = kind.overrides("on_arrival")
         self._finish_hook = kind.overrides("on_finish")
+        # stretches report progress step by step when step-by-step mode would (module docstring)
+        self._catch_up_hook = self._progress_hook and policy.preemptive
         # displacement checks are skipped while nothing they read changed (see _start_step);
         # a rekey point bumps _run_version
         self._run_version = 0
@@ -115,6 +128,7 @@ class Replica:
         self.plan_base = 0.0
         self.plan_slope = 0.0
         self.plan_extra = 0.0  # frontend time added to the step in flight by arrivals (per_arrival)
+        self.plan_reported = -1  # steps of the stretch in flight reported (-1: reports are lazy)
         self.unseen: list[Request] = []  # arrived since the last step started (queued_time unset)
         # statistics
         self.num_steps = 0
@@ -147,6 +161,8 @@ class Replica:
         self.truth[req] = true_len
         s = _Seq(req, true_len)
         self.seqs[req] = s
+        if self.plan_reported >= 0:
+            self._catch_up(now)
         if self._arrival_hook:
             self.policy.on_arrival(req, now)
         self.waiting.add(req, now)
@@ -171,6 +187,8 @@ class Replica:
     def _on_timer(self, req: Request) -> None:
         if req in self.waiting:
             now = self.loop.now
+            if self.plan_reported >= 0:
+                self._catch_up(now)
             self.waiting.rekey(req, now)
             self._arm_timer(req)
             self._poke(now)
@@ -195,11 +213,12 @@ class Replica:
         """Duration of the first ``n`` steps of the current plan (closed form)."""
         return n * self.plan_base + self.plan_slope * (n * (n - 1) // 2)
 
-    def _truncate(self, t: float) -> None:
+    def _step_at(self, t: float) -> int:
+        """The plan's step in flight at ``t`` (1-based): the smallest ``m`` with
+        ``start + span(m) >= t``, or the last step when the plan ends by ``t``."""
         start, n = self.plan_start, self.plan_n
         if start + self._span(n) <= t:
-            return
-        # smallest m with start + span(m) >= t
+            return n
         d = t - start
         a, b = self.plan_slope / 2.0, self.plan_base - self.plan_slope / 2.0
         m = math.ceil(d / b) if a == 0.0 else math.ceil((-b + math.sqrt(b * b + 4.0 * a * d)) / (2.0 * a))
@@ -208,6 +227,11 @@ class Replica:
             m -= 1
         while m < n and start + self._span(m) < t:
             m += 1
+        return m
+
+    def _truncate(self, t: float) -> None:
+        start, n = self.plan_start, self.plan_n
+        m = self._step_at(t)
         if m >= n:
             return
         self.free += self._cum_blocks(n) - self._cum_blocks(m)
@@ -227,6 +251,33 @@ class Replica:
             s.join = self.g
             if self._progress_hook:
                 self.policy.on_progress(req, now, delta)
+
+    def _catch_up(self, now: float) -> None:
+        """Before a hook in the middle of a stretch: report the steps that ended before ``now``."""
+        self._report_steps(self._step_at(now) - 1)
+
+    def _report_steps(self, upto: int) -> None:
+        """Report the decoders' progress in steps ``plan_reported + 1 .. upto`` of the stretch in
+        flight as step-by-step mode's displacement checks do: at each step's end time, one token
+        per decoder, in decoder order. Their ``join`` then runs ahead of ``g`` until the stretch
+        ends."""
+        first = self.plan_reported + 1
+        if upto < first:
+            return
+        self.plan_reported = upto
+        policy, start, g = self.policy, self.plan_start, self.g
+        for j in range(first, upto + 1):
+            at = start + self._span(j)
+            target = g + j
+            for s in self.decoders:
+                delta = target - s.join
+                if delta:
+                    req = s.req
+                    req.num_output_tokens += delta
+                    req.num_computed_tokens += delta
+                    req.last_token_time = at
+                    s.join = target
+                    policy.on_progress(req, at, delta)
 
     def _add_decoder(self, s: _Seq) -> None:
         req = s.req
@@ -467,6 +518,8 @@ class Replica:
         self.plan_start = now
         self.plan_n = n
         self.plan_extra = 0.0
+        if self._catch_up_hook and n > 1 and self.waiting:
+            self.plan_reported = 0  # step by step, each boundary reports progress (_report_steps)
         self.version += 1
         self.loop.schedule(now + self._span(n), STEP_END, self._on_step_end, self.version)
 
@@ -510,6 +563,9 @@ class Replica:
             return
         now = self.loop.now
         n = self.plan_n
+        if self.plan_reported >= 0:
+            self._report_steps(n - 1)  # the stretch's last step is reported as step by step below
+            self.plan_reported = -1
         self.g += n
         self.num_steps += n
         self.num_step_events += 1
