@@ -6,6 +6,7 @@ import math
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -51,6 +52,9 @@ def test_bad_settings_are_value_errors() -> None:
         make_router("round-robin", seed=1)
     with pytest.raises(ValueError, match="seed"):
         make_router("random", seed=-1)
+    for bad_seed in (1.0, True, "3", np.int64(-2)):
+        with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+            make_router("random", seed=bad_seed)
     with pytest.raises(ValueError, match="separation"):
         make_router("length-aware", separation=-0.5)
 
@@ -97,6 +101,31 @@ def test_candidates_are_respected(name: str) -> None:
     assert set(picks) <= set(allowed)
     with pytest.raises(ValueError, match="empty candidate"):
         router.choose(make_request("x"), tracker.targets, candidates=[])
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_bad_candidates_are_value_errors_naming_router_and_index(name: str) -> None:
+    # an index out of range looped forever in round-robin and was an IndexError elsewhere
+    for bad, index in (([5], "5"), ([0, 3], "3"), ([-1], "-1"), ([1, 1, 2], "1"), ([2, 0, 2], "2")):
+        router = make_router(name)
+        tracker = LoadTracker(3)
+        with pytest.raises(ValueError, match=f"^{name}: candidate {index} is "):
+            router.route(make_request("x"), tracker, candidates=bad)
+        assert tracker.num_open == 0  # nothing was recorded
+        with pytest.raises(ValueError, match=f"^{name}: candidate {index} is "):
+            router.choose(make_request("x"), tracker.targets, candidates=bad)
+
+
+def test_round_robin_with_every_target_but_one_skips_it() -> None:
+    # [1, 2, 0] is every target; [1, 2] with 3 targets is not: target 0 must never be picked
+    router = make_router("round-robin")
+    targets = LoadTracker(3).targets
+    assert [router.choose(r, targets, candidates=[1, 2]) for r in _reqs(4)] == [1, 2, 1, 2]
+    router.reset()
+    assert [router.choose(r, targets, candidates=[1, 2, 0]) for r in _reqs(4)] == [0, 1, 2, 0]
+    # three candidates with 3 targets are not all of them when one repeats (choose() rejects that first)
+    router.reset()
+    assert {router._choose(r, 0.0, targets, [1, 1, 2], True) for r in _reqs(4)} == {1, 2}
 
 
 def test_least_outstanding_balances_a_uniform_stream() -> None:
@@ -148,6 +177,12 @@ def test_seeded_routers_are_reproducible(name: str) -> None:
 
     assert run(7) == run(7)
     assert run(7) != run(8)
+    numpy_seeded = make_router(name, seed=np.int64(7))  # numpy integers are integers too
+    assert numpy_seeded.seed == 7 and type(numpy_seeded.seed) is int
+    int_seeded = make_router(name, seed=7)
+    targets = LoadTracker(5).targets
+    picks = [numpy_seeded.choose(r, targets) for r in _reqs(20)]
+    assert picks == [int_seeded.choose(r, targets) for r in _reqs(20)]
     router = make_router(name, seed=3)
     first = [router.choose(r, LoadTracker(5).targets) for r in _reqs(20)]
     router.reset()

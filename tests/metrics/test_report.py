@@ -110,9 +110,10 @@ def test_comparison_table_with_baseline(runs: Runs) -> None:
     table = comparison_table(summaries, baseline="fcfs")
     headers = [str(c.header) for c in table.columns]
     assert headers[:3] == ["run", "done", "aborted"]
-    assert {"E2E mean (s)", "E2E p99 (s)", "TTFT mean (s)", "TTFT p99 (s)", "norm mean (ms/tok)",
-            "norm p99 (ms/tok)", "req/s", "out tok/s", "preempt", "SLO att.", "goodput (req/s)",
-            "Jain"} <= set(headers)
+    assert {"E2E mean (s)", "E2E p99 (s)", "TTFT mean (s)", "TTFT p99 (s)", "TPOT mean (ms)", "TPOT p99 (ms)",
+            "norm mean (ms/tok)", "norm p99 (ms/tok)", "req/s", "out tok/s", "preempt", "SLO att.",
+            "goodput (req/s)", "Jain"} <= set(headers)
+    assert "ITL mean (ms)" not in headers  # simulated runs have no chunks, so no ITL column
     assert table.row_count == 3
     text = _render(table)
     assert "fcfs (baseline)" in text
@@ -120,6 +121,37 @@ def test_comparison_table_with_baseline(runs: Runs) -> None:
     # sjf's E2E mean is 0.6 x fcfs's (every latency scaled by 0.6)
     sjf_line = next(line for line in text.splitlines() if "sjf:oracle-v2" in line)
     assert "(0.60×)" in sjf_line and "(1.00×)" in sjf_line  # latency ratio; equal req count
+    # TPOT scales by 0.6 too: its mean is shown in ms with its ratio
+    tpot = summaries["sjf:oracle-v2"].tpot.mean * 1000.0
+    assert f"{tpot:.4g} (0.60×)" in sjf_line
+
+
+def test_comparison_cells_format_large_numbers_and_small_ratios(mk_finished: Callable[..., Request]) -> None:
+    from headway.metrics._summary import ITL_KEY
+    from headway.metrics._table import comparison_cells
+
+    # a fast run (~3.9 million output tokens/s, 1,969 req/s) against one 600,000 times slower
+    fast = summarize([mk_finished(f"r{i}", i * 0.0001, ttft=0.01, e2e=0.02 + i * 1e-5, n_out=2000) for i in range(50)])
+    slow = summarize([mk_finished(f"r{i}", i * 0.0001, ttft=0.01, e2e=12345.678, n_out=2000, preemptions=12345)
+                      for i in range(3)])  # fmt: skip
+    headers, rows = comparison_cells({"fast": fast, "slow": slow}, baseline="fast")
+    cell = dict(zip(headers, rows[0], strict=True))
+    assert cell["out tok/s"] == "3,938,558" and cell["req/s"] == "1,969"  # not 3.939e+06, 1969
+    assert cell["E2E mean (s)"] == "0.02025" and cell["TPOT mean (ms)"] == "0.005125"
+    cell = dict(zip(headers, rows[1], strict=True))
+    assert cell["E2E mean (s)"] == "12,346 (609,814×)"  # not 1.235e+04 (6.098e+05×)
+    assert cell["out tok/s"] == "0.486 (0.00000012×)"  # not (0.00×)
+    assert cell["TPOT p99 (ms)"] == "6,176 (1,177,449×)"
+    assert cell["preempt"] == "37,035"
+    assert all("e+" not in c and "e-" not in c for c in rows[0] + rows[1])
+    # ITL columns follow TPOT once a run measured inter-token gaps (bench serve)
+    reqs = [mk_finished("a", 0.0, ttft=0.1, e2e=0.4, n_out=4), mk_finished("b", 0.0, ttft=0.1, e2e=0.3, n_out=3)]
+    reqs[0].extra[ITL_KEY] = [0.1, 0.1, 0.1]
+    reqs[1].extra[ITL_KEY] = [0.05, 0.15]
+    headers, rows = comparison_cells({"bench": summarize(reqs), "sim": fast})
+    at = headers.index("TPOT p99 (ms)")
+    assert headers[at + 1 : at + 3] == ["ITL mean (ms)", "ITL p99 (ms)"]
+    assert rows[0][at + 1] == "100" and rows[1][at + 1] == "–"
 
 
 def test_comparison_table_without_baseline_or_slo(runs: Runs, mk_finished: Callable[..., Request]) -> None:

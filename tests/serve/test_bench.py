@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+
 import pytest
+from starlette.applications import Starlette
 
 from headway.core import Tier
 from headway.metrics import summarize
@@ -37,6 +40,7 @@ def test_bench_fills_request_times_for_metrics(make_stub, make_gateway):
     assert reqs[3].arrival_time >= 0.05  # arrivals follow the workload's times
     s = summarize(reqs, name="gw")
     assert s.num_completed == 6 and s.e2e.p99 > 0 and s.tpot.count == 5
+    assert s.itl.count > 0 and s.itl.mean > 0  # streamed: the gaps between chunks were seen
     assert {q.tenant_id for q in gw.gateway.finished_requests} == {"acme", "bulk"}
 
 
@@ -53,6 +57,7 @@ def test_bench_without_streaming_takes_the_tokens_from_usage(make_stub, make_gat
         assert reqs[3].finish_time - reqs[3].arrival_time >= 20 * 0.002  # the whole answer was waited for
         s = summarize(reqs, name="x")
         assert s.num_completed == 6 and s.tpot.count == 0  # TPOT n/a, not 0
+        assert s.itl.count == 0  # no chunks, no ITL
 
 
 
@@ -192,4 +197,87 @@ def test_bench_reads_sse_without_the_space_after_data(servers):
     reqs = run_bench_sync(_workload(), BenchConfig(url, model="m", timeout_s=30))
     assert [r.state.name for r in reqs] == ["FINISHED"] * 6
     assert [r.num_output_tokens for r in reqs] == [3, 12, 5, 20, 8, 1]
-    assert all(r.first_token_time < r.finish_time for r in reqs)  # tokens were seen as they came
+    # tokens were seen as they came; the last one ends the request
+    assert all(r.first_token_time < r.finish_time for r in reqs if r.num_output_tokens > 1)
+    assert all(r.first_token_time <= r.last_token_time == r.finish_time for r in reqs)
+
+
+def _sse_app(chunks_for: Callable[[int], list[tuple[float, str]]]) -> Starlette:
+    """A /v1/completions that streams ``chunks_for(max_tokens)``: (seconds to wait, SSE data) pairs."""
+    import asyncio
+
+    from starlette.requests import Request
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+
+    async def completions(request: Request) -> Response:
+        n = (await request.json())["max_tokens"]
+
+        async def events() -> AsyncIterator[bytes]:
+            for wait, data in chunks_for(n):
+                if wait:
+                    await asyncio.sleep(wait)
+                yield f"data: {data}\n\n".encode()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+
+TOKEN = '{"choices":[{"text":"t"}]}'
+
+
+def _usage(n: int) -> str:
+    return '{"choices":[],"usage":{"completion_tokens":' + str(n) + "}}"
+
+
+def test_bench_streamed_e2e_ends_at_the_last_token_and_records_itl(servers):
+    # as vLLM: the usage chunk and [DONE], sent 0.4 s after the last token here, are not part of E2E
+    from headway.metrics._summary import ITL_KEY
+    from headway.serve import serve_in_thread
+
+    def chunks(n: int) -> list[tuple[float, str]]:
+        return [(0.002, TOKEN)] * n + [(0.4, _usage(n)), (0.0, "[DONE]")]
+
+    url = servers.enter_context(serve_in_thread(_sse_app(chunks)))
+    reqs = run_bench_sync(_workload(), BenchConfig(url, model="m", timeout_s=30))
+    assert [r.state.name for r in reqs] == ["FINISHED"] * 6
+    assert [r.num_output_tokens for r in reqs] == [3, 12, 5, 20, 8, 1]
+    for r in reqs:
+        assert r.finish_time == r.last_token_time  # not the stream's close
+        assert r.e2e_latency < 0.4, r.e2e_latency  # the wait before the usage chunk is not counted
+        gaps = r.extra[ITL_KEY]
+        assert len(gaps) == r.num_output_tokens - 1  # one gap between each two content chunks
+        assert sum(gaps) == pytest.approx(r.last_token_time - r.first_token_time)
+        assert min(gaps, default=0.0) >= 0.0
+    s = summarize(reqs, name="x")
+    assert s.itl.count == sum(n - 1 for n in [3, 12, 5, 20, 8, 1])
+    # mean TPOT weighs requests, mean ITL weighs gaps: both come from the same times
+    assert s.itl.mean == pytest.approx(sum(sum(r.extra[ITL_KEY]) for r in reqs) / s.itl.count)
+
+
+def test_bench_aborts_a_stream_without_tokens(servers):
+    # vLLM marks such a response failed ("Never received a valid chunk to calculate TTFT")
+    from headway.serve import serve_in_thread
+
+    def chunks(n: int) -> list[tuple[float, str]]:
+        if n == 3:
+            return [(0.0, "[DONE]")]  # nothing at all
+        if n == 12:
+            return [(0.0, _usage(12)), (0.0, "[DONE]")]  # a usage chunk but no content
+        return [(0.0, TOKEN)] * n + [(0.0, _usage(n)), (0.0, "[DONE]")]
+
+    url = servers.enter_context(serve_in_thread(_sse_app(chunks)))
+    reqs = run_bench_sync(_workload(), BenchConfig(url, model="m", timeout_s=30))
+    assert [r.state.name for r in reqs] == ["ABORTED", "ABORTED", "FINISHED", "FINISHED", "FINISHED", "FINISHED"]
+    assert [r.extra.get("abort_reason") for r in reqs[:2]] == ["no_tokens", "no_tokens"]
+    assert all(r.first_token_time is None for r in reqs[:2])
+    s = summarize(reqs, name="x")
+    assert s.num_completed == 4 and dict(s.aborted_by_reason) == {"no_tokens": 2} and s.ttft.count == 4
+
+
+def test_bench_itl_key_is_the_metrics_one():
+    from headway.metrics._summary import ITL_KEY
+    from headway.serve._bench import _ITL_KEY
+
+    assert _ITL_KEY == ITL_KEY

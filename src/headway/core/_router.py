@@ -38,7 +38,8 @@ fleet every speed is 1.0 and the plain definitions hold.
 
 **Candidates.** ``route``/``choose`` take an optional ``candidates`` list of target
 indices (a gateway passes the backends that are up and have room); the router then
-picks among those only.
+picks among those only. Each must be a target index, listed once (``ValueError``
+otherwise).
 
 **Reproducibility.** Randomized routers draw from ``numpy.random.default_rng(seed)``;
 :meth:`Router.reset` (the simulator calls it at the start of every run) restores the
@@ -50,6 +51,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from numbers import Integral
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
@@ -358,6 +360,21 @@ class Router(ABC):
     def _picked(self, position: int) -> None:
         self._turn += position + 1
 
+    def _check_candidates(self, candidates: Sequence[int], num_targets: int) -> None:
+        """``ValueError`` unless ``candidates`` are distinct target indices (at least one)."""
+        if not candidates:
+            raise ValueError(f"{self.name}: empty candidate list")
+        seen: set[int] = set()
+        for i in candidates:
+            if isinstance(i, bool) or not isinstance(i, Integral) or not 0 <= i < num_targets:
+                raise ValueError(
+                    f"{self.name}: candidate {i!r} is not a target index (there are {num_targets} targets, "
+                    f"0..{num_targets - 1})"
+                )
+            if i in seen:
+                raise ValueError(f"{self.name}: candidate {i!r} is listed more than once in {list(candidates)}")
+            seen.add(i)
+
     def expected_output(self, request: Request, estimate: Estimator | None = None) -> float:
         """Expected output tokens of ``request`` (see the module docs for the order)."""
         fn = self.estimate_fn or estimate
@@ -381,8 +398,8 @@ class Router(ABC):
             raise ValueError(f"{self.name}: no targets to route to")
         if candidates is None:
             candidates = range(len(targets))
-        elif not candidates:
-            raise ValueError(f"{self.name}: empty candidate list")
+        else:
+            self._check_candidates(candidates, len(targets))
         length = self.expected_output(request, estimate) if self.uses_estimate else 0.0
         uniform = all(t.speed == targets[0].speed for t in targets)
         return self._choose(request, length, targets, candidates, uniform)
@@ -414,8 +431,8 @@ class Router(ABC):
                 raise ValueError(f"{self.name}: estimate for request {request.request_id!r} is {length!r}")
         if candidates is None:
             candidates = tracker.indices
-        elif not candidates:
-            raise ValueError(f"{self.name}: empty candidate list")
+        else:
+            self._check_candidates(candidates, len(tracker.targets))
         if self.needs_length_sums and not tracker.length_sums:
             raise ValueError(f"{self.name}: needs a LoadTracker with length_sums=True")
         k = self._choose(request, length, tracker.targets, candidates, tracker.uniform)
@@ -453,9 +470,10 @@ class _SeededRouter(Router):
 
     def __init__(self, *, seed: int = 0, estimate_fn: Estimator | None = None) -> None:
         super().__init__(estimate_fn=estimate_fn)
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        value: object = seed  # any integer type (numpy's too), not bool
+        if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < 0:
             raise ValueError(f"{self.name}: seed must be a non-negative integer, got {seed!r}")
-        self.seed = int(seed)
+        self.seed: int = int(value)
         self.reset()
 
     def reset(self) -> None:
@@ -530,10 +548,15 @@ class RoundRobinRouter(Router):
         n = len(targets)
         if uniform:
             k = self._next % n
-            if len(candidates) != n:
-                allowed = set(candidates)
-                while k not in allowed:
+            every = isinstance(candidates, range) and candidates == range(n)  # no candidates given: O(1)
+            allowed = set() if every else set(candidates)
+            if not every and allowed != set(range(n)):
+                for _ in range(n):  # the next allowed target in turn (choose/route checked that there is one)
+                    if k in allowed:
+                        break
                     k = (k + 1) % n
+                else:
+                    raise ValueError(f"{self.name}: no candidate among the {n} targets: {list(candidates)}")
             self._next = k + 1
             return k
         # smooth weighted round-robin: add each weight, take the max, subtract the total

@@ -75,7 +75,8 @@ def latency_stats(values: Iterable[float]) -> LatencyStats:
     The values are sorted first, so the result does not depend on their order.
     Empty input gives :meth:`LatencyStats.empty`. NaN values are rejected.
     """
-    arr = np.sort(np.asarray(list(values), dtype=np.float64))
+    raw = values if isinstance(values, np.ndarray) else list(values)  # an array (e.g. all ITL gaps) as is
+    arr = np.sort(np.asarray(raw, dtype=np.float64).ravel())
     if arr.size == 0:
         return LatencyStats.empty()
     if np.isnan(arr).any():

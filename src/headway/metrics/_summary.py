@@ -6,11 +6,14 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from headway.core import Request, RequestState
 from headway.metrics._slo import SLO
 from headway.metrics._stats import LatencyStats, _nan_to_none, _none_to_nan, jain_index, latency_stats
 
 __all__ = [
+    "ITL_KEY",
     "REQUEST_COLUMNS",
     "GroupSummary",
     "RunSummary",
@@ -44,6 +47,11 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 )
 
 Cell = str | int | float | bool | None
+
+ITL_KEY = "itl"
+"""``Request.extra`` key of a streamed request's inter-token latencies: the gaps in seconds between
+consecutive content chunks as the client received them (``headway bench serve`` records them; the
+simulator, which has no chunks, does not)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +167,8 @@ _STAT_FIELDS: tuple[str, ...] = ("ttft", "tpot", "e2e", "normalized_latency", "q
 class GroupSummary:
     """Metrics of the requests of one tenant or one tier.
 
-    ``output_throughput`` divides the group's output tokens by the whole run's
-    makespan, so the groups' values add up to the run's.
+    ``output_throughput`` and ``goodput`` divide by the whole run's makespan, so the
+    groups' values add up to the run's.
     """
 
     name: str
@@ -177,6 +185,8 @@ class GroupSummary:
     num_preemptions: int
     num_slo_met: int | None
     slo_attainment: float | None
+    goodput: float | None = None
+    """``num_slo_met / makespan`` of the run (requests/s); ``None`` without an SLO."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -190,10 +200,12 @@ class GroupSummary:
             "num_preemptions": self.num_preemptions,
             "num_slo_met": self.num_slo_met,
             "slo_attainment": self.slo_attainment,
+            "goodput": None if self.goodput is None else _nan_to_none(self.goodput),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> GroupSummary:
+        met = _get_opt_int(data, "num_slo_met")
         return cls(
             name=str(data["name"]),
             num_requests=_get_int(data, "num_requests"),
@@ -207,8 +219,10 @@ class GroupSummary:
             normalized_latency=_get_stats(data, "normalized_latency"),
             queueing_delay=_get_stats(data, "queueing_delay"),
             num_preemptions=_get_int(data, "num_preemptions"),
-            num_slo_met=_get_opt_int(data, "num_slo_met"),
+            num_slo_met=met,
             slo_attainment=_get_opt_float(data, "slo_attainment"),
+            # None without an SLO; NaN (stored as None) for a zero makespan
+            goodput=None if met is None else _none_to_nan(data.get("goodput")),
         )
 
 
@@ -237,7 +251,8 @@ class RunSummary:
     start_time: float
     """First arrival."""
     end_time: float
-    """Last ``finish_time`` of any request (last arrival if none has one)."""
+    """The latest ``finish_time`` or arrival of any request (a request that arrived after the
+    last finish, or never finished, extends the run to its arrival)."""
     makespan: float
     """``end_time - start_time``; the denominator of every rate."""
     total_prompt_tokens: int
@@ -269,6 +284,10 @@ class RunSummary:
     """Jain's index over tenants of ``1 / mean normalized latency`` (see :func:`summarize`)."""
     tenants: Mapping[str, GroupSummary] = field(default_factory=dict)
     tiers: Mapping[str, GroupSummary] = field(default_factory=dict)
+    itl: LatencyStats = field(default_factory=LatencyStats.empty)
+    """Inter-token latency (ITL) as ``vllm bench serve``: over every gap between consecutive
+    content chunks of every completed request that has them (``extra[ITL_KEY]``, recorded by
+    ``headway bench serve`` for streamed requests). Empty (NaN) for the simulator, which has no chunks."""
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-safe nested dict (no NaN: undefined values are ``None``)."""
@@ -297,6 +316,7 @@ class RunSummary:
             "jain_fairness": _nan_to_none(self.jain_fairness),
             "tenants": {k: v.to_dict() for k, v in self.tenants.items()},
             "tiers": {k: v.to_dict() for k, v in self.tiers.items()},
+            "itl": self.itl.to_dict(),
         }
 
     @classmethod
@@ -338,6 +358,8 @@ class RunSummary:
                 k: GroupSummary.from_dict(_get_map(_get_map(data, "tenants"), k)) for k in _get_map(data, "tenants")
             },
             tiers={k: GroupSummary.from_dict(_get_map(_get_map(data, "tiers"), k)) for k in _get_map(data, "tiers")},
+            # files written before ITL was recorded have none
+            itl=_get_stats(data, "itl") if data.get("itl") is not None else LatencyStats.empty(),
         )
 
 
@@ -345,11 +367,39 @@ def _rate(count: float, makespan: float) -> float:
     return count / makespan if makespan > 0.0 else math.nan
 
 
-def _speed(normalized: LatencyStats) -> float:
-    """Tenant's x_i for Jain's index: 1 / mean normalized latency (0 if none completed)."""
-    if normalized.count == 0:
+def _speed(group: GroupSummary) -> float | None:
+    """Tenant's x_i for Jain's index: 1 / mean normalized latency, 0 if it completed no request,
+    ``None`` (left out) when its completed requests give no finite positive mean (only 0-token
+    outputs, or a mean of 0)."""
+    if group.num_completed == 0:
         return 0.0
-    return math.inf if normalized.mean <= 0.0 else 1.0 / normalized.mean
+    mean = group.normalized_latency.mean
+    if group.normalized_latency.count == 0 or not (mean > 0.0 and math.isfinite(mean)):
+        return None
+    speed = 1.0 / mean
+    return speed if math.isfinite(speed) else None
+
+
+def _jain(groups: Iterable[GroupSummary]) -> float:
+    """Jain's index of the tenants' speeds (see :func:`summarize`)."""
+    gs = list(groups)
+    if not any(g.num_completed for g in gs):
+        return math.nan
+    xs = [x for g in gs if (x := _speed(g)) is not None]
+    if len(gs) == 1 or (len(xs) < 2 and all(x > 0.0 for x in xs)):
+        return 1.0
+    top = max(xs)
+    # scaled to the fastest (the index does not change) so that squares of huge speeds do not overflow;
+    # NaN only when every tenant left in starved
+    return jain_index([x / top for x in xs] if top > 0.0 else xs)
+
+
+def _itl_stats(ms: list[_Metrics]) -> LatencyStats:
+    """ITL over all gaps of the completed requests that recorded them."""
+    parts = [np.asarray(g, dtype=np.float64) for m in ms if (g := m.request.extra.get(ITL_KEY)) is not None]
+    if not parts:
+        return LatencyStats.empty()
+    return latency_stats(np.concatenate(parts))
 
 
 def _stats_of(ms: list[_Metrics], attr: str) -> LatencyStats:
@@ -375,6 +425,7 @@ def _group(name: str, ms: list[_Metrics], slo: SLO | None, makespan: float) -> G
         num_preemptions=sum(m.request.num_preemptions for m in ms),
         num_slo_met=met,
         slo_attainment=None if met is None else met / len(ms),
+        goodput=None if met is None else _rate(met, makespan),
     )
 
 
@@ -388,17 +439,24 @@ def summarize(requests: Iterable[Request], *, slo: SLO | str | None = None, name
       (``e2e / num_output_tokens``, the PARS paper's per-token latency) and queueing
       delay, each with mean, min, p50/p90/p95/p99 (linear interpolation) and max.
       TPOT is each request's *mean* inter-token time
-      ``(last_token_time - first_token_time) / (num_output_tokens - 1)``; per-token
-      gaps are not stored, so a per-gap TBT/ITL distribution is not available.
-    * Rates divide by the makespan, first arrival to last finish.
+      ``(last_token_time - first_token_time) / (num_output_tokens - 1)``.
+    * ITL (inter-token latency, as ``vllm bench serve``): the distribution of every gap
+      between consecutive content chunks, over all completed requests that recorded
+      their gaps in ``extra[ITL_KEY]`` (``headway bench serve`` does for streamed
+      requests). The simulator has no chunks: its ITL is empty (NaN), not derived.
+    * Rates divide by the makespan, from the first arrival to the latest finish or
+      arrival (a request arriving after the last finish extends it).
     * ``slo`` (an :class:`SLO` or a ``--goodput`` string such as
       ``"ttft:500 tpot:50 e2el:2000"`` in milliseconds) adds SLO attainment (share of
       *all* requests meeting every target; aborted ones miss) and goodput
       (requests/s meeting every target), per run, tenant and tier.
     * ``jain_fairness`` is Jain's index over tenants of ``x_i = 1 / m_i`` where
       ``m_i`` is tenant ``i``'s mean normalized latency (its token "speed"); a tenant
-      with no completed request gets ``x_i = 0``. With one tenant it is 1.0; it is NaN
-      if no tenant completed a request.
+      with no completed request gets ``x_i = 0``; a tenant whose completed requests
+      give no finite positive ``m_i`` (only 0-token outputs, or a mean of 0) is left
+      out. It is 1.0 with one tenant, and when fewer than two tenants are left in and
+      none of them starved; NaN if no tenant completed a request, or if every tenant
+      left in starved.
 
     The result does not depend on the order of ``requests``. Raises ``ValueError``
     for no requests (a summary of nothing has no makespan) and for a FINISHED request
@@ -411,8 +469,9 @@ def summarize(requests: Iterable[Request], *, slo: SLO | str | None = None, name
     ms = [_measure(r, slo_) for r in reqs]
 
     start = min(r.arrival_time for r in reqs)
-    finishes = [r.finish_time for r in reqs if r.finish_time is not None]
-    end = max(finishes) if finishes else max(r.arrival_time for r in reqs)
+    # the latest finish or arrival: an unfinished request, or one arriving after the last
+    # finish, still belongs to the run
+    end = max(r.arrival_time if r.finish_time is None else max(r.arrival_time, r.finish_time) for r in reqs)
     makespan = max(end - start, 0.0)
 
     done = [m for m in ms if m.completed]
@@ -433,7 +492,6 @@ def summarize(requests: Iterable[Request], *, slo: SLO | str | None = None, name
     tier_order = sorted(by_tier, key=lambda t: (min(m.request.tier for m in by_tier[t]), t))
     tiers = {k: _group(k, by_tier[k], slo_, makespan) for k in tier_order}
 
-    speeds = [_speed(g.normalized_latency) for g in tenants.values()]
     met = sum(1 for m in ms if m.slo_met) if slo_ is not None else None
     return RunSummary(
         name=name,
@@ -461,7 +519,8 @@ def summarize(requests: Iterable[Request], *, slo: SLO | str | None = None, name
         num_slo_met=met,
         slo_attainment=None if met is None else met / len(reqs),
         goodput=None if met is None else _rate(met, makespan),
-        jain_fairness=jain_index(speeds),
+        jain_fairness=_jain(tenants.values()),
         tenants=tenants,
         tiers=tiers,
+        itl=_itl_stats(done),
     )

@@ -24,15 +24,35 @@ class _Column:
 
 
 def _g(v: float) -> str:
+    """4 significant digits below 1,000 (``0.01234``, ``123.5``); from 1,000 on whole numbers with
+    thousands separators (``12,346``), never an exponent."""
+    if math.isinf(v):
+        return "∞" if v > 0 else "-∞"
+    if abs(v) >= 999.95:  # .4g would round these to 1000 or write 1.235e+04
+        return f"{v:,.0f}"
     return f"{v:.4g}"
 
 
 def _ms(v: float) -> str:
-    return f"{v * 1000.0:.4g}"
+    return _g(v * 1000.0)
 
 
 def _int(v: float) -> str:
-    return f"{int(v)}"
+    return f"{int(v):,}"
+
+
+def _ratio(r: float) -> str:
+    """A ratio to the baseline: two decimals from 0.1 to 100 (``0.60``, ``12.35``), whole numbers
+    from 100 on (``1,234``), and two significant digits below 0.1 (``0.050``, ``0.0012``)."""
+    a = abs(r)
+    if a == 0.0 or math.isinf(a):
+        return _g(r)
+    if a >= 99.995:
+        return f"{r:,.0f}"
+    if a >= 0.0995:
+        return f"{r:.2f}"
+    decimals = 1 - math.floor(math.log10(a))  # 0.05 -> 3 (0.050), 0.0012 -> 4 (0.0012)
+    return f"{r:.{decimals}f}"
 
 
 def _pct(v: float) -> str:
@@ -50,12 +70,19 @@ _BASE_COLUMNS: tuple[_Column, ...] = (
     _Column("E2E p99 (s)", lambda s: s.e2e.p99, _g),
     _Column("TTFT mean (s)", lambda s: s.ttft.mean, _g),
     _Column("TTFT p99 (s)", lambda s: s.ttft.p99, _g),
+    _Column("TPOT mean (ms)", lambda s: s.tpot.mean, _ms),
+    _Column("TPOT p99 (ms)", lambda s: s.tpot.p99, _ms),
     _Column("norm mean (ms/tok)", lambda s: s.normalized_latency.mean, _ms),
     _Column("norm p99 (ms/tok)", lambda s: s.normalized_latency.p99, _ms),
     _Column("req/s", lambda s: s.request_throughput, _g),
     _Column("out tok/s", lambda s: s.output_throughput, _g),
     _Column("preempt", lambda s: s.num_preemptions, _int),
 )
+_ITL_COLUMNS: tuple[_Column, ...] = (
+    _Column("ITL mean (ms)", lambda s: s.itl.mean, _ms),
+    _Column("ITL p99 (ms)", lambda s: s.itl.p99, _ms),
+)
+"""After TPOT when any run measured inter-token gaps (``headway bench serve``; not the simulator)."""
 _SLO_COLUMNS: tuple[_Column, ...] = (
     _Column("SLO att.", lambda s: s.slo_attainment, _pct),
     _Column("goodput (req/s)", lambda s: s.goodput, _g),
@@ -94,6 +121,9 @@ def comparison_cells(
     if baseline is not None and baseline not in summaries:
         raise KeyError(f"baseline {baseline!r} is not one of the runs: {sorted(summaries)}")
     columns = list(_BASE_COLUMNS)
+    if any(s.itl.count for s in summaries.values()):
+        at = next(i for i, c in enumerate(columns) if c.header == "TPOT p99 (ms)") + 1
+        columns[at:at] = _ITL_COLUMNS
     if any(s.slo is not None for s in summaries.values()):
         columns.extend(_SLO_COLUMNS)
     columns.append(_JAIN)
@@ -114,7 +144,7 @@ def comparison_cells(
             if base is not None and col.ratio and name != baseline:
                 b = col.get(base)
                 if b is not None and _is_num(b) and b != 0.0:
-                    text += f" ({v / b:.2f}×)"
+                    text += f" ({_ratio(v / b)}×)"
             row.append(text)
         rows.append(row)
     return headers, rows
@@ -128,8 +158,9 @@ def comparison_table(
     compact: bool = False,
 ) -> Table:
     """A ``rich`` table with one row per run: completed/aborted counts, mean and p99
-    of E2E latency, TTFT and normalized latency, request and output-token throughput,
-    preemptions, SLO attainment and goodput (when any run has an SLO) and Jain's index.
+    of E2E latency, TTFT, TPOT, ITL (when any run measured it) and normalized latency,
+    request and output-token throughput, preemptions, SLO attainment and goodput (when
+    any run has an SLO) and Jain's index. Numbers from 1,000 on have thousands separators.
 
     With ``baseline`` (a key of ``summaries``), the other runs' cells also show the
     ratio to the baseline (``0.50×`` = half the baseline's value). ``compact``: the

@@ -6,6 +6,12 @@ generates exactly that many tokens (as ``vllm bench serve`` does). The result is
 of :class:`~headway.core.Request` with the times filled in (seconds since the start of
 the run), so ``headway.metrics.summarize`` reports TTFT, TPOT, E2E and per-token
 latency exactly as for the simulator.
+
+Timing of a streamed request follows ``vllm bench serve``: a *content chunk* is an SSE event
+with choices (the trailing usage-only chunk and ``[DONE]`` are not); TTFT ends at the first,
+E2E at the last; the gaps between consecutive ones are its inter-token latencies (ITL, kept in
+``extra["itl"]``). A stream with no content chunk is aborted (``no_tokens``), as vLLM marks it
+failed.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import contextlib
 import json
 import math
 import time
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -24,6 +31,10 @@ from headway.core import Request, RequestState
 from headway.workload import RequestSpec, Workload
 
 __all__ = ["BenchConfig", "BenchError", "run_bench", "run_bench_sync", "synthetic_prompt"]
+
+_ITL_KEY = "itl"
+"""Where a streamed request keeps its inter-token gaps (``headway.metrics.ITL_KEY``; not imported
+here so that the gateway's import does not pull in the metrics package)."""
 
 _MODELS_TIMEOUT_S = 30.0
 """Longest wait for ``GET /v1/models`` (the default model): an endpoint that does not answer a
@@ -185,6 +196,8 @@ async def _one(
     req.arrival_time = max(0.0, clock() - t0)
     req.transition(RequestState.RUNNING)
     usage: int | None = None
+    last: float | None = None  # time of the latest content chunk
+    gaps = array("d")  # inter-token latencies: the gaps between consecutive content chunks
     if not cfg.stream:
         await _one_unstreamed(client, cfg, path, body, headers, req, t0)
         return
@@ -212,19 +225,25 @@ async def _one(
                         if not obj.get("choices"):
                             continue
                 now = clock() - t0
-                if req.first_token_time is None:
+                if last is None:
                     req.first_token_time = now
-                req.last_token_time = now
+                else:
+                    gaps.append(now - last)
+                req.last_token_time = last = now
                 req.num_output_tokens += 1
     except httpx.HTTPError as exc:
         _abort(req, type(exc).__name__, clock() - t0)
         return
-    _finish(req, clock() - t0, usage)
+    if last is None:  # an answer without a token: no TTFT to measure (vLLM marks it failed)
+        _abort(req, "no_tokens", clock() - t0)
+        return
+    req.extra[_ITL_KEY] = gaps
+    _finish(req, last, usage)  # E2E ends at the last token, not at the stream's close (as vLLM)
 
 
 def _finish(req: Request, now: float, usage: int | None) -> None:
     """A completed request: its output tokens (``usage`` when the server reported it) and times
-    (a request whose tokens were not seen gets its first token at the finish)."""
+    (an unstreamed request, whose tokens were not seen, gets its first token at the finish)."""
     if usage is not None:
         req.num_output_tokens = usage
     req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens
