@@ -254,6 +254,9 @@ def test_bench_streamed_e2e_ends_at_the_last_token_and_records_itl(servers):
     assert s.itl.count == sum(n - 1 for n in [3, 12, 5, 20, 8, 1])
     # mean TPOT weighs requests, mean ITL weighs gaps: both come from the same times
     assert s.itl.mean == pytest.approx(sum(sum(r.extra[ITL_KEY]) for r in reqs) / s.itl.count)
+    from headway.metrics._html import render_html
+
+    assert "ITL, every gap between tokens (s)" in render_html({"x": (s, reqs)})  # the report shows it
 
 
 def test_bench_aborts_a_stream_without_tokens(servers):

@@ -77,6 +77,8 @@ def _stats_row(label: str, st: LatencyStats, scale: float) -> list[str]:
 def _latency_table(s: RunSummary) -> str:
     headers = ["metric", "n", "mean", "min", "p50", "p90", "p95", "p99", "max"]
     rows = [_stats_row(label, getattr(s, key), scale) for key, label, scale in _STAT_ROWS]
+    if s.itl.count:  # measured by bench serve on streams; the simulator has no chunks
+        rows.insert(2, _stats_row("ITL, every gap between tokens (s)", s.itl, 1.0))
     return _table(headers, rows)
 
 
