@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from factories import unit_cost
+from factories import make_workload, unit_cost
 from headway.core import Policy, PolicyKey, Request, RequestState, make_policy
 from headway.policies import FCFSPolicy
-from headway.sim import CacheConfig, SchedulerConfig, SimResult, simulate
+from headway.sim import CacheConfig, EventLoop, SchedulerConfig, SimResult, simulate
+from headway.sim._events import STEP_END
 from headway.workload import Workload
 from strategies import engine_configs, workloads
 
@@ -122,6 +124,51 @@ def test_fast_forward_matches_exact_mode(
             assert (x is None) == (y is None), f
             if x is not None:
                 assert x == pytest.approx(y, rel=1e-9, abs=1e-12), f
+
+
+def test_fast_forward_matches_exact_mode_at_a_rounding_tie() -> None:
+    """Found by the property above (deep profile). A decode stretch ends at 3.14 in closed form and at
+    3.1399999999999997 step by step (19 step times added one by one); two requests arrive at 3.14. Before,
+    they fell inside the step in flight in fast-forward (each lengthening it by per_arrival: r6 finished at
+    3.146) and after its end step by step (r6 at 3.1399999999999997), and the runs went apart from there.
+    An arrival within a rounding tie of a step end now counts as at it, in both modes."""
+    wl = make_workload([
+        (0.01, 1, 1), (0.02, 1, 1), (0.07, 281, 112), (0.12000000000000001, 218, 47), (0.32, 1, 134),
+        (0.52, 62, 43), (0.52, 74, 133), (0.53, 183, 133), (0.54, 94, 17), (0.74, 207, 1), (0.94, 129, 133),
+        (1.94, 1, 1), (2.94, 1, 59), (3.14, 1, 1), (3.14, 1, 1),
+    ])  # fmt: skip
+    cost = dataclasses.replace(COST, per_arrival=3e-3)
+    sched = SchedulerConfig(max_num_batched_tokens=248, max_num_seqs=4, enable_chunked_prefill=True,
+                            preemption_mode="swap")
+    cache = CacheConfig(num_gpu_blocks=27)
+    fast = simulate(wl, "srpt-oracle", preset=cost, scheduler=sched, cache=cache)
+    exact = simulate(wl, "srpt-oracle", preset=cost, scheduler=dataclasses.replace(sched, max_steps_per_event=1),
+                     cache=cache)
+    assert fast.num_steps == exact.num_steps
+    for a, b in zip(fast.requests, exact.requests, strict=True):
+        assert (a.state, a.num_output_tokens, a.num_preemptions, a.num_recomputed_tokens) == (
+            b.state, b.num_output_tokens, b.num_preemptions, b.num_recomputed_tokens)
+        for f in ("queued_time", "first_scheduled_time", "first_token_time", "finish_time"):
+            x, y = getattr(a, f), getattr(b, f)
+            assert (x is None) == (y is None), f
+            if x is not None:
+                assert x == pytest.approx(y, rel=1e-9, abs=1e-12), (a.request_id, f)
+    # both arrivals at 3.14 land in the step ending then, which they lengthen by 2 x 3 ms
+    for res in (fast, exact):
+        assert res.requests[6].finish_time == pytest.approx(3.146, abs=1e-12)
+        assert res.requests[13].queued_time == pytest.approx(3.146, abs=1e-12)
+
+
+def test_an_arrival_a_rounding_tie_after_an_event_goes_first() -> None:
+    """The event loop's side of the rule: an arrival a few ulps after a heap event is simultaneous with it,
+    so it runs first (arrivals win ties), and the event then runs at the arrival's time, never earlier."""
+    loop = EventLoop()
+    seen: list[tuple[str, float]] = []
+    loop.schedule(math.nextafter(3.14, 0.0), STEP_END, lambda _: seen.append(("step", loop.now)))
+    loop.schedule(3.19, STEP_END, lambda _: seen.append(("step", loop.now)))
+    loop.set_arrivals([3.14, 3.2], lambda i: seen.append(("arrival", loop.now)))
+    loop.run()
+    assert seen == [("arrival", 3.14), ("step", 3.14), ("step", 3.19), ("arrival", 3.2)]
 
 
 

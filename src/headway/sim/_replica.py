@@ -21,6 +21,9 @@ stores the global decode-step count at which it joined), block needs come from a
 histogram of block-boundary phases, and the stretch's duration is a closed-form sum
 (step time is linear in the KV tokens, which grow by the batch size each step). An
 arrival in the middle truncates the stretch to the first step boundary after it.
+A boundary within a rounding tie before the arrival (``_events.tie_floor``) counts as at
+it, as the event loop orders an arrival and a step end: step by step, the boundary is a
+sum of step times, in a stretch a closed form, and the two differ by a few ulps.
 ``SchedulerConfig.max_steps_per_event = 1`` turns this off (the exact reference mode).
 
 **Progress reports in a stretch.** Step by step, a preemptive policy with an
@@ -44,7 +47,7 @@ from collections.abc import Callable
 from headway.core import Policy, PolicyQueue, Request, RequestState
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel
-from headway.sim._events import STEP_END, TIMER, EventLoop
+from headway.sim._events import STEP_END, TIMER, EventLoop, tie_floor
 
 __all__ = ["Replica"]
 
@@ -161,21 +164,23 @@ class Replica:
         self.truth[req] = true_len
         s = _Seq(req, true_len)
         self.seqs[req] = s
+        # a step ending at or after tie_floor(now) is still in flight: a rounding tie goes to the
+        # arrival, as in the event loop, whichever way each mode rounded that step's end
         if self.plan_reported >= 0:
-            self._catch_up(now)
+            self._catch_up(tie_floor(now))
         if self._arrival_hook:
             self.policy.on_arrival(req, now)
         self.waiting.add(req, now)
         self._arm_timer(req)
         self.unseen.append(req)
-        self._poke(now)
+        self._poke(now, True)
         if self.plan_n and self.cost.per_arrival:
             # the server's frontend takes the engine's CPU to receive it: the step in flight
             # (the plan was just cut to it) ends later; an idle engine loses nothing
             self.plan_extra += self.cost.per_arrival
             self.version += 1
             end = self.plan_start + self._span(self.plan_n) + self.plan_extra
-            self.loop.schedule(end, STEP_END, self._on_step_end, self.version)
+            self.loop.schedule(end if end > now else now, STEP_END, self._on_step_end, self.version)
 
     def _arm_timer(self, req: Request) -> None:
         if not self._timer_hook:
@@ -193,8 +198,9 @@ class Replica:
             self._arm_timer(req)
             self._poke(now)
 
-    def _poke(self, now: float) -> None:
-        """Something changed the queue: start a step, or cut a decode stretch short."""
+    def _poke(self, now: float, arrival: bool = False) -> None:
+        """Something changed the queue: start a step, or cut a decode stretch short (to the step
+        in flight at ``now``, or for an arrival at its ``tie_floor``)."""
         if not self.busy:
             # start after every event at this instant (simultaneous arrivals share a step)
             self.busy = True
@@ -202,7 +208,7 @@ class Replica:
             self.version += 1
             self.loop.schedule(now, STEP_END, self._on_kick, self.version)
         elif self.plan_n > 1:
-            self._truncate(now)
+            self._truncate(tie_floor(now) if arrival else now)
 
     def _on_kick(self, version: int) -> None:
         if version == self.version:
@@ -237,7 +243,9 @@ class Replica:
         self.free += self._cum_blocks(n) - self._cum_blocks(m)
         self.plan_n = m
         self.version += 1
-        self.loop.schedule(start + self._span(m), STEP_END, self._on_step_end, self.version)
+        end, now = start + self._span(m), self.loop.now
+        # a step that ended within a rounding tie before now ends now (as its stale event would)
+        self.loop.schedule(end if end > now else now, STEP_END, self._on_step_end, self.version)
 
     # -------------------------------------------------------- lazy decode
     def _sync(self, s: _Seq, now: float) -> None:
