@@ -115,15 +115,20 @@ def test_fast_forward_matches_exact_mode(
         max_steps_per_event=1,
     )
     exact = simulate(wl, name, policy_kwargs=kw, preset=cost, scheduler=exact_cfg, cache=cache)
+    assert_same_outcomes(fast, exact)
+
+
+def assert_same_outcomes(fast: SimResult, exact: SimResult) -> None:
+    """Fast-forward and step-by-step runs agree: steps, states, counts, and times to rounding."""
     assert fast.num_steps == exact.num_steps
     for a, b in zip(fast.requests, exact.requests, strict=True):
         assert (a.state, a.num_output_tokens, a.num_preemptions, a.num_recomputed_tokens) == (
             b.state, b.num_output_tokens, b.num_preemptions, b.num_recomputed_tokens)
         for f in ("queued_time", "first_scheduled_time", "first_token_time", "finish_time"):
             x, y = getattr(a, f), getattr(b, f)
-            assert (x is None) == (y is None), f
+            assert (x is None) == (y is None), (a.request_id, f)
             if x is not None:
-                assert x == pytest.approx(y, rel=1e-9, abs=1e-12), f
+                assert x == pytest.approx(y, rel=1e-9, abs=1e-12), (a.request_id, f)
 
 
 def test_fast_forward_matches_exact_mode_at_a_rounding_tie() -> None:
@@ -144,15 +149,7 @@ def test_fast_forward_matches_exact_mode_at_a_rounding_tie() -> None:
     fast = simulate(wl, "srpt-oracle", preset=cost, scheduler=sched, cache=cache)
     exact = simulate(wl, "srpt-oracle", preset=cost, scheduler=dataclasses.replace(sched, max_steps_per_event=1),
                      cache=cache)
-    assert fast.num_steps == exact.num_steps
-    for a, b in zip(fast.requests, exact.requests, strict=True):
-        assert (a.state, a.num_output_tokens, a.num_preemptions, a.num_recomputed_tokens) == (
-            b.state, b.num_output_tokens, b.num_preemptions, b.num_recomputed_tokens)
-        for f in ("queued_time", "first_scheduled_time", "first_token_time", "finish_time"):
-            x, y = getattr(a, f), getattr(b, f)
-            assert (x is None) == (y is None), f
-            if x is not None:
-                assert x == pytest.approx(y, rel=1e-9, abs=1e-12), (a.request_id, f)
+    assert_same_outcomes(fast, exact)
     # both arrivals at 3.14 land in the step ending then, which they lengthen by 2 x 3 ms
     for res in (fast, exact):
         assert res.requests[6].finish_time == pytest.approx(3.146, abs=1e-12)

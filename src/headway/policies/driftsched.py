@@ -306,15 +306,9 @@ class TenantSJFPolicy(_TenantPolicy):
         *,
         rekey_drift: float = 0.05,
         rekey_every: int = 50,
-        estimator: DriftEstimator | None = None,
-        adaptive: bool | None = None,
-        alpha: float | None = None,
-        tenant_scale: Mapping[str, float] | None = None,
-        base_tokens: Mapping[str, float] | None = None,
+        **estimator: Any,
     ) -> None:
-        super().__init__(
-            estimator=estimator, adaptive=adaptive, alpha=alpha, tenant_scale=tenant_scale, base_tokens=base_tokens
-        )
+        super().__init__(**estimator)  # estimator=, or its settings (see _TenantPolicy)
         self.rekey_drift = check_positive("rekey_drift", rekey_drift, "tenant-sjf")
         if isinstance(rekey_every, bool) or not isinstance(rekey_every, int) or rekey_every < 1:
             raise ValueError(f"tenant-sjf: rekey_every must be an int >= 1, got {rekey_every!r}")
@@ -352,15 +346,9 @@ class TenantAgingPolicy(_TenantPolicy):
         self,
         *,
         rate: float = 1.0 / 30.0,
-        estimator: DriftEstimator | None = None,
-        adaptive: bool | None = None,
-        alpha: float | None = None,
-        tenant_scale: Mapping[str, float] | None = None,
-        base_tokens: Mapping[str, float] | None = None,
+        **estimator: Any,
     ) -> None:
-        super().__init__(
-            estimator=estimator, adaptive=adaptive, alpha=alpha, tenant_scale=tenant_scale, base_tokens=base_tokens
-        )
+        super().__init__(**estimator)  # estimator=, or its settings (see _TenantPolicy)
         self.rate = check_positive("rate", rate, "tenant-aging")
 
     def key(self, request: Request, now: float) -> PolicyKey:
@@ -400,15 +388,9 @@ class TenantWeightedPolicy(_TenantPolicy):
         *,
         weights: Mapping[str | int, float] | Sequence[float] = (5.0, 3.0, 2.0),
         share: str = "requests",
-        estimator: DriftEstimator | None = None,
-        adaptive: bool | None = None,
-        alpha: float | None = None,
-        tenant_scale: Mapping[str, float] | None = None,
-        base_tokens: Mapping[str, float] | None = None,
+        **estimator: Any,
     ) -> None:
-        super().__init__(
-            estimator=estimator, adaptive=adaptive, alpha=alpha, tenant_scale=tenant_scale, base_tokens=base_tokens
-        )
+        super().__init__(**estimator)  # estimator=, or its settings (see _TenantPolicy)
         self.weights = self._parse_weights(weights)
         if share not in ("requests", "tokens"):
             raise ValueError(f"tenant-weighted: share must be 'requests' or 'tokens', got {share!r}")
