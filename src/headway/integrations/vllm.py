@@ -1146,7 +1146,7 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     "policy": self.headway.policy.name, "policy_args": self.headway_config.policy_args,
                     "num_gpu_blocks": self.cache_config.num_gpu_blocks, "block_size": self.block_size,
                     "max_num_seqs": self.max_num_running_reqs,
-                    "max_num_batched_tokens": self.max_num_scheduled_tokens,
+                    "max_num_batched_tokens": self._hw_budget0,  # the engine's, before a policy's cap
                     "max_model_len": self.max_model_len,
                     "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
                     "enable_prefix_caching": bool(self.cache_config.enable_prefix_caching),
