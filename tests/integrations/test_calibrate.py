@@ -105,6 +105,7 @@ def test_fit_recovers_constants_and_capacity(tmp_path: Path) -> None:
     assert m.num_gpu_blocks(0.9, 128) == 300
     assert m.num_gpu_blocks(0.9, 16) == 300 * 8
     assert meta["engine"]["num_gpu_blocks"] == 300 and meta["fit"]["r2"] == fit.r2
+    assert "long_prefill_token_threshold" in meta["engine"] and meta["fit"]["note"] == ""
 
 
 def test_the_one_time_cost_of_a_new_token_count_is_fitted_and_left_out(tmp_path: Path) -> None:
@@ -198,7 +199,7 @@ def test_fit_from_client_timings() -> None:
                 t = 0.01 + true_time(p * c, c, p * c)
                 times = [t]
                 for i in range(1, 20):
-                    t += true_time(c, c, c * (p + i + 1))
+                    t += true_time(c, c, c * (p + i))  # vLLM's KV count after output i: p + i
                     times.append(t)
                 res.append(ReplayResult(s.request_id, 0.0, token_times=times, first_token_time=times[0],
                                         finish_time=times[-1], num_output_tokens=20))  # fmt: skip
@@ -206,6 +207,46 @@ def test_fit_from_client_timings() -> None:
     fit, meta = fit_from_client(runs, geo, "client-fit")
     assert meta["source"] == "client" and fit.r2 > 0.9
     assert fit.model.per_seq + fit.model.per_token == pytest.approx(TRUE["per_seq"] + TRUE["per_token"], rel=0.15)
+
+
+def test_fit_from_client_frontend_and_kv_counts() -> None:
+    """Lone prefills and decode groups, noise-free: the decode fit gives all of a sequence's cost
+    to per_token (one token per sequence), so the frontend estimate uses its one-token step; the
+    per-prefill-step cost, indistinguishable from the frontend in client timings, is folded in."""
+    geo = Geometry(8, 2048, 2048, 300, 128)
+    front = 0.010
+    runs = []
+    for p in (16, 64, 256, 512, 1024):  # lone prefill phases (8 output tokens)
+        s = ReplaySpec(f"p{p}", 0.0, p, 8)
+        t = front + true_time(p, 1, p)
+        times = [t]
+        for i in range(1, 8):
+            t += true_time(1, 1, p + i)
+            times.append(t)
+        runs.append(("prefill", [s], [ReplayResult(s.request_id, 0.0, token_times=times, first_token_time=times[0],
+                                                   finish_time=times[-1], num_output_tokens=8)]))  # fmt: skip
+    for c in (1, 2, 4, 8):
+        for p in (64, 512):
+            specs = [ReplaySpec(f"d{c}-{p}-{i}", 0.0, p, 20) for i in range(c)]
+            res = []
+            for s in specs:
+                t = front + true_time(p * c, c, p * c)
+                times = [t]
+                for i in range(1, 20):
+                    t += true_time(c, c, c * (p + i))
+                    times.append(t)
+                res.append(ReplayResult(s.request_id, 0.0, token_times=times, first_token_time=times[0],
+                                        finish_time=times[-1], num_output_tokens=20))  # fmt: skip
+            runs.append(("decode", specs, res))
+    fit, meta = fit_from_client(runs, geo, "client-fit")
+    m = fit.model
+    assert meta["frontend_s"] == pytest.approx(front + TRUE["per_prefill_step"], rel=1e-3)  # was 9.0 ms
+    assert m.per_prefill_step < 1e-5
+    assert m.per_kv_token == pytest.approx(TRUE["per_kv_token"], rel=1e-4)
+    assert m.per_token + m.per_seq == pytest.approx(TRUE["per_token"] + TRUE["per_seq"], rel=1e-4)
+    assert m.per_token == pytest.approx(TRUE["per_token"], rel=1e-3)
+    for p in (16, 64, 1024):  # TTFT = frontend estimate + the fitted prefill step
+        assert meta["frontend_s"] + m.step_time(p, 1, p) == pytest.approx(front + true_time(p, 1, p), rel=1e-3)
 
 
 def test_probe_phases_cover_lengths_and_concurrency() -> None:

