@@ -63,18 +63,39 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     )
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="default", help="built-in name or trace file (see `headway workloads`)")
-    w.add_argument("--num-requests", type=int, default=None, help="requests to generate / read")
-    w.add_argument("--rate", type=float, default=None, help="arrival rate (requests/s)")
-    w.add_argument("--burstiness", type=float, default=None, help="Gamma burstiness factor (1 = Poisson, < 1 burstier)")
+    w.add_argument("--num-requests", type=int, default=None, help="requests to generate / read (at most 100,000,000)")
     w.add_argument(
-        "--output-cv", type=float, default=None, help="resample output lengths with this relative noise (CV)"
+        "--rate",
+        type=float,
+        default=None,
+        help="arrival rate (requests/s): the mean rate of gamma/poisson arrivals (default: a timed trace's own); "
+        "on a replayed trace, its times are scaled by one factor so that the N requests taken arrive at "
+        "(N - 1) / span = RATE; refused with burst arrivals",
+    )
+    w.add_argument(
+        "--burstiness",
+        type=float,
+        default=None,
+        help="Gamma burstiness factor (1 = Poisson, < 1 burstier); alone on a timed trace it switches to gamma "
+        "arrivals at the trace's own rate; refused with --arrivals trace or burst",
+    )
+    w.add_argument(
+        "--output-cv",
+        type=float,
+        default=None,
+        help="resample output lengths with this relative noise (CV; about 0.19 is realistic), capped at the "
+        "workload's known output cap (the synthetic workloads: 1000), else at 4096",
     )
     w.add_argument(
         "--arrivals",
-        choices=["trace", "poisson", "gamma", "burst"],
+        choices=["trace", "poisson", "gamma", "gamma-vllm", "burst"],
         default=None,
-        help="arrival process (default: a timed trace's own times; else gamma when --rate or --burstiness "
-        "is given, burstiness 1 = Poisson; else a burst at t = 0; the synthetic default is gamma)",
+        help="arrival process. Default: gamma when --burstiness is given (on a timed trace at the trace's own "
+        "rate unless --rate); else, on a timed trace, its recorded times (scaled when --rate is given); else gamma "
+        "when --rate is given (burstiness 1 = Poisson); else a burst at t = 0. The synthetic default is gamma "
+        "(6 req/s, burstiness 0.5). Gamma and Poisson put the first request at t = 0 and meet the rate on average "
+        "(not rescaled as in vllm bench serve); gamma-vllm places them as vllm bench serve does (one gap in, "
+        "the times rescaled so the last is exactly N/rate)",
     )
     w.add_argument("--model", default=None, help="alpaca_eval: the model whose outputs give the lengths")
     w.add_argument("--format", default=None, help="file format when it cannot be told from the content")

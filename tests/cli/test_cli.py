@@ -196,3 +196,26 @@ def test_presets_lists_the_good_saved_presets_and_warns_about_bad_files(
     out, err = capsys.readouterr()
     assert "mine " in out and "llama3-8b-a100" in out and "broken" not in out
     assert f"headway: warning: skipped {tmp_path / 'broken.json'}: not a headway cost model" in err
+
+
+def test_workload_values_out_of_range_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, message in [
+        (["--num-requests", "10000000000"], "num_requests must be at most 100,000,000, got 10000000000"),
+        (["--num-requests", "10", "--rate", "1e-300"], "10 arrivals at rate 1e-300 requests/s span"),
+        (["--workload", "burst", "--rate", "5"], "got rate=5.0 (--rate)"),
+        (["--arrivals", "burst", "--burstiness", "0.5"], "got burstiness=0.5 (--burstiness)"),
+    ]:
+        assert main(["simulate", "--policies", "fcfs", "--no-report", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("headway: error: ") and message in err, argv
+        assert err.count("\n") == 1 and "Traceback" not in err, argv
+
+
+def test_arrivals_placed_as_vllm_bench_serve_does(capsys: pytest.CaptureFixture[str]) -> None:
+    # vLLM's placement: the first request one gap in, the last at exactly N / rate (here 40 s)
+    assert main(["simulate", "--policies", "fcfs", "--num-requests", "200", "--arrivals", "gamma-vllm",
+                 "--rate", "5", "--no-report"]) == 0
+    from headway.workload import load_workload
+
+    times = [r.arrival_time for r in load_workload("default", num_requests=200, rate=5.0, arrivals="gamma-vllm")]
+    assert times[0] > 0 and times[-1] == pytest.approx(40.0, rel=1e-12)

@@ -215,3 +215,77 @@ def test_every_built_in_workload_is_described() -> None:
     assert "AzureLLMInferenceTrace_conv.csv" in workload_description("azure-conv")
     with pytest.raises(UnknownWorkloadError, match="valid names: alpaca-eval"):
         workload_description("nope")
+
+
+@pytest.mark.parametrize(
+    ("source", "options", "fragments"),
+    [
+        ("burst", {"rate": 5.0}, ("ignore rate", "rate=5.0 (--rate)", "use workload 'default'")),
+        ("burst", {"burstiness": 0.5}, ("ignore burstiness", "burstiness=0.5 (--burstiness)")),
+        ("default", {"arrivals": "burst", "rate": 5.0}, ("ignore rate", "rate=5.0")),
+        ("default", {"arrivals": "burst", "burstiness": 2.0}, ("ignore burstiness", "burstiness=2.0")),
+        ("timed", {"arrivals": "trace", "burstiness": 0.5}, ("ignores burstiness", "burstiness=0.5")),
+        ("timed", {"arrivals": "trace", "rate": 2.0, "burstiness": 0.5}, ("ignores burstiness",)),
+        ("timed", {"arrivals": "burst", "rate": 2.0}, ("ignore rate", "rate=2.0")),
+        ("untimed", {"arrivals": "burst", "rate": 5.0}, ("ignore rate", "rate=5.0")),
+    ],
+)
+def test_options_the_arrivals_would_ignore_are_refused(
+    write_text: TextWriter, tmp_path: Path, source: str, options: dict[str, object], fragments: tuple[str, ...]
+) -> None:
+    if source == "timed":
+        source = str(azure_file(write_text, tmp_path))
+    elif source == "untimed":
+        source = str(sharegpt_file(write_text, tmp_path))
+    with pytest.raises(ValueError) as info:
+        load_workload(source, num_requests=10, **options)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_rate_on_a_replayed_trace_is_n_minus_one_over_the_span_of_the_n_taken(
+    write_text: TextWriter, tmp_path: Path
+) -> None:
+    path = str(azure_file(write_text, tmp_path, n=120))
+    plain = load_workload(path, num_requests=10)
+    scaled = load_workload(path, num_requests=10, rate=4.0)
+    assert (len(scaled) - 1) / scaled.duration == pytest.approx(4.0)
+    factor = scaled.duration / plain.duration  # one uniform time scale
+    assert [s.arrival_time for s in scaled] == pytest.approx([s.arrival_time * factor for s in plain])
+
+
+def test_gamma_vllm_arrivals_place_the_last_request_at_n_over_rate(write_text: TextWriter, tmp_path: Path) -> None:
+    w = load_workload("default", num_requests=300, arrivals="gamma-vllm", seed=2)
+    assert w.requests[-1].arrival_time == pytest.approx(300 / 6.0, rel=1e-12) and w.requests[0].arrival_time > 0.0
+    assert w.meta["arrivals"] == "GammaArrivals(rate=6.0, burstiness=0.5, start=0.0, vllm_placement=True)"
+    plain = load_workload("default", num_requests=300, seed=2)
+    lengths = sorted((s.request_id, s.num_output_tokens) for s in w)
+    assert lengths == sorted((s.request_id, s.num_output_tokens) for s in plain)  # same streams, new times
+    trace = load_workload(str(azure_file(write_text, tmp_path, n=40)), arrivals="gamma-vllm", burstiness=0.5)
+    assert trace.requests[-1].arrival_time == pytest.approx(40 / 1.0)  # the trace's own rate, 1 req/s
+
+
+def test_too_many_requests_and_too_long_spans_are_refused_naming_the_value(
+    write_text: TextWriter, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="num_requests must be at most 100,000,000, got 100000001"):
+        load_workload("default", num_requests=10**8 + 1)
+    with pytest.raises(ValueError, match="got 10000000000"):
+        load_workload("default", num_requests=10**10)
+    with pytest.raises(ValueError, match="10 arrivals at rate 1e-300 requests/s span"):
+        load_workload("default", num_requests=10, rate=1e-300)
+    with pytest.raises(ValueError, match="rate 1e-300"):
+        load_workload(str(sharegpt_file(write_text, tmp_path)), num_requests=10, rate=1e-300, arrivals="poisson")
+    with pytest.raises(ValueError, match="40 replayed arrivals at rate 1e-300"):
+        load_workload(str(azure_file(write_text, tmp_path)), rate=1e-300)
+
+
+def test_numpy_numbers_are_options_and_bools_are_not() -> None:
+    plain = load_workload("default", num_requests=20, rate=4.0, burstiness=2.0, output_cv=0.3)
+    numpy = load_workload(
+        "default", num_requests=np.int64(20), rate=np.float32(4.0), burstiness=np.int64(2), output_cv=np.float64(0.3)
+    )
+    assert numpy == plain
+    for what in ("rate", "burstiness", "output_cv", "num_requests"):
+        with pytest.raises(ValueError, match=f"{what} must be a .* got True"):
+            load_workload("default", **{what: True})

@@ -264,7 +264,7 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--num-requests", type=int, default=None)
     p.add_argument("--rate", type=float, default=None)
     p.add_argument("--burstiness", type=float, default=None)
-    p.add_argument("--arrivals", default=None, choices=["trace", "gamma", "poisson", "burst"])
+    p.add_argument("--arrivals", default=None, choices=["trace", "gamma", "gamma-vllm", "poisson", "burst"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tenants", default=None, help="tenant mix for load_workload ('default' or 'none')")
     p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")

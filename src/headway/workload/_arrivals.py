@@ -2,10 +2,24 @@
 
 Every process returns a ``float64`` array of ``n`` non-decreasing arrival times in
 seconds. Random processes draw from ``numpy.random.default_rng(seed)``, so the same seed
-gives the same array bit for bit. The first request arrives at ``start`` and request
-``i`` at ``start + gap_0 + ... + gap_{i-1}``; only ``n - 1`` gaps are drawn, so the
-first ``k`` times of an ``n``-request sample equal a ``k``-request sample with the same
-seed (prefix-stable).
+gives the same array bit for bit.
+
+Poisson and Gamma arrivals are renewal processes, placed as follows by default: the
+first request arrives at ``start`` and request ``i`` at ``start + gap_0 + ... +
+gap_{i-1}``, with only the ``n - 1`` gaps between requests drawn. The rate is met on
+average (the mean gap is ``1 / rate``), not exactly: the times are not rescaled, so a
+sample's realised rate ``(n - 1) / span`` moves with the seed (on the default workload,
+2,000 Gamma arrivals at 6 req/s with burstiness 0.5, seeds 0-4 give 5.87-6.21 req/s).
+In exchange samples are prefix-stable: the first ``k`` times of an ``n``-request sample
+equal a ``k``-request sample with the same seed.
+
+``vllm bench serve`` (0.32, ``get_request``) draws the same gap distribution but places
+it differently: it draws ``n`` gaps, so its first request comes one gap after the start,
+then rescales every time so that the last arrival is exactly ``n / rate`` (its comment:
+this removes a 1-2 % rate error between seeds), i.e. ``t = cumsum(g) * (n / rate) /
+sum(g)``. ``GammaArrivals(..., vllm_placement=True)`` (``arrivals="gamma-vllm"`` in
+:func:`~headway.workload.load_workload`) reproduces that placement; its samples are not
+prefix-stable.
 
 - :class:`PoissonArrivals`: exponential gaps with mean ``1 / rate``.
 - :class:`GammaArrivals`: Gamma gaps with ``shape = burstiness`` and
@@ -17,11 +31,17 @@ seed (prefix-stable).
 - :class:`BurstArrivals`: all requests at one instant (PARS uses a burst of 2,000).
 - :class:`TraceArrivals`: replay recorded timestamps, optionally time-scaled to a
   target mean rate.
+
+Generated and time-scaled arrivals may span at most ``MAX_TRACE_SPAN_S`` (about ten
+years, the limit the trace readers apply); a longer span (a rate such as ``1e-300``)
+raises ``ValueError`` naming the rate. Rates, times and burstiness accept any real
+number (``int``, ``float``, numpy scalars) but not ``bool``.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
@@ -64,14 +84,35 @@ def _check_n(n: int) -> None:
         raise ValueError(f"number of arrivals must be a non-negative integer, got {n!r}")
 
 
+def _is_real(x: object) -> bool:
+    """A finite real number (``int``, ``float``, numpy scalar, ...) that is not a ``bool``."""
+    if not isinstance(x, numbers.Real) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 def _check_rate(rate: float, what: str = "rate") -> None:
-    if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0.0):
+    if not (_is_real(rate) and rate > 0.0):
         raise ValueError(f"{what} must be a positive finite number of requests/s, got {rate!r}")
 
 
 def _check_time(t: float, what: str) -> None:
-    if not (isinstance(t, int | float) and math.isfinite(t) and t >= 0.0):
+    if not (_is_real(t) and t >= 0.0):
         raise ValueError(f"{what} must be a finite time >= 0 s, got {t!r}")
+
+
+def _check_span(span: float, n: int, rate: float, what: str = "arrivals") -> None:
+    """Refuse ``n`` generated arrivals at ``rate`` spanning more than ``MAX_TRACE_SPAN_S``."""
+    from headway.workload._readers import MAX_TRACE_SPAN_S  # _readers imports this module
+
+    if not span <= MAX_TRACE_SPAN_S:  # also NaN / inf
+        raise ValueError(
+            f"{n} {what} at rate {rate!r} requests/s span {span:.3g} s, more than "
+            f"{MAX_TRACE_SPAN_S / 86_400:,.0f} days (about ten years): the rate is too low"
+        )
 
 
 def _renewal(start: float, gaps: FloatArray) -> FloatArray:
@@ -80,6 +121,25 @@ def _renewal(start: float, gaps: FloatArray) -> FloatArray:
     np.cumsum(gaps, out=out[1:])
     out += start
     return out
+
+
+def _checked_renewal(start: float, gaps: FloatArray, rate: float) -> FloatArray:
+    out = _renewal(start, gaps)
+    _check_span(float(out[-1]) - float(start), out.size, rate)
+    return out
+
+
+def _vllm_placement(start: float, gaps: FloatArray, rate: float) -> FloatArray:
+    """``vllm bench serve``'s times for ``n`` drawn gaps: ``cumsum(gaps) * (n / rate) / sum(gaps)``.
+
+    The first request comes one (scaled) gap after ``start`` and the last exactly
+    ``n / rate`` after it. As in vLLM, times whose gaps sum to 0 are left unscaled.
+    """
+    delays: FloatArray = np.cumsum(gaps)
+    if delays.size and delays[-1] != 0.0:
+        target = delays.size / float(rate)
+        delays = delays * (target / float(delays[-1]))
+    return delays + start
 
 
 @runtime_checkable
@@ -107,36 +167,59 @@ class PoissonArrivals:
         _check_n(n)
         if n == 0:
             return np.empty(0, dtype=np.float64)
-        gaps = make_rng(seed).exponential(1.0 / self.rate, size=n - 1)
-        return _renewal(self.start, gaps)
+        gaps = make_rng(seed).exponential(1.0 / float(self.rate), size=n - 1)
+        return _checked_renewal(self.start, gaps, self.rate)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class GammaArrivals:
     """Gamma renewal arrivals as ``vllm bench serve --burstiness``.
 
     Gaps are ``Gamma(shape=burstiness, scale=1 / (rate * burstiness))``: mean
     ``1 / rate``, coefficient of variation ``1 / sqrt(burstiness)``.
+
+    By default the first request arrives at ``start`` and ``n - 1`` gaps follow, not
+    rescaled: the rate is met on average, and samples are prefix-stable (see the module
+    documentation). ``vllm_placement=True`` places them as ``vllm bench serve`` does:
+    ``n`` gaps ``g`` drawn from the same generator, times ``start + cumsum(g) * (n /
+    rate) / sum(g)``, so the first request comes after one gap and the last exactly
+    ``n / rate`` after ``start`` (the realised rate ``n / span`` is exact for every
+    seed); such samples are not prefix-stable.
     """
 
     rate: float
     burstiness: float = 1.0
     start: float = 0.0
+    vllm_placement: bool = False
 
     def __post_init__(self) -> None:
         _check_rate(self.rate)
-        if not (isinstance(self.burstiness, int | float) and math.isfinite(self.burstiness) and self.burstiness > 0.0):
-            raise ValueError(f"burstiness must be a positive finite number, got {self.burstiness!r}")
+        b = self.burstiness
+        if not (_is_real(b) and b > 0.0):
+            raise ValueError(f"burstiness must be a positive finite number, got {b!r}")
         _check_time(self.start, "start")
+        if not isinstance(self.vllm_placement, bool):
+            raise ValueError(f"vllm_placement must be True or False, got {self.vllm_placement!r}")
+
+    def __repr__(self) -> str:
+        placement = ", vllm_placement=True" if self.vllm_placement else ""
+        return f"GammaArrivals(rate={self.rate!r}, burstiness={self.burstiness!r}, start={self.start!r}{placement})"
 
     def sample(self, n: int, seed: Seed = 0) -> FloatArray:
-        """``n`` arrival times, the first at ``start``."""
+        """``n`` arrival times: the first at ``start`` (``vllm_placement``: the last at ``start + n / rate``)."""
         _check_n(n)
         if n == 0:
             return np.empty(0, dtype=np.float64)
-        scale = 1.0 / (self.rate * self.burstiness)
-        gaps = make_rng(seed).gamma(shape=self.burstiness, scale=scale, size=n - 1)
-        return _renewal(self.start, gaps)
+        b = float(self.burstiness)
+        inv_scale = float(self.rate) * b
+        if inv_scale == 0.0:  # underflow
+            raise ValueError(f"rate * burstiness ({self.rate!r} * {self.burstiness!r}) is too small to draw gaps")
+        scale = 1.0 / inv_scale
+        if self.vllm_placement:
+            _check_span(n / float(self.rate), n, self.rate)
+            return _vllm_placement(self.start, make_rng(seed).gamma(shape=b, scale=scale, size=n), self.rate)
+        gaps = make_rng(seed).gamma(shape=b, scale=scale, size=n - 1)
+        return _checked_renewal(self.start, gaps, self.rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +252,7 @@ class TraceArrivals:
 
     def __post_init__(self) -> None:
         for i, t in enumerate(self.timestamps):
-            if not (isinstance(t, int | float | np.floating | np.integer) and math.isfinite(t)):
+            if not _is_real(t):
                 raise ValueError(f"trace timestamp #{i} must be a finite number, got {t!r}")
         if self.target_rate is not None:
             _check_rate(self.target_rate, "target_rate")
@@ -190,9 +273,21 @@ def poisson_arrivals(n: int, rate: float, seed: Seed = 0, *, start: float = 0.0)
     return PoissonArrivals(rate, start).sample(n, seed)
 
 
-def gamma_arrivals(n: int, rate: float, burstiness: float = 1.0, seed: Seed = 0, *, start: float = 0.0) -> FloatArray:
-    """``n`` Gamma arrival times as ``vllm bench serve --request-rate rate --burstiness b``."""
-    return GammaArrivals(rate, burstiness, start).sample(n, seed)
+def gamma_arrivals(
+    n: int,
+    rate: float,
+    burstiness: float = 1.0,
+    seed: Seed = 0,
+    *,
+    start: float = 0.0,
+    vllm_placement: bool = False,
+) -> FloatArray:
+    """``n`` Gamma arrival times as ``vllm bench serve --request-rate rate --burstiness b``.
+
+    The gap distribution is vLLM's; the placement is headway's (first at ``start``, not
+    rescaled) unless ``vllm_placement`` (see :class:`GammaArrivals`).
+    """
+    return GammaArrivals(rate, burstiness, start, vllm_placement).sample(n, seed)
 
 
 def burst_arrivals(n: int, at: float = 0.0) -> FloatArray:
@@ -203,8 +298,12 @@ def burst_arrivals(n: int, at: float = 0.0) -> FloatArray:
 def replay_arrivals(timestamps: Sequence[float] | FloatArray, target_rate: float | None = None) -> FloatArray:
     """Recorded timestamps shifted to start at 0, optionally scaled to ``target_rate`` req/s.
 
-    Raises ``ValueError`` naming the first non-finite timestamp, and when a trace whose
-    timestamps are all equal (no rate) is asked for a ``target_rate``.
+    With ``target_rate`` every time is multiplied by ``observed / target_rate``, where
+    ``observed = (n - 1) / (max - min)``: the replay's rate over its whole span is then
+    ``target_rate`` exactly, and the gaps keep their proportions. Raises ``ValueError``
+    naming the first non-finite timestamp, when a trace whose timestamps are all equal
+    (no rate) is asked for a ``target_rate``, and when the scaled replay would span more
+    than ``MAX_TRACE_SPAN_S``.
     """
     times = np.asarray(timestamps, dtype=np.float64).reshape(-1)
     bad = np.flatnonzero(~np.isfinite(times))
@@ -222,5 +321,6 @@ def replay_arrivals(timestamps: Sequence[float] | FloatArray, target_rate: float
                 f"cannot time-scale a trace of {times.size} simultaneous arrivals to {target_rate} requests/s"
             )
         observed = (times.size - 1) / span
-        out = out * float(observed / target_rate)
+        out = out * (observed / float(target_rate))
+        _check_span(float(out.max()), times.size, target_rate, "replayed arrivals")
     return out

@@ -6,7 +6,8 @@ and hard-coded; the trace itself is not needed at run time.
 
 Output lengths
     A three-component lognormal mixture clipped to ``[1, 1000]`` (the trace's maximum is
-    1000 tokens, a client cap). The trace's outputs are bimodal: ~70% short answers
+    1000 tokens, a client cap; the workload records it as ``meta["output_length_cap"]``,
+    so ``output_cv`` resampling stays within it too). The trace's outputs are bimodal: ~70% short answers
     around 100 tokens and a sharp mode at ~400-430 tokens with a tail to ~700, which a
     single lognormal cannot reproduce (it puts p90 at ~450 and p99 at ~540). Fitted by
     Nelder-Mead on log-quantiles p5..p99 plus the mean:
@@ -32,7 +33,10 @@ Prompt lengths
 Arrivals
     Gamma renewal arrivals (``vllm bench serve --burstiness``) at :data:`DEFAULT_RATE`
     = 6 requests/s with :data:`DEFAULT_BURSTINESS` = 0.5 (inter-arrival CV 1.41; the
-    trace's own inter-arrival CV is 1.09, i.e. burstiness 0.84). A mean request is
+    trace's own inter-arrival CV is 1.09, i.e. burstiness 0.84). The first request
+    arrives at t = 0 and the times are not rescaled (see :mod:`headway.workload._arrivals`),
+    so the realised rate of 2,000 requests moves with the seed: 5.87-6.21 requests/s for
+    seeds 0-4. A mean request is
     1,155 + 211 = 1,366 tokens; on the ``llama3-8b-a100`` preset (~0.103 ms of compute
     per token, 12.5 ms per step) the rate is chosen where scheduling matters: measured
     with the simulator on 2,000 requests, at 4-5 requests/s every request is admitted
@@ -51,6 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from headway.workload._arrivals import ArrivalProcess, FloatArray, GammaArrivals, Seed, make_rng
+from headway.workload._resample import OUTPUT_LENGTH_CAP_META
 from headway.workload._spec import RequestSpec, Workload
 from headway.workload._tenants import DEFAULT_TENANT_MIX, TenantMix, assign_tenants
 
@@ -75,7 +80,8 @@ DEFAULT_BURSTINESS = 0.5
 """Gamma shape of the inter-arrival gaps (CV = 1/sqrt(0.5) = 1.41)."""
 
 OUTPUT_LENGTH_CAP = 1000
-"""Largest output length in Azure conv 2023 (a client-side cap)."""
+"""Largest output length in Azure conv 2023 (a client-side cap); recorded as the workload's
+``meta["output_length_cap"]``, which caps resampled lengths (``output_cv``)."""
 
 OUTPUT_MIXTURE: tuple[tuple[float, float, float], ...] = (
     # (weight, mu, sigma) of log(tokens); fitted to Azure conv 2023 (see module doc)
@@ -159,6 +165,7 @@ def default_workload(
         "seed": seed,
         "arrivals": repr(process),
         "lengths": "azure-conv-2023 (synthetic)",
+        OUTPUT_LENGTH_CAP_META: OUTPUT_LENGTH_CAP,
     }
     workload = Workload.from_specs(name, specs, meta)
     if tenants is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ __all__ = [
     "ARRIVAL_KINDS",
     "DATA_DIR_ENV",
     "DEFAULT_ALPACA_MODEL",
+    "MAX_NUM_REQUESTS",
     "LoadOptions",
     "available_formats",
     "available_workloads",
@@ -51,23 +53,44 @@ DATA_DIR_ENV = "HEADWAY_DATA_DIR"
 """Environment variable naming the shared data folder (the one holding ``azure_llm_2023/``...)."""
 
 DEFAULT_ALPACA_MODEL = "Meta-Llama-3-8B-Instruct"
-ARRIVAL_KINDS = ("trace", "gamma", "poisson", "burst")
+ARRIVAL_KINDS = ("trace", "gamma", "poisson", "burst", "gamma-vllm")
+MAX_NUM_REQUESTS = 10**8
+"""Largest ``num_requests`` :func:`load_workload` accepts (more would not fit in memory)."""
+
+
+def _real(x: object) -> bool:
+    """A finite real number (``int``, ``float``, numpy scalar, ...) that is not a ``bool``."""
+    if not isinstance(x, numbers.Real) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 @dataclass(frozen=True, slots=True)
 class LoadOptions:
     """Options of :func:`load_workload`; every field is optional.
 
-    - ``num_requests``: how many requests (synthetic: generated, default 2,000; timed
-      traces: the first N by arrival; timeless datasets: a seeded random sample, with
-      replacement when N exceeds the dataset).
-    - ``arrivals``: ``"trace"`` (replay recorded times), ``"gamma"``, ``"poisson"`` or
-      ``"burst"`` (all at t = 0). Default: ``"gamma"`` when ``burstiness`` is given,
-      else ``"trace"`` for timed sources, else ``"gamma"`` when ``rate`` is given, else
-      ``"burst"``. The synthetic ``default`` uses Gamma(6 req/s, burstiness 0.5).
-    - ``rate``: requests/s; for ``"trace"`` the replay is time-scaled to this mean rate;
-      for ``"gamma"``/``"poisson"`` on a timed trace it defaults to the trace's rate.
-    - ``burstiness``: Gamma shape (``vllm bench serve --burstiness``; default 1).
+    - ``num_requests``: how many requests, at most :data:`MAX_NUM_REQUESTS` (synthetic:
+      generated, default 2,000; timed traces: the first N by arrival; timeless datasets:
+      a seeded random sample, with replacement when N exceeds the dataset).
+    - ``arrivals``: ``"trace"`` (replay recorded times), ``"gamma"``, ``"poisson"``,
+      ``"burst"`` (all at t = 0) or ``"gamma-vllm"`` (the same Gamma gaps placed as
+      ``vllm bench serve`` places them: first request after one gap, times rescaled so
+      the last is exactly N / rate; see :class:`~headway.workload.GammaArrivals`).
+      Default: ``"gamma"`` when ``burstiness`` is given, else ``"trace"`` for timed
+      sources, else ``"gamma"`` when ``rate`` is given, else ``"burst"``. The synthetic
+      ``default`` uses Gamma(6 req/s, burstiness 0.5), first request at t = 0, not
+      rescaled (the realised rate moves a few % with the seed).
+    - ``rate``: requests/s. For ``"trace"`` the replay is time-scaled by one factor so
+      that the N requests taken have rate (N - 1) / span (span = last minus first of
+      their recorded times), the gaps keeping their proportions; for ``"gamma"``,
+      ``"poisson"`` and ``"gamma-vllm"`` it is the mean rate and defaults, on a timed
+      trace, to the trace's own (N - 1) / span. Burst arrivals take no rate (ValueError).
+    - ``burstiness``: Gamma shape (``vllm bench serve --burstiness``; default 1, 0.5 for
+      the synthetic ``default``); refused with ``"trace"``, ``"burst"`` and, unless 1,
+      ``"poisson"`` arrivals, which would ignore it.
     - ``seed``: drives sampling, arrivals, resampling and tenants.
     - ``output_cv``: resample output lengths with this lognormal CV (0.19 is realistic).
     - ``model``: alpaca_eval model whose output lengths to use.
@@ -94,21 +117,21 @@ class LoadOptions:
 
     def __post_init__(self) -> None:
         n = self.num_requests
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-            raise ValueError(f"num_requests must be a non-negative integer, got {n!r}")
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+                raise ValueError(f"num_requests must be a non-negative integer, got {n!r}")
+            if n > MAX_NUM_REQUESTS:
+                raise ValueError(f"num_requests must be at most {MAX_NUM_REQUESTS:,}, got {n!r}")
+            object.__setattr__(self, "num_requests", int(n))  # a numpy integer becomes an int
         if self.arrivals is not None and self.arrivals not in ARRIVAL_KINDS:
             raise ValueError(f"arrivals must be one of {', '.join(ARRIVAL_KINDS)}, got {self.arrivals!r}")
         for what, value in (("rate", self.rate), ("burstiness", self.burstiness)):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0
-            ):
+            if value is not None and not (_real(value) and value > 0):
                 raise ValueError(f"{what} must be a positive finite number, got {value!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         cv = self.output_cv
-        if cv is not None and (
-            isinstance(cv, bool) or not isinstance(cv, int | float) or not math.isfinite(cv) or cv < 0
-        ):
+        if cv is not None and not (_real(cv) and cv >= 0):
             raise ValueError(f"output_cv must be a finite number >= 0, got {cv!r}")
         if isinstance(self.tenants, str) and self.tenants not in ("default", "none"):
             raise ValueError(f"tenants must be a TenantMix, 'default' or 'none', got {self.tenants!r}")
@@ -259,21 +282,47 @@ def _load_file(path: Path, o: LoadOptions) -> Workload:
 
 
 # ------------------------------------------------------------------- named sources
+def _refuse_ignored(kind: str, o: LoadOptions, name: str, *, fixed: bool = False) -> None:
+    """Raise ValueError naming ``rate`` or ``burstiness`` when arrivals of ``kind`` would ignore it.
+
+    ``fixed``: the workload's arrivals cannot be changed (the ``burst`` workload).
+    """
+    if kind == "burst":
+        instead = "workload 'default' (--workload default)" if fixed else "arrivals= (--arrivals) gamma or poisson"
+        for what, flag, value in (("rate", "--rate", o.rate), ("burstiness", "--burstiness", o.burstiness)):
+            if value is not None:
+                raise ValueError(
+                    f"workload {name!r} has burst arrivals (all at t = 0), which ignore {what}; "
+                    f"got {what}={value!r} ({flag}); use {instead} for timed arrivals"
+                )
+    elif kind == "trace" and o.burstiness is not None:
+        raise ValueError(
+            f"arrivals='trace' replays the recorded gaps of workload {name!r}, which ignores burstiness; "
+            f"got burstiness={o.burstiness!r} (--burstiness); use arrivals= (--arrivals) gamma"
+        )
+    elif kind == "poisson" and o.burstiness not in (None, 1, 1.0):
+        raise ValueError(f"poisson arrivals have burstiness 1, got burstiness={o.burstiness!r}")
+
+
+def _process(kind: str, rate: float, burstiness: float | None, default_burstiness: float) -> ArrivalProcess:
+    """The generated arrival process of ``kind`` (not ``"trace"``) at ``rate``."""
+    if kind == "burst":
+        return BurstArrivals()
+    if kind == "poisson":
+        return PoissonArrivals(rate)
+    return GammaArrivals(rate, burstiness or default_burstiness, vllm_placement=kind == "gamma-vllm")
+
+
 def _synthetic(o: LoadOptions, *, burst: bool) -> Workload:
     kind = o.arrivals or ("burst" if burst else "gamma")
     if burst and kind != "burst":
         raise ValueError(f"workload 'burst' has burst arrivals; got arrivals={kind!r} (use 'default')")
     if kind == "trace":
-        raise ValueError("the synthetic workload has no recorded times; arrivals must be gamma, poisson or burst")
-    process: ArrivalProcess
-    if kind == "burst":
-        process = BurstArrivals()
-    elif kind == "poisson":
-        if o.burstiness not in (None, 1, 1.0):
-            raise ValueError(f"poisson arrivals have burstiness 1, got burstiness={o.burstiness!r}")
-        process = PoissonArrivals(o.rate or DEFAULT_RATE)
-    else:
-        process = GammaArrivals(o.rate or DEFAULT_RATE, o.burstiness or DEFAULT_BURSTINESS)
+        raise ValueError(
+            "the synthetic workload has no recorded times; arrivals must be gamma, poisson, gamma-vllm or burst"
+        )
+    _refuse_ignored(kind, o, "burst" if burst else "default", fixed=burst)
+    process = _process(kind, o.rate or DEFAULT_RATE, o.burstiness, DEFAULT_BURSTINESS)
     num = DEFAULT_NUM_REQUESTS if o.num_requests is None else o.num_requests
     return default_workload(
         num,
@@ -372,32 +421,25 @@ def _arrival_kind(o: LoadOptions, timed: bool) -> str:
 
 def _retime(w: Workload, o: LoadOptions, timed: bool) -> Workload:
     kind = _arrival_kind(o, timed)
+    _refuse_ignored(kind, o, w.name)
     recorded = [s.arrival_time for s in w.requests]
     if kind == "trace":
         if not timed:
             raise ValueError(
-                f"workload {w.name!r} has no recorded arrival times; use arrivals= (--arrivals) gamma, poisson or burst"
+                f"workload {w.name!r} has no recorded arrival times; "
+                "use arrivals= (--arrivals) gamma, poisson, gamma-vllm or burst"
             )
         if o.rate is None:
             return w
         times = replay_arrivals(recorded, o.rate)
         meta = {**w.meta, "arrivals": f"trace scaled to {o.rate} req/s"}
     else:
-        process: ArrivalProcess
-        if kind == "burst":
-            process = BurstArrivals()
-        else:
-            rate = o.rate
-            if rate is None and timed and len(recorded) > 1 and recorded[-1] > recorded[0]:
-                rate = (len(recorded) - 1) / (recorded[-1] - recorded[0])
-            if rate is None:
-                raise ValueError(f"arrivals={kind!r} needs a rate (rate=, --rate; requests/s) for workload {w.name!r}")
-            if kind == "poisson":
-                if o.burstiness not in (None, 1, 1.0):
-                    raise ValueError(f"poisson arrivals have burstiness 1, got burstiness={o.burstiness!r}")
-                process = PoissonArrivals(rate)
-            else:
-                process = GammaArrivals(rate, o.burstiness or 1.0)
+        rate = o.rate
+        if kind != "burst" and rate is None and timed and len(recorded) > 1 and recorded[-1] > recorded[0]:
+            rate = (len(recorded) - 1) / (recorded[-1] - recorded[0])
+        if kind != "burst" and rate is None:
+            raise ValueError(f"arrivals={kind!r} needs a rate (rate=, --rate; requests/s) for workload {w.name!r}")
+        process = _process(kind, rate or 1.0, o.burstiness, 1.0)
         times = process.sample(len(w), o.stream(_ARRIVE))
         meta = {**w.meta, "arrivals": repr(process)}
     specs = [dataclasses.replace(s, arrival_time=float(t)) for s, t in zip(w.requests, times.tolist(), strict=True)]
