@@ -59,6 +59,7 @@ __all__ = [
     "TraceArrivals",
     "burst_arrivals",
     "gamma_arrivals",
+    "is_finite_real",
     "make_rng",
     "poisson_arrivals",
     "replay_arrivals",
@@ -84,7 +85,7 @@ def _check_n(n: int) -> None:
         raise ValueError(f"number of arrivals must be a non-negative integer, got {n!r}")
 
 
-def _is_real(x: object) -> bool:
+def is_finite_real(x: object) -> bool:
     """A finite real number (``int``, ``float``, numpy scalar, ...) that is not a ``bool``."""
     if not isinstance(x, numbers.Real) or isinstance(x, bool):
         return False
@@ -95,12 +96,12 @@ def _is_real(x: object) -> bool:
 
 
 def _check_rate(rate: float, what: str = "rate") -> None:
-    if not (_is_real(rate) and rate > 0.0):
+    if not (is_finite_real(rate) and rate > 0.0):
         raise ValueError(f"{what} must be a positive finite number of requests/s, got {rate!r}")
 
 
 def _check_time(t: float, what: str) -> None:
-    if not (_is_real(t) and t >= 0.0):
+    if not (is_finite_real(t) and t >= 0.0):
         raise ValueError(f"{what} must be a finite time >= 0 s, got {t!r}")
 
 
@@ -195,7 +196,7 @@ class GammaArrivals:
     def __post_init__(self) -> None:
         _check_rate(self.rate)
         b = self.burstiness
-        if not (_is_real(b) and b > 0.0):
+        if not (is_finite_real(b) and b > 0.0):
             raise ValueError(f"burstiness must be a positive finite number, got {b!r}")
         _check_time(self.start, "start")
         if not isinstance(self.vllm_placement, bool):
@@ -252,7 +253,7 @@ class TraceArrivals:
 
     def __post_init__(self) -> None:
         for i, t in enumerate(self.timestamps):
-            if not _is_real(t):
+            if not is_finite_real(t):
                 raise ValueError(f"trace timestamp #{i} must be a finite number, got {t!r}")
         if self.target_rate is not None:
             _check_rate(self.target_rate, "target_rate")

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 
 import numpy as np
 
-from headway.workload._arrivals import Seed, make_rng
+from headway.workload._arrivals import Seed, is_finite_real, make_rng
 from headway.workload._spec import DEFAULT_MAX_TOKENS, Workload
 
 __all__ = ["OUTPUT_LENGTH_CAP_META", "RESAMPLING_CV", "lognormal_noise_sigma", "resample_output_lengths"]
@@ -26,18 +25,9 @@ OUTPUT_LENGTH_CAP_META = "output_length_cap"
 """``Workload.meta`` key holding the workload's largest possible output length (a client cap), when known."""
 
 
-def _finite_real(x: object) -> bool:
-    if not isinstance(x, numbers.Real) or isinstance(x, bool):
-        return False
-    try:
-        return math.isfinite(x)
-    except OverflowError:
-        return False
-
-
 def lognormal_noise_sigma(cv: float) -> float:
     """``sigma`` of a mean-1 lognormal with coefficient of variation ``cv``: ``sqrt(ln(1 + cv^2))``."""
-    if not (_finite_real(cv) and cv >= 0.0):
+    if not (is_finite_real(cv) and cv >= 0.0):
         raise ValueError(f"cv must be a finite number >= 0, got {cv!r}")
     cv = float(cv)
     return math.sqrt(math.log1p(cv * cv))

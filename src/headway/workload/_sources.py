@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import numbers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ from headway.workload._arrivals import (
     BurstArrivals,
     GammaArrivals,
     PoissonArrivals,
+    is_finite_real,
     replay_arrivals,
 )
 from headway.workload._default import DEFAULT_BURSTINESS, DEFAULT_NUM_REQUESTS, DEFAULT_RATE, default_workload
@@ -56,16 +55,6 @@ DEFAULT_ALPACA_MODEL = "Meta-Llama-3-8B-Instruct"
 ARRIVAL_KINDS = ("trace", "gamma", "poisson", "burst", "gamma-vllm")
 MAX_NUM_REQUESTS = 10**8
 """Largest ``num_requests`` :func:`load_workload` accepts (more would not fit in memory)."""
-
-
-def _real(x: object) -> bool:
-    """A finite real number (``int``, ``float``, numpy scalar, ...) that is not a ``bool``."""
-    if not isinstance(x, numbers.Real) or isinstance(x, bool):
-        return False
-    try:
-        return math.isfinite(x)
-    except OverflowError:  # an int too large for a float
-        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +115,12 @@ class LoadOptions:
         if self.arrivals is not None and self.arrivals not in ARRIVAL_KINDS:
             raise ValueError(f"arrivals must be one of {', '.join(ARRIVAL_KINDS)}, got {self.arrivals!r}")
         for what, value in (("rate", self.rate), ("burstiness", self.burstiness)):
-            if value is not None and not (_real(value) and value > 0):
+            if value is not None and not (is_finite_real(value) and value > 0):
                 raise ValueError(f"{what} must be a positive finite number, got {value!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         cv = self.output_cv
-        if cv is not None and not (_real(cv) and cv >= 0):
+        if cv is not None and not (is_finite_real(cv) and cv >= 0):
             raise ValueError(f"output_cv must be a finite number >= 0, got {cv!r}")
         if isinstance(self.tenants, str) and self.tenants not in ("default", "none"):
             raise ValueError(f"tenants must be a TenantMix, 'default' or 'none', got {self.tenants!r}")
