@@ -12,6 +12,7 @@ import pytest
 
 from headway.core import Request
 from headway.metrics import (
+    GROUP_COLUMNS,
     REQUEST_COLUMNS,
     SUMMARY_COLUMNS,
     read_json,
@@ -21,9 +22,11 @@ from headway.metrics import (
     summarize,
     summary_row,
     write_json,
+    write_groups_csv,
     write_requests_csv,
     write_summary_csv,
 )
+from headway.metrics._summary import ITL_KEY
 
 
 def test_json_round_trip(tmp_path: Path, example_run: list[Request]) -> None:
@@ -122,6 +125,39 @@ def test_summary_csv_one_row_per_run(tmp_path: Path, example_run: list[Request])
     assert (first["slo"], first["num_slo_met"], float(first["slo_attainment"])) == ("tpot:600", "2", 0.4)
     assert rows[1]["slo"] == "" and rows[1]["goodput"] == ""
     assert summary_row(runs["fcfs"])["normalized_latency_p50"] == pytest.approx(1.0)
+
+
+def test_summary_csv_has_itl_columns(tmp_path: Path, example_run: list[Request]) -> None:
+    example_run[0].extra[ITL_KEY] = [0.5, 1.5, 1.0]  # a streamed request's gaps between tokens
+    runs = {"streamed": summarize(example_run), "simulated": summarize(example_run[1:])}
+    path = write_summary_csv(tmp_path / "summary.csv", runs)
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert (rows[0]["itl_count"], float(rows[0]["itl_mean"]), float(rows[0]["itl_max"])) == ("3", 1.0, 1.5)
+    assert rows[1]["itl_count"] == "0" and rows[1]["itl_mean"] == ""  # nothing streamed: undefined, empty
+
+
+def test_groups_csv_one_row_per_tenant_and_tier(tmp_path: Path, example_run: list[Request]) -> None:
+    runs = {"fcfs": summarize(example_run, slo="e2el:3000"), "no-slo": summarize(example_run)}
+    path = write_groups_csv(tmp_path / "groups.csv", runs)
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames or ()) == GROUP_COLUMNS
+        rows = list(reader)
+    keys = [(r["run"], r["group_kind"], r["group"]) for r in rows]
+    assert keys[:4] == [("fcfs", "tenant", "a"), ("fcfs", "tenant", "b"), ("fcfs", "tier", "premium"),
+                        ("fcfs", "tier", "standard")]  # fmt: skip
+    assert len(keys) == 8 and keys[4][0] == "no-slo"
+    s = runs["fcfs"]
+    by = {(r["group_kind"], r["group"]): r for r in rows if r["run"] == "fcfs"}
+    # only C (tenant b, premium: e2e 2 s) meets e2e <= 3 s; A and B took 4 s
+    assert by["tenant", "b"]["num_slo_met"] == "1" and by["tenant", "a"]["num_slo_met"] == "0"
+    assert float(by["tenant", "b"]["goodput"]) == pytest.approx(1 / s.makespan)
+    assert float(by["tier", "premium"]["goodput"]) == pytest.approx(s.goodput)
+    assert float(by["tenant", "a"]["e2e_mean"]) == pytest.approx(4.0)
+    assert by["tenant", "a"]["num_requests"] == "3" and by["tenant", "a"]["num_aborted"] == "1"
+    no_slo = next(r for r in rows if r["run"] == "no-slo")
+    assert no_slo["goodput"] == "" and no_slo["num_slo_met"] == ""
 
 
 def test_summary_csv_rejects_duplicate_names(tmp_path: Path, example_run: list[Request]) -> None:

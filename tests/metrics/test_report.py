@@ -59,7 +59,7 @@ def report(tmp_path_factory: pytest.TempPathFactory, runs: Runs) -> ReportPaths:
 def test_report_files_exist(report: ReportPaths, runs: Runs) -> None:
     names = sorted(p.name for p in report.out_dir.iterdir())
     assert names == sorted([
-        "summary.json", "summary.csv", "requests_fcfs.csv", "requests_sjf_oracle-v2.csv",
+        "summary.json", "summary.csv", "groups.csv", "requests_fcfs.csv", "requests_sjf_oracle-v2.csv",
         "requests__script_alert_1_script_.csv", "latency_cdf.png", "percentiles.png",
         "timeline.png", "report.html",
     ])
@@ -73,6 +73,12 @@ def test_report_files_exist(report: ReportPaths, runs: Runs) -> None:
     with report.requests_csv["sjf:oracle-v2"].open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 13 and rows[-1]["slo_met"] == "false"
+    with report.groups_csv.open(newline="") as fh:
+        groups = [(r["run"], r["group_kind"], r["group"]) for r in csv.DictReader(fh)]
+    assert groups[:5] == [("fcfs", "tenant", "<b>tenant&co</b>"), ("fcfs", "tenant", "default"),
+                          ("fcfs", "tenant", "t1"), ("fcfs", "tier", "premium"),
+                          ("fcfs", "tier", "standard")]  # fmt: skip
+    assert len(groups) == 15  # the aborted request is tenant "default"
 
 
 def test_html_is_self_contained_and_escaped(report: ReportPaths) -> None:
@@ -88,6 +94,9 @@ def test_html_is_self_contained_and_escaped(report: ReportPaths) -> None:
     assert len(images) == 3
     assert all(base64.b64decode(i).startswith(PNG_MAGIC) for i in images)
     assert "ttft:300 e2el:8000" in text and "queue_full" in text
+    heads = re.findall(r"<thead><tr>(.*?)</tr></thead>", text)
+    groups = [h for h in heads if h.startswith(("<th>tenant</th>", "<th>tier</th>"))]
+    assert len(groups) == 6 and all("<th>goodput (req/s)</th>" in h for h in groups)  # 2 per run
 
 
 def test_write_html_report_alone(tmp_path: Path, runs: Runs) -> None:

@@ -30,11 +30,14 @@ Definitions (times in seconds on the engine clock):
 """
 
 from headway.metrics._export import (
+    GROUP_COLUMNS,
     SUMMARY_COLUMNS,
+    group_rows,
     read_json,
     read_replica_json,
     safe_filename,
     summary_row,
+    write_groups_csv,
     write_json,
     write_requests_csv,
     write_summary_csv,
@@ -55,6 +58,7 @@ from headway.metrics._summary import REQUEST_COLUMNS, GroupSummary, RunSummary, 
 from headway.metrics._table import comparison_table
 
 __all__ = [
+    "GROUP_COLUMNS",
     "REQUEST_COLUMNS",
     "SLO",
     "SUMMARY_COLUMNS",
@@ -65,6 +69,7 @@ __all__ = [
     "TimelineSample",
     "comparison_table",
     "figure_png",
+    "group_rows",
     "jain_index",
     "latency_stats",
     "plot_latency_cdfs",
@@ -77,6 +82,7 @@ __all__ = [
     "save_figure",
     "summarize",
     "summary_row",
+    "write_groups_csv",
     "write_html_report",
     "write_json",
     "write_report",

@@ -13,14 +13,17 @@ from typing import Any
 
 from headway.core import Request
 from headway.metrics._slo import SLO
-from headway.metrics._summary import REQUEST_COLUMNS, Cell, RunSummary, request_rows
+from headway.metrics._summary import REQUEST_COLUMNS, Cell, GroupSummary, RunSummary, request_rows
 
 __all__ = [
+    "GROUP_COLUMNS",
     "SUMMARY_COLUMNS",
+    "group_rows",
     "read_json",
     "read_replica_json",
     "safe_filename",
     "summary_row",
+    "write_groups_csv",
     "write_json",
     "write_requests_csv",
     "write_summary_csv",
@@ -28,7 +31,8 @@ __all__ = [
 
 _JSON_FORMAT = "headway.metrics.summary"
 _JSON_VERSION = 1
-_STAT_METRICS = ("ttft", "tpot", "e2e", "normalized_latency", "queueing_delay")
+_STAT_METRICS = ("ttft", "tpot", "e2e", "normalized_latency", "queueing_delay", "itl")
+_GROUP_STAT_METRICS = ("ttft", "tpot", "e2e", "normalized_latency", "queueing_delay")
 _STAT_KEYS = ("count", "mean", "min", "p50", "p90", "p95", "p99", "max")
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -56,7 +60,27 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "jain_fairness",
 )
 """Columns of the summary CSV: one row per run; latency columns are in seconds
-(``normalized_latency_*`` in seconds per output token)."""
+(``normalized_latency_*`` in seconds per output token; ``itl_*`` over every gap between
+streamed tokens, empty where nothing was streamed, as in simulation)."""
+
+GROUP_COLUMNS: tuple[str, ...] = (
+    "run",
+    "group_kind",
+    "group",
+    "num_requests",
+    "num_completed",
+    "num_aborted",
+    "total_output_tokens",
+    "output_throughput",
+    *(f"{m}_{k}" for m in _GROUP_STAT_METRICS for k in _STAT_KEYS),
+    "num_preemptions",
+    "num_slo_met",
+    "slo_attainment",
+    "goodput",
+)
+"""Columns of the per-group CSV: one row per run and tenant, then per run and tier
+(``group_kind`` is ``tenant`` or ``tier``). Throughputs and goodput divide by the whole
+run's makespan, so a run's groups of one kind add up to its own values."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -150,10 +174,7 @@ def summary_row(summary: RunSummary) -> dict[str, Cell]:
         "output_throughput": summary.output_throughput,
         "total_token_throughput": summary.total_token_throughput,
     }
-    for metric in _STAT_METRICS:
-        stats = getattr(summary, metric).to_dict()
-        for key in _STAT_KEYS:
-            row[f"{metric}_{key}"] = stats[key]
+    row.update(_flat_stats(summary, _STAT_METRICS))
     row.update(
         {
             "num_preemptions": summary.num_preemptions,
@@ -165,7 +186,56 @@ def summary_row(summary: RunSummary) -> dict[str, Cell]:
             "jain_fairness": summary.jain_fairness,
         }
     )
+    return _nan_to_none(row)
+
+
+def _flat_stats(obj: RunSummary | GroupSummary, metrics: tuple[str, ...]) -> dict[str, Cell]:
+    """``{metric_key: value}`` for each of ``metrics`` (a :class:`LatencyStats` attribute) and :data:`_STAT_KEYS`."""
+    out: dict[str, Cell] = {}
+    for metric in metrics:
+        stats = getattr(obj, metric).to_dict()
+        for key in _STAT_KEYS:
+            out[f"{metric}_{key}"] = stats[key]
+    return out
+
+
+def _nan_to_none(row: dict[str, Cell]) -> dict[str, Cell]:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+
+
+def group_rows(summary: RunSummary) -> list[dict[str, Cell]]:
+    """The flat :data:`GROUP_COLUMNS` dicts of one run's tenants, then its tiers (NaN -> ``None``)."""
+    rows: list[dict[str, Cell]] = []
+    for kind, groups in (("tenant", summary.tenants), ("tier", summary.tiers)):
+        for g in groups.values():
+            row: dict[str, Cell] = {
+                "run": summary.name,
+                "group_kind": kind,
+                "group": g.name,
+                "num_requests": g.num_requests,
+                "num_completed": g.num_completed,
+                "num_aborted": g.num_aborted,
+                "total_output_tokens": g.total_output_tokens,
+                "output_throughput": g.output_throughput,
+            }
+            row.update(_flat_stats(g, _GROUP_STAT_METRICS))
+            row.update(
+                {
+                    "num_preemptions": g.num_preemptions,
+                    "num_slo_met": g.num_slo_met,
+                    "slo_attainment": g.slo_attainment,
+                    "goodput": g.goodput,
+                }
+            )
+            rows.append(_nan_to_none(row))
+    return rows
+
+
+def write_groups_csv(path: str | Path, summaries: RunSummary | Mapping[str, RunSummary] | Iterable[RunSummary]) -> Path:
+    """One row per run and tenant, then per run and tier (columns :data:`GROUP_COLUMNS`);
+    mapping keys name the runs."""
+    runs = _as_runs(summaries)
+    return _write_csv(path, GROUP_COLUMNS, (row for s in runs.values() for row in group_rows(s)))
 
 
 def write_summary_csv(

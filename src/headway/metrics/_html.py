@@ -98,7 +98,7 @@ def _group_table(groups: Mapping[str, GroupSummary], kind: str, with_slo: bool) 
         "preempt",
     ]
     if with_slo:
-        headers.append("SLO att.")
+        headers += ["SLO att.", "goodput (req/s)"]
     rows = []
     for name, g in groups.items():
         row = [
@@ -117,6 +117,7 @@ def _group_table(groups: Mapping[str, GroupSummary], kind: str, with_slo: bool) 
         ]
         if with_slo:
             row.append("–" if g.slo_attainment is None else f"{g.slo_attainment * 100:.1f}%")
+            row.append("–" if g.goodput is None else _num(g.goodput))
         rows.append(row)
     return _table(headers, rows)
 

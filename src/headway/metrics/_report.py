@@ -7,7 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headway.core import Request
-from headway.metrics._export import unique_filenames, write_json, write_requests_csv, write_summary_csv
+from headway.metrics._export import (
+    unique_filenames,
+    write_groups_csv,
+    write_json,
+    write_requests_csv,
+    write_summary_csv,
+)
 from headway.metrics._html import render_figures, render_html
 from headway.metrics._plots import TimelineLike
 from headway.metrics._summary import RunSummary
@@ -22,6 +28,8 @@ class ReportPaths:
     out_dir: Path
     summary_json: Path
     summary_csv: Path
+    groups_csv: Path
+    """One row per run and tenant, then per run and tier (``GROUP_COLUMNS``)."""
     requests_csv: Mapping[str, Path]
     """Run name -> ``requests_<sanitized name>.csv``."""
     figures: Mapping[str, Path]
@@ -30,7 +38,14 @@ class ReportPaths:
 
     def all(self) -> list[Path]:
         """Every written file."""
-        return [self.summary_json, self.summary_csv, *self.requests_csv.values(), *self.figures.values(), self.html]
+        return [
+            self.summary_json,
+            self.summary_csv,
+            self.groups_csv,
+            *self.requests_csv.values(),
+            *self.figures.values(),
+            self.html,
+        ]
 
 
 def write_report(
@@ -43,7 +58,8 @@ def write_report(
     timeline: Mapping[str, Sequence[TimelineLike]] | None = None,
     replicas: Mapping[str, Mapping[str, RunSummary]] | None = None,
 ) -> ReportPaths:
-    """Write ``summary.json``, ``summary.csv``, ``requests_<name>.csv`` per run,
+    """Write ``summary.json``, ``summary.csv``, ``groups.csv`` (per tenant and tier),
+    ``requests_<name>.csv`` per run,
     ``latency_cdf.png``, ``percentiles.png`` (and ``timeline.png`` when ``timeline``
     is given) and a self-contained ``report.html`` into ``out_dir``.
 
@@ -67,6 +83,7 @@ def write_report(
     summaries = {name: s for name, (s, _) in runs.items()}
     summary_json = write_json(out / "summary.json", summaries, replicas=replicas)
     summary_csv = write_summary_csv(out / "summary.csv", summaries)
+    groups_csv = write_groups_csv(out / "groups.csv", summaries)
     stems = unique_filenames(runs)
     requests_csv = {
         name: write_requests_csv(out / f"requests_{stems[name]}.csv", reqs, slo=s.slo)
@@ -87,6 +104,7 @@ def write_report(
         out_dir=out,
         summary_json=summary_json,
         summary_csv=summary_csv,
+        groups_csv=groups_csv,
         requests_csv=requests_csv,
         figures=figures,
         html=html_path,
