@@ -7,6 +7,12 @@ simulates it twice: with the speed of the check just before it, and with the mea
 the one just after it (the next replay's check). It prints both errors against the real replay and
 counts, over all the runs given, how many are within ``--within`` (5 %).
 
+A run that replays a policy more than once (``--policies fcfs,pars,fcfs,pars``) also gets two pooled
+tables: per policy, the requests of all its bracketed replays together, real against simulated, with
+each replay simulated at its checks' speed, and with all of them at one speed for the whole run (the
+mean of all its checks). One replay's error mixes the simulator's with the VM's speed moving during
+it; pooling averages the second over several replays, spread through the run.
+
     python benchmarks/fidelity_checks.py DIR [DIR ...]
 """
 
@@ -22,6 +28,18 @@ from headway.integrations._probe import simulate_replay
 from headway.sim._calibrate import relative_error, scaled, speed_factor, step_samples
 
 METRICS = ("e2e_mean", "e2e_p90", "ttft_mean", "ttft_p90")
+POOL_KEYS = ("replays", "real_ttft", "real_e2e", "sim_ttft", "sim_e2e")
+Pools = dict[tuple[str, str], dict[str, list[float]]]
+"""(run, policy) -> the pooled replays' indices and real and simulated TTFTs and E2Es."""
+
+
+def add_to_pool(pools: Pools, key: tuple[str, str], i: int, eng: list[dict], pairs: list[tuple[float, float]]) -> None:
+    pool = pools.setdefault(key, {k: [] for k in POOL_KEYS})
+    pool["replays"].append(i)
+    pool["real_ttft"].extend(e["first_token"] - e["added"] for e in eng)
+    pool["real_e2e"].extend(e["finish"] - e["added"] for e in eng)
+    pool["sim_ttft"].extend(t for t, _ in pairs)
+    pool["sim_e2e"].extend(e for _, e in pairs)
 
 
 def main() -> int:
@@ -33,6 +51,8 @@ def main() -> int:
         if not (wd / "steps.jsonl").is_file() or not (wd / "run.json").is_file():
             ap.error(f"{wd}: needs steps.jsonl and run.json from bench_fidelity.py --workdir")
     hits = {k: {m: [0, 0] for m in METRICS} for k in ("before", "bracket")}
+    bracketed: Pools = {}  # each replay simulated at its two checks' mean speed
+    run_wide: Pools = {}  # each replay simulated at the mean speed of all the run's checks
     print("| run | policy | speed (own) | check before / after | " + " | ".join(
         f"{m} err, before / bracketed" for m in METRICS) + " |")  # fmt: skip
     print("|---|---|---:|---:|" + "---:|" * len(METRICS))
@@ -41,6 +61,8 @@ def main() -> int:
         segs = segments(lines, run["probe_lines"][1])
         ids = {s.request_id for s in specs}
         replay = [ids <= {r.get("client_id") for r in reqs} for _, _, reqs in segs]
+        checks = [speed_factor(preset, step_samples(seg[1])) for seg, r in zip(segs, replay, strict=True) if not r]
+        run_speed = sum(checks) / len(checks) if checks else 1.0
         for i, (policy, steps, reqs) in enumerate(segs):
             if not replay[i] or i == 0 or replay[i - 1]:
                 continue  # a check, or a replay without a check just before it
@@ -59,6 +81,10 @@ def main() -> int:
                 pairs = simulate_replay(added, specs, policy, scaled(preset, f), header)
                 sim = stats([t for t, _ in pairs], [e for _, e in pairs])
                 err[kind] = {m: relative_error(sim[m], real[m]) for m in METRICS}
+                if kind == "bracket":
+                    add_to_pool(bracketed, (wd.name, policy), i, eng, pairs)
+                    wide = simulate_replay(added, specs, policy, scaled(preset, run_speed), header)
+                    add_to_pool(run_wide, (wd.name, policy), i, eng, wide)
             own = speed_factor(preset, step_samples(steps))
             cells = []
             for m in METRICS:
@@ -75,7 +101,30 @@ def main() -> int:
     for kind, label in (("before", "check before only"), ("bracket", "checks before and after")):
         print(f"{label}: " + ", ".join(
             f"{m} {h[0]} of {h[1]} within {args.within:.0%}" for m, h in hits[kind].items()))  # fmt: skip
+    if any(len(p["replays"]) > 1 for p in bracketed.values()):  # else the table above says it all
+        print_pooled(bracketed, "each replay simulated at the mean speed of the checks on either side", args.within)
+        print_pooled(run_wide, "each replay simulated at the mean speed of all the run's checks", args.within)
     return 0
+
+
+def print_pooled(pooled: Pools, how: str, within: float) -> None:
+    """Per run and policy, the requests of all its bracketed replays pooled: real against simulated."""
+    print()
+    print(f"Pooled over each policy's replays with checks on both sides; {how}:")
+    print()
+    print("| run | policy | replays | requests | " + " | ".join(f"{m} real / sim (s) | err" for m in METRICS) + " |")
+    print("|---|---|---:|---:|" + "---:|---:|" * len(METRICS))
+    met = dict.fromkeys(METRICS, 0)
+    for (run, policy), p in pooled.items():
+        real, sim = stats(p["real_ttft"], p["real_e2e"]), stats(p["sim_ttft"], p["sim_e2e"])
+        cells = []
+        for m in METRICS:
+            e = relative_error(sim[m], real[m])
+            met[m] += abs(e) <= within
+            cells.append(f"{real[m]:.3f} / {sim[m]:.3f} | {e:+.1%}")
+        print(f"| {run} | {policy} | {len(p['replays'])} | {len(p['real_e2e'])} | " + " | ".join(cells) + " |")
+    print()
+    print("pooled: " + ", ".join(f"{m} {k} of {len(pooled)} within {within:.0%}" for m, k in met.items()))
 
 
 if __name__ == "__main__":
