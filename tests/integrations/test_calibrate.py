@@ -360,6 +360,24 @@ def run_cli(*argv: str) -> int:
     return int(args.func(args))
 
 
+def test_plugin_check_command(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HEADWAY_VLLM_CONFIG", raising=False)
+    assert run_cli("plugin-check", "--additional-config", '{"headway": {"policy": "pars"}}') == 0
+    out = capsys.readouterr().out
+    assert out.startswith("headway plugin settings from --additional-config: ok\n  policy 'pars'")
+    monkeypatch.setenv("HEADWAY_VLLM_CONFIG", '{"policy": "srpt-oracle", "oracle": "max_tokens"}')
+    assert run_cli("plugin-check") == 0
+    assert capsys.readouterr().out.startswith("headway plugin settings from $HEADWAY_VLLM_CONFIG: ok")
+    for argv, message in [
+        (("--additional-config", "{bad"), "not valid JSON"),
+        (("--additional-config", '{"other": 1}'), "'headway' section"),
+        (("--additional-config", '{"headway": {"policy": "nope"}}'), "nope"),
+        (("--additional-config", '{"headway": {"policy": "sarathi"}}', "--chunked-prefill", "off"), "chunked prefill"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            run_cli("plugin-check", *argv)
+
+
 def fidelity_files(tmp_path: Path, max_model_len: int = 2048) -> list[str]:
     (tmp_path / "steps.jsonl").write_text(json.dumps({**HEADER, "max_model_len": max_model_len}) + "\n")
     return ["--control-file", str(tmp_path / "control.json"), "--step-log", str(tmp_path / "steps.jsonl"),

@@ -19,6 +19,7 @@ from headway.integrations.vllm import (
     PluginConfigError,
     PolicyAdapter,
     VllmVersionError,
+    check_settings,
     check_vllm_version,
     load_text_scorer,
     word_count_scorer,
@@ -337,6 +338,45 @@ def test_config_from_additional_config_env_and_defaults(tmp_path) -> None:  # ty
     ]:
         with pytest.raises(PluginConfigError, match=re.escape(message)):
             PluginConfig.from_mapping(bad)
+
+
+def test_check_settings_finds_what_the_scheduler_would_refuse(tmp_path: Path) -> None:
+    """The pre-launch check refuses what the scheduler's constructor refuses, naming it."""
+    word_count = "headway.integrations.vllm:word_count_scorer"
+    (tmp_path / "s.jsonl").write_text("")
+    new_dir = str(tmp_path / "new" / "s.jsonl")  # the scheduler creates missing directories
+    lines = check_settings(PluginConfig(policy="pars", scorer=word_count, step_log=new_dir))
+    assert lines[0].startswith("policy 'pars' (default settings)")
+    assert any("scored a test prompt" in line for line in lines) and any("writable" in line for line in lines)
+    assert any("no scorer is set" in line for line in check_settings(PluginConfig(policy="sjf-score")))
+    assert not any("no scorer" in line for line in check_settings(PluginConfig(policy="fcfs")))
+    for cfg, message in [
+        (PluginConfig(policy="no-such-policy"), "no-such-policy"),
+        (PluginConfig(policy="pars", policy_args={"starvation_thresold": 5}), "starvation_thresold"),
+        (PluginConfig(policy="sjf-oracle"), "oracle='max_tokens'"),
+        (PluginConfig(scorer="headway.nope:fn"), "cannot load"),
+        (PluginConfig(scorer="builtins:len"), "failed on a test prompt"),
+        (PluginConfig(step_log=str(tmp_path)), "cannot be written"),  # a directory
+        (PluginConfig(step_log=str(tmp_path / "s.jsonl" / "under-a-file.jsonl")), "cannot be written"),
+    ]:
+        with pytest.raises(PluginConfigError, match=re.escape(message)):
+            check_settings(cfg)
+    assert check_settings(PluginConfig(policy="sarathi"), chunked_prefill=True)[1].endswith("fits the policy")
+    with pytest.raises(PluginConfigError, match="needs chunked prefill"):
+        check_settings(PluginConfig(policy="sarathi"), chunked_prefill=False)
+    control = tmp_path / "control.json"
+    assert "not there yet" in check_settings(PluginConfig(control_file=str(control)))[-1]
+    control.write_text(json.dumps({"policy": "srpt-oracle", "oracle": "max_tokens"}))
+    assert check_settings(PluginConfig(control_file=str(control)))[-1].endswith("valid (policy 'srpt-oracle')")
+    for text, message in [
+        ('{"policy": "srpt-oracle"}', "oracle='max_tokens'"),  # the startup oracle setting is 'none'
+        ('{"polcy": "fcfs"}', "unknown key(s) polcy"),
+        ("[1]", "expected a JSON object"),
+        ("{bad", "not valid JSON"),
+    ]:
+        control.write_text(text)
+        with pytest.raises(PluginConfigError, match=re.escape(message)):
+            check_settings(PluginConfig(control_file=str(control)))
 
 
 def test_version_guard_names_supported_versions() -> None:

@@ -1,4 +1,5 @@
-"""``headway calibrate`` and ``headway fidelity``: fit the simulator to a live vLLM and check it.
+"""``headway calibrate`` and ``headway fidelity``: fit the simulator to a live vLLM and check it;
+``headway plugin-check``: the vLLM plugin's settings, checked before a launch.
 
 Wired into ``headway.cli`` through :func:`add_calibrate_parser`.
 """
@@ -10,6 +11,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -67,7 +69,7 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``calibrate`` and ``fidelity`` subcommands."""
+    """Add the ``calibrate``, ``fidelity`` and ``plugin-check`` subcommands."""
     p = sub.add_parser(
         "calibrate",
         help="fit the simulator's cost model to a live vLLM and save it as a preset",
@@ -132,6 +134,32 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     )
     f.add_argument("--out", type=Path, default=None, help="also write the table to this Markdown file")
     f.set_defaults(func=_cmd_fidelity)
+
+    c = sub.add_parser(
+        "plugin-check",
+        help="check the vLLM plugin's settings before launching vLLM with them",
+        description=(
+            "vLLM builds its scheduler only after loading the model, so a bad headway setting (a policy name, "
+            "an argument, a scorer path) stops a launch minutes in. This checks the same settings in seconds, "
+            "without vLLM: it makes the policy, loads the scorer and scores a test prompt, and checks the step "
+            "log's directory and an existing control file. Settings come from --additional-config (vLLM's "
+            "engine argument, with its 'headway' section), else $HEADWAY_VLLM_CONFIG, as the plugin reads them."
+        ),
+        formatter_class=HelpFormatter,
+    )
+    c.add_argument(
+        "--additional-config",
+        default=None,
+        metavar="JSON",
+        help="the value given to vLLM's --additional-config (a JSON object with a 'headway' section)",
+    )
+    c.add_argument(
+        "--chunked-prefill",
+        choices=("on", "off"),
+        default=None,
+        help="the engine's chunked prefill, when known: policies that need it (sarathi) are refused without it",
+    )
+    c.set_defaults(func=_cmd_plugin_check)
 
 
 def _user_errors(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -222,6 +250,34 @@ def _step_log_geometry(step_log: Path) -> Geometry:
         return Geometry.from_header(header)
     except ValueError as exc:
         raise ValueError(f"{step_log}: {exc}") from None
+
+
+def _cmd_plugin_check(args: argparse.Namespace) -> int:
+    from headway.integrations.vllm import ENV_CONFIG, PluginConfig, PluginConfigError, check_settings
+
+    extra: Any = None
+    if args.additional_config is not None:
+        try:
+            extra = json.loads(args.additional_config)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--additional-config: not valid JSON ({exc})") from None
+        if not isinstance(extra, dict) or "headway" not in extra:
+            raise ValueError("--additional-config: needs a JSON object with a 'headway' section, as vLLM is given")
+    if extra is not None:
+        source = "--additional-config"
+    elif os.environ.get(ENV_CONFIG, "").strip():
+        source = f"${ENV_CONFIG}"
+    else:
+        source = f"the defaults (no --additional-config, no ${ENV_CONFIG})"
+    chunked = None if args.chunked_prefill is None else args.chunked_prefill == "on"
+    try:
+        lines = check_settings(PluginConfig.resolve(extra), chunked_prefill=chunked)
+    except PluginConfigError as exc:
+        raise ValueError(str(exc)) from None
+    print(f"headway plugin settings from {source}: ok")
+    for line in lines:
+        print(f"  {line}")
+    return 0
 
 
 @_user_errors

@@ -53,7 +53,9 @@ settings, so the settings travel with the engine configuration to the engine-cor
 process (where the scheduler runs), appear in vLLM's logged config, and need no file or
 environment on the server host. ``HEADWAY_VLLM_CONFIG`` (a JSON object or the path of a
 JSON file) is read when ``--additional-config`` has no ``headway`` section, for launchers
-that cannot pass engine arguments. Both are read when the scheduler is constructed.
+that cannot pass engine arguments. Both are read when the scheduler is constructed, which vLLM
+does after loading the model; ``headway plugin-check`` (:func:`check_settings`) checks them
+without vLLM beforehand.
 
 Settings (keys of the ``headway`` object):
 
@@ -125,6 +127,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState, Tier, make_policy
+from headway.policies._base import ScoredPolicy
 from headway.predict._resolve import predictor_spec, resolve_score_fn
 
 __all__ = [
@@ -138,6 +141,7 @@ __all__ = [
     "PluginConfigError",
     "PolicyAdapter",
     "VllmVersionError",
+    "check_settings",
     "check_vllm_version",
     "load_text_scorer",
     "word_count_scorer",
@@ -316,6 +320,104 @@ def load_text_scorer(spec: str, *, backend: str = "torch", threads: int = 1) -> 
         ) from None
 
 
+# ------------------------------------------------------------ checks
+def make_plugin_policy(name: str, args: Mapping[str, Any]) -> Policy:
+    """The ``policy`` setting's policy with its ``policy_args``; a bad name or argument is a
+    :class:`PluginConfigError` naming it."""
+    try:
+        return make_policy(name, **dict(args))
+    except (ValueError, TypeError) as exc:
+        raise PluginConfigError(f"headway plugin: {exc}") from None
+
+
+def _check_oracle(policy: Policy, oracle: str) -> None:
+    if policy.oracle and oracle != "max_tokens":
+        raise PluginConfigError(
+            f"policy {policy.name!r} is an oracle (it reads true output lengths); set "
+            "oracle='max_tokens' to use each request's max_tokens as its true length "
+            "(benchmark-only: true only when clients set ignore_eos)"
+        )
+
+
+def _check_chunked_prefill(policy: Policy, enabled: bool) -> None:
+    if policy.requires_chunked_prefill and not enabled:
+        raise PluginConfigError(f"headway plugin: policy {policy.name!r} needs chunked prefill, which is off")
+
+
+def check_settings(cfg: PluginConfig, *, chunked_prefill: bool | None = None) -> list[str]:
+    """Check ``cfg`` as the scheduler would at startup, without vLLM or a model: make the
+    policy (name, arguments, the oracle setting, chunked prefill when ``chunked_prefill`` is
+    known), load the scorer and score one prompt, and check that the step log can be written
+    and that an existing control file is valid. Raises :class:`PluginConfigError` naming the
+    first problem; returns what was checked, one line each (``headway plugin-check``).
+
+    vLLM builds the scheduler only after loading the model, so a bad setting surfaces there
+    minutes into a launch; this runs in a second beforehand."""
+    done: list[str] = []
+    policy = make_plugin_policy(cfg.policy, cfg.policy_args)
+    _check_oracle(policy, cfg.oracle)
+    args = json.dumps(cfg.policy_args) if cfg.policy_args else "default settings"
+    done.append(f"policy {policy.name!r} ({args}); oracle={cfg.oracle}")
+    if chunked_prefill is not None:
+        _check_chunked_prefill(policy, chunked_prefill)
+        done.append(f"chunked prefill {'on' if chunked_prefill else 'off'}: fits the policy")
+    if cfg.scorer is not None:
+        t0 = time.perf_counter()
+        fn = load_text_scorer(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
+        try:
+            scores = [float(x) for x in fn(["How do I check the settings before a launch?"])]
+        except Exception as exc:  # a user's scorer may raise anything: report it as the settings' error
+            raise PluginConfigError(f"headway plugin: scorer {cfg.scorer!r} failed on a test prompt: {exc}") from exc
+        if len(scores) != 1 or not math.isfinite(scores[0]):
+            raise PluginConfigError(
+                f"headway plugin: scorer {cfg.scorer!r} returned {scores!r:.80} for one prompt (want one finite score)"
+            )
+        done.append(f"scorer {cfg.scorer!r}: loaded and scored a test prompt in {time.perf_counter() - t0:.1f} s")
+    elif isinstance(policy, ScoredPolicy) and policy.scorer is None:
+        done.append(
+            f"note: policy {policy.name!r} ranks by scores and no scorer is set: requests need vllm_xargs "
+            "headway_score (others get missing_score)"
+        )
+    if cfg.step_log is not None:
+        path = Path(cfg.step_log).expanduser().absolute()
+        existing = next(p for p in path.parents if p.exists())  # the scheduler creates the missing ones
+        if path.is_dir() or not existing.is_dir() or not os.access(existing, os.W_OK):
+            raise PluginConfigError(f"headway plugin: step_log {cfg.step_log!r}: cannot be written")
+        done.append(f"step_log {cfg.step_log!r}: writable")
+    if cfg.control_file is not None:
+        done.append(_check_control_file(cfg, cfg.control_file))
+    return done
+
+
+def _check_control_file(cfg: PluginConfig, path: str) -> str:
+    try:
+        text = Path(path).expanduser().read_text()
+    except FileNotFoundError:
+        return f"control_file {path!r}: not there yet (read when it appears)"
+    except OSError as exc:
+        raise PluginConfigError(f"headway plugin: control_file {path!r}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PluginConfigError(f"headway plugin: control_file {path!r}: not valid JSON ({exc})") from None
+    switched = control_settings(cfg, data)
+    policy = make_plugin_policy(switched.policy, switched.policy_args)
+    _check_oracle(policy, switched.oracle)
+    return f"control_file {path!r}: valid (policy {policy.name!r})"
+
+
+def control_settings(cfg: PluginConfig, data: Any, current: Mapping[str, Any] | None = None) -> PluginConfig:
+    """``cfg`` with a control file's settings applied (keys it omits keep ``current``'s values,
+    else ``cfg``'s; ``policy_args``: none); checked like the startup settings."""
+    if not isinstance(data, dict):
+        raise PluginConfigError(f"expected a JSON object, got {data!r:.80}")
+    unknown = sorted(set(data) - set(_CONTROL_KEYS))
+    if unknown:
+        raise PluginConfigError(f"unknown key(s) {', '.join(unknown)}; valid: {', '.join(_CONTROL_KEYS)}")
+    base = {"policy": cfg.policy, "oracle": cfg.oracle, **(current or {}), "policy_args": {}}
+    return dataclasses.replace(cfg, **{**base, **data})
+
+
 # ------------------------------------------------------------ the adapter
 class EngineRequest(Protocol):
     """What the adapter reads from an engine's request (vLLM's ``vllm.v1.request.Request``)."""
@@ -397,13 +499,8 @@ class PolicyAdapter:
             raise RuntimeError("the policy can only be replaced while the engine holds no requests")
         if oracle is not None:
             self.oracle_mode = oracle
+        _check_oracle(policy, self.oracle_mode)
         if policy.oracle:
-            if self.oracle_mode != "max_tokens":
-                raise PluginConfigError(
-                    f"policy {policy.name!r} is an oracle (it reads true output lengths); set "
-                    "oracle='max_tokens' to use each request's max_tokens as its true length "
-                    "(benchmark-only: true only when clients set ignore_eos)"
-                )
             policy.bind_oracle(self._true_length)
         self.policy = policy
         kind = type(policy)
@@ -1063,7 +1160,7 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 self._hw_tokenizer_path = cfg.tokenizer or getattr(self.vllm_config.model_config, "tokenizer", None)
                 self._hw_tokenizer: Any = None
                 self._hw_budget0 = int(self.max_num_scheduled_tokens)
-                first = self._hw_make_policy(cfg.policy, cfg.policy_args)
+                first = make_plugin_policy(cfg.policy, cfg.policy_args)
                 self.max_num_scheduled_tokens = self._hw_budget(first)
                 self.headway = PolicyAdapter(
                     first,
@@ -1103,10 +1200,7 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
             def _hw_budget(self, policy: Policy) -> int:
                 """The step's token budget under ``policy``: the engine's, capped by the policy's
                 own (Sarathi's); a policy that needs chunked prefill is refused without it."""
-                if policy.requires_chunked_prefill and not self.scheduler_config.enable_chunked_prefill:
-                    raise PluginConfigError(
-                        f"headway plugin: policy {policy.name!r} needs chunked prefill, which is off"
-                    )
+                _check_chunked_prefill(policy, bool(self.scheduler_config.enable_chunked_prefill))
                 budget = self._hw_budget0
                 if policy.token_budget is not None and policy.token_budget < budget:
                     logger.info(
@@ -1117,13 +1211,6 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     )
                     budget = policy.token_budget
                 return budget
-
-            @staticmethod
-            def _hw_make_policy(name: str, args: Mapping[str, Any]) -> Policy:
-                try:
-                    return make_policy(name, **dict(args))
-                except ValueError as exc:
-                    raise PluginConfigError(f"headway plugin: {exc}") from None
 
             def _hw_decode(self, batch: list[Any]) -> list[str]:
                 if self._hw_tokenizer is None:
@@ -1165,22 +1252,11 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 self._hw_control_mtime = mtime
                 try:
                     data = json.loads(Path(path).read_text())
-                    if not isinstance(data, dict):
-                        raise PluginConfigError(f"expected a JSON object, got {data!r:.80}")
-                    unknown = sorted(set(data) - set(_CONTROL_KEYS))
-                    if unknown:
-                        raise PluginConfigError(
-                            f"unknown key(s) {', '.join(unknown)}; valid: {', '.join(_CONTROL_KEYS)}"
-                        )
-                    current = {
-                        "policy": self.headway.policy.name,
-                        "oracle": self.headway.oracle_mode,
-                        "policy_args": {},
-                    }
+                    current = {"policy": self.headway.policy.name, "oracle": self.headway.oracle_mode}
                     # the settings' own checks (types, oracle, missing_score) on the values it switches to
-                    cfg = dataclasses.replace(self.headway_config, **{**current, **data})
+                    cfg = control_settings(self.headway_config, data, current)
                     name = cfg.policy
-                    policy = self._hw_make_policy(name, cfg.policy_args)
+                    policy = make_plugin_policy(name, cfg.policy_args)
                     budget = self._hw_budget(policy)
                     score_batch = (
                         None
