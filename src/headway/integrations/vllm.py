@@ -276,14 +276,17 @@ class PluginConfig:
                 raw = Path(raw).expanduser().read_text()
             except OSError as exc:
                 raise PluginConfigError(f"${ENV_CONFIG}: cannot read {raw!r} ({exc})") from None
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise PluginConfigError(f"${ENV_CONFIG}: not valid JSON ({exc})") from None
-        return cls.from_mapping(data)
+        return cls.from_mapping(_json_of(raw, f"${ENV_CONFIG}"))
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _json_of(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PluginConfigError(f"{where}: not valid JSON ({exc})") from None
 
 
 # ------------------------------------------------------------------ scorers
@@ -396,11 +399,7 @@ def _check_control_file(cfg: PluginConfig, path: str) -> str:
         return f"control_file {path!r}: not there yet (read when it appears)"
     except OSError as exc:
         raise PluginConfigError(f"headway plugin: control_file {path!r}: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PluginConfigError(f"headway plugin: control_file {path!r}: not valid JSON ({exc})") from None
-    switched = control_settings(cfg, data)
+    switched = control_settings(cfg, _json_of(text, f"headway plugin: control_file {path!r}"))
     policy = make_plugin_policy(switched.policy, switched.policy_args)
     _check_oracle(policy, switched.oracle)
     return f"control_file {path!r}: valid (policy {policy.name!r})"
