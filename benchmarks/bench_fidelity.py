@@ -30,6 +30,7 @@ from headway.integrations._probe import (
     fidelity_max_prompt,
     fidelity_workload,
     format_fidelity_table,
+    pool_rows,
     probe_phases,
     run_fidelity,
     run_probe,
@@ -69,13 +70,22 @@ def main(argv: list[str] | None = None) -> int:
         "under fcfs, and simulate each replay with the preset scaled by the mean speed factor of the checks on "
         "either side of it too (a third table; 0: off)",
     )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="K",
+        help="replay the policies K times, interleaved, and add tables of each policy's replays pooled",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "fidelity_vllm_cpu.md")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the step log and server log here")
     args = ap.parse_args(argv)
     if args.speed_check < 0:
         ap.error(f"--speed-check must be >= 0, got {args.speed_check}")
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup: stop the server
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()] * args.repeats
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -177,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.speed_check > 0
             else []
         ),
+        *_pooled_tables(rows, args.speed_check > 0),
         "Client-side view (HTTP frontend included; not modelled by the simulator):",
         "",
         "| policy | mean E2E client (s) | frontend in (median s) | frontend out (median s) |",
@@ -194,6 +205,26 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text("\n".join(md) + "\n")
     log(f"wrote {args.out}")
     return 0
+
+
+def _pooled_tables(rows: list, checked: bool) -> list[str]:
+    """Each policy's replays pooled (``--repeats``), as the tables above; nothing if each ran once."""
+    pooled = pool_rows(rows)
+    if len(pooled) == len(rows):
+        return []
+    md = [
+        "Each policy's replays pooled: all their requests, real against simulated (`speed`: the replays' "
+        "mean), with the preset as calibrated:",
+        "",
+        format_fidelity_table(pooled),
+    ]
+    if checked:
+        md += [
+            "Pooled, each replay simulated with the preset scaled by its speed checks:",
+            "",
+            format_fidelity_table(pooled, checked=True),
+        ]
+    return md
 
 
 if __name__ == "__main__":

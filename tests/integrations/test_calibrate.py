@@ -26,6 +26,7 @@ from headway.integrations._probe import (
     fit_from_client,
     format_fidelity_table,
     geometry_from_metrics,
+    pool_rows,
     probe_phases,
     simulate_replay,
     simulated_requests,
@@ -287,6 +288,26 @@ def test_simulate_replay_and_table() -> None:
     assert percentile([1, 2, 3, 4], 50) == 2.5
 
 
+def test_pooled_rows_compare_all_the_requests_of_a_policy_s_replays() -> None:
+    def row(policy: str, real: list[tuple[float, float]], sim: list[tuple[float, float]], speed: float) -> FidelityRow:
+        r = FidelityRow(policy, len(real), speed=speed, check_speed=speed + 0.1)
+        r.pairs = {"real": real, "sim": sim, "checked": sim}
+        return r
+
+    a = row("fcfs", [(0.1, 1.0), (0.2, 3.0)], [(0.1, 1.0), (0.2, 2.0)], 1.0)
+    b = row("sjf-oracle", [(0.1, 2.0)], [(0.1, 2.0)], 1.1)
+    c = row("fcfs", [(0.3, 2.0), (0.1, 2.0)], [(0.3, 3.0), (0.1, 2.0)], 1.2)
+    fcfs, sjf = pool_rows([a, b, c])
+    assert (fcfs.policy, fcfs.replays, fcfs.num_requests, sjf.replays) == ("fcfs", 2, 4, 1)
+    assert fcfs.real["e2e_mean"] == pytest.approx(2.0) and fcfs.sim["e2e_mean"] == pytest.approx(2.0)
+    # one replay's error (-25 % and +25 %) cancels in the pool: the point of pooling
+    assert fcfs.errors()["e2e_mean"] == pytest.approx(0.0) and fcfs.real["ttft_mean"] == pytest.approx(0.175)
+    assert fcfs.speed == pytest.approx(1.1) and fcfs.check_speed == pytest.approx(1.2)
+    assert fcfs.sim_checked == fcfs.sim and fcfs.sim_corrected == {}  # no "corrected" pairs given
+    assert "| fcfs (2 replays) | 4 | x1.10 |" in format_fidelity_table([fcfs, sjf])
+    assert "| sjf-oracle | 1 |" in format_fidelity_table([fcfs, sjf])
+
+
 def test_cli_parsers_and_argument_errors() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
@@ -489,6 +510,7 @@ def test_fidelity_checks_its_arguments_before_the_server(tmp_path: Path) -> None
         (["--rate", "nan"], "got nan"),
         (["--num-requests", "0"], "--num-requests must be >= 1, got 0"),
         (["--num-requests", "-3"], "got -3"),
+        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
         (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1"),
         (["--control-file", str(tmp_path / "no-dir" / "c.json")], "no-dir is not a directory"),
         (["--step-log", str(tmp_path / "none.jsonl")], "none.jsonl does not exist"),

@@ -221,13 +221,15 @@ def test_calibrate_and_fidelity_commands_against_the_server(plugin_server, tmp_p
     args = parser.parse_args([
         "fidelity", "--endpoint", plugin_server.url, "--step-log", str(plugin_server.step_log),
         "--control-file", str(plugin_server.control), "--preset", str(saved), "--policies", "fcfs,sjf-oracle",
-        "--num-requests", "24", "--rate", "4", "--speed-check", "6", "--out", str(out),
+        "--num-requests", "24", "--rate", "4", "--speed-check", "6", "--repeats", "2", "--out", str(out),
     ])  # fmt: skip
     assert args.func(args) == 0
     table = out.read_text()
-    assert "| fcfs | 24 |" in table and "| sjf-oracle | 24 |" in table
-    plain, checked = table.split("speed checks before and after each replay")  # the second table: the checks'
-    assert "| sjf-oracle | 24 |" in checked and plain.count("| fcfs | 24 |") == 1
+    per_replay, pooled = table.split("Each policy's replays pooled")
+    assert per_replay.count("| fcfs | 24 |") == 4 and per_replay.count("| sjf-oracle | 24 |") == 4  # 2 tables
+    plain, checked = per_replay.split("speed checks before and after each replay")  # the second: the checks'
+    assert "| sjf-oracle | 24 |" in checked and plain.count("| fcfs | 24 |") == 2
+    assert pooled.count("| fcfs (2 replays) | 48 |") == 2 and pooled.count("| sjf-oracle (2 replays) | 48 |") == 2
 
 
 ASYNC_LENGTHS = [40, 40, 4, 40, 40, 4, 40, 4, 40, 40]

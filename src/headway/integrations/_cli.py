@@ -132,6 +132,15 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "fcfs, and also simulate each replay with the preset scaled by the mean speed of the checks on either "
         "side of it (for an engine whose speed drifts; 0: off)",
     )
+    f.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="K",
+        help="replay the list of policies K times, interleaved, and add tables of each policy's replays pooled "
+        "(real against simulated latencies of all its requests): averages out an engine whose speed moves "
+        "between replays",
+    )
     f.add_argument("--out", type=Path, default=None, help="also write the table to this Markdown file")
     f.set_defaults(func=_cmd_fidelity)
 
@@ -352,6 +361,8 @@ def _check_fidelity_args(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"--speed-check must be >= 0, got {args.speed_check}")
     if args.num_requests < 1:
         raise ValueError(f"--num-requests must be >= 1, got {args.num_requests}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if not (args.rate > 0 and math.isfinite(args.rate)):
         raise ValueError(f"--rate must be a positive number of requests/s, got {args.rate}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -361,6 +372,7 @@ def _check_fidelity_args(args: argparse.Namespace) -> list[str]:
     unknown = [p for p in policies if p not in valid]
     if unknown:
         raise ValueError(f"--policies: unknown policy {unknown[0]!r}; registered policies: {', '.join(valid)}")
+    policies = policies * int(args.repeats)
     if args.endpoint:
         if args.control_file is None:
             raise ValueError("--endpoint needs --control-file (the server's headway control_file setting)")
@@ -385,6 +397,7 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
         fidelity_max_prompt,
         fidelity_workload,
         format_fidelity_table,
+        pool_rows,
         run_fidelity,
         speed_check_workload,
     )
@@ -410,6 +423,13 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
     if args.speed_check:
         table += "\nWith the preset scaled by the speed checks before and after each replay (speed: their mean):\n\n"
         table += format_fidelity_table(rows, checked=True)
+    pooled = pool_rows(rows)
+    if len(pooled) < len(rows):
+        table += "\nEach policy's replays pooled (all their requests, real against simulated):\n\n"
+        table += format_fidelity_table(pooled)
+        if args.speed_check:
+            table += "\nPooled, each replay simulated with the preset scaled by its speed checks:\n\n"
+            table += format_fidelity_table(pooled, checked=True)
     print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -432,6 +432,10 @@ class FidelityRow:
     replay itself, only the engine's speed measured on either side of it."""
     client: dict[str, float] = field(default_factory=dict)
     frontend: dict[str, float] = field(default_factory=dict)
+    replays: int = 1
+    """How many replays the row covers (more than one: :func:`pool_rows`)."""
+    pairs: dict[str, list[tuple[float, float]]] = field(default_factory=dict, repr=False)
+    """Per-request (TTFT, E2E) behind the statistics: ``real``, ``sim``, ``corrected``, ``checked``."""
 
     def simulated(self, corrected: bool = False, *, checked: bool = False) -> dict[str, float]:
         """:attr:`sim`, :attr:`sim_corrected` or :attr:`sim_checked`."""
@@ -440,6 +444,32 @@ class FidelityRow:
     def errors(self, corrected: bool = False, *, checked: bool = False) -> dict[str, float]:
         sim = self.simulated(corrected, checked=checked)
         return {k: relative_error(sim[k], self.real[k]) for k in self.real}
+
+
+_POOLED = (("real", "real"), ("sim", "sim"), ("corrected", "sim_corrected"), ("checked", "sim_checked"))
+"""``FidelityRow.pairs`` keys and the statistics attribute each gives."""
+
+
+def pool_rows(rows: Sequence[FidelityRow]) -> list[FidelityRow]:
+    """One row per policy, in order of first appearance, over the requests of all its replays:
+    real against simulated latencies of the pooled requests. The VM's speed moves between replays;
+    pooling replays spread through a run averages that out of the comparison. ``speed`` and
+    ``check_speed`` are the replays' means."""
+    by_policy: dict[str, list[FidelityRow]] = {}
+    for r in rows:
+        by_policy.setdefault(r.policy, []).append(r)
+    out = []
+    for policy, group in by_policy.items():
+        pooled = FidelityRow(policy, sum(r.num_requests for r in group), replays=sum(r.replays for r in group))
+        pooled.speed = statistics.fmean(r.speed for r in group)
+        for kind, target in _POOLED:
+            if all(kind in r.pairs for r in group):
+                pooled.pairs[kind] = [p for r in group for p in r.pairs[kind]]
+                setattr(pooled, target, _sim_stats(pooled.pairs[kind]))
+        if all(r.check_speed is not None for r in group):
+            pooled.check_speed = statistics.fmean(r.check_speed for r in group if r.check_speed is not None)
+        out.append(pooled)
+    return out
 
 
 def _sim_stats(pairs: Sequence[tuple[float, float]]) -> dict[str, float]:
@@ -515,10 +545,13 @@ def run_fidelity(
         real_e2e = [e["finish"] - e["added"] for e in eng]
         sim = simulate_replay(added, specs, policy, preset, slog.header, args)
         row = FidelityRow(policy, len(specs))
-        row.real = _stats(real_ttft, real_e2e)
+        row.pairs["real"] = list(zip(real_ttft, real_e2e, strict=True))
+        row.real = _sim_stats(row.pairs["real"])
+        row.pairs["sim"] = sim
         row.sim = _sim_stats(sim)
         row.speed = speed_factor(preset, step_samples(slog.steps))
         fixed = simulate_replay(added, specs, policy, scaled(preset, row.speed), slog.header, args)
+        row.pairs["corrected"] = fixed
         row.sim_corrected = _sim_stats(fixed)
         replayed.append((added, args, slog.header))
         row.client = {"e2e_mean": statistics.fmean(r.e2e or math.nan for r in res)}
@@ -544,6 +577,7 @@ def run_fidelity(
             row.check_speeds = (checks[i], checks[i + 1])
             row.check_speed = (checks[i] + checks[i + 1]) / 2
             checked = simulate_replay(added, specs, row.policy, scaled(preset, row.check_speed), header, args)
+            row.pairs["checked"] = checked
             row.sim_checked = _sim_stats(checked)
             if log:
                 chk = row.errors(checked=True)
@@ -587,5 +621,6 @@ def format_fidelity_table(rows: Sequence[FidelityRow], corrected: bool = False, 
         cells = []
         for k in ("e2e_mean", "e2e_p90", "ttft_mean", "ttft_p90"):
             cells.append(f"{r.real[k]:.3f} / {sim[k]:.3f} | {e[k]:+.1%}")
-        lines.append(f"| {r.policy} | {r.num_requests} | x{speed:.2f} | " + " | ".join(cells) + " |")
+        name = r.policy if r.replays == 1 else f"{r.policy} ({r.replays} replays)"
+        lines.append(f"| {name} | {r.num_requests} | x{speed:.2f} | " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
