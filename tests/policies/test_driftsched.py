@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from headway.core import PolicyQueue, Tier, make_policy
+from headway.core import PolicyQueue, Request, Tier, make_policy
 from headway.policies import DriftEstimator, classify_prompt
 
 from .conftest import make_request
@@ -142,11 +142,20 @@ def test_weighted_rejects_bad_weights_naming_them(weights, match):
         make_policy("tenant-weighted", weights=weights)
 
 
-def test_weighted_docstring_and_shared_queue_warning():
-    cls = type(make_policy("tenant-weighted"))
-    assert "Per replica only" in (cls.__doc__ or "")
-    assert "several replicas sharing" in cls.shared_queue_warning
-    assert getattr(make_policy("tenant-priority"), "shared_queue_warning", None) is None
+def test_weighted_tags_can_come_from_a_shared_queue():
+    """tenant-weighted is a SharedStartTags policy: a queue shared by replicas draws its start tags."""
+    from headway.core import SharedStartTags
+
+    p = make_policy("tenant-weighted", weights=[4, 2, 1])
+    assert isinstance(p, SharedStartTags) and not isinstance(make_policy("tenant-priority"), SharedStartTags)
+    r = Request("b", 0.0, 8, 16, tier=Tier.BATCH)
+    assert p.tag_flow(r) == ("batch", 1.0) and p.start_tag(r) is None
+    p.on_arrival(r, 0.0)
+    assert p.start_tag(r) == 0.0 and p.key(r, 0.0) == (0.0,)
+    p.set_start_tag(r, 7.5)  # drawn from the shared state instead
+    assert p.start_tag(r) == 7.5 and p.key(r, 1.0) == (7.5,)
+    assert p.tag_flow(Request("p", 0.0, 8, 16, tier=Tier.PREMIUM)) == ("premium", 0.25)
+    assert getattr(p, "shared_queue_warning", None) is None  # no startup warning with Redis any more
 
 
 @pytest.mark.parametrize("value", ["False", "true", 0, 1, [True]])

@@ -136,7 +136,7 @@ def test_shared_queue_limit_gives_429(redis_url, make_stub, make_gateway):
 
 
 # ------------------------------------------------------------------ score hold over replicas
-def _replicas(redis_url: str, hold: float, n: int = 2) -> list:
+def _replicas(redis_url: str, hold: float, n: int = 2, policy: str = "pars", policy_args: dict | None = None) -> list:
     import redis.asyncio as aioredis
 
     from headway.core import make_policy
@@ -146,7 +146,7 @@ def _replicas(redis_url: str, hold: float, n: int = 2) -> list:
     prefix = f"t{uuid.uuid4().hex[:6]}:"
     return [
         RedisDispatcher(
-            make_policy("pars"),
+            make_policy(policy, **(policy_args or {})),
             [Backend(BackendConfig("http://127.0.0.1:9", max_concurrency=1), 0)],  # one slot over all replicas
             aioredis.from_url(redis_url),
             max_queue_len=100,
@@ -155,6 +155,15 @@ def _replicas(redis_url: str, hold: float, n: int = 2) -> list:
         )
         for _ in range(n)
     ]
+
+
+async def wait_until_queued(r, prefix: str, request_id: str, fut: asyncio.Future) -> None:
+    """Until the request is in the shared queue, or was dispatched from it."""
+    for _ in range(500):
+        if fut.done() or any(m.decode().endswith("|" + request_id) for m in r.zrange(prefix + "queue", 0, -1)):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{request_id} was never queued")
 
 
 def _req(name: str, score: float, now: float):
@@ -274,16 +283,47 @@ def test_malformed_api_key_record_is_a_401_and_a_warning(redis_url, make_stub, m
     assert stub.stub.stats.started == 0
 
 
-def test_tenant_weighted_on_redis_warns_that_shares_are_per_replica(redis_url, make_stub, make_gateway, caplog):
-    stub = make_stub()
-    with caplog.at_level(logging.WARNING, logger="headway.serve"):
-        for name in ("tenant-weighted", "tenant-priority"):
-            make_gateway([stub.url], policy=name, redis_url=redis_url, redis_prefix=f"t{uuid.uuid4().hex[:6]}:")
-        gw = make_gateway([stub.url], policy="tenant-weighted")  # in memory: one queue, one virtual time
-    warned = [m for m in caplog.records if "tenant-weighted" in m.getMessage()]
-    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
-    assert "several replicas sharing this Redis queue do not keep them" in warned[0].getMessage()
-    assert httpx.post(gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+def test_tenant_weighted_replicas_share_one_virtual_time(redis_url):
+    """Start tags are drawn from the shared state, so a new replica's requests do not sort ahead of an
+    older one's; the virtual time advances to each dispatched request's start tag."""
+    r = _client(redis_url)
+
+    async def main() -> tuple[list[float], list[str], float]:
+        a, b = _replicas(redis_url, hold=0.0, policy="tenant-weighted", policy_args={"weights": [4, 2, 1]})
+        for d in (a, b):
+            await d.start()
+        try:
+            futs, reqs = [], []
+            for d, name, tier in [(a, "a-batch-0", Tier.BATCH), (a, "a-batch-1", Tier.BATCH),
+                                  (b, "b-batch-2", Tier.BATCH), (b, "b-premium", Tier.PREMIUM)]:  # fmt: skip
+                req = Request(name, d.now(), 8, 16, tier=tier)
+                reqs.append(req)
+                futs.append(d.submit(req))
+                await wait_until_queued(r, d.prefix, name, futs[-1])
+            tags = [float(req.extra["driftsched.start_tag"]) for req in reqs]
+            order: list[str] = []
+            while len(order) < len(reqs):  # the one slot: dispatch, then release, one at a time
+                fut = next((f for f, q in zip(futs, reqs, strict=True) if f.done() and q.request_id not in order), None)
+                if fut is None:
+                    await asyncio.wait([f for f in futs if not f.done()], return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                req = reqs[futs.index(fut)]
+                order.append(req.request_id)
+                owner = a if req.request_id.startswith("a-") else b
+                await asyncio.sleep(0.05)  # the advance of the virtual time lands
+                owner.release(fut.result())
+            return tags, order, float(r.get(a.prefix + "sfq:v"))
+        finally:
+            for d in (a, b):
+                await d.stop()
+                await d.redis.aclose()
+
+    tags, order, v = asyncio.run(main())
+    # batch (weight 1) tags continue across the replicas: 0, 1, 2; b's premium starts at the virtual time
+    assert tags[:3] == [0.0, 1.0, 2.0]
+    assert order[0] == "a-batch-0" and set(order) == {"a-batch-0", "a-batch-1", "b-batch-2", "b-premium"}
+    assert order.index("b-premium") < order.index("b-batch-2")  # its tag (<= 1) is below b's batch tag 2
+    assert v == 2.0  # the last dispatched start tag
 
 
 def test_out_of_range_priority_on_redis_is_a_400(redis_url, make_stub, make_gateway):

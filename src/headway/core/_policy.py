@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from headway.core._registry import Registry
 from headway.core._request import Request
@@ -57,6 +57,7 @@ __all__ = [
     "OracleAccessError",
     "Policy",
     "PolicyKey",
+    "SharedStartTags",
     "UnknownPolicyError",
     "available_policies",
     "get_policy_class",
@@ -73,6 +74,33 @@ class OracleAccessError(PermissionError):
 
 class UnknownPolicyError(ValueError):
     """No policy is registered under the given name."""
+
+
+@runtime_checkable
+class SharedStartTags(Protocol):
+    """A fair-queueing policy whose keys are start tags drawn from running state (a virtual
+    time and each flow's last finish tag), not from the request alone.
+
+    Where several schedulers share one queue (gateway replicas on one Redis queue), their
+    tags are comparable only if that state is shared too. Such a queue asks the policy for a
+    request's flow and tag increment, draws the start tag from the shared state
+    (``start = max(v, last[flow])``; ``last[flow] = start + increment``), gives it back with
+    :meth:`set_start_tag` before asking for the key, and advances the shared ``v`` to the
+    start tag of each request it dispatches. One scheduler on its own needs none of this:
+    the policy keeps the state itself.
+    """
+
+    def tag_flow(self, request: Request) -> tuple[str, float]:
+        """The request's flow (the fair-queueing class) and its tag increment (cost / weight)."""
+        ...
+
+    def set_start_tag(self, request: Request, start: float) -> None:
+        """Use ``start`` as the request's start tag (its key) from now on."""
+        ...
+
+    def start_tag(self, request: Request) -> float | None:
+        """The request's start tag, once it has one."""
+        ...
 
 
 class Policy(ABC):

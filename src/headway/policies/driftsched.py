@@ -37,7 +37,7 @@ Every policy takes the estimator's settings ``adaptive`` (a bool), ``alpha`` (``
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from headway.core import Policy, PolicyKey, Request, Tier, register_policy
 from headway.policies._base import check_positive, check_range
@@ -368,20 +368,11 @@ class TenantWeightedPolicy(_TenantPolicy):
     Tags are fixed at arrival, so keys are time-invariant. ``weights``: a mapping tier ->
     weight (``{"premium": 5, ...}``) or a sequence in tier order (``[5, 3, 2]``).
 
-    **Per replica only.** The virtual time lives in this policy instance. Gateway replicas
-    sharing one Redis queue each have their own, starting at 0, so their start tags are not
-    comparable: a freshly started replica's Batch requests sort ahead of a long-running
-    replica's Premium ones, and the shares do not hold across replicas. One replica with Redis
-    is fine; the gateway logs a warning when started with Redis (:attr:`shared_queue_warning`).
+    The virtual time and the last finish tags live in this instance. Gateway replicas sharing
+    one Redis queue share them in Redis instead (:class:`~headway.core.SharedStartTags`):
+    the queue draws each start tag there, so tags from every replica are comparable and
+    the shares hold across replicas.
     """
-
-    shared_queue_warning: ClassVar[str] = (
-        "policy tenant-weighted keeps its virtual time per gateway replica: its weighted tier shares hold "
-        "within one replica only; several replicas sharing this Redis queue do not keep them (a newer "
-        "replica's requests sort ahead of an older one's regardless of tier). Run one replica, or use "
-        "tenant-priority / tenant-aging across replicas"
-    )
-    """Logged by the gateway at startup with a shared (Redis) queue."""
 
     def __init__(
         self,
@@ -437,10 +428,22 @@ class TenantWeightedPolicy(_TenantPolicy):
 
     def on_arrival(self, request: Request, now: float) -> None:
         super().on_arrival(request, now)
-        cost = 1.0 if self.share == "requests" else self.estimate_of(request)
+        _, increment = self.tag_flow(request)
         start = max(self.virtual_time, self._last_finish[request.tier])
-        self._last_finish[request.tier] = start + cost / self.weights[request.tier]
-        request.extra["driftsched.start_tag"] = start
+        self._last_finish[request.tier] = start + increment
+        self.set_start_tag(request, start)
+
+    # SharedStartTags: a shared queue draws the tags from shared state instead
+    def tag_flow(self, request: Request) -> tuple[str, float]:
+        cost = 1.0 if self.share == "requests" else self.estimate_of(request)
+        return request.tier.name.lower(), cost / self.weights[request.tier]
+
+    def set_start_tag(self, request: Request, start: float) -> None:
+        request.extra["driftsched.start_tag"] = float(start)
+
+    def start_tag(self, request: Request) -> float | None:
+        tag = request.extra.get("driftsched.start_tag")
+        return tag if isinstance(tag, float) else None
 
     def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:
         tag = request.extra.get("driftsched.start_tag")

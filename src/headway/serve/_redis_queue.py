@@ -23,6 +23,11 @@ Layout (``P`` = the key prefix, ``headway:`` by default; one Redis instance, not
 ``P scoring`` / ``P hold_since``
     Hash replica -> requests it is scoring before they are queued, and when the current
     score hold began (ms): the score hold of the in-memory dispatcher, over all replicas.
+``P sfq:v`` / ``P sfq:last``
+    For fair-queueing policies (:class:`~headway.core.SharedStartTags`, e.g. tenant-weighted):
+    the shared virtual time and hash flow -> last finish tag, from which *sfq_tag* draws each
+    request's start tag (its key) before it is enqueued; *sfq_advance* moves the virtual time
+    to the start tag of each dispatched request. So tags from every replica compare.
 
 Every state change is one Lua script (atomic in Redis): *enqueue*, *release*, *cancel*,
 *heartbeat*, *join*, *reap*; enqueue, release and reap end with *dispatch*: while the head
@@ -69,9 +74,9 @@ periods, so replicas can renew after a restart before anyone is presumed dead; a
 whose state was lost (no persistence) rejoins and re-enqueues its waiting requests.
 
 Limits: keys are computed by each replica's own policy instance (learned state is per
-replica); all replicas must list the same backends; saturation polling, per-tenant queue
-limits and ``router`` are per replica (the shared dispatcher picks the least-loaded
-backend with room).
+replica, except the fair-queueing tags above); all replicas must list the same backends;
+saturation polling, per-tenant queue limits and ``router`` are per replica (the shared
+dispatcher picks the least-loaded backend with room).
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import struct
 import time
 import uuid
@@ -86,7 +92,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from headway.core import Policy, PolicyKey, Request, RequestState
+from headway.core import Policy, PolicyKey, Request, RequestState, SharedStartTags
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 
 __all__ = ["KeyEncodingError", "RedisDispatcher", "RedisUnavailableError", "encode_key"]
@@ -336,6 +342,33 @@ return {granted, held_ms}
 )
 
 
+# ARGV: prefix, flow, increment  ->  the start tag (a string, to keep every digit)
+_SFQ_TAG = (
+    _COMMON
+    + """
+local v = tonumber(redis.call('GET', P .. 'sfq:v') or '0')
+local start = math.max(v, tonumber(redis.call('HGET', P .. 'sfq:last', ARGV[2]) or '0'))
+redis.call('HSET', P .. 'sfq:last', ARGV[2], string.format('%.17g', start + tonumber(ARGV[3])))
+return string.format('%.17g', start)
+"""
+)
+
+# ARGV: prefix, start tag of a dispatched request
+_SFQ_ADVANCE = (
+    _COMMON
+    + """
+local t = tonumber(ARGV[2])
+if t > tonumber(redis.call('GET', P .. 'sfq:v') or '0') then
+  redis.call('SET', P .. 'sfq:v', string.format('%.17g', t))
+end
+return 1
+"""
+)
+
+_SHARED_TAG = "serve.shared_start_tag"
+"""``Request.extra`` flag: the start tag came from the shared state in Redis."""
+
+
 class KeyEncodingError(ValueError):
     """A policy key that the Redis queue cannot encode (an element that is no finite-or-infinite
     float: NaN, or an integer too large for a double)."""
@@ -413,6 +446,8 @@ class RedisDispatcher(Dispatcher):
                 ("join", _JOIN),
                 ("reap", _REAP),
                 ("scoring", _SCORING),
+                ("sfq_tag", _SFQ_TAG),
+                ("sfq_advance", _SFQ_ADVANCE),
             )
         }
         self._by_id: dict[str, Request] = {}
@@ -639,6 +674,11 @@ class RedisDispatcher(Dispatcher):
     async def _enqueue(self, request: Request) -> None:
         epoch = self._enq_epoch.get(request, 0) + 1
         self._enq_epoch[request] = epoch
+        policy = self.policy
+        if isinstance(policy, SharedStartTags) and not request.extra.get(_SHARED_TAG):
+            tagged = await self._shared_tag(request, policy)
+            if not tagged or self._enq_epoch.get(request) != epoch:
+                return
         while True:
             waiter = self._waiters.get(request)
             if waiter is None:
@@ -681,6 +721,29 @@ class RedisDispatcher(Dispatcher):
             self._members[request] = member
         else:  # cancelled or re-enqueued meanwhile
             await self._cancel_member(member)
+
+    async def _shared_tag(self, request: Request, policy: SharedStartTags) -> bool:
+        """Draw the request's start tag from the shared state (False: it failed, or left)."""
+        try:
+            flow, increment = policy.tag_flow(request)
+            if not math.isfinite(increment) or increment < 0:
+                raise ValueError(
+                    f"tag increment of request {request.request_id} must be finite and >= 0, got {increment}"
+                )
+            start = float(_text(await self._retrying("sfq_tag", [flow, repr(float(increment))])))
+        except Exception as exc:
+            log.error(
+                "request %s cannot be queued: shared start tag: %s: %s", request.request_id, type(exc).__name__, exc
+            )
+            self._fail(request, exc)
+            return False
+        if request not in self._waiters:
+            return False  # cancelled meanwhile
+        self.queue.remove(request)  # the local mirror holds it under its key: re-add it under the new one
+        policy.set_start_tag(request, start)
+        request.extra[_SHARED_TAG] = True
+        self.queue.add(request, self.now())
+        return True
 
     def _fail(self, request: Request, exc: BaseException) -> None:
         waiter = self._waiters.get(request)
@@ -781,10 +844,21 @@ class RedisDispatcher(Dispatcher):
                       now - req.arrival_time, req.score, len(self.queue), backend.url)  # fmt: skip
         if self._on_dispatch is not None:
             self._on_dispatch(req, backend)
+        if isinstance(self.policy, SharedStartTags) and req.extra.get(_SHARED_TAG):
+            tag = self.policy.start_tag(req)
+            if tag is not None:
+                self._spawn(self._advance(tag))
         if not fut.done():
             fut.set_result(backend)
         else:
             self.release(backend)
+
+    async def _advance(self, tag: float) -> None:
+        """The shared virtual time to ``tag`` (a dispatched request's start tag), if later."""
+        try:
+            await self._retrying("sfq_advance", [repr(tag)])
+        except Exception as exc:  # a missed advance only lets later tags start lower: logged, not fatal
+            self._log_error("sfq_advance", exc)
 
     def _rekey(self, request: Request) -> None:
         """Key changed (e.g. starvation promotion): re-enter the global queue with the new key."""
