@@ -21,8 +21,8 @@ from headway.metrics import (
     safe_filename,
     summarize,
     summary_row,
-    write_json,
     write_groups_csv,
+    write_json,
     write_requests_csv,
     write_summary_csv,
 )

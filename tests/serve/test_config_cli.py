@@ -166,6 +166,25 @@ def test_unreachable_redis_at_startup_is_one_clear_line(tmp_path):
     assert "cannot start the gateway: redis unreachable for 0.2 s" in proc.stderr
 
 
+@pytest.mark.redis
+def test_a_taken_port_with_redis_exits_at_once(redis_url):
+    """The gateway used to hang for good: its Redis grant listener never finished its cancellation."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "headway.serve", "serve", "--backend", "http://127.0.0.1:1", "--port", str(port),
+             "--redis", redis_url],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 3 and "address already in use" in proc.stderr
+    assert time.monotonic() - t0 < 20 and "did not stop" not in proc.stderr
+
+
 def _wait_healthy(proc: subprocess.Popen[bytes], url: str) -> None:
     """Until a gateway process answers /health with 200 (fails if it exits or takes over 20 s)."""
     deadline = time.monotonic() + 20

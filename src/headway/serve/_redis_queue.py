@@ -419,6 +419,7 @@ class RedisDispatcher(Dispatcher):
     ) -> None:
         self._scoring = 0
         self._started = False
+        self._stopping = False
         super().__init__(
             policy,
             backends,
@@ -536,18 +537,22 @@ class RedisDispatcher(Dispatcher):
         await self._join()
         self._started = True
         self._publish_scoring_soon()  # what arrived before the start
-        self._listener = asyncio.create_task(self._listen())
-        self._heartbeat = asyncio.create_task(self._beat())
+        self._listener = asyncio.create_task(self._listen(), name="grant listener")
+        self._heartbeat = asyncio.create_task(self._beat(), name="heartbeat")
 
     async def stop(self) -> None:
         """Stop listening; return owed slots; deregister (our queue entries go, our slots are freed)."""
+        self._stopping = True
         if self._hold_end is not None:
             self._hold_end.cancel()
         for task in (self._heartbeat, self._listener):
             if task is not None:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                # bounded: a BLPOP cancelled while its connection is still being set up (a gateway
+                # whose port was taken stops right after it started) never finished its cancellation
+                done, _ = await asyncio.wait({task}, timeout=2.0)
+                if not done:
+                    log.warning("redis %s task did not stop within 2 s; leaving it", task.get_name())
         for t in list(self._tasks):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(t, 2.0)
@@ -801,12 +806,14 @@ class RedisDispatcher(Dispatcher):
                 self._owed[url] += 1  # flushed by the heartbeat once Redis is back
 
     async def _listen(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 item = await self.listen_redis.blpop([self._k_grant], timeout=1)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if self._stopping:
+                    return  # its connection was closed under it
                 self._log_error("grant listener", exc)
                 await asyncio.sleep(0.2)
                 continue
