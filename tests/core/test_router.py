@@ -48,7 +48,7 @@ def test_unknown_router_lists_valid_names() -> None:
 
 
 def test_bad_settings_are_value_errors() -> None:
-    with pytest.raises(ValueError, match="bad settings for router 'round-robin'"):
+    with pytest.raises(ValueError, match="router 'round-robin' has no setting 'seed'; its settings: estimate_fn"):
         make_router("round-robin", seed=1)
     with pytest.raises(ValueError, match="seed"):
         make_router("random", seed=-1)

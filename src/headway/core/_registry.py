@@ -18,10 +18,11 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -71,6 +72,33 @@ def _import_file(path: Path) -> None:
     except BaseException:
         del sys.modules[name]
         raise
+
+
+def _check_settings(kind: str, name: str, cls: type, kwargs: Mapping[str, Any]) -> None:
+    """Unknown keyword settings, named with the valid ones (and a close match), before ``cls`` runs.
+
+    An ``__init__`` that takes ``**kwargs`` is taken to pass them to its base class's (the
+    tenant policies pass the estimator's settings on); the settings are those of the chain
+    up to the first ``__init__`` without ``**kwargs`` (``object``'s takes none)."""
+    valid: list[str] = []
+    for klass in cls.__mro__[:-1]:  # object last: it takes no settings
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters
+        except (TypeError, ValueError):  # no signature to read: the call itself will say
+            return
+        valid += [k for k, p in params.items() if k != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            break
+    unknown = [k for k in kwargs if k not in valid]
+    if not unknown:
+        return
+    close = difflib.get_close_matches(unknown[0], valid, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    takes = f"its settings: {', '.join(valid)}" if valid else "it takes no settings"
+    raise ValueError(f"{kind} {name!r} has no setting {unknown[0]!r}{hint}; {takes}")
 
 
 class Registry(Generic[T]):
@@ -156,8 +184,10 @@ class Registry(Generic[T]):
             ) from None
 
     def make(self, name: str, **kwargs: Any) -> T:
-        """Instantiate the class registered as ``name`` with keyword settings."""
+        """Instantiate the class registered as ``name`` with keyword settings; a setting the
+        class does not take is a ValueError naming it and listing the ones it takes."""
         cls = self.get(name)
+        _check_settings(self.kind, name, cls, kwargs)
         try:
             return cls(**kwargs)
         except TypeError as exc:

@@ -182,6 +182,8 @@ def _user_errors(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argparse
             return cmd(args)
         except OSError as exc:
             raise ValueError(describe_error(exc)) from exc
+        except ModuleNotFoundError:
+            raise  # headway's main names the extra to install
         except (RuntimeError, ImportError) as exc:
             raise ValueError(str(exc) or type(exc).__name__) from exc
 
@@ -190,6 +192,8 @@ def _user_errors(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 
 def _check_server_args(args: argparse.Namespace) -> None:
     """What can be checked before a server is started or asked anything."""
+    import httpx  # noqa: F401 - the probe's client (the 'serve' extra): missing, say so before starting vLLM
+
     if args.launch and args.endpoint:
         raise ValueError("give --endpoint or --launch, not both")
     if not args.launch and not args.endpoint:

@@ -98,7 +98,9 @@ def _ray(tasks: Sequence[Task], grid: Grid, address: str | None, num_cpus: int |
     try:
         import ray
     except ImportError:
-        raise RuntimeError("Ray is not installed: pip install 'headway[sweep]' or run with --no-ray") from None
+        raise ModuleNotFoundError(
+            "Ray is not installed: pip install 'headway[sweep]' or run with --no-ray", name="ray"
+        ) from None
     started = not ray.is_initialized()
     if started:
         ray.init(
