@@ -195,7 +195,7 @@ def test_scheduler_class_resolves_like_vllm_loads_it() -> None:
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
 
 
-def test_calibrate_and_fidelity_commands_against_the_server(plugin_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_calibrate_and_fidelity_commands_against_the_server(plugin_server, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """``headway calibrate --endpoint`` (step-log fit) and ``headway fidelity --endpoint`` on the live server."""
     import argparse
 
@@ -212,6 +212,7 @@ def test_calibrate_and_fidelity_commands_against_the_server(plugin_server, tmp_p
     plugin_server.use("fcfs")
     assert args.func(args) == 0
     saved = presets / "test-vllm-cpu.json"
+    assert f"use: headway simulate --preset {saved} " in capsys.readouterr().out  # by path: not the default dir
     meta = json.loads((presets / "test-vllm-cpu.calibration.json").read_text())
     assert meta["source"] == "step_log" and meta["fit"]["num_samples"] > 50
     model = load_preset(str(saved))

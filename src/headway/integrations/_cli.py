@@ -348,8 +348,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
           f"R^2 {fit.r2:.3f}, mean |rel. residual| {fit.mean_abs_rel_residual:.1%}, "
           f"total time error {fit.total_time_error:+.2%}; {fit.num_new_shapes} steps of a new token count "
           f"cost {fit.new_shape_cost_s * 1e3:.2f} ms more once (not modelled)")  # fmt: skip
+    # a preset outside the default directory is found by its path (or with $HEADWAY_PRESET_DIR set)
+    preset = m.name if args.preset_dir is None else str(path)
     print(
-        f"saved {path}; use: headway simulate --preset {m.name} "
+        f"saved {path}; use: headway simulate --preset {preset} "
         f"--max-num-seqs {geo.max_num_seqs} --max-num-batched-tokens {geo.max_num_batched_tokens}"
     )
     return 0

@@ -379,7 +379,8 @@ def check_settings(cfg: PluginConfig, *, chunked_prefill: bool | None = None) ->
     elif isinstance(policy, ScoredPolicy) and policy.scorer is None:
         done.append(
             f"note: policy {policy.name!r} ranks by scores and no scorer is set: requests need vllm_xargs "
-            "headway_score (others get missing_score)"
+            "headway_score; those without one get missing_score (default: the mean of the scores so far, 0 "
+            "before any)"
         )
     if cfg.step_log is not None:
         path = Path(cfg.step_log).expanduser().absolute()

@@ -101,10 +101,11 @@ class OnnxBackend:
     (``benchmarks/results/gateway.md``).
     """
 
-    name = "onnx"
-
-    def __init__(self, path: str | Path, threads: int = 2) -> None:
+    def __init__(self, path: str | Path, threads: int = 2, *, name: str = "onnx") -> None:
         import onnxruntime as ort
+
+        self.name = name
+        """The backend's name (``onnx``, or ``onnx-int8`` for the quantized model)."""
 
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = max(1, threads)
@@ -291,7 +292,7 @@ class Scorer:
 
         tokenizer = AutoTokenizer.from_pretrained(str(p / "tokenizer"), local_files_only=True)
         return cls(
-            OnnxBackend(onnx_path, threads),
+            OnnxBackend(onnx_path, threads, name=backend),
             tokenizer,
             max_length=_scoring_length(max_length, checkpoint_max_length(p, meta)),
             batch_size=batch_size,
