@@ -45,6 +45,23 @@ def test_bad_policy_settings_name_the_policy() -> None:
     assert make_policy("tenant-weighted", weights=[1, 2, 3], alpha=0.5).name == "tenant-weighted"
 
 
+def test_a_policy_that_reads_its_own_kwargs_is_not_second_guessed() -> None:
+    from headway.core._policy import _POLICIES
+
+    class ReadsKwargs(Policy):
+        def __init__(self, **settings: object) -> None:
+            self.depth = settings.get("depth")
+
+        def key(self, request: Request, now: float) -> PolicyKey:
+            return (0,)
+
+    _POLICIES.register("test-reads-kwargs")(ReadsKwargs)
+    try:
+        assert make_policy("test-reads-kwargs", depth=3).depth == 3  # type: ignore[attr-defined]
+    finally:
+        _POLICIES.unregister("test-reads-kwargs")
+
+
 def test_duplicate_and_malformed_names_rejected() -> None:
     with pytest.raises(ValueError, match="already registered"):
 

@@ -79,9 +79,12 @@ def _check_settings(kind: str, name: str, cls: type, kwargs: Mapping[str, Any]) 
 
     An ``__init__`` that takes ``**kwargs`` is taken to pass them to its base class's (the
     tenant policies pass the estimator's settings on); the settings are those of the chain
-    up to the first ``__init__`` without ``**kwargs`` (``object``'s takes none)."""
+    up to the first ``__init__`` without ``**kwargs``. A class with no ``__init__`` of its own
+    takes none; a chain of ``**kwargs`` up to ``object`` (a user's class that reads them
+    itself) is not checked."""
     valid: list[str] = []
-    for klass in cls.__mro__[:-1]:  # object last: it takes no settings
+    forwards = False
+    for klass in cls.__mro__[:-1]:  # not object's
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
@@ -90,8 +93,11 @@ def _check_settings(kind: str, name: str, cls: type, kwargs: Mapping[str, Any]) 
         except (TypeError, ValueError):  # no signature to read: the call itself will say
             return
         valid += [k for k, p in params.items() if k != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        forwards = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        if not forwards:
             break
+    if forwards:
+        return
     unknown = [k for k in kwargs if k not in valid]
     if not unknown:
         return

@@ -27,7 +27,9 @@ Layout (``P`` = the key prefix, ``headway:`` by default; one Redis instance, not
     For fair-queueing policies (:class:`~headway.core.SharedStartTags`, e.g. tenant-weighted):
     the shared virtual time and hash flow -> last finish tag, from which *sfq_tag* draws each
     request's start tag (its key) before it is enqueued; *sfq_advance* moves the virtual time
-    to the start tag of each dispatched request. So tags from every replica compare.
+    to the start tag of each dispatched request. So tags from every replica compare. (If Redis
+    loses its state, tags start again from 0; requests that rejoining replicas re-enqueue keep
+    the tags they had, so for a while they queue behind the new ones.)
 
 Every state change is one Lua script (atomic in Redis): *enqueue*, *release*, *cancel*,
 *heartbeat*, *join*, *reap*; enqueue, release and reap end with *dispatch*: while the head
