@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -76,6 +77,67 @@ def make_gateway(servers: ExitStack) -> Callable[..., GatewayHandle]:
         app = create_app(config, policy=policy_obj)  # type: ignore[arg-type]
         url = servers.enter_context(serve_in_thread(app))
         return GatewayHandle(url, app.state.gateway)
+
+    return make
+
+
+@pytest.fixture
+def make_raw_backend(servers: ExitStack) -> Callable[[str], tuple[str, list[int]]]:
+    """A misbehaving backend: it reads each request whole, then ``"drop"`` closes the connection,
+    ``"close-after-headers"`` sends a streaming 200's headers and closes, ``"hang-after-headers"``
+    sends them and never more, ``"hang-after-event"`` sends them and one token's event and never
+    more. Returns its URL and a list that counts the requests it read."""
+
+    def make(behaviour: str) -> tuple[str, list[int]]:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        seen: list[int] = []
+        held: list[socket.socket] = []
+        stop = threading.Event()
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+        def serve(conn: socket.socket) -> None:
+            data = b""
+            conn.settimeout(5)
+            with contextlib.suppress(OSError):
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                top, _, body = data.partition(b"\r\n\r\n")
+                length = int(top.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                while len(body) < length:
+                    body += conn.recv(65536)
+                seen.append(1)
+                if behaviour != "drop":
+                    conn.sendall(head)
+                if behaviour == "hang-after-event":
+                    event = b'data: {"id":"x","choices":[{"index":0,"text":" t","finish_reason":null}]}\n\n'
+                    conn.sendall(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+                if behaviour.startswith("hang-after-"):
+                    held.append(conn)
+                    return
+            conn.close()
+
+        def accept() -> None:
+            sock.settimeout(0.05)
+            while not stop.is_set():
+                try:
+                    conn = sock.accept()[0]
+                except OSError:
+                    continue
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+        t = threading.Thread(target=accept, daemon=True)
+        t.start()
+
+        def close() -> None:
+            stop.set()
+            t.join(5)
+            for c in [*held, sock]:
+                c.close()
+
+        servers.callback(close)
+        return f"http://127.0.0.1:{sock.getsockname()[1]}", seen
 
     return make
 

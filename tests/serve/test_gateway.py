@@ -600,6 +600,36 @@ def test_stalled_only_backend_gives_a_quick_502(make_hole, make_gateway):
     assert hole.split("//")[1] not in r.text
 
 
+def test_a_request_that_every_backend_drops_ends_after_max_attempts(make_raw_backend, make_gateway):
+    """A backend that reads the request and drops the connection (crashing on it, say) used to get
+    it again and again until the queue TTL: such drops count as attempts now."""
+    url, seen = make_raw_backend("drop")
+    gw = make_gateway([url], backend_down_s=0.05, queue_ttl_s=30)
+    t0 = time.monotonic()
+    r = httpx.post(gw.url + "/v1/completions", json=COMPLETION, timeout=30)
+    assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
+    assert len(seen) == 3 and time.monotonic() - t0 < 5  # max_attempts, not until the TTL
+    assert gw.gateway.backends[0].reachable  # it accepts connections: not "no backend is reachable"
+
+
+@pytest.mark.parametrize("behaviour", ["close-after-headers", "hang-after-headers"])
+def test_a_stream_that_fails_before_its_first_event_goes_to_another_backend(
+    make_raw_backend, make_stub, make_gateway, behaviour
+):
+    """Nothing was streamed, so it is retried, as the spec says; a stalled stream within headers_timeout_s."""
+    (bad, seen), stub = make_raw_backend(behaviour), make_stub()
+    gw = make_gateway([BackendConfig(bad, max_concurrency=8), BackendConfig(stub.url, max_concurrency=1)],
+                      headers_timeout_s=0.5)  # fmt: skip
+    t0 = time.monotonic()
+    for _ in range(2):
+        with gw.client() as c, c.stream("POST", "/v1/completions", json={**COMPLETION, "stream": True}) as r:
+            assert r.status_code == 200
+            events = sse_events(r)
+        assert events[-1] == "[DONE]" and not any("error" in e for e in events)
+    assert time.monotonic() - t0 < 5
+    assert stub.stub.stats.completed == 2 and len(seen) >= 1
+
+
 # ----------------------------------------------------------------- SSE variants
 def _sse_backend(servers, sep: bytes, prefix: bytes, split: bool = False) -> str:
     """A backend streaming 3 tokens, the usage chunk and [DONE] with its own SSE framing;
@@ -669,27 +699,27 @@ def test_sse_helpers():
 
 
 # ---------------------------------------------------------------------- cancel
-def test_cancelling_a_stream_ends_it_at_once_even_while_the_backend_is_silent(make_stub, make_gateway):
-    stub = make_stub(token_delay_s=5.0)  # the first token would come in 5 s
-    gw = make_gateway([stub.url])
+def test_cancelling_a_stream_ends_it_at_once_even_while_the_backend_is_silent(make_raw_backend, make_gateway):
+    url, _ = make_raw_backend("hang-after-event")  # one token, then silence
+    gw = make_gateway([url])
     t0 = time.monotonic()
     with gw.client() as c, c.stream("POST", "/v1/completions", json={**COMPLETION, "stream": True}) as r:
-        rid = r.headers["x-request-id"]
-        wait_until(lambda: stub.stub.stats.running == 1, what="stream running")
+        rid = r.headers["x-request-id"]  # the 200 comes with the first event
         assert c.delete(f"/v1/requests/{rid}").status_code == 200
         events = sse_events(r)
     assert time.monotonic() - t0 < 3
     err = json.loads(events[-2])["error"]
     assert (err["type"], err["code"]) == ("cancelled", "cancelled") and events[-1] == "[DONE]"
-    wait_until(lambda: stub.stub.stats.aborted == 1, what="upstream aborted")
+    assert len(events) == 3  # the token, the error, [DONE]
+    wait_until(lambda: gw.gateway.backends[0].in_flight == 0, what="the slot released")
     text = httpx.get(gw.url + "/metrics").text
     assert 'headway_rejections_total{reason="cancelled"} 1.0' in text
     assert "client_disconnected" not in text
 
 
-def test_backend_silent_mid_stream_ends_it_after_the_read_timeout(make_stub, make_gateway):
-    stub = make_stub(first_token_delay_s=5.0)  # headers at once, then silence
-    gw = make_gateway([stub.url], read_timeout_s=0.3)
+def test_backend_silent_mid_stream_ends_it_after_the_read_timeout(make_raw_backend, make_gateway):
+    url, _ = make_raw_backend("hang-after-event")  # one token, then silence
+    gw = make_gateway([url], read_timeout_s=0.3)
     t0 = time.monotonic()
     with gw.client() as c, c.stream("POST", "/v1/completions", json={**COMPLETION, "stream": True}) as r:
         events = sse_events(r)
@@ -697,6 +727,18 @@ def test_backend_silent_mid_stream_ends_it_after_the_read_timeout(make_stub, mak
     err = json.loads(events[-2])["error"]
     assert err["message"] == "the backend failed mid-stream: no data from the backend for 0.3 s"
     assert err["code"] == "upstream_error" and events[-1] == "[DONE]"
+
+
+def test_backend_silent_after_its_headers_is_a_stall_then_a_clear_502(make_stub, make_gateway):
+    stub = make_stub(first_token_delay_s=5.0)  # headers at once, then silence: nothing streamed yet
+    gw = make_gateway([stub.url], read_timeout_s=0.3)
+    t0 = time.monotonic()
+    r = httpx.post(gw.url + "/v1/completions", json={**COMPLETION, "stream": True}, timeout=10)
+    assert time.monotonic() - t0 < 3
+    assert r.status_code == 502 and r.json()["error"]["message"] == (
+        "no backend could serve the request (last error: the stream stalled before its first event "
+        "(no data from the backend for 0.3 s))"
+    )
 
 
 # ------------------------------------------------------------- driftsched behind the gateway

@@ -139,8 +139,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="S",
-        help="streamed requests: a backend that sends no response headers within S seconds is stalled: the "
-        "request is retried on another (default 30; 0: only --read-timeout)",
+        help="streamed requests: a backend that sends no response headers, or then no first event, within S "
+        "seconds is stalled: the request is retried on another (default 30; 0: only --read-timeout)",
     )
     p.add_argument(
         "--scorer",

@@ -16,8 +16,8 @@ Config file (TOML shown; JSON with the same structure works too)::
     drain_timeout_s = 30.0          # SIGTERM: finish in-flight + queued work up to this, then 503 the rest
     connect_timeout_s = 5.0         # opening a connection to a backend
     read_timeout_s = 300.0          # longest silence from a backend while waiting for / reading a response
-    headers_timeout_s = 30.0        # streamed requests: response headers within this, else retried elsewhere
-    backend_down_s = 2.0            # a backend that refused a connection is skipped this long
+    headers_timeout_s = 30.0        # streamed requests: headers, then the first event, within this, else retried
+    backend_down_s = 2.0            # a backend that refused, dropped or stalled a request is skipped this long
     redis_url = ""                  # "" = in-memory queue state
     redis_lease_s = 5.0             # replica liveness lease (Redis mode), see _redis_queue
     router = "least-outstanding"    # which backend gets a dispatched request (headway routers)
@@ -176,11 +176,13 @@ class GatewayConfig:
     answer's headers come only with its end, so this also bounds a whole non-streamed answer)."""
     headers_timeout_s: float = 30.0
     """Streamed requests: the backend's response headers must come within this (vLLM sends them at
-    once), else the backend counts as stalled: it is skipped for ``backend_down_s`` and the request,
-    of which nothing was streamed yet, is retried on another (``max_attempts``). 0 = only
+    once), and then its first event within this again (vLLM's comes with the first token), else the
+    backend counts as stalled: it is skipped for ``backend_down_s`` and the request, of which
+    nothing was streamed yet, is retried on another (``max_attempts``). 0 = only
     ``read_timeout_s``."""
     backend_down_s: float = 2.0
-    """A backend that refused a connection is skipped for this long."""
+    """A backend that refused a connection, dropped one before answering or stalled is skipped
+    for this long."""
     redis_url: str = ""
     """Keep queue state (and look up API keys) in Redis; replicas sharing it share one order."""
     redis_prefix: str = "headway:"

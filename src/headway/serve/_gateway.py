@@ -8,16 +8,20 @@ the response through (SSE event by event) and report progress and the final
 ``usage.completion_tokens`` to the policy. Every request ends in exactly one terminal
 answer, counted once in ``headway_requests_finished`` or ``headway_rejections{reason}``.
 
-Backend failures: a backend that refuses the connection or drops it before answering is
-marked down for ``backend_down_s`` and unreachable, and the request goes back to the queue
-(same policy position) to wait for it or another backend (counted in ``headway_retries``);
-nothing had reached the client. Waiting is bounded by the queue TTL only, so that a backend
-restarting in a few seconds loses no request; when the TTL runs out while no backend is
-reachable (each one's last connection attempt failed), the answer is a 503 ``no_backend``
-rather than the 408, and ``/health`` says ``degraded`` (503) meanwhile. A 5xx, a broken
-exchange or a stream whose response headers do not come within ``headers_timeout_s`` (a
-stalled backend, then also skipped for ``backend_down_s``) is retried on another backend
-(``max_attempts``), then 502. A backend failing mid-stream ends the stream with an error
+Backend failures: a backend that refuses the connection is marked down for
+``backend_down_s`` and unreachable, and the request goes back to the queue (same policy
+position) to wait for it or another backend (counted in ``headway_retries``); nothing had
+reached the client. Waiting is bounded by the queue TTL only, so that a backend restarting in
+a few seconds loses no request; when the TTL runs out while no backend is reachable (each
+one's last connection attempt failed), the answer is a 503 ``no_backend`` rather than the 408,
+and ``/health`` says ``degraded`` (503) meanwhile. A backend that took the request and then
+dropped the connection, or ended its stream, before answering anything is marked down too and
+the request waits in the queue again, but that counts as an attempt: a request that crashes
+every backend it meets ends after ``max_attempts`` with a 502. A 5xx, a broken exchange or a
+stream whose response headers, or whose first event after them, do not come within
+``headers_timeout_s`` (a stalled backend, then also skipped for ``backend_down_s``) is retried
+on another backend (``max_attempts``), then 502. A stream's 200 goes to the client with its
+first event, so everything before it can still be retried. A backend failing mid-stream ends the stream with an error
 event and ``[DONE]``; mid-body of a non-streamed response, a 502. Client-visible messages
 never name a backend or the Redis address (the log does).
 
@@ -176,6 +180,13 @@ _STOP_EVENTS: dict[str, bytes] = {
 """Why a stream was stopped (:class:`_Watch`) -> its final error event and ``[DONE]``."""
 _STOP_REASONS = {"cancelled": "cancelled", "shutdown": "drain_timeout", "disconnected": "client_disconnected"}
 """Why a request was stopped -> its ``headway_rejections`` reason."""
+
+
+async def _chain(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``head``, then what ``rest`` yields (a stream whose first piece was read already)."""
+    yield head
+    async for chunk in rest:
+        yield chunk
 
 
 def _either(a: asyncio.Future[Any], b: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
@@ -873,7 +884,7 @@ class Gateway:
                     handed_off = True  # _forward released the backend / owns the stream now
                     return outcome
                 # retryable failure before anything was sent to the client
-                message, connect_failed = outcome
+                message, kind = outcome
                 last_error = message  # the client is not told which backend (the log is)
                 log.warning("request %s failed on %s (%s)", req.request_id, backend.url, message)
                 self.dispatcher.release(backend, req)
@@ -882,13 +893,18 @@ class Gateway:
                     return self._stopped(watch)
                 req.transition(RequestState.PREEMPTED)
                 req.num_preemptions += 1
-                if connect_failed and self.config.backend_down_s > 0 and loop.time() < deadline:
-                    # the backend is down (marked so for backend_down_s): wait in the queue,
-                    # in order, for it or another one; nothing reached a backend
+                reached = kind != "refused"  # a refused connection reached no backend
+                if reached:
+                    attempts += 1  # so a request that crashes every backend it meets ends
+                waits = kind != "failed" and self.config.backend_down_s > 0 and loop.time() < deadline
+                if waits and attempts < self.config.max_attempts:
+                    # the backend is down or went away (marked down for backend_down_s): wait in
+                    # the queue, in order, for it or another one
                     self.metrics.retries.labels(backend.url).inc()
                     continue
+                if not reached:
+                    attempts += 1
                 exclude = exclude | {backend.index}
-                attempts += 1
                 if attempts >= self.config.max_attempts or self.dispatcher.all_backends_excluded(exclude):
                     break
                 self.metrics.retries.labels(backend.url).inc()
@@ -960,9 +976,12 @@ class Gateway:
         payload: bytes,
         parsed: _Parsed,
         watch: _Watch,
-    ) -> Response | tuple[str, bool]:
-        """Send to ``backend``. A Response ends the request; ``(message, connect_failed)``
-        is a retryable failure (nothing reached the client)."""
+    ) -> Response | tuple[str, str]:
+        """Send to ``backend``. A Response ends the request; ``(message, kind)`` is a retryable
+        failure (nothing reached the client): ``kind`` is ``refused`` (no connection: nothing
+        reached the backend), ``lost`` (the backend took the request and dropped the connection,
+        or ended its stream, before answering anything) or ``failed`` (a 5xx, a stall, a broken
+        exchange)."""
         wait = self.config.headers_timeout_s if parsed.stream else 0.0
         send = asyncio.ensure_future(self.pools[backend.index].post(path, payload, headers_timeout=wait or None))
         await asyncio.wait(_either(send, watch.stop), return_when=asyncio.FIRST_COMPLETED)
@@ -976,29 +995,59 @@ class Gateway:
             return self._stopped(watch)
         try:
             resp = send.result()
-        except (UpstreamConnectError, UpstreamConnectionLost) as exc:
-            # refused, or reset before any response: the backend is down (or restarting)
+        except UpstreamConnectError as exc:  # refused: the backend is down (or restarting)
             self.dispatcher.mark_down(backend, self.config.backend_down_s)
             backend.reachable = False
-            return str(exc), True
+            return str(exc), "refused"
+        except UpstreamConnectionLost as exc:  # it took the request and dropped it: crashed, restarting?
+            self.dispatcher.mark_down(backend, self.config.backend_down_s)
+            return str(exc), "lost"
         except UpstreamTimeout as exc:
             # it took the request and stalled: try another one, and skip it for a while
             self.dispatcher.mark_down(backend, self.config.backend_down_s)
-            return str(exc), False
+            return str(exc), "failed"
         except UpstreamError as exc:
-            return str(exc), False
+            return str(exc), "failed"
         backend.reachable = True
         if resp.status_code >= 500:
             with contextlib.suppress(UpstreamError):
                 await resp.read()
             resp.close()
-            return f"HTTP {resp.status_code}", False
+            return f"HTTP {resp.status_code}", "failed"
         if resp.status_code != 200 or not parsed.stream:
             return await self._finish_plain(req, backend, resp, watch)
+        # the first event before the client sees a 200: a backend that sends its headers and then
+        # fails or stalls has streamed nothing, so the request can still go to another
+        chunks = resp.iter_chunks()
+        first = asyncio.ensure_future(anext(chunks))
+        await asyncio.wait(_either(first, watch.stop), timeout=wait or None, return_when=asyncio.FIRST_COMPLETED)
+        if not first.done():
+            first.cancel()
+            with contextlib.suppress(BaseException):
+                await first
+            resp.close()
+            if watch.stop.done():  # the client went away (or was cancelled) meanwhile
+                self.dispatcher.release(backend, req)
+                self._abort(req)
+                watch.close()
+                return self._stopped(watch)
+            self.dispatcher.mark_down(backend, self.config.backend_down_s)
+            return f"no event within {wait:g} s of the response headers", "failed"
+        try:
+            head = first.result()
+        except UpstreamTimeout as exc:  # stalled after its headers
+            resp.close()
+            self.dispatcher.mark_down(backend, self.config.backend_down_s)
+            return f"the stream stalled before its first event ({exc})", "failed"
+        except (StopAsyncIteration, UpstreamError) as exc:  # it ended the stream, or dropped it
+            resp.close()
+            self.dispatcher.mark_down(backend, self.config.backend_down_s)
+            why = "the stream ended" if isinstance(exc, StopAsyncIteration) else f"the stream broke ({exc})"
+            return f"{why} before its first event", "lost"
         watch.close()  # StreamingResponse watches for disconnects from here on
         watch.upstream = resp
         return StreamingResponse(
-            self._relay(req, backend, resp, parsed.wants_usage, watch),
+            self._relay(req, backend, resp, _chain(head, chunks), parsed.wants_usage, watch),
             status_code=200,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Request-Id": req.request_id},
@@ -1061,7 +1110,13 @@ class Gateway:
         self._record(req)
 
     async def _relay(
-        self, req: Request, backend: Backend, resp: UpstreamResponse, wants_usage: bool, watch: _Watch
+        self,
+        req: Request,
+        backend: Backend,
+        resp: UpstreamResponse,
+        chunks: AsyncIterator[bytes],
+        wants_usage: bool,
+        watch: _Watch,
     ) -> AsyncIterator[bytes]:
         """Pass SSE events through one by one; count tokens; read the final usage.
 
@@ -1076,7 +1131,7 @@ class Gateway:
         reason = "client_disconnected"  # unless set below: the client went away mid-stream
         try:
             try:
-                async for chunk in resp.iter_chunks():
+                async for chunk in chunks:
                     if held or b"\r" in chunk:
                         chunk, held = _sse_newlines(held + chunk)
                     buf += chunk

@@ -113,7 +113,7 @@ class UpstreamResponse:
                     yield data
         except TimeoutError:  # before OSError, of which it is a subclass
             self.close()
-            raise UpstreamError(f"no data from the backend for {self._timeout:g} s") from None
+            raise UpstreamTimeout(f"no data from the backend for {self._timeout:g} s") from None
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             self.close()
             raise UpstreamError(f"{type(exc).__name__} while reading the body") from None
