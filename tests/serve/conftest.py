@@ -195,38 +195,31 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             pytest.fail(msg + " and HEADWAY_REQUIRE_REDIS=1")
         pytest.skip(msg)
     port = free_port()
-    d = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(d),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_redis_server(port, tmp_path_factory.mktemp("redis"))
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"redis-server did not start on port {port}")
-                time.sleep(0.02)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def start_redis_server(port: int, directory: Path) -> subprocess.Popen[bytes]:
+    """A redis-server on 127.0.0.1:``port`` without persistence, once it accepts connections."""
+    binary = shutil.which("redis-server")
+    assert binary is not None
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory), "--save", "",
+            "--appendonly", "no"]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"redis-server did not start on port {port}")
+            time.sleep(0.02)
 
 
 # ------------------------------------------------------------------------- vllm

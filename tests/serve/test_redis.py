@@ -18,7 +18,7 @@ from headway.serve import BackendConfig, hash_api_key
 from headway.serve._redis_queue import KeyEncodingError, encode_key
 from headway.serve._tenants import REDIS_APIKEYS_HASH
 
-from .conftest import wait_until
+from .conftest import free_port, start_redis_server, wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -401,3 +401,24 @@ def test_a_key_epoch_bump_reorders_the_members_already_in_redis(redis_url, make_
     # anything; p2 and p3 were re-keyed in Redis, so the newest goes first (before: p1 p2 p3)
     assert stub.stub.stats.order == ["p0", "p1", "p3", "p2"]
     assert r.zcard(prefix + "queue") == 0
+
+
+def test_health_is_degraded_while_redis_is_unreachable(redis_url, make_stub, make_gateway, tmp_path):
+    """A load balancer should route elsewhere while this replica's queue store is gone."""
+    port = free_port()
+    proc = start_redis_server(port, tmp_path)
+    try:
+        gw = make_gateway([make_stub().url], redis_url=f"redis://127.0.0.1:{port}/0", redis_lease_s=0.6)
+        assert httpx.get(gw.url + "/health").json()["status"] == "ok"
+        proc.kill()
+        proc.wait(timeout=10)
+        wait_until(lambda: httpx.get(gw.url + "/health").status_code == 503, timeout=10, what="degraded")
+        assert httpx.get(gw.url + "/health").json() == {
+            "status": "degraded", "reason": "queue store unreachable", "queued": 0
+        }
+        proc = start_redis_server(port, tmp_path)  # back (empty: the replica rejoins)
+        wait_until(lambda: httpx.get(gw.url + "/health").status_code == 200, timeout=10, what="ok again")
+        assert httpx.post(gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

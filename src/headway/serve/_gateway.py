@@ -511,17 +511,20 @@ class Gateway:
 
     # -------------------------------------------------------------- handlers
     async def health(self, request: HTTPRequest) -> Response:
-        """200 ``ok``; 503 ``draining``, or ``degraded`` while no backend is reachable (route
-        traffic elsewhere: requests wait in the queue for a backend, up to the queue TTL).
+        """200 ``ok``; 503 ``draining``, or ``degraded`` while no backend is reachable or the
+        Redis queue cannot be reached (route traffic elsewhere: requests wait in the queue, up
+        to the queue TTL, for a backend or for Redis to come back).
 
-        The body also counts the requests ``queued``, except with API keys on for a caller
-        without the admin key: load balancers probe without keys, and the count would tell
-        anyone how much the tenants send."""
+        The body also counts the requests ``queued`` (with Redis: this replica's), except with
+        API keys on for a caller without the admin key: load balancers probe without keys, and
+        the count would tell anyone how much the tenants send."""
         if self.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         body: dict[str, Any] = {"status": "ok"}
         if not self._any_reachable():
             body = {"status": "degraded", "reason": "no backend reachable"}
+        elif isinstance(self.dispatcher, RedisDispatcher) and not self.dispatcher.redis_reachable:
+            body = {"status": "degraded", "reason": "queue store unreachable"}
         if not self.tenants.enabled or self._is_admin(request):
             body["queued"] = len(self.dispatcher.queue)
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)

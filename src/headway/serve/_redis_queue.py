@@ -367,6 +367,15 @@ return 1
 """
 )
 
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says Redis could not be reached (not that it refused a command)."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    return isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError | RedisUnavailableError)
+
+
 _SHARED_TAG = "serve.shared_start_tag"
 """``Request.extra`` flag: the start tag came from the shared state in Redis."""
 
@@ -422,6 +431,9 @@ class RedisDispatcher(Dispatcher):
         self._scoring = 0
         self._started = False
         self._stopping = False
+        self.redis_reachable = True
+        """False from a failed heartbeat (or an operation out of retries) until Redis answers
+        again: the gateway's ``/health`` then says ``degraded``."""
         super().__init__(
             policy,
             backends,
@@ -594,10 +606,13 @@ class RedisDispatcher(Dispatcher):
         delay = 0.05
         while True:
             try:
-                return await self._script(name, args)
+                res = await self._script(name, args)
+                self.redis_reachable = True
+                return res
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 self._log_error(name, exc)
                 if time.monotonic() + delay > deadline:
+                    self.redis_reachable = False
                     raise RedisUnavailableError(f"redis unreachable for {self.retry_s:g} s ({exc})") from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
@@ -640,6 +655,7 @@ class RedisDispatcher(Dispatcher):
             side = self.listen_redis
             try:
                 ok = await self._script("heartbeat", [self.replica, int(self.lease_s * 1000), self.gen], side)
+                self.redis_reachable = True
                 if not ok:
                     await self._rejoin()
                 self._publish_scoring_soon()  # a count that could not be sent
@@ -659,6 +675,8 @@ class RedisDispatcher(Dispatcher):
                 raise
             except Exception as exc:
                 self._log_error("heartbeat", exc)
+                if _unreachable(exc):
+                    self.redis_reachable = False
 
     # -------------------------------------------------------------- arrival
     def submit(self, request: Request, exclude: frozenset[int] = frozenset()) -> asyncio.Future[Any]:
