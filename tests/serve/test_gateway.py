@@ -352,6 +352,8 @@ def test_body_limits_and_validation(make_stub, make_gateway):
             ("/v1/completions", {**COMPLETION, "model": 3}, "model"),
             ("/v1/chat/completions", {"model": "m", "messages": []}, "messages"),
             ("/v1/chat/completions", {"model": "m", "messages": [{"content": "x"}]}, "messages[0]"),
+            ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": ["x", 5]}]},
+             "messages[0].content[0]"),
         ]
         for path, body, field in cases:
             r = c.post(path, json=body)
@@ -598,6 +600,24 @@ def test_stalled_only_backend_gives_a_quick_502(make_hole, make_gateway):
     assert r.status_code == 502
     assert r.json()["error"]["message"] == "no backend could serve the request (last error: no response within 0.3 s)"
     assert hole.split("//")[1] not in r.text
+
+
+def test_a_body_that_never_arrives_whole_is_a_408(make_stub, make_gateway):
+    """A client that stalls while sending used to hold its connection (and a drain) for good."""
+    import socket
+
+    stub = make_stub()
+    gw = make_gateway([stub.url], body_timeout_s=0.3)
+    host, port = gw.url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        t0 = time.monotonic()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n" + b'{"prompt": ')  # 11 of 100 bytes, then nothing
+        answer = sock.recv(65536).decode()
+    assert time.monotonic() - t0 < 3
+    assert answer.startswith("HTTP/1.1 408") and '"code":"body_timeout"' in answer.replace(" ", "")
+    assert stub.stub.stats.started == 0
+    assert 'headway_rejections_total{reason="body_timeout"} 1.0' in httpx.get(gw.url + "/metrics").text
 
 
 def test_a_request_that_every_backend_drops_ends_after_max_attempts(make_raw_backend, make_gateway):

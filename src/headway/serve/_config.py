@@ -9,6 +9,7 @@ Config file (TOML shown; JSON with the same structure works too)::
     max_queue_per_tenant = 0        # 0 = no per-tenant limit
     queue_ttl_s = 60.0              # 408 after waiting this long in the queue (503 when no backend is reachable)
     max_body_bytes = 1048576        # 413 beyond this
+    body_timeout_s = 30.0           # 408 when a request's body has not arrived whole in this long
     default_max_tokens = 256        # when a request gives no max_tokens (capped at max_tokens_limit)
     max_tokens_limit = 0            # 400 above this many requested output tokens (0 = none)
     retry_after_s = 1               # Retry-After header of 429s and 503s
@@ -160,6 +161,9 @@ class GatewayConfig:
     max_queue_per_tenant: int = 0
     queue_ttl_s: float = 60.0
     max_body_bytes: int = 1 << 20
+    body_timeout_s: float = 30.0
+    """408 for a request whose body has not arrived whole within this long (a client that stalls
+    while sending would otherwise hold its connection, and a drain, for good)."""
     default_max_tokens: int = 256
     """``max_tokens`` of a request that gives none (queued with it and sent to the backend). With
     ``max_tokens_limit`` set, the smaller of the two: leaving ``max_tokens`` out never gets a
@@ -260,7 +264,7 @@ class GatewayConfig:
             self.drain_timeout_s >= 0 and math.isfinite(self.drain_timeout_s),
             f"drain_timeout_s must be >= 0 and finite, got {self.drain_timeout_s}",
         )
-        for name in ("connect_timeout_s", "read_timeout_s"):
+        for name in ("connect_timeout_s", "read_timeout_s", "body_timeout_s"):
             value = getattr(self, name)
             _check(value > 0 and math.isfinite(value), f"{name} must be > 0 and finite, got {value}")
         _check(

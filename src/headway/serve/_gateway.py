@@ -281,7 +281,11 @@ def validate_body(body: object, chat: bool) -> _Parsed:
             if isinstance(content, str):
                 parts.append(content)
             elif isinstance(content, list):
-                parts.extend(str(c.get("text", "")) for c in content if isinstance(c, dict))
+                for j, c in enumerate(content):
+                    if not isinstance(c, dict):
+                        raise _BadRequest(f"'messages[{i}].content[{j}]' must be a content part object",
+                                          f"messages[{i}].content[{j}]")  # fmt: skip
+                    parts.append(str(c.get("text", "")))
             elif content is not None:
                 raise _BadRequest(f"'messages[{i}].content' must be a string or an array", f"messages[{i}].content")
         text = "\n".join(parts)
@@ -642,15 +646,17 @@ class Gateway:
         return await self._handle(request, "/v1/chat/completions", chat=True)
 
     async def _read_body(self, request: HTTPRequest) -> bytes | None:
+        """The body; None over ``max_body_bytes``; TimeoutError after ``body_timeout_s``."""
         limit = self.config.max_body_bytes
         cl = request.headers.get("content-length")
         if cl is not None and cl.isdigit() and int(cl) > limit:
             return None
         buf = bytearray()
-        async for chunk in request.stream():
-            buf += chunk
-            if len(buf) > limit:
-                return None
+        async with asyncio.timeout(self.config.body_timeout_s):
+            async for chunk in request.stream():
+                buf += chunk
+                if len(buf) > limit:
+                    return None
         return bytes(buf)
 
     async def _handle(self, request: HTTPRequest, path: str, chat: bool) -> Response:
@@ -665,7 +671,19 @@ class Gateway:
                     headers={"Connection": "close", "Retry-After": str(self.config.retry_after_s)},
                 ),
             )
-        raw = await self._read_body(request)
+        try:
+            raw = await self._read_body(request)
+        except TimeoutError:
+            return self._reject(
+                "body_timeout",
+                error_response(
+                    408,
+                    f"the request body did not arrive within {self.config.body_timeout_s:g} s",
+                    "timeout",
+                    code="body_timeout",
+                    headers={"Connection": "close"},
+                ),
+            )
         if raw is None:
             return self._reject(
                 "too_large",
