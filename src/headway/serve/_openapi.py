@@ -17,7 +17,7 @@ def _error(description: str) -> dict[str, Any]:
 _ERRORS: dict[str, Any] = {
     "400": _error("invalid request (the message and `param` name the field)"),
     "401": _error("missing or invalid API key"),
-    "408": _error("waited longer than the queue TTL"),
+    "408": _error("waited longer than the queue TTL, or the body did not arrive within body_timeout_s"),
     "413": _error("request body over the size limit"),
     "429": _error("queue (or the tenant's share of it) full; see Retry-After"),
     "499": _error("cancelled through DELETE /v1/requests/{id}"),
