@@ -22,8 +22,8 @@ stream whose response headers, or whose first event after them, do not come with
 ``headers_timeout_s`` (a stalled backend, then also skipped for ``backend_down_s``) is retried
 on another backend (``max_attempts``), then 502. A stream's 200 goes to the client with its
 first event, so everything before it can still be retried. A backend failing mid-stream ends
-the stream with an error event and ``[DONE]``; mid-body of a non-streamed response, a 502. Client-visible messages
-never name a backend or the Redis address (the log does).
+the stream with an error event and ``[DONE]``; mid-body of a non-streamed response, a 502.
+Client-visible messages never name a backend or the Redis address (the log does).
 
 Shutdown: on SIGTERM the gateway drains (new requests 503 ``draining``); when
 ``drain_timeout_s`` is over, every request still open ends at once: a 503 ``drain_timeout``
