@@ -127,7 +127,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState, Tier, make_policy
-from headway.policies._base import ScoredPolicy
+from headway.policies import ScoredPolicy
 from headway.predict._resolve import predictor_spec, resolve_score_fn
 
 __all__ = [
