@@ -83,7 +83,8 @@ def make_gateway(servers: ExitStack) -> Callable[..., GatewayHandle]:
 
 @pytest.fixture
 def make_raw_backend(servers: ExitStack) -> Callable[[str], tuple[str, list[int]]]:
-    """A misbehaving backend: it reads each request whole, then ``"drop"`` closes the connection,
+    """A misbehaving backend: ``"hole"`` accepts connections and never reads or answers (a stalled
+    server); the others read each request whole, then ``"drop"`` closes the connection,
     ``"close-after-headers"`` sends a streaming 200's headers and closes, ``"hang-after-headers"``
     sends them and never more, ``"hang-after-event"`` sends them and one token's event and never
     more. Returns its URL and a list that counts the requests it read."""
@@ -98,6 +99,9 @@ def make_raw_backend(servers: ExitStack) -> Callable[[str], tuple[str, list[int]
         head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
         def serve(conn: socket.socket) -> None:
+            if behaviour == "hole":
+                held.append(conn)
+                return
             data = b""
             conn.settimeout(5)
             with contextlib.suppress(OSError):
@@ -143,37 +147,9 @@ def make_raw_backend(servers: ExitStack) -> Callable[[str], tuple[str, list[int]
 
 
 @pytest.fixture
-def make_hole(servers: ExitStack) -> Callable[[], str]:
+def make_hole(make_raw_backend: Callable[[str], tuple[str, list[int]]]) -> Callable[[], str]:
     """A backend that accepts connections and never answers (a stalled server); returns its URL."""
-
-    def make() -> str:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        held: list[socket.socket] = []
-        stop = threading.Event()
-
-        def accept() -> None:
-            sock.settimeout(0.05)
-            while not stop.is_set():
-                try:
-                    held.append(sock.accept()[0])
-                except OSError:
-                    continue
-
-        t = threading.Thread(target=accept, daemon=True)
-        t.start()
-
-        def close() -> None:
-            stop.set()
-            t.join(5)
-            for c in [*held, sock]:
-                c.close()
-
-        servers.callback(close)
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-    return make
+    return lambda: make_raw_backend("hole")[0]
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
