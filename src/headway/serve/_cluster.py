@@ -94,7 +94,8 @@ class Proc:
         """SIGKILL: no cleanup at all (a crash)."""
         if self.proc is not None:
             if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGCONT)  # in case it was paused
+                # no SIGCONT first, even if it was paused: SIGKILL ends a stopped process as it is,
+                # where a SIGCONT would let it run for a moment (and, say, dispatch a grant it holds)
                 self.proc.kill()
             self.proc.wait(timeout=10)
         self._close_log()
