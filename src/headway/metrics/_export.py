@@ -13,7 +13,7 @@ from typing import Any
 
 from headway.core import Request
 from headway.metrics._slo import SLO
-from headway.metrics._summary import REQUEST_COLUMNS, Cell, GroupSummary, RunSummary, request_rows
+from headway.metrics._summary import _STAT_FIELDS, REQUEST_COLUMNS, Cell, GroupSummary, RunSummary, request_rows
 
 __all__ = [
     "GROUP_COLUMNS",
@@ -31,8 +31,7 @@ __all__ = [
 
 _JSON_FORMAT = "headway.metrics.summary"
 _JSON_VERSION = 1
-_STAT_METRICS = ("ttft", "tpot", "e2e", "normalized_latency", "queueing_delay", "itl")
-_GROUP_STAT_METRICS = ("ttft", "tpot", "e2e", "normalized_latency", "queueing_delay")
+_STAT_METRICS = (*_STAT_FIELDS, "itl")  # a group's summary has no ITL
 _STAT_KEYS = ("count", "mean", "min", "p50", "p90", "p95", "p99", "max")
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -72,7 +71,7 @@ GROUP_COLUMNS: tuple[str, ...] = (
     "num_aborted",
     "total_output_tokens",
     "output_throughput",
-    *(f"{m}_{k}" for m in _GROUP_STAT_METRICS for k in _STAT_KEYS),
+    *(f"{m}_{k}" for m in _STAT_FIELDS for k in _STAT_KEYS),
     "num_preemptions",
     "num_slo_met",
     "slo_attainment",
@@ -218,7 +217,7 @@ def group_rows(summary: RunSummary) -> list[dict[str, Cell]]:
                 "total_output_tokens": g.total_output_tokens,
                 "output_throughput": g.output_throughput,
             }
-            row.update(_flat_stats(g, _GROUP_STAT_METRICS))
+            row.update(_flat_stats(g, _STAT_FIELDS))
             row.update(
                 {
                     "num_preemptions": g.num_preemptions,

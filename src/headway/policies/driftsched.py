@@ -446,13 +446,13 @@ class TenantWeightedPolicy(_TenantPolicy):
         return tag if isinstance(tag, float) else None
 
     def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:
-        tag = request.extra.get("driftsched.start_tag")
-        if isinstance(tag, float) and tag > self.virtual_time:
+        tag = self.start_tag(request)
+        if tag is not None and tag > self.virtual_time:
             self.virtual_time = tag
 
     def key(self, request: Request, now: float) -> PolicyKey:
-        tag = request.extra.get("driftsched.start_tag")
-        if not isinstance(tag, float):
+        tag = self.start_tag(request)
+        if tag is None:
             self.on_arrival(request, now)
-            tag = request.extra["driftsched.start_tag"]
+            tag = self.start_tag(request)
         return (tag,)  # type: ignore[return-value]
