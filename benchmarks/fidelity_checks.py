@@ -24,22 +24,17 @@ from pathlib import Path
 
 from fidelity_ablation import stats
 from fidelity_ttft import load_run, segments
-from headway.integrations._probe import simulate_replay
+from headway.integrations._probe import FidelityRow, pool_rows, simulate_replay
 from headway.sim._calibrate import relative_error, scaled, speed_factor, step_samples
 
 METRICS = ("e2e_mean", "e2e_p90", "ttft_mean", "ttft_p90")
-POOL_KEYS = ("replays", "real_ttft", "real_e2e", "sim_ttft", "sim_e2e")
-Pools = dict[tuple[str, str], dict[str, list[float]]]
-"""(run, policy) -> the pooled replays' indices and real and simulated TTFTs and E2Es."""
 
 
-def add_to_pool(pools: Pools, key: tuple[str, str], i: int, eng: list[dict], pairs: list[tuple[float, float]]) -> None:
-    pool = pools.setdefault(key, {k: [] for k in POOL_KEYS})
-    pool["replays"].append(i)
-    pool["real_ttft"].extend(e["first_token"] - e["added"] for e in eng)
-    pool["real_e2e"].extend(e["finish"] - e["added"] for e in eng)
-    pool["sim_ttft"].extend(t for t, _ in pairs)
-    pool["sim_e2e"].extend(e for _, e in pairs)
+def replay_row(policy: str, eng: list[dict], checked: list[tuple[float, float]]) -> FidelityRow:
+    """One replay as ``bench_fidelity``'s rows hold it: its real (TTFT, E2E) and those simulated at a
+    checked speed, for :func:`pool_rows`."""
+    real = [(e["first_token"] - e["added"], e["finish"] - e["added"]) for e in eng]
+    return FidelityRow(policy, len(eng), pairs={"real": real, "checked": checked})
 
 
 def main() -> int:
@@ -51,8 +46,8 @@ def main() -> int:
         if not (wd / "steps.jsonl").is_file() or not (wd / "run.json").is_file():
             ap.error(f"{wd}: needs steps.jsonl and run.json from bench_fidelity.py --workdir")
     hits = {k: {m: [0, 0] for m in METRICS} for k in ("before", "bracket")}
-    bracketed: Pools = {}  # each replay simulated at its two checks' mean speed
-    run_wide: Pools = {}  # each replay simulated at the mean speed of all the run's checks
+    bracketed: list[tuple[str, FidelityRow]] = []  # (run, a policy's replays pooled), each at its checks' speed
+    run_wide: list[tuple[str, FidelityRow]] = []  # the same, each replay at the mean speed of all the run's checks
     print("| run | policy | speed (own) | check before / after | " + " | ".join(
         f"{m} err, before / bracketed" for m in METRICS) + " |")  # fmt: skip
     print("|---|---|---:|---:|" + "---:|" * len(METRICS))
@@ -63,6 +58,8 @@ def main() -> int:
         replay = [ids <= {r.get("client_id") for r in reqs} for _, _, reqs in segs]
         checks = [speed_factor(preset, step_samples(seg[1])) for seg, r in zip(segs, replay, strict=True) if not r]
         run_speed = sum(checks) / len(checks) if checks else 1.0
+        rows_bracketed: list[FidelityRow] = []
+        rows_wide: list[FidelityRow] = []
         for i, (policy, steps, reqs) in enumerate(segs):
             if not replay[i] or i == 0 or replay[i - 1]:
                 continue  # a check, or a replay without a check just before it
@@ -82,9 +79,9 @@ def main() -> int:
                 sim = stats([t for t, _ in pairs], [e for _, e in pairs])
                 err[kind] = {m: relative_error(sim[m], real[m]) for m in METRICS}
                 if kind == "bracket":
-                    add_to_pool(bracketed, (wd.name, policy), i, eng, pairs)
+                    rows_bracketed.append(replay_row(policy, eng, pairs))
                     wide = simulate_replay(added, specs, policy, scaled(preset, run_speed), header)
-                    add_to_pool(run_wide, (wd.name, policy), i, eng, wide)
+                    rows_wide.append(replay_row(policy, eng, wide))
             own = speed_factor(preset, step_samples(steps))
             cells = []
             for m in METRICS:
@@ -97,17 +94,19 @@ def main() -> int:
                         hits[kind][m][1] += 1
             checks = f"x{before:.2f} / " + ("-" if after is None else f"x{after:.2f}")
             print(f"| {wd.name} | {policy} | x{own:.2f} | {checks} | " + " | ".join(cells) + " |")
+        bracketed += [(wd.name, r) for r in pool_rows(rows_bracketed)]
+        run_wide += [(wd.name, r) for r in pool_rows(rows_wide)]
     print()
     for kind, label in (("before", "check before only"), ("bracket", "checks before and after")):
         print(f"{label}: " + ", ".join(
             f"{m} {h[0]} of {h[1]} within {args.within:.0%}" for m, h in hits[kind].items()))  # fmt: skip
-    if any(len(p["replays"]) > 1 for p in bracketed.values()):  # else the table above says it all
+    if any(r.replays > 1 for _, r in bracketed):  # else the table above says it all
         print_pooled(bracketed, "each replay simulated at the mean speed of the checks on either side", args.within)
         print_pooled(run_wide, "each replay simulated at the mean speed of all the run's checks", args.within)
     return 0
 
 
-def print_pooled(pooled: Pools, how: str, within: float) -> None:
+def print_pooled(pooled: list[tuple[str, FidelityRow]], how: str, within: float) -> None:
     """Per run and policy, the requests of all its bracketed replays pooled: real against simulated."""
     print()
     print(f"Pooled over each policy's replays with checks on both sides; {how}:")
@@ -115,14 +114,13 @@ def print_pooled(pooled: Pools, how: str, within: float) -> None:
     print("| run | policy | replays | requests | " + " | ".join(f"{m} real / sim (s) | err" for m in METRICS) + " |")
     print("|---|---|---:|---:|" + "---:|---:|" * len(METRICS))
     met = dict.fromkeys(METRICS, 0)
-    for (run, policy), p in pooled.items():
-        real, sim = stats(p["real_ttft"], p["real_e2e"]), stats(p["sim_ttft"], p["sim_e2e"])
+    for run, r in pooled:
+        err = r.errors(checked=True)
         cells = []
         for m in METRICS:
-            e = relative_error(sim[m], real[m])
-            met[m] += abs(e) <= within
-            cells.append(f"{real[m]:.3f} / {sim[m]:.3f} | {e:+.1%}")
-        print(f"| {run} | {policy} | {len(p['replays'])} | {len(p['real_e2e'])} | " + " | ".join(cells) + " |")
+            met[m] += abs(err[m]) <= within
+            cells.append(f"{r.real[m]:.3f} / {r.sim_checked[m]:.3f} | {err[m]:+.1%}")
+        print(f"| {run} | {r.policy} | {r.replays} | {r.num_requests} | " + " | ".join(cells) + " |")
     print()
     print("pooled: " + ", ".join(f"{m} {k} of {len(pooled)} within {within:.0%}" for m, k in met.items()))
 
