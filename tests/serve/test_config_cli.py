@@ -120,7 +120,7 @@ def test_required_keys_may_come_from_redis():
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), 0.0])
 def test_timeouts_must_be_finite_and_positive(value):
-    for name in ("connect_timeout_s", "read_timeout_s"):
+    for name in ("connect_timeout_s", "read_timeout_s", "body_timeout_s"):
         with pytest.raises(ConfigError, match=f"{name} must be > 0 and finite"):
             GatewayConfig(backends=(BackendConfig("http://a"),), **{name: value})
     if value:
