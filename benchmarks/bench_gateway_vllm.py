@@ -181,6 +181,7 @@ def main() -> int:
         "waiting inside vLLM so a freed slot is refilled without a gateway round trip",
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--http-client", default="aiohttp", help="TEMPORARY A/B: comma list of aiohttp, httpx")
     ap.add_argument(
         "--stagger-ms",
         type=float,
@@ -406,6 +407,9 @@ def main() -> int:
             for label, policy, pargs in runs
             if policy is not None and redis is not None
         ]
+        clients = args.http_client.split(",")
+        runs = [(label + ("" if c == "aiohttp" else f" client {c}"), policy, pargs)
+                for c in clients for label, policy, pargs in runs]  # fmt: skip
         rounds: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in runs}
         # every other round runs in reverse order (ABBA), so a drift in the machine's speed over the
         # session does not favour the runs that come later in a round
@@ -434,7 +438,9 @@ def main() -> int:
             try:
                 t0 = time.monotonic()
                 cpu0 = _cpu_seconds(gw)
-                cfg = BenchConfig(endpoint, model="tiny-llama", timeout_s=args.run_timeout, stream=not args.no_stream)
+                client = "httpx" if label.endswith(" client httpx") else "aiohttp"
+                cfg = BenchConfig(endpoint, model="tiny-llama", timeout_s=args.run_timeout, stream=not args.no_stream,
+                                  http_client=client)  # fmt: skip
                 reqs = run_bench_sync(wl, cfg)
                 wall = time.monotonic() - t0
                 cpu = {k: v - cpu0[k] for k, v in _cpu_seconds(gw).items()}

@@ -12,6 +12,10 @@ with choices (the trailing usage-only chunk and ``[DONE]`` are not); TTFT ends a
 E2E at the last; the gaps between consecutive ones are its inter-token latencies (ITL, kept in
 ``extra["itl"]``). A stream with no content chunk is aborted (``no_tokens``), as vLLM marks it
 failed.
+
+The client is aiohttp (as ``vllm bench serve``): it spends about a third of httpx's CPU per request
+and per streamed event, and on a small machine the load generator shares its CPUs with what it
+measures.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ import json
 import math
 import time
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 
 from headway.core import Request, RequestState
 from headway.workload import RequestSpec, Workload
@@ -108,6 +112,8 @@ class BenchConfig:
     """Whole-run limit: requests still open then are aborted (``bench_timeout``)."""
     use_workload_prompts: bool = True
     """Send the workload's prompt text when it has one (else synthetic text)."""
+    http_client: str = "aiohttp"
+    """TEMPORARY (A/B of the client's CPU): ``"httpx"`` sends with the previous client."""
 
     def __post_init__(self) -> None:
         if not self.endpoint.startswith(("http://", "https://")):
@@ -124,7 +130,20 @@ def _base(endpoint: str) -> str:
     return endpoint.rstrip("/").removesuffix("/v1")
 
 
-async def _default_model(client: httpx.AsyncClient, cfg: BenchConfig) -> str:
+_CLIENT_ERRORS = (aiohttp.ClientError, TimeoutError)
+"""What a request to the endpoint can raise (refused, reset, timed out, a malformed answer)."""
+
+
+def _error_reason(exc: BaseException) -> str:
+    """A short, stable name for why a request failed (the abort reason)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "ConnectError"  # refused, unreachable, or the name did not resolve
+    if isinstance(exc, TimeoutError):
+        return "Timeout"
+    return type(exc).__name__
+
+
+async def _default_model(session: aiohttp.ClientSession, cfg: BenchConfig) -> str:
     """The first model of ``GET /v1/models``; :class:`BenchError` saying why there is none."""
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     if not headers and cfg.tenant_keys:
@@ -132,20 +151,21 @@ async def _default_model(client: httpx.AsyncClient, cfg: BenchConfig) -> str:
     url = _base(cfg.endpoint) + "/v1/models"
     wait = min(_MODELS_TIMEOUT_S, cfg.timeout_s, cfg.request_timeout_s)
     try:
-        r = await client.get(url, headers=headers, timeout=wait)
-    except httpx.TimeoutException:
+        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=wait)) as r:
+            status, body = r.status, await r.read()
+    except TimeoutError:
         raise BenchError(f"GET {url}: no answer within {wait:g} s (--model NAME skips this lookup)") from None
-    except httpx.HTTPError as exc:
-        raise BenchError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
-    if r.status_code in (401, 403):
-        raise BenchError(f"GET {url} answered {r.status_code}: the endpoint wants an API key (--api-key KEY)")
-    if r.status_code != 200:
+    except aiohttp.ClientError as exc:
+        raise BenchError(f"cannot reach {url}: {_error_reason(exc)}: {exc}") from None
+    if status in (401, 403):
+        raise BenchError(f"GET {url} answered {status}: the endpoint wants an API key (--api-key KEY)")
+    if status != 200:
         raise BenchError(
-            f"GET {url} answered {r.status_code}: --endpoint must be the server's base URL, "
+            f"GET {url} answered {status}: --endpoint must be the server's base URL, "
             "e.g. http://127.0.0.1:8000 (or give --model NAME)"
         )
     try:
-        return str(r.json()["data"][0]["id"])
+        return str(json.loads(body)["data"][0]["id"])
     except (ValueError, KeyError, IndexError, TypeError):
         raise BenchError(f"GET {url} listed no model (give --model NAME)") from None
 
@@ -158,7 +178,7 @@ def _abort(req: Request, reason: str, now: float) -> None:
 
 
 async def _one(
-    client: httpx.AsyncClient,
+    session: aiohttp.ClientSession,
     cfg: BenchConfig,
     model: str,
     spec: RequestSpec,
@@ -191,49 +211,64 @@ async def _one(
         body["prompt"] = prompt
         path = "/v1/completions"
     key = cfg.tenant_keys.get(spec.tenant_id, cfg.api_key)
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode()
+    url = _base(cfg.endpoint) + path
     clock = time.perf_counter
     req.arrival_time = max(0.0, clock() - t0)
     req.transition(RequestState.RUNNING)
+    if cfg.http_client == "httpx":
+        await _one_httpx(cfg, url, data, headers, req, t0)
+        return
+    try:
+        async with session.post(url, data=data, headers=headers) as resp:
+            if resp.status != 200:
+                await resp.read()
+                _abort(req, f"http_{resp.status}", clock() - t0)
+                return
+            if not cfg.stream:
+                _finish_unstreamed(req, await resp.read(), clock() - t0)
+                return
+            await _read_stream(_lines(resp.content), req, t0)
+    except (*_CLIENT_ERRORS, ValueError) as exc:  # ValueError: an SSE line over aiohttp's limit
+        _abort(req, _error_reason(exc), clock() - t0)
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
+    async for raw in content:  # one line per item, with its line ending
+        yield raw.decode("utf-8", "replace").rstrip("\r\n")
+
+
+async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float) -> None:
+    """Time a streamed answer's content chunks as they come (see the module's docstring)."""
+    clock = time.perf_counter
     usage: int | None = None
     last: float | None = None  # time of the latest content chunk
     gaps = array("d")  # inter-token latencies: the gaps between consecutive content chunks
-    if not cfg.stream:
-        await _one_unstreamed(client, cfg, path, body, headers, req, t0)
-        return
-    try:
-        async with client.stream(
-            "POST", _base(cfg.endpoint) + path, json=body, headers=headers, timeout=cfg.request_timeout_s
-        ) as resp:
-            if resp.status_code != 200:
-                await resp.aread()
-                _abort(req, f"http_{resp.status_code}", clock() - t0)
-                return
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
+    async for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[6:] if line.startswith("data: ") else line[5:]
+        if data == "[DONE]":
+            break
+        if data.startswith('{"error"') or '"error":{' in data[:20]:
+            _abort(req, "stream_error", clock() - t0)
+            return
+        if '"usage":{' in data or '"usage": {' in data:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                obj = json.loads(data)
+                usage = int(obj["usage"]["completion_tokens"])
+                if not obj.get("choices"):
                     continue
-                data = line[6:] if line.startswith("data: ") else line[5:]
-                if data == "[DONE]":
-                    break
-                if data.startswith('{"error"') or '"error":{' in data[:20]:
-                    _abort(req, "stream_error", clock() - t0)
-                    return
-                if '"usage":{' in data or '"usage": {' in data:
-                    with contextlib.suppress(ValueError, KeyError, TypeError):
-                        obj = json.loads(data)
-                        usage = int(obj["usage"]["completion_tokens"])
-                        if not obj.get("choices"):
-                            continue
-                now = clock() - t0
-                if last is None:
-                    req.first_token_time = now
-                else:
-                    gaps.append(now - last)
-                req.last_token_time = last = now
-                req.num_output_tokens += 1
-    except httpx.HTTPError as exc:
-        _abort(req, type(exc).__name__, clock() - t0)
-        return
+        now = clock() - t0
+        if last is None:
+            req.first_token_time = now
+        else:
+            gaps.append(now - last)
+        req.last_token_time = last = now
+        req.num_output_tokens += 1
     if last is None:  # an answer without a token: no TTFT to measure (vLLM marks it failed)
         _abort(req, "no_tokens", clock() - t0)
         return
@@ -253,33 +288,42 @@ def _finish(req: Request, now: float, usage: int | None) -> None:
     req.transition(RequestState.FINISHED)
 
 
-async def _one_unstreamed(
-    client: httpx.AsyncClient,
-    cfg: BenchConfig,
-    path: str,
-    body: dict[str, object],
-    headers: dict[str, str],
-    req: Request,
-    t0: float,
-) -> None:
+def _finish_unstreamed(req: Request, body: bytes, now: float) -> None:
     """One request answered as a whole: its finish time, and its tokens from ``usage``."""
-    clock = time.perf_counter
     try:
-        resp = await client.post(_base(cfg.endpoint) + path, json=body, headers=headers, timeout=cfg.request_timeout_s)
-    except httpx.HTTPError as exc:
-        _abort(req, type(exc).__name__, clock() - t0)
-        return
-    now = clock() - t0
-    if resp.status_code != 200:
-        _abort(req, f"http_{resp.status_code}", now)
-        return
-    try:
-        usage = int(resp.json()["usage"]["completion_tokens"])
+        usage = int(json.loads(body)["usage"]["completion_tokens"])
     except (ValueError, KeyError, TypeError):
         _abort(req, "bad_response", now)
         return
     _finish(req, now, usage)
     req.last_token_time = None  # tokens not seen one by one: no TPOT (n/a, not 0)
+
+
+_HTTPX: list[object] = []
+
+
+async def _one_httpx(cfg: BenchConfig, url: str, data: bytes, headers: dict[str, str], req: Request, t0: float) -> None:
+    """TEMPORARY: the previous client, for the A/B of the client's CPU."""
+    import httpx
+
+    if not _HTTPX:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        _HTTPX.append(httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout_s, connect=10.0), limits=limits))
+    client = _HTTPX[0]
+    assert isinstance(client, httpx.AsyncClient)
+    clock = time.perf_counter
+    try:
+        async with client.stream("POST", url, content=data, headers=headers) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                _abort(req, f"http_{resp.status_code}", clock() - t0)
+                return
+            if not cfg.stream:
+                _finish_unstreamed(req, await resp.aread(), clock() - t0)
+                return
+            await _read_stream(resp.aiter_lines(), req, t0)
+    except httpx.HTTPError as exc:
+        _abort(req, type(exc).__name__, clock() - t0)
 
 
 async def run_bench(
@@ -294,11 +338,13 @@ async def run_bench(
     ``cfg.model`` is given and the endpoint lists none (unreachable, wrong URL, key refused)."""
     specs = list(workload)
     limit = cfg.max_concurrency or max(1, len(specs))
-    async with httpx.AsyncClient(
-        timeout=httpx.Timeout(cfg.request_timeout_s, connect=10.0),
-        limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
-    ) as client:
-        model = cfg.model or await _default_model(client, cfg)
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=cfg.request_timeout_s, sock_read=cfg.request_timeout_s
+    )  # per connection attempt and per read, as before with httpx; no limit on a whole stream
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit), timeout=timeout, trust_env=True
+    ) as session:
+        model = cfg.model or await _default_model(session, cfg)
         reqs = []
         for i, s in enumerate(specs):
             r = s.to_request()
@@ -314,7 +360,7 @@ async def run_bench(
             if delay > 0:
                 await asyncio.sleep(delay)
             async with sem:
-                await _one(client, cfg, model, spec, req, t0)
+                await _one(session, cfg, model, spec, req, t0)
             if on_done is not None:
                 on_done(req)
 
@@ -330,6 +376,12 @@ async def run_bench(
                 if r.state is RequestState.WAITING:
                     r.arrival_time = end
                 _abort(r, "bench_timeout", end)
+    if _HTTPX:
+        import httpx
+
+        client = _HTTPX.pop()
+        assert isinstance(client, httpx.AsyncClient)
+        await client.aclose()
     return reqs
 
 
