@@ -181,7 +181,6 @@ def main() -> int:
         "waiting inside vLLM so a freed slot is refilled without a gateway round trip",
     )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--http-client", default="aiohttp", help="TEMPORARY A/B: comma list of aiohttp, httpx")
     ap.add_argument(
         "--stagger-ms",
         type=float,
@@ -200,7 +199,7 @@ def main() -> int:
     ap.add_argument("--policies", default="pars,sjf-oracle,uniboost")
     ap.add_argument("--pars-tau", default="0.8", help="comma list: one pars run per Kendall tau")
     ap.add_argument(
-        "--scorer-hold", default="1", help="alpaca-heldout: comma list, one pars run per gateway --scorer-hold"
+        "--scorer-hold", default="0", help="alpaca-heldout: comma list, one pars run per gateway --scorer-hold"
     )
     ap.add_argument(
         "--scorer",
@@ -223,7 +222,7 @@ def main() -> int:
         help="--scorer precomputed: prompt tokens the scores are computed on (default 128, the checkpoint's)",
     )
     ap.add_argument(
-        "--scorer-threads", default="2", help="alpaca-heldout: comma list, one pars run per gateway --scorer-threads"
+        "--scorer-threads", default="1", help="alpaca-heldout: comma list, one pars run per gateway --scorer-threads"
     )
     ap.add_argument(
         "--scorer-max-length",
@@ -407,9 +406,6 @@ def main() -> int:
             for label, policy, pargs in runs
             if policy is not None and redis is not None
         ]
-        clients = args.http_client.split(",")
-        runs = [(label + ("" if c == "aiohttp" else f" client {c}"), policy, pargs)
-                for c in clients for label, policy, pargs in runs]  # fmt: skip
         rounds: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in runs}
         # every other round runs in reverse order (ABBA), so a drift in the machine's speed over the
         # session does not favour the runs that come later in a round
@@ -438,9 +434,7 @@ def main() -> int:
             try:
                 t0 = time.monotonic()
                 cpu0 = _cpu_seconds(gw)
-                client = "httpx" if label.endswith(" client httpx") else "aiohttp"
-                cfg = BenchConfig(endpoint, model="tiny-llama", timeout_s=args.run_timeout, stream=not args.no_stream,
-                                  http_client=client)  # fmt: skip
+                cfg = BenchConfig(endpoint, model="tiny-llama", timeout_s=args.run_timeout, stream=not args.no_stream)
                 reqs = run_bench_sync(wl, cfg)
                 wall = time.monotonic() - t0
                 cpu = {k: v - cpu0[k] for k, v in _cpu_seconds(gw).items()}

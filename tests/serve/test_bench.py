@@ -279,6 +279,70 @@ def test_bench_aborts_a_stream_without_tokens(servers):
     assert s.num_completed == 4 and dict(s.aborted_by_reason) == {"no_tokens": 2} and s.ttft.count == 4
 
 
+def _raw_sse_app(body_for: Callable[[int], list[tuple[float, bytes]]]) -> Starlette:
+    """A /v1/completions that streams ``body_for(max_tokens)``: (seconds to wait, raw bytes) pairs."""
+    import asyncio
+
+    from starlette.requests import Request
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+
+    async def completions(request: Request) -> Response:
+        n = (await request.json())["max_tokens"]
+
+        async def events() -> AsyncIterator[bytes]:
+            for wait, raw in body_for(n):
+                if wait:
+                    await asyncio.sleep(wait)
+                yield raw
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+
+def test_bench_reads_lone_cr_line_endings_and_long_events(servers):
+    # SSE lines may end in a lone CR; one event may be long (a token's text, logprobs): 1 MB here,
+    # over aiohttp's default line limit (512 KiB)
+    from headway.serve import serve_in_thread
+
+    big = b'data: {"choices":[{"text":"' + b"x" * 1_000_000 + b'"}]}\n\n'
+
+    def body(n: int) -> list[tuple[float, bytes]]:
+        tokens = [(0.0, b'data: {"choices":[{"text":"t"}]}\r\r')] * (n - 1) + [(0.0, big)]
+        usage = b'data: {"choices":[],"usage":{"completion_tokens":%d}}\r\r' % n
+        return [*tokens, (0.0, usage), (0.0, b"data: [DONE]\r\r")]
+
+    url = servers.enter_context(serve_in_thread(_raw_sse_app(body)))
+    reqs = run_bench_sync(_workload(), BenchConfig(url, model="m", timeout_s=30))
+    assert [r.state.name for r in reqs] == ["FINISHED"] * 6
+    assert [r.num_output_tokens for r in reqs] == [3, 12, 5, 20, 8, 1]
+    assert [len(r.extra["itl"]) for r in reqs] == [2, 11, 4, 19, 7, 0]  # every token seen as a chunk
+
+
+def test_bench_aborts_a_stalled_stream_after_the_request_timeout(servers):
+    # a stream that stops sending: aborted ("Timeout") once no byte came for request_timeout_s,
+    # while a stream as slow but steady is not (the limit is per read, not per stream)
+    import time
+
+    from headway.serve import serve_in_thread
+
+    def body(n: int) -> list[tuple[float, bytes]]:
+        token = b'data: {"choices":[{"text":"t"}]}\n\n'
+        if n == 3:
+            return [(0.0, token), (30.0, token)]  # stalls after its first token
+        return [(0.3, token)] * 4 + [(0.0, b"data: [DONE]\n\n")]  # 1.2 s in all, a token every 0.3 s
+
+    url = servers.enter_context(serve_in_thread(_raw_sse_app(body)))
+    specs = [RequestSpec("stall", 0.0, num_prompt_tokens=4, num_output_tokens=3),
+             RequestSpec("slow", 0.0, num_prompt_tokens=4, num_output_tokens=4)]  # fmt: skip
+    t0 = time.monotonic()
+    reqs = run_bench_sync(Workload.from_specs("w", specs), BenchConfig(url, model="m", request_timeout_s=1.0))
+    assert time.monotonic() - t0 < 10
+    assert reqs[0].state.name == "ABORTED" and reqs[0].extra["abort_reason"] == "Timeout"
+    assert reqs[1].state.name == "FINISHED" and reqs[1].num_output_tokens == 4
+
+
 def test_bench_itl_key_is_the_metrics_one():
     from headway.metrics._summary import ITL_KEY
     from headway.serve._bench import _ITL_KEY

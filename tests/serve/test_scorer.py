@@ -88,16 +88,36 @@ def test_default_scorer_gets_the_gateways_threads_and_max_length(monkeypatch: py
 
     monkeypatch.setattr(score_mod, "default_scorer", fake_default_scorer)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setenv("HEADWAY_VLLM_CPUS", "all")  # no local engine's CPUs to leave alone
     assert load_score_fn("default:onnx-int8", threads=1, max_length=64)(["a", "b"]) == [0.0, 0.0]
     load_score_fn("default")
     assert seen == [("onnx-int8", 1, 64), ("torch", 2, None)]  # unset: 2 threads, the checkpoint's length
 
 
-@pytest.mark.parametrize(("cpus", "threads"), [({3}, 1), ({0, 1}, 2), (set(range(16)), 2)])
-def test_default_threads_follow_the_cpus_the_gateway_may_use(
-    monkeypatch: pytest.MonkeyPatch, cpus: set[int], threads: int
+@pytest.mark.parametrize(
+    ("cpus", "machine", "engine", "threads"),
+    [
+        ({3}, 16, None, 1),  # one CPU to run on
+        ({0, 1}, 16, None, 2),
+        (set(range(16)), 16, None, 2),
+        ({0, 1}, 2, None, 1),  # a 2-CPU machine: a local vLLM gets CPU 0 by default
+        ({0, 1, 2, 3}, 4, None, 1),  # ... and CPUs 0-2 of 4
+        ({0, 1}, 2, "all", 2),  # no pinning asked for
+        ({0, 1, 2, 3}, 4, "0", 2),
+        ({0, 1, 2, 3}, 8, "0-2", 1),
+        ({0}, 2, None, 1),  # only the engine's CPU: still one thread
+        ({0, 1}, 16, "0,x", 2),  # a malformed list is the launcher's to report
+    ],
+)
+def test_default_threads_follow_the_cpus_the_gateway_may_use_beside_a_local_engine(
+    monkeypatch: pytest.MonkeyPatch, cpus: set[int], machine: int, engine: str | None, threads: int
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: machine)
+    if engine is None:
+        monkeypatch.delenv("HEADWAY_VLLM_CPUS", raising=False)
+    else:
+        monkeypatch.setenv("HEADWAY_VLLM_CPUS", engine)
     assert default_scorer_threads() == threads
 
 
@@ -120,6 +140,7 @@ def test_a_checkpoint_directory_scores_with_the_gateways_threads_and_max_length(
 
     monkeypatch.setattr(score_mod.Scorer, "from_checkpoint", fake_from_checkpoint)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setenv("HEADWAY_VLLM_CPUS", "all")  # no local engine's CPUs to leave alone
     (tmp_path / "predictor.json").write_text("{}")
     assert load_score_fn(f"{tmp_path}:onnx-int8", threads=1, max_length=64)(["a"]) == [1.0]
     load_score_fn(str(tmp_path))

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from headway.serve._stub import StubConfig, StubStats, create_stub_app
 
 # Imported on first use, so `headway --help` and `headway simulate` work without the
-# serve extra (starlette, uvicorn, httpx, redis) installed.
+# serve extra (starlette, uvicorn, httpx, aiohttp, redis) installed.
 _LAZY: dict[str, str] = {
     "BackendConfig": "headway.serve._config",
     "BenchConfig": "headway.serve._bench",

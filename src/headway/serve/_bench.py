@@ -13,17 +13,19 @@ E2E at the last; the gaps between consecutive ones are its inter-token latencies
 ``extra["itl"]``). A stream with no content chunk is aborted (``no_tokens``), as vLLM marks it
 failed.
 
-The client is aiohttp (as ``vllm bench serve``): it spends about a third of httpx's CPU per request
-and per streamed event, and on a small machine the load generator shares its CPUs with what it
-measures.
+The client is aiohttp (as ``vllm bench serve``): on a small machine the load generator shares its
+CPUs with what it measures, and aiohttp spent half of httpx's CPU replaying a burst of 96 streamed
+requests (``benchmarks/results/gateway.md``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import json
 import math
+import re
 import time
 from array import array
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -112,8 +114,6 @@ class BenchConfig:
     """Whole-run limit: requests still open then are aborted (``bench_timeout``)."""
     use_workload_prompts: bool = True
     """Send the workload's prompt text when it has one (else synthetic text)."""
-    http_client: str = "aiohttp"
-    """TEMPORARY (A/B of the client's CPU): ``"httpx"`` sends with the previous client."""
 
     def __post_init__(self) -> None:
         if not self.endpoint.startswith(("http://", "https://")):
@@ -219,9 +219,6 @@ async def _one(
     clock = time.perf_counter
     req.arrival_time = max(0.0, clock() - t0)
     req.transition(RequestState.RUNNING)
-    if cfg.http_client == "httpx":
-        await _one_httpx(cfg, url, data, headers, req, t0)
-        return
     try:
         async with session.post(url, data=data, headers=headers) as resp:
             if resp.status != 200:
@@ -232,13 +229,43 @@ async def _one(
                 _finish_unstreamed(req, await resp.read(), clock() - t0)
                 return
             await _read_stream(_lines(resp.content), req, t0)
-    except (*_CLIENT_ERRORS, ValueError) as exc:  # ValueError: an SSE line over aiohttp's limit
+    except _CLIENT_ERRORS as exc:
         _abort(req, _error_reason(exc), clock() - t0)
+    except _LineTooLong:
+        _abort(req, "line_too_long", clock() - t0)
+
+
+_MAX_LINE_CHARS = 1 << 23
+"""Longest SSE line read (8 Mi characters); a longer one aborts the request (``line_too_long``)."""
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+class _LineTooLong(Exception):
+    pass
 
 
 async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
-    async for raw in content:  # one line per item, with its line ending
-        yield raw.decode("utf-8", "replace").rstrip("\r\n")
+    """The lines of a stream as they come, ended by LF, CRLF or a lone CR (as SSE allows). A CRLF
+    split between two reads gives an extra empty line, which SSE readers skip anyway."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    head: list[str] = []  # the pieces of a line not yet ended
+    size = 0
+    async for chunk in content.iter_any():
+        *lines, tail = _LINE_END.split(decoder.decode(chunk))
+        if lines:
+            lines[0] = "".join(head) + lines[0]
+            head.clear()
+            size = 0
+            for line in lines:
+                yield line
+        head.append(tail)
+        size += len(tail)
+        if size > _MAX_LINE_CHARS:
+            raise _LineTooLong
+    last = "".join(head) + decoder.decode(b"", final=True)
+    if last:
+        yield last
 
 
 async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float) -> None:
@@ -299,33 +326,6 @@ def _finish_unstreamed(req: Request, body: bytes, now: float) -> None:
     req.last_token_time = None  # tokens not seen one by one: no TPOT (n/a, not 0)
 
 
-_HTTPX: list[object] = []
-
-
-async def _one_httpx(cfg: BenchConfig, url: str, data: bytes, headers: dict[str, str], req: Request, t0: float) -> None:
-    """TEMPORARY: the previous client, for the A/B of the client's CPU."""
-    import httpx
-
-    if not _HTTPX:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        _HTTPX.append(httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout_s, connect=10.0), limits=limits))
-    client = _HTTPX[0]
-    assert isinstance(client, httpx.AsyncClient)
-    clock = time.perf_counter
-    try:
-        async with client.stream("POST", url, content=data, headers=headers) as resp:
-            if resp.status_code != 200:
-                await resp.aread()
-                _abort(req, f"http_{resp.status_code}", clock() - t0)
-                return
-            if not cfg.stream:
-                _finish_unstreamed(req, await resp.aread(), clock() - t0)
-                return
-            await _read_stream(resp.aiter_lines(), req, t0)
-    except httpx.HTTPError as exc:
-        _abort(req, type(exc).__name__, clock() - t0)
-
-
 async def run_bench(
     workload: Workload | Sequence[RequestSpec],
     cfg: BenchConfig,
@@ -376,12 +376,6 @@ async def run_bench(
                 if r.state is RequestState.WAITING:
                     r.arrival_time = end
                 _abort(r, "bench_timeout", end)
-    if _HTTPX:
-        import httpx
-
-        client = _HTTPX.pop()
-        assert isinstance(client, httpx.AsyncClient)
-        await client.aclose()
     return reqs
 
 

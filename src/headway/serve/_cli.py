@@ -155,14 +155,15 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="while more requests are being scored than queued, free backends wait for the scores "
-        "up to S seconds (default 1; 0: never; with --redis, over all replicas)",
+        "up to S seconds (default 0: never; with --redis, over all replicas)",
     )
     p.add_argument(
         "--scorer-threads",
         type=int,
         default=None,
         metavar="N",
-        help="CPU threads of a trained predictor (default 2, or 1 when the gateway may use only one CPU)",
+        help="CPU threads of a trained predictor (default 2, or 1 when the gateway may use only one CPU "
+        "beside those a local vLLM gets: HEADWAY_VLLM_CPUS, by default all but the last on 2-4 CPUs)",
     )
     p.add_argument(
         "--scorer-max-length",

@@ -215,9 +215,9 @@ class GatewayConfig:
     -> scores``, or an object with ``score(prompts)``) or ``"module:factory()"``."""
     scorer_threads: int | None = None
     """CPU threads of a trained predictor (default 2, or 1 when the gateway may run on only
-    one CPU: there, 1 thread beat 2 in ``benchmarks/results/gateway.md``). On this project's
-    2-core VM with vLLM on one core and the gateway unpinned, neither 1 nor 2 was faster in
-    every session."""
+    one CPU beside those a local vLLM gets: :func:`headway.serve._scorer.default_scorer_threads`).
+    On this project's 2-core VM, with vLLM on one core, 1 thread beat 2 in 11 of 14 rounds
+    without a hold (``benchmarks/results/gateway.md``)."""
     scorer_max_length: int | None = None
     """Truncate prompts to this many tokens when scoring with a trained predictor
     (default: the length it was trained with, 128). Scoring time grows with the longest
@@ -229,11 +229,14 @@ class GatewayConfig:
     scorer_process: bool = False
     """Score in a worker process instead of a thread of the gateway's process, so that the
     scorer no longer shares the GIL with the event loop (``headway.serve._scorer.ProcessScoreFn``)."""
-    scorer_hold_s: float = 1.0
+    scorer_hold_s: float = 0.0
     """With a scorer: while more requests are being scored than are queued, free backends wait
-    for the scores, at most this long (0: never). Without it, the first requests of a burst
-    to be scored are dispatched before the rest are known. With ``redis_url`` the counts are
-    global: requests being scored by every replica, and the shared queue."""
+    for the scores, at most this long (0, the default: never). Without a hold, the first
+    requests of a burst to be scored are dispatched before the rest are known; with one, the
+    engine idles until they are. Since scoring got fast, no hold did better behind the gateway
+    (``benchmarks/results/gateway.md``); a slow scorer may still gain from one. With
+    ``redis_url`` the counts are global: requests being scored by every replica, and the
+    shared queue."""
 
     def __post_init__(self) -> None:
         _check(len(self.backends) > 0, "at least one backend is required (--backend URL)")

@@ -25,14 +25,22 @@ ScoreFn = Callable[[list[str]], Sequence[float]]
 
 
 def default_scorer_threads() -> int:
-    """2, or 1 when this process may run on only one CPU (``os.sched_getaffinity``): a second
-    thread on the same CPU makes every batch wait for the slower of the two (on this project's
-    2-core VM with the gateway pinned beside vLLM, ``benchmarks/results/gateway.md``)."""
+    """2, or 1 when this process may run on only one CPU (``os.sched_getaffinity``) that a
+    local vLLM does not get (:func:`headway.integrations._server.engine_cpus`:
+    ``HEADWAY_VLLM_CPUS``, by default all CPUs but the last on a machine with 2-4). A second
+    thread on a busy CPU makes every batch wait for the slower of the two, and on the engine's
+    CPU it also slows the engine (on this project's 2-core VM, ``benchmarks/results/gateway.md``)."""
+    from headway.integrations._server import engine_cpus
+
     try:
-        cpus = len(os.sched_getaffinity(0))
+        cpus = set(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(2, cpus))
+        cpus = set(range(os.cpu_count() or 1))
+    try:
+        engine = engine_cpus() or set()
+    except ValueError:  # a malformed HEADWAY_VLLM_CPUS: the engine's launcher says so
+        engine = set()
+    return max(1, min(2, len(cpus - engine) or len(cpus)))
 
 
 def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | None = None) -> ScoreFn:
