@@ -204,24 +204,7 @@ def test_bench_reads_sse_without_the_space_after_data(servers):
 
 def _sse_app(chunks_for: Callable[[int], list[tuple[float, str]]]) -> Starlette:
     """A /v1/completions that streams ``chunks_for(max_tokens)``: (seconds to wait, SSE data) pairs."""
-    import asyncio
-
-    from starlette.requests import Request
-    from starlette.responses import Response, StreamingResponse
-    from starlette.routing import Route
-
-    async def completions(request: Request) -> Response:
-        n = (await request.json())["max_tokens"]
-
-        async def events() -> AsyncIterator[bytes]:
-            for wait, data in chunks_for(n):
-                if wait:
-                    await asyncio.sleep(wait)
-                yield f"data: {data}\n\n".encode()
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+    return _raw_sse_app(lambda n: [(wait, f"data: {data}\n\n".encode()) for wait, data in chunks_for(n)])
 
 
 TOKEN = '{"choices":[{"text":"t"}]}'

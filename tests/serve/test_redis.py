@@ -239,6 +239,7 @@ def test_a_scoring_gateway_on_redis_holds_and_leaves_no_count_behind(redis_url, 
         scorer="headway.serve._stub:prompt_length_scores",
         redis_url=redis_url,
         redis_prefix=prefix,
+        scorer_hold_s=1.0,  # off by default
     )
     d = gw.gateway.dispatcher
     assert d.score_hold_s == 1.0
