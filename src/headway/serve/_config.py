@@ -216,8 +216,8 @@ class GatewayConfig:
     scorer_threads: int | None = None
     """CPU threads of a trained predictor (default 2, or 1 when the gateway may run on only
     one CPU beside those a local vLLM gets: :func:`headway.serve._scorer.default_scorer_threads`).
-    On this project's 2-core VM, with vLLM on one core, 1 thread beat 2 in 11 of 14 rounds
-    without a hold (``benchmarks/results/gateway.md``)."""
+    On this project's 2-core VM, with vLLM on one core and no hold, 1 thread beat 2 in 15 of
+    22 paired rounds, by +0.27x on average (``benchmarks/results/gateway.md``)."""
     scorer_max_length: int | None = None
     """Truncate prompts to this many tokens when scoring with a trained predictor
     (default: the length it was trained with, 128). Scoring time grows with the longest
@@ -234,7 +234,8 @@ class GatewayConfig:
     for the scores, at most this long (0, the default: never). Without a hold, the first
     requests of a burst to be scored are dispatched before the rest are known; with one, the
     engine idles until they are. Since scoring got fast, no hold did better behind the gateway
-    (``benchmarks/results/gateway.md``); a slow scorer may still gain from one. With
+    with one scorer thread (15 of 22 paired rounds, +0.26x on average; with two, about even:
+    ``benchmarks/results/gateway.md``); a slow scorer may still gain from one. With
     ``redis_url`` the counts are global: requests being scored by every replica, and the
     shared queue."""
 
