@@ -368,12 +368,17 @@ return 1
 )
 
 
-def _unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` says Redis could not be reached (not that it refused a command)."""
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """What redis-py raises when Redis cannot be reached (retried), as opposed to a refused command."""
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    return isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError | RedisUnavailableError)
+    return (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says Redis could not be reached (not that it refused a command)."""
+    return isinstance(exc, (*_connection_errors(), RedisUnavailableError))
 
 
 _SHARED_TAG = "serve.shared_start_tag"
@@ -599,9 +604,7 @@ class RedisDispatcher(Dispatcher):
 
     async def _retrying(self, name: str, args: list[Any]) -> Any:
         """Run a script, retrying on connection errors for up to ``retry_s``."""
-        from redis.exceptions import ConnectionError as RedisConnectionError
-        from redis.exceptions import TimeoutError as RedisTimeoutError
-
+        retried = _connection_errors()
         deadline = time.monotonic() + self.retry_s
         delay = 0.05
         while True:
@@ -609,7 +612,7 @@ class RedisDispatcher(Dispatcher):
                 res = await self._script(name, args)
                 self.redis_reachable = True
                 return res
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            except retried as exc:
                 self._log_error(name, exc)
                 if time.monotonic() + delay > deadline:
                     self.redis_reachable = False
