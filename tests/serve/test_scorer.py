@@ -121,6 +121,16 @@ def test_default_threads_follow_the_cpus_the_gateway_may_use_beside_a_local_engi
     assert default_scorer_threads() == threads
 
 
+def test_a_malformed_engine_cpu_list_is_named_in_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setenv("HEADWAY_VLLM_CPUS", "0,x")
+    with caplog.at_level("WARNING", logger="headway.serve.scorer"):
+        assert default_scorer_threads() == 2
+    assert "HEADWAY_VLLM_CPUS: bad CPU list '0,x'" in caplog.text
+
+
 def test_a_checkpoint_directory_scores_with_the_gateways_threads_and_max_length(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

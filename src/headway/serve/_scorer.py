@@ -38,7 +38,8 @@ def default_scorer_threads() -> int:
         cpus = set(range(os.cpu_count() or 1))
     try:
         engine = engine_cpus() or set()
-    except ValueError:  # a malformed HEADWAY_VLLM_CPUS: the engine's launcher says so
+    except ValueError as exc:  # a malformed HEADWAY_VLLM_CPUS: counted as no local engine
+        log.warning("%s; scorer threads are chosen as if no local vLLM had CPUs of its own", exc)
         engine = set()
     return max(1, min(2, len(cpus - engine) or len(cpus)))
 
