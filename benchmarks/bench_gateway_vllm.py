@@ -295,9 +295,23 @@ def main() -> int:
         metavar="REGEX",
         help="with --rounds-of: the per-round ratios of every run whose label matches REGEX, over all the files",
     )
+    ap.add_argument(
+        "--pair",
+        nargs=2,
+        metavar=("A", "B"),
+        help="with --rounds-of: the run whose label matches regex A against the one matching B, in the rounds "
+        "of every file that has both (wins, mean difference of the ratios, latency ratio)",
+    )
     args = ap.parse_args()
+    if args.pair and not args.rounds_of:
+        ap.error("--pair compares saved runs: give the files with --rounds-of")
+    for flag, rx in [("--pool", args.pool), *(("--pair", x) for x in args.pair or ())]:
+        try:
+            re.compile(rx or "")
+        except re.error as exc:
+            ap.error(f"{flag} {rx!r}: not a regular expression ({exc})")
     if args.rounds_of:
-        return print_saved_rounds(args.rounds_of, args.pool)
+        return print_saved_rounds(args.rounds_of, args.pool, args.pair)
     for spec in args.scorer.split(","):
         name, _, delay = spec.partition("@")
         if name == "precomputed" and delay:
@@ -522,11 +536,13 @@ def _pin_to_other_cpus() -> None:
     print(f"load generator and gateways on CPUs {sorted(others)}, vLLM on {sorted(engine)}")
 
 
-def print_saved_rounds(paths: list[str], pool: str | None) -> int:
-    """``--rounds-of``: each file's per-round table; with ``--pool``, the matching runs' ratios together."""
+def print_saved_rounds(paths: list[str], pool: str | None, pair: list[str] | None = None) -> int:
+    """``--rounds-of``: each file's per-round table; with ``--pool``, the matching runs' ratios
+    together; with ``--pair A B``, the run matching A against the one matching B, round by round."""
     import re
 
     pooled: list[float] = []
+    paired: list[tuple[float, float, float]] = []  # per round: direct's, A's and B's mean per-token latency
     for path in paths:
         print(f"\n{path}:")
         saved = json.loads(Path(path).read_text())
@@ -539,6 +555,14 @@ def print_saved_rounds(paths: list[str], pool: str | None) -> int:
         for label, rs in rounds.items():
             if pool and re.search(pool, label):
                 pooled += [b / r["mean_per_token_latency_ms"] for b, r in zip(base, rs, strict=True)]
+        if pair:
+            sides = [[label for label in rounds if re.search(rx, label)] for rx in pair]
+            if any(len(labels) > 1 for labels in sides):
+                print(f"--pair: a pattern matches more than one run in {path}: {sides}", file=sys.stderr)
+                return 2
+            if all(sides):
+                a, b = ([r["mean_per_token_latency_ms"] for r in rounds[labels[0]]] for labels in sides)
+                paired += zip(base, a, b, strict=True)
     if pool:
         if not pooled:
             print(f"\nno run label matches {pool!r}")
@@ -546,6 +570,20 @@ def print_saved_rounds(paths: list[str], pool: str | None) -> int:
         xs = sorted(pooled)
         print(f"\nruns matching {pool!r}: {len(xs)} rounds, direct / gateway {xs[0]:.2f}-{xs[-1]:.2f}, "
               f"median {float(np.median(xs)):.2f}, {sum(x >= 3 for x in xs)} of {len(xs)} at 3x or above")  # fmt: skip
+    if pair:
+        if len(paired) < 2:
+            print(f"\n--pair: fewer than 2 rounds with runs matching both {pair[0]!r} and {pair[1]!r}")
+            return 1
+        rows = np.array(paired)
+        diff = rows[:, 0] / rows[:, 1] - rows[:, 0] / rows[:, 2]  # A's ratio minus B's, per round
+        log_ab = np.log(rows[:, 1] / rows[:, 2])  # A's latency against B's, per round
+        n = len(rows)
+        se = float(np.std(log_ab, ddof=1) / np.sqrt(n))
+        lo, mid, hi = np.exp(log_ab.mean() - se), np.exp(log_ab.mean()), np.exp(log_ab.mean() + se)
+        print(f"\n{pair[0]!r} against {pair[1]!r} in the same {n} rounds: A's ratio higher in {int((diff > 0).sum())}, "
+              f"by {diff.mean():+.2f}x on average (standard error {np.std(diff, ddof=1) / np.sqrt(n):.2f}x); "
+              f"A's mean per-token latency x{mid:.3f} of B's (geometric mean; x{lo:.3f}-x{hi:.3f} within one "
+              "standard error)")  # fmt: skip
     return 0
 
 
