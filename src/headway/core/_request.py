@@ -116,6 +116,9 @@ class Request:
     last_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
+    """Times it was taken out of the batch after it started: evictions plus pauses."""
+    num_pauses: int = 0
+    """Of those, pauses (a ``pause``-mode displacement: out of the batch, KV blocks kept)."""
     num_recomputed_tokens: int = 0
     """Tokens computed again after preemption by recompute."""
     run_start_output_tokens: int = 0
