@@ -45,13 +45,15 @@ either, and the stretch reports lazily (at its end, a finish, a preemption or a 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel
 from headway.sim._events import STEP_END, TIMER, EventLoop, tie_floor
+from headway.sim._prefix import PrefixCache, block_keys
 
 __all__ = ["Replica"]
 
@@ -62,11 +64,23 @@ _SLOT, _BUDGET, _BLOCKS = 1, 2, 3
 class _Seq:
     """Simulator-side state of one request (never shown to policies)."""
 
-    __slots__ = ("blocks", "chunk", "fin_g", "gen", "join", "phase", "rekey_g", "req", "true_len")
+    __slots__ = (
+        "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "own_end", "phase", "reg",
+        "rekey_g", "req", "true_len",
+    )  # fmt: skip
 
-    def __init__(self, req: Request, true_len: int) -> None:
+    def __init__(self, req: Request, true_len: int, keys: list[Hashable]) -> None:
         self.req = req
         self.true_len = true_len
+        # prefix caching (see _prefix.py): the request's block keys, the cached blocks it uses,
+        # how many leading blocks are keyed or looked at, the end of its own keyed blocks left
+        # behind by an eviction, and the hit found by the last admission check
+        self.keys = keys
+        self.held: list[Hashable] = []
+        self.reg = 0
+        self.own_end = 0
+        self.hit: list[Hashable] = []
+        self.lost = 0  # tokens its last eviction dropped (a cache hit on resume is not recomputed)
         self.blocks = 0  # KV blocks held (prefilling / waiting-after-swap); decoders: derived
         self.chunk = 0  # tokens scheduled in the current step (prefilling only)
         self.join = 0  # global decode-step count when counters were last synced
@@ -100,6 +114,8 @@ class Replica:
         self.bs = cache.block_size
         self.num_blocks = cache.num_gpu_blocks or cost.num_gpu_blocks(cache.gpu_memory_utilization, cache.block_size)
         self.free = self.num_blocks
+        self.cache = PrefixCache(self.num_blocks) if cache.enable_prefix_caching else None
+        self._run_ids = itertools.count()
         cap = self.num_blocks * self.bs
         if not scheduler.enable_chunked_prefill:
             cap = min(cap, scheduler.max_num_batched_tokens)
@@ -174,7 +190,10 @@ class Replica:
             return
         true_len = min(true_len, req.max_tokens, self.max_model_len - req.num_prompt_tokens)
         self.truth[req] = true_len
-        s = _Seq(req, true_len)
+        keys: list[Hashable] = []
+        if self.cache is not None and req.block_hashes:
+            keys = block_keys(req.block_hashes, req.hash_block_size, req.num_prompt_tokens, self.bs)
+        s = _Seq(req, true_len, keys)
         self.seqs[req] = s
         # a step ending at or after tie_floor(now) is still in flight: a rounding tie goes to the
         # arrival, as in the event loop, whichever way each mode rounded that step's end
@@ -329,10 +348,41 @@ class Replica:
         s.blocks = -(-s.req.num_computed_tokens // self.bs)
 
     # ------------------------------------------------------------- leaving
+    def _free_blocks(self, s: _Seq, evicted: bool) -> None:
+        """Give back all of ``s``'s blocks. With prefix caching its full blocks keep their keys in
+        the free queue: its workload-keyed ones (those filled by decoding are keyed now), and
+        for an eviction its other computed blocks too, under keys only it has, so that it finds
+        them again when it resumes."""
+        cache = self.cache
+        if cache is not None:
+            cache.settle(self.free)
+            req = s.req
+            full = req.num_computed_tokens // self.bs
+            keys, held = s.keys, s.held
+            for i in range(s.reg, min(full, len(keys))):
+                if cache.insert(keys[i]):
+                    held.append(keys[i])
+            own: list[Hashable] = []
+            if evicted and full > len(keys):
+                seq = req.seq
+                for i in range(max(s.reg, len(keys)), full):
+                    key = (seq, i, -1)
+                    if not cache.cached(key):
+                        own.append(key)
+                s.own_end = full
+            own.reverse()
+            held.reverse()
+            # blocks shared with running requests stay in use
+            self.free += cache.release(s.blocks - len(held) - len(own), own, held, next(self._run_ids))
+            s.held = []
+            s.reg = 0
+        else:
+            self.free += s.blocks
+        s.blocks = 0
+
     def _finish(self, s: _Seq, now: float) -> None:
         req = s.req
-        self.free += s.blocks
-        s.blocks = 0
+        self._free_blocks(s, False)
         req.finish_time = now
         req.transition(RequestState.FINISHED)
         self._run_version += 1
@@ -351,12 +401,12 @@ class Replica:
         else:
             self.prefilling.remove(s)
             s.chunk = 0
-        self.free += s.blocks
-        s.blocks = 0
+        self._free_blocks(s, self.cfg.preemption_mode == "recompute")
         if self.cfg.preemption_mode == "swap":
             self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
         else:
             req.num_recomputed_tokens += req.num_computed_tokens
+            s.lost = req.num_computed_tokens
             req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -388,12 +438,12 @@ class Replica:
         """A KV shortage evicts a paused request: its blocks are freed, it recomputes on resume."""
         del self.paused[s]
         req = s.req
-        self.free += s.blocks
-        s.blocks = 0
+        self._free_blocks(s, self.cfg.preemption_mode == "recompute")
         if self.cfg.preemption_mode == "swap":
             self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
         else:
             req.num_recomputed_tokens += req.num_computed_tokens
+            s.lost = req.num_computed_tokens
             req.num_computed_tokens = 0
         self.num_preemptions += 1
         self._run_version += 1
@@ -491,7 +541,9 @@ class Replica:
             assert cand is not None
             chunk, short = self._admission(self.seqs[cand], budget)
             if chunk:
-                budget = self._admit_one(now, budget)
+                self.waiting.pop()
+                self._start_running(self.seqs[cand], chunk, now)
+                budget -= chunk
                 keys[cand] = (policy.key(cand, now), cand.seq)
                 continue
             ckey = (self.waiting.peek_key(), cand.seq)
@@ -528,21 +580,27 @@ class Replica:
         if budget <= 0:
             return 0, _BUDGET
         req = s.req
-        num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+        computed = req.num_computed_tokens
+        total = req.num_prompt_tokens + req.num_output_tokens
+        touched = 0
+        if self.cache is not None and not computed and (s.keys or s.own_end):
+            # vLLM looks up the prefix cache for a request with nothing computed; a hit is whole
+            # blocks, at most num_tokens - 1 tokens (the last one is computed for its logits)
+            keys = s.keys
+            if s.own_end > len(keys):
+                keys = keys + [(req.seq, i, -1) for i in range(len(keys), s.own_end)]
+            self.cache.settle(self.free)
+            h, touched = self.cache.hit_length(keys, (total - 1) // self.bs)
+            s.hit = keys[:h]
+            computed = h * self.bs
+        num_new = total - computed
         if num_new > budget:
             if not self.cfg.enable_chunked_prefill:
                 return 0, _BUDGET
             num_new = budget
-        if -(-(req.num_computed_tokens + num_new) // self.bs) - s.blocks > self.free:
+        if -(-(computed + num_new) // self.bs) - s.blocks - len(s.hit) + touched > self.free:
             return 0, _BLOCKS
         return num_new, 0
-
-    def _admit_one(self, now: float, budget: int) -> int:
-        req = self.waiting.pop()
-        s = self.seqs[req]
-        chunk = min(req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens, budget)
-        self._start_running(s, chunk, now)
-        return budget - chunk
 
     def _start_running(self, s: _Seq, chunk: int, now: float) -> None:
         req = s.req
@@ -550,6 +608,28 @@ class Replica:
             del self.paused[s]
         elif req.num_computed_tokens and self.cfg.preemption_mode == "swap":
             self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
+        cache = self.cache
+        if cache is not None and not req.num_computed_tokens:
+            hit = s.hit
+            if hit:  # take the cached blocks (admission just looked them up, the cache settled)
+                for key in hit:
+                    if cache.acquire(key):
+                        self.free -= 1
+                s.held.extend(hit)
+                s.blocks += len(hit)
+                s.reg = len(hit)
+                req.num_computed_tokens = len(hit) * self.bs
+                req.num_recomputed_tokens -= min(req.num_computed_tokens, s.lost)
+                s.hit = []
+            # vLLM's PrefixCacheStats: new requests, and apart the resumed ones
+            if req.first_scheduled_time is None:
+                cache.queries += req.num_prompt_tokens
+                cache.hits += req.num_computed_tokens
+                req.num_cached_tokens = req.num_computed_tokens
+            else:
+                cache.preempted_queries += req.num_prompt_tokens + req.num_output_tokens
+                cache.preempted_hits += req.num_computed_tokens
+            s.lost = 0
         blocks = self._blocks_for(s, chunk)
         s.blocks += blocks
         self.free -= blocks
@@ -669,9 +749,19 @@ class Replica:
         self._run_version += 1  # prefill progress moves keys and phases (no token hints for it)
         still: list[_Seq] = []
         done: list[_Seq] = []
+        cache, bs = self.cache, self.bs
+        if cache is not None:
+            cache.settle(self.free)
         for s in self.prefilling:
             req = s.req
             req.num_computed_tokens += s.chunk
+            if cache is not None and s.keys:
+                full = min(req.num_computed_tokens // bs, len(s.keys))
+                for i in range(s.reg, full):
+                    if cache.insert(s.keys[i]):
+                        s.held.append(s.keys[i])
+                if full > s.reg:
+                    s.reg = full
             if req.num_computed_tokens < req.num_prompt_tokens + req.num_output_tokens:
                 still.append(s)
                 if s.chunk and self._progress_hook:
