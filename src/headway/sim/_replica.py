@@ -54,6 +54,7 @@ from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel
 from headway.sim._events import STEP_END, TIMER, EventLoop, tie_floor
 from headway.sim._prefix import PrefixCache, block_keys
+from headway.sim._running_keys import RunningKeys
 
 __all__ = ["Replica"]
 
@@ -133,6 +134,11 @@ class Replica:
         # displacement modes other than "none" (see headway.core.Policy) check the queue head
         self._displacing = policy.preemptive and policy.displacement != "none"
         self.paused: dict[_Seq, None] = {}  # pause mode: waiting requests that keep their KV blocks
+        # the worst-keyed running request, kept lazily (a full scan for policies with a progress
+        # hook, whose every running request a check syncs, as step-by-step mode reports progress)
+        self._rkeys: RunningKeys[_Seq] | None = (
+            RunningKeys(policy) if self._displacing and not self._progress_hook else None
+        )
         self._admission_held = False  # the step being planned preempted, so it admitted nobody
         # displacement checks are skipped while nothing they read changed (see _start_step);
         # a rekey point bumps _run_version
@@ -382,6 +388,8 @@ class Replica:
 
     def _finish(self, s: _Seq, now: float) -> None:
         req = s.req
+        if self._rkeys is not None:
+            self._rkeys.drop(s)
         self._free_blocks(s, False)
         req.finish_time = now
         req.transition(RequestState.FINISHED)
@@ -395,6 +403,8 @@ class Replica:
     def _preempt(self, s: _Seq, now: float) -> None:
         """Evict a running request (its step reservations must already be returned)."""
         req = s.req
+        if self._rkeys is not None:
+            self._rkeys.drop(s)
         if s in self.decoders:
             self._sync(s, now)
             self._remove_decoder(s)
@@ -419,6 +429,8 @@ class Replica:
         """Pause mode: take a running request out of the batch; it keeps its KV blocks and waits
         (its step reservations must already be returned). Counts as a preemption of the request."""
         req = s.req
+        if self._rkeys is not None:
+            self._rkeys.drop(s)
         if s in self.decoders:
             self._sync(s, now)
             self._remove_decoder(s)
@@ -447,6 +459,13 @@ class Replica:
             req.num_computed_tokens = 0
         self.num_preemptions += 1
         self._run_version += 1
+
+    def _sync_now(self, s: _Seq) -> None:
+        if s in self.decoders:
+            self._sync(s, self.loop.now)
+
+    def _running_items(self) -> list[tuple[_Seq, Request]]:
+        return [(s, s.req) for s in self.decoders] + [(s, s.req) for s in self.prefilling]
 
     def _running(self, now: float) -> list[Request]:
         for s in self.decoders:
@@ -535,7 +554,8 @@ class Replica:
         alone when chunked prefill is on (any budget admits a chunk)."""
         policy = self.policy
         pause = policy.displacement == "pause"
-        keys = {r: (policy.key(r, now), r.seq) for r in self._running(now)}
+        rkeys = self._rkeys
+        keys = None if rkeys is not None else {r: (policy.key(r, now), r.seq) for r in self._running(now)}
         while self.waiting and budget > 0:  # an exhausted token budget is no reason to evict
             cand = self.waiting.peek()
             assert cand is not None
@@ -544,14 +564,21 @@ class Replica:
                 self.waiting.pop()
                 self._start_running(self.seqs[cand], chunk, now)
                 budget -= chunk
-                keys[cand] = (policy.key(cand, now), cand.seq)
+                if keys is not None:
+                    keys[cand] = (policy.key(cand, now), cand.seq)
                 continue
             ckey = (self.waiting.peek_key(), cand.seq)
             if short != _BLOCKS and not pause:
                 break  # evict mode: a full batch or budget displaces nobody
-            pool: dict[Request, tuple[PolicyKey, int]] = {
-                r: k for r, k in keys.items() if r is not cand and k > ckey and policy.can_preempt(r, now)
-            }
+            pool: dict[Request, tuple[PolicyKey, int]]
+            if keys is not None:
+                pool = {r: k for r, k in keys.items() if k > ckey and policy.can_preempt(r, now)}
+            else:
+                assert rkeys is not None
+                head_key = self.waiting.peek_key()
+                assert head_key is not None
+                found = rkeys.worst((head_key, cand.seq), now, self._sync_now, self._running_items)
+                pool = {} if found is None else {found[0].req: found[1]}
             if short == _BLOCKS and self.paused:
                 for p in self.paused:
                     if p.req is not cand:
@@ -564,7 +591,8 @@ class Replica:
             if s in self.paused:
                 self._drop_paused(s)
                 continue
-            del keys[worst]
+            if keys is not None:
+                del keys[worst]
             budget += self._release_step(s)
             if short == _BLOCKS:
                 self._preempt(s, now)
@@ -639,6 +667,8 @@ class Replica:
             req.first_scheduled_time = now
         self.prefilling.append(s)
         self._run_version += 1
+        if self._rkeys is not None:
+            self._rkeys.push(s, req, now)
 
     def _admit(self, now: float, budget: int) -> None:
         waiting, seqs = self.waiting, self.seqs
@@ -799,3 +829,5 @@ class Replica:
             self._sync(s, now)
             self._arm_rekey(s)
             self._run_version += 1  # an announced key (or can_preempt) change of a running request
+            if self._rkeys is not None:
+                self._rkeys.push(s, s.req, now)
