@@ -17,6 +17,14 @@ Each engine step (vLLM ``schedule()`` + model run) proceeds as V1's scheduler do
 
 Step duration comes from the :class:`~headway.sim.CostModel`.
 
+**Prefix caching** (``CacheConfig.enable_prefix_caching``, as vLLM V1's): a request with
+nothing computed looks up its block keys in :class:`~headway.sim._prefix.PrefixCache` and
+starts after its cached whole blocks (at most ``num_tokens - 1`` tokens); its hashed blocks
+are entered as prefill computes them, those filled by decoding when it leaves the batch (a
+deliberate difference: vLLM enters each as it fills, so a request sharing text another one
+is still generating can hit it there, not here); freed blocks keep their keys in the free
+queue until an allocation reuses them.
+
 **Fast-forward.** A step with no prefill work is a *decode-only* step, and the next
 decision cannot differ until something happens: a request finishes, the KV cache
 runs out, a policy's rekey hint fires, or a request arrives. So decode-only stretches
@@ -44,6 +52,7 @@ either, and the stretch reports lazily (at its end, a finish, a preemption or a 
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -55,6 +64,7 @@ from headway.sim._cost import CostModel
 from headway.sim._events import STEP_END, TIMER, EventLoop, tie_floor
 from headway.sim._prefix import PrefixCache, block_keys
 from headway.sim._running_keys import RunningKeys
+from headway.sim._steps import StepRecord
 
 __all__ = ["Replica"]
 
@@ -106,6 +116,7 @@ class Replica:
         on_done: Callable[[Request], None] | None = None,
         truth: dict[Request, int] | None = None,
         record_timeline: bool = False,
+        record_steps: bool = False,
     ) -> None:
         self.loop = loop
         self.policy = policy
@@ -173,6 +184,10 @@ class Replica:
         self.num_pauses = 0  # pause mode: requests taken out of the batch with their KV kept
         self.max_step_tokens = 0  # largest token count of one step (budget check)
         self.timeline: list[tuple[float, int, int, int]] | None = [] if record_timeline else None
+        # each step's decisions (StepRecord), when recorded
+        self.steps: list[StepRecord] | None = [] if record_steps else None
+        self._step_preempted: list[str] = []
+        self._step_cached: list[tuple[str, int]] = []
 
     # ------------------------------------------------------------ arrivals
     @property
@@ -279,6 +294,8 @@ class Replica:
             return
         self.free += self._cum_blocks(n) - self._cum_blocks(m)
         self.plan_n = m
+        if self.steps:
+            self.steps[-1] = dataclasses.replace(self.steps[-1], num_steps=m)
         self.version += 1
         end, now = start + self._span(m), self.loop.now
         # a step that ended within a rounding tie before now ends now (as its stale event would)
@@ -402,6 +419,8 @@ class Replica:
 
     def _preempt(self, s: _Seq, now: float) -> None:
         """Evict a running request (its step reservations must already be returned)."""
+        if self.steps is not None:
+            self._step_preempted.append(s.req.request_id)
         req = s.req
         if self._rkeys is not None:
             self._rkeys.drop(s)
@@ -428,6 +447,8 @@ class Replica:
     def _pause(self, s: _Seq, now: float) -> None:
         """Pause mode: take a running request out of the batch; it keeps its KV blocks and waits
         (its step reservations must already be returned). Counts as a preemption of the request."""
+        if self.steps is not None:
+            self._step_preempted.append(s.req.request_id)
         req = s.req
         if self._rkeys is not None:
             self._rkeys.drop(s)
@@ -448,6 +469,8 @@ class Replica:
 
     def _drop_paused(self, s: _Seq) -> None:
         """A KV shortage evicts a paused request: its blocks are freed, it recomputes on resume."""
+        if self.steps is not None:
+            self._step_preempted.append(s.req.request_id)
         del self.paused[s]
         req = s.req
         self._free_blocks(s, self.cfg.preemption_mode == "recompute")
@@ -650,6 +673,8 @@ class Replica:
                 req.num_recomputed_tokens -= min(req.num_computed_tokens, s.lost)
                 s.hit = []
             # vLLM's PrefixCacheStats: new requests, and apart the resumed ones
+            if self.steps is not None:
+                self._step_cached.append((req.request_id, req.num_computed_tokens))
             if req.first_scheduled_time is None:
                 cache.queries += req.num_prompt_tokens
                 cache.hits += req.num_computed_tokens
@@ -713,11 +738,21 @@ class Replica:
         self.busy = True
         self.plan_start = now
         self.plan_n = n
+        if self.steps is not None:
+            self._record_step(now, n)
         self.plan_extra = 0.0
         if self._catch_up_hook and n > 1 and self.waiting:
             self.plan_reported = 0  # step by step, each boundary reports progress (_report_steps)
         self.version += 1
         self.loop.schedule(now + self._span(n), STEP_END, self._on_step_end, self.version)
+
+    def _record_step(self, now: float, n: int) -> None:
+        scheduled = [(s.req.request_id, 1) for s in self.decoders]
+        scheduled += [(s.req.request_id, s.chunk) for s in self.prefilling]
+        assert self.steps is not None
+        self.steps.append(StepRecord(now, tuple(scheduled), tuple(self._step_preempted), tuple(self._step_cached), n))
+        self._step_preempted.clear()
+        self._step_cached.clear()
 
     def _cum_blocks(self, k: int) -> int:
         """Blocks that decode steps ``0..k-1`` of a plan starting now need (O(block_size))."""
