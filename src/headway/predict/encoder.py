@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from headway.predict._errors import EncoderError
 
-__all__ = ["DEFAULT_EMBED_LENGTH", "OnnxEncoder", "build_encoder_onnx", "encoder_onnx_path"]
+__all__ = ["DEFAULT_EMBED_LENGTH", "POOLINGS", "OnnxEncoder", "build_encoder_onnx", "encoder_onnx_path"]
 
 DEFAULT_EMBED_LENGTH = 128
 """Prompt tokens the encoder reads (with [CLS] and [SEP]); longer prompts are cut."""
@@ -50,15 +50,28 @@ def _config(model_dir: Path) -> dict[str, Any]:
     return cast(dict[str, Any], cfg)
 
 
-def build_encoder_onnx(model_dir: str | Path, out: str | Path) -> Path:
+POOLINGS = ("mean", "cls", "pooler")
+
+
+def build_encoder_onnx(
+    model_dir: str | Path,
+    out: str | Path,
+    *,
+    weights: dict[str, npt.NDArray[Any]] | None = None,
+    pooling: str = "mean",
+) -> Path:
     """Write ``out``: inputs ``input_ids``, ``attention_mask`` (int64, ``[batch, tokens]``), output
-    ``embedding`` (float32 ``[batch, hidden]``, the attention-masked mean of the last layer)."""
+    ``embedding`` (float32 ``[batch, hidden]``): with ``pooling="mean"`` the attention-masked mean of
+    the last layer, ``"cls"`` its first token, ``"pooler"`` BERT's pooler (tanh of a dense layer on
+    the first token). ``weights`` (names as in ``model.safetensors``) replace the directory's."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    if pooling not in POOLINGS:
+        raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
     src = Path(model_dir)
     cfg = _config(src)
-    w = _weights(src)
+    w = _weights(src) if weights is None else weights
     hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     eps = float(cfg.get("layer_norm_eps", 1e-12))
     head_dim = hidden // heads
@@ -113,11 +126,20 @@ def build_encoder_onnx(model_dir: str | Path, out: str | Path) -> Path:
         layer += 1
     if layer == 0:
         raise EncoderError(f"{src}: no encoder layers in model.safetensors")
-    m3 = op("Unsqueeze", [maskf, const("axes2", [2], np.int64)])
-    axes1 = const("axes1", [1], np.int64)
-    total = op("ReduceSum", [op("Mul", [x, m3]), axes1], keepdims=0)
-    n = op("Max", [op("ReduceSum", [m3, axes1], keepdims=0), const("f1b", 1.0)])
-    nodes.append(helper.make_node("Div", [total, n], ["embedding"]))
+    if pooling == "mean":
+        m3 = op("Unsqueeze", [maskf, const("axes2", [2], np.int64)])
+        axes1 = const("axes1", [1], np.int64)
+        total = op("ReduceSum", [op("Mul", [x, m3]), axes1], keepdims=0)
+        n = op("Max", [op("ReduceSum", [m3, axes1], keepdims=0), const("f1b", 1.0)])
+        nodes.append(helper.make_node("Div", [total, n], ["embedding"]))
+    else:
+        first = op("Gather", [x, const("index0", 0, np.int64)], axis=1)
+        if pooling == "cls":
+            nodes.append(helper.make_node("Identity", [first], ["embedding"]))
+        else:
+            if "pooler.dense.weight" not in w:
+                raise EncoderError(f"{src}: pooling 'pooler' but the weights have no pooler")
+            nodes.append(helper.make_node("Tanh", [linear(first, "pooler.dense")], ["embedding"]))
     graph = helper.make_graph(
         nodes,
         "headway_encoder",
@@ -139,14 +161,15 @@ def build_encoder_onnx(model_dir: str | Path, out: str | Path) -> Path:
     return dst
 
 
-def encoder_onnx_path(model_dir: str | Path) -> Path:
+def encoder_onnx_path(model_dir: str | Path, variant: str = "mean") -> Path:
     """Where the ONNX graph of ``model_dir`` is cached (``$HEADWAY_CACHE_DIR/derived/``), keyed by the
-    encoder's path, weights size and mtime."""
+    encoder's path, weights size and mtime, and ``variant`` (pooling, and any weights applied)."""
     from headway.predict._paths import default_cache_dir
 
     src = Path(model_dir).resolve()
     st = (src / "model.safetensors").stat()
-    tag = hashlib.sha256(f"{src}|{st.st_size}|{st.st_mtime_ns}|opset{_OPSET}".encode()).hexdigest()[:16]
+    stamp = f"{src}|{st.st_size}|{st.st_mtime_ns}|opset{_OPSET}|{variant}"
+    tag = hashlib.sha256(stamp.encode()).hexdigest()[:16]
     return default_cache_dir() / "derived" / f"encoder-{tag}.onnx"
 
 
@@ -163,7 +186,10 @@ class OnnxEncoder:
         max_length: int = DEFAULT_EMBED_LENGTH,
         threads: int = 2,
         batch_size: int = 32,
+        graph: str | Path | None = None,
     ) -> None:
+        """``graph``: an ONNX file from :func:`build_encoder_onnx` for ``model_dir`` (default: its
+        mean-pooled graph, built on first use)."""
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
         if threads < 1 or batch_size < 1:
@@ -182,8 +208,8 @@ class OnnxEncoder:
         self.max_length = min(max_length, int(cfg.get("max_position_embeddings", 512)))
         self.hidden_size = int(cfg["hidden_size"])
         self.batch_size = batch_size
-        path = encoder_onnx_path(self.model_dir)
-        if not path.is_file():
+        path = Path(graph) if graph is not None else encoder_onnx_path(self.model_dir)
+        if graph is None and not path.is_file():
             build_encoder_onnx(self.model_dir, path)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
