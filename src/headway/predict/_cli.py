@@ -290,7 +290,11 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
     _say("embedding " + ", ".join(f"{s.name} ({len(s.prompts)} prompts)" for s in sources) + " (cached)")
     embeddings = embed_sources(sources, encoder.embed, default_cache_dir() / "embeddings" / "sources")
     extra: dict[str, Any] = {}
-    if args.checkpoint:
+    if args.checkpoint == "shipped":
+        from headway.predict.shipped import ShippedPredictor
+
+        extra["shipped predictor (alpaca_eval consensus, fine-tuned)"] = ShippedPredictor(threads=args.threads).score
+    elif args.checkpoint:
         from headway.predict.score import Scorer
 
         scorer = Scorer.from_checkpoint(args.checkpoint, "torch", threads=args.threads)
@@ -432,7 +436,12 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--features", default="text,text+length,length", help="feature sets, comma-separated")
     p.add_argument("--alphas", default="10,100,1000,10000", help="ridge penalties, comma-separated")
-    p.add_argument("--checkpoint", metavar="DIR", help="also evaluate this trained checkpoint (torch) as a row")
+    p.add_argument(
+        "--checkpoint",
+        metavar="DIR|shipped",
+        help="also evaluate this trained checkpoint (torch), or the shipped predictor, as a row "
+        "(its alpaca_eval columns on the held-out prompts)",
+    )
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     p.add_argument("--out", metavar="FILE.md", help="also write the markdown tables here")
     p.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
