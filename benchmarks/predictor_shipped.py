@@ -30,6 +30,7 @@ def main() -> int:
     ap.add_argument("--ranks", default="16,32,64")
     ap.add_argument("--install", type=int, help="copy this rank's pack into src/headway/predict/weights/")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--int8", action="store_true", help="also measure each pack's int8-quantized graph")
     ap.add_argument("--out", default="benchmarks/results/predictor_shipped.md")
     args = ap.parse_args()
 
@@ -67,6 +68,9 @@ def main() -> int:
         shipped = ShippedPredictor(path, threads=args.threads)
         size = f"{header['bytes'] / 1e6:.2f} MB"
         rows.append((f"packed, rank {rank} (ONNX Runtime)", size, evaluate(shipped.score), speed(shipped.score)))
+        if args.int8:
+            q = ShippedPredictor(path, threads=args.threads, int8=True)
+            rows.append((f"packed, rank {rank}, int8 (ONNX Runtime)", size, evaluate(q.score), speed(q.score)))
     lines = [
         "# The shipped predictor: a fine-tuned checkpoint packed as low-rank deltas over the bundled MiniLM",
         "",

@@ -83,3 +83,15 @@ def test_the_packaged_predictor_is_the_default_with_nothing_trained() -> None:
     assert isinstance(scorer, ShippedPredictor)
     scores = scorer.score(["Write a detailed 2000-word essay on the history of Rome.", "Say yes or no: is 7 prime?"])
     assert scores.shape == (2,) and scores[0] > scores[1]
+
+
+def test_the_int8_graph_scores_close_to_the_float_one(
+    tuned: Path, tiny_encoder_3_layers: Path, tmp_path: Path
+) -> None:
+    pack_checkpoint(tuned, tmp_path / "p.npz", rank=64, base=tiny_encoder_3_layers)
+    plain = ShippedPredictor(tmp_path / "p.npz", base=tiny_encoder_3_layers, threads=1)
+    int8 = ShippedPredictor(tmp_path / "p.npz", base=tiny_encoder_3_layers, threads=1, int8=True)
+    assert int8.backend == "onnx-int8 (packed)"
+    a, b = plain.score(PROMPTS), int8.score(PROMPTS)
+    assert not np.array_equal(a, b)  # it is another graph
+    assert np.corrcoef(a, b)[0, 1] > 0.9
