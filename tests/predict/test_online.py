@@ -97,3 +97,50 @@ def test_observe_rejects_a_bad_length() -> None:
     learner = OnlineLearner(_embed, _prior, background=False)
     with pytest.raises(ValueError, match="positive integer, got 0"):
         learner.observe("p", 0)
+
+
+@pytest.mark.redis
+def test_replicas_share_windows_through_redis(tmp_path: Path) -> None:
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    redis = pytest.importorskip("redis")
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server not found")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", ""]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(host="127.0.0.1", port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+        from headway.predict.online import RedisStore
+
+        cfg = OnlineConfig(window=40, min_observations=10, refit_every=5, alpha=1.0)
+        one = OnlineLearner(_embed, _prior, cfg, store=RedisStore(client, "t"), background=False)
+        for p in PROMPTS[:30]:
+            one.observe(p, _length(p), "m")
+        two = OnlineLearner(_embed, _prior, cfg, store=RedisStore(client, "t"), background=False)
+        for p in PROMPTS[30:60]:  # a second replica adds to the same window
+            two.observe(p, _length(p), "m")
+        late = OnlineLearner(_embed, _prior, cfg, store=RedisStore(client, "t"), background=False)
+        assert late.observed("m") == 40  # the shared window, cut to 40
+        assert late.store.models() == ["m"]
+        mem = OnlineLearner(_embed, _prior, cfg, background=False)
+        for p in PROMPTS[20:60]:
+            mem.observe(p, _length(p), "m")
+        assert np.allclose(late.score(PROMPTS[300:], "m"), mem.score(PROMPTS[300:], "m"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
