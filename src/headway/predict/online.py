@@ -194,7 +194,7 @@ class OnlineLearner:
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(item)
 
-    def flush(self, timeout: float = 30.0) -> None:
+    def flush(self) -> None:
         """Wait until every queued observation is processed (for tests and shutdown)."""
         if self._queue is not None:
             self._queue.join()
