@@ -83,6 +83,8 @@ def test_the_packaged_predictor_is_the_default_with_nothing_trained() -> None:
     assert isinstance(scorer, ShippedPredictor)
     scores = scorer.score(["Write a detailed 2000-word essay on the history of Rome.", "Say yes or no: is 7 prime?"])
     assert scores.shape == (2,) and scores[0] > scores[1]
+    int8 = default_scorer("onnx-int8", threads=1)
+    assert isinstance(int8, ShippedPredictor) and int8.backend == "onnx-int8 (packed)"
 
 
 def test_the_int8_graph_scores_close_to_the_float_one(
