@@ -198,3 +198,16 @@ def test_matrix_refuses_a_checkpoint_for_a_loss_it_does_not_train(
     code = main(["matrix", "--losses", "pairwise", "--use-checkpoint", f"pointwise={tmp_path}", "--no-progress"])
     assert code == 2
     assert capsys.readouterr().err.startswith("headway: error: --use-checkpoint pointwise=...: pointwise is not among")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--features", "text,bogus"], "--features: unknown feature set 'bogus'"),
+        (["--alphas", "1,x"], "--alphas: comma-separated numbers, got '1,x'"),
+        (["--alphas", "0"], "--alphas: positive numbers, got '0'"),
+    ],
+)
+def test_cross_source_names_bad_options(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cross-source", *args]) == 2
+    assert message in capsys.readouterr().err

@@ -310,3 +310,10 @@ def test_unreadable_jsonl_names_the_file_and_line(tmp_path: Path) -> None:
     with gzip.open(good_gzip, "wt", encoding="utf-8") as fh:
         fh.write(GOOD + "\r\n\n" + '{"prompt": "café", "output_tokens": 3}\n')
     assert [e.prompt for e in load_jsonl(good_gzip)][1] == "café"
+
+
+def test_wordpiece_counts_are_neither_padded_nor_cut() -> None:
+    from headway.predict.data import count_wordpiece_tokens
+
+    # the bundled tokenizer.json pads and truncates to 128; counts must not inherit that
+    assert count_wordpiece_tokens(["hello world", "a " * 300]) == [2, 300]

@@ -1,7 +1,8 @@
 """Output-length prediction for the ``pars`` policy: data, models, training, evaluation, scoring.
 
 Imports are lazy: ``import headway`` and ``import headway.predict`` work without torch; the names below
-that need torch/transformers (``headway[predict]``) import them on first use.
+that need torch/transformers (``headway[predict]``) import them on first use; scoring with the shipped
+predictor (:class:`ShippedPredictor`) and online learning need only ``headway[score]`` (ONNX Runtime).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from headway.predict._errors import CheckpointError, DataError, EncoderError, PredictError
     from headway.predict._paths import default_cache_dir, default_data_dir, default_encoder_path
+    from headway.predict.crosssource import CrossSourceResult, cross_source_matrix
     from headway.predict.data import (
         Example,
         ExampleSet,
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
         split_by_prompt,
         write_jsonl,
     )
+    from headway.predict.encoder import OnnxEncoder
     from headway.predict.evaluate import (
         MatrixResult,
         Metrics,
@@ -36,8 +39,10 @@ if TYPE_CHECKING:
         rank_metrics,
         resampling_ceiling,
     )
+    from headway.predict.head import RidgeHead
     from headway.predict.losses import list_mle_loss, margin_ranking_loss, pointwise_loss
     from headway.predict.model import LengthPredictor, load_checkpoint, load_encoder, save_checkpoint
+    from headway.predict.online import OnlineConfig, OnlineLearner
     from headway.predict.score import (
         Scorer,
         default_scorer,
@@ -46,6 +51,7 @@ if TYPE_CHECKING:
         quantize_onnx,
         score_workload,
     )
+    from headway.predict.shipped import ShippedPredictor, pack_checkpoint
     from headway.predict.train import TrainConfig, TrainResult, train_predictor
 
 _EXPORTS: dict[str, str] = {
@@ -92,10 +98,19 @@ _EXPORTS: dict[str, str] = {
     "TrainConfig": "train",
     "TrainResult": "train",
     "train_predictor": "train",
+    "CrossSourceResult": "crosssource",
+    "cross_source_matrix": "crosssource",
+    "OnnxEncoder": "encoder",
+    "RidgeHead": "head",
+    "OnlineConfig": "online",
+    "OnlineLearner": "online",
+    "ShippedPredictor": "shipped",
+    "pack_checkpoint": "shipped",
 }
 
 __all__ = [
     "CheckpointError",
+    "CrossSourceResult",
     "DataError",
     "EncoderError",
     "Example",
@@ -103,13 +118,19 @@ __all__ = [
     "LengthPredictor",
     "MatrixResult",
     "Metrics",
+    "OnlineConfig",
+    "OnlineLearner",
+    "OnnxEncoder",
     "PredictError",
+    "RidgeHead",
     "Scorer",
+    "ShippedPredictor",
     "Split",
     "TrainConfig",
     "TrainResult",
     "alpaca_eval_models",
     "cross_model_matrix",
+    "cross_source_matrix",
     "default_cache_dir",
     "default_data_dir",
     "default_encoder_path",
@@ -129,6 +150,7 @@ __all__ = [
     "load_sharegpt",
     "make_pairs",
     "margin_ranking_loss",
+    "pack_checkpoint",
     "pointwise_loss",
     "quantize_onnx",
     "rank_metrics",

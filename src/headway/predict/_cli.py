@@ -1,4 +1,4 @@
-"""``headway predictor {train,eval,matrix,export-onnx}``.
+"""``headway predictor {train,eval,matrix,cross-source,export-onnx}``.
 
 :func:`add_predictor_parser` adds the ``predictor`` command to an argparse sub-parser set; every leaf
 parser sets ``func`` (``args.func(args) -> int``). ``python -m headway.predict`` runs it standalone.
@@ -262,6 +262,53 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cross_source(args: argparse.Namespace) -> int:
+    from headway.predict._paths import default_cache_dir
+    from headway.predict.crosssource import (
+        SOURCES,
+        cross_source_matrix,
+        embed_sources,
+        load_source,
+        recipe_grid,
+        write_result,
+    )
+    from headway.predict.encoder import OnnxEncoder
+    from headway.predict.head import FEATURE_SETS
+
+    features = [f for f in args.features.split(",") if f]
+    for f in features:
+        if f not in FEATURE_SETS:
+            raise PredictError(f"--features: unknown feature set {f!r}; choose from {', '.join(FEATURE_SETS)}")
+    try:
+        alphas = [float(a) for a in args.alphas.split(",") if a]
+    except ValueError:
+        raise PredictError(f"--alphas: comma-separated numbers, got {args.alphas!r}") from None
+    if not alphas or any(not a > 0 for a in alphas):
+        raise PredictError(f"--alphas: positive numbers, got {args.alphas!r}")
+    sources = [load_source(name, args.data_dir) for name in SOURCES]
+    encoder = OnnxEncoder(threads=args.threads)
+    _say("embedding " + ", ".join(f"{s.name} ({len(s.prompts)} prompts)" for s in sources) + " (cached)")
+    embeddings = embed_sources(sources, encoder.embed, default_cache_dir() / "embeddings" / "sources")
+    extra: dict[str, Any] = {}
+    if args.checkpoint == "shipped":
+        from headway.predict.shipped import ShippedPredictor
+
+        extra["shipped predictor (alpaca_eval consensus, fine-tuned)"] = ShippedPredictor(threads=args.threads).score
+    elif args.checkpoint:
+        from headway.predict.score import Scorer
+
+        scorer = Scorer.from_checkpoint(args.checkpoint, "torch", threads=args.threads)
+        extra[f"checkpoint {Path(args.checkpoint).name}"] = scorer.score
+    result = cross_source_matrix(sources, embeddings, recipe_grid(features, alphas), extra_scorers=extra)
+    result.command = _command_line()
+    text = result.to_markdown()
+    print(text)
+    if args.out:
+        write_result(result, args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from headway.predict.score import export_onnx, quantize_onnx
 
@@ -376,6 +423,29 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     _add_training_options(p, matrix=True)
     p.set_defaults(func=_guarded(_cmd_matrix))
+
+    p = sub.add_parser(
+        "cross-source",
+        help="train ranking heads on each shared-data source and mix, evaluate on every other source",
+        description="Cross-source matrix: alpaca_eval, sharegpt, codealpaca and arena_hard_v2 prompts are "
+        "embedded once (the bundled MiniLM, frozen, on ONNX Runtime; cached), a ridge ranking head is fitted "
+        "per training set (each source, all but one, all) and recipe (feature set x penalty), and Kendall "
+        "tau_b is measured on every source and model. Recipes are ranked by their tau_b on each source when "
+        "trained on the other three; the chosen one is the shipped default's recipe.",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("--features", default="text,text+length,length", help="feature sets, comma-separated")
+    p.add_argument("--alphas", default="10,100,1000,10000", help="ridge penalties, comma-separated")
+    p.add_argument(
+        "--checkpoint",
+        metavar="DIR|shipped",
+        help="also evaluate this trained checkpoint (torch), or the shipped predictor, as a row "
+        "(its alpaca_eval columns on the held-out prompts)",
+    )
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    p.add_argument("--out", metavar="FILE.md", help="also write the markdown tables here")
+    p.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
+    p.set_defaults(func=_guarded(_cmd_cross_source))
 
     p = sub.add_parser(
         "export-onnx",

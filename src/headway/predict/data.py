@@ -424,7 +424,10 @@ def load_sharegpt(unit: str = "tokens", data_dir: str | Path | None = None, limi
 def _wordpiece() -> Any:
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(default_encoder_path() / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(default_encoder_path() / "tokenizer.json"))
+    tok.no_padding()  # the bundled tokenizer.json pads and truncates to 128: every count came out 128
+    tok.no_truncation()
+    return tok
 
 
 def count_wordpiece_tokens(texts: Sequence[str]) -> list[int]:

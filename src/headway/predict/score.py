@@ -29,6 +29,7 @@ from headway.predict._resolve import MIN_SCORING_LENGTH
 
 if TYPE_CHECKING:
     from headway.predict.model import LengthPredictor
+    from headway.predict.shipped import ShippedPredictor
     from headway.predict.train import TrainConfig
     from headway.workload import Workload
 
@@ -674,7 +675,18 @@ def default_scorer(
     threads: int = 2,
     batch_size: int = 32,
     max_length: int | None = None,
-) -> Scorer:
-    """The scorer the ``pars`` policy and the simulator use by default (see :func:`ensure_predictor`)."""
+) -> Scorer | ShippedPredictor:
+    """The scorer the ``pars`` policy and the simulator use by default: the predictor trained into the
+    cache by ``headway predictor train`` when there is one, else the one shipped in the package
+    (:class:`~headway.predict.shipped.ShippedPredictor`, torch-free, on ONNX Runtime: its int8 copy for
+    ``backend="onnx-int8"``, else the float graph).
+    ``train_if_missing`` is kept for callers; nothing is trained at first start any more."""
+    from headway.predict._paths import DEFAULT_PREDICTOR_NAME, default_predictor_dir
+
+    if not default_predictor_dir(DEFAULT_PREDICTOR_NAME).exists():
+        from headway.predict.shipped import ShippedPredictor
+
+        int8 = backend == "onnx-int8"
+        return ShippedPredictor(threads=threads, batch_size=batch_size, max_length=max_length, int8=int8)
     path = ensure_predictor(train_if_missing=train_if_missing)
     return Scorer.from_checkpoint(path, backend, threads=threads, batch_size=batch_size, max_length=max_length)

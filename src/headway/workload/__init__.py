@@ -26,6 +26,7 @@ from headway.workload._default import (
     sample_prompt_lengths,
 )
 from headway.workload._errors import UnknownWorkloadError, WorkloadFormatError
+from headway.workload._jsonl import read_jsonl_workload  # noqa: F401 (registers the 'jsonl' format)
 from headway.workload._readers import (
     TokenCounter,
     approx_token_count,

@@ -1,0 +1,366 @@
+"""Cross-source evaluation: train a ranking head on each source of the shared data (and on mixes), measure
+Kendall tau_b on every other source and model.
+
+Sources (all read from the shared data folder, never copied):
+
+- ``alpaca_eval``: 805 instructions; trained on the consensus length (geometric mean over its 227
+  models), evaluated against four 2023-era chat models (:data:`ALPACA_EVAL_MODELS`);
+- ``sharegpt``: the first :data:`SHAREGPT_PROMPTS` ShareGPT first turns, ChatGPT's answers;
+- ``codealpaca``: CodeAlpaca-2k, text-davinci-003's answers;
+- ``arena_hard_v2``: Arena-Hard v2.0 prompts with o3-mini's and Sky-T1-32B's lengths (Sky-T1's include
+  its thinking).
+
+Every prompt is embedded once (frozen encoder on ONNX Runtime, cached per source) and every head is a
+closed-form ridge fit (:mod:`headway.predict.head`), so the whole matrix costs one embedding pass. A
+source in the training set is evaluated on its held-out prompts (prompt-disjoint split, seed 0, 20 %);
+other sources on all their prompts. A recipe is judged by its mean tau_b on sources it did not train on,
+over the leave-one-source-out training sets; the default predictor is that recipe trained on all sources.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from scipy import stats
+
+from headway.predict._errors import DataError
+from headway.predict.data import _resolve_data_dir, load_dataset, prompt_key
+from headway.predict.head import RidgeHead, feature_matrix, fit_ridge, rank_targets
+
+__all__ = [
+    "ALPACA_EVAL_MODELS",
+    "SOURCES",
+    "CrossSourceResult",
+    "Recipe",
+    "Source",
+    "cross_source_matrix",
+    "embed_sources",
+    "fit_recipe",
+    "load_source",
+]
+
+SOURCES: tuple[str, ...] = ("alpaca_eval", "sharegpt", "codealpaca", "arena_hard_v2")
+ALPACA_EVAL_MODELS: tuple[str, ...] = ("gpt4", "claude-2", "vicuna-13b-v1.3", "llama-2-70b-chat-hf")
+"""2023-era chat models the alpaca_eval columns are measured against."""
+SHAREGPT_PROMPTS = 3000
+ARENA_FILES: tuple[str, ...] = ("o3-mini-2025-01-31.jsonl", "sky-t1-32b.jsonl")
+TEST_FRAC = 0.2
+SPLIT_SEED = 0
+
+
+@dataclass(frozen=True)
+class Source:
+    """Distinct prompts of one source; ``train`` and ``evals`` map a model to lengths aligned with
+    ``prompts`` (NaN where that model has no answer)."""
+
+    name: str
+    prompts: tuple[str, ...]
+    train: dict[str, npt.NDArray[np.float64]]
+    evals: dict[str, npt.NDArray[np.float64]]
+    test: npt.NDArray[np.bool_] = field(repr=False)
+    """Held-out prompts (prompt-disjoint split) used when this source is also trained on."""
+
+
+def _table(rows: Sequence[tuple[str, str, float]]) -> tuple[tuple[str, ...], dict[str, npt.NDArray[np.float64]]]:
+    prompts: dict[str, int] = {}
+    for prompt, _, _ in rows:
+        prompts.setdefault(prompt, len(prompts))
+    out: dict[str, npt.NDArray[np.float64]] = {}
+    for prompt, model, length in rows:
+        col = out.setdefault(model, np.full(len(prompts), np.nan))
+        col[prompts[prompt]] = length
+    return tuple(prompts), out
+
+
+def _align(prompts: Sequence[str], rows: Sequence[tuple[str, str, float]]) -> dict[str, npt.NDArray[np.float64]]:
+    where = {p: i for i, p in enumerate(prompts)}
+    out: dict[str, npt.NDArray[np.float64]] = {}
+    for prompt, model, length in rows:
+        if prompt in where:
+            out.setdefault(model, np.full(len(prompts), np.nan))[where[prompt]] = length
+    return out
+
+
+def _rows(spec: str, data_dir: Path) -> list[tuple[str, str, float]]:
+    data = load_dataset(spec, "tokens", data_dir)
+    return [(e.prompt, e.model or data.name, float(e.length)) for e in data.examples]
+
+
+def load_source(name: str, data_dir: str | Path | None = None) -> Source:
+    """One of :data:`SOURCES`; DataError naming the source when its files are missing."""
+    root = _resolve_data_dir(data_dir)
+    if name == "alpaca_eval":
+        prompts, evals = _table(_rows("alpaca_eval:" + ",".join(ALPACA_EVAL_MODELS), root))
+        train = _align(prompts, [(p, "consensus", n) for p, _, n in _rows("alpaca_eval:mean", root)])
+    elif name == "sharegpt":
+        prompts, evals = _table([(p, "chatgpt", n) for p, _, n in _rows(f"sharegpt:{SHAREGPT_PROMPTS}", root)])
+        train = evals
+    elif name == "codealpaca":
+        prompts, evals = _table([(p, "text-davinci-003", n) for p, _, n in _rows("codealpaca:2k", root)])
+        train = evals
+    elif name == "arena_hard_v2":
+        rows: list[tuple[str, str, float]] = []
+        for fname in ARENA_FILES:
+            path = root / "arena_hard_v2" / fname
+            if not path.is_file():
+                raise DataError(f"arena_hard_v2: {path} not found")
+            with path.open(encoding="utf-8") as fh:
+                for line in fh:
+                    if line.strip():
+                        rec = json.loads(line)
+                        rows.append((str(rec["prompt"]), str(rec["model"]), float(rec["output_tokens"])))
+        prompts, evals = _table(rows)
+        train = evals
+    else:
+        raise DataError(f"unknown source {name!r}; choose from {', '.join(SOURCES)}")
+    keys = [prompt_key(p) for p in prompts]
+    test = np.array([_held_out(k) for k in keys], dtype=bool)
+    return Source(name, prompts, train, evals, test)
+
+
+def _held_out(key: str) -> bool:
+    from headway.predict.data import _unit_interval
+
+    return _unit_interval(SPLIT_SEED, key) < TEST_FRAC
+
+
+def embed_sources(
+    sources: Sequence[Source], embed: Callable[[Sequence[str]], npt.NDArray[np.float32]], cache: Path | None
+) -> dict[str, npt.NDArray[np.float32]]:
+    """Embeddings per source, computed once and kept in ``cache/<source>-<tag>.npz`` when given."""
+    out: dict[str, npt.NDArray[np.float32]] = {}
+    for src in sources:
+        digest = prompt_key("\x00".join(src.prompts))[:16]
+        path = cache / f"{src.name}-{digest}.npz" if cache is not None else None
+        if path is not None and path.is_file():
+            with np.load(path, allow_pickle=False) as z:
+                out[src.name] = z["emb"]
+            continue
+        out[src.name] = embed(src.prompts)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(path, emb=out[src.name])
+    return out
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A feature set and a ridge penalty."""
+
+    features: str
+    alpha: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.features}, alpha {self.alpha:g}"
+
+
+def fit_recipe(
+    recipe: Recipe,
+    sources: Sequence[Source],
+    embeddings: dict[str, npt.NDArray[np.float32]],
+    *,
+    held_out_only: bool = True,
+) -> RidgeHead:
+    """Fit on the sources' training prompts (the held-out split left out when ``held_out_only``); each
+    source weighs the same in total, and inside a source each training model."""
+    xs, ys, ws = [], [], []
+    for src in sources:
+        keep = ~src.test if held_out_only else np.ones(len(src.prompts), dtype=bool)
+        x_all = feature_matrix(recipe.features, src.prompts, embeddings[src.name])
+        for lengths in src.train.values():
+            sel = keep & np.isfinite(lengths)
+            n = int(sel.sum())
+            if n < 2:
+                continue
+            xs.append(x_all[sel])
+            ys.append(rank_targets(lengths[sel]))
+            ws.append(np.full(n, 1.0 / (n * len(src.train))))
+    if not xs:
+        raise DataError("no training examples")
+    return fit_ridge(
+        np.vstack(xs), np.concatenate(ys), kind=recipe.features, alpha=recipe.alpha, sample_weight=np.concatenate(ws)
+    )
+
+
+def _tau(scores: npt.NDArray[np.float64], lengths: npt.NDArray[np.float64]) -> float:
+    sel = np.isfinite(lengths)
+    if sel.sum() < 2:
+        return math.nan
+    return float(stats.kendalltau(scores[sel], lengths[sel], variant="b").statistic)
+
+
+PROMPT_LENGTH = "prompt length (no training)"
+
+
+@dataclass
+class CrossSourceResult:
+    """tau_b per (training set, recipe) and eval column ``source:model``; ``in_source`` marks columns
+    measured on held-out prompts of a source that was trained on."""
+
+    columns: list[str]
+    rows: dict[tuple[str, str], dict[str, float]]
+    in_source: dict[tuple[str, str], set[str]]
+    n_prompts: dict[str, int]
+    baselines: set[str] = field(default_factory=lambda: {PROMPT_LENGTH})
+    """Rows that are fixed scorers, not recipes (listed once, under training set ``-``)."""
+    command: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def source_mean(self, key: tuple[str, str], source: str) -> float:
+        """Mean tau_b over ``source``'s models in row ``key`` (NaN when it was trained on)."""
+        vals = [
+            tau
+            for col, tau in self.rows[key].items()
+            if col.split(":", 1)[0] == source and col not in self.in_source[key] and math.isfinite(tau)
+        ]
+        return float(np.mean(vals)) if vals else math.nan
+
+    def held_out_mean(self, key: tuple[str, str]) -> float:
+        """Mean over sources not trained on of the source's mean tau_b over its models."""
+        vals = [v for v in (self.source_mean(key, s) for s in self.n_prompts) if math.isfinite(v)]
+        return float(np.mean(vals)) if vals else math.nan
+
+    def held_out_source(self, recipe: str, source: str) -> float:
+        """tau_b on ``source`` of the recipe trained on all other sources (a baseline: on ``source``)."""
+        key = (_BASELINE_TRAIN, recipe) if recipe in self.baselines else (f"all but {source}", recipe)
+        return self.source_mean(key, source) if key in self.rows else math.nan
+
+    def recipe_score(self, recipe: str) -> float:
+        """Mean over sources of :meth:`held_out_source`: each source predicted by a head that never saw it."""
+        vals = [self.held_out_source(recipe, s) for s in self.n_prompts]
+        vals = [v for v in vals if math.isfinite(v)]
+        return float(np.mean(vals)) if vals else math.nan
+
+    def best_recipe(self) -> str:
+        recipes = sorted({k[1] for k in self.rows if k[1] not in self.baselines})
+        return max(recipes, key=lambda r: (self.recipe_score(r), r))
+
+    def to_markdown(self, chosen: str | None = None) -> str:
+        chosen = chosen or self.best_recipe()
+        lines = ["# Length predictors across sources: train on one source (or a mix), rank every other", ""]
+        if self.command:
+            lines += ["Command:", "", "```", self.command, "```", ""]
+        lines += [f"- {n}" for n in self.notes]
+        lines += [
+            "- cells: Kendall tau_b between scores and true output lengths; *italic* = held-out prompts of a "
+            "source in the training set (prompt-disjoint, 20 %); plain = a source not trained on (all prompts)",
+            "- prompts per source: " + ", ".join(f"{k} {v}" for k, v in self.n_prompts.items()),
+            "",
+            "## Recipes: tau_b on each source when trained on the other three (mean over its models)",
+            "",
+            "| recipe | " + " | ".join(f"{s} (held out)" for s in SOURCES) + " | **mean** |",
+            "|---|" + "---:|" * (len(SOURCES) + 1),
+        ]
+        for recipe in sorted({k[1] for k in self.rows}, key=lambda r: -self.recipe_score(r)):
+            cells = [self._fmt(self.held_out_source(recipe, s)) for s in SOURCES]
+            mark = " (chosen)" if recipe == chosen else ""
+            lines.append(
+                f"| {recipe}{mark} | " + " | ".join(cells) + f" | **{self._fmt(self.recipe_score(recipe))}** |"
+            )
+        lines += ["", f"## Every training set, recipe `{chosen}` (and baselines)", ""]
+        lines += ["| trained on | " + " | ".join(self.columns) + " | mean, sources not trained on |"]
+        lines += ["|---|" + "---:|" * (len(self.columns) + 1)]
+        for key in self.rows:
+            if key[1] != chosen and key[1] not in self.baselines:
+                continue
+            name = key[0] if key[1] == chosen else key[1]
+            if key[1] in self.baselines and key[0] != _BASELINE_TRAIN:
+                continue
+            cells = []
+            for col in self.columns:
+                v = self._fmt(self.rows[key].get(col, math.nan))
+                cells.append(f"*{v}*" if col in self.in_source[key] else v)
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {self._fmt(self.held_out_mean(key))} |")
+        return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def _fmt(v: float) -> str:
+        return "n/a" if not math.isfinite(v) else f"{v:.3f}"
+
+
+_BASELINE_TRAIN = "-"
+
+
+def training_sets() -> list[tuple[str, tuple[str, ...]]]:
+    """Each source alone, all but one, and all."""
+    sets: list[tuple[str, tuple[str, ...]]] = [(s, (s,)) for s in SOURCES]
+    sets += [(f"all but {s}", tuple(x for x in SOURCES if x != s)) for s in SOURCES]
+    sets.append(("all", SOURCES))
+    return sets
+
+
+def cross_source_matrix(
+    sources: Sequence[Source],
+    embeddings: dict[str, npt.NDArray[np.float32]],
+    recipes: Sequence[Recipe],
+    *,
+    extra_scorers: Mapping[str, Callable[[Sequence[str]], npt.NDArray[np.float64]]] | None = None,
+) -> CrossSourceResult:
+    """The matrix for ``recipes`` (and the prompt-length baseline, and ``extra_scorers``: fixed scorers
+    such as a trained checkpoint, reported as if trained on alpaca_eval)."""
+    by_name = {s.name: s for s in sources}
+    columns = [f"{s.name}:{m}" for s in sources for m in s.evals]
+    result = CrossSourceResult(columns, {}, {}, {s.name: len(s.prompts) for s in sources})
+
+    def evaluate(
+        key: tuple[str, str], trained: Sequence[str], score: Callable[[Source], npt.NDArray[np.float64]]
+    ) -> None:
+        result.rows[key], result.in_source[key] = {}, set()
+        for src in sources:
+            s = score(src)
+            mask = src.test if src.name in trained else np.ones(len(src.prompts), dtype=bool)
+            for model, lengths in src.evals.items():
+                col = f"{src.name}:{model}"
+                result.rows[key][col] = _tau(s[mask], lengths[mask])
+                if src.name in trained:
+                    result.in_source[key].add(col)
+
+    def prompt_length(src: Source) -> npt.NDArray[np.float64]:
+        return feature_matrix("length", src.prompts, None)[:, 0]
+
+    evaluate((_BASELINE_TRAIN, PROMPT_LENGTH), (), prompt_length)
+    for name, fn in (extra_scorers or {}).items():
+        result.baselines.add(name)
+        evaluate((_BASELINE_TRAIN, name), ("alpaca_eval",), _fixed_scorer(fn))
+    for recipe in recipes:
+        for set_name, members in training_sets():
+            if any(m not in by_name for m in members):
+                continue
+            head = fit_recipe(recipe, [by_name[m] for m in members], embeddings)
+            evaluate((set_name, recipe.label), members, _head_scorer(head, embeddings))
+    return result
+
+
+def _fixed_scorer(
+    fn: Callable[[Sequence[str]], npt.NDArray[np.float64]],
+) -> Callable[[Source], npt.NDArray[np.float64]]:
+    return lambda src: np.asarray(fn(src.prompts), dtype=np.float64)
+
+
+def _head_scorer(
+    head: RidgeHead, embeddings: Mapping[str, npt.NDArray[np.float32]]
+) -> Callable[[Source], npt.NDArray[np.float64]]:
+    return lambda src: head.score(feature_matrix(head.features, src.prompts, embeddings[src.name]))
+
+
+def write_result(result: CrossSourceResult, path: str | Path, chosen: str | None = None) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(result.to_markdown(chosen))
+    return p
+
+
+def recipe_grid(features: Sequence[str], alphas: Sequence[float]) -> list[Recipe]:
+    return [Recipe(f, a) for f in features for a in alphas]
+
+
+def summary(result: CrossSourceResult) -> dict[str, Any]:
+    return {r: result.recipe_score(r) for r in sorted({k[1] for k in result.rows})}

@@ -1,0 +1,200 @@
+"""A linear ranking head over frozen prompt features: features, ridge fit, rank targets, saving.
+
+The head scores ``features(prompt) @ weights``; higher means a longer answer. It is fitted in closed form
+(ridge regression on per-group rank-normal targets, so only the order of lengths inside one model's
+answers matters), which takes milliseconds on cached encoder embeddings: cross-source evaluation, the
+shipped predictor and online learning all use it. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+import numpy.typing as npt
+from scipy import special
+
+__all__ = [
+    "FEATURE_SETS",
+    "FeatureSet",
+    "RidgeHead",
+    "extra_features",
+    "feature_matrix",
+    "fit_ridge",
+    "rank_targets",
+]
+
+FeatureSet = Literal["text", "text+length", "length"]
+FEATURE_SETS: tuple[str, ...] = get_args(FeatureSet)
+"""``text``: the encoder's pooled embedding; ``length``: the prompt's size (log characters, log words,
+log lines); ``text+length``: both."""
+
+_F32 = npt.NDArray[np.float32]
+_F64 = npt.NDArray[np.float64]
+
+
+def extra_features(prompts: Sequence[str]) -> _F64:
+    """Prompt-size features, ``(n, 3)``: log1p of characters, whitespace words and lines."""
+    return np.array(
+        [[math.log1p(len(p)), math.log1p(len(p.split())), math.log1p(p.count("\n") + 1)] for p in prompts],
+        dtype=np.float64,
+    ).reshape(len(prompts), 3)
+
+
+def feature_matrix(kind: str, prompts: Sequence[str], embeddings: _F32 | _F64 | None) -> _F64:
+    """Features of ``kind`` (one of :data:`FEATURE_SETS`) for ``prompts`` whose pooled embeddings are
+    ``embeddings`` (rows aligned; unused, may be None, for ``length``)."""
+    if kind not in FEATURE_SETS:
+        raise ValueError(f"unknown feature set {kind!r}; choose one of {', '.join(FEATURE_SETS)}")
+    if kind == "length":
+        return extra_features(prompts)
+    if embeddings is None or len(embeddings) != len(prompts):
+        raise ValueError(f"feature set {kind!r} needs one embedding row per prompt")
+    emb = np.asarray(embeddings, dtype=np.float64)
+    return emb if kind == "text" else np.hstack([emb, extra_features(prompts)])
+
+
+def rank_targets(lengths: npt.ArrayLike, groups: Sequence[Hashable] | None = None) -> _F64:
+    """Rank-normal targets: inside each group (one model's answers), lengths' average ranks mapped to
+    standard normal quantiles, so every group has the same scale and ties stay tied."""
+    y = np.asarray(lengths, dtype=np.float64)
+    out = np.zeros_like(y)
+    tags = np.zeros(len(y), dtype=np.int64) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
+    for g in np.unique(tags):
+        sel = np.flatnonzero(tags == g)
+        ranks = _average_ranks(y[sel])
+        out[sel] = special.ndtri((ranks - 0.5) / len(sel))
+    return out
+
+
+def _average_ranks(values: _F64) -> _F64:
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values), dtype=np.float64)
+    ranks[order] = np.arange(1, len(values) + 1, dtype=np.float64)
+    uniq, inverse = np.unique(values, return_inverse=True)
+    sums = np.bincount(inverse, weights=ranks, minlength=len(uniq))
+    counts = np.bincount(inverse, minlength=len(uniq))
+    out: _F64 = sums[inverse] / counts[inverse]
+    return out
+
+
+@dataclass(frozen=True)
+class RidgeHead:
+    """``score(X) = ((X - mean) / scale) @ weights + bias``; ``features`` names the feature set."""
+
+    features: str
+    mean: _F64
+    scale: _F64
+    weights: _F64
+    bias: float
+    alpha: float
+    n_train: int
+
+    def __post_init__(self) -> None:
+        if self.features not in FEATURE_SETS:
+            raise ValueError(f"RidgeHead.features: unknown feature set {self.features!r}")
+        d = len(self.weights)
+        if self.mean.shape != (d,) or self.scale.shape != (d,):
+            raise ValueError(f"RidgeHead: mean {self.mean.shape}, scale {self.scale.shape}, weights ({d},) differ")
+        if not np.all(np.isfinite(self.weights)) or not math.isfinite(self.bias):
+            raise ValueError("RidgeHead: weights and bias must be finite")
+
+    @property
+    def dim(self) -> int:
+        return len(self.weights)
+
+    def score(self, features: _F64 | _F32) -> _F64:
+        x = np.asarray(features, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"RidgeHead.score: expected (n, {self.dim}) features, got {x.shape}")
+        out: _F64 = ((x - self.mean) / self.scale) @ self.weights + self.bias
+        return out
+
+    def to_bytes(self, meta: dict[str, Any] | None = None) -> bytes:
+        """The head as an ``.npz`` archive (float32 arrays and a JSON header)."""
+        header = {"features": self.features, "bias": self.bias, "alpha": self.alpha, "n_train": self.n_train}
+        header["meta"] = meta or {}
+        buf = io.BytesIO()
+        np.savez_compressed(
+            buf,
+            mean=self.mean.astype(np.float32),
+            scale=self.scale.astype(np.float32),
+            weights=self.weights.astype(np.float32),
+            header=np.frombuffer(json.dumps(header, sort_keys=True).encode(), dtype=np.uint8),
+        )
+        return buf.getvalue()
+
+    def save(self, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp")
+        tmp.write_bytes(self.to_bytes(meta))
+        tmp.replace(p)
+        return p
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str = "head") -> tuple[RidgeHead, dict[str, Any]]:
+        """``(head, meta)`` from :meth:`to_bytes` output; ValueError naming ``where`` when unreadable."""
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
+                header = json.loads(bytes(z["header"]).decode())
+                head = cls(
+                    features=str(header["features"]),
+                    mean=z["mean"].astype(np.float64),
+                    scale=z["scale"].astype(np.float64),
+                    weights=z["weights"].astype(np.float64),
+                    bias=float(header["bias"]),
+                    alpha=float(header["alpha"]),
+                    n_train=int(header["n_train"]),
+                )
+        except (OSError, KeyError, ValueError, TypeError) as exc:
+            raise ValueError(f"{where}: not a ranking head ({exc})") from None
+        return head, dict(header.get("meta") or {})
+
+    @classmethod
+    def load(cls, path: str | Path) -> tuple[RidgeHead, dict[str, Any]]:
+        p = Path(path)
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"{p}: cannot read the ranking head ({exc.strerror})") from None
+        return cls.from_bytes(data, str(p))
+
+
+def fit_ridge(
+    features: _F64,
+    targets: _F64,
+    *,
+    kind: str,
+    alpha: float = 10.0,
+    sample_weight: _F64 | None = None,
+) -> RidgeHead:
+    """Weighted ridge regression of ``targets`` on standardized ``features`` (closed form, float64).
+
+    Weights are rescaled to sum to the number of samples before ``alpha`` (the L2 penalty) applies, so
+    its strength does not depend on how they are normalized.
+    """
+    x = np.asarray(features, dtype=np.float64)
+    y = np.asarray(targets, dtype=np.float64)
+    if x.ndim != 2 or len(x) != len(y) or len(y) < 2:
+        raise ValueError(f"fit_ridge: need (n, d) features and n >= 2 targets, got {x.shape} and {y.shape}")
+    if not alpha > 0:
+        raise ValueError(f"fit_ridge: alpha must be > 0, got {alpha}")
+    w = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    if w.shape != y.shape or np.any(w < 0) or not w.sum() > 0:
+        raise ValueError("fit_ridge: sample_weight must be non-negative, one per target, not all zero")
+    w = w * (len(y) / w.sum())
+    mean = (w @ x) / w.sum()
+    scale = np.sqrt((w @ (x - mean) ** 2) / w.sum())
+    scale[scale < 1e-12] = 1.0
+    z = (x - mean) / scale
+    y_mean = float(w @ y / w.sum())
+    gram = (z * w[:, None]).T @ z + alpha * np.eye(z.shape[1])
+    coef = np.linalg.solve(gram, (z * w[:, None]).T @ (y - y_mean))
+    return RidgeHead(kind, mean, scale, coef, y_mean, float(alpha), len(y))

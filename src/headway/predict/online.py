@@ -1,0 +1,266 @@
+"""Learning online from the served model: refit a ranking head per model on its latest completions.
+
+The gateway and the plugin see each finished request's prompt and true output length. Feeding them to
+:meth:`OnlineLearner.observe` (``observe(prompt, output_tokens, model)``) costs a queue append: a
+background thread embeds the prompt (the offline predictor's own features), keeps the last ``window``
+observations of that model and, every ``refit_every`` new ones, refits a ridge head on
+``[offline score, prompt size, features]`` against rank-normal targets. :meth:`OnlineLearner.score`
+then ranks a model's prompts with its head (the offline score alone until ``min_observations``). Nothing
+on the scoring path waits for a refit: heads are swapped in whole.
+
+The windows are stored in an :class:`ObservationStore`: in memory (:class:`MemoryStore`, saved to and
+loaded from a file across restarts) or in Redis (:class:`RedisStore`), where gateway replicas share one
+window per model, each refitting from it. Prompts are not stored, only their features and lengths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from headway.predict.head import RidgeHead, extra_features, fit_ridge, rank_targets
+
+__all__ = ["MemoryStore", "ObservationStore", "OnlineConfig", "OnlineLearner", "RedisStore"]
+
+_F64 = npt.NDArray[np.float64]
+DEFAULT_MODEL = ""
+"""Window key of observations that name no model."""
+
+
+@dataclass(frozen=True)
+class OnlineConfig:
+    """``window``: observations kept per model; ``min_observations``: before a model's head is used;
+    ``refit_every``: new observations between refits; ``alpha``: ridge penalty."""
+
+    window: int = 500
+    min_observations: int = 25
+    refit_every: int = 25
+    alpha: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("window", "min_observations", "refit_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"OnlineConfig.{name} must be an integer >= 1, got {value!r}")
+        if self.min_observations > self.window:
+            raise ValueError(f"OnlineConfig.min_observations ({self.min_observations}) exceeds window ({self.window})")
+        if not self.alpha > 0:
+            raise ValueError(f"OnlineConfig.alpha must be > 0, got {self.alpha!r}")
+
+
+class ObservationStore(Protocol):
+    """Per-model windows of observation rows (``[offline score, prompt size..., features..., length]``)."""
+
+    def append(self, model: str, row: _F64, window: int) -> None: ...
+
+    def rows(self, model: str) -> _F64: ...
+
+    def models(self) -> list[str]: ...
+
+
+class MemoryStore:
+    """Windows in this process; :meth:`save` / :meth:`load` keep them across restarts."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, deque[_F64]] = {}
+        self._lock = threading.Lock()
+
+    def append(self, model: str, row: _F64, window: int) -> None:
+        with self._lock:
+            q = self._rows.get(model)
+            if q is None or q.maxlen != window:
+                q = self._rows[model] = deque(q or (), maxlen=window)
+            q.append(np.asarray(row, dtype=np.float64))
+
+    def rows(self, model: str) -> _F64:
+        with self._lock:
+            q = list(self._rows.get(model, ()))
+        return np.vstack(q) if q else np.zeros((0, 0))
+
+    def models(self) -> list[str]:
+        with self._lock:
+            return sorted(self._rows)
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {f"m{i}": self.rows(m) for i, m in enumerate(self.models())}
+        names = np.frombuffer(json.dumps(self.models()).encode(), dtype=np.uint8)
+        buf = io.BytesIO()
+        savez: Any = np.savez_compressed  # its **arrays are typed as its keyword options
+        savez(buf, models=names, **arrays)
+        tmp = p.with_name(f".{p.name}.tmp")
+        tmp.write_bytes(buf.getvalue())
+        tmp.replace(p)
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path, window: int) -> MemoryStore:
+        """The windows saved at ``path`` (each cut to its last ``window`` rows); ValueError naming the
+        file when it is not one."""
+        store = cls()
+        try:
+            with np.load(Path(path), allow_pickle=False) as z:
+                models = json.loads(bytes(z["models"]).decode())
+                for i, model in enumerate(models):
+                    for row in z[f"m{i}"][-window:]:
+                        store.append(str(model), row, window)
+        except (OSError, KeyError, ValueError) as exc:
+            raise ValueError(f"{path}: not a saved online-learning state ({exc})") from None
+        return store
+
+
+class RedisStore:
+    """Windows in Redis lists ``{prefix}:{model}`` (float64 rows), shared by gateway replicas."""
+
+    def __init__(self, client: Any, prefix: str = "headway:online") -> None:
+        self._client = client
+        self._prefix = prefix
+
+    def _key(self, model: str) -> str:
+        return f"{self._prefix}:{model}"
+
+    def append(self, model: str, row: _F64, window: int) -> None:
+        pipe = self._client.pipeline()
+        pipe.rpush(self._key(model), np.asarray(row, dtype=np.float64).tobytes())
+        pipe.ltrim(self._key(model), -window, -1)
+        pipe.sadd(f"{self._prefix}:models", model)
+        pipe.execute()
+
+    def rows(self, model: str) -> _F64:
+        raw = self._client.lrange(self._key(model), 0, -1)
+        return np.vstack([np.frombuffer(r, dtype=np.float64) for r in raw]) if raw else np.zeros((0, 0))
+
+    def models(self) -> list[str]:
+        return sorted(
+            m.decode() if isinstance(m, bytes) else str(m) for m in self._client.smembers(f"{self._prefix}:models")
+        )
+
+
+class OnlineLearner:
+    """Per-model online refits around an offline predictor.
+
+    ``embed(prompts) -> (n, d)`` are the offline predictor's features and ``prior(embeddings) -> (n,)``
+    its scores (e.g. :class:`~headway.predict.shipped.ShippedPredictor`'s ``embed`` and
+    ``score_embeddings``). With ``background=False`` observations are processed inside
+    :meth:`observe` (deterministic; for replays and tests).
+    """
+
+    def __init__(
+        self,
+        embed: Callable[[Sequence[str]], npt.NDArray[Any]],
+        prior: Callable[[npt.NDArray[Any]], _F64],
+        config: OnlineConfig | None = None,
+        *,
+        store: ObservationStore | None = None,
+        background: bool = True,
+    ) -> None:
+        self.config = config or OnlineConfig()
+        self._embed = embed
+        self._prior = prior
+        self.store: ObservationStore = store if store is not None else MemoryStore()
+        self._heads: dict[str, RidgeHead] = {}
+        self._since_refit: dict[str, int] = {}
+        self._queue: queue.Queue[tuple[str, int, str] | None] | None = None
+        self._thread: threading.Thread | None = None
+        if background:
+            self._queue = queue.Queue(maxsize=10_000)
+            self._thread = threading.Thread(target=self._work, name="headway-online", daemon=True)
+            self._thread.start()
+        for model in self.store.models():
+            self._refit(model)
+
+    # ------------------------------------------------------------------ feeding
+    def observe(self, prompt: str, output_tokens: int, model: str | None = None) -> None:
+        """Record one finished request (its prompt and true output length). Never blocks: when the
+        background queue is full the observation is dropped."""
+        if isinstance(output_tokens, bool) or not isinstance(output_tokens, int) or output_tokens < 1:
+            raise ValueError(f"output_tokens must be a positive integer, got {output_tokens!r}")
+        item = (prompt, output_tokens, model or DEFAULT_MODEL)
+        if self._queue is None:
+            self._process([item])
+            return
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(item)
+
+    def flush(self) -> None:
+        """Wait until every queued observation is processed (for tests and shutdown)."""
+        if self._queue is not None:
+            self._queue.join()
+
+    def close(self) -> None:
+        if self._queue is not None and self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5.0)
+            self._queue = None
+
+    def _work(self) -> None:
+        assert self._queue is not None
+        q = self._queue
+        while True:
+            item = q.get()
+            batch = [item]
+            while item is not None and not q.empty() and len(batch) < 64:
+                item = q.get_nowait()
+                batch.append(item)
+            stop = any(b is None for b in batch)
+            try:
+                self._process([b for b in batch if b is not None])
+            finally:
+                for _ in batch:
+                    q.task_done()
+            if stop:
+                return
+
+    def _rows_for(self, prompts: Sequence[str]) -> _F64:
+        emb = np.asarray(self._embed(list(prompts)), dtype=np.float64)
+        prior = np.asarray(self._prior(emb), dtype=np.float64).reshape(-1, 1)
+        return np.hstack([prior, extra_features(prompts), emb])
+
+    def _process(self, items: Sequence[tuple[str, int, str]]) -> None:
+        if not items:
+            return
+        rows = self._rows_for([p for p, _, _ in items])
+        for row, (_, length, model) in zip(rows, items, strict=True):
+            self.store.append(model, np.append(row, float(length)), self.config.window)
+            self._since_refit[model] = self._since_refit.get(model, 0) + 1
+            if self._since_refit[model] >= self.config.refit_every or model not in self._heads:
+                self._refit(model)
+
+    def _refit(self, model: str) -> None:
+        data = self.store.rows(model)
+        self._since_refit[model] = 0
+        if len(data) < self.config.min_observations:
+            return
+        x, y = data[:, :-1], data[:, -1]
+        self._heads[model] = fit_ridge(x, rank_targets(y), kind="text", alpha=self.config.alpha)
+
+    # ------------------------------------------------------------------ scoring
+    def observed(self, model: str | None = None) -> int:
+        return len(self.store.rows(model or DEFAULT_MODEL))
+
+    def score(self, prompts: Sequence[str], model: str | None = None) -> _F64:
+        """Scores for ``prompts`` served by ``model``: its online head's once it has one, else the
+        offline predictor's."""
+        rows = self._rows_for(prompts)
+        head = self._heads.get(model or DEFAULT_MODEL)
+        if head is None:
+            return rows[:, 0].copy()
+        return head.score(rows)
+
+    def save(self, path: str | Path) -> Path:
+        """Save the windows (a :class:`MemoryStore`'s) so a restart resumes where this one stopped."""
+        if not isinstance(self.store, MemoryStore):
+            raise TypeError("save(): only an in-memory store is saved to a file; Redis keeps its own state")
+        return self.store.save(path)

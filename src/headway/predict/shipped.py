@@ -1,0 +1,186 @@
+"""The predictor that ships inside the package: a fine-tuned checkpoint as low-rank deltas over the
+bundled MiniLM, scored on ONNX Runtime without torch.
+
+:func:`pack_checkpoint` (needs numpy and safetensors, not torch) subtracts the bundled encoder's weights
+from a fine-tuned checkpoint's and keeps each weight matrix's change as a rank-``r`` product (truncated
+SVD, float16); vectors and the position table are kept whole. :class:`ShippedPredictor` adds the deltas
+back, writes the ONNX graph (:func:`headway.predict.encoder.build_encoder_onnx`, cached under
+``$HEADWAY_CACHE_DIR/derived/``) and scores prompts with the checkpoint's head. ``--scorer default``
+and ``pars.scorer=default`` use it when no predictor has been trained into the cache, so ``pars`` works
+at first start with no training and no data folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from headway.predict._errors import CheckpointError
+from headway.predict.encoder import OnnxEncoder, build_encoder_onnx, encoder_onnx_path
+
+__all__ = ["SHIPPED_PREDICTOR", "ShippedPredictor", "pack_checkpoint", "shipped_predictor_path"]
+
+SHIPPED_PREDICTOR = "pars-minilm-default.npz"
+"""File name of the packaged predictor under ``headway/predict/weights/``."""
+
+_F16_MIN_SIZE = 1024
+"""Arrays of at least this many values are stored as float16; smaller ones (biases, norms) as float32."""
+
+
+def shipped_predictor_path() -> Path:
+    return Path(str(resources.files("headway.predict") / "weights" / SHIPPED_PREDICTOR))
+
+
+def pack_checkpoint(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    rank: int = 32,
+    base: str | Path | None = None,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write the checkpoint's change over ``base`` (default: the bundled encoder) to ``out`` (``.npz``);
+    returns the header written (pooling, max length, rank, sizes)."""
+    from safetensors.numpy import load_file
+
+    from headway.predict._paths import default_encoder_path
+    from headway.predict.encoder import _weights
+
+    if rank < 1:
+        raise ValueError(f"rank must be >= 1, got {rank}")
+    ckpt = Path(checkpoint)
+    try:
+        info = json.loads((ckpt / "predictor.json").read_text())
+        tuned = load_file(str(ckpt / "model.safetensors"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{ckpt}: not a readable predictor checkpoint ({exc})") from None
+    base_dir = Path(base) if base is not None else default_encoder_path()
+    stock = _weights(base_dir)
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    for key, value in tuned.items():
+        if key.startswith("head."):
+            arrays[key] = value.astype(np.float32)
+            continue
+        name = key.removeprefix("encoder.")
+        if not key.startswith("encoder.") or name.endswith("position_ids"):
+            continue
+        if name not in stock or stock[name].shape != value.shape:
+            raise CheckpointError(f"{ckpt}: {name} does not match the base encoder {base_dir}")
+        delta = value.astype(np.float64) - stock[name].astype(np.float64)
+        if not np.any(delta):
+            continue
+        if delta.ndim == 2 and "position_embeddings" not in name and min(delta.shape) > rank:
+            u, s, vt = np.linalg.svd(delta, full_matrices=False)
+            arrays[f"low.{name}.a"] = (u[:, :rank] * s[:rank]).astype(np.float16)
+            arrays[f"low.{name}.b"] = vt[:rank].astype(np.float16)
+        else:
+            arrays[f"full.{name}"] = delta.astype(np.float16 if delta.size >= _F16_MIN_SIZE else np.float32)
+    if "head.weight" not in arrays:
+        raise CheckpointError(f"{ckpt}: no head weights")
+    header = {
+        "format": 1,
+        "pooling": str(info.get("pooling") or "pooler"),
+        "max_length": int(info.get("max_length", 128)),
+        "rank": rank,
+        "base_sha256": _file_sha256(base_dir / "model.safetensors"),
+        "meta": meta or {},
+    }
+    buf = io.BytesIO()
+    savez: Any = np.savez_compressed  # its **arrays are typed as its keyword options
+    savez(buf, header=np.frombuffer(json.dumps(header, sort_keys=True).encode(), np.uint8), **arrays)
+    dst = Path(out)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(buf.getvalue())
+    header["bytes"] = dst.stat().st_size
+    return header
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class ShippedPredictor:
+    """Scores prompts with a packed predictor (default: the one in the package); torch-free.
+
+    ``score(prompts)`` returns one float per prompt, higher for a longer expected answer (the
+    ranking the ``pars`` policy needs).
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        threads: int = 2,
+        batch_size: int = 32,
+        max_length: int | None = None,
+        base: str | Path | None = None,
+        int8: bool = False,
+    ) -> None:
+        """``int8``: score with ONNX Runtime's dynamically int8-quantized copy of the graph (faster on
+        CPU; activations are quantized per batch, so scores move a little with the batch)."""
+        from headway.predict._paths import default_encoder_path
+        from headway.predict.encoder import _weights
+
+        self.path = Path(path) if path is not None else shipped_predictor_path()
+        try:
+            raw = self.path.read_bytes()
+            with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+                header = json.loads(bytes(z["header"]).decode())
+                arrays = {k: z[k] for k in z.files if k != "header"}
+        except (OSError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"{self.path}: not a packed predictor ({exc})") from None
+        self.meta: dict[str, Any] = header
+        base_dir = Path(base) if base is not None else default_encoder_path()
+        digest = hashlib.sha256(raw).hexdigest()[:16]
+        graph = encoder_onnx_path(base_dir, f"packed:{digest}:{header['pooling']}")
+        if not graph.is_file():
+            if _file_sha256(base_dir / "model.safetensors") != header["base_sha256"]:
+                raise CheckpointError(f"{self.path}: packed over other encoder weights than {base_dir}'s")
+            weights = _weights(base_dir)
+            for key, value in arrays.items():
+                kind, _, name = key.partition(".")
+                if kind == "full":
+                    weights[name] = (weights[name] + value.astype(np.float32)).astype(np.float32)
+                elif kind == "low" and name.endswith(".a"):
+                    target = name.removesuffix(".a")
+                    b = arrays[f"low.{target}.b"].astype(np.float32)
+                    weights[target] = (weights[target] + value.astype(np.float32) @ b).astype(np.float32)
+            build_encoder_onnx(base_dir, graph, weights=weights, pooling=str(header["pooling"]))
+        if int8:
+            quantized = graph.with_suffix(".int8.onnx")
+            if not quantized.is_file():
+                from onnxruntime.quantization import QuantType, quantize_dynamic
+
+                tmp = quantized.with_name(f".{quantized.name}.tmp")
+                quantize_dynamic(str(graph), str(tmp), weight_type=QuantType.QInt8)
+                tmp.replace(quantized)
+            graph = quantized
+        self.head_weight = arrays["head.weight"].astype(np.float64).reshape(-1)
+        self.head_bias = float(arrays["head.bias"].reshape(-1)[0])
+        length = int(header["max_length"]) if max_length is None else max_length
+        self.encoder = OnnxEncoder(base_dir, max_length=length, threads=threads, batch_size=batch_size, graph=graph)
+        self.max_length = self.encoder.max_length
+        self.backend = "onnx-int8 (packed)" if int8 else "onnx (packed)"
+
+    def embed(self, prompts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """The pooled features the head scores (what an online learner refits on)."""
+        return self.encoder.embed(prompts)
+
+    def score_embeddings(self, embeddings: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+        out: npt.NDArray[np.float64] = np.asarray(embeddings, dtype=np.float64) @ self.head_weight + self.head_bias
+        return out
+
+    def score(self, prompts: Sequence[str]) -> npt.NDArray[np.float64]:
+        return self.score_embeddings(self.embed(list(prompts)))

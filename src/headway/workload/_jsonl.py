@@ -1,0 +1,108 @@
+"""The JSONL workload format: a prompt log with real output lengths, the predictor's data format too.
+
+One JSON object a line::
+
+    {"prompt": str, "output_tokens": int, "model": str?, "arrival_time": float?, "tenant": str?,
+     "prompt_tokens": int?, "category": str?}
+
+``output_tokens`` is what the engine generates (for a reasoning model, answer plus thinking);
+``prompt_tokens`` defaults to a count of the prompt (``count_tokens``, default
+:func:`~headway.workload._readers.approx_token_count`); ``arrival_time`` is seconds from the start: when
+every line has one the workload is timed (replayed as recorded), otherwise arrivals are generated
+(``--arrivals burst``, or ``--rate``). ``tenant`` sets the request's tenant; ``model`` is kept in the
+workload's ``meta["models"]``. The same files train and evaluate predictors (``headway predictor
+train --data FILE.jsonl``). Importing this module registers the ``jsonl`` format with
+:func:`headway.workload.load_workload` (read by its keys, or with ``format="jsonl"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from pathlib import Path
+
+from headway.workload import _readers, _sources
+from headway.workload._errors import WorkloadFormatError
+from headway.workload._readers import TokenCounter, approx_token_count
+from headway.workload._spec import RequestSpec, Workload
+
+__all__ = ["JSONL_KEYS", "read_jsonl_workload"]
+
+JSONL_KEYS = frozenset({"prompt", "output_tokens"})
+"""Keys that tell a JSONL workload from the other JSON formats."""
+
+
+def _text(path: Path, line: int, record: dict[str, object], key: str) -> str | None:
+    value = record.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise WorkloadFormatError(path, line, "expected a string", field=key, value=value)
+    return value
+
+
+def read_jsonl_workload(
+    path: str | Path,
+    *,
+    limit: int | None = None,
+    name: str | None = None,
+    count_tokens: TokenCounter | None = None,
+) -> Workload:
+    """Read a JSONL workload (see the module docstring); errors name the file, line and field."""
+    p = _readers._existing(path)
+    stem = _readers._stem(p)
+    counter = count_tokens or approx_token_count
+    specs: list[RequestSpec] = []
+    models: Counter[str] = Counter()
+    times: list[float | None] = []
+    for line, rec in _readers._jsonl_records(p):
+        if limit is not None and len(specs) >= limit:
+            break
+        if not isinstance(rec, dict):
+            raise WorkloadFormatError(p, line, "expected a JSON object", value=rec)
+        prompt = _text(p, line, rec, "prompt")
+        if not prompt:
+            raise WorkloadFormatError(p, line, "missing or empty prompt", field="prompt", value=rec.get("prompt"))
+        output = _readers._int_value(p, line, "output_tokens", rec.get("output_tokens"))
+        raw_prompt_tokens = rec.get("prompt_tokens")
+        n_prompt = (
+            _readers._int_value(p, line, "prompt_tokens", raw_prompt_tokens)
+            if raw_prompt_tokens is not None
+            else max(1, counter(prompt))
+        )
+        raw_time = rec.get("arrival_time")
+        times.append(None if raw_time is None else _readers._time_value(p, line, "arrival_time", raw_time))
+        model = _text(p, line, rec, "model")
+        if model:
+            models[model] += 1
+        specs.append(
+            RequestSpec(
+                request_id=f"{stem}-{len(specs)}",
+                arrival_time=0.0,
+                num_prompt_tokens=n_prompt,
+                num_output_tokens=output,
+                tenant_id=_text(p, line, rec, "tenant") or "default",
+                prompt=prompt,
+                category=_text(p, line, rec, "category"),
+            )
+        )
+    if not specs:
+        raise WorkloadFormatError(p, None, "no requests", show_value=False)
+    timed = all(t is not None for t in times)
+    if timed:
+        specs = [dataclasses.replace(s, arrival_time=float(t or 0.0)) for s, t in zip(specs, times, strict=True)]
+    meta: dict[str, object] = {"source": str(p), "format": "jsonl", "timed": timed, "models": dict(models)}
+    return Workload.from_specs(name or stem, specs, meta)
+
+
+def _read(path: Path, o: _sources.LoadOptions) -> Workload:
+    return read_jsonl_workload(path, count_tokens=o.count_tokens)
+
+
+def _register() -> None:
+    _sources._FORMATS["jsonl"] = _read
+    if not any(fmt == "jsonl" for _, fmt in _sources._JSON_KEYS):
+        _sources._JSON_KEYS = ((JSONL_KEYS, "jsonl"), *_sources._JSON_KEYS)
+
+
+_register()

@@ -1,0 +1,36 @@
+"""The torch-free encoder: the ONNX graph built from safetensors embeds as the torch model does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from headway.predict.encoder import OnnxEncoder, build_encoder_onnx
+
+PROMPTS = ["Write a haiku.", "Explain quicksort step by step, with code in Python and its complexity. " * 5, "hi"]
+
+
+def test_onnx_encoder_matches_torch_mean_pooling(tiny_encoder_3_layers: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from headway.predict.model import LengthPredictor, load_encoder, pad_batch, tokenize
+
+    enc = OnnxEncoder(tiny_encoder_3_layers, max_length=32, threads=1, batch_size=2)
+    got = enc.embed(PROMPTS)
+    model, tok = load_encoder(tiny_encoder_3_layers)
+    lp = LengthPredictor(model, "mean").eval()
+    ids = tokenize(tok, PROMPTS, 32)
+    assert ids == enc.token_ids(PROMPTS)
+    input_ids, mask = pad_batch(ids, 0)
+    with torch.inference_mode():
+        want = lp.embed(torch.from_numpy(input_ids), torch.from_numpy(mask)).numpy()
+    assert got.shape == (3, 32)
+    assert np.allclose(got, want, atol=1e-5)
+    assert len(enc.token_ids(PROMPTS)[1]) == 32  # cut to max_length
+
+
+def test_build_rejects_a_folder_without_weights(tmp_path: Path, tiny_encoder: Path) -> None:
+    (tmp_path / "config.json").write_text((tiny_encoder / "config.json").read_text())
+    with pytest.raises(ValueError, match=r"no model\.safetensors"):
+        build_encoder_onnx(tmp_path, tmp_path / "x.onnx")

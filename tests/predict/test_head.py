@@ -1,0 +1,85 @@
+"""The ridge ranking head: rank targets, the closed-form fit, saving and loading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from headway.predict.head import RidgeHead, extra_features, feature_matrix, fit_ridge, rank_targets
+
+
+@given(st.lists(st.integers(1, 50), min_size=2, max_size=60))
+@settings(max_examples=60, deadline=None)
+def test_rank_targets_keep_order_and_ties(lengths: list[int]) -> None:
+    y = np.array(lengths, dtype=float)
+    t = rank_targets(y)
+    for i in range(len(y)):
+        for j in range(len(y)):
+            if y[i] < y[j]:
+                assert t[i] < t[j]
+            elif y[i] == y[j]:
+                assert t[i] == t[j]
+
+
+def test_rank_targets_put_groups_on_one_scale() -> None:
+    t = rank_targets([1, 2, 3, 100, 200, 300], groups=["a", "a", "a", "b", "b", "b"])
+    assert np.allclose(t[:3], t[3:])
+
+
+def test_fit_ridge_ranks_a_linear_signal() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 5))
+    y = np.exp(x[:, 2] - 0.5 * x[:, 4])
+    head = fit_ridge(x, rank_targets(y), kind="text", alpha=1.0)
+    x_new = rng.normal(size=(200, 5))
+    tau = stats.kendalltau(head.score(x_new), np.exp(x_new[:, 2] - 0.5 * x_new[:, 4])).statistic
+    assert tau > 0.9
+
+
+def test_fit_ridge_weights_select_examples() -> None:
+    x = np.array([[0.0], [1.0], [2.0], [3.0]])
+    up, down = np.array([0.0, 1.0, 2.0, 3.0]), np.array([3.0, 2.0, 1.0, 0.0])
+    xs, ys = np.vstack([x, x]), np.concatenate([up, down])
+    keep_up = fit_ridge(xs, ys, kind="text", alpha=0.01, sample_weight=np.r_[np.ones(4), np.zeros(4)])
+    keep_down = fit_ridge(xs, ys, kind="text", alpha=0.01, sample_weight=np.r_[np.zeros(4), np.ones(4)])
+    assert keep_up.weights[0] > 0 > keep_down.weights[0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"alpha": 0.0}, "alpha must be > 0, got 0.0"), ({"sample_weight": -np.ones(3)}, "non-negative")],
+)
+def test_fit_ridge_names_bad_values(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        fit_ridge(np.eye(3), np.arange(3.0), kind="text", **kwargs)  # type: ignore[arg-type]
+
+
+def test_head_round_trips_through_bytes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(50, 4))
+    head = fit_ridge(x, x[:, 0], kind="text", alpha=2.0)
+    path = head.save(tmp_path / "head.npz", {"recipe": "test"})
+    loaded, meta = RidgeHead.load(path)
+    assert meta == {"recipe": "test"}
+    assert (loaded.features, loaded.alpha, loaded.n_train) == ("text", 2.0, 50)
+    assert np.allclose(loaded.score(x), head.score(x), atol=1e-4)
+    with pytest.raises(ValueError, match="not a ranking head"):
+        RidgeHead.from_bytes(b"garbage", "somewhere")
+
+
+def test_feature_sets() -> None:
+    prompts = ["one", "two words\nand lines"]
+    emb = np.ones((2, 3))
+    assert feature_matrix("text", prompts, emb).shape == (2, 3)
+    assert feature_matrix("text+length", prompts, emb).shape == (2, 6)
+    assert np.array_equal(feature_matrix("length", prompts, None), extra_features(prompts))
+    assert extra_features(prompts)[1, 2] == pytest.approx(np.log1p(2))
+    with pytest.raises(ValueError, match="unknown feature set 'bogus'"):
+        feature_matrix("bogus", prompts, emb)
+    with pytest.raises(ValueError, match="one embedding row per prompt"):
+        feature_matrix("text", prompts, None)

@@ -1,0 +1,60 @@
+"""The predictor's JSONL is also a workload format (``headway simulate`` / ``headway bench serve``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from headway.predict.data import load_dataset
+from headway.workload import WorkloadFormatError, load_workload
+
+RECORDS = [
+    {"prompt": "Write a poem.", "output_tokens": 120, "model": "m1", "arrival_time": 0.5, "tenant": "a"},
+    {"prompt": "Say hi.", "output_tokens": 3, "model": "m1", "arrival_time": 0.0},
+    {"prompt": "Prove it.", "output_tokens": 900, "model": "m2", "arrival_time": 2.0, "prompt_tokens": 42},
+]
+
+
+def _write(path: Path, records: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_a_timed_log_replays_as_recorded(tmp_path: Path) -> None:
+    w = load_workload(str(_write(tmp_path / "log.jsonl", RECORDS)))
+    assert w.meta["format"] == "jsonl" and w.meta["timed"] is True
+    assert w.meta["models"] == {"m1": 2, "m2": 1}
+    by_prompt = {r.prompt: r for r in w.requests}
+    assert [r.prompt for r in w.requests] == ["Say hi.", "Write a poem.", "Prove it."]
+    assert by_prompt["Write a poem."].arrival_time == 0.5 and by_prompt["Write a poem."].tenant_id == "a"
+    assert by_prompt["Prove it."].num_prompt_tokens == 42 and by_prompt["Prove it."].num_output_tokens == 900
+    assert by_prompt["Say hi."].tenant_id == "default"
+
+
+def test_an_untimed_log_gets_generated_arrivals(tmp_path: Path) -> None:
+    records = [{k: v for k, v in r.items() if k != "arrival_time"} for r in RECORDS]
+    path = str(_write(tmp_path / "log.jsonl", records))
+    burst = load_workload(path, arrivals="burst")
+    assert [r.arrival_time for r in burst.requests] == [0.0, 0.0, 0.0]
+    paced = load_workload(path, arrivals="poisson", rate=2.0, seed=1)
+    assert paced.meta["timed"] is False and max(r.arrival_time for r in paced.requests) > 0.0
+    assert sorted(r.num_output_tokens for r in paced.requests) == [3, 120, 900]
+
+
+def test_the_same_file_is_predictor_data(tmp_path: Path) -> None:
+    data = load_dataset(str(_write(tmp_path / "log.jsonl", RECORDS)))
+    assert [e.length for e in data.examples] == [120, 3, 900]
+    assert [e.model for e in data.examples] == ["m1", "m1", "m2"]
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [({"prompt": "x", "output_tokens": 0}, "output_tokens"), ({"prompt": "", "output_tokens": 5}, "prompt")],
+)
+def test_a_bad_line_is_named(tmp_path: Path, record: dict[str, object], field: str) -> None:
+    path = _write(tmp_path / "bad.jsonl", [RECORDS[0], record])
+    with pytest.raises(WorkloadFormatError, match=field) as info:
+        load_workload(str(path), format="jsonl")
+    assert ":2" in str(info.value)

@@ -1,0 +1,146 @@
+"""Online learning: per-model refits over a window, the offline score until then, saved state."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from headway.predict.online import MemoryStore, OnlineConfig, OnlineLearner
+
+
+def _embed(prompts: Sequence[str]) -> np.ndarray:
+    """Four deterministic pseudo-features per prompt (from its CRC); feature 0 drives the length."""
+    rows = [np.random.default_rng(zlib.crc32(p.encode())).normal(size=4) for p in prompts]
+    return np.array(rows).reshape(len(prompts), 4)
+
+
+def _prior(emb: np.ndarray) -> np.ndarray:
+    return -emb[:, 0]  # an offline predictor that ranks this model backwards
+
+
+def _length(prompt: str) -> int:
+    return int(np.exp(3 + _embed([prompt])[0, 0]) + 1)
+
+
+PROMPTS = [f"prompt number {i}" for i in range(400)]
+
+
+def test_before_min_observations_the_offline_score_is_used_then_the_model_is_learned() -> None:
+    cfg = OnlineConfig(window=300, min_observations=30, refit_every=10, alpha=1.0)
+    learner = OnlineLearner(_embed, _prior, cfg, background=False)
+    later = PROMPTS[300:]
+    truth = [_length(p) for p in later]
+    for p in PROMPTS[:29]:
+        learner.observe(p, _length(p), "m")
+    assert np.array_equal(learner.score(later, "m"), _prior(_embed(later)))
+    for p in PROMPTS[29:200]:
+        learner.observe(p, _length(p), "m")
+    assert learner.observed("m") == 200
+    assert stats.kendalltau(learner.score(later, "m"), truth).statistic > 0.9
+    # another model has seen nothing: still the offline ranking
+    assert np.array_equal(learner.score(later, "other"), _prior(_embed(later)))
+
+
+def test_the_window_keeps_the_latest_observations() -> None:
+    learner = OnlineLearner(_embed, _prior, OnlineConfig(window=50, min_observations=5), background=False)
+    for p in PROMPTS[:120]:
+        learner.observe(p, _length(p), "m")
+    rows = learner.store.rows("m")
+    assert len(rows) == 50
+    assert rows[-1, -1] == _length(PROMPTS[119]) and rows[0, -1] == _length(PROMPTS[70])
+
+
+def test_background_learning_matches_inline_learning() -> None:
+    cfg = OnlineConfig(window=200, min_observations=20, refit_every=20, alpha=1.0)
+    inline = OnlineLearner(_embed, _prior, cfg, background=False)
+    threaded = OnlineLearner(_embed, _prior, cfg)
+    for p in PROMPTS[:100]:
+        inline.observe(p, _length(p), "m")
+        threaded.observe(p, _length(p), "m")
+    threaded.flush()
+    threaded.close()
+    assert np.allclose(inline.score(PROMPTS[300:], "m"), threaded.score(PROMPTS[300:], "m"))
+
+
+def test_state_survives_a_restart(tmp_path: Path) -> None:
+    cfg = OnlineConfig(window=100, min_observations=10, refit_every=10, alpha=1.0)
+    learner = OnlineLearner(_embed, _prior, cfg, background=False)
+    for p in PROMPTS[:60]:
+        learner.observe(p, _length(p), "m")
+    path = learner.save(tmp_path / "online.npz")
+    again = OnlineLearner(_embed, _prior, cfg, store=MemoryStore.load(path, cfg.window), background=False)
+    assert again.observed("m") == 60
+    assert np.allclose(again.score(PROMPTS[300:], "m"), learner.score(PROMPTS[300:], "m"))
+    with pytest.raises(ValueError, match="not a saved online-learning state"):
+        MemoryStore.load(tmp_path / "missing.npz", 10)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"window": 0}, "window must be an integer >= 1, got 0"),
+        ({"window": 10, "min_observations": 11}, "min_observations \\(11\\) exceeds window \\(10\\)"),
+        ({"alpha": -1.0}, "alpha must be > 0, got -1.0"),
+    ],
+)
+def test_config_names_bad_values(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        OnlineConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_observe_rejects_a_bad_length() -> None:
+    learner = OnlineLearner(_embed, _prior, background=False)
+    with pytest.raises(ValueError, match="positive integer, got 0"):
+        learner.observe("p", 0)
+
+
+@pytest.mark.redis
+def test_replicas_share_windows_through_redis(tmp_path: Path) -> None:
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    redis = pytest.importorskip("redis")
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server not found")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", ""]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(host="127.0.0.1", port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+        from headway.predict.online import RedisStore
+
+        cfg = OnlineConfig(window=40, min_observations=10, refit_every=5, alpha=1.0)
+        one = OnlineLearner(_embed, _prior, cfg, store=RedisStore(client, "t"), background=False)
+        for p in PROMPTS[:30]:
+            one.observe(p, _length(p), "m")
+        two = OnlineLearner(_embed, _prior, cfg, store=RedisStore(client, "t"), background=False)
+        for p in PROMPTS[30:60]:  # a second replica adds to the same window
+            two.observe(p, _length(p), "m")
+        late = OnlineLearner(_embed, _prior, cfg, store=RedisStore(client, "t"), background=False)
+        assert late.observed("m") == 40  # the shared window, cut to 40
+        assert late.store.models() == ["m"]
+        mem = OnlineLearner(_embed, _prior, cfg, background=False)
+        for p in PROMPTS[20:60]:
+            mem.observe(p, _length(p), "m")
+        assert np.allclose(late.score(PROMPTS[300:], "m"), mem.score(PROMPTS[300:], "m"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -1,0 +1,99 @@
+"""The shipped predictor: low-rank packing of a fine-tuned checkpoint, torch-free scoring, the default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from headway.predict import CheckpointError
+from headway.predict.shipped import ShippedPredictor, pack_checkpoint, shipped_predictor_path
+
+PROMPTS = [
+    "Write a long essay about the ocean and its tides, with sources.",
+    "yes?",
+    "Summarize the plot of a novel about a lighthouse keeper.",
+    "What is 2+2?",
+    "Compose a sonnet about autumn leaves.",
+]
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_3_layers: Path) -> Path:
+    """A 'fine-tuned' checkpoint: the tiny encoder with every weight moved, pooler pooling."""
+    torch = pytest.importorskip("torch")
+    from headway.predict.model import LengthPredictor, load_encoder, save_checkpoint
+
+    torch.manual_seed(1)
+    encoder, tokenizer = load_encoder(tiny_encoder_3_layers)
+    model = LengthPredictor(encoder, "pooler")
+    with torch.no_grad():
+        for name, p in model.encoder.named_parameters():
+            if "word_embeddings" not in name:
+                p.add_(0.05 * torch.randn_like(p))
+        torch.nn.init.normal_(model.head.weight, std=1.0)
+    out = tmp_path_factory.mktemp("tuned") / "ck"
+    return save_checkpoint(model, tokenizer, out, fine_tuned=True, max_length=32)
+
+
+def _torch_scores(path: Path) -> np.ndarray:
+    from headway.predict import Scorer
+
+    return np.asarray(Scorer.from_checkpoint(path, "torch", threads=1, cache_size=0).score(PROMPTS))
+
+
+def test_a_full_rank_pack_scores_like_the_checkpoint(
+    tuned: Path, tiny_encoder_3_layers: Path, tmp_path: Path
+) -> None:
+    header = pack_checkpoint(tuned, tmp_path / "p.npz", rank=64, base=tiny_encoder_3_layers)
+    assert (header["pooling"], header["max_length"]) == ("pooler", 32)
+    shipped = ShippedPredictor(tmp_path / "p.npz", base=tiny_encoder_3_layers, threads=1)
+    assert np.allclose(shipped.score(PROMPTS), _torch_scores(tuned), atol=2e-3)  # float16 deltas
+
+
+def test_a_lower_rank_pack_is_smaller_and_approximates(
+    tuned: Path, tiny_encoder_3_layers: Path, tmp_path: Path
+) -> None:
+    low = pack_checkpoint(tuned, tmp_path / "low.npz", rank=4, base=tiny_encoder_3_layers)
+    full = pack_checkpoint(tuned, tmp_path / "full.npz", rank=64, base=tiny_encoder_3_layers)
+    assert low["bytes"] < full["bytes"]
+    want = _torch_scores(tuned)
+    err_low = np.abs(ShippedPredictor(tmp_path / "low.npz", base=tiny_encoder_3_layers).score(PROMPTS) - want).max()
+    err_full = np.abs(ShippedPredictor(tmp_path / "full.npz", base=tiny_encoder_3_layers).score(PROMPTS) - want).max()
+    assert err_full < err_low
+
+
+def test_a_pack_over_other_weights_is_refused(
+    tuned: Path, tiny_encoder_3_layers: Path, tiny_encoder: Path, tmp_path: Path
+) -> None:
+    pack_checkpoint(tuned, tmp_path / "p.npz", rank=8, base=tiny_encoder_3_layers)
+    with pytest.raises(CheckpointError, match="packed over other encoder weights"):
+        ShippedPredictor(tmp_path / "p.npz", base=tiny_encoder)
+    with pytest.raises(CheckpointError, match="not a packed predictor"):
+        ShippedPredictor(tmp_path / "missing.npz", base=tiny_encoder)
+
+
+def test_the_packaged_predictor_is_the_default_with_nothing_trained() -> None:
+    from headway.predict.score import default_scorer
+
+    assert shipped_predictor_path().is_file()
+    assert shipped_predictor_path().stat().st_size < 4_000_000
+    scorer = default_scorer(threads=1)
+    assert isinstance(scorer, ShippedPredictor)
+    scores = scorer.score(["Write a detailed 2000-word essay on the history of Rome.", "Say yes or no: is 7 prime?"])
+    assert scores.shape == (2,) and scores[0] > scores[1]
+    int8 = default_scorer("onnx-int8", threads=1)
+    assert isinstance(int8, ShippedPredictor) and int8.backend == "onnx-int8 (packed)"
+
+
+def test_the_int8_graph_scores_close_to_the_float_one(
+    tuned: Path, tiny_encoder_3_layers: Path, tmp_path: Path
+) -> None:
+    pack_checkpoint(tuned, tmp_path / "p.npz", rank=64, base=tiny_encoder_3_layers)
+    plain = ShippedPredictor(tmp_path / "p.npz", base=tiny_encoder_3_layers, threads=1)
+    int8 = ShippedPredictor(tmp_path / "p.npz", base=tiny_encoder_3_layers, threads=1, int8=True)
+    assert int8.backend == "onnx-int8 (packed)"
+    a, b = plain.score(PROMPTS), int8.score(PROMPTS)
+    assert not np.array_equal(a, b)  # it is another graph
+    assert np.corrcoef(a, b)[0, 1] > 0.9
