@@ -165,9 +165,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
 )
 
 
-def _md_measurements(text: str, stop_at: str | None) -> str:
-    """A result file as its command wrote it: without its title, and without the notes appended to it
-    by hand after ``stop_at`` (a heading); headings one level down, relative links as plain text."""
+def _md_measurements(text: str, stop_at: str | None, *, keep_title: bool = False) -> str:
+    """A result file as its command wrote it: without the notes appended to it by hand after
+    ``stop_at`` (a heading) and without its title (as a section heading with ``keep_title``, for a
+    page that shows several files); headings one level down, relative links as plain text."""
     out: list[str] = []
     in_fence = False
     for line in text.splitlines():
@@ -176,7 +177,7 @@ def _md_measurements(text: str, stop_at: str | None) -> str:
         elif not in_fence:
             if stop_at and line.startswith(stop_at):
                 break
-            if line.startswith("# "):
+            if line.startswith("# ") and not keep_title:
                 continue  # the page has its own title
             if line.startswith("#"):
                 line = "#" + line
@@ -309,7 +310,8 @@ def render(bench: Benchmark) -> tuple[str, dict[str, bytes]]:
                 command = gateway_vllm_command(data["args"])
             body.append(JSON_RENDERERS[name](data))
         else:
-            body.append(_md_measurements(path.read_text(), bench.stop_at.get(name)))
+            several = sum(f.endswith(".md") for f in bench.files) > 1
+            body.append(_md_measurements(path.read_text(), bench.stop_at.get(name), keep_title=several))
     if overhead:
         body.insert(0, gateway_overhead_table(overhead))
     files = ", ".join(f"`benchmarks/results/{n}`" for n in bench.files)
