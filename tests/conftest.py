@@ -49,4 +49,5 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     if MISSING_DATA in reason:
         report.outcome = "failed"
-        report.longrepr = f"{reason}\n(the shared data is required here: CI=true or HEADWAY_DATA_DIR is set)"
+        reason = reason.removeprefix("Skipped: ")
+        report.longrepr = f"the shared data is required here (CI=true or HEADWAY_DATA_DIR is set): {reason}"
