@@ -168,7 +168,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
 def _md_measurements(text: str, stop_at: str | None, *, keep_title: bool = False) -> str:
     """A result file as its command wrote it: without the notes appended to it by hand after
     ``stop_at`` (a heading) and without its title (as a section heading with ``keep_title``, for a
-    page that shows several files); headings one level down, relative links as plain text."""
+    page that shows several files); headings one level down, relative links as plain text, the
+    measuring machine's paths as ``$HEADWAY_DATA_DIR/`` and ``PATH``."""
     out: list[str] = []
     in_fence = False
     for line in text.splitlines():
@@ -182,12 +183,19 @@ def _md_measurements(text: str, stop_at: str | None, *, keep_title: bool = False
             if line.startswith("#"):
                 line = "#" + line
             line = _RELATIVE_LINK.sub(r"\1", line)
-        out.append(line)
+        out.append(_without_machine_paths(line))
     return "\n".join(out).strip("\n")
 
 
 # a Markdown link to a relative path (other result files are not pages of the site)
 _RELATIVE_LINK = re.compile(r"\[([^\]]+)\]\((?!https?://)[^)]+\)")
+# the machine a result was measured on: its shared data folder, then its other absolute paths
+_DATA_PATH = re.compile(r"/\S*?/shared/data/")
+_MACHINE_PATH = re.compile(r"/(?:work|tmp|root|home)/[^\s`'\"]*")
+
+
+def _without_machine_paths(line: str) -> str:
+    return _MACHINE_PATH.sub("PATH", _DATA_PATH.sub("$HEADWAY_DATA_DIR/", line))
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

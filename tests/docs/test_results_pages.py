@@ -61,3 +61,8 @@ def test_gateway_vllm_command_is_rebuilt_from_the_saved_arguments(pages: ModuleT
 def test_nav_names_only_pages_that_exist(pages: ModuleType) -> None:
     pytest.importorskip("yaml")
     assert pages.missing_nav_pages() == []
+
+
+def test_the_measuring_machines_paths_are_left_out(pages: ModuleType) -> None:
+    text = "trace /work/shared/data/vidur/x.csv\n`VIDUR_PATH=/work/vidur-src run --out /tmp/a/b.md`"
+    assert pages._md_measurements(text, None) == "trace $HEADWAY_DATA_DIR/vidur/x.csv\n`VIDUR_PATH=PATH run --out PATH`"
