@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             rate = args.rate or round(args.load / per_req, 2)
             run = {"probe_lines": [n0, n1], "rate": rate, "num_requests": args.num_requests, "seed": args.seed}
-            (tmpd / "run.json").write_text(json.dumps(run) + "\n")  # for fidelity_ablation.py
+            (tmpd / "run.json").write_text(json.dumps(run) + "\n")  # kept in --workdir for re-analysis
             max_prompt = fidelity_max_prompt(geo.max_model_len)
             specs = fidelity_workload(args.num_requests, rate, seed=args.seed, max_prompt=max_prompt)
             log(f"fidelity workload: {len(specs)} requests at {rate} req/s (estimated capacity {1 / per_req:.1f}/s)")

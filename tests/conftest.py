@@ -1,8 +1,14 @@
-"""Suite-wide settings: hypothesis profiles (HYPOTHESIS_PROFILE=deep for a long hunt), the shared data."""
+"""Suite-wide settings: hypothesis profiles (HYPOTHESIS_PROFILE=deep for a long hunt), the shared data.
+
+Real-data tests skip when the shared data folder is missing, except where the data is required:
+under CI (``CI=true``) or when ``HEADWAY_DATA_DIR`` names the folder (``.ci/run`` sets both). There a
+missing folder fails the test, so that a CI run cannot pass by skipping every real-data test.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -14,11 +20,34 @@ settings.register_profile("default", max_examples=50, deadline=None)
 settings.register_profile("deep", max_examples=1000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# The phrase every missing-data skip reason contains (this fixture's, tests/predict/conftest.py's and
+# the tests' own "shared data not present").
+MISSING_DATA = "shared data"
+
+
+def data_required() -> bool:
+    """True where a missing shared data folder must fail the tests instead of skipping them."""
+    return os.environ.get("CI", "").lower() in {"1", "true"} or bool(os.environ.get("HEADWAY_DATA_DIR"))
+
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    """The shared real-data folder; tests using it skip when it is absent."""
+    """The shared real-data folder; tests using it skip when it is absent (fail where it is required)."""
     try:
         return default_data_dir()  # $HEADWAY_DATA_DIR, else ../shared/data
     except FileNotFoundError as exc:
-        pytest.skip(f"{exc} (set HEADWAY_DATA_DIR to run real-data tests)")
+        pytest.skip(f"{MISSING_DATA} folder missing: {exc} (set HEADWAY_DATA_DIR to run real-data tests)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
+    """Where the data is required, a skip for missing shared data is reported as a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.skipped and data_required()) or getattr(report, "wasxfail", None) is not None:
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if MISSING_DATA in reason:
+        report.outcome = "failed"
+        reason = reason.removeprefix("Skipped: ")
+        report.longrepr = f"the shared data is required here (CI=true or HEADWAY_DATA_DIR is set): {reason}"

@@ -50,6 +50,11 @@ def _parse_policy_args(items: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 # ----------------------------------------------------------------- simulate
+DEFAULT_POLICIES = ("fcfs", "pars", "uniboost", "tenant-sjf", "sjf-oracle")
+"""What `headway simulate` compares with no --policies: FCFS, one policy per paper (PARS, UniBoost,
+DriftSched) and the oracle bound (shortest job first on the true lengths)."""
+
+
 def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "simulate",
@@ -57,7 +62,9 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         description=(
             "Run a workload through the continuous-batching simulator under each policy, "
             "print a comparison table and write a report (JSON, CSV, PNG, HTML). With no "
-            "arguments: the built-in default workload under every registered policy."
+            "arguments: the built-in default workload under a curated set: FCFS, one policy per paper "
+            f"({', '.join(DEFAULT_POLICIES[1:-1])}) and the oracle bound ({DEFAULT_POLICIES[-1]}); "
+            "--policies all runs every registered policy."
         ),
         formatter_class=HelpFormatter,
     )
@@ -115,7 +122,11 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="sharegpt-sessions: mean seconds between an answer and the next turn (default 10)",
     )
     s = p.add_argument_group("policies")
-    s.add_argument("--policies", default="all", help="comma-separated policy names, or 'all' (see `headway policies`)")
+    s.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help="comma-separated policy names, or 'all' for every registered one (see `headway policies`)",
+    )
     s.add_argument(
         "--policy-arg",
         action="append",

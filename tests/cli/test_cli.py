@@ -249,3 +249,19 @@ def test_a_missing_extra_is_named_not_a_traceback(
     monkeypatch.setattr(cli, "_cmd_policies", broken)
     with pytest.raises(ModuleNotFoundError):
         main(["policies"])
+
+
+def test_simulate_with_no_policies_runs_the_curated_set(capsys: pytest.CaptureFixture[str]) -> None:
+    from headway.cli import DEFAULT_POLICIES
+    from headway.core import available_policies
+    from headway.metrics import POLICY_FAMILIES
+
+    # FCFS, one policy per paper family, the oracle bound: all registered, families distinct
+    assert set(DEFAULT_POLICIES) <= set(available_policies())
+    families = [POLICY_FAMILIES[n] for n in DEFAULT_POLICIES]
+    assert families == ["baseline", "PARS", "UniBoost", "DriftSched", "oracle"]
+    assert main(["simulate", "--num-requests", "60", "--no-report"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert f"policies {', '.join(DEFAULT_POLICIES)}" in out
+    assert main(["simulate", "--num-requests", "30", "--no-report", "--policies", "all"]) == 0
+    assert f"policies {', '.join(available_policies())}" in " ".join(capsys.readouterr().out.split())

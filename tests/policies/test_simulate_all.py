@@ -1,4 +1,4 @@
-"""Every policy of this package runs a small simulation to completion."""
+"""Every registered policy runs a small simulation to completion."""
 
 from __future__ import annotations
 
@@ -7,28 +7,31 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from headway.core import Tier, make_policy
+from headway.core import Tier, available_policies, make_policy
+from headway.policies import noisy_oracle_defaults
 from headway.sim import CacheConfig, simulate
 from headway.workload import RequestSpec, Workload
 
-POLICIES: dict[str, dict[str, object]] = {
-    "pars": {"scorer": "noisy-oracle", "tau": 0.7},
-    "sjf-score": {"scorer": "noisy-oracle", "tau": 0.5},
-    "ltr": {"scorer": "noisy-oracle", "tau": 0.6},
-    "trail": {"scorer": "noisy-oracle", "tau": 0.7},
+# Settings that make a small run exercise more of a policy (refits, warm-up, noise); every other
+# registered policy runs with its defaults, score-based ones with a noisy-oracle score (as `headway simulate`).
+SMALL_RUN_SETTINGS: dict[str, dict[str, object]] = {
+    "pars": {"tau": 0.7},
+    "sjf-score": {"tau": 0.5},
+    "ltr": {"tau": 0.6},
+    "trail": {"tau": 0.7},
     "trail-oracle": {"noise": 0.3},
-    "sarathi": {},
-    "distboost": {},
-    "uniboost-base": {},
-    "uniboost-memguard": {},
     "uniboost": {"refit_every": 20, "min_samples": 40},
-    "rank-boost": {"scorer": "noisy-oracle", "tau": 0.7, "warmup": 32, "refit_every": 10},
-    "tenant-fifo": {},
-    "tenant-priority": {},
-    "tenant-weighted": {},
-    "tenant-sjf": {},
-    "tenant-aging": {},
+    "rank-boost": {"tau": 0.7, "warmup": 32, "refit_every": 10},
 }
+
+
+def _settings(name: str) -> dict[str, object]:
+    given = SMALL_RUN_SETTINGS.get(name, {})
+    return noisy_oracle_defaults(name, given, tau=0.75, seed=0) or dict(given)
+
+
+def test_small_run_settings_name_registered_policies():
+    assert set(SMALL_RUN_SETTINGS) <= set(available_policies())
 
 
 def _workload(n: int = 150, seed: int = 0) -> Workload:
@@ -51,10 +54,11 @@ def _workload(n: int = 150, seed: int = 0) -> Workload:
     return Workload.from_specs("mixed", specs)
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("name", available_policies())
 def test_policy_runs_every_request_to_completion_exactly_once(name):
     wl = _workload()
-    base = type(make_policy(name, **POLICIES[name]))
+    settings = _settings(name)
+    base = type(make_policy(name, **settings))
     finished: Counter[str] = Counter()
 
     class Counting(base):  # type: ignore[valid-type,misc]
@@ -62,7 +66,7 @@ def test_policy_runs_every_request_to_completion_exactly_once(name):
             finished[req.request_id] += 1
             super().on_finish(req, now)
 
-    pol = Counting(**POLICIES[name])
+    pol = Counting(**settings)
     # a small KV cache forces memory preemptions, exercising choose_victim
     res = simulate(wl, pol, preset="llama3-8b-a100", cache=CacheConfig(num_gpu_blocks=900))
     assert all(r.state.name == "FINISHED" for r in res.requests)

@@ -44,11 +44,13 @@ from headway.metrics._export import (
 )
 from headway.metrics._html import write_html_report
 from headway.metrics._plots import (
+    POLICY_FAMILIES,
     TimelineSample,
     figure_png,
     plot_latency_cdfs,
     plot_percentile_bars,
     plot_timeline,
+    run_styles,
     save_figure,
 )
 from headway.metrics._report import ReportPaths, write_report
@@ -59,6 +61,7 @@ from headway.metrics._table import comparison_table
 
 __all__ = [
     "GROUP_COLUMNS",
+    "POLICY_FAMILIES",
     "REQUEST_COLUMNS",
     "SLO",
     "SUMMARY_COLUMNS",
@@ -78,6 +81,7 @@ __all__ = [
     "read_json",
     "read_replica_json",
     "request_rows",
+    "run_styles",
     "safe_filename",
     "save_figure",
     "summarize",

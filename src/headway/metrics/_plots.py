@@ -21,11 +21,13 @@ from headway.core import Request, RequestState
 from headway.metrics._summary import RunSummary
 
 __all__ = [
+    "POLICY_FAMILIES",
     "TimelineSample",
     "figure_png",
     "plot_latency_cdfs",
     "plot_percentile_bars",
     "plot_timeline",
+    "run_styles",
     "save_figure",
 ]
 
@@ -55,12 +57,65 @@ def _color(i: int) -> str:
     return f"C{i % 10}"
 
 
-_LINESTYLES = ("-", "--", ":", "-.")
+POLICY_FAMILIES: dict[str, str] = {
+    "fcfs": "baseline",
+    "priority": "baseline",
+    "sarathi": "baseline",
+    "pars": "PARS",
+    "sjf-score": "PARS",
+    "ltr": "PARS",
+    "trail": "PARS",
+    "distboost": "UniBoost",
+    "uniboost-base": "UniBoost",
+    "uniboost-memguard": "UniBoost",
+    "uniboost": "UniBoost",
+    "rank-boost": "UniBoost",
+    "tenant-fifo": "DriftSched",
+    "tenant-priority": "DriftSched",
+    "tenant-weighted": "DriftSched",
+    "tenant-sjf": "DriftSched",
+    "tenant-aging": "DriftSched",
+    "sjf-oracle": "oracle",
+    "srpt-oracle": "oracle",
+    "trail-oracle": "oracle",
+}
+"""The family a built-in policy's line is drawn in: its paper (PARS with the learned-length baselines it
+is compared with, UniBoost with the Boost variants, DriftSched), the baselines, or the oracle bounds.
+A run named ``policy (...)`` or ``policy@...`` takes its policy's family; other runs are ``other``."""
+
+_FAMILY_ORDER = ("baseline", "PARS", "UniBoost", "DriftSched", "oracle", "other")
+_FAMILY_COLORS = {
+    "baseline": "#444444",
+    "PARS": "#1f77b4",
+    "UniBoost": "#d62728",
+    "DriftSched": "#2ca02c",
+    "oracle": "#9467bd",
+    "other": "#ff7f0e",
+}
+_LINESTYLES: tuple[Any, ...] = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)))
 
 
-def _linestyle(i: int) -> str:
-    """Solid for the first ten series, then dashed, dotted...: colors repeat every ten."""
-    return _LINESTYLES[(i // 10) % len(_LINESTYLES)]
+def _family(name: str) -> str:
+    policy = name.split("(", 1)[0].split("@", 1)[0].strip()
+    return POLICY_FAMILIES.get(policy, "other")
+
+
+def run_styles(names: Iterable[str]) -> dict[str, tuple[str, Any, str]]:
+    """Each run's ``(color, linestyle, family)``, in drawing order: grouped by family (baselines,
+    PARS, UniBoost, DriftSched, oracles, others), one colour per family and one line style per run
+    within it. Styles repeat only past seven runs of one family."""
+    by_family: dict[str, list[str]] = {}
+    for name in names:
+        by_family.setdefault(_family(name), []).append(name)
+    styles: dict[str, tuple[str, Any, str]] = {}
+    for family in _FAMILY_ORDER:
+        for j, name in enumerate(by_family.get(family, [])):
+            styles[name] = (_FAMILY_COLORS[family], _LINESTYLES[j % len(_LINESTYLES)], family)
+    return styles
+
+
+def _label(name: str, family: str) -> str:
+    return f"{family}: {name}" if family != "other" else name
 
 
 def _completed_values(requests: Sequence[Request], metric: str) -> np.ndarray:
@@ -86,7 +141,8 @@ def _no_data(ax: Axes) -> None:
 
 def plot_latency_cdfs(runs: Mapping[str, Sequence[Request]]) -> Figure:
     """Empirical CDFs of TTFT, E2E latency and normalized latency, one panel each and
-    one line per run (completed requests only). A panel's x axis is logarithmic when
+    one line per run (completed requests only), styled by :func:`run_styles`. A panel's x axis is
+    logarithmic when
     its values are all positive and span a factor of 50 or more."""
     panels = (
         ("ttft", "TTFT (s)"),
@@ -95,10 +151,11 @@ def plot_latency_cdfs(runs: Mapping[str, Sequence[Request]]) -> Figure:
     )
     fig = Figure(figsize=(17, 4.8), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    styles = run_styles(runs)
     for ax, (metric, label) in zip(axes, panels, strict=True):
         all_vals: list[np.ndarray] = []
-        for i, (name, reqs) in enumerate(runs.items()):
-            x = _completed_values(reqs, metric)
+        for name, (color, linestyle, family) in styles.items():
+            x = _completed_values(runs[name], metric)
             if x.size == 0:
                 continue
             all_vals.append(x)
@@ -107,9 +164,10 @@ def plot_latency_cdfs(runs: Mapping[str, Sequence[Request]]) -> Figure:
                 np.concatenate(([x[0]], x)),
                 np.concatenate(([0.0], y)),
                 where="post",
-                color=_color(i),
-                linestyle=_linestyle(i),
-                label=name,
+                color=color,
+                linestyle=linestyle,
+                linewidth=1.6,
+                label=_label(name, family),
             )
         ax.set_xlabel(label)
         ax.set_ylabel("fraction of requests")
@@ -191,18 +249,20 @@ def _sample_tuple(s: TimelineLike) -> tuple[float, float, float, float]:
 
 def plot_timeline(timelines: Mapping[str, Sequence[TimelineLike]]) -> Figure:
     """Waiting queue length, running batch size and KV-cache usage over time, one
-    line per run. Samples are :class:`TimelineSample` objects or
+    line per run (styled by :func:`run_styles`). Samples are :class:`TimelineSample` objects or
     ``(time, num_waiting, num_running, kv_usage)`` tuples."""
     fig = Figure(figsize=(14, 8), layout="constrained")
     axes = fig.subplots(3, 1, sharex=True, squeeze=False)[:, 0]
     labels = ("waiting requests", "running requests", "KV cache usage")
-    for i, (name, samples) in enumerate(timelines.items()):
-        rows = sorted(_sample_tuple(s) for s in samples)
+    for name, (color, linestyle, family) in run_styles(timelines).items():
+        rows = sorted(_sample_tuple(s) for s in timelines[name])
         if not rows:
             continue
         arr = np.asarray(rows, dtype=np.float64)
         for k, ax in enumerate(axes):
-            ax.step(arr[:, 0], arr[:, k + 1], where="post", color=_color(i), linestyle=_linestyle(i), label=name)
+            ax.step(
+                arr[:, 0], arr[:, k + 1], where="post", color=color, linestyle=linestyle, label=_label(name, family)
+            )
     for ax, label in zip(axes, labels, strict=True):
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)

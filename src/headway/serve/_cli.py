@@ -146,7 +146,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--scorer",
         default=None,
         help="prompt scorer for score-ranked policies: 'default' (the trained predictor), a predictor "
-        "checkpoint DIR, either with ':BACKEND' ('default:onnx-int8' is about twice as fast on CPU), "
+        "checkpoint DIR, either with ':BACKEND' ('default:onnx-int8': int8 ONNX Runtime, the fastest on CPU), "
         "or 'module:callable'",
     )
     p.add_argument(
@@ -171,7 +171,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="TOKENS",
         help="truncate prompts to this many tokens when scoring with a trained predictor "
-        "(default: its training length, 128; at 64 alpaca_eval's prompts score 1.4x as fast)",
+        "(default: its training length, 128; shorter scores faster)",
     )
     p.add_argument(
         "--scorer-batch-size",

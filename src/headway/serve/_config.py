@@ -216,14 +216,11 @@ class GatewayConfig:
     scorer_threads: int | None = None
     """CPU threads of a trained predictor (default 2, or 1 when the gateway may run on only
     one CPU beside those a local vLLM gets: :func:`headway.serve._scorer.default_scorer_threads`).
-    On this project's 2-core VM, with vLLM on one core and no hold, 1 thread beat 2 in 15 of
-    22 paired rounds, by +0.27x on average (``benchmarks/results/gateway.md``)."""
+    Measured: ``docs/results/gateway-vllm.md``."""
     scorer_max_length: int | None = None
     """Truncate prompts to this many tokens when scoring with a trained predictor
     (default: the length it was trained with, 128). Scoring time grows with the longest
-    prompts: at 64 the int8 predictor scores alpaca_eval's instructions 1.4x as fast, with
-    held-out tau_b 0.483 vs 0.487 (``benchmarks/results/predictor_bench_max_length.md``), and
-    ``pars`` behind the gateway gains (``benchmarks/results/gateway.md``)."""
+    prompts. Measured: ``docs/results/predictor-speed.md`` and ``docs/results/gateway-vllm.md``."""
     scorer_batch_size: int = 32
     scorer_max_wait_s: float = 0.002
     scorer_process: bool = False
@@ -233,9 +230,8 @@ class GatewayConfig:
     """With a scorer: while more requests are being scored than are queued, free backends wait
     for the scores, at most this long (0, the default: never). Without a hold, the first
     requests of a burst to be scored are dispatched before the rest are known; with one, the
-    engine idles until they are. Since scoring got fast, no hold did better behind the gateway
-    with one scorer thread (15 of 22 paired rounds, +0.26x on average; with two, about even:
-    ``benchmarks/results/gateway.md``); a slow scorer may still gain from one. With
+    engine idles until they are; a slow scorer may gain from one. Measured:
+    ``docs/results/gateway-vllm.md``. With
     ``redis_url`` the counts are global: requests being scored by every replica, and the
     shared queue."""
 

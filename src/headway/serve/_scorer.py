@@ -85,10 +85,8 @@ class ProcessScoreFn:
     Why: scoring in a thread of the gateway's process shares the GIL with the event loop. The
     scorer holds it between its model's runs (tokenizing, padding, collecting scores), so while
     the loop is busy (receiving a burst, relaying tokens) every batch also waits for the GIL.
-    The worker has its own interpreter; the calling thread only waits on a pipe. On this
-    project's 2-core VM, beside a thread spinning in Python, batches of 5 prompts came back
-    1.46x sooner and of 32 prompts 1.10x (``benchmarks/results/scorer_gil.md``); behind the
-    gateway in front of vLLM, no measurable gain (``benchmarks/results/gateway.md``).
+    The worker has its own interpreter; the calling thread only waits on a pipe. Measured:
+    ``docs/results/scorer-gil.md``.
 
     The worker loads the model before the constructor returns (its errors are raised here, as
     :func:`load_score_fn` would raise them). If it dies, the batch in progress fails with a

@@ -1,0 +1,68 @@
+"""The documentation's generated results pages: up to date, and built from the result files as stated."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def pages() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("results_pages", ROOT / "scripts" / "results_pages.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["results_pages"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_pages_are_up_to_date(pages: ModuleType) -> None:
+    expected = pages.expected_files()
+    stale = [str(p.relative_to(ROOT)) for p, data in expected.items() if not p.is_file() or p.read_bytes() != data]
+    assert stale == [], "run: python scripts/results_pages.py"
+
+
+def test_every_canonical_result_file_exists_and_has_one_page(pages: ModuleType) -> None:
+    slugs = [b.slug for b in pages.BENCHMARKS]
+    assert len(set(slugs)) == len(slugs)
+    files = [f for b in pages.BENCHMARKS for f in b.files]
+    assert len(set(files)) == len(files)
+    assert [f for f in files if not (pages.RESULTS / f).is_file()] == []
+
+
+def test_notes_after_the_stop_heading_and_relative_links_are_left_out(pages: ModuleType) -> None:
+    text = ("# Title\n\nrun by [this](other.md) and [site](https://x.org)\n\n"
+            "## Run\n\n| a |\n|---|\n| 1 |\n\n## Notes\n\nlater")
+    out = pages._md_measurements(text, "## Notes")
+    assert out == "run by this and [site](https://x.org)\n\n### Run\n\n| a |\n|---|\n| 1 |"
+    assert pages._md_measurements("```\n## Notes inside a block\n```\n## Notes\nx", "## Notes") == (
+        "```\n## Notes inside a block\n```"
+    )
+
+
+def test_gateway_vllm_command_is_rebuilt_from_the_saved_arguments(pages: ModuleType) -> None:
+    args = {"num_requests": 96, "no_stream": False, "pin_client": True, "gateway_logs": None, "json": "x.json"}
+    assert pages.gateway_vllm_command(args) == (
+        "python benchmarks/bench_gateway_vllm.py --num-requests 96 --pin-client "
+        "--json benchmarks/results/gateway_vllm.json"
+    )
+    saved = json.loads((pages.RESULTS / "gateway_vllm.json").read_text())
+    assert set(saved["results"]) == {row.split(" | ")[0].lstrip("| ") for row in
+                                     pages.gateway_vllm_table(saved).splitlines()[2:] if row.startswith("|")}
+
+
+def test_nav_names_only_pages_that_exist(pages: ModuleType) -> None:
+    pytest.importorskip("yaml")
+    assert pages.missing_nav_pages() == []
+
+
+def test_the_measuring_machines_paths_are_left_out(pages: ModuleType) -> None:
+    text = "trace /work/shared/data/vidur/x.csv\n`VIDUR_PATH=/work/vidur-src run --out /tmp/a/b.md`"
+    assert pages._md_measurements(text, None) == "trace $HEADWAY_DATA_DIR/vidur/x.csv\n`VIDUR_PATH=PATH run --out PATH`"
