@@ -65,6 +65,7 @@ from starlette.types import Receive, Scope, Send
 from headway.core import Policy, Request, RequestState, make_policy, make_router
 from headway.serve._config import GatewayConfig, hash_api_key
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
+from headway.serve._errors import ERRORS, api_error, error_response, sse_error
 from headway.serve._metrics import GatewayMetrics
 from headway.serve._openapi import openapi_schema
 from headway.serve._redis_queue import RedisDispatcher
@@ -78,100 +79,26 @@ from headway.serve._upstream import (
     UpstreamResponse,
     UpstreamTimeout,
 )
+from headway.serve._wire import (
+    BadRequest,
+    NonFinite,
+    Parsed,
+    completion_tokens,
+    loads_json,
+    nonfinite_field,
+    sse_data,
+    sse_newlines,
+    validate_body,
+)
 
 __all__ = ["Gateway", "create_app"]
 
 log = logging.getLogger("headway.serve")
 
 
-class _BadRequest(Exception):
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def error_response(
-    status: int,
-    message: str,
-    err_type: str,
-    *,
-    param: str | None = None,
-    code: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    """An OpenAI-style error body."""
-    body = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _sse_error(message: str, err_type: str = "upstream_error", code: str = "upstream_error") -> bytes:
-    """A final SSE error event (same body as a JSON error) and ``[DONE]``."""
-    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
-    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
-
-
-def _sse_newlines(chunk: bytes) -> tuple[bytes, bytes]:
-    """``chunk`` with CRLF and CR line ends made LF, and a trailing CR held back (the next chunk
-    may start with its LF)."""
-    held = b""
-    if chunk.endswith(b"\r"):
-        chunk, held = chunk[:-1], b"\r"
-    return chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), held
-
-
-def _sse_data(event: bytes) -> bytes:
-    """The data of one SSE event (LF line ends, ending in a blank line), per the spec: the value of
-    its ``data`` fields, each without one leading space, joined by LF (b"" when none)."""
-    parts = []
-    for line in event.split(b"\n"):
-        field, colon, value = line.partition(b":")
-        if field == b"data" and colon:
-            parts.append(value[1:] if value.startswith(b" ") else value)
-        elif line == b"data":
-            parts.append(b"")
-    return b"\n".join(parts)
-
-
-class _NonFinite(ValueError):
-    pass
-
-
-def _no_constant(name: str) -> Any:
-    raise _NonFinite(name)
-
-
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
-
-
-def _loads(raw: bytes) -> Any:
-    """``json.loads`` that refuses NaN and Infinity (``_NonFinite``): JSON has no such numbers."""
-    return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
-
-
-def _nonfinite_field(raw: bytes) -> str | None:
-    """Where the first NaN/Infinity of a body is, e.g. ``temperature`` or ``logit_bias.50256``."""
-    marker = object()
-    try:
-        body = json.loads(raw, parse_constant=lambda _: marker)
-
-        def find(v: object, path: str) -> str | None:
-            if v is marker:
-                return path
-            items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
-            for k, x in items:
-                hit = find(x, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else k)
-                if hit is not None:
-                    return hit
-            return None
-
-        return find(body, "")
-    except (ValueError, RecursionError):
-        return None
-
-
 _STOP_EVENTS: dict[str, bytes] = {
-    "cancelled": _sse_error("the request was cancelled", "cancelled", "cancelled"),
-    "shutdown": _sse_error(
+    "cancelled": sse_error("the request was cancelled", "cancelled", "cancelled"),
+    "shutdown": sse_error(
         "the gateway shut down before the stream ended (drain timeout); retry later",
         "service_unavailable",
         "drain_timeout",
@@ -191,10 +118,6 @@ async def _chain(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes
 
 def _either(a: asyncio.Future[Any], b: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
     return {a, b}
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class _Watch:
@@ -234,116 +157,6 @@ class _Watch:
 class _Active:
     req: Request
     watch: _Watch
-
-
-@dataclass(slots=True)
-class _Parsed:
-    prompt_text: str
-    num_prompt_tokens: int
-    max_tokens: int | None
-    max_tokens_field: str
-    """The field ``max_tokens`` came from (``max_completion_tokens`` in chat)."""
-    stream: bool
-    priority: int
-    wants_usage: bool
-
-
-MAX_TOKENS_CEILING = 2**31 - 1
-"""Largest ``max_tokens`` accepted even without ``max_tokens_limit`` (anything larger is no real
-request, and would not fit the 32-bit integers of engines and the Redis queue keys)."""
-
-
-MAX_ABS_PRIORITY = 2**53
-"""Largest ``|priority|`` accepted: every integer up to it is exact as a float (the Redis queue
-encodes keys as doubles, and a larger one overflows or collides)."""
-
-
-def _estimate_tokens(text: str) -> int:
-    return max(1, len(text) // 4)
-
-
-def validate_body(body: object, chat: bool) -> _Parsed:
-    """Check the fields the gateway relies on; raise ``_BadRequest`` naming the field."""
-    if not isinstance(body, dict):
-        raise _BadRequest("request body must be a JSON object", None)
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise _BadRequest("'model' must be a string", "model")
-    if chat:
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise _BadRequest("'messages' must be a non-empty array of messages", "messages")
-        parts: list[str] = []
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise _BadRequest(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}]")
-            content = m.get("content")
-            if isinstance(content, str):
-                parts.append(content)
-            elif isinstance(content, list):
-                for j, c in enumerate(content):
-                    if not isinstance(c, dict):
-                        raise _BadRequest(f"'messages[{i}].content[{j}]' must be a content part object",
-                                          f"messages[{i}].content[{j}]")  # fmt: skip
-                    parts.append(str(c.get("text", "")))
-            elif content is not None:
-                raise _BadRequest(f"'messages[{i}].content' must be a string or an array", f"messages[{i}].content")
-        text = "\n".join(parts)
-        ntok = _estimate_tokens(text)
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str) and prompt:
-            text, ntok = prompt, _estimate_tokens(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            text = "\n".join(prompt)
-            ntok = _estimate_tokens(text)
-        elif isinstance(prompt, list) and prompt and all(_is_int(p) for p in prompt):
-            text, ntok = "", len(prompt)
-        else:
-            raise _BadRequest("'prompt' must be a non-empty string, array of strings or of token ids", "prompt")
-    max_tokens: int | None = None
-    max_tokens_field = "max_tokens"
-    for name in ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",):
-        v = body.get(name)
-        if v is None:
-            continue
-        if not _is_int(v) or v < 1:
-            raise _BadRequest(f"'{name}' must be a positive integer, got {v!r}", name)
-        if v > MAX_TOKENS_CEILING:
-            raise _BadRequest(f"'{name}' must be at most {MAX_TOKENS_CEILING}, got {v}", name)
-        max_tokens, max_tokens_field = v, name
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise _BadRequest(f"'stream' must be a boolean, got {stream!r}", "stream")
-    priority = body.get("priority", 0)
-    if priority is None:
-        priority = 0
-    if not _is_int(priority):
-        raise _BadRequest(f"'priority' must be an integer, got {priority!r}", "priority")
-    if abs(priority) > MAX_ABS_PRIORITY:
-        shown = str(priority) if len(str(priority)) <= 40 else f"an integer of {len(str(abs(priority)))} digits"
-        raise _BadRequest(f"'priority' must be between -{MAX_ABS_PRIORITY} and {MAX_ABS_PRIORITY}, got {shown}",
-                          "priority")  # fmt: skip
-    opts = body.get("stream_options")
-    if opts is not None and not isinstance(opts, dict):
-        raise _BadRequest("'stream_options' must be an object", "stream_options")
-    wants_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
-    n = body.get("n")
-    if n is not None and (not _is_int(n) or n < 1):
-        raise _BadRequest(f"'n' must be a positive integer, got {n!r}", "n")
-    return _Parsed(text, ntok, max_tokens, max_tokens_field, stream, priority, wants_usage)
-
-
-def _completion_tokens(content: bytes) -> int | None:
-    """``usage.completion_tokens`` of a non-streamed answer, or None when it has no usable one."""
-    try:
-        n = json.loads(content)["usage"]["completion_tokens"]
-        count = None if isinstance(n, bool) else int(n)
-    except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError):
-        return None
-    return count if count is not None and count >= 0 else None
 
 
 class Gateway:
@@ -572,8 +385,7 @@ class Gateway:
 
     def _not_found(self, request_id: str) -> Response:
         # the same answer for "no such request" and "another tenant's request"
-        return error_response(404, f"no request {request_id!r} of yours on this gateway", "not_found_error",
-                              code="request_not_found")  # fmt: skip
+        return api_error("request_not_found", request_id=request_id)
 
     async def request_status(self, request: HTTPRequest) -> Response:
         ident = await self.tenants.resolve(request.headers.get("authorization"))
@@ -597,8 +409,7 @@ class Gateway:
         if entry is None or entry.req.tenant_id != ident.tenant:
             done = self.recent.get(rid)
             if done is not None and done[0] == ident.tenant:
-                return error_response(409, f"request {rid!r} already ended ({done[1]})", "invalid_request_error",
-                                      code="request_ended")  # fmt: skip
+                return api_error("request_ended", request_id=rid, status=done[1])
             return self._not_found(rid)
         entry.watch.end("cancelled")
         return JSONResponse({"id": rid, "object": "request", "cancelled": True})
@@ -621,19 +432,13 @@ class Gateway:
                 self._models_cache = (loop.time() + 5.0, r.content)
                 return Response(r.content, media_type="application/json")
             last = f"HTTP {r.status_code}"
-        return error_response(502, f"no backend listed models ({last})", "upstream_error", code="upstream_error")
+        return api_error("upstream_error", detail=f"no backend listed models ({last})")
 
     def _unauthorized(self, count: bool = True) -> Response:
         """401; ``count``: a generation request, counted in ``headway_rejections``."""
         if count:
             self.metrics.rejections.labels("unauthorized").inc()
-        return error_response(
-            401,
-            "Invalid or missing API key.",
-            "authentication_error",
-            code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        return api_error("invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     def _reject(self, reason: str, resp: Response) -> Response:
         self.metrics.rejections.labels(reason).inc()
@@ -663,75 +468,55 @@ class Gateway:
         if self.draining:
             return self._reject(
                 "draining",
-                error_response(
-                    503,
-                    "gateway is shutting down; retry later",
-                    "service_unavailable",
-                    code="draining",
-                    headers={"Connection": "close", "Retry-After": str(self.config.retry_after_s)},
-                ),
+                api_error("draining", headers={"Connection": "close", "Retry-After": str(self.config.retry_after_s)}),
             )
         try:
             raw = await self._read_body(request)
         except TimeoutError:
             return self._reject(
                 "body_timeout",
-                error_response(
-                    408,
-                    f"the request body did not arrive within {self.config.body_timeout_s:g} s",
-                    "timeout",
-                    code="body_timeout",
-                    headers={"Connection": "close"},
-                ),
+                api_error("body_timeout", headers={"Connection": "close"}, seconds=self.config.body_timeout_s),
             )
         if raw is None:
             return self._reject(
                 "too_large",
-                error_response(
-                    413,
-                    f"request body exceeds {self.config.max_body_bytes} bytes",
-                    "invalid_request_error",
-                    code="request_too_large",
-                ),
+                api_error("request_too_large", limit=self.config.max_body_bytes),
             )
         ident = await self.tenants.resolve(request.headers.get("authorization"))
         if ident is None:
             return self._unauthorized()
         try:
-            body = _loads(raw)
-        except _NonFinite as exc:
-            where = _nonfinite_field(raw)
+            body = loads_json(raw)
+        except NonFinite as exc:
+            where = nonfinite_field(raw)
             what = f"'{where}'" if where else "a number in the request body"
             return self._reject(
                 "invalid",
-                error_response(400, f"{what} must be a finite number, got {exc}", "invalid_request_error",
-                               param=where, code="invalid_value"),
-            )  # fmt: skip
+                api_error("invalid_value", param=where, detail=f"{what} must be a finite number, got {exc}"),
+            )
         except ValueError as exc:
             return self._reject(
                 "invalid",
-                error_response(400, f"request body is not valid JSON: {exc}", "invalid_request_error",
-                               code="invalid_json"),
-            )  # fmt: skip
+                api_error("invalid_json", detail=f"request body is not valid JSON: {exc}"),
+            )
         except RecursionError:
             return self._reject(
                 "invalid",
-                error_response(400, "request body is nested too deeply", "invalid_request_error", code="invalid_json"),
+                api_error("invalid_json", detail="request body is nested too deeply"),
             )
         try:
             parsed = validate_body(body, chat)
-        except _BadRequest as exc:
-            return self._reject(
-                "invalid", error_response(400, str(exc), "invalid_request_error", param=exc.param, code="invalid_value")
-            )
+        except BadRequest as exc:
+            return self._reject("invalid", api_error("invalid_value", param=exc.param, detail=exc))
         limit = self.config.max_tokens_limit
         if limit and parsed.max_tokens is not None and parsed.max_tokens > limit:
             name = parsed.max_tokens_field
             return self._reject(
                 "invalid",
-                error_response(400, f"'{name}' must be at most {limit}, got {parsed.max_tokens}",
-                               "invalid_request_error", param=name, code="invalid_value"),
-            )  # fmt: skip
+                api_error(
+                    "invalid_value", param=name, detail=f"'{name}' must be at most {limit}, got {parsed.max_tokens}"
+                ),
+            )
         return await self._serve(request, path, body, raw, parsed, ident)
 
     def _new_id(self) -> str:
@@ -742,7 +527,7 @@ class Gateway:
             if rid not in self.active and rid not in self.recent:
                 return rid
 
-    def _new_request(self, parsed: _Parsed, ident: Identity) -> Request:
+    def _new_request(self, parsed: Parsed, ident: Identity) -> Request:
         return Request(
             request_id=self._new_id(),
             arrival_time=self.dispatcher.now(),
@@ -771,7 +556,7 @@ class Gateway:
         path: str,
         body: dict[str, Any],
         raw: bytes,
-        parsed: _Parsed,
+        parsed: Parsed,
         ident: Identity,
     ) -> Response:
         req = self._new_request(parsed, ident)
@@ -818,7 +603,7 @@ class Gateway:
                 self._ended(req, watch)
 
     async def _serve_watched(
-        self, request: HTTPRequest, req: Request, path: str, payload: bytes, parsed: _Parsed, watch: _Watch
+        self, request: HTTPRequest, req: Request, path: str, payload: bytes, parsed: Parsed, watch: _Watch
     ) -> Response:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.queue_ttl_s
@@ -836,7 +621,7 @@ class Gateway:
                     self._abort(req)
                     return self._reject(
                         "policy_error",
-                        error_response(500, f"scheduling policy error: {exc}", "server_error", code="policy_error"),
+                        api_error("policy_error", detail=exc),
                     )
                 except QueueFullError as exc:
                     self._abort(req)
@@ -857,22 +642,15 @@ class Gateway:
                     if not self._any_reachable():  # every backend's last connection attempt failed
                         return self._reject(
                             "no_backend",
-                            error_response(
-                                503,
-                                f"no backend is reachable (waited {self.config.queue_ttl_s:g} s in the queue)",
-                                "service_unavailable",
-                                code="no_backend",
+                            api_error(
+                                "no_backend",
                                 headers={"Retry-After": str(self.config.retry_after_s)},
+                                seconds=self.config.queue_ttl_s,
                             ),
                         )
                     return self._reject(
                         "ttl",
-                        error_response(
-                            408,
-                            f"request waited longer than {self.config.queue_ttl_s:g} s in the queue",
-                            "timeout",
-                            code="queue_timeout",
-                        ),
+                        api_error("queue_timeout", seconds=self.config.queue_ttl_s),
                     )
                 try:
                     backend = fut.result()
@@ -884,20 +662,14 @@ class Gateway:
                     self._abort(req)
                     return self._reject(
                         "policy_error",
-                        error_response(500, f"scheduling policy error: {exc}", "server_error", code="policy_error"),
+                        api_error("policy_error", detail=exc),
                     )
                 except Exception as exc:  # queue store unavailable
                     self._abort(req)
                     log.warning("request %s: queue unavailable: %s", req.request_id, exc)
                     return self._reject(
                         "queue_error",
-                        error_response(
-                            503,
-                            "queue unavailable (the gateway cannot reach its queue store); retry later",
-                            "service_unavailable",
-                            code="queue_error",
-                            headers={"Retry-After": str(self.config.retry_after_s)},
-                        ),
+                        api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
                     )
                 # ---- upstream
                 outcome = await self._forward(request, req, backend, path, payload, parsed, watch)
@@ -932,12 +704,7 @@ class Gateway:
             self._abort(req)
             return self._reject(
                 "backend_error",
-                error_response(
-                    502,
-                    f"no backend could serve the request (last error: {last_error})",
-                    "upstream_error",
-                    code="upstream_error",
-                ),
+                api_error("upstream_error", detail=f"no backend could serve the request (last error: {last_error})"),
             )
         except asyncio.CancelledError:
             if self.dispatcher.cancel(req):
@@ -952,18 +719,15 @@ class Gateway:
         if reason == "cancelled":
             return self._reject(
                 "cancelled",
-                error_response(499, "the request was cancelled", "cancelled", code="cancelled"),
+                api_error("cancelled"),
             )
         if reason == "shutdown":
             return self._reject(
                 "drain_timeout",
-                error_response(
-                    503,
-                    f"the gateway shut down before the request was served (drain timeout "
-                    f"{self.config.drain_timeout_s:g} s); retry later",
-                    "service_unavailable",
-                    code="drain_timeout",
+                api_error(
+                    "drain_timeout",
                     headers={"Retry-After": str(self.config.retry_after_s), "Connection": "close"},
+                    seconds=self.config.drain_timeout_s,
                 ),
             )
         return self._reject("client_disconnected", Response(status_code=499))
@@ -972,13 +736,7 @@ class Gateway:
         where = "queue" if exc.scope == "global" else "queue of your tenant"
         return self._reject(
             "queue_full",
-            error_response(
-                429,
-                f"the {where} is full; retry later",
-                "rate_limit_exceeded",
-                code="queue_full",
-                headers={"Retry-After": str(self.config.retry_after_s)},
-            ),
+            api_error("queue_full", headers={"Retry-After": str(self.config.retry_after_s)}, where=where),
         )
 
     @staticmethod
@@ -995,7 +753,7 @@ class Gateway:
         backend: Backend,
         path: str,
         payload: bytes,
-        parsed: _Parsed,
+        parsed: Parsed,
         watch: _Watch,
     ) -> Response | tuple[str, str]:
         """Send to ``backend``. A Response ends the request; ``(message, kind)`` is a retryable
@@ -1091,12 +849,7 @@ class Gateway:
                 self._abort(req)
                 return self._reject(
                     "backend_error",
-                    error_response(
-                        502,
-                        f"backend failed while responding: {exc}",
-                        "upstream_error",
-                        code="upstream_error",
-                    ),
+                    api_error("upstream_error", detail=f"backend failed while responding: {exc}"),
                 )
         finally:
             watch.close()
@@ -1108,7 +861,7 @@ class Gateway:
             self.metrics.rejections.labels(f"backend_{resp.status_code}").inc()
             ctype = resp.headers.get("content-type", "application/json")
             return Response(content, status_code=resp.status_code, media_type=ctype)
-        n = _completion_tokens(content)
+        n = completion_tokens(content)
         if n is None:  # the backend gave no count: the policy is told it is unknown, not 0
             req.output_tokens_known = False
         req.first_token_time = req.last_token_time = now
@@ -1154,7 +907,7 @@ class Gateway:
             try:
                 async for chunk in chunks:
                     if held or b"\r" in chunk:
-                        chunk, held = _sse_newlines(held + chunk)
+                        chunk, held = sse_newlines(held + chunk)
                     buf += chunk
                     while True:
                         cut = buf.find(b"\n\n")
@@ -1164,9 +917,9 @@ class Gateway:
                         if event.startswith(b"data: "):
                             data = event[6:-2]
                             if b"\n" in data:
-                                data = _sse_data(event)
+                                data = sse_data(event)
                         else:
-                            data = _sse_data(event)
+                            data = sse_data(event)
                         if data == b"[DONE]":
                             done = True
                         elif data.startswith(b"{"):
@@ -1196,7 +949,7 @@ class Gateway:
                 if not stop.done():  # not the gateway closing it (cancel, drain timeout)
                     reason = "backend_error_midstream"
                     log.warning("request %s: backend %s failed mid-stream: %s", req.request_id, backend.url, exc)
-                    yield _sse_error(f"the backend failed mid-stream: {exc}")
+                    yield sse_error(f"the backend failed mid-stream: {exc}")
                     return
             if stop.done() and not done:
                 why = stop.result()
@@ -1207,7 +960,7 @@ class Gateway:
             if not done and usage_tokens is None:
                 reason = "backend_error_midstream"
                 log.warning("request %s: backend %s closed the stream early", req.request_id, backend.url)
-                yield _sse_error("the backend closed the stream early")
+                yield sse_error("the backend closed the stream early")
                 return
             self._complete(req, usage_tokens if usage_tokens is not None else req.num_output_tokens, now())
         finally:
@@ -1267,9 +1020,9 @@ def create_app(
     async def http_error(request: HTTPRequest, exc: Exception) -> Response:
         # Starlette's own 404/405 (unknown path, wrong method) as OpenAI-style JSON
         assert isinstance(exc, HTTPException)
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
-        return error_response(exc.status_code, str(exc.detail), kind, code=code, headers=dict(exc.headers or {}))
+        kind = ERRORS[code]
+        return error_response(exc.status_code, str(exc.detail), kind.type, code=code, headers=dict(exc.headers or {}))
 
     app = _GatewayApp(
         exception_handlers={HTTPException: http_error},
