@@ -60,7 +60,27 @@ def test_load_toml_and_json(tmp_path):
     assert c2.policy == "fcfs" and [b.url for b in c2.backends] == ["http://127.0.0.1:9003"]
     j = tmp_path / "gw.json"
     j.write_text(json.dumps({"backends": ["http://127.0.0.1:9001"], "policy": "fcfs"}))
-    assert load_config(j).backends[0].max_concurrency == 8
+    # by default admission follows the backend's own /metrics, with no fixed in-flight cap
+    b = load_config(j).backends[0]
+    assert (b.max_concurrency, b.metrics_poll_s, b.api_key) == (0, 0.5, "")
+    # a fixed limit is the other mode: no polling unless asked for too
+    assert BackendConfig("http://a", max_concurrency=3).metrics_poll_s == 0
+    assert BackendConfig("http://a", max_concurrency=3, metrics_poll_s=0.2).metrics_poll_s == 0.2
+
+
+def test_https_backend_and_api_key_not_in_repr():
+    b = BackendConfig("https://llm.example:8443/v1", api_key="sk-upstream")
+    assert b.url == "https://llm.example:8443" and b.api_key == "sk-upstream"
+    assert "sk-upstream" not in repr(b)
+    with pytest.raises(ConfigError, match="line breaks"):
+        BackendConfig("http://a", api_key="k\r\nX-Evil: 1")
+
+
+def test_transparent_defaults():
+    c = GatewayConfig(backends=(BackendConfig("http://a"),))
+    assert (c.default_max_tokens, c.add_stream_usage, c.assumed_output_tokens) == (0, False, 256)
+    with pytest.raises(ConfigError, match="assumed_output_tokens must be >= 1, got 0"):
+        GatewayConfig(backends=(BackendConfig("http://a"),), assumed_output_tokens=0)
 
 
 @pytest.mark.parametrize(
@@ -69,7 +89,7 @@ def test_load_toml_and_json(tmp_path):
         ({"backends": []}, "at least one backend"),
         ({"backends": ["ftp://x"]}, "'ftp://x'"),
         ({"backends": [{"url": "http://a", "max_concurrency": -1}]}, "max_concurrency must be >= 0, got -1"),
-        ({"backends": [{"url": "http://a", "max_concurrency": 0}]}, "needs max_concurrency > 0"),
+        ({"backends": [{"url": "http://a", "max_concurrency": 0, "metrics_poll_s": 0}]}, "needs max_concurrency > 0"),
         ({"backends": ["http://a"], "queue_ttl_s": 0}, "queue_ttl_s must be > 0, got 0"),
         ({"backends": ["http://a"], "max_queue_len": 0}, "max_queue_len must be >= 1, got 0"),
         ({"backends": ["http://a"], "scorer_hold_s": -1}, "scorer_hold_s must be >= 0, got -1"),
@@ -83,7 +103,7 @@ def test_load_toml_and_json(tmp_path):
         ({"backends": ["http://a"], "redis_url": "http://r"}, "redis_url must start with"),
         ({"backends": ["http://a"], "tenants": [{"name": "t", "api_key_sha256": ["abc"]}]}, "64 hex digits"),
         ({"backends": ["http://a"], "tenants": [{"name": "t", "tier": "gold"}]}, "unknown tier 'gold'"),
-        ({"backends": ["https://a"]}, "backends.url must be an http:// URL (the gateway speaks plain HTTP"),
+        ({"backends": ["ws://a"]}, "backends.url must be an http:// or https:// URL, got 'ws://a'"),
         ({"backends": ["http://127.0.0.1:999999"]}, "backends.url has a port out of range 0-65535: 'http"),
         ({"backends": ["http://a"], "headers_timeout_s": -1}, "headers_timeout_s must be >= 0, got -1"),
         ({"backends": ["http://a"], "api_keys": "required"}, "every request would get 401"),

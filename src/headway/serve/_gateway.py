@@ -39,6 +39,8 @@ key sees only series labelled with its tenant, which today is ``headway_queue_le
 alone; no key: 401), ``/health`` and ``/openapi.json``. A 401 on these endpoints is not
 counted in ``headway_rejections``, which counts generation requests only (so that
 ``headway_requests_finished`` + ``headway_rejections`` = generation requests answered).
+Every other ``/v1`` path (embeddings, responses, tokenize, ...) is passed through to a backend
+unscheduled (``headway.serve._passthrough``).
 """
 
 from __future__ import annotations
@@ -63,11 +65,13 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from headway.core import Policy, Request, RequestState, make_policy, make_router
+from headway.serve._backend_load import parse_backend_load
 from headway.serve._config import GatewayConfig, hash_api_key
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 from headway.serve._errors import ERRORS, api_error, error_response, sse_error
 from headway.serve._metrics import GatewayMetrics
 from headway.serve._openapi import openapi_schema
+from headway.serve._passthrough import Passthrough, backend_headers
 from headway.serve._redis_queue import RedisDispatcher
 from headway.serve._scorer import BatchScorer, ProcessScoreFn, load_score_fn
 from headway.serve._tenants import Identity, TenantDirectory
@@ -230,14 +234,28 @@ class Gateway:
         self.client: httpx.AsyncClient | None = None
         """For /metrics polls and /v1/models; requests go through :attr:`pools`."""
         self.pools = [
-            UpstreamPool(b.url, connect_timeout=config.connect_timeout_s, read_timeout=config.read_timeout_s)
+            UpstreamPool(
+                b.url, connect_timeout=config.connect_timeout_s, read_timeout=config.read_timeout_s, api_key=b.api_key
+            )
             for b in config.backends
         ]
+        self._passthrough = Passthrough(
+            self.backends,
+            client=lambda: self.client,
+            authorize=self._authorize_other,
+            backend_down_s=config.backend_down_s,
+            max_body_bytes=config.max_body_bytes,
+        )
         self.draining = False
         self.drain_expired = False
         """The drain timeout ran out: requests still open are ended (see :meth:`end_drain`)."""
         limit = config.max_tokens_limit
-        self._default_max_tokens = min(config.default_max_tokens, limit) if limit else config.default_max_tokens
+        self._default_max_tokens = min(config.default_max_tokens, limit or config.default_max_tokens)
+        """Added to a request without ``max_tokens`` (0: nothing added, the request goes as sent)."""
+        self._assumed_max_tokens = self._default_max_tokens or min(
+            config.assumed_output_tokens, limit or config.assumed_output_tokens
+        )
+        """The queued length of a request without ``max_tokens`` (a scheduling estimate)."""
         self._pollers: list[asyncio.Task[None]] = []
         self._models_cache: tuple[float, bytes] | None = None
         self.finished_requests: list[Request] = []
@@ -304,24 +322,19 @@ class Gateway:
             )
 
     async def _poll_backend(self, b: Backend) -> None:
-        """Read ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` periodically."""
+        """Read the backend's waiting count and KV usage (vLLM's or SGLang's gauges) periodically."""
         assert self.client is not None
         while True:
             try:
-                r = await self.client.get(b.url + "/metrics", timeout=2.0)
-                waiting = kv = 0.0
-                for line in r.text.splitlines():
-                    name, _, rest = line.partition("{")
-                    if not rest:
-                        name = line.split(" ", 1)[0]
-                    if name == "vllm:num_requests_waiting":
-                        waiting += float(line.rsplit(" ", 1)[1])
-                    elif name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
-                        kv = max(kv, float(line.rsplit(" ", 1)[1]))
-                b.polled_waiting, b.polled_kv_usage = waiting, kv
+                r = await self.client.get(b.url + "/metrics", timeout=2.0, headers=backend_headers(b.config.api_key))
+                r.raise_for_status()
+                load = parse_backend_load(r.text)
+                b.polled_waiting, b.polled_kv_usage = load.waiting, load.kv_usage
                 b.dispatched_since_poll = b.finished_since_poll = 0
                 b.last_poll_ok = b.reachable = True
-            except (httpx.HTTPError, ValueError, IndexError):
+            except (httpx.HTTPError, ValueError) as exc:
+                if b.last_poll_ok:
+                    log.warning("backend %s: cannot read its /metrics (%s)", b.url, exc)
                 b.last_poll_ok = False
             self.dispatcher.dispatch()
             await asyncio.sleep(b.config.metrics_poll_s)
@@ -424,7 +437,7 @@ class Gateway:
         last = "no backend answered"
         for b in self.backends:
             try:
-                r = await self.client.get(b.url + "/v1/models", timeout=5.0)
+                r = await self.client.get(b.url + "/v1/models", timeout=5.0, headers=backend_headers(b.config.api_key))
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}"
                 continue
@@ -433,6 +446,15 @@ class Gateway:
                 return Response(r.content, media_type="application/json")
             last = f"HTTP {r.status_code}"
         return api_error("upstream_error", detail=f"no backend listed models ({last})")
+
+    async def passthrough(self, request: HTTPRequest) -> Response:
+        """Any other ``/v1`` endpoint: forwarded unscheduled (``headway.serve._passthrough``)."""
+        return await self._passthrough(request)
+
+    async def _authorize_other(self, authorization: str | None) -> Response | None:
+        if await self.tenants.resolve(authorization) is None:
+            return self._unauthorized(count=False)
+        return None
 
     def _unauthorized(self, count: bool = True) -> Response:
         """401; ``count``: a generation request, counted in ``headway_rejections``."""
@@ -532,7 +554,7 @@ class Gateway:
             request_id=self._new_id(),
             arrival_time=self.dispatcher.now(),
             num_prompt_tokens=parsed.num_prompt_tokens,
-            max_tokens=parsed.max_tokens or self._default_max_tokens,
+            max_tokens=parsed.max_tokens or self._assumed_max_tokens,
             tenant_id=ident.tenant,
             tier=ident.tier,
             priority=parsed.priority,
@@ -573,16 +595,15 @@ class Gateway:
                 self.dispatcher.dispatch()
                 raise
             self.dispatcher.scoring -= 1  # queued below, before any await
-        if parsed.stream:
-            if not parsed.wants_usage:
-                body = dict(body)
-                opts = dict(body.get("stream_options") or {})
-                opts["include_usage"] = True
-                body["stream_options"] = opts
+        # the request goes as the client sent it, unless a documented option adds a field
+        payload = raw
+        if parsed.stream and not parsed.wants_usage and self.config.add_stream_usage:
+            body = dict(body)
+            opts = dict(body.get("stream_options") or {})
+            opts["include_usage"] = True
+            body["stream_options"] = opts
             payload = json.dumps(body).encode()
-        else:
-            payload = raw
-        if parsed.max_tokens is None:
+        if parsed.max_tokens is None and self._default_max_tokens:
             # make the queued length and the upstream cap agree
             if payload is raw:
                 body = dict(body)
@@ -1035,6 +1056,7 @@ def create_app(
             Route("/v1/requests/{request_id}", gw.request_status, methods=["GET"]),
             Route("/v1/requests/{request_id}", gw.request_cancel, methods=["DELETE"]),
             Route("/openapi.json", gw.openapi, methods=["GET"]),
+            Route("/v1/{path:path}", gw.passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
         ],
     )
     app.state.gateway = gw

@@ -1,0 +1,222 @@
+"""Drop-in gateway: requests go upstream as sent, per-backend keys, https, other /v1 endpoints
+passed through, admission from the backends' own /metrics (vLLM and SGLang names)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+import time
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from headway.serve import BackendConfig, TenantConfig, hash_api_key, serve_in_thread
+from headway.serve._backend_load import BackendLoad, MetricsFormatError, parse_backend_load
+from headway.serve._upstream import UpstreamPool
+
+from .conftest import wait_until
+
+
+class _Recorder:
+    """A backend that records each request (method, path, query, headers, raw body)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str, dict[str, str], bytes]] = []
+        self.metrics = 'vllm:num_requests_waiting{model_name="m"} 0.0\nvllm:kv_cache_usage_perc{model_name="m"} 0.1\n'
+
+    async def generate(self, request: HTTPRequest) -> Response:
+        body = await request.body()
+        self.seen.append((request.method, request.url.path, request.url.query, dict(request.headers), body))
+        if b'"stream": true' in body or b'"stream":true' in body:
+            events = (
+                b'data: {"id":"c","choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
+                b'data: {"id":"c","choices":[{"index":0,"text":"b","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
+            )
+            return Response(events, media_type="text/event-stream")
+        return JSONResponse({"id": "c", "choices": [{"text": "ab"}], "usage": {"completion_tokens": 2}})
+
+    async def other(self, request: HTTPRequest) -> Response:
+        body = await request.body()
+        self.seen.append((request.method, request.url.path, request.url.query, dict(request.headers), body))
+        return Response(b'{"echo":' + (body or b"null") + b"}", status_code=201, media_type="application/json",
+                        headers={"X-Backend": "yes"})  # fmt: skip
+
+    async def prom(self, request: HTTPRequest) -> Response:
+        self.seen.append((request.method, request.url.path, "", dict(request.headers), b""))
+        return Response(self.metrics.encode(), media_type="text/plain")
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/completions", self.generate, methods=["POST"]),
+                Route("/v1/chat/completions", self.generate, methods=["POST"]),
+                Route("/metrics", self.prom, methods=["GET"]),
+                Route("/v1/{rest:path}", self.other, methods=["GET", "POST", "DELETE"]),
+            ]
+        )
+
+    def generations(self) -> list[bytes]:
+        return [body for _, path, _, _, body in self.seen if path.endswith("completions")]
+
+
+@pytest.fixture
+def recorder(servers) -> tuple[_Recorder, str]:
+    rec = _Recorder()
+    return rec, servers.enter_context(serve_in_thread(rec.app()))
+
+
+def test_requests_reach_the_backend_byte_for_byte(recorder, make_gateway):
+    rec, url = recorder
+    gw = make_gateway([url])
+    bodies = [
+        b'{"model": "m", "prompt": "hi", "temperature": 0.7}',  # no max_tokens: none added
+        b'{"model":"m","prompt":"hi","stream":true}',  # no stream_options: none added
+        b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 3, "seed": 1}',
+    ]
+    answers = []
+    with gw.client() as c:
+        for body, path in zip(bodies, ["/v1/completions", "/v1/completions", "/v1/chat/completions"], strict=True):
+            r = c.post(path, content=body, headers={"Content-Type": "application/json"})
+            assert r.status_code == 200, r.text
+            answers.append(r.text)
+    assert rec.generations() == bodies
+    # the stream came back as the backend sent it; the policy counted its two token events
+    assert answers[1].count("data: ") == 3 and answers[1].endswith("data: [DONE]\n\n")
+    assert [q.num_output_tokens for q in gw.gateway.finished_requests] == [2, 2, 2]
+
+
+def test_documented_options_add_fields(recorder, make_gateway):
+    rec, url = recorder
+    gw = make_gateway([url], default_max_tokens=7, add_stream_usage=True)
+    with gw.client() as c:
+        assert c.post("/v1/completions", json={"prompt": "hi", "stream": True}).status_code == 200
+    (sent,) = rec.generations()
+    assert b'"max_tokens": 7' in sent and b'"include_usage": true' in sent
+
+
+def test_backend_api_key_goes_upstream_and_client_keys_do_not(recorder, make_gateway):
+    rec, url = recorder
+    tenants = (TenantConfig("acme", api_key_sha256=(hash_api_key("client-key"),)),)
+    gw = make_gateway([BackendConfig(url, api_key="backend-key")], tenants=tenants)
+    auth = {"Authorization": "Bearer client-key"}
+    with gw.client(headers=auth) as c:
+        assert c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+        r = c.post("/v1/embeddings?x=1", json={"input": "hi"})
+        assert c.get("/v1/models").status_code in (200, 502)
+    assert r.status_code == 201 and r.json() == {"echo": {"input": "hi"}} and r.headers["x-backend"] == "yes"
+    sent = [(m, p, q, h.get("authorization")) for m, p, q, h, _ in rec.seen if p != "/metrics"]
+    assert ("POST", "/v1/completions", "", "Bearer backend-key") in sent
+    assert ("POST", "/v1/embeddings", "x=1", "Bearer backend-key") in sent
+    assert all(a == "Bearer backend-key" for *_, a in sent)
+    # other endpoints need a gateway key like the rest
+    assert httpx.post(gw.url + "/v1/embeddings", json={"input": "hi"}).status_code == 401
+
+
+def test_other_v1_endpoints_pass_through_unscheduled(recorder, make_gateway):
+    rec, url = recorder
+    gw = make_gateway([BackendConfig(url, max_concurrency=1)])
+    with gw.client() as c:
+        for method, path in [("POST", "/v1/tokenize"), ("POST", "/v1/responses"), ("GET", "/v1/files/f1"),
+                             ("DELETE", "/v1/responses/r1")]:  # fmt: skip
+            r = c.request(method, path, content=b'{"a": 1}' if method == "POST" else None)
+            assert r.status_code == 201, (path, r.text)
+        # the gateway's own endpoints with another method are its own 405, not passed through
+        assert c.get("/v1/completions").json()["error"]["code"] == "method_not_allowed"
+    assert [(m, p) for m, p, *_ in rec.seen] == [
+        ("POST", "/v1/tokenize"), ("POST", "/v1/responses"), ("GET", "/v1/files/f1"), ("DELETE", "/v1/responses/r1")
+    ]  # fmt: skip
+    assert not gw.gateway.finished_requests  # never queued as a generation request
+
+
+def test_pass_through_skips_a_dead_backend(recorder, make_gateway):
+    from headway.serve import free_port
+
+    _, url = recorder
+    dead = f"http://127.0.0.1:{free_port()}"
+    gw = make_gateway([BackendConfig(dead, max_concurrency=1), BackendConfig(url, max_concurrency=1)])
+    with gw.client() as c:
+        assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 201
+    assert not gw.gateway.backends[0].reachable
+
+
+def test_admission_follows_the_backends_own_metrics(recorder, make_gateway):
+    """Default backend settings: no fixed cap; a backend whose own queue is not empty gets nothing."""
+    rec, url = recorder
+    rec.metrics = "# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{tp_rank=\"0\"} 3.0\n"
+    gw = make_gateway([BackendConfig(url, metrics_poll_s=0.05)])
+    assert gw.gateway.backends[0].config.max_concurrency == 0
+    result: list[int] = []
+
+    def send() -> None:
+        result.append(httpx.post(gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code)
+
+    import threading
+
+    t = threading.Thread(target=send)
+    wait_until(lambda: gw.gateway.backends[0].polled_waiting == 3.0, what="first poll")
+    t.start()
+    wait_until(lambda: sum(gw.gateway.dispatcher.queued_per_tenant.values()) == 1, what="queued")
+    time.sleep(0.3)
+    assert not rec.generations()  # SGLang says 3 are waiting: held in the gateway
+    rec.metrics = 'sglang:num_queue_reqs{tp_rank="0"} 0.0\nsglang:token_usage{tp_rank="0"} 0.5\n'
+    t.join(timeout=10)
+    assert result == [200] and len(rec.generations()) == 1
+
+
+def test_parse_backend_load():
+    vllm = (
+        "# HELP vllm:num_requests_waiting x\n# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0\n'
+        'vllm:num_requests_waiting{engine="1",model_name="m"} 3.0\n'
+        'vllm:num_requests_waiting_by_reason{model_name="m",reason="capacity"} 9.0\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.4\nvllm:kv_cache_usage_perc{engine="1"} 0.7\n'
+    )
+    assert parse_backend_load(vllm) == BackendLoad(waiting=5.0, kv_usage=0.7)
+    sglang = 'sglang:num_queue_reqs{model_name="m"} 4\nsglang:token_usage{model_name="m"} 0.25\n'
+    assert parse_backend_load(sglang) == BackendLoad(waiting=4.0, kv_usage=0.25)
+    assert parse_backend_load("vllm:gpu_cache_usage_perc 0.9\n") == BackendLoad(0.0, 0.9)
+    with pytest.raises(MetricsFormatError, match="no load gauge"):
+        parse_backend_load("process_cpu_seconds_total 3\n")
+    with pytest.raises(MetricsFormatError, match="not Prometheus text"):
+        parse_backend_load("vllm:num_requests_waiting {{{\n")
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_https_backend_with_api_key(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    heads: list[bytes] = []
+
+    async def main() -> tuple[int, bytes]:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            heads.append(head)
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        pool = UpstreamPool(f"https://localhost:{port}", api_key="sk-up", ssl_context=client_ctx)
+        resp = await pool.post("/v1/completions", b"{}")
+        body = await resp.read()
+        pool.close()
+        server.close()
+        return resp.status_code, body
+
+    assert asyncio.run(main()) == (200, b"ok")
+    assert b"\r\nAuthorization: Bearer sk-up\r\n" in heads[0]
