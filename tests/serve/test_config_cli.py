@@ -339,5 +339,5 @@ def test_cli_parsers_build_and_map_to_config():
     assert [b.max_concurrency for b in c.backends] == [3, 3]
     assert c.policy_args == {"tau": 0.9, "scorer": "noisy-oracle"} and c.queue_ttl_s == 7
     assert not c.auth_enabled
-    b = parser.parse_args(["bench", "serve", "--endpoint", "http://x", "--workload", "burst", "--tenant-key", "a=k"])
+    b = parser.parse_args(["bench", "serve", "--base-url", "http://x", "--workload", "burst", "--tenant-key", "a=k"])
     assert b.tenant_key == [("a", "k")] and callable(b.func)

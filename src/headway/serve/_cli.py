@@ -260,16 +260,42 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
         description="Replay a workload (arrivals, prompts, output lengths via max_tokens + "
         "ignore_eos) against any OpenAI-compatible endpoint and report simulator metrics.",
     )
-    p.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument(
+        "--base-url",
+        default=None,
+        metavar="URL",
+        help="server base URL, e.g. http://127.0.0.1:8000 (as vllm bench serve)",
+    )
+    p.add_argument(
+        "--endpoint",
+        default="/v1/completions",
+        metavar="PATH",
+        help="API path: /v1/completions or /v1/chat/completions (default %(default)s). "
+        "A full URL here is taken as --base-url (the old spelling)",
+    )
     p.add_argument("--workload", default="burst", help="workload name or file (headway.workload.load_workload)")
-    p.add_argument("--num-requests", type=int, default=None)
-    p.add_argument("--rate", type=float, default=None)
+    p.add_argument(
+        "--num-prompts",
+        "--num-requests",
+        dest="num_requests",
+        type=int,
+        default=None,
+        help="number of requests (default: the workload's own)",
+    )
+    p.add_argument(
+        "--request-rate",
+        "--rate",
+        dest="rate",
+        type=float,
+        default=None,
+        help="requests per second of the arrivals (default: the workload's own)",
+    )
     p.add_argument("--burstiness", type=float, default=None)
     p.add_argument("--arrivals", default=None, choices=["trace", "gamma", "gamma-vllm", "poisson", "burst"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tenants", default=None, help="tenant mix for load_workload ('default' or 'none')")
     p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
-    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (same as --endpoint PATH)")
     p.add_argument(
         "--no-stream",
         action="store_true",
@@ -284,7 +310,9 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
         metavar="TENANT=KEY",
         help="bearer key for one tenant's requests (repeatable)",
     )
-    p.add_argument("--max-concurrency", type=int, default=0)
+    p.add_argument(
+        "--max-concurrency", type=int, default=0, help="most requests in flight (default 0: no limit, open loop)"
+    )
     p.add_argument("--max-prompt-tokens", type=int, default=0, help="cap synthetic prompt length")
     p.add_argument("--max-output-tokens", type=int, default=0, help="cap output lengths")
     p.add_argument("--time-scale", type=float, default=1.0)
@@ -301,6 +329,19 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
         help="SLO targets in milliseconds as `vllm bench serve --goodput`, e.g. "
         "ttft:500 tpot:50 e2el:2000: report goodput (requests/s meeting every target) "
         "and SLO attainment",
+    )
+    p.add_argument("--save-result", action="store_true", help="write vllm bench serve's result JSON")
+    p.add_argument("--result-dir", default=None, help="folder of the --save-result file (default: here)")
+    p.add_argument(
+        "--result-filename",
+        default=None,
+        help="name of the --save-result file (default: vLLM's {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json)",
+    )
+    p.add_argument("--label", default=None, help="label of the --save-result file (default: openai)")
+    p.add_argument(
+        "--metric-percentiles",
+        default="99",
+        help="comma-separated percentiles in the --save-result file (default %(default)s)",
     )
     p.set_defaults(func=_run_bench)
     return p
@@ -347,7 +388,27 @@ def _run_bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(f"--goodput: {exc}")
     if args.num_requests is not None and args.num_requests < 1:
-        return _fail(f"--num-requests must be >= 1, got {args.num_requests}")
+        return _fail(f"--num-prompts must be >= 1, got {args.num_requests}")
+    base_url, chat = args.base_url, args.chat
+    if args.endpoint.startswith(("http://", "https://")):
+        if base_url is not None:
+            return _fail("--endpoint is the API path (e.g. /v1/completions) when --base-url is given")
+        print("headway: --endpoint URL is the old spelling of --base-url URL", file=sys.stderr)
+        base_url = args.endpoint
+    elif args.endpoint.rstrip("/") in ("/v1/chat/completions", "/chat/completions"):
+        chat = True
+    elif args.endpoint.rstrip("/") not in ("/v1/completions", "/completions"):
+        return _fail(f"--endpoint must be /v1/completions or /v1/chat/completions, got {args.endpoint!r}")
+    if base_url is None:
+        return _fail("--base-url URL is required (the server, e.g. http://127.0.0.1:8000)")
+    try:
+        percentiles = [float(p) for p in args.metric_percentiles.split(",")]
+        if not all(0 <= p <= 100 for p in percentiles):
+            raise ValueError
+    except ValueError:
+        return _fail(
+            f"--metric-percentiles must be numbers in 0..100 separated by commas, got {args.metric_percentiles!r}"
+        )
     opts: dict[str, Any] = {"seed": args.seed}
     for name in ("num_requests", "rate", "burstiness", "arrivals", "tenants"):
         v = getattr(args, name)
@@ -356,9 +417,9 @@ def _run_bench(args: argparse.Namespace) -> int:
     try:
         workload = load_workload(args.workload, **opts)
         cfg = BenchConfig(
-            endpoint=args.endpoint,
+            endpoint=base_url,
             model=args.model,
-            chat=args.chat,
+            chat=chat,
             stream=not args.no_stream,
             api_key=args.api_key,
             tenant_keys=dict(args.tenant_key),
@@ -393,13 +454,31 @@ def _run_bench(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         Console(width=None if sys.stdout.isatty() else 200).print(
-            comparison_table({args.name: summary}, title=f"{args.workload} -> {args.endpoint}")
+            comparison_table({args.name: summary}, title=f"{args.workload} -> {base_url}")
         )
         if summary.aborted_by_reason:
             reasons = ", ".join(f"{k}: {v}" for k, v in sorted(summary.aborted_by_reason.items()))
             print(f"aborted requests by reason: {reasons}")
     if args.out:
         write_report(Path(args.out), {args.name: (summary, requests)}, title=f"bench serve {args.workload}")
+    if args.save_result:
+        from headway.serve._bench_result import result_filename, vllm_bench_result, write_result
+
+        model = str(requests[0].extra.get("model", args.model or "")) if requests else (args.model or "")
+        result = vllm_bench_result(
+            requests,
+            label=args.label or "openai",
+            model_id=model,
+            request_rate=args.rate if args.rate is not None else float("inf"),
+            burstiness=args.burstiness if args.burstiness is not None else 1.0,
+            max_concurrency=args.max_concurrency or None,
+            goodput=summary.goodput,
+            duration=summary.makespan,
+            percentiles=percentiles,
+        )
+        path = result_filename(result, result_dir=args.result_dir, result_filename=args.result_filename)
+        write_result(path, result)
+        print(f"result saved to {path}", file=sys.stderr)
     return 0 if summary.num_completed else 1
 
 
