@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -341,3 +343,99 @@ def test_cli_parsers_build_and_map_to_config():
     assert not c.auth_enabled
     b = parser.parse_args(["bench", "serve", "--base-url", "http://x", "--workload", "burst", "--tenant-key", "a=k"])
     assert b.tenant_key == [("a", "k")] and callable(b.func)
+
+
+# ------------------------------------------------------------- drop-in: flags, environment, logs
+def test_serve_help_states_the_configs_defaults():
+    from headway.serve import _cli
+    from headway.serve._config import DEFAULT_METRICS_POLL_S
+
+    fields = GatewayConfig.__dataclass_fields__
+    for name, stated in _cli._D.items():
+        assert fields[name].default == stated, name
+    assert _cli._DEFAULT_POLL == DEFAULT_METRICS_POLL_S
+    parser = argparse.ArgumentParser()
+    _cli.add_serve_parser(parser.add_subparsers())
+    text = " ".join(parser._subparsers._group_actions[0].choices["serve"].format_help().split())  # type: ignore[union-attr]
+    for needle in ("(default fcfs;", "(default 10000)", "default 0: add nothing", "(default 0.5 without",
+                   "default 60)", "(default 8000; HEADWAY_PORT)"):  # fmt: skip
+        assert needle in text, needle
+
+
+def test_policy_arg_takes_simulates_syntax_and_the_short_one(capsys):
+    from headway.serve._cli import add_serve_parser, build_config
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    base = ["serve", "--backend", "http://127.0.0.1:1", "--policy", "bands"]
+    c = build_config(parser.parse_args([*base, "--policy-arg", "bands.inner=pars", "--policy-arg",
+                                        "bands.scorer=noisy-oracle", "--policy-arg", "tau=0.9"]), env={})  # fmt: skip
+    assert c.policy_args == {"inner": "pars", "scorer": "noisy-oracle", "tau": 0.9}
+    with pytest.raises(ConfigError, match="names policy 'pars', but --policy is 'bands'"):
+        build_config(parser.parse_args([*base, "--policy-arg", "pars.tau=0.9"]), env={})
+    assert main([*base, "--policy-arg", "fcfs.x=1"]) == 2
+    assert "but --policy is 'bands'" in capsys.readouterr().err
+
+
+def test_every_setting_from_headway_environment_variables(tmp_path):
+    from headway.serve._cli import add_serve_parser, build_config
+    from headway.serve._config import config_from_env
+
+    env = {
+        "HEADWAY_POLICY": "priority", "HEADWAY_MAX_QUEUE_LEN": "7", "HEADWAY_QUEUE_TTL_S": "2.5",
+        "HEADWAY_ADD_STREAM_USAGE": "true", "HEADWAY_POLICY_ARGS": "{}", "HEADWAY_BACKENDS": "http://b1, https://b2",
+        "HEADWAY_BACKEND_API_KEY": "sk-up", "HEADWAY_VLLM_CPUS": "1",  # not a setting: ignored
+    }  # fmt: skip
+    assert config_from_env(env) == {
+        "policy": "priority", "max_queue_len": 7, "queue_ttl_s": 2.5, "add_stream_usage": True, "policy_args": {},
+        "backends": ["http://b1", "https://b2"],
+    }  # fmt: skip
+    # file < environment < flags
+    p = tmp_path / "c.toml"
+    p.write_text('policy = "fcfs"\nmax_queue_len = 3\nretry_after_s = 4\n')
+    c = load_config(p, env=env, queue_ttl_s=9.0)
+    assert (c.policy, c.max_queue_len, c.retry_after_s, c.queue_ttl_s, c.add_stream_usage) == (
+        "priority", 7, 4, 9.0, True
+    )  # fmt: skip
+    assert [(b.url, b.api_key) for b in c.backends] == [("http://b1", "sk-up"), ("https://b2", "sk-up")]
+    for bad, needle in [({"HEADWAY_MAX_QUEUE_LEN": "many"}, "HEADWAY_MAX_QUEUE_LEN='many' is not a valid int"),
+                        ({"HEADWAY_ADD_STREAM_USAGE": "perhaps"}, "not a valid bool"),
+                        ({"HEADWAY_BACKENDS": "[1,"}, "HEADWAY_BACKENDS is not a valid JSON list")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            config_from_env(bad)
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    c = build_config(parser.parse_args(["serve", "--backend", "http://x"]), env={"HEADWAY_BACKEND_API_KEY": "k"})
+    assert c.backends[0].api_key == "k" and c.backends[0].max_concurrency == 0 and c.backends[0].metrics_poll_s == 0.5
+
+
+def test_startup_line_states_the_effective_config_as_json_logs(make_stub):
+    stub = make_stub()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "headway.serve", "serve", "--backend", stub.url, "--port", str(port),
+         "--log-format", "json", "--redis-lease", "3"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**__import__("os").environ, "HEADWAY_BACKEND_API_KEY": "sk-secret", "HEADWAY_POLICY": "priority"},
+    )  # fmt: skip
+    try:
+        _wait_healthy(proc, f"http://127.0.0.1:{port}")  # type: ignore[arg-type]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=30)[1]
+    lines = [json.loads(line) for line in err.splitlines() if line.strip()]  # every line is a JSON object
+    first = next(r for r in lines if "effective configuration" in r["message"])
+    assert first["logger"] == "headway.serve" and first["level"] == "INFO"
+    config = json.loads(first["message"].split("effective configuration: ", 1)[1])
+    assert config["policy"] == "priority" and config["redis_lease_s"] == 3.0 and config["default_max_tokens"] == 0
+    assert config["backends"] == [{"url": stub.url, "api_key": "set", "admission": "metrics every 0.5s",
+                                   "max_waiting": 0, "max_kv_usage": 0.95}]  # fmt: skip
+    assert "sk-secret" not in err
+    assert any(r["logger"].startswith("uvicorn") for r in lines)  # uvicorn's own lines are JSON too
+
+
+def test_headway_stub_subcommand():
+    from headway.cli import build_parser
+
+    args = build_parser().parse_args(["stub", "--port", "0", "--model", "m", "--token-delay", "0.01"])
+    assert (args.port, args.model, args.token_delay) == (0, "m", 0.01) and callable(args.func)

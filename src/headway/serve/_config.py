@@ -41,6 +41,12 @@ Config file (TOML shown; JSON with the same structure works too)::
     tier = "premium"                # premium | standard | batch
     api_key_sha256 = ["<64 hex digits>"]
 
+Environment: every top-level setting can also come from ``HEADWAY_<SETTING>`` (upper case:
+``HEADWAY_POLICY=pars``, ``HEADWAY_QUEUE_TTL_S=30``, tables as JSON), backends from
+``HEADWAY_BACKENDS`` (comma-separated URLs or a JSON list of tables) with
+``HEADWAY_BACKEND_API_KEY``; the file < the environment < command-line flags
+(:func:`config_from_env`). ``examples/gateway.toml`` lists every setting.
+
 API keys: ``api_keys = "auto"`` (default) requires a key when ``[[tenants]]`` lists any,
 else every request belongs to tenant ``default``; ``"required"`` always requires one;
 ``"off"`` never. With ``redis_url``, keys not in the file are looked up in the Redis hash
@@ -87,6 +93,8 @@ __all__ = [
     "ConfigError",
     "GatewayConfig",
     "TenantConfig",
+    "config_from_env",
+    "describe_config",
     "hash_api_key",
     "load_config",
 ]
@@ -485,8 +493,90 @@ def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> GatewayConfig
         raise ConfigError(f"bad gateway config: {exc}") from None
 
 
-def load_config(path: str | Path | None, **overrides: Any) -> GatewayConfig:
-    """Read a ``.toml`` or ``.json`` config file (or none) and apply CLI overrides."""
+ENV_PREFIX = "HEADWAY_"
+"""Environment variables ``HEADWAY_<SETTING>`` (upper case) set any top-level setting."""
+
+
+def _env_value(name: str, raw: str) -> Any:
+    """An environment variable's text as the value of setting ``name`` (by the field's type)."""
+    ann = str(GatewayConfig.__dataclass_fields__[name].type).removesuffix(" | None")
+    try:
+        if ann == "int":
+            return int(raw)
+        if ann == "float":
+            return float(raw)
+        if ann == "bool":
+            low = raw.strip().lower()
+            if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(raw)
+            return low in ("1", "true", "yes", "on")
+        if ann.startswith(("Mapping", "tuple")):
+            return json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {ann} for setting {name!r}") from None
+    return raw
+
+
+def config_from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The settings given as environment variables: ``HEADWAY_<SETTING>`` for each top-level
+    setting (``HEADWAY_POLICY=pars``, ``HEADWAY_MAX_QUEUE_LEN=500``; tables and lists as JSON,
+    ``HEADWAY_POLICY_ARGS='{"tau": 0.8}'``), ``HEADWAY_BACKENDS`` (URLs separated by commas, or a
+    JSON list of backend tables) and ``HEADWAY_BACKEND_API_KEY`` (the ``api_key`` of backends given
+    as bare URLs, here or with ``--backend``). Other ``HEADWAY_*`` variables are not settings and
+    are ignored."""
+    out: dict[str, Any] = {}
+    for name in sorted(_GATEWAY_FIELDS - {"backends", "tenants"}):
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None:
+            out[name] = _env_value(name, raw)
+    raw = env.get(ENV_PREFIX + "BACKENDS")
+    if raw:
+        if raw.lstrip().startswith("["):
+            try:
+                out["backends"] = json.loads(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{ENV_PREFIX}BACKENDS is not a valid JSON list: {exc}") from None
+        else:
+            out["backends"] = [u.strip() for u in raw.split(",") if u.strip()]
+    return out
+
+
+def describe_config(config: GatewayConfig) -> dict[str, Any]:
+    """The effective configuration as a JSON-safe dict, for the startup line: every setting, with
+    secrets shown only as whether they are set (API keys, a password in ``redis_url``)."""
+    out: dict[str, Any] = {}
+    for name in GatewayConfig.__dataclass_fields__:
+        value = getattr(config, name)
+        if name == "backends":
+            value = [
+                {
+                    "url": b.url,
+                    "api_key": "set" if b.api_key else "",
+                    "admission": (f"max_concurrency={b.max_concurrency} " if b.max_concurrency else "")
+                    + (f"metrics every {b.metrics_poll_s:g}s" if b.metrics_poll_s else "")
+                    or "none",
+                    "max_waiting": b.max_waiting,
+                    "max_kv_usage": b.max_kv_usage,
+                }
+                for b in value
+            ]
+        elif name == "tenants":
+            value = [{"name": t.name, "tier": t.tier.name.lower(), "api_keys": len(t.api_key_sha256)} for t in value]
+        elif name == "admin_api_key_sha256":
+            value = len(value)
+        elif name == "redis_url" and value:
+            parts = urlsplit(value)
+            if parts.password:
+                value = value.replace(f":{parts.password}@", ":***@", 1)
+        elif isinstance(value, Mapping):
+            value = dict(value)
+        out[name] = value
+    return out
+
+
+def load_config(path: str | Path | None, env: Mapping[str, str] | None = None, **overrides: Any) -> GatewayConfig:
+    """Read a ``.toml`` or ``.json`` config file (or none), then ``HEADWAY_*`` settings from
+    ``env`` (when given, e.g. ``os.environ``), then CLI overrides: each later one wins."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -501,7 +591,14 @@ def load_config(path: str | Path | None, **overrides: Any) -> GatewayConfig:
                 f"config file {p} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}"
             ) from None
         _check(isinstance(data, dict), f"config file {p} must hold a table/object at the top level")
+    if env is not None:
+        data.update(config_from_env(env))
     extra_backends: Sequence[Any] = overrides.pop("backends", None) or ()
     if extra_backends:
         data["backends"] = list(extra_backends)
+    backend_key = env.get(ENV_PREFIX + "BACKEND_API_KEY") if env is not None else None
+    if backend_key:
+        data["backends"] = [
+            {"url": b, "api_key": backend_key} if isinstance(b, str) else b for b in data.get("backends", ())
+        ]
     return config_from_dict(data, **overrides)
