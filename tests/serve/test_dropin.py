@@ -220,3 +220,34 @@ def test_https_backend_with_api_key(tmp_path):
 
     assert asyncio.run(main()) == (200, b"ok")
     assert b"\r\nAuthorization: Bearer sk-up\r\n" in heads[0]
+
+
+def test_priority_bands_through_the_gateway(make_stub, make_gateway):
+    """bands around sjf-oracle: strict priority bands, tenants alternating in a band (b, which has had
+    no turn yet, first), the inner order (shortest first) inside each tenant's flow."""
+    import threading
+
+    stub = make_stub(token_delay_s=0.02)
+    tenants = tuple(TenantConfig(t, api_key_sha256=(hash_api_key(f"k{t}"),)) for t in "ab")
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=1)], policy="bands",
+                      policy_args={"inner": "sjf-oracle"}, tenants=tenants)  # fmt: skip
+    sends = [("a", 0, 100, "block"), ("a", 1, 5, "a5"), ("a", 0, 30, "a30"), ("a", 0, 20, "a20"),
+             ("a", 0, 10, "a10"), ("b", 0, 40, "b40"), ("b", 1, 2, "b2")]  # fmt: skip
+    d = gw.gateway.dispatcher
+    codes: list[int] = []
+    threads = []
+    for i, (tenant, priority, n, label) in enumerate(sends):
+        body = {"model": "m", "prompt": label, "max_tokens": n, "priority": priority}
+
+        def go(body: dict = body, tenant: str = tenant) -> None:
+            r = httpx.post(gw.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer k{tenant}"},
+                           timeout=30)  # fmt: skip
+            codes.append(r.status_code)
+
+        threads.append(threading.Thread(target=go))
+        threads[-1].start()
+        wait_until(lambda i=i: d.backends[0].in_flight == 1 and len(d.queue) == i, what=f"request {i} queued")
+    for t in threads:
+        t.join(timeout=60)
+    assert codes == [200] * len(sends)
+    assert stub.stub.stats.order == ["block", "b40", "a10", "a20", "a30", "b2", "a5"]
