@@ -582,6 +582,9 @@ class Gateway:
         ident: Identity,
     ) -> Response:
         req = self._new_request(parsed, ident)
+        model = body.get("model")
+        req.extra["model"] = model if isinstance(model, str) else ""
+        req.extra["stream"] = parsed.stream
         if self.scorer is not None and req.prompt:
             self.dispatcher.scoring += 1  # free backends may wait for it (Dispatcher._holding)
             t0 = time.perf_counter()
@@ -902,6 +905,13 @@ class Gateway:
         self.policy.on_finish(req, now)
         self.dispatcher.sync_keys()  # what the policy learned may have changed every queued key
         self.metrics.finished.labels(req.tenant_id, req.tier.name.lower()).inc()
+        streamed = req.extra.get("stream") is True and req.first_token_time is not None
+        self.metrics.observe_latency(
+            str(req.extra.get("model") or ""),
+            req.priority,
+            now - req.arrival_time,
+            req.first_token_time - req.arrival_time if streamed and req.first_token_time is not None else None,
+        )
         self._record(req)
 
     async def _relay(
