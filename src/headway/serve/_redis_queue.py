@@ -584,12 +584,12 @@ class RedisDispatcher(Dispatcher):
         task.add_done_callback(self._tasks.discard)
 
     def _dispatch_args(self) -> list[str | int]:
-        """The dispatch arguments: score hold (ms), then the backends and their limits."""
+        """The dispatch arguments: score hold (ms), then the backends and their limits (-1: none
+        now, for a backend that is down or whose own /metrics say it is saturated)."""
         now = self._clock()
         args: list[str | int] = [int(self.score_hold_s * 1000), len(self.backends)]
         for b in self.backends:
-            down = now < b.down_until
-            args += [b.url, -1 if down else b.config.max_concurrency]
+            args += [b.url, b.config.max_concurrency if b.has_room(now) else -1]
         return args
 
     def _log_error(self, what: str, exc: BaseException) -> None:
