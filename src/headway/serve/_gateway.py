@@ -1,8 +1,12 @@
 """The gateway app: OpenAI-compatible endpoints in front of a policy-ordered queue.
 
-Life of a request: read the body (413 over the limit), authenticate (401), validate
-(400 naming the field), score it if a scorer is configured, queue it (429 when full),
-wait for the dispatcher to hand it a backend (408 after the TTL; removed on client
+Life of a request: authenticate (401, before any byte of the body is read; 503
+``auth_unavailable`` while a key kept in Redis cannot be looked up), read the body (413 over
+the limit, 408 after ``body_timeout_s``), validate (400 naming the field), admit it (429 when the
+queue is full, before any scoring), score it if a scorer is configured (a bounded prefix of the
+prompt; a request that cannot be scored gets the fallback score of :meth:`Gateway._score`),
+queue it, wait for the dispatcher to hand it a backend (408 once the queue TTL, counted from
+arrival, is over; removed on client
 disconnect), forward it (retry on another backend while nothing was streamed), pass
 the response through (SSE event by event) and report progress and the final
 ``usage.completion_tokens`` to the policy. Every request ends in exactly one terminal
@@ -29,6 +33,10 @@ Shutdown: on SIGTERM the gateway drains (new requests 503 ``draining``); when
 ``drain_timeout_s`` is over, every request still open ends at once: a 503 ``drain_timeout``
 with Retry-After, or, mid-stream, a final error event and ``[DONE]``.
 
+Unchecked fields go to the backend as they came: an unknown ``model`` gets the backend's
+answer (vLLM's 404 ``NotFoundError``, passed through). ``n`` is checked (1 to ``MAX_N``): the
+queue counts a request once, whatever its number of completions.
+
 Errors are OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` with ``code``
 always a string; a 4xx of a backend is passed through as it is.
 
@@ -47,6 +55,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import secrets
 import time
 from collections import OrderedDict
@@ -63,6 +72,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from headway.core import Policy, Request, RequestState, make_policy, make_router
+from headway.predict.score import scoring_text
 from headway.serve._config import GatewayConfig, hash_api_key
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 from headway.serve._errors import ERRORS, api_error, error_response, sse_error
@@ -70,7 +80,7 @@ from headway.serve._metrics import GatewayMetrics
 from headway.serve._openapi import openapi_schema
 from headway.serve._redis_queue import RedisDispatcher
 from headway.serve._scorer import BatchScorer, ProcessScoreFn, load_score_fn
-from headway.serve._tenants import Identity, TenantDirectory
+from headway.serve._tenants import DirectoryUnavailable, Identity, TenantDirectory
 from headway.serve._upstream import (
     UpstreamConnectError,
     UpstreamConnectionLost,
@@ -94,6 +104,11 @@ from headway.serve._wire import (
 __all__ = ["Gateway", "create_app"]
 
 log = logging.getLogger("headway.serve")
+
+SCORED_TOKENS_DEFAULT = 512
+"""Tokens' worth of a prompt kept for scoring without ``scorer_max_length``: the longest input
+of the BERT-family encoders the predictors use; a scorer keeps fewer if its checkpoint's
+length is shorter."""
 
 
 _STOP_EVENTS: dict[str, bytes] = {
@@ -242,6 +257,14 @@ class Gateway:
         self._models_cache: tuple[float, bytes] | None = None
         self.finished_requests: list[Request] = []
         """Most recent finished/aborted requests (bounded), for tests and debugging."""
+        self._score_sum = 0.0
+        self._score_n = 0
+        self.num_score_fallbacks = 0
+        """Requests given the fallback score (see :meth:`_score`)."""
+        self._log_marks: dict[str, tuple[float, int]] = {}
+        self._scored_tokens = config.scorer_max_length or SCORED_TOKENS_DEFAULT
+        """The scorer reads at most this many tokens' worth of a prompt (see ``scoring_text``): a
+        request keeps that prefix only, whatever the prompt's size."""
 
     # -------------------------------------------------------------- lifecycle
     async def startup(self) -> None:
@@ -357,9 +380,9 @@ class Gateway:
         """All series with API keys off or for an admin key; a tenant's key sees its own only."""
         tenant: str | None = None
         if self.tenants.enabled and not self._is_admin(request):
-            ident = await self.tenants.resolve(request.headers.get("authorization"))
-            if ident is None:
-                return self._unauthorized(count=False)
+            ident = await self._identify(request, count=False)
+            if isinstance(ident, Response):
+                return ident
             tenant = ident.tenant
         return Response(self.metrics.render(tenant), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -388,9 +411,9 @@ class Gateway:
         return api_error("request_not_found", request_id=request_id)
 
     async def request_status(self, request: HTTPRequest) -> Response:
-        ident = await self.tenants.resolve(request.headers.get("authorization"))
-        if ident is None:
-            return self._unauthorized(count=False)
+        ident = await self._identify(request, count=False)
+        if isinstance(ident, Response):
+            return ident
         rid = request.path_params["request_id"]
         entry = self.active.get(rid)
         if entry is not None and entry.req.tenant_id == ident.tenant:
@@ -401,9 +424,9 @@ class Gateway:
         return self._not_found(rid)
 
     async def request_cancel(self, request: HTTPRequest) -> Response:
-        ident = await self.tenants.resolve(request.headers.get("authorization"))
-        if ident is None:
-            return self._unauthorized(count=False)
+        ident = await self._identify(request, count=False)
+        if isinstance(ident, Response):
+            return ident
         rid = request.path_params["request_id"]
         entry = self.active.get(rid)
         if entry is None or entry.req.tenant_id != ident.tenant:
@@ -415,8 +438,9 @@ class Gateway:
         return JSONResponse({"id": rid, "object": "request", "cancelled": True})
 
     async def models(self, request: HTTPRequest) -> Response:
-        if await self.tenants.resolve(request.headers.get("authorization")) is None:
-            return self._unauthorized(count=False)
+        ident = await self._identify(request, count=False)
+        if isinstance(ident, Response):
+            return ident
         loop = asyncio.get_running_loop()
         if self._models_cache is not None and self._models_cache[0] > loop.time():
             return Response(self._models_cache[1], media_type="application/json")
@@ -433,6 +457,18 @@ class Gateway:
                 return Response(r.content, media_type="application/json")
             last = f"HTTP {r.status_code}"
         return api_error("upstream_error", detail=f"no backend listed models ({last})")
+
+    async def _identify(self, request: HTTPRequest, count: bool = True) -> Identity | Response:
+        """The caller's identity, or the answer: 401, or 503 ``auth_unavailable`` with
+        Retry-After while a key not in the config cannot be looked up in Redis. ``count``: a
+        generation request, counted in ``headway_rejections``."""
+        try:
+            ident = await self.tenants.resolve(request.headers.get("authorization"))
+        except DirectoryUnavailable as exc:
+            self._log_limited("auth", "%s: answered 503", exc)
+            resp = api_error("auth_unavailable", headers={"Retry-After": str(self.config.retry_after_s)})
+            return self._reject("auth_unavailable", resp) if count else resp
+        return self._unauthorized(count) if ident is None else ident
 
     def _unauthorized(self, count: bool = True) -> Response:
         """401; ``count``: a generation request, counted in ``headway_rejections``."""
@@ -470,6 +506,9 @@ class Gateway:
                 "draining",
                 api_error("draining", headers={"Connection": "close", "Retry-After": str(self.config.retry_after_s)}),
             )
+        ident = await self._identify(request)  # before the body: no key, no reading
+        if isinstance(ident, Response):
+            return ident
         try:
             raw = await self._read_body(request)
         except TimeoutError:
@@ -482,9 +521,6 @@ class Gateway:
                 "too_large",
                 api_error("request_too_large", limit=self.config.max_body_bytes),
             )
-        ident = await self.tenants.resolve(request.headers.get("authorization"))
-        if ident is None:
-            return self._unauthorized()
         try:
             body = loads_json(raw)
         except NonFinite as exc:
@@ -536,7 +572,7 @@ class Gateway:
             tenant_id=ident.tenant,
             tier=ident.tier,
             priority=parsed.priority,
-            prompt=parsed.prompt_text or None,
+            prompt=scoring_text(parsed.prompt_text, self._scored_tokens) or None,
         )
 
     def _record(self, req: Request) -> None:
@@ -550,6 +586,45 @@ class Gateway:
             req.finish_time = self.dispatcher.now()
             self._record(req)
 
+    async def _score(self, req: Request) -> None:
+        """Give ``req`` its score: the scorer's, or the fallback when there is none.
+
+        Fallback (a token-id prompt, which the gateway cannot read as text, or a prompt the
+        scorer failed on): the mean of the scores given so far, 0.0 before the first; the
+        policy then places it among the others as a typical request, and it is never answered
+        500 for want of a score. Counted in :attr:`num_score_fallbacks`."""
+        assert self.scorer is not None
+        if req.prompt:
+            self.dispatcher.scoring += 1  # free backends may wait for it (Dispatcher._holding)
+            t0 = time.perf_counter()
+            try:
+                req.score = await self.scorer.score(req.prompt)
+                self.metrics.score_wait.observe(time.perf_counter() - t0)
+            except Exception as exc:
+                self._log_limited("score", "request %s could not be scored (%s: %s); it gets the fallback score",
+                                  req.request_id, type(exc).__name__, exc)  # fmt: skip
+            except BaseException:  # cancelled: it goes no further, and a hold may end without it
+                self.dispatcher.scoring -= 1
+                self.dispatcher.dispatch()
+                raise
+            self.dispatcher.scoring -= 1  # queued next, before any await
+        if req.score is not None and math.isfinite(req.score):
+            self._score_sum += req.score
+            self._score_n += 1
+        else:
+            req.score = self._score_sum / self._score_n if self._score_n else 0.0
+            self.num_score_fallbacks += 1
+
+    def _log_limited(self, what: str, msg: str, *args: object) -> None:
+        """A warning at most once per 10 s per ``what``, with the count of those left out."""
+        now = time.monotonic()
+        last, skipped = self._log_marks.get(what, (-1e9, 0))
+        if now - last < 10.0:
+            self._log_marks[what] = (last, skipped + 1)
+            return
+        self._log_marks[what] = (now, 0)
+        log.warning(msg + (f" ({skipped} more like it not logged)" if skipped else ""), *args)
+
     async def _serve(
         self,
         request: HTTPRequest,
@@ -559,20 +634,15 @@ class Gateway:
         parsed: Parsed,
         ident: Identity,
     ) -> Response:
+        arrived = asyncio.get_running_loop().time()  # the queue TTL counts from here, scoring included
         req = self._new_request(parsed, ident)
-        if self.scorer is not None and req.prompt:
-            self.dispatcher.scoring += 1  # free backends may wait for it (Dispatcher._holding)
-            t0 = time.perf_counter()
-            try:
-                req.score = await self.scorer.score(req.prompt)
-                self.metrics.score_wait.observe(time.perf_counter() - t0)
-            except Exception:
-                log.exception("scorer failed; request %s goes unscored", req.request_id)
-            except BaseException:  # cancelled: it goes no further, and a hold may end without it
-                self.dispatcher.scoring -= 1
-                self.dispatcher.dispatch()
-                raise
-            self.dispatcher.scoring -= 1  # queued below, before any await
+        try:
+            self.dispatcher.admit(req)  # a full queue answers 429 now, not after scoring
+        except QueueFullError as exc:
+            self._abort(req)
+            return self._queue_full(exc)
+        if self.scorer is not None:
+            await self._score(req)
         if parsed.stream:
             if not parsed.wants_usage:
                 body = dict(body)
@@ -595,7 +665,7 @@ class Gateway:
             watch.end("shutdown")
         streaming = False
         try:
-            resp = await self._serve_watched(request, req, path, payload, parsed, watch)
+            resp = await self._serve_watched(request, req, path, payload, parsed, watch, arrived)
             streaming = isinstance(resp, StreamingResponse)
             return resp
         finally:
@@ -603,10 +673,17 @@ class Gateway:
                 self._ended(req, watch)
 
     async def _serve_watched(
-        self, request: HTTPRequest, req: Request, path: str, payload: bytes, parsed: Parsed, watch: _Watch
+        self,
+        request: HTTPRequest,
+        req: Request,
+        path: str,
+        payload: bytes,
+        parsed: Parsed,
+        watch: _Watch,
+        arrived: float,
     ) -> Response:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.queue_ttl_s
+        deadline = arrived + self.config.queue_ttl_s
         exclude: frozenset[int] = frozenset()
         last_error = ""
         handed_off = False
@@ -648,6 +725,11 @@ class Gateway:
                                 seconds=self.config.queue_ttl_s,
                             ),
                         )
+                    if isinstance(self.dispatcher, RedisDispatcher) and not self.dispatcher.redis_reachable:
+                        return self._reject(
+                            "queue_error",
+                            api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
+                        )
                     return self._reject(
                         "ttl",
                         api_error("queue_timeout", seconds=self.config.queue_ttl_s),
@@ -665,8 +747,18 @@ class Gateway:
                         api_error("policy_error", detail=exc),
                     )
                 except Exception as exc:  # queue store unavailable
+                    pause = min(float(max(self.config.retry_after_s, 1)), deadline - loop.time())
+                    if pause > 0:  # wait for it (up to the queue TTL), then queue again
+                        self._log_limited("queue", "request %s: queue store unavailable (%s); waiting for it",
+                                          req.request_id, exc)  # fmt: skip
+                        await asyncio.wait({watch.stop}, timeout=pause)
+                        if watch.stop.done():
+                            self._abort(req)
+                            return self._stopped(watch)
+                        if loop.time() < deadline:
+                            continue
                     self._abort(req)
-                    log.warning("request %s: queue unavailable: %s", req.request_id, exc)
+                    self._log_limited("queue", "request %s: queue unavailable: %s", req.request_id, exc)
                     return self._reject(
                         "queue_error",
                         api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
@@ -1037,5 +1129,7 @@ def create_app(
             Route("/openapi.json", gw.openapi, methods=["GET"]),
         ],
     )
+    # /health/ is a 404, not a redirect: Starlette builds that redirect from the Host header
+    app.router.redirect_slashes = False
     app.state.gateway = gw
     return app
