@@ -514,3 +514,48 @@ def test_a_release_during_a_rejoin_is_not_lost(redis_url):
             await client.aclose()
 
     assert asyncio.run(main()) == {"http://127.0.0.1:9": 0}
+
+
+@pytest.mark.redis
+def test_status_and_cancel_work_from_any_replica_and_only_for_the_owner_tenant(redis_url, make_stub, make_gateway):
+    from headway.serve import TenantConfig
+
+    stub = make_stub(token_delay_s=0.05)
+    tenants = (
+        TenantConfig("acme", api_key_sha256=(_hash("sk-a"),)),
+        TenantConfig("bulk", api_key_sha256=(_hash("sk-b"),)),
+    )
+    prefix = f"p{time.monotonic_ns() % 10**8}:"
+    kw = {"redis_url": redis_url, "redis_prefix": prefix, "tenants": tenants}
+    a = make_gateway([BackendConfig(stub.url, max_concurrency=1)], **kw)
+    b = make_gateway([BackendConfig(stub.url, max_concurrency=1)], **kw)
+    acme, bulk = {"Authorization": "Bearer sk-a"}, {"Authorization": "Bearer sk-b"}
+
+    async def main() -> tuple[httpx.Response, list[httpx.Response]]:
+        async with httpx.AsyncClient(timeout=30) as c:
+            call = asyncio.ensure_future(
+                c.post(a.url + "/v1/completions", json={**COMPLETION, "max_tokens": 200}, headers=acme)
+            )
+            for _ in range(200):
+                if a.gateway.active:
+                    break
+                await asyncio.sleep(0.01)
+            (rid,) = a.gateway.active
+            seen = [
+                await c.get(f"{b.url}/v1/requests/{rid}", headers=acme),
+                await c.get(f"{b.url}/v1/requests/{rid}", headers=bulk),
+                await c.delete(f"{b.url}/v1/requests/{rid}", headers=bulk),
+                await c.delete(f"{b.url}/v1/requests/{rid}", headers=acme),
+            ]
+            done = await call
+            seen.append(await c.get(f"{b.url}/v1/requests/{rid}", headers=acme))
+            seen.append(await c.delete(f"{b.url}/v1/requests/{rid}", headers=acme))
+            return done, seen
+
+    done, seen = asyncio.run(main())
+    assert seen[0].status_code == 200 and seen[0].json()["status"] in ("queued", "running")
+    assert [r.status_code for r in seen[1:3]] == [404, 404]  # another tenant: as if missing
+    assert seen[3].status_code == 200 and seen[3].json()["cancelled"] is True
+    assert done.status_code == 499 or done.json()["error"]["code"] == "cancelled"
+    assert seen[4].json()["status"] == "cancelled"
+    assert seen[5].status_code == 409 and seen[5].json()["error"]["code"] == "request_ended"

@@ -1,6 +1,7 @@
 """The gateway app: OpenAI-compatible endpoints in front of a policy-ordered queue.
 
-Life of a request: authenticate (401, before any byte of the body is read; 503
+Life of a request: a 413 at once for a ``Content-Length`` over ``max_body_bytes``;
+authenticate (401, before any byte of the body is read; 503
 ``auth_unavailable`` while a key kept in Redis cannot be looked up), read the body (413 over
 the limit, 408 after ``body_timeout_s``), validate (400 naming the field), admit it (429 when the
 queue is full, before any scoring), score it if a scorer is configured (a bounded prefix of the
@@ -40,13 +41,13 @@ queue counts a request once, whatever its number of completions.
 Errors are OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` with ``code``
 always a string; a 4xx of a backend is passed through as it is.
 
-Other endpoints: ``GET``/``DELETE /v1/requests/{id}`` (status / cancel one of the
-caller's own requests on this replica: another tenant's request is a 404, like a
-missing one), ``/metrics`` (everything with API keys off or for an admin key; a tenant
-key sees only series labelled with its tenant, which today is ``headway_queue_length``
-alone; no key: 401), ``/health`` and ``/openapi.json``. A 401 on these endpoints is not
-counted in ``headway_rejections``, which counts generation requests only (so that
-``headway_requests_finished`` + ``headway_rejections`` = generation requests answered).
+Other endpoints: ``GET``/``DELETE /v1/requests/{id}`` (status / cancel one of the caller's own
+requests, on any replica: one held by another replica is asked through Redis, :mod:`._peers`;
+another tenant's request is a 404, like a missing one), ``/metrics`` (everything with API keys
+off or for an admin key; a tenant key sees only series labelled with its tenant, which today is
+``headway_queue_length`` alone; no key: 401), ``/health`` and ``/openapi.json``. A 401 on these
+endpoints is not counted in ``headway_rejections``, which counts generation requests only (so
+that ``headway_requests_finished`` + ``headway_rejections`` = generation requests answered).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 from headway.serve._errors import ERRORS, api_error, error_response, sse_error
 from headway.serve._metrics import GatewayMetrics
 from headway.serve._openapi import openapi_schema
+from headway.serve._peers import PeerChannel, owner_of
 from headway.serve._redis_queue import RedisDispatcher
 from headway.serve._scorer import BatchScorer, ProcessScoreFn, load_score_fn
 from headway.serve._tenants import DirectoryUnavailable, Identity, TenantDirectory
@@ -190,6 +192,8 @@ class Gateway:
         self.backends = [Backend(b, i) for i, b in enumerate(config.backends)]
         self._redis = redis
         self.dispatcher: Dispatcher
+        self.peers: PeerChannel | None = None
+        """With Redis: status and cancel of requests other replicas hold (:mod:`._peers`)."""
         if config.redis_url:
             listener: Any = None
             if self._redis is None:
@@ -218,6 +222,9 @@ class Gateway:
                 score_hold_s=config.scorer_hold_s if config.scorer else 0.0,
             )
             self._id_prefix = f"hw-{self.dispatcher.replica}-"
+            self.peers = PeerChannel(
+                self._redis, self.dispatcher.listen_redis, config.redis_prefix, self.dispatcher.replica, self._on_peer
+            )
         else:
             self.dispatcher = Dispatcher(
                 self.policy,
@@ -279,6 +286,8 @@ class Gateway:
             if isinstance(warning, str) and warning:
                 log.warning("%s (redis_prefix %r)", warning, self.config.redis_prefix)
             await self.dispatcher.start()
+            if self.peers is not None:
+                self.peers.start()
         for b in self.backends:
             if b.config.metrics_poll_s > 0:
                 self._pollers.append(asyncio.create_task(self._poll_backend(b)))
@@ -300,6 +309,8 @@ class Gateway:
                 await t
         self.dispatcher.fail_all(RuntimeError("gateway shutting down"))
         if isinstance(self.dispatcher, RedisDispatcher):
+            if self.peers is not None:
+                await self.peers.stop()
             await self.dispatcher.stop()
         if self.client is not None:
             await self.client.aclose()
@@ -410,32 +421,48 @@ class Gateway:
         # the same answer for "no such request" and "another tenant's request"
         return api_error("request_not_found", request_id=request_id)
 
-    async def request_status(self, request: HTTPRequest) -> Response:
+    def _lookup(self, op: str, rid: str, tenant: str) -> dict[str, Any]:
+        """Status (``op`` ``"status"``) or cancel (``"cancel"``) of request ``rid`` of ``tenant``
+        on this replica: ``{"status": ...}``, ``{"cancelled": True}``, ``{"ended": status}`` or
+        ``{"missing": True}`` (none, or another tenant's)."""
+        entry = self.active.get(rid)
+        if entry is not None and entry.req.tenant_id == tenant:
+            if op == "cancel":
+                entry.watch.end("cancelled")
+                return {"cancelled": True}
+            return {"status": self._status_of(entry.req)}
+        done = self.recent.get(rid)
+        if done is not None and done[0] == tenant:
+            return {"ended": done[1]} if op == "cancel" else {"status": done[1]}
+        return {"missing": True}
+
+    async def _on_peer(self, message: dict[str, Any]) -> dict[str, Any]:
+        return self._lookup(str(message.get("op")), str(message.get("id")), str(message.get("tenant")))
+
+    async def _request_op(self, request: HTTPRequest, op: str) -> Response:
+        """``GET``/``DELETE /v1/requests/{id}``: answered here, or by the replica that holds the
+        request (named in its id) through Redis."""
         ident = await self._identify(request, count=False)
         if isinstance(ident, Response):
             return ident
         rid = request.path_params["request_id"]
-        entry = self.active.get(rid)
-        if entry is not None and entry.req.tenant_id == ident.tenant:
-            return JSONResponse({"id": rid, "object": "request", "status": self._status_of(entry.req)})
-        done = self.recent.get(rid)
-        if done is not None and done[0] == ident.tenant:
-            return JSONResponse({"id": rid, "object": "request", "status": done[1]})
+        found = self._lookup(op, rid, ident.tenant)
+        owner = owner_of(rid)
+        if "missing" in found and self.peers is not None and owner is not None and owner != self.peers.replica:
+            found = await self.peers.ask(owner, {"op": op, "id": rid, "tenant": ident.tenant}) or found
+        if "status" in found:
+            return JSONResponse({"id": rid, "object": "request", "status": found["status"]})
+        if "cancelled" in found:
+            return JSONResponse({"id": rid, "object": "request", "cancelled": True})
+        if "ended" in found:
+            return api_error("request_ended", request_id=rid, status=found["ended"])
         return self._not_found(rid)
 
+    async def request_status(self, request: HTTPRequest) -> Response:
+        return await self._request_op(request, "status")
+
     async def request_cancel(self, request: HTTPRequest) -> Response:
-        ident = await self._identify(request, count=False)
-        if isinstance(ident, Response):
-            return ident
-        rid = request.path_params["request_id"]
-        entry = self.active.get(rid)
-        if entry is None or entry.req.tenant_id != ident.tenant:
-            done = self.recent.get(rid)
-            if done is not None and done[0] == ident.tenant:
-                return api_error("request_ended", request_id=rid, status=done[1])
-            return self._not_found(rid)
-        entry.watch.end("cancelled")
-        return JSONResponse({"id": rid, "object": "request", "cancelled": True})
+        return await self._request_op(request, "cancel")
 
     async def models(self, request: HTTPRequest) -> Response:
         ident = await self._identify(request, count=False)
@@ -489,9 +516,6 @@ class Gateway:
     async def _read_body(self, request: HTTPRequest) -> bytes | None:
         """The body; None over ``max_body_bytes``; TimeoutError after ``body_timeout_s``."""
         limit = self.config.max_body_bytes
-        cl = request.headers.get("content-length")
-        if cl is not None and cl.isdigit() and int(cl) > limit:
-            return None
         buf = bytearray()
         async with asyncio.timeout(self.config.body_timeout_s):
             async for chunk in request.stream():
@@ -506,6 +530,9 @@ class Gateway:
                 "draining",
                 api_error("draining", headers={"Connection": "close", "Retry-After": str(self.config.retry_after_s)}),
             )
+        cl = request.headers.get("content-length")
+        if cl is not None and cl.isdigit() and int(cl) > self.config.max_body_bytes:  # before any work
+            return self._reject("too_large", api_error("request_too_large", limit=self.config.max_body_bytes))
         ident = await self._identify(request)  # before the body: no key, no reading
         if isinstance(ident, Response):
             return ident
