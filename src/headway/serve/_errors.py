@@ -37,6 +37,7 @@ ERRORS: dict[str, ErrorKind] = {
     "not_found": ErrorKind(404, "not_found_error", "{detail}"),
     "request_not_found": ErrorKind(404, "not_found_error", "no request {request_id!r} of yours on this gateway"),
     "method_not_allowed": ErrorKind(405, "invalid_request_error", "{detail}"),
+    "header_timeout": ErrorKind(408, "timeout", "the request head did not arrive within {seconds:g} s"),
     "body_timeout": ErrorKind(408, "timeout", "the request body did not arrive within {seconds:g} s"),
     "queue_timeout": ErrorKind(408, "timeout", "request waited longer than {seconds:g} s in the queue"),
     "request_ended": ErrorKind(409, "invalid_request_error", "request {request_id!r} already ended ({status})"),
@@ -52,6 +53,12 @@ ERRORS: dict[str, ErrorKind] = {
         "the gateway shut down before the request was served (drain timeout {seconds:g} s); retry later",
     ),
     "no_backend": ErrorKind(503, "service_unavailable", "no backend is reachable (waited {seconds:g} s in the queue)"),
+    "auth_unavailable": ErrorKind(
+        503, "service_unavailable", "the API-key store cannot be reached to check this key; retry later"
+    ),
+    "too_many_connections": ErrorKind(
+        503, "service_unavailable", "the gateway has too many open connections; retry later"
+    ),
     "queue_error": ErrorKind(
         503, "service_unavailable", "queue unavailable (the gateway cannot reach its queue store); retry later"
     ),

@@ -1,8 +1,13 @@
 """The gateway app: OpenAI-compatible endpoints in front of a policy-ordered queue.
 
-Life of a request: read the body (413 over the limit), authenticate (401), validate
-(400 naming the field), score it if a scorer is configured, queue it (429 when full),
-wait for the dispatcher to hand it a backend (408 after the TTL; removed on client
+Life of a request: a 413 at once for a ``Content-Length`` over ``max_body_bytes``;
+authenticate (401, before any byte of the body is read; 503
+``auth_unavailable`` while a key kept in Redis cannot be looked up), read the body (413 over
+the limit, 408 after ``body_timeout_s``), validate (400 naming the field), admit it (429 when the
+queue is full, before any scoring), score it if a scorer is configured (a bounded prefix of the
+prompt; a request that cannot be scored gets the fallback score of :meth:`Gateway._score`),
+queue it, wait for the dispatcher to hand it a backend (408 once the queue TTL, counted from
+arrival, is over; removed on client
 disconnect), forward it (retry on another backend while nothing was streamed), pass
 the response through (SSE event by event) and report progress and the final
 ``usage.completion_tokens`` to the policy. Every request ends in exactly one terminal
@@ -29,16 +34,20 @@ Shutdown: on SIGTERM the gateway drains (new requests 503 ``draining``); when
 ``drain_timeout_s`` is over, every request still open ends at once: a 503 ``drain_timeout``
 with Retry-After, or, mid-stream, a final error event and ``[DONE]``.
 
+Unchecked fields go to the backend as they came: an unknown ``model`` gets the backend's
+answer (vLLM's 404 ``NotFoundError``, passed through). ``n`` is checked (1 to ``MAX_N``): the
+queue counts a request once, whatever its number of completions.
+
 Errors are OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` with ``code``
 always a string; a 4xx of a backend is passed through as it is.
 
-Other endpoints: ``GET``/``DELETE /v1/requests/{id}`` (status / cancel one of the
-caller's own requests on this replica: another tenant's request is a 404, like a
-missing one), ``/metrics`` (everything with API keys off or for an admin key; a tenant
-key sees only series labelled with its tenant, which today is ``headway_queue_length``
-alone; no key: 401), ``/health`` and ``/openapi.json``. A 401 on these endpoints is not
-counted in ``headway_rejections``, which counts generation requests only (so that
-``headway_requests_finished`` + ``headway_rejections`` = generation requests answered).
+Other endpoints: ``GET``/``DELETE /v1/requests/{id}`` (status / cancel one of the caller's own
+requests, on any replica: one held by another replica is asked through Redis, :mod:`._peers`;
+another tenant's request is a 404, like a missing one), ``/metrics`` (everything with API keys
+off or for an admin key; a tenant key sees only series labelled with its tenant, which today is
+``headway_queue_length`` alone; no key: 401), ``/health`` and ``/openapi.json``. A 401 on these
+endpoints is not counted in ``headway_rejections``, which counts generation requests only (so
+that ``headway_requests_finished`` + ``headway_rejections`` = generation requests answered).
 Every other ``/v1`` path (embeddings, responses, tokenize, ...) is passed through to a backend
 unscheduled (``headway.serve._passthrough``).
 """
@@ -49,6 +58,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import secrets
 import time
 from collections import OrderedDict
@@ -65,6 +75,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from headway.core import Policy, Request, RequestState, make_policy, make_router
+from headway.predict.score import scoring_text
 from headway.serve._backend_load import parse_backend_load
 from headway.serve._config import GatewayConfig, hash_api_key
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
@@ -72,9 +83,10 @@ from headway.serve._errors import ERRORS, api_error, error_response, sse_error
 from headway.serve._metrics import GatewayMetrics
 from headway.serve._openapi import openapi_schema
 from headway.serve._passthrough import Passthrough, backend_headers
+from headway.serve._peers import PeerChannel, owner_of
 from headway.serve._redis_queue import RedisDispatcher
 from headway.serve._scorer import BatchScorer, ProcessScoreFn, load_score_fn
-from headway.serve._tenants import Identity, TenantDirectory
+from headway.serve._tenants import DirectoryUnavailable, Identity, TenantDirectory
 from headway.serve._upstream import (
     UpstreamConnectError,
     UpstreamConnectionLost,
@@ -98,6 +110,11 @@ from headway.serve._wire import (
 __all__ = ["Gateway", "create_app"]
 
 log = logging.getLogger("headway.serve")
+
+SCORED_TOKENS_DEFAULT = 512
+"""Tokens' worth of a prompt kept for scoring without ``scorer_max_length``: the longest input
+of the BERT-family encoders the predictors use; a scorer keeps fewer if its checkpoint's
+length is shorter."""
 
 
 _STOP_EVENTS: dict[str, bytes] = {
@@ -179,6 +196,8 @@ class Gateway:
         self.backends = [Backend(b, i) for i, b in enumerate(config.backends)]
         self._redis = redis
         self.dispatcher: Dispatcher
+        self.peers: PeerChannel | None = None
+        """With Redis: status and cancel of requests other replicas hold (:mod:`._peers`)."""
         if config.redis_url:
             listener: Any = None
             if self._redis is None:
@@ -207,6 +226,9 @@ class Gateway:
                 score_hold_s=config.scorer_hold_s if config.scorer else 0.0,
             )
             self._id_prefix = f"hw-{self.dispatcher.replica}-"
+            self.peers = PeerChannel(
+                self._redis, self.dispatcher.listen_redis, config.redis_prefix, self.dispatcher.replica, self._on_peer
+            )
         else:
             self.dispatcher = Dispatcher(
                 self.policy,
@@ -260,6 +282,14 @@ class Gateway:
         self._models_cache: tuple[float, bytes] | None = None
         self.finished_requests: list[Request] = []
         """Most recent finished/aborted requests (bounded), for tests and debugging."""
+        self._score_sum = 0.0
+        self._score_n = 0
+        self.num_score_fallbacks = 0
+        """Requests given the fallback score (see :meth:`_score`)."""
+        self._log_marks: dict[str, tuple[float, int]] = {}
+        self._scored_tokens = config.scorer_max_length or SCORED_TOKENS_DEFAULT
+        """The scorer reads at most this many tokens' worth of a prompt (see ``scoring_text``): a
+        request keeps that prefix only, whatever the prompt's size."""
 
     # -------------------------------------------------------------- lifecycle
     async def startup(self) -> None:
@@ -274,6 +304,8 @@ class Gateway:
             if isinstance(warning, str) and warning:
                 log.warning("%s (redis_prefix %r)", warning, self.config.redis_prefix)
             await self.dispatcher.start()
+            if self.peers is not None:
+                self.peers.start()
         for b in self.backends:
             if b.config.metrics_poll_s > 0:
                 self._pollers.append(asyncio.create_task(self._poll_backend(b)))
@@ -295,6 +327,8 @@ class Gateway:
                 await t
         self.dispatcher.fail_all(RuntimeError("gateway shutting down"))
         if isinstance(self.dispatcher, RedisDispatcher):
+            if self.peers is not None:
+                await self.peers.stop()
             await self.dispatcher.stop()
         if self.client is not None:
             await self.client.aclose()
@@ -370,9 +404,9 @@ class Gateway:
         """All series with API keys off or for an admin key; a tenant's key sees its own only."""
         tenant: str | None = None
         if self.tenants.enabled and not self._is_admin(request):
-            ident = await self.tenants.resolve(request.headers.get("authorization"))
-            if ident is None:
-                return self._unauthorized(count=False)
+            ident = await self._identify(request, count=False)
+            if isinstance(ident, Response):
+                return ident
             tenant = ident.tenant
         return Response(self.metrics.render(tenant), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -400,36 +434,53 @@ class Gateway:
         # the same answer for "no such request" and "another tenant's request"
         return api_error("request_not_found", request_id=request_id)
 
-    async def request_status(self, request: HTTPRequest) -> Response:
-        ident = await self.tenants.resolve(request.headers.get("authorization"))
-        if ident is None:
-            return self._unauthorized(count=False)
-        rid = request.path_params["request_id"]
+    def _lookup(self, op: str, rid: str, tenant: str) -> dict[str, Any]:
+        """Status (``op`` ``"status"``) or cancel (``"cancel"``) of request ``rid`` of ``tenant``
+        on this replica: ``{"status": ...}``, ``{"cancelled": True}``, ``{"ended": status}`` or
+        ``{"missing": True}`` (none, or another tenant's)."""
         entry = self.active.get(rid)
-        if entry is not None and entry.req.tenant_id == ident.tenant:
-            return JSONResponse({"id": rid, "object": "request", "status": self._status_of(entry.req)})
+        if entry is not None and entry.req.tenant_id == tenant:
+            if op == "cancel":
+                entry.watch.end("cancelled")
+                return {"cancelled": True}
+            return {"status": self._status_of(entry.req)}
         done = self.recent.get(rid)
-        if done is not None and done[0] == ident.tenant:
-            return JSONResponse({"id": rid, "object": "request", "status": done[1]})
+        if done is not None and done[0] == tenant:
+            return {"ended": done[1]} if op == "cancel" else {"status": done[1]}
+        return {"missing": True}
+
+    async def _on_peer(self, message: dict[str, Any]) -> dict[str, Any]:
+        return self._lookup(str(message.get("op")), str(message.get("id")), str(message.get("tenant")))
+
+    async def _request_op(self, request: HTTPRequest, op: str) -> Response:
+        """``GET``/``DELETE /v1/requests/{id}``: answered here, or by the replica that holds the
+        request (named in its id) through Redis."""
+        ident = await self._identify(request, count=False)
+        if isinstance(ident, Response):
+            return ident
+        rid = request.path_params["request_id"]
+        found = self._lookup(op, rid, ident.tenant)
+        owner = owner_of(rid)
+        if "missing" in found and self.peers is not None and owner is not None and owner != self.peers.replica:
+            found = await self.peers.ask(owner, {"op": op, "id": rid, "tenant": ident.tenant}) or found
+        if "status" in found:
+            return JSONResponse({"id": rid, "object": "request", "status": found["status"]})
+        if "cancelled" in found:
+            return JSONResponse({"id": rid, "object": "request", "cancelled": True})
+        if "ended" in found:
+            return api_error("request_ended", request_id=rid, status=found["ended"])
         return self._not_found(rid)
 
+    async def request_status(self, request: HTTPRequest) -> Response:
+        return await self._request_op(request, "status")
+
     async def request_cancel(self, request: HTTPRequest) -> Response:
-        ident = await self.tenants.resolve(request.headers.get("authorization"))
-        if ident is None:
-            return self._unauthorized(count=False)
-        rid = request.path_params["request_id"]
-        entry = self.active.get(rid)
-        if entry is None or entry.req.tenant_id != ident.tenant:
-            done = self.recent.get(rid)
-            if done is not None and done[0] == ident.tenant:
-                return api_error("request_ended", request_id=rid, status=done[1])
-            return self._not_found(rid)
-        entry.watch.end("cancelled")
-        return JSONResponse({"id": rid, "object": "request", "cancelled": True})
+        return await self._request_op(request, "cancel")
 
     async def models(self, request: HTTPRequest) -> Response:
-        if await self.tenants.resolve(request.headers.get("authorization")) is None:
-            return self._unauthorized(count=False)
+        ident = await self._identify(request, count=False)
+        if isinstance(ident, Response):
+            return ident
         loop = asyncio.get_running_loop()
         if self._models_cache is not None and self._models_cache[0] > loop.time():
             return Response(self._models_cache[1], media_type="application/json")
@@ -451,10 +502,21 @@ class Gateway:
         """Any other ``/v1`` endpoint: forwarded unscheduled (``headway.serve._passthrough``)."""
         return await self._passthrough(request)
 
-    async def _authorize_other(self, authorization: str | None) -> Response | None:
-        if await self.tenants.resolve(authorization) is None:
-            return self._unauthorized(count=False)
-        return None
+    async def _authorize_other(self, request: HTTPRequest) -> Response | None:
+        ident = await self._identify(request, count=False)
+        return ident if isinstance(ident, Response) else None
+
+    async def _identify(self, request: HTTPRequest, count: bool = True) -> Identity | Response:
+        """The caller's identity, or the answer: 401, or 503 ``auth_unavailable`` with
+        Retry-After while a key not in the config cannot be looked up in Redis. ``count``: a
+        generation request, counted in ``headway_rejections``."""
+        try:
+            ident = await self.tenants.resolve(request.headers.get("authorization"))
+        except DirectoryUnavailable as exc:
+            self._log_limited("auth", "%s: answered 503", exc)
+            resp = api_error("auth_unavailable", headers={"Retry-After": str(self.config.retry_after_s)})
+            return self._reject("auth_unavailable", resp) if count else resp
+        return self._unauthorized(count) if ident is None else ident
 
     def _unauthorized(self, count: bool = True) -> Response:
         """401; ``count``: a generation request, counted in ``headway_rejections``."""
@@ -475,9 +537,6 @@ class Gateway:
     async def _read_body(self, request: HTTPRequest) -> bytes | None:
         """The body; None over ``max_body_bytes``; TimeoutError after ``body_timeout_s``."""
         limit = self.config.max_body_bytes
-        cl = request.headers.get("content-length")
-        if cl is not None and cl.isdigit() and int(cl) > limit:
-            return None
         buf = bytearray()
         async with asyncio.timeout(self.config.body_timeout_s):
             async for chunk in request.stream():
@@ -492,6 +551,12 @@ class Gateway:
                 "draining",
                 api_error("draining", headers={"Connection": "close", "Retry-After": str(self.config.retry_after_s)}),
             )
+        cl = request.headers.get("content-length")
+        if cl is not None and cl.isdigit() and int(cl) > self.config.max_body_bytes:  # before any work
+            return self._reject("too_large", api_error("request_too_large", limit=self.config.max_body_bytes))
+        ident = await self._identify(request)  # before the body: no key, no reading
+        if isinstance(ident, Response):
+            return ident
         try:
             raw = await self._read_body(request)
         except TimeoutError:
@@ -504,9 +569,6 @@ class Gateway:
                 "too_large",
                 api_error("request_too_large", limit=self.config.max_body_bytes),
             )
-        ident = await self.tenants.resolve(request.headers.get("authorization"))
-        if ident is None:
-            return self._unauthorized()
         try:
             body = loads_json(raw)
         except NonFinite as exc:
@@ -558,7 +620,7 @@ class Gateway:
             tenant_id=ident.tenant,
             tier=ident.tier,
             priority=parsed.priority,
-            prompt=parsed.prompt_text or None,
+            prompt=scoring_text(parsed.prompt_text, self._scored_tokens) or None,
         )
 
     def _record(self, req: Request) -> None:
@@ -572,6 +634,45 @@ class Gateway:
             req.finish_time = self.dispatcher.now()
             self._record(req)
 
+    async def _score(self, req: Request) -> None:
+        """Give ``req`` its score: the scorer's, or the fallback when there is none.
+
+        Fallback (a token-id prompt, which the gateway cannot read as text, or a prompt the
+        scorer failed on): the mean of the scores given so far, 0.0 before the first; the
+        policy then places it among the others as a typical request, and it is never answered
+        500 for want of a score. Counted in :attr:`num_score_fallbacks`."""
+        assert self.scorer is not None
+        if req.prompt:
+            self.dispatcher.scoring += 1  # free backends may wait for it (Dispatcher._holding)
+            t0 = time.perf_counter()
+            try:
+                req.score = await self.scorer.score(req.prompt)
+                self.metrics.score_wait.observe(time.perf_counter() - t0)
+            except Exception as exc:
+                self._log_limited("score", "request %s could not be scored (%s: %s); it gets the fallback score",
+                                  req.request_id, type(exc).__name__, exc)  # fmt: skip
+            except BaseException:  # cancelled: it goes no further, and a hold may end without it
+                self.dispatcher.scoring -= 1
+                self.dispatcher.dispatch()
+                raise
+            self.dispatcher.scoring -= 1  # queued next, before any await
+        if req.score is not None and math.isfinite(req.score):
+            self._score_sum += req.score
+            self._score_n += 1
+        else:
+            req.score = self._score_sum / self._score_n if self._score_n else 0.0
+            self.num_score_fallbacks += 1
+
+    def _log_limited(self, what: str, msg: str, *args: object) -> None:
+        """A warning at most once per 10 s per ``what``, with the count of those left out."""
+        now = time.monotonic()
+        last, skipped = self._log_marks.get(what, (-1e9, 0))
+        if now - last < 10.0:
+            self._log_marks[what] = (last, skipped + 1)
+            return
+        self._log_marks[what] = (now, 0)
+        log.warning(msg + (f" ({skipped} more like it not logged)" if skipped else ""), *args)
+
     async def _serve(
         self,
         request: HTTPRequest,
@@ -581,23 +682,18 @@ class Gateway:
         parsed: Parsed,
         ident: Identity,
     ) -> Response:
+        arrived = asyncio.get_running_loop().time()  # the queue TTL counts from here, scoring included
         req = self._new_request(parsed, ident)
         model = body.get("model")
         req.extra["model"] = model if isinstance(model, str) else ""
         req.extra["stream"] = parsed.stream
-        if self.scorer is not None and req.prompt:
-            self.dispatcher.scoring += 1  # free backends may wait for it (Dispatcher._holding)
-            t0 = time.perf_counter()
-            try:
-                req.score = await self.scorer.score(req.prompt)
-                self.metrics.score_wait.observe(time.perf_counter() - t0)
-            except Exception:
-                log.exception("scorer failed; request %s goes unscored", req.request_id)
-            except BaseException:  # cancelled: it goes no further, and a hold may end without it
-                self.dispatcher.scoring -= 1
-                self.dispatcher.dispatch()
-                raise
-            self.dispatcher.scoring -= 1  # queued below, before any await
+        try:
+            self.dispatcher.admit(req)  # a full queue answers 429 now, not after scoring
+        except QueueFullError as exc:
+            self._abort(req)
+            return self._queue_full(exc)
+        if self.scorer is not None:
+            await self._score(req)
         # the request goes as the client sent it, unless a documented option adds a field
         payload = raw
         if parsed.stream and not parsed.wants_usage and self.config.add_stream_usage:
@@ -619,7 +715,7 @@ class Gateway:
             watch.end("shutdown")
         streaming = False
         try:
-            resp = await self._serve_watched(request, req, path, payload, parsed, watch)
+            resp = await self._serve_watched(request, req, path, payload, parsed, watch, arrived)
             streaming = isinstance(resp, StreamingResponse)
             return resp
         finally:
@@ -627,10 +723,17 @@ class Gateway:
                 self._ended(req, watch)
 
     async def _serve_watched(
-        self, request: HTTPRequest, req: Request, path: str, payload: bytes, parsed: Parsed, watch: _Watch
+        self,
+        request: HTTPRequest,
+        req: Request,
+        path: str,
+        payload: bytes,
+        parsed: Parsed,
+        watch: _Watch,
+        arrived: float,
     ) -> Response:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.queue_ttl_s
+        deadline = arrived + self.config.queue_ttl_s
         exclude: frozenset[int] = frozenset()
         last_error = ""
         handed_off = False
@@ -672,6 +775,11 @@ class Gateway:
                                 seconds=self.config.queue_ttl_s,
                             ),
                         )
+                    if isinstance(self.dispatcher, RedisDispatcher) and not self.dispatcher.redis_reachable:
+                        return self._reject(
+                            "queue_error",
+                            api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
+                        )
                     return self._reject(
                         "ttl",
                         api_error("queue_timeout", seconds=self.config.queue_ttl_s),
@@ -689,8 +797,18 @@ class Gateway:
                         api_error("policy_error", detail=exc),
                     )
                 except Exception as exc:  # queue store unavailable
+                    pause = min(float(max(self.config.retry_after_s, 1)), deadline - loop.time())
+                    if pause > 0:  # wait for it (up to the queue TTL), then queue again
+                        self._log_limited("queue", "request %s: queue store unavailable (%s); waiting for it",
+                                          req.request_id, exc)  # fmt: skip
+                        await asyncio.wait({watch.stop}, timeout=pause)
+                        if watch.stop.done():
+                            self._abort(req)
+                            return self._stopped(watch)
+                        if loop.time() < deadline:
+                            continue
                     self._abort(req)
-                    log.warning("request %s: queue unavailable: %s", req.request_id, exc)
+                    self._log_limited("queue", "request %s: queue unavailable: %s", req.request_id, exc)
                     return self._reject(
                         "queue_error",
                         api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
@@ -1069,5 +1187,7 @@ def create_app(
             Route("/v1/{path:path}", gw.passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
         ],
     )
+    # /health/ is a 404, not a redirect: Starlette builds that redirect from the Host header
+    app.router.redirect_slashes = False
     app.state.gateway = gw
     return app

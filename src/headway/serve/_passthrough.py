@@ -61,15 +61,15 @@ class Passthrough:
 
     ``backends``: the gateway's live :class:`~headway.serve._dispatch.Backend` objects (their
     ``config.url``, ``config.api_key``, ``down_until``, ``reachable``); ``client``: returns the
-    gateway's httpx client (None before startup); ``authorize``: the request's ``Authorization``
-    header -> an error response, or None to let it through."""
+    gateway's httpx client (None before startup); ``authorize``: the request -> an error response
+    (401, or 503 while keys cannot be looked up), or None to let it through."""
 
     def __init__(
         self,
         backends: Sequence[Any],
         *,
         client: Callable[[], httpx.AsyncClient | None],
-        authorize: Callable[[str | None], Awaitable[Response | None]],
+        authorize: Callable[[HTTPRequest], Awaitable[Response | None]],
         backend_down_s: float,
         max_body_bytes: int,
     ) -> None:
@@ -91,7 +91,7 @@ class Passthrough:
         path = request.url.path
         if path in GATEWAY_PATHS or path.startswith("/v1/requests/"):
             raise HTTPException(405)  # the gateway's own endpoint, with another method
-        denied = await self._authorize(request.headers.get("authorization"))
+        denied = await self._authorize(request)
         if denied is not None:
             return denied
         body = await request.body()

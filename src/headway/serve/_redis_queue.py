@@ -632,6 +632,8 @@ class RedisDispatcher(Dispatcher):
         await self._retrying("join", args)
         self._scoring_sent = None  # the join cleared this replica's scoring count
         self._joined.set()
+        if self._owed:  # released while the join was under way
+            self._spawn(self._flush_owed())
 
     async def _rejoin(self) -> None:
         if self._rejoining:
@@ -682,6 +684,11 @@ class RedisDispatcher(Dispatcher):
                     self.redis_reachable = False
 
     # -------------------------------------------------------------- arrival
+    def admit(self, request: Request) -> None:
+        """The per-tenant limit only: the global one is the shared queue's, decided by Redis when
+        the request is enqueued (after scoring)."""
+        self._admit_tenant(request)
+
     def submit(self, request: Request, exclude: frozenset[int] = frozenset()) -> asyncio.Future[Any]:
         tenant_key = (request.tenant_id, request.tier.name.lower())
         if self.max_queue_per_tenant and self.queued_per_tenant[tenant_key] >= self.max_queue_per_tenant:
@@ -816,7 +823,23 @@ class RedisDispatcher(Dispatcher):
     def release(self, backend: Backend, request: Request | None = None) -> None:
         backend.in_flight -= 1
         backend.finished_since_poll += 1
+        if not self._joined.is_set():
+            # a (re)join is declaring the slots held as of its start, this one included: a
+            # release sent now could reach Redis before the join (under a generation not yet
+            # registered) and be ignored, and the slot would stay held for good
+            self._owed[backend.url] += 1
+            return
         self._spawn(self._remote_release(backend.url, self.gen))
+
+    async def _flush_owed(self) -> None:
+        """Send the releases deferred while a join was under way (under the new generation)."""
+        for url, n in list(self._owed.items()):
+            del self._owed[url]
+            try:
+                self._held(await self._retrying("release", [self.replica, url, n, self.gen, *self._dispatch_args()]))
+            except Exception as exc:
+                self._log_error("release", exc)
+                self._owed[url] += n  # the heartbeat flushes it once Redis is back
 
     async def _remote_release(self, url: str, gen: int) -> None:
         if not url:

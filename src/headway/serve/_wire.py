@@ -13,6 +13,7 @@ from typing import Any
 
 __all__ = [
     "MAX_ABS_PRIORITY",
+    "MAX_N",
     "MAX_TOKENS_CEILING",
     "BadRequest",
     "NonFinite",
@@ -114,6 +115,11 @@ MAX_TOKENS_CEILING = 2**31 - 1
 request, and would not fit the 32-bit integers of engines and the Redis queue keys)."""
 
 
+MAX_N = 128
+"""Largest ``n`` (completions per request) accepted, as OpenAI's API: the queue counts a request
+once, so a larger one would take a backend's work out of turn."""
+
+
 MAX_ABS_PRIORITY = 2**53
 """Largest ``|priority|`` accepted: every integer up to it is exact as a float (the Redis queue
 encodes keys as doubles, and a larger one overflows or collides)."""
@@ -194,6 +200,8 @@ def validate_body(body: object, chat: bool) -> Parsed:
     n = body.get("n")
     if n is not None and (not is_int(n) or n < 1):
         raise BadRequest(f"'n' must be a positive integer, got {n!r}", "n")
+    if n is not None and n > MAX_N:
+        raise BadRequest(f"'n' must be at most {MAX_N}, got {n}", "n")
     return Parsed(text, ntok, max_tokens, max_tokens_field, stream, priority, wants_usage)
 
 
