@@ -134,3 +134,14 @@ def test_simulator_runs_bands_around_pars():
     again = simulate(specs, "bands", scheduler=sched, policy_kwargs={"inner": "pars", "scorer": "noisy-oracle",
                                                                      "tau": 1.0, "seed": 0})  # fmt: skip
     assert [r.finish_time for r in again.requests] == [r.finish_time for r in res.requests]
+
+
+def test_idle_flows_are_forgotten():
+    """Priorities and tenants come from clients: the flows of finished work do not pile up."""
+    pol = BandsPolicy("fcfs")
+    for i in range(3 * 1024):
+        r = _req(f"t{i}", priority=i)
+        _drain(pol, [r])
+        r.transition(RequestState.FINISHED)
+        pol.on_finish(r, 0.0)
+    assert len(pol._flows) < 1024 and len(pol._band_v) < 1024

@@ -47,6 +47,8 @@ from headway.policies._base import check_positive
 
 __all__ = ["BandsPolicy"]
 
+_GC_EVERY = 1024
+"""Arrivals between two sweeps of idle flows (:meth:`BandsPolicy._forget_idle`)."""
 _TAGS = "bands"
 """``request.extra`` entry holding the request's :class:`_Tags`."""
 
@@ -146,6 +148,7 @@ class BandsPolicy(Policy):
         """Virtual time per band (tenant-flow level)."""
         self._v = 0.0
         """Virtual time over bands (``share`` > 0)."""
+        self._arrivals = 0
 
     # ------------------------------------------------------------ properties
     @property
@@ -197,6 +200,32 @@ class BandsPolicy(Policy):
             changed = self._band_arrival(band, request) or changed
         if changed:
             self._own_epoch += 1
+        self._arrivals += 1
+        if self._arrivals % _GC_EVERY == 0:
+            self._forget_idle()
+
+    def _forget_idle(self) -> None:
+        """Drop the state of idle flows: priorities and tenants come from clients, so the number of
+        flows seen is unbounded. A band with nothing waiting ends its busy period (as in SFQ, its
+        virtual time and flows start afresh); in a busy band, a flow with nothing waiting goes
+        once the band's virtual time has passed its last tag (it would start from there anyway)."""
+        waiting: set[int] = set()
+        for key in list(self._flows):
+            flow = self._flows[key]
+            flow.prune(band_level=False)
+            if flow.reqs:
+                waiting.add(key[0])
+        for key in list(self._flows):
+            flow = self._flows[key]
+            if not flow.reqs and (key[0] not in waiting or flow.last_finish <= self._band_v.get(key[0], 0.0)):
+                del self._flows[key]
+        for band in [b for b in self._band_v if b not in waiting]:
+            del self._band_v[band]
+        for band in list(self._bands):
+            group = self._bands[band]
+            group.prune(band_level=True)
+            if not group.reqs and group.last_finish <= self._v:
+                del self._bands[band]
 
     def _band_arrival(self, band: int, request: Request) -> bool:
         group = self._bands.setdefault(band, _Group())
