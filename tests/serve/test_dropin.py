@@ -33,6 +33,14 @@ class _Recorder:
     async def generate(self, request: HTTPRequest) -> Response:
         body = await request.body()
         self.seen.append((request.method, request.url.path, request.url.query, dict(request.headers), body))
+        if (b'"stream": true' in body or b'"stream":true' in body) and "chat" in request.url.path:
+            events = (  # as vLLM: a role chunk first, then one chunk per token
+                b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+                b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+                b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"length"}]}\n\n'
+                b"data: [DONE]\n\n"
+            )
+            return Response(events, media_type="text/event-stream")
         if b'"stream": true' in body or b'"stream":true' in body:
             events = (
                 b'data: {"id":"c","choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
@@ -78,17 +86,21 @@ def test_requests_reach_the_backend_byte_for_byte(recorder, make_gateway):
         b'{"model": "m", "prompt": "hi", "temperature": 0.7}',  # no max_tokens: none added
         b'{"model":"m","prompt":"hi","stream":true}',  # no stream_options: none added
         b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 3, "seed": 1}',
+        b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": true}',
     ]
     answers = []
     with gw.client() as c:
-        for body, path in zip(bodies, ["/v1/completions", "/v1/completions", "/v1/chat/completions"], strict=True):
+        paths = ["/v1/completions", "/v1/completions", "/v1/chat/completions", "/v1/chat/completions"]
+        for body, path in zip(bodies, paths, strict=True):
             r = c.post(path, content=body, headers={"Content-Type": "application/json"})
             assert r.status_code == 200, r.text
             answers.append(r.text)
     assert rec.generations() == bodies
-    # the stream came back as the backend sent it; the policy counted its two token events
+    # the streams came back as the backend sent them; the policy counted their token events (not
+    # chat's role chunk)
     assert answers[1].count("data: ") == 3 and answers[1].endswith("data: [DONE]\n\n")
-    assert [q.num_output_tokens for q in gw.gateway.finished_requests] == [2, 2, 2]
+    assert answers[3].count("data: ") == 4
+    assert [q.num_output_tokens for q in gw.gateway.finished_requests] == [2, 2, 2, 2]
 
 
 def test_documented_options_add_fields(recorder, make_gateway):

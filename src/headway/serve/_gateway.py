@@ -1078,7 +1078,7 @@ class Gateway:
                                     usage_tokens = int(obj["usage"]["completion_tokens"])
                                     if not obj.get("choices") and not wants_usage:
                                         continue  # the usage chunk we asked for, not the client
-                            elif b'"choices":[]' not in data:
+                            elif b'"choices":[]' not in data and b'"role"' not in data:  # chat's role chunk: no token
                                 t = now()
                                 if req.first_token_time is None:
                                     req.first_token_time = t
