@@ -61,7 +61,8 @@ def main() -> int:
         extra = [p for p in pkgs if p not in base_pkgs and p != "headway"]
         rows.append(f"| `{v}` | {size:.0f} | {size - base:.0f} | {took:.0f} | {', '.join(extra)} |")
         print(rows[-1], flush=True)
-    cmd = "python benchmarks/bench_install_size.py " + " ".join(sys.argv[1:])
+    shown = ["DIR" if prev == "--workdir" else a for prev, a in zip(["", *sys.argv[1:]], sys.argv[1:], strict=True)]
+    cmd = "python benchmarks/bench_install_size.py " + " ".join(shown)
     OUT.write_text(
         "# Install size per variant\n\n"
         f"Command: `{cmd.strip()}` ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC, Python "

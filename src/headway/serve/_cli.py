@@ -383,6 +383,7 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
         "--num-prompts",
         "--num-requests",
         dest="num_requests",
+        metavar="N",
         type=int,
         default=None,
         help="number of requests (default: the workload's own)",
