@@ -114,7 +114,9 @@ def test_transparent_defaults():
     + [
         ({"backends": ["http://a"], "policy": p}, f"policy {p!r} ranks requests by a predicted length score")
         for p in ("pars", "sjf-score", "trail", "ltr", "rank-boost")
-    ],
+    ]
+    + [({"backends": ["http://a"], "policy": "bands", "policy_args": {"inner": "pars"}},
+        "policy 'bands' ranks requests by a predicted length score")],
 )
 def test_validation_names_the_bad_value(tmp_path, data, needle):
     p = tmp_path / "c.json"

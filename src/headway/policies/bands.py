@@ -41,9 +41,17 @@ import bisect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from headway.core import Policy, PolicyKey, Request, RequestState, make_policy, register_policy
+from headway.core import (
+    Policy,
+    PolicyKey,
+    Request,
+    RequestState,
+    get_policy_class,
+    make_policy,
+    register_policy,
+)
 from headway.core._router import policy_estimator
-from headway.policies._base import check_positive
+from headway.policies._base import ScoredPolicy, check_positive
 
 __all__ = ["BandsPolicy"]
 
@@ -149,6 +157,18 @@ class BandsPolicy(Policy):
         self._v = 0.0
         """Virtual time over bands (``share`` > 0)."""
         self._arrivals = 0
+
+    @staticmethod
+    def needs_scorer(policy_args: Mapping[str, Any]) -> bool:
+        """Whether these settings make a ``bands`` policy whose inner policy ranks by a length score
+        and has no scorer of its own (an engine must then supply ``Request.score``)."""
+        inner = policy_args.get("inner", "fcfs")
+        if not isinstance(inner, str) or "scorer" in policy_args:
+            return False
+        try:
+            return issubclass(get_policy_class(inner), ScoredPolicy)
+        except ValueError:
+            return False  # an unknown inner policy: refused when the policy is made
 
     # ------------------------------------------------------------ properties
     @property

@@ -116,6 +116,15 @@ def hash_api_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
 
 
+def _needs_scorer(policy_cls: type, policy_args: Mapping[str, Any]) -> bool:
+    """A score-ranked policy without a scorer of its own in ``policy_args`` (or a composing policy,
+    such as ``bands``, that says so of its inner policy through ``needs_scorer``)."""
+    composed = getattr(policy_cls, "needs_scorer", None)
+    if callable(composed):
+        return bool(composed(policy_args))
+    return issubclass(policy_cls, ScoredPolicy) and "scorer" not in policy_args
+
+
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
@@ -308,7 +317,7 @@ class GatewayConfig:
         _check(len(set(urls)) == len(urls), f"backends must be distinct, got {urls}")
         policy_cls = get_policy_class(self.policy)  # UnknownPolicyError (a ValueError) names valid ones
         _check(
-            not issubclass(policy_cls, ScoredPolicy) or bool(self.scorer) or "scorer" in self.policy_args,
+            not _needs_scorer(policy_cls, self.policy_args) or bool(self.scorer),
             f"policy {self.policy!r} ranks requests by a predicted length score, and no scorer is set: give "
             "--scorer (e.g. --scorer default:onnx-int8; scorer = ... in a config file), or a scorer of the "
             "policy's own (--policy-arg scorer=noisy-oracle --policy-arg tau=0.8)",
