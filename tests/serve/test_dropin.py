@@ -271,3 +271,23 @@ def test_priority_bands_through_the_gateway(make_stub, make_gateway):
         t.join(timeout=60)
     assert codes == [200] * len(sends)
     assert stub.stub.stats.order == ["block", "b40", "a10", "a20", "a30", "b2", "a5"]
+
+
+def test_a_started_request_stops_counting_as_waiting_in_the_backend():
+    """With admission from /metrics (max_waiting 0), a dispatched request counts as possibly waiting
+    in the backend until its first token, not until the next poll: a burst fills the engine as
+    fast as it starts requests, not one request per poll."""
+    from headway.core import Request
+    from headway.serve._dispatch import Backend
+
+    b = Backend(BackendConfig("http://127.0.0.1:9"), 0)
+    assert b.config.metrics_poll_s > 0 and b.has_room(0.0)
+    reqs = [Request(request_id=f"r{i}", arrival_time=0.0, num_prompt_tokens=4, max_tokens=8) for i in range(2)]
+    b.dispatched_since_poll += 1  # as the dispatcher does
+    assert not b.has_room(0.0)  # it may be waiting in the engine's own queue
+    b.note_started(reqs[0])
+    b.note_started(reqs[0])  # counted once
+    assert b.has_room(0.0) and b.finished_since_poll == 1
+    b.note_released(reqs[0])  # not counted again at its end
+    b.note_released(reqs[1])  # one that never started counts at its end
+    assert b.finished_since_poll == 2

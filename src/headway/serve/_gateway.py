@@ -1082,6 +1082,9 @@ class Gateway:
                                 t = now()
                                 if req.first_token_time is None:
                                     req.first_token_time = t
+                                    if backend.config.metrics_poll_s > 0:  # no longer waiting there
+                                        backend.note_started(req)
+                                        self.dispatcher.dispatch()
                                 req.last_token_time = t
                                 req.num_output_tokens += 1
                                 req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens

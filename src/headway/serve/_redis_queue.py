@@ -822,7 +822,7 @@ class RedisDispatcher(Dispatcher):
 
     def release(self, backend: Backend, request: Request | None = None) -> None:
         backend.in_flight -= 1
-        backend.finished_since_poll += 1
+        backend.note_released(request)
         if not self._joined.is_set():
             # a (re)join is declaring the slots held as of its start, this one included: a
             # release sent now could reach Redis before the join (under a generation not yet
