@@ -603,6 +603,7 @@ class Gateway:
         )
 
     def _record(self, req: Request) -> None:
+        req.prompt = None  # the scored prefix is not needed any more: kept, 4096 of them would weigh
         self.finished_requests.append(req)
         if len(self.finished_requests) > 4096:
             del self.finished_requests[:2048]
