@@ -559,3 +559,24 @@ def test_status_and_cancel_work_from_any_replica_and_only_for_the_owner_tenant(r
     assert done.status_code == 499 or done.json()["error"]["code"] == "cancelled"
     assert seen[4].json()["status"] == "cancelled"
     assert seen[5].status_code == 409 and seen[5].json()["error"]["code"] == "request_ended"
+
+
+@pytest.mark.redis
+def test_status_of_another_replicas_request_while_redis_is_down_is_a_json_503(tmp_path, make_stub, make_gateway):
+    from headway.serve import free_port
+
+    from .conftest import start_redis_server
+
+    port = free_port()
+    proc = start_redis_server(port, tmp_path)
+    gw = make_gateway([make_stub().url], redis_url=f"redis://127.0.0.1:{port}/0", redis_retry_s=0.5)
+    try:
+        proc.kill()
+        proc.wait(5)
+        with gw.client() as c:
+            r = c.get("/v1/requests/hw-0123456789ab-0000000000000000")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "queue_error"
+        assert r.headers["retry-after"] == "1"
+    finally:
+        proc.kill()
+        proc.wait(5)
