@@ -559,3 +559,57 @@ def test_status_and_cancel_work_from_any_replica_and_only_for_the_owner_tenant(r
     assert done.status_code == 499 or done.json()["error"]["code"] == "cancelled"
     assert seen[4].json()["status"] == "cancelled"
     assert seen[5].status_code == 409 and seen[5].json()["error"]["code"] == "request_ended"
+
+
+@pytest.mark.redis
+def test_status_of_another_replicas_request_while_redis_is_down_is_a_json_503(tmp_path, make_stub, make_gateway):
+    from headway.serve import free_port
+
+    from .conftest import start_redis_server
+
+    port = free_port()
+    proc = start_redis_server(port, tmp_path)
+    gw = make_gateway([make_stub().url], redis_url=f"redis://127.0.0.1:{port}/0", redis_retry_s=0.5)
+    try:
+        proc.kill()
+        proc.wait(5)
+        with gw.client() as c:
+            r = c.get("/v1/requests/hw-0123456789ab-0000000000000000")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "queue_error"
+        assert r.headers["retry-after"] == "1"
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+@pytest.mark.redis
+def test_with_redis_a_full_shared_queue_answers_429_before_scoring_once_seen_full(
+    redis_url, make_stub, make_gateway, monkeypatch
+):
+    """Backend busy, shared queue (1) full: the first request past it is scored and refused by
+    Redis; from then on, until a slot frees, requests get their 429 before scoring."""
+    scored: list[str] = []
+
+    def score(prompts: list[str]) -> list[float]:
+        scored.extend(prompts)
+        return [1.0] * len(prompts)
+
+    stub = make_stub(token_delay_s=0.05)
+    prefix = f"f{time.monotonic_ns() % 10**8}:"
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=1)], policy="pars", max_queue_len=1,
+                      scorer=_scorer_module(monkeypatch, score), redis_url=redis_url, redis_prefix=prefix)  # fmt: skip
+
+    async def main() -> list[int]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            running = asyncio.ensure_future(
+                c.post("/v1/completions", json={**COMPLETION, "prompt": "run", "max_tokens": 60})
+            )
+            await asyncio.sleep(0.5)
+            queued = asyncio.ensure_future(c.post("/v1/completions", json={**COMPLETION, "prompt": "queued"}))
+            await asyncio.sleep(0.3)
+            third = await c.post("/v1/completions", json={**COMPLETION, "prompt": "third"})
+            fourth = await c.post("/v1/completions", json={**COMPLETION, "prompt": "fourth"})
+            return [(await running).status_code, (await queued).status_code, third.status_code, fourth.status_code]
+
+    assert asyncio.run(main()) == [200, 200, 429, 429]
+    assert scored == ["run", "queued", "third"]

@@ -27,7 +27,7 @@ Config file (TOML shown; JSON with the same structure works too)::
     admin_api_key_sha256 = []       # keys that may read all of /metrics (when keys are required)
     client_header_timeout_s = 10.0  # a client's request head must arrive within this, else closed
     keep_alive_timeout_s = 30.0     # an idle kept-alive client connection is closed after this
-    max_connections = 0             # 503 to client connections beyond this (0 = half of ulimit -n)
+    max_connections = 0             # 503 to client connections beyond this (0 = a quarter of ulimit -n)
 
     [[backends]]
     url = "http://127.0.0.1:8001"   # http:// or https:// (verified against the system CAs)
@@ -308,8 +308,8 @@ class GatewayConfig:
     keep_alive_timeout_s: float = 30.0
     """An idle kept-alive client connection is closed after this."""
     max_connections: int = 0
-    """Open client connections beyond this get a fast 503 ``too_many_connections``; 0: half the
-    open-file limit (``ulimit -n``), between 64 and 8192."""
+    """Open client connections beyond this get a fast 503 ``too_many_connections``; 0: a quarter
+    of the open-file limit (``ulimit -n``), between 64 and 8192."""
 
     def __post_init__(self) -> None:
         _check(len(self.backends) > 0, "at least one backend is required (--backend URL)")

@@ -9,9 +9,9 @@ uvicorn's HTTP/1.1 protocol (h11) with three changes (:func:`guarded_protocol`):
   idle kept-alive one after uvicorn's ``timeout_keep_alive``. The body has the gateway's own
   ``body_timeout_s``. Heads are also bounded in size (:data:`MAX_HEAD_BYTES`: a larger one is a 400).
 - **Connection cap.** Beyond ``max_connections`` open connections, a new one gets a 503
-  ``too_many_connections`` with Retry-After as soon as its request head is read (or at once,
-  after ``header_timeout_s`` at most), and is closed: the gateway never runs out of file
-  descriptors because of idle clients, and clients within the cap are unaffected.
+  ``too_many_connections`` with Retry-After at once and is closed half a second later (far
+  beyond the cap, closed at once: :func:`guarded_protocol`): the gateway does not run out of file descriptors because of
+  idle clients, and clients within the cap are unaffected.
 - **Parser errors** (a malformed request line or header, a head over the limit) answer 400
   ``invalid_request`` in OpenAI's JSON instead of uvicorn's plain text.
 
@@ -33,7 +33,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from headway.serve._errors import ERRORS
 
-__all__ = ["RateLimitedLog", "default_max_connections", "guarded_protocol", "install_log_limits"]
+__all__ = ["ACCEPT_BACKLOG", "RateLimitedLog", "default_max_connections", "guarded_protocol", "install_log_limits"]
 
 log = logging.getLogger("headway.serve.conn")
 
@@ -49,18 +49,28 @@ _LOGGERS = (
 """Loggers whose records :func:`install_log_limits` rate-limits."""
 
 
+_LINGER_S = 0.5
+"""How long a connection refused over the cap stays open after its 503 (see ``connection_made``)."""
+
 MAX_HEAD_BYTES = 16384
 """Largest request line and headers accepted (h11's own limit for a head arriving in pieces;
 checked here for one arriving whole too): a larger head is a 400."""
 
 
 def default_max_connections() -> int:
-    """Half the soft limit on open files (``RLIMIT_NOFILE``), between 64 and 8192: the other
-    half is left for the backend connections, Redis, the scorer and the log."""
+    """A quarter of the soft limit on open files (``RLIMIT_NOFILE``), between 64 and 8192: the
+    rest is left for connections refused over the cap (each open for a moment), the ones the
+    accept loop takes in one go (``ACCEPT_BACKLOG``), the backend connections, Redis and logs."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return 8192
-    return max(64, min(8192, soft // 2))
+    return max(64, min(8192, soft // 4))
+
+
+ACCEPT_BACKLOG = 128
+"""uvicorn's ``backlog`` for the gateway (its default is 2048): also how many connections
+asyncio accepts in one go before any of them is looked at, so a flood cannot take that many
+file descriptors at once."""
 
 
 def _raw_error(status: int, code: str, message: str, retry_after_s: int | None = None) -> bytes:
@@ -78,6 +88,8 @@ class _GuardedH11Protocol(H11Protocol):
     header_timeout_s: float = 10.0
     max_connections: int = 1024
     retry_after_s: int = 1
+    abort_above: int = 2048
+    """Beyond this many connections a new one is closed at once, without its 503."""
     num_refused: int = 0
     """Connections refused over the cap (counted on the class :func:`guarded_protocol` made)."""
 
@@ -89,9 +101,23 @@ class _GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        if len(self.connections) > self.max_connections:
+        n = len(self.connections)
+        if n > self.max_connections:
+            # over the cap: the 503 at once, then a half-close; what the client sends meanwhile is
+            # read and dropped (closing on unread data would reset the connection, and the 503
+            # could be lost with it), for at most _LINGER_S: a refused connection holds its file
+            # descriptor that long, and beyond ``abort_above`` not at all
             self._refused = True
             type(self).num_refused += 1
+            if n > self.abort_above:
+                transport.abort()
+                return
+            msg = ERRORS["too_many_connections"].message
+            transport.write(_raw_error(503, "too_many_connections", msg, self.retry_after_s))
+            if transport.can_write_eof():
+                transport.write_eof()
+            self._head_timer = self.loop.call_later(min(_LINGER_S, self.header_timeout_s), transport.close)
+            return
         self._arm_head_timer()
 
     def _arm_head_timer(self) -> None:
@@ -104,10 +130,7 @@ class _GuardedH11Protocol(H11Protocol):
             self._head_timer = None
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:  # over the cap: read the head, answer 503, close
-            self._head_bytes += len(data)
-            if b"\r\n\r\n" in data or self._head_bytes > MAX_HEAD_BYTES:
-                self._refuse()
+        if self._refused:  # answered already: dropped
             return
         if self.conn.their_state is h11.IDLE:
             if self._head_timer is None:
@@ -121,20 +144,9 @@ class _GuardedH11Protocol(H11Protocol):
         if self._head_timer is not None and self.conn.their_state is not h11.IDLE:
             self._disarm_head_timer()  # the head is in
 
-    def _refuse(self) -> None:
-        self._disarm_head_timer()
-        if not self.transport.is_closing():
-            self.transport.write(
-                _raw_error(503, "too_many_connections", ERRORS["too_many_connections"].message, self.retry_after_s)
-            )
-            self.transport.close()
-
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if self.transport.is_closing():
-            return
-        if self._refused:
-            self._refuse()
             return
         if self.conn.their_state is not h11.IDLE:
             return
@@ -154,12 +166,18 @@ class _GuardedH11Protocol(H11Protocol):
 
 
 def guarded_protocol(header_timeout_s: float, max_connections: int, retry_after_s: int = 1) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with the head deadline, the connection cap and JSON parser errors."""
-    return type(
-        "GuardedH11Protocol",
-        (_GuardedH11Protocol,),
-        {"header_timeout_s": header_timeout_s, "max_connections": max_connections, "retry_after_s": retry_after_s},
-    )
+    """uvicorn's h11 protocol with the head deadline, the connection cap and JSON parser errors.
+
+    Connections over the cap get their 503 while fewer than ``abort_above`` are open: twice the
+    cap, or half way from the cap to the open-file limit if that is lower (the 503s must not use
+    up the descriptors); beyond it they are closed at once."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    abort_above = 2 * max_connections
+    if soft != resource.RLIM_INFINITY:
+        abort_above = min(abort_above, max_connections + max(0, soft - max_connections) // 2)
+    attrs = {"header_timeout_s": header_timeout_s, "max_connections": max_connections,
+             "retry_after_s": retry_after_s, "abort_above": abort_above}  # fmt: skip
+    return type("GuardedH11Protocol", (_GuardedH11Protocol,), attrs)
 
 
 class RateLimitedLog(logging.Filter):

@@ -83,7 +83,7 @@ from headway.serve._errors import ERRORS, api_error, error_response, sse_error
 from headway.serve._metrics import GatewayMetrics
 from headway.serve._openapi import openapi_schema
 from headway.serve._passthrough import Passthrough, backend_headers
-from headway.serve._peers import PeerChannel, owner_of
+from headway.serve._peers import PeerChannel, PeerUnavailable, owner_of
 from headway.serve._redis_queue import RedisDispatcher
 from headway.serve._scorer import BatchScorer, ProcessScoreFn, load_score_fn
 from headway.serve._tenants import DirectoryUnavailable, Identity, TenantDirectory
@@ -462,7 +462,11 @@ class Gateway:
         found = self._lookup(op, rid, ident.tenant)
         owner = owner_of(rid)
         if "missing" in found and self.peers is not None and owner is not None and owner != self.peers.replica:
-            found = await self.peers.ask(owner, {"op": op, "id": rid, "tenant": ident.tenant}) or found
+            try:
+                found = await self.peers.ask(owner, {"op": op, "id": rid, "tenant": ident.tenant}) or found
+            except PeerUnavailable as exc:
+                self._log_limited("peer", "%s: answered 503", exc)
+                return api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)})
         if "status" in found:
             return JSONResponse({"id": rid, "object": "request", "status": found["status"]})
         if "cancelled" in found:
@@ -624,6 +628,7 @@ class Gateway:
         )
 
     def _record(self, req: Request) -> None:
+        req.prompt = None  # the scored prefix is not needed any more: kept, 4096 of them would weigh
         self.finished_requests.append(req)
         if len(self.finished_requests) > 4096:
             del self.finished_requests[:2048]

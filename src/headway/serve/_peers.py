@@ -6,8 +6,9 @@ A request lives on the replica whose connection it came in on (its id names that
 owner's list ``P peer:<replica>`` (``{"op", "id", "tenant", "reply"}``) and waits, up to
 ``timeout_s``, on the reply list named in it; the owner answers as it would have answered
 the client itself (:meth:`PeerChannel.ask` returns that answer, or None when the owner did
-not answer in time: gone, or Redis unreachable). The tenant travels with the message, so the
-owner applies the same rule as for its own clients: another tenant's request is not found.
+not answer in time: gone; :class:`PeerUnavailable` when Redis is unreachable). The tenant
+travels with the message, so the owner applies the same rule as for its own clients: another
+tenant's request is not found.
 Both lists expire after ``_KEY_TTL_S``, so nothing is left behind by a replica that died.
 """
 
@@ -20,13 +21,17 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["PeerChannel", "owner_of"]
+__all__ = ["PeerChannel", "PeerUnavailable", "owner_of"]
 
 log = logging.getLogger("headway.serve.redis")
 
 _KEY_TTL_S = 30
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class PeerUnavailable(Exception):
+    """Redis could not carry the call (unreachable or stalled)."""
 
 
 def owner_of(request_id: str) -> str | None:
@@ -60,7 +65,8 @@ class PeerChannel:
             await asyncio.wait({self._task}, timeout=2.0)
 
     async def ask(self, replica: str, message: dict[str, Any], timeout_s: float = 2.0) -> dict[str, Any] | None:
-        """``replica``'s answer to ``message``, or None if none came within ``timeout_s``."""
+        """``replica``'s answer to ``message``, or None if none came within ``timeout_s`` (the
+        replica is gone); :class:`PeerUnavailable` when Redis could not carry it."""
         reply = f"{self._prefix}peer-reply:{uuid.uuid4().hex}"
         try:
             async with asyncio.timeout(timeout_s + 1.0):
@@ -68,9 +74,8 @@ class PeerChannel:
                 await self._redis.rpush(inbox, json.dumps({**message, "reply": reply}))
                 await self._redis.expire(inbox, _KEY_TTL_S)
                 item = await self._redis.blpop([reply], timeout=max(1, round(timeout_s)))
-        except Exception as exc:  # Redis unreachable or stalled: no answer
-            log.warning("peer call to replica %s failed: %s: %s", replica, type(exc).__name__, exc)
-            return None
+        except Exception as exc:  # Redis unreachable or stalled
+            raise PeerUnavailable(f"peer call to replica {replica} failed: {type(exc).__name__}: {exc}") from None
         if item is None:
             return None
         answer = json.loads(item[1])

@@ -484,6 +484,8 @@ class RedisDispatcher(Dispatcher):
         self._joined = asyncio.Event()
         self._owed: Counter[str] = Counter()
         self._rejoining = False
+        self._full_hint = False
+        """The shared queue was full when last seen (:meth:`admit`)."""
         self._last_error_log = 0.0
         self.rejoins = 0
         self.redis_errors = 0
@@ -663,6 +665,8 @@ class RedisDispatcher(Dispatcher):
                 self.redis_reachable = True
                 if not ok:
                     await self._rejoin()
+                if self._full_hint:
+                    self._full_hint = await side.zcard(self.prefix + "queue") >= self.max_queue_len
                 self._publish_scoring_soon()  # a count that could not be sent
                 for url, n in list(self._owed.items()):
                     del self._owed[url]
@@ -685,8 +689,11 @@ class RedisDispatcher(Dispatcher):
 
     # -------------------------------------------------------------- arrival
     def admit(self, request: Request) -> None:
-        """The per-tenant limit only: the global one is the shared queue's, decided by Redis when
-        the request is enqueued (after scoring)."""
+        """The per-tenant limit, and the shared queue's as last seen: full since an enqueue found
+        it full, until this replica is granted a request or its heartbeat (every ``lease_s / 3``)
+        counts room. Redis decides exactly when the request is enqueued (after scoring)."""
+        if self._full_hint:
+            raise QueueFullError("global")
         self._admit_tenant(request)
 
     def submit(self, request: Request, exclude: frozenset[int] = frozenset()) -> asyncio.Future[Any]:
@@ -746,6 +753,7 @@ class RedisDispatcher(Dispatcher):
             if self._enq_epoch.get(request) != epoch:
                 return  # the rejoin enqueued it again
         if member == "full":
+            self._full_hint = True
             self._fail(request, QueueFullError("global"))
             return
         if (
@@ -883,6 +891,7 @@ class RedisDispatcher(Dispatcher):
             self._grant(req, backend)
 
     def _grant(self, req: Request, backend: Backend) -> None:
+        self._full_hint = False  # the shared queue has room again
         fut, _ = self._waiters[req]
         self.queue.remove(req)
         self._drop(req)

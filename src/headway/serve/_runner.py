@@ -15,7 +15,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from headway.serve._conn import default_max_connections, guarded_protocol, install_log_limits
+from headway.serve._conn import ACCEPT_BACKLOG, default_max_connections, guarded_protocol, install_log_limits
 
 __all__ = ["free_port", "run_app", "serve_in_thread"]
 
@@ -91,6 +91,7 @@ def _config(
         extra = {
             "timeout_keep_alive": cfg.keep_alive_timeout_s,
             "http": guarded_protocol(cfg.client_header_timeout_s, cap, cfg.retry_after_s),
+            "backlog": ACCEPT_BACKLOG,
         }
     return uvicorn.Config(
         app,
