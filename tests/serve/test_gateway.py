@@ -468,7 +468,7 @@ def _echo_backend(servers, received: list[dict]) -> str:
 
 def test_max_tokens_limit_caps_the_default_and_names_the_field_sent(servers, make_gateway):
     received: list[dict] = []
-    gw = make_gateway([_echo_backend(servers, received)], max_tokens_limit=10)  # default_max_tokens 256
+    gw = make_gateway([_echo_backend(servers, received)], max_tokens_limit=10, default_max_tokens=256)
     msgs = [{"role": "user", "content": "hi"}]
     with gw.client() as c:
         assert c.post("/v1/completions", json={"prompt": "x"}).status_code == 200
@@ -711,14 +711,14 @@ def test_sse_framing_variants_are_understood(servers, make_gateway, sep, prefix,
 
 
 def test_sse_helpers():
-    from headway.serve._gateway import _sse_data, _sse_newlines
+    from headway.serve._wire import sse_data, sse_newlines
 
-    assert _sse_newlines(b"data: a\r\n\r\ndata: b\r") == (b"data: a\n\ndata: b", b"\r")
-    assert _sse_newlines(b"\r\n") == (b"\n", b"")
-    assert _sse_data(b"data:x\n\n") == b"x"
-    assert _sse_data(b"id: 3\nevent: m\ndata:  two spaces\n\n") == b" two spaces"
-    assert _sse_data(b": comment\ndata: a\ndata\ndata: b\n\n") == b"a\n\nb"
-    assert _sse_data(b"event: ping\n\n") == b""
+    assert sse_newlines(b"data: a\r\n\r\ndata: b\r") == (b"data: a\n\ndata: b", b"\r")
+    assert sse_newlines(b"\r\n") == (b"\n", b"")
+    assert sse_data(b"data:x\n\n") == b"x"
+    assert sse_data(b"id: 3\nevent: m\ndata:  two spaces\n\n") == b" two spaces"
+    assert sse_data(b": comment\ndata: a\ndata\ndata: b\n\n") == b"a\n\nb"
+    assert sse_data(b"event: ping\n\n") == b""
 
 
 # ---------------------------------------------------------------------- cancel

@@ -33,6 +33,10 @@ class QueueFullError(Exception):
         self.scope = scope
 
 
+_STARTED = "headway.started_on_backend"
+"""``Request.extra`` flag: its backend began answering it (see :meth:`Backend.note_started`)."""
+
+
 @dataclass(eq=False, slots=True)
 class Backend:
     """Live state of one upstream server."""
@@ -68,6 +72,19 @@ class Backend:
             if self.polled_waiting + undelivered > c.max_waiting:
                 return False
         return True
+
+    def note_started(self, request: Request) -> None:
+        """The backend began answering ``request`` (its first token came): it no longer waits in
+        the backend's own queue, so it stops counting against ``max_waiting`` before the next poll
+        (else a burst would be let in one request per poll)."""
+        if not request.extra.get(_STARTED):
+            request.extra[_STARTED] = True
+            self.finished_since_poll += 1
+
+    def note_released(self, request: Request | None) -> None:
+        """``request`` ended; counted here unless :meth:`note_started` counted it already."""
+        if request is None or not request.extra.pop(_STARTED, False):
+            self.finished_since_poll += 1
 
     def load(self) -> float:
         c = self.config
@@ -132,6 +149,19 @@ class Dispatcher:
         return next(self._seq)
 
     # --------------------------------------------------------------- arrival
+    def admit(self, request: Request) -> None:
+        """Raise :class:`QueueFullError` when ``request`` would not fit the queue: checked on
+        arrival, before any scoring, so that a 429 under overload costs nothing. Requests being
+        scored count as queued for the global limit (:meth:`submit` checks again)."""
+        if len(self.queue) + self.scoring >= self.max_queue_len:
+            raise QueueFullError("global")
+        self._admit_tenant(request)
+
+    def _admit_tenant(self, request: Request) -> None:
+        tenant_key = (request.tenant_id, request.tier.name.lower())
+        if self.max_queue_per_tenant and self.queued_per_tenant[tenant_key] >= self.max_queue_per_tenant:
+            raise QueueFullError("tenant")
+
     def submit(self, request: Request, exclude: frozenset[int] = frozenset()) -> asyncio.Future[Backend]:
         """Queue ``request`` (arrival or a retry); the future resolves with its backend."""
         tenant_key = (request.tenant_id, request.tier.name.lower())
@@ -300,7 +330,7 @@ class Dispatcher:
         if request is not None and self.tracker is not None:
             self.tracker.release(request)
         backend.in_flight -= 1
-        backend.finished_since_poll += 1
+        backend.note_released(request)
         self.dispatch()
 
     def mark_down(self, backend: Backend, seconds: float) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from headway.serve._conn import ACCEPT_BACKLOG, default_max_connections, guarded_protocol, install_log_limits
+
 __all__ = ["free_port", "run_app", "serve_in_thread"]
 
 
@@ -70,11 +72,27 @@ class _DrainingServer(uvicorn.Server):
 
 
 def _config(
-    app: Starlette, host: str, port: int, drain_timeout_s: float | None, log_level: str, access_log: bool = False
+    app: Starlette,
+    host: str,
+    port: int,
+    drain_timeout_s: float | None,
+    log_level: str,
+    access_log: bool = False,
+    own_logging: bool = False,
 ) -> uvicorn.Config:
     graceful = None
     if drain_timeout_s is not None:
         graceful = max(1, math.ceil(drain_timeout_s)) + (_BACKSTOP_S if _gateway_of(app) is not None else 0)
+    extra: dict[str, Any] = {"timeout_keep_alive": 30}
+    gw = _gateway_of(app)
+    if gw is not None:  # deadlines on every phase of a client connection, a cap on their number
+        cfg = gw.config
+        cap = cfg.max_connections or default_max_connections()
+        extra = {
+            "timeout_keep_alive": cfg.keep_alive_timeout_s,
+            "http": guarded_protocol(cfg.client_header_timeout_s, cap, cfg.retry_after_s),
+            "backlog": ACCEPT_BACKLOG,
+        }
     return uvicorn.Config(
         app,
         host=host,
@@ -83,7 +101,8 @@ def _config(
         access_log=access_log,
         lifespan="on",
         timeout_graceful_shutdown=graceful,
-        timeout_keep_alive=30,
+        log_config=None if own_logging else uvicorn.config.LOGGING_CONFIG,
+        **extra,
     )
 
 
@@ -95,9 +114,16 @@ def run_app(
     drain_timeout_s: float | None = None,
     log_level: str = "info",
     access_log: bool = False,
+    own_logging: bool = False,
 ) -> None:
-    """Serve ``app`` in the foreground until SIGTERM/SIGINT (then drain)."""
-    server = _DrainingServer(_config(app, host, port, drain_timeout_s, log_level, access_log), drain_timeout_s)
+    """Serve ``app`` in the foreground until SIGTERM/SIGINT (then drain). Repeated log lines
+    (a flood of bad requests, ``EMFILE``) are rate-limited (:func:`install_log_limits`).
+    ``own_logging``: leave the logging setup as it is (uvicorn's loggers then go to the root
+    handlers, e.g. JSON lines)."""
+    install_log_limits()
+    server = _DrainingServer(
+        _config(app, host, port, drain_timeout_s, log_level, access_log, own_logging), drain_timeout_s
+    )
     server.run()
 
 
