@@ -48,7 +48,7 @@ def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | No
     """Resolve a scorer spec to ``list[str] -> scores``: ``"pkg.module:attr"`` or
     ``"pkg.module:factory()"`` (see :func:`headway.predict._resolve.resolve_score_fn`), or a
     trained predictor (:func:`predictor_spec`): ``"default"`` for the ``pars`` predictor
-    (``headway.predict.score:default_scorer()``, trained if missing) or ``"DIR"`` for the
+    (``headway.predict.score:default_scorer()``: the cached trained one, else the shipped one) or ``"DIR"`` for the
     checkpoint in directory DIR, each optionally followed by ``":BACKEND"`` (``torch``,
     ``onnx`` or ``onnx-int8``).
 
