@@ -10,18 +10,32 @@ Start vLLM with the scheduler class and a ``headway`` section in vLLM's own
 
 **What it replaces.** :class:`HeadwayScheduler` subclasses vLLM's ``Scheduler`` and keeps
 its whole ``schedule()``: token budget, chunked prefill, KV allocation, prefix caching and
-memory-pressure preemption are vLLM's. It changes three things:
+memory-pressure preemption are vLLM's, and so is every decision but two:
 
 1. the waiting queues (``waiting`` and ``kv_holding_waiting``) are
    :class:`HeadwayRequestQueue` objects ordered by the policy's key (then arrival
    sequence), instead of FCFS/priority queues;
-2. before a step in which the KV cache could run out, the running list is put in the
-   policy's eviction order, so vLLM's rule "evict the last running request" evicts the
-   policy's :meth:`~headway.core.Policy.choose_victim` (default: the largest key);
-3. for ``preemptive`` policies, before each step a waiting head that does not fit
-   (no sequence slot or KV blocks left) displaces the worst-keyed running request that
-   ``can_preempt`` allows and whose key is larger than the head's (at most one head per
-   step; the displaced request is preempted by recompute, as vLLM does).
+2. when a running request cannot get KV blocks, the request vLLM preempts is the policy's
+   :meth:`~headway.core.Policy.choose_victim` (default: the largest key): before a step in
+   which the KV cache could run out, each running request's vLLM ``priority`` is set to its
+   eviction rank for the step, and vLLM's own priority-preemption path evicts the highest.
+   The running list keeps vLLM's order (who gets the step's budget first).
+
+With ``fcfs`` (and with ``priority``) the plugin makes vLLM's own decisions (FCFS / priority
+scheduling), step for step: ``tests/integrations/test_step_diff.py`` compares every step
+with vLLM's ``Scheduler`` and ``AsyncScheduler`` on generated request streams. A policy only
+reorders: ``sjf-oracle`` decides as vLLM's priority scheduling with each request's output
+length as its priority.
+
+**Displacement** (a better-keyed waiting request taking a running one's place) happens only in
+a preemptive policy's declared ``displacement`` mode. ``none`` (the default; vLLM's rule): never,
+a full batch makes the head wait. ``evict`` (SGLang's retract): before a step, a waiting head
+that has a sequence slot but not enough free KV blocks evicts the worst-keyed running request
+that ``can_preempt`` allows and whose key is larger than the head's (preempted by recompute, its
+blocks freed into vLLM's prefix cache). ``pause`` (vllm-ltr's: the displaced request keeps its
+KV) cannot be held by vLLM's model runner, which keeps at most ``max_num_seqs`` requests: the
+plugin runs such a policy without displacement and logs it. vLLM never preempts for a slot or
+for the token budget, and neither does the plugin.
 
 The policy is fed through the :class:`~headway.core.Policy` contract: ``on_arrival`` when
 a request is added (arrivals since the previous step are scored in one batch first),
@@ -510,6 +524,7 @@ class PolicyAdapter:
         self._timer_hook = kind.overrides("rekey_at_time")
         self.custom_victim = kind.overrides("choose_victim")
         self.preemptive = bool(policy.preemptive)
+        self.displacement = _displacement_mode(policy)
         # a failed displacement check stays failed until the queue head, the running set, the key
         # epoch or a running request's rekey point changes (stable_displacement); the rekey points
         # are tracked in output tokens: the check records how many tokens the nearest one is away
@@ -965,6 +980,23 @@ class PolicyAdapter:
             self.policy_time += time.perf_counter() - t0
 
 
+def _displacement_mode(policy: Policy) -> str:
+    """The mode in which ``policy`` displaces running requests in vLLM: its declared
+    ``displacement`` (``none`` if it declares none: vLLM's decisions). ``pause`` (vllm-ltr) is not
+    available inside vLLM, whose model runner holds at most ``max_num_seqs`` requests: the plugin
+    runs it as ``none`` and says so once."""
+    mode = str(getattr(policy, "displacement", "none")) if policy.preemptive else "none"
+    if mode == "pause":
+        logger.warning(
+            "headway: policy %r displaces in 'pause' mode, which vLLM's model runner cannot hold; "
+            "the plugin runs it without displacement (vLLM's decisions). Set policy_args "
+            "displacement='evict' for SGLang-style displacement",
+            policy.name,
+        )
+        return "none"
+    return mode
+
+
 _RESCAN: Any = object()
 """Returned by ``PolicyAdapter._cached_victim`` when the cache cannot decide."""
 
@@ -1128,6 +1160,7 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
     version = str(getattr(vllm, "__version__", "unknown"))
     _check_interface(Scheduler, vllm_rq.RequestQueue, version)
     fcfs = vllm_rq.SchedulingPolicy.FCFS
+    priority_mode = vllm_rq.SchedulingPolicy.PRIORITY
     running_status = RequestStatus.RUNNING
     abort_statuses = frozenset(s for s in RequestStatus if s.name in _ABORT_STATUSES)
 
@@ -1146,14 +1179,17 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     check_vllm_version(version)
                 super().__init__(*args, **kwargs)
                 self.headway_config = cfg
-                if self.policy != fcfs:
+                if self.policy != fcfs:  # the user's --scheduling-policy, before headway's takes over
                     logger.warning(
                         "headway: --scheduling-policy %s is replaced by headway policy %r "
                         "(use policy 'priority' for vLLM-style priorities)",
                         self.policy.value,
                         cfg.policy,
                     )
-                    self.policy = fcfs  # vLLM's FCFS paths: prepend on preemption, evict the last runner
+                # vLLM's priority path picks the victim as max (priority, arrival) over the running
+                # requests, wherever they are in the list (unscheduling one already scheduled this step);
+                # _hw_rank_victims makes that max the policy's victim. No other decision reads it.
+                self.policy = priority_mode
                 score_batch = None
                 if cfg.scorer is not None:
                     score_batch = load_text_scorer(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
@@ -1293,23 +1329,37 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 return bool(free <= bound)
 
             def _hw_displace(self) -> None:
+                """``evict`` displacement (SGLang's retract): a better-keyed waiting head that has a
+                sequence slot but no KV blocks evicts the worst-keyed running request ``can_preempt``
+                allows. A full batch (no slot) displaces nobody: vLLM's decision."""
                 a = self.headway
                 if self.kv_holding_waiting or not self.waiting:
                     return
                 waiting = self.waiting
                 for _ in range(len(self.running)):
+                    if len(self.running) >= self.max_num_active_reqs:
+                        return
                     head = waiting.peek_request()
-                    if len(self.running) < self.max_num_active_reqs:
-                        need = -(-max(head.num_tokens - head.num_computed_tokens, 1) // self.block_size)
-                        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
-                        if free - len(self.running) >= need:
-                            return
+                    need = -(-max(head.num_tokens - head.num_computed_tokens, 1) // self.block_size)
+                    free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+                    if free - len(self.running) >= need:
+                        return
                     victim = a.displacement_victim(waiting, self.running)
                     if victim is None:
                         return
                     self.running.remove(victim)
                     self._preempt_request(victim, time.monotonic())
                     a.num_displaced += 1
+
+            def _hw_rank_victims(self) -> list[tuple[Any, int]]:
+                """Before a step that could run out of KV blocks: give each running request the
+                policy's eviction rank as its vLLM ``priority`` (restored after the step), so
+                vLLM's own priority-preemption code evicts the policy's victim. The running list
+                keeps vLLM's order (who is scheduled first); only the victim is the policy's."""
+                saved = [(r, r.priority) for r in self.running]
+                for rank, r in enumerate(self.headway.eviction_order(self.running)):
+                    r.priority = rank
+                return saved
 
             # ---------------------------------------------------- overrides
             def add_request(self, request: Any) -> None:
@@ -1321,11 +1371,14 @@ def _build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 t0 = time.perf_counter()
                 a = self.headway
                 a.step_start()
-                if a.preemptive and self.running:
+                if a.displacement == "evict" and self.running:
                     self._hw_displace()
-                if self._hw_pressure():
-                    self.running[:] = a.eviction_order(self.running)
-                out = super().schedule(*args, **kwargs)
+                saved = self._hw_rank_victims() if self._hw_pressure() else None
+                try:
+                    out = super().schedule(*args, **kwargs)
+                finally:
+                    for r, priority in saved or ():
+                        r.priority = priority
                 t1 = time.perf_counter()
                 for h in a.take_popped():
                     e = a.engine.get(h)

@@ -1,0 +1,142 @@
+"""The differential harness's main-virtualenv side: scenarios (hypothesis) and the vLLM process.
+
+``VllmSteps`` starts ``_vllm_steps.py`` once in the vLLM virtualenv and sends it scenarios; a
+scenario is plain JSON (see that module's docstring), so the same one can be replayed by hand::
+
+    PYTHONPATH=src .venv-vllm/bin/python tests/integrations/_vllm_steps.py .venv-vllm/tiny-llama
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+from typing import Any, TextIO
+
+from hypothesis import event
+from hypothesis import strategies as st
+
+from headway.integrations._server import default_vllm_paths, headway_src_dir
+
+BLOCK = 16
+MAX_MODEL_LEN = 512
+PREFIXES = [[1000 + 7 * i + k for k in range(n)] for i, n in enumerate((48, 32, 80))]
+"""Shared prompt prefixes (system prompts): 3, 2 and 5 blocks."""
+
+
+@st.composite
+def scenarios(
+    draw: st.DrawFn,
+    *,
+    max_requests: int = 10,
+    policy: str = "fcfs",
+    aborts: bool = True,
+    burst: bool = False,
+) -> dict[str, Any]:
+    """One engine geometry and request stream: KV pressure (few blocks), chunked prefill on or off,
+    shared prefixes, priorities, aborts. Every request fits the cache alone."""
+    chunked = draw(st.booleans())
+    prefix_caching = draw(st.booleans())
+    seqs = draw(st.integers(1, 6))
+    budget = draw(st.sampled_from([16, 32, 48, 64, 128, 256])) if chunked else MAX_MODEL_LEN
+    longest = 0
+    requests = []
+    n = draw(st.integers(1, max_requests))
+    for i in range(n):
+        prefix = draw(st.sampled_from([[], *PREFIXES]))
+        own = draw(st.integers(1, 120))
+        rng = random.Random(draw(st.integers(0, 2**16)))
+        prompt = prefix + [rng.randrange(1, 30_000) for _ in range(own)]
+        out = draw(st.integers(1, 60))
+        longest = max(longest, len(prompt) + out)
+        requests.append({
+            "id": f"r{i}", "seq": i, "arrive": 0 if burst else draw(st.integers(0, 30)),
+            "prompt": prompt, "max_tokens": out, "priority": draw(st.integers(0, 3)),
+            "abort": draw(st.one_of(st.none(), st.integers(0, 60))) if aborts else None,
+        })  # fmt: skip
+    requests.sort(key=lambda r: (r["arrive"], r["seq"]))
+    for i, r in enumerate(requests):
+        r["seq"] = i  # arrival times follow the order requests are added, as in a server
+    need = -(-longest // BLOCK) + 1  # the null block
+    blocks = draw(st.integers(need, need + 40))
+    return {
+        "block_size": BLOCK, "num_blocks": blocks, "max_num_seqs": seqs, "max_num_batched_tokens": budget,
+        "max_model_len": MAX_MODEL_LEN, "chunked_prefill": chunked, "prefix_caching": prefix_caching,
+        "policy": policy, "requests": requests,
+    }  # fmt: skip
+
+
+class VllmSteps:
+    """The vLLM-side process; :meth:`run` sends one scenario and returns its step records."""
+
+    def __init__(self, python: Path, model: Path) -> None:
+        self.proc = subprocess.Popen(
+            [str(python), str(Path(__file__).with_name("_vllm_steps.py")), str(model)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "PYTHONPATH": str(headway_src_dir()), "PYTHONHASHSEED": "0"},
+        )  # fmt: skip
+        ready = self._read()
+        if not ready.get("ready"):
+            raise RuntimeError(f"vLLM step harness did not start: {ready}")
+
+    def _read(self) -> dict[str, Any]:
+        out: TextIO | None = self.proc.stdout
+        assert out is not None
+        line = out.readline()
+        if not line:
+            raise RuntimeError(f"vLLM step harness exited ({self.proc.poll()})")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def run(self, scenario: dict[str, Any], scheduler: str, **headway: Any) -> dict[str, Any]:
+        if headway:
+            scenario = {**scenario, "headway": headway}
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"scenario": scenario, "scheduler": scheduler}) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read()
+        if "error" in reply:
+            raise AssertionError(f"{scheduler}: {reply['error']}\nscenario: {json.dumps(scenario)}")
+        return reply
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def start() -> VllmSteps | str:
+    """The harness process, or why it cannot run here."""
+    python, model = default_vllm_paths()
+    if not python.exists() or not (model / "config.json").exists():
+        return f"vLLM virtualenv {python} or model {model} missing"
+    return VllmSteps(python, model)
+
+
+def describe(scenario: dict[str, Any], trace: list[dict[str, Any]]) -> None:
+    """Hypothesis events (``--hypothesis-show-statistics``): how many scenarios exercised what."""
+    event(f"chunked prefill {'on' if scenario['chunked_prefill'] else 'off'}")
+    event(f"prefix caching {'on' if scenario['prefix_caching'] else 'off'}")
+    event("preemptions" if any(s["preempted"] for s in trace) else "no preemption")
+    first: dict[str, int] = {}
+    for s in trace:
+        for rid, (_, computed) in s["sched"].items():
+            first.setdefault(rid, computed)  # a request's first step starts from its prefix-cache hit
+    event("prefix-cache hits" if any(first.values()) else "no prefix-cache hit")
+    event("aborts" if any(r["abort"] is not None for r in scenario["requests"]) else "no abort")
+
+
+def first_difference(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> str | None:
+    """The first step whose decisions differ (scheduled ids and tokens in order, prefix hits,
+    preemptions, finishes), described; None when the traces are identical."""
+    for x, y in zip(a, b, strict=False):
+        for what in ("sched", "preempted", "finished"):
+            if x[what] != y[what] or (what == "sched" and list(x[what]) != list(y[what])):
+                return f"step {x['step']} {what}: {x[what]} != {y[what]}"
+    if len(a) != len(b):
+        return f"{len(a)} steps != {len(b)} steps"
+    return None

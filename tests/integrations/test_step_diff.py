@@ -1,0 +1,110 @@
+"""Step-by-step differential test: headway's plugin against vLLM 0.32's own schedulers.
+
+vLLM's ``Scheduler`` and ``AsyncScheduler`` run in-process in the vLLM virtualenv with no model
+(``_vllm_steps.py``); this side (main virtualenv) generates the request streams with hypothesis
+and compares every step: scheduled request ids and token counts (in order), prefix-cache hits
+(each new request's computed tokens), preemptions and finishes. ``HYPOTHESIS_PROFILE=deep`` runs
+1,000 scenarios per test.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from integrations._stepdiff import VllmSteps, describe, first_difference, scenarios, start
+
+from .conftest import _unavailable
+
+pytestmark = [pytest.mark.vllm]
+
+
+@pytest.fixture(scope="module")
+def vllm_steps() -> Iterator[VllmSteps]:
+    harness = start()
+    if isinstance(harness, str):
+        _unavailable(harness)
+        raise AssertionError("unreachable")
+    yield harness
+    harness.close()
+
+
+def _same(vllm_steps: VllmSteps, scenario: dict[str, Any], base: str, policy: str) -> None:
+    ref = vllm_steps.run(scenario, base)
+    got = vllm_steps.run(scenario, f"headway{base.removeprefix('vllm')}", policy=policy)
+    describe(scenario, ref["steps"])
+    diff = first_difference(ref["steps"], got["steps"])
+    assert diff is None, f"{diff}\nscenario: {json.dumps(scenario)}"
+    assert got["tokens"] == ref["tokens"]
+
+
+@settings(deadline=None, derandomize=True)
+@given(scenario=scenarios(), base=st.sampled_from(["vllm", "vllm-async"]))
+def test_fcfs_plugin_makes_vllms_decisions(vllm_steps: VllmSteps, scenario: dict[str, Any], base: str) -> None:
+    _same(vllm_steps, scenario, base, "fcfs")
+
+
+@settings(deadline=None, derandomize=True)
+@given(scenario=scenarios(policy="priority"), base=st.sampled_from(["vllm", "vllm-async"]))
+def test_priority_plugin_makes_vllms_decisions(vllm_steps: VllmSteps, scenario: dict[str, Any], base: str) -> None:
+    _same(vllm_steps, scenario, base, "priority")
+
+
+@settings(deadline=None, derandomize=True)
+@given(scenario=scenarios(), base=st.sampled_from(["vllm", "vllm-async"]))
+def test_sjf_oracle_plugin_differs_from_vllm_only_in_order(
+    vllm_steps: VllmSteps, scenario: dict[str, Any], base: str
+) -> None:
+    """``sjf-oracle`` in the plugin makes the decisions vLLM's own priority scheduling makes when each
+    request's priority is its true output length (``max_tokens`` here): the same admissions,
+    budgets, KV allocation and preemptions (the victim: the longest running request), only the
+    order is SJF's."""
+    by_length = {
+        **scenario,
+        "policy": "priority",
+        "requests": [{**r, "priority": r["max_tokens"]} for r in scenario["requests"]],
+    }
+    ref = vllm_steps.run(by_length, base)
+    got = vllm_steps.run(scenario, f"headway{base.removeprefix('vllm')}", policy="sjf-oracle", oracle="max_tokens")
+    diff = first_difference(ref["steps"], got["steps"])
+    assert diff is None, f"{diff}\nscenario: {json.dumps(scenario)}"
+    assert got["tokens"] == ref["tokens"]
+
+
+def _burst(*lengths: int, seqs: int = 1, blocks: int = 64) -> dict[str, Any]:
+    """Requests of 20-token prompts and the given output lengths, arriving one step apart."""
+    return {
+        "block_size": 16, "num_blocks": blocks, "max_num_seqs": seqs, "max_num_batched_tokens": 256,
+        "max_model_len": 512, "chunked_prefill": True, "prefix_caching": False, "policy": "fcfs",
+        "requests": [
+            {"id": f"r{i}", "seq": i, "arrive": i, "prompt": [100 + i] * 20, "max_tokens": n, "priority": 0,
+             "abort": None}
+            for i, n in enumerate(lengths)
+        ],
+    }  # fmt: skip
+
+
+def test_the_harness_tells_policies_apart(vllm_steps: VllmSteps) -> None:
+    """The comparison can fail: on one slot, SJF runs the short request before the second long one."""
+    scenario = _burst(30, 30, 3)
+    ref = vllm_steps.run(scenario, "vllm")
+    got = vllm_steps.run(scenario, "headway", policy="sjf-oracle", oracle="max_tokens")
+    assert first_difference(ref["steps"], got["steps"]) is not None
+    order = [rid for s in got["steps"] for rid in s["finished"]]
+    assert order == ["r0", "r2", "r1"] and [rid for s in ref["steps"] for rid in s["finished"]] == ["r0", "r1", "r2"]
+
+
+@pytest.mark.parametrize("base", ["vllm", "vllm-async"])
+def test_a_full_batch_displaces_nobody_by_default(vllm_steps: VllmSteps, base: str) -> None:
+    """A preemptive policy (srpt-oracle) without a declared displacement mode makes vLLM's decision
+    when a shorter request finds every slot taken: it waits; nobody is preempted."""
+    scenario = _burst(40, 3)
+    ref = vllm_steps.run(scenario, base)
+    got = vllm_steps.run(scenario, f"headway{base.removeprefix('vllm')}", policy="srpt-oracle", oracle="max_tokens")
+    assert got["displaced"] == 0
+    assert first_difference(ref["steps"], got["steps"]) is None
