@@ -7,11 +7,13 @@ over pipes, one JSON object a line each way::
     python _vllm_steps.py MODEL_DIR        # then: {"scenario": ..., "scheduler": ...} per line
 
 ``scheduler``: ``vllm`` (vLLM's ``Scheduler``), ``vllm-async`` (its ``AsyncScheduler``),
-``headway`` / ``headway-async`` (``HeadwayScheduler`` / ``HeadwayAsyncScheduler`` with the
-scenario's ``headway`` settings). The scheduler is built from a real ``VllmConfig`` (the tiny
-Llama's model config; no weights are run) and a hand-made ``KVCacheConfig``; each step
-``schedule()`` is called, a ``ModelRunnerOutput`` is fabricated (one sampled token per request
-that is not mid-prefill) and fed to ``update_from_output()``, as vLLM's own scheduler tests do.
+``headway`` / ``headway-async`` (``HeadwayScheduler`` with the scenario's ``headway``
+settings, async scheduling off / on: it runs on vLLM's ``Scheduler`` / ``AsyncScheduler``),
+``headway-async-class`` (``HeadwayAsyncScheduler`` named with async scheduling off: an error).
+The scheduler is built from a real ``VllmConfig`` (the tiny Llama's model config; no weights
+are run) and a hand-made ``KVCacheConfig``; each step ``schedule()`` is called, a
+``ModelRunnerOutput`` is fabricated (one sampled token per request that is not mid-prefill) and
+fed to ``update_from_output()``, as vLLM's own scheduler tests do.
 The async schedulers are driven like ``EngineCore.step_with_batch_queue``: up to two batches in
 flight, the next scheduled before the previous one's output is applied.
 
@@ -84,10 +86,12 @@ class Harness:
         n = int(sc["num_blocks"])
         kv = KVCacheConfig(num_blocks=n, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
         cache.num_gpu_blocks = n
-        if scheduler.startswith("headway"):
-            from headway.integrations import vllm as plugin
+        if scheduler == "headway-async-class":  # named explicitly, with async scheduling off
+            from headway.integrations.vllm import HeadwayAsyncScheduler as cls
 
-            cls = plugin.HeadwayAsyncScheduler if scheduler.endswith("async") else plugin.HeadwayScheduler
+            cfg.scheduler_config.async_scheduling = False
+        elif scheduler.startswith("headway"):  # the one documented class: it picks its base
+            from headway.integrations.vllm import HeadwayScheduler as cls
         else:
             cls = AsyncScheduler if scheduler.endswith("async") else Scheduler
         return cls(

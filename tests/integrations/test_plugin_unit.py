@@ -388,7 +388,7 @@ def test_version_guard_names_supported_versions() -> None:
 
 
 def test_interface_check_lists_what_is_missing() -> None:
-    from headway.integrations.vllm import _check_interface
+    from headway.integrations.vllm._version import _check_interface
 
     class Sched:
         def schedule(self) -> None: ...

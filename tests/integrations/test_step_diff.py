@@ -108,3 +108,17 @@ def test_a_full_batch_displaces_nobody_by_default(vllm_steps: VllmSteps, base: s
     got = vllm_steps.run(scenario, f"headway{base.removeprefix('vllm')}", policy="srpt-oracle", oracle="max_tokens")
     assert got["displaced"] == 0
     assert first_difference(ref["steps"], got["steps"]) is None
+
+
+def test_one_class_picks_vllms_scheduler_as_async_scheduling_says(vllm_steps: VllmSteps) -> None:
+    """``HeadwayScheduler`` is built on vLLM's ``AsyncScheduler`` when async scheduling is on (the
+    differential tests above drive it so), on ``Scheduler`` when off; ``HeadwayAsyncScheduler``
+    named with async scheduling off is refused, naming the class to use."""
+    scenario = _burst(3)
+    sync = vllm_steps.run(scenario, "headway", policy="fcfs")
+    assert sync["mro"] == ["HeadwayScheduler", "Scheduler", "SchedulerInterface"]
+    assert vllm_steps.run(scenario, "headway-async", policy="fcfs")["mro"] == [
+        "HeadwayAsyncScheduler", "AsyncScheduler", "Scheduler",
+    ]  # fmt: skip
+    with pytest.raises(AssertionError, match="HeadwayAsyncScheduler needs vLLM's async scheduling"):
+        vllm_steps.run(scenario, "headway-async-class", policy="fcfs")
