@@ -19,7 +19,8 @@ flight, the next scheduled before the previous one's output is applied.
 
 A scenario: engine geometry (``block_size``, ``num_blocks``, ``max_num_seqs``,
 ``max_num_batched_tokens``, ``chunked_prefill``, ``prefix_caching``, ``policy``: vLLM's
-``--scheduling-policy``) and requests (``id``, ``arrive``: the step before which it is added,
+``--scheduling-policy``; optional: ``reserve_full_isl``, vLLM's ``scheduler_reserve_full_isl``,
+default on) and requests (``id``, ``arrive``: the step before which it is added,
 ``prompt``: token ids, ``max_tokens``, ``priority``, ``abort``: the step before which it is
 aborted, or null). The reply: one record per ``schedule()`` call with ``sched`` (request id ->
 [tokens scheduled, tokens already computed before the step], in vLLM's order: running requests,
@@ -74,6 +75,7 @@ class Harness:
             max_model_len=max_len, enable_chunked_prefill=bool(sc["chunked_prefill"]),
             is_encoder_decoder=False, policy=sc.get("policy", "fcfs"),
             long_prefill_token_threshold=int(sc.get("long_prefill_token_threshold", 0)),
+            scheduler_reserve_full_isl=bool(sc.get("reserve_full_isl", True)),
         )  # fmt: skip
         extra = {"headway": sc["headway"]} if scheduler.startswith("headway") else {}
         cfg = VllmConfig(

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from headway.integrations._server import VllmServer, VllmUnavailable, start_vllm_server
+from integrations._stepdiff import VllmSteps, start
 
 REQUIRE_VLLM = os.environ.get("HEADWAY_REQUIRE_VLLM") == "1"
 
@@ -96,3 +97,14 @@ def plugin_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginSe
             yield PluginServer(srv, control, step_log)
     except VllmUnavailable as exc:
         _unavailable(str(exc))
+
+
+@pytest.fixture(scope="session")
+def vllm_steps() -> Iterator[VllmSteps]:
+    """vLLM's schedulers in a process of the vLLM virtualenv, for the step-by-step differential tests."""
+    harness = start()
+    if isinstance(harness, str):
+        _unavailable(harness)
+        raise AssertionError("unreachable")
+    yield harness
+    harness.close()

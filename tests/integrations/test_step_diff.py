@@ -10,28 +10,15 @@ and compares every step: scheduled request ids and token counts (in order), pref
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from integrations._stepdiff import VllmSteps, describe, first_difference, scenarios, start
-
-from .conftest import _unavailable
+from integrations._stepdiff import VllmSteps, describe, first_difference, scenarios
 
 pytestmark = [pytest.mark.vllm]
-
-
-@pytest.fixture(scope="module")
-def vllm_steps() -> Iterator[VllmSteps]:
-    harness = start()
-    if isinstance(harness, str):
-        _unavailable(harness)
-        raise AssertionError("unreachable")
-    yield harness
-    harness.close()
 
 
 def _same(vllm_steps: VllmSteps, scenario: dict[str, Any], base: str, policy: str) -> None:
