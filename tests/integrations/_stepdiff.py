@@ -155,12 +155,26 @@ Outcome = dict[str, tuple[int, int, int]]
 """Per request: (first scheduled step, the step whose output finishes it, preemptions)."""
 
 
+def block_hashes(tokens: list[int], block_size: int) -> tuple[int, ...]:
+    """Chained hashes of the full blocks of ``tokens``, as vLLM keys its prefix cache."""
+    out: list[int] = []
+    prev = 0
+    for i in range(0, len(tokens) - block_size + 1, block_size):
+        prev = hash((prev, tuple(tokens[i : i + block_size])))
+        out.append(prev)
+    return tuple(out)
+
+
 def sim_outcome(scenario: dict[str, Any]) -> Outcome:
     """Per request: (first scheduled step, finishing step, preemptions) in the simulator."""
+    bs = scenario["block_size"]
     specs = [
-        RequestSpec(r["id"], 0.0, len(r["prompt"]), r["max_tokens"], max_tokens=r["max_tokens"], priority=r["priority"])
+        RequestSpec(
+            r["id"], 0.0, len(r["prompt"]), r["max_tokens"], max_tokens=r["max_tokens"], priority=r["priority"],
+            block_hashes=block_hashes(r["prompt"], bs), hash_block_size=bs,
+        )
         for r in scenario["requests"]
-    ]
+    ]  # fmt: skip
     res = simulate(
         Workload.from_specs("scenario", specs), scenario["policy"], preset=UNIT_STEP,
         scheduler=SchedulerConfig(
@@ -168,7 +182,10 @@ def sim_outcome(scenario: dict[str, Any]) -> Outcome:
             enable_chunked_prefill=scenario["chunked_prefill"], max_steps_per_event=1,
         ),
         # vLLM's block pool holds one more block, its null block
-        cache=CacheConfig(block_size=scenario["block_size"], num_gpu_blocks=scenario["num_blocks"] - 1),
+        cache=CacheConfig(
+            block_size=bs, num_gpu_blocks=scenario["num_blocks"] - 1,
+            enable_prefix_caching=scenario["prefix_caching"],
+        ),
     )  # fmt: skip
     out: Outcome = {}
     for r in res.requests:
@@ -196,4 +213,4 @@ def roomy(scenario: dict[str, Any]) -> dict[str, Any]:
     """``scenario`` with KV blocks for every request's whole sequence at once: no KV pressure."""
     bs = scenario["block_size"]
     need = sum(math.ceil((len(r["prompt"]) + r["max_tokens"]) / bs) for r in scenario["requests"])
-    return {**scenario, "num_blocks": need + 1, "prefix_caching": False}
+    return {**scenario, "num_blocks": need + 1}
