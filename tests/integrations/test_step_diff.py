@@ -88,8 +88,9 @@ def test_the_harness_tells_policies_apart(vllm_steps: VllmSteps) -> None:
 
 @pytest.mark.parametrize("base", ["vllm", "vllm-async"])
 def test_a_full_batch_displaces_nobody_by_default(vllm_steps: VllmSteps, base: str) -> None:
-    """A preemptive policy (srpt-oracle) without a declared displacement mode makes vLLM's decision
-    when a shorter request finds every slot taken: it waits; nobody is preempted."""
+    """srpt-oracle (declared mode ``pause``, vllm-ltr's, which vLLM's model runner cannot hold: the
+    plugin runs it as ``none``) makes vLLM's decision when a shorter request finds every slot
+    taken: it waits; nobody is preempted."""
     scenario = _burst(40, 3)
     ref = vllm_steps.run(scenario, base)
     got = vllm_steps.run(scenario, f"headway{base.removeprefix('vllm')}", policy="srpt-oracle", oracle="max_tokens")
@@ -109,3 +110,36 @@ def test_one_class_picks_vllms_scheduler_as_async_scheduling_says(vllm_steps: Vl
     ]  # fmt: skip
     with pytest.raises(AssertionError, match="HeadwayAsyncScheduler needs vLLM's async scheduling"):
         vllm_steps.run(scenario, "headway-async-class", policy="fcfs")
+
+
+def _kv_tight() -> dict[str, Any]:
+    """A long request holds 10 of 15 usable blocks when a short one needing 7 arrives; a slot is free."""
+    scenario = _burst(60, 3, seqs=2, blocks=16)
+    scenario["requests"][0]["prompt"] = [100] * 150
+    scenario["requests"][1].update(arrive=3, prompt=[101] * 100)
+    return scenario
+
+
+@pytest.mark.parametrize("base", ["vllm", "vllm-async"])
+def test_evict_mode_displaces_for_kv_blocks_only(vllm_steps: VllmSteps, base: str) -> None:
+    """``displacement: evict`` (SGLang's retract): a better-keyed waiting request that has a slot but
+    not enough free KV blocks evicts the worst-keyed running one; in the default mode it waits, as
+    in vLLM."""
+    hw = f"headway{base.removeprefix('vllm')}"
+    scenario = _kv_tight()
+    ref = vllm_steps.run(scenario, base)
+    waits = vllm_steps.run(scenario, hw, policy="srpt-oracle", oracle="max_tokens")
+    assert waits["displaced"] == 0 and first_difference(ref["steps"], waits["steps"]) is None
+    evicts = vllm_steps.run(
+        scenario, hw, policy="srpt-oracle", oracle="max_tokens", policy_args={"displacement": "evict"}
+    )
+    assert evicts["displaced"] == 1
+    assert [rid for s in evicts["steps"] for rid in s["finished"]] == ["r1", "r0"]
+    assert [rid for s in ref["steps"] for rid in s["finished"]] == ["r0", "r1"]
+    assert evicts["tokens"] == ref["tokens"] == {"r0": 60, "r1": 3}
+    # a full batch (one slot) displaces nobody, evict mode or not
+    full = {**scenario, "max_num_seqs": 1}
+    evict = {"displacement": "evict"}
+    one_slot = vllm_steps.run(full, hw, policy="srpt-oracle", oracle="max_tokens", policy_args=evict)
+    assert one_slot["displaced"] == 0
+    assert first_difference(vllm_steps.run(full, base)["steps"], one_slot["steps"]) is None
