@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState, Tier
 from headway.integrations.vllm._queue import HeadwayRequestQueue
 from headway.integrations.vllm._scorers import TextScoreFn
-from headway.integrations.vllm._settings import _check_oracle
+from headway.integrations.vllm._settings import _check_oracle, _declared, plugin_displacement
 
 __all__ = ["EngineRequest", "PolicyAdapter"]
 
@@ -569,19 +569,15 @@ class PolicyAdapter:
 
 
 def _displacement_mode(policy: Policy) -> str:
-    """The mode in which ``policy`` displaces running requests in vLLM: its declared
-    ``displacement`` (``none`` if it declares none: vLLM's decisions). ``pause`` (vllm-ltr) is not
-    available inside vLLM, whose model runner holds at most ``max_num_seqs`` requests: the plugin
-    runs it as ``none`` and says so once."""
-    mode = str(getattr(policy, "displacement", "none")) if policy.preemptive else "none"
-    if mode == "pause":
+    """:func:`plugin_displacement`, saying once per policy when a declared ``pause`` runs as ``none``."""
+    mode = plugin_displacement(policy)
+    if mode != _declared(policy):
         logger.warning(
             "headway: policy %r displaces in 'pause' mode, which vLLM's model runner cannot hold; "
             "the plugin runs it without displacement (vLLM's decisions). Set policy_args "
             "displacement='evict' for SGLang-style displacement",
             policy.name,
         )
-        return "none"
     return mode
 
 

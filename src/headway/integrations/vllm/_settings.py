@@ -18,7 +18,14 @@ from headway.integrations.vllm._errors import PluginConfigError
 from headway.integrations.vllm._scorers import load_text_scorer
 from headway.policies import ScoredPolicy
 
-__all__ = ["ENV_CONFIG", "PluginConfig", "check_settings", "control_settings", "make_plugin_policy"]
+__all__ = [
+    "ENV_CONFIG",
+    "PluginConfig",
+    "check_settings",
+    "control_settings",
+    "make_plugin_policy",
+    "plugin_displacement",
+]
 
 _CONTROL_KEYS = ("missing_score", "oracle", "policy", "policy_args", "scorer")
 """Settings a ``control_file`` may switch while the engine runs."""
@@ -126,6 +133,19 @@ def make_plugin_policy(name: str, args: Mapping[str, Any]) -> Policy:
         raise PluginConfigError(f"headway plugin: {exc}") from None
 
 
+def _declared(policy: Policy) -> str:
+    return str(getattr(policy, "displacement", "none")) if policy.preemptive else "none"
+
+
+def plugin_displacement(policy: Policy) -> str:
+    """The mode in which ``policy`` displaces running requests inside vLLM: its declared
+    ``displacement`` (``none``: vLLM's decisions; ``evict``: SGLang's retract). ``pause``
+    (vllm-ltr's: the displaced request keeps its KV) cannot be held by vLLM's model runner, which
+    keeps at most ``max_num_seqs`` requests: such a policy runs as ``none``."""
+    mode = _declared(policy)
+    return "none" if mode == "pause" else mode
+
+
 def _check_oracle(policy: Policy, oracle: str) -> None:
     if policy.oracle and oracle != "max_tokens":
         raise PluginConfigError(
@@ -154,6 +174,10 @@ def check_settings(cfg: PluginConfig, *, chunked_prefill: bool | None = None) ->
     _check_oracle(policy, cfg.oracle)
     args = json.dumps(cfg.policy_args) if cfg.policy_args else "default settings"
     done.append(f"policy {policy.name!r} ({args}); oracle={cfg.oracle}")
+    if policy.preemptive:
+        mode = plugin_displacement(policy)
+        note = "" if mode == _declared(policy) else f" (declared {_declared(policy)!r}: not available inside vLLM)"
+        done.append(f"displacement: {mode}{note}")
     if chunked_prefill is not None:
         _check_chunked_prefill(policy, chunked_prefill)
         done.append(f"chunked prefill {'on' if chunked_prefill else 'off'}: fits the policy")
