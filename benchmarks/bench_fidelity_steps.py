@@ -9,7 +9,9 @@ a rerun draws the same ones) on bursts without aborts, for ``fcfs`` and ``priori
 * ``sim``: the simulator (exact step mode, one second a step) against vLLM, per request (first
   scheduled step, finishing step, preemptions); prefix caching off, which the simulator lacks;
 * ``sim_no_full_isl``: the same against vLLM with ``scheduler_reserve_full_isl`` off (admission
-  checks only the first prefill chunk's blocks, not the whole prompt's).
+  checks only the first prefill chunk's blocks, not the whole prompt's);
+* ``sim_prefix_no_full_isl``: as ``sim_no_full_isl`` with prefix caching as drawn (on in about
+  half the scenarios), the simulator's as vLLM's.
 
 Writes ``benchmarks/results/fidelity_steps.json`` (with the command line and the first differing
 scenarios of each kind)::
@@ -42,8 +44,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
-    counts = {"scenarios": 0, "plugin": 0, "sim": 0, "sim_no_full_isl": 0, "with_preemptions": 0}
-    first: dict[str, list[dict[str, Any]]] = {"plugin": [], "sim": [], "sim_no_full_isl": []}
+    kinds = ("plugin", "sim", "sim_no_full_isl", "sim_prefix_no_full_isl")
+    counts = dict.fromkeys(("scenarios", *kinds, "with_preemptions", "with_prefix_caching"), 0)
+    first: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
 
     def note(kind: str, scenario: dict[str, Any], detail: Any) -> None:
         if len(first[kind]) < 3:
@@ -59,17 +62,22 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
         counts["plugin"] += diff is None
         if diff is not None:
             note("plugin", scenario, diff)
+        counts["with_prefix_caching"] += scenario["prefix_caching"]
         plain = {**scenario, "prefix_caching": False}
-        sim = sim_outcome(plain)
-        for kind, full in (("sim", True), ("sim_no_full_isl", False)):
-            trace = harness.run({**plain, "reserve_full_isl": full}, "vllm")["steps"]
+        for kind, sc, full in (
+            ("sim", plain, True),
+            ("sim_no_full_isl", plain, False),
+            ("sim_prefix_no_full_isl", scenario, False),
+        ):
+            sim = sim_outcome(sc)
+            trace = harness.run({**sc, "reserve_full_isl": full}, "vllm")["steps"]
             if kind == "sim":
                 counts["with_preemptions"] += any(s["preempted"] for s in trace)
             ref_outcome = vllm_outcome(trace)
             counts[kind] += ref_outcome == sim
             if ref_outcome != sim:
                 bad = {rid: {"vllm": ref_outcome[rid], "sim": sim[rid]} for rid in sim if ref_outcome[rid] != sim[rid]}
-                note(kind, plain, bad)
+                note(kind, sc, bad)
 
     run()
     return {"counts": counts, "first_differences": first}
