@@ -155,6 +155,54 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("scorer_gil.md",),
     ),
     Benchmark(
+        "engine-fidelity",
+        "Preemptive policies under vLLM's rules, and prefix caching",
+        "Mean E2E of each preemptive policy in its declared displacement mode (and in the others) against "
+        "FCFS and oracle SJF, on the default workload and the Azure conversation trace; prefix-cache hit "
+        "rate and TTFT on multi-turn ShareGPT sessions with and without prefix caching.",
+        "python benchmarks/bench_engine_fidelity.py --out benchmarks/results/engine_fidelity.md",
+        ("engine_fidelity.md",),
+        stop_at={"engine_fidelity.md": "## Reading the tables"},
+    ),
+    Benchmark(
+        "predictor-cross-source",
+        "Length predictors across prompt sources",
+        "Kendall tau_b of ranking heads trained on one source of prompts (or a mix) and evaluated on every "
+        "other source and answering model; the recipe is chosen by its mean on sources it did not train on.",
+        "python -m headway.predict cross-source --checkpoint shipped "
+        "--out benchmarks/results/predictor_cross_source.md",
+        ("predictor_cross_source.md",),
+    ),
+    Benchmark(
+        "predictor-shipped",
+        "The predictor shipped in the package",
+        "Held-out tau_b, size and scoring speed of the default predictor packed as low-rank deltas over the "
+        "bundled MiniLM encoder, against the fine-tuned checkpoint it was packed from.",
+        "python benchmarks/predictor_shipped.py --checkpoint DIR --ranks 16,32,64 --int8",
+        ("predictor_shipped.md",),
+    ),
+    Benchmark(
+        "predictor-online",
+        "Learning online from the served model",
+        "tau_b on later requests as the online learner observes N completions of a model the offline "
+        "predictor never saw (arena_hard_v2, o3-mini and Sky-T1-32B), averaged over seeded orders.",
+        "python benchmarks/predictor_online_replay.py --model sky-t1-32b "
+        "&& python benchmarks/predictor_online_replay.py --model o3-mini",
+        (
+            "predictor_online_replay_sky-t1-32b.md",
+            "predictor_online_replay_sky-t1-32b.png",
+            "predictor_online_replay_o3-mini.md",
+            "predictor_online_replay_o3-mini.png",
+        ),
+    ),
+    Benchmark(
+        "install-size",
+        "Install size per extra",
+        "Disk size of a fresh virtual environment per install variant (core, serve, sim, serve+sim).",
+        "python benchmarks/bench_install_size.py --workdir DIR",
+        ("install_size.md",),
+    ),
+    Benchmark(
         "cpu-stall",
         "CPU stalls beside a local vLLM",
         "The worst scheduling gap of another process while vLLM generates, confined to all CPUs but one "
