@@ -165,6 +165,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         stop_at={"engine_fidelity.md": "## Reading the tables"},
     ),
     Benchmark(
+        "fidelity-steps",
+        "Step by step against vLLM's own scheduler",
+        "Generated request bursts (KV pressure, chunked prefill on and off, shared prefixes, priorities) "
+        "run through vLLM 0.32's own Scheduler with no model, through the plugin and through the simulator: "
+        "how many scenarios match vLLM at every step (plugin) or in every request's outcome (simulator).",
+        "python benchmarks/bench_fidelity_steps.py --scenarios 500",
+        ("fidelity_steps.json",),
+    ),
+    Benchmark(
         "predictor-cross-source",
         "Length predictors across prompt sources",
         "Kendall tau_b of ranking heads trained on one source of prompts (or a mix) and evaluated on every "
@@ -339,9 +348,19 @@ def faults_table(data: dict[str, Any]) -> str:
     return _table(["scenario", "sent", "completed", "failed", "events"], rows)
 
 
+def fidelity_steps_table(data: dict[str, Any]) -> str:
+    """Scenarios whose every step matched vLLM's own scheduler, per policy and comparison."""
+    policies = data["policies"]
+    keys = list(next(iter(policies.values()))["counts"])
+    rows = [[f"`{name}`", *(str(p["counts"].get(k, "")) for k in keys)] for name, p in policies.items()]
+    note = f"Simulator outcomes compared {data['outcome_fields']}." if "outcome_fields" in data else ""
+    return "\n\n".join(x for x in (_table(["policy", *keys], rows), note) if x)
+
+
 JSON_RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "gateway_vllm.json": gateway_vllm_table,
     "faults_summary.json": faults_table,
+    "fidelity_steps.json": fidelity_steps_table,
 }
 
 
