@@ -691,11 +691,19 @@ class LeastTokensRouter(Router):
         best_load = (math.inf, 0)
         for j, i in enumerate(order):
             t = targets[i]
-            load = ((t.outstanding_tokens + mine) / t.speed, t.outstanding_requests)
+            load = ((t.outstanding_tokens + mine - self._saved_tokens(request, i)) / t.speed, t.outstanding_requests)
             if load < best_load:
                 best, pos, best_load = i, j, load
         self._picked(pos)
+        self._sent(request, best)
         return best
+
+    def _saved_tokens(self, request: Request, target: int) -> float:
+        """Tokens of ``request`` that ``target`` need not compute (none here; a cache-aware subclass's)."""
+        return 0
+
+    def _sent(self, request: Request, target: int) -> None:
+        """``request`` was routed to ``target`` (a subclass's bookkeeping)."""
 
 
 @register_router("length-aware")
@@ -827,7 +835,7 @@ class LengthAwareRouter(Router):
 
 
 @register_router("prefix-aware")
-class PrefixAwareRouter(Router):
+class PrefixAwareRouter(LeastTokensRouter):
     """The target where the request's cached prefix saves the most, balanced against load.
 
     As SGLang's cache-aware router and llm-d's prefix-cache scorer, it keeps its own
@@ -870,35 +878,20 @@ class PrefixAwareRouter(Router):
             n += 1
         return min(n * request.hash_block_size, request.num_prompt_tokens - 1)
 
-    def _choose(
-        self,
-        request: Request,
-        length: float,
-        targets: Sequence[TargetLoad],
-        candidates: Sequence[int],
-        uniform: bool,
-    ) -> int:
-        mine = request.num_prompt_tokens + length
-        order = self._rotated(candidates)
-        best = pos = 0
-        best_load = (math.inf, 0)
+    def _saved_tokens(self, request: Request, target: int) -> float:
+        return self.hit_tokens(request, target) if request.block_hashes else 0
+
+    def _sent(self, request: Request, target: int) -> None:
         hashes = request.block_hashes
-        for j, i in enumerate(order):
-            t = targets[i]
-            saved = self.hit_tokens(request, i) if hashes else 0
-            load = ((t.outstanding_tokens + mine - saved) / t.speed, t.outstanding_requests)
-            if load < best_load:
-                best, pos, best_load = i, j, load
-        if hashes:
-            index = self._index.setdefault(best, OrderedDict())
-            for h in hashes:
-                index[h] = None
-                index.move_to_end(h)
-            limit = max(self.cache_tokens // request.hash_block_size, 1)
-            while len(index) > limit:
-                index.popitem(last=False)
-        self._picked(pos)
-        return best
+        if not hashes:
+            return
+        index = self._index.setdefault(target, OrderedDict())
+        for h in hashes:
+            index[h] = None
+            index.move_to_end(h)
+        limit = max(self.cache_tokens // request.hash_block_size, 1)
+        while len(index) > limit:
+            index.popitem(last=False)
 
     def describe(self) -> dict[str, Any]:
         return {"cache_tokens": self.cache_tokens}
