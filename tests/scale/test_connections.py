@@ -54,10 +54,11 @@ def test_a_connection_flood_leaves_other_clients_served_and_the_log_short(cluste
     finally:
         for s in socks:
             s.close()
+    # over the cap: a 503, or closed (far over it); never a wait
     assert statuses.count(b"HTTP/1.1 503 Service Unavailable") + statuses.count(b"") == 100
-    assert statuses.count(b"HTTP/1.1 503 Service Unavailable") >= 1
-    time.sleep(0.5)
-    r = httpx.post(gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=5)
-    assert r.status_code == 200
+    deadline = time.monotonic() + 5.0  # the idle ones closed: served again
+    while (code := httpx.post(gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code) != 200:
+        assert code == 503 and time.monotonic() < deadline
+        time.sleep(0.2)
     log = gw.log_text()
     assert "Too many open files" not in log and len(log) < 20_000, log[-2000:]
