@@ -140,6 +140,16 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "soak",
+        "Gateway soak: good and hostile traffic with faults",
+        "Two gateway replicas on one Redis in front of a stub backend for 30 minutes: good requests at a "
+        "steady rate mixed with hostile clients (slowloris, bare connections, malformed, surrogates, token "
+        "ids, huge prompts, bad n, Host redirects) while Redis restarts empty and the backend is killed; "
+        "RSS, open files, backend slots and lost requests over time.",
+        "python benchmarks/bench_soak.py --duration-s 1800",
+        ("soak.json",),
+    ),
+    Benchmark(
         "predictor-speed",
         "Predictor scoring speed",
         "Prompts per second scored on CPU by the length predictor (torch and ONNX Runtime, fp32 and int8), "
@@ -357,10 +367,44 @@ def fidelity_steps_table(data: dict[str, Any]) -> str:
     return "\n\n".join(x for x in (_table(["policy", *keys], rows), note) if x)
 
 
+def soak_table(data: dict[str, Any]) -> str:
+    """The soak's checks, what good and hostile traffic got, and the gateway's resources over time."""
+    checks = _table(["check", "held"], [[name, "yes" if ok else "**no**"] for name, ok in data["checks"].items()])
+    good = data["good"]
+    outcomes = ", ".join(f"{k}: {v:,}" for k, v in good["outcomes"].items())
+    faults = ", ".join(f"{f['fault']} at {f['t_s']:.0f} s" for f in data["faults"])
+    traffic = (
+        f"Good traffic: {good['sent']:,} sent, {good['answered']:,} answered, {good['lost']} lost ({outcomes}). "
+        f"Faults: {faults}."
+    )
+    hostile = _table(
+        ["hostile case", "answers"],
+        [[f"`{k}`", ", ".join(f"{a}: {n}" for a, n in v.items())] for k, v in data["hostile"].items()],
+    )
+    every = max(1, len(data["samples"]) // 12)
+    rows = [
+        [
+            f"{x['t_s']:.0f}",
+            " / ".join(f"{m:.1f}" for m in x["rss_mb"]),
+            " / ".join(str(f) for f in x["fds"]),
+            str(x["slots_inflight"]),
+            str(x["stub_running"]),
+            f"{x['sent']:,}",
+            str(x["lost"]),
+        ]
+        for x in data["samples"][::every] + data["samples"][-1:]
+    ]
+    over_time = _table(
+        ["t (s)", "RSS MB (per replica)", "open fds", "slots in flight", "stub running", "sent", "lost"], rows
+    )
+    return "\n\n".join([checks, traffic, hostile, over_time])
+
+
 JSON_RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "gateway_vllm.json": gateway_vllm_table,
     "faults_summary.json": faults_table,
     "fidelity_steps.json": fidelity_steps_table,
+    "soak.json": soak_table,
 }
 
 
