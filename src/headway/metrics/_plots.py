@@ -83,6 +83,7 @@ POLICY_FAMILIES: dict[str, str] = {
     "tenant-weighted": "DriftSched",
     "tenant-sjf": "DriftSched",
     "tenant-aging": "DriftSched",
+    "bands": "DriftSched",  # priority bands with fair tenant flows: multi-tenant QoS, as DriftSched
     "sjf-oracle": "oracle",
     "srpt-oracle": "oracle",
     "trail-oracle": "oracle",
