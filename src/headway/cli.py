@@ -150,6 +150,13 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     e.add_argument("--num-gpu-blocks", type=int, default=None, help="override the KV capacity computed from the preset")
     e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     e.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="automatic prefix caching as vLLM V1 (on by default, as there): requests whose workload carries "
+        "block hashes reuse cached prompt blocks, and an evicted request its own",
+    )
+    e.add_argument(
         "--exact", action="store_true", help="step-by-step reference mode (no closed-form decode fast-forward)"
     )
     o = p.add_argument_group("output")
@@ -247,7 +254,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         preemption_mode=args.preemption_mode,
         **({"max_steps_per_event": 1} if args.exact else {}),
     )
-    cache = CacheConfig(gpu_memory_utilization=args.gpu_memory_utilization, num_gpu_blocks=args.num_gpu_blocks)
+    cache = CacheConfig(
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        num_gpu_blocks=args.num_gpu_blocks,
+        enable_prefix_caching=args.enable_prefix_caching,
+    )
     presets = [load_preset(p) for p in fleet_presets(args.preset, args.replicas)]
     fleet = len(presets) > 1
     router_kwargs = _parse_kv(args.router_arg, "--router-arg")

@@ -1,6 +1,7 @@
 """Core types: the request model, the policy interface and the policy-ordered queue."""
 
 from headway.core._policy import (
+    DISPLACEMENT_MODES,
     OracleAccessError,
     Policy,
     PolicyKey,
@@ -10,6 +11,7 @@ from headway.core._policy import (
     get_policy_class,
     make_policy,
     register_policy,
+    set_displacement,
 )
 from headway.core._queue import PolicyQueue
 from headway.core._registry import PLUGINS_ENV, PluginError
@@ -33,6 +35,7 @@ from headway.core._router import (
 
 __all__ = [
     "DEFAULT_ROUTER",
+    "DISPLACEMENT_MODES",
     "PLUGINS_ENV",
     "Estimator",
     "InvalidTransition",
@@ -62,4 +65,5 @@ __all__ = [
     "policy_estimator",
     "register_policy",
     "register_router",
+    "set_displacement",
 ]

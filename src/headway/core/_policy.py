@@ -22,10 +22,30 @@ The contract, in the order an engine calls it:
     ``req`` finished; ``req.num_output_tokens`` is the observed output length
     (feedback for online estimators).
 ``can_preempt(req, now)`` / ``choose_victim(running, now)``
-    For ``preemptive`` policies the engine evicts a running request when a waiting
-    one has a smaller key and ``can_preempt`` allows it. When memory runs out, any
-    policy's ``choose_victim`` names whom to evict (default: the largest key, which is
-    vLLM's rule for both FCFS and priority scheduling).
+    For ``preemptive`` policies a waiting request with a smaller key may displace a
+    running one that ``can_preempt`` allows, in the policy's ``displacement`` mode (below).
+    When memory runs out, any policy's ``choose_victim`` names whom to evict (default:
+    the largest key, which is vLLM's rule for both FCFS and priority scheduling).
+
+**Displacement modes** (``displacement``; engines never preempt for the token budget):
+
+``"none"``
+    vLLM's own rule: running requests are never displaced; only a running request's KV
+    shortage evicts (``choose_victim``). The default, and the only mode of non-preemptive
+    policies.
+``"pause"``
+    vllm-ltr's: a better-keyed waiting request that finds no sequence slot (or token budget)
+    takes the slot of the worst-keyed running one, which is not scheduled while it ranks
+    lower but keeps its KV blocks; only a KV shortage evicts (the worst-keyed holder).
+``"evict"``
+    SGLang's retract: a better-keyed waiting request that finds no KV blocks evicts the
+    worst-keyed running one, whose blocks go back to the prefix cache; it recomputes on
+    resume what is no longer cached. A full batch (no slot) displaces nobody.
+
+Each preemptive policy declares the mode of the system its paper built on
+(``displacement``, with the source in ``displacement_source``); a run may override it with
+the ``displacement`` setting (``make_policy(name, displacement="evict")``, on the command
+line ``--policy-arg NAME.displacement=evict``).
 
 Engines detect which optional hooks a policy overrides by looking at its class (and
 skip the rest on their hot paths): override hooks in a subclass, not on an instance.
@@ -54,6 +74,7 @@ from headway.core._registry import Registry
 from headway.core._request import Request
 
 __all__ = [
+    "DISPLACEMENT_MODES",
     "OracleAccessError",
     "Policy",
     "PolicyKey",
@@ -63,9 +84,13 @@ __all__ = [
     "get_policy_class",
     "make_policy",
     "register_policy",
+    "set_displacement",
 ]
 
 PolicyKey = tuple[float | int, ...]
+
+DISPLACEMENT_MODES = ("none", "pause", "evict")
+"""How a preemptive policy's better-keyed waiting request displaces a running one (see above)."""
 
 
 class OracleAccessError(PermissionError):
@@ -113,6 +138,11 @@ class Policy(ABC):
     may set it per instance (e.g. only when configured with an oracle scorer)."""
     preemptive: ClassVar[bool] = False
     """True if a better-keyed waiting request may displace a running one."""
+    displacement: str = "none"
+    """The displacement mode (``"none"``, ``"pause"`` or ``"evict"``, see the module docstring);
+    preemptive policies set their source system's, a run may override it per instance."""
+    displacement_source: ClassVar[str] = ""
+    """Where the declared ``displacement`` mode comes from (the paper's system)."""
     preempt_changes_at_hints: ClassVar[bool] = False
     """True if an overridden ``can_preempt`` of a running request changes only at its
     ``rekey_after_tokens`` points (as MemGuard's bands do); engines may then skip
@@ -227,5 +257,27 @@ def get_policy_class(name: str) -> type[Policy]:
 
 
 def make_policy(name: str, **kwargs: Any) -> Policy:
-    """Instantiate the policy registered as ``name`` with keyword settings."""
-    return _POLICIES.make(name, **kwargs)
+    """Instantiate the policy registered as ``name`` with keyword settings.
+
+    Besides the class's own settings every policy takes ``displacement`` (one of
+    :data:`DISPLACEMENT_MODES`; anything but ``"none"`` only for preemptive policies), which
+    overrides the mode the class declares.
+    """
+    mode = kwargs.pop("displacement", None)
+    policy = _POLICIES.make(name, **kwargs)
+    if mode is not None:
+        set_displacement(policy, mode)
+    return policy
+
+
+def set_displacement(policy: Policy, mode: object) -> None:
+    """Override ``policy``'s displacement mode; a ValueError names a bad mode."""
+    if mode not in DISPLACEMENT_MODES:
+        valid = ", ".join(DISPLACEMENT_MODES)
+        raise ValueError(f"policy {policy.name!r}: displacement must be one of {valid}, got {mode!r}")
+    if mode != "none" and not policy.preemptive:
+        raise ValueError(
+            f"policy {policy.name!r} is not preemptive: displacement {mode!r} needs a preemptive policy "
+            "(only 'none' applies)"
+        )
+    policy.displacement = str(mode)

@@ -101,6 +101,16 @@ class Request:
     """Predicted length score (higher = longer), set by a scorer before arrival."""
     seq: int = -1
     """Arrival sequence number assigned by the engine; the final tie-break in keys."""
+    block_hashes: tuple[int, ...] = ()
+    """Chained hashes of the request's tokens in blocks of ``hash_block_size`` tokens, as vLLM's
+    automatic prefix caching keys its KV blocks: equal hashes at position ``i`` mean equal
+    first ``i + 1`` blocks (so two requests share the KV of their common hash prefix). They
+    may run past the prompt (a replayed conversation knows its answer), and the last one may
+    cover a partial block (Mooncake's ``hash_ids``); engines cache whole blocks of their own
+    size that these cover. Empty: nothing known, the request shares no prefix."""
+    hash_block_size: int = 16
+    """Tokens per entry of ``block_hashes`` (16 as vLLM's blocks, 512 in Mooncake traces); a
+    multiple of the engine's block size for the hashes to be used."""
 
     state: RequestState = RequestState.WAITING
     num_computed_tokens: int = 0
@@ -116,6 +126,12 @@ class Request:
     last_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
+    """Times it was taken out of the batch after it started: evictions plus pauses."""
+    num_pauses: int = 0
+    """Of those, pauses (a ``pause``-mode displacement: out of the batch, KV blocks kept)."""
+    num_cached_tokens: int | None = None
+    """Prompt tokens found in the prefix cache when it was first scheduled (vLLM's name); None
+    while unknown (not scheduled yet, or an engine that does not report it)."""
     num_recomputed_tokens: int = 0
     """Tokens computed again after preemption by recompute."""
     run_start_output_tokens: int = 0
@@ -134,6 +150,8 @@ class Request:
             )
         if self.max_tokens <= 0:
             raise ValueError(f"request {self.request_id!r}: max_tokens must be > 0, got {self.max_tokens}")
+        if self.hash_block_size < 1:
+            raise ValueError(f"request {self.request_id!r}: hash_block_size must be >= 1, got {self.hash_block_size}")
         if not self.arrival_time >= 0.0:  # also rejects NaN
             raise ValueError(f"request {self.request_id!r}: arrival_time must be >= 0, got {self.arrival_time}")
 

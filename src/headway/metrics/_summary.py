@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -288,6 +288,9 @@ class RunSummary:
     """Inter-token latency (ITL) as ``vllm bench serve``: over every gap between consecutive
     content chunks of every completed request that has them (``extra[ITL_KEY]``, recorded by
     ``headway bench serve`` for streamed requests). Empty (NaN) for the simulator, which has no chunks."""
+    prefix_cache_hit_rate: float | None = None
+    """Prompt tokens found in the prefix cache over prompt tokens, over the requests whose
+    ``num_cached_tokens`` the engine reported (vLLM's prefix-cache hit rate); None if none did."""
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-safe nested dict (no NaN: undefined values are ``None``)."""
@@ -317,6 +320,7 @@ class RunSummary:
             "tenants": {k: v.to_dict() for k, v in self.tenants.items()},
             "tiers": {k: v.to_dict() for k, v in self.tiers.items()},
             "itl": self.itl.to_dict(),
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
         }
 
     @classmethod
@@ -360,6 +364,7 @@ class RunSummary:
             tiers={k: GroupSummary.from_dict(_get_map(_get_map(data, "tiers"), k)) for k in _get_map(data, "tiers")},
             # files written before ITL was recorded have none
             itl=_get_stats(data, "itl") if data.get("itl") is not None else LatencyStats.empty(),
+            prefix_cache_hit_rate=_get_opt_float(data, "prefix_cache_hit_rate"),
         )
 
 
@@ -523,4 +528,11 @@ def summarize(requests: Iterable[Request], *, slo: SLO | str | None = None, name
         tenants=tenants,
         tiers=tiers,
         itl=_itl_stats(done),
+        prefix_cache_hit_rate=_hit_rate(reqs),
     )
+
+
+def _hit_rate(reqs: Sequence[Request]) -> float | None:
+    known = [r for r in reqs if r.num_cached_tokens is not None]
+    queries = sum(r.num_prompt_tokens for r in known)
+    return sum(r.num_cached_tokens or 0 for r in known) / queries if queries else None

@@ -63,6 +63,11 @@ class LTRPolicy(ScoredPolicy):
     """
 
     preemptive = True
+    displacement = "pause"
+    displacement_source = (
+        "vllm-ltr (Fu et al., NeurIPS'24): every step the running and waiting requests are ranked "
+        "together and the lower-ranked running ones are left out of the batch with their KV kept"
+    )
 
     def __init__(
         self,

@@ -15,6 +15,11 @@ class SRPTOraclePolicy(Policy):
 
     oracle = True
     preemptive = True
+    displacement = "pause"
+    displacement_source = (
+        "TRAIL (Shahout et al., ICLR'25), whose SRPT-style preemption keeps a preempted request's KV "
+        "cache in GPU memory; this is TRAIL with perfect lengths and no preemption limit"
+    )
 
     def key(self, request: Request, now: float) -> PolicyKey:
         return (self.true_output_tokens(request) - request.num_output_tokens,)

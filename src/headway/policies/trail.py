@@ -42,6 +42,11 @@ class TrailPolicy(ScoredPolicy):
     """
 
     preemptive = True
+    displacement = "pause"
+    displacement_source = (
+        "TRAIL (Shahout et al., ICLR'25): a preempted request's KV cache stays in GPU memory, which is "
+        "why its preemption is limited to early in a request's life, when that cache is small"
+    )
 
     def __init__(
         self,
@@ -104,6 +109,8 @@ class TrailOraclePolicy(Policy):
 
     oracle = True
     preemptive = True
+    displacement = "pause"
+    displacement_source = TrailPolicy.displacement_source
 
     def __init__(self, *, c: float = 0.8, noise: float = 0.0, seed: int = 0) -> None:
         self.c = check_nonneg("c", c, "trail-oracle")

@@ -127,6 +127,11 @@ class UniBoostBasePolicy(_BoostPolicy):
     """Stage 2: prefill and decode in one priority space ``a_i - b_gamma(w~)``, preemptive."""
 
     preemptive = True
+    displacement = "evict"
+    displacement_source = (
+        "UniBoost (Li et al., ICML'26): a displaced request is retracted SGLang-style, its KV freed "
+        "(into the prefix cache) and recomputed on resume; MemGuard exists to bound that recompute"
+    )
 
     def __init__(
         self,

@@ -47,6 +47,10 @@ class CacheConfig:
     """Fraction of GPU memory the engine may use (weights + activations + KV)."""
     num_gpu_blocks: int | None = None
     """Override the capacity computed from the cost model's memory figures."""
+    enable_prefix_caching: bool = True
+    """vLLM V1's automatic prefix caching (on by default there too): full blocks are keyed by
+    the requests' chained block hashes, a new request reuses the computed blocks of its longest
+    cached prefix, and freed blocks stay cached until an allocation reuses them (LRU)."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -1,12 +1,16 @@
 """One simulated engine replica: vLLM V1-style continuous batching over a paged KV cache.
 
-Each engine step (vLLM ``schedule()`` + model run) proceeds as V1 does:
+Each engine step (vLLM ``schedule()`` + model run) proceeds as V1's scheduler does:
 
 1. running requests first: every decoding request gets one token, partially prefilled
    requests get a prompt chunk; KV blocks are allocated, and when they run out the
-   policy's ``choose_victim`` is evicted (recompute or swap) until the rest fit;
-2. preemptive policies may evict running requests that a better-keyed waiting request
-   should displace;
+   policy's ``choose_victim`` is evicted (recompute or swap) until the rest fit; a step
+   that evicted admits nobody;
+2. otherwise, preemptive policies whose ``displacement`` mode is not ``"none"`` let a
+   better-keyed waiting request that cannot be admitted displace running ones: ``pause``
+   (vllm-ltr) takes the slot of the worst-keyed one, which keeps its KV blocks while it
+   waits; ``pause`` and ``evict`` (SGLang's retract) evict the worst-keyed block holder
+   when KV blocks are short. Nobody is displaced for the token budget alone;
 3. waiting requests are admitted in policy order while the token budget,
    ``max_num_seqs`` and free blocks allow (head-of-line: the first that does not fit
    stops admission, as V1).
@@ -41,25 +45,42 @@ either, and the stretch reports lazily (at its end, a finish, a preemption or a 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
-from headway.core import Policy, PolicyQueue, Request, RequestState
+from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel
 from headway.sim._events import STEP_END, TIMER, EventLoop, tie_floor
+from headway.sim._prefix import PrefixCache, block_keys
 
 __all__ = ["Replica"]
+
+# what keeps a waiting request out of the batch (Replica._admission)
+_SLOT, _BUDGET, _BLOCKS = 1, 2, 3
 
 
 class _Seq:
     """Simulator-side state of one request (never shown to policies)."""
 
-    __slots__ = ("blocks", "chunk", "fin_g", "gen", "join", "phase", "rekey_g", "req", "true_len")
+    __slots__ = (
+        "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "own_end", "phase", "reg",
+        "rekey_g", "req", "true_len",
+    )  # fmt: skip
 
-    def __init__(self, req: Request, true_len: int) -> None:
+    def __init__(self, req: Request, true_len: int, keys: list[Hashable]) -> None:
         self.req = req
         self.true_len = true_len
+        # prefix caching (see _prefix.py): the request's block keys, the cached blocks it uses,
+        # how many leading blocks are keyed or looked at, the end of its own keyed blocks left
+        # behind by an eviction, and the hit found by the last admission check
+        self.keys = keys
+        self.held: list[Hashable] = []
+        self.reg = 0
+        self.own_end = 0
+        self.hit: list[Hashable] = []
+        self.lost = 0  # tokens its last eviction dropped (a cache hit on resume is not recomputed)
         self.blocks = 0  # KV blocks held (prefilling / waiting-after-swap); decoders: derived
         self.chunk = 0  # tokens scheduled in the current step (prefilling only)
         self.join = 0  # global decode-step count when counters were last synced
@@ -93,6 +114,8 @@ class Replica:
         self.bs = cache.block_size
         self.num_blocks = cache.num_gpu_blocks or cost.num_gpu_blocks(cache.gpu_memory_utilization, cache.block_size)
         self.free = self.num_blocks
+        self.cache = PrefixCache(self.num_blocks) if cache.enable_prefix_caching else None
+        self._run_ids = itertools.count()
         cap = self.num_blocks * self.bs
         if not scheduler.enable_chunked_prefill:
             cap = min(cap, scheduler.max_num_batched_tokens)
@@ -107,6 +130,10 @@ class Replica:
         self._finish_hook = kind.overrides("on_finish")
         # stretches report progress step by step when step-by-step mode would (module docstring)
         self._catch_up_hook = self._progress_hook and policy.preemptive
+        # displacement modes other than "none" (see headway.core.Policy) check the queue head
+        self._displacing = policy.preemptive and policy.displacement != "none"
+        self.paused: dict[_Seq, None] = {}  # pause mode: waiting requests that keep their KV blocks
+        self._admission_held = False  # the step being planned preempted, so it admitted nobody
         # displacement checks are skipped while nothing they read changed (see _start_step);
         # a rekey point bumps _run_version
         self._run_version = 0
@@ -136,7 +163,8 @@ class Replica:
         # statistics
         self.num_steps = 0
         self.num_step_events = 0
-        self.num_preemptions = 0
+        self.num_preemptions = 0  # evictions (KV freed)
+        self.num_pauses = 0  # pause mode: requests taken out of the batch with their KV kept
         self.max_step_tokens = 0  # largest token count of one step (budget check)
         self.timeline: list[tuple[float, int, int, int]] | None = [] if record_timeline else None
 
@@ -162,7 +190,10 @@ class Replica:
             return
         true_len = min(true_len, req.max_tokens, self.max_model_len - req.num_prompt_tokens)
         self.truth[req] = true_len
-        s = _Seq(req, true_len)
+        keys: list[Hashable] = []
+        if self.cache is not None and req.block_hashes:
+            keys = block_keys(req.block_hashes, req.hash_block_size, req.num_prompt_tokens, self.bs)
+        s = _Seq(req, true_len, keys)
         self.seqs[req] = s
         # a step ending at or after tie_floor(now) is still in flight: a rounding tie goes to the
         # arrival, as in the event loop, whichever way each mode rounded that step's end
@@ -317,10 +348,41 @@ class Replica:
         s.blocks = -(-s.req.num_computed_tokens // self.bs)
 
     # ------------------------------------------------------------- leaving
+    def _free_blocks(self, s: _Seq, evicted: bool) -> None:
+        """Give back all of ``s``'s blocks. With prefix caching its full blocks keep their keys in
+        the free queue: its workload-keyed ones (those filled by decoding are keyed now), and
+        for an eviction its other computed blocks too, under keys only it has, so that it finds
+        them again when it resumes."""
+        cache = self.cache
+        if cache is not None:
+            cache.settle(self.free)
+            req = s.req
+            full = req.num_computed_tokens // self.bs
+            keys, held = s.keys, s.held
+            for i in range(s.reg, min(full, len(keys))):
+                if cache.insert(keys[i]):
+                    held.append(keys[i])
+            own: list[Hashable] = []
+            if evicted and full > len(keys):
+                seq = req.seq
+                for i in range(max(s.reg, len(keys)), full):
+                    key = (seq, i, -1)
+                    if not cache.cached(key):
+                        own.append(key)
+                s.own_end = full
+            own.reverse()
+            held.reverse()
+            # blocks shared with running requests stay in use
+            self.free += cache.release(s.blocks - len(held) - len(own), own, held, next(self._run_ids))
+            s.held = []
+            s.reg = 0
+        else:
+            self.free += s.blocks
+        s.blocks = 0
+
     def _finish(self, s: _Seq, now: float) -> None:
         req = s.req
-        self.free += s.blocks
-        s.blocks = 0
+        self._free_blocks(s, False)
         req.finish_time = now
         req.transition(RequestState.FINISHED)
         self._run_version += 1
@@ -339,12 +401,12 @@ class Replica:
         else:
             self.prefilling.remove(s)
             s.chunk = 0
-        self.free += s.blocks
-        s.blocks = 0
+        self._free_blocks(s, self.cfg.preemption_mode == "recompute")
         if self.cfg.preemption_mode == "swap":
             self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
         else:
             req.num_recomputed_tokens += req.num_computed_tokens
+            s.lost = req.num_computed_tokens
             req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -352,6 +414,39 @@ class Replica:
         req.transition(RequestState.PREEMPTED)
         self.waiting.add(req, now)
         self._arm_timer(req)
+
+    def _pause(self, s: _Seq, now: float) -> None:
+        """Pause mode: take a running request out of the batch; it keeps its KV blocks and waits
+        (its step reservations must already be returned). Counts as a preemption of the request."""
+        req = s.req
+        if s in self.decoders:
+            self._sync(s, now)
+            self._remove_decoder(s)
+        else:
+            self.prefilling.remove(s)
+            s.chunk = 0
+        self.paused[s] = None
+        req.num_preemptions += 1
+        req.num_pauses += 1
+        self.num_pauses += 1
+        self._run_version += 1
+        req.transition(RequestState.PREEMPTED)
+        self.waiting.add(req, now)
+        self._arm_timer(req)
+
+    def _drop_paused(self, s: _Seq) -> None:
+        """A KV shortage evicts a paused request: its blocks are freed, it recomputes on resume."""
+        del self.paused[s]
+        req = s.req
+        self._free_blocks(s, self.cfg.preemption_mode == "recompute")
+        if self.cfg.preemption_mode == "swap":
+            self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
+        else:
+            req.num_recomputed_tokens += req.num_computed_tokens
+            s.lost = req.num_computed_tokens
+            req.num_computed_tokens = 0
+        self.num_preemptions += 1
+        self._run_version += 1
 
     def _running(self, now: float) -> list[Request]:
         for s in self.decoders:
@@ -373,22 +468,26 @@ class Replica:
         self.free -= need
         budget = self._plan_running_prefills(budget)
         if self.free < 0:
-            budget = self._evict_for_memory(now, budget)
-        if self.policy.preemptive and self.waiting:
-            # Running keys only improve between rekey hints (the Policy contract; a hint bumps
-            # _run_version), so with the same queue head, running set and key epoch as after the
-            # last check nobody can be displaced now. Policies with a progress hook, or a
-            # can_preempt that may change between hints, are checked at every step.
-            sig = (self.waiting.peek(), self.waiting.peek_key(), self._run_version, self.policy.key_epoch)
-            if not self._static_preemption or sig != self._displace_sig:
-                budget = self._displace(now, budget)
-                # a check cut short by an exhausted token budget proves nothing for later steps
-                self._displace_sig = (
-                    (self.waiting.peek(), self.waiting.peek_key(), self._run_version, self.policy.key_epoch)
-                    if budget > 0
-                    else None
-                )
-        self._admit(now, budget)
+            # vLLM: a running request short of KV blocks preempts the policy's victim, and a step
+            # that preempted admits nobody (so the next step may: a decode-only plan stops after one)
+            self._evict_for_memory(now, budget)
+            self._admission_held = True
+        else:
+            if self._displacing and self.waiting:
+                # Running keys only improve between rekey hints (the Policy contract; a hint bumps
+                # _run_version), so with the same queue head, running set and key epoch as after the
+                # last check nobody can be displaced now. Policies with a progress hook, or a
+                # can_preempt that may change between hints, are checked at every step.
+                sig = (self.waiting.peek(), self.waiting.peek_key(), self._run_version, self.policy.key_epoch)
+                if not self._static_preemption or sig != self._displace_sig:
+                    budget = self._displace(now, budget)
+                    # a check cut short by an exhausted token budget proves nothing for later steps
+                    self._displace_sig = (
+                        (self.waiting.peek(), self.waiting.peek_key(), self._run_version, self.policy.key_epoch)
+                        if budget > 0
+                        else None
+                    )
+            self._admit(now, budget)
         self._launch(now)
 
     def _plan_running_prefills(self, budget: int) -> int:
@@ -414,70 +513,127 @@ class Replica:
         return s.chunk
 
     def _evict_for_memory(self, now: float, budget: int) -> int:
-        while self.free < 0 and self.num_running:
-            victim = self.policy.choose_victim(self._running(now), now)
-            s = self.seqs[victim]
-            budget += self._release_step(s)
-            self._preempt(s, now)
+        """Evict the policy's victims until the running requests' blocks fit. In pause mode the
+        paused requests hold blocks too and are candidates (they rank below the running ones)."""
+        while self.free < 0 and (self.num_running or self.paused):
+            pool = self._running(now)
+            if self.paused:
+                pool += [s.req for s in self.paused]
+            s = self.seqs[self.policy.choose_victim(pool, now)]
+            if s in self.paused:
+                self._drop_paused(s)
+            else:
+                budget += self._release_step(s)
+                self._preempt(s, now)
         return budget
 
     def _displace(self, now: float, budget: int) -> int:
-        """Preemptive policies: evict running requests that a better waiting one outranks."""
+        """Preemptive policies: a better-keyed waiting request that cannot be admitted displaces the
+        worst-keyed running one, in the policy's ``displacement`` mode: ``pause`` takes a slot or
+        token budget from it (it keeps its KV), and evicts the worst-keyed block holder for KV
+        blocks; ``evict`` evicts for KV blocks only. Nobody is displaced for the token budget
+        alone when chunked prefill is on (any budget admits a chunk)."""
         policy = self.policy
+        pause = policy.displacement == "pause"
         keys = {r: (policy.key(r, now), r.seq) for r in self._running(now)}
         while self.waiting and budget > 0:  # an exhausted token budget is no reason to evict
             cand = self.waiting.peek()
             assert cand is not None
-            if self._fits(self.seqs[cand], budget):
-                budget = self._admit_one(now, budget)
+            chunk, short = self._admission(self.seqs[cand], budget)
+            if chunk:
+                self.waiting.pop()
+                self._start_running(self.seqs[cand], chunk, now)
+                budget -= chunk
                 keys[cand] = (policy.key(cand, now), cand.seq)
                 continue
             ckey = (self.waiting.peek_key(), cand.seq)
-            worst = max(
-                (r for r in keys if r is not cand and policy.can_preempt(r, now)),
-                key=keys.__getitem__,
-                default=None,
-            )
-            if worst is None or keys[worst] <= ckey:
+            if short != _BLOCKS and not pause:
+                break  # evict mode: a full batch or budget displaces nobody
+            pool: dict[Request, tuple[PolicyKey, int]] = {
+                r: k for r, k in keys.items() if r is not cand and k > ckey and policy.can_preempt(r, now)
+            }
+            if short == _BLOCKS and self.paused:
+                for p in self.paused:
+                    if p.req is not cand:
+                        pool[p.req] = (policy.key(p.req, now), p.req.seq)
+                pool = {r: k for r, k in pool.items() if k > ckey}
+            if not pool:
                 break
-            del keys[worst]
+            worst = max(pool, key=pool.__getitem__)
             s = self.seqs[worst]
+            if s in self.paused:
+                self._drop_paused(s)
+                continue
+            del keys[worst]
             budget += self._release_step(s)
-            self._preempt(s, now)
+            if short == _BLOCKS:
+                self._preempt(s, now)
+            else:
+                self._pause(s, now)
         return budget
 
-    def _chunk_if_fits(self, s: _Seq, budget: int) -> int:
-        """Tokens ``s`` would be scheduled now, or 0 if it cannot be admitted."""
-        if budget <= 0 or len(self.decoders) + len(self.prefilling) >= self.cfg.max_num_seqs:
-            return 0
+    def _admission(self, s: _Seq, budget: int) -> tuple[int, int]:
+        """Tokens ``s`` would be scheduled now and 0, or 0 and what it lacks (_SLOT, _BUDGET,
+        _BLOCKS), checked in vLLM's order."""
+        if self.num_running >= self.cfg.max_num_seqs:
+            return 0, _SLOT
+        if budget <= 0:
+            return 0, _BUDGET
         req = s.req
-        num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+        computed = req.num_computed_tokens
+        total = req.num_prompt_tokens + req.num_output_tokens
+        touched = 0
+        if self.cache is not None and not computed and (s.keys or s.own_end):
+            # vLLM looks up the prefix cache for a request with nothing computed; a hit is whole
+            # blocks, at most num_tokens - 1 tokens (the last one is computed for its logits)
+            keys = s.keys
+            if s.own_end > len(keys):
+                keys = keys + [(req.seq, i, -1) for i in range(len(keys), s.own_end)]
+            self.cache.settle(self.free)
+            h, touched = self.cache.hit_length(keys, (total - 1) // self.bs)
+            s.hit = keys[:h]
+            computed = h * self.bs
+        num_new = total - computed
         if num_new > budget:
             if not self.cfg.enable_chunked_prefill:
-                return 0
+                return 0, _BUDGET
             num_new = budget
-        if -(-(req.num_computed_tokens + num_new) // self.bs) - s.blocks > self.free:
-            return 0
-        return num_new
-
-    def _fits(self, s: _Seq, budget: int) -> bool:
-        return self._chunk_if_fits(s, budget) > 0
-
-    def _admit_one(self, now: float, budget: int) -> int:
-        req = self.waiting.pop()
-        s = self.seqs[req]
-        chunk = min(req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens, budget)
-        self._start_running(s, chunk, now)
-        return budget - chunk
+        if -(-(computed + num_new) // self.bs) - s.blocks - len(s.hit) + touched > self.free:
+            return 0, _BLOCKS
+        return num_new, 0
 
     def _start_running(self, s: _Seq, chunk: int, now: float) -> None:
         req = s.req
+        if s in self.paused:
+            del self.paused[s]
+        elif req.num_computed_tokens and self.cfg.preemption_mode == "swap":
+            self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
+        cache = self.cache
+        if cache is not None and not req.num_computed_tokens:
+            hit = s.hit
+            if hit:  # take the cached blocks (admission just looked them up, the cache settled)
+                for key in hit:
+                    if cache.acquire(key):
+                        self.free -= 1
+                s.held.extend(hit)
+                s.blocks += len(hit)
+                s.reg = len(hit)
+                req.num_computed_tokens = len(hit) * self.bs
+                req.num_recomputed_tokens -= min(req.num_computed_tokens, s.lost)
+                s.hit = []
+            # vLLM's PrefixCacheStats: new requests, and apart the resumed ones
+            if req.first_scheduled_time is None:
+                cache.queries += req.num_prompt_tokens
+                cache.hits += req.num_computed_tokens
+                req.num_cached_tokens = req.num_computed_tokens
+            else:
+                cache.preempted_queries += req.num_prompt_tokens + req.num_output_tokens
+                cache.preempted_hits += req.num_computed_tokens
+            s.lost = 0
         blocks = self._blocks_for(s, chunk)
         s.blocks += blocks
         self.free -= blocks
         s.chunk = chunk
-        if req.num_computed_tokens and self.cfg.preemption_mode == "swap":
-            self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
         req.transition(RequestState.RUNNING)
         if req.first_scheduled_time is None:
             req.first_scheduled_time = now
@@ -490,7 +646,7 @@ class Replica:
             req = waiting.peek()
             assert req is not None
             s = seqs[req]
-            chunk = self._chunk_if_fits(s, budget)
+            chunk, _ = self._admission(s, budget)
             if not chunk:
                 break
             waiting.pop()
@@ -520,8 +676,10 @@ class Replica:
             self.plan_slope = cost.per_kv_token * num_dec
             n = self._decode_horizon()
         else:
+            self._admission_held = False
             self.busy = False
             return
+        self._admission_held = False
         self.busy = True
         self.plan_start = now
         self.plan_n = n
@@ -547,6 +705,8 @@ class Replica:
         they fit (binary search over the monotone cumulative block need).
         """
         g = self.g
+        if self._admission_held and self.waiting:
+            return 1  # the next step may admit what this one could not (it preempted)
         n = min(self.fin_heap[0][0] - g, self.cfg.max_steps_per_event)
         if self.rekey_heap:
             n = min(n, max(self.rekey_heap[0][0] - g, 1))
@@ -589,9 +749,19 @@ class Replica:
         self._run_version += 1  # prefill progress moves keys and phases (no token hints for it)
         still: list[_Seq] = []
         done: list[_Seq] = []
+        cache, bs = self.cache, self.bs
+        if cache is not None:
+            cache.settle(self.free)
         for s in self.prefilling:
             req = s.req
             req.num_computed_tokens += s.chunk
+            if cache is not None and s.keys:
+                full = min(req.num_computed_tokens // bs, len(s.keys))
+                for i in range(s.reg, full):
+                    if cache.insert(s.keys[i]):
+                        s.held.append(s.keys[i])
+                if full > s.reg:
+                    s.reg = full
             if req.num_computed_tokens < req.num_prompt_tokens + req.num_output_tokens:
                 still.append(s)
                 if s.chunk and self._progress_hook:

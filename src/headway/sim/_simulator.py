@@ -11,7 +11,7 @@ from typing import Any
 from headway.core import LoadTracker, Policy, Request, Router, make_policy, make_router, policy_estimator
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel, load_preset
-from headway.sim._events import EventLoop
+from headway.sim._events import ARRIVAL, EventLoop
 from headway.sim._fleet import relative_speeds
 from headway.sim._replica import Replica
 from headway.workload import RequestSpec, Workload
@@ -39,6 +39,17 @@ class ReplicaStats:
     """(time, waiting, running, used KV blocks) after every step event, when recorded."""
     speed: float = 1.0
     """Relative decode throughput the router weighed this replica with (1.0 = fastest)."""
+    num_pauses: int = 0
+    """Pause-mode displacements (requests taken out of the batch with their KV kept)."""
+    prefix_cache_queries: int = 0
+    """Prompt tokens of the requests scheduled for the first time (vLLM's ``prefix_cache_queries``)."""
+    prefix_cache_hits: int = 0
+    """Of those, tokens found in the prefix cache (vLLM's ``prefix_cache_hits``)."""
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """``prefix_cache_hits / prefix_cache_queries`` (None without prefix caching or queries)."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +81,14 @@ class SimResult:
     def requests_per_second_wall(self) -> float:
         """Simulated requests per wall-clock second: the simulator's speed."""
         return len(self.requests) / self.wall_time if self.wall_time > 0 else float("inf")
+
+
+def _chain(first: Callable[[Request], None], then: Callable[[Request], None]) -> Callable[[Request], None]:
+    def both(req: Request) -> None:
+        first(req)
+        then(req)
+
+    return both
 
 
 def _resolve_policy(policy: Policy | str, policy_kwargs: Mapping[str, Any] | None) -> Policy:
@@ -202,6 +221,13 @@ def simulate(
     assignment = [0] * len(requests)
     for i, req in enumerate(requests):
         req.seq = i
+    # closed-loop requests (RequestSpec.after) arrive think_time after the one they follow ends
+    index = {s.request_id: i for i, s in enumerate(specs)}
+    followers: dict[int, list[int]] = {}
+    for i, s in enumerate(specs):
+        if s.after is not None:
+            followers.setdefault(index[s.after], []).append(i)
+    open_loop = [i for i, s in enumerate(specs) if s.after is None]
 
     if rtr is not None and tracker is not None:
         rtr.reset()
@@ -227,7 +253,22 @@ def simulate(
             assignment[i] = k
             replicas[k].submit(req, specs[i].num_output_tokens)
 
-    loop.set_arrivals([r.arrival_time for r in requests], arrive)
+    if followers:
+
+        def follow(i: int) -> None:
+            requests[i].arrival_time = loop.now
+            arrive(i)
+
+        def release(req: Request) -> None:
+            for j in followers.get(req.seq, ()):
+                loop.schedule(loop.now + specs[j].think_time, ARRIVAL, follow, j)
+
+        for r in replicas:
+            done = r.on_done
+            r.on_done = release if done is None else _chain(done, release)
+        loop.set_arrivals([requests[i].arrival_time for i in open_loop], lambda k: arrive(open_loop[k]))
+    else:
+        loop.set_arrivals([r.arrival_time for r in requests], arrive)
     c0, t0 = time.process_time(), time.perf_counter()
     loop.run()
     wall = time.perf_counter() - t0
@@ -262,6 +303,9 @@ def simulate(
             max_step_tokens=r.max_step_tokens,
             timeline=None if r.timeline is None else tuple(r.timeline),
             speed=speeds[i],
+            num_pauses=r.num_pauses,
+            prefix_cache_queries=0 if r.cache is None else r.cache.queries,
+            prefix_cache_hits=0 if r.cache is None else r.cache.hits,
         )
         for i, r in enumerate(replicas)
     )

@@ -32,6 +32,17 @@ class RequestSpec:
     prompt: str | None = None
     category: str | None = None
     score: float | None = None
+    block_hashes: tuple[int, ...] = ()
+    """Chained block hashes of its tokens (see :attr:`headway.core.Request.block_hashes`)."""
+    hash_block_size: int = 16
+    """Tokens per entry of ``block_hashes``."""
+    after: str | None = None
+    """Closed-loop arrival: the ``request_id`` of the request this one follows, such as the
+    previous turn of a conversation (it must come earlier in the workload). Simulated, it arrives
+    ``think_time`` seconds after that one finishes (or is aborted); ``arrival_time`` then only
+    places it in the workload's order."""
+    think_time: float = 0.0
+    """Seconds between the end of ``after`` and this request's arrival."""
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens <= 0:
@@ -42,6 +53,10 @@ class RequestSpec:
             raise ValueError(
                 f"request {self.request_id!r}: num_output_tokens must be > 0, got {self.num_output_tokens}"
             )
+        if not (self.think_time >= 0.0 and math.isfinite(self.think_time)):
+            raise ValueError(f"request {self.request_id!r}: think_time must be finite and >= 0, got {self.think_time}")
+        if self.hash_block_size < 1:
+            raise ValueError(f"request {self.request_id!r}: hash_block_size must be >= 1, got {self.hash_block_size}")
         if not (self.arrival_time >= 0.0 and math.isfinite(self.arrival_time)):
             raise ValueError(
                 f"request {self.request_id!r}: arrival_time must be finite and >= 0, got {self.arrival_time}"
@@ -67,6 +82,8 @@ class RequestSpec:
             prompt=self.prompt,
             category=self.category,
             score=self.score,
+            block_hashes=self.block_hashes,
+            hash_block_size=self.hash_block_size,
         )
 
 
@@ -86,6 +103,14 @@ class Workload:
                 raise ValueError(f"workload {name!r}: duplicate request_id {spec.request_id!r}")
             ids.add(spec.request_id)
         ordered = sorted(enumerate(specs), key=lambda p: (p[1].arrival_time, p[0]))
+        seen: set[str] = set()
+        for _, spec in ordered:
+            if spec.after is not None and spec.after not in seen:
+                raise ValueError(
+                    f"workload {name!r}: request {spec.request_id!r} follows {spec.after!r}, which is not "
+                    "an earlier request of the workload"
+                )
+            seen.add(spec.request_id)
         return cls(name, tuple(s for _, s in ordered), dict(meta or {}))
 
     def __len__(self) -> int:

@@ -1,0 +1,177 @@
+"""Automatic prefix caching as vLLM V1 keeps it: the free-block queue and the cached-block map.
+
+vLLM's ``BlockPool`` holds every block with no user in one free queue: blocks never used
+first, then freed blocks in the order they were freed (a request's blocks tail first, so
+its last blocks are reused first). An allocation takes blocks from the head; a freed full
+block keeps its hash, so until it is reused a later request with the same prefix finds it
+("hits") and takes it off the queue. This module keeps that queue by counts: the blocks
+never used (``fresh``), then entries in freeing order, each a hashed block (its key) or a
+run of blocks without a hash. Allocation only lowers the engine's free-block count; the
+queue gives the blocks up lazily (:meth:`PrefixCache.settle`), before anything looks into
+it, which takes the same blocks from the head as taking them at allocation would.
+
+Keys. Engine block ``i`` (``block_size`` tokens) of a request is keyed from the request's
+``block_hashes`` (:func:`block_keys`). A request evicted and recomputed also finds its own
+computed blocks still cached: they are keyed ``(seq, i, -1)``, a key no other request has.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+
+__all__ = ["PrefixCache", "block_keys", "ideal_prefix_hits"]
+
+
+def block_keys(hashes: Sequence[int], hash_block_size: int, num_prompt_tokens: int, block_size: int) -> list[Hashable]:
+    """Keys of the engine blocks that ``hashes`` cover.
+
+    With ``hash_block_size == block_size`` the keys are the hashes; with a multiple ``k`` of it,
+    sub-block ``j`` of hash ``h`` is ``(h, j)``. A last hash that ends past the prompt covers a
+    partial block (Mooncake's): only the prompt's whole blocks in it are keyed. Hashes of a
+    size that is not a multiple of ``block_size`` key nothing.
+    """
+    if not hashes or hash_block_size % block_size:
+        return []
+    covered = len(hashes) * hash_block_size
+    if covered - hash_block_size < num_prompt_tokens < covered:
+        covered = num_prompt_tokens
+    n = covered // block_size
+    if hash_block_size == block_size:
+        return list(hashes[:n])
+    k = hash_block_size // block_size
+    return [(hashes[i // k], i % k) for i in range(n)]
+
+
+def ideal_prefix_hits(requests: Sequence[tuple[list[Hashable], int]], block_size: int) -> int:
+    """Prefix-cache hits (tokens) with an unbounded cache, requests taken in the given order.
+
+    Each item is a request's block keys and its prompt length. A request hits the longest run
+    of its keys that earlier requests' keys contain (all of them: prompt and answer), capped
+    as vLLM caps a hit at ``prompt - 1`` tokens. Under FCFS nothing can be cached before the
+    requests that arrived earlier computed it, so the simulator's hits never exceed this.
+    """
+    seen: set[Hashable] = set()
+    total = 0
+    for keys, prompt in requests:
+        cap = (prompt - 1) // block_size
+        h = 0
+        while h < cap and h < len(keys) and keys[h] in seen:
+            h += 1
+        total += h * block_size
+        seen.update(keys)
+    return total
+
+
+class PrefixCache:
+    """vLLM's free-block queue and its map of cached blocks, kept by counts (module docstring)."""
+
+    __slots__ = ("fresh", "hits", "lru", "preempted_hits", "preempted_queries", "queries", "queued", "ref", "runs")
+
+    def __init__(self, num_blocks: int) -> None:
+        self.fresh = num_blocks  # never-used blocks at the head of the free queue
+        self.queued = num_blocks  # blocks in the queue, popped lazily down to the free count
+        self.lru: OrderedDict[Hashable, None] = OrderedDict()  # queue entries after the fresh ones
+        self.runs: dict[Hashable, int] = {}  # entry (a 1-tuple) -> size, for runs of blocks without a hash
+        self.ref: dict[Hashable, int] = {}  # cached blocks in use -> their number of users
+        # vLLM's PrefixCacheStats: new requests, and (apart) resumed ones, in tokens
+        self.queries = 0
+        self.hits = 0
+        self.preempted_queries = 0
+        self.preempted_hits = 0
+
+    def settle(self, free: int) -> None:
+        """Give up the blocks allocated since the last call: pop from the head down to ``free``."""
+        excess = self.queued - max(free, 0)
+        if excess <= 0:
+            return
+        self.queued -= excess
+        if self.fresh:
+            d = min(self.fresh, excess)
+            self.fresh -= d
+            excess -= d
+        lru, runs = self.lru, self.runs
+        while excess:
+            key = next(iter(lru))
+            if key in runs:
+                n = runs[key]
+                if n > excess:
+                    runs[key] = n - excess
+                    return
+                del runs[key]
+                excess -= n
+            else:
+                excess -= 1
+            del lru[key]
+
+    def cached(self, key: Hashable) -> bool:
+        """Whether a block with ``key`` is cached (in use or free); settle first."""
+        return key in self.ref or key in self.lru
+
+    def hit_length(self, keys: Sequence[Hashable], limit: int) -> tuple[int, int]:
+        """Leading ``keys`` (at most ``limit``) that are cached, and how many of them are free
+        (they leave the free queue when used); settle first."""
+        ref, lru = self.ref, self.lru
+        h = touched = 0
+        for key in keys:
+            if h >= limit:
+                break
+            if key in ref:
+                h += 1
+            elif key in lru:
+                h += 1
+                touched += 1
+            else:
+                break
+        return h, touched
+
+    def acquire(self, key: Hashable) -> bool:
+        """Use the cached block ``key``; True if it left the free queue (settle first)."""
+        ref = self.ref
+        n = ref.get(key)
+        if n is not None:
+            ref[key] = n + 1
+            return False
+        del self.lru[key]
+        self.queued -= 1
+        ref[key] = 1
+        return True
+
+    def insert(self, key: Hashable) -> bool:
+        """A block just computed gets ``key``; False if one is cached already (settle first;
+        vLLM keeps such a duplicate too, this one is then a block without a hash)."""
+        if key in self.ref or key in self.lru:
+            return False
+        self.ref[key] = 1
+        return True
+
+    def release(self, unhashed: int, own: Sequence[Hashable], keys: Sequence[Hashable], run_id: int) -> int:
+        """A request frees ``unhashed`` blocks without a hash, blocks that get the keys ``own``
+        as they go back (an evicted request's, not cached before), and the cached ``keys`` it
+        used, in that order (pass each tail first, as vLLM frees them); ``run_id`` names the
+        run (unique). Cached blocks with other users stay off the queue; settle first. Returns
+        the number of blocks that went back to the queue."""
+        lru, ref = self.lru, self.ref
+        before = self.queued
+        if unhashed:
+            key: Hashable = (run_id,)
+            lru[key] = None
+            self.runs[key] = unhashed
+            self.queued += unhashed
+        for key in own:
+            lru[key] = None
+        self.queued += len(own)
+        for key in keys:
+            n = ref[key] - 1
+            if n:
+                ref[key] = n
+            else:
+                del ref[key]
+                lru[key] = None
+                self.queued += 1
+        return self.queued - before
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Hits over queries of new requests (vLLM's ``prefix_cache_hits / prefix_cache_queries``)."""
+        return self.hits / self.queries if self.queries else None
