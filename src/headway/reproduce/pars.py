@@ -42,6 +42,8 @@ CROSS_TARGET = "gpt4"
 MAX_TOKENS = 4096
 NUM_BURST = 2000
 """The paper's burst size (2,000 concurrent requests)."""
+SHAREGPT_RECORDS, SHAREGPT_QUICK = 3000, 800
+"""ShareGPT first turns read (the file's first ones): the pool each seed's burst is drawn from."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,25 @@ def _default_checkpoint(log: Callable[[str], None]) -> Path:
         log(f"training the default predictor into {path} (minutes)")
         train_predictor(TrainConfig(threads=2, progress=False), path)
     return path
+
+
+def _frozen_scores(paths: dict[str, Path], prompts: Sequence[str]) -> dict[str, np.ndarray]:
+    """Scores of frozen-encoder checkpoints (one linear head each on the same encoder's features):
+    the features are computed once (and cached on disk under the headway cache), then each head."""
+    import torch
+
+    from headway.predict.model import load_checkpoint
+    from headway.predict.train import embed_prompts, embedding_tag
+
+    loaded = {k: load_checkpoint(v) for k, v in paths.items()}
+    first = next(iter(loaded.values()))
+    encoders = {(str(lp.meta["encoder"]), lp.meta["pooling"], lp.max_length) for lp in loaded.values()}
+    if len(encoders) != 1 or any(lp.meta["training"]["mode"] != "frozen" for lp in loaded.values()):
+        raise ValueError(f"frozen checkpoints on one encoder expected, got {sorted(encoders)}")
+    tag = embedding_tag(None, first.model.pooling, first.max_length)
+    feats = torch.from_numpy(embed_prompts(first.model, first.tokenizer, prompts, first.max_length, cache_tag=tag))
+    with torch.inference_mode():
+        return {k: lp.model.score_embeddings(feats).double().numpy() for k, lp in loaded.items()}
 
 
 def _pools(limit_sharegpt: int) -> list[_Pool]:
@@ -151,7 +172,7 @@ def run(
     from headway.predict.score import Scorer
 
     timer = Timer()
-    n = 400 if quick else NUM_BURST
+    n = 300 if quick else NUM_BURST
     exp = Experiment("pars", "PARS: prompt-aware SJF with a pairwise-ranked length predictor", seeds=tuple(seeds))
     log = exp.notes.append
     frozen = {loss: _checkpoint(f"{loss}-frozen", log, mode="frozen", loss=loss) for loss in LOSSES}
@@ -162,13 +183,16 @@ def run(
     else:
         head = _default_checkpoint(log)
     cross = _checkpoint("pairwise-frozen-llama3", log, mode="frozen", data=f"alpaca_eval:{CROSS_TRAIN}")
-    scorers = {"trained": head, **{f"{k} (frozen)": v for k, v in frozen.items()}, "cross": cross}
-    loaded = {k: Scorer.from_checkpoint(v, threads=2) for k, v in scorers.items()}
+    trained = Scorer.from_checkpoint(head, threads=2)
 
-    pools = _pools(1500 if quick else 6000)
-    pool_scores = {p.name: {k: s.score(p.prompts) for k, s in loaded.items() if k != "cross"} for p in pools}
+    pools = _pools(SHAREGPT_QUICK if quick else SHAREGPT_RECORDS)
+    pool_scores = {
+        p.name: {"trained": trained.score(p.prompts)}
+        | {f"{k} (frozen)": v for k, v in _frozen_scores(frozen, p.prompts).items()}
+        for p in pools
+    }
     same_pool, other_pool = _cross_pool()
-    cross_scores = loaded["cross"].score(same_pool.prompts)
+    cross_scores = _frozen_scores({"cross": cross}, same_pool.prompts)["cross"]
     conv = list(read_vidur_trace(find_data_dir() / "vidur_traces" / "splitwise_conv.csv", limit=n).requests)
 
     per: list[dict[str, float]] = []
@@ -211,7 +235,8 @@ def run(
     sg, ca = pools[0].name, pools[1].name
     exp.setup = [
         f"Bursts: {n} requests at t = 0 drawn per seed (without replacement) from ShareGPT first turns "
-        f"({len(pools[0].prompts)} usable of the file's first {1500 if quick else 6000}; ChatGPT's answer "
+        f"({len(pools[0].prompts)} usable of the file's first {SHAREGPT_QUICK if quick else SHAREGPT_RECORDS}; "
+        "ChatGPT's answer "
         f"lengths, cl100k) and from CodeAlpaca-2k ({len(pools[1].prompts)}; text-davinci-003's answers, "
         "WordPiece tokens); prompt tokens approximated as characters / 4; at most "
         f"{MAX_TOKENS} tokens each.",
