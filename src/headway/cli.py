@@ -100,6 +100,20 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     w.add_argument("--model", default=None, help="alpaca_eval: the model whose outputs give the lengths")
     w.add_argument("--format", default=None, help="file format when it cannot be told from the content")
     w.add_argument("--seed", type=int, default=0, help="seed of every random draw")
+    w.add_argument(
+        "--system-prompts",
+        type=int,
+        default=None,
+        metavar="K",
+        help="put one of K shared system prompts before every prompt (their KV blocks are shared: prefix caching)",
+    )
+    w.add_argument("--system-prompt-tokens", type=int, default=None, help="length of each system prompt (default 1000)")
+    w.add_argument(
+        "--think-time",
+        type=float,
+        default=None,
+        help="sharegpt-sessions: mean seconds between an answer and the next turn (default 10)",
+    )
     s = p.add_argument_group("policies")
     s.add_argument("--policies", default="all", help="comma-separated policy names, or 'all' (see `headway policies`)")
     s.add_argument(
@@ -210,7 +224,10 @@ def _load_workload(args: argparse.Namespace) -> Any:
     from headway.workload import load_workload
 
     options: dict[str, Any] = {"seed": args.seed}
-    for name in ("num_requests", "rate", "burstiness", "output_cv", "arrivals", "model", "format"):
+    for name in (
+        "num_requests", "rate", "burstiness", "output_cv", "arrivals", "model", "format",
+        "system_prompts", "system_prompt_tokens", "think_time",
+    ):  # fmt: skip
         value = getattr(args, name)
         if value is not None:
             options[name] = value
@@ -349,6 +366,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             console.print(
                 f"[yellow]{name}: {summary.num_aborted} of {summary.num_requests} requests aborted ({why})[/]"
             )
+    rates = {n: s.prefix_cache_hit_rate for n, (s, _) in runs.items() if s.prefix_cache_hit_rate is not None}
+    if rates and any(rates.values()):
+        shown = ", ".join(f"{n} {r:.1%}" for n, r in rates.items())
+        console.print(f"prefix cache hit rate (prompt tokens found cached): {shown}")
     baseline = baseline_name if baseline_name in runs else None
     if baseline_name is not None and baseline is None:
         console.print(f"[yellow]no ratios: the baseline {baseline_name} failed[/]")

@@ -26,7 +26,7 @@ from headway.core import (
 )
 from headway.core._router import length_class
 
-ALL = ["least-outstanding", "least-tokens", "length-aware", "power-of-two", "random", "round-robin"]
+ALL = ["least-outstanding", "least-tokens", "length-aware", "power-of-two", "prefix-aware", "random", "round-robin"]
 
 
 def _reqs(n: int, prompt: int = 100, **kw: object) -> list[Request]:

@@ -107,3 +107,18 @@ def test_declared_modes_and_overrides() -> None:
         make_policy("ltr", displacement="swap")
     with pytest.raises(ValueError, match="'sjf-oracle' is not preemptive"):
         make_policy("sjf-oracle", displacement="pause")
+
+
+def test_step_records_show_the_preemption_and_the_held_admission() -> None:
+    wl = Workload.from_specs("t", [
+        RequestSpec("a", 0.0, 16, 10), RequestSpec("b", 0.0, 16, 10), RequestSpec("c", 0.5, 4, 1, priority=-1),
+    ])  # fmt: skip
+    res = simulate(wl, "priority", preset=unit_cost(1.0), scheduler=SchedulerConfig(max_steps_per_event=1),
+                   cache=CacheConfig(num_gpu_blocks=3), record_steps=True)  # fmt: skip
+    steps = res.replicas[0].steps
+    assert steps is not None
+    assert [(s.time, s.scheduled, s.preempted) for s in steps[:3]] == [
+        (0.0, (("a", 16), ("b", 16)), ()),
+        (1.0, (("a", 1),), ("b",)),  # b evicted; c (arrived at 0.5) not admitted in this step
+        (2.0, (("a", 1), ("c", 4)), ()),
+    ]

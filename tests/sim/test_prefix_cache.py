@@ -146,3 +146,21 @@ def test_fast_forward_matches_exact_mode_with_prefix_caching(wl: Workload, block
             b.state, b.num_output_tokens, b.num_preemptions, b.num_recomputed_tokens, b.num_cached_tokens)
         assert a.finish_time == pytest.approx(b.finish_time, rel=1e-9, abs=1e-12)
         assert a.first_token_time == pytest.approx(b.first_token_time, rel=1e-9, abs=1e-12)
+
+
+def test_step_records_name_each_steps_decisions() -> None:
+    # the hand-computed scenario above, step by step: A's 40-token prefill; A finishes; B's
+    # 8 new tokens after its 32 cached ones
+    specs = [
+        RequestSpec("a", 0.0, 40, 1, block_hashes=(1, 2, 3)),
+        RequestSpec("b", 20.0, 40, 1, block_hashes=(1, 2, 4)),
+    ]
+    wl = Workload.from_specs("t", specs)
+    res = simulate(wl, "fcfs", preset=COST, scheduler=SchedulerConfig(max_steps_per_event=1), record_steps=True)
+    steps = res.replicas[0].steps
+    assert steps is not None
+    assert [(s.time, s.scheduled, s.preempted, s.cached_tokens) for s in steps] == [
+        (0.0, (("a", 40),), (), (("a", 0),)),
+        (20.0, (("b", 8),), (), (("b", 32),)),
+    ]
+    assert simulate(wl, "fcfs", preset=COST).replicas[0].steps is None

@@ -114,6 +114,15 @@ def test_mooncake_round_trip(write_jsonl: JsonlWriter, rows: list[tuple[int, int
     assert sorted((s.arrival_time, s.num_prompt_tokens, s.num_output_tokens) for s in w) == sorted(
         ((r["timestamp"] - t0) / 1000.0, r["input_length"], r["output_length"]) for r in records
     )
+    assert all(s.block_hashes == (1, 2) and s.hash_block_size == 512 for s in w)
+
+
+def test_mooncake_hash_ids_are_checked(write_jsonl: JsonlWriter, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "m.jsonl", [{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": "x"}])
+    with pytest.raises(WorkloadFormatError, match="hash_ids"):
+        read_mooncake_trace(path)
+    path = write_jsonl(tmp_path / "n.jsonl", [{"timestamp": 0, "input_length": 5, "output_length": 1}])
+    assert read_mooncake_trace(path).requests[0].block_hashes == ()
 
 
 texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=60)

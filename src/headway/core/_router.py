@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from numbers import Integral
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -65,6 +66,7 @@ __all__ = [
     "Estimator",
     "LengthAwareRouter",
     "LoadTracker",
+    "PrefixAwareRouter",
     "Router",
     "Target",
     "TargetLoad",
@@ -822,3 +824,81 @@ class LengthAwareRouter(Router):
 
     def describe(self) -> dict[str, Any]:
         return {"separation": self.separation}
+
+
+@register_router("prefix-aware")
+class PrefixAwareRouter(Router):
+    """The target where the request's cached prefix saves the most, balanced against load.
+
+    As SGLang's cache-aware router and llm-d's prefix-cache scorer, it keeps its own
+    approximate index of what each target has cached: the block hashes
+    (:attr:`~headway.core.Request.block_hashes`) of the requests it sent there, in LRU order,
+    at most ``cache_tokens`` tokens' worth per target (a replica's KV capacity: Llama-3-8B on
+    an A100 holds about 470,000 tokens). A request's *hit* on a target is the longest run of
+    its leading hashes in that index, in tokens (at most the prompt less one token, as vLLM's
+    hits). It goes to the target with the least ``(outstanding tokens + prompt - hit +
+    expected output) / speed``: the work it adds there is what the cache does not save, so a
+    long shared prefix draws it to the target that holds it unless that target is already
+    loaded by more than the prefix saves. Ties: fewer outstanding requests, then rotating.
+    Without hashes this is ``least-tokens``. The index learns from every decision
+    (:meth:`choose` too) and forgets on :meth:`reset`.
+    """
+
+    uses_estimate = True
+
+    def __init__(self, *, cache_tokens: int = 470_000, estimate_fn: Estimator | None = None) -> None:
+        super().__init__(estimate_fn=estimate_fn)
+        if isinstance(cache_tokens, bool) or not isinstance(cache_tokens, int) or cache_tokens < 1:
+            raise ValueError(f"prefix-aware: cache_tokens must be an int >= 1, got {cache_tokens!r}")
+        self.cache_tokens = cache_tokens
+        self._index: dict[int, OrderedDict[int, None]] = {}
+
+    def reset(self) -> None:
+        super().reset()
+        self._index = {}
+
+    def hit_tokens(self, request: Request, target: int) -> int:
+        """Tokens of ``request``'s prompt the router believes ``target`` has cached."""
+        index = self._index.get(target)
+        hashes = request.block_hashes
+        if not index or not hashes:
+            return 0
+        n = 0
+        for h in hashes:
+            if h not in index:
+                break
+            n += 1
+        return min(n * request.hash_block_size, request.num_prompt_tokens - 1)
+
+    def _choose(
+        self,
+        request: Request,
+        length: float,
+        targets: Sequence[TargetLoad],
+        candidates: Sequence[int],
+        uniform: bool,
+    ) -> int:
+        mine = request.num_prompt_tokens + length
+        order = self._rotated(candidates)
+        best = pos = 0
+        best_load = (math.inf, 0)
+        hashes = request.block_hashes
+        for j, i in enumerate(order):
+            t = targets[i]
+            saved = self.hit_tokens(request, i) if hashes else 0
+            load = ((t.outstanding_tokens + mine - saved) / t.speed, t.outstanding_requests)
+            if load < best_load:
+                best, pos, best_load = i, j, load
+        if hashes:
+            index = self._index.setdefault(best, OrderedDict())
+            for h in hashes:
+                index[h] = None
+                index.move_to_end(h)
+            limit = max(self.cache_tokens // request.hash_block_size, 1)
+            while len(index) > limit:
+                index.popitem(last=False)
+        self._picked(pos)
+        return best
+
+    def describe(self) -> dict[str, Any]:
+        return {"cache_tokens": self.cache_tokens}

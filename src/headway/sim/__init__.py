@@ -24,8 +24,10 @@ from headway.sim._cost import (
     roofline,
 )
 from headway.sim._events import EventLoop
+from headway.sim._prefix import ideal_prefix_hits
 from headway.sim._replica import Replica
 from headway.sim._simulator import ReplicaStats, RouteFn, SimResult, simulate
+from headway.sim._steps import StepRecord
 
 __all__ = [
     "PRESETS",
@@ -39,6 +41,7 @@ __all__ = [
     "SchedulerConfig",
     "SimResult",
     "StepLog",
+    "StepRecord",
     "StepSample",
     "available_presets",
     "calibration_meta",
@@ -46,6 +49,7 @@ __all__ = [
     "engine_configs",
     "fit_from_step_log",
     "fit_step_samples",
+    "ideal_prefix_hits",
     "load_preset",
     "preset_dir",
     "read_step_log",

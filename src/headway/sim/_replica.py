@@ -17,6 +17,14 @@ Each engine step (vLLM ``schedule()`` + model run) proceeds as V1's scheduler do
 
 Step duration comes from the :class:`~headway.sim.CostModel`.
 
+**Prefix caching** (``CacheConfig.enable_prefix_caching``, as vLLM V1's): a request with
+nothing computed looks up its block keys in :class:`~headway.sim._prefix.PrefixCache` and
+starts after its cached whole blocks (at most ``num_tokens - 1`` tokens); its hashed blocks
+are entered as prefill computes them, those filled by decoding when it leaves the batch (a
+deliberate difference: vLLM enters each as it fills, so a request sharing text another one
+is still generating can hit it there, not here); freed blocks keep their keys in the free
+queue until an allocation reuses them.
+
 **Fast-forward.** A step with no prefill work is a *decode-only* step, and the next
 decision cannot differ until something happens: a request finishes, the KV cache
 runs out, a policy's rekey hint fires, or a request arrives. So decode-only stretches
@@ -44,6 +52,7 @@ either, and the stretch reports lazily (at its end, a finish, a preemption or a 
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -54,6 +63,8 @@ from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel
 from headway.sim._events import STEP_END, TIMER, EventLoop, tie_floor
 from headway.sim._prefix import PrefixCache, block_keys
+from headway.sim._running_keys import RunningKeys
+from headway.sim._steps import StepRecord
 
 __all__ = ["Replica"]
 
@@ -105,6 +116,7 @@ class Replica:
         on_done: Callable[[Request], None] | None = None,
         truth: dict[Request, int] | None = None,
         record_timeline: bool = False,
+        record_steps: bool = False,
     ) -> None:
         self.loop = loop
         self.policy = policy
@@ -133,6 +145,11 @@ class Replica:
         # displacement modes other than "none" (see headway.core.Policy) check the queue head
         self._displacing = policy.preemptive and policy.displacement != "none"
         self.paused: dict[_Seq, None] = {}  # pause mode: waiting requests that keep their KV blocks
+        # the worst-keyed running request, kept lazily (a full scan for policies with a progress
+        # hook, whose every running request a check syncs, as step-by-step mode reports progress)
+        self._rkeys: RunningKeys[_Seq] | None = (
+            RunningKeys(policy) if self._displacing and not self._progress_hook else None
+        )
         self._admission_held = False  # the step being planned preempted, so it admitted nobody
         # displacement checks are skipped while nothing they read changed (see _start_step);
         # a rekey point bumps _run_version
@@ -167,6 +184,10 @@ class Replica:
         self.num_pauses = 0  # pause mode: requests taken out of the batch with their KV kept
         self.max_step_tokens = 0  # largest token count of one step (budget check)
         self.timeline: list[tuple[float, int, int, int]] | None = [] if record_timeline else None
+        # each step's decisions (StepRecord), when recorded
+        self.steps: list[StepRecord] | None = [] if record_steps else None
+        self._step_preempted: list[str] = []
+        self._step_cached: list[tuple[str, int]] = []
 
     # ------------------------------------------------------------ arrivals
     @property
@@ -273,6 +294,8 @@ class Replica:
             return
         self.free += self._cum_blocks(n) - self._cum_blocks(m)
         self.plan_n = m
+        if self.steps:
+            self.steps[-1] = dataclasses.replace(self.steps[-1], num_steps=m)
         self.version += 1
         end, now = start + self._span(m), self.loop.now
         # a step that ended within a rounding tie before now ends now (as its stale event would)
@@ -382,6 +405,8 @@ class Replica:
 
     def _finish(self, s: _Seq, now: float) -> None:
         req = s.req
+        if self._rkeys is not None:
+            self._rkeys.drop(s)
         self._free_blocks(s, False)
         req.finish_time = now
         req.transition(RequestState.FINISHED)
@@ -394,7 +419,11 @@ class Replica:
 
     def _preempt(self, s: _Seq, now: float) -> None:
         """Evict a running request (its step reservations must already be returned)."""
+        if self.steps is not None:
+            self._step_preempted.append(s.req.request_id)
         req = s.req
+        if self._rkeys is not None:
+            self._rkeys.drop(s)
         if s in self.decoders:
             self._sync(s, now)
             self._remove_decoder(s)
@@ -418,7 +447,11 @@ class Replica:
     def _pause(self, s: _Seq, now: float) -> None:
         """Pause mode: take a running request out of the batch; it keeps its KV blocks and waits
         (its step reservations must already be returned). Counts as a preemption of the request."""
+        if self.steps is not None:
+            self._step_preempted.append(s.req.request_id)
         req = s.req
+        if self._rkeys is not None:
+            self._rkeys.drop(s)
         if s in self.decoders:
             self._sync(s, now)
             self._remove_decoder(s)
@@ -436,6 +469,8 @@ class Replica:
 
     def _drop_paused(self, s: _Seq) -> None:
         """A KV shortage evicts a paused request: its blocks are freed, it recomputes on resume."""
+        if self.steps is not None:
+            self._step_preempted.append(s.req.request_id)
         del self.paused[s]
         req = s.req
         self._free_blocks(s, self.cfg.preemption_mode == "recompute")
@@ -447,6 +482,13 @@ class Replica:
             req.num_computed_tokens = 0
         self.num_preemptions += 1
         self._run_version += 1
+
+    def _sync_now(self, s: _Seq) -> None:
+        if s in self.decoders:
+            self._sync(s, self.loop.now)
+
+    def _running_items(self) -> list[tuple[_Seq, Request]]:
+        return [(s, s.req) for s in self.decoders] + [(s, s.req) for s in self.prefilling]
 
     def _running(self, now: float) -> list[Request]:
         for s in self.decoders:
@@ -535,7 +577,8 @@ class Replica:
         alone when chunked prefill is on (any budget admits a chunk)."""
         policy = self.policy
         pause = policy.displacement == "pause"
-        keys = {r: (policy.key(r, now), r.seq) for r in self._running(now)}
+        rkeys = self._rkeys
+        keys = None if rkeys is not None else {r: (policy.key(r, now), r.seq) for r in self._running(now)}
         while self.waiting and budget > 0:  # an exhausted token budget is no reason to evict
             cand = self.waiting.peek()
             assert cand is not None
@@ -544,14 +587,21 @@ class Replica:
                 self.waiting.pop()
                 self._start_running(self.seqs[cand], chunk, now)
                 budget -= chunk
-                keys[cand] = (policy.key(cand, now), cand.seq)
+                if keys is not None:
+                    keys[cand] = (policy.key(cand, now), cand.seq)
                 continue
             ckey = (self.waiting.peek_key(), cand.seq)
             if short != _BLOCKS and not pause:
                 break  # evict mode: a full batch or budget displaces nobody
-            pool: dict[Request, tuple[PolicyKey, int]] = {
-                r: k for r, k in keys.items() if r is not cand and k > ckey and policy.can_preempt(r, now)
-            }
+            pool: dict[Request, tuple[PolicyKey, int]]
+            if keys is not None:
+                pool = {r: k for r, k in keys.items() if k > ckey and policy.can_preempt(r, now)}
+            else:
+                assert rkeys is not None
+                head_key = self.waiting.peek_key()
+                assert head_key is not None
+                found = rkeys.worst((head_key, cand.seq), now, self._sync_now, self._running_items)
+                pool = {} if found is None else {found[0].req: found[1]}
             if short == _BLOCKS and self.paused:
                 for p in self.paused:
                     if p.req is not cand:
@@ -564,7 +614,8 @@ class Replica:
             if s in self.paused:
                 self._drop_paused(s)
                 continue
-            del keys[worst]
+            if keys is not None:
+                del keys[worst]
             budget += self._release_step(s)
             if short == _BLOCKS:
                 self._preempt(s, now)
@@ -622,6 +673,8 @@ class Replica:
                 req.num_recomputed_tokens -= min(req.num_computed_tokens, s.lost)
                 s.hit = []
             # vLLM's PrefixCacheStats: new requests, and apart the resumed ones
+            if self.steps is not None:
+                self._step_cached.append((req.request_id, req.num_computed_tokens))
             if req.first_scheduled_time is None:
                 cache.queries += req.num_prompt_tokens
                 cache.hits += req.num_computed_tokens
@@ -639,6 +692,8 @@ class Replica:
             req.first_scheduled_time = now
         self.prefilling.append(s)
         self._run_version += 1
+        if self._rkeys is not None:
+            self._rkeys.push(s, req, now)
 
     def _admit(self, now: float, budget: int) -> None:
         waiting, seqs = self.waiting, self.seqs
@@ -683,11 +738,21 @@ class Replica:
         self.busy = True
         self.plan_start = now
         self.plan_n = n
+        if self.steps is not None:
+            self._record_step(now, n)
         self.plan_extra = 0.0
         if self._catch_up_hook and n > 1 and self.waiting:
             self.plan_reported = 0  # step by step, each boundary reports progress (_report_steps)
         self.version += 1
         self.loop.schedule(now + self._span(n), STEP_END, self._on_step_end, self.version)
+
+    def _record_step(self, now: float, n: int) -> None:
+        scheduled = [(s.req.request_id, 1) for s in self.decoders]
+        scheduled += [(s.req.request_id, s.chunk) for s in self.prefilling]
+        assert self.steps is not None
+        self.steps.append(StepRecord(now, tuple(scheduled), tuple(self._step_preempted), tuple(self._step_cached), n))
+        self._step_preempted.clear()
+        self._step_cached.clear()
 
     def _cum_blocks(self, k: int) -> int:
         """Blocks that decode steps ``0..k-1`` of a plan starting now need (O(block_size))."""
@@ -799,3 +864,5 @@ class Replica:
             self._sync(s, now)
             self._arm_rekey(s)
             self._run_version += 1  # an announced key (or can_preempt) change of a running request
+            if self._rkeys is not None:
+                self._rkeys.push(s, s.req, now)

@@ -14,6 +14,7 @@ from headway.sim._cost import CostModel, load_preset
 from headway.sim._events import ARRIVAL, EventLoop
 from headway.sim._fleet import relative_speeds
 from headway.sim._replica import Replica
+from headway.sim._steps import StepRecord
 from headway.workload import RequestSpec, Workload
 
 __all__ = ["ReplicaStats", "RouteFn", "SimResult", "simulate"]
@@ -45,6 +46,9 @@ class ReplicaStats:
     """Prompt tokens of the requests scheduled for the first time (vLLM's ``prefix_cache_queries``)."""
     prefix_cache_hits: int = 0
     """Of those, tokens found in the prefix cache (vLLM's ``prefix_cache_hits``)."""
+    steps: tuple[StepRecord, ...] | None = None
+    """Every step's decisions (scheduled ids and tokens, preemptions, prefix-cache hits), when
+    recorded (``simulate(record_steps=True)``; one record a step in step-by-step mode)."""
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -145,6 +149,7 @@ def simulate(
     router_kwargs: Mapping[str, Any] | None = None,
     policy_kwargs: Mapping[str, Any] | None = None,
     record_timeline: bool = False,
+    record_steps: bool = False,
 ) -> SimResult:
     """Simulate ``workload`` under ``policy`` and return every request's outcome.
 
@@ -164,6 +169,12 @@ def simulate(
     models), and gets the policy's length estimate when the policy has one (see
     :func:`~headway.core.policy_estimator`). ``result.assignment`` says where each
     request went (:func:`headway.sim._fleet.split_by_replica`).
+
+    ``cache.enable_prefix_caching`` (on by default, as in vLLM V1) reuses cached KV blocks
+    of the requests' ``block_hashes`` (see :mod:`headway.sim._prefix`); each replica's hits
+    are in its :class:`ReplicaStats`. A spec with ``after`` arrives ``think_time`` after the
+    request it follows ends (closed loop: multi-turn sessions); its ``arrival_time`` is then
+    set when it arrives.
     Deterministic: the same inputs (and router seed) give bit-identical results.
     """
     scheduler = scheduler or SchedulerConfig()
@@ -207,6 +218,7 @@ def simulate(
                 name=f"replica-{i}",
                 truth=truth,
                 record_timeline=record_timeline,
+                record_steps=record_steps,
             )
         )
     policy_name = replicas[0].policy.name
@@ -306,6 +318,7 @@ def simulate(
             num_pauses=r.num_pauses,
             prefix_cache_queries=0 if r.cache is None else r.cache.queries,
             prefix_cache_hits=0 if r.cache is None else r.cache.hits,
+            steps=None if r.steps is None else tuple(r.steps),
         )
         for i, r in enumerate(replicas)
     )

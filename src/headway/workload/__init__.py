@@ -37,6 +37,7 @@ from headway.workload._readers import (
     read_vidur_trace,
 )
 from headway.workload._resample import RESAMPLING_CV, resample_output_lengths
+from headway.workload._sessions import DEFAULT_THINK_TIME, read_turn_lengths, session_workload, with_system_prompts
 from headway.workload._sources import (
     DATA_DIR_ENV,
     LoadOptions,
@@ -55,6 +56,7 @@ __all__ = [
     "DEFAULT_NUM_REQUESTS",
     "DEFAULT_RATE",
     "DEFAULT_TENANT_MIX",
+    "DEFAULT_THINK_TIME",
     "RESAMPLING_CV",
     "ArrivalProcess",
     "BurstArrivals",
@@ -86,10 +88,13 @@ __all__ = [
     "read_azure_trace",
     "read_mooncake_trace",
     "read_sharegpt",
+    "read_turn_lengths",
     "read_vidur_trace",
     "replay_arrivals",
     "resample_output_lengths",
     "sample_output_lengths",
     "sample_prompt_lengths",
+    "session_workload",
+    "with_system_prompts",
     "workload_description",
 ]

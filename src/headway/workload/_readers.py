@@ -327,6 +327,8 @@ class _Row:
     arrival_time: float = 0.0
     prompt: str | None = None
     category: str | None = None
+    block_hashes: tuple[int, ...] = ()
+    hash_block_size: int = 16
 
 
 def _assemble(
@@ -351,6 +353,8 @@ def _assemble(
             num_output_tokens=r.num_output_tokens,
             prompt=r.prompt,
             category=r.category,
+            block_hashes=r.block_hashes,
+            hash_block_size=r.hash_block_size,
         )
         for r in rows
     ]
@@ -470,10 +474,24 @@ def _field(path: Path, line: int, record: dict[str, Any], key: str, where: str =
     return record[key]
 
 
+MOONCAKE_BLOCK_SIZE = 512
+"""Tokens per ``hash_ids`` entry in Mooncake traces."""
+
+
+def _hash_ids(path: Path, line: int, raw: object) -> tuple[int, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in raw):
+        raise WorkloadFormatError(path, line, "must be a list of integers", field="hash_ids", value=raw)
+    return tuple(raw)
+
+
 def read_mooncake_trace(path: PathLike, *, limit: int | None = None, name: str | None = None) -> Workload:
     """Read a Mooncake JSONL trace (``timestamp`` ms, ``input_length``, ``output_length``).
 
-    Arrival times are seconds since the earliest timestamp; ``hash_ids`` are ignored.
+    Arrival times are seconds since the earliest timestamp. ``hash_ids`` (optional: chained
+    ids of the prompt's 512-token blocks, the last one partial) become the requests'
+    ``block_hashes`` with ``hash_block_size`` 512, for prefix caching.
     """
     _check_limit(limit)
     p = _existing(path)
@@ -489,6 +507,8 @@ def read_mooncake_trace(path: PathLike, *, limit: int | None = None, name: str |
                 arrival_time=_time_value(p, line, "timestamp", _field(p, line, rec, "timestamp")),
                 num_prompt_tokens=_int_value(p, line, "input_length", _field(p, line, rec, "input_length")),
                 num_output_tokens=_int_value(p, line, "output_length", _field(p, line, rec, "output_length")),
+                block_hashes=_hash_ids(p, line, rec.get("hash_ids")),
+                hash_block_size=MOONCAKE_BLOCK_SIZE,
             )
         )
     if rows:  # milliseconds -> seconds since the earliest request

@@ -32,6 +32,7 @@ from headway.workload._readers import (
     read_vidur_trace,
 )
 from headway.workload._resample import resample_output_lengths
+from headway.workload._sessions import DEFAULT_THINK_TIME, read_turn_lengths, session_workload, with_system_prompts
 from headway.workload._spec import Workload
 from headway.workload._tenants import DEFAULT_TENANT_MIX, TenantMix, assign_tenants
 
@@ -89,6 +90,10 @@ class LoadOptions:
     - ``format``: force a file format (see :func:`available_formats`).
     - ``count_tokens``: token counter for text datasets.
     - ``name``: workload name.
+    - ``think_time``: ``sharegpt-sessions``: mean seconds between an answer and the next turn
+      (exponential; default :data:`~headway.workload.DEFAULT_THINK_TIME`).
+    - ``system_prompts``, ``system_prompt_tokens``: put one of that many shared prefixes of
+      that many tokens (default 1,000) before every prompt (a workload without block hashes).
     """
 
     num_requests: int | None = None
@@ -103,6 +108,9 @@ class LoadOptions:
     format: str | None = None
     count_tokens: TokenCounter | None = None
     name: str | None = None
+    think_time: float | None = None
+    system_prompts: int | None = None
+    system_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         n = self.num_requests
@@ -124,6 +132,17 @@ class LoadOptions:
             raise ValueError(f"output_cv must be a finite number >= 0, got {cv!r}")
         if isinstance(self.tenants, str) and self.tenants not in ("default", "none"):
             raise ValueError(f"tenants must be a TenantMix, 'default' or 'none', got {self.tenants!r}")
+        tt = self.think_time
+        if tt is not None and not (is_finite_real(tt) and tt >= 0):
+            raise ValueError(f"think_time must be a finite number >= 0, got {tt!r}")
+        for what, count in (
+            ("system_prompts", self.system_prompts),
+            ("system_prompt_tokens", self.system_prompt_tokens),
+        ):
+            if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+                raise ValueError(f"{what} must be an integer >= 1, got {count!r}")
+        if self.system_prompt_tokens is not None and self.system_prompts is None:
+            raise ValueError("system_prompt_tokens needs system_prompts (how many shared prefixes)")
         if self.format is not None and self.format not in _FORMATS:
             raise ValueError(f"format must be one of {', '.join(available_formats())}, got {self.format!r}")
 
@@ -132,7 +151,9 @@ class LoadOptions:
         return np.random.SeedSequence([self.seed, role])
 
 
-_SELECT, _ARRIVE, _RESAMPLE, _TENANTS = 1, 2, 3, 4
+_SELECT, _ARRIVE, _RESAMPLE, _TENANTS, _SYSTEM = 1, 2, 3, 4, 5
+DEFAULT_SYSTEM_PROMPT_TOKENS = 1000
+"""Length of each shared system prompt when only their number is given."""
 
 
 # ----------------------------------------------------------------------- data dir
@@ -322,6 +343,35 @@ def _synthetic(o: LoadOptions, *, burst: bool) -> Workload:
     )
 
 
+SESSIONS_RATE = 1.0
+"""Default rate (conversations/s) at which ``sharegpt-sessions`` starts conversations."""
+SESSIONS_MAX_MODEL_LEN = 8192
+"""``sharegpt-sessions`` ends a conversation before a turn longer than this (Llama-3-8B's context)."""
+
+
+def _sessions(o: LoadOptions) -> Workload:
+    kind = o.arrivals or "poisson"
+    if kind == "trace":
+        raise ValueError(
+            "sharegpt-sessions has no recorded times; arrivals must be gamma, poisson, gamma-vllm or burst"
+        )
+    _refuse_ignored(kind, o, "sharegpt-sessions")
+    process = _process(kind, o.rate or SESSIONS_RATE, o.burstiness, 1.0)
+    path = find_data_dir(o.data_dir) / "sharegpt" / "sharegpt_all_turn_lengths.csv.gz"
+    num = DEFAULT_NUM_REQUESTS if o.num_requests is None else o.num_requests
+    # conversations in file order; about 3.5 turns each, so read a few more than needed
+    convs = read_turn_lengths(path, limit=num + 10)
+    return session_workload(
+        convs,
+        process,
+        num_requests=num,
+        think_time=DEFAULT_THINK_TIME if o.think_time is None else o.think_time,
+        max_model_len=SESSIONS_MAX_MODEL_LEN,
+        seed=o.stream(_ARRIVE),
+        name="sharegpt-sessions",
+    )
+
+
 def _data_file(*parts: str, fmt: str) -> Callable[[LoadOptions], Workload]:
     def load(o: LoadOptions) -> Workload:
         return _FORMATS[fmt](find_data_dir(o.data_dir).joinpath(*parts), o)
@@ -359,6 +409,13 @@ _WORKLOADS: dict[str, _Source] = {
     ),
     "sharegpt": _Source(_data_file("sharegpt", "sharegpt_first_turn.jsonl.gz", fmt="sharegpt")),
     "alpaca-eval": _Source(_data_file("alpaca_eval", fmt="alpaca-eval")),
+    "sharegpt-sessions": _Source(
+        _sessions,
+        synthetic=True,
+        about="ShareGPT's multi-turn conversations (turn lengths): turn k's prompt is the conversation so far, "
+        f"sent an exponential think time (mean {DEFAULT_THINK_TIME:g} s) after the previous answer; conversations "
+        f"start at {SESSIONS_RATE:g}/s (Poisson); prefix-cache block hashes; needs the shared data",
+    ),
 }
 
 
@@ -500,6 +557,9 @@ def load_workload(source: str, **options: object) -> Workload:
             w = assign_tenants(w, mix, o.stream(_TENANTS))
     if o.output_cv:
         w = resample_output_lengths(w, o.output_cv, o.stream(_RESAMPLE))
+    if o.system_prompts is not None:
+        tokens = DEFAULT_SYSTEM_PROMPT_TOKENS if o.system_prompt_tokens is None else o.system_prompt_tokens
+        w = with_system_prompts(w, o.system_prompts, tokens, o.stream(_SYSTEM))
     if o.name is not None:
         w = Workload(o.name, w.requests, dict(w.meta))
     return w

@@ -1,0 +1,88 @@
+"""Workloads that share prefixes: multi-turn sessions and shared system prompts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from headway.sim import CacheConfig, simulate
+from headway.workload import (
+    BurstArrivals,
+    RequestSpec,
+    Workload,
+    load_workload,
+    read_turn_lengths,
+    session_workload,
+    with_system_prompts,
+)
+
+TextWriter = Callable[[Path, str], Path]  # the write_text fixture (conftest.py)
+
+
+def test_turn_lengths_are_read_in_turn_order(write_text: TextWriter, tmp_path: Path) -> None:
+    text = "conv_id,turn,prompt_tokens,response_tokens,prompt_chars,response_chars\n"
+    text += "a,1,5,6,0,0\na,0,3,4,0,0\nb,0,7,8,0,0\nb,1,0,2,0,0\nb,2,9,9,0,0\nc,0,1,1,0,0\n"
+    path = write_text(tmp_path / "t.csv.gz", text)
+    assert read_turn_lengths(path) == [[(3, 4), (5, 6)], [(7, 8)], [(1, 1)]]  # b stops at its empty turn
+    assert read_turn_lengths(path, limit=2) == [[(3, 4), (5, 6)], [(7, 8)]]
+
+
+def test_a_turn_is_the_history_plus_its_message() -> None:
+    w = session_workload([[(20, 30), (10, 40), (5, 5)], [(100, 1)]], BurstArrivals(), think_time=2.0, seed=1)
+    by_id = {s.request_id: s for s in w}
+    t0, t1, t2 = (by_id[f"sessions-0-{k}"] for k in range(3))
+    assert (t0.num_prompt_tokens, t1.num_prompt_tokens, t2.num_prompt_tokens) == (20, 60, 105)
+    assert (t0.after, t1.after, t2.after) == (None, t0.request_id, t1.request_id)
+    assert t0.think_time == 0.0 and t1.think_time > 0.0
+    # one token stream: a turn's hashes are the whole blocks up to the end of its answer
+    assert len(t0.block_hashes) == 50 // 16 and len(t1.block_hashes) == 100 // 16
+    assert t1.block_hashes[: len(t0.block_hashes)] == t0.block_hashes
+    assert t2.block_hashes[: len(t1.block_hashes)] == t1.block_hashes
+    assert not set(by_id["sessions-1-0"].block_hashes) & set(t2.block_hashes)
+    cut = session_workload([[(20, 30), (10, 40)]], BurstArrivals(), max_model_len=60)
+    assert len(cut) == 1  # the second turn (60 + 40 tokens) does not fit
+    assert len(session_workload([[(1, 1)] * 5] * 3, BurstArrivals(), num_requests=7)) == 7
+
+
+def test_sessions_hit_their_history_in_the_simulator() -> None:
+    w = session_workload([[(40, 40)] * 4 for _ in range(5)], BurstArrivals(), think_time=1.0)
+    on = simulate(w, "fcfs", cache=CacheConfig(enable_prefix_caching=True))
+    off = simulate(w, "fcfs", cache=CacheConfig(enable_prefix_caching=False))
+    by_id = {r.request_id: r for r in on.requests}
+    for c in range(5):
+        for k in range(1, 4):
+            prev, cur = by_id[f"sessions-{c}-{k - 1}"], by_id[f"sessions-{c}-{k}"]
+            assert cur.arrival_time >= prev.finish_time  # type: ignore[operator]
+            # the history's whole computed blocks are cached: the previous prompt and its answer
+            # but the answer's last token, which was sampled and never computed (as in vLLM)
+            assert cur.num_cached_tokens == (prev.num_prompt_tokens + 40 - 1) // 16 * 16
+    assert on.replicas[0].prefix_cache_hit_rate > 0.5  # type: ignore[operator]
+    assert sum(r.ttft for r in on.requests) < sum(r.ttft for r in off.requests)  # type: ignore[misc]
+
+
+def test_system_prompts_share_their_whole_blocks() -> None:
+    base = Workload.from_specs("t", [RequestSpec(f"r{i}", float(i), 10 + i, 1) for i in range(6)])
+    w = with_system_prompts(base, 2, 40, seed=0)
+    assert [s.num_prompt_tokens for s in w] == [50 + i for i in range(6)]
+    prefixes = {s.block_hashes[:2] for s in w}
+    assert len(prefixes) == 2  # both prompts drawn
+    for s in w:
+        assert len(s.block_hashes) == s.num_prompt_tokens // 16
+        assert not set(s.block_hashes[2:]) & {h for o in w if o is not s for h in o.block_hashes}
+    with pytest.raises(ValueError, match="already has block hashes"):
+        with_system_prompts(w, 2, 40)
+    with pytest.raises(ValueError, match="num_prompts must be an int >= 1, got 0"):
+        with_system_prompts(base, 0, 40)
+    loaded = load_workload("default", num_requests=20, system_prompts=3, system_prompt_tokens=64)
+    assert all(len(s.block_hashes) >= 4 for s in loaded)
+    with pytest.raises(ValueError, match="system_prompt_tokens needs system_prompts"):
+        load_workload("default", num_requests=20, system_prompt_tokens=64)
+
+
+def test_sharegpt_sessions_workload(data_dir: Path) -> None:
+    w = load_workload("sharegpt-sessions", num_requests=300, data_dir=data_dir)
+    assert len(w) == 300
+    assert sum(s.after is not None for s in w) > 150  # most turns follow another
+    assert all(s.num_prompt_tokens + s.num_output_tokens <= 8192 for s in w)
