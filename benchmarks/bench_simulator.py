@@ -1,9 +1,13 @@
 """Simulator speed: simulated requests per wall-clock second on the Azure conv trace.
 
-    python benchmarks/bench_simulator.py [--num-requests N] [--repeat K]
+    python benchmarks/bench_simulator.py [--num-requests N] [--repeat K] [--policies P ...]
 
-Runs headway's simulator (FCFS and oracle SJF; fast-forward and exact step-by-step
-mode) on ``splitwise_conv.csv`` (19,366 requests, Llama-3-8B on A100 preset). When
+Runs headway's simulator (FCFS and oracle SJF in fast-forward and exact step-by-step
+mode, FCFS also without prefix caching; the ``--policies`` given, preemptive ones in their
+declared displacement mode, fast-forward) on ``splitwise_conv.csv`` (19,366 requests,
+Llama-3-8B on A100 preset). Prefix caching is on (vLLM's default) unless a row says
+``no-apc``; the trace has no block hashes, so it costs bookkeeping and finds only evicted
+requests' own blocks. When
 ``VIDUR_PATH`` names a microsoft/vidur checkout and ``VIDUR_PYTHON`` its interpreter
 (a virtualenv with Vidur's requirements), the same script runs Vidur's event loop on
 the same requests (Llama-3-8B, A100, Sarathi) through ``benchmarks/vidur_runner.py``
@@ -23,18 +27,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-from headway.sim import SchedulerConfig, simulate
+from headway.policies import noisy_oracle_defaults
+from headway.sim import CacheConfig, SchedulerConfig, simulate
 from headway.workload import Workload, read_vidur_trace
 
 HERE = Path(__file__).resolve().parent
 DATA = Path(os.environ.get("HEADWAY_DATA_DIR", HERE.parent.parent / "shared" / "data"))
 
 
-def bench(workload: Workload, policy: str, exact: bool, repeat: int) -> dict[str, float]:
+def bench(workload: Workload, policy: str, exact: bool, repeat: int, apc: bool = True) -> dict[str, float]:
     sched = SchedulerConfig(max_steps_per_event=1) if exact else SchedulerConfig()
+    kwargs = noisy_oracle_defaults(policy, None, tau=0.75, seed=0)
     best = None
     for _ in range(repeat):
-        res = simulate(workload, policy, scheduler=sched)
+        res = simulate(
+            workload, policy, scheduler=sched, cache=CacheConfig(enable_prefix_caching=apc), policy_kwargs=kwargs
+        )
         if best is None or res.wall_time < best.wall_time:
             best = res
     assert best is not None
@@ -88,6 +96,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-requests", type=int, nargs="+", default=[1000, 19366])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--policies", nargs="*", default=["srpt-oracle", "trail-oracle", "uniboost-base"])
     args = ap.parse_args()
     trace = DATA / "vidur_traces" / "splitwise_conv.csv"
     print(f"trace {trace}")
@@ -109,6 +118,14 @@ def main() -> int:
                 )
         fast, exact_r = rows[("fcfs", False)], rows[("fcfs", True)]
         print(f"       fast-forward vs exact (fcfs): {exact_r['wall_s'] / fast['wall_s']:.2f}x")
+        extra = [("fcfs", "no-apc")] + [(p, "fast") for p in args.policies]
+        for policy, mode in extra:
+            r = bench(wl, policy, False, args.repeat, apc=mode != "no-apc")
+            print(
+                f"{n:>6} {policy:13} {mode:6} {r['wall_s']:8.3f} {r['cpu_s']:8.3f} "
+                f"{r['requests_per_s']:10,.0f} {r['requests_per_cpu_s']:10,.0f} "
+                f"{r['events_per_s']:10,.0f} {r['num_steps']:8}"
+            )
         vidur = run_vidur(n)
         if vidur is None:
             print("       (set VIDUR_PATH and VIDUR_PYTHON to run Vidur side by side)")

@@ -121,7 +121,8 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         action="append",
         default=[],
         metavar="NAME.KEY=VALUE",
-        help="a policy setting, e.g. pars.starvation_threshold=60 (repeatable)",
+        help="a policy setting, e.g. pars.starvation_threshold=60 (repeatable); every preemptive policy also "
+        "takes NAME.displacement=none|pause|evict, overriding the mode its paper's system used",
     )
     s.add_argument(
         "--baseline", default=None, help="policy the table shows ratios against (default: fcfs when it runs)"
