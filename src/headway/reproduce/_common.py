@@ -19,6 +19,7 @@ from headway.workload import RequestSpec, Workload
 __all__ = [
     "REPORT_PREFIX",
     "Experiment",
+    "codealpaca_2k",
     "pct",
     "run_policy",
     "with_scores",
@@ -49,6 +50,27 @@ def pct(values: Iterable[float | None], q: float) -> float:
 def mean(values: Iterable[float | None]) -> float:
     arr = np.array([v for v in values if v is not None], dtype=float)
     return float(arr.mean()) if arr.size else math.nan
+
+
+def codealpaca_2k() -> list[tuple[str, int]]:
+    """CodeAlpaca-2k's (prompt, answer tokens): instruction plus input, and text-davinci-003's answer
+    counted as characters / 4 (:func:`~headway.workload.approx_token_count`). Not
+    ``headway.predict.data.load_codealpaca``'s counts: its WordPiece counter truncates at 128 tokens."""
+    import json
+
+    from headway.workload import approx_token_count, find_data_dir
+
+    with (find_data_dir() / "codealpaca" / "code_alpaca_2k.json").open(encoding="utf-8") as fh:
+        records = json.load(fh)
+    out = []
+    for rec in records:
+        prompt = "\n\n".join(
+            x for x in (str(rec.get("instruction") or "").strip(), str(rec.get("input") or "").strip()) if x
+        )
+        answer = str(rec.get("output") or "")
+        if prompt and answer.strip():
+            out.append((prompt, approx_token_count(answer)))
+    return out
 
 
 def with_scores(specs: Sequence[RequestSpec], scores: Sequence[float] | None) -> list[RequestSpec]:

@@ -22,7 +22,7 @@ from headway.core import Tier
 from headway.policies import DEFAULT_BASE_TOKENS, classify_prompt
 from headway.policies.driftsched import CATEGORIES
 from headway.reproduce._claims import ClaimRow, band_rule
-from headway.reproduce._common import Experiment, Timer, fmt, pct, run_policy, save_figure
+from headway.reproduce._common import Experiment, Timer, codealpaca_2k, fmt, pct, run_policy, save_figure
 from headway.workload import RequestSpec, approx_token_count, poisson_arrivals
 
 __all__ = ["MODEL_AFTER", "MODEL_BEFORE", "run"]
@@ -48,7 +48,7 @@ class _Prompt:
 
 
 def _pool() -> list[_Prompt]:
-    from headway.predict.data import load_alpaca_eval, load_codealpaca, load_sharegpt
+    from headway.predict.data import load_alpaca_eval, load_sharegpt
 
     # the same instruction (by its index) answered by both models
     a = {e.record.rsplit(":", 1)[1]: e for e in load_alpaca_eval(MODEL_BEFORE)}
@@ -58,12 +58,9 @@ def _pool() -> list[_Prompt]:
         for k, e in a.items()
         if k in b
     ]
-    for name, data in (("sharegpt", load_sharegpt(limit=6000)), ("codealpaca", load_codealpaca("2k"))):
-        out += [
-            _Prompt(name, e.prompt, approx_token_count(e.prompt), int(e.length), int(e.length))
-            for e in data
-            if approx_token_count(e.prompt) <= MAX_TOKENS
-        ]
+    share = [(e.prompt, int(e.length)) for e in load_sharegpt(limit=6000)]
+    for name, rows in (("sharegpt", share), ("codealpaca", codealpaca_2k())):
+        out += [_Prompt(name, p, approx_token_count(p), n, n) for p, n in rows if approx_token_count(p) <= MAX_TOKENS]
     return [p for p in out if max(p.before, p.after) <= MAX_TOKENS]
 
 
@@ -145,8 +142,8 @@ def run(out_dir: Path, quick: bool = False, seeds: Sequence[int] = (0, 1, 2)) ->
         f"({counts['alpaca_eval']}), ShareGPT first turns ({counts['sharegpt']}, the file's first 6,000 "
         f"records) and CodeAlpaca-2k ({counts['codealpaca']}), mix {SOURCE_MIX}; prompt and answer at most "
         f"{MAX_TOKENS} tokens; prompt tokens approximated as characters / 4.",
-        f"Answer lengths (cl100k tokens, as the data publishes them; CodeAlpaca's counted with the bundled "
-        f"WordPiece tokenizer): alpaca_eval answered by {MODEL_BEFORE} in the calibration phase and by "
+        "Answer lengths (cl100k tokens as the data publishes them; CodeAlpaca's as characters / 4): alpaca_eval"
+        f" answered by {MODEL_BEFORE} in the calibration phase and by "
         f"{MODEL_AFTER} for the same prompts in the stress phase (the model update); ShareGPT (ChatGPT) and "
         "CodeAlpaca (text-davinci-003) keep their one model's lengths.",
         "Categories: DriftSched's keyword classifier on each prompt as it arrives (no category given); the "
