@@ -53,6 +53,10 @@ def write_report(exp: Experiment, out_dir: Path, command: str) -> Path:
         "only*: the effect has the claimed sign but lies outside the band. *Not reproduced*: no effect or "
         "the opposite one; the reason column gives what the measurements say.",
         "",
+        "Where the claims come from: each row's figure is the paper's as issue 24 quotes it; the papers' own "
+        "text was not available offline, so the claim column restates the figure with its metric and setting, "
+        "and the source column names the kind of experiment, not a figure or table number.",
+        "",
     ]
     lines += ["## Setup", ""] + [f"- {s}" for s in exp.setup] + [""]
     lines += ["## Claims", ""]
