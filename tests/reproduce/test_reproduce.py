@@ -175,3 +175,36 @@ def test_module_entry_points_take_the_headway_command_line(tmp_path):
         proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "reproduce-driftsched.md").is_file()
+
+
+def test_uniboost_modes_are_the_engines():
+    from headway.core import DISPLACEMENT_MODES
+    from headway.reproduce.uniboost import MODES, supports_modes
+
+    assert supports_modes() and set(MODES.values()) <= set(DISPLACEMENT_MODES)
+    assert MODES == {"SGLang": "evict", "vLLM": "none"}
+
+
+@pytest.mark.skipif(not _have_data(), reason="shared data not present")
+def test_codealpaca_answers_are_not_capped():
+    from headway.reproduce._common import codealpaca_2k
+
+    rows = codealpaca_2k()
+    assert len(rows) > 2000
+    assert max(n for _, n in rows) > 128  # the WordPiece counter of headway.predict.data stops at 128
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _have_data(), reason="shared data not present")
+def test_driftsched_drift_comes_from_two_real_models():
+    from headway.reproduce.driftsched import _pool
+
+    pool = _pool()
+    alpaca = [p for p in pool if p.source == "alpaca_eval"]
+    others = [p for p in pool if p.source != "alpaca_eval"]
+    assert len(alpaca) > 700 and others
+    changed = sum(p.before != p.after for p in alpaca)
+    assert changed > 0.9 * len(alpaca)  # the update changes nearly every answer's length...
+    ratios = {round(p.after / p.before, 3) for p in alpaca}
+    assert len(ratios) > 100  # ...by no single constant
+    assert all(p.before == p.after for p in others)  # one model's answers only: no drift there
