@@ -1,9 +1,11 @@
 """``headway reproduce``: re-run the anchor papers' experiments in simulation.
 
-Each reproduction prints and writes a table of *claim / paper value / measured / ratio /
-reproduced*, plus tables and plots, as ``<out>/<name>.md``. A claim that does not
-reproduce is reported as such, with the numbers that show why; scenarios are fixed in
-code (see each module's setup lines), not tuned until they agree.
+Each reproduction prints and writes one claims table per paper, as
+``<out>/reproduce-<name>.md`` (default ``docs/results``) with its plots beside it. A row
+holds the paper's claim, the setting headway ran, the mean over seeds with its spread,
+and a verdict from a rule fixed in code before the run (see :mod:`headway.reproduce._claims`):
+reproduced, direction only, or not reproduced with the measured reason. Scenarios are
+fixed in code (see each module's setup lines), not tuned until they agree.
 """
 
 from __future__ import annotations
@@ -15,11 +17,25 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from headway.reproduce._common import ClaimRow, Experiment, print_rows, write_report
+from headway.reproduce._claims import ClaimRow, Rule, Verdict, band_rule
+from headway.reproduce._common import Experiment
+from headway.reproduce._report import print_rows, write_report
 
-__all__ = ["EXPERIMENTS", "ClaimRow", "Experiment", "add_reproduce_parser", "run_reproduction"]
+__all__ = [
+    "DEFAULT_OUT",
+    "EXPERIMENTS",
+    "ClaimRow",
+    "Experiment",
+    "Rule",
+    "Verdict",
+    "add_reproduce_parser",
+    "band_rule",
+    "run_reproduction",
+]
 
 EXPERIMENTS: tuple[str, ...] = ("pars", "uniboost", "driftsched")
+DEFAULT_OUT = "docs/results"
+DEFAULT_NUM_SEEDS = 3
 
 
 def _runner(name: str) -> Callable[..., Experiment]:
@@ -45,25 +61,31 @@ def run_reproduction(
     *,
     predictor: str | None = None,
     seed: int = 0,
+    num_seeds: int = DEFAULT_NUM_SEEDS,
     echo: bool = True,
     command: str | None = None,
 ) -> list[ClaimRow]:
-    """Run reproduction ``name`` (or ``"all"``), write ``<out_dir>/<name>.md`` and return its claim rows.
+    """Run reproduction ``name`` (or ``"all"``) over seeds ``seed .. seed + num_seeds - 1``, write
+    ``<out_dir>/reproduce-<name>.md`` and return its claim rows.
 
     ``predictor`` (PARS only): a ``headway.predict`` checkpoint directory whose scores
     replace the noisy oracle for the ``pars`` policy.
     """
+    if num_seeds < 1:
+        raise ValueError(f"num_seeds must be >= 1, got {num_seeds}")
     names = list(EXPERIMENTS) if name == "all" else [name]
     for n in names:
         _runner(n)  # validate every name before running anything
     out = Path(out_dir)
     rows: list[ClaimRow] = []
     for n in names:
-        kwargs: dict[str, Any] = {"quick": quick, "seed": seed}
+        kwargs: dict[str, Any] = {"quick": quick, "seeds": tuple(range(seed, seed + num_seeds))}
         if n == "pars" and predictor is not None:
             kwargs["predictor"] = predictor
         exp = _runner(n)(out, **kwargs)
-        cmd = command or f"headway reproduce {n} --out {out}" + (" --quick" if quick else "")
+        cmd = command or f"headway reproduce {n} --out {out} --seed {seed} --seeds {num_seeds}" + (
+            " --quick" if quick else ""
+        )
         write_report(exp, out, cmd)
         if echo:
             print_rows(exp.rows, f"{exp.title} ({exp.wall_time:.1f} s)")
@@ -76,6 +98,8 @@ def _main(args: argparse.Namespace) -> int:
 
     if args.seed < 0:
         raise CLIError(f"--seed must be >= 0, got {args.seed}")
+    if args.seeds < 1:
+        raise CLIError(f"--seeds must be >= 1, got {args.seeds}")
     if args.predictor is not None and args.experiment not in ("pars", "all"):
         raise CLIError(f"--predictor scores prompts for pars only, not {args.experiment}")
     if not args.out:
@@ -83,16 +107,27 @@ def _main(args: argparse.Namespace) -> int:
     prepare_out_dir(args.out)  # before any simulation
     command = "headway " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     rows = run_reproduction(
-        args.experiment, args.out, args.quick, predictor=args.predictor, seed=args.seed, command=command
+        args.experiment,
+        args.out,
+        args.quick,
+        predictor=args.predictor,
+        seed=args.seed,
+        num_seeds=args.seeds,
+        command=command,
     )
-    print(f"{sum(r.reproduced for r in rows)} of {len(rows)} claims reproduced; report in {args.out}/")
+    counts = {v: sum(r.verdict is v for r in rows) for v in Verdict}
+    print(
+        f"{counts[Verdict.REPRODUCED]} of {len(rows)} claims reproduced, {counts[Verdict.DIRECTION_ONLY]} "
+        f"direction only, {counts[Verdict.NOT_REPRODUCED]} not reproduced; report in {args.out}/"
+    )
     return 0
 
 
 def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``reproduce`` to an argparse subparsers object; sets ``func`` to the handler.
 
-    ``headway reproduce pars|uniboost|driftsched|all [--out DIR] [--quick] [--predictor DIR] [--seed N]``
+    ``headway reproduce pars|uniboost|driftsched|all [--out DIR] [--quick] [--predictor DIR] [--seed N]
+    [--seeds K]``
     """
     p: argparse.ArgumentParser = subparsers.add_parser(
         "reproduce",
@@ -100,15 +135,21 @@ def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
     )
     p.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
-    p.add_argument("--out", default="reproduce-out", help="report folder (default: reproduce-out)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default: {DEFAULT_OUT})")
     p.add_argument("--quick", action="store_true", help="smaller runs (< 60 s each), for CI")
     p.add_argument(
         "--predictor",
         default=None,
         metavar="DIR",
-        help="PARS: a headway.predict checkpoint to score prompts instead of the noisy oracle",
+        help="PARS: the trained pairwise checkpoint (default: the default checkpoint, trained when missing)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=DEFAULT_NUM_SEEDS,
+        help=f"number of seeds; each row is their mean with its spread (default {DEFAULT_NUM_SEEDS})",
+    )
     p.set_defaults(func=_main)
     return p
 

@@ -12,42 +12,18 @@ from typing import Any
 import numpy as np
 
 from headway.core import Request, RequestState
+from headway.reproduce._claims import ClaimRow
 from headway.sim import CacheConfig, SchedulerConfig, SimResult, simulate
 from headway.workload import RequestSpec, Workload
 
 __all__ = [
-    "ClaimRow",
+    "REPORT_PREFIX",
     "Experiment",
+    "codealpaca_2k",
     "pct",
     "run_policy",
     "with_scores",
-    "write_report",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRow:
-    """One claim of a paper, what we measured, and whether it reproduced.
-
-    ``paper`` is the claimed value as a number in the same unit as ``measured``
-    (a speedup, a reduction fraction, a ratio...); ``ratio = measured / paper``.
-    ``criterion`` says in words what "reproduced" means for this row.
-    """
-
-    experiment: str
-    claim: str
-    paper: float
-    measured: float
-    reproduced: bool
-    criterion: str
-    unit: str = ""
-    note: str = ""
-
-    @property
-    def ratio(self) -> float:
-        if self.paper == 0 or not math.isfinite(self.measured):
-            return math.nan
-        return self.measured / self.paper
 
 
 @dataclass
@@ -56,6 +32,7 @@ class Experiment:
 
     name: str
     title: str
+    seeds: tuple[int, ...] = ()
     setup: list[str] = field(default_factory=list)
     rows: list[ClaimRow] = field(default_factory=list)
     tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
@@ -73,6 +50,27 @@ def pct(values: Iterable[float | None], q: float) -> float:
 def mean(values: Iterable[float | None]) -> float:
     arr = np.array([v for v in values if v is not None], dtype=float)
     return float(arr.mean()) if arr.size else math.nan
+
+
+def codealpaca_2k() -> list[tuple[str, int]]:
+    """CodeAlpaca-2k's (prompt, answer tokens): instruction plus input, and text-davinci-003's answer
+    counted as characters / 4 (:func:`~headway.workload.approx_token_count`). Not
+    ``headway.predict.data.load_codealpaca``'s counts: its WordPiece counter truncates at 128 tokens."""
+    import json
+
+    from headway.workload import approx_token_count, find_data_dir
+
+    with (find_data_dir() / "codealpaca" / "code_alpaca_2k.json").open(encoding="utf-8") as fh:
+        records = json.load(fh)
+    out = []
+    for rec in records:
+        prompt = "\n\n".join(
+            x for x in (str(rec.get("instruction") or "").strip(), str(rec.get("input") or "").strip()) if x
+        )
+        answer = str(rec.get("output") or "")
+        if prompt and answer.strip():
+            out.append((prompt, approx_token_count(answer)))
+    return out
 
 
 def with_scores(specs: Sequence[RequestSpec], scores: Sequence[float] | None) -> list[RequestSpec]:
@@ -114,65 +112,7 @@ def fmt(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
-# -------------------------------------------------------------------- report
-def print_rows(rows: Sequence[ClaimRow], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title, show_lines=False)
-    for col in ("experiment", "claim", "paper", "measured", "ratio", "reproduced"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(
-            r.experiment,
-            r.claim,
-            fmt(r.paper) + (f" {r.unit}" if r.unit else ""),
-            fmt(r.measured) + (f" {r.unit}" if r.unit else ""),
-            fmt(r.ratio, 2),
-            "[green]yes[/green]" if r.reproduced else "[red]no[/red]",
-        )
-    Console().print(table)
-
-
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
-    return out
-
-
-def write_report(exp: Experiment, out_dir: Path, command: str) -> Path:
-    """``<out_dir>/<name>.md``: setup, the claim table, extra tables, figures."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lines = [f"# Reproduction: {exp.title}", "", f"Command: `{command}`", ""]
-    lines += ["## Setup", ""] + [f"- {s}" for s in exp.setup] + [""]
-    lines += ["## Claims", ""]
-    lines += _md_table(
-        ["claim", "paper", "measured", "ratio", "reproduced", "criterion", "note"],
-        [
-            [
-                r.claim,
-                fmt(r.paper) + (f" {r.unit}" if r.unit else ""),
-                fmt(r.measured) + (f" {r.unit}" if r.unit else ""),
-                fmt(r.ratio, 2),
-                "yes" if r.reproduced else "**no**",
-                r.criterion,
-                r.note,
-            ]
-            for r in exp.rows
-        ],
-    )
-    for title, header, rows in exp.tables:
-        lines += ["", f"## {title}", "", *_md_table(header, rows)]
-    if exp.figures:
-        lines += ["", "## Figures", ""]
-        for fname, caption in exp.figures:
-            lines += [f"![{caption}]({fname})", "", f"*{caption}*", ""]
-    if exp.notes:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in exp.notes]
-    lines += ["", f"Simulated in {exp.wall_time:.1f} s wall time.", ""]
-    path = out_dir / f"{exp.name}.md"
-    path.write_text("\n".join(lines))
-    return path
+REPORT_PREFIX = "reproduce-"
 
 
 def save_figure(out_dir: Path, fname: str, draw: Callable[[Any], None], size: tuple[float, float] = (7, 4)) -> str:
