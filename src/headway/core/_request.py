@@ -170,16 +170,6 @@ class Request:
     def is_finished(self) -> bool:
         return self.state in (RequestState.FINISHED, RequestState.ABORTED)
 
-    @property
-    def in_prefill(self) -> bool:
-        """True until the prompt (and any recomputed output) is in the KV cache."""
-        return self.num_computed_tokens < self.num_prompt_tokens + max(self.num_output_tokens - 1, 0)
-
-    @property
-    def attained_tokens(self) -> int:
-        """Work received so far in tokens: prompt tokens computed plus generated tokens."""
-        return min(self.num_computed_tokens, self.num_prompt_tokens) + self.num_output_tokens
-
     # --------------------------------------------------------------- metrics
     @property
     def e2e_latency(self) -> float | None:

@@ -255,16 +255,6 @@ class LoadTracker:
         ``length-aware`` router needs them, see :attr:`Router.needs_length_sums`)."""
         self._open: dict[Request, tuple[Target, float, int]] = {}
 
-    def set_speeds(self, speeds: Sequence[float]) -> None:
-        """Change the targets' relative speeds (use this, not ``Target.speed``, so ``uniform`` follows)."""
-        if len(speeds) != len(self.targets):
-            raise ValueError(f"got {len(speeds)} speeds for {len(self.targets)} targets")
-        for t, sp in zip(self.targets, speeds, strict=True):
-            if not (sp > 0.0 and math.isfinite(sp)):
-                raise ValueError(f"target {t.index}: speed must be a positive finite number, got {sp!r}")
-            t.speed = float(sp)
-        self.uniform = all(t.speed == self.targets[0].speed for t in self.targets)
-
     def __len__(self) -> int:
         return len(self.targets)
 

@@ -177,9 +177,6 @@ class ScoredPolicy(Policy):
         request.extra[SCORE_KEY] = value
         return value
 
-    def describe(self) -> dict[str, Any]:
-        return {"scorer": repr(self._score_fn) if self._score_fn is not None else "request.score"}
-
 
 def noisy_oracle_defaults(
     policy: str, kwargs: Mapping[str, Any] | None, *, tau: float, seed: int

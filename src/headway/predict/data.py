@@ -161,9 +161,6 @@ class ExampleSet:
         """The same unit and provenance over other examples."""
         return ExampleSet(name or self.name, self.unit, tuple(examples), self.tokenizer, self.notes)
 
-    def for_model(self, model: str | None) -> ExampleSet:
-        return self.with_examples([e for e in self.examples if e.model == model], f"{self.name}[{model}]")
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Generic JSONL

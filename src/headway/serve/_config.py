@@ -82,7 +82,7 @@ import json
 import math
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -424,10 +424,6 @@ class GatewayConfig:
         if self.api_keys == "auto":
             return bool(self.tenants)
         return self.api_keys == "required"
-
-    def with_overrides(self, **changes: Any) -> GatewayConfig:
-        """A copy with some fields replaced (validated again)."""
-        return replace(self, **changes)
 
 
 _GATEWAY_FIELDS = set(GatewayConfig.__dataclass_fields__)

@@ -487,8 +487,6 @@ class RedisDispatcher(Dispatcher):
         self._full_hint = False
         """The shared queue was full when last seen (:meth:`admit`)."""
         self._last_error_log = 0.0
-        self.rejoins = 0
-        self.redis_errors = 0
         self._scoring_sent: int | None = 0
         """The scoring count in this replica's last message to Redis (None: unknown, send it)."""
         self._scoring_seq = 0
@@ -595,7 +593,6 @@ class RedisDispatcher(Dispatcher):
         return args
 
     def _log_error(self, what: str, exc: BaseException) -> None:
-        self.redis_errors += 1
         now = time.monotonic()
         if now - self._last_error_log > 2.0:  # at most one line per 2 s during an outage
             self._last_error_log = now
@@ -644,7 +641,6 @@ class RedisDispatcher(Dispatcher):
         try:
             log.warning("replica %s lost its lease (reaped or Redis state lost): rejoining", self.replica)
             await self._join()
-            self.rejoins += 1
             self._publish_scoring_soon()  # the join cleared it
             for req in list(self._waiters):
                 if req in self.queue:  # still waiting here: enter the shared queue again

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -370,11 +370,3 @@ def load_preset(name_or_path: str | Path) -> CostModel:
         + (f"; saved presets ({preset_dir()}): {', '.join(saved_names)}" if saved_names else "")
         + " (or pass a path to a cost model JSON file)"
     )
-
-
-def iter_samples(rows: Iterable[dict[str, float]]) -> list[StepSample]:
-    """Build :class:`StepSample` rows from dicts with the four field names."""
-    return [
-        StepSample(int(r["num_tokens"]), int(r["num_seqs"]), int(r["num_kv_tokens"]), float(r["duration"]))
-        for r in rows
-    ]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,11 +62,6 @@ class TenantMix:
     def of(cls, *entries: tuple[str, float, Tier | str | int]) -> TenantMix:
         """``TenantMix.of(("acme", 0.2, "premium"), ("web", 0.8, "standard"))``."""
         return cls(tuple(Tenant(tid, share, Tier.parse(tier)) for tid, share, tier in entries))
-
-    @classmethod
-    def from_tenants(cls, tenants: Iterable[Tenant]) -> TenantMix:
-        """A mix from any iterable of :class:`Tenant`."""
-        return cls(tuple(tenants))
 
     @property
     def shares(self) -> tuple[float, ...]:
