@@ -15,6 +15,8 @@ from factories import make_request
 from headway.core import (
     LengthAwareRouter,
     LoadTracker,
+    Policy,
+    PolicyKey,
     Request,
     Router,
     UnknownRouterError,
@@ -229,19 +231,24 @@ def test_default_estimate_uses_score_then_prompt() -> None:
 
 
 def test_policy_estimator_reads_scores_or_a_direct_hook() -> None:
-    class Direct:
-        def expected_output_tokens(self, request: Request) -> float:
-            return 42.0
+    class Plain(Policy):
+        def key(self, request: Request, now: float) -> PolicyKey:
+            return (0,)
 
-    class Scored:
-        def score_of(self, request: Request) -> float:
-            return math.log(50.0)
+    class Direct(Plain):
+        def expected_output_tokens(self, request: Request) -> float | None:
+            return 42.0 if request.max_tokens > 10 else None
 
-    req = make_request(max_tokens=1000)
+    class Scored(Plain):
+        def score_of(self, request: Request) -> float | None:
+            return math.log(50.0) if request.max_tokens > 10 else None
+
+    req, unknown = make_request(max_tokens=1000), make_request(prompt=7, max_tokens=10)
     direct, scored = policy_estimator(Direct()), policy_estimator(Scored())
-    assert direct is not None and direct(req) == 42.0
-    assert scored is not None and scored(req) == pytest.approx(50.0)
-    assert policy_estimator(object()) is None
+    assert direct is not None and direct(req) == 42.0 and direct(unknown) == default_estimate(unknown) == 7.0
+    assert scored is not None and scored(req) == pytest.approx(50.0) and scored(unknown) == 7.0
+    assert policy_estimator(Plain()) is None
+    assert Plain().expected_output_tokens(req) is None and Plain().score_of(req) is None
 
 
 def test_estimate_precedence_router_then_engine_then_default() -> None:

@@ -21,6 +21,9 @@ The contract, in the order an engine calls it:
 ``on_finish(req, now)``
     ``req`` finished; ``req.num_output_tokens`` is the observed output length
     (feedback for online estimators).
+``expected_output_tokens(req)`` / ``score_of(req)``
+    Optional estimates for length-aware routers (see :func:`~headway.core.policy_estimator`):
+    the expected output tokens, or a score in log output tokens; None means none.
 ``can_preempt(req, now)`` / ``choose_victim(running, now)``
     For ``preemptive`` policies a waiting request with a smaller key may displace a
     running one that ``can_preempt`` allows, in the policy's ``displacement`` mode (below).
@@ -187,6 +190,20 @@ class Policy(ABC):
 
     def rekey_at_time(self, request: Request) -> float | None:
         """Absolute time at which a queued request's key changes (None: never)."""
+        return None
+
+    # ------------------------------------------------------- estimates
+    def expected_output_tokens(self, request: Request) -> float | None:
+        """The policy's estimate of ``request``'s output length in tokens, for routers that
+        weigh requests by length (see :func:`~headway.core.policy_estimator`); None (the
+        default): no estimate, the router falls back to
+        :func:`~headway.core.default_estimate`. Override it only in a policy that has one."""
+        return None
+
+    def score_of(self, request: Request) -> float | None:
+        """The score ``request`` is ranked by, in log output tokens (score-ranked policies such as
+        PARS; routers use ``exp(score)`` as the length estimate when ``expected_output_tokens``
+        is not overridden); None (the default): the policy ranks by no score."""
         return None
 
     # ------------------------------------------------- what engines may skip

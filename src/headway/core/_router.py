@@ -23,7 +23,7 @@ until it is released (progress is not subtracted).
 
 1. the router's own ``estimate_fn=`` (``make_router("length-aware", estimate_fn=f)``);
 2. the engine's ``estimate=`` argument to :meth:`Router.route`; the simulator passes
-   the policy's estimate (:func:`policy_estimator`: a policy method
+   the policy's estimate (:func:`policy_estimator`: the policy's
    ``expected_output_tokens(request)``, else ``exp(policy.score_of(request))`` for
    score-ranked policies, whose scores are in log-token units);
 3. :func:`default_estimate`: ``exp(request.score)`` when the request carries a score,
@@ -57,6 +57,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
+from headway.core._policy import Policy
 from headway.core._registry import Registry
 from headway.core._request import Request
 
@@ -108,28 +109,34 @@ def default_estimate(request: Request) -> float:
     return float(min(request.num_prompt_tokens, request.max_tokens))
 
 
-def policy_estimator(policy: object) -> Estimator | None:
+def policy_estimator(policy: Policy) -> Estimator | None:
     """The expected-output-length estimate a policy offers, or None.
 
-    Duck-typed so that core does not import the policies package: a method
-    ``expected_output_tokens(request) -> float`` is used as is; otherwise a
-    ``score_of(request) -> float`` method (score-ranked policies such as PARS, whose
-    scores are log-token units) is turned into ``exp(score)`` clipped to
-    ``[1, max_tokens]``. ``score_of`` caches the score on the request, so calling it at
+    A policy that overrides :meth:`~headway.core.Policy.expected_output_tokens` gives that;
+    otherwise one that overrides :meth:`~headway.core.Policy.score_of` (score-ranked policies
+    such as PARS, whose scores are log-token units) gives ``exp(score)`` clipped to
+    ``[1, max_tokens]``; a request the policy has no estimate for (None) gets
+    :func:`default_estimate`. ``score_of`` caches the score on the request, so calling it at
     routing time does not change what the policy later sees.
     """
-    direct = getattr(policy, "expected_output_tokens", None)
-    if callable(direct):
-        fn: Callable[[Request], float] = direct
-        return fn
-    score_of = getattr(policy, "score_of", None)
-    if not callable(score_of):
+    cls = type(policy)
+    if cls.overrides("expected_output_tokens"):
+        direct = policy.expected_output_tokens
+
+        def from_tokens(request: Request) -> float:
+            value = direct(request)
+            return default_estimate(request) if value is None else float(value)
+
+        return from_tokens
+    if not cls.overrides("score_of"):
         return None
-    scorer: Callable[[Request], float] = score_of
+    score_of = policy.score_of
 
     def from_score(request: Request) -> float:
-        s = float(scorer(request))
-        return min(max(math.exp(min(s, 50.0)), 1.0), float(request.max_tokens))
+        s = score_of(request)
+        if s is None:
+            return default_estimate(request)
+        return min(max(math.exp(min(float(s), 50.0)), 1.0), float(request.max_tokens))
 
     return from_score
 

@@ -145,9 +145,7 @@ class BandsPolicy(Policy):
         self.tenant_weights = weights
         self.oracle = self.inner.oracle
         self.token_budget = self.inner.token_budget
-        estimate = policy_estimator(self.inner)
-        if estimate is not None:
-            self.expected_output_tokens: Callable[[Request], float] = estimate
+        self._inner_estimate = policy_estimator(self.inner)
         self._own_epoch = 0
         self._inner_epoch = self.inner.key_epoch
         self._flows: dict[tuple[int, str], _Group] = {}
@@ -312,6 +310,10 @@ class BandsPolicy(Policy):
 
     def rekey_at_time(self, request: Request) -> float | None:
         return self.inner.rekey_at_time(request)
+
+    def expected_output_tokens(self, request: Request) -> float | None:
+        """The inner policy's estimate (None when it has none)."""
+        return None if self._inner_estimate is None else self._inner_estimate(request)
 
     def bind_oracle(self, lookup: Callable[[Request], int]) -> None:
         self.inner.bind_oracle(lookup)

@@ -300,9 +300,6 @@ class Gateway:
             limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
         )
         if isinstance(self.dispatcher, RedisDispatcher):
-            warning = getattr(self.policy, "shared_queue_warning", None)
-            if isinstance(warning, str) and warning:
-                log.warning("%s (redis_prefix %r)", warning, self.config.redis_prefix)
             await self.dispatcher.start()
             if self.peers is not None:
                 self.peers.start()
