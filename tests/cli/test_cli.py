@@ -244,7 +244,7 @@ def test_a_missing_extra_is_named_not_a_traceback(
 
         return 0
 
-    import headway.cli as cli
+    import headway._lists as cli
 
     monkeypatch.setattr(cli, "_cmd_policies", broken)
     with pytest.raises(ModuleNotFoundError):
@@ -252,9 +252,9 @@ def test_a_missing_extra_is_named_not_a_traceback(
 
 
 def test_simulate_with_no_policies_runs_the_curated_set(capsys: pytest.CaptureFixture[str]) -> None:
-    from headway.cli import DEFAULT_POLICIES
     from headway.core import available_policies
     from headway.metrics import POLICY_FAMILIES
+    from headway.sim._cli import DEFAULT_POLICIES
 
     # FCFS, one policy per paper family, the oracle bound: all registered, families distinct
     assert set(DEFAULT_POLICIES) <= set(available_policies())

@@ -1,0 +1,401 @@
+"""``headway simulate``: a workload through the simulator under each policy, compared.
+
+Wired into ``headway.cli`` through :func:`add_simulate_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from headway._help import CLIError, HelpFormatter, default_out_dir, prepare_out_dir
+from headway.core import DEFAULT_ROUTER
+
+__all__ = ["DEFAULT_POLICIES", "add_simulate_parser"]
+
+
+def _parse_policy_args(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``NAME.key=value`` items -> {NAME: {key: value}} (values parsed as JSON when they can be)."""
+    import json
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        target, sep, value = item.partition("=")
+        name, dot, key = target.partition(".")
+        if not sep or not dot or not name or not key:
+            raise CLIError(f"--policy-arg expects NAME.key=value, got {item!r}")
+        try:
+            parsed: Any = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        out.setdefault(name, {})[key] = parsed
+    return out
+
+
+# ----------------------------------------------------------------- simulate
+DEFAULT_POLICIES = ("fcfs", "pars", "uniboost", "tenant-sjf", "sjf-oracle")
+"""What `headway simulate` compares with no --policies: FCFS, one policy per paper (PARS, UniBoost,
+DriftSched) and the oracle bound (shortest job first on the true lengths)."""
+
+
+def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="simulate a workload under scheduling policies and compare them",
+        description=(
+            "Run a workload through the continuous-batching simulator under each policy, "
+            "print a comparison table and write a report (JSON, CSV, PNG, HTML). With no "
+            "arguments: the built-in default workload under a curated set: FCFS, one policy per paper "
+            f"({', '.join(DEFAULT_POLICIES[1:-1])}) and the oracle bound ({DEFAULT_POLICIES[-1]}); "
+            "--policies all runs every registered policy."
+        ),
+        formatter_class=HelpFormatter,
+    )
+    w = p.add_argument_group("workload")
+    w.add_argument("--workload", default="default", help="built-in name or trace file (see `headway workloads`)")
+    w.add_argument("--num-requests", type=int, default=None, help="requests to generate / read (at most 100,000,000)")
+    w.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="arrival rate (requests/s): the mean rate of gamma/poisson arrivals (default: a timed trace's own); "
+        "on a replayed trace, its times are scaled by one factor so that the N requests taken arrive at "
+        "(N - 1) / span = RATE; refused with burst arrivals",
+    )
+    w.add_argument(
+        "--burstiness",
+        type=float,
+        default=None,
+        help="Gamma burstiness factor (1 = Poisson, < 1 burstier); alone on a timed trace it switches to gamma "
+        "arrivals at the trace's own rate; refused with --arrivals trace or burst",
+    )
+    w.add_argument(
+        "--output-cv",
+        type=float,
+        default=None,
+        help="resample output lengths with this relative noise (CV; about 0.19 is realistic), capped at the "
+        "workload's known output cap (the synthetic workloads: 1000), else at 4096",
+    )
+    w.add_argument(
+        "--arrivals",
+        choices=["trace", "poisson", "gamma", "gamma-vllm", "burst"],
+        default=None,
+        help="arrival process. Default: gamma when --burstiness is given (on a timed trace at the trace's own "
+        "rate unless --rate); else, on a timed trace, its recorded times (scaled when --rate is given); else gamma "
+        "when --rate is given (burstiness 1 = Poisson); else a burst at t = 0. The synthetic default is gamma "
+        "(6 req/s, burstiness 0.5). Gamma and Poisson put the first request at t = 0 and meet the rate on average "
+        "(not rescaled as in vllm bench serve); gamma-vllm places them as vllm bench serve does (one gap in, "
+        "the times rescaled so the last is exactly N/rate)",
+    )
+    w.add_argument("--model", default=None, help="alpaca_eval: the model whose outputs give the lengths")
+    w.add_argument("--format", default=None, help="file format when it cannot be told from the content")
+    w.add_argument("--seed", type=int, default=0, help="seed of every random draw")
+    w.add_argument(
+        "--system-prompts",
+        type=int,
+        default=None,
+        metavar="K",
+        help="put one of K shared system prompts before every prompt (their KV blocks are shared: prefix caching)",
+    )
+    w.add_argument("--system-prompt-tokens", type=int, default=None, help="length of each system prompt (default 1000)")
+    w.add_argument(
+        "--think-time",
+        type=float,
+        default=None,
+        help="sharegpt-sessions: mean seconds between an answer and the next turn (default 10)",
+    )
+    s = p.add_argument_group("policies")
+    s.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help="comma-separated policy names, or 'all' for every registered one (see `headway policies`)",
+    )
+    s.add_argument(
+        "--policy-arg",
+        action="append",
+        default=[],
+        metavar="NAME.KEY=VALUE",
+        help="a policy setting, e.g. pars.starvation_threshold=60 (repeatable); every preemptive policy also "
+        "takes NAME.displacement=none|pause|evict, overriding the mode its paper's system used",
+    )
+    s.add_argument(
+        "--baseline", default=None, help="policy the table shows ratios against (default: fcfs when it runs)"
+    )
+    s.add_argument(
+        "--scorer-tau",
+        type=float,
+        default=0.75,
+        help="score-based policies (pars, sjf-score, trail, ltr, rank-boost) get a noisy-oracle "
+        "length score with this Kendall tau when the workload carries no scores and no "
+        "scorer is set with --policy-arg NAME.scorer=...",
+    )
+    e = p.add_argument_group("engine and fleet")
+    e.add_argument(
+        "--preset",
+        default="llama3-8b-a100",
+        help="cost-model preset or JSON file (see `headway presets`); a fleet spec such as "
+        "'llama3-8b-h100:2,llama3-8b-l4:2' gives a heterogeneous fleet",
+    )
+    e.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="number of engine replicas behind the router (default: from --preset, else 1)",
+    )
+    e.add_argument(
+        "--router", default=DEFAULT_ROUTER, help="how requests are spread over replicas (see `headway routers`)"
+    )
+    e.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a router setting, e.g. separation=1 (repeatable)",
+    )
+    e.add_argument("--max-num-seqs", type=int, default=256)
+    e.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
+    e.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
+    e.add_argument("--num-gpu-blocks", type=int, default=None, help="override the KV capacity computed from the preset")
+    e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    e.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="automatic prefix caching as vLLM V1 (on by default, as there): requests whose workload carries "
+        "block hashes reuse cached prompt blocks, and an evicted request its own",
+    )
+    e.add_argument(
+        "--exact", action="store_true", help="step-by-step reference mode (no closed-form decode fast-forward)"
+    )
+    o = p.add_argument_group("output")
+    o.add_argument(
+        "--slo", default=None, help="SLO targets in ms for attainment/goodput, e.g. 'ttft:500 tpot:50 e2el:20000'"
+    )
+    o.add_argument("--out", default=None, help="report folder (default: headway-out/simulate-<time>)")
+    o.add_argument("--no-report", action="store_true", help="print the table only")
+    p.set_defaults(func=_cmd_simulate)
+
+
+def _parse_kv(items: Sequence[str], flag: str) -> dict[str, Any]:
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CLIError(f"{flag} expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _default_scorers(
+    names: Sequence[str],
+    policy_args: dict[str, dict[str, Any]],
+    workload: Any,
+    args: argparse.Namespace,
+    notes: list[str],
+) -> None:
+    """Give score-based policies a noisy-oracle scorer when nothing else provides scores (settings
+    the user gave, such as --policy-arg NAME.tau=..., win)."""
+    from headway.policies import noisy_oracle_defaults
+
+    if all(spec.score is not None for spec in workload.requests):
+        return
+    for name in names:
+        kwargs = noisy_oracle_defaults(name, policy_args.get(name), tau=args.scorer_tau, seed=args.seed)
+        if kwargs is not None:
+            policy_args[name] = kwargs
+            notes.append(
+                f"{name}: no scores in the workload, using a noisy-oracle length score with "
+                f"Kendall tau {kwargs['tau']} (--scorer-tau; or --policy-arg {name}.scorer=...)"
+            )
+
+
+def _load_workload(args: argparse.Namespace) -> Any:
+    from headway.workload import load_workload
+
+    options: dict[str, Any] = {"seed": args.seed}
+    for name in (
+        "num_requests", "rate", "burstiness", "output_cv", "arrivals", "model", "format",
+        "system_prompts", "system_prompt_tokens", "think_time",
+    ):  # fmt: skip
+        value = getattr(args, name)
+        if value is not None:
+            options[name] = value
+    return load_workload(args.workload, **options)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from headway.core import available_policies, get_policy_class, get_router_class, make_policy
+    from headway.metrics import SLO, comparison_table, summarize, write_report
+    from headway.sim import CacheConfig, SchedulerConfig, load_preset, simulate
+    from headway.sim._fleet import fleet_presets, fleet_summaries
+
+    console = Console(width=max(Console().width, 140))
+    names = (
+        available_policies() if args.policies == "all" else [n.strip() for n in args.policies.split(",") if n.strip()]
+    )
+    if not names:
+        raise CLIError(f"--policies names no policy: {args.policies!r}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise CLIError(f"--policies lists {', '.join(twice)} more than once")
+    for n in names:
+        get_policy_class(n)  # unknown names fail here, listing the valid ones
+    policy_args = _parse_policy_args(args.policy_arg)
+    unknown = sorted(set(policy_args) - set(names))
+    if unknown:
+        raise CLIError(f"--policy-arg names policies that are not being run: {', '.join(unknown)}")
+    if args.baseline is not None and args.baseline not in names:
+        raise CLIError(f"--baseline {args.baseline} is not one of the policies being run ({', '.join(names)})")
+    baseline_name = args.baseline or ("fcfs" if "fcfs" in names else None)
+    slo = SLO.parse(args.slo) if args.slo else None  # a bad spec fails before any simulation
+    if args.no_report and args.out:
+        raise CLIError("--out names a report folder, and --no-report writes none: drop one of them")
+    scheduler = SchedulerConfig(
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        preemption_mode=args.preemption_mode,
+        **({"max_steps_per_event": 1} if args.exact else {}),
+    )
+    cache = CacheConfig(
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        num_gpu_blocks=args.num_gpu_blocks,
+        enable_prefix_caching=args.enable_prefix_caching,
+    )
+    presets = [load_preset(p) for p in fleet_presets(args.preset, args.replicas)]
+    fleet = len(presets) > 1
+    router_kwargs = _parse_kv(args.router_arg, "--router-arg")
+    get_router_class(args.router)  # an unknown name fails here, listing the valid ones
+    if not fleet and (args.router != DEFAULT_ROUTER or router_kwargs):
+        raise CLIError("--router and --router-arg need a fleet: --replicas N > 1 or a fleet spec in --preset")
+    if fleet and get_router_class(args.router).randomized:
+        router_kwargs.setdefault("seed", args.seed)
+    workload = _load_workload(args)
+    if not len(workload):
+        skipped = workload.meta.get("skipped")
+        why = f" ({skipped} records skipped: no prompt/response pair or 0 tokens)" if skipped else ""
+        raise CLIError(f"workload {workload.name} has no requests{why}")
+    out = None if args.no_report else prepare_out_dir(args.out or default_out_dir("simulate"))  # before simulating
+    notes: list[str] = []
+    _default_scorers(names, policy_args, workload, args, notes)
+    for name, kwargs in policy_args.items():  # a misspelled or bad setting fails here, not after the runs
+        try:
+            make_policy(name, **kwargs)
+        except ValueError as exc:
+            raise CLIError(f"--policy-arg: {exc}") from None
+    preset_names = ", ".join(c.name for c in presets)
+    console.print(
+        f"[bold]workload[/] {workload.name}: {len(workload)} requests over {workload.duration:.1f} s; "
+        f"[bold]preset[/] {preset_names}{f'; [bold]router[/] {args.router}' if fleet else ''}; "
+        f"[bold]policies[/] {', '.join(names)}"
+    )
+
+    for note in notes:
+        console.print(f"[dim]{note}[/]")
+    runs: dict[str, Any] = {}
+    timelines: dict[str, Any] = {}
+    failures: dict[str, str] = {}
+    replica_tables: dict[str, dict[str, Any]] = {}
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("simulating", total=len(names))
+        for name in names:
+            progress.update(task, description=f"simulating {name}")
+            try:
+                res = simulate(
+                    workload,
+                    name,
+                    preset=presets,
+                    scheduler=scheduler,
+                    cache=cache,
+                    policy_kwargs=policy_args.get(name),
+                    record_timeline=not args.no_report,
+                    router=args.router if fleet else None,
+                    router_kwargs=(router_kwargs or None) if fleet else None,
+                )
+            except (ValueError, RuntimeError, OSError, ImportError) as exc:
+                failures[name] = f"{type(exc).__name__}: {exc}"
+            else:
+                if fleet:
+                    per = fleet_summaries(res, slo=slo, name=name)
+                    runs[name] = (per.pop("fleet"), res.requests)
+                    replica_tables[name] = per
+                else:
+                    runs[name] = (summarize(res.requests, slo=slo, name=name), res.requests)
+                if res.scheduler is not None and res.scheduler != scheduler:
+                    notes.append(
+                        f"{name} ran with its own token budget: {res.scheduler.max_num_batched_tokens} tokens per "
+                        f"step (the others: {scheduler.max_num_batched_tokens})"
+                    )
+                    progress.console.print(f"[dim]{notes[-1]}[/]")
+                rep = res.replicas[0]
+                label = f"{name} (replica 0 of {len(res.replicas)})" if fleet else name
+                timelines[label] = [(t, w, r, used / rep.num_gpu_blocks) for t, w, r, used in rep.timeline or ()]
+                progress.console.print(
+                    f"  {name}: {len(res.requests)} requests in {res.wall_time:.3f} s wall "
+                    f"({res.requests_per_second_wall:,.0f} simulated requests/s)"
+                )
+            progress.advance(task)
+    for name, why in failures.items():
+        console.print(f"[red]policy {name} failed:[/] {why}")
+    if not runs:
+        raise CLIError("no policy ran successfully")
+    for name, (summary, _) in runs.items():
+        if summary.num_aborted:
+            why = "; ".join(f"{n} {r}" for r, n in sorted(summary.aborted_by_reason.items()))
+            console.print(
+                f"[yellow]{name}: {summary.num_aborted} of {summary.num_requests} requests aborted ({why})[/]"
+            )
+    rates = {n: s.prefix_cache_hit_rate for n, (s, _) in runs.items() if s.prefix_cache_hit_rate is not None}
+    if rates and any(rates.values()):
+        shown = ", ".join(f"{n} {r:.1%}" for n, r in rates.items())
+        console.print(f"prefix cache hit rate (prompt tokens found cached): {shown}")
+    baseline = baseline_name if baseline_name in runs else None
+    if baseline_name is not None and baseline is None:
+        console.print(f"[yellow]no ratios: the baseline {baseline_name} failed[/]")
+    for name, per in replica_tables.items():
+        console.print(comparison_table(per, None, compact=True, title=f"{name}: per replica"))
+    console.print(
+        comparison_table(
+            {k: v[0] for k, v in runs.items()},
+            baseline,
+            compact=True,
+            title=f"{workload.name} on {preset_names} (full table in the report)",
+        )
+    )
+    if out is not None:
+        notes = [
+            f"workload {workload.name}: {len(workload)} requests, seed {args.seed}",
+            f"presets {preset_names}; {scheduler}; {cache}",
+            *notes,
+        ]
+        if fleet:
+            notes.append(f"router {args.router} {router_kwargs or ''}")
+        notes += [f"policy {k} failed: {v}" for k, v in failures.items()]
+        paths = write_report(
+            out,
+            runs,
+            title=f"headway simulate: {workload.name}",
+            notes=notes,
+            baseline=baseline,
+            timeline=timelines,
+            replicas=replica_tables or None,
+        )
+        console.print(f"report: {paths.html}")
+    return 1 if failures else 0
