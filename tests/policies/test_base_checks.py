@@ -10,12 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from headway.core import make_policy
-from headway.policies import NoisyOracleScorer
+from headway.policies import NoisyOracleScorer, NoisyOracleSettings
 from headway.policies._base import check_nonneg, check_positive
 
 from .conftest import make_request
 
-SCORED = ["pars", "sjf-score"]
+SCORED = ["pars", "sjf-score", "trail", "ltr", "rank-boost"]
 
 
 @pytest.mark.parametrize(
@@ -130,3 +130,27 @@ def test_an_integer_seed_picks_the_noise():
 
     assert scores(-2) == scores(-2) and scores(-2) != scores(1)
     assert scores(1) != scores(2)  # was: a seed of 1.7 was truncated to 1
+
+
+def test_noisy_oracle_settings_name_what_is_off_default_and_check_by_name():
+    settings = NoisyOracleSettings(tau=0.5, seed=3, log_mean=5.0, log_std=2)
+    assert settings.given() == ["tau=0.5", "seed=3", "log_std=2"]
+    assert settings.given("log_mean", "log_std") == ["log_std=2"]
+    assert NoisyOracleSettings().given() == [] and NoisyOracleSettings(log_mean=True).given() == ["log_mean=True"]
+    checked = settings.checked("pars")
+    assert checked == NoisyOracleSettings(0.5, 3, 5.0, 2.0) and isinstance(checked.log_std, float)
+    with pytest.raises(ValueError, match=r"^pars: scorer='noisy-oracle' needs tau"):
+        NoisyOracleSettings().checked("pars")
+    with pytest.raises(AttributeError):
+        settings.tau = 0.9  # type: ignore[misc]  # frozen
+
+
+@pytest.mark.parametrize("policy", ["pars", "trail", "ltr", "rank-boost"])
+def test_scored_policies_take_the_noisy_oracle_settings_through_to_the_base(policy):
+    p = make_policy(policy, scorer="noisy-oracle", tau=0.5, seed=4, log_mean=4.0, log_std=0.5)
+    r = make_request()
+    p.bind_oracle(lambda req: 100)
+    expected = NoisyOracleScorer(0.5, lambda req: 100, seed=4, log_mean=4.0, log_std=0.5)(r)
+    assert p.oracle and p.score_of(r) == expected
+    with pytest.raises(ValueError, match="tau_typo"):
+        make_policy(policy, scorer="noisy-oracle", tau_typo=0.5)

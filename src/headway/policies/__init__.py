@@ -15,7 +15,7 @@ from headway.policies import (  # noqa: F401
     trail,
     uniboost,
 )
-from headway.policies._base import ScoredPolicy, noisy_oracle_defaults
+from headway.policies._base import NoisyOracleSettings, ScoredPolicy, noisy_oracle_defaults
 from headway.policies._boost import GammaAda, b_gamma, b_gamma_from_log_mgf
 from headway.policies._scoring import (
     NoisyOracleScorer,
@@ -61,6 +61,7 @@ __all__ = [
     "GammaAda",
     "LTRPolicy",
     "NoisyOracleScorer",
+    "NoisyOracleSettings",
     "PARSPolicy",
     "PriorityPolicy",
     "RankBoostPolicy",

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from headway.core import Policy, Request
 from headway.policies._scoring import SCORE_KEY, NoisyOracleScorer, ScoreFn
 
 __all__ = [
+    "NoisyOracleSettings",
     "ScoredPolicy",
     "check_nonneg",
     "check_positive",
@@ -70,21 +72,54 @@ def _check_finite(name: str, value: float, policy: str) -> float:
     return number
 
 
-# The noisy oracle's settings, at their defaults in :class:`ScoredPolicy` (and its subclasses).
-_NOISY_ORACLE_DEFAULTS: dict[str, object] = {"tau": None, "seed": 0, "log_mean": 5.0, "log_std": 1.0}
+@dataclass(frozen=True)
+class NoisyOracleSettings:
+    """The settings of the noisy oracle (:class:`~headway.policies.NoisyOracleScorer`) a
+    :class:`ScoredPolicy` scores with under ``scorer='noisy-oracle'``: Kendall ``tau`` (required
+    there), ``seed``, ``log_mean`` and ``log_std``. Every scored policy takes them as keyword
+    settings (``make_policy("pars", scorer="noisy-oracle", tau=0.8)``, on the command line
+    ``--policy-arg pars.tau=0.8``); they are held here as given and checked by :meth:`checked`."""
+
+    tau: float | None = None
+    seed: int = 0
+    log_mean: float = 5.0
+    log_std: float = 1.0
+
+    def given(self, *names: str) -> list[str]:
+        """``name=value`` for each setting in ``names`` (default: all) away from its default."""
+        out = []
+        for name in names or tuple(_NOISY_ORACLE_FIELDS):
+            value, default = getattr(self, name), _NOISY_ORACLE_FIELDS[name].default
+            if default is None or value is None:
+                same = value is default
+            else:
+                same = not isinstance(value, bool) and isinstance(value, (int, float)) and value == default
+            if not same:
+                out.append(f"{name}={value!r}")
+        return out
+
+    def checked(self, policy: str) -> NoisyOracleSettings:
+        """The settings as numbers; a ValueError prefixed by ``policy`` names a bad or missing one."""
+        if self.tau is None:
+            raise ValueError(f"{policy}: scorer='noisy-oracle' needs tau (Kendall tau in [-1, 1])")
+        tau = check_range("tau", self.tau, -1.0, 1.0, policy)
+        seed = check_seed(self.seed, policy)
+        log_std = check_positive("log_std", self.log_std, policy)
+        return NoisyOracleSettings(tau, seed, _check_finite("log_mean", self.log_mean, policy), log_std)
+
+    def scorer(self, oracle: Callable[[Request], int]) -> NoisyOracleScorer:
+        """The noisy oracle over the true-length lookup ``oracle`` (settings :meth:`checked` first)."""
+        if self.tau is None:
+            raise ValueError("the noisy oracle needs tau (Kendall tau in [-1, 1])")
+        return NoisyOracleScorer(self.tau, oracle, seed=self.seed, log_mean=self.log_mean, log_std=self.log_std)
 
 
-def _is_default(name: str, value: object) -> bool:
-    default = _NOISY_ORACLE_DEFAULTS[name]
-    if default is None or value is None:
-        return value is default
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and value == default
+_NOISY_ORACLE_FIELDS = {f.name: f for f in fields(NoisyOracleSettings)}
 
 
-def _reject_unused(policy: str, scorer: str, **settings: object) -> None:
-    """A ValueError naming the noisy-oracle ``settings`` given (not at their defaults) to a ``scorer``
-    that does not use them."""
-    given = [f"{name}={value!r}" for name, value in settings.items() if not _is_default(name, value)]
+def _reject_unused(policy: str, scorer: str, given: Sequence[str]) -> None:
+    """A ValueError naming the noisy-oracle settings ``given`` (not at their defaults) to a
+    ``scorer`` that does not use them."""
     if given:
         one = len(given) == 1
         raise ValueError(
@@ -125,28 +160,22 @@ class ScoredPolicy(Policy):
         log_std: float = 1.0,
     ) -> None:
         self._score_fn: ScoreFn | None = None
+        settings = NoisyOracleSettings(tau, seed, log_mean, log_std)
         if scorer in ("noisy-oracle", "oracle"):
             if scorer == "oracle":
-                _reject_unused(self.name, "scorer='oracle' (exact)", seed=seed, log_mean=log_mean, log_std=log_std)
+                _reject_unused(self.name, "scorer='oracle' (exact)", settings.given("seed", "log_mean", "log_std"))
                 if tau is not None and (isinstance(tau, bool) or tau != 1):
                     raise ValueError(f"{self.name}: scorer='oracle' is exact; got tau={tau!r}")
-                tau = 1.0
-            if tau is None:
-                raise ValueError(f"{self.name}: scorer='noisy-oracle' needs tau (Kendall tau in [-1, 1])")
-            tau = check_range("tau", tau, -1.0, 1.0, self.name)
-            seed = check_seed(seed, self.name)
-            log_std = check_positive("log_std", log_std, self.name)
-            log_mean = _check_finite("log_mean", log_mean, self.name)
+                settings = replace(settings, tau=1.0)
+            settings = settings.checked(self.name)
             # An instance-level flag: this instance reads true lengths, others of the
             # class (scoring from a predictor) do not. Engines check ``policy.oracle``.
             self.oracle = True
-            self._score_fn = NoisyOracleScorer(
-                tau, self.true_output_tokens, seed=seed, log_mean=log_mean, log_std=log_std
-            )
+            self._score_fn = settings.scorer(self.true_output_tokens)
         elif scorer is None or callable(scorer):
             # the noisy oracle's settings would be ignored: refuse them rather than drop them
             what = "scorer=None (request.score)" if scorer is None else "a callable scorer"
-            _reject_unused(self.name, what, tau=tau, seed=seed, log_mean=log_mean, log_std=log_std)
+            _reject_unused(self.name, what, settings.given())
             self._score_fn = scorer
         else:
             raise ValueError(

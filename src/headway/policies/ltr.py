@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from headway.core import PolicyKey, Request, register_policy
-from headway.policies._base import ScoredPolicy, Scorer, check_positive
+from headway.policies._base import ScoredPolicy, check_positive
 from headway.policies._boost import check_count
 
 __all__ = ["LTRPolicy"]
@@ -76,13 +78,9 @@ class LTRPolicy(ScoredPolicy):
         quantum_steps: int = 10,
         initial_step_time: float = 0.02,
         step_time_ema: float = 0.05,
-        scorer: Scorer = None,
-        tau: float | None = None,
-        seed: int = 0,
-        log_mean: float = 5.0,
-        log_std: float = 1.0,
+        **scoring: Any,
     ) -> None:
-        super().__init__(scorer=scorer, tau=tau, seed=seed, log_mean=log_mean, log_std=log_std)
+        super().__init__(**scoring)  # scorer and the noisy oracle's settings (see ScoredPolicy)
         self.starvation_steps = check_count("starvation_steps", starvation_steps, "ltr")
         self.quantum_steps = check_count("quantum_steps", quantum_steps, "ltr")
         self.step_time = check_positive("initial_step_time", initial_step_time, "ltr")

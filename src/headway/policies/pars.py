@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from headway.core import PolicyKey, Request, register_policy
-from headway.policies._base import ScoredPolicy, Scorer, check_positive
+from headway.policies._base import ScoredPolicy, check_positive
 
 __all__ = ["PARSPolicy"]
 
@@ -26,13 +28,9 @@ class PARSPolicy(ScoredPolicy):
         self,
         *,
         starvation_threshold: float = 120.0,
-        scorer: Scorer = None,
-        tau: float | None = None,
-        seed: int = 0,
-        log_mean: float = 5.0,
-        log_std: float = 1.0,
+        **scoring: Any,
     ) -> None:
-        super().__init__(scorer=scorer, tau=tau, seed=seed, log_mean=log_mean, log_std=log_std)
+        super().__init__(**scoring)  # scorer and the noisy oracle's settings (see ScoredPolicy)
         self.starvation_threshold = check_positive("starvation_threshold", starvation_threshold, "pars")
 
     def key(self, request: Request, now: float) -> PolicyKey:

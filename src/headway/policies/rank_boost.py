@@ -16,11 +16,12 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from typing import Any
 
 import numpy as np
 
 from headway.core import PolicyKey, Request, register_policy
-from headway.policies._base import ScoredPolicy, Scorer, check_nonneg, check_positive
+from headway.policies._base import ScoredPolicy, check_nonneg, check_positive
 from headway.policies._boost import GammaAda, b_gamma, b_gamma_from_log_mgf, check_gamma
 
 __all__ = ["RankBoostPolicy"]
@@ -59,13 +60,9 @@ class RankBoostPolicy(ScoredPolicy):
         adaptive: bool = True,
         gamma_min: float = 0.005,
         gamma_max: float = 5.0,
-        scorer: Scorer = None,
-        tau: float | None = None,
-        seed: int = 0,
-        log_mean: float = 5.0,
-        log_std: float = 1.0,
+        **scoring: Any,
     ) -> None:
-        super().__init__(scorer=scorer, tau=tau, seed=seed, log_mean=log_mean, log_std=log_std)
+        super().__init__(**scoring)  # scorer and the noisy oracle's settings (see ScoredPolicy)
         n = "rank-boost"
         self.gamma = check_gamma("gamma", gamma, n)
         self.seconds_per_token = check_positive("seconds_per_token", seconds_per_token, n)

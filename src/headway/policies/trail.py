@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from headway._optional import require
 from headway.core import Policy, PolicyKey, Request, register_policy
-from headway.policies._base import ScoredPolicy, Scorer, check_nonneg, check_positive
+from headway.policies._base import ScoredPolicy, check_nonneg, check_positive
 from headway.policies._scoring import request_normal
 
 __all__ = ["TrailOraclePolicy", "TrailPolicy", "lognormal_residual_mean"]
@@ -54,13 +55,9 @@ class TrailPolicy(ScoredPolicy):
         *,
         c: float = 0.8,
         prediction_sigma: float = 1.0,
-        scorer: Scorer = None,
-        tau: float | None = None,
-        seed: int = 0,
-        log_mean: float = 5.0,
-        log_std: float = 1.0,
+        **scoring: Any,
     ) -> None:
-        super().__init__(scorer=scorer, tau=tau, seed=seed, log_mean=log_mean, log_std=log_std)
+        super().__init__(**scoring)  # scorer and the noisy oracle's settings (see ScoredPolicy)
         self.c = check_nonneg("c", c, "trail")
         self.prediction_sigma = check_positive("prediction_sigma", prediction_sigma, "trail")
 
