@@ -147,3 +147,23 @@ def test_queue_rekeys_everything_when_policy_epoch_changes() -> None:
     pol.key_epoch += 1
     assert q.refresh(0.0)
     assert q.peek() is b
+
+
+def test_policy_hooks_name_exactly_the_hooks_a_class_overrides() -> None:
+    import dataclasses
+
+    from headway.core import PolicyHooks, get_policy_class
+
+    fcfs = get_policy_class("fcfs").hooks()
+    none = {f.name: False for f in dataclasses.fields(PolicyHooks)}
+    assert fcfs == PolicyHooks(**{**none, "stable_displacement": True})
+    pars = get_policy_class("pars").hooks()
+    assert pars.rekey_at_time and pars.on_arrival and pars.score_of and not pars.on_progress
+    assert not pars.expected_output_tokens and pars.stable_displacement
+    assert get_policy_class("pars").hooks() is pars  # computed once per class
+    for name in available_policies():
+        cls = get_policy_class(name)
+        hooks = cls.hooks()
+        for f in dataclasses.fields(PolicyHooks):
+            expected = cls.stable_displacement() if f.name == "stable_displacement" else cls.overrides(f.name)
+            assert getattr(hooks, f.name) is expected, (name, f.name)

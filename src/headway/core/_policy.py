@@ -50,8 +50,9 @@ Each preemptive policy declares the mode of the system its paper built on
 the ``displacement`` setting (``make_policy(name, displacement="evict")``, on the command
 line ``--policy-arg NAME.displacement=evict``).
 
-Engines detect which optional hooks a policy overrides by looking at its class (and
-skip the rest on their hot paths): override hooks in a subclass, not on an instance.
+Engines detect which optional hooks a policy overrides by looking at its class,
+``type(policy).hooks()`` (a :class:`PolicyHooks`, computed once per class), and skip the
+rest on their hot paths: override hooks in a subclass, not on an instance.
 
 A policy whose keys all change together (a learned global parameter) increments
 ``key_epoch``; queues re-key everything at their next decision.
@@ -69,8 +70,10 @@ head, the running set and ``key_epoch`` are unchanged (a hint counts as a change
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from headway.core._registry import Registry
@@ -80,6 +83,7 @@ __all__ = [
     "DISPLACEMENT_MODES",
     "OracleAccessError",
     "Policy",
+    "PolicyHooks",
     "PolicyKey",
     "SharedStartTags",
     "UnknownPolicyError",
@@ -129,6 +133,31 @@ class SharedStartTags(Protocol):
     def start_tag(self, request: Request) -> float | None:
         """The request's start tag, once it has one."""
         ...
+
+
+@dataclass(frozen=True)
+class PolicyHooks:
+    """Which of :class:`Policy`'s optional hooks a policy class overrides (``Policy.hooks()``).
+
+    Engines call a hook left at its default only where its result matters, and skip the rest
+    on their hot paths; every field is True when the class replaces that hook.
+    """
+
+    on_arrival: bool
+    on_progress: bool
+    on_finish: bool
+    can_preempt: bool
+    choose_victim: bool
+    rekey_after_tokens: bool
+    rekey_at_time: bool
+    expected_output_tokens: bool
+    score_of: bool
+    stable_displacement: bool
+    """A failed displacement check stays failed until the queue head, the running set,
+    ``key_epoch`` or a rekey point changes (:meth:`Policy.stable_displacement`)."""
+
+
+_OPTIONAL_HOOKS = tuple(f.name for f in fields(PolicyHooks) if f.name != "stable_displacement")
 
 
 class Policy(ABC):
@@ -214,6 +243,18 @@ class Policy(ABC):
         return getattr(cls, hook) is not getattr(Policy, hook)
 
     @classmethod
+    def hooks(cls) -> PolicyHooks:
+        """Which optional hooks this class overrides, computed once per class (see
+        :class:`PolicyHooks`); the simulator, the gateway and the plugin read this."""
+        found = _HOOKS.get(cls)
+        if found is None:
+            found = _HOOKS[cls] = PolicyHooks(
+                **{name: cls.overrides(name) for name in _OPTIONAL_HOOKS},
+                stable_displacement=cls.stable_displacement(),
+            )
+        return found
+
+    @classmethod
     def stable_displacement(cls) -> bool:
         """Whether a failed displacement check stays failed until the queue head, the running
         set, ``key_epoch`` or a ``rekey_after_tokens`` point changes: no ``on_progress``, and
@@ -243,6 +284,8 @@ class Policy(ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
 
+
+_HOOKS: weakref.WeakKeyDictionary[type[Policy], PolicyHooks] = weakref.WeakKeyDictionary()
 
 # ------------------------------------------------------------------ registry
 P = TypeVar("P", bound=type[Policy])

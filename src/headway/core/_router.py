@@ -119,8 +119,8 @@ def policy_estimator(policy: Policy) -> Estimator | None:
     :func:`default_estimate`. ``score_of`` caches the score on the request, so calling it at
     routing time does not change what the policy later sees.
     """
-    cls = type(policy)
-    if cls.overrides("expected_output_tokens"):
+    hooks = type(policy).hooks()
+    if hooks.expected_output_tokens:
         direct = policy.expected_output_tokens
 
         def from_tokens(request: Request) -> float:
@@ -128,7 +128,7 @@ def policy_estimator(policy: Policy) -> Estimator | None:
             return default_estimate(request) if value is None else float(value)
 
         return from_tokens
-    if not cls.overrides("score_of"):
+    if not hooks.score_of:
         return None
     score_of = policy.score_of
 

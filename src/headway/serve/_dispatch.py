@@ -108,6 +108,8 @@ class Dispatcher:
         score_hold_s: float = 0.0,
     ) -> None:
         self.policy = policy
+        self.hooks = type(policy).hooks()
+        """The hooks ``policy`` overrides (those it does not are not called)."""
         self.score_hold_s = score_hold_s
         self.scoring = 0
         """Requests being scored before they are queued (the gateway counts them; see :meth:`_holding`)."""
@@ -197,6 +199,8 @@ class Dispatcher:
         self.dispatch()
 
     def _arm_rekey(self, request: Request) -> None:
+        if not self.hooks.rekey_at_time:
+            return
         at = self.policy.rekey_at_time(request)
         if at is None:
             return

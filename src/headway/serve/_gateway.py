@@ -1048,6 +1048,7 @@ class Gateway:
         Events are split per the SSE spec (CRLF, CR or LF line ends; ``data:`` with or without
         a space); vLLM's ``data: {...}\\n\\n`` takes the fast path."""
         policy = self.policy
+        progress_hook = self.dispatcher.hooks.on_progress
         now = self.dispatcher.now
         stop = watch.stop
         usage_tokens: int | None = None
@@ -1090,7 +1091,8 @@ class Gateway:
                                 req.last_token_time = t
                                 req.num_output_tokens += 1
                                 req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens
-                                policy.on_progress(req, t, 1)
+                                if progress_hook:
+                                    policy.on_progress(req, t, 1)
                         yield event
                     if stop.done() and not done:
                         break

@@ -105,20 +105,20 @@ class PolicyAdapter:
         if policy.oracle:
             policy.bind_oracle(self._true_length)
         self.policy = policy
-        kind = type(policy)
-        self._arrival_hook = kind.overrides("on_arrival")
-        self._progress_hook = kind.overrides("on_progress")
-        self._finish_hook = kind.overrides("on_finish")
-        self._timer_hook = kind.overrides("rekey_at_time")
-        self.custom_victim = kind.overrides("choose_victim")
+        hooks = type(policy).hooks()
+        self._arrival_hook = hooks.on_arrival
+        self._progress_hook = hooks.on_progress
+        self._finish_hook = hooks.on_finish
+        self._timer_hook = hooks.rekey_at_time
+        self.custom_victim = hooks.choose_victim
         self.preemptive = bool(policy.preemptive)
         self.displacement = _displacement_mode(policy)
         # a failed displacement check stays failed until the queue head, the running set, the key
         # epoch or a running request's rekey point changes (stable_displacement); the rekey points
         # are tracked in output tokens: the check records how many tokens the nearest one is away
         # (its slack) and progress() counts the most tokens one request may have gained since
-        self._skip_failed = kind.stable_displacement()
-        self._hinted = kind.overrides("rekey_after_tokens")
+        self._skip_failed = hooks.stable_displacement
+        self._hinted = hooks.rekey_after_tokens
         self._no_victim = None
         self._no_victim_slack = 0.0
         self._gained = 0
@@ -128,7 +128,7 @@ class PolicyAdapter:
         # cached only where it changes at hints alone
         self._victim_cache: dict[str, tuple[int, int, int, bool, tuple[PolicyKey, int], float, Request]] = {}
         self._cache_victims = not self._progress_hook
-        self._fresh_can_preempt = kind.overrides("can_preempt") and not kind.preempt_changes_at_hints
+        self._fresh_can_preempt = hooks.can_preempt and not policy.preempt_changes_at_hints
         for q in self.queues:
             q._pq = PolicyQueue(policy)
         self._timers.clear()
