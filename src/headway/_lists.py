@@ -54,7 +54,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 
 def _cmd_routers(args: argparse.Namespace) -> int:
-    from headway.core import available_routers, get_router_class
+    from headway.routers import available_routers, get_router_class
 
     for name in available_routers():
         doc = (get_router_class(name).__doc__ or "").strip().splitlines()

@@ -26,7 +26,7 @@ from headway.core import (
     make_router,
     policy_estimator,
 )
-from headway.core._router import length_class
+from headway.routers import length_class
 
 ALL = ["least-outstanding", "least-tokens", "length-aware", "power-of-two", "prefix-aware", "random", "round-robin"]
 
@@ -345,3 +345,15 @@ def test_router_base_is_abstract_and_describes_itself() -> None:
         LoadTracker(speeds=[1.0, 0.0])
     with pytest.raises(ValueError, match="num_targets or speeds"):
         LoadTracker()
+
+
+def test_the_routing_names_stay_importable_from_core() -> None:
+    import headway.core
+    import headway.routers
+
+    for name in headway.routers.__all__:
+        if name in headway.core.__all__:
+            assert getattr(headway.core, name) is getattr(headway.routers, name)
+    assert {"Router", "LoadTracker", "make_router", "policy_estimator"} <= set(headway.core.__all__)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = headway.core.no_such_name  # type: ignore[attr-defined]

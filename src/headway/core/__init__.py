@@ -1,4 +1,10 @@
-"""Core types: the request model, the policy interface and the policy-ordered queue."""
+"""Core types: the request model, the policy interface and the policy-ordered queue.
+
+The routing names (:class:`~headway.routers.Router`, :func:`~headway.routers.make_router`...)
+live in :mod:`headway.routers`; they stay importable from here too.
+"""
+
+from typing import TYPE_CHECKING, Any
 
 from headway.core._policy import (
     DISPLACEMENT_MODES,
@@ -17,22 +23,24 @@ from headway.core._policy import (
 from headway.core._queue import PolicyQueue
 from headway.core._registry import PLUGINS_ENV, PluginError
 from headway.core._request import InvalidTransition, Request, RequestState, Tier
-from headway.core._router import (
-    DEFAULT_ROUTER,
-    Estimator,
-    LengthAwareRouter,
-    LoadTracker,
-    Router,
-    Target,
-    TargetLoad,
-    UnknownRouterError,
-    available_routers,
-    default_estimate,
-    get_router_class,
-    make_router,
-    policy_estimator,
-    register_router,
-)
+
+if TYPE_CHECKING:  # the routing names, for type checkers (at run time: __getattr__ below)
+    from headway.routers import (
+        DEFAULT_ROUTER,
+        Estimator,
+        LengthAwareRouter,
+        LoadTracker,
+        Router,
+        Target,
+        TargetLoad,
+        UnknownRouterError,
+        available_routers,
+        default_estimate,
+        get_router_class,
+        make_router,
+        policy_estimator,
+        register_router,
+    )
 
 __all__ = [
     "DEFAULT_ROUTER",
@@ -69,3 +77,31 @@ __all__ = [
     "register_router",
     "set_displacement",
 ]
+
+_ROUTING = frozenset(
+    {
+        "DEFAULT_ROUTER",
+        "Estimator",
+        "LengthAwareRouter",
+        "LoadTracker",
+        "Router",
+        "Target",
+        "TargetLoad",
+        "UnknownRouterError",
+        "available_routers",
+        "default_estimate",
+        "get_router_class",
+        "make_router",
+        "policy_estimator",
+        "register_router",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    """The routing names, from :mod:`headway.routers` (imported on first use: routers build on core)."""
+    if name in _ROUTING:
+        import headway.routers
+
+        return getattr(headway.routers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

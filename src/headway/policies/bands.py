@@ -50,8 +50,8 @@ from headway.core import (
     make_policy,
     register_policy,
 )
-from headway.core._router import policy_estimator
 from headway.policies._base import ScoredPolicy, check_positive
+from headway.routers import policy_estimator
 
 __all__ = ["BandsPolicy"]
 

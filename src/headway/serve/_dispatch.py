@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from headway.core import DEFAULT_ROUTER, LoadTracker, Policy, PolicyQueue, Request, RequestState, Router, make_router
-from headway.core._router import Estimator, policy_estimator
+from headway.core import Policy, PolicyQueue, Request, RequestState
+from headway.routers import DEFAULT_ROUTER, Estimator, LoadTracker, Router, make_router, policy_estimator
 from headway.serve._config import BackendConfig
 
 __all__ = ["Backend", "Dispatcher", "QueueFullError"]

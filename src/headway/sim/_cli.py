@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from headway._help import CLIError, HelpFormatter, default_out_dir, prepare_out_dir
-from headway.core import DEFAULT_ROUTER
+from headway.routers import DEFAULT_ROUTER
 
 __all__ = ["DEFAULT_POLICIES", "add_simulate_parser"]
 
@@ -234,8 +234,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from headway.core import available_policies, get_policy_class, get_router_class, make_policy
+    from headway.core import available_policies, get_policy_class, make_policy
     from headway.metrics import SLO, comparison_table, summarize, write_report
+    from headway.routers import get_router_class
     from headway.sim import CacheConfig, SchedulerConfig, load_preset, simulate
     from headway.sim._fleet import fleet_presets, fleet_summaries
 

@@ -1,7 +1,7 @@
 """Fleets of simulated replicas: presets per replica, replica speeds, per-replica results.
 
 A fleet run is one :func:`~headway.sim.simulate` call with ``num_replicas=N`` and a
-``router`` (see :mod:`headway.core._router`); :func:`split_by_replica` and
+``router`` (see :mod:`headway.routers`); :func:`split_by_replica` and
 :func:`fleet_summaries` turn its :class:`~headway.sim.SimResult` into the per-replica
 and fleet views that reports show.
 """

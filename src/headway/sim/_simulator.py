@@ -8,7 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from headway.core import LoadTracker, Policy, Request, Router, make_policy, make_router, policy_estimator
+from headway.core import Policy, Request, make_policy
+from headway.routers import LoadTracker, Router, make_router, policy_estimator
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel, load_preset
 from headway.sim._events import ARRIVAL, EventLoop

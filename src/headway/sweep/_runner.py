@@ -50,9 +50,9 @@ class TaskResult:
 
 def run_task(task: Task, grid: Grid) -> TaskResult:
     """Simulate one grid point; never raises (errors come back in the result)."""
-    from headway.core import DEFAULT_ROUTER
     from headway.metrics import summarize
     from headway.policies import noisy_oracle_defaults
+    from headway.routers import DEFAULT_ROUTER
     from headway.sim import SchedulerConfig, simulate
     from headway.sim._fleet import fleet_presets
     from headway.workload import load_workload
