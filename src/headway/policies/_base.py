@@ -128,7 +128,9 @@ def _reject_unused(policy: str, scorer: str, given: Sequence[str]) -> None:
         )
 
 
-Scorer = str | Callable[[Request], float] | None
+ScorerSetting = str | Callable[[Request], float] | None
+"""What a scored policy's ``scorer`` setting takes (see :class:`ScoredPolicy`); not to be confused
+with :class:`headway.predict.Scorer`, a trained length predictor."""
 
 
 class ScoredPolicy(Policy):
@@ -153,7 +155,7 @@ class ScoredPolicy(Policy):
     def __init__(
         self,
         *,
-        scorer: Scorer = None,
+        scorer: ScorerSetting = None,
         tau: float | None = None,
         seed: int = 0,
         log_mean: float = 5.0,
