@@ -67,13 +67,10 @@ def test_prefix_hits_within_one_step(vllm_steps: VllmSteps) -> None:
     assert sim_outcome(scenario) == ref
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vLLM 0.32 admits a waiting request only if the free KV blocks hold its whole sequence "
-    "(scheduler_reserve_full_isl, on by default); the simulator admits when the first prefill "
-    "chunk's blocks are free",
-)
 def test_admission_needs_blocks_for_the_whole_prompt(vllm_steps: VllmSteps) -> None:
+    """vLLM 0.32 admits a waiting request only if the free KV blocks hold its whole sequence
+    (``scheduler_reserve_full_isl``, on by default), and so does the simulator; with the option
+    off, both admit when the first prefill chunk's blocks are free."""
     # 11 blocks (10 usable): r0 takes 7 in step 0; r1's first 16-token chunk needs 1, its prompt 4
     scenario = _engine(
         num_blocks=11, max_num_batched_tokens=116, prefix_caching=False,
@@ -81,5 +78,17 @@ def test_admission_needs_blocks_for_the_whole_prompt(vllm_steps: VllmSteps) -> N
     )  # fmt: skip
     ref = vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"])
     assert ref["r1"][0] > 0  # vLLM did not admit r1 in step 0
-    assert vllm_outcome(vllm_steps.run({**scenario, "reserve_full_isl": False}, "vllm")["steps"])["r1"][0] == 0
     assert sim_outcome(scenario) == ref
+    chunk_only = {**scenario, "reserve_full_isl": False}
+    ref = vllm_outcome(vllm_steps.run(chunk_only, "vllm")["steps"])
+    assert ref["r1"][0] == 0
+    assert sim_outcome(chunk_only) == ref
+
+
+@settings(deadline=None, derandomize=True, max_examples=50)
+@given(scenario=scenarios(aborts=False, burst=True))
+def test_fcfs_under_kv_pressure_sim_makes_vllms_decisions(vllm_steps: VllmSteps, scenario: dict[str, Any]) -> None:
+    """Tight KV caches (preemptions), both settings of ``scheduler_reserve_full_isl``."""
+    for full in (True, False):
+        sc = {**scenario, "prefix_caching": False, "reserve_full_isl": full}
+        assert sim_outcome(sc) == vllm_outcome(vllm_steps.run(sc, "vllm")["steps"]), json.dumps(sc)

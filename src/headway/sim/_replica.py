@@ -13,7 +13,8 @@ Each engine step (vLLM ``schedule()`` + model run) proceeds as V1's scheduler do
    when KV blocks are short. Nobody is displaced for the token budget alone;
 3. waiting requests are admitted in policy order while the token budget,
    ``max_num_seqs`` and free blocks allow (head-of-line: the first that does not fit
-   stops admission, as V1).
+   stops admission, as V1); with ``scheduler_reserve_full_isl`` (vLLM 0.32's default)
+   the free blocks must hold the request's whole sequence, not only its first chunk.
 
 Step duration comes from the :class:`~headway.sim.CostModel`.
 
@@ -649,7 +650,10 @@ class Replica:
             if not self.cfg.enable_chunked_prefill:
                 return 0, _BUDGET
             num_new = budget
-        if -(-(computed + num_new) // self.bs) - s.blocks - len(s.hit) + touched > self.free:
+        # vLLM's allocate_slots: new blocks (a hit's blocks in the free queue count too) for the
+        # whole sequence (scheduler_reserve_full_isl), then for the tokens of this step
+        end = min(total, self.max_model_len) if self.cfg.scheduler_reserve_full_isl else computed + num_new
+        if -(-end // self.bs) - s.blocks - len(s.hit) + touched > self.free:
             return 0, _BLOCKS
         return num_new, 0
 
