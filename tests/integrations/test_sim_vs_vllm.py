@@ -5,7 +5,7 @@ every step takes one second, so its times are step numbers; vLLM's scheduler run
 (``_vllm_steps.py``). Compared per request: the step it is first scheduled in, the step whose
 output finishes it, and how often it is preempted. Bursts (every request arrives before the first
 step), no aborts. Where the simulator decides differently, the difference is named and pinned by
-a strict ``xfail`` (it turns into a failure once the simulator makes vLLM's decision).
+a test of its own.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.vllm]
 @settings(deadline=None, derandomize=True)
 @given(scenario=scenarios(aborts=False, burst=True))
 def test_fcfs_without_kv_pressure_sim_makes_vllms_decisions(vllm_steps: VllmSteps, scenario: dict[str, Any]) -> None:
-    scenario = {**roomy(scenario), "prefix_caching": False}  # see test_prefix_hits_within_one_step
+    scenario = roomy(scenario)  # prefix caching as drawn
     assert sim_outcome(scenario) == vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"]), json.dumps(scenario)
 
 
@@ -34,7 +34,7 @@ def test_fcfs_without_kv_pressure_sim_makes_vllms_decisions(vllm_steps: VllmStep
 def test_priority_without_kv_pressure_sim_makes_vllms_decisions(
     vllm_steps: VllmSteps, scenario: dict[str, Any]
 ) -> None:
-    scenario = {**roomy(scenario), "prefix_caching": False}  # see test_prefix_hits_within_one_step
+    scenario = roomy(scenario)  # prefix caching as drawn
     assert sim_outcome(scenario) == vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"]), json.dumps(scenario)
 
 
@@ -53,13 +53,9 @@ def _engine(**kw: Any) -> dict[str, Any]:
     return {**base, **kw}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vLLM caches a request's full prompt blocks when it allocates them for a step, so a request "
-    "admitted later in the same step already hits them; the simulator caches blocks once the prefill "
-    "has computed them (a hit one step later)",
-)
 def test_prefix_hits_within_one_step(vllm_steps: VllmSteps) -> None:
+    """vLLM caches a request's full prompt blocks when it allocates them for a step, so a request
+    admitted later in the same step already hits them; so does the simulator."""
     prompt = list(range(1, 34))  # two full blocks and one token
     scenario = _engine(requests=_requests(prompt, prompt))
     ref = vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"])

@@ -20,11 +20,14 @@ Step duration comes from the :class:`~headway.sim.CostModel`.
 
 **Prefix caching** (``CacheConfig.enable_prefix_caching``, as vLLM V1's): a request with
 nothing computed looks up its block keys in :class:`~headway.sim._prefix.PrefixCache` and
-starts after its cached whole blocks (at most ``num_tokens - 1`` tokens); its hashed blocks
-are entered as prefill computes them, those filled by decoding when it leaves the batch (a
-deliberate difference: vLLM enters each as it fills, so a request sharing text another one
-is still generating can hit it there, not here); freed blocks keep their keys in the free
-queue until an allocation reuses them.
+starts after its cached whole blocks (at most ``num_tokens - 1`` tokens); its hashed prompt
+blocks are entered when a step is planned that computes them, as vLLM caches a block when it
+allocates it, so a request admitted later in the same step hits them (running requests'
+chunks are entered after the step's evictions and displacements, before admission); those
+filled by decoding are entered when it leaves the batch (a deliberate difference: vLLM
+enters each as it fills, so a request sharing text another one is still generating can hit
+it there, not here); freed blocks keep their keys in the free queue until an allocation
+reuses them.
 
 **Fast-forward.** A step with no prefill work is a *decode-only* step, and the next
 decision cannot differ until something happens: a request finishes, the KV cache
@@ -515,6 +518,7 @@ class Replica:
             # that preempted admits nobody (so the next step may: a decode-only plan stops after one)
             self._evict_for_memory(now, budget)
             self._admission_held = True
+            self._register_prefills()
         else:
             if self._displacing and self.waiting:
                 # Running keys only improve between rekey hints (the Policy contract; a hint bumps
@@ -530,6 +534,7 @@ class Replica:
                         if budget > 0
                         else None
                     )
+            self._register_prefills()
             self._admit(now, budget)
         self._launch(now)
 
@@ -586,7 +591,8 @@ class Replica:
             chunk, short = self._admission(self.seqs[cand], budget)
             if chunk:
                 self.waiting.pop()
-                self._start_running(self.seqs[cand], chunk, now)
+                # its blocks are entered after the displacement check (which may evict it again)
+                self._start_running(self.seqs[cand], chunk, now, register=False)
                 budget -= chunk
                 if keys is not None:
                     keys[cand] = (policy.key(cand, now), cand.seq)
@@ -657,7 +663,29 @@ class Replica:
             return 0, _BLOCKS
         return num_new, 0
 
-    def _start_running(self, s: _Seq, chunk: int, now: float) -> None:
+    def _register(self, s: _Seq) -> None:
+        """Enter ``s``'s keyed blocks that its scheduled chunk fills into the prefix cache: vLLM
+        caches a block when it allocates it for a step, so a request admitted later in the same
+        step already hits it."""
+        keys = s.keys
+        full = min((s.req.num_computed_tokens + s.chunk) // self.bs, len(keys))
+        if full <= s.reg:
+            return
+        cache = self.cache
+        assert cache is not None
+        cache.settle(self.free)
+        for i in range(s.reg, full):
+            if cache.insert(keys[i]):
+                s.held.append(keys[i])
+        s.reg = full
+
+    def _register_prefills(self) -> None:
+        if self.cache is not None:
+            for s in self.prefilling:
+                if s.keys:
+                    self._register(s)
+
+    def _start_running(self, s: _Seq, chunk: int, now: float, *, register: bool = True) -> None:
         req = s.req
         if s in self.paused:
             del self.paused[s]
@@ -691,6 +719,8 @@ class Replica:
         s.blocks += blocks
         self.free -= blocks
         s.chunk = chunk
+        if register and cache is not None and s.keys:
+            self._register(s)
         req.transition(RequestState.RUNNING)
         if req.first_scheduled_time is None:
             req.first_scheduled_time = now
@@ -818,19 +848,9 @@ class Replica:
         self._run_version += 1  # prefill progress moves keys and phases (no token hints for it)
         still: list[_Seq] = []
         done: list[_Seq] = []
-        cache, bs = self.cache, self.bs
-        if cache is not None:
-            cache.settle(self.free)
-        for s in self.prefilling:
+        for s in self.prefilling:  # their blocks entered the prefix cache when the step was planned
             req = s.req
             req.num_computed_tokens += s.chunk
-            if cache is not None and s.keys:
-                full = min(req.num_computed_tokens // bs, len(s.keys))
-                for i in range(s.reg, full):
-                    if cache.insert(s.keys[i]):
-                        s.held.append(s.keys[i])
-                if full > s.reg:
-                    s.reg = full
             if req.num_computed_tokens < req.num_prompt_tokens + req.num_output_tokens:
                 still.append(s)
                 if s.chunk and self._progress_hook:
