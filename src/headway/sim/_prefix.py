@@ -1,14 +1,16 @@
 """Automatic prefix caching as vLLM V1 keeps it: the free-block queue and the cached-block map.
 
-vLLM's ``BlockPool`` holds every block with no user in one free queue: blocks never used
-first, then freed blocks in the order they were freed (a request's blocks tail first, so
-its last blocks are reused first). An allocation takes blocks from the head; a freed full
+vLLM's ``BlockPool`` holds every block with no user in one free queue: blocks without a
+hash at the head (never used, or freed without one: vLLM 0.32 prepends those, to be reused
+first), then hashed blocks in the order they were freed (a request's blocks tail first, so
+its last blocks are evicted first). An allocation takes blocks from the head; a freed full
 block keeps its hash, so until it is reused a later request with the same prefix finds it
 ("hits") and takes it off the queue. This module keeps that queue by counts: the blocks
-never used (``fresh``), then entries in freeing order, each a hashed block (its key) or a
-run of blocks without a hash. Allocation only lowers the engine's free-block count; the
-queue gives the blocks up lazily (:meth:`PrefixCache.settle`), before anything looks into
-it, which takes the same blocks from the head as taking them at allocation would.
+without a hash at the head (``fresh``; which of them is reused first does not matter), then
+the hashed blocks (their keys) in freeing order. Allocation only lowers the engine's
+free-block count; the queue gives the blocks up lazily (:meth:`PrefixCache.settle`), before
+anything looks into it, which takes the same blocks from the head as taking them at
+allocation would.
 
 Keys. Engine block ``i`` (``block_size`` tokens) of a request is keyed from the request's
 ``block_hashes`` (:func:`block_keys`). A request evicted and recomputed also finds its own
@@ -66,13 +68,12 @@ def ideal_prefix_hits(requests: Sequence[tuple[list[Hashable], int]], block_size
 class PrefixCache:
     """vLLM's free-block queue and its map of cached blocks, kept by counts (module docstring)."""
 
-    __slots__ = ("fresh", "hits", "lru", "preempted_hits", "preempted_queries", "queries", "queued", "ref", "runs")
+    __slots__ = ("fresh", "hits", "lru", "preempted_hits", "preempted_queries", "queries", "queued", "ref")
 
     def __init__(self, num_blocks: int) -> None:
-        self.fresh = num_blocks  # never-used blocks at the head of the free queue
+        self.fresh = num_blocks  # blocks without a hash at the head of the free queue
         self.queued = num_blocks  # blocks in the queue, popped lazily down to the free count
-        self.lru: OrderedDict[Hashable, None] = OrderedDict()  # queue entries after the fresh ones
-        self.runs: dict[Hashable, int] = {}  # entry (a 1-tuple) -> size, for runs of blocks without a hash
+        self.lru: OrderedDict[Hashable, None] = OrderedDict()  # hashed blocks after them, in freeing order
         self.ref: dict[Hashable, int] = {}  # cached blocks in use -> their number of users
         # vLLM's PrefixCacheStats: new requests, and (apart) resumed ones, in tokens
         self.queries = 0
@@ -90,19 +91,9 @@ class PrefixCache:
             d = min(self.fresh, excess)
             self.fresh -= d
             excess -= d
-        lru, runs = self.lru, self.runs
-        while excess:
-            key = next(iter(lru))
-            if key in runs:
-                n = runs[key]
-                if n > excess:
-                    runs[key] = n - excess
-                    return
-                del runs[key]
-                excess -= n
-            else:
-                excess -= 1
-            del lru[key]
+        lru = self.lru
+        for _ in range(excess):
+            del lru[next(iter(lru))]
 
     def cached(self, key: Hashable) -> bool:
         """Whether a block with ``key`` is cached (in use or free); settle first."""
@@ -145,19 +136,16 @@ class PrefixCache:
         self.ref[key] = 1
         return True
 
-    def release(self, unhashed: int, own: Sequence[Hashable], keys: Sequence[Hashable], run_id: int) -> int:
-        """A request frees ``unhashed`` blocks without a hash, blocks that get the keys ``own``
-        as they go back (an evicted request's, not cached before), and the cached ``keys`` it
-        used, in that order (pass each tail first, as vLLM frees them); ``run_id`` names the
-        run (unique). Cached blocks with other users stay off the queue; settle first. Returns
+    def release(self, unhashed: int, own: Sequence[Hashable], keys: Sequence[Hashable]) -> int:
+        """A request frees ``unhashed`` blocks without a hash (to the head of the queue, reused
+        first), then blocks that get the keys ``own`` as they go back (its own, not cached
+        before), and the cached ``keys`` it used, in that order (pass each tail first, as vLLM
+        frees them). Cached blocks with other users stay off the queue; settle first. Returns
         the number of blocks that went back to the queue."""
         lru, ref = self.lru, self.ref
         before = self.queued
-        if unhashed:
-            key: Hashable = (run_id,)
-            lru[key] = None
-            self.runs[key] = unhashed
-            self.queued += unhashed
+        self.fresh += unhashed
+        self.queued += unhashed
         for key in own:
             lru[key] = None
         self.queued += len(own)

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import itertools
 import math
 from collections.abc import Callable, Hashable
 
@@ -131,7 +130,6 @@ class Replica:
         self.num_blocks = cache.num_gpu_blocks or cost.num_gpu_blocks(cache.gpu_memory_utilization, cache.block_size)
         self.free = self.num_blocks
         self.cache = PrefixCache(self.num_blocks) if cache.enable_prefix_caching else None
-        self._run_ids = itertools.count()
         cap = self.num_blocks * self.bs
         if not scheduler.enable_chunked_prefill:
             cap = min(cap, scheduler.max_num_batched_tokens)
@@ -377,9 +375,10 @@ class Replica:
     # ------------------------------------------------------------- leaving
     def _free_blocks(self, s: _Seq, evicted: bool) -> None:
         """Give back all of ``s``'s blocks. With prefix caching its full blocks keep their keys in
-        the free queue: its workload-keyed ones (those filled by decoding are keyed now), and
-        for an eviction its other computed blocks too, under keys only it has, so that it finds
-        them again when it resumes."""
+        the free queue: its workload-keyed ones (those filled by decoding are keyed now), and its
+        other computed full blocks too, under keys only it has (vLLM hashes every full block):
+        an evicted request finds them again when it resumes, and a finished one's hold their
+        place in the queue. The rest (its partial last block) goes to the head of the queue."""
         cache = self.cache
         if cache is not None:
             cache.settle(self.free)
@@ -390,17 +389,18 @@ class Replica:
                 if cache.insert(keys[i]):
                     held.append(keys[i])
             own: list[Hashable] = []
-            if evicted and full > len(keys):
+            if full > len(keys):
                 seq = req.seq
                 for i in range(max(s.reg, len(keys)), full):
                     key = (seq, i, -1)
                     if not cache.cached(key):
                         own.append(key)
-                s.own_end = full
+                if evicted:
+                    s.own_end = full
             own.reverse()
             held.reverse()
             # blocks shared with running requests stay in use
-            self.free += cache.release(s.blocks - len(held) - len(own), own, held, next(self._run_ids))
+            self.free += cache.release(s.blocks - len(held) - len(own), own, held)
             s.held = []
             s.reg = 0
         else:
