@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from integrations._stepdiff import VllmSteps, roomy, scenarios, sim_outcome, vllm_outcome
 
@@ -81,10 +82,30 @@ def test_admission_needs_blocks_for_the_whole_prompt(vllm_steps: VllmSteps) -> N
     assert sim_outcome(chunk_only) == ref
 
 
-@settings(deadline=None, derandomize=True, max_examples=50)
-@given(scenario=scenarios(aborts=False, burst=True))
-def test_fcfs_under_kv_pressure_sim_makes_vllms_decisions(vllm_steps: VllmSteps, scenario: dict[str, Any]) -> None:
-    """Tight KV caches (preemptions), both settings of ``scheduler_reserve_full_isl``."""
+@settings(deadline=None, derandomize=True)
+@given(scenario=scenarios(aborts=False, burst=True), policy=st.sampled_from(["fcfs", "priority"]))
+def test_under_kv_pressure_sim_makes_vllms_decisions(
+    vllm_steps: VllmSteps, scenario: dict[str, Any], policy: str
+) -> None:
+    """Tight KV caches (preemptions, evicted cached blocks), prefix caching as drawn, both settings
+    of ``scheduler_reserve_full_isl``."""
     for full in (True, False):
-        sc = {**scenario, "prefix_caching": False, "reserve_full_isl": full}
+        sc = {**scenario, "policy": policy, "reserve_full_isl": full}
         assert sim_outcome(sc) == vllm_outcome(vllm_steps.run(sc, "vllm")["steps"]), json.dumps(sc)
+
+
+def test_blocks_freed_without_a_hash_are_reused_first(vllm_steps: VllmSteps) -> None:
+    """vLLM 0.32 puts a freed block without a hash at the head of the free queue and a hashed one at
+    its tail; so does the simulator. One sequence at a time in 6 blocks: A (two shared blocks and a
+    partial one), D and E (10 tokens each, one partial block), C (unrelated, three blocks), B (A's
+    two blocks): C reuses the partial blocks, so B hits A's two blocks and computes its prompt in
+    one 16-token step, not three."""
+    shared = list(range(1, 33))
+    scenario = _engine(
+        num_blocks=6, max_num_seqs=1, max_num_batched_tokens=16,
+        requests=_requests(shared + list(range(40, 48)), list(range(300, 310)), list(range(310, 320)),
+                           list(range(400, 448)), shared + list(range(50, 58))),
+    )  # fmt: skip
+    steps = vllm_steps.run(scenario, "vllm")["steps"]
+    assert [s["sched"]["r4"] for s in steps if "r4" in s["sched"]] == [[8, 32]]  # B: 32 cached, 8 computed
+    assert sim_outcome(scenario) == vllm_outcome(steps)
