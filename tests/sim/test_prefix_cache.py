@@ -187,3 +187,33 @@ def test_step_records_name_each_steps_decisions() -> None:
         (20.0, (("b", 8),), (), (("b", 32),)),
     ]
     assert simulate(wl, "fcfs", preset=COST).replicas[0].steps is None
+
+
+@pytest.mark.parametrize(("b_arrival", "b_hit"), [(26.0, 16), (40.0, 32)])
+def test_blocks_filled_by_decoding_are_cached_when_the_request_leaves(b_arrival: float, b_hit: int) -> None:
+    # A deliberate difference from vLLM (sim/_replica.py): A's workload keys cover its answer too;
+    # its block 2 fills by decoding at t=25 and is entered when A finishes (28.75). B, sharing it,
+    # hits it only after that (vLLM: as soon as it filled).
+    specs = [
+        RequestSpec("a", 0.0, 16, 20, block_hashes=(1, 2)),
+        RequestSpec("b", b_arrival, 40, 1, block_hashes=(1, 2, 3)),
+    ]
+    a, b = _run(specs).requests
+    assert b.first_scheduled_time is not None and a.finish_time is not None
+    assert (b.first_scheduled_time < a.finish_time) == (b_arrival < 28.75)
+    assert b.num_cached_tokens == b_hit
+
+
+def test_a_duplicate_block_serves_no_hit_once_the_first_is_evicted() -> None:
+    # A difference from vLLM (sim/_replica.py): B hits A's block 1 only (a hit leaves a token to
+    # compute) and computes block 2 again, a duplicate. C evicts A's block 2; vLLM keeps B's copy
+    # under the hash and D hits 32 tokens, here the copy has no key and D hits 16.
+    specs = [
+        RequestSpec("a", 0.0, 32, 1, block_hashes=(1, 2)),
+        RequestSpec("b", 10.0, 32, 1, block_hashes=(1, 2)),
+        RequestSpec("c", 16.0, 20, 1),
+        RequestSpec("d", 30.0, 48, 1, block_hashes=(1, 2, 3)),
+    ]
+    res = _run(specs, blocks=4)
+    assert [r.finish_time for r in res.requests[:3]] == pytest.approx([9.0, 15.0, 22.0])
+    assert [r.num_cached_tokens for r in res.requests] == [0, 16, 0, 16]

@@ -24,10 +24,27 @@ starts after its cached whole blocks (at most ``num_tokens - 1`` tokens); its ha
 blocks are entered when a step is planned that computes them, as vLLM caches a block when it
 allocates it, so a request admitted later in the same step hits them (running requests'
 chunks are entered after the step's evictions and displacements, before admission); those
-filled by decoding are entered when it leaves the batch (a deliberate difference: vLLM
-enters each as it fills, so a request sharing text another one is still generating can hit
-it there, not here); freed blocks keep their keys in the free queue until an allocation
-reuses them.
+filled by decoding are entered when it leaves the batch; freed blocks keep their keys in
+the free queue until an allocation reuses them, and blocks freed without one go to its head.
+
+**Differences from vLLM 0.32's decisions** (the differential harness in
+``tests/integrations/test_sim_vs_vllm.py`` compares both step by step; every other decision
+there is vLLM's):
+
+* a request's workload-keyed blocks filled by decoding enter the prefix cache when it leaves
+  the batch, where vLLM caches each as it fills, so a request sharing the text of an answer
+  still being generated hits it there, not here
+  (``test_blocks_filled_by_decoding_are_cached_when_the_request_leaves``);
+* a full block computed again while another block had its key (a hit stops a token short of
+  the prompt) holds its place in the free queue but serves no hit once the first is evicted;
+  vLLM keeps both under the hash (``test_a_duplicate_block_serves_no_hit_once_the_first_is_evicted``);
+* the victim of a KV shortage is the policy's ``choose_victim`` (FCFS: the latest arrival)
+  where vLLM's FCFS evicts the last of its running list, and decoders take the token budget
+  before partial prefills where vLLM goes in running-list order. Under vLLM's FCFS and
+  priority scheduling these decide alike: its running list is in admission order, and a
+  prefill gets less than its rest only when the budget runs out, so partial prefills are its
+  tail (the harness's hypothesis tests under KV pressure). vLLM's
+  ``long_prefill_token_threshold`` and ``watermark`` (0 by default) are not modelled.
 
 **Fast-forward.** A step with no prefill work is a *decode-only* step, and the next
 decision cannot differ until something happens: a request finishes, the KV cache
@@ -58,6 +75,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 from collections.abc import Callable, Hashable
 
@@ -130,6 +148,7 @@ class Replica:
         self.num_blocks = cache.num_gpu_blocks or cost.num_gpu_blocks(cache.gpu_memory_utilization, cache.block_size)
         self.free = self.num_blocks
         self.cache = PrefixCache(self.num_blocks) if cache.enable_prefix_caching else None
+        self._dup_ids = itertools.count()  # keys of duplicate blocks (see _free_blocks)
         cap = self.num_blocks * self.bs
         if not scheduler.enable_chunked_prefill:
             cap = min(cap, scheduler.max_num_batched_tokens)
@@ -378,7 +397,9 @@ class Replica:
         the free queue: its workload-keyed ones (those filled by decoding are keyed now), and its
         other computed full blocks too, under keys only it has (vLLM hashes every full block):
         an evicted request finds them again when it resumes, and a finished one's hold their
-        place in the queue. The rest (its partial last block) goes to the head of the queue."""
+        place in the queue. A full block computed again while another block had its key (vLLM
+        keeps both under the hash) holds its place under a key nothing looks up. The rest (its
+        partial last block) goes to the head of the queue."""
         cache = self.cache
         if cache is not None:
             cache.settle(self.free)
@@ -398,6 +419,7 @@ class Replica:
                 if evicted:
                     s.own_end = full
             own.reverse()
+            own.extend(("dup", next(self._dup_ids)) for _ in range(min(full, s.blocks) - len(held) - len(own)))
             held.reverse()
             # blocks shared with running requests stay in use
             self.free += cache.release(s.blocks - len(held) - len(own), own, held)
