@@ -25,7 +25,7 @@ from headway.integrations._server import default_vllm_paths, headway_src_dir
 from .conftest import _unavailable
 
 # The server is confined to one CPU (engine_cpus), so this client is not starved while it runs. Orders
-# are checked on the engine's own records, waited for in its step log (no fixed sleeps, no reruns).
+# are checked on the engine's own records, waited for in its step log (no fixed sleeps, no module-wide reruns).
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 LONG = [120, 100, 110, 90, 105]
@@ -251,7 +251,9 @@ def test_async_scheduler_class_in_process_under_a_batch_queue() -> None:
         assert r["tokens"] == {f"r{i}": n for i, n in enumerate(ASYNC_LENGTHS)}
     assert set(runs["sjf-oracle"]["finished"][:3]) == ASYNC_SHORT  # shortest first
     assert runs["fcfs"]["finished"][:2] == ["r0", "r1"]  # arrival order: two long ones first
-    assert runs["uniboost"]["finished"] != runs["fcfs"]["finished"]
+    # uniboost displaces in evict mode only, for KV blocks (200 here: plenty): a full batch displaces
+    # nobody, as in vLLM, and requests that attained nothing tie: FCFS order
+    assert runs["uniboost"]["finished"] == runs["fcfs"]["finished"]
 
 
 def test_bad_control_files_and_request_fields_never_stop_the_engine(plugin_server) -> None:  # type: ignore[no-untyped-def]
