@@ -109,3 +109,18 @@ def test_blocks_freed_without_a_hash_are_reused_first(vllm_steps: VllmSteps) -> 
     steps = vllm_steps.run(scenario, "vllm")["steps"]
     assert [s["sched"]["r4"] for s in steps if "r4" in s["sched"]] == [[8, 32]]  # B: 32 cached, 8 computed
     assert sim_outcome(scenario) == vllm_outcome(steps)
+
+
+def test_requests_finishing_in_one_step_free_their_blocks_in_running_order(vllm_steps: VllmSteps) -> None:
+    """vLLM frees the blocks of requests that finish in one step in running-list order (here r1,
+    admitted first by priority, then r0), which decides which cached blocks an allocation evicts
+    first; so does the simulator. r2 then evicts all but r0's first block, which r3 hits."""
+    shared = list(range(1, 49))
+    reqs = _requests([*shared, 900], list(range(300, 315)), list(range(400, 512)), [*shared, 901])
+    for r, (prio, out) in zip(reqs, [(1, 2), (0, 3), (2, 1), (3, 1)], strict=True):
+        r["priority"], r["max_tokens"] = prio, out
+    scenario = _engine(policy="priority", num_blocks=9, max_num_seqs=2, max_num_batched_tokens=48, requests=reqs)
+    steps = vllm_steps.run(scenario, "vllm")["steps"]
+    assert [s["finished"] for s in steps if len(s["finished"]) == 2] == [["r1", "r0"]]
+    assert next(s["sched"]["r3"][1] for s in steps if "r3" in s["sched"]) == 16  # r3's hit: r0's first block
+    assert sim_outcome(scenario) == vllm_outcome(steps)

@@ -97,7 +97,7 @@ class _Seq:
     """Simulator-side state of one request (never shown to policies)."""
 
     __slots__ = (
-        "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "own_end", "phase", "reg",
+        "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "order", "own_end", "phase", "reg",
         "rekey_g", "req", "true_len",
     )  # fmt: skip
 
@@ -120,6 +120,7 @@ class _Seq:
         self.fin_g = 0  # global decode-step count at which it finishes
         self.rekey_g = -1  # global decode-step count of its next rekey hint (-1: none)
         self.gen = 0  # bumps whenever it leaves the decode set (invalidates heap entries)
+        self.order = 0  # when it (re)joined the batch: its place in vLLM's running list
 
 
 class Replica:
@@ -149,6 +150,7 @@ class Replica:
         self.free = self.num_blocks
         self.cache = PrefixCache(self.num_blocks) if cache.enable_prefix_caching else None
         self._dup_ids = itertools.count()  # keys of duplicate blocks (see _free_blocks)
+        self._join_ids = itertools.count()  # _Seq.order
         cap = self.num_blocks * self.bs
         if not scheduler.enable_chunked_prefill:
             cap = min(cap, scheduler.max_num_batched_tokens)
@@ -371,7 +373,8 @@ class Replica:
         self.s_off += off
         self.decoders[s] = None
         s.fin_g = self.g + s.true_len - req.num_output_tokens
-        heapq.heappush(self.fin_heap, (s.fin_g, req.seq, s.gen, s))
+        # requests finishing in one step leave in running-list order, as vLLM frees their blocks
+        heapq.heappush(self.fin_heap, (s.fin_g, s.order, s.gen, s))
         self._arm_rekey(s)
 
     def _arm_rekey(self, s: _Seq) -> None:
@@ -746,6 +749,7 @@ class Replica:
         req.transition(RequestState.RUNNING)
         if req.first_scheduled_time is None:
             req.first_scheduled_time = now
+        s.order = next(self._join_ids)
         self.prefilling.append(s)
         self._run_version += 1
         if self._rkeys is not None:
@@ -858,8 +862,9 @@ class Replica:
         self.g += n
         self.num_steps += n
         self.num_step_events += 1
-        self._complete_prefills(now)
+        # vLLM handles a step's requests in running-list order: decoders, then prefills
         self._complete_decodes(now)
+        self._complete_prefills(now)
         if self.timeline is not None:
             self.timeline.append((now, len(self.waiting), self.num_running, self.num_blocks - self.free))
         self._start_step(now)
