@@ -7,7 +7,8 @@ its last blocks are evicted first). An allocation takes blocks from the head; a 
 block keeps its hash, so until it is reused a later request with the same prefix finds it
 ("hits") and takes it off the queue. This module keeps that queue by counts: the blocks
 without a hash at the head (``fresh``; which of them is reused first does not matter), then
-the hashed blocks (their keys) in freeing order. Allocation only lowers the engine's
+the hashed blocks in freeing order: each a key, or a run of hashed blocks that no lookup can
+find (a finished request's own blocks, duplicates), which only hold their place. Allocation only lowers the engine's
 free-block count; the queue gives the blocks up lazily (:meth:`PrefixCache.settle`), before
 anything looks into it, which takes the same blocks from the head as taking them at
 allocation would.
@@ -68,12 +69,13 @@ def ideal_prefix_hits(requests: Sequence[tuple[list[Hashable], int]], block_size
 class PrefixCache:
     """vLLM's free-block queue and its map of cached blocks, kept by counts (module docstring)."""
 
-    __slots__ = ("fresh", "hits", "lru", "preempted_hits", "preempted_queries", "queries", "queued", "ref")
+    __slots__ = ("fresh", "hits", "lru", "preempted_hits", "preempted_queries", "queries", "queued", "ref", "runs")
 
     def __init__(self, num_blocks: int) -> None:
         self.fresh = num_blocks  # blocks without a hash at the head of the free queue
         self.queued = num_blocks  # blocks in the queue, popped lazily down to the free count
         self.lru: OrderedDict[Hashable, None] = OrderedDict()  # hashed blocks after them, in freeing order
+        self.runs: dict[Hashable, int] = {}  # entry (a 1-tuple) -> size, for runs no lookup finds
         self.ref: dict[Hashable, int] = {}  # cached blocks in use -> their number of users
         # vLLM's PrefixCacheStats: new requests, and (apart) resumed ones, in tokens
         self.queries = 0
@@ -91,9 +93,19 @@ class PrefixCache:
             d = min(self.fresh, excess)
             self.fresh -= d
             excess -= d
-        lru = self.lru
-        for _ in range(excess):
-            del lru[next(iter(lru))]
+        lru, runs = self.lru, self.runs
+        while excess:
+            key = next(iter(lru))
+            if key in runs:
+                n = runs[key]
+                if n > excess:
+                    runs[key] = n - excess
+                    return
+                del runs[key]
+                excess -= n
+            else:
+                excess -= 1
+            del lru[key]
 
     def cached(self, key: Hashable) -> bool:
         """Whether a block with ``key`` is cached (in use or free); settle first."""
@@ -136,12 +148,15 @@ class PrefixCache:
         self.ref[key] = 1
         return True
 
-    def release(self, unhashed: int, own: Sequence[Hashable], keys: Sequence[Hashable]) -> int:
+    def release(
+        self, unhashed: int, own: Sequence[Hashable], hidden: int, keys: Sequence[Hashable], run_id: int
+    ) -> int:
         """A request frees ``unhashed`` blocks without a hash (to the head of the queue, reused
         first), then blocks that get the keys ``own`` as they go back (its own, not cached
-        before), and the cached ``keys`` it used, in that order (pass each tail first, as vLLM
-        frees them). Cached blocks with other users stay off the queue; settle first. Returns
-        the number of blocks that went back to the queue."""
+        before), ``hidden`` hashed blocks no lookup finds (a run named ``run_id``, unique), and
+        the cached ``keys`` it used, in that order (pass each tail first, as vLLM frees them).
+        Cached blocks with other users stay off the queue; settle first. Returns the number of
+        blocks that went back to the queue."""
         lru, ref = self.lru, self.ref
         before = self.queued
         self.fresh += unhashed
@@ -149,6 +164,11 @@ class PrefixCache:
         for key in own:
             lru[key] = None
         self.queued += len(own)
+        if hidden:
+            run: Hashable = (run_id,)
+            lru[run] = None
+            self.runs[run] = hidden
+            self.queued += hidden
         for key in keys:
             n = ref[key] - 1
             if n:

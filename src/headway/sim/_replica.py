@@ -149,7 +149,7 @@ class Replica:
         self.num_blocks = cache.num_gpu_blocks or cost.num_gpu_blocks(cache.gpu_memory_utilization, cache.block_size)
         self.free = self.num_blocks
         self.cache = PrefixCache(self.num_blocks) if cache.enable_prefix_caching else None
-        self._dup_ids = itertools.count()  # keys of duplicate blocks (see _free_blocks)
+        self._dup_ids = itertools.count()  # names of runs of hashed blocks no lookup finds (_free_blocks)
         self._join_ids = itertools.count()  # _Seq.order
         cap = self.num_blocks * self.bs
         if not scheduler.enable_chunked_prefill:
@@ -413,19 +413,21 @@ class Replica:
                 if cache.insert(keys[i]):
                     held.append(keys[i])
             own: list[Hashable] = []
-            if full > len(keys):
+            if evicted and full > len(keys):
                 seq = req.seq
                 for i in range(max(s.reg, len(keys)), full):
                     key = (seq, i, -1)
                     if not cache.cached(key):
                         own.append(key)
-                if evicted:
-                    s.own_end = full
+                s.own_end = full
             own.reverse()
-            own.extend(("dup", next(self._dup_ids)) for _ in range(min(full, s.blocks) - len(held) - len(own)))
             held.reverse()
+            # its other full blocks: a finished request's own, duplicates (hashed in vLLM, found by nobody here)
+            full = min(full, s.blocks)
+            hidden = max(full - len(held) - len(own), 0)
             # blocks shared with running requests stay in use
-            self.free += cache.release(s.blocks - len(held) - len(own), own, held)
+            unhashed = s.blocks - len(held) - len(own) - hidden
+            self.free += cache.release(unhashed, own, hidden, held, next(self._dup_ids))
             s.held = []
             s.reg = 0
         else:
