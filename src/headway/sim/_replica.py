@@ -26,6 +26,8 @@ allocates it, so a request admitted later in the same step hits them (running re
 chunks are entered after the step's evictions and displacements, before admission); those
 filled by decoding are entered when it leaves the batch; freed blocks keep their keys in
 the free queue until an allocation reuses them, and blocks freed without one go to its head.
+Requests that finish in one step leave in vLLM's running-list order (decoders, then prefills,
+each in the order they joined the batch), which orders their blocks in the free queue.
 
 **Differences from vLLM 0.32's decisions** (the differential harness in
 ``tests/integrations/test_sim_vs_vllm.py`` compares both step by step; every other decision
