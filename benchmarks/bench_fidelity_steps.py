@@ -7,11 +7,12 @@ a rerun draws the same ones) on bursts without aborts, for ``fcfs`` and ``priori
 * ``plugin``: ``HeadwayScheduler`` against vLLM, every step (scheduled ids and token counts,
   prefix-cache hits, preemptions, finishes); prefix caching as drawn;
 * ``sim``: the simulator (exact step mode, one second a step) against vLLM, per request (first
-  scheduled step, finishing step, preemptions); prefix caching off, which the simulator lacks;
-* ``sim_no_full_isl``: the same against vLLM with ``scheduler_reserve_full_isl`` off (admission
-  checks only the first prefill chunk's blocks, not the whole prompt's);
-* ``sim_prefix_no_full_isl``: as ``sim_no_full_isl`` with prefix caching as drawn (on in about
-  half the scenarios), the simulator's as vLLM's.
+  scheduled step, finishing step, preemptions); prefix caching off; both with vLLM's defaults
+  (``scheduler_reserve_full_isl`` on: admission checks the whole prompt's blocks);
+* ``sim_no_full_isl``: the same with ``scheduler_reserve_full_isl`` off in both (admission
+  checks only the first prefill chunk's blocks);
+* ``sim_prefix``: as ``sim`` with prefix caching as drawn (on in about half the scenarios);
+* ``sim_prefix_no_full_isl``: as ``sim_no_full_isl`` with prefix caching as drawn.
 
 Writes ``benchmarks/results/fidelity_steps.json`` (with the command line and the first differing
 scenarios of each kind)::
@@ -44,7 +45,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
-    kinds = ("plugin", "sim", "sim_no_full_isl", "sim_prefix_no_full_isl")
+    kinds = ("plugin", "sim", "sim_no_full_isl", "sim_prefix", "sim_prefix_no_full_isl")
     counts = dict.fromkeys(("scenarios", *kinds, "with_preemptions", "with_prefix_caching"), 0)
     first: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
 
@@ -67,10 +68,12 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
         for kind, sc, full in (
             ("sim", plain, True),
             ("sim_no_full_isl", plain, False),
+            ("sim_prefix", scenario, True),
             ("sim_prefix_no_full_isl", scenario, False),
         ):
+            sc = {**sc, "reserve_full_isl": full}
             sim = sim_outcome(sc)
-            trace = harness.run({**sc, "reserve_full_isl": full}, "vllm")["steps"]
+            trace = harness.run(sc, "vllm")["steps"]
             if kind == "sim":
                 counts["with_preemptions"] += any(s["preempted"] for s in trace)
             ref_outcome = vllm_outcome(trace)

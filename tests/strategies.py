@@ -32,6 +32,7 @@ def engine_configs(draw: st.DrawFn) -> tuple[SchedulerConfig, CacheConfig]:
         max_num_seqs=seqs,
         enable_chunked_prefill=draw(st.booleans()),
         preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
+        scheduler_reserve_full_isl=draw(st.booleans()),
     )
     cache = CacheConfig(num_gpu_blocks=draw(st.integers(2, 64)))
     return sched, cache

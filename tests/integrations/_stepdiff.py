@@ -166,7 +166,8 @@ def block_hashes(tokens: list[int], block_size: int) -> tuple[int, ...]:
 
 
 def sim_outcome(scenario: dict[str, Any]) -> Outcome:
-    """Per request: (first scheduled step, finishing step, preemptions) in the simulator."""
+    """Per request: (first scheduled step, finishing step, preemptions) in the simulator (vLLM's
+    ``scheduler_reserve_full_isl`` from the scenario's ``reserve_full_isl``, on unless given)."""
     bs = scenario["block_size"]
     specs = [
         RequestSpec(
@@ -180,6 +181,7 @@ def sim_outcome(scenario: dict[str, Any]) -> Outcome:
         scheduler=SchedulerConfig(
             max_num_batched_tokens=scenario["max_num_batched_tokens"], max_num_seqs=scenario["max_num_seqs"],
             enable_chunked_prefill=scenario["chunked_prefill"], max_steps_per_event=1,
+            scheduler_reserve_full_isl=scenario.get("reserve_full_isl", True),
         ),
         # vLLM's block pool holds one more block, its null block
         cache=CacheConfig(

@@ -5,7 +5,7 @@ every step takes one second, so its times are step numbers; vLLM's scheduler run
 (``_vllm_steps.py``). Compared per request: the step it is first scheduled in, the step whose
 output finishes it, and how often it is preempted. Bursts (every request arrives before the first
 step), no aborts. Where the simulator decides differently, the difference is named and pinned by
-a strict ``xfail`` (it turns into a failure once the simulator makes vLLM's decision).
+a test of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from integrations._stepdiff import VllmSteps, roomy, scenarios, sim_outcome, vllm_outcome
 
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.vllm]
 @settings(deadline=None, derandomize=True)
 @given(scenario=scenarios(aborts=False, burst=True))
 def test_fcfs_without_kv_pressure_sim_makes_vllms_decisions(vllm_steps: VllmSteps, scenario: dict[str, Any]) -> None:
-    scenario = {**roomy(scenario), "prefix_caching": False}  # see test_prefix_hits_within_one_step
+    scenario = roomy(scenario)  # prefix caching as drawn
     assert sim_outcome(scenario) == vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"]), json.dumps(scenario)
 
 
@@ -34,7 +35,7 @@ def test_fcfs_without_kv_pressure_sim_makes_vllms_decisions(vllm_steps: VllmStep
 def test_priority_without_kv_pressure_sim_makes_vllms_decisions(
     vllm_steps: VllmSteps, scenario: dict[str, Any]
 ) -> None:
-    scenario = {**roomy(scenario), "prefix_caching": False}  # see test_prefix_hits_within_one_step
+    scenario = roomy(scenario)  # prefix caching as drawn
     assert sim_outcome(scenario) == vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"]), json.dumps(scenario)
 
 
@@ -53,13 +54,9 @@ def _engine(**kw: Any) -> dict[str, Any]:
     return {**base, **kw}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vLLM caches a request's full prompt blocks when it allocates them for a step, so a request "
-    "admitted later in the same step already hits them; the simulator caches blocks once the prefill "
-    "has computed them (a hit one step later)",
-)
 def test_prefix_hits_within_one_step(vllm_steps: VllmSteps) -> None:
+    """vLLM caches a request's full prompt blocks when it allocates them for a step, so a request
+    admitted later in the same step already hits them; so does the simulator."""
     prompt = list(range(1, 34))  # two full blocks and one token
     scenario = _engine(requests=_requests(prompt, prompt))
     ref = vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"])
@@ -67,13 +64,10 @@ def test_prefix_hits_within_one_step(vllm_steps: VllmSteps) -> None:
     assert sim_outcome(scenario) == ref
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vLLM 0.32 admits a waiting request only if the free KV blocks hold its whole sequence "
-    "(scheduler_reserve_full_isl, on by default); the simulator admits when the first prefill "
-    "chunk's blocks are free",
-)
 def test_admission_needs_blocks_for_the_whole_prompt(vllm_steps: VllmSteps) -> None:
+    """vLLM 0.32 admits a waiting request only if the free KV blocks hold its whole sequence
+    (``scheduler_reserve_full_isl``, on by default), and so does the simulator; with the option
+    off, both admit when the first prefill chunk's blocks are free."""
     # 11 blocks (10 usable): r0 takes 7 in step 0; r1's first 16-token chunk needs 1, its prompt 4
     scenario = _engine(
         num_blocks=11, max_num_batched_tokens=116, prefix_caching=False,
@@ -81,5 +75,52 @@ def test_admission_needs_blocks_for_the_whole_prompt(vllm_steps: VllmSteps) -> N
     )  # fmt: skip
     ref = vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"])
     assert ref["r1"][0] > 0  # vLLM did not admit r1 in step 0
-    assert vllm_outcome(vllm_steps.run({**scenario, "reserve_full_isl": False}, "vllm")["steps"])["r1"][0] == 0
     assert sim_outcome(scenario) == ref
+    chunk_only = {**scenario, "reserve_full_isl": False}
+    ref = vllm_outcome(vllm_steps.run(chunk_only, "vllm")["steps"])
+    assert ref["r1"][0] == 0
+    assert sim_outcome(chunk_only) == ref
+
+
+@settings(deadline=None, derandomize=True)
+@given(scenario=scenarios(aborts=False, burst=True), policy=st.sampled_from(["fcfs", "priority"]))
+def test_under_kv_pressure_sim_makes_vllms_decisions(
+    vllm_steps: VllmSteps, scenario: dict[str, Any], policy: str
+) -> None:
+    """Tight KV caches (preemptions, evicted cached blocks), prefix caching as drawn, both settings
+    of ``scheduler_reserve_full_isl``."""
+    for full in (True, False):
+        sc = {**scenario, "policy": policy, "reserve_full_isl": full}
+        assert sim_outcome(sc) == vllm_outcome(vllm_steps.run(sc, "vllm")["steps"]), json.dumps(sc)
+
+
+def test_blocks_freed_without_a_hash_are_reused_first(vllm_steps: VllmSteps) -> None:
+    """vLLM 0.32 puts a freed block without a hash at the head of the free queue and a hashed one at
+    its tail; so does the simulator. One sequence at a time in 6 blocks: A (two shared blocks and a
+    partial one), D and E (10 tokens each, one partial block), C (unrelated, three blocks), B (A's
+    two blocks): C reuses the partial blocks, so B hits A's two blocks and computes its prompt in
+    one 16-token step, not three."""
+    shared = list(range(1, 33))
+    scenario = _engine(
+        num_blocks=6, max_num_seqs=1, max_num_batched_tokens=16,
+        requests=_requests(shared + list(range(40, 48)), list(range(300, 310)), list(range(310, 320)),
+                           list(range(400, 448)), shared + list(range(50, 58))),
+    )  # fmt: skip
+    steps = vllm_steps.run(scenario, "vllm")["steps"]
+    assert [s["sched"]["r4"] for s in steps if "r4" in s["sched"]] == [[8, 32]]  # B: 32 cached, 8 computed
+    assert sim_outcome(scenario) == vllm_outcome(steps)
+
+
+def test_requests_finishing_in_one_step_free_their_blocks_in_running_order(vllm_steps: VllmSteps) -> None:
+    """vLLM frees the blocks of requests that finish in one step in running-list order (here r1,
+    admitted first by priority, then r0), which decides which cached blocks an allocation evicts
+    first; so does the simulator. r2 then evicts all but r0's first block, which r3 hits."""
+    shared = list(range(1, 49))
+    reqs = _requests([*shared, 900], list(range(300, 315)), list(range(400, 512)), [*shared, 901])
+    for r, (prio, out) in zip(reqs, [(1, 2), (0, 3), (2, 1), (3, 1)], strict=True):
+        r["priority"], r["max_tokens"] = prio, out
+    scenario = _engine(policy="priority", num_blocks=9, max_num_seqs=2, max_num_batched_tokens=48, requests=reqs)
+    steps = vllm_steps.run(scenario, "vllm")["steps"]
+    assert [s["finished"] for s in steps if len(s["finished"]) == 2] == [["r1", "r0"]]
+    assert next(s["sched"]["r3"][1] for s in steps if "r3" in s["sched"]) == 16  # r3's hit: r0's first block
+    assert sim_outcome(scenario) == vllm_outcome(steps)

@@ -59,8 +59,9 @@ def test_a_hit_leaves_the_last_token_to_compute() -> None:
 @pytest.mark.parametrize(("c_prompt", "b_hit"), [(32, 32), (48, 16)])
 def test_freed_blocks_are_reused_tail_first(c_prompt: int, b_hit: int) -> None:
     # Four blocks. A (40 tokens: 2 hashed blocks + a partial one) finishes and frees them tail
-    # first: the queue is [never used, A's partial block, A's block 2, A's block 1]. C (unrelated)
-    # then takes 2 or 3 blocks from the head: with 3 it reuses A's block 2, and B finds block 1 only.
+    # first: the queue is [A's partial block and the one never used, A's block 2, A's block 1]. C
+    # (unrelated) then takes 2 or 3 blocks from the head: with 3 it reuses A's block 2, and B finds
+    # block 1 only.
     specs = [
         RequestSpec("a", 0.0, 40, 1, block_hashes=(1, 2, 3)),
         RequestSpec("c", 12.0, c_prompt, 1),
@@ -68,6 +69,24 @@ def test_freed_blocks_are_reused_tail_first(c_prompt: int, b_hit: int) -> None:
     ]
     res = _run(specs, blocks=4)
     assert [r.num_cached_tokens for r in res.requests] == [0, 0, b_hit]
+
+
+def test_blocks_freed_without_a_hash_are_reused_before_cached_ones() -> None:
+    # Five blocks. A (2 hashed blocks + a partial one) finishes, then D and E (10 tokens: one partial
+    # block each) run one after the other. vLLM 0.32 puts blocks freed without a hash at the head of
+    # the free queue and hashed ones at its tail: [3 without a hash, A's block 2, A's block 1]. C
+    # (48 tokens, 3 blocks) takes the three, so B still finds A's two blocks (in freeing order,
+    # [A's partial, A's 2, A's 1, D's, E's], C would take A's blocks and B find none).
+    specs = [
+        RequestSpec("a", 0.0, 40, 1, block_hashes=(1, 2, 3)),
+        RequestSpec("d", 12.0, 10, 1),
+        RequestSpec("e", 16.0, 10, 1),
+        RequestSpec("c", 20.0, 48, 1),
+        RequestSpec("b", 40.0, 40, 1, block_hashes=(1, 2, 4)),
+    ]
+    res = _run(specs, blocks=5)
+    assert [r.finish_time for r in res.requests[:4]] == pytest.approx([11.0, 15.5, 19.5, 33.0])
+    assert [r.num_cached_tokens for r in res.requests] == [0, 0, 0, 0, 32]
 
 
 @pytest.mark.parametrize("max_steps", [1, 1 << 30])
@@ -168,3 +187,33 @@ def test_step_records_name_each_steps_decisions() -> None:
         (20.0, (("b", 8),), (), (("b", 32),)),
     ]
     assert simulate(wl, "fcfs", preset=COST).replicas[0].steps is None
+
+
+@pytest.mark.parametrize(("b_arrival", "b_hit"), [(26.0, 16), (40.0, 32)])
+def test_blocks_filled_by_decoding_are_cached_when_the_request_leaves(b_arrival: float, b_hit: int) -> None:
+    # A deliberate difference from vLLM (sim/_replica.py): A's workload keys cover its answer too;
+    # its block 2 fills by decoding at t=25 and is entered when A finishes (28.75). B, sharing it,
+    # hits it only after that (vLLM: as soon as it filled).
+    specs = [
+        RequestSpec("a", 0.0, 16, 20, block_hashes=(1, 2)),
+        RequestSpec("b", b_arrival, 40, 1, block_hashes=(1, 2, 3)),
+    ]
+    a, b = _run(specs).requests
+    assert b.first_scheduled_time is not None and a.finish_time is not None
+    assert (b.first_scheduled_time < a.finish_time) == (b_arrival < 28.75)
+    assert b.num_cached_tokens == b_hit
+
+
+def test_a_duplicate_block_serves_no_hit_once_the_first_is_evicted() -> None:
+    # A difference from vLLM (sim/_replica.py): B hits A's block 1 only (a hit leaves a token to
+    # compute) and computes block 2 again, a duplicate. C evicts A's block 2; vLLM keeps B's copy
+    # under the hash and D hits 32 tokens, here the copy has no key and D hits 16.
+    specs = [
+        RequestSpec("a", 0.0, 32, 1, block_hashes=(1, 2)),
+        RequestSpec("b", 10.0, 32, 1, block_hashes=(1, 2)),
+        RequestSpec("c", 16.0, 20, 1),
+        RequestSpec("d", 30.0, 48, 1, block_hashes=(1, 2, 3)),
+    ]
+    res = _run(specs, blocks=4)
+    assert [r.finish_time for r in res.requests[:3]] == pytest.approx([9.0, 15.0, 22.0])
+    assert [r.num_cached_tokens for r in res.requests] == [0, 16, 0, 16]

@@ -204,6 +204,7 @@ def engine_configs(meta: Mapping[str, Any]) -> tuple[SchedulerConfig, CacheConfi
         max_num_batched_tokens=int(meta["max_num_batched_tokens"]),
         max_num_seqs=int(meta["max_num_seqs"]),
         enable_chunked_prefill=bool(meta.get("enable_chunked_prefill", True)),
+        scheduler_reserve_full_isl=bool(meta.get("scheduler_reserve_full_isl", True)),
     )
     cache = CacheConfig(block_size=int(meta["block_size"]), num_gpu_blocks=int(meta["num_gpu_blocks"]))
     return sched, cache

@@ -157,6 +157,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     e.add_argument("--max-num-batched-tokens", type=int, default=8192)
     e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
     e.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
+    e.add_argument(
+        "--scheduler-reserve-full-isl",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="admit a request only if the KV cache holds its whole prompt, not only its first chunk (vLLM's default)",
+    )
     e.add_argument("--num-gpu-blocks", type=int, default=None, help="override the KV capacity computed from the preset")
     e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     e.add_argument(
@@ -266,7 +272,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         enable_chunked_prefill=not args.no_chunked_prefill,
         preemption_mode=args.preemption_mode,
-        **({"max_steps_per_event": 1} if args.exact else {}),
+        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
+        max_steps_per_event=1 if args.exact else SchedulerConfig().max_steps_per_event,
     )
     cache = CacheConfig(
         gpu_memory_utilization=args.gpu_memory_utilization,

@@ -20,6 +20,10 @@ class SchedulerConfig:
     """Split prompts across steps to fit the budget (else a prompt must fit whole)."""
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     """How an evicted request keeps its KV: dropped and recomputed, or swapped to host."""
+    scheduler_reserve_full_isl: bool = True
+    """Admit a waiting request only if the free KV blocks hold its whole sequence so far (prompt,
+    and the outputs of a resumed one, less its prefix-cache hit), not only its first chunk's, as
+    vLLM's option of this name (on by default since vLLM 0.32)."""
     max_steps_per_event: int = 1 << 30
     """Cap on decode steps advanced in closed form at once; 1 = exact step-by-step mode."""
 

@@ -1,14 +1,17 @@
 """Automatic prefix caching as vLLM V1 keeps it: the free-block queue and the cached-block map.
 
-vLLM's ``BlockPool`` holds every block with no user in one free queue: blocks never used
-first, then freed blocks in the order they were freed (a request's blocks tail first, so
-its last blocks are reused first). An allocation takes blocks from the head; a freed full
+vLLM's ``BlockPool`` holds every block with no user in one free queue: blocks without a
+hash at the head (never used, or freed without one: vLLM 0.32 prepends those, to be reused
+first), then hashed blocks in the order they were freed (a request's blocks tail first, so
+its last blocks are evicted first). An allocation takes blocks from the head; a freed full
 block keeps its hash, so until it is reused a later request with the same prefix finds it
 ("hits") and takes it off the queue. This module keeps that queue by counts: the blocks
-never used (``fresh``), then entries in freeing order, each a hashed block (its key) or a
-run of blocks without a hash. Allocation only lowers the engine's free-block count; the
-queue gives the blocks up lazily (:meth:`PrefixCache.settle`), before anything looks into
-it, which takes the same blocks from the head as taking them at allocation would.
+without a hash at the head (``fresh``; which of them is reused first does not matter), then
+the hashed blocks in freeing order: each a key, or a run of hashed blocks that no lookup can
+find (a finished request's own blocks, duplicates), which only hold their place. Allocation only lowers the engine's
+free-block count; the queue gives the blocks up lazily (:meth:`PrefixCache.settle`), before
+anything looks into it, which takes the same blocks from the head as taking them at
+allocation would.
 
 Keys. Engine block ``i`` (``block_size`` tokens) of a request is keyed from the request's
 ``block_hashes`` (:func:`block_keys`). A request evicted and recomputed also finds its own
@@ -69,10 +72,10 @@ class PrefixCache:
     __slots__ = ("fresh", "hits", "lru", "preempted_hits", "preempted_queries", "queries", "queued", "ref", "runs")
 
     def __init__(self, num_blocks: int) -> None:
-        self.fresh = num_blocks  # never-used blocks at the head of the free queue
+        self.fresh = num_blocks  # blocks without a hash at the head of the free queue
         self.queued = num_blocks  # blocks in the queue, popped lazily down to the free count
-        self.lru: OrderedDict[Hashable, None] = OrderedDict()  # queue entries after the fresh ones
-        self.runs: dict[Hashable, int] = {}  # entry (a 1-tuple) -> size, for runs of blocks without a hash
+        self.lru: OrderedDict[Hashable, None] = OrderedDict()  # hashed blocks after them, in freeing order
+        self.runs: dict[Hashable, int] = {}  # entry (a 1-tuple) -> size, for runs no lookup finds
         self.ref: dict[Hashable, int] = {}  # cached blocks in use -> their number of users
         # vLLM's PrefixCacheStats: new requests, and (apart) resumed ones, in tokens
         self.queries = 0
@@ -145,22 +148,27 @@ class PrefixCache:
         self.ref[key] = 1
         return True
 
-    def release(self, unhashed: int, own: Sequence[Hashable], keys: Sequence[Hashable], run_id: int) -> int:
-        """A request frees ``unhashed`` blocks without a hash, blocks that get the keys ``own``
-        as they go back (an evicted request's, not cached before), and the cached ``keys`` it
-        used, in that order (pass each tail first, as vLLM frees them); ``run_id`` names the
-        run (unique). Cached blocks with other users stay off the queue; settle first. Returns
-        the number of blocks that went back to the queue."""
+    def release(
+        self, unhashed: int, own: Sequence[Hashable], hidden: int, keys: Sequence[Hashable], run_id: int
+    ) -> int:
+        """A request frees ``unhashed`` blocks without a hash (to the head of the queue, reused
+        first), then blocks that get the keys ``own`` as they go back (its own, not cached
+        before), ``hidden`` hashed blocks no lookup finds (a run named ``run_id``, unique), and
+        the cached ``keys`` it used, in that order (pass each tail first, as vLLM frees them).
+        Cached blocks with other users stay off the queue; settle first. Returns the number of
+        blocks that went back to the queue."""
         lru, ref = self.lru, self.ref
         before = self.queued
-        if unhashed:
-            key: Hashable = (run_id,)
-            lru[key] = None
-            self.runs[key] = unhashed
-            self.queued += unhashed
+        self.fresh += unhashed
+        self.queued += unhashed
         for key in own:
             lru[key] = None
         self.queued += len(own)
+        if hidden:
+            run: Hashable = (run_id,)
+            lru[run] = None
+            self.runs[run] = hidden
+            self.queued += hidden
         for key in keys:
             n = ref[key] - 1
             if n:

@@ -13,17 +13,40 @@ Each engine step (vLLM ``schedule()`` + model run) proceeds as V1's scheduler do
    when KV blocks are short. Nobody is displaced for the token budget alone;
 3. waiting requests are admitted in policy order while the token budget,
    ``max_num_seqs`` and free blocks allow (head-of-line: the first that does not fit
-   stops admission, as V1).
+   stops admission, as V1); with ``scheduler_reserve_full_isl`` (vLLM 0.32's default)
+   the free blocks must hold the request's whole sequence, not only its first chunk.
 
 Step duration comes from the :class:`~headway.sim.CostModel`.
 
 **Prefix caching** (``CacheConfig.enable_prefix_caching``, as vLLM V1's): a request with
 nothing computed looks up its block keys in :class:`~headway.sim._prefix.PrefixCache` and
-starts after its cached whole blocks (at most ``num_tokens - 1`` tokens); its hashed blocks
-are entered as prefill computes them, those filled by decoding when it leaves the batch (a
-deliberate difference: vLLM enters each as it fills, so a request sharing text another one
-is still generating can hit it there, not here); freed blocks keep their keys in the free
-queue until an allocation reuses them.
+starts after its cached whole blocks (at most ``num_tokens - 1`` tokens); its hashed prompt
+blocks are entered when a step is planned that computes them, as vLLM caches a block when it
+allocates it, so a request admitted later in the same step hits them (running requests'
+chunks are entered after the step's evictions and displacements, before admission); those
+filled by decoding are entered when it leaves the batch; freed blocks keep their keys in
+the free queue until an allocation reuses them, and blocks freed without one go to its head.
+Requests that finish in one step leave in vLLM's running-list order (decoders, then prefills,
+each in the order they joined the batch), which orders their blocks in the free queue.
+
+**Differences from vLLM 0.32's decisions** (the differential harness in
+``tests/integrations/test_sim_vs_vllm.py`` compares both step by step; every other decision
+there is vLLM's):
+
+* a request's workload-keyed blocks filled by decoding enter the prefix cache when it leaves
+  the batch, where vLLM caches each as it fills, so a request sharing the text of an answer
+  still being generated hits it there, not here
+  (``test_blocks_filled_by_decoding_are_cached_when_the_request_leaves``);
+* a full block computed again while another block had its key (a hit stops a token short of
+  the prompt) holds its place in the free queue but serves no hit once the first is evicted;
+  vLLM keeps both under the hash (``test_a_duplicate_block_serves_no_hit_once_the_first_is_evicted``);
+* the victim of a KV shortage is the policy's ``choose_victim`` (FCFS: the latest arrival)
+  where vLLM's FCFS evicts the last of its running list, and decoders take the token budget
+  before partial prefills where vLLM goes in running-list order. Under vLLM's FCFS and
+  priority scheduling these decide alike: its running list is in admission order, and a
+  prefill gets less than its rest only when the budget runs out, so partial prefills are its
+  tail (the harness's hypothesis tests under KV pressure). vLLM's
+  ``long_prefill_token_threshold`` and ``watermark`` (0 by default) are not modelled.
 
 **Fast-forward.** A step with no prefill work is a *decode-only* step, and the next
 decision cannot differ until something happens: a request finishes, the KV cache
@@ -76,7 +99,7 @@ class _Seq:
     """Simulator-side state of one request (never shown to policies)."""
 
     __slots__ = (
-        "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "own_end", "phase", "reg",
+        "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "order", "own_end", "phase", "reg",
         "rekey_g", "req", "true_len",
     )  # fmt: skip
 
@@ -99,6 +122,7 @@ class _Seq:
         self.fin_g = 0  # global decode-step count at which it finishes
         self.rekey_g = -1  # global decode-step count of its next rekey hint (-1: none)
         self.gen = 0  # bumps whenever it leaves the decode set (invalidates heap entries)
+        self.order = 0  # when it (re)joined the batch: its place in vLLM's running list
 
 
 class Replica:
@@ -127,7 +151,8 @@ class Replica:
         self.num_blocks = cache.num_gpu_blocks or cost.num_gpu_blocks(cache.gpu_memory_utilization, cache.block_size)
         self.free = self.num_blocks
         self.cache = PrefixCache(self.num_blocks) if cache.enable_prefix_caching else None
-        self._run_ids = itertools.count()
+        self._dup_ids = itertools.count()  # names of runs of hashed blocks no lookup finds (_free_blocks)
+        self._join_ids = itertools.count()  # _Seq.order
         cap = self.num_blocks * self.bs
         if not scheduler.enable_chunked_prefill:
             cap = min(cap, scheduler.max_num_batched_tokens)
@@ -350,7 +375,8 @@ class Replica:
         self.s_off += off
         self.decoders[s] = None
         s.fin_g = self.g + s.true_len - req.num_output_tokens
-        heapq.heappush(self.fin_heap, (s.fin_g, req.seq, s.gen, s))
+        # requests finishing in one step leave in running-list order, as vLLM frees their blocks
+        heapq.heappush(self.fin_heap, (s.fin_g, s.order, s.gen, s))
         self._arm_rekey(s)
 
     def _arm_rekey(self, s: _Seq) -> None:
@@ -373,9 +399,12 @@ class Replica:
     # ------------------------------------------------------------- leaving
     def _free_blocks(self, s: _Seq, evicted: bool) -> None:
         """Give back all of ``s``'s blocks. With prefix caching its full blocks keep their keys in
-        the free queue: its workload-keyed ones (those filled by decoding are keyed now), and
-        for an eviction its other computed blocks too, under keys only it has, so that it finds
-        them again when it resumes."""
+        the free queue: its workload-keyed ones (those filled by decoding are keyed now), and its
+        other computed full blocks too, under keys only it has (vLLM hashes every full block):
+        an evicted request finds them again when it resumes, and a finished one's hold their
+        place in the queue. A full block computed again while another block had its key (vLLM
+        keeps both under the hash) holds its place under a key nothing looks up. The rest (its
+        partial last block) goes to the head of the queue."""
         cache = self.cache
         if cache is not None:
             cache.settle(self.free)
@@ -395,8 +424,12 @@ class Replica:
                 s.own_end = full
             own.reverse()
             held.reverse()
+            # its other full blocks: a finished request's own, duplicates (hashed in vLLM, found by nobody here)
+            full = min(full, s.blocks)
+            hidden = max(full - len(held) - len(own), 0)
             # blocks shared with running requests stay in use
-            self.free += cache.release(s.blocks - len(held) - len(own), own, held, next(self._run_ids))
+            unhashed = s.blocks - len(held) - len(own) - hidden
+            self.free += cache.release(unhashed, own, hidden, held, next(self._dup_ids))
             s.held = []
             s.reg = 0
         else:
@@ -514,6 +547,7 @@ class Replica:
             # that preempted admits nobody (so the next step may: a decode-only plan stops after one)
             self._evict_for_memory(now, budget)
             self._admission_held = True
+            self._register_prefills()
         else:
             if self._displacing and self.waiting:
                 # Running keys only improve between rekey hints (the Policy contract; a hint bumps
@@ -529,6 +563,7 @@ class Replica:
                         if budget > 0
                         else None
                     )
+            self._register_prefills()
             self._admit(now, budget)
         self._launch(now)
 
@@ -585,7 +620,8 @@ class Replica:
             chunk, short = self._admission(self.seqs[cand], budget)
             if chunk:
                 self.waiting.pop()
-                self._start_running(self.seqs[cand], chunk, now)
+                # its blocks are entered after the displacement check (which may evict it again)
+                self._start_running(self.seqs[cand], chunk, now, register=False)
                 budget -= chunk
                 if keys is not None:
                     keys[cand] = (policy.key(cand, now), cand.seq)
@@ -649,11 +685,36 @@ class Replica:
             if not self.cfg.enable_chunked_prefill:
                 return 0, _BUDGET
             num_new = budget
-        if -(-(computed + num_new) // self.bs) - s.blocks - len(s.hit) + touched > self.free:
+        # vLLM's allocate_slots: new blocks (a hit's blocks in the free queue count too) for the
+        # whole sequence (scheduler_reserve_full_isl), then for the tokens of this step
+        end = min(total, self.max_model_len) if self.cfg.scheduler_reserve_full_isl else computed + num_new
+        if -(-end // self.bs) - s.blocks - len(s.hit) + touched > self.free:
             return 0, _BLOCKS
         return num_new, 0
 
-    def _start_running(self, s: _Seq, chunk: int, now: float) -> None:
+    def _register(self, s: _Seq) -> None:
+        """Enter ``s``'s keyed blocks that its scheduled chunk fills into the prefix cache: vLLM
+        caches a block when it allocates it for a step, so a request admitted later in the same
+        step already hits it."""
+        keys = s.keys
+        full = min((s.req.num_computed_tokens + s.chunk) // self.bs, len(keys))
+        if full <= s.reg:
+            return
+        cache = self.cache
+        assert cache is not None
+        cache.settle(self.free)
+        for i in range(s.reg, full):
+            if cache.insert(keys[i]):
+                s.held.append(keys[i])
+        s.reg = full
+
+    def _register_prefills(self) -> None:
+        if self.cache is not None:
+            for s in self.prefilling:
+                if s.keys:
+                    self._register(s)
+
+    def _start_running(self, s: _Seq, chunk: int, now: float, *, register: bool = True) -> None:
         req = s.req
         if s in self.paused:
             del self.paused[s]
@@ -687,9 +748,12 @@ class Replica:
         s.blocks += blocks
         self.free -= blocks
         s.chunk = chunk
+        if register and cache is not None and s.keys:
+            self._register(s)
         req.transition(RequestState.RUNNING)
         if req.first_scheduled_time is None:
             req.first_scheduled_time = now
+        s.order = next(self._join_ids)
         self.prefilling.append(s)
         self._run_version += 1
         if self._rkeys is not None:
@@ -802,8 +866,9 @@ class Replica:
         self.g += n
         self.num_steps += n
         self.num_step_events += 1
-        self._complete_prefills(now)
+        # vLLM handles a step's requests in running-list order: decoders, then prefills
         self._complete_decodes(now)
+        self._complete_prefills(now)
         if self.timeline is not None:
             self.timeline.append((now, len(self.waiting), self.num_running, self.num_blocks - self.free))
         self._start_step(now)
@@ -814,19 +879,9 @@ class Replica:
         self._run_version += 1  # prefill progress moves keys and phases (no token hints for it)
         still: list[_Seq] = []
         done: list[_Seq] = []
-        cache, bs = self.cache, self.bs
-        if cache is not None:
-            cache.settle(self.free)
-        for s in self.prefilling:
+        for s in self.prefilling:  # their blocks entered the prefix cache when the step was planned
             req = s.req
             req.num_computed_tokens += s.chunk
-            if cache is not None and s.keys:
-                full = min(req.num_computed_tokens // bs, len(s.keys))
-                for i in range(s.reg, full):
-                    if cache.insert(s.keys[i]):
-                        s.held.append(s.keys[i])
-                if full > s.reg:
-                    s.reg = full
             if req.num_computed_tokens < req.num_prompt_tokens + req.num_output_tokens:
                 still.append(s)
                 if s.chunk and self._progress_hook:
