@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 from headway.core import Policy, Request
@@ -117,9 +117,10 @@ class NoisyOracleSettings:
 _NOISY_ORACLE_FIELDS = {f.name: f for f in fields(NoisyOracleSettings)}
 
 
-def _reject_unused(policy: str, scorer: str, given: Sequence[str]) -> None:
-    """A ValueError naming the noisy-oracle settings ``given`` (not at their defaults) to a
-    ``scorer`` that does not use them."""
+def _reject_unused(policy: str, scorer: str, **settings: object) -> None:
+    """A ValueError naming the noisy-oracle ``settings`` given (not at their defaults) to a ``scorer``
+    that does not use them."""
+    given = NoisyOracleSettings(**settings).given(*settings)  # type: ignore[arg-type]
     if given:
         one = len(given) == 1
         raise ValueError(
@@ -162,14 +163,13 @@ class ScoredPolicy(Policy):
         log_std: float = 1.0,
     ) -> None:
         self._score_fn: ScoreFn | None = None
-        settings = NoisyOracleSettings(tau, seed, log_mean, log_std)
         if scorer in ("noisy-oracle", "oracle"):
             if scorer == "oracle":
-                _reject_unused(self.name, "scorer='oracle' (exact)", settings.given("seed", "log_mean", "log_std"))
+                _reject_unused(self.name, "scorer='oracle' (exact)", seed=seed, log_mean=log_mean, log_std=log_std)
                 if tau is not None and (isinstance(tau, bool) or tau != 1):
                     raise ValueError(f"{self.name}: scorer='oracle' is exact; got tau={tau!r}")
-                settings = replace(settings, tau=1.0)
-            settings = settings.checked(self.name)
+                tau = 1.0
+            settings = NoisyOracleSettings(tau, seed, log_mean, log_std).checked(self.name)
             # An instance-level flag: this instance reads true lengths, others of the
             # class (scoring from a predictor) do not. Engines check ``policy.oracle``.
             self.oracle = True
@@ -177,7 +177,7 @@ class ScoredPolicy(Policy):
         elif scorer is None or callable(scorer):
             # the noisy oracle's settings would be ignored: refuse them rather than drop them
             what = "scorer=None (request.score)" if scorer is None else "a callable scorer"
-            _reject_unused(self.name, what, settings.given())
+            _reject_unused(self.name, what, tau=tau, seed=seed, log_mean=log_mean, log_std=log_std)
             self._score_fn = scorer
         else:
             raise ValueError(
