@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MIN_SCORING_LENGTH", "predictor_spec", "resolve_score_fn"]
+__all__ = ["MIN_SCORING_LENGTH", "load_batch_scorer", "predictor_spec", "resolve_score_fn"]
 
 MIN_SCORING_LENGTH = 8
 """The fewest prompt tokens a predictor's scorer may cut prompts to (its ``max_length``)."""
@@ -67,6 +67,27 @@ def predictor_spec(spec: str) -> tuple[str | None, str | None] | None:
     if head and tail and (_looks_like_path(head) or (Path(head).expanduser() / "predictor.json").is_file()):
         return head, backend
     return None
+
+
+def load_batch_scorer(spec: str, *, threads: int = 2, max_length: int | None = None) -> Callable[[list[str]], Any]:
+    """``list[str] -> scores`` for any scorer spec: a trained predictor (:func:`predictor_spec`:
+    ``"default"`` is :func:`headway.predict.score.default_scorer`, the shipped predictor when
+    nothing is trained; ``"DIR"`` a checkpoint; each with an optional ``":BACKEND"``, default
+    ``torch``) with ``threads`` and ``max_length`` (the checkpoint's by default), or a
+    ``"module:attr"`` for :func:`resolve_score_fn`. Errors are ValueError naming the spec."""
+    predictor = predictor_spec(spec)
+    if predictor is None:
+        return resolve_score_fn(spec)
+    from headway.predict.score import Scorer, default_scorer, scoring_backend
+
+    checkpoint, backend = predictor
+    try:
+        kind = scoring_backend(backend or "torch")
+    except ValueError as exc:
+        raise ValueError(f"scorer {spec!r}: {exc}") from None
+    if checkpoint is None:
+        return default_scorer(kind, threads=threads, max_length=max_length).score
+    return Scorer.from_checkpoint(checkpoint, kind, threads=threads, max_length=max_length).score
 
 
 def _looks_like_path(text: str) -> bool:
