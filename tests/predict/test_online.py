@@ -144,3 +144,17 @@ def test_replicas_share_windows_through_redis(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+class _Featured:
+    """An offline predictor as the shipped one looks to the learner: embed and score_embeddings."""
+
+    embed = staticmethod(_embed)
+    score_embeddings = staticmethod(_prior)
+
+
+def test_a_learner_around_a_predictor_uses_its_features_and_scores() -> None:
+    learner = OnlineLearner.around(_Featured(), OnlineConfig(min_observations=5), background=False)
+    assert np.array_equal(learner.score(PROMPTS[:10], "m"), _prior(_embed(PROMPTS[:10])))
+    with pytest.raises(ValueError, match=r"^online learning needs a predictor with embed\(\).*got Scorer"):
+        OnlineLearner.around(type("Scorer", (), {"score": lambda self, p: p})())

@@ -181,6 +181,27 @@ class OnlineLearner:
         for model in self.store.models():
             self._refit(model)
 
+    @classmethod
+    def around(
+        cls,
+        predictor: Any,
+        config: OnlineConfig | None = None,
+        *,
+        store: ObservationStore | None = None,
+        background: bool = True,
+    ) -> OnlineLearner:
+        """A learner refitting on ``predictor``'s features: one with ``embed(prompts)`` and
+        ``score_embeddings(embeddings)``, as :class:`~headway.predict.shipped.ShippedPredictor` (what
+        ``"default"`` loads when nothing is trained); ValueError naming its type otherwise."""
+        embed = getattr(predictor, "embed", None)
+        prior = getattr(predictor, "score_embeddings", None)
+        if not callable(embed) or not callable(prior):
+            raise ValueError(
+                f"online learning needs a predictor with embed() and score_embeddings() (the shipped one, "
+                f"'default' with nothing trained), got {type(predictor).__name__}"
+            )
+        return cls(embed, prior, config, store=store, background=background)
+
     # ------------------------------------------------------------------ feeding
     def observe(self, prompt: str, output_tokens: int, model: str | None = None) -> None:
         """Record one finished request (its prompt and true output length). Never blocks: when the
