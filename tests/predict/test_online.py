@@ -38,7 +38,10 @@ def test_before_min_observations_the_offline_score_is_used_then_the_model_is_lea
     for p in PROMPTS[:29]:
         learner.observe(p, _length(p), "m")
     assert np.array_equal(learner.score(later, "m"), _prior(_embed(later)))
-    for p in PROMPTS[29:200]:
+    assert not learner.fitted("m")
+    learner.observe(PROMPTS[29], _length(PROMPTS[29]), "m")
+    assert learner.fitted("m") and not learner.fitted("other")
+    for p in PROMPTS[30:200]:
         learner.observe(p, _length(p), "m")
     assert learner.observed("m") == 200
     assert stats.kendalltau(learner.score(later, "m"), truth).statistic > 0.9

@@ -271,6 +271,10 @@ class OnlineLearner:
     def observed(self, model: str | None = None) -> int:
         return len(self.store.rows(model or DEFAULT_MODEL))
 
+    def fitted(self, model: str | None = None) -> bool:
+        """Whether ``model`` has a head of its own yet (else :meth:`score` gives the offline scores)."""
+        return (model or DEFAULT_MODEL) in self._heads
+
     def score(self, prompts: Sequence[str], model: str | None = None) -> _F64:
         """Scores for ``prompts`` served by ``model``: its online head's once it has one, else the
         offline predictor's."""
