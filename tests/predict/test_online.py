@@ -161,3 +161,28 @@ def test_a_learner_around_a_predictor_uses_its_features_and_scores() -> None:
     assert np.array_equal(learner.score(PROMPTS[:10], "m"), _prior(_embed(PROMPTS[:10])))
     with pytest.raises(ValueError, match=r"^online learning needs a predictor with embed\(\).*got Scorer"):
         OnlineLearner.around(type("Scorer", (), {"score": lambda self, p: p})())
+
+
+class _FlakyStore(MemoryStore):
+    """A store whose first append fails (a Redis that was unreachable for a moment)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def append(self, model: str, row: np.ndarray, window: int) -> None:
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("store unreachable")
+        super().append(model, row, window)
+
+
+def test_a_failing_store_loses_a_batch_not_the_learning_thread(caplog: pytest.LogCaptureFixture) -> None:
+    learner = OnlineLearner(_embed, _prior, store=_FlakyStore())
+    learner.observe(PROMPTS[0], 5, "m")
+    learner.flush()
+    assert learner.observed("m") == 0 and "online learning: 1 observations dropped" in caplog.text
+    learner.observe(PROMPTS[1], 7, "m")
+    learner.flush()
+    assert learner.observed("m") == 1
+    learner.close()

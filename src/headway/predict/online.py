@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import queue
 import threading
 from collections import deque
@@ -32,6 +33,8 @@ import numpy.typing as npt
 from headway.predict.head import RidgeHead, extra_features, fit_ridge, rank_targets
 
 __all__ = ["MemoryStore", "ObservationStore", "OnlineConfig", "OnlineLearner", "RedisStore"]
+
+log = logging.getLogger("headway.predict.online")
 
 _F64 = npt.NDArray[np.float64]
 DEFAULT_MODEL = ""
@@ -236,8 +239,11 @@ class OnlineLearner:
                 item = q.get_nowait()
                 batch.append(item)
             stop = any(b is None for b in batch)
+            items = [b for b in batch if b is not None]
             try:
-                self._process([b for b in batch if b is not None])
+                self._process(items)
+            except Exception:  # e.g. Redis unreachable: these observations are lost, the thread goes on
+                log.exception("online learning: %d observations dropped", len(items))
             finally:
                 for _ in batch:
                     q.task_done()
