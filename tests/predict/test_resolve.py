@@ -66,7 +66,7 @@ def test_finding_a_checkpoint_does_not_import_the_training_code(tmp_path: Path) 
 
 
 def test_load_predictor_names_what_is_not_a_predictor() -> None:
-    from headway.predict._resolve import load_batch_scorer, load_predictor
+    from headway.predict._load import load_batch_scorer, load_predictor
 
     with pytest.raises(ValueError, match=r"^scorer 'headway.policies:batch_scorer' names no predictor"):
         load_predictor("headway.policies:batch_scorer")

@@ -101,7 +101,7 @@ Scorer = str | Callable[[Request], float] | None
 def _spec_scorer(spec: str) -> PromptScorer:
     """The predictor ``spec`` names, loaded once per process (a simulation builds its policies more
     than once: to check the settings, then per run)."""
-    from headway.predict._resolve import load_batch_scorer
+    from headway.predict._load import load_batch_scorer
 
     return PromptScorer(load_batch_scorer(spec), spec)
 
