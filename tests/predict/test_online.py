@@ -89,6 +89,7 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
         ({"window": 0}, "window must be an integer >= 1, got 0"),
         ({"window": 10, "min_observations": 11}, "min_observations \\(11\\) exceeds window \\(10\\)"),
         ({"alpha": -1.0}, "alpha must be > 0, got -1.0"),
+        ({"row_cache": -1}, "row_cache must be an integer >= 0, got -1"),
     ],
 )
 def test_config_names_bad_values(kwargs: dict[str, object], message: str) -> None:
@@ -186,3 +187,26 @@ def test_a_failing_store_loses_a_batch_not_the_learning_thread(caplog: pytest.Lo
     learner.flush()
     assert learner.observed("m") == 1
     learner.close()
+
+
+def test_a_prompt_scored_then_observed_is_embedded_once() -> None:
+    embedded: list[str] = []
+
+    def counting(prompts: Sequence[str]) -> np.ndarray:
+        embedded.extend(prompts)
+        return _embed(prompts)
+
+    cached = OnlineLearner(counting, _prior, OnlineConfig(min_observations=5, row_cache=8), background=False)
+    first = cached.score(PROMPTS[:4], "m")
+    for p in PROMPTS[:4]:
+        cached.observe(p, _length(p), "m")
+    assert embedded == PROMPTS[:4]
+    plain = OnlineLearner(_embed, _prior, OnlineConfig(min_observations=5, row_cache=0), background=False)
+    for p in PROMPTS[:4]:
+        plain.observe(p, _length(p), "m")
+    assert np.array_equal(cached.store.rows("m"), plain.store.rows("m"))  # the same rows as embedding again
+    assert np.array_equal(first, plain.score(PROMPTS[:4], "m"))
+    cached.score(PROMPTS[4:14], "m")  # ten more: only the latest 8 are kept
+    embedded.clear()
+    cached.score(PROMPTS[:1] + PROMPTS[13:14], "m")
+    assert embedded == PROMPTS[:1]
