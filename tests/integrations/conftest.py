@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from headway.integrations._server import VllmServer, VllmUnavailable, start_vllm_server
+from integrations._stepdiff import VllmSteps, start
 
 REQUIRE_VLLM = os.environ.get("HEADWAY_REQUIRE_VLLM") == "1"
 
@@ -34,6 +35,7 @@ class PluginServer:
     server: VllmServer
     control: Path
     step_log: Path
+    _mtime: int = 0
 
     @property
     def url(self) -> str:
@@ -41,8 +43,13 @@ class PluginServer:
 
     def use(self, policy: str, **settings: Any) -> None:
         """Switch the policy (applied when the next request reaches the idle engine)."""
-        self.control.write_text(json.dumps({"policy": policy, "oracle": "max_tokens", **settings}))
-        time.sleep(0.02)  # a distinct mtime
+        self.write_control(json.dumps({"policy": policy, "oracle": "max_tokens", **settings}))
+
+    def write_control(self, text: str) -> None:
+        """Write the control file with an mtime the plugin has not seen (it reloads on a change)."""
+        self.control.write_text(text)
+        self._mtime = max(time.time_ns(), self._mtime + 1_000_000)
+        os.utime(self.control, ns=(self._mtime, self._mtime))
 
     def log_lines(self) -> int:
         with self.step_log.open("rb") as fh:
@@ -52,9 +59,24 @@ class PluginServer:
         rows = []
         with self.step_log.open(encoding="utf-8") as fh:
             for i, text in enumerate(fh):
-                if i >= line and text.strip():
+                if i >= line and text.endswith("\n") and text.strip():  # a line still being written: later
                     rows.append(json.loads(text))
         return rows
+
+    def wait_records(self, line: int, requests: Iterable[str] = (), timeout: float = 60.0) -> list[dict[str, Any]]:
+        """The step log's records since ``line`` once they hold the request record of each client id
+        in ``requests`` and a step after which the engine was idle (the plugin flushes its log
+        then): waits on the log's lines, not for a fixed time."""
+        want = set(requests)
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = self.records_since(line)
+            seen = {r.get("client_id") for r in rows if r.get("type") == "request"}
+            if want <= seen and any("step" in r and not r["busy"] for r in rows):
+                return rows
+            if time.monotonic() > deadline:
+                raise AssertionError(f"step log: no idle step or records of {sorted(want - seen)} in {timeout} s")
+            time.sleep(0.01)
 
 
 @pytest.fixture(scope="session")
@@ -75,3 +97,14 @@ def plugin_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginSe
             yield PluginServer(srv, control, step_log)
     except VllmUnavailable as exc:
         _unavailable(str(exc))
+
+
+@pytest.fixture(scope="session")
+def vllm_steps() -> Iterator[VllmSteps]:
+    """vLLM's schedulers in a process of the vLLM virtualenv, for the step-by-step differential tests."""
+    harness = start()
+    if isinstance(harness, str):
+        _unavailable(harness)
+        raise AssertionError("unreachable")
+    yield harness
+    harness.close()

@@ -388,7 +388,7 @@ def test_version_guard_names_supported_versions() -> None:
 
 
 def test_interface_check_lists_what_is_missing() -> None:
-    from headway.integrations.vllm import _check_interface
+    from headway.integrations.vllm._version import _check_interface
 
     class Sched:
         def schedule(self) -> None: ...
@@ -512,3 +512,18 @@ def test_a_cpu_list_outside_this_process_is_refused(monkeypatch: pytest.MonkeyPa
         start_vllm_server(python, model),
     ):
         pass
+
+
+def test_displacement_inside_vllm_is_the_declared_mode_but_pause() -> None:
+    """vLLM's model runner holds at most max_num_seqs requests: a declared ``pause`` runs as ``none``
+    (vLLM's decisions), ``evict`` as declared; non-preemptive policies never displace."""
+    from headway.integrations.vllm._settings import plugin_displacement
+
+    assert plugin_displacement(make_policy("fcfs")) == "none"
+    assert plugin_displacement(make_policy("srpt-oracle")) == "none"  # declared pause
+    assert plugin_displacement(make_policy("srpt-oracle", displacement="evict")) == "evict"
+    assert plugin_displacement(make_policy("uniboost")) == "evict"
+    a = PolicyAdapter(make_policy("srpt-oracle", displacement="evict"), oracle="max_tokens")
+    assert a.displacement == "evict" and a.preemptive
+    done = check_settings(PluginConfig(policy="srpt-oracle", oracle="max_tokens"))
+    assert "displacement: none (declared 'pause': not available inside vLLM)" in done

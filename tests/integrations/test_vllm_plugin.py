@@ -14,7 +14,6 @@ import math
 import os
 import statistics
 import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -25,9 +24,9 @@ from headway.integrations._server import default_vllm_paths, headway_src_dir
 
 from .conftest import _unavailable
 
-# end to end on a 2-core machine: a run whose timing went wrong is retried (it must pass once in 3).
-# The server is confined to one CPU there (engine_cpus), so this client is not starved while it runs.
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.flaky(reruns=2)]
+# The server is confined to one CPU (engine_cpus), so this client is not starved while it runs. Orders
+# are checked on the engine's own records, waited for in its step log (no fixed sleeps, no module-wide reruns).
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 LONG = [120, 100, 110, 90, 105]
 SHORT = [6, 8, 5, 7, 6]
@@ -98,10 +97,7 @@ def run(server, policy: str, tag: str, **kw) -> tuple[list[ReplaySpec], list[Rep
     line = server.log_lines()
     specs = burst(tag, **kw)
     res = replay_sync(server.url, specs, timeout_s=120)
-    import time
-
-    time.sleep(0.3)  # the step log is flushed when the engine goes idle
-    return specs, res, server.records_since(line)
+    return specs, res, server.wait_records(line, [s.request_id for s in specs])
 
 
 def test_sjf_finishes_short_requests_first_and_fcfs_does_not(plugin_server) -> None:  # type: ignore[no-untyped-def]
@@ -118,6 +114,7 @@ def test_sjf_finishes_short_requests_first_and_fcfs_does_not(plugin_server) -> N
     assert not shorts_first(fcfs), [r["client_id"] for r in fcfs]
 
 
+@pytest.mark.flaky(reruns=2)  # the one wall-clock comparison here: a run starved of CPU is retried
 def test_sjf_cuts_per_token_latency_of_short_requests(plugin_server) -> None:  # type: ignore[no-untyped-def]
     f_specs, f_res, f_rec = run(plugin_server, "fcfs", "fcfs-t")
     s_specs, s_res, s_rec = run(plugin_server, "sjf-oracle", "sjf-t")
@@ -149,28 +146,23 @@ def test_pars_scores_prompts_in_process(plugin_server) -> None:  # type: ignore[
     assert max(r["arrivals"] for r in steps) > 1  # the burst was scored in batches
 
 
-def test_srpt_displaces_a_long_running_request(plugin_server) -> None:  # type: ignore[no-untyped-def]
-    """Both slots hold long requests when a short one arrives: SRPT preempts a long one for it."""
+def test_srpt_waits_for_a_slot_as_vllm_does(plugin_server) -> None:  # type: ignore[no-untyped-def]
+    """Both slots hold long requests when a short one arrives: SRPT (no displacement mode
+    declared: vLLM's decisions) preempts nobody for a slot; the short one is first in line."""
     plugin_server.use("srpt-oracle")
     line = plugin_server.log_lines()
-    # 1,000-token longs (max_model_len 1024) keep both slots busy for seconds, so a frontend
-    # slowed by CPU contention still delivers the short request while they run
-    specs = [ReplaySpec("srpt-long0", 0.0, 16, 1000), ReplaySpec("srpt-long1", 0.0, 16, 1000),
-             ReplaySpec("srpt-short", 0.3, 16, 5)]  # fmt: skip
+    specs = [ReplaySpec("srpt-long0", 0.0, 16, 200), ReplaySpec("srpt-long1", 0.0, 16, 200),
+             ReplaySpec("srpt-long2", 0.3, 16, 200), ReplaySpec("srpt-short", 0.3, 16, 5)]  # fmt: skip
     res = replay_sync(plugin_server.url, specs, timeout_s=180)
-    import time
-
-    time.sleep(0.3)
-    rec = plugin_server.records_since(line)
+    rec = plugin_server.wait_records(line, [s.request_id for s in specs])
     check_complete(specs, res, rec)
     reqs = {r["client_id"]: r for r in rec if r.get("type") == "request"}
-    short, longs = reqs["srpt-short"], [reqs["srpt-long0"], reqs["srpt-long1"]]
-    assert short["added"] > max(r["scheduled"] for r in longs), "the short request reached the engine first"
-    assert short["added"] < min(r["finish"] for r in longs), "the long requests were done before the short arrived"
-    assert sum(r["preemptions"] for r in longs) >= 1
-    assert sum(r.get("preempted", 0) for r in rec if "step" in r) >= 1
-    assert short["finish"] < min(r["finish"] for r in longs)  # it did not wait for a slot
-    assert short["scheduled"] - short["added"] < 0.25 * (min(r["finish"] for r in longs) - short["added"])
+    first = min(reqs["srpt-long0"]["finish"], reqs["srpt-long1"]["finish"])
+    assert sum(r["preemptions"] for r in reqs.values()) == 0
+    assert sum(r.get("preempted", 0) for r in rec if "step" in r) == 0
+    if reqs["srpt-short"]["added"] < first and reqs["srpt-long2"]["added"] < first:
+        assert reqs["srpt-short"]["scheduled"] >= first  # it waited for a slot
+        assert reqs["srpt-short"]["scheduled"] <= reqs["srpt-long2"]["scheduled"]  # ahead of the long one
 
 
 def test_scheduler_class_resolves_like_vllm_loads_it() -> None:
@@ -259,7 +251,9 @@ def test_async_scheduler_class_in_process_under_a_batch_queue() -> None:
         assert r["tokens"] == {f"r{i}": n for i, n in enumerate(ASYNC_LENGTHS)}
     assert set(runs["sjf-oracle"]["finished"][:3]) == ASYNC_SHORT  # shortest first
     assert runs["fcfs"]["finished"][:2] == ["r0", "r1"]  # arrival order: two long ones first
-    assert runs["uniboost"]["finished"] != runs["fcfs"]["finished"]
+    # uniboost displaces in evict mode only, for KV blocks (200 here: plenty): a full batch displaces
+    # nobody, as in vLLM, and requests that attained nothing tie: FCFS order
+    assert runs["uniboost"]["finished"] == runs["fcfs"]["finished"]
 
 
 def test_bad_control_files_and_request_fields_never_stop_the_engine(plugin_server) -> None:  # type: ignore[no-untyped-def]
@@ -271,8 +265,7 @@ def test_bad_control_files_and_request_fields_never_stop_the_engine(plugin_serve
     assert res.ok, res.error
     for i, text in enumerate(['[1]', '{"policy": "pars", "missing_score": "abc"}',
                               '{"policy": "pars", "policy_args": 5}', '{"policy": "pars", "colour": 1}']):  # fmt: skip
-        plugin_server.control.write_text(text)
-        time.sleep(0.02)  # a distinct mtime
+        plugin_server.write_control(text)
         (res,) = replay_sync(plugin_server.url, [ReplaySpec(f"ctl{i}", 0.0, 8, 4)], timeout_s=60)
         assert res.ok, (text, res.error)
     import httpx
@@ -299,8 +292,7 @@ def test_sarathi_caps_the_step_token_budget_and_another_policy_restores_it(plugi
         line = plugin_server.log_lines()
         (res,) = replay_sync(plugin_server.url, [ReplaySpec(tag, 0.0, 900, 2)], timeout_s=60)
         assert res.ok, res.error
-        time.sleep(0.3)  # the step log is flushed when the engine goes idle
-        steps = [r for r in plugin_server.records_since(line) if "step" in r]
+        steps = [r for r in plugin_server.wait_records(line, [tag]) if "step" in r]
         return [s["num_prefill_tokens"] for s in steps if s["num_prefill_tokens"]]
 
     assert prefill_chunks("sarathi", "sarathi-256", policy_args={"token_budget": 256}) == [256, 256, 256, 132]

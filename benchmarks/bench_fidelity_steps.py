@@ -1,0 +1,114 @@
+"""How many generated scenarios headway's simulator and plugin decide exactly as vLLM 0.32 does.
+
+The step-by-step differential harness of ``tests/integrations`` (vLLM's own ``Scheduler`` run
+with no model in the vLLM virtualenv; scenarios from its hypothesis strategy, derandomized, so
+a rerun draws the same ones) on bursts without aborts, for ``fcfs`` and ``priority``:
+
+* ``plugin``: ``HeadwayScheduler`` against vLLM, every step (scheduled ids and token counts,
+  prefix-cache hits, preemptions, finishes); prefix caching as drawn;
+* ``sim``: the simulator (exact step mode, one second a step) against vLLM, per request (first
+  scheduled step, finishing step, preemptions); prefix caching off, which the simulator lacks;
+* ``sim_no_full_isl``: the same against vLLM with ``scheduler_reserve_full_isl`` off (admission
+  checks only the first prefill chunk's blocks, not the whole prompt's);
+* ``sim_prefix_no_full_isl``: as ``sim_no_full_isl`` with prefix caching as drawn (on in about
+  half the scenarios), the simulator's as vLLM's.
+
+Writes ``benchmarks/results/fidelity_steps.json`` (with the command line and the first differing
+scenarios of each kind)::
+
+    python benchmarks/bench_fidelity_steps.py [--scenarios 500] [--policies fcfs,priority]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from integrations._stepdiff import (  # the harness lives with the tests
+    VllmSteps,
+    first_difference,
+    scenarios,
+    sim_outcome,
+    start,
+    vllm_outcome,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
+    kinds = ("plugin", "sim", "sim_no_full_isl", "sim_prefix_no_full_isl")
+    counts = dict.fromkeys(("scenarios", *kinds, "with_preemptions", "with_prefix_caching"), 0)
+    first: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+
+    def note(kind: str, scenario: dict[str, Any], detail: Any) -> None:
+        if len(first[kind]) < 3:
+            first[kind].append({"scenario": scenario, "difference": detail})
+
+    @settings(max_examples=n, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(scenario=scenarios(policy=policy, aborts=False, burst=True))
+    def run(scenario: dict[str, Any]) -> None:
+        counts["scenarios"] += 1
+        ref = harness.run(scenario, "vllm")["steps"]
+        got = harness.run({**scenario, "headway": {"policy": policy}}, "headway")["steps"]
+        diff = first_difference(ref, got)
+        counts["plugin"] += diff is None
+        if diff is not None:
+            note("plugin", scenario, diff)
+        counts["with_prefix_caching"] += scenario["prefix_caching"]
+        plain = {**scenario, "prefix_caching": False}
+        for kind, sc, full in (
+            ("sim", plain, True),
+            ("sim_no_full_isl", plain, False),
+            ("sim_prefix_no_full_isl", scenario, False),
+        ):
+            sim = sim_outcome(sc)
+            trace = harness.run({**sc, "reserve_full_isl": full}, "vllm")["steps"]
+            if kind == "sim":
+                counts["with_preemptions"] += any(s["preempted"] for s in trace)
+            ref_outcome = vllm_outcome(trace)
+            counts[kind] += ref_outcome == sim
+            if ref_outcome != sim:
+                bad = {rid: {"vllm": ref_outcome[rid], "sim": sim[rid]} for rid in sim if ref_outcome[rid] != sim[rid]}
+                note(kind, sc, bad)
+
+    run()
+    return {"counts": counts, "first_differences": first}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scenarios", type=int, default=500)
+    ap.add_argument("--policies", default="fcfs,priority")
+    args = ap.parse_args()
+    harness = start()
+    if isinstance(harness, str):
+        print(harness, file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    try:
+        out = {p: compare(harness, p, args.scenarios) for p in args.policies.split(",")}
+    finally:
+        harness.close()
+    report = {
+        "command": "python benchmarks/bench_fidelity_steps.py " + " ".join(sys.argv[1:]),
+        "outcome_fields": "per request: [first scheduled step, finishing step, preemptions]",
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "policies": out,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "fidelity_steps.json").write_text(json.dumps(report, indent=1) + "\n")
+    for p, r in out.items():
+        print(p, json.dumps(r["counts"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

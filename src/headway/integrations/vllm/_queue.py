@@ -1,0 +1,98 @@
+"""The waiting queue in policy order that replaces vLLM's ``RequestQueue``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from headway.core import PolicyQueue, Request
+
+if TYPE_CHECKING:
+    from headway.integrations.vllm._adapter import PolicyAdapter
+
+__all__ = ["HeadwayRequestQueue"]
+
+
+class HeadwayRequestQueue:
+    """A waiting queue in policy order, shaped like vLLM's ``RequestQueue``.
+
+    Holds engine requests; orders them by the policy's key then arrival sequence (a
+    :class:`~headway.core.PolicyQueue` underneath: O(log n) add and pop). ``prepend_*``
+    re-insert by key: a preempted or skipped request goes where the policy puts it, not
+    to the front. Requests added since the last step stay unordered until
+    :meth:`PolicyAdapter.flush` scores them (peek/pop/iteration flush first).
+    """
+
+    __slots__ = ("_a", "_npending", "_pq")
+
+    def __init__(self, adapter: PolicyAdapter) -> None:
+        self._a = adapter
+        self._pq = PolicyQueue(adapter.policy)
+        self._npending = 0
+
+    def add_request(self, request: Any) -> None:
+        self._a.enqueue(request, self)
+
+    def prepend_request(self, request: Any) -> None:
+        self._a.enqueue(request, self)
+
+    def prepend_requests(self, requests: Iterable[Any]) -> None:
+        for r in requests:
+            self._a.enqueue(r, self)
+
+    def _head(self) -> Request | None:
+        a = self._a
+        if a._pending:
+            a.flush()
+        return self._pq.peek()
+
+    def peek_request(self) -> Any:
+        t0 = time.perf_counter()
+        h = self._head()
+        self._a.policy_time += time.perf_counter() - t0
+        if h is None:
+            raise IndexError("peek from an empty queue")
+        return self._a.engine[h]
+
+    def pop_request(self) -> Any:
+        t0 = time.perf_counter()
+        a = self._a
+        if a._pending:
+            a.flush()
+        if not self._pq:
+            raise IndexError("pop from an empty queue")
+        h = self._pq.pop()
+        a._popped.append(h)
+        a.policy_time += time.perf_counter() - t0
+        return a.engine[h]
+
+    def remove_request(self, request: Any) -> None:
+        self.remove_requests((request,))
+
+    def remove_requests(self, requests: Iterable[Any]) -> None:
+        a = self._a
+        for r in requests:
+            h = a.reqs.get(r.request_id)
+            if h is None:
+                continue
+            if a._pending.get(h) is self:
+                del a._pending[h]
+                self._npending -= 1
+            self._pq.remove(h)
+
+    def __len__(self) -> int:
+        return len(self._pq) + self._npending
+
+    def __bool__(self) -> bool:
+        return self._npending > 0 or bool(self._pq)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._a._pending:
+            self._a.flush()
+        engine = self._a.engine
+        return iter([engine[h] for h in self._pq])
+
+    def __contains__(self, request: object) -> bool:
+        h = self._a.reqs.get(getattr(request, "request_id", ""))
+        return h is not None and (h in self._pq or self._a._pending.get(h) is self)

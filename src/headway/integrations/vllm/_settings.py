@@ -1,0 +1,235 @@
+"""The plugin's settings: ``--additional-config``'s ``headway`` section, the control file, and
+:func:`check_settings` (``headway plugin-check``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from headway.core import Policy, make_policy
+from headway.integrations.vllm._errors import PluginConfigError
+from headway.integrations.vllm._scorers import load_text_scorer
+from headway.policies import ScoredPolicy
+
+__all__ = [
+    "ENV_CONFIG",
+    "PluginConfig",
+    "check_settings",
+    "control_settings",
+    "make_plugin_policy",
+    "plugin_displacement",
+]
+
+_CONTROL_KEYS = ("missing_score", "oracle", "policy", "policy_args", "scorer")
+"""Settings a ``control_file`` may switch while the engine runs."""
+ENV_CONFIG = "HEADWAY_VLLM_CONFIG"
+"""Environment variable read when ``--additional-config`` has no ``headway`` section."""
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """The plugin's settings (see the module docstring for each key)."""
+
+    policy: str = "fcfs"
+    policy_args: dict[str, Any] = field(default_factory=dict)
+    oracle: str = "none"
+    scorer: str | None = None
+    scorer_backend: str = "torch"
+    scorer_threads: int = 1
+    tokenizer: str | None = None
+    missing_score: float | None = None
+    step_log: str | None = None
+    control_file: str | None = None
+    check_version: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.policy, str) or not self.policy:
+            raise PluginConfigError(f"headway plugin: policy must be a policy name, got {self.policy!r}")
+        if not isinstance(self.policy_args, dict):
+            raise PluginConfigError(f"headway plugin: policy_args must be a JSON object, got {self.policy_args!r}")
+        if self.oracle not in ("none", "max_tokens"):
+            raise PluginConfigError(f"headway plugin: oracle must be 'none' or 'max_tokens', got {self.oracle!r}")
+        from headway.predict.score import BACKENDS
+
+        if self.scorer_backend not in BACKENDS:
+            raise PluginConfigError(
+                f"headway plugin: scorer_backend must be one of {', '.join(BACKENDS)}, got {self.scorer_backend!r}"
+            )
+        threads = self.scorer_threads
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise PluginConfigError(f"headway plugin: scorer_threads must be an integer >= 1, got {threads!r}")
+        for name in ("scorer", "tokenizer", "step_log", "control_file"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise PluginConfigError(f"headway plugin: {name} must be a non-empty string or null, got {value!r}")
+        if not isinstance(self.check_version, bool):
+            raise PluginConfigError(f"headway plugin: check_version must be true or false, got {self.check_version!r}")
+        if self.missing_score is not None and not (
+            isinstance(self.missing_score, (int, float))
+            and not isinstance(self.missing_score, bool)
+            and math.isfinite(self.missing_score)
+        ):
+            raise PluginConfigError(
+                f"headway plugin: missing_score must be a finite number or null, got {self.missing_score!r}"
+            )
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> PluginConfig:
+        """Build from a JSON object; unknown keys are an error naming the valid ones."""
+        if not isinstance(data, Mapping):
+            raise PluginConfigError(f"headway plugin settings must be a JSON object, got {data!r}")
+        valid = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - valid)
+        if unknown:
+            raise PluginConfigError(
+                f"headway plugin: unknown setting(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}"
+            )
+        try:
+            return cls(**dict(data))
+        except TypeError as exc:  # pragma: no cover - guarded by the key check
+            raise PluginConfigError(f"headway plugin: {exc}") from None
+
+    @classmethod
+    def resolve(cls, additional_config: Any = None, environ: Mapping[str, str] | None = None) -> PluginConfig:
+        """Settings from vLLM's ``additional_config["headway"]``, else ``$HEADWAY_VLLM_CONFIG``
+        (JSON text, or the path of a JSON file), else the defaults (FCFS)."""
+        if isinstance(additional_config, Mapping) and "headway" in additional_config:
+            return cls.from_mapping(additional_config["headway"])
+        env = os.environ if environ is None else environ
+        raw = env.get(ENV_CONFIG, "").strip()
+        if not raw:
+            return cls()
+        if not raw.startswith("{"):
+            try:
+                raw = Path(raw).expanduser().read_text()
+            except OSError as exc:
+                raise PluginConfigError(f"${ENV_CONFIG}: cannot read {raw!r} ({exc})") from None
+        return cls.from_mapping(_json_of(raw, f"${ENV_CONFIG}"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _json_of(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PluginConfigError(f"{where}: not valid JSON ({exc})") from None
+
+
+def make_plugin_policy(name: str, args: Mapping[str, Any]) -> Policy:
+    """The ``policy`` setting's policy with its ``policy_args``; a bad name or argument is a
+    :class:`PluginConfigError` naming it."""
+    try:
+        return make_policy(name, **dict(args))
+    except (ValueError, TypeError) as exc:
+        raise PluginConfigError(f"headway plugin: {exc}") from None
+
+
+def _declared(policy: Policy) -> str:
+    return str(getattr(policy, "displacement", "none")) if policy.preemptive else "none"
+
+
+def plugin_displacement(policy: Policy) -> str:
+    """The mode in which ``policy`` displaces running requests inside vLLM: its declared
+    ``displacement`` (``none``: vLLM's decisions; ``evict``: SGLang's retract). ``pause``
+    (vllm-ltr's: the displaced request keeps its KV) cannot be held by vLLM's model runner, which
+    keeps at most ``max_num_seqs`` requests: such a policy runs as ``none``."""
+    mode = _declared(policy)
+    return "none" if mode == "pause" else mode
+
+
+def _check_oracle(policy: Policy, oracle: str) -> None:
+    if policy.oracle and oracle != "max_tokens":
+        raise PluginConfigError(
+            f"policy {policy.name!r} is an oracle (it reads true output lengths); set "
+            "oracle='max_tokens' to use each request's max_tokens as its true length "
+            "(benchmark-only: true only when clients set ignore_eos)"
+        )
+
+
+def _check_chunked_prefill(policy: Policy, enabled: bool) -> None:
+    if policy.requires_chunked_prefill and not enabled:
+        raise PluginConfigError(f"headway plugin: policy {policy.name!r} needs chunked prefill, which is off")
+
+
+def check_settings(cfg: PluginConfig, *, chunked_prefill: bool | None = None) -> list[str]:
+    """Check ``cfg`` as the scheduler would at startup, without vLLM or a model: make the
+    policy (name, arguments, the oracle setting, chunked prefill when ``chunked_prefill`` is
+    known), load the scorer and score one prompt, and check that the step log can be written
+    and that an existing control file is valid. Raises :class:`PluginConfigError` naming the
+    first problem; returns what was checked, one line each (``headway plugin-check``).
+
+    vLLM builds the scheduler only after loading the model, so a bad setting surfaces there
+    minutes into a launch; this runs in a second beforehand."""
+    done: list[str] = []
+    policy = make_plugin_policy(cfg.policy, cfg.policy_args)
+    _check_oracle(policy, cfg.oracle)
+    args = json.dumps(cfg.policy_args) if cfg.policy_args else "default settings"
+    done.append(f"policy {policy.name!r} ({args}); oracle={cfg.oracle}")
+    if policy.preemptive:
+        mode = plugin_displacement(policy)
+        note = "" if mode == _declared(policy) else f" (declared {_declared(policy)!r}: not available inside vLLM)"
+        done.append(f"displacement: {mode}{note}")
+    if chunked_prefill is not None:
+        _check_chunked_prefill(policy, chunked_prefill)
+        done.append(f"chunked prefill {'on' if chunked_prefill else 'off'}: fits the policy")
+    if cfg.scorer is not None:
+        t0 = time.perf_counter()
+        fn = load_text_scorer(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
+        try:
+            scores = [float(x) for x in fn(["How do I check the settings before a launch?"])]
+        except Exception as exc:  # a user's scorer may raise anything: report it as the settings' error
+            raise PluginConfigError(f"headway plugin: scorer {cfg.scorer!r} failed on a test prompt: {exc}") from exc
+        if len(scores) != 1 or not math.isfinite(scores[0]):
+            raise PluginConfigError(
+                f"headway plugin: scorer {cfg.scorer!r} returned {scores!r:.80} for one prompt (want one finite score)"
+            )
+        done.append(f"scorer {cfg.scorer!r}: loaded and scored a test prompt in {time.perf_counter() - t0:.1f} s")
+    elif isinstance(policy, ScoredPolicy) and policy.scorer is None:
+        done.append(
+            f"note: policy {policy.name!r} ranks by scores and no scorer is set: requests need vllm_xargs "
+            "headway_score; those without one get missing_score (default: the mean of the scores so far, 0 "
+            "before any)"
+        )
+    if cfg.step_log is not None:
+        path = Path(cfg.step_log).expanduser().absolute()
+        existing = next(p for p in path.parents if p.exists())  # the scheduler creates the missing ones
+        if path.is_dir() or not existing.is_dir() or not os.access(existing, os.W_OK):
+            raise PluginConfigError(f"headway plugin: step_log {cfg.step_log!r}: cannot be written")
+        done.append(f"step_log {cfg.step_log!r}: writable")
+    if cfg.control_file is not None:
+        done.append(_check_control_file(cfg, cfg.control_file))
+    return done
+
+
+def _check_control_file(cfg: PluginConfig, path: str) -> str:
+    try:
+        text = Path(path).expanduser().read_text()
+    except FileNotFoundError:
+        return f"control_file {path!r}: not there yet (read when it appears)"
+    except OSError as exc:
+        raise PluginConfigError(f"headway plugin: control_file {path!r}: {exc}") from None
+    switched = control_settings(cfg, _json_of(text, f"headway plugin: control_file {path!r}"))
+    policy = make_plugin_policy(switched.policy, switched.policy_args)
+    _check_oracle(policy, switched.oracle)
+    return f"control_file {path!r}: valid (policy {policy.name!r})"
+
+
+def control_settings(cfg: PluginConfig, data: Any, current: Mapping[str, Any] | None = None) -> PluginConfig:
+    """``cfg`` with a control file's settings applied (keys it omits keep ``current``'s values,
+    else ``cfg``'s; ``policy_args``: none); checked like the startup settings."""
+    if not isinstance(data, dict):
+        raise PluginConfigError(f"expected a JSON object, got {data!r:.80}")
+    unknown = sorted(set(data) - set(_CONTROL_KEYS))
+    if unknown:
+        raise PluginConfigError(f"unknown key(s) {', '.join(unknown)}; valid: {', '.join(_CONTROL_KEYS)}")
+    base = {"policy": cfg.policy, "oracle": cfg.oracle, **(current or {}), "policy_args": {}}
+    return dataclasses.replace(cfg, **{**base, **data})

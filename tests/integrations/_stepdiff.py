@@ -1,0 +1,216 @@
+"""The differential harness's main-virtualenv side: scenarios (hypothesis) and the vLLM process.
+
+``VllmSteps`` starts ``_vllm_steps.py`` once in the vLLM virtualenv and sends it scenarios; a
+scenario is plain JSON (see that module's docstring), so the same one can be replayed by hand::
+
+    PYTHONPATH=src .venv-vllm/bin/python tests/integrations/_vllm_steps.py .venv-vllm/tiny-llama
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+from pathlib import Path
+from typing import Any, TextIO
+
+from hypothesis import event
+from hypothesis import strategies as st
+
+from headway.integrations._server import default_vllm_paths, headway_src_dir
+from headway.sim import CacheConfig, CostModel, SchedulerConfig, simulate
+from headway.workload import RequestSpec, Workload
+
+BLOCK = 16
+MAX_MODEL_LEN = 512
+PREFIXES = [[1000 + 7 * i + k for k in range(n)] for i, n in enumerate((48, 32, 80))]
+"""Shared prompt prefixes (system prompts): 3, 2 and 5 blocks."""
+
+
+@st.composite
+def scenarios(
+    draw: st.DrawFn,
+    *,
+    max_requests: int = 10,
+    policy: str = "fcfs",
+    aborts: bool = True,
+    burst: bool = False,
+) -> dict[str, Any]:
+    """One engine geometry and request stream: KV pressure (few blocks), chunked prefill on or off,
+    shared prefixes, priorities, aborts. Every request fits the cache alone."""
+    chunked = draw(st.booleans())
+    prefix_caching = draw(st.booleans())
+    seqs = draw(st.integers(1, 6))
+    budget = draw(st.sampled_from([16, 32, 48, 64, 128, 256])) if chunked else MAX_MODEL_LEN
+    longest = 0
+    requests = []
+    n = draw(st.integers(1, max_requests))
+    for i in range(n):
+        prefix = draw(st.sampled_from([[], *PREFIXES]))
+        own = draw(st.integers(1, 120))
+        rng = random.Random(draw(st.integers(0, 2**16)))
+        prompt = prefix + [rng.randrange(1, 30_000) for _ in range(own)]
+        out = draw(st.integers(1, 60))
+        longest = max(longest, len(prompt) + out)
+        requests.append({
+            "id": f"r{i}", "seq": i, "arrive": 0 if burst else draw(st.integers(0, 30)),
+            "prompt": prompt, "max_tokens": out, "priority": draw(st.integers(0, 3)),
+            "abort": draw(st.one_of(st.none(), st.integers(0, 60))) if aborts else None,
+        })  # fmt: skip
+    requests.sort(key=lambda r: (r["arrive"], r["seq"]))
+    for i, r in enumerate(requests):
+        r["seq"] = i  # arrival times follow the order requests are added, as in a server
+    need = -(-longest // BLOCK) + 1  # the null block
+    blocks = need + draw(st.sampled_from([0, 1, 2, 3, 5, 8, 13, 40]))  # mostly tight: KV pressure
+    return {
+        "block_size": BLOCK, "num_blocks": blocks, "max_num_seqs": seqs, "max_num_batched_tokens": budget,
+        "max_model_len": MAX_MODEL_LEN, "chunked_prefill": chunked, "prefix_caching": prefix_caching,
+        "policy": policy, "requests": requests,
+    }  # fmt: skip
+
+
+class VllmSteps:
+    """The vLLM-side process; :meth:`run` sends one scenario and returns its step records."""
+
+    def __init__(self, python: Path, model: Path) -> None:
+        self.proc = subprocess.Popen(
+            [str(python), str(Path(__file__).with_name("_vllm_steps.py")), str(model)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "PYTHONPATH": str(headway_src_dir()), "PYTHONHASHSEED": "0"},
+        )  # fmt: skip
+        ready = self._read()
+        if not ready.get("ready"):
+            raise RuntimeError(f"vLLM step harness did not start: {ready}")
+
+    def _read(self) -> dict[str, Any]:
+        out: TextIO | None = self.proc.stdout
+        assert out is not None
+        line = out.readline()
+        if not line:
+            raise RuntimeError(f"vLLM step harness exited ({self.proc.poll()})")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def run(self, scenario: dict[str, Any], scheduler: str, **headway: Any) -> dict[str, Any]:
+        if headway:
+            scenario = {**scenario, "headway": headway}
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"scenario": scenario, "scheduler": scheduler}) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read()
+        if "error" in reply:
+            raise AssertionError(f"{scheduler}: {reply['error']}\nscenario: {json.dumps(scenario)}")
+        return reply
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def start() -> VllmSteps | str:
+    """The harness process, or why it cannot run here."""
+    python, model = default_vllm_paths()
+    if not python.exists() or not (model / "config.json").exists():
+        return f"vLLM virtualenv {python} or model {model} missing"
+    return VllmSteps(python, model)
+
+
+def describe(scenario: dict[str, Any], trace: list[dict[str, Any]]) -> None:
+    """Hypothesis events (``--hypothesis-show-statistics``): how many scenarios exercised what."""
+    event(f"chunked prefill {'on' if scenario['chunked_prefill'] else 'off'}")
+    event(f"prefix caching {'on' if scenario['prefix_caching'] else 'off'}")
+    event("preemptions" if any(s["preempted"] for s in trace) else "no preemption")
+    first: dict[str, int] = {}
+    for s in trace:
+        for rid, (_, computed) in s["sched"].items():
+            first.setdefault(rid, computed)  # a request's first step starts from its prefix-cache hit
+    event("prefix-cache hits" if any(first.values()) else "no prefix-cache hit")
+    event("aborts" if any(r["abort"] is not None for r in scenario["requests"]) else "no abort")
+
+
+def first_difference(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> str | None:
+    """The first step whose decisions differ (scheduled ids and tokens in order, prefix hits,
+    preemptions, finishes), described; None when the traces are identical."""
+    for x, y in zip(a, b, strict=False):
+        for what in ("sched", "preempted", "finished"):
+            if x[what] != y[what] or (what == "sched" and list(x[what]) != list(y[what])):
+                return f"step {x['step']} {what}: {x[what]} != {y[what]}"
+    if len(a) != len(b):
+        return f"{len(a)} steps != {len(b)} steps"
+    return None
+
+
+UNIT_STEP = CostModel(
+    name="unit-step", step_overhead=1.0, per_token=0.0, per_seq=0.0, per_kv_token=0.0,
+    gpu_memory_bytes=1e12, weight_bytes=0.0, kv_bytes_per_token=1.0,
+)  # fmt: skip
+"""Every step takes one second: the simulator's times are step numbers."""
+
+Outcome = dict[str, tuple[int, int, int]]
+"""Per request: (first scheduled step, the step whose output finishes it, preemptions)."""
+
+
+def block_hashes(tokens: list[int], block_size: int) -> tuple[int, ...]:
+    """Chained hashes of the full blocks of ``tokens``, as vLLM keys its prefix cache."""
+    out: list[int] = []
+    prev = 0
+    for i in range(0, len(tokens) - block_size + 1, block_size):
+        prev = hash((prev, tuple(tokens[i : i + block_size])))
+        out.append(prev)
+    return tuple(out)
+
+
+def sim_outcome(scenario: dict[str, Any]) -> Outcome:
+    """Per request: (first scheduled step, finishing step, preemptions) in the simulator."""
+    bs = scenario["block_size"]
+    specs = [
+        RequestSpec(
+            r["id"], 0.0, len(r["prompt"]), r["max_tokens"], max_tokens=r["max_tokens"], priority=r["priority"],
+            block_hashes=block_hashes(r["prompt"], bs), hash_block_size=bs,
+        )
+        for r in scenario["requests"]
+    ]  # fmt: skip
+    res = simulate(
+        Workload.from_specs("scenario", specs), scenario["policy"], preset=UNIT_STEP,
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=scenario["max_num_batched_tokens"], max_num_seqs=scenario["max_num_seqs"],
+            enable_chunked_prefill=scenario["chunked_prefill"], max_steps_per_event=1,
+        ),
+        # vLLM's block pool holds one more block, its null block
+        cache=CacheConfig(
+            block_size=bs, num_gpu_blocks=scenario["num_blocks"] - 1,
+            enable_prefix_caching=scenario["prefix_caching"],
+        ),
+    )  # fmt: skip
+    out: Outcome = {}
+    for r in res.requests:
+        assert r.first_scheduled_time is not None and r.finish_time is not None
+        out[r.request_id] = (round(r.first_scheduled_time), round(r.finish_time) - 1, r.num_preemptions)
+    return out
+
+
+def vllm_outcome(trace: list[dict[str, Any]]) -> Outcome:
+    """The same from vLLM's step records."""
+    first: dict[str, int] = {}
+    done: dict[str, int] = {}
+    preempted: dict[str, int] = {}
+    for s in trace:
+        for rid in s["sched"]:
+            first.setdefault(rid, s["step"])
+        for rid in s["preempted"]:
+            preempted[rid] = preempted.get(rid, 0) + 1
+        for rid in s["finished"]:
+            done[rid] = s["step"]
+    return {rid: (first[rid], done[rid], preempted.get(rid, 0)) for rid in first}
+
+
+def roomy(scenario: dict[str, Any]) -> dict[str, Any]:
+    """``scenario`` with KV blocks for every request's whole sequence at once: no KV pressure."""
+    bs = scenario["block_size"]
+    need = sum(math.ceil((len(r["prompt"]) + r["max_tokens"]) / bs) for r in scenario["requests"])
+    return {**scenario, "num_blocks": need + 1}

@@ -1,0 +1,189 @@
+"""Run vLLM's own scheduler (or headway's plugin on it) step by step on a scenario, with no model.
+
+Runs in the vLLM virtualenv (``PYTHONPATH`` = this checkout's ``src``); the differential tests in
+``test_step_diff.py`` (main virtualenv: hypothesis, headway's engine) start it once and talk to it
+over pipes, one JSON object a line each way::
+
+    python _vllm_steps.py MODEL_DIR        # then: {"scenario": ..., "scheduler": ...} per line
+
+``scheduler``: ``vllm`` (vLLM's ``Scheduler``), ``vllm-async`` (its ``AsyncScheduler``),
+``headway`` / ``headway-async`` (``HeadwayScheduler`` with the scenario's ``headway``
+settings, async scheduling off / on: it runs on vLLM's ``Scheduler`` / ``AsyncScheduler``),
+``headway-async-class`` (``HeadwayAsyncScheduler`` named with async scheduling off: an error).
+The scheduler is built from a real ``VllmConfig`` (the tiny Llama's model config; no weights
+are run) and a hand-made ``KVCacheConfig``; each step ``schedule()`` is called, a
+``ModelRunnerOutput`` is fabricated (one sampled token per request that is not mid-prefill) and
+fed to ``update_from_output()``, as vLLM's own scheduler tests do.
+The async schedulers are driven like ``EngineCore.step_with_batch_queue``: up to two batches in
+flight, the next scheduled before the previous one's output is applied.
+
+A scenario: engine geometry (``block_size``, ``num_blocks``, ``max_num_seqs``,
+``max_num_batched_tokens``, ``chunked_prefill``, ``prefix_caching``, ``policy``: vLLM's
+``--scheduling-policy``; optional: ``reserve_full_isl``, vLLM's ``scheduler_reserve_full_isl``,
+default on) and requests (``id``, ``arrive``: the step before which it is added,
+``prompt``: token ids, ``max_tokens``, ``priority``, ``abort``: the step before which it is
+aborted, or null). The reply: one record per ``schedule()`` call with ``sched`` (request id ->
+[tokens scheduled, tokens already computed before the step], in vLLM's order: running requests,
+then resumed and new ones; a new request's computed tokens are its prefix-cache hit),
+``preempted`` (ids preempted in the step) and ``finished`` (ids that finished in the step's
+output), plus ``tokens`` (each request's output tokens at the end).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import deque
+from typing import Any
+
+import torch
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+
+MAX_STEPS = 20_000
+_HASH = get_hash_fn_by_name("sha256")
+init_none_hash(_HASH)
+
+
+class Harness:
+    def __init__(self, model_dir: str) -> None:
+        self.model_dir = model_dir
+        self.model_configs: dict[int, ModelConfig] = {}
+
+    def model_config(self, max_len: int) -> ModelConfig:
+        if max_len not in self.model_configs:
+            self.model_configs[max_len] = ModelConfig(
+                model=self.model_dir, dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=max_len
+            )
+        return self.model_configs[max_len]
+
+    def build(self, sc: dict[str, Any], scheduler: str) -> Any:
+        block = int(sc["block_size"])
+        cache = CacheConfig(block_size=block, enable_prefix_caching=bool(sc["prefix_caching"]))
+        max_len = int(sc.get("max_model_len", 512))
+        sched_cfg = SchedulerConfig(
+            max_num_seqs=int(sc["max_num_seqs"]), max_num_batched_tokens=int(sc["max_num_batched_tokens"]),
+            max_model_len=max_len, enable_chunked_prefill=bool(sc["chunked_prefill"]),
+            is_encoder_decoder=False, policy=sc.get("policy", "fcfs"),
+            long_prefill_token_threshold=int(sc.get("long_prefill_token_threshold", 0)),
+            scheduler_reserve_full_isl=bool(sc.get("reserve_full_isl", True)),
+        )  # fmt: skip
+        extra = {"headway": sc["headway"]} if scheduler.startswith("headway") else {}
+        cfg = VllmConfig(
+            scheduler_config=sched_cfg, model_config=self.model_config(max_len), cache_config=cache,
+            additional_config=extra,
+        )  # fmt: skip
+        # the CPU platform turns async scheduling off; the scheduler reads the flag only for PP
+        cfg.scheduler_config.async_scheduling = scheduler.endswith("async")
+        spec = FullAttentionSpec(block_size=block, num_kv_heads=1, head_size=64, dtype=torch.float32)
+        n = int(sc["num_blocks"])
+        kv = KVCacheConfig(num_blocks=n, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+        cache.num_gpu_blocks = n
+        if scheduler == "headway-async-class":  # named explicitly, with async scheduling off
+            from headway.integrations.vllm import HeadwayAsyncScheduler as cls
+
+            cfg.scheduler_config.async_scheduling = False
+        elif scheduler.startswith("headway"):  # the one documented class: it picks its base
+            from headway.integrations.vllm import HeadwayScheduler as cls
+        else:
+            cls = AsyncScheduler if scheduler.endswith("async") else Scheduler
+        return cls(
+            vllm_config=cfg, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(cfg),
+            block_size=block, log_stats=True,
+        )  # fmt: skip
+
+    def run(self, sc: dict[str, Any], scheduler: str) -> dict[str, Any]:
+        sched = self.build(sc, scheduler)
+        hasher = get_request_block_hasher(int(sc["block_size"]), _HASH) if sc["prefix_caching"] else None
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        aborts: dict[int, list[str]] = {}
+        for r in sc["requests"]:
+            by_step.setdefault(int(r["arrive"]), []).append(r)
+            if r.get("abort") is not None:
+                aborts.setdefault(int(r["abort"]), []).append(str(r["id"]))
+        last_event = max([*by_step, *aborts, 0])
+        depth = 2 if scheduler.endswith("async") else 1
+        steps: list[dict[str, Any]] = []
+        tokens: dict[str, int] = {}
+        in_flight: deque[tuple[Any, dict[str, bool], dict[str, Any]]] = deque()
+        t0 = time.time()
+        for step in range(MAX_STEPS):
+            for r in by_step.get(step, ()):
+                params = SamplingParams(max_tokens=int(r["max_tokens"]), ignore_eos=True)
+                sched.add_request(
+                    Request(
+                        str(r["id"]), list(r["prompt"]), params, None, arrival_time=t0 + int(r["seq"]) * 1e-3,
+                        priority=int(r.get("priority", 0)), block_hasher=hasher,
+                    )
+                )  # fmt: skip
+            gone = [rid for rid in aborts.get(step, ()) if rid in sched.requests]
+            if gone:
+                sched.finish_requests(gone, RequestStatus.FINISHED_ABORTED)
+            if not sched.has_requests() and not in_flight and step > last_event:
+                break
+            if sched.has_requests():
+                out = sched.schedule()
+                reqs = sched.requests
+                rec = {
+                    "step": step,
+                    "sched": {
+                        rid: [int(n), int(reqs[rid].num_computed_tokens) - int(n)]  # advanced by schedule()
+                        for rid, n in out.num_scheduled_tokens.items()
+                    },
+                    "preempted": sorted(out.preempted_req_ids or ()),
+                    "finished": [],
+                }
+                steps.append(rec)
+                if out.total_num_scheduled_tokens > 0:
+                    chunk = {rid: bool(reqs[rid].is_prefill_chunk) for rid in out.num_scheduled_tokens}
+                    in_flight.appendleft((out, chunk, rec))
+                    if len(in_flight) < depth:
+                        continue
+            if not in_flight:
+                continue
+            out, chunk, rec = in_flight.pop()
+            ids = list(out.num_scheduled_tokens)
+            result = ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
+                sampled_token_ids=[[] if chunk[r] else [7] for r in ids],
+            )  # fmt: skip
+            for eco in sched.update_from_output(out, result).values():
+                for o in eco.outputs:
+                    tokens[o.request_id] = tokens.get(o.request_id, 0) + len(o.new_token_ids)
+                    if o.finish_reason is not None:
+                        rec["finished"].append(o.request_id)
+        else:
+            raise RuntimeError(f"scenario did not drain in {MAX_STEPS} steps")
+        reply: dict[str, Any] = {"steps": steps, "tokens": tokens, "mro": [c.__name__ for c in type(sched).__mro__[:3]]}
+        hw = getattr(sched, "headway", None)
+        if hw is not None:
+            reply["displaced"] = hw.num_displaced
+        return reply
+
+
+def main() -> int:
+    harness = Harness(sys.argv[1])
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        msg = json.loads(line)
+        try:
+            reply = harness.run(msg["scenario"], msg["scheduler"])
+        except Exception as exc:  # reported to the test, which shows it
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(reply), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
