@@ -247,3 +247,38 @@ def test_paused_replica_is_fenced_then_rejoins_and_serves_its_clients_once(clust
     assert sorted(order[order.index("block") + 1 :]) == ["a0", "a1"]  # each exactly once
     _wait(lambda: all(int(v) == 0 for v in r.hvals("headway:inflight")), "slots released")
     assert r.zcard("headway:replicas") == 2
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_redis_restarted_without_its_data_under_load_leaks_no_slot(cluster: Cluster):
+    """Issue 27 item 4: Redis killed under load and restarted empty. Every request is answered
+    once, and afterwards the slots counted in Redis equal the requests running (none): the
+    replicas rebuilt them from their own state, and the backend's limit is whole again."""
+    from .conftest import check_slots_match_running
+
+    redis_proc = cluster.redis(appendonly=False)
+    stub = cluster.stub(token_delay_s=0.02)
+    args = ("--backend-concurrency", "8", "--redis-lease", "1", "--queue-ttl", "60")
+    gws = [cluster.gateway([stub.url], *args, redis_url=redis_proc.redis_url) for _ in range(2)]
+    calls = [Call(gws[i % 2].url, {"prompt": f"c{i}", "max_tokens": 5 + i % 7}) for i in range(40)]
+    time.sleep(0.3)
+    redis_proc.kill()
+    more = [Call(gws[i % 2].url, {"prompt": f"d{i}", "max_tokens": 5}) for i in range(20)]
+    time.sleep(1.0)
+    redis_proc.start()
+    for c in [*calls, *more]:
+        c.result(60)
+        assert c.status == 200, (c.body, c.status, c.error)
+    order = _stats(stub)["order"]
+    assert sorted(order) == sorted([f"c{i}" for i in range(40)] + [f"d{i}" for i in range(20)])  # each once
+    check_slots_match_running(cluster, redis_proc)
+    r = redis_proc.client()
+    # the backend's whole limit is usable again: 8 requests run side by side
+    blockers = [Call(gws[i % 2].url, {"prompt": f"b{i}", "max_tokens": 20000, "stream": True}) for i in range(8)]
+    _wait(lambda: _stats(stub)["running"] == 8, "8 running at once")
+    assert sum(int(v) for v in r.hvals("headway:inflight")) == 8
+    for b in blockers:
+        b.stop.set()
+    for b in blockers:
+        b.result(20)

@@ -711,14 +711,14 @@ def test_sse_framing_variants_are_understood(servers, make_gateway, sep, prefix,
 
 
 def test_sse_helpers():
-    from headway.serve._gateway import _sse_data, _sse_newlines
+    from headway.serve._wire import sse_data, sse_newlines
 
-    assert _sse_newlines(b"data: a\r\n\r\ndata: b\r") == (b"data: a\n\ndata: b", b"\r")
-    assert _sse_newlines(b"\r\n") == (b"\n", b"")
-    assert _sse_data(b"data:x\n\n") == b"x"
-    assert _sse_data(b"id: 3\nevent: m\ndata:  two spaces\n\n") == b" two spaces"
-    assert _sse_data(b": comment\ndata: a\ndata\ndata: b\n\n") == b"a\n\nb"
-    assert _sse_data(b"event: ping\n\n") == b""
+    assert sse_newlines(b"data: a\r\n\r\ndata: b\r") == (b"data: a\n\ndata: b", b"\r")
+    assert sse_newlines(b"\r\n") == (b"\n", b"")
+    assert sse_data(b"data:x\n\n") == b"x"
+    assert sse_data(b"id: 3\nevent: m\ndata:  two spaces\n\n") == b" two spaces"
+    assert sse_data(b": comment\ndata: a\ndata\ndata: b\n\n") == b"a\n\nb"
+    assert sse_data(b"event: ping\n\n") == b""
 
 
 # ---------------------------------------------------------------------- cancel

@@ -281,3 +281,25 @@ def test_batch_scorer_through_a_worker_process(worker_scorers: str) -> None:
     got, batches = asyncio.run(main())
     assert len(set(got)) == 1 and got[0] != float(os.getpid())  # every score from the one worker
     assert batches >= 2  # at most 4 per batch
+
+
+def test_a_trained_scorer_reads_a_bounded_prefix_with_lone_surrogates_replaced(tmp_path: Path) -> None:
+    """A lone surrogate used to raise in the cache key (and the tokenizer refuses one); a 1 MB
+    prompt used to be tokenized whole."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from headway.predict.model import LengthPredictor, load_encoder, save_checkpoint
+    from headway.predict.score import MAX_CHARS_PER_TOKEN, Scorer, scoring_text
+
+    encoder, tokenizer = load_encoder(None)
+    ck = save_checkpoint(LengthPredictor(encoder, "mean"), tokenizer, tmp_path / "ck", fine_tuned=False, max_length=32)
+    scorer = Scorer.from_checkpoint(ck, cache_size=0)
+    got = scorer.score(["ab\ud800cd", "ab\ufffdcd"])
+    assert math.isfinite(got[0]) and got[0] == pytest.approx(got[1])
+    big = "the quick brown fox " * 50_000
+    assert scoring_text(big, 32) == big[: 32 * MAX_CHARS_PER_TOKEN]
+    seen: list[int] = []
+    run = scorer._run
+    scorer._run = lambda texts: (seen.extend(len(t) for t in texts), run(texts))[1]  # type: ignore[method-assign]
+    assert scorer.score_one(big) == pytest.approx(scorer.score_one(big[:300]))  # 32 tokens either way
+    assert seen == [32 * MAX_CHARS_PER_TOKEN, 300]

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from headway.workload import Workload
 
 __all__ = [
+    "MAX_CHARS_PER_TOKEN",
     "MIN_SCORING_LENGTH",
     "CacheInfo",
     "OnnxBackend",
@@ -47,6 +48,7 @@ __all__ = [
     "quantize_onnx",
     "score_workload",
     "scoring_backend",
+    "scoring_text",
 ]
 
 Backend = Literal["torch", "onnx", "onnx-int8"]
@@ -135,7 +137,25 @@ class CacheInfo:
 
 
 def _hash(prompt: str) -> bytes:
-    return hashlib.blake2b(prompt.encode("utf-8"), digest_size=16).digest()
+    # surrogatepass: a lone surrogate (JSON "\\ud800") hashes too; it never raises
+    return hashlib.blake2b(prompt.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+MAX_CHARS_PER_TOKEN = 32
+"""The scorer reads at most ``max_length * MAX_CHARS_PER_TOKEN`` characters of a prompt: the
+tokenizer keeps ``max_length`` tokens anyway, but tokenizes the whole text first (about 1.4 s for
+1 MB), so the cost would grow with the prompt. A WordPiece token spans a few characters (a word
+over 100 characters is one ``[UNK]``), so the prefix holds the tokens kept unless the prompt is
+mostly whitespace."""
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scoring_text(prompt: str, max_length: int) -> str:
+    """The part of ``prompt`` the scorer reads: its first ``max_length * MAX_CHARS_PER_TOKEN``
+    characters, each lone surrogate (JSON ``"\\ud800"``, which the tokenizer refuses: no UTF-8
+    text holds one) replaced by U+FFFD, as a UTF-8 decoder replaces an invalid sequence."""
+    return _SURROGATE.sub("\ufffd", prompt[: max_length * MAX_CHARS_PER_TOKEN])
 
 
 def _scoring_length(requested: int | None, trained: int) -> int:
@@ -314,15 +334,18 @@ class Scorer:
 
     def score(self, prompts: Sequence[str]) -> npt.NDArray[np.float64]:
         """One score per prompt (higher = longer output expected). An empty or blank prompt is a
-        request too (a client may send one): it is scored as its tokenizer's special tokens alone."""
+        request too (a client may send one): it is scored as its tokenizer's special tokens alone.
+        Each prompt is read as :func:`scoring_text` (a bounded prefix, lone surrogates replaced)."""
         if isinstance(prompts, str):
             raise TypeError("score() takes a sequence of prompts; use score_one() for one prompt")
         out = np.empty(len(prompts), dtype=np.float64)
         todo: dict[bytes, list[int]] = {}
+        texts_of: dict[bytes, str] = {}
         for i, prompt in enumerate(prompts):
             if not isinstance(prompt, str):
                 raise TypeError(f"prompt {i} is not a string: {prompt!r:.40}")
-            key = _hash(prompt)
+            text = scoring_text(prompt, self.max_length)
+            key = _hash(text)
             cached = self._cache.get(key) if self.cache_size else None
             if cached is not None:
                 self._cache.move_to_end(key)
@@ -330,10 +353,11 @@ class Scorer:
                 self._hits += 1
             else:
                 todo.setdefault(key, []).append(i)
+                texts_of.setdefault(key, text)
         if todo:
             self._misses += len(todo)
             keys = list(todo)
-            texts = [prompts[todo[k][0]] for k in keys]
+            texts = [texts_of[k] for k in keys]
             scores = self._run(texts)
             for key, s in zip(keys, scores, strict=True):
                 out[todo[key]] = s

@@ -23,6 +23,9 @@ Config file (TOML shown; JSON with the same structure works too)::
     redis_lease_s = 5.0             # replica liveness lease (Redis mode), see _redis_queue
     router = "least-outstanding"    # which backend gets a dispatched request (headway routers)
     admin_api_key_sha256 = []       # keys that may read all of /metrics (when keys are required)
+    client_header_timeout_s = 10.0  # a client's request head must arrive within this, else closed
+    keep_alive_timeout_s = 30.0     # an idle kept-alive client connection is closed after this
+    max_connections = 0             # 503 to client connections beyond this (0 = a quarter of ulimit -n)
 
     [[backends]]
     url = "http://127.0.0.1:8001"   # plain http (the gateway does not speak TLS to backends)
@@ -234,6 +237,15 @@ class GatewayConfig:
     ``docs/results/gateway-vllm.md``. With
     ``redis_url`` the counts are global: requests being scored by every replica, and the
     shared queue."""
+    client_header_timeout_s: float = 10.0
+    """A client's request line and headers must arrive within this, from the connection opening
+    (or a kept-alive request's first byte), else the connection is closed (after a 408 if part
+    of them came): no slowloris."""
+    keep_alive_timeout_s: float = 30.0
+    """An idle kept-alive client connection is closed after this."""
+    max_connections: int = 0
+    """Open client connections beyond this get a fast 503 ``too_many_connections``; 0: a quarter
+    of the open-file limit (``ulimit -n``), between 64 and 8192."""
 
     def __post_init__(self) -> None:
         _check(len(self.backends) > 0, "at least one backend is required (--backend URL)")
@@ -279,6 +291,10 @@ class GatewayConfig:
             self.redis_retry_s >= 0 and math.isfinite(self.redis_retry_s),
             f"redis_retry_s must be >= 0, got {self.redis_retry_s}",
         )
+        for name in ("client_header_timeout_s", "keep_alive_timeout_s"):
+            value = getattr(self, name)
+            _check(value > 0 and math.isfinite(value), f"{name} must be > 0 and finite, got {value}")
+        _check(self.max_connections >= 0, f"max_connections must be >= 0, got {self.max_connections}")
         get_router_class(self.router)  # UnknownRouterError (a ValueError) names valid ones
         _check(isinstance(self.router_args, Mapping), "router_args must be a table")
         admin = self.admin_api_key_sha256

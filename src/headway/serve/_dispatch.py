@@ -132,6 +132,19 @@ class Dispatcher:
         return next(self._seq)
 
     # --------------------------------------------------------------- arrival
+    def admit(self, request: Request) -> None:
+        """Raise :class:`QueueFullError` when ``request`` would not fit the queue: checked on
+        arrival, before any scoring, so that a 429 under overload costs nothing. Requests being
+        scored count as queued for the global limit (:meth:`submit` checks again)."""
+        if len(self.queue) + self.scoring >= self.max_queue_len:
+            raise QueueFullError("global")
+        self._admit_tenant(request)
+
+    def _admit_tenant(self, request: Request) -> None:
+        tenant_key = (request.tenant_id, request.tier.name.lower())
+        if self.max_queue_per_tenant and self.queued_per_tenant[tenant_key] >= self.max_queue_per_tenant:
+            raise QueueFullError("tenant")
+
     def submit(self, request: Request, exclude: frozenset[int] = frozenset()) -> asyncio.Future[Backend]:
         """Queue ``request`` (arrival or a retry); the future resolves with its backend."""
         tenant_key = (request.tenant_id, request.tier.name.lower())

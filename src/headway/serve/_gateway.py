@@ -1,8 +1,13 @@
 """The gateway app: OpenAI-compatible endpoints in front of a policy-ordered queue.
 
-Life of a request: read the body (413 over the limit), authenticate (401), validate
-(400 naming the field), score it if a scorer is configured, queue it (429 when full),
-wait for the dispatcher to hand it a backend (408 after the TTL; removed on client
+Life of a request: a 413 at once for a ``Content-Length`` over ``max_body_bytes``;
+authenticate (401, before any byte of the body is read; 503
+``auth_unavailable`` while a key kept in Redis cannot be looked up), read the body (413 over
+the limit, 408 after ``body_timeout_s``), validate (400 naming the field), admit it (429 when the
+queue is full, before any scoring), score it if a scorer is configured (a bounded prefix of the
+prompt; a request that cannot be scored gets the fallback score of :meth:`Gateway._score`),
+queue it, wait for the dispatcher to hand it a backend (408 once the queue TTL, counted from
+arrival, is over; removed on client
 disconnect), forward it (retry on another backend while nothing was streamed), pass
 the response through (SSE event by event) and report progress and the final
 ``usage.completion_tokens`` to the policy. Every request ends in exactly one terminal
@@ -29,16 +34,20 @@ Shutdown: on SIGTERM the gateway drains (new requests 503 ``draining``); when
 ``drain_timeout_s`` is over, every request still open ends at once: a 503 ``drain_timeout``
 with Retry-After, or, mid-stream, a final error event and ``[DONE]``.
 
+Unchecked fields go to the backend as they came: an unknown ``model`` gets the backend's
+answer (vLLM's 404 ``NotFoundError``, passed through). ``n`` is checked (1 to ``MAX_N``): the
+queue counts a request once, whatever its number of completions.
+
 Errors are OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` with ``code``
 always a string; a 4xx of a backend is passed through as it is.
 
-Other endpoints: ``GET``/``DELETE /v1/requests/{id}`` (status / cancel one of the
-caller's own requests on this replica: another tenant's request is a 404, like a
-missing one), ``/metrics`` (everything with API keys off or for an admin key; a tenant
-key sees only series labelled with its tenant, which today is ``headway_queue_length``
-alone; no key: 401), ``/health`` and ``/openapi.json``. A 401 on these endpoints is not
-counted in ``headway_rejections``, which counts generation requests only (so that
-``headway_requests_finished`` + ``headway_rejections`` = generation requests answered).
+Other endpoints: ``GET``/``DELETE /v1/requests/{id}`` (status / cancel one of the caller's own
+requests, on any replica: one held by another replica is asked through Redis, :mod:`._peers`;
+another tenant's request is a 404, like a missing one), ``/metrics`` (everything with API keys
+off or for an admin key; a tenant key sees only series labelled with its tenant, which today is
+``headway_queue_length`` alone; no key: 401), ``/health`` and ``/openapi.json``. A 401 on these
+endpoints is not counted in ``headway_rejections``, which counts generation requests only (so
+that ``headway_requests_finished`` + ``headway_rejections`` = generation requests answered).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import secrets
 import time
 from collections import OrderedDict
@@ -63,13 +73,16 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from headway.core import Policy, Request, RequestState, make_policy, make_router
+from headway.predict.score import scoring_text
 from headway.serve._config import GatewayConfig, hash_api_key
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
+from headway.serve._errors import ERRORS, api_error, error_response, sse_error
 from headway.serve._metrics import GatewayMetrics
 from headway.serve._openapi import openapi_schema
+from headway.serve._peers import PeerChannel, PeerUnavailable, owner_of
 from headway.serve._redis_queue import RedisDispatcher
 from headway.serve._scorer import BatchScorer, ProcessScoreFn, load_score_fn
-from headway.serve._tenants import Identity, TenantDirectory
+from headway.serve._tenants import DirectoryUnavailable, Identity, TenantDirectory
 from headway.serve._upstream import (
     UpstreamConnectError,
     UpstreamConnectionLost,
@@ -78,100 +91,31 @@ from headway.serve._upstream import (
     UpstreamResponse,
     UpstreamTimeout,
 )
+from headway.serve._wire import (
+    BadRequest,
+    NonFinite,
+    Parsed,
+    completion_tokens,
+    loads_json,
+    nonfinite_field,
+    sse_data,
+    sse_newlines,
+    validate_body,
+)
 
 __all__ = ["Gateway", "create_app"]
 
 log = logging.getLogger("headway.serve")
 
-
-class _BadRequest(Exception):
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def error_response(
-    status: int,
-    message: str,
-    err_type: str,
-    *,
-    param: str | None = None,
-    code: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    """An OpenAI-style error body."""
-    body = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _sse_error(message: str, err_type: str = "upstream_error", code: str = "upstream_error") -> bytes:
-    """A final SSE error event (same body as a JSON error) and ``[DONE]``."""
-    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
-    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
-
-
-def _sse_newlines(chunk: bytes) -> tuple[bytes, bytes]:
-    """``chunk`` with CRLF and CR line ends made LF, and a trailing CR held back (the next chunk
-    may start with its LF)."""
-    held = b""
-    if chunk.endswith(b"\r"):
-        chunk, held = chunk[:-1], b"\r"
-    return chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), held
-
-
-def _sse_data(event: bytes) -> bytes:
-    """The data of one SSE event (LF line ends, ending in a blank line), per the spec: the value of
-    its ``data`` fields, each without one leading space, joined by LF (b"" when none)."""
-    parts = []
-    for line in event.split(b"\n"):
-        field, colon, value = line.partition(b":")
-        if field == b"data" and colon:
-            parts.append(value[1:] if value.startswith(b" ") else value)
-        elif line == b"data":
-            parts.append(b"")
-    return b"\n".join(parts)
-
-
-class _NonFinite(ValueError):
-    pass
-
-
-def _no_constant(name: str) -> Any:
-    raise _NonFinite(name)
-
-
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
-
-
-def _loads(raw: bytes) -> Any:
-    """``json.loads`` that refuses NaN and Infinity (``_NonFinite``): JSON has no such numbers."""
-    return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
-
-
-def _nonfinite_field(raw: bytes) -> str | None:
-    """Where the first NaN/Infinity of a body is, e.g. ``temperature`` or ``logit_bias.50256``."""
-    marker = object()
-    try:
-        body = json.loads(raw, parse_constant=lambda _: marker)
-
-        def find(v: object, path: str) -> str | None:
-            if v is marker:
-                return path
-            items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
-            for k, x in items:
-                hit = find(x, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else k)
-                if hit is not None:
-                    return hit
-            return None
-
-        return find(body, "")
-    except (ValueError, RecursionError):
-        return None
+SCORED_TOKENS_DEFAULT = 512
+"""Tokens' worth of a prompt kept for scoring without ``scorer_max_length``: the longest input
+of the BERT-family encoders the predictors use; a scorer keeps fewer if its checkpoint's
+length is shorter."""
 
 
 _STOP_EVENTS: dict[str, bytes] = {
-    "cancelled": _sse_error("the request was cancelled", "cancelled", "cancelled"),
-    "shutdown": _sse_error(
+    "cancelled": sse_error("the request was cancelled", "cancelled", "cancelled"),
+    "shutdown": sse_error(
         "the gateway shut down before the stream ended (drain timeout); retry later",
         "service_unavailable",
         "drain_timeout",
@@ -191,10 +135,6 @@ async def _chain(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes
 
 def _either(a: asyncio.Future[Any], b: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
     return {a, b}
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class _Watch:
@@ -236,116 +176,6 @@ class _Active:
     watch: _Watch
 
 
-@dataclass(slots=True)
-class _Parsed:
-    prompt_text: str
-    num_prompt_tokens: int
-    max_tokens: int | None
-    max_tokens_field: str
-    """The field ``max_tokens`` came from (``max_completion_tokens`` in chat)."""
-    stream: bool
-    priority: int
-    wants_usage: bool
-
-
-MAX_TOKENS_CEILING = 2**31 - 1
-"""Largest ``max_tokens`` accepted even without ``max_tokens_limit`` (anything larger is no real
-request, and would not fit the 32-bit integers of engines and the Redis queue keys)."""
-
-
-MAX_ABS_PRIORITY = 2**53
-"""Largest ``|priority|`` accepted: every integer up to it is exact as a float (the Redis queue
-encodes keys as doubles, and a larger one overflows or collides)."""
-
-
-def _estimate_tokens(text: str) -> int:
-    return max(1, len(text) // 4)
-
-
-def validate_body(body: object, chat: bool) -> _Parsed:
-    """Check the fields the gateway relies on; raise ``_BadRequest`` naming the field."""
-    if not isinstance(body, dict):
-        raise _BadRequest("request body must be a JSON object", None)
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise _BadRequest("'model' must be a string", "model")
-    if chat:
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise _BadRequest("'messages' must be a non-empty array of messages", "messages")
-        parts: list[str] = []
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise _BadRequest(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}]")
-            content = m.get("content")
-            if isinstance(content, str):
-                parts.append(content)
-            elif isinstance(content, list):
-                for j, c in enumerate(content):
-                    if not isinstance(c, dict):
-                        raise _BadRequest(f"'messages[{i}].content[{j}]' must be a content part object",
-                                          f"messages[{i}].content[{j}]")  # fmt: skip
-                    parts.append(str(c.get("text", "")))
-            elif content is not None:
-                raise _BadRequest(f"'messages[{i}].content' must be a string or an array", f"messages[{i}].content")
-        text = "\n".join(parts)
-        ntok = _estimate_tokens(text)
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str) and prompt:
-            text, ntok = prompt, _estimate_tokens(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            text = "\n".join(prompt)
-            ntok = _estimate_tokens(text)
-        elif isinstance(prompt, list) and prompt and all(_is_int(p) for p in prompt):
-            text, ntok = "", len(prompt)
-        else:
-            raise _BadRequest("'prompt' must be a non-empty string, array of strings or of token ids", "prompt")
-    max_tokens: int | None = None
-    max_tokens_field = "max_tokens"
-    for name in ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",):
-        v = body.get(name)
-        if v is None:
-            continue
-        if not _is_int(v) or v < 1:
-            raise _BadRequest(f"'{name}' must be a positive integer, got {v!r}", name)
-        if v > MAX_TOKENS_CEILING:
-            raise _BadRequest(f"'{name}' must be at most {MAX_TOKENS_CEILING}, got {v}", name)
-        max_tokens, max_tokens_field = v, name
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise _BadRequest(f"'stream' must be a boolean, got {stream!r}", "stream")
-    priority = body.get("priority", 0)
-    if priority is None:
-        priority = 0
-    if not _is_int(priority):
-        raise _BadRequest(f"'priority' must be an integer, got {priority!r}", "priority")
-    if abs(priority) > MAX_ABS_PRIORITY:
-        shown = str(priority) if len(str(priority)) <= 40 else f"an integer of {len(str(abs(priority)))} digits"
-        raise _BadRequest(f"'priority' must be between -{MAX_ABS_PRIORITY} and {MAX_ABS_PRIORITY}, got {shown}",
-                          "priority")  # fmt: skip
-    opts = body.get("stream_options")
-    if opts is not None and not isinstance(opts, dict):
-        raise _BadRequest("'stream_options' must be an object", "stream_options")
-    wants_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
-    n = body.get("n")
-    if n is not None and (not _is_int(n) or n < 1):
-        raise _BadRequest(f"'n' must be a positive integer, got {n!r}", "n")
-    return _Parsed(text, ntok, max_tokens, max_tokens_field, stream, priority, wants_usage)
-
-
-def _completion_tokens(content: bytes) -> int | None:
-    """``usage.completion_tokens`` of a non-streamed answer, or None when it has no usable one."""
-    try:
-        n = json.loads(content)["usage"]["completion_tokens"]
-        count = None if isinstance(n, bool) else int(n)
-    except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError):
-        return None
-    return count if count is not None and count >= 0 else None
-
-
 class Gateway:
     """State of one gateway app (policy, queue, backends, HTTP client, metrics)."""
 
@@ -362,6 +192,8 @@ class Gateway:
         self.backends = [Backend(b, i) for i, b in enumerate(config.backends)]
         self._redis = redis
         self.dispatcher: Dispatcher
+        self.peers: PeerChannel | None = None
+        """With Redis: status and cancel of requests other replicas hold (:mod:`._peers`)."""
         if config.redis_url:
             listener: Any = None
             if self._redis is None:
@@ -390,6 +222,9 @@ class Gateway:
                 score_hold_s=config.scorer_hold_s if config.scorer else 0.0,
             )
             self._id_prefix = f"hw-{self.dispatcher.replica}-"
+            self.peers = PeerChannel(
+                self._redis, self.dispatcher.listen_redis, config.redis_prefix, self.dispatcher.replica, self._on_peer
+            )
         else:
             self.dispatcher = Dispatcher(
                 self.policy,
@@ -429,6 +264,14 @@ class Gateway:
         self._models_cache: tuple[float, bytes] | None = None
         self.finished_requests: list[Request] = []
         """Most recent finished/aborted requests (bounded), for tests and debugging."""
+        self._score_sum = 0.0
+        self._score_n = 0
+        self.num_score_fallbacks = 0
+        """Requests given the fallback score (see :meth:`_score`)."""
+        self._log_marks: dict[str, tuple[float, int]] = {}
+        self._scored_tokens = config.scorer_max_length or SCORED_TOKENS_DEFAULT
+        """The scorer reads at most this many tokens' worth of a prompt (see ``scoring_text``): a
+        request keeps that prefix only, whatever the prompt's size."""
 
     # -------------------------------------------------------------- lifecycle
     async def startup(self) -> None:
@@ -443,6 +286,8 @@ class Gateway:
             if isinstance(warning, str) and warning:
                 log.warning("%s (redis_prefix %r)", warning, self.config.redis_prefix)
             await self.dispatcher.start()
+            if self.peers is not None:
+                self.peers.start()
         for b in self.backends:
             if b.config.metrics_poll_s > 0:
                 self._pollers.append(asyncio.create_task(self._poll_backend(b)))
@@ -464,6 +309,8 @@ class Gateway:
                 await t
         self.dispatcher.fail_all(RuntimeError("gateway shutting down"))
         if isinstance(self.dispatcher, RedisDispatcher):
+            if self.peers is not None:
+                await self.peers.stop()
             await self.dispatcher.stop()
         if self.client is not None:
             await self.client.aclose()
@@ -544,9 +391,9 @@ class Gateway:
         """All series with API keys off or for an admin key; a tenant's key sees its own only."""
         tenant: str | None = None
         if self.tenants.enabled and not self._is_admin(request):
-            ident = await self.tenants.resolve(request.headers.get("authorization"))
-            if ident is None:
-                return self._unauthorized(count=False)
+            ident = await self._identify(request, count=False)
+            if isinstance(ident, Response):
+                return ident
             tenant = ident.tenant
         return Response(self.metrics.render(tenant), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -572,40 +419,59 @@ class Gateway:
 
     def _not_found(self, request_id: str) -> Response:
         # the same answer for "no such request" and "another tenant's request"
-        return error_response(404, f"no request {request_id!r} of yours on this gateway", "not_found_error",
-                              code="request_not_found")  # fmt: skip
+        return api_error("request_not_found", request_id=request_id)
 
-    async def request_status(self, request: HTTPRequest) -> Response:
-        ident = await self.tenants.resolve(request.headers.get("authorization"))
-        if ident is None:
-            return self._unauthorized(count=False)
-        rid = request.path_params["request_id"]
+    def _lookup(self, op: str, rid: str, tenant: str) -> dict[str, Any]:
+        """Status (``op`` ``"status"``) or cancel (``"cancel"``) of request ``rid`` of ``tenant``
+        on this replica: ``{"status": ...}``, ``{"cancelled": True}``, ``{"ended": status}`` or
+        ``{"missing": True}`` (none, or another tenant's)."""
         entry = self.active.get(rid)
-        if entry is not None and entry.req.tenant_id == ident.tenant:
-            return JSONResponse({"id": rid, "object": "request", "status": self._status_of(entry.req)})
+        if entry is not None and entry.req.tenant_id == tenant:
+            if op == "cancel":
+                entry.watch.end("cancelled")
+                return {"cancelled": True}
+            return {"status": self._status_of(entry.req)}
         done = self.recent.get(rid)
-        if done is not None and done[0] == ident.tenant:
-            return JSONResponse({"id": rid, "object": "request", "status": done[1]})
+        if done is not None and done[0] == tenant:
+            return {"ended": done[1]} if op == "cancel" else {"status": done[1]}
+        return {"missing": True}
+
+    async def _on_peer(self, message: dict[str, Any]) -> dict[str, Any]:
+        return self._lookup(str(message.get("op")), str(message.get("id")), str(message.get("tenant")))
+
+    async def _request_op(self, request: HTTPRequest, op: str) -> Response:
+        """``GET``/``DELETE /v1/requests/{id}``: answered here, or by the replica that holds the
+        request (named in its id) through Redis."""
+        ident = await self._identify(request, count=False)
+        if isinstance(ident, Response):
+            return ident
+        rid = request.path_params["request_id"]
+        found = self._lookup(op, rid, ident.tenant)
+        owner = owner_of(rid)
+        if "missing" in found and self.peers is not None and owner is not None and owner != self.peers.replica:
+            try:
+                found = await self.peers.ask(owner, {"op": op, "id": rid, "tenant": ident.tenant}) or found
+            except PeerUnavailable as exc:
+                self._log_limited("peer", "%s: answered 503", exc)
+                return api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)})
+        if "status" in found:
+            return JSONResponse({"id": rid, "object": "request", "status": found["status"]})
+        if "cancelled" in found:
+            return JSONResponse({"id": rid, "object": "request", "cancelled": True})
+        if "ended" in found:
+            return api_error("request_ended", request_id=rid, status=found["ended"])
         return self._not_found(rid)
 
+    async def request_status(self, request: HTTPRequest) -> Response:
+        return await self._request_op(request, "status")
+
     async def request_cancel(self, request: HTTPRequest) -> Response:
-        ident = await self.tenants.resolve(request.headers.get("authorization"))
-        if ident is None:
-            return self._unauthorized(count=False)
-        rid = request.path_params["request_id"]
-        entry = self.active.get(rid)
-        if entry is None or entry.req.tenant_id != ident.tenant:
-            done = self.recent.get(rid)
-            if done is not None and done[0] == ident.tenant:
-                return error_response(409, f"request {rid!r} already ended ({done[1]})", "invalid_request_error",
-                                      code="request_ended")  # fmt: skip
-            return self._not_found(rid)
-        entry.watch.end("cancelled")
-        return JSONResponse({"id": rid, "object": "request", "cancelled": True})
+        return await self._request_op(request, "cancel")
 
     async def models(self, request: HTTPRequest) -> Response:
-        if await self.tenants.resolve(request.headers.get("authorization")) is None:
-            return self._unauthorized(count=False)
+        ident = await self._identify(request, count=False)
+        if isinstance(ident, Response):
+            return ident
         loop = asyncio.get_running_loop()
         if self._models_cache is not None and self._models_cache[0] > loop.time():
             return Response(self._models_cache[1], media_type="application/json")
@@ -621,19 +487,25 @@ class Gateway:
                 self._models_cache = (loop.time() + 5.0, r.content)
                 return Response(r.content, media_type="application/json")
             last = f"HTTP {r.status_code}"
-        return error_response(502, f"no backend listed models ({last})", "upstream_error", code="upstream_error")
+        return api_error("upstream_error", detail=f"no backend listed models ({last})")
+
+    async def _identify(self, request: HTTPRequest, count: bool = True) -> Identity | Response:
+        """The caller's identity, or the answer: 401, or 503 ``auth_unavailable`` with
+        Retry-After while a key not in the config cannot be looked up in Redis. ``count``: a
+        generation request, counted in ``headway_rejections``."""
+        try:
+            ident = await self.tenants.resolve(request.headers.get("authorization"))
+        except DirectoryUnavailable as exc:
+            self._log_limited("auth", "%s: answered 503", exc)
+            resp = api_error("auth_unavailable", headers={"Retry-After": str(self.config.retry_after_s)})
+            return self._reject("auth_unavailable", resp) if count else resp
+        return self._unauthorized(count) if ident is None else ident
 
     def _unauthorized(self, count: bool = True) -> Response:
         """401; ``count``: a generation request, counted in ``headway_rejections``."""
         if count:
             self.metrics.rejections.labels("unauthorized").inc()
-        return error_response(
-            401,
-            "Invalid or missing API key.",
-            "authentication_error",
-            code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        return api_error("invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     def _reject(self, reason: str, resp: Response) -> Response:
         self.metrics.rejections.labels(reason).inc()
@@ -648,9 +520,6 @@ class Gateway:
     async def _read_body(self, request: HTTPRequest) -> bytes | None:
         """The body; None over ``max_body_bytes``; TimeoutError after ``body_timeout_s``."""
         limit = self.config.max_body_bytes
-        cl = request.headers.get("content-length")
-        if cl is not None and cl.isdigit() and int(cl) > limit:
-            return None
         buf = bytearray()
         async with asyncio.timeout(self.config.body_timeout_s):
             async for chunk in request.stream():
@@ -663,75 +532,58 @@ class Gateway:
         if self.draining:
             return self._reject(
                 "draining",
-                error_response(
-                    503,
-                    "gateway is shutting down; retry later",
-                    "service_unavailable",
-                    code="draining",
-                    headers={"Connection": "close", "Retry-After": str(self.config.retry_after_s)},
-                ),
+                api_error("draining", headers={"Connection": "close", "Retry-After": str(self.config.retry_after_s)}),
             )
+        cl = request.headers.get("content-length")
+        if cl is not None and cl.isdigit() and int(cl) > self.config.max_body_bytes:  # before any work
+            return self._reject("too_large", api_error("request_too_large", limit=self.config.max_body_bytes))
+        ident = await self._identify(request)  # before the body: no key, no reading
+        if isinstance(ident, Response):
+            return ident
         try:
             raw = await self._read_body(request)
         except TimeoutError:
             return self._reject(
                 "body_timeout",
-                error_response(
-                    408,
-                    f"the request body did not arrive within {self.config.body_timeout_s:g} s",
-                    "timeout",
-                    code="body_timeout",
-                    headers={"Connection": "close"},
-                ),
+                api_error("body_timeout", headers={"Connection": "close"}, seconds=self.config.body_timeout_s),
             )
         if raw is None:
             return self._reject(
                 "too_large",
-                error_response(
-                    413,
-                    f"request body exceeds {self.config.max_body_bytes} bytes",
-                    "invalid_request_error",
-                    code="request_too_large",
-                ),
+                api_error("request_too_large", limit=self.config.max_body_bytes),
             )
-        ident = await self.tenants.resolve(request.headers.get("authorization"))
-        if ident is None:
-            return self._unauthorized()
         try:
-            body = _loads(raw)
-        except _NonFinite as exc:
-            where = _nonfinite_field(raw)
+            body = loads_json(raw)
+        except NonFinite as exc:
+            where = nonfinite_field(raw)
             what = f"'{where}'" if where else "a number in the request body"
             return self._reject(
                 "invalid",
-                error_response(400, f"{what} must be a finite number, got {exc}", "invalid_request_error",
-                               param=where, code="invalid_value"),
-            )  # fmt: skip
+                api_error("invalid_value", param=where, detail=f"{what} must be a finite number, got {exc}"),
+            )
         except ValueError as exc:
             return self._reject(
                 "invalid",
-                error_response(400, f"request body is not valid JSON: {exc}", "invalid_request_error",
-                               code="invalid_json"),
-            )  # fmt: skip
+                api_error("invalid_json", detail=f"request body is not valid JSON: {exc}"),
+            )
         except RecursionError:
             return self._reject(
                 "invalid",
-                error_response(400, "request body is nested too deeply", "invalid_request_error", code="invalid_json"),
+                api_error("invalid_json", detail="request body is nested too deeply"),
             )
         try:
             parsed = validate_body(body, chat)
-        except _BadRequest as exc:
-            return self._reject(
-                "invalid", error_response(400, str(exc), "invalid_request_error", param=exc.param, code="invalid_value")
-            )
+        except BadRequest as exc:
+            return self._reject("invalid", api_error("invalid_value", param=exc.param, detail=exc))
         limit = self.config.max_tokens_limit
         if limit and parsed.max_tokens is not None and parsed.max_tokens > limit:
             name = parsed.max_tokens_field
             return self._reject(
                 "invalid",
-                error_response(400, f"'{name}' must be at most {limit}, got {parsed.max_tokens}",
-                               "invalid_request_error", param=name, code="invalid_value"),
-            )  # fmt: skip
+                api_error(
+                    "invalid_value", param=name, detail=f"'{name}' must be at most {limit}, got {parsed.max_tokens}"
+                ),
+            )
         return await self._serve(request, path, body, raw, parsed, ident)
 
     def _new_id(self) -> str:
@@ -742,7 +594,7 @@ class Gateway:
             if rid not in self.active and rid not in self.recent:
                 return rid
 
-    def _new_request(self, parsed: _Parsed, ident: Identity) -> Request:
+    def _new_request(self, parsed: Parsed, ident: Identity) -> Request:
         return Request(
             request_id=self._new_id(),
             arrival_time=self.dispatcher.now(),
@@ -751,10 +603,11 @@ class Gateway:
             tenant_id=ident.tenant,
             tier=ident.tier,
             priority=parsed.priority,
-            prompt=parsed.prompt_text or None,
+            prompt=scoring_text(parsed.prompt_text, self._scored_tokens) or None,
         )
 
     def _record(self, req: Request) -> None:
+        req.prompt = None  # the scored prefix is not needed any more: kept, 4096 of them would weigh
         self.finished_requests.append(req)
         if len(self.finished_requests) > 4096:
             del self.finished_requests[:2048]
@@ -765,29 +618,63 @@ class Gateway:
             req.finish_time = self.dispatcher.now()
             self._record(req)
 
+    async def _score(self, req: Request) -> None:
+        """Give ``req`` its score: the scorer's, or the fallback when there is none.
+
+        Fallback (a token-id prompt, which the gateway cannot read as text, or a prompt the
+        scorer failed on): the mean of the scores given so far, 0.0 before the first; the
+        policy then places it among the others as a typical request, and it is never answered
+        500 for want of a score. Counted in :attr:`num_score_fallbacks`."""
+        assert self.scorer is not None
+        if req.prompt:
+            self.dispatcher.scoring += 1  # free backends may wait for it (Dispatcher._holding)
+            t0 = time.perf_counter()
+            try:
+                req.score = await self.scorer.score(req.prompt)
+                self.metrics.score_wait.observe(time.perf_counter() - t0)
+            except Exception as exc:
+                self._log_limited("score", "request %s could not be scored (%s: %s); it gets the fallback score",
+                                  req.request_id, type(exc).__name__, exc)  # fmt: skip
+            except BaseException:  # cancelled: it goes no further, and a hold may end without it
+                self.dispatcher.scoring -= 1
+                self.dispatcher.dispatch()
+                raise
+            self.dispatcher.scoring -= 1  # queued next, before any await
+        if req.score is not None and math.isfinite(req.score):
+            self._score_sum += req.score
+            self._score_n += 1
+        else:
+            req.score = self._score_sum / self._score_n if self._score_n else 0.0
+            self.num_score_fallbacks += 1
+
+    def _log_limited(self, what: str, msg: str, *args: object) -> None:
+        """A warning at most once per 10 s per ``what``, with the count of those left out."""
+        now = time.monotonic()
+        last, skipped = self._log_marks.get(what, (-1e9, 0))
+        if now - last < 10.0:
+            self._log_marks[what] = (last, skipped + 1)
+            return
+        self._log_marks[what] = (now, 0)
+        log.warning(msg + (f" ({skipped} more like it not logged)" if skipped else ""), *args)
+
     async def _serve(
         self,
         request: HTTPRequest,
         path: str,
         body: dict[str, Any],
         raw: bytes,
-        parsed: _Parsed,
+        parsed: Parsed,
         ident: Identity,
     ) -> Response:
+        arrived = asyncio.get_running_loop().time()  # the queue TTL counts from here, scoring included
         req = self._new_request(parsed, ident)
-        if self.scorer is not None and req.prompt:
-            self.dispatcher.scoring += 1  # free backends may wait for it (Dispatcher._holding)
-            t0 = time.perf_counter()
-            try:
-                req.score = await self.scorer.score(req.prompt)
-                self.metrics.score_wait.observe(time.perf_counter() - t0)
-            except Exception:
-                log.exception("scorer failed; request %s goes unscored", req.request_id)
-            except BaseException:  # cancelled: it goes no further, and a hold may end without it
-                self.dispatcher.scoring -= 1
-                self.dispatcher.dispatch()
-                raise
-            self.dispatcher.scoring -= 1  # queued below, before any await
+        try:
+            self.dispatcher.admit(req)  # a full queue answers 429 now, not after scoring
+        except QueueFullError as exc:
+            self._abort(req)
+            return self._queue_full(exc)
+        if self.scorer is not None:
+            await self._score(req)
         if parsed.stream:
             if not parsed.wants_usage:
                 body = dict(body)
@@ -810,7 +697,7 @@ class Gateway:
             watch.end("shutdown")
         streaming = False
         try:
-            resp = await self._serve_watched(request, req, path, payload, parsed, watch)
+            resp = await self._serve_watched(request, req, path, payload, parsed, watch, arrived)
             streaming = isinstance(resp, StreamingResponse)
             return resp
         finally:
@@ -818,10 +705,17 @@ class Gateway:
                 self._ended(req, watch)
 
     async def _serve_watched(
-        self, request: HTTPRequest, req: Request, path: str, payload: bytes, parsed: _Parsed, watch: _Watch
+        self,
+        request: HTTPRequest,
+        req: Request,
+        path: str,
+        payload: bytes,
+        parsed: Parsed,
+        watch: _Watch,
+        arrived: float,
     ) -> Response:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.queue_ttl_s
+        deadline = arrived + self.config.queue_ttl_s
         exclude: frozenset[int] = frozenset()
         last_error = ""
         handed_off = False
@@ -836,7 +730,7 @@ class Gateway:
                     self._abort(req)
                     return self._reject(
                         "policy_error",
-                        error_response(500, f"scheduling policy error: {exc}", "server_error", code="policy_error"),
+                        api_error("policy_error", detail=exc),
                     )
                 except QueueFullError as exc:
                     self._abort(req)
@@ -857,22 +751,20 @@ class Gateway:
                     if not self._any_reachable():  # every backend's last connection attempt failed
                         return self._reject(
                             "no_backend",
-                            error_response(
-                                503,
-                                f"no backend is reachable (waited {self.config.queue_ttl_s:g} s in the queue)",
-                                "service_unavailable",
-                                code="no_backend",
+                            api_error(
+                                "no_backend",
                                 headers={"Retry-After": str(self.config.retry_after_s)},
+                                seconds=self.config.queue_ttl_s,
                             ),
+                        )
+                    if isinstance(self.dispatcher, RedisDispatcher) and not self.dispatcher.redis_reachable:
+                        return self._reject(
+                            "queue_error",
+                            api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
                         )
                     return self._reject(
                         "ttl",
-                        error_response(
-                            408,
-                            f"request waited longer than {self.config.queue_ttl_s:g} s in the queue",
-                            "timeout",
-                            code="queue_timeout",
-                        ),
+                        api_error("queue_timeout", seconds=self.config.queue_ttl_s),
                     )
                 try:
                     backend = fut.result()
@@ -884,20 +776,24 @@ class Gateway:
                     self._abort(req)
                     return self._reject(
                         "policy_error",
-                        error_response(500, f"scheduling policy error: {exc}", "server_error", code="policy_error"),
+                        api_error("policy_error", detail=exc),
                     )
                 except Exception as exc:  # queue store unavailable
+                    pause = min(float(max(self.config.retry_after_s, 1)), deadline - loop.time())
+                    if pause > 0:  # wait for it (up to the queue TTL), then queue again
+                        self._log_limited("queue", "request %s: queue store unavailable (%s); waiting for it",
+                                          req.request_id, exc)  # fmt: skip
+                        await asyncio.wait({watch.stop}, timeout=pause)
+                        if watch.stop.done():
+                            self._abort(req)
+                            return self._stopped(watch)
+                        if loop.time() < deadline:
+                            continue
                     self._abort(req)
-                    log.warning("request %s: queue unavailable: %s", req.request_id, exc)
+                    self._log_limited("queue", "request %s: queue unavailable: %s", req.request_id, exc)
                     return self._reject(
                         "queue_error",
-                        error_response(
-                            503,
-                            "queue unavailable (the gateway cannot reach its queue store); retry later",
-                            "service_unavailable",
-                            code="queue_error",
-                            headers={"Retry-After": str(self.config.retry_after_s)},
-                        ),
+                        api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
                     )
                 # ---- upstream
                 outcome = await self._forward(request, req, backend, path, payload, parsed, watch)
@@ -932,12 +828,7 @@ class Gateway:
             self._abort(req)
             return self._reject(
                 "backend_error",
-                error_response(
-                    502,
-                    f"no backend could serve the request (last error: {last_error})",
-                    "upstream_error",
-                    code="upstream_error",
-                ),
+                api_error("upstream_error", detail=f"no backend could serve the request (last error: {last_error})"),
             )
         except asyncio.CancelledError:
             if self.dispatcher.cancel(req):
@@ -952,18 +843,15 @@ class Gateway:
         if reason == "cancelled":
             return self._reject(
                 "cancelled",
-                error_response(499, "the request was cancelled", "cancelled", code="cancelled"),
+                api_error("cancelled"),
             )
         if reason == "shutdown":
             return self._reject(
                 "drain_timeout",
-                error_response(
-                    503,
-                    f"the gateway shut down before the request was served (drain timeout "
-                    f"{self.config.drain_timeout_s:g} s); retry later",
-                    "service_unavailable",
-                    code="drain_timeout",
+                api_error(
+                    "drain_timeout",
                     headers={"Retry-After": str(self.config.retry_after_s), "Connection": "close"},
+                    seconds=self.config.drain_timeout_s,
                 ),
             )
         return self._reject("client_disconnected", Response(status_code=499))
@@ -972,13 +860,7 @@ class Gateway:
         where = "queue" if exc.scope == "global" else "queue of your tenant"
         return self._reject(
             "queue_full",
-            error_response(
-                429,
-                f"the {where} is full; retry later",
-                "rate_limit_exceeded",
-                code="queue_full",
-                headers={"Retry-After": str(self.config.retry_after_s)},
-            ),
+            api_error("queue_full", headers={"Retry-After": str(self.config.retry_after_s)}, where=where),
         )
 
     @staticmethod
@@ -995,7 +877,7 @@ class Gateway:
         backend: Backend,
         path: str,
         payload: bytes,
-        parsed: _Parsed,
+        parsed: Parsed,
         watch: _Watch,
     ) -> Response | tuple[str, str]:
         """Send to ``backend``. A Response ends the request; ``(message, kind)`` is a retryable
@@ -1091,12 +973,7 @@ class Gateway:
                 self._abort(req)
                 return self._reject(
                     "backend_error",
-                    error_response(
-                        502,
-                        f"backend failed while responding: {exc}",
-                        "upstream_error",
-                        code="upstream_error",
-                    ),
+                    api_error("upstream_error", detail=f"backend failed while responding: {exc}"),
                 )
         finally:
             watch.close()
@@ -1108,7 +985,7 @@ class Gateway:
             self.metrics.rejections.labels(f"backend_{resp.status_code}").inc()
             ctype = resp.headers.get("content-type", "application/json")
             return Response(content, status_code=resp.status_code, media_type=ctype)
-        n = _completion_tokens(content)
+        n = completion_tokens(content)
         if n is None:  # the backend gave no count: the policy is told it is unknown, not 0
             req.output_tokens_known = False
         req.first_token_time = req.last_token_time = now
@@ -1154,7 +1031,7 @@ class Gateway:
             try:
                 async for chunk in chunks:
                     if held or b"\r" in chunk:
-                        chunk, held = _sse_newlines(held + chunk)
+                        chunk, held = sse_newlines(held + chunk)
                     buf += chunk
                     while True:
                         cut = buf.find(b"\n\n")
@@ -1164,9 +1041,9 @@ class Gateway:
                         if event.startswith(b"data: "):
                             data = event[6:-2]
                             if b"\n" in data:
-                                data = _sse_data(event)
+                                data = sse_data(event)
                         else:
-                            data = _sse_data(event)
+                            data = sse_data(event)
                         if data == b"[DONE]":
                             done = True
                         elif data.startswith(b"{"):
@@ -1196,7 +1073,7 @@ class Gateway:
                 if not stop.done():  # not the gateway closing it (cancel, drain timeout)
                     reason = "backend_error_midstream"
                     log.warning("request %s: backend %s failed mid-stream: %s", req.request_id, backend.url, exc)
-                    yield _sse_error(f"the backend failed mid-stream: {exc}")
+                    yield sse_error(f"the backend failed mid-stream: {exc}")
                     return
             if stop.done() and not done:
                 why = stop.result()
@@ -1207,7 +1084,7 @@ class Gateway:
             if not done and usage_tokens is None:
                 reason = "backend_error_midstream"
                 log.warning("request %s: backend %s closed the stream early", req.request_id, backend.url)
-                yield _sse_error("the backend closed the stream early")
+                yield sse_error("the backend closed the stream early")
                 return
             self._complete(req, usage_tokens if usage_tokens is not None else req.num_output_tokens, now())
         finally:
@@ -1267,9 +1144,9 @@ def create_app(
     async def http_error(request: HTTPRequest, exc: Exception) -> Response:
         # Starlette's own 404/405 (unknown path, wrong method) as OpenAI-style JSON
         assert isinstance(exc, HTTPException)
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
-        return error_response(exc.status_code, str(exc.detail), kind, code=code, headers=dict(exc.headers or {}))
+        kind = ERRORS[code]
+        return error_response(exc.status_code, str(exc.detail), kind.type, code=code, headers=dict(exc.headers or {}))
 
     app = _GatewayApp(
         exception_handlers={HTTPException: http_error},
@@ -1284,5 +1161,7 @@ def create_app(
             Route("/openapi.json", gw.openapi, methods=["GET"]),
         ],
     )
+    # /health/ is a 404, not a redirect: Starlette builds that redirect from the Host header
+    app.router.redirect_slashes = False
     app.state.gateway = gw
     return app

@@ -5,26 +5,34 @@ from __future__ import annotations
 from typing import Any
 
 from headway.serve._config import GatewayConfig
+from headway.serve._errors import ERRORS
+from headway.serve._wire import MAX_N
 
 __all__ = ["openapi_schema"]
 
 
-def _error(description: str) -> dict[str, Any]:
+def _error(description: str, status: int | None = None) -> dict[str, Any]:
+    """An error response; with ``status``, the description lists its codes from the error table."""
+    if status is not None:
+        codes = ", ".join(f"`{c}`" for c, kind in ERRORS.items() if kind.status == status)
+        description = f"{description} (code: {codes})"
     schema = {"$ref": "#/components/schemas/Error"}
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 _ERRORS: dict[str, Any] = {
-    "400": _error("invalid request (the message and `param` name the field)"),
-    "401": _error("missing or invalid API key"),
-    "408": _error("waited longer than the queue TTL, or the body did not arrive within body_timeout_s"),
-    "413": _error("request body over the size limit"),
-    "429": _error("queue (or the tenant's share of it) full; see Retry-After"),
-    "499": _error("cancelled through DELETE /v1/requests/{id}"),
-    "502": _error("no backend could serve the request"),
+    "400": _error("invalid request (the message and `param` name the field)", 400),
+    "401": _error("missing or invalid API key", 401),
+    "408": _error("waited longer than the queue TTL, or the body did not arrive within body_timeout_s", 408),
+    "413": _error("request body over the size limit", 413),
+    "429": _error("queue (or the tenant's share of it) full; see Retry-After", 429),
+    "499": _error("cancelled through DELETE /v1/requests/{id}", 499),
+    "502": _error("no backend could serve the request", 502),
     "503": _error(
-        "gateway draining (`draining`) or past its drain timeout (`drain_timeout`), no backend reachable "
-        "(`no_backend`), or its queue store (Redis) unavailable (`queue_error`); see Retry-After"
+        "gateway draining or past its drain timeout, no backend reachable, its queue store (Redis) "
+        "unavailable, an API key kept in Redis not checkable now, or too many open connections; "
+        "see Retry-After",
+        503,
     ),
 }
 
@@ -53,7 +61,7 @@ _COMMON_FIELDS: dict[str, Any] = {
         "properties": {"include_usage": {"type": "boolean"}},
     },
     "priority": {"type": "integer", "nullable": True},
-    "n": {"type": "integer", "minimum": 1, "nullable": True},
+    "n": {"type": "integer", "minimum": 1, "maximum": MAX_N, "nullable": True},
 }
 
 

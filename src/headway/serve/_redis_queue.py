@@ -484,6 +484,8 @@ class RedisDispatcher(Dispatcher):
         self._joined = asyncio.Event()
         self._owed: Counter[str] = Counter()
         self._rejoining = False
+        self._full_hint = False
+        """The shared queue was full when last seen (:meth:`admit`)."""
         self._last_error_log = 0.0
         self.rejoins = 0
         self.redis_errors = 0
@@ -632,6 +634,8 @@ class RedisDispatcher(Dispatcher):
         await self._retrying("join", args)
         self._scoring_sent = None  # the join cleared this replica's scoring count
         self._joined.set()
+        if self._owed:  # released while the join was under way
+            self._spawn(self._flush_owed())
 
     async def _rejoin(self) -> None:
         if self._rejoining:
@@ -661,6 +665,8 @@ class RedisDispatcher(Dispatcher):
                 self.redis_reachable = True
                 if not ok:
                     await self._rejoin()
+                if self._full_hint:
+                    self._full_hint = await side.zcard(self.prefix + "queue") >= self.max_queue_len
                 self._publish_scoring_soon()  # a count that could not be sent
                 for url, n in list(self._owed.items()):
                     del self._owed[url]
@@ -682,6 +688,14 @@ class RedisDispatcher(Dispatcher):
                     self.redis_reachable = False
 
     # -------------------------------------------------------------- arrival
+    def admit(self, request: Request) -> None:
+        """The per-tenant limit, and the shared queue's as last seen: full since an enqueue found
+        it full, until this replica is granted a request or its heartbeat (every ``lease_s / 3``)
+        counts room. Redis decides exactly when the request is enqueued (after scoring)."""
+        if self._full_hint:
+            raise QueueFullError("global")
+        self._admit_tenant(request)
+
     def submit(self, request: Request, exclude: frozenset[int] = frozenset()) -> asyncio.Future[Any]:
         tenant_key = (request.tenant_id, request.tier.name.lower())
         if self.max_queue_per_tenant and self.queued_per_tenant[tenant_key] >= self.max_queue_per_tenant:
@@ -739,6 +753,7 @@ class RedisDispatcher(Dispatcher):
             if self._enq_epoch.get(request) != epoch:
                 return  # the rejoin enqueued it again
         if member == "full":
+            self._full_hint = True
             self._fail(request, QueueFullError("global"))
             return
         if (
@@ -816,7 +831,23 @@ class RedisDispatcher(Dispatcher):
     def release(self, backend: Backend, request: Request | None = None) -> None:
         backend.in_flight -= 1
         backend.finished_since_poll += 1
+        if not self._joined.is_set():
+            # a (re)join is declaring the slots held as of its start, this one included: a
+            # release sent now could reach Redis before the join (under a generation not yet
+            # registered) and be ignored, and the slot would stay held for good
+            self._owed[backend.url] += 1
+            return
         self._spawn(self._remote_release(backend.url, self.gen))
+
+    async def _flush_owed(self) -> None:
+        """Send the releases deferred while a join was under way (under the new generation)."""
+        for url, n in list(self._owed.items()):
+            del self._owed[url]
+            try:
+                self._held(await self._retrying("release", [self.replica, url, n, self.gen, *self._dispatch_args()]))
+            except Exception as exc:
+                self._log_error("release", exc)
+                self._owed[url] += n  # the heartbeat flushes it once Redis is back
 
     async def _remote_release(self, url: str, gen: int) -> None:
         if not url:
@@ -860,6 +891,7 @@ class RedisDispatcher(Dispatcher):
             self._grant(req, backend)
 
     def _grant(self, req: Request, backend: Backend) -> None:
+        self._full_hint = False  # the shared queue has room again
         fut, _ = self._waiters[req]
         self.queue.remove(req)
         self._drop(req)

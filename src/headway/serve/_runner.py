@@ -15,6 +15,8 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from headway.serve._conn import ACCEPT_BACKLOG, default_max_connections, guarded_protocol, install_log_limits
+
 __all__ = ["free_port", "run_app", "serve_in_thread"]
 
 
@@ -75,6 +77,16 @@ def _config(
     graceful = None
     if drain_timeout_s is not None:
         graceful = max(1, math.ceil(drain_timeout_s)) + (_BACKSTOP_S if _gateway_of(app) is not None else 0)
+    extra: dict[str, Any] = {"timeout_keep_alive": 30}
+    gw = _gateway_of(app)
+    if gw is not None:  # deadlines on every phase of a client connection, a cap on their number
+        cfg = gw.config
+        cap = cfg.max_connections or default_max_connections()
+        extra = {
+            "timeout_keep_alive": cfg.keep_alive_timeout_s,
+            "http": guarded_protocol(cfg.client_header_timeout_s, cap, cfg.retry_after_s),
+            "backlog": ACCEPT_BACKLOG,
+        }
     return uvicorn.Config(
         app,
         host=host,
@@ -83,7 +95,7 @@ def _config(
         access_log=access_log,
         lifespan="on",
         timeout_graceful_shutdown=graceful,
-        timeout_keep_alive=30,
+        **extra,
     )
 
 
@@ -96,7 +108,9 @@ def run_app(
     log_level: str = "info",
     access_log: bool = False,
 ) -> None:
-    """Serve ``app`` in the foreground until SIGTERM/SIGINT (then drain)."""
+    """Serve ``app`` in the foreground until SIGTERM/SIGINT (then drain). Repeated log lines
+    (a flood of bad requests, ``EMFILE``) are rate-limited (:func:`install_log_limits`)."""
+    install_log_limits()
     server = _DrainingServer(_config(app, host, port, drain_timeout_s, log_level, access_log), drain_timeout_s)
     server.run()
 

@@ -204,6 +204,9 @@ class BatchScorer:
     next one (up to ``batch_size``) as soon as it is done. Batches scored side by side would
     share the same cores and all finish late; one at a time, the first results come back
     while the rest are still being scored.
+
+    A batch that fails is scored again prompt by prompt, so that a prompt the scorer cannot
+    handle fails alone, not its batch mates (another tenant's requests, say).
     """
 
     def __init__(self, fn: ScoreFn, batch_size: int = 32, max_wait_s: float = 0.002) -> None:
@@ -214,6 +217,8 @@ class BatchScorer:
         self._timer: asyncio.TimerHandle | None = None
         self._busy = False
         self.num_batches = 0
+        self.num_batch_failures = 0
+        """Batches that failed as a whole and were scored prompt by prompt."""
 
     def close(self) -> None:
         """Stop the scorer's worker process, if it has one (:class:`ProcessScoreFn`)."""
@@ -256,9 +261,16 @@ class BatchScorer:
             if len(scores) != len(batch):
                 raise ValueError(f"scorer returned {len(scores)} scores for {len(batch)} prompts")
         except Exception as exc:
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
+            if len(batch) == 1:
+                if not batch[0][1].done():
+                    batch[0][1].set_exception(exc)
+                return
+            # one prompt may have failed them all: score each alone, so only it fails
+            log.warning("a batch of %d prompts failed to score (%s: %s); scoring each alone", len(batch),
+                        type(exc).__name__, exc)  # fmt: skip
+            self.num_batch_failures += 1
+            for item in batch:
+                await self._score([item])
             return
         log.debug("scored %d prompts in %.1f ms, %.1f ms on the scoring thread's CPU (%d waiting)", len(batch),
                   (time.perf_counter() - t0) * 1e3, cpu_s * 1e3, len(self._pending))  # fmt: skip

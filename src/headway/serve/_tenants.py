@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -11,12 +12,16 @@ from typing import Any
 from headway.core import Tier
 from headway.serve._config import GatewayConfig, hash_api_key
 
-__all__ = ["REDIS_APIKEYS_HASH", "Identity", "TenantDirectory"]
+__all__ = ["REDIS_APIKEYS_HASH", "DirectoryUnavailable", "Identity", "TenantDirectory"]
 
 log = logging.getLogger("headway.serve")
 
 REDIS_APIKEYS_HASH = "headway:apikeys"
 """Redis hash: field = SHA-256 hex of an API key, value = ``{"tenant": ..., "tier": ...}``."""
+
+
+class DirectoryUnavailable(Exception):
+    """A key not in the config could not be looked up: Redis did not answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +36,9 @@ ANONYMOUS = Identity("default", Tier.STANDARD)
 class TenantDirectory:
     """Resolve a bearer token to an :class:`Identity` (config first, then Redis)."""
 
-    def __init__(self, config: GatewayConfig, redis: Any = None, cache_ttl_s: float = 10.0) -> None:
+    def __init__(
+        self, config: GatewayConfig, redis: Any = None, cache_ttl_s: float = 10.0, lookup_timeout_s: float = 2.0
+    ) -> None:
         self.enabled = config.auth_enabled
         self._static: dict[str, Identity] = {
             h: Identity(t.name, t.tier) for t in config.tenants for h in t.api_key_sha256
@@ -39,6 +46,7 @@ class TenantDirectory:
         self._redis = redis
         self._cache: dict[str, tuple[float, Identity | None]] = {}
         self._cache_ttl_s = cache_ttl_s
+        self._lookup_timeout_s = lookup_timeout_s
 
     @staticmethod
     def bearer(authorization: str | None) -> str | None:
@@ -67,7 +75,11 @@ class TenantDirectory:
             return None
 
     async def resolve(self, authorization: str | None) -> Identity | None:
-        """The caller's identity, :data:`ANONYMOUS` with auth off, None if not valid."""
+        """The caller's identity, :data:`ANONYMOUS` with auth off, None if not valid.
+
+        A key not in the config is looked up in Redis (answers cached ``cache_ttl_s``); while
+        Redis does not answer within ``lookup_timeout_s``, the last answer for that key holds,
+        and a key never seen raises :class:`DirectoryUnavailable`."""
         if not self.enabled:
             return ANONYMOUS
         token = self.bearer(authorization)
@@ -81,7 +93,13 @@ class TenantDirectory:
         hit = self._cache.get(digest)
         if hit is not None and hit[0] > now:
             return hit[1]
-        raw = await self._redis.hget(REDIS_APIKEYS_HASH, digest)
+        try:
+            async with asyncio.timeout(self._lookup_timeout_s):
+                raw = await self._redis.hget(REDIS_APIKEYS_HASH, digest)
+        except Exception as exc:  # Redis down or stalled: what it said last still holds
+            if hit is not None:
+                return hit[1]
+            raise DirectoryUnavailable(f"API-key lookup failed: {type(exc).__name__}: {exc}") from None
         ident = None if raw is None else self._parse_record(raw, digest)
         if len(self._cache) > 10_000:
             self._cache.clear()

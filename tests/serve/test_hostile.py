@@ -1,0 +1,615 @@
+"""The gateway against a hostile client (loopback only, each case bounded in time).
+
+Each case asserts the answer the hostile client gets, that other clients are still served
+(their latency bound is stated where the case measures one), that nothing is lost or
+answered twice, and, for the large-input cases, that the gateway's memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from headway.serve import BackendConfig
+
+COMPLETION = {"model": "m", "prompt": "hello", "max_tokens": 3}
+
+
+def _rss_mb() -> float:
+    """Resident memory of this process (the gateways under test run in its threads)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def _scorer_module(monkeypatch: pytest.MonkeyPatch, fn: Callable[[list[str]], list[float]]) -> str:
+    """``fn`` as a scorer spec the gateway can load (``module:attr``)."""
+    mod = types.ModuleType("hw_hostile_scorer")
+    mod.score = fn  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "hw_hostile_scorer", mod)
+    return "hw_hostile_scorer:score"
+
+
+def _strict(seen: list[str]) -> Callable[[list[str]], list[float]]:
+    """A scorer that refuses what the real tokenizer refuses (a lone surrogate: ``TypeError``)
+    and a marked prompt (``POISON``), and records what it was given."""
+
+    def score(prompts: list[str]) -> list[float]:
+        for p in prompts:
+            p.encode("utf-8")  # UnicodeEncodeError on a lone surrogate, as predict.score's hash did
+            if "POISON" in p:
+                raise RuntimeError("scorer cannot handle this prompt")
+        seen.extend(prompts)
+        return [float(len(p)) for p in prompts]
+
+    return score
+
+
+async def _post_all(url: str, bodies: list[tuple[dict | bytes, dict[str, str]]]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+
+        async def one(body: dict | bytes, headers: dict[str, str]) -> httpx.Response:
+            if isinstance(body, bytes):
+                return await c.post("/v1/completions", content=body, headers=headers)
+            return await c.post("/v1/completions", json=body, headers=headers)
+
+        return list(await asyncio.gather(*[one(b, h) for b, h in bodies]))
+
+
+# ------------------------------------------------------------------------------- scoring
+def test_a_prompt_the_scorer_fails_on_fails_nobody_else_and_gets_the_fallback_score(
+    make_stub, make_gateway, monkeypatch
+):
+    """One poison prompt in a batch with 20 other requests: the batch is scored again prompt
+    by prompt; every request is answered 200 once, the poison one with the fallback score."""
+    seen: list[str] = []
+    stub = make_stub()
+    gw = make_gateway(
+        [BackendConfig(stub.url, max_concurrency=4)],
+        policy="pars",
+        scorer=_scorer_module(monkeypatch, _strict(seen)),
+        scorer_max_wait_s=0.05,
+    )
+    bodies: list[tuple[dict | bytes, dict[str, str]]] = [
+        ({**COMPLETION, "prompt": "x" * (i + 1)}, {}) for i in range(20)
+    ]
+    bodies.insert(7, ({**COMPLETION, "prompt": "POISON"}, {}))
+    rs = asyncio.run(_post_all(gw.url, bodies))
+    assert [r.status_code for r in rs] == [200] * 21, [r.text for r in rs if r.status_code != 200]
+    g = gw.gateway
+    assert g.num_score_fallbacks == 1
+    assert g.scorer is not None and g.scorer.num_batch_failures >= 1
+    assert sorted(seen) == sorted("x" * (i + 1) for i in range(20))
+    assert len(g.finished_requests) == 21 and stub.stub.stats.started == 21
+    assert g.dispatcher.scoring == 0
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "max_tokens": 2, "prompt": "ab\\ud800cd"}',
+        b'{"model": "m", "max_tokens": 2, "prompt": "ab\xed\xa0\x80cd"}',
+    ],
+    ids=["json-escape", "raw-bytes"],
+)
+def test_a_lone_surrogate_is_scored_as_the_replacement_character(make_stub, make_gateway, monkeypatch, raw):
+    seen: list[str] = []
+    stub = make_stub()
+    gw = make_gateway([stub.url], policy="pars", scorer=_scorer_module(monkeypatch, _strict(seen)))
+    rs = asyncio.run(_post_all(gw.url, [(raw, {"content-type": "application/json"})]))
+    assert rs[0].status_code == 200, rs[0].text
+    assert seen == ["ab\ufffdcd"] and gw.gateway.num_score_fallbacks == 0
+
+
+def test_token_id_prompts_get_the_fallback_score_not_a_500(make_stub, make_gateway, monkeypatch):
+    seen: list[str] = []
+    stub = make_stub()
+    gw = make_gateway([stub.url], policy="pars", scorer=_scorer_module(monkeypatch, _strict(seen)))
+    with gw.client() as c:
+        assert c.post("/v1/completions", json={**COMPLETION, "prompt": "four"}).status_code == 200
+        r = c.post("/v1/completions", json={**COMPLETION, "prompt": [1, 2, 3]})
+    assert r.status_code == 200, r.text
+    assert gw.gateway.num_score_fallbacks == 1
+    # the fallback is the mean of the scores given so far: the one text prompt's
+    assert [q.score for q in gw.gateway.finished_requests] == [4.0, 4.0]
+
+
+def test_a_huge_prompt_is_scored_on_a_bounded_prefix_and_memory_stays_bounded(make_stub, make_gateway, monkeypatch):
+    """Ten ~990 KB prompts: the scorer reads at most 512 tokens' worth (16,384 characters) of
+    each; a short request sent meanwhile is answered within 2 s; RSS grows by under 150 MB."""
+    seen: list[str] = []
+    stub = make_stub()
+    gw = make_gateway(
+        [BackendConfig(stub.url, max_concurrency=8)],
+        policy="pars",
+        scorer=_scorer_module(monkeypatch, _strict(seen)),
+        max_body_bytes=1 << 20,
+    )
+    big = "word " * 198_000
+    before = _rss_mb()
+
+    async def main() -> tuple[list[httpx.Response], float]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:
+            bigs = [
+                asyncio.ensure_future(c.post("/v1/completions", json={**COMPLETION, "prompt": big})) for _ in range(10)
+            ]
+            await asyncio.sleep(0.05)
+            t0 = time.perf_counter()
+            small = await c.post("/v1/completions", json=COMPLETION)
+            took = time.perf_counter() - t0
+            return [small, *await asyncio.gather(*bigs)], took
+
+    rs, took = asyncio.run(main())
+    assert [r.status_code for r in rs] == [200] * 11
+    assert took < 2.0
+    assert max(len(p) for p in seen) <= 512 * 32
+    assert _rss_mb() - before < 150
+
+
+def test_a_full_queue_answers_429_before_scoring(make_stub, make_gateway, monkeypatch):
+    """With a slow scorer (0.3 s a batch) and room for 2 requests, the third of a burst gets its
+    429 at once (under 0.25 s), not after being scored; the first two are served."""
+    scored: list[str] = []
+
+    def slow(prompts: list[str]) -> list[float]:
+        time.sleep(0.3)
+        scored.extend(prompts)
+        return [1.0] * len(prompts)
+
+    stub = make_stub()
+    gw = make_gateway([stub.url], policy="pars", scorer=_scorer_module(monkeypatch, slow), max_queue_len=2)
+
+    async def main() -> list[tuple[int, float]]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+
+            async def one(i: int) -> tuple[int, float]:
+                await asyncio.sleep(0.02 * i)  # in order
+                t0 = time.perf_counter()
+                r = await c.post("/v1/completions", json={**COMPLETION, "prompt": f"p{i}"})
+                return r.status_code, time.perf_counter() - t0
+
+            return list(await asyncio.gather(*[one(i) for i in range(3)]))
+
+    (s0, _), (s1, _), (s2, t2) = asyncio.run(main())
+    assert (s0, s1, s2) == (200, 200, 429)
+    assert t2 < 0.25
+    assert sorted(scored) == ["p0", "p1"]
+
+
+# ------------------------------------------------------------------------------- auth
+def test_a_request_without_a_key_is_refused_before_its_body_arrives(make_stub, make_gateway):
+    """Headers announcing a 100 KB body that never comes: 401 within 1 s (not 408 after the
+    body timeout); the key's holder is served meanwhile."""
+    from headway.serve import TenantConfig, hash_api_key
+
+    stub = make_stub()
+    gw = make_gateway([stub.url], tenants=(TenantConfig("acme", api_key_sha256=(hash_api_key("sk-a"),)),))
+    port = int(gw.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        t0 = time.perf_counter()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100000\r\n\r\n{")  # fmt: skip
+        head = _read_head(s)
+        took = time.perf_counter() - t0
+    assert head.startswith(b"HTTP/1.1 401") and took < 1.0
+    with gw.client(headers={"Authorization": "Bearer sk-a"}) as c:
+        assert c.post("/v1/completions", json=COMPLETION).status_code == 200
+
+
+def _read_head(s: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+@pytest.mark.redis
+def test_keys_kept_in_redis_while_redis_is_down_get_json_503_with_retry_after(tmp_path, make_stub, make_gateway):
+    """A key not in the config is looked up in Redis. Redis killed: a key never seen gets 503
+    ``auth_unavailable`` with Retry-After on every keyed path (JSON, no traceback); a key
+    looked up before still resolves; Redis back: the wrong key is a 401 again."""
+    import redis
+
+    from headway.serve import free_port
+    from headway.serve._tenants import REDIS_APIKEYS_HASH
+
+    from .conftest import start_redis_server
+
+    port = free_port()
+    proc = start_redis_server(port, tmp_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    redis.Redis.from_url(url).hset(REDIS_APIKEYS_HASH, _hash("sk-red"), json.dumps({"tenant": "red"}))
+    stub = make_stub()
+    gw = make_gateway([stub.url], redis_url=url, api_keys="required", redis_retry_s=0.5)
+    red = {"Authorization": "Bearer sk-red"}
+    wrong = {"Authorization": "Bearer sk-wrong"}
+    try:
+        with gw.client() as c:
+            assert c.post("/v1/completions", json=COMPLETION, headers=red).status_code == 200
+            proc.kill()
+            proc.wait(5)
+            for method, path in [("POST", "/v1/completions"), ("GET", "/metrics"), ("GET", "/v1/requests/hw-x"),
+                                 ("DELETE", "/v1/requests/hw-x"), ("GET", "/v1/models")]:  # fmt: skip
+                r = c.request(method, path, json=COMPLETION if method == "POST" else None, headers=wrong)
+                assert r.status_code == 503, (path, r.text)
+                assert r.json()["error"]["code"] == "auth_unavailable" and r.headers["retry-after"] == "1"
+            r = c.get("/v1/requests/hw-x", headers=red)  # the cached key still resolves
+            assert r.status_code == 404 and r.json()["error"]["code"] == "request_not_found"
+            proc = start_redis_server(port, tmp_path)
+            assert c.post("/v1/completions", json=COMPLETION, headers=wrong).status_code == 401
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+def _hash(key: str) -> str:
+    from headway.serve import hash_api_key
+
+    return hash_api_key(key)
+
+
+# ------------------------------------------------------------------------- connections
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def _closed_within(s: socket.socket, timeout: float) -> tuple[bool, bytes]:
+    """Whether the server closed ``s`` within ``timeout``, and what it sent before."""
+    s.settimeout(timeout)
+    data = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            chunk = s.recv(65536)
+            if not chunk:
+                return True, data
+            data += chunk
+    except TimeoutError:
+        return False, data
+    except ConnectionResetError:
+        return True, data
+    return False, data
+
+
+def test_slowloris_and_bare_connections_are_closed_at_the_head_deadline(make_stub, make_gateway):
+    """30 connections that send nothing and 30 that send a header byte every 0.2 s: all closed
+    within 1.5 s of a 1 s head deadline (the slow ones after a 408 in JSON); a normal client
+    is answered within 1 s meanwhile, and the connections are gone from the server."""
+    stub = make_stub()
+    gw = make_gateway([stub.url], client_header_timeout_s=1.0)
+    port = _port(gw.url)
+    bare = [socket.create_connection(("127.0.0.1", port)) for _ in range(30)]
+    slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(30)]
+    for s in slow:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    t0 = time.monotonic()
+    with gw.client() as c:
+        r = c.post("/v1/completions", json=COMPLETION)
+    assert r.status_code == 200 and time.monotonic() - t0 < 1.0
+    for _ in range(3):
+        for s in slow:
+            with contextlib.suppress(OSError):
+                s.send(b"X")
+        time.sleep(0.2)
+    results = [_closed_within(s, 1.5 - (time.monotonic() - t0) + 0.5) for s in [*bare, *slow]]
+    assert all(closed for closed, _ in results)
+    assert all(data == b"" for _, data in results[:30])
+    for _, data in results[30:]:
+        assert data.startswith(b"HTTP/1.1 408") and b'"code": "header_timeout"' in data
+    for s in [*bare, *slow]:
+        s.close()
+
+
+def test_an_idle_kept_alive_connection_is_closed(make_stub, make_gateway):
+    stub = make_stub()
+    gw = make_gateway([stub.url], keep_alive_timeout_s=0.5)
+    with socket.create_connection(("127.0.0.1", _port(gw.url))) as s:
+        body = json.dumps(COMPLETION).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        closed, data = _closed_within(s, 2.0)
+    assert closed and data.startswith(b"HTTP/1.1 200")
+
+
+def test_connections_over_the_cap_get_a_fast_json_503_and_those_within_are_served(make_stub, make_gateway):
+    """``max_connections = 10``: with 10 idle connections open, an 11th request gets 503
+    ``too_many_connections`` with Retry-After within 0.5 s; once they close, requests are
+    served again."""
+    stub = make_stub()
+    gw = make_gateway([stub.url], max_connections=10, client_header_timeout_s=5.0)
+    port = _port(gw.url)
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(10)]
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    with gw.client() as c:
+        r = c.post("/v1/completions", json=COMPLETION)
+    assert r.status_code == 503 and time.monotonic() - t0 < 0.5
+    assert r.json()["error"]["code"] == "too_many_connections" and r.headers["retry-after"] == "1"
+    for s in idle:
+        s.close()
+    time.sleep(0.1)
+    with gw.client() as c:
+        assert c.post("/v1/completions", json=COMPLETION).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nbad header\r\n\r\n",
+    ],
+    ids=["request-line", "head-over-16k", "header-line"],
+)
+def test_parser_errors_answer_openai_json(make_stub, make_gateway, raw):
+    stub = make_stub()
+    gw = make_gateway([stub.url])
+    with socket.create_connection(("127.0.0.1", _port(gw.url))) as s:
+        s.sendall(raw)
+        closed, data = _closed_within(s, 2.0)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert closed and head.startswith(b"HTTP/1.1 400") and b"application/json" in head
+    assert json.loads(body)["error"]["code"] == "invalid_request"
+
+
+def test_a_flood_of_bad_requests_logs_a_few_lines(make_stub, make_gateway):
+    """200 malformed requests: uvicorn's warning is let through 5 times (then rate-limited)."""
+    import logging
+
+    from headway.serve._conn import RateLimitedLog
+
+    stub = make_stub()
+    gw = make_gateway([stub.url])
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    limit = RateLimitedLog(burst=5, period_s=60)
+    logger = logging.getLogger("uvicorn.error")
+    logger.addFilter(limit)
+    logger.addHandler(handler)
+    try:
+        for _ in range(200):
+            with socket.create_connection(("127.0.0.1", _port(gw.url))) as s:
+                s.sendall(b"GARBAGE\r\n\r\n")
+                assert _closed_within(s, 2.0)[0]
+    finally:
+        logger.removeFilter(limit)
+        logger.removeHandler(handler)
+    assert len([r for r in records if "Invalid HTTP request" in r.getMessage()]) == 5
+
+
+# ------------------------------------------------------------------------- odd requests
+def test_no_redirect_is_built_from_the_host_header(make_stub, make_gateway):
+    stub = make_stub()
+    gw = make_gateway([stub.url])
+    with gw.client() as c:
+        r = c.get("/health/", headers={"Host": "evil.example"})
+    assert r.status_code == 404 and "location" not in r.headers
+    assert r.json()["error"]["code"] == "not_found"
+
+
+def test_n_beyond_the_limit_is_refused_naming_the_field(make_stub, make_gateway):
+    stub = make_stub()
+    gw = make_gateway([stub.url])
+    with gw.client() as c:
+        r = c.post("/v1/completions", json={**COMPLETION, "n": 1000})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+        assert r.json()["error"]["message"] == "'n' must be at most 128, got 1000"
+        assert c.post("/v1/completions", json={**COMPLETION, "n": 2}).status_code == 200
+    assert stub.stub.stats.started == 1
+
+
+# ------------------------------------------------------------------------- redis outages
+def _inflight(url: str, prefix: str) -> dict[str, int]:
+    import redis
+
+    r = redis.Redis.from_url(url)
+    return {k.decode(): int(v) for k, v in r.hgetall(prefix + "inflight").items()}
+
+
+@pytest.mark.redis
+def test_a_request_waits_for_redis_to_come_back_within_the_queue_ttl(tmp_path, make_stub, make_gateway):
+    """Redis down for 2 s (its retry window 0.5 s), back without its data: a request sent
+    meanwhile is served (it waited, as the queue TTL allows), once; no slot stays held."""
+    from headway.serve import free_port
+
+    from .conftest import start_redis_server
+
+    port = free_port()
+    proc = start_redis_server(port, tmp_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    stub = make_stub()
+    gw = make_gateway([stub.url], redis_url=url, redis_prefix="w:", redis_retry_s=0.5, redis_lease_s=0.6,
+                      queue_ttl_s=15.0)  # fmt: skip
+    try:
+        with gw.client(timeout=20) as c:
+            assert c.post("/v1/completions", json=COMPLETION).status_code == 200
+            proc.kill()
+            proc.wait(5)
+
+            async def during() -> httpx.Response:
+                async with httpx.AsyncClient(base_url=gw.url, timeout=20) as ac:
+                    return await ac.post("/v1/completions", json={**COMPLETION, "prompt": "during"})
+
+            def restart() -> None:
+                time.sleep(2.0)
+                nonlocal proc
+                proc = start_redis_server(port, tmp_path)
+
+            t = threading.Thread(target=restart)
+            t.start()
+            r = asyncio.run(during())
+            t.join()
+            assert r.status_code == 200, r.text
+            assert c.post("/v1/completions", json=COMPLETION).status_code == 200
+        assert stub.stub.stats.order.count("during") == 1
+        _wait_for(lambda: all(v == 0 for v in _inflight(url, "w:").values()), "slots released")
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+def _wait_for(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.mark.redis
+def test_a_release_during_a_rejoin_is_not_lost(redis_url):
+    """Redis loses its data while a replica holds a slot; the replica rejoins (declaring the
+    slot) and the request finishes while the join is under way, its release reaching Redis
+    first. The slot used to stay held for good; now ``inflight`` is 0 once it is done."""
+    import redis.asyncio as aioredis
+
+    from headway.core import Request, make_policy
+    from headway.serve._dispatch import Backend
+    from headway.serve._redis_queue import RedisDispatcher
+
+    prefix = f"j{time.monotonic_ns() % 10**8}:"
+
+    async def main() -> dict[str, int]:
+        client = aioredis.from_url(redis_url)
+        d = RedisDispatcher(make_policy("fcfs"), [Backend(BackendConfig("http://127.0.0.1:9", max_concurrency=2), 0)],
+                            client, max_queue_len=10, prefix=prefix, lease_s=30)  # fmt: skip
+        await d.start()
+        try:
+            req = Request(request_id="r1", arrival_time=d.now(), num_prompt_tokens=4, max_tokens=4)
+            backend = await asyncio.wait_for(d.submit(req), 5)
+            assert _inflight(redis_url, prefix) == {"http://127.0.0.1:9": 1}
+            for key in await client.keys(prefix + "*"):  # Redis lost its data
+                await client.delete(key)
+            join = d._scripts["join"]
+
+            async def slow_join(*args: object, **kw: object) -> object:
+                await asyncio.sleep(0.3)  # the release below reaches Redis first
+                return await join(*args, **kw)
+
+            d._scripts["join"] = slow_join  # type: ignore[assignment]
+            rejoin = asyncio.ensure_future(d._rejoin())
+            await asyncio.sleep(0.05)
+            d.release(backend, req)  # the request ends while the join is under way
+            await rejoin
+            await asyncio.sleep(0.3)
+            return _inflight(redis_url, prefix)
+        finally:
+            await d.stop()
+            await client.aclose()
+
+    assert asyncio.run(main()) == {"http://127.0.0.1:9": 0}
+
+
+@pytest.mark.redis
+def test_status_and_cancel_work_from_any_replica_and_only_for_the_owner_tenant(redis_url, make_stub, make_gateway):
+    from headway.serve import TenantConfig
+
+    stub = make_stub(token_delay_s=0.05)
+    tenants = (
+        TenantConfig("acme", api_key_sha256=(_hash("sk-a"),)),
+        TenantConfig("bulk", api_key_sha256=(_hash("sk-b"),)),
+    )
+    prefix = f"p{time.monotonic_ns() % 10**8}:"
+    kw = {"redis_url": redis_url, "redis_prefix": prefix, "tenants": tenants}
+    a = make_gateway([BackendConfig(stub.url, max_concurrency=1)], **kw)
+    b = make_gateway([BackendConfig(stub.url, max_concurrency=1)], **kw)
+    acme, bulk = {"Authorization": "Bearer sk-a"}, {"Authorization": "Bearer sk-b"}
+
+    async def main() -> tuple[httpx.Response, list[httpx.Response]]:
+        async with httpx.AsyncClient(timeout=30) as c:
+            call = asyncio.ensure_future(
+                c.post(a.url + "/v1/completions", json={**COMPLETION, "max_tokens": 200}, headers=acme)
+            )
+            for _ in range(200):
+                if a.gateway.active:
+                    break
+                await asyncio.sleep(0.01)
+            (rid,) = a.gateway.active
+            seen = [
+                await c.get(f"{b.url}/v1/requests/{rid}", headers=acme),
+                await c.get(f"{b.url}/v1/requests/{rid}", headers=bulk),
+                await c.delete(f"{b.url}/v1/requests/{rid}", headers=bulk),
+                await c.delete(f"{b.url}/v1/requests/{rid}", headers=acme),
+            ]
+            done = await call
+            seen.append(await c.get(f"{b.url}/v1/requests/{rid}", headers=acme))
+            seen.append(await c.delete(f"{b.url}/v1/requests/{rid}", headers=acme))
+            return done, seen
+
+    done, seen = asyncio.run(main())
+    assert seen[0].status_code == 200 and seen[0].json()["status"] in ("queued", "running")
+    assert [r.status_code for r in seen[1:3]] == [404, 404]  # another tenant: as if missing
+    assert seen[3].status_code == 200 and seen[3].json()["cancelled"] is True
+    assert done.status_code == 499 or done.json()["error"]["code"] == "cancelled"
+    assert seen[4].json()["status"] == "cancelled"
+    assert seen[5].status_code == 409 and seen[5].json()["error"]["code"] == "request_ended"
+
+
+@pytest.mark.redis
+def test_status_of_another_replicas_request_while_redis_is_down_is_a_json_503(tmp_path, make_stub, make_gateway):
+    from headway.serve import free_port
+
+    from .conftest import start_redis_server
+
+    port = free_port()
+    proc = start_redis_server(port, tmp_path)
+    gw = make_gateway([make_stub().url], redis_url=f"redis://127.0.0.1:{port}/0", redis_retry_s=0.5)
+    try:
+        proc.kill()
+        proc.wait(5)
+        with gw.client() as c:
+            r = c.get("/v1/requests/hw-0123456789ab-0000000000000000")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "queue_error"
+        assert r.headers["retry-after"] == "1"
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+@pytest.mark.redis
+def test_with_redis_a_full_shared_queue_answers_429_before_scoring_once_seen_full(
+    redis_url, make_stub, make_gateway, monkeypatch
+):
+    """Backend busy, shared queue (1) full: the first request past it is scored and refused by
+    Redis; from then on, until a slot frees, requests get their 429 before scoring."""
+    scored: list[str] = []
+
+    def score(prompts: list[str]) -> list[float]:
+        scored.extend(prompts)
+        return [1.0] * len(prompts)
+
+    stub = make_stub(token_delay_s=0.05)
+    prefix = f"f{time.monotonic_ns() % 10**8}:"
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=1)], policy="pars", max_queue_len=1,
+                      scorer=_scorer_module(monkeypatch, score), redis_url=redis_url, redis_prefix=prefix)  # fmt: skip
+
+    async def main() -> list[int]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            running = asyncio.ensure_future(
+                c.post("/v1/completions", json={**COMPLETION, "prompt": "run", "max_tokens": 60})
+            )
+            await asyncio.sleep(0.5)
+            queued = asyncio.ensure_future(c.post("/v1/completions", json={**COMPLETION, "prompt": "queued"}))
+            await asyncio.sleep(0.3)
+            third = await c.post("/v1/completions", json={**COMPLETION, "prompt": "third"})
+            fourth = await c.post("/v1/completions", json={**COMPLETION, "prompt": "fourth"})
+            return [(await running).status_code, (await queued).status_code, third.status_code, fourth.status_code]
+
+    assert asyncio.run(main()) == [200, 200, 429, 429]
+    assert scored == ["run", "queued", "third"]
