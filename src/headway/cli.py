@@ -26,6 +26,7 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("headway.reproduce", "add_reproduce_parser"),
     ("headway.serve._cli", "add_serve_parser"),
     ("headway.serve._cli", "add_bench_parser"),
+    ("headway.serve._cli", "add_stub_parser"),
     ("headway.integrations._cli", "add_calibrate_parser"),
     ("headway.predict._cli", "add_predictor_parser"),
 )

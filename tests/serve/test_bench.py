@@ -96,7 +96,7 @@ def test_bench_records_rejections_as_aborted(make_stub, make_gateway):
 
 def test_bench_cli_against_the_stub(make_stub, capsys, tmp_path):
     stub = make_stub()
-    rc = main(["bench", "serve", "--endpoint", stub.url, "--workload", "burst", "--num-requests", "8",
+    rc = main(["bench", "serve", "--base-url", stub.url, "--workload", "burst", "--num-requests", "8",
                "--max-output-tokens", "4", "--max-prompt-tokens", "16", "--json", "--out", str(tmp_path)])  # fmt: skip
     assert rc == 0
     assert '"num_completed": 8' in capsys.readouterr().out
@@ -106,7 +106,7 @@ def test_bench_cli_against_the_stub(make_stub, capsys, tmp_path):
 def test_bench_cli_reports_goodput(make_stub, capsys):
     # a loose target every request meets and an impossible one none meets
     stub = make_stub()
-    base = ["bench", "serve", "--endpoint", stub.url, "--workload", "burst", "--num-requests", "6",
+    base = ["bench", "serve", "--base-url", stub.url, "--workload", "burst", "--num-requests", "6",
             "--max-output-tokens", "4", "--max-prompt-tokens", "16", "--json"]  # fmt: skip
     import json
 
@@ -144,13 +144,13 @@ def test_bench_cli_says_why_an_endpoint_cannot_be_benchmarked(make_stub, make_ga
     cases = [
         ([dead], f"headway: error: cannot reach {dead}/v1/models: ConnectError"),
         (["http://no-such-host.invalid"], "headway: error: cannot reach http://no-such-host.invalid/v1/models"),
-        ([stub.url + "/foo"], f"headway: error: GET {stub.url}/foo/v1/models answered 404: --endpoint must be"),
+        ([stub.url + "/foo"], f"headway: error: GET {stub.url}/foo/v1/models answered 404: --base-url must be"),
         ([gw.url], f"headway: error: GET {gw.url}/v1/models answered 401: the endpoint wants an API key (--api-key"),
         ([make_hole(), "--timeout", "1"], "/v1/models: no answer within 1 s (--model NAME skips this lookup)"),
     ]
     for extra, message in cases:
         t0 = time.monotonic()
-        assert main([*BASE, "--endpoint", *extra]) == 2, extra
+        assert main([*BASE, "--base-url", *extra]) == 2, extra
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
         assert time.monotonic() - t0 < 15
@@ -158,17 +158,17 @@ def test_bench_cli_says_why_an_endpoint_cannot_be_benchmarked(make_stub, make_ga
 
 def test_bench_cli_prints_why_requests_were_aborted(capsys):
     dead = f"http://127.0.0.1:{free_port()}"
-    assert main([*BASE, "--endpoint", dead, "--model", "m"]) == 1
+    assert main([*BASE, "--base-url", dead, "--model", "m"]) == 1
     assert "aborted requests by reason: ConnectError: 3" in capsys.readouterr().out
 
 
 def test_bench_cli_checks_its_arguments_before_the_run(tmp_path, capsys):
     dead = f"http://127.0.0.1:{free_port()}"
-    base = ["bench", "serve", "--endpoint", dead, "--model", "m"]
+    base = ["bench", "serve", "--base-url", dead, "--model", "m"]
     out_file = tmp_path / "f"
     out_file.write_text("")
     for extra, message in [
-        (["--num-requests", "0"], "--num-requests must be >= 1, got 0"),
+        (["--num-requests", "0"], "--num-prompts must be >= 1, got 0"),
         (["--num-requests", "2", "--time-scale", "inf"], "time_scale must be a finite number > 0, got inf"),
         (["--num-requests", "2", "--timeout", "nan"], "timeout_s must be a finite number > 0, got nan"),
         (["--num-requests", "2", "--out", str(out_file)], f"--out {out_file}: exists and is not a folder"),
@@ -331,3 +331,47 @@ def test_bench_itl_key_is_the_metrics_one():
     from headway.serve._bench import _ITL_KEY
 
     assert _ITL_KEY == ITL_KEY
+
+
+# ------------------------------------------------------------- vllm bench serve's vocabulary
+def test_bench_cli_speaks_vllm_bench_serve(make_stub, capsys, tmp_path):
+    import json
+
+    stub = make_stub()
+    args = ["bench", "serve", "--base-url", stub.url, "--endpoint", "/v1/chat/completions", "--workload", "default",
+            "--num-prompts", "5", "--request-rate", "50", "--max-concurrency", "2", "--max-output-tokens", "3",
+            "--max-prompt-tokens", "8", "--goodput", "e2el:60000", "--save-result", "--result-dir", str(tmp_path),
+            "--metric-percentiles", "50,99", "--json"]  # fmt: skip
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    (path,) = tmp_path.iterdir()
+    assert str(path) in err
+    # vLLM's file name: {label}-{request_rate}qps-concurrency{N}-{model}-{date}.json
+    assert path.name.startswith("openai-50.0qps-concurrency2-stub-model-") and path.suffix == ".json"
+    result = json.loads(path.read_text())
+    vllm_keys = {
+        "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts", "request_rate",
+        "burstiness", "max_concurrency", "duration", "completed", "failed", "total_input_tokens",
+        "total_output_tokens", "request_throughput", "request_goodput", "output_throughput",
+        "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "errors",
+        "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms",
+        "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms",
+    }  # fmt: skip
+    assert vllm_keys <= set(result)
+    assert (result["num_prompts"], result["completed"], result["failed"]) == (5, 5, 0)
+    assert result["output_lens"] == [3] * 5 and result["max_concurrency"] == 2 and result["request_rate"] == 50.0
+    assert all(len(gaps) == 2 for gaps in result["itls"])  # 3 streamed tokens: 2 gaps each
+    assert result["request_goodput"] > 0 and result["p99_e2el_ms"] >= result["median_e2el_ms"] > 0
+    assert stub.stub.stats.completed == 5  # chat, through --endpoint /v1/chat/completions
+
+
+def test_bench_cli_endpoint_spellings(make_stub, capsys, tmp_path):
+    stub = make_stub()
+    base = ["bench", "serve", "--workload", "burst", "--num-prompts", "2", "--max-output-tokens", "2", "--json"]
+    assert main([*base, "--endpoint", stub.url]) == 0  # the old spelling: a URL in --endpoint
+    assert "old spelling of --base-url" in capsys.readouterr().err
+    assert main([*base, "--base-url", stub.url, "--endpoint", "/v1/embeddings"]) == 2
+    assert "--endpoint must be /v1/completions or /v1/chat/completions" in capsys.readouterr().err
+    assert main(base) == 2
+    assert "--base-url URL is required" in capsys.readouterr().err
+    assert main([*base, "--base-url", stub.url, "--metric-percentiles", "99,x"]) == 2

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -60,7 +62,27 @@ def test_load_toml_and_json(tmp_path):
     assert c2.policy == "fcfs" and [b.url for b in c2.backends] == ["http://127.0.0.1:9003"]
     j = tmp_path / "gw.json"
     j.write_text(json.dumps({"backends": ["http://127.0.0.1:9001"], "policy": "fcfs"}))
-    assert load_config(j).backends[0].max_concurrency == 8
+    # by default admission follows the backend's own /metrics, with no fixed in-flight cap
+    b = load_config(j).backends[0]
+    assert (b.max_concurrency, b.metrics_poll_s, b.api_key) == (0, 0.5, "")
+    # a fixed limit is the other mode: no polling unless asked for too
+    assert BackendConfig("http://a", max_concurrency=3).metrics_poll_s == 0
+    assert BackendConfig("http://a", max_concurrency=3, metrics_poll_s=0.2).metrics_poll_s == 0.2
+
+
+def test_https_backend_and_api_key_not_in_repr():
+    b = BackendConfig("https://llm.example:8443/v1", api_key="sk-upstream")
+    assert b.url == "https://llm.example:8443" and b.api_key == "sk-upstream"
+    assert "sk-upstream" not in repr(b)
+    with pytest.raises(ConfigError, match="line breaks"):
+        BackendConfig("http://a", api_key="k\r\nX-Evil: 1")
+
+
+def test_transparent_defaults():
+    c = GatewayConfig(backends=(BackendConfig("http://a"),))
+    assert (c.default_max_tokens, c.add_stream_usage, c.assumed_output_tokens) == (0, False, 256)
+    with pytest.raises(ConfigError, match="assumed_output_tokens must be >= 1, got 0"):
+        GatewayConfig(backends=(BackendConfig("http://a"),), assumed_output_tokens=0)
 
 
 @pytest.mark.parametrize(
@@ -69,7 +91,7 @@ def test_load_toml_and_json(tmp_path):
         ({"backends": []}, "at least one backend"),
         ({"backends": ["ftp://x"]}, "'ftp://x'"),
         ({"backends": [{"url": "http://a", "max_concurrency": -1}]}, "max_concurrency must be >= 0, got -1"),
-        ({"backends": [{"url": "http://a", "max_concurrency": 0}]}, "needs max_concurrency > 0"),
+        ({"backends": [{"url": "http://a", "max_concurrency": 0, "metrics_poll_s": 0}]}, "needs max_concurrency > 0"),
         ({"backends": ["http://a"], "queue_ttl_s": 0}, "queue_ttl_s must be > 0, got 0"),
         ({"backends": ["http://a"], "max_queue_len": 0}, "max_queue_len must be >= 1, got 0"),
         ({"backends": ["http://a"], "scorer_hold_s": -1}, "scorer_hold_s must be >= 0, got -1"),
@@ -83,7 +105,7 @@ def test_load_toml_and_json(tmp_path):
         ({"backends": ["http://a"], "redis_url": "http://r"}, "redis_url must start with"),
         ({"backends": ["http://a"], "tenants": [{"name": "t", "api_key_sha256": ["abc"]}]}, "64 hex digits"),
         ({"backends": ["http://a"], "tenants": [{"name": "t", "tier": "gold"}]}, "unknown tier 'gold'"),
-        ({"backends": ["https://a"]}, "backends.url must be an http:// URL (the gateway speaks plain HTTP"),
+        ({"backends": ["ws://a"]}, "backends.url must be an http:// or https:// URL, got 'ws://a'"),
         ({"backends": ["http://127.0.0.1:999999"]}, "backends.url has a port out of range 0-65535: 'http"),
         ({"backends": ["http://a"], "headers_timeout_s": -1}, "headers_timeout_s must be >= 0, got -1"),
         ({"backends": ["http://a"], "api_keys": "required"}, "every request would get 401"),
@@ -92,7 +114,9 @@ def test_load_toml_and_json(tmp_path):
     + [
         ({"backends": ["http://a"], "policy": p}, f"policy {p!r} ranks requests by a predicted length score")
         for p in ("pars", "sjf-score", "trail", "ltr", "rank-boost")
-    ],
+    ]
+    + [({"backends": ["http://a"], "policy": "bands", "policy_args": {"inner": "pars"}},
+        "policy 'bands' ranks requests by a predicted length score")],
 )
 def test_validation_names_the_bad_value(tmp_path, data, needle):
     p = tmp_path / "c.json"
@@ -319,5 +343,101 @@ def test_cli_parsers_build_and_map_to_config():
     assert [b.max_concurrency for b in c.backends] == [3, 3]
     assert c.policy_args == {"tau": 0.9, "scorer": "noisy-oracle"} and c.queue_ttl_s == 7
     assert not c.auth_enabled
-    b = parser.parse_args(["bench", "serve", "--endpoint", "http://x", "--workload", "burst", "--tenant-key", "a=k"])
+    b = parser.parse_args(["bench", "serve", "--base-url", "http://x", "--workload", "burst", "--tenant-key", "a=k"])
     assert b.tenant_key == [("a", "k")] and callable(b.func)
+
+
+# ------------------------------------------------------------- drop-in: flags, environment, logs
+def test_serve_help_states_the_configs_defaults():
+    from headway.serve import _cli
+    from headway.serve._config import DEFAULT_METRICS_POLL_S
+
+    fields = GatewayConfig.__dataclass_fields__
+    for name, stated in _cli._D.items():
+        assert fields[name].default == stated, name
+    assert _cli._DEFAULT_POLL == DEFAULT_METRICS_POLL_S
+    parser = argparse.ArgumentParser()
+    _cli.add_serve_parser(parser.add_subparsers())
+    text = " ".join(parser._subparsers._group_actions[0].choices["serve"].format_help().split())  # type: ignore[union-attr]
+    for needle in ("(default fcfs;", "(default 10000)", "default 0: add nothing", "(default 0.5 without",
+                   "default 60)", "(default 8000; HEADWAY_PORT)"):  # fmt: skip
+        assert needle in text, needle
+
+
+def test_policy_arg_takes_simulates_syntax_and_the_short_one(capsys):
+    from headway.serve._cli import add_serve_parser, build_config
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    base = ["serve", "--backend", "http://127.0.0.1:1", "--policy", "bands"]
+    c = build_config(parser.parse_args([*base, "--policy-arg", "bands.inner=pars", "--policy-arg",
+                                        "bands.scorer=noisy-oracle", "--policy-arg", "tau=0.9"]), env={})  # fmt: skip
+    assert c.policy_args == {"inner": "pars", "scorer": "noisy-oracle", "tau": 0.9}
+    with pytest.raises(ConfigError, match="names policy 'pars', but --policy is 'bands'"):
+        build_config(parser.parse_args([*base, "--policy-arg", "pars.tau=0.9"]), env={})
+    assert main([*base, "--policy-arg", "fcfs.x=1"]) == 2
+    assert "but --policy is 'bands'" in capsys.readouterr().err
+
+
+def test_every_setting_from_headway_environment_variables(tmp_path):
+    from headway.serve._cli import add_serve_parser, build_config
+    from headway.serve._config import config_from_env
+
+    env = {
+        "HEADWAY_POLICY": "priority", "HEADWAY_MAX_QUEUE_LEN": "7", "HEADWAY_QUEUE_TTL_S": "2.5",
+        "HEADWAY_ADD_STREAM_USAGE": "true", "HEADWAY_POLICY_ARGS": "{}", "HEADWAY_BACKENDS": "http://b1, https://b2",
+        "HEADWAY_BACKEND_API_KEY": "sk-up", "HEADWAY_VLLM_CPUS": "1",  # not a setting: ignored
+    }  # fmt: skip
+    assert config_from_env(env) == {
+        "policy": "priority", "max_queue_len": 7, "queue_ttl_s": 2.5, "add_stream_usage": True, "policy_args": {},
+        "backends": ["http://b1", "https://b2"],
+    }  # fmt: skip
+    # file < environment < flags
+    p = tmp_path / "c.toml"
+    p.write_text('policy = "fcfs"\nmax_queue_len = 3\nretry_after_s = 4\n')
+    c = load_config(p, env=env, queue_ttl_s=9.0)
+    assert (c.policy, c.max_queue_len, c.retry_after_s, c.queue_ttl_s, c.add_stream_usage) == (
+        "priority", 7, 4, 9.0, True
+    )  # fmt: skip
+    assert [(b.url, b.api_key) for b in c.backends] == [("http://b1", "sk-up"), ("https://b2", "sk-up")]
+    for bad, needle in [({"HEADWAY_MAX_QUEUE_LEN": "many"}, "HEADWAY_MAX_QUEUE_LEN='many' is not a valid int"),
+                        ({"HEADWAY_ADD_STREAM_USAGE": "perhaps"}, "not a valid bool"),
+                        ({"HEADWAY_BACKENDS": "[1,"}, "HEADWAY_BACKENDS is not a valid JSON list")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            config_from_env(bad)
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    c = build_config(parser.parse_args(["serve", "--backend", "http://x"]), env={"HEADWAY_BACKEND_API_KEY": "k"})
+    assert c.backends[0].api_key == "k" and c.backends[0].max_concurrency == 0 and c.backends[0].metrics_poll_s == 0.5
+
+
+def test_startup_line_states_the_effective_config_as_json_logs(make_stub):
+    stub = make_stub()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "headway.serve", "serve", "--backend", stub.url, "--port", str(port),
+         "--log-format", "json", "--redis-lease", "3"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**__import__("os").environ, "HEADWAY_BACKEND_API_KEY": "sk-secret", "HEADWAY_POLICY": "priority"},
+    )  # fmt: skip
+    try:
+        _wait_healthy(proc, f"http://127.0.0.1:{port}")  # type: ignore[arg-type]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=30)[1]
+    lines = [json.loads(line) for line in err.splitlines() if line.strip()]  # every line is a JSON object
+    first = next(r for r in lines if "effective configuration" in r["message"])
+    assert first["logger"] == "headway.serve" and first["level"] == "INFO"
+    config = json.loads(first["message"].split("effective configuration: ", 1)[1])
+    assert config["policy"] == "priority" and config["redis_lease_s"] == 3.0 and config["default_max_tokens"] == 0
+    assert config["backends"] == [{"url": stub.url, "api_key": "set", "admission": "metrics every 0.5s",
+                                   "max_waiting": 0, "max_kv_usage": 0.95}]  # fmt: skip
+    assert "sk-secret" not in err
+    assert any(r["logger"].startswith("uvicorn") for r in lines)  # uvicorn's own lines are JSON too
+
+
+def test_headway_stub_subcommand():
+    from headway.cli import build_parser
+
+    args = build_parser().parse_args(["stub", "--port", "0", "--model", "m", "--token-delay", "0.01"])
+    assert (args.port, args.model, args.token_delay) == (0, "m", 0.01) and callable(args.func)

@@ -468,7 +468,7 @@ def _echo_backend(servers, received: list[dict]) -> str:
 
 def test_max_tokens_limit_caps_the_default_and_names_the_field_sent(servers, make_gateway):
     received: list[dict] = []
-    gw = make_gateway([_echo_backend(servers, received)], max_tokens_limit=10)  # default_max_tokens 256
+    gw = make_gateway([_echo_backend(servers, received)], max_tokens_limit=10, default_max_tokens=256)
     msgs = [{"role": "user", "content": "hi"}]
     with gw.client() as c:
         assert c.post("/v1/completions", json={"prompt": "x"}).status_code == 200

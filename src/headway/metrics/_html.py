@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from headway._optional import available
 from headway.core import Request
 from headway.metrics._plots import (
     TimelineLike,
@@ -223,7 +224,9 @@ def render_html(
 
 def render_figures(runs: Runs, timeline: Mapping[str, Sequence[TimelineLike]] | None = None) -> dict[str, bytes]:
     """PNG bytes of the report's figures, keyed ``latency_cdf``, ``percentiles``
-    and (when ``timeline`` is given) ``timeline``."""
+    and (when ``timeline`` is given) ``timeline``; none without matplotlib (the ``sim`` extra)."""
+    if not available("matplotlib"):
+        return {}
     images = {
         "latency_cdf": figure_png(plot_latency_cdfs({n: reqs for n, (_, reqs) in runs.items()})),
         "percentiles": figure_png(plot_percentile_bars({n: s for n, (s, _) in runs.items()})),

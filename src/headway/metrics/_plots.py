@@ -2,7 +2,7 @@
 
 Figures are built with :class:`matplotlib.figure.Figure` directly (never
 ``pyplot``), so they use the Agg renderer, touch no global state and need no
-display.
+display. matplotlib comes with the ``sim`` extra and is imported only when a figure is made.
 """
 
 from __future__ import annotations
@@ -11,14 +11,17 @@ import io
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 
+from headway._optional import require
 from headway.core import Request, RequestState
 from headway.metrics._summary import RunSummary
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 __all__ = [
     "POLICY_FAMILIES",
@@ -51,6 +54,11 @@ class TimelineSample(Protocol):
 
 TimelineLike = TimelineSample | Sequence[float]
 """A :class:`TimelineSample` or a ``(time, num_waiting, num_running, kv_usage)`` tuple."""
+
+
+def _figure_class() -> type[Figure]:
+    cls: type[Figure] = require("matplotlib.figure", "sim", "figures").Figure
+    return cls
 
 
 def _color(i: int) -> str:
@@ -149,7 +157,7 @@ def plot_latency_cdfs(runs: Mapping[str, Sequence[Request]]) -> Figure:
         ("e2e", "E2E latency (s)"),
         ("normalized", "normalized latency (s/token)"),
     )
-    fig = Figure(figsize=(17, 4.8), layout="constrained")
+    fig = _figure_class()(figsize=(17, 4.8), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     styles = run_styles(runs)
     for ax, (metric, label) in zip(axes, panels, strict=True):
@@ -207,10 +215,10 @@ def plot_percentile_bars(summaries: Mapping[str, RunSummary]) -> Figure:
     pcts = ("p50", "p90", "p99")
     names = list(summaries)
     if len(names) <= 4:
-        fig = Figure(figsize=(10.0, 7.5), layout="constrained")
+        fig = _figure_class()(figsize=(10.0, 7.5), layout="constrained")
         axes = fig.subplots(2, 2, squeeze=False).ravel()
     else:  # many runs: one full-width panel per metric, stacked, width capped
-        fig = Figure(figsize=(min(18.0, 4.0 + 0.7 * len(names)), 12.0), layout="constrained")
+        fig = _figure_class()(figsize=(min(18.0, 4.0 + 0.7 * len(names)), 12.0), layout="constrained")
         axes = fig.subplots(4, 1, squeeze=False).ravel()
     x = np.arange(len(names), dtype=np.float64)
     width = 0.8 / len(pcts)
@@ -251,7 +259,7 @@ def plot_timeline(timelines: Mapping[str, Sequence[TimelineLike]]) -> Figure:
     """Waiting queue length, running batch size and KV-cache usage over time, one
     line per run (styled by :func:`run_styles`). Samples are :class:`TimelineSample` objects or
     ``(time, num_waiting, num_running, kv_usage)`` tuples."""
-    fig = Figure(figsize=(14, 8), layout="constrained")
+    fig = _figure_class()(figsize=(14, 8), layout="constrained")
     axes = fig.subplots(3, 1, sharex=True, squeeze=False)[:, 0]
     labels = ("waiting requests", "running requests", "KV cache usage")
     for name, (color, linestyle, family) in run_styles(timelines).items():

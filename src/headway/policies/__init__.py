@@ -1,6 +1,7 @@
 """Built-in policies. Each module registers its policy with ``@register_policy``."""
 
 from headway.policies import (  # noqa: F401
+    bands,
     driftsched,
     fcfs,
     ltr,
@@ -23,6 +24,7 @@ from headway.policies._scoring import (
     kendall_tau,
     noisy_oracle_scores,
 )
+from headway.policies.bands import BandsPolicy
 from headway.policies.driftsched import (
     DEFAULT_BASE_TOKENS,
     DriftEstimator,
@@ -52,6 +54,7 @@ from headway.policies.uniboost import (
 
 __all__ = [
     "DEFAULT_BASE_TOKENS",
+    "BandsPolicy",
     "DistBoostPolicy",
     "DriftEstimator",
     "FCFSPolicy",

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from headway._optional import require
 from headway.core import Request
 
 __all__ = [
@@ -167,8 +168,7 @@ class NoisyOracleScorer:
 
 def kendall_tau(x: Sequence[float] | NDArray[Any], y: Sequence[float] | NDArray[Any]) -> float:
     """Kendall's tau-b of two samples (ties handled as scipy does)."""
-    from scipy.stats import kendalltau
-
+    kendalltau = require("scipy.stats", "sim", "Kendall's tau").kendalltau
     res = kendalltau(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
     return float(res.statistic)
 
@@ -185,8 +185,8 @@ def noisy_oracle_scores(
     bisection compensates). Scores are returned in log-length units
     (``mean(log L) + std(log L) * s``) so ``exp(score)`` reads as a length guess.
     """
-    from scipy.special import ndtri
-    from scipy.stats import rankdata
+    ndtri = require("scipy.special", "sim", "the noisy-oracle scorer").ndtri
+    rankdata = require("scipy.stats", "sim", "the noisy-oracle scorer").rankdata
 
     tau = _check_tau(tau)
     lens = np.asarray(lengths, dtype=float)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from headway._optional import require
 from headway.core import Policy, PolicyKey, Request, register_policy
 from headway.policies._base import ScoredPolicy, Scorer, check_nonneg, check_positive
 from headway.policies._scoring import request_normal
@@ -15,7 +16,7 @@ _NS = "trail"
 
 def lognormal_residual_mean(mu: float, sigma: float, g: float) -> float:
     """``E[L | L > g]`` for ``log L ~ N(mu, sigma^2)`` (the Bayesian refinement of TRAIL)."""
-    from scipy.special import log_ndtr
+    log_ndtr = require("scipy.special", "sim", "TRAIL's length refinement").log_ndtr
 
     if g <= 0.0:
         return math.exp(mu + sigma * sigma / 2.0)

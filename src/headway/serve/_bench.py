@@ -161,7 +161,7 @@ async def _default_model(session: aiohttp.ClientSession, cfg: BenchConfig) -> st
         raise BenchError(f"GET {url} answered {status}: the endpoint wants an API key (--api-key KEY)")
     if status != 200:
         raise BenchError(
-            f"GET {url} answered {status}: --endpoint must be the server's base URL, "
+            f"GET {url} answered {status}: --base-url must be the server's base URL, "
             "e.g. http://127.0.0.1:8000 (or give --model NAME)"
         )
     try:
@@ -350,6 +350,7 @@ async def run_bench(
             r = s.to_request()
             r.seq = i
             r.extra["spec_arrival_time"] = s.arrival_time
+            r.extra["model"] = model
             reqs.append(r)
         sem = asyncio.Semaphore(limit)
         t0 = time.perf_counter()

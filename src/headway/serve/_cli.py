@@ -2,8 +2,8 @@
 
 ``headway.cli`` calls :func:`add_serve_parser` and :func:`add_bench_parser` on its
 subparsers; each subcommand stores its handler in ``func`` (``args.func(args) -> int``).
-``python -m headway.serve serve ...`` / ``bench serve ...`` / ``stub ...`` also runs them (the
-stub backend has no ``headway`` subcommand).
+``python -m headway.serve serve ...`` / ``bench serve ...`` / ``stub ...`` also runs them, as
+``headway serve``, ``headway bench serve`` and ``headway stub`` do.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,26 @@ def _parse_value(v: str) -> Any:
         return v
 
 
+_D: dict[str, Any] = {
+    "policy": "fcfs",
+    "router": "least-outstanding",
+    "api_keys": "auto",
+    "max_queue_len": 10_000,
+    "max_queue_per_tenant": 0,
+    "max_tokens_limit": 0,
+    "default_max_tokens": 0,
+    "queue_ttl_s": 60.0,
+    "drain_timeout_s": 30.0,
+    "read_timeout_s": 300.0,
+    "headers_timeout_s": 30.0,
+    "scorer_batch_size": 32,
+}
+"""GatewayConfig's defaults as ``serve --help`` states them (the serve flags default to None so that a
+config file's values stand; a test checks these against the dataclass)."""
+_DEFAULT_POLL = 0.5
+"""BackendConfig's default ``/metrics`` period without a fixed limit (checked by the same test)."""
+
+
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """``headway serve``: the gateway."""
     p: argparse.ArgumentParser = subparsers.add_parser(
@@ -57,14 +79,15 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="URL",
         help="backend base URL (repeatable), e.g. http://127.0.0.1:8001",
     )
-    p.add_argument("--policy", default=None, help="scheduling policy (default fcfs; see headway policies)")
+    p.add_argument("--policy", default=None, help=f"scheduling policy (default {_D['policy']}; see headway policies)")
     p.add_argument(
         "--policy-arg",
         action="append",
         default=[],
         type=_kv,
-        metavar="KEY=VALUE",
-        help="policy setting (value parsed as JSON when possible), repeatable",
+        metavar="NAME.KEY=VALUE",
+        help="policy setting, as in headway simulate: NAME.KEY=VALUE with NAME the --policy (value parsed as "
+        "JSON when possible), repeatable; KEY=VALUE alone is accepted too",
     )
     p.add_argument("--redis", default=None, metavar="URL", help="keep API keys (and queue state) in Redis")
     p.add_argument(
@@ -78,45 +101,75 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--router",
         default=None,
-        help="which backend with room gets a request: a headway router (default least-outstanding)",
+        help=f"which backend with room gets a request: a headway router (default {_D['router']})",
     )
     p.add_argument(
         "--api-keys",
         default=None,
         choices=["auto", "required", "off"],
-        help="require API keys (auto: when the config lists tenants)",
+        help=f"require API keys (auto: when the config lists tenants; default {_D['api_keys']})",
     )
     p.add_argument("--config", default=None, metavar="FILE", help="TOML or JSON gateway config")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default=None, help="listen address (default 127.0.0.1; HEADWAY_HOST)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default 8000; HEADWAY_PORT)")
+    p.add_argument(
+        "--backend-api-key",
+        default=None,
+        metavar="KEY",
+        help="sent upstream as 'Authorization: Bearer KEY' to every --backend (vLLM's --api-key; "
+        "default none; HEADWAY_BACKEND_API_KEY)",
+    )
     p.add_argument(
         "--backend-concurrency",
         type=int,
         default=None,
         metavar="N",
-        help="max in-flight requests per --backend (default 8)",
+        help="a fixed limit of in-flight requests per --backend instead of following its /metrics "
+        "(default 0: no fixed limit)",
     )
     p.add_argument(
         "--saturation-poll",
         type=float,
         default=None,
         metavar="S",
-        help="read each --backend's /metrics every S seconds for saturation",
+        help="read each --backend's /metrics (vLLM's or SGLang's waiting count and KV usage) every S seconds "
+        f"(default {_DEFAULT_POLL} without --backend-concurrency, else 0: never)",
     )
-    p.add_argument("--max-queue", type=int, default=None, help="queued requests before 429")
-    p.add_argument("--max-queue-per-tenant", type=int, default=None, help="queued requests per tenant before 429")
+    p.add_argument(
+        "--max-queue", type=int, default=None, help=f"queued requests before 429 (default {_D['max_queue_len']})"
+    )
+    p.add_argument(
+        "--max-queue-per-tenant",
+        type=int,
+        default=None,
+        help=f"queued requests per tenant before 429 (default {_D['max_queue_per_tenant']}: no limit)",
+    )
     p.add_argument(
         "--max-tokens-limit",
         type=int,
         default=None,
-        help="400 above this many requested tokens; a request without max_tokens gets at most this many",
+        help=f"400 above this many requested tokens (default {_D['max_tokens_limit']}: no limit)",
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=None,
+        help="add max_tokens=N to requests that have none (default "
+        f"{_D['default_max_tokens']}: add nothing, the backend's own default applies)",
+    )
+    p.add_argument(
+        "--add-stream-usage",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="add stream_options.include_usage to streams that lack it, for exact token counts (hidden from "
+        "the client; default: off, requests go as sent)",
     )
     p.add_argument(
         "--queue-ttl",
         type=float,
         default=None,
         metavar="S",
-        help="seconds queued before 408 (503 if no backend is reachable)",
+        help=f"seconds queued before 408 (503 if no backend is reachable; default {_D['queue_ttl_s']:g})",
     )
     p.add_argument(
         "--drain-timeout",
@@ -124,7 +177,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="on SIGTERM, finish in-flight and queued work for up to S seconds, then end the rest "
-        "(503 with Retry-After, or a final error event in a stream)",
+        f"(503 with Retry-After, or a final error event in a stream; default {_D['drain_timeout_s']:g})",
     )
     p.add_argument(
         "--read-timeout",
@@ -132,7 +185,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="longest silence from a backend while waiting for or reading a response, which also bounds a "
-        "whole non-streamed answer (default 300)",
+        f"whole non-streamed answer (default {_D['read_timeout_s']:g})",
     )
     p.add_argument(
         "--headers-timeout",
@@ -140,14 +193,15 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="streamed requests: a backend that sends no response headers, or then no first event, within S "
-        "seconds is stalled: the request is retried on another (default 30; 0: only --read-timeout)",
+        f"seconds is stalled: the request is retried on another (default {_D['headers_timeout_s']:g}; "
+        "0: only --read-timeout)",
     )
     p.add_argument(
         "--scorer",
         default=None,
         help="prompt scorer for score-ranked policies: 'default' (the trained predictor), a predictor "
         "checkpoint DIR, either with ':BACKEND' ('default:onnx-int8': int8 ONNX Runtime, the fastest on CPU), "
-        "or 'module:callable'",
+        "or 'module:callable' (default: none)",
     )
     p.add_argument(
         "--scorer-hold",
@@ -178,7 +232,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="most prompts scored together; arrivals meanwhile wait for the next batch (default 32)",
+        help="most prompts scored together; arrivals meanwhile wait for the next batch "
+        f"(default {_D['scorer_batch_size']})",
     )
     p.add_argument(
         "--scorer-process",
@@ -186,20 +241,32 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="score in a worker process, apart from the event loop's GIL (default: off)",
     )
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default=None, help="default info (HEADWAY_LOG_LEVEL)")
+    p.add_argument(
+        "--log-format",
+        default=None,
+        choices=["text", "json"],
+        help="text lines, or one JSON object per line (default text; HEADWAY_LOG_FORMAT)",
+    )
     p.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn access log)")
     p.set_defaults(func=_run_serve)
     return p
 
 
-def build_config(args: argparse.Namespace) -> Any:
+def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Any:
+    """The gateway config of ``headway serve``: the --config file, then ``HEADWAY_*`` variables of
+    ``env`` (default ``os.environ``), then the flags."""
     from headway.serve._config import BackendConfig, load_config
 
+    env = os.environ if env is None else env
     backend_kw: dict[str, Any] = {}
     if args.backend_concurrency is not None:
         backend_kw["max_concurrency"] = args.backend_concurrency
     if args.saturation_poll is not None:
         backend_kw["metrics_poll_s"] = args.saturation_poll
+    key = getattr(args, "backend_api_key", None) or env.get("HEADWAY_BACKEND_API_KEY")
+    if key:
+        backend_kw["api_key"] = key
     backends = [BackendConfig(url, **backend_kw) for url in args.backend]
     overrides: dict[str, Any] = {
         "backends": backends,
@@ -221,33 +288,71 @@ def build_config(args: argparse.Namespace) -> Any:
         "max_tokens_limit": getattr(args, "max_tokens_limit", None),
         "read_timeout_s": getattr(args, "read_timeout", None),
         "headers_timeout_s": getattr(args, "headers_timeout", None),
+        "default_max_tokens": getattr(args, "default_max_tokens", None),
+        "add_stream_usage": getattr(args, "add_stream_usage", None),
     }
     if args.policy_arg:
-        overrides["policy_args"] = {k: _parse_value(v) for k, v in args.policy_arg}
-    return load_config(args.config, **overrides)
+        overrides["policy_args"] = _policy_args(args.policy_arg, args.policy)
+    return load_config(args.config, env=env, **overrides)
+
+
+def _policy_args(items: list[tuple[str, str]], policy: str | None) -> dict[str, Any]:
+    """``--policy-arg NAME.KEY=VALUE`` (headway simulate's syntax; NAME must be the --policy) or
+    ``KEY=VALUE`` -> settings (values parsed as JSON when they parse)."""
+    from headway.serve._config import ConfigError
+
+    out: dict[str, Any] = {}
+    for target, value in items:
+        name, dot, key = target.rpartition(".")
+        if dot and not key:
+            raise ConfigError(f"--policy-arg expects NAME.KEY=VALUE, got {target}={value}")
+        if dot and policy is not None and name != policy:
+            raise ConfigError(
+                f"--policy-arg {target}={value}: NAME.KEY=VALUE names policy {name!r}, but --policy is {policy!r}"
+            )
+        out[key if dot else target] = _parse_value(value)
+    return out
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from headway.serve._config import ConfigError
+    from headway.serve._config import ConfigError, describe_config
     from headway.serve._gateway import create_app
+    from headway.serve._logging import setup_logging
     from headway.serve._runner import run_app
 
-    bad = _bad_port(args.port)
+    env = os.environ
+    host = args.host or env.get("HEADWAY_HOST") or "127.0.0.1"
+    try:
+        port = args.port if args.port is not None else int(env.get("HEADWAY_PORT") or 8000)
+    except ValueError:
+        return _fail(f"HEADWAY_PORT must be an integer, got {env.get('HEADWAY_PORT')!r}")
+    bad = _bad_port(port)
     if bad:
         return _fail(bad)
+    log_level = (args.log_level or env.get("HEADWAY_LOG_LEVEL") or "info").lower()
+    log_format = args.log_format or env.get("HEADWAY_LOG_FORMAT") or "text"
+    if log_format not in ("text", "json"):
+        return _fail(f"HEADWAY_LOG_FORMAT must be text or json, got {log_format!r}")
     try:
-        config = build_config(args)
+        config = build_config(args, env)
         app = create_app(config)
     except (ConfigError, ValueError) as exc:
         return _fail(str(exc))
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(log_level, log_format)
+    logging.getLogger("headway.serve").info(
+        "headway gateway on http://%s:%d, effective configuration: %s",
+        host,
+        port,
+        json.dumps(describe_config(config), default=str),
+    )
     run_app(
         app,
-        args.host,
-        args.port,
+        host,
+        port,
         drain_timeout_s=config.drain_timeout_s,
-        log_level=args.log_level,
+        log_level=log_level,
         access_log=getattr(args, "access_log", False),
+        own_logging=log_format == "json",
     )
     return 0
 
@@ -260,16 +365,43 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
         description="Replay a workload (arrivals, prompts, output lengths via max_tokens + "
         "ignore_eos) against any OpenAI-compatible endpoint and report simulator metrics.",
     )
-    p.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument(
+        "--base-url",
+        default=None,
+        metavar="URL",
+        help="server base URL, e.g. http://127.0.0.1:8000 (as vllm bench serve)",
+    )
+    p.add_argument(
+        "--endpoint",
+        default="/v1/completions",
+        metavar="PATH",
+        help="API path: /v1/completions or /v1/chat/completions (default %(default)s). "
+        "A full URL here is taken as --base-url (the old spelling)",
+    )
     p.add_argument("--workload", default="burst", help="workload name or file (headway.workload.load_workload)")
-    p.add_argument("--num-requests", type=int, default=None)
-    p.add_argument("--rate", type=float, default=None)
+    p.add_argument(
+        "--num-prompts",
+        "--num-requests",
+        dest="num_requests",
+        metavar="N",
+        type=int,
+        default=None,
+        help="number of requests (default: the workload's own)",
+    )
+    p.add_argument(
+        "--request-rate",
+        "--rate",
+        dest="rate",
+        type=float,
+        default=None,
+        help="requests per second of the arrivals (default: the workload's own)",
+    )
     p.add_argument("--burstiness", type=float, default=None)
     p.add_argument("--arrivals", default=None, choices=["trace", "gamma", "gamma-vllm", "poisson", "burst"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tenants", default=None, help="tenant mix for load_workload ('default' or 'none')")
     p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
-    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (same as --endpoint PATH)")
     p.add_argument(
         "--no-stream",
         action="store_true",
@@ -284,7 +416,9 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
         metavar="TENANT=KEY",
         help="bearer key for one tenant's requests (repeatable)",
     )
-    p.add_argument("--max-concurrency", type=int, default=0)
+    p.add_argument(
+        "--max-concurrency", type=int, default=0, help="most requests in flight (default 0: no limit, open loop)"
+    )
     p.add_argument("--max-prompt-tokens", type=int, default=0, help="cap synthetic prompt length")
     p.add_argument("--max-output-tokens", type=int, default=0, help="cap output lengths")
     p.add_argument("--time-scale", type=float, default=1.0)
@@ -301,6 +435,19 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
         help="SLO targets in milliseconds as `vllm bench serve --goodput`, e.g. "
         "ttft:500 tpot:50 e2el:2000: report goodput (requests/s meeting every target) "
         "and SLO attainment",
+    )
+    p.add_argument("--save-result", action="store_true", help="write vllm bench serve's result JSON")
+    p.add_argument("--result-dir", default=None, help="folder of the --save-result file (default: here)")
+    p.add_argument(
+        "--result-filename",
+        default=None,
+        help="name of the --save-result file (default: vLLM's {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json)",
+    )
+    p.add_argument("--label", default=None, help="label of the --save-result file (default: openai)")
+    p.add_argument(
+        "--metric-percentiles",
+        default="99",
+        help="comma-separated percentiles in the --save-result file (default %(default)s)",
     )
     p.set_defaults(func=_run_bench)
     return p
@@ -347,7 +494,27 @@ def _run_bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(f"--goodput: {exc}")
     if args.num_requests is not None and args.num_requests < 1:
-        return _fail(f"--num-requests must be >= 1, got {args.num_requests}")
+        return _fail(f"--num-prompts must be >= 1, got {args.num_requests}")
+    base_url, chat = args.base_url, args.chat
+    if args.endpoint.startswith(("http://", "https://")):
+        if base_url is not None:
+            return _fail("--endpoint is the API path (e.g. /v1/completions) when --base-url is given")
+        print("headway: --endpoint URL is the old spelling of --base-url URL", file=sys.stderr)
+        base_url = args.endpoint
+    elif args.endpoint.rstrip("/") in ("/v1/chat/completions", "/chat/completions"):
+        chat = True
+    elif args.endpoint.rstrip("/") not in ("/v1/completions", "/completions"):
+        return _fail(f"--endpoint must be /v1/completions or /v1/chat/completions, got {args.endpoint!r}")
+    if base_url is None:
+        return _fail("--base-url URL is required (the server, e.g. http://127.0.0.1:8000)")
+    try:
+        percentiles = [float(p) for p in args.metric_percentiles.split(",")]
+        if not all(0 <= p <= 100 for p in percentiles):
+            raise ValueError
+    except ValueError:
+        return _fail(
+            f"--metric-percentiles must be numbers in 0..100 separated by commas, got {args.metric_percentiles!r}"
+        )
     opts: dict[str, Any] = {"seed": args.seed}
     for name in ("num_requests", "rate", "burstiness", "arrivals", "tenants"):
         v = getattr(args, name)
@@ -356,9 +523,9 @@ def _run_bench(args: argparse.Namespace) -> int:
     try:
         workload = load_workload(args.workload, **opts)
         cfg = BenchConfig(
-            endpoint=args.endpoint,
+            endpoint=base_url,
             model=args.model,
-            chat=args.chat,
+            chat=chat,
             stream=not args.no_stream,
             api_key=args.api_key,
             tenant_keys=dict(args.tenant_key),
@@ -393,24 +560,52 @@ def _run_bench(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         Console(width=None if sys.stdout.isatty() else 200).print(
-            comparison_table({args.name: summary}, title=f"{args.workload} -> {args.endpoint}")
+            comparison_table({args.name: summary}, title=f"{args.workload} -> {base_url}")
         )
         if summary.aborted_by_reason:
             reasons = ", ".join(f"{k}: {v}" for k, v in sorted(summary.aborted_by_reason.items()))
             print(f"aborted requests by reason: {reasons}")
     if args.out:
         write_report(Path(args.out), {args.name: (summary, requests)}, title=f"bench serve {args.workload}")
+    if args.save_result:
+        from headway.serve._bench_result import result_filename, vllm_bench_result, write_result
+
+        model = str(requests[0].extra.get("model", args.model or "")) if requests else (args.model or "")
+        result = vllm_bench_result(
+            requests,
+            label=args.label or "openai",
+            model_id=model,
+            request_rate=args.rate if args.rate is not None else float("inf"),
+            burstiness=args.burstiness if args.burstiness is not None else 1.0,
+            max_concurrency=args.max_concurrency or None,
+            goodput=summary.goodput,
+            duration=summary.makespan,
+            percentiles=percentiles,
+        )
+        path = result_filename(result, result_dir=args.result_dir, result_filename=args.result_filename)
+        write_result(path, result)
+        print(f"result saved to {path}", file=sys.stderr)
     return 0 if summary.num_completed else 1
 
 
 def add_stub_parser(subparsers: Any) -> argparse.ArgumentParser:
     """``stub``: the fake OpenAI-compatible backend (tests, overhead benchmark)."""
-    p: argparse.ArgumentParser = subparsers.add_parser("stub", help="run a fake OpenAI-compatible backend")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8001)
-    p.add_argument("--token-delay", type=float, default=0.0, help="seconds between tokens")
-    p.add_argument("--max-num-seqs", type=int, default=0)
-    p.add_argument("--first-token-delay", type=float, default=0.0, help="seconds before the first token")
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "stub",
+        help="run a fake OpenAI-compatible backend (tests, the gateway's overhead)",
+        description="A fast fake vLLM: /v1/completions and /v1/chat/completions generate exactly max_tokens "
+        "tokens (as with ignore_eos), /metrics publishes vLLM's gauges.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default %(default)s)")
+    p.add_argument("--port", type=int, default=8001, help="listen port (default %(default)s)")
+    p.add_argument("--model", default="stub-model", help="model name it lists and answers as (default %(default)s)")
+    p.add_argument("--token-delay", type=float, default=0.0, help="seconds between tokens (default %(default)s)")
+    p.add_argument(
+        "--max-num-seqs", type=int, default=0, help="requests generating at once (default %(default)s: no limit)"
+    )
+    p.add_argument(
+        "--first-token-delay", type=float, default=0.0, help="seconds before the first token (default %(default)s)"
+    )
     p.set_defaults(func=_run_stub)
     return p
 
@@ -424,7 +619,10 @@ def _run_stub(args: argparse.Namespace) -> int:
         return _fail(bad)
     app = create_stub_app(
         StubConfig(
-            token_delay_s=args.token_delay, max_num_seqs=args.max_num_seqs, first_token_delay_s=args.first_token_delay
+            model=args.model,
+            token_delay_s=args.token_delay,
+            max_num_seqs=args.max_num_seqs,
+            first_token_delay_s=args.first_token_delay,
         )
     )
     # SIGTERM: requests still running after a second are cut (a fake backend has nothing to finish)

@@ -10,7 +10,9 @@ Config file (TOML shown; JSON with the same structure works too)::
     queue_ttl_s = 60.0              # 408 after waiting this long in the queue (503 when no backend is reachable)
     max_body_bytes = 1048576        # 413 beyond this
     body_timeout_s = 30.0           # 408 when a request's body has not arrived whole in this long
-    default_max_tokens = 256        # when a request gives no max_tokens (capped at max_tokens_limit)
+    default_max_tokens = 0          # added to a request that gives no max_tokens (0 = never: sent as it came)
+    assumed_output_tokens = 256     # queue/router length of a request without max_tokens (never sent)
+    add_stream_usage = false        # ask the backend for a stream's usage chunk (hidden from the client)
     max_tokens_limit = 0            # 400 above this many requested output tokens (0 = none)
     retry_after_s = 1               # Retry-After header of 429s and 503s
     max_attempts = 3                # backends tried per request before streaming starts
@@ -28,16 +30,25 @@ Config file (TOML shown; JSON with the same structure works too)::
     max_connections = 0             # 503 to client connections beyond this (0 = a quarter of ulimit -n)
 
     [[backends]]
-    url = "http://127.0.0.1:8001"   # plain http (the gateway does not speak TLS to backends)
-    max_concurrency = 8             # in-flight requests sent to it (0 = no limit)
-    metrics_poll_s = 0.5            # read its /metrics (0 = never)
-    max_waiting = 0                 # saturated when vllm:num_requests_waiting > this
-    max_kv_usage = 0.95             # saturated when vllm:kv_cache_usage_perc >= this
+    url = "http://127.0.0.1:8001"   # http:// or https:// (verified against the system CAs)
+    api_key = ""                    # sent upstream as "Authorization: Bearer ..." (vLLM's --api-key)
+    max_concurrency = 0             # in-flight requests sent to it (0 = no fixed limit: its /metrics decide)
+    metrics_poll_s = 0.5            # read its /metrics (0 = never; default 0.5 s, 0 with a max_concurrency)
+    max_waiting = 0                 # saturated when its waiting count (vllm:num_requests_waiting,
+                                    # sglang:num_queue_reqs) > this
+    max_kv_usage = 0.95             # saturated when its KV usage (vllm:kv_cache_usage_perc,
+                                    # sglang:token_usage) >= this
 
     [[tenants]]
     name = "acme"
     tier = "premium"                # premium | standard | batch
     api_key_sha256 = ["<64 hex digits>"]
+
+Environment: every top-level setting can also come from ``HEADWAY_<SETTING>`` (upper case:
+``HEADWAY_POLICY=pars``, ``HEADWAY_QUEUE_TTL_S=30``, tables as JSON), backends from
+``HEADWAY_BACKENDS`` (comma-separated URLs or a JSON list of tables) with
+``HEADWAY_BACKEND_API_KEY``; the file < the environment < command-line flags
+(:func:`config_from_env`). ``examples/gateway.toml`` lists every setting.
 
 API keys: ``api_keys = "auto"`` (default) requires a key when ``[[tenants]]`` lists any,
 else every request belongs to tenant ``default``; ``"required"`` always requires one;
@@ -45,6 +56,19 @@ else every request belongs to tenant ``default``; ``"required"`` always requires
 ``headway:apikeys``: field = SHA-256 hex of the key, value =
 ``{"tenant": "acme", "tier": "premium"}``. Keys required with none that could be valid (no
 tenant's ``api_key_sha256``, no ``redis_url``) is refused at startup.
+
+Transparency: a request reaches its backend as the client sent it, byte for byte, unless an
+option above says otherwise (``default_max_tokens`` > 0 adds ``max_tokens``; ``add_stream_usage``
+adds ``stream_options.include_usage`` and hides the extra usage chunk from a client that did not
+ask for it). Without them, a request that gives no ``max_tokens`` is queued as
+``assumed_output_tokens`` long (a predictor's score, when there is one, ranks it) and generation
+stops where the backend's own limit says, exactly as it would without the gateway.
+
+Admission: by default each backend takes requests while its own ``/metrics`` say it has room
+(nothing waiting beyond ``max_waiting``, KV usage below ``max_kv_usage``), so the gateway never
+throttles an engine below what it keeps up with. A fixed in-flight cap is the option:
+``max_concurrency = N`` alone switches a backend to it (no polling, for backends without
+Prometheus metrics); with ``metrics_poll_s`` set as well, both apply.
 
 A score-ranked policy (``pars``, ``sjf-score``, ``trail``, ``ltr``, ``rank-boost``) needs a
 ``scorer``, or a scorer of its own in ``policy_args`` (``scorer = "noisy-oracle"`` with
@@ -72,6 +96,8 @@ __all__ = [
     "ConfigError",
     "GatewayConfig",
     "TenantConfig",
+    "config_from_env",
+    "describe_config",
     "hash_api_key",
     "load_config",
 ]
@@ -81,9 +107,22 @@ class ConfigError(ValueError):
     """A gateway setting is missing or out of range (the message names it and its value)."""
 
 
+DEFAULT_METRICS_POLL_S = 0.5
+"""How often a backend's ``/metrics`` are read when admission follows them (the default)."""
+
+
 def hash_api_key(api_key: str) -> str:
     """SHA-256 hex digest of an API key: the only form in which keys are stored."""
     return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
+
+
+def _needs_scorer(policy_cls: type, policy_args: Mapping[str, Any]) -> bool:
+    """A score-ranked policy without a scorer of its own in ``policy_args`` (or a composing policy,
+    such as ``bands``, that says so of its inner policy through ``needs_scorer``)."""
+    composed = getattr(policy_cls, "needs_scorer", None)
+    if callable(composed):
+        return bool(composed(policy_args))
+    return issubclass(policy_cls, ScoredPolicy) and "scorer" not in policy_args
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -93,24 +132,36 @@ def _check(cond: bool, msg: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class BackendConfig:
-    """One OpenAI-compatible upstream server (vLLM or the stub)."""
+    """One OpenAI-compatible upstream server (vLLM, SGLang or the stub)."""
 
     url: str
-    """Base URL without the ``/v1`` suffix, e.g. ``http://127.0.0.1:8001``."""
-    max_concurrency: int = 8
-    """Most in-flight requests the gateway sends it at once (0 = unlimited)."""
-    metrics_poll_s: float = 0.0
-    """Poll its Prometheus ``/metrics`` every this many seconds (0 = never)."""
+    """Base URL without the ``/v1`` suffix, e.g. ``http://127.0.0.1:8001`` or ``https://llm.example``."""
+    api_key: str = field(default="", repr=False)
+    """Sent upstream as ``Authorization: Bearer <api_key>`` (a vLLM started with ``--api-key``);
+    "" = no ``Authorization`` header. Never logged."""
+    max_concurrency: int = 0
+    """Most in-flight requests the gateway sends it at once (0 = no fixed limit: admission follows
+    its ``/metrics``)."""
+    metrics_poll_s: float = -1.0
+    """Poll its Prometheus ``/metrics`` every this many seconds (0 = never). Default (-1): 0.5
+    without a ``max_concurrency``, 0 with one (a fixed limit is the other admission mode; give
+    both to have both)."""
     max_waiting: int = 0
-    """Saturated while ``vllm:num_requests_waiting`` (plus our undelivered dispatches) > this."""
+    """Saturated while its waiting count (``vllm:num_requests_waiting``, ``sglang:num_queue_reqs``,
+    plus our undelivered dispatches) > this."""
     max_kv_usage: float = 0.95
-    """Saturated while ``vllm:kv_cache_usage_perc`` >= this (0..1]."""
+    """Saturated while its KV-cache usage (``vllm:kv_cache_usage_perc``, ``sglang:token_usage``)
+    >= this (0..1]."""
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
         _check(
-            parts.scheme == "http" and bool(parts.hostname),
-            f"backends.url must be an http:// URL (the gateway speaks plain HTTP to backends), got {self.url!r}",
+            parts.scheme in ("http", "https") and bool(parts.hostname),
+            f"backends.url must be an http:// or https:// URL, got {self.url!r}",
+        )
+        _check(
+            isinstance(self.api_key, str) and "\r" not in self.api_key and "\n" not in self.api_key,
+            "backends.api_key must be a string without line breaks",
         )
         try:
             parts.port  # noqa: B018 - raises ValueError when out of range
@@ -118,6 +169,8 @@ class BackendConfig:
             raise ConfigError(f"backends.url has a port out of range 0-65535: {self.url!r}") from None
         object.__setattr__(self, "url", self.url.rstrip("/").removesuffix("/v1"))
         _check(self.max_concurrency >= 0, f"backends.max_concurrency must be >= 0, got {self.max_concurrency}")
+        if self.metrics_poll_s == -1.0:
+            object.__setattr__(self, "metrics_poll_s", 0.0 if self.max_concurrency else DEFAULT_METRICS_POLL_S)
         _check(
             self.metrics_poll_s >= 0 and math.isfinite(self.metrics_poll_s),
             f"backends.metrics_poll_s must be >= 0, got {self.metrics_poll_s}",
@@ -167,11 +220,18 @@ class GatewayConfig:
     body_timeout_s: float = 30.0
     """408 for a request whose body has not arrived whole within this long (a client that stalls
     while sending would otherwise hold its connection, and a drain, for good)."""
-    default_max_tokens: int = 256
-    """``max_tokens`` of a request that gives none (queued with it and sent to the backend). With
-    ``max_tokens_limit`` set, the smaller of the two: leaving ``max_tokens`` out never gets a
-    request more than the limit (capped rather than refused at startup, because the limit alone
-    is the usual setting: ``--max-tokens-limit`` has no default to agree with)."""
+    default_max_tokens: int = 0
+    """0 (default): a request that gives no ``max_tokens`` is sent as the client sent it (the
+    backend's own limit applies). > 0: such a request gets ``max_tokens`` = this added (with
+    ``max_tokens_limit`` set, the smaller of the two) and is queued with it."""
+    assumed_output_tokens: int = 256
+    """The output length the queue and the router assume for a request that gives no
+    ``max_tokens`` (and ``default_max_tokens`` is 0). Only a scheduling estimate, never sent:
+    with a scorer the predicted length ranks the request instead."""
+    add_stream_usage: bool = False
+    """Add ``stream_options.include_usage`` to streamed requests that lack it, so that the
+    policy learns each stream's exact ``usage.completion_tokens`` (the extra usage chunk is
+    not passed to the client). Off: the gateway counts the stream's token events instead."""
     max_tokens_limit: int = 0
     """400 for a request asking for more than this many output tokens (0 = no limit)."""
     retry_after_s: int = 1
@@ -253,7 +313,7 @@ class GatewayConfig:
         _check(len(set(urls)) == len(urls), f"backends must be distinct, got {urls}")
         policy_cls = get_policy_class(self.policy)  # UnknownPolicyError (a ValueError) names valid ones
         _check(
-            not issubclass(policy_cls, ScoredPolicy) or bool(self.scorer) or "scorer" in self.policy_args,
+            not _needs_scorer(policy_cls, self.policy_args) or bool(self.scorer),
             f"policy {self.policy!r} ranks requests by a predicted length score, and no scorer is set: give "
             "--scorer (e.g. --scorer default:onnx-int8; scorer = ... in a config file), or a scorer of the "
             "policy's own (--policy-arg scorer=noisy-oracle --policy-arg tau=0.8)",
@@ -268,7 +328,11 @@ class GatewayConfig:
             f"queue_ttl_s must be > 0, got {self.queue_ttl_s}",
         )
         _check(self.max_body_bytes >= 64, f"max_body_bytes must be >= 64, got {self.max_body_bytes}")
-        _check(self.default_max_tokens >= 1, f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
+        _check(self.default_max_tokens >= 0, f"default_max_tokens must be >= 0, got {self.default_max_tokens}")
+        _check(
+            self.assumed_output_tokens >= 1,
+            f"assumed_output_tokens must be >= 1, got {self.assumed_output_tokens}",
+        )
         _check(self.max_tokens_limit >= 0, f"max_tokens_limit must be >= 0, got {self.max_tokens_limit}")
         _check(self.retry_after_s >= 0, f"retry_after_s must be >= 0, got {self.retry_after_s}")
         _check(self.max_attempts >= 1, f"max_attempts must be >= 1, got {self.max_attempts}")
@@ -450,8 +514,90 @@ def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> GatewayConfig
         raise ConfigError(f"bad gateway config: {exc}") from None
 
 
-def load_config(path: str | Path | None, **overrides: Any) -> GatewayConfig:
-    """Read a ``.toml`` or ``.json`` config file (or none) and apply CLI overrides."""
+ENV_PREFIX = "HEADWAY_"
+"""Environment variables ``HEADWAY_<SETTING>`` (upper case) set any top-level setting."""
+
+
+def _env_value(name: str, raw: str) -> Any:
+    """An environment variable's text as the value of setting ``name`` (by the field's type)."""
+    ann = str(GatewayConfig.__dataclass_fields__[name].type).removesuffix(" | None")
+    try:
+        if ann == "int":
+            return int(raw)
+        if ann == "float":
+            return float(raw)
+        if ann == "bool":
+            low = raw.strip().lower()
+            if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(raw)
+            return low in ("1", "true", "yes", "on")
+        if ann.startswith(("Mapping", "tuple")):
+            return json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {ann} for setting {name!r}") from None
+    return raw
+
+
+def config_from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The settings given as environment variables: ``HEADWAY_<SETTING>`` for each top-level
+    setting (``HEADWAY_POLICY=pars``, ``HEADWAY_MAX_QUEUE_LEN=500``; tables and lists as JSON,
+    ``HEADWAY_POLICY_ARGS='{"tau": 0.8}'``), ``HEADWAY_BACKENDS`` (URLs separated by commas, or a
+    JSON list of backend tables) and ``HEADWAY_BACKEND_API_KEY`` (the ``api_key`` of backends given
+    as bare URLs, here or with ``--backend``). Other ``HEADWAY_*`` variables are not settings and
+    are ignored."""
+    out: dict[str, Any] = {}
+    for name in sorted(_GATEWAY_FIELDS - {"backends", "tenants"}):
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None:
+            out[name] = _env_value(name, raw)
+    raw = env.get(ENV_PREFIX + "BACKENDS")
+    if raw:
+        if raw.lstrip().startswith("["):
+            try:
+                out["backends"] = json.loads(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{ENV_PREFIX}BACKENDS is not a valid JSON list: {exc}") from None
+        else:
+            out["backends"] = [u.strip() for u in raw.split(",") if u.strip()]
+    return out
+
+
+def describe_config(config: GatewayConfig) -> dict[str, Any]:
+    """The effective configuration as a JSON-safe dict, for the startup line: every setting, with
+    secrets shown only as whether they are set (API keys, a password in ``redis_url``)."""
+    out: dict[str, Any] = {}
+    for name in GatewayConfig.__dataclass_fields__:
+        value = getattr(config, name)
+        if name == "backends":
+            value = [
+                {
+                    "url": b.url,
+                    "api_key": "set" if b.api_key else "",
+                    "admission": (f"max_concurrency={b.max_concurrency} " if b.max_concurrency else "")
+                    + (f"metrics every {b.metrics_poll_s:g}s" if b.metrics_poll_s else "")
+                    or "none",
+                    "max_waiting": b.max_waiting,
+                    "max_kv_usage": b.max_kv_usage,
+                }
+                for b in value
+            ]
+        elif name == "tenants":
+            value = [{"name": t.name, "tier": t.tier.name.lower(), "api_keys": len(t.api_key_sha256)} for t in value]
+        elif name == "admin_api_key_sha256":
+            value = len(value)
+        elif name == "redis_url" and value:
+            parts = urlsplit(value)
+            if parts.password:
+                value = value.replace(f":{parts.password}@", ":***@", 1)
+        elif isinstance(value, Mapping):
+            value = dict(value)
+        out[name] = value
+    return out
+
+
+def load_config(path: str | Path | None, env: Mapping[str, str] | None = None, **overrides: Any) -> GatewayConfig:
+    """Read a ``.toml`` or ``.json`` config file (or none), then ``HEADWAY_*`` settings from
+    ``env`` (when given, e.g. ``os.environ``), then CLI overrides: each later one wins."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -466,7 +612,14 @@ def load_config(path: str | Path | None, **overrides: Any) -> GatewayConfig:
                 f"config file {p} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}"
             ) from None
         _check(isinstance(data, dict), f"config file {p} must hold a table/object at the top level")
+    if env is not None:
+        data.update(config_from_env(env))
     extra_backends: Sequence[Any] = overrides.pop("backends", None) or ()
     if extra_backends:
         data["backends"] = list(extra_backends)
+    backend_key = env.get(ENV_PREFIX + "BACKEND_API_KEY") if env is not None else None
+    if backend_key:
+        data["backends"] = [
+            {"url": b, "api_key": backend_key} if isinstance(b, str) else b for b in data.get("backends", ())
+        ]
     return config_from_dict(data, **overrides)

@@ -33,6 +33,10 @@ class QueueFullError(Exception):
         self.scope = scope
 
 
+_STARTED = "headway.started_on_backend"
+"""``Request.extra`` flag: its backend began answering it (see :meth:`Backend.note_started`)."""
+
+
 @dataclass(eq=False, slots=True)
 class Backend:
     """Live state of one upstream server."""
@@ -68,6 +72,19 @@ class Backend:
             if self.polled_waiting + undelivered > c.max_waiting:
                 return False
         return True
+
+    def note_started(self, request: Request) -> None:
+        """The backend began answering ``request`` (its first token came): it no longer waits in
+        the backend's own queue, so it stops counting against ``max_waiting`` before the next poll
+        (else a burst would be let in one request per poll)."""
+        if not request.extra.get(_STARTED):
+            request.extra[_STARTED] = True
+            self.finished_since_poll += 1
+
+    def note_released(self, request: Request | None) -> None:
+        """``request`` ended; counted here unless :meth:`note_started` counted it already."""
+        if request is None or not request.extra.pop(_STARTED, False):
+            self.finished_since_poll += 1
 
     def load(self) -> float:
         c = self.config
@@ -313,7 +330,7 @@ class Dispatcher:
         if request is not None and self.tracker is not None:
             self.tracker.release(request)
         backend.in_flight -= 1
-        backend.finished_since_poll += 1
+        backend.note_released(request)
         self.dispatch()
 
     def mark_down(self, backend: Backend, seconds: float) -> None:

@@ -48,6 +48,8 @@ off or for an admin key; a tenant key sees only series labelled with its tenant,
 ``headway_queue_length`` alone; no key: 401), ``/health`` and ``/openapi.json``. A 401 on these
 endpoints is not counted in ``headway_rejections``, which counts generation requests only (so
 that ``headway_requests_finished`` + ``headway_rejections`` = generation requests answered).
+Every other ``/v1`` path (embeddings, responses, tokenize, ...) is passed through to a backend
+unscheduled (``headway.serve._passthrough``).
 """
 
 from __future__ import annotations
@@ -74,11 +76,13 @@ from starlette.types import Receive, Scope, Send
 
 from headway.core import Policy, Request, RequestState, make_policy, make_router
 from headway.predict.score import scoring_text
+from headway.serve._backend_load import parse_backend_load
 from headway.serve._config import GatewayConfig, hash_api_key
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 from headway.serve._errors import ERRORS, api_error, error_response, sse_error
 from headway.serve._metrics import GatewayMetrics
 from headway.serve._openapi import openapi_schema
+from headway.serve._passthrough import Passthrough, backend_headers
 from headway.serve._peers import PeerChannel, PeerUnavailable, owner_of
 from headway.serve._redis_queue import RedisDispatcher
 from headway.serve._scorer import BatchScorer, ProcessScoreFn, load_score_fn
@@ -252,14 +256,28 @@ class Gateway:
         self.client: httpx.AsyncClient | None = None
         """For /metrics polls and /v1/models; requests go through :attr:`pools`."""
         self.pools = [
-            UpstreamPool(b.url, connect_timeout=config.connect_timeout_s, read_timeout=config.read_timeout_s)
+            UpstreamPool(
+                b.url, connect_timeout=config.connect_timeout_s, read_timeout=config.read_timeout_s, api_key=b.api_key
+            )
             for b in config.backends
         ]
+        self._passthrough = Passthrough(
+            self.backends,
+            client=lambda: self.client,
+            authorize=self._authorize_other,
+            backend_down_s=config.backend_down_s,
+            max_body_bytes=config.max_body_bytes,
+        )
         self.draining = False
         self.drain_expired = False
         """The drain timeout ran out: requests still open are ended (see :meth:`end_drain`)."""
         limit = config.max_tokens_limit
-        self._default_max_tokens = min(config.default_max_tokens, limit) if limit else config.default_max_tokens
+        self._default_max_tokens = min(config.default_max_tokens, limit or config.default_max_tokens)
+        """Added to a request without ``max_tokens`` (0: nothing added, the request goes as sent)."""
+        self._assumed_max_tokens = self._default_max_tokens or min(
+            config.assumed_output_tokens, limit or config.assumed_output_tokens
+        )
+        """The queued length of a request without ``max_tokens`` (a scheduling estimate)."""
         self._pollers: list[asyncio.Task[None]] = []
         self._models_cache: tuple[float, bytes] | None = None
         self.finished_requests: list[Request] = []
@@ -338,24 +356,19 @@ class Gateway:
             )
 
     async def _poll_backend(self, b: Backend) -> None:
-        """Read ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` periodically."""
+        """Read the backend's waiting count and KV usage (vLLM's or SGLang's gauges) periodically."""
         assert self.client is not None
         while True:
             try:
-                r = await self.client.get(b.url + "/metrics", timeout=2.0)
-                waiting = kv = 0.0
-                for line in r.text.splitlines():
-                    name, _, rest = line.partition("{")
-                    if not rest:
-                        name = line.split(" ", 1)[0]
-                    if name == "vllm:num_requests_waiting":
-                        waiting += float(line.rsplit(" ", 1)[1])
-                    elif name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
-                        kv = max(kv, float(line.rsplit(" ", 1)[1]))
-                b.polled_waiting, b.polled_kv_usage = waiting, kv
+                r = await self.client.get(b.url + "/metrics", timeout=2.0, headers=backend_headers(b.config.api_key))
+                r.raise_for_status()
+                load = parse_backend_load(r.text)
+                b.polled_waiting, b.polled_kv_usage = load.waiting, load.kv_usage
                 b.dispatched_since_poll = b.finished_since_poll = 0
                 b.last_poll_ok = b.reachable = True
-            except (httpx.HTTPError, ValueError, IndexError):
+            except (httpx.HTTPError, ValueError) as exc:
+                if b.last_poll_ok:
+                    log.warning("backend %s: cannot read its /metrics (%s)", b.url, exc)
                 b.last_poll_ok = False
             self.dispatcher.dispatch()
             await asyncio.sleep(b.config.metrics_poll_s)
@@ -479,7 +492,7 @@ class Gateway:
         last = "no backend answered"
         for b in self.backends:
             try:
-                r = await self.client.get(b.url + "/v1/models", timeout=5.0)
+                r = await self.client.get(b.url + "/v1/models", timeout=5.0, headers=backend_headers(b.config.api_key))
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}"
                 continue
@@ -488,6 +501,14 @@ class Gateway:
                 return Response(r.content, media_type="application/json")
             last = f"HTTP {r.status_code}"
         return api_error("upstream_error", detail=f"no backend listed models ({last})")
+
+    async def passthrough(self, request: HTTPRequest) -> Response:
+        """Any other ``/v1`` endpoint: forwarded unscheduled (``headway.serve._passthrough``)."""
+        return await self._passthrough(request)
+
+    async def _authorize_other(self, request: HTTPRequest) -> Response | None:
+        ident = await self._identify(request, count=False)
+        return ident if isinstance(ident, Response) else None
 
     async def _identify(self, request: HTTPRequest, count: bool = True) -> Identity | Response:
         """The caller's identity, or the answer: 401, or 503 ``auth_unavailable`` with
@@ -599,7 +620,7 @@ class Gateway:
             request_id=self._new_id(),
             arrival_time=self.dispatcher.now(),
             num_prompt_tokens=parsed.num_prompt_tokens,
-            max_tokens=parsed.max_tokens or self._default_max_tokens,
+            max_tokens=parsed.max_tokens or self._assumed_max_tokens,
             tenant_id=ident.tenant,
             tier=ident.tier,
             priority=parsed.priority,
@@ -668,6 +689,9 @@ class Gateway:
     ) -> Response:
         arrived = asyncio.get_running_loop().time()  # the queue TTL counts from here, scoring included
         req = self._new_request(parsed, ident)
+        model = body.get("model")
+        req.extra["model"] = model if isinstance(model, str) else ""
+        req.extra["stream"] = parsed.stream
         try:
             self.dispatcher.admit(req)  # a full queue answers 429 now, not after scoring
         except QueueFullError as exc:
@@ -675,16 +699,15 @@ class Gateway:
             return self._queue_full(exc)
         if self.scorer is not None:
             await self._score(req)
-        if parsed.stream:
-            if not parsed.wants_usage:
-                body = dict(body)
-                opts = dict(body.get("stream_options") or {})
-                opts["include_usage"] = True
-                body["stream_options"] = opts
+        # the request goes as the client sent it, unless a documented option adds a field
+        payload = raw
+        if parsed.stream and not parsed.wants_usage and self.config.add_stream_usage:
+            body = dict(body)
+            opts = dict(body.get("stream_options") or {})
+            opts["include_usage"] = True
+            body["stream_options"] = opts
             payload = json.dumps(body).encode()
-        else:
-            payload = raw
-        if parsed.max_tokens is None:
+        if parsed.max_tokens is None and self._default_max_tokens:
             # make the queued length and the upstream cap agree
             if payload is raw:
                 body = dict(body)
@@ -1005,6 +1028,13 @@ class Gateway:
         self.policy.on_finish(req, now)
         self.dispatcher.sync_keys()  # what the policy learned may have changed every queued key
         self.metrics.finished.labels(req.tenant_id, req.tier.name.lower()).inc()
+        streamed = req.extra.get("stream") is True and req.first_token_time is not None
+        self.metrics.observe_latency(
+            str(req.extra.get("model") or ""),
+            req.priority,
+            now - req.arrival_time,
+            req.first_token_time - req.arrival_time if streamed and req.first_token_time is not None else None,
+        )
         self._record(req)
 
     async def _relay(
@@ -1053,10 +1083,13 @@ class Gateway:
                                     usage_tokens = int(obj["usage"]["completion_tokens"])
                                     if not obj.get("choices") and not wants_usage:
                                         continue  # the usage chunk we asked for, not the client
-                            elif b'"choices":[]' not in data:
+                            elif b'"choices":[]' not in data and b'"role"' not in data:  # chat's role chunk: no token
                                 t = now()
                                 if req.first_token_time is None:
                                     req.first_token_time = t
+                                    if backend.config.metrics_poll_s > 0:  # no longer waiting there
+                                        backend.note_started(req)
+                                        self.dispatcher.dispatch()
                                 req.last_token_time = t
                                 req.num_output_tokens += 1
                                 req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens
@@ -1159,6 +1192,7 @@ def create_app(
             Route("/v1/requests/{request_id}", gw.request_status, methods=["GET"]),
             Route("/v1/requests/{request_id}", gw.request_cancel, methods=["DELETE"]),
             Route("/openapi.json", gw.openapi, methods=["GET"]),
+            Route("/v1/{path:path}", gw.passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
         ],
     )
     # /health/ is a 404, not a redirect: Starlette builds that redirect from the Host header

@@ -11,6 +11,31 @@ from prometheus_client.registry import Collector
 __all__ = ["GatewayMetrics"]
 
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# vLLM's own buckets for vllm:time_to_first_token_seconds and vllm:e2e_request_latency_seconds
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+MAX_LABEL_VALUES = 64
+"""Distinct ``model``/``priority`` label values kept per metric; later ones are counted as
+``"other"`` (both come from clients: an unbounded label would grow the registry without end)."""
+
+
+class _Bounded:
+    """Label values seen so far, at most ``limit`` of them; beyond that, ``"other"``."""
+
+    def __init__(self, limit: int = MAX_LABEL_VALUES) -> None:
+        self._seen: set[str] = set()
+        self._limit = limit
+
+    def __call__(self, value: str) -> str:
+        value = value[:128]
+        if value in self._seen:
+            return value
+        if len(self._seen) >= self._limit:
+            return "other"
+        self._seen.add(value)
+        return value
 
 
 class _LiveCollector(Collector):
@@ -78,6 +103,29 @@ class GatewayMetrics:
         self.retries = Counter(
             "headway_retries", "Requests retried on another backend", ["backend"], registry=self.registry
         )
+        self.ttft = Histogram(
+            "headway_time_to_first_token_seconds",
+            "Time from arrival at the gateway to the first streamed token (queueing included)",
+            ["model", "priority"],
+            buckets=_TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "headway_e2e_request_latency_seconds",
+            "Time from arrival at the gateway to the end of the answer (queueing included)",
+            ["model", "priority"],
+            buckets=_E2E_BUCKETS,
+            registry=self.registry,
+        )
+        self._models = _Bounded()
+        self._priorities = _Bounded()
+
+    def observe_latency(self, model: str, priority: int, e2e: float, ttft: float | None) -> None:
+        """A finished request: its E2E latency, and its TTFT when it was streamed."""
+        labels = (self._models(model), self._priorities(str(priority)))
+        self.e2e.labels(*labels).observe(e2e)
+        if ttft is not None:
+            self.ttft.labels(*labels).observe(ttft)
 
     def render(self, tenant: str | None = None) -> bytes:
         """Prometheus text; with ``tenant``, only the series labelled with that tenant."""

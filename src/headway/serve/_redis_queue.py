@@ -586,12 +586,12 @@ class RedisDispatcher(Dispatcher):
         task.add_done_callback(self._tasks.discard)
 
     def _dispatch_args(self) -> list[str | int]:
-        """The dispatch arguments: score hold (ms), then the backends and their limits."""
+        """The dispatch arguments: score hold (ms), then the backends and their limits (-1: none
+        now, for a backend that is down or whose own /metrics say it is saturated)."""
         now = self._clock()
         args: list[str | int] = [int(self.score_hold_s * 1000), len(self.backends)]
         for b in self.backends:
-            down = now < b.down_until
-            args += [b.url, -1 if down else b.config.max_concurrency]
+            args += [b.url, b.config.max_concurrency if b.has_room(now) else -1]
         return args
 
     def _log_error(self, what: str, exc: BaseException) -> None:
@@ -830,7 +830,7 @@ class RedisDispatcher(Dispatcher):
 
     def release(self, backend: Backend, request: Request | None = None) -> None:
         backend.in_flight -= 1
-        backend.finished_since_poll += 1
+        backend.note_released(request)
         if not self._joined.is_set():
             # a (re)join is declaring the slots held as of its start, this one included: a
             # release sent now could reach Redis before the join (under a generation not yet

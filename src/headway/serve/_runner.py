@@ -72,7 +72,13 @@ class _DrainingServer(uvicorn.Server):
 
 
 def _config(
-    app: Starlette, host: str, port: int, drain_timeout_s: float | None, log_level: str, access_log: bool = False
+    app: Starlette,
+    host: str,
+    port: int,
+    drain_timeout_s: float | None,
+    log_level: str,
+    access_log: bool = False,
+    own_logging: bool = False,
 ) -> uvicorn.Config:
     graceful = None
     if drain_timeout_s is not None:
@@ -95,6 +101,7 @@ def _config(
         access_log=access_log,
         lifespan="on",
         timeout_graceful_shutdown=graceful,
+        log_config=None if own_logging else uvicorn.config.LOGGING_CONFIG,
         **extra,
     )
 
@@ -107,11 +114,16 @@ def run_app(
     drain_timeout_s: float | None = None,
     log_level: str = "info",
     access_log: bool = False,
+    own_logging: bool = False,
 ) -> None:
     """Serve ``app`` in the foreground until SIGTERM/SIGINT (then drain). Repeated log lines
-    (a flood of bad requests, ``EMFILE``) are rate-limited (:func:`install_log_limits`)."""
+    (a flood of bad requests, ``EMFILE``) are rate-limited (:func:`install_log_limits`).
+    ``own_logging``: leave the logging setup as it is (uvicorn's loggers then go to the root
+    handlers, e.g. JSON lines)."""
     install_log_limits()
-    server = _DrainingServer(_config(app, host, port, drain_timeout_s, log_level, access_log), drain_timeout_s)
+    server = _DrainingServer(
+        _config(app, host, port, drain_timeout_s, log_level, access_log, own_logging), drain_timeout_s
+    )
     server.run()
 
 

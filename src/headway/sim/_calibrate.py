@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from headway._help import unwritable
+from headway._optional import require
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import PRESETS, TIME_FIELDS, CostModel, StepSample, check_samples
 
@@ -412,7 +413,8 @@ def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> tup
     stage's, else the decode stage's, else 0.
     """
     import numpy as np
-    from scipy.optimize import nnls
+
+    nnls = require("scipy.optimize", "sim", "fitting a cost model").nnls
 
     dec = [s for s in samples if s.num_tokens == s.num_seqs]
     pre = [s for s in samples if s.num_tokens > s.num_seqs]

@@ -31,6 +31,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from headway._optional import require
+
 __all__ = [
     "PRESETS",
     "CostModel",
@@ -175,7 +177,8 @@ class CostModel:
         :func:`check_samples`).
         """
         import numpy as np
-        from scipy.optimize import nnls
+
+        nnls = require("scipy.optimize", "sim", "fitting a cost model").nnls
 
         check_samples(samples)
         a = np.array(

@@ -1,0 +1,321 @@
+"""Priority bands around any policy: the flow-control model of llm-d and LiteLLM.
+
+``bands`` composes an *inner* policy (``pars``, ``uniboost``, ``fcfs``, ...) into three levels:
+
+1. **Band.** The request's ``priority`` (OpenAI/vLLM field: lower runs first; ``by="priority"``,
+   the default), or its tenant's tier (``by="tier"``: premium, standard, batch), picks a band.
+   Bands are served strictly in order: nothing of a later band starts while an earlier band has
+   a request waiting, unless ``share`` > 0 (anti-starvation): then, while bands are backlogged,
+   band ``i`` gets a share ``(1 - share) * share**i`` of the starts (the last band
+   ``share**i``), by start-time fair queueing over bands. ``share = 0.1`` with two backlogged
+   bands: about one start in ten goes to the later band.
+2. **Tenant flow.** Inside a band each tenant is a flow; flows share starts fairly (equal shares,
+   or ``tenant_weights``), again by start-time fair queueing (SFQ, Goyal et al.): each request
+   of a flow holds a *slot* tag ``max(v, F_last[flow])`` with ``F_last += 1 / weight``, where
+   ``v`` is the band's virtual time (the largest tag that has started).
+3. **Inner order.** Inside a tenant's flow the inner policy orders requests: the flow's slot
+   tags go to its waiting requests in the inner policy's key order, so a tenant's short request
+   (by ``pars``' score, say) takes its flow's next turn, not the turn of its arrival.
+
+The key is ``(band, flow slot, *inner key)`` (with ``share`` > 0, ``(band slot, band, flow slot,
+*inner key)``). Because the slots are handed out again when a request joins its flow ahead of
+others, such an arrival bumps ``key_epoch`` (the queue re-keys everything: O(n) for that arrival);
+arrivals that go to the end of their flow change no key. The inner policy's own hooks
+(``on_arrival``, ``on_progress``, ``on_finish``, ``can_preempt``, rekey hints, its oracle and
+estimate) are passed through, so one ``bands`` policy runs unchanged in the simulator, the
+gateway and the vLLM plugin, which all take a :class:`~headway.core.Policy`.
+
+A request leaves its flow when its state is no longer ``WAITING`` (the engine started or
+aborted it); the virtual times advance when a started request reports progress or finishes, or
+when its flow or band next sees an arrival. Tags live in this instance: gateway replicas sharing
+one Redis queue each keep their own (fair per replica).
+
+Settings: ``inner`` (a registered policy name, default ``fcfs``), ``by`` (``priority`` or
+``tier``), ``share`` (0 <= share < 1, default 0), ``tenant_weights`` (tenant -> weight > 0,
+default 1 each); every other keyword goes to the inner policy (``scorer``, ``tau``, ...).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from headway.core import (
+    Policy,
+    PolicyKey,
+    Request,
+    RequestState,
+    get_policy_class,
+    make_policy,
+    register_policy,
+)
+from headway.core._router import policy_estimator
+from headway.policies._base import ScoredPolicy, check_positive
+
+__all__ = ["BandsPolicy"]
+
+_GC_EVERY = 1024
+"""Arrivals between two sweeps of idle flows (:meth:`BandsPolicy._forget_idle`)."""
+_TAGS = "bands"
+"""``request.extra`` entry holding the request's :class:`_Tags`."""
+
+
+class _Tags:
+    """A request's band, its SFQ slot tags and its inner-order key."""
+
+    __slots__ = ("band", "band_tag", "flow_tag", "order")
+
+    def __init__(self, band: int, order: tuple[Any, ...]) -> None:
+        self.band = band
+        self.order = order
+        self.flow_tag = 0.0
+        self.band_tag = 0.0
+
+
+def _tags(request: Request) -> _Tags | None:
+    t = request.extra.get(_TAGS)
+    return t if isinstance(t, _Tags) else None
+
+
+def _tags_of(request: Request) -> _Tags:
+    t = request.extra[_TAGS]
+    assert isinstance(t, _Tags)
+    return t
+
+
+class _Group:
+    """Waiting requests of one flow (or one band) in order, for handing out SFQ slot tags."""
+
+    __slots__ = ("last_finish", "reqs")
+
+    def __init__(self) -> None:
+        self.reqs: list[Request] = []
+        self.last_finish = 0.0
+
+    def prune(self, band_level: bool) -> float:
+        """Drop requests that are no longer waiting; the largest tag of those started (or -inf)."""
+        started = -float("inf")
+        if all(r.state is RequestState.WAITING for r in self.reqs):
+            return started
+        keep: list[Request] = []
+        for r in self.reqs:
+            if r.state is RequestState.WAITING:
+                keep.append(r)
+            elif r.state is not RequestState.ABORTED:
+                t = _tags_of(r)
+                started = max(started, t.band_tag if band_level else t.flow_tag)
+        self.reqs = keep
+        return started
+
+
+@register_policy("bands")
+class BandsPolicy(Policy):
+    """Strict priority bands (optional anti-starvation share), fair tenant flows inside a band,
+    the inner policy's order inside a flow (see the module docstring)."""
+
+    def __init__(
+        self,
+        inner: str | Policy = "fcfs",
+        *,
+        by: str = "priority",
+        share: float = 0.0,
+        tenant_weights: Mapping[str, float] | None = None,
+        **inner_args: Any,
+    ) -> None:
+        if by not in ("priority", "tier"):
+            raise ValueError(f"bands: by must be 'priority' or 'tier', got {by!r}")
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
+            raise ValueError(f"bands: share must be a number in [0, 1), got {share!r}")
+        if isinstance(inner, Policy):
+            if inner_args:
+                raise ValueError(f"bands: settings {sorted(inner_args)} need an inner policy name, not an instance")
+            self.inner = inner
+        elif isinstance(inner, str):
+            if inner == "bands":
+                raise ValueError("bands: the inner policy cannot be 'bands' itself")
+            self.inner = make_policy(inner, **inner_args)
+        else:
+            raise ValueError(f"bands: inner must be a policy name, got {inner!r}")
+        weights = dict(tenant_weights or {})
+        for tenant, w in weights.items():
+            weights[tenant] = check_positive(f"tenant_weights[{tenant!r}]", w, "bands")
+        self.by = by
+        self.share = float(share)
+        self.tenant_weights = weights
+        self.oracle = self.inner.oracle
+        self.token_budget = self.inner.token_budget
+        estimate = policy_estimator(self.inner)
+        if estimate is not None:
+            self.expected_output_tokens: Callable[[Request], float] = estimate
+        self._own_epoch = 0
+        self._inner_epoch = self.inner.key_epoch
+        self._flows: dict[tuple[int, str], _Group] = {}
+        self._bands: dict[int, _Group] = {}
+        self._band_v: dict[int, float] = {}
+        """Virtual time per band (tenant-flow level)."""
+        self._v = 0.0
+        """Virtual time over bands (``share`` > 0)."""
+        self._arrivals = 0
+
+    @staticmethod
+    def needs_scorer(policy_args: Mapping[str, Any]) -> bool:
+        """Whether these settings make a ``bands`` policy whose inner policy ranks by a length score
+        and has no scorer of its own (an engine must then supply ``Request.score``)."""
+        inner = policy_args.get("inner", "fcfs")
+        if not isinstance(inner, str) or "scorer" in policy_args:
+            return False
+        try:
+            return issubclass(get_policy_class(inner), ScoredPolicy)
+        except ValueError:
+            return False  # an unknown inner policy: refused when the policy is made
+
+    # ------------------------------------------------------------ properties
+    @property
+    def key_epoch(self) -> int:
+        return self._own_epoch + self.inner.key_epoch
+
+    @key_epoch.setter
+    def key_epoch(self, value: int) -> None:
+        self._own_epoch = value - self.inner.key_epoch
+
+    @property
+    def preemptive(self) -> bool:  # type: ignore[override]
+        return self.inner.preemptive
+
+    @property
+    def requires_chunked_prefill(self) -> bool:  # type: ignore[override]
+        return self.inner.requires_chunked_prefill
+
+    def band_of(self, request: Request) -> int:
+        """The request's band: its ``priority``, or its tier's value (``by``)."""
+        return int(request.priority) if self.by == "priority" else int(request.tier)
+
+    def _band_weight(self, band: int) -> float:
+        ranked = sorted(self._bands)
+        i = ranked.index(band)
+        return self.share**i if i == len(ranked) - 1 else (1 - self.share) * self.share**i
+
+    # ---------------------------------------------------------------- hooks
+    def on_arrival(self, request: Request, now: float) -> None:
+        self.inner.on_arrival(request, now)
+        self._sync_inner(now)
+        band = self.band_of(request)
+        tags = _Tags(band, (*self.inner.key(request, now), request.seq))
+        request.extra[_TAGS] = tags
+        flow = self._flows.setdefault((band, request.tenant_id), _Group())
+        v = max(self._band_v.get(band, 0.0), flow.prune(band_level=False))
+        self._band_v[band] = v
+        # a new slot for the flow; its slots go to its requests in inner order from where this one goes in
+        slots = [_tags_of(r).flow_tag for r in flow.reqs]
+        slots.append(max(v, flow.last_finish))
+        flow.last_finish = slots[-1] + 1.0 / self.tenant_weights.get(request.tenant_id, 1.0)
+        at = bisect.bisect_right([_tags_of(r).order for r in flow.reqs], tags.order)
+        flow.reqs.insert(at, request)
+        slots.sort()
+        for r, tag in zip(flow.reqs[at:], slots[at:], strict=True):
+            _tags_of(r).flow_tag = tag
+        changed = at < len(flow.reqs) - 1
+        if self.share > 0:
+            changed = self._band_arrival(band, request) or changed
+        if changed:
+            self._own_epoch += 1
+        self._arrivals += 1
+        if self._arrivals % _GC_EVERY == 0:
+            self._forget_idle()
+
+    def _forget_idle(self) -> None:
+        """Drop the state of idle flows: priorities and tenants come from clients, so the number of
+        flows seen is unbounded. A band with nothing waiting ends its busy period (as in SFQ, its
+        virtual time and flows start afresh); in a busy band, a flow with nothing waiting goes
+        once the band's virtual time has passed its last tag (it would start from there anyway)."""
+        waiting: set[int] = set()
+        for key in list(self._flows):
+            flow = self._flows[key]
+            flow.prune(band_level=False)
+            if flow.reqs:
+                waiting.add(key[0])
+        for key in list(self._flows):
+            flow = self._flows[key]
+            if not flow.reqs and (key[0] not in waiting or flow.last_finish <= self._band_v.get(key[0], 0.0)):
+                del self._flows[key]
+        for band in [b for b in self._band_v if b not in waiting]:
+            del self._band_v[band]
+        for band in list(self._bands):
+            group = self._bands[band]
+            group.prune(band_level=True)
+            if not group.reqs and group.last_finish <= self._v:
+                del self._bands[band]
+
+    def _band_arrival(self, band: int, request: Request) -> bool:
+        group = self._bands.setdefault(band, _Group())
+        self._v = max(self._v, group.prune(band_level=True))
+        slots = sorted([_tags_of(r).band_tag for r in group.reqs] + [max(self._v, group.last_finish)])
+        group.last_finish = slots[-1] + 1.0 / self._band_weight(band)
+        before = {r: _tags_of(r).band_tag for r in group.reqs}
+        group.reqs.append(request)
+        group.reqs.sort(key=lambda r: (_tags_of(r).flow_tag, _tags_of(r).order))
+        for r, tag in zip(group.reqs, slots, strict=True):
+            _tags_of(r).band_tag = tag
+        return any(_tags_of(r).band_tag != tag for r, tag in before.items())
+
+    def _sync_inner(self, now: float) -> None:
+        """The inner policy re-keyed everything: put each flow back in its inner order."""
+        if self.inner.key_epoch == self._inner_epoch:
+            return
+        self._inner_epoch = self.inner.key_epoch
+        for flow in self._flows.values():
+            flow.prune(band_level=False)
+            slots = sorted(_tags_of(r).flow_tag for r in flow.reqs)
+            for r in flow.reqs:
+                _tags_of(r).order = (*self.inner.key(r, now), r.seq)
+            flow.reqs.sort(key=lambda r: _tags_of(r).order)
+            for r, tag in zip(flow.reqs, slots, strict=True):
+                _tags_of(r).flow_tag = tag
+
+    def _started(self, request: Request) -> None:
+        t = _tags(request)
+        if t is None:
+            return
+        if t.flow_tag > self._band_v.get(t.band, 0.0):
+            self._band_v[t.band] = t.flow_tag
+        if t.band_tag > self._v:
+            self._v = t.band_tag
+
+    def key(self, request: Request, now: float) -> PolicyKey:
+        self._sync_inner(now)
+        t = _tags(request)
+        if t is None:
+            self.on_arrival(request, now)
+            t = _tags_of(request)
+        inner = self.inner.key(request, now)
+        if self.share > 0:
+            return (t.band_tag, t.band, t.flow_tag, *inner)
+        return (t.band, t.flow_tag, *inner)
+
+    def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:
+        self._started(request)
+        self.inner.on_progress(request, now, num_new_tokens)
+
+    def on_finish(self, request: Request, now: float) -> None:
+        self._started(request)
+        self.inner.on_finish(request, now)
+
+    def can_preempt(self, request: Request, now: float) -> bool:
+        return self.inner.can_preempt(request, now)
+
+    def choose_victim(self, running: Sequence[Request], now: float) -> Request:
+        return max(running, key=lambda r: (self.key(r, now), r.seq))
+
+    def rekey_after_tokens(self, request: Request) -> int | None:
+        return self.inner.rekey_after_tokens(request)
+
+    def rekey_at_time(self, request: Request) -> float | None:
+        return self.inner.rekey_at_time(request)
+
+    def bind_oracle(self, lookup: Callable[[Request], int]) -> None:
+        self.inner.bind_oracle(lookup)
+        self._oracle_fn = lookup
+
+    def __repr__(self) -> str:
+        return f"BandsPolicy(inner={self.inner!r}, by={self.by!r}, share={self.share})"

