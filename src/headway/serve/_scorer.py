@@ -55,8 +55,8 @@ def default_scorer_threads() -> int:
 def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | None = None) -> ScoreFn:
     """Resolve a scorer spec to ``list[str] -> scores``: ``"pkg.module:attr"`` or
     ``"pkg.module:factory()"`` (see :func:`headway.predict._resolve.resolve_score_fn`), or a
-    trained predictor (:func:`~headway.predict._load.load_predictor`): ``"default"`` for the
-    ``pars`` predictor (the one trained into the cache, else the one shipped in the package) or ``"DIR"`` for the
+    trained predictor (:func:`predictor_spec`): ``"default"`` for the ``pars`` predictor
+    (``headway.predict.score:default_scorer()``: the cached trained one, else the shipped one) or ``"DIR"`` for the
     checkpoint in directory DIR, each optionally followed by ``":BACKEND"`` (``torch``,
     ``onnx`` or ``onnx-int8``).
 
