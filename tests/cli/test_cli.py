@@ -265,3 +265,31 @@ def test_simulate_with_no_policies_runs_the_curated_set(capsys: pytest.CaptureFi
     assert f"policies {', '.join(DEFAULT_POLICIES)}" in out
     assert main(["simulate", "--num-requests", "30", "--no-report", "--policies", "all"]) == 0
     assert f"policies {', '.join(available_policies())}" in " ".join(capsys.readouterr().out.split())
+
+
+def test_simulate_scores_prompts_with_the_shipped_predictor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setenv("HEADWAY_CACHE_DIR", str(tmp_path / "cache"))  # nothing trained: the shipped one
+    prompts = [
+        ("Write a detailed 2000-word essay on the history of Rome, with sources.", 900),
+        ("Say yes or no: is 7 prime?", 3),
+        ("Summarize the plot of Hamlet in three paragraphs.", 300),
+    ]
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"prompt": p, "output_tokens": n}) + "\n" for p, n in prompts))
+    out = tmp_path / "out"
+    argv = ["simulate", "--workload", str(workload), "--arrivals", "burst", "--max-num-seqs", "1",
+            "--policies", "fcfs,pars", "--policy-arg", "pars.scorer=default:onnx-int8", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "noisy-oracle" not in capsys.readouterr().out
+
+    def start_order(policy: str) -> list[str]:
+        rows = (out / f"requests_{policy}.csv").read_text().splitlines()
+        header = rows[0].split(",")
+        recs = [dict(zip(header, r.split(","), strict=True)) for r in rows[1:]]
+        return [r["request_id"] for r in sorted(recs, key=lambda r: float(r["first_scheduled_time"]))]
+
+    assert start_order("fcfs") == ["w-0", "w-1", "w-2"]
+    assert start_order("pars") == ["w-1", "w-2", "w-0"]  # predicted shortest first, the essay last

@@ -83,3 +83,22 @@ def test_feature_sets() -> None:
         feature_matrix("bogus", prompts, emb)
     with pytest.raises(ValueError, match="one embedding row per prompt"):
         feature_matrix("text", prompts, None)
+
+
+@given(st.lists(st.integers(1, 10_000), min_size=1, max_size=600))
+@settings(max_examples=40, deadline=None)
+def test_rank_targets_are_the_normal_quantiles_of_the_ranks(lengths: list[int]) -> None:
+    from scipy import special
+
+    y = np.array(lengths, dtype=float)
+    ranks = stats.rankdata(y)  # average ranks, as rank_targets takes them
+    assert np.allclose(rank_targets(y), special.ndtri((ranks - 0.5) / len(y)), rtol=0, atol=1e-12)
+
+
+def test_online_learning_imports_no_scipy() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, headway.predict.online, headway.predict.shipped; print('scipy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "False"  # the score extra (no scipy) is enough to learn online

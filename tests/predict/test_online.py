@@ -38,7 +38,10 @@ def test_before_min_observations_the_offline_score_is_used_then_the_model_is_lea
     for p in PROMPTS[:29]:
         learner.observe(p, _length(p), "m")
     assert np.array_equal(learner.score(later, "m"), _prior(_embed(later)))
-    for p in PROMPTS[29:200]:
+    assert not learner.fitted("m")
+    learner.observe(PROMPTS[29], _length(PROMPTS[29]), "m")
+    assert learner.fitted("m") and not learner.fitted("other")
+    for p in PROMPTS[30:200]:
         learner.observe(p, _length(p), "m")
     assert learner.observed("m") == 200
     assert stats.kendalltau(learner.score(later, "m"), truth).statistic > 0.9
@@ -86,6 +89,7 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
         ({"window": 0}, "window must be an integer >= 1, got 0"),
         ({"window": 10, "min_observations": 11}, "min_observations \\(11\\) exceeds window \\(10\\)"),
         ({"alpha": -1.0}, "alpha must be > 0, got -1.0"),
+        ({"row_cache": -1}, "row_cache must be an integer >= 0, got -1"),
     ],
 )
 def test_config_names_bad_values(kwargs: dict[str, object], message: str) -> None:
@@ -144,3 +148,65 @@ def test_replicas_share_windows_through_redis(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+class _Featured:
+    """An offline predictor as the shipped one looks to the learner: embed and score_embeddings."""
+
+    embed = staticmethod(_embed)
+    score_embeddings = staticmethod(_prior)
+
+
+def test_a_learner_around_a_predictor_uses_its_features_and_scores() -> None:
+    learner = OnlineLearner.around(_Featured(), OnlineConfig(min_observations=5), background=False)
+    assert np.array_equal(learner.score(PROMPTS[:10], "m"), _prior(_embed(PROMPTS[:10])))
+    with pytest.raises(ValueError, match=r"^online learning needs a predictor with embed\(\).*got Scorer"):
+        OnlineLearner.around(type("Scorer", (), {"score": lambda self, p: p})())
+
+
+class _FlakyStore(MemoryStore):
+    """A store whose first append fails (a Redis that was unreachable for a moment)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def append(self, model: str, row: np.ndarray, window: int) -> None:
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("store unreachable")
+        super().append(model, row, window)
+
+
+def test_a_failing_store_loses_a_batch_not_the_learning_thread(caplog: pytest.LogCaptureFixture) -> None:
+    learner = OnlineLearner(_embed, _prior, store=_FlakyStore())
+    learner.observe(PROMPTS[0], 5, "m")
+    learner.flush()
+    assert learner.observed("m") == 0 and "online learning: 1 observations dropped" in caplog.text
+    learner.observe(PROMPTS[1], 7, "m")
+    learner.flush()
+    assert learner.observed("m") == 1
+    learner.close()
+
+
+def test_a_prompt_scored_then_observed_is_embedded_once() -> None:
+    embedded: list[str] = []
+
+    def counting(prompts: Sequence[str]) -> np.ndarray:
+        embedded.extend(prompts)
+        return _embed(prompts)
+
+    cached = OnlineLearner(counting, _prior, OnlineConfig(min_observations=5, row_cache=8), background=False)
+    first = cached.score(PROMPTS[:4], "m")
+    for p in PROMPTS[:4]:
+        cached.observe(p, _length(p), "m")
+    assert embedded == PROMPTS[:4]
+    plain = OnlineLearner(_embed, _prior, OnlineConfig(min_observations=5, row_cache=0), background=False)
+    for p in PROMPTS[:4]:
+        plain.observe(p, _length(p), "m")
+    assert np.array_equal(cached.store.rows("m"), plain.store.rows("m"))  # the same rows as embedding again
+    assert np.array_equal(first, plain.score(PROMPTS[:4], "m"))
+    cached.score(PROMPTS[4:14], "m")  # ten more: only the latest 8 are kept
+    embedded.clear()
+    cached.score(PROMPTS[:1] + PROMPTS[13:14], "m")
+    assert embedded == PROMPTS[:1]

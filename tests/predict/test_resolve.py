@@ -63,3 +63,15 @@ def test_finding_a_checkpoint_does_not_import_the_training_code(tmp_path: Path) 
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "CheckpointError" in proc.stderr and "no predictor checkpoint" in proc.stderr, proc.stderr[-500:]
+
+
+def test_load_predictor_names_what_is_not_a_predictor() -> None:
+    from headway.predict._load import load_batch_scorer, load_predictor
+
+    with pytest.raises(ValueError, match=r"^scorer 'headway.policies:batch_scorer' names no predictor"):
+        load_predictor("headway.policies:batch_scorer")
+    with pytest.raises(ValueError, match=r"^scorer 'default:fp4': unknown backend 'fp4'"):
+        load_predictor("default:fp4")
+    with pytest.raises(ValueError, match=r"^scorer 'default:fp4': unknown backend 'fp4'"):
+        load_batch_scorer("default:fp4", backend="onnx")
+    assert load_batch_scorer("math:fsum")([1.0, 2.0]) == 3.0  # a module spec is resolved as the gateway does

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -9,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from headway.core import Policy, Request
-from headway.policies._scoring import SCORE_KEY, NoisyOracleScorer, ScoreFn
+from headway.policies._scoring import SCORE_KEY, NoisyOracleScorer, PromptScorer, ScoreFn
 
 __all__ = [
     "NoisyOracleSettings",
@@ -134,6 +135,23 @@ ScorerSetting = str | Callable[[Request], float] | None
 with :class:`headway.predict.Scorer`, a trained length predictor."""
 
 
+@functools.cache
+def _spec_scorer(spec: str) -> PromptScorer:
+    """The predictor ``spec`` names, loaded once per process (a simulation builds its policies more
+    than once: to check the settings, then per run)."""
+    from headway.predict._load import load_batch_scorer
+
+    return PromptScorer(load_batch_scorer(spec), spec)
+
+
+def _is_spec(scorer: str) -> bool:
+    """Whether ``scorer`` is a scorer spec as the gateway's ``--scorer`` takes: a trained predictor
+    (``default``, ``default:onnx-int8``, a checkpoint directory) or ``module:attr``."""
+    from headway.predict._resolve import predictor_spec
+
+    return predictor_spec(scorer) is not None or ":" in scorer
+
+
 class ScoredPolicy(Policy):
     """A policy whose key uses a length score (see :mod:`headway.policies._scoring`).
 
@@ -144,7 +162,11 @@ class ScoredPolicy(Policy):
     - ``"noisy-oracle"``: :class:`NoisyOracleScorer` with Kendall ``tau`` (required),
       ``seed``, ``log_mean`` and ``log_std``; makes this *instance* an oracle policy;
     - ``"oracle"``: the noisy oracle at ``tau = 1`` (exact log length);
-    - a callable ``Request -> float`` (e.g. :func:`~headway.policies.batch_scorer`).
+    - a callable ``Request -> float`` (e.g. :func:`~headway.policies.batch_scorer`);
+    - a scorer spec, as the gateway's ``--scorer`` takes: ``"default"`` (the predictor
+      ``headway predictor train`` wrote to the cache, else the one shipped in the package) or
+      ``"default:onnx-int8"`` (its int8 graph), a checkpoint ``"DIR[:BACKEND]"`` or
+      ``"module:attr"``; it scores the request's prompt text, loaded once per process.
 
     ``tau``, ``seed``, ``log_mean`` and ``log_std`` set the noisy oracle only: given (away from
     their defaults) with another scorer they are refused (a ValueError naming them), not ignored.
@@ -174,6 +196,17 @@ class ScoredPolicy(Policy):
             # class (scoring from a predictor) do not. Engines check ``policy.oracle``.
             self.oracle = True
             self._score_fn = settings.scorer(self.true_output_tokens)
+        elif isinstance(scorer, str) and _is_spec(scorer):
+            _reject_unused(self.name, f"scorer={scorer!r}", tau=tau, seed=seed, log_mean=log_mean, log_std=log_std)
+            try:
+                self._score_fn = _spec_scorer(scorer)
+            except ImportError as exc:
+                raise ValueError(
+                    f"{self.name}: scorer {scorer!r} needs the predictor's packages "
+                    f"(pip install 'headway[score]'): {exc}"
+                ) from None
+            except ValueError as exc:
+                raise ValueError(f"{self.name}: {exc}") from None
         elif scorer is None or callable(scorer):
             # the noisy oracle's settings would be ignored: refuse them rather than drop them
             what = "scorer=None (request.score)" if scorer is None else "a callable scorer"
@@ -181,8 +214,8 @@ class ScoredPolicy(Policy):
             self._score_fn = scorer
         else:
             raise ValueError(
-                f"{self.name}: unknown scorer {scorer!r}; use None (request.score), "
-                "'noisy-oracle', 'oracle' or a callable Request -> float"
+                f"{self.name}: unknown scorer {scorer!r}; use None (request.score), 'noisy-oracle', "
+                "'oracle', 'default' (the shipped predictor), a scorer spec or a callable Request -> float"
             )
         self.scorer = scorer
 

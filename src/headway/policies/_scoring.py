@@ -8,7 +8,9 @@ the score of a request, once, at ``on_arrival`` from the first of:
    copies :attr:`headway.workload.RequestSpec.score`; the gateway can batch-score);
 2. the policy's ``scorer``: any callable ``Request -> float``. Use
    :func:`batch_scorer` to adapt a text predictor with ``score(prompts) -> array``
-   (``headway.predict.Scorer``), or :class:`NoisyOracleScorer` in simulation.
+   (``headway.predict.Scorer``), or :class:`NoisyOracleScorer` in simulation; a scorer
+   spec such as ``"default"`` (see :class:`~headway.policies._base.ScoredPolicy`) is
+   loaded into a :class:`PromptScorer`.
 
 The score is cached in ``request.extra[SCORE_KEY]`` so keys never recompute it.
 
@@ -42,6 +44,7 @@ __all__ = [
     "SCORE_KEY",
     "BatchTextScorer",
     "NoisyOracleScorer",
+    "PromptScorer",
     "ScoreFn",
     "batch_scorer",
     "kendall_tau",
@@ -63,15 +66,26 @@ class BatchTextScorer(Protocol):
     def score(self, prompts: Sequence[str]) -> Any: ...
 
 
-def batch_scorer(predictor: BatchTextScorer) -> ScoreFn:
-    """Adapt a batch text scorer (``score(prompts) -> array``) to a per-request :data:`ScoreFn`."""
+class PromptScorer:
+    """A :data:`ScoreFn` scoring a request's prompt text with a batch function ``list[str] -> scores``
+    (a batch of one); ``name`` is what its repr shows (a scorer spec such as ``"default"``)."""
 
-    def fn(request: Request) -> float:
+    def __init__(self, score_batch: Callable[[list[str]], Any], name: str) -> None:
+        self._score_batch = score_batch
+        self.name = name
+
+    def __call__(self, request: Request) -> float:
         if request.prompt is None:
             raise ValueError(f"request {request.request_id!r} has no prompt text; a text predictor cannot score it")
-        return float(np.asarray(predictor.score([request.prompt]), dtype=float).reshape(-1)[0])
+        return float(np.asarray(self._score_batch([request.prompt]), dtype=float).reshape(-1)[0])
 
-    return fn
+    def __repr__(self) -> str:
+        return f"PromptScorer({self.name!r})"
+
+
+def batch_scorer(predictor: BatchTextScorer) -> ScoreFn:
+    """Adapt a batch text scorer (``score(prompts) -> array``) to a per-request :data:`ScoreFn`."""
+    return PromptScorer(predictor.score, type(predictor).__name__)
 
 
 def tau_to_rho(tau: float) -> float:

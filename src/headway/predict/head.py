@@ -14,11 +14,11 @@ import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
-from scipy import special
 
 __all__ = [
     "FEATURE_SETS",
@@ -60,6 +60,9 @@ def feature_matrix(kind: str, prompts: Sequence[str], embeddings: _F32 | _F64 | 
     return emb if kind == "text" else np.hstack([emb, extra_features(prompts)])
 
 
+_NORMAL = NormalDist()
+
+
 def rank_targets(lengths: npt.ArrayLike, groups: Sequence[Hashable] | None = None) -> _F64:
     """Rank-normal targets: inside each group (one model's answers), lengths' average ranks mapped to
     standard normal quantiles, so every group has the same scale and ties stay tied."""
@@ -69,7 +72,8 @@ def rank_targets(lengths: npt.ArrayLike, groups: Sequence[Hashable] | None = Non
     for g in np.unique(tags):
         sel = np.flatnonzero(tags == g)
         ranks = _average_ranks(y[sel])
-        out[sel] = special.ndtri((ranks - 0.5) / len(sel))
+        # the standard library's normal quantile: online learning runs with the score extra, without scipy
+        out[sel] = [_NORMAL.inv_cdf(q) for q in (ranks - 0.5) / len(sel)]
     return out
 
 

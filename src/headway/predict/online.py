@@ -16,11 +16,13 @@ window per model, each refitting from it. Prompts are not stored, only their fea
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
+import logging
 import queue
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,8 @@ from headway.predict.head import RidgeHead, extra_features, fit_ridge, rank_targ
 
 __all__ = ["MemoryStore", "ObservationStore", "OnlineConfig", "OnlineLearner", "RedisStore"]
 
+log = logging.getLogger("headway.predict.online")
+
 _F64 = npt.NDArray[np.float64]
 DEFAULT_MODEL = ""
 """Window key of observations that name no model."""
@@ -41,18 +45,22 @@ DEFAULT_MODEL = ""
 @dataclass(frozen=True)
 class OnlineConfig:
     """``window``: observations kept per model; ``min_observations``: before a model's head is used;
-    ``refit_every``: new observations between refits; ``alpha``: ridge penalty."""
+    ``refit_every``: new observations between refits; ``alpha``: ridge penalty; ``row_cache``: features
+    of the latest prompts scored, kept so that observing one when it finishes does not embed it again
+    (0: none)."""
 
     window: int = 500
     min_observations: int = 25
     refit_every: int = 25
     alpha: float = 300.0
+    row_cache: int = 2048
 
     def __post_init__(self) -> None:
-        for name in ("window", "min_observations", "refit_every"):
+        for name in ("window", "min_observations", "refit_every", "row_cache"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"OnlineConfig.{name} must be an integer >= 1, got {value!r}")
+            least = 0 if name == "row_cache" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"OnlineConfig.{name} must be an integer >= {least}, got {value!r}")
         if self.min_observations > self.window:
             raise ValueError(f"OnlineConfig.min_observations ({self.min_observations}) exceeds window ({self.window})")
         if not self.alpha > 0:
@@ -172,6 +180,8 @@ class OnlineLearner:
         self.store: ObservationStore = store if store is not None else MemoryStore()
         self._heads: dict[str, RidgeHead] = {}
         self._since_refit: dict[str, int] = {}
+        self._row_cache: OrderedDict[bytes, _F64] = OrderedDict()
+        self._row_lock = threading.Lock()
         self._queue: queue.Queue[tuple[str, int, str] | None] | None = None
         self._thread: threading.Thread | None = None
         if background:
@@ -180,6 +190,27 @@ class OnlineLearner:
             self._thread.start()
         for model in self.store.models():
             self._refit(model)
+
+    @classmethod
+    def around(
+        cls,
+        predictor: Any,
+        config: OnlineConfig | None = None,
+        *,
+        store: ObservationStore | None = None,
+        background: bool = True,
+    ) -> OnlineLearner:
+        """A learner refitting on ``predictor``'s features: one with ``embed(prompts)`` and
+        ``score_embeddings(embeddings)``, as :class:`~headway.predict.shipped.ShippedPredictor` (what
+        ``"default"`` loads when nothing is trained); ValueError naming its type otherwise."""
+        embed = getattr(predictor, "embed", None)
+        prior = getattr(predictor, "score_embeddings", None)
+        if not callable(embed) or not callable(prior):
+            raise ValueError(
+                f"online learning needs a predictor with embed() and score_embeddings() (the shipped one, "
+                f"'default' with nothing trained), got {type(predictor).__name__}"
+            )
+        return cls(embed, prior, config, store=store, background=background)
 
     # ------------------------------------------------------------------ feeding
     def observe(self, prompt: str, output_tokens: int, model: str | None = None) -> None:
@@ -215,8 +246,11 @@ class OnlineLearner:
                 item = q.get_nowait()
                 batch.append(item)
             stop = any(b is None for b in batch)
+            items = [b for b in batch if b is not None]
             try:
-                self._process([b for b in batch if b is not None])
+                self._process(items)
+            except Exception:  # e.g. Redis unreachable: these observations are lost, the thread goes on
+                log.exception("online learning: %d observations dropped", len(items))
             finally:
                 for _ in batch:
                     q.task_done()
@@ -224,6 +258,24 @@ class OnlineLearner:
                 return
 
     def _rows_for(self, prompts: Sequence[str]) -> _F64:
+        """``[offline score, prompt size..., features...]`` per prompt; the latest ``row_cache`` are
+        kept (scored at arrival, observed at the end: embedded once)."""
+        if not self.config.row_cache:
+            return self._compute_rows(prompts)
+        keys = [hashlib.blake2b(p.encode(), digest_size=16).digest() for p in prompts]
+        with self._row_lock:
+            rows: list[_F64 | None] = [self._row_cache.get(k) for k in keys]
+        missing = [i for i, row in enumerate(rows) if row is None]
+        if missing:
+            fresh = self._compute_rows([prompts[i] for i in missing])
+            with self._row_lock:
+                for i, row in zip(missing, fresh, strict=True):
+                    rows[i] = self._row_cache[keys[i]] = row
+                while len(self._row_cache) > self.config.row_cache:
+                    self._row_cache.popitem(last=False)
+        return np.vstack([row for row in rows if row is not None])  # all of them by now
+
+    def _compute_rows(self, prompts: Sequence[str]) -> _F64:
         emb = np.asarray(self._embed(list(prompts)), dtype=np.float64)
         prior = np.asarray(self._prior(emb), dtype=np.float64).reshape(-1, 1)
         return np.hstack([prior, extra_features(prompts), emb])
@@ -249,6 +301,10 @@ class OnlineLearner:
     # ------------------------------------------------------------------ scoring
     def observed(self, model: str | None = None) -> int:
         return len(self.store.rows(model or DEFAULT_MODEL))
+
+    def fitted(self, model: str | None = None) -> bool:
+        """Whether ``model`` has a head of its own yet (else :meth:`score` gives the offline scores)."""
+        return (model or DEFAULT_MODEL) in self._heads
 
     def score(self, prompts: Sequence[str], model: str | None = None) -> _F64:
         """Scores for ``prompts`` served by ``model``: its online head's once it has one, else the

@@ -241,6 +241,12 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="score in a worker process, apart from the event loop's GIL (default: off)",
     )
+    p.add_argument(
+        "--online-learning",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="refit the scorer per model on the requests it finished (needs --scorer default; default: off)",
+    )
     p.add_argument("--log-level", default=None, help="default info (HEADWAY_LOG_LEVEL)")
     p.add_argument(
         "--log-format",
@@ -281,6 +287,7 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None)
         "scorer_max_length": getattr(args, "scorer_max_length", None),
         "scorer_batch_size": getattr(args, "scorer_batch_size", None),
         "scorer_process": getattr(args, "scorer_process", None),
+        "online_learning": getattr(args, "online_learning", None),
         "api_keys": args.api_keys,
         "redis_lease_s": getattr(args, "redis_lease", None),
         "router": getattr(args, "router", None),

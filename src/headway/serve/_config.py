@@ -5,6 +5,7 @@ Config file (TOML shown; JSON with the same structure works too)::
     policy = "pars"                 # any registered headway policy
     policy_args = { }               # keyword settings for make_policy
     scorer = "default:onnx-int8"    # prompt scorer; score-ranked policies (pars, ...) need one
+    online_learning = false         # refit the scorer per model on finished requests (GatewayConfig.online_learning)
     max_queue_len = 10000           # 429 beyond this many queued requests
     max_queue_per_tenant = 0        # 0 = no per-tenant limit
     queue_ttl_s = 60.0              # 408 after waiting this long in the queue (503 when no backend is reachable)
@@ -289,6 +290,16 @@ class GatewayConfig:
     scorer_process: bool = False
     """Score in a worker process instead of a thread of the gateway's process, so that the
     scorer no longer shares the GIL with the event loop (``headway.serve._scorer.ProcessScoreFn``)."""
+    online_learning: bool = False
+    """Learn each served model's output lengths from its finished requests
+    (:class:`headway.predict.OnlineLearner`): a finished request's prompt and completion tokens are
+    queued (never waited for) to a background thread that refits a ridge head per model (the
+    request's ``model`` field) on the shipped predictor's features over the model's latest 500;
+    that model's requests are scored with its head once it has one (after 25), with the shipped
+    predictor's scores until then. Needs ``scorer`` to name the shipped predictor (``"default"``
+    or ``"default:onnx-int8"`` with nothing trained) scored in this process (not
+    ``scorer_process``). With ``redis_url`` replicas share the windows in Redis
+    (``{redis_prefix}online:{model}``). Off by default: not measured to rank better yet."""
     scorer_hold_s: float = 0.0
     """With a scorer: while more requests are being scored than are queued, free backends wait
     for the scores, at most this long (0, the default: never). Without a hold, the first
@@ -398,6 +409,12 @@ class GatewayConfig:
             not tuned or predictor is not None,
             f"scorer_threads and scorer_max_length apply only to a trained predictor ('default' or a checkpoint "
             f"directory), got scorer {self.scorer!r}",
+        )
+        _check(
+            not self.online_learning or (predictor is not None and not self.scorer_process),
+            "online_learning refits on the features of the scorer's predictor, in this process: it needs scorer "
+            f"'default' (or 'default:onnx-int8') and scorer_process off, got scorer {self.scorer!r}"
+            f"{' with scorer_process' if self.scorer_process else ''}",
         )
         _check(self.scorer_batch_size >= 1, f"scorer_batch_size must be >= 1, got {self.scorer_batch_size}")
         _check(self.scorer_hold_s >= 0, f"scorer_hold_s must be >= 0, got {self.scorer_hold_s}")

@@ -85,7 +85,7 @@ from headway.serve._openapi import openapi_schema
 from headway.serve._passthrough import Passthrough, backend_headers
 from headway.serve._peers import PeerChannel, PeerUnavailable, owner_of
 from headway.serve._redis_queue import RedisDispatcher
-from headway.serve._scorer import BatchScorer, ProcessScoreFn, load_score_fn
+from headway.serve._scorer import BatchScorer, OnlineScoring, ProcessScoreFn, load_score_fn
 from headway.serve._tenants import DirectoryUnavailable, Identity, TenantDirectory
 from headway.serve._upstream import (
     UpstreamConnectError,
@@ -249,7 +249,11 @@ class Gateway:
         self._transport = transport
         self.tenants = TenantDirectory(config, self._redis)
         self.scorer: BatchScorer | None = None
-        if config.scorer:
+        self.online: OnlineScoring | None = None
+        if config.online_learning:
+            self.online = OnlineScoring(config)
+            self.scorer = self.online.default
+        elif config.scorer:
             load = ProcessScoreFn if config.scorer_process else load_score_fn
             fn = load(config.scorer, threads=config.scorer_threads, max_length=config.scorer_max_length)
             self.scorer = BatchScorer(fn, config.scorer_batch_size, config.scorer_max_wait_s)
@@ -333,6 +337,8 @@ class Gateway:
             pool.close()
         if self.scorer is not None:
             await asyncio.to_thread(self.scorer.close)
+        if self.online is not None:
+            await asyncio.to_thread(self.online.close)
         for client in (self._redis, getattr(self, "_listen_redis", None)):
             if client is not None:
                 with contextlib.suppress(Exception):
@@ -643,12 +649,15 @@ class Gateway:
         scorer failed on): the mean of the scores given so far, 0.0 before the first; the
         policy then places it among the others as a typical request, and it is never answered
         500 for want of a score. Counted in :attr:`num_score_fallbacks`."""
-        assert self.scorer is not None
+        scorer = self.scorer
+        if self.online is not None:  # the model's own head once it has one
+            scorer = self.online.scorer_for(str(req.extra.get("model") or "") or None)
+        assert scorer is not None
         if req.prompt:
             self.dispatcher.scoring += 1  # free backends may wait for it (Dispatcher._holding)
             t0 = time.perf_counter()
             try:
-                req.score = await self.scorer.score(req.prompt)
+                req.score = await scorer.score(req.prompt)
                 self.metrics.score_wait.observe(time.perf_counter() - t0)
             except Exception as exc:
                 self._log_limited("score", "request %s could not be scored (%s: %s); it gets the fallback score",
@@ -1022,6 +1031,8 @@ class Gateway:
             req.num_output_tokens = completion_tokens
         req.finish_time = now
         req.transition(RequestState.FINISHED)
+        if self.online is not None and req.output_tokens_known:  # queued for the learner's thread
+            self.online.observe(req.prompt, req.num_output_tokens, str(req.extra.get("model") or "") or None)
         self.policy.on_finish(req, now)
         self.dispatcher.sync_keys()  # what the policy learned may have changed every queued key
         self.metrics.finished.labels(req.tenant_id, req.tier.name.lower()).inc()

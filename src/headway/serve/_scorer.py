@@ -14,9 +14,17 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
+from headway.predict._load import load_predictor
 from headway.predict._resolve import predictor_spec, resolve_score_fn
 
-__all__ = ["BatchScorer", "ProcessScoreFn", "ScoreFn", "default_scorer_threads", "load_score_fn"]
+__all__ = [
+    "BatchScorer",
+    "OnlineScoring",
+    "ProcessScoreFn",
+    "ScoreFn",
+    "default_scorer_threads",
+    "load_score_fn",
+]
 
 log = logging.getLogger("headway.serve.scorer")
 
@@ -61,19 +69,10 @@ def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | No
             raise ValueError(f"scorer {spec!r}: scorer threads and max length apply only to a trained predictor")
         fn: ScoreFn = resolve_score_fn(spec)
         return fn
-    from headway.predict.score import Scorer, ScoringLengthError, default_scorer, scoring_backend
+    from headway.predict.score import ScoringLengthError
 
-    checkpoint, given = predictor
-    try:  # before default_scorer, which may train the predictor first
-        kind = scoring_backend(given or "torch")
-    except ValueError as exc:
-        raise ValueError(f"scorer {spec!r}: {exc}") from None
-    threads = threads or default_scorer_threads()
     try:
-        if checkpoint is None:
-            scorer = default_scorer(kind, threads=threads, max_length=max_length)
-        else:
-            scorer = Scorer.from_checkpoint(checkpoint, kind, threads=threads, max_length=max_length)
+        scorer = load_predictor(spec, threads=threads or default_scorer_threads(), max_length=max_length)
     except ScoringLengthError as exc:
         raise ValueError(f"scorer_max_length (--scorer-max-length): {exc}") from None
     return cast(ScoreFn, scorer.score)
@@ -287,3 +286,59 @@ def _timed(fn: ScoreFn, prompts: list[str]) -> tuple[Sequence[float], float]:
         return fn.timed(prompts)
     c0 = time.thread_time()
     return fn(prompts), time.thread_time() - c0
+
+
+class OnlineScoring:
+    """The gateway's online learning (:attr:`GatewayConfig.online_learning`): an
+    :class:`~headway.predict.OnlineLearner` around the scorer's predictor, fed by :meth:`observe`,
+    and one :class:`BatchScorer` per model with a head of its own (:meth:`scorer_for`); requests
+    of the other models share :attr:`default`, which scores as the predictor does.
+
+    With ``redis_url`` the windows live in Redis (``{redis_prefix}online:{model}``), shared by the
+    replicas; the learner's thread reaches it with a blocking client of its own."""
+
+    def __init__(self, config: Any) -> None:
+        from headway.predict.online import ObservationStore, OnlineLearner, RedisStore
+
+        threads = config.scorer_threads or default_scorer_threads()
+        predictor = load_predictor(config.scorer, threads=threads, max_length=config.scorer_max_length)
+        store: ObservationStore | None = None
+        self._redis: Any = None
+        if config.redis_url:
+            import redis
+
+            self._redis = redis.Redis.from_url(config.redis_url)
+            store = RedisStore(self._redis, f"{config.redis_prefix}online")
+        self.learner = OnlineLearner.around(predictor, store=store)
+        self._batching = (config.scorer_batch_size, config.scorer_max_wait_s)
+        self.default = BatchScorer(self._score_fn(None), *self._batching)
+        self._models: dict[str, BatchScorer] = {}
+
+    def scorer_for(self, model: str | None) -> BatchScorer:
+        """The batch scorer of ``model``'s requests: its own once the learner has a head for it
+        (so at most one per model that finished requests), else :attr:`default`."""
+        if not model or not self.learner.fitted(model):
+            return self.default
+        scorer = self._models.get(model)
+        if scorer is None:
+            scorer = self._models[model] = BatchScorer(self._score_fn(model), *self._batching)
+        return scorer
+
+    def _score_fn(self, model: str | None) -> ScoreFn:
+        learner = self.learner
+
+        def fn(prompts: list[str]) -> Sequence[float]:
+            return cast(Sequence[float], learner.score(prompts, model))
+
+        return fn
+
+    def observe(self, prompt: str | None, output_tokens: int, model: str | None) -> None:
+        """A finished request: queued for the learner's thread (dropped when its queue is full)."""
+        if prompt and output_tokens >= 1:
+            self.learner.observe(prompt, output_tokens, model)
+
+    def close(self) -> None:
+        self.learner.close()
+        if self._redis is not None:
+            with contextlib.suppress(Exception):
+                self._redis.close()

@@ -92,7 +92,8 @@ Settings (keys of the ``headway`` object):
     Scores for score-ranked policies (``pars``, ``sjf-score``...). A request's
     ``vllm_xargs: {"headway_score": x}`` always wins; requests without one are scored
     in-process at arrival, batched per engine step, by this scorer: ``"default"`` (the
-    trained headway predictor, never trained here), a predictor checkpoint directory,
+    predictor ``headway predictor train`` wrote to the cache, else the one shipped in the
+    package; never trained here), a predictor checkpoint directory,
     each optionally with ``":BACKEND"`` (as the gateway's ``--scorer``; it overrides
     ``scorer_backend``), or ``"module:attr"`` / ``"module:factory()"`` naming a callable
     ``list[str] -> scores`` or an object with ``score(prompts)``. Prompts are detokenized with the
@@ -119,6 +120,12 @@ Settings (keys of the ``headway`` object):
     cannot be made) is logged and ignored: the engine keeps its policy.
 ``check_version`` (``true``)
     Refuse vLLM versions other than :data:`SUPPORTED_VLLM_VERSIONS`.
+``online_learning`` (``false``)
+    With ``scorer`` ``"default"`` (the shipped predictor): each finished request's prompt and
+    output length are queued (never waited for) to a background thread that refits a ridge
+    head on the predictor's features over the latest 500 (:class:`headway.predict.OnlineLearner`,
+    keyed by the served model's name); the scorer ranks with that head once it has one (after
+    25), with the predictor's scores until then. Off by default: not measured to rank better yet.
 
 Per-request fields travel in ``vllm_xargs`` (vLLM's ``SamplingParams.extra_args``):
 ``headway_score``, ``headway_tenant``, ``headway_tier``, ``headway_category`` (and

@@ -60,15 +60,19 @@ class PolicyAdapter:
         score_batch: TextScoreFn | None = None,
         decode: Callable[[list[Any]], list[str]] | None = None,
         missing_score: float | None = None,
+        observe: Callable[[str, int], None] | None = None,
         clock: Callable[[], float] = time.time,
         epoch: float | None = None,
     ) -> None:
+        """``observe(prompt, output_tokens)`` is told of every request that finished (not aborted)
+        with a prompt text: an online learner's ``observe``, which must not block."""
         self._clock = clock
         self.epoch = clock() if epoch is None else epoch
         self.max_model_len = max_model_len
         self.score_batch = score_batch
         self.decode = decode
         self.missing_score = missing_score
+        self.observe = observe
         self.oracle_mode = oracle
         self.reqs: dict[str, Request] = {}
         self.engine: dict[Request, Any] = {}
@@ -430,6 +434,8 @@ class PolicyAdapter:
                 h.state = RequestState.RUNNING
             h.transition(RequestState.FINISHED)
             h.finish_time = now
+            if self.observe is not None and h.prompt and h.num_output_tokens > 0:
+                self.observe(h.prompt, h.num_output_tokens)
             if self._finish_hook:
                 self.policy.on_finish(h, now)
         self.policy_time += time.perf_counter() - t0

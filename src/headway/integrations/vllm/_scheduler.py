@@ -4,18 +4,19 @@ use: this module imports vLLM only inside :func:`build_scheduler_classes`."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from headway.core import Policy
 from headway.integrations.vllm._adapter import PolicyAdapter
 from headway.integrations.vllm._errors import PluginConfigError, VllmVersionError
-from headway.integrations.vllm._scorers import load_text_scorer
+from headway.integrations.vllm._scorers import TextScoreFn, load_online_learner, load_text_scorer
 from headway.integrations.vllm._settings import (
     PluginConfig,
     _check_chunked_prefill,
@@ -129,8 +130,20 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 # requests, wherever they are in the list (unscheduling one already scheduled this step);
                 # _hw_rank_victims makes that max the policy's victim. No other decision reads it.
                 self.policy = priority_mode
-                score_batch = None
-                if cfg.scorer is not None:
+                score_batch: TextScoreFn | None = None
+                observe: Callable[[str, int], None] | None = None
+                self._hw_learner: Any = None
+                if cfg.online_learning:
+                    assert cfg.scorer is not None  # PluginConfig checked it
+                    self._hw_learner = learner = load_online_learner(
+                        cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads
+                    )
+                    model_config = self.vllm_config.model_config
+                    model = getattr(model_config, "served_model_name", None) or getattr(model_config, "model", None)
+                    model = str(model) if model else None
+                    score_batch = functools.partial(learner.score, model=model)
+                    observe = functools.partial(_observe, learner, model)
+                elif cfg.scorer is not None:
                     score_batch = load_text_scorer(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
                 self._hw_tokenizer_path = cfg.tokenizer or getattr(self.vllm_config.model_config, "tokenizer", None)
                 self._hw_tokenizer: Any = None
@@ -144,6 +157,7 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     score_batch=score_batch,
                     decode=self._hw_decode if score_batch is not None else None,
                     missing_score=cfg.missing_score,
+                    observe=observe,
                 )
                 self.waiting = self.headway.make_queue()
                 self.kv_holding_waiting = self.headway.make_queue()
@@ -234,9 +248,12 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     name = cfg.policy
                     policy = make_plugin_policy(name, cfg.policy_args)
                     budget = self._hw_budget(policy)
+                    online = self._hw_learner is not None and cfg.scorer == self.headway_config.scorer
                     score_batch = (
                         None
                         if cfg.scorer is None
+                        else self.headway.score_batch  # the online learner's, which goes on learning
+                        if online
                         else load_text_scorer(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
                     )
                     self.headway.set_policy(policy, cfg.oracle)
@@ -385,6 +402,8 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 return super()._free_request(request, *args, **kwargs)
 
             def shutdown(self) -> None:
+                if self._hw_learner is not None:
+                    self._hw_learner.close()
                 if self._hw_log is not None:
                     with contextlib.suppress(OSError, ValueError):
                         self._hw_log.close()
@@ -396,6 +415,10 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
         return _Headway
 
     return make(Scheduler, "HeadwayScheduler"), make(AsyncScheduler, "HeadwayAsyncScheduler")
+
+
+def _observe(learner: Any, model: str | None, prompt: str, output_tokens: int) -> None:
+    learner.observe(prompt, output_tokens, model)
 
 
 def _async_scheduling(vllm_config: Any) -> bool:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headway.integrations.vllm._errors import PluginConfigError
 from headway.predict._resolve import predictor_spec, resolve_score_fn
 
-__all__ = ["TextScoreFn", "load_text_scorer", "word_count_scorer"]
+if TYPE_CHECKING:
+    from headway.predict.online import OnlineLearner
+
+__all__ = ["TextScoreFn", "load_online_learner", "load_text_scorer", "word_count_scorer"]
 
 TextScoreFn = Callable[[list[str]], Any]
 """Scores a batch of prompt texts: one float per prompt (a sequence or an array)."""
@@ -20,21 +23,29 @@ def word_count_scorer(prompts: Sequence[str]) -> list[float]:
     return [math.log1p(len(p.split())) for p in prompts]
 
 
+def _load_predictor(spec: str, predictor: tuple[str | None, str | None], backend: str, threads: int) -> Any:
+    from headway.predict.score import Scorer, default_scorer, ensure_predictor, scoring_backend
+
+    checkpoint, given = predictor
+    try:
+        kind = scoring_backend(given or backend)
+    except ValueError as exc:
+        raise PluginConfigError(f"headway plugin: scorer {spec!r}: {exc}") from None
+    if checkpoint is None:  # as the gateway: the predictor trained into the cache, else the shipped one
+        return default_scorer(kind, threads=threads)
+    path = ensure_predictor(checkpoint, train_if_missing=False, log=None)
+    return Scorer.from_checkpoint(path, kind, threads=threads)
+
+
 def load_text_scorer(spec: str, *, backend: str = "torch", threads: int = 1) -> TextScoreFn:
     """Resolve the ``scorer`` setting to a batch function ``list[str] -> scores``; a
-    predictor spec's own backend (``"DIR:onnx-int8"``) wins over ``backend``."""
+    predictor spec's own backend (``"DIR:onnx-int8"``) wins over ``backend``. ``"default"`` is
+    the predictor ``headway predictor train`` wrote to the cache, else the one shipped in the
+    package."""
     predictor = predictor_spec(spec)
     if predictor is not None:
-        from headway.predict.score import Scorer, ensure_predictor, scoring_backend
-
-        checkpoint, given = predictor
-        try:
-            kind = scoring_backend(given or backend)
-        except ValueError as exc:
-            raise PluginConfigError(f"headway plugin: scorer {spec!r}: {exc}") from None
-        path = ensure_predictor(checkpoint, train_if_missing=False, log=None)
-        scorer = Scorer.from_checkpoint(path, kind, threads=threads)
-        return scorer.score
+        fn: TextScoreFn = _load_predictor(spec, predictor, backend, threads).score
+        return fn
     try:
         return resolve_score_fn(spec)
     except ValueError as exc:
@@ -42,3 +53,17 @@ def load_text_scorer(spec: str, *, backend: str = "torch", threads: int = 1) -> 
             f"headway plugin: {exc} (the scorer setting is 'default', a predictor directory, "
             "'module:attr' or 'module:factory()')"
         ) from None
+
+
+def load_online_learner(spec: str, *, backend: str = "torch", threads: int = 1) -> OnlineLearner:
+    """An :class:`~headway.predict.OnlineLearner` around the predictor the ``scorer`` setting names
+    (the ``online_learning`` setting); it must be the shipped one (``"default"`` with nothing trained)."""
+    from headway.predict.online import OnlineLearner
+
+    predictor = predictor_spec(spec)
+    if predictor is None:
+        raise PluginConfigError(f"headway plugin: online_learning needs the scorer 'default', got {spec!r}")
+    try:
+        return OnlineLearner.around(_load_predictor(spec, predictor, backend, threads))
+    except ValueError as exc:
+        raise PluginConfigError(f"headway plugin: scorer {spec!r}: {exc}") from None

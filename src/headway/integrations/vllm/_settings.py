@@ -15,8 +15,9 @@ from typing import Any
 
 from headway.core import Policy, make_policy
 from headway.integrations.vllm._errors import PluginConfigError
-from headway.integrations.vllm._scorers import load_text_scorer
+from headway.integrations.vllm._scorers import load_online_learner, load_text_scorer
 from headway.policies import ScoredPolicy
+from headway.predict._resolve import predictor_spec
 
 __all__ = [
     "ENV_CONFIG",
@@ -48,6 +49,7 @@ class PluginConfig:
     step_log: str | None = None
     control_file: str | None = None
     check_version: bool = True
+    online_learning: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, str) or not self.policy:
@@ -71,6 +73,15 @@ class PluginConfig:
                 raise PluginConfigError(f"headway plugin: {name} must be a non-empty string or null, got {value!r}")
         if not isinstance(self.check_version, bool):
             raise PluginConfigError(f"headway plugin: check_version must be true or false, got {self.check_version!r}")
+        if not isinstance(self.online_learning, bool):
+            raise PluginConfigError(
+                f"headway plugin: online_learning must be true or false, got {self.online_learning!r}"
+            )
+        if self.online_learning and (self.scorer is None or predictor_spec(self.scorer) is None):
+            raise PluginConfigError(
+                "headway plugin: online_learning refits the scorer's predictor: it needs scorer 'default' "
+                f"(or 'default:onnx-int8'), got {self.scorer!r}"
+            )
         if self.missing_score is not None and not (
             isinstance(self.missing_score, (int, float))
             and not isinstance(self.missing_score, bool)
@@ -183,6 +194,10 @@ def check_settings(cfg: PluginConfig, *, chunked_prefill: bool | None = None) ->
         done.append(f"chunked prefill {'on' if chunked_prefill else 'off'}: fits the policy")
     if cfg.scorer is not None:
         t0 = time.perf_counter()
+        if cfg.online_learning:
+            learner = load_online_learner(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
+            learner.close()
+            done.append(f"online_learning: scorer {cfg.scorer!r} has the features a learner refits on")
         fn = load_text_scorer(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
         try:
             scores = [float(x) for x in fn(["How do I check the settings before a launch?"])]

@@ -1,0 +1,110 @@
+"""The gateway's online learning (``online_learning``): finished requests feed the learner, a model's
+requests are scored with its own head once it has one, and replicas on Redis share the windows."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+
+from headway.serve import BackendConfig, GatewayConfig
+from headway.serve._config import ConfigError
+
+from .conftest import wait_until
+
+PROMPTS = [f"Question {i}: " + ("please explain in detail " * (i % 5)) + "what a tide is." for i in range(25)]
+
+
+@pytest.fixture(autouse=True)
+def _shipped_predictor(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing trained in the cache: ``default`` is the shipped predictor."""
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setenv("HEADWAY_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "headway-cache"))
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({}, "got scorer ''"),
+        ({"scorer": "headway.serve._stub:prompt_length_scores"}, "got scorer 'headway.serve._stub:prompt_length"),
+        ({"scorer": "default", "scorer_process": True}, "got scorer 'default' with scorer_process"),
+    ],
+)
+def test_online_learning_needs_the_predictor_scored_in_process(settings: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^online_learning refits on the features .*{message}"):
+        GatewayConfig(backends=(BackendConfig("http://a"),), online_learning=True, **settings)  # type: ignore[arg-type]
+    assert not GatewayConfig(backends=(BackendConfig("http://a"),), scorer="default").online_learning  # off by default
+
+
+def test_the_serve_flag_turns_it_on() -> None:
+    import argparse
+
+    from headway.serve._cli import add_serve_parser, build_config
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    argv = ["serve", "--backend", "http://127.0.0.1:1", "--scorer", "default"]
+    assert build_config(parser.parse_args([*argv, "--online-learning"])).online_learning
+    assert not build_config(parser.parse_args(argv)).online_learning
+
+
+def _send(url: str, model: str, prompts: list[str], stream: bool = False) -> None:
+    with httpx.Client(base_url=url, timeout=30) as c:
+        for i, p in enumerate(prompts):
+            body = {"model": model, "prompt": p, "max_tokens": 2 + 3 * (p.count("detail") + i % 2), "stream": stream}
+            r = c.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            r.read()
+
+
+def test_finished_requests_teach_the_scorer_of_their_model(make_stub, make_gateway) -> None:
+    gw = make_gateway([make_stub().url], policy="pars", scorer="default:onnx-int8", online_learning=True)
+    online = gw.gateway.online
+    learner = online.learner
+    _send(gw.url, "m", PROMPTS[:12])
+    _send(gw.url, "m", PROMPTS[12:24], stream=True)
+    learner.flush()
+    assert learner.observed("m") == 24 and not learner.fitted("m")
+    before = gw.gateway.finished_requests[-1].score
+    prior = float(learner.score([PROMPTS[23]], "m")[0])
+    assert before == pytest.approx(prior, abs=1e-9)  # the shipped predictor's score until a head is fitted
+    _send(gw.url, "m", PROMPTS[24:])  # the 25th: the model's head is fitted (OnlineConfig.min_observations)
+    learner.flush()
+    assert learner.observed("m") == 25 and learner.fitted("m") and not learner.fitted("other")
+    assert online.scorer_for("m") is not online.default and online.scorer_for("other") is online.default
+    probe = "Write a long essay about the moon."
+    _send(gw.url, "m", [probe])
+    _send(gw.url, "other", [probe])
+    learned, plain = gw.gateway.finished_requests[-2:]
+    assert learned.score == pytest.approx(float(learner.score([probe], "m")[0]), abs=1e-9)
+    assert plain.score == pytest.approx(float(learner.score([probe], "other")[0]), abs=1e-9)
+    assert not np.isclose(learned.score, plain.score)
+    learner.flush()
+    assert learner.observed("m") == 26 and learner.observed("other") == 1
+
+
+def test_a_request_the_backend_refuses_is_not_learned(make_gateway, make_raw_backend) -> None:
+    url, _ = make_raw_backend("drop")
+    gw = make_gateway([url], scorer="default:onnx-int8", online_learning=True, max_attempts=1)
+    with httpx.Client(base_url=gw.url, timeout=30) as c:
+        assert c.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 3}).status_code >= 500
+    gw.gateway.online.learner.flush()
+    assert gw.gateway.online.learner.observed("m") == 0
+
+
+def test_replicas_on_redis_share_the_windows(redis_url, make_stub, make_gateway) -> None:
+    import redis
+
+    prefix = f"t{uuid.uuid4().hex[:6]}:"
+    stub = make_stub()
+    settings = {"scorer": "default:onnx-int8", "online_learning": True, "redis_url": redis_url, "redis_prefix": prefix}
+    one, two = make_gateway([stub.url], **settings), make_gateway([stub.url], **settings)
+    _send(one.url, "m", PROMPTS[:3])
+    _send(two.url, "m", PROMPTS[3:5])
+    for gw in (one, two):
+        gw.gateway.online.learner.flush()
+    client = redis.Redis.from_url(redis_url)
+    wait_until(lambda: client.llen(f"{prefix}online:m") == 5, what="5 rows in the shared window")
+    assert one.gateway.online.learner.observed("m") == two.gateway.online.learner.observed("m") == 5
