@@ -1,10 +1,12 @@
-"""Calibration from step logs and client timings, saved presets, fidelity helpers (no vLLM needed)."""
+"""Calibration from step logs and client timings, saved presets, fidelity helpers (no vLLM needed but
+for the last test, which starts one)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
 import random
 import re
 import socket
@@ -639,3 +641,43 @@ def test_prefix_caching_flag_follows_the_user_and_is_checked_against_the_server(
         run_cli("calibrate", "--endpoint", url, "--step-log", str(log), "--no-enable-prefix-caching",
                 "--preset-dir", str(tmp_path / "presets"))  # fmt: skip
     assert not (tmp_path / "presets").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_live_vllm_with_prefix_caching_logs_only_the_prompt_tokens_it_computed(tmp_path: Path) -> None:
+    """vLLM started as ``headway calibrate --launch`` starts it by default (prefix caching: vLLM's
+    default, on): a prompt sent twice hits the cache the second time, vLLM's counters say so, and the
+    step log's prefill step counts only the tokens computed, which is what the fit takes."""
+    from headway.integrations._server import VllmUnavailable, default_vllm_paths, start_vllm_server
+
+    python, model = default_vllm_paths()
+    if not python.exists() or not (model / "config.json").exists():
+        if os.environ.get("HEADWAY_REQUIRE_VLLM") == "1":
+            pytest.fail(f"vLLM virtualenv {python} or model {model} missing (HEADWAY_REQUIRE_VLLM=1)")
+        pytest.skip(f"vLLM virtualenv {python} or model {model} missing")
+    step_log = tmp_path / "steps.jsonl"
+    settings = {"policy": "fcfs", "oracle": "max_tokens", "step_log": str(step_log)}
+    prompt = tuple(random.Random(5).randint(4, 2047) for _ in range(300))
+    try:
+        with start_vllm_server(
+            headway=settings, max_num_seqs=2, max_model_len=512, log_path=tmp_path / "server.log",
+            enable_prefix_caching=None,
+        ) as srv:  # fmt: skip
+            before = prefix_cache_counters(srv.url)
+            for i in range(2):  # one after the other: the second finds the first's blocks cached
+                res = replay_sync(srv.url, [ReplaySpec(f"p{i}", 0.0, 300, 2, prompt_token_ids=prompt)], stream=False)
+                assert res[0].ok, res[0].error
+            after = prefix_cache_counters(srv.url)
+            time.sleep(1.0)  # the scheduler flushes its log when it goes idle
+    except VllmUnavailable as exc:
+        pytest.skip(str(exc))
+    log = read_step_log(step_log)
+    assert log.header["enable_prefix_caching"] is True and engine_configs(log.header)[1].enable_prefix_caching
+    block = int(log.header["block_size"])
+    assert before is not None and after is not None
+    assert after[1] - before[1] == 300 // block * block  # the second prompt's full blocks
+    prefills = [s["num_tokens"] for s in log.steps if s["num_tokens"] > s["num_seqs"]]
+    assert prefills[0] == 300 and prefills[1] == 300 - 300 // block * block  # computed tokens only
+    samples = step_samples(log.steps)
+    assert [s.num_tokens for s in samples] == [s["num_tokens"] for s in log.steps]
