@@ -625,6 +625,9 @@ def test_prefix_cache_counters_sum_vllm_s_counters() -> None:
         assert prefix_cache_counters(url) == (1024.0, 256.0)
     with fake_server() as url:
         assert prefix_cache_counters(url) is None
+    assert prefix_cache_counters(closed_port_url()) is None
+    with fake_server(metrics="{not prometheus}\n") as url:
+        assert prefix_cache_counters(url) is None
 
 
 def test_prefix_caching_flag_follows_the_user_and_is_checked_against_the_server(tmp_path: Path) -> None:

@@ -161,17 +161,20 @@ def geometry_from_metrics(url: str, max_num_seqs: int, max_num_batched_tokens: i
 def prefix_cache_counters(url: str) -> tuple[float, float] | None:
     """(queries, hits) in tokens so far from vLLM's ``/metrics`` (``vllm:prefix_cache_queries`` and
     ``vllm:prefix_cache_hits``, summed over engines), or None where the server exports neither
-    (prefix caching off, or another server)."""
+    or has no ``/metrics`` to read (the counts are reported, not needed)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     totals = {"vllm:prefix_cache_queries": 0.0, "vllm:prefix_cache_hits": 0.0}
     found = False
-    for fam in text_string_to_metric_families(fetch_text(url, "/metrics")):
-        for sample in fam.samples:  # by sample name: how the family is named depends on its TYPE line
-            name = sample.name.removesuffix("_total")
-            if name in totals and not sample.name.endswith("_created"):
-                totals[name] += sample.value
-                found = True
+    try:
+        for fam in text_string_to_metric_families(fetch_text(url, "/metrics")):
+            for sample in fam.samples:  # by sample name: how the family is named depends on its TYPE line
+                name = sample.name.removesuffix("_total")
+                if name in totals:
+                    totals[name] += sample.value
+                    found = True
+    except ValueError:  # unreachable, or not Prometheus text
+        return None
     return (totals["vllm:prefix_cache_queries"], totals["vllm:prefix_cache_hits"]) if found else None
 
 
