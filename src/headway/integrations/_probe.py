@@ -6,6 +6,8 @@ requests with prompt lengths from 16 to ``max_model_len / 2`` tokens (prefill co
 simultaneous groups of 1, 2, 4, ... ``max_num_seqs`` requests at short and long contexts
 (per-sequence and per-KV-token decode cost), and a Poisson phase with mixed lengths
 (chunked prefill mixed with decodes). Outputs use ``ignore_eos``, so every length is known.
+Prompts are random token ids, drawn afresh for every warm-up run and replay (:func:`salted`), so
+that an engine with prefix caching on (vLLM's default) finds none of them cached.
 
 **Fit.** With the server's ``step_log`` (the headway scheduler), the cost model is fitted to
 measured steps (:mod:`headway.sim._calibrate`). Without it (any vLLM), it is fitted to
