@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headway.serve._prefix_hash import BLOCK_CHARS, HASH_BLOCK_TOKENS, prefix_block_hashes
 from headway.serve._wire import estimate_tokens
+
+from .conftest import wait_until
 
 TEXT = st.text(alphabet="ab\u00e9\U0001f600", max_size=6 * BLOCK_CHARS)
 
@@ -73,3 +77,24 @@ def test_prefix_aware_gateway_spreads_requests_without_a_shared_prefix(make_stub
             body = {"model": "stub-model", "max_tokens": 2, "prompt": f"{i} " + SYSTEM}  # differs in block 0
             assert c.post("/v1/completions", json=body).status_code == 200
     assert sorted(s.stub.stats.started for s in stubs) == [3, 3]
+
+
+def test_prefix_aware_gateway_spills_over_when_the_cached_backend_is_loaded(make_stub, make_gateway) -> None:
+    """Two requests in flight at once: the second would add to the first's backend more outstanding
+    tokens (the first request's) than its cached prefix saves there, so it goes to the idle one."""
+    stubs = [make_stub(token_delay_s=0.1), make_stub(token_delay_s=0.1)]
+    gw = make_gateway([s.url for s in stubs], router="prefix-aware")
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "question"}]
+    codes: list[int] = []
+
+    def send() -> None:
+        with gw.client() as c:
+            codes.append(c.post("/v1/chat/completions", json={"model": "stub-model", "max_tokens": 8,
+                                                              "messages": messages}).status_code)  # fmt: skip
+
+    first = threading.Thread(target=send)
+    first.start()
+    wait_until(lambda: sum(s.stub.stats.started for s in stubs) == 1, what="the first request to start")
+    send()  # while the first is still generating (8 tokens, 0.1 s each)
+    first.join()
+    assert codes == [200, 200] and sorted(s.stub.stats.started for s in stubs) == [1, 1]
