@@ -1,10 +1,12 @@
-"""Calibration from step logs and client timings, saved presets, fidelity helpers (no vLLM needed)."""
+"""Calibration from step logs and client timings, saved presets, fidelity helpers (no vLLM needed but
+for the last test, which starts one)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
 import random
 import re
 import socket
@@ -27,10 +29,13 @@ from headway.integrations._probe import (
     format_fidelity_table,
     geometry_from_metrics,
     pool_rows,
+    prefix_cache_counters,
     probe_phases,
+    salted,
     simulate_replay,
     simulated_requests,
 )
+from headway.integrations._server import prefix_caching_args
 from headway.sim import CostModel, load_preset
 from headway.sim._calibrate import (
     calibration_meta,
@@ -565,3 +570,117 @@ def test_saved_preset_listing_skips_and_reports_bad_files(tmp_path: Path, monkey
     assert any(p.startswith(f"{d / 'llama3-8b-l4.json'}: never used") for p in problems)
     with pytest.raises(ValueError, match=re.escape(f"{d / 'latin.json'}: ") + ".*utf-8"):
         load_preset("latin")
+
+
+def test_the_fit_counts_the_prefill_tokens_computed_not_those_found_cached(tmp_path: Path) -> None:
+    """With prefix caching a prefill step's ``num_tokens`` is what vLLM scheduled (its cache hits left
+    out) while ``num_kv_tokens`` holds the cached context too; steps timed so are fitted as they are."""
+    rng = random.Random(3)
+    rows: list[dict[str, object]] = [{**HEADER, "enable_prefix_caching": True}]
+    t = 100.0
+    for i in range(600):
+        seqs = rng.randint(1, 8)
+        computed = rng.choice([0, 0, rng.randint(1, 64), rng.randint(16, 1024)])  # short: most of it was cached
+        cached = rng.randint(0, 1500) if computed else 0
+        kv = seqs * rng.randint(16, 1500) + cached
+        d = true_time(seqs + computed, seqs, kv) * (1 + rng.gauss(0, 0.01))
+        rows.append({"step": i + 1, "t0": t, "t1": t, "t2": t, "t3": t + d - 1e-4, "num_tokens": seqs + computed,
+                     "num_seqs": seqs, "num_kv_tokens": kv, "busy": True, "arrivals": 0})  # fmt: skip
+        t += d
+    (tmp_path / "steps.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    log = read_step_log(tmp_path / "steps.jsonl")
+    assert [s.num_tokens for s in step_samples(log.steps)] == [r["num_tokens"] for r in log.steps]
+    fit, meta = fit_from_step_log(log, "unit-preset")
+    assert abs(fit.total_time_error) < 0.01 and meta["engine"]["enable_prefix_caching"] is True
+    for name in ("step_overhead", "per_token", "per_kv_token", "per_prefill_step"):
+        assert getattr(fit.model, name) == pytest.approx(TRUE[name], rel=0.15), name
+    assert engine_configs(log.header)[1].enable_prefix_caching is True
+    assert engine_configs({**HEADER, "enable_prefix_caching": False})[1].enable_prefix_caching is False
+    assert engine_configs(HEADER)[1].enable_prefix_caching is True  # not in the header: vLLM's default
+
+
+def test_salted_replays_share_no_prompt_and_keep_ids_and_lengths() -> None:
+    specs = [ReplaySpec(f"r{i}", 0.0, 20 + i, 4) for i in range(5)]
+    specs.append(ReplaySpec("fixed", 0.0, 3, 4, prompt_token_ids=(7, 8, 9)))
+    a, b, a2 = salted(specs, "replay-0"), salted(specs, "replay-1"), salted(specs, "replay-0")
+    assert a == a2 and [s.request_id for s in a] == [s.request_id for s in specs]
+    for x, y, s in zip(a, b, specs, strict=True):
+        assert x.prompt_token_ids is not None and len(x.prompt_token_ids) == s.num_prompt_tokens
+        if s.prompt_token_ids is None:
+            assert x.prompt_token_ids[:16] != y.prompt_token_ids[:16]  # not even the first block in common
+        else:
+            assert x.prompt_token_ids == y.prompt_token_ids == s.prompt_token_ids
+
+
+def test_prefix_cache_counters_sum_vllm_s_counters() -> None:
+    metrics = METRICS + (
+        "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.\n"
+        "# TYPE vllm:prefix_cache_queries_total counter\n"
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0\n'
+        'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 24.0\n'
+        "# TYPE vllm:prefix_cache_hits_total counter\n"
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 256.0\n'
+    )
+    with fake_server(metrics=metrics) as url:
+        assert prefix_cache_counters(url) == (1024.0, 256.0)
+    with fake_server() as url:
+        assert prefix_cache_counters(url) is None
+    assert prefix_cache_counters(closed_port_url()) is None
+    with fake_server(metrics="{not prometheus}\n") as url:
+        assert prefix_cache_counters(url) is None
+
+
+def test_prefix_caching_flag_follows_the_user_and_is_checked_against_the_server(tmp_path: Path) -> None:
+    assert prefix_caching_args(None) == []  # vLLM's default (on)
+    assert prefix_caching_args(True) == ["--enable-prefix-caching"]
+    assert prefix_caching_args(False) == ["--no-enable-prefix-caching"]
+    parser = argparse.ArgumentParser()
+    add_calibrate_parser(parser.add_subparsers())
+    assert parser.parse_args(["calibrate"]).enable_prefix_caching is None
+    assert parser.parse_args(["calibrate", "--no-enable-prefix-caching"]).enable_prefix_caching is False
+    log = tmp_path / "steps.jsonl"
+    log.write_text(json.dumps({**HEADER, "enable_prefix_caching": True}) + "\n")
+    with fake_server() as url, pytest.raises(ValueError, match="server's prefix caching is on"):
+        run_cli("calibrate", "--endpoint", url, "--step-log", str(log), "--no-enable-prefix-caching",
+                "--preset-dir", str(tmp_path / "presets"))  # fmt: skip
+    assert not (tmp_path / "presets").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_live_vllm_with_prefix_caching_logs_only_the_prompt_tokens_it_computed(tmp_path: Path) -> None:
+    """vLLM started as ``headway calibrate --launch`` starts it by default (prefix caching: vLLM's
+    default, on): a prompt sent twice hits the cache the second time, vLLM's counters say so, and the
+    step log's prefill step counts only the tokens computed, which is what the fit takes."""
+    from headway.integrations._server import VllmUnavailable, default_vllm_paths, start_vllm_server
+
+    python, model = default_vllm_paths()
+    if not python.exists() or not (model / "config.json").exists():
+        if os.environ.get("HEADWAY_REQUIRE_VLLM") == "1":
+            pytest.fail(f"vLLM virtualenv {python} or model {model} missing (HEADWAY_REQUIRE_VLLM=1)")
+        pytest.skip(f"vLLM virtualenv {python} or model {model} missing")
+    step_log = tmp_path / "steps.jsonl"
+    settings = {"policy": "fcfs", "oracle": "max_tokens", "step_log": str(step_log)}
+    prompt = tuple(random.Random(5).randint(4, 2047) for _ in range(300))
+    try:
+        with start_vllm_server(
+            headway=settings, max_num_seqs=2, max_model_len=512, log_path=tmp_path / "server.log",
+            enable_prefix_caching=None,
+        ) as srv:  # fmt: skip
+            before = prefix_cache_counters(srv.url)
+            for i in range(2):  # one after the other: the second finds the first's blocks cached
+                res = replay_sync(srv.url, [ReplaySpec(f"p{i}", 0.0, 300, 2, prompt_token_ids=prompt)], stream=False)
+                assert res[0].ok, res[0].error
+            after = prefix_cache_counters(srv.url)
+            time.sleep(1.0)  # the scheduler flushes its log when it goes idle
+    except VllmUnavailable as exc:
+        pytest.skip(str(exc))
+    log = read_step_log(step_log)
+    assert log.header["enable_prefix_caching"] is True and engine_configs(log.header)[1].enable_prefix_caching
+    block = int(log.header["block_size"])
+    assert before is not None and after is not None
+    assert after[1] - before[1] == 300 // block * block  # the second prompt's full blocks
+    prefills = [s["num_tokens"] for s in log.steps if s["num_tokens"] > s["num_seqs"]]
+    assert prefills[0] == 300 and prefills[1] == 300 - 300 // block * block  # computed tokens only
+    samples = step_samples(log.steps)
+    assert [s.num_tokens for s in samples] == [s["num_tokens"] for s in log.steps]

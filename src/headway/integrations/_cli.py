@@ -66,6 +66,15 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="engine setting (--launch; or of the endpoint, needed without a step log)",
     )
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM's automatic prefix caching (--launch: passed to vLLM, default vLLM's own, on; --endpoint: "
+        "checked against the step log's header). Probe and replay prompts are drawn afresh for every run, so "
+        "no run hits an earlier one's prompts; the step-log fit counts the prefill tokens vLLM computed, "
+        "not those it found cached",
+    )
 
 
 def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -225,7 +234,7 @@ def _server(args: argparse.Namespace, tmp: Path, control: Path | None) -> Iterat
         with start_vllm_server(
             args.vllm_python, args.vllm_model, headway=settings, max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
-            log_path=tmp / "server.log",
+            log_path=tmp / "server.log", enable_prefix_caching=args.enable_prefix_caching,
         ) as srv:  # fmt: skip
             yield srv.url, step_log
         return
@@ -251,14 +260,20 @@ def _served_model(url: str, given: str | None) -> str:
     return given or ids[0]
 
 
-def _step_log_geometry(step_log: Path) -> Geometry:
-    """The engine's :class:`~headway.integrations._probe.Geometry` from a step log's header."""
+def _step_log_geometry(step_log: Path, prefix_caching: bool | None = None) -> Geometry:
+    """The engine's :class:`~headway.integrations._probe.Geometry` from a step log's header;
+    ValueError when ``prefix_caching`` (given) is not the engine's setting there."""
     from headway.integrations._probe import Geometry
     from headway.sim._calibrate import read_step_log
 
     if not step_log.is_file():
         raise ValueError(f"step log {step_log} does not exist; start vLLM with the step_log setting")
     header = read_step_log(step_log).header
+    engine = header.get("enable_prefix_caching")
+    if prefix_caching is not None and engine is not None and bool(engine) != prefix_caching:
+        flag = "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching"
+        state = "on" if engine else "off"
+        raise ValueError(f"{flag} was given, but the server's prefix caching is {state} ({step_log}'s header)")
     try:
         return Geometry.from_header(header)
     except ValueError as exc:
@@ -309,8 +324,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         count_lines,
         fit_from_client,
         geometry_from_metrics,
+        prefix_cache_counters,
         probe_phases,
         run_probe,
+        salted,
     )
     from headway.sim._calibrate import fit_from_step_log, read_step_log, save_preset
 
@@ -323,7 +340,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     ):
         model = _served_model(url, args.model)
         if step_log is not None:
-            geo = _step_log_geometry(step_log)
+            geo = _step_log_geometry(step_log, args.enable_prefix_caching)
         else:
             assert args.max_num_batched_tokens is not None
             geo = geometry_from_metrics(url, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len)
@@ -331,16 +348,30 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         _log(f"probing {url} ({sum(len(s) for _, s in phases)} requests in {len(phases)} phases)")
         for i in range(args.warmup):
             _log(f"warm-up run {i + 1} of {args.warmup} (not measured)")
-            run_probe(url, phases, model=model, stream=False)
+            # other prompts than the measured run's: with prefix caching on, no cache hits on them
+            run_probe(url, [(n, salted(s, f"warmup-{i}")) for n, s in phases], model=model, stream=False)
         n0 = count_lines(step_log) if step_log is not None else 0
         t0 = time.time()
+        cache0 = prefix_cache_counters(url)
         runs = run_probe(url, phases, model=model, log=_log, stream=step_log is None)
+        cache1 = prefix_cache_counters(url)
+        hits = None if cache0 is None or cache1 is None else (cache1[0] - cache0[0], cache1[1] - cache0[1])
+        if hits is not None:
+            _log(f"prefix cache during the probe: {hits[1]:.0f} of {hits[0]:.0f} prompt tokens found cached")
         if step_log is not None:
             time.sleep(1.0)  # the scheduler flushes its log when it goes idle
             fit, meta = fit_from_step_log(read_step_log(step_log, since_line=n0), args.name)
         else:
+            if hits is not None and hits[1] > 0:
+                raise ValueError(
+                    f"the server found {hits[1]:.0f} probe prompt tokens in its prefix cache; client timings "
+                    "cannot tell which requests skipped them: give --step-log, or calibrate a server started "
+                    "with --no-enable-prefix-caching"
+                )
             fit, meta = fit_from_client(runs, geo, args.name)
         meta["probe_s"] = time.time() - t0
+        if hits is not None:
+            meta["prefix_cache"] = {"queries": hits[0], "hits": hits[1]}
         path = save_preset(fit.model, meta, args.preset_dir)
     m = fit.model
     print(f"preset {m.name}: {m.describe()}; KV capacity {geo.num_gpu_blocks * geo.block_size:,} tokens")
@@ -417,7 +448,7 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
         with _server(args, Path(tmp), control) as (url, step_log):
             assert step_log is not None
             model = _served_model(url, args.model)
-            max_prompt = fidelity_max_prompt(_step_log_geometry(step_log).max_model_len)
+            max_prompt = fidelity_max_prompt(_step_log_geometry(step_log, args.enable_prefix_caching).max_model_len)
             specs = fidelity_workload(args.num_requests, args.rate, seed=args.seed, max_prompt=max_prompt)
             check = speed_check_workload(args.speed_check, args.rate, seed=args.seed, max_prompt=max_prompt)
             _log(f"replaying {len(specs)} requests at {args.rate} req/s under {', '.join(policies)}")

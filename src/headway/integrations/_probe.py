@@ -6,6 +6,8 @@ requests with prompt lengths from 16 to ``max_model_len / 2`` tokens (prefill co
 simultaneous groups of 1, 2, 4, ... ``max_num_seqs`` requests at short and long contexts
 (per-sequence and per-KV-token decode cost), and a Poisson phase with mixed lengths
 (chunked prefill mixed with decodes). Outputs use ``ignore_eos``, so every length is known.
+Prompts are random token ids, drawn afresh for every warm-up run and replay (:func:`salted`), so
+that an engine with prefix caching on (vLLM's default) finds none of them cached.
 
 **Fit.** With the server's ``step_log`` (the headway scheduler), the cost model is fitted to
 measured steps (:mod:`headway.sim._calibrate`). Without it (any vLLM), it is fitted to
@@ -34,12 +36,12 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from headway.core import Request
-from headway.integrations._client import ReplayResult, ReplaySpec, replay_sync
+from headway.integrations._client import ReplayResult, ReplaySpec, random_prompt, replay_sync
 from headway.sim._calibrate import (
     CalibrationFit,
     StepLog,
@@ -67,9 +69,11 @@ __all__ = [
     "fit_from_client",
     "format_fidelity_table",
     "geometry_from_metrics",
+    "prefix_cache_counters",
     "probe_phases",
     "run_fidelity",
     "run_probe",
+    "salted",
     "simulate_replay",
     "simulated_requests",
 ]
@@ -154,6 +158,38 @@ def geometry_from_metrics(url: str, max_num_seqs: int, max_num_batched_tokens: i
             f"{url}/metrics: vllm:cache_config_info lacks a numeric num_gpu_blocks or block_size ({line.strip()})"
         ) from None
     return Geometry(max_num_seqs, max_model_len, max_num_batched_tokens, blocks, block_size)
+
+
+def prefix_cache_counters(url: str) -> tuple[float, float] | None:
+    """(queries, hits) in tokens so far from vLLM's ``/metrics`` (``vllm:prefix_cache_queries`` and
+    ``vllm:prefix_cache_hits``, summed over engines), or None where the server exports neither
+    or has no ``/metrics`` to read (the counts are reported, not needed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {"vllm:prefix_cache_queries": 0.0, "vllm:prefix_cache_hits": 0.0}
+    found = False
+    try:
+        for fam in text_string_to_metric_families(fetch_text(url, "/metrics")):
+            for sample in fam.samples:  # by sample name: how the family is named depends on its TYPE line
+                name = sample.name.removesuffix("_total")
+                if name in totals:
+                    totals[name] += sample.value
+                    found = True
+    except ValueError:  # unreachable, or not Prometheus text
+        return None
+    return (totals["vllm:prefix_cache_queries"], totals["vllm:prefix_cache_hits"]) if found else None
+
+
+def salted(specs: Sequence[ReplaySpec], salt: str) -> list[ReplaySpec]:
+    """``specs`` with explicit random prompts seeded by request id and ``salt``: the same ids and
+    lengths, other tokens. Replays of one workload under different salts share no prefix, so an
+    engine with prefix caching on (vLLM's default) computes every prompt token in each, as the
+    fit and the simulated replay assume. Specs with an explicit prompt keep it."""
+    return [
+        s if s.prompt_token_ids is not None
+        else replace(s, prompt_token_ids=tuple(random_prompt(s.num_prompt_tokens, f"{s.request_id}/{salt}")))
+        for s in specs
+    ]  # fmt: skip
 
 
 def count_lines(path: Path) -> int:
@@ -508,26 +544,28 @@ def run_fidelity(
     for i in range(warmup):
         if log:
             log(f"  warm-up replay {i + 1} of {warmup} (not measured)")
-        res = replay_sync(url, specs, model=model, stream=False, abort_on_error=True)
+        res = replay_sync(url, salted(specs, f"warmup-{i}"), model=model, stream=False, abort_on_error=True)
         _check_replay(res, "fidelity warm-up replay")
         if speed_check:  # the check's batch shapes too: a first check on them read the engine as slow
-            res = replay_sync(url, speed_check, model=model, stream=False, abort_on_error=True)
+            res = replay_sync(url, salted(speed_check, f"warmup-{i}"), model=model, stream=False, abort_on_error=True)
             _check_replay(res, "fidelity warm-up speed check")
 
     def check() -> float:  # under fcfs, the same reference for every policy (preemptions would skew it)
         _switch(control_file, "fcfs", {})
-        _, check_log = _logged_replay(url, step_log, speed_check, model, settle_s, "fidelity speed check")
+        checked = salted(speed_check, f"check-{len(checks)}")
+        _, check_log = _logged_replay(url, step_log, checked, model, settle_s, "fidelity speed check")
         return speed_factor(preset, step_samples(check_log.steps))
 
     rows = []
     checks: list[float] = []
     replayed: list[tuple[list[float], dict[str, Any], Mapping[str, Any]]] = []
-    for policy in policies:
+    for k, policy in enumerate(policies):
         args = dict((policy_args or {}).get(policy, {}))
         if speed_check:
             checks.append(check())
         _switch(control_file, policy, args)
-        res, slog = _logged_replay(url, step_log, specs, model, settle_s, f"fidelity replay under {policy}")
+        sent = salted(specs, f"replay-{k}")  # no prefix cache hits on an earlier replay's prompts
+        res, slog = _logged_replay(url, step_log, sent, model, settle_s, f"fidelity replay under {policy}")
         switched = [p for p in slog.policies if p.get("policy") == policy]
         if (
             policy != slog.header.get("policy")

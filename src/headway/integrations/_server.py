@@ -29,6 +29,7 @@ __all__ = [
     "engine_cpus",
     "free_port",
     "headway_src_dir",
+    "prefix_caching_args",
     "start_vllm_server",
 ]
 
@@ -110,6 +111,13 @@ def engine_cpus(spec: str | None = None) -> set[int] | None:
     return cpus
 
 
+def prefix_caching_args(enable: bool | None) -> list[str]:
+    """vLLM's flag for automatic prefix caching: on, off, or none (None: vLLM's default, on)."""
+    if enable is None:
+        return []
+    return ["--enable-prefix-caching" if enable else "--no-enable-prefix-caching"]
+
+
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
@@ -133,14 +141,17 @@ def start_vllm_server(
     startup_timeout_s: float = 420.0,
     env: Mapping[str, str] | None = None,
     cpus: str | None = None,
+    enable_prefix_caching: bool | None = False,
 ) -> Iterator[VllmServer]:
     """Run ``python -m vllm.entrypoints.openai.api_server``; yields the running server.
 
     ``headway``: plugin settings; when given, the server uses
     ``--scheduler-cls headway.integrations.vllm.HeadwayScheduler`` with
     ``--additional-config '{"headway": ...}'``. Eager mode, float32, a 10 % CPU-memory KV
-    cache, no prefix caching (replayed prompts are random token ids anyway) and quiet
-    uvicorn logs. ``cpus``: see :func:`engine_cpus` (on a small machine vLLM is confined
+    cache and quiet uvicorn logs. ``enable_prefix_caching``: ``--enable-prefix-caching`` (True),
+    ``--no-enable-prefix-caching`` (False, the default here: tests and benchmarks that replay the
+    same random prompts twice compare runs without cache hits) or neither flag (None: vLLM's
+    default, on). ``cpus``: see :func:`engine_cpus` (on a small machine vLLM is confined
     to all CPUs but one). Raises :class:`VllmUnavailable` when the env or model is missing and
     RuntimeError (with the log's tail) when the server does not come up.
     """
@@ -156,8 +167,9 @@ def start_vllm_server(
         "--host", "127.0.0.1", "--port", str(port),
         "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len),
         "--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", "0.1",
-        "--no-enable-prefix-caching", "--uvicorn-log-level", "warning",
+        "--uvicorn-log-level", "warning",
     ]  # fmt: skip
+    cmd += prefix_caching_args(enable_prefix_caching)
     if max_num_batched_tokens is not None:
         cmd += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
     if headway is not None:

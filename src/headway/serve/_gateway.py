@@ -84,6 +84,7 @@ from headway.serve._metrics import GatewayMetrics
 from headway.serve._openapi import openapi_schema
 from headway.serve._passthrough import Passthrough, backend_headers
 from headway.serve._peers import PeerChannel, PeerUnavailable, owner_of
+from headway.serve._prefix_hash import HASH_BLOCK_TOKENS, prefix_block_hashes
 from headway.serve._redis_queue import RedisDispatcher
 from headway.serve._scorer import BatchScorer, OnlineScoring, ProcessScoreFn, load_score_fn
 from headway.serve._tenants import DirectoryUnavailable, Identity, TenantDirectory
@@ -628,10 +629,13 @@ class Gateway:
             tier=ident.tier,
             priority=parsed.priority,
             prompt=scoring_text(parsed.prompt_text, self._scored_tokens) or None,
+            block_hashes=prefix_block_hashes(parsed.prompt_text),  # for --router prefix-aware
+            hash_block_size=HASH_BLOCK_TOKENS,
         )
 
     def _record(self, req: Request) -> None:
         req.prompt = None  # the scored prefix is not needed any more: kept, 4096 of them would weigh
+        req.block_hashes = ()  # likewise the prefix hashes (the router read them when it chose)
         self.finished_requests.append(req)
         if len(self.finished_requests) > 4096:
             del self.finished_requests[:2048]

@@ -8,6 +8,10 @@ counts them) and its timestamps. A step's *duration* is the time from its
 everything the simulator's step stands for (scheduling, the forward pass, output
 processing, the engine loop); for the last step before the engine idles it is
 ``schedule()`` to the end of ``update_from_output()`` plus the median busy gap.
+With prefix caching on (vLLM's default) a step's ``num_tokens`` is what vLLM scheduled, i.e.
+the prompt tokens it computed, not those it found in its prefix cache, and ``num_kv_tokens``
+counts the cached context too (attention reads it): the simulator counts both so
+(:mod:`headway.sim._prefix`), and the fit needs no correction for cache hits.
 :func:`fit_step_samples` fits :class:`~headway.sim.CostModel`'s step-time constants (step
 overhead, per token, per sequence, per KV token, per prefill step, per arrival) to them by
 non-negative least squares in two stages, decode-only steps then prefill steps (``_fit_split``),
@@ -196,7 +200,8 @@ def capacity_cost_model(
 def engine_configs(meta: Mapping[str, Any]) -> tuple[SchedulerConfig, CacheConfig]:
     """Simulator configs that match the calibrated engine's geometry (from a step-log header).
 
-    The header's ``long_prefill_token_threshold`` (vLLM's cap on one request's prefill chunk per
+    Prefix caching follows the header's ``enable_prefix_caching`` (vLLM's default, on, when the
+    header lacks it). The header's ``long_prefill_token_threshold`` (vLLM's cap on one request's prefill chunk per
     step) is not carried over: :class:`SchedulerConfig` has no such setting, and the simulator
     gives a prefill chunk whatever is left of the step's token budget. A replay of an engine run
     with that threshold set (not 0) splits long prompts into fewer, larger chunks than it did."""
@@ -206,7 +211,11 @@ def engine_configs(meta: Mapping[str, Any]) -> tuple[SchedulerConfig, CacheConfi
         enable_chunked_prefill=bool(meta.get("enable_chunked_prefill", True)),
         scheduler_reserve_full_isl=bool(meta.get("scheduler_reserve_full_isl", True)),
     )
-    cache = CacheConfig(block_size=int(meta["block_size"]), num_gpu_blocks=int(meta["num_gpu_blocks"]))
+    cache = CacheConfig(
+        block_size=int(meta["block_size"]),
+        num_gpu_blocks=int(meta["num_gpu_blocks"]),
+        enable_prefix_caching=bool(meta.get("enable_prefix_caching", True)),  # absent: vLLM's default
+    )
     return sched, cache
 
 
