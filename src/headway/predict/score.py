@@ -101,7 +101,7 @@ class OnnxBackend:
     ONNX Runtime's worker threads busy-wait for the next run (its default).
     ``HEADWAY_ORT_SPINNING=0`` makes them sleep instead (``session.intra_op.allow_spinning``),
     which frees CPU on shared cores; in the gateway's burst benchmark it did not change latency
-    (``benchmarks/results/gateway.md``).
+    (the gateway's measurement notes, ``git show 403bc55:benchmarks/results/gateway.md``).
     """
 
     def __init__(self, path: str | Path, threads: int = 2, *, name: str = "onnx") -> None:

@@ -15,7 +15,7 @@ failed.
 
 The client is aiohttp (as ``vllm bench serve``): on a small machine the load generator shares its
 CPUs with what it measures, and aiohttp spent half of httpx's CPU replaying a burst of 96 streamed
-requests (``benchmarks/results/gateway.md``).
+requests (the gateway's measurement notes, ``git show 403bc55:benchmarks/results/gateway.md``).
 """
 
 from __future__ import annotations

