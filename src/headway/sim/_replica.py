@@ -450,11 +450,11 @@ class Replica:
         if self.on_done is not None:
             self.on_done(req)
 
-    def _preempt(self, s: _Seq, now: float) -> None:
-        """Evict a running request (its step reservations must already be returned)."""
+    def _leave_batch(self, s: _Seq, now: float) -> Request:
+        """Take a running request out of the batch (evicted or paused): its counters synced, its
+        step chunk dropped (its step reservations must already be returned)."""
         if self.steps is not None:
             self._step_preempted.append(s.req.request_id)
-        req = s.req
         if self._rkeys is not None:
             self._rkeys.drop(s)
         if s in self.decoders:
@@ -463,6 +463,19 @@ class Replica:
         else:
             self.prefilling.remove(s)
             s.chunk = 0
+        return s.req
+
+    def _requeue(self, req: Request, now: float) -> None:
+        """A request taken out of the batch waits again (a preemption of it)."""
+        req.num_preemptions += 1
+        self._run_version += 1
+        req.transition(RequestState.PREEMPTED)
+        self.waiting.add(req, now)
+        self._arm_timer(req)
+
+    def _preempt(self, s: _Seq, now: float) -> None:
+        """Evict a running request (its step reservations must already be returned)."""
+        req = self._leave_batch(s, now)
         self._free_blocks(s, self.cfg.preemption_mode == "recompute")
         if self.cfg.preemption_mode == "swap":
             self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
@@ -470,35 +483,17 @@ class Replica:
             req.num_recomputed_tokens += req.num_computed_tokens
             s.lost = req.num_computed_tokens
             req.num_computed_tokens = 0
-        req.num_preemptions += 1
         self.num_preemptions += 1
-        self._run_version += 1
-        req.transition(RequestState.PREEMPTED)
-        self.waiting.add(req, now)
-        self._arm_timer(req)
+        self._requeue(req, now)
 
     def _pause(self, s: _Seq, now: float) -> None:
         """Pause mode: take a running request out of the batch; it keeps its KV blocks and waits
         (its step reservations must already be returned). Counts as a preemption of the request."""
-        if self.steps is not None:
-            self._step_preempted.append(s.req.request_id)
-        req = s.req
-        if self._rkeys is not None:
-            self._rkeys.drop(s)
-        if s in self.decoders:
-            self._sync(s, now)
-            self._remove_decoder(s)
-        else:
-            self.prefilling.remove(s)
-            s.chunk = 0
+        req = self._leave_batch(s, now)
         self.paused[s] = None
-        req.num_preemptions += 1
         req.num_pauses += 1
         self.num_pauses += 1
-        self._run_version += 1
-        req.transition(RequestState.PREEMPTED)
-        self.waiting.add(req, now)
-        self._arm_timer(req)
+        self._requeue(req, now)
 
     def _drop_paused(self, s: _Seq) -> None:
         """A KV shortage evicts a paused request: its blocks are freed, it recomputes on resume."""
