@@ -245,7 +245,7 @@ class Policy(ABC):
     @classmethod
     def hooks(cls) -> PolicyHooks:
         """Which optional hooks this class overrides, computed once per class (see
-        :class:`PolicyHooks`); the gateway, the plugin and the routers' estimates read this."""
+        :class:`PolicyHooks`); the simulator, the gateway, the plugin and the routers' estimates read this."""
         found = _HOOKS.get(cls)
         if found is None:
             found = _HOOKS[cls] = PolicyHooks(

@@ -21,14 +21,14 @@ __all__ = [
     "BatchScorer",
     "OnlineScoring",
     "ProcessScoreFn",
-    "ScoreFn",
+    "TextScoreFn",
     "default_scorer_threads",
     "load_score_fn",
 ]
 
 log = logging.getLogger("headway.serve.scorer")
 
-ScoreFn = Callable[[list[str]], Sequence[float]]
+TextScoreFn = Callable[[list[str]], Sequence[float]]
 """Scores a batch of prompts (higher = longer expected output)."""
 
 
@@ -53,7 +53,7 @@ def default_scorer_threads() -> int:
     return max(1, min(2, len(cpus - engine) or len(cpus)))
 
 
-def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | None = None) -> ScoreFn:
+def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | None = None) -> TextScoreFn:
     """Resolve a scorer spec to ``list[str] -> scores``: ``"pkg.module:attr"`` or
     ``"pkg.module:factory()"`` (see :func:`headway.predict._resolve.resolve_score_fn`), or a
     trained predictor (:func:`predictor_spec`): ``"default"`` for the ``pars`` predictor
@@ -68,7 +68,7 @@ def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | No
     if predictor is None:
         if threads is not None or max_length is not None:
             raise ValueError(f"scorer {spec!r}: scorer threads and max length apply only to a trained predictor")
-        fn: ScoreFn = resolve_score_fn(spec)
+        fn: TextScoreFn = resolve_score_fn(spec)
         return fn
     from headway.predict.score import ScoringLengthError
 
@@ -76,11 +76,11 @@ def load_score_fn(spec: str, *, threads: int | None = None, max_length: int | No
         scorer = load_predictor(spec, threads=threads or default_scorer_threads(), max_length=max_length)
     except ScoringLengthError as exc:
         raise ValueError(f"scorer_max_length (--scorer-max-length): {exc}") from None
-    return cast(ScoreFn, scorer.score)
+    return cast(TextScoreFn, scorer.score)
 
 
 class ProcessScoreFn:
-    """A :data:`ScoreFn` that scores in a worker process: ``load_score_fn(spec, ...)`` runs there.
+    """A :data:`TextScoreFn` that scores in a worker process: ``load_score_fn(spec, ...)`` runs there.
 
     Why: scoring in a thread of the gateway's process shares the GIL with the event loop. The
     scorer holds it between its model's runs (tokenizing, padding, collecting scores), so while
@@ -209,7 +209,7 @@ class BatchScorer:
     handle fails alone, not its batch mates (another tenant's requests, say).
     """
 
-    def __init__(self, fn: ScoreFn, batch_size: int = 32, max_wait_s: float = 0.002) -> None:
+    def __init__(self, fn: TextScoreFn, batch_size: int = 32, max_wait_s: float = 0.002) -> None:
         self._fn = fn
         self._batch_size = batch_size
         self._max_wait_s = max_wait_s
@@ -279,7 +279,7 @@ class BatchScorer:
                 fut.set_result(float(s))
 
 
-def _timed(fn: ScoreFn, prompts: list[str]) -> tuple[Sequence[float], float]:
+def _timed(fn: TextScoreFn, prompts: list[str]) -> tuple[Sequence[float], float]:
     """``fn(prompts)`` and the CPU time this thread (or a :class:`ProcessScoreFn`'s worker
     thread) spent in it: far below the wall time, the thread waited (for a CPU, the GIL or the
     backend's other threads), not computed."""
@@ -325,7 +325,7 @@ class OnlineScoring:
             scorer = self._models[model] = BatchScorer(self._score_fn(model), *self._batching)
         return scorer
 
-    def _score_fn(self, model: str | None) -> ScoreFn:
+    def _score_fn(self, model: str | None) -> TextScoreFn:
         learner = self.learner
 
         def fn(prompts: list[str]) -> Sequence[float]:

@@ -158,13 +158,13 @@ class Replica:
             cap = min(cap, scheduler.max_num_batched_tokens)
         self.max_model_len = cap
         self.waiting = PolicyQueue(policy)
-        kind = type(policy)
+        hooks = policy.hooks()
         # hooks the policy leaves at their defaults are skipped on the hot path
-        self._progress_hook = kind.overrides("on_progress")
-        self._timer_hook = kind.overrides("rekey_at_time")
-        self._rekey_hook = kind.overrides("rekey_after_tokens")
-        self._arrival_hook = kind.overrides("on_arrival")
-        self._finish_hook = kind.overrides("on_finish")
+        self._progress_hook = hooks.on_progress
+        self._timer_hook = hooks.rekey_at_time
+        self._rekey_hook = hooks.rekey_after_tokens
+        self._arrival_hook = hooks.on_arrival
+        self._finish_hook = hooks.on_finish
         # stretches report progress step by step when step-by-step mode would (module docstring)
         self._catch_up_hook = self._progress_hook and policy.preemptive
         # displacement modes other than "none" (see headway.core.Policy) check the queue head
@@ -179,7 +179,7 @@ class Replica:
         # displacement checks are skipped while nothing they read changed (see _start_step);
         # a rekey point bumps _run_version
         self._run_version = 0
-        self._static_preemption = kind.stable_displacement()
+        self._static_preemption = hooks.stable_displacement
         self._displace_sig: tuple[object, ...] | None = None
         self.seqs: dict[Request, _Seq] = {}
         self.decoders: dict[_Seq, None] = {}  # insertion-ordered set
