@@ -85,13 +85,11 @@ def engine_cpus(spec: str | None = None) -> set[int] | None:
 
     ``spec`` (default ``$HEADWAY_VLLM_CPUS``): ``"all"`` (no pinning) or a list such as
     ``"0"``, ``"0-2,5"``. Unset: on a machine with at most 4 CPUs every CPU but the last
-    goes to vLLM, so the client, the gateway and the tests keep one. Measured on this
-    project's 2-core VM: with vLLM's worker (bound to CPU 0 by vLLM itself), its engine
-    core and its API server spread over both CPUs, other processes stalled for seconds at
-    a time (a 5 ms sleep loop in a separate process saw gaps of 2.3-2.8 s), so a request
-    sent 0.3 s into a burst could reach vLLM only after the burst finished. With vLLM on
-    CPU 0 the worst gap was 9-15 ms and decoding was 1.4x slower
-    (``benchmarks/cpu_stall_probe.py``, ``benchmarks/results/cpu_stall_probe.md``).
+    goes to vLLM, so the client, the gateway and the tests keep one: on a small machine,
+    vLLM's worker, engine core and API server spread over every CPU stall other processes
+    for seconds at a time, so a load generator sends its requests late (measured on the
+    CPU-stall results page, ``docs/results/cpu-stall.md``,
+    ``benchmarks/cpu_stall_probe.py``).
     """
     spec = os.environ.get("HEADWAY_VLLM_CPUS") if spec is None else spec
     if spec is None or not spec.strip():

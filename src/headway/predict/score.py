@@ -143,8 +143,8 @@ def _hash(prompt: str) -> bytes:
 
 MAX_CHARS_PER_TOKEN = 32
 """The scorer reads at most ``max_length * MAX_CHARS_PER_TOKEN`` characters of a prompt: the
-tokenizer keeps ``max_length`` tokens anyway, but tokenizes the whole text first (about 1.4 s for
-1 MB), so the cost would grow with the prompt. A WordPiece token spans a few characters (a word
+tokenizer keeps ``max_length`` tokens anyway, but tokenizes the whole text first, so the cost would
+grow with the prompt (a megabyte-long prompt took over a second). A WordPiece token spans a few characters (a word
 over 100 characters is one ``[UNK]``), so the prefix holds the tokens kept unless the prompt is
 mostly whitespace."""
 
