@@ -98,3 +98,18 @@ def test_prefix_aware_gateway_spills_over_when_the_cached_backend_is_loaded(make
     send()  # while the first is still generating (8 tokens, 0.1 s each)
     first.join()
     assert codes == [200, 200] and sorted(s.stub.stats.started for s in stubs) == [1, 1]
+
+
+def test_the_gateway_hashes_prompts_only_for_a_router_that_reads_the_hashes(
+    make_stub, make_gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import headway.serve._gateway as gateway_module
+
+    calls: list[str] = []
+    real = gateway_module.prefix_block_hashes
+    monkeypatch.setattr(gateway_module, "prefix_block_hashes", lambda text: calls.append(text) or real(text))
+    stub = make_stub()
+    _send_all(make_gateway([stub.url], router="least-tokens"), 2)
+    assert calls == []
+    _send_all(make_gateway([stub.url], router="prefix-aware"), 2)
+    assert len(calls) == 2

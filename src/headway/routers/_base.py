@@ -330,6 +330,9 @@ class Router(ABC):
     """Registry name in kebab case (set by :func:`register_router`)."""
     uses_estimate: ClassVar[bool] = False
     """Whether decisions depend on the expected output length."""
+    uses_block_hashes: ClassVar[bool] = False
+    """Whether decisions read the request's :attr:`~headway.core.Request.block_hashes` (engines
+    that must compute them, such as the gateway from the prompt text, skip that work otherwise)."""
     randomized: ClassVar[bool] = False
     """Whether the router draws random numbers (then it takes ``seed=``)."""
     needs_length_sums: bool = False

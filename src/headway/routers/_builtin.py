@@ -362,6 +362,7 @@ class PrefixAwareRouter(LeastTokensRouter):
     """
 
     uses_estimate = True
+    uses_block_hashes = True
 
     def __init__(self, *, cache_tokens: int = 470_000, estimate_fn: Estimator | None = None) -> None:
         super().__init__(estimate_fn=estimate_fn)

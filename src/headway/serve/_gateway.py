@@ -241,6 +241,8 @@ class Gateway:
                 score_hold_s=config.scorer_hold_s if config.scorer else 0.0,
             )
             self._id_prefix = "hw-"
+        # prompt-text prefix hashes only for a router that reads them (--router prefix-aware)
+        self._hash_prefixes = self.dispatcher.router.uses_block_hashes
         self._admin_keys = frozenset(config.admin_api_key_sha256)
         self.active: dict[str, _Active] = {}
         """Requests being served (queued, running or streaming), by id."""
@@ -629,7 +631,7 @@ class Gateway:
             tier=ident.tier,
             priority=parsed.priority,
             prompt=scoring_text(parsed.prompt_text, self._scored_tokens) or None,
-            block_hashes=prefix_block_hashes(parsed.prompt_text),  # for --router prefix-aware
+            block_hashes=prefix_block_hashes(parsed.prompt_text) if self._hash_prefixes else (),
             hash_block_size=HASH_BLOCK_TOKENS,
         )
 
