@@ -465,6 +465,19 @@ class Replica:
             s.chunk = 0
         return s.req
 
+    def _evict_kv(self, s: _Seq) -> None:
+        """Free an evicted request's KV blocks: swapped out (charged at the swap cost) or dropped,
+        its computed tokens to be recomputed on resume."""
+        req = s.req
+        self._free_blocks(s, self.cfg.preemption_mode == "recompute")
+        if self.cfg.preemption_mode == "swap":
+            self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
+        else:
+            req.num_recomputed_tokens += req.num_computed_tokens
+            s.lost = req.num_computed_tokens
+            req.num_computed_tokens = 0
+        self.num_preemptions += 1
+
     def _requeue(self, req: Request, now: float) -> None:
         """A request taken out of the batch waits again (a preemption of it)."""
         req.num_preemptions += 1
@@ -476,14 +489,7 @@ class Replica:
     def _preempt(self, s: _Seq, now: float) -> None:
         """Evict a running request (its step reservations must already be returned)."""
         req = self._leave_batch(s, now)
-        self._free_blocks(s, self.cfg.preemption_mode == "recompute")
-        if self.cfg.preemption_mode == "swap":
-            self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
-        else:
-            req.num_recomputed_tokens += req.num_computed_tokens
-            s.lost = req.num_computed_tokens
-            req.num_computed_tokens = 0
-        self.num_preemptions += 1
+        self._evict_kv(s)
         self._requeue(req, now)
 
     def _pause(self, s: _Seq, now: float) -> None:
@@ -500,15 +506,7 @@ class Replica:
         if self.steps is not None:
             self._step_preempted.append(s.req.request_id)
         del self.paused[s]
-        req = s.req
-        self._free_blocks(s, self.cfg.preemption_mode == "recompute")
-        if self.cfg.preemption_mode == "swap":
-            self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
-        else:
-            req.num_recomputed_tokens += req.num_computed_tokens
-            s.lost = req.num_computed_tokens
-            req.num_computed_tokens = 0
-        self.num_preemptions += 1
+        self._evict_kv(s)
         self._run_version += 1
 
     def _sync_now(self, s: _Seq) -> None:
