@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from headway.predict._errors import CheckpointError
+from headway.predict._paths import file_sha256
 from headway.predict.encoder import OnnxEncoder, build_encoder_onnx, encoder_onnx_path
 
 __all__ = ["SHIPPED_PREDICTOR", "ShippedPredictor", "pack_checkpoint", "shipped_predictor_path"]
@@ -90,7 +91,7 @@ def pack_checkpoint(
         "pooling": str(info.get("pooling") or "pooler"),
         "max_length": int(info.get("max_length", 128)),
         "rank": rank,
-        "base_sha256": _file_sha256(base_dir / "model.safetensors"),
+        "base_sha256": file_sha256(base_dir / "model.safetensors"),
         "meta": meta or {},
     }
     buf = io.BytesIO()
@@ -101,14 +102,6 @@ def pack_checkpoint(
     dst.write_bytes(buf.getvalue())
     header["bytes"] = dst.stat().st_size
     return header
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class ShippedPredictor:
@@ -146,7 +139,7 @@ class ShippedPredictor:
         digest = hashlib.sha256(raw).hexdigest()[:16]
         graph = encoder_onnx_path(base_dir, f"packed:{digest}:{header['pooling']}")
         if not graph.is_file():
-            if _file_sha256(base_dir / "model.safetensors") != header["base_sha256"]:
+            if file_sha256(base_dir / "model.safetensors") != header["base_sha256"]:
                 raise CheckpointError(f"{self.path}: packed over other encoder weights than {base_dir}'s")
             weights = _weights(base_dir)
             for key, value in arrays.items():
