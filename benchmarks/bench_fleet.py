@@ -37,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from headway.core import available_policies, available_routers, get_router_class
+from headway.core import available_policies
 from headway.metrics import summarize
+from headway.routers import available_routers, get_router_class
 from headway.sim import simulate
 from headway.sim._fleet import fleet_summaries
 from headway.workload import Workload, load_workload

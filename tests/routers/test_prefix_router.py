@@ -7,7 +7,8 @@ import random
 import pytest
 
 from factories import make_request
-from headway.core import LoadTracker, Request, make_router
+from headway.core import Request
+from headway.routers import LoadTracker, make_router
 from headway.sim import simulate
 from headway.workload import BurstArrivals, session_workload
 

@@ -12,21 +12,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from factories import make_request
-from headway.core import (
+from headway.core import Policy, PolicyKey, Request
+from headway.routers import (
     LengthAwareRouter,
     LoadTracker,
-    Policy,
-    PolicyKey,
-    Request,
     Router,
     UnknownRouterError,
     available_routers,
     default_estimate,
     get_router_class,
+    length_class,
     make_router,
     policy_estimator,
 )
-from headway.routers import length_class
 
 ALL = ["least-outstanding", "least-tokens", "length-aware", "power-of-two", "prefix-aware", "random", "round-robin"]
 

@@ -1,4 +1,4 @@
-"""The gateway routes dispatched requests with headway.core routers (``--router``)."""
+"""The gateway routes dispatched requests with headway.routers routers (``--router``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import httpx
 import pytest
 
-from headway.core import UnknownRouterError
+from headway.routers import UnknownRouterError
 from headway.serve import BackendConfig, GatewayConfig, StubConfig, create_app, create_stub_app, serve_in_thread
 from headway.serve._cli import add_serve_parser, build_config
 

@@ -12,16 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from factories import make_workload, unit_cost
-from headway.core import (
-    LengthAwareRouter,
-    Request,
-    RequestState,
-    TargetLoad,
-    available_routers,
-    make_router,
-)
+from headway.core import Request, RequestState
 from headway.core._policy import _POLICIES
 from headway.policies import FCFSPolicy
+from headway.routers import LengthAwareRouter, TargetLoad, available_routers, make_router
 from headway.sim import CacheConfig, SchedulerConfig, SimResult, simulate
 from headway.sim._fleet import FLEET, fleet_presets, fleet_summaries, relative_speeds, split_by_replica
 from headway.workload import Workload

@@ -22,7 +22,7 @@ The contract, in the order an engine calls it:
     ``req`` finished; ``req.num_output_tokens`` is the observed output length
     (feedback for online estimators).
 ``expected_output_tokens(req)`` / ``score_of(req)``
-    Optional estimates for length-aware routers (see :func:`~headway.core.policy_estimator`):
+    Optional estimates for length-aware routers (see :func:`~headway.routers.policy_estimator`):
     the expected output tokens, or a score in log output tokens; None means none.
 ``can_preempt(req, now)`` / ``choose_victim(running, now)``
     For ``preemptive`` policies a waiting request with a smaller key may displace a
@@ -224,9 +224,9 @@ class Policy(ABC):
     # ------------------------------------------------------- estimates
     def expected_output_tokens(self, request: Request) -> float | None:
         """The policy's estimate of ``request``'s output length in tokens, for routers that
-        weigh requests by length (see :func:`~headway.core.policy_estimator`); None (the
+        weigh requests by length (see :func:`~headway.routers.policy_estimator`); None (the
         default): no estimate, the router falls back to
-        :func:`~headway.core.default_estimate`. Override it only in a policy that has one."""
+        :func:`~headway.routers.default_estimate`. Override it only in a policy that has one."""
         return None
 
     def score_of(self, request: Request) -> float | None:

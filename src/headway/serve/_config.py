@@ -88,9 +88,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from headway.core import DEFAULT_ROUTER, Tier, get_policy_class, get_router_class
+from headway.core import Tier, get_policy_class
 from headway.policies import ScoredPolicy
 from headway.predict._resolve import MIN_SCORING_LENGTH, predictor_spec
+from headway.routers import DEFAULT_ROUTER, get_router_class
 
 __all__ = [
     "BackendConfig",
@@ -265,7 +266,7 @@ class GatewayConfig:
     """Keep retrying a Redis operation on connection errors for this long (Redis restart)."""
     router: str = DEFAULT_ROUTER
     """Which backend (among those with room) a dispatched request goes to: a registered
-    ``headway.core`` router (``headway.core.available_routers()``). In-memory mode only;
+    ``headway.routers`` router (``headway.routers.available_routers()``). In-memory mode only;
     with ``redis_url`` the shared Lua dispatcher picks the least-loaded backend."""
     router_args: Mapping[str, Any] = field(default_factory=dict)
     admin_api_key_sha256: tuple[str, ...] = ()

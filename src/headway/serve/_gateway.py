@@ -74,8 +74,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from headway.core import Policy, Request, RequestState, make_policy, make_router
+from headway.core import Policy, Request, RequestState, make_policy
 from headway.predict.score import scoring_text
+from headway.routers import make_router
 from headway.serve._backend_load import parse_backend_load
 from headway.serve._config import GatewayConfig, hash_api_key
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError

@@ -163,12 +163,12 @@ def simulate(
     ``requires_chunked_prefill`` is refused without it.
 
     Several replicas share one arrival stream and need a ``router`` (a
-    :class:`~headway.core.Router` or a registered name, see
-    :func:`~headway.core.available_routers`, with ``router_kwargs``) or, for custom
+    :class:`~headway.routers.Router` or a registered name, see
+    :func:`~headway.routers.available_routers`, with ``router_kwargs``) or, for custom
     logic, a ``route`` function ``(request, replicas) -> index``. A router is reset at
     the start of the run, weighs replicas by their relative speed (from their cost
     models), and gets the policy's length estimate when the policy has one (see
-    :func:`~headway.core.policy_estimator`). ``result.assignment`` says where each
+    :func:`~headway.routers.policy_estimator`). ``result.assignment`` says where each
     request went (:func:`headway.sim._fleet.split_by_replica`).
 
     ``cache.enable_prefix_caching`` (on by default, as in vLLM V1) reuses cached KV blocks
@@ -198,7 +198,7 @@ def simulate(
         raise ValueError("pass the policy by name to simulate several replicas (one instance each)")
     rtr = _resolve_router(router, router_kwargs, route)
     if num_replicas > 1 and route is None and rtr is None:
-        raise ValueError("several replicas need a router (see headway.core.available_routers) or a route function")
+        raise ValueError("several replicas need a router (see headway.routers.available_routers) or a route function")
 
     loop = EventLoop()
     truth: dict[Request, int] = {}
