@@ -14,8 +14,6 @@ from headway.policies._scoring import SCORE_KEY, request_normal, tau_to_rho
 
 from .conftest import make_request
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-
 
 def test_tau_to_rho_hand_values():
     assert tau_to_rho(0.0) == 0.0
@@ -42,13 +40,9 @@ def test_online_noisy_oracle_hits_tau_on_lognormal_lengths(tau):
 
 
 @pytest.mark.parametrize("tau", [0.2, 0.55, 0.85])
-def test_offline_noisy_oracle_scores_hit_tau_exactly_on_real_lengths(tau):
-    path = DATA / "vidur_traces" / "splitwise_code.csv"
-    if path.exists():
-        with path.open() as f:
-            lengths = np.array([int(row["num_decode_tokens"]) for row in csv.DictReader(f)][:2000])
-    else:  # pragma: no cover - data missing
-        lengths = np.random.default_rng(0).integers(1, 50, 2000)
+def test_offline_noisy_oracle_scores_hit_tau_exactly_on_real_lengths(tau, data_dir: Path):
+    with (data_dir / "vidur_traces" / "splitwise_code.csv").open() as f:
+        lengths = np.array([int(row["num_decode_tokens"]) for row in csv.DictReader(f)][:2000])
     scores = noisy_oracle_scores(lengths, tau, seed=5)
     assert kendall_tau(scores, lengths) == pytest.approx(tau, abs=0.006)
     assert np.array_equal(scores, noisy_oracle_scores(lengths, tau, seed=5))
@@ -97,13 +91,10 @@ def test_batch_scorer_adapts_text_predictors():
         pol.on_arrival(make_request(), 0.0)
 
 
-def test_alpaca_lengths_tau_of_online_scorer_is_close():
+def test_alpaca_lengths_tau_of_online_scorer_is_close(data_dir: Path):
     # Real log lengths are not Gaussian: the online copula lands within 0.1 of its
     # target (measured 0.52 for 0.6 here); noisy_oracle_scores is the exact tool.
-    path = DATA / "alpaca_eval" / "output_lengths_long.csv.gz"
-    if not path.exists():  # pragma: no cover
-        pytest.skip("shared data not present")
-    with gzip.open(path, "rt") as f:
+    with gzip.open(data_dir / "alpaca_eval" / "output_lengths_long.csv.gz", "rt") as f:
         lengths = np.array(
             [int(r["cl100k_tokens"]) for r in csv.DictReader(f) if r["model"] == "gpt4_1106_preview"]
         )
