@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from headway.serve._cluster import Cluster
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test harnesses live with the tests
+from harness.cluster import Cluster
 
 BODY = json.dumps({"model": "stub-model", "prompt": "hello world", "max_tokens": 1}).encode()
 

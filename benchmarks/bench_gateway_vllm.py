@@ -36,9 +36,11 @@ import numpy as np
 from headway.metrics import summarize
 from headway.predict._resolve import MIN_SCORING_LENGTH
 from headway.serve._bench import BenchConfig, run_bench_sync
-from headway.serve._cluster import Cluster, Proc
-from headway.serve._vllm import default_vllm_paths, start_vllm
 from headway.workload import RequestSpec, Workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test harnesses live with the tests
+from harness.cluster import Cluster, Proc
+from harness.vllm import default_vllm_paths, start_vllm
 
 REPO = Path(__file__).resolve().parents[1]
 

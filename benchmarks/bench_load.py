@@ -24,8 +24,10 @@ from pathlib import Path
 import httpx
 
 from headway.serve import hash_api_key
-from headway.serve._cluster import Cluster
-from headway.serve._loadtest import LoadConfig, gateway_counters, run_load
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test harnesses live with the tests
+from harness.cluster import Cluster
+from harness.loadtest import LoadConfig, gateway_counters, run_load
 
 KEYS = ("sk-load-a", "sk-load-b")
 ADMIN = "sk-load-admin"
@@ -51,7 +53,7 @@ async def _load_many(urls: list[str], cfg: LoadConfig):
     import asyncio
     from dataclasses import replace
 
-    from headway.serve._loadtest import LoadResult
+    from harness.loadtest import LoadResult
 
     k, rate = len(urls), cfg.rate / len(urls)
     sizes = [cfg.num_requests // k + (i < cfg.num_requests % k) for i in range(k)]

@@ -5,7 +5,7 @@ two gateway replicas sharing it (``pars`` with a cheap prompt-length scorer, two
 from the config). Then, for ``--duration-s``:
 
 - good traffic, open loop at ``--rate`` requests/s over both replicas
-  (:mod:`headway.serve._loadtest`: 2% invalid JSON, 1% wrong key, 1% oversized, 20% streamed);
+  (``tests/harness/loadtest.py``: 2% invalid JSON, 1% wrong key, 1% oversized, 20% streamed);
 - hostile traffic, one case every ``--hostile-every-s`` in turn: a slowloris connection (a
   header byte a second), a bare connection, a malformed request head, a lone-surrogate
   prompt, a token-id prompt, a ~500 KB prompt, ``n = 1000``, ``GET /health/`` with a foreign
@@ -40,8 +40,10 @@ from typing import Any
 import httpx
 
 from headway.serve import hash_api_key
-from headway.serve._cluster import Cluster, Proc, RedisProc
-from headway.serve._loadtest import LoadConfig, LoadResult, run_load
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test harnesses live with the tests
+from harness.cluster import Cluster, Proc, RedisProc
+from harness.loadtest import LoadConfig, LoadResult, run_load
 
 KEYS = ("sk-soak-a", "sk-soak-b")
 RESULTS = Path(__file__).resolve().parent / "results"

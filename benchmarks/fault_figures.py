@@ -32,8 +32,10 @@ from pathlib import Path
 
 import httpx
 
-from headway.serve._cluster import Cluster, Proc
 from headway.serve._upstream import UpstreamError, UpstreamPool
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test harnesses live with the tests
+from harness.cluster import Cluster, Proc
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from headway.serve._cluster import Cluster, RedisProc
+from harness.cluster import Cluster, RedisProc
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
+from harness.cluster import Cluster, Proc
 from headway.serve import free_port
-from headway.serve._cluster import Cluster, Proc
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from headway.serve._cluster import Cluster, Proc, RedisProc, wait_for
+from harness.cluster import Cluster, Proc, RedisProc, wait_for
 
 CLIENT = httpx.Client(timeout=60, limits=httpx.Limits(max_connections=64))
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from harness.cluster import Cluster
+from harness.loadtest import LoadConfig, gateway_counters, run_load_sync
 from headway.serve import hash_api_key
-from headway.serve._cluster import Cluster
-from headway.serve._loadtest import LoadConfig, gateway_counters, run_load_sync
 
 KEYS = ("sk-load-a", "sk-load-b")
 ADMIN = "sk-load-admin"

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from headway.serve._cluster import Cluster, RedisProc, wait_for
+from harness.cluster import Cluster, RedisProc, wait_for
 
 pytestmark = pytest.mark.redis
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from harness.cluster import Cluster, wait_for
 from headway.core import Tier
 from headway.serve import (
     BackendConfig,
@@ -21,7 +22,6 @@ from headway.serve import (
     hash_api_key,
     serve_in_thread,
 )
-from headway.serve._cluster import Cluster, wait_for
 
 ACME, BULK, ADMIN = "sk-acme-7f3a9c", "sk-bulk-2b8e41", "sk-admin-c0ffee"
 H_ACME = {"Authorization": f"Bearer {ACME}"}

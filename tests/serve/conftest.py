@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.vllm import VllmNotAvailable, default_vllm_paths, start_vllm
 from headway.serve import (
     BackendConfig,
     GatewayConfig,
@@ -28,7 +29,6 @@ from headway.serve import (
 )
 from headway.serve._gateway import Gateway
 from headway.serve._stub import _Stub
-from headway.serve._vllm import VllmNotAvailable, default_vllm_paths, start_vllm
 
 REPO = Path(__file__).resolve().parents[2]
 

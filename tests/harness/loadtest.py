@@ -5,8 +5,8 @@ Each request ends in exactly one *outcome*: ``completed`` (200 and, when streame
 error event), ``http_<status>`` (any other status; the gateway's OpenAI-style
 ``error.code`` is recorded per status as the *reason*) or ``lost`` (no answer: transport
 error or client timeout). A mix of bad requests (invalid JSON, wrong API key, oversized
-body) exercises the rejection paths. Used by ``tests/scale/test_load.py`` and
-``benchmarks/bench_load.py``.
+body) exercises the rejection paths. Used by ``tests/scale/test_load.py``,
+``benchmarks/bench_load.py`` and ``benchmarks/bench_soak.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from headway.serve._upstream import UpstreamError, UpstreamPool
 
-__all__ = ["LoadConfig", "LoadResult", "run_load", "run_load_sync"]
+__all__ = ["LoadConfig", "LoadResult", "gateway_counters", "run_load", "run_load_sync"]
 
 
 @dataclass(frozen=True, slots=True)

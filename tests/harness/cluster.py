@@ -1,7 +1,7 @@
 """Real processes on loopback for scale and fault tests: redis-server, stub backends and
 gateway replicas (``python -m headway.serve ...``), each killable and restartable.
 
-Used by ``tests/scale`` and ``benchmarks/fault_figures.py``; everything binds 127.0.0.1.
+Used by ``tests/scale`` and the gateway benchmarks; everything binds 127.0.0.1.
 """
 
 from __future__ import annotations
