@@ -199,8 +199,6 @@ def start_redis_server(port: int, directory: Path) -> subprocess.Popen[bytes]:
 
 
 # ------------------------------------------------------------------------- vllm
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
-TINY_LLAMA = REPO / ".venv-vllm" / "tiny-llama"
 
 
 @pytest.fixture(scope="session")
