@@ -66,10 +66,12 @@ def test_a_tiny_decoder_on_cpu_is_timed_and_the_fitted_preset_predicts_it(tmp_pa
 
     fit, _ = fit_timings(read_step_timings(out), "tiny-cpu")
     # stated tolerance: R^2 >= 0.9; the decode steps' and the prefill steps' total time within 5 %; every
-    # step of 20 ms or more within 30 % (shorter ones are dominated by the machine's scheduling noise)
-    assert fit.r2 >= 0.9
+    # step at least a fifth as long as the longest within 30 % (shorter ones, a few ms on this CPU, are
+    # dominated by the machine's scheduling noise and the tiny model's fixed costs)
+    assert fit.r2 >= 0.9 and fit.note == ""  # the split fit, not its fallback
     assert abs(fit.decode_time_error) < 0.05 and abs(fit.prefill_time_error) < 0.05
-    long = [s for s in read_step_timings(out).samples() if s.duration >= 0.02]
+    samples = read_step_timings(out).samples()
+    long = [s for s in samples if s.duration >= max(x.duration for x in samples) / 5]
     assert len(long) >= 3
     for s in long:
         assert fit.model.sample_time(s) / s.duration == pytest.approx(1.0, abs=0.3), s
