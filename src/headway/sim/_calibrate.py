@@ -503,7 +503,7 @@ def fit_step_samples(
     ``method="split"`` (default): :func:`_fit_split`, which keeps the total time of
     decode-only steps and of steps with prefill chunks each right; ``"nnls"``:
     :meth:`CostModel.fit` (least squares over all steps together); ``"relative"``: the same on
-    relative residuals (each step counts alike, whatever its length).
+    relative errors (``CostModel.fit(relative=True)``: each step counts alike, whatever its length).
 
     With ``outlier_mad``, samples whose relative residual ``(measured - predicted) / predicted``
     (the prediction including the one-time cost of a new token count) exceeds that many scaled

