@@ -314,7 +314,7 @@ def _ints(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="JSON file of the raw timings (rewritten after each point)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (for tests, with a tiny shape)")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     p.add_argument("--budget-s", type=float, default=420.0, help="add no point after this many seconds")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs of each step first")
@@ -372,6 +372,8 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: this torch ({torch.__version__}) sees no CUDA device")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     dtype = getattr(torch, args.dtype)

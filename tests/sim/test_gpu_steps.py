@@ -107,3 +107,39 @@ def test_the_plan_interleaves_the_kinds_and_the_shape_is_checked(bench: ModuleTy
     assert llama.kv_bytes_per_token(2) == 131_072
     with pytest.raises(ValueError, match="multiple of --kv-heads 3"):
         bench.ModelShape(kv_heads=3)
+
+
+def test_without_a_gpu_the_default_device_is_refused_at_once(tmp_path: Path, bench: ModuleType) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(SystemExit, match=r"--device cuda: this torch .* sees no CUDA device"):
+        bench.main(["--out", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_a_step_that_fails_is_listed_as_skipped_and_the_run_goes_on(
+    tmp_path: Path, bench: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of memory, or a kernel the GPU lacks, on one step must not end a one-shot run."""
+    import torch
+
+    forward = bench.Decoder.forward
+
+    def failing(self: Any, step: Any, *args: Any) -> Any:
+        if step.kind == "mixed":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        return forward(self, step, *args)
+
+    monkeypatch.setattr(bench.Decoder, "forward", failing)
+    threads = torch.get_num_threads()
+    out = tmp_path / "steps.json"
+    try:
+        bench.main(["--out", str(out), *TINY, "--repeats", "1", "--warmup", "0"])
+    finally:
+        torch.set_num_threads(threads)
+    doc = json.loads(out.read_text())
+    assert sorted(p["kind"] for p in doc["skipped"]) == ["mixed", "mixed"]
+    assert all("OutOfMemoryError: CUDA out of memory (injected)" in p["why"] for p in doc["skipped"])
+    assert len(doc["points"]) == len(STEPS) - 2 and doc["not_run"] == []
