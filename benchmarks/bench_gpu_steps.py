@@ -500,9 +500,20 @@ def _write(path: Path, doc: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def _command(argv: Sequence[str]) -> str:
+    """The command line for the result file, the output folder written ``$OUT`` (no machine's path)."""
+    words = [shlex.quote(w) for w in argv]
+    for i, word in enumerate(argv):
+        if word == "--out" and i + 1 < len(argv):
+            words[i + 1] = "$OUT/" + shlex.quote(Path(argv[i + 1]).name)
+        elif word.startswith("--out="):
+            words[i] = "--out=$OUT/" + shlex.quote(Path(word.removeprefix("--out=")).name)
+    return " ".join(["python3", "benchmarks/bench_gpu_steps.py", *words])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    run(build_parser().parse_args(argv), shlex.join(["python3", "benchmarks/bench_gpu_steps.py", *argv]))
+    run(build_parser().parse_args(argv), _command(argv))
     return 0
 
 

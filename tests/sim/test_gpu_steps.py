@@ -57,7 +57,8 @@ def test_a_tiny_decoder_on_cpu_is_timed_and_the_fitted_preset_predicts_it(tmp_pa
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("device: ")
     doc: dict[str, Any] = json.loads(out.read_text())
-    assert doc["command"].startswith("python3 ") and "--layers 2" in doc["command"]
+    assert doc["command"].startswith("python3 benchmarks/bench_gpu_steps.py --out $OUT/steps.json --device cpu ")
+    assert str(tmp_path) not in out.read_text()  # no path of the measuring machine in the result file
     assert doc["model"]["layers"] == 2 and doc["model"]["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 4
     got = {(p["kind"], p["batch"], p["context"], p["chunk"], p["prefix"]):
            (p["num_tokens"], p["num_seqs"], p["num_kv_tokens"]) for p in doc["points"]}  # fmt: skip
