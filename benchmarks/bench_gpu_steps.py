@@ -442,6 +442,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "not_run": [],
     }  # fmt: skip
     gen = torch.Generator(device=device).manual_seed(args.seed)
+    graphs = device.type == "cuda" and args.graph_max_tokens > 0  # off for the rest of the run after a failed capture
     for i, step in enumerate(steps):
         if time.perf_counter() - t_start > args.budget_s:
             doc["not_run"] = [s.describe() for s in steps[i:]]
@@ -458,13 +459,15 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
                 return model.forward(step, *inputs).argmax(dim=-1)  # the greedy pick
 
             runner: Callable[[], Any] = eager
-            graph = device.type == "cuda" and step.num_tokens <= args.graph_max_tokens
+            graph = graphs and step.num_tokens <= args.graph_max_tokens
             graph_error = None
             if graph:
                 try:
                     runner = _capture(eager, device)
                 except RuntimeError as exc:  # run it eagerly instead, and say so
-                    graph, graph_error = False, f"{type(exc).__name__}: {exc}"[:300]
+                    graph, graphs, graph_error = False, False, f"{type(exc).__name__}: {exc}"[:300]
+                    print(f"CUDA graph capture failed ({graph_error}); every step runs eagerly now", flush=True)
+                    _sync(device)
             t0 = time.perf_counter()
             times, walls = time_step(runner, device, args.warmup, args.repeats)
             del runner, eager, inputs
