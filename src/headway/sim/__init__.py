@@ -28,6 +28,7 @@ from headway.sim._prefix import ideal_prefix_hits
 from headway.sim._replica import Replica
 from headway.sim._simulator import ReplicaStats, RouteFn, SimResult, simulate
 from headway.sim._steps import StepRecord
+from headway.sim._timings import StepTimings, fit_timings, read_step_timings
 
 __all__ = [
     "PRESETS",
@@ -43,16 +44,19 @@ __all__ = [
     "StepLog",
     "StepRecord",
     "StepSample",
+    "StepTimings",
     "available_presets",
     "calibration_meta",
     "capacity_cost_model",
     "engine_configs",
     "fit_from_step_log",
     "fit_step_samples",
+    "fit_timings",
     "ideal_prefix_hits",
     "load_preset",
     "preset_dir",
     "read_step_log",
+    "read_step_timings",
     "roofline",
     "save_preset",
     "saved_presets",

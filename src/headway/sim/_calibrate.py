@@ -52,6 +52,7 @@ from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import PRESETS, TIME_FIELDS, CostModel, StepSample, check_samples
 
 __all__ = [
+    "FIT_METHODS",
     "PRESET_DIR_ENV",
     "CalibrationFit",
     "StepLog",
@@ -489,6 +490,10 @@ def _fit_split(samples: Sequence[StepSample], base: CostModel, name: str) -> tup
     return model, f, ""
 
 
+FIT_METHODS = ("split", "nnls", "relative")
+"""The methods :func:`fit_step_samples` takes."""
+
+
 def fit_step_samples(
     samples: Sequence[StepSample], base: CostModel, name: str, *, method: str = "split",
     outlier_mad: float | None = None, rounds: int = 2,
@@ -497,7 +502,8 @@ def fit_step_samples(
 
     ``method="split"`` (default): :func:`_fit_split`, which keeps the total time of
     decode-only steps and of steps with prefill chunks each right; ``"nnls"``:
-    :meth:`CostModel.fit` (least squares over all steps together).
+    :meth:`CostModel.fit` (least squares over all steps together); ``"relative"``: the same on
+    relative errors (``CostModel.fit(relative=True)``: each step counts alike, whatever its length).
 
     With ``outlier_mad``, samples whose relative residual ``(measured - predicted) / predicted``
     (the prediction including the one-time cost of a new token count) exceeds that many scaled
@@ -511,12 +517,14 @@ def fit_step_samples(
     ValueError for fewer than 4 samples, a duration that is not positive and finite (naming the
     sample), or samples that all have the same composition.
     """
-    if method not in ("split", "nnls"):
-        raise ValueError(f"unknown fit method {method!r}; use 'split' or 'nnls'")
+    if method not in FIT_METHODS:
+        raise ValueError(f"unknown fit method {method!r}; use one of {', '.join(FIT_METHODS)}")
     check_samples(samples)
 
     def fit(xs: Sequence[StepSample]) -> tuple[CostModel, float, str]:
-        return _fit_split(xs, base, name) if method == "split" else (CostModel.fit(xs, base, name), 0.0, "")
+        if method == "split":
+            return _fit_split(xs, base, name)
+        return CostModel.fit(xs, base, name, relative=method == "relative"), 0.0, ""
 
     kept = list(samples)
     model, shape_cost, note = fit(kept)

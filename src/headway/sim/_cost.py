@@ -169,16 +169,21 @@ class CostModel:
 
     # ------------------------------------------------------------- fitting
     @classmethod
-    def fit(cls, samples: Sequence[StepSample], base: CostModel, name: str) -> CostModel:
+    def fit(cls, samples: Sequence[StepSample], base: CostModel, name: str, *, relative: bool = False) -> CostModel:
         """Fit the six step-time constants to measured steps (non-negative least squares).
 
-        Memory figures (and ``swap_per_token``) are taken from ``base``. Needs at least four
+        ``relative``: fit the *relative* error instead of the absolute one, so that a 5 ms decode step
+        counts as much as a 300 ms prefill: least squares on ``log(predicted) - log(measured)``
+        (constants >= 0), started from least squares on ``(predicted - measured) / measured``, whose
+        optimum predicts low (for a constant model it is ``sum(1/y) / sum(1/y^2)``, below every mean
+        of ``y``); on log errors the geometric mean of predicted / measured is 1 when the model can
+        scale. Memory figures (and ``swap_per_token``) are taken from ``base``. Needs at least four
         samples, with positive, finite durations, that vary in composition (ValueError otherwise,
         :func:`check_samples`).
         """
         import numpy as np
 
-        nnls = require("scipy.optimize", "sim", "fitting a cost model").nnls
+        optimize = require("scipy.optimize", "sim", "fitting a cost model")
 
         check_samples(samples)
         a = np.array(
@@ -188,9 +193,20 @@ class CostModel:
             ]
         )
         y = np.array([s.duration for s in samples])
-        scale = np.maximum(a.max(axis=0), 1e-12)
-        coef, _ = nnls(a / scale, y)
-        coef = coef / scale
+        coef = np.zeros(a.shape[1])
+        used = a.max(axis=0) > 0  # a feature no sample has (arrivals, prefill chunks) gets 0
+        x = a[:, used] / a[:, used].max(axis=0)
+        if relative:
+            start, _ = optimize.nnls(x / y[:, None], np.ones_like(y))
+            start = np.maximum(start, 1e-9 * max(float(start.max()), 1e-12))  # inside the bounds
+            fit = optimize.least_squares(
+                lambda c: np.log(np.maximum(x @ c, 1e-300)) - np.log(y), start, bounds=(0.0, np.inf),
+                xtol=1e-14, ftol=1e-14, gtol=1e-14,
+            )  # fmt: skip
+            coef[used] = np.where(fit.active_mask == -1, 0.0, fit.x)  # at the bound: exactly 0
+        else:
+            coef[used] = optimize.nnls(x, y)[0]
+        coef[used] /= a[:, used].max(axis=0)
         return cls(
             name=name,
             step_overhead=float(coef[0]),
