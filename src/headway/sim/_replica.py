@@ -151,7 +151,7 @@ class Replica:
         self.num_blocks = cache.num_gpu_blocks or cost.num_gpu_blocks(cache.gpu_memory_utilization, cache.block_size)
         self.free = self.num_blocks
         self.cache = PrefixCache(self.num_blocks) if cache.enable_prefix_caching else None
-        self._dup_ids = itertools.count()  # names of runs of hashed blocks no lookup finds (_free_blocks)
+        self._keyed = False  # some request here has block keys (prefix caching only)
         self._join_ids = itertools.count()  # _Seq.order
         cap = self.num_blocks * self.bs
         if not scheduler.enable_chunked_prefill:
@@ -239,6 +239,7 @@ class Replica:
         keys: list[Hashable] = []
         if self.cache is not None and req.block_hashes:
             keys = block_keys(req.block_hashes, req.hash_block_size, req.num_prompt_tokens, self.bs)
+            self._keyed = self._keyed or bool(keys)
         s = _Seq(req, true_len, keys)
         self.seqs[req] = s
         # a step ending at or after tie_floor(now) is still in flight: a rounding tie goes to the
@@ -398,43 +399,54 @@ class Replica:
 
     # ------------------------------------------------------------- leaving
     def _free_blocks(self, s: _Seq, evicted: bool) -> None:
-        """Give back all of ``s``'s blocks. With prefix caching its full blocks keep their keys in
-        the free queue: its workload-keyed ones (those filled by decoding are keyed now), and its
+        """Give back all of ``s``'s blocks (with prefix caching: :meth:`_free_keyed`)."""
+        cache = self.cache
+        if cache is None:
+            self.free += s.blocks
+        elif s.keys or s.held or evicted:
+            self._free_keyed(cache, s, evicted)
+        else:
+            # What _free_keyed does with no workload keys (keys=[]), no cached blocks in use
+            # (held=[], so reg=0) and no own keys to leave behind (not evicted: own=[]): its
+            # full blocks (at most all of them) are a run no lookup finds, the rest go to the head.
+            # tests/sim/test_prefix_queue.py runs both ways step by step.
+            cache.release_unkeyed(self.free, s.blocks, s.req.num_computed_tokens // self.bs)
+            self.free += s.blocks
+        s.blocks = 0
+
+    def _free_keyed(self, cache: PrefixCache, s: _Seq, evicted: bool) -> None:
+        """Give back ``s``'s blocks to the prefix cache: its full blocks keep their keys in the
+        free queue: its workload-keyed ones (those filled by decoding are keyed now), and its
         other computed full blocks too, under keys only it has (vLLM hashes every full block):
         an evicted request finds them again when it resumes, and a finished one's hold their
         place in the queue. A full block computed again while another block had its key (vLLM
         keeps both under the hash) holds its place under a key nothing looks up. The rest (its
         partial last block) goes to the head of the queue."""
-        cache = self.cache
-        if cache is not None:
-            cache.settle(self.free)
-            req = s.req
-            full = req.num_computed_tokens // self.bs
-            keys, held = s.keys, s.held
-            for i in range(s.reg, min(full, len(keys))):
-                if cache.insert(keys[i]):
-                    held.append(keys[i])
-            own: list[Hashable] = []
-            if evicted and full > len(keys):
-                seq = req.seq
-                for i in range(max(s.reg, len(keys)), full):
-                    key = (seq, i, -1)
-                    if not cache.cached(key):
-                        own.append(key)
-                s.own_end = full
-            own.reverse()
-            held.reverse()
-            # its other full blocks: a finished request's own, duplicates (hashed in vLLM, found by nobody here)
-            full = min(full, s.blocks)
-            hidden = max(full - len(held) - len(own), 0)
-            # blocks shared with running requests stay in use
-            unhashed = s.blocks - len(held) - len(own) - hidden
-            self.free += cache.release(unhashed, own, hidden, held, next(self._dup_ids))
-            s.held = []
-            s.reg = 0
-        else:
-            self.free += s.blocks
-        s.blocks = 0
+        cache.settle(self.free)
+        req = s.req
+        full = req.num_computed_tokens // self.bs
+        keys, held = s.keys, s.held
+        for i in range(s.reg, min(full, len(keys))):
+            if cache.insert(keys[i]):
+                held.append(keys[i])
+        own: list[Hashable] = []
+        if evicted and full > len(keys):
+            seq = req.seq
+            for i in range(max(s.reg, len(keys)), full):
+                key = (seq, i, -1)
+                if not cache.cached(key):
+                    own.append(key)
+            s.own_end = full
+        own.reverse()
+        held.reverse()
+        # its other full blocks: a finished request's own, duplicates (hashed in vLLM, found by nobody here)
+        full = min(full, s.blocks)
+        hidden = max(full - len(held) - len(own), 0)
+        # blocks shared with running requests stay in use
+        unhashed = s.blocks - len(held) - len(own) - hidden
+        self.free += cache.release(unhashed, own, hidden, held)
+        s.held = []
+        s.reg = 0
 
     def _finish(self, s: _Seq, now: float) -> None:
         req = s.req
@@ -702,7 +714,7 @@ class Replica:
         s.reg = full
 
     def _register_prefills(self) -> None:
-        if self.cache is not None:
+        if self._keyed:
             for s in self.prefilling:
                 if s.keys:
                     self._register(s)
@@ -731,7 +743,8 @@ class Replica:
                 self._step_cached.append((req.request_id, req.num_computed_tokens))
             if req.first_scheduled_time is None:
                 cache.queries += req.num_prompt_tokens
-                cache.hits += req.num_computed_tokens
+                if hit:
+                    cache.hits += req.num_computed_tokens
                 req.num_cached_tokens = req.num_computed_tokens
             else:
                 cache.preempted_queries += req.num_prompt_tokens + req.num_output_tokens
@@ -741,7 +754,7 @@ class Replica:
         s.blocks += blocks
         self.free -= blocks
         s.chunk = chunk
-        if register and cache is not None and s.keys:
+        if register and s.keys:  # (keys only with prefix caching)
             self._register(s)
         req.transition(RequestState.RUNNING)
         if req.first_scheduled_time is None:
