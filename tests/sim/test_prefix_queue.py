@@ -104,21 +104,26 @@ def layout(cache: PrefixCache) -> list[tuple[Hashable, int]]:
     return out
 
 
+_start = st.tuples(st.just("start"), st.lists(st.integers(0, 12), max_size=5), st.integers(0, 4))
+_finish = st.tuples(st.just("finish"), st.integers(0, 50), st.integers(0, 3), st.integers(0, 4), st.booleans())
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("alloc"), st.integers(0, 6)),  # a step reserves blocks
         st.tuples(st.just("unreserve"), st.integers(0, 4)),  # and gives some back (not to the queue)
         st.tuples(st.just("settle"), st.just(0)),
-        st.tuples(st.just("start"), st.lists(st.integers(0, 12), max_size=5), st.integers(0, 4)),
-        st.tuples(st.just("finish"), st.integers(0, 50), st.integers(0, 3), st.integers(0, 4), st.booleans()),
+        _start,
+        _finish,
+        _start,
+        _finish,
         st.tuples(st.just("look"), st.lists(st.integers(0, 30), max_size=6)),
     ),
-    max_size=60,
+    min_size=20,
+    max_size=80,
 )
 
 
 @settings(max_examples=300)
-@given(num_blocks=st.integers(0, 24), script=ops)
+@given(num_blocks=st.integers(0, 40), script=ops)
 def test_the_queue_by_counts_holds_what_a_queue_of_blocks_holds(num_blocks: int, script: list[tuple[Any, ...]]) -> None:
     real, ref = PrefixCache(num_blocks), BlockQueue(num_blocks)
     both = (real, ref)
