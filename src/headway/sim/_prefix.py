@@ -101,14 +101,16 @@ class PrefixCache:
 
     def settle(self, free: int) -> None:
         """Give up the blocks allocated since the last call: pop from the head down to ``free``."""
-        excess = self.queued - max(free, 0)
+        excess = self.queued - (free if free > 0 else 0)
         if excess <= 0:
             return
         self.queued -= excess
-        if self.fresh:
-            d = min(self.fresh, excess)
-            self.fresh -= d
-            excess -= d
+        fresh = self.fresh
+        if fresh >= excess:
+            self.fresh = fresh - excess
+            return
+        excess -= fresh
+        self.fresh = 0
         lru, runs = self.lru, self.runs
         while excess:
             key = next(iter(lru))
@@ -183,17 +185,7 @@ class PrefixCache:
             self.queued += len(own)
             self._tail = None
         if hidden:
-            # merged runs hold the same places (module docstring)
-            if not lru:
-                self.fresh += hidden
-            elif self._tail is not None:
-                self.runs[self._tail] += hidden
-            else:
-                run: Hashable = (next(self._run_ids),)
-                lru[run] = None
-                self.runs[run] = hidden
-                self._tail = run
-            self.queued += hidden
+            self._append_hidden(hidden)
         for key in keys:
             n = ref[key] - 1
             if n:
@@ -212,13 +204,30 @@ class PrefixCache:
         if self.lru:
             self.settle(free)
             hidden = full if full < blocks else blocks
-            self.release(blocks - hidden, (), hidden, ())
+            self.fresh += blocks - hidden
+            self.queued += blocks - hidden
+            if hidden:
+                self._append_hidden(hidden)
             return
         # settle (the queue, all of it fresh, pops down to the free count), then all to fresh
         queued = self.queued
         if free < queued:
             queued = free if free > 0 else 0
         self.queued = self.fresh = queued + blocks
+
+    def _append_hidden(self, hidden: int) -> None:
+        """``hidden`` blocks no lookup finds go to the tail of the queue, merged (module docstring)."""
+        lru = self.lru
+        if not lru:
+            self.fresh += hidden
+        elif self._tail is not None:
+            self.runs[self._tail] += hidden
+        else:
+            run: Hashable = (next(self._run_ids),)
+            lru[run] = None
+            self.runs[run] = hidden
+            self._tail = run
+        self.queued += hidden
 
     @property
     def hit_rate(self) -> float | None:
