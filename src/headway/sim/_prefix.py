@@ -13,6 +13,16 @@ free-block count; the queue gives the blocks up lazily (:meth:`PrefixCache.settl
 anything looks into it, which takes the same blocks from the head as taking them at
 allocation would.
 
+What the queue decides is which keys it still holds (a lookup finds them) and, for each, how
+many blocks go before it (they are reused first). Blocks no lookup finds are told apart only by
+their count, so the queue keeps them merged: a run freed behind another run extends it, and a
+run freed while no key is queued joins ``fresh`` (all of them go before any key freed later,
+and blocks freed without a hash, at the head, go before them all the same). Without keys in the
+queue (no request carries block hashes, and no evicted request left its own blocks behind) it
+is therefore two counters, and a request that freed no keyed block costs two additions
+(:meth:`PrefixCache.release_unkeyed`). ``tests/sim/test_prefix_queue.py`` checks it against a
+queue of single blocks, operation by operation.
+
 Keys. Engine block ``i`` (``block_size`` tokens) of a request is keyed from the request's
 ``block_hashes`` (:func:`block_keys`). A request evicted and recomputed also finds its own
 computed blocks still cached: they are keyed ``(seq, i, -1)``, a key no other request has.
@@ -20,6 +30,7 @@ computed blocks still cached: they are keyed ``(seq, i, -1)``, a key no other re
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
@@ -69,7 +80,10 @@ def ideal_prefix_hits(requests: Sequence[tuple[list[Hashable], int]], block_size
 class PrefixCache:
     """vLLM's free-block queue and its map of cached blocks, kept by counts (module docstring)."""
 
-    __slots__ = ("fresh", "hits", "lru", "preempted_hits", "preempted_queries", "queries", "queued", "ref", "runs")
+    __slots__ = (
+        "_run_ids", "_tail", "fresh", "hits", "lru", "preempted_hits", "preempted_queries", "queries", "queued", "ref",
+        "runs",
+    )  # fmt: skip
 
     def __init__(self, num_blocks: int) -> None:
         self.fresh = num_blocks  # blocks without a hash at the head of the free queue
@@ -77,6 +91,8 @@ class PrefixCache:
         self.lru: OrderedDict[Hashable, None] = OrderedDict()  # hashed blocks after them, in freeing order
         self.runs: dict[Hashable, int] = {}  # entry (a 1-tuple) -> size, for runs no lookup finds
         self.ref: dict[Hashable, int] = {}  # cached blocks in use -> their number of users
+        self._tail: Hashable | None = None  # the run last in ``lru``, if it is one (release extends it)
+        self._run_ids = itertools.count()  # names of the runs
         # vLLM's PrefixCacheStats: new requests, and (apart) resumed ones, in tokens
         self.queries = 0
         self.hits = 0
@@ -85,14 +101,16 @@ class PrefixCache:
 
     def settle(self, free: int) -> None:
         """Give up the blocks allocated since the last call: pop from the head down to ``free``."""
-        excess = self.queued - max(free, 0)
+        excess = self.queued - (free if free > 0 else 0)
         if excess <= 0:
             return
         self.queued -= excess
-        if self.fresh:
-            d = min(self.fresh, excess)
-            self.fresh -= d
-            excess -= d
+        fresh = self.fresh
+        if fresh >= excess:
+            self.fresh = fresh - excess
+            return
+        excess -= fresh
+        self.fresh = 0
         lru, runs = self.lru, self.runs
         while excess:
             key = next(iter(lru))
@@ -103,6 +121,8 @@ class PrefixCache:
                     return
                 del runs[key]
                 excess -= n
+                if key is self._tail:
+                    self._tail = None
             else:
                 excess -= 1
             del lru[key]
@@ -148,27 +168,24 @@ class PrefixCache:
         self.ref[key] = 1
         return True
 
-    def release(
-        self, unhashed: int, own: Sequence[Hashable], hidden: int, keys: Sequence[Hashable], run_id: int
-    ) -> int:
+    def release(self, unhashed: int, own: Sequence[Hashable], hidden: int, keys: Sequence[Hashable]) -> int:
         """A request frees ``unhashed`` blocks without a hash (to the head of the queue, reused
         first), then blocks that get the keys ``own`` as they go back (its own, not cached
-        before), ``hidden`` hashed blocks no lookup finds (a run named ``run_id``, unique), and
-        the cached ``keys`` it used, in that order (pass each tail first, as vLLM frees them).
-        Cached blocks with other users stay off the queue; settle first. Returns the number of
-        blocks that went back to the queue."""
+        before), ``hidden`` hashed blocks no lookup finds (a run), and the cached ``keys`` it
+        used, in that order (pass each tail first, as vLLM frees them). Cached blocks with other
+        users stay off the queue; settle first. Returns the number of blocks that went back to
+        the queue."""
         lru, ref = self.lru, self.ref
         before = self.queued
         self.fresh += unhashed
         self.queued += unhashed
-        for key in own:
-            lru[key] = None
-        self.queued += len(own)
+        if own:
+            for key in own:
+                lru[key] = None
+            self.queued += len(own)
+            self._tail = None
         if hidden:
-            run: Hashable = (run_id,)
-            lru[run] = None
-            self.runs[run] = hidden
-            self.queued += hidden
+            self._append_hidden(hidden)
         for key in keys:
             n = ref[key] - 1
             if n:
@@ -177,7 +194,40 @@ class PrefixCache:
                 del ref[key]
                 lru[key] = None
                 self.queued += 1
+                self._tail = None
         return self.queued - before
+
+    def release_unkeyed(self, free: int, blocks: int, full: int) -> None:
+        """``settle(free)``, then ``release(blocks - hidden, (), hidden, ())`` with ``hidden =
+        min(full, blocks)``: a request frees ``blocks``, its ``full`` ones without a key. With no
+        key queued the queue is only a count (module docstring): two assignments."""
+        if self.lru:
+            self.settle(free)
+            hidden = full if full < blocks else blocks
+            self.fresh += blocks - hidden
+            self.queued += blocks - hidden
+            if hidden:
+                self._append_hidden(hidden)
+            return
+        # settle (the queue, all of it fresh, pops down to the free count), then all to fresh
+        queued = self.queued
+        if free < queued:
+            queued = free if free > 0 else 0
+        self.queued = self.fresh = queued + blocks
+
+    def _append_hidden(self, hidden: int) -> None:
+        """``hidden`` blocks no lookup finds go to the tail of the queue, merged (module docstring)."""
+        lru = self.lru
+        if not lru:
+            self.fresh += hidden
+        elif self._tail is not None:
+            self.runs[self._tail] += hidden
+        else:
+            run: Hashable = (next(self._run_ids),)
+            lru[run] = None
+            self.runs[run] = hidden
+            self._tail = run
+        self.queued += hidden
 
     @property
     def hit_rate(self) -> float | None:

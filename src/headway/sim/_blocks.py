@@ -1,0 +1,248 @@
+"""A replica's KV blocks and prefix cache: the admission check, joining the batch, giving
+blocks back.
+
+**Prefix caching** (``CacheConfig.enable_prefix_caching``, as vLLM V1's): a request with
+nothing computed looks up its block keys in :class:`~headway.sim._prefix.PrefixCache` and
+starts after its cached whole blocks (at most ``num_tokens - 1`` tokens); its hashed prompt
+blocks are entered when a step is planned that computes them, as vLLM caches a block when it
+allocates it, so a request admitted later in the same step hits them (running requests'
+chunks are entered after the step's evictions and displacements, before admission); those
+filled by decoding are entered when it leaves the batch; freed blocks keep their keys in
+the free queue until an allocation reuses them, and blocks freed without one go to its head.
+Requests that finish in one step leave in vLLM's running-list order (decoders, then prefills,
+each in the order they joined the batch), which orders their blocks in the free queue.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable
+
+from headway.core import Request, RequestState
+from headway.sim._cost import CostModel
+from headway.sim._decode import DecodeClock
+from headway.sim._prefix import PrefixCache
+from headway.sim._running_keys import RunningKeys
+from headway.sim._seq import Seq
+from headway.sim._steps import StepRecord
+
+__all__ = ["BLOCKS", "BUDGET", "SLOT", "KVBlocks"]
+
+# what keeps a waiting request out of the batch (KVBlocks._admission)
+SLOT, BUDGET, BLOCKS = 1, 2, 3
+
+
+class KVBlocks(DecodeClock):
+    """Admission and the KV blocks of a :class:`~headway.sim.Replica` (which sets every
+    attribute below)."""
+
+    cost: CostModel
+    num_blocks: int
+    max_model_len: int
+    cache: PrefixCache | None
+    _keyed: bool  # some request here has block keys (prefix caching only)
+    _join_ids: itertools.count[int]  # Seq.order
+    seqs: dict[Request, Seq]
+    prefilling: list[Seq]
+    paused: dict[Seq, None]  # pause mode: waiting requests that keep their KV blocks
+    _rkeys: RunningKeys[Seq] | None
+    _run_version: int
+    swap_cost: float
+    steps: list[StepRecord] | None
+    _step_cached: list[tuple[str, int]]
+    num_preemptions: int  # evictions (KV freed)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.decoders) + len(self.prefilling)
+
+    def _blocks_for(self, s: Seq, chunk: int) -> int:
+        return -(-(s.req.num_computed_tokens + chunk) // self.bs) - s.blocks
+
+    def _admission(self, s: Seq, budget: int) -> tuple[int, int]:
+        """Tokens ``s`` would be scheduled now and 0, or 0 and what it lacks (SLOT, BUDGET,
+        BLOCKS), checked in vLLM's order."""
+        if self.num_running >= self.cfg.max_num_seqs:
+            return 0, SLOT
+        if budget <= 0:
+            return 0, BUDGET
+        req = s.req
+        computed = req.num_computed_tokens
+        total = req.num_prompt_tokens + req.num_output_tokens
+        touched = 0
+        if self.cache is not None and not computed and (s.keys or s.own_end):
+            # vLLM looks up the prefix cache for a request with nothing computed; a hit is whole
+            # blocks, at most num_tokens - 1 tokens (the last one is computed for its logits)
+            keys = s.keys
+            if s.own_end > len(keys):
+                keys = keys + [(req.seq, i, -1) for i in range(len(keys), s.own_end)]
+            self.cache.settle(self.free)
+            h, touched = self.cache.hit_length(keys, (total - 1) // self.bs)
+            s.hit = keys[:h]
+            computed = h * self.bs
+        num_new = total - computed
+        if num_new > budget:
+            if not self.cfg.enable_chunked_prefill:
+                return 0, BUDGET
+            num_new = budget
+        # vLLM's allocate_slots: new blocks (a hit's blocks in the free queue count too) for the
+        # whole sequence (scheduler_reserve_full_isl), then for the tokens of this step
+        end = min(total, self.max_model_len) if self.cfg.scheduler_reserve_full_isl else computed + num_new
+        if -(-end // self.bs) - s.blocks - len(s.hit) + touched > self.free:
+            return 0, BLOCKS
+        return num_new, 0
+
+    def _register(self, s: Seq) -> None:
+        """Enter ``s``'s keyed blocks that its scheduled chunk fills into the prefix cache: vLLM
+        caches a block when it allocates it for a step, so a request admitted later in the same
+        step already hits it."""
+        keys = s.keys
+        full = min((s.req.num_computed_tokens + s.chunk) // self.bs, len(keys))
+        if full <= s.reg:
+            return
+        cache = self.cache
+        assert cache is not None
+        cache.settle(self.free)
+        for i in range(s.reg, full):
+            if cache.insert(keys[i]):
+                s.held.append(keys[i])
+        s.reg = full
+
+    def _register_prefills(self) -> None:
+        if self._keyed:
+            for s in self.prefilling:
+                if s.keys:
+                    self._register(s)
+
+    def _start_running(self, s: Seq, chunk: int, now: float, *, register: bool = True) -> None:
+        req = s.req
+        if s in self.paused:
+            del self.paused[s]
+        elif req.num_computed_tokens and self.cfg.preemption_mode == "swap":
+            self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
+        cache = self.cache
+        if cache is not None and not req.num_computed_tokens:
+            hit = s.hit
+            if hit:  # take the cached blocks (admission just looked them up, the cache settled)
+                for key in hit:
+                    if cache.acquire(key):
+                        self.free -= 1
+                s.held.extend(hit)
+                s.blocks += len(hit)
+                s.reg = len(hit)
+                req.num_computed_tokens = len(hit) * self.bs
+                req.num_recomputed_tokens -= min(req.num_computed_tokens, s.lost)
+                s.hit = []
+            # vLLM's PrefixCacheStats: new requests, and apart the resumed ones
+            if self.steps is not None:
+                self._step_cached.append((req.request_id, req.num_computed_tokens))
+            if req.first_scheduled_time is None:
+                cache.queries += req.num_prompt_tokens
+                if hit:
+                    cache.hits += req.num_computed_tokens
+                req.num_cached_tokens = req.num_computed_tokens
+            else:
+                cache.preempted_queries += req.num_prompt_tokens + req.num_output_tokens
+                cache.preempted_hits += req.num_computed_tokens
+            s.lost = 0
+        blocks = self._blocks_for(s, chunk)
+        s.blocks += blocks
+        self.free -= blocks
+        s.chunk = chunk
+        if register and s.keys:  # (keys only with prefix caching)
+            self._register(s)
+        req.transition(RequestState.RUNNING)
+        if req.first_scheduled_time is None:
+            req.first_scheduled_time = now
+        s.order = next(self._join_ids)
+        self.prefilling.append(s)
+        self._run_version += 1
+        if self._rkeys is not None:
+            self._rkeys.push(s, req, now)
+
+    def _admit(self, now: float, budget: int) -> None:
+        waiting, seqs = self.waiting, self.seqs
+        while waiting:
+            req = waiting.peek()
+            assert req is not None
+            s = seqs[req]
+            chunk, _ = self._admission(s, budget)
+            if not chunk:
+                break
+            waiting.pop()
+            self._start_running(s, chunk, now)
+            budget -= chunk
+
+    def _release_step(self, s: Seq) -> int:
+        """Return what ``s`` reserved for the step being planned; gives back its budget."""
+        if s in self.decoders:
+            if s.phase == -self.g % self.bs:
+                self.free += 1
+            return 1
+        blocks = self._blocks_for(s, 0)  # negative: the chunk's reservation
+        s.blocks += blocks
+        self.free -= blocks
+        return s.chunk
+
+    def _free_blocks(self, s: Seq, evicted: bool) -> None:
+        """Give back all of ``s``'s blocks (with prefix caching: :meth:`_free_keyed`)."""
+        cache = self.cache
+        if cache is None:
+            self.free += s.blocks
+        elif s.keys or s.held or evicted:
+            self._free_keyed(cache, s, evicted)
+        else:
+            # What _free_keyed does with no workload keys (keys=[]), no cached blocks in use
+            # (held=[], so reg=0) and no own keys to leave behind (not evicted: own=[]): its
+            # full blocks (at most all of them) are a run no lookup finds, the rest go to the head.
+            # tests/sim/test_prefix_queue.py runs both ways step by step.
+            cache.release_unkeyed(self.free, s.blocks, s.req.num_computed_tokens // self.bs)
+            self.free += s.blocks
+        s.blocks = 0
+
+    def _free_keyed(self, cache: PrefixCache, s: Seq, evicted: bool) -> None:
+        """Give back ``s``'s blocks to the prefix cache: its full blocks keep their keys in the
+        free queue: its workload-keyed ones (those filled by decoding are keyed now), and its
+        other computed full blocks too, under keys only it has (vLLM hashes every full block):
+        an evicted request finds them again when it resumes, and a finished one's hold their
+        place in the queue. A full block computed again while another block had its key (vLLM
+        keeps both under the hash) holds its place under a key nothing looks up. The rest (its
+        partial last block) goes to the head of the queue."""
+        cache.settle(self.free)
+        req = s.req
+        full = req.num_computed_tokens // self.bs
+        keys, held = s.keys, s.held
+        for i in range(s.reg, min(full, len(keys))):
+            if cache.insert(keys[i]):
+                held.append(keys[i])
+        own: list[Hashable] = []
+        if evicted and full > len(keys):
+            seq = req.seq
+            for i in range(max(s.reg, len(keys)), full):
+                key = (seq, i, -1)
+                if not cache.cached(key):
+                    own.append(key)
+            s.own_end = full
+        own.reverse()
+        held.reverse()
+        # its other full blocks: a finished request's own, duplicates (hashed in vLLM, found by nobody here)
+        full = min(full, s.blocks)
+        hidden = max(full - len(held) - len(own), 0)
+        # blocks shared with running requests stay in use
+        unhashed = s.blocks - len(held) - len(own) - hidden
+        self.free += cache.release(unhashed, own, hidden, held)
+        s.held = []
+        s.reg = 0
+
+    def _evict_kv(self, s: Seq) -> None:
+        """Free an evicted request's KV blocks: swapped out (charged at the swap cost) or dropped,
+        its computed tokens to be recomputed on resume."""
+        req = s.req
+        self._free_blocks(s, self.cfg.preemption_mode == "recompute")
+        if self.cfg.preemption_mode == "swap":
+            self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
+        else:
+            req.num_recomputed_tokens += req.num_computed_tokens
+            s.lost = req.num_computed_tokens
+            req.num_computed_tokens = 0
+        self.num_preemptions += 1

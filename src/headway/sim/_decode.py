@@ -1,0 +1,192 @@
+"""Decoding requests' lazy counters and decode-only stretches of a replica (fast-forward).
+
+**Fast-forward.** A step with no prefill work is a *decode-only* step, and the next
+decision cannot differ until something happens: a request finishes, the KV cache
+runs out, a policy's rekey hint fires, or a request arrives. So decode-only stretches
+are planned as ``n`` steps at once: per-request counters are lazy (a decoding request
+stores the global decode-step count at which it joined), block needs come from a
+histogram of block-boundary phases, and the stretch's duration is a closed-form sum
+(step time is linear in the KV tokens, which grow by the batch size each step). An
+arrival in the middle truncates the stretch to the first step boundary after it.
+A boundary within a rounding tie before the arrival (``_events.tie_floor``) counts as at
+it, as the event loop orders an arrival and a step end: step by step, the boundary is a
+sum of step times, in a stretch a closed form, and the two differ by a few ulps.
+``SchedulerConfig.max_steps_per_event = 1`` turns this off (the exact reference mode).
+
+**Progress reports in a stretch.** Step by step, a preemptive policy with an
+``on_progress`` hook and a non-empty queue has every running request's progress
+reported at each step boundary (the displacement check syncs them): one token per
+decoder, at that step's end time. Such a stretch reports the same calls: before an
+arrival's ``on_arrival`` (or a timer's re-key) in its middle, the steps that have
+ended by then, and the rest when it ends. One report of ``k`` tokens would not do:
+step time grows with the KV tokens, so an estimator of recent step times (LTR's EMA)
+learns a different value from one ``k``-step average than from the ``k`` steps. With
+an empty queue, or for other policies, step-by-step mode reports nothing mid-stretch
+either, and the stretch reports lazily (at its end, a finish, a preemption or a hint).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from headway.core import Policy, PolicyQueue
+from headway.sim._config import SchedulerConfig
+from headway.sim._seq import Seq
+
+__all__ = ["DecodeClock"]
+
+
+class DecodeClock:
+    """The decoding requests of a :class:`~headway.sim.Replica`, counted lazily, and the
+    duration and block needs of the step (or decode-only stretch) in flight. The replica
+    sets every attribute below."""
+
+    policy: Policy
+    cfg: SchedulerConfig
+    bs: int  # block size (tokens)
+    free: int  # free KV blocks (reserved ones already taken off)
+    waiting: PolicyQueue
+    decoders: dict[Seq, None]  # insertion-ordered set
+    g: int  # decode steps run so far (the lazy counters' clock)
+    hist: list[int]  # decoders per block-boundary phase
+    s_off: int  # sum over decoders of (computed - join)
+    fin_heap: list[tuple[int, int, int, Seq]]
+    rekey_heap: list[tuple[int, int, int, Seq]]
+    _progress_hook: bool
+    _rekey_hook: bool
+    _admission_held: bool  # the step being planned preempted, so it admitted nobody
+    # the step in flight: its start, number of steps, step time base and growth per step
+    plan_start: float
+    plan_n: int
+    plan_base: float
+    plan_slope: float
+    plan_reported: int  # steps of the stretch in flight reported (-1: reports are lazy)
+
+    # ---------------------------------------------------------- durations
+    def _span(self, n: int) -> float:
+        """Duration of the first ``n`` steps of the current plan (closed form)."""
+        return n * self.plan_base + self.plan_slope * (n * (n - 1) // 2)
+
+    def _step_at(self, t: float) -> int:
+        """The plan's step in flight at ``t`` (1-based): the smallest ``m`` with
+        ``start + span(m) >= t``, or the last step when the plan ends by ``t``."""
+        start, n = self.plan_start, self.plan_n
+        if start + self._span(n) <= t:
+            return n
+        d = t - start
+        a, b = self.plan_slope / 2.0, self.plan_base - self.plan_slope / 2.0
+        m = math.ceil(d / b) if a == 0.0 else math.ceil((-b + math.sqrt(b * b + 4.0 * a * d)) / (2.0 * a))
+        m = min(max(m, 1), n)
+        while m > 1 and start + self._span(m - 1) >= t:
+            m -= 1
+        while m < n and start + self._span(m) < t:
+            m += 1
+        return m
+
+    # -------------------------------------------------------- lazy decode
+    def _sync(self, s: Seq, now: float) -> None:
+        """Bring a decoder's visible counters up to date and report the progress."""
+        delta = self.g - s.join
+        if delta:
+            req = s.req
+            req.num_output_tokens += delta
+            req.num_computed_tokens += delta
+            req.last_token_time = now
+            s.join = self.g
+            if self._progress_hook:
+                self.policy.on_progress(req, now, delta)
+
+    def _catch_up(self, now: float) -> None:
+        """Before a hook in the middle of a stretch: report the steps that ended before ``now``."""
+        self._report_steps(self._step_at(now) - 1)
+
+    def _report_steps(self, upto: int) -> None:
+        """Report the decoders' progress in steps ``plan_reported + 1 .. upto`` of the stretch in
+        flight as step-by-step mode's displacement checks do: at each step's end time, one token
+        per decoder, in decoder order. Their ``join`` then runs ahead of ``g`` until the stretch
+        ends."""
+        first = self.plan_reported + 1
+        if upto < first:
+            return
+        self.plan_reported = upto
+        policy, start, g = self.policy, self.plan_start, self.g
+        for j in range(first, upto + 1):
+            at = start + self._span(j)
+            target = g + j
+            for s in self.decoders:
+                delta = target - s.join
+                if delta:
+                    req = s.req
+                    req.num_output_tokens += delta
+                    req.num_computed_tokens += delta
+                    req.last_token_time = at
+                    s.join = target
+                    policy.on_progress(req, at, delta)
+
+    def _add_decoder(self, s: Seq) -> None:
+        req = s.req
+        s.join = self.g
+        off = req.num_computed_tokens - self.g
+        s.phase = off % self.bs
+        self.hist[s.phase] += 1
+        self.s_off += off
+        self.decoders[s] = None
+        s.fin_g = self.g + s.true_len - req.num_output_tokens
+        # requests finishing in one step leave in running-list order, as vLLM frees their blocks
+        heapq.heappush(self.fin_heap, (s.fin_g, s.order, s.gen, s))
+        self._arm_rekey(s)
+
+    def _arm_rekey(self, s: Seq) -> None:
+        if not self._rekey_hook:
+            return
+        hint = self.policy.rekey_after_tokens(s.req)
+        if hint is not None:
+            s.rekey_g = self.g + max(int(hint), 1)
+            heapq.heappush(self.rekey_heap, (s.rekey_g, s.req.seq, s.gen, s))
+        else:
+            s.rekey_g = -1
+
+    def _remove_decoder(self, s: Seq) -> None:
+        del self.decoders[s]
+        self.hist[s.phase] -= 1
+        self.s_off -= s.req.num_computed_tokens - s.join
+        s.gen += 1
+        s.blocks = -(-s.req.num_computed_tokens // self.bs)
+
+    # ------------------------------------------------------- fast-forward
+    def _cum_blocks(self, k: int) -> int:
+        """Blocks that decode steps ``0..k-1`` of a plan starting now need (O(block_size))."""
+        g, bs, hist = self.g, self.bs, self.hist
+        full, rem = divmod(k, bs)
+        total = full * len(self.decoders)
+        for j in range(rem):
+            total += hist[-(g + j) % bs]
+        return total
+
+    def _decode_horizon(self) -> int:
+        """How many decode-only steps can run before anything could change (>= 1).
+
+        Step 0's blocks are already reserved; further steps are reserved here while
+        they fit (binary search over the monotone cumulative block need).
+        """
+        g = self.g
+        if self._admission_held and self.waiting:
+            return 1  # the next step may admit what this one could not (it preempted)
+        n = min(self.fin_heap[0][0] - g, self.cfg.max_steps_per_event)
+        if self.rekey_heap:
+            n = min(n, max(self.rekey_heap[0][0] - g, 1))
+        if n > 1:
+            first = self._cum_blocks(1)
+            room = self.free + first
+            if self._cum_blocks(n) > room:
+                lo, hi = 1, n  # cum(lo) fits, cum(hi) does not
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if self._cum_blocks(mid) <= room:
+                        lo = mid
+                    else:
+                        hi = mid
+                n = lo
+            self.free -= self._cum_blocks(n) - first
+        return n

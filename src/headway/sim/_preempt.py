@@ -1,0 +1,150 @@
+"""Taking requests out of a replica's batch: evictions for KV blocks and the displacement modes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from headway.core import PolicyKey, Request, RequestState
+from headway.sim._blocks import BLOCKS, KVBlocks
+from headway.sim._events import EventLoop
+from headway.sim._seq import Seq
+
+__all__ = ["Preemption"]
+
+
+class Preemption(KVBlocks):
+    """Evicting, pausing and resuming the requests of a :class:`~headway.sim.Replica` (which
+    sets every attribute below)."""
+
+    loop: EventLoop
+    num_pauses: int  # pause mode: requests taken out of the batch with their KV kept
+    _step_preempted: list[str]
+    _arm_timer: Callable[[Request], None]  # the replica's: a requeued request's re-key timer
+
+    def _leave_batch(self, s: Seq, now: float) -> Request:
+        """Take a running request out of the batch (evicted or paused): its counters synced, its
+        step chunk dropped (its step reservations must already be returned)."""
+        if self.steps is not None:
+            self._step_preempted.append(s.req.request_id)
+        if self._rkeys is not None:
+            self._rkeys.drop(s)
+        if s in self.decoders:
+            self._sync(s, now)
+            self._remove_decoder(s)
+        else:
+            self.prefilling.remove(s)
+            s.chunk = 0
+        return s.req
+
+    def _requeue(self, req: Request, now: float) -> None:
+        """A request taken out of the batch waits again (a preemption of it)."""
+        req.num_preemptions += 1
+        self._run_version += 1
+        req.transition(RequestState.PREEMPTED)
+        self.waiting.add(req, now)
+        self._arm_timer(req)
+
+    def _preempt(self, s: Seq, now: float) -> None:
+        """Evict a running request (its step reservations must already be returned)."""
+        req = self._leave_batch(s, now)
+        self._evict_kv(s)
+        self._requeue(req, now)
+
+    def _pause(self, s: Seq, now: float) -> None:
+        """Pause mode: take a running request out of the batch; it keeps its KV blocks and waits
+        (its step reservations must already be returned). Counts as a preemption of the request."""
+        req = self._leave_batch(s, now)
+        self.paused[s] = None
+        req.num_pauses += 1
+        self.num_pauses += 1
+        self._requeue(req, now)
+
+    def _drop_paused(self, s: Seq) -> None:
+        """A KV shortage evicts a paused request: its blocks are freed, it recomputes on resume."""
+        if self.steps is not None:
+            self._step_preempted.append(s.req.request_id)
+        del self.paused[s]
+        self._evict_kv(s)
+        self._run_version += 1
+
+    def _sync_now(self, s: Seq) -> None:
+        if s in self.decoders:
+            self._sync(s, self.loop.now)
+
+    def _running_items(self) -> list[tuple[Seq, Request]]:
+        return [(s, s.req) for s in self.decoders] + [(s, s.req) for s in self.prefilling]
+
+    def _running(self, now: float) -> list[Request]:
+        for s in self.decoders:
+            self._sync(s, now)
+        return [s.req for s in self.decoders] + [s.req for s in self.prefilling]
+
+    def _evict_for_memory(self, now: float, budget: int) -> int:
+        """Evict the policy's victims until the running requests' blocks fit. In pause mode the
+        paused requests hold blocks too and are candidates (they rank below the running ones)."""
+        while self.free < 0 and (self.num_running or self.paused):
+            pool = self._running(now)
+            if self.paused:
+                pool += [s.req for s in self.paused]
+            s = self.seqs[self.policy.choose_victim(pool, now)]
+            if s in self.paused:
+                self._drop_paused(s)
+            else:
+                budget += self._release_step(s)
+                self._preempt(s, now)
+        return budget
+
+    def _displace(self, now: float, budget: int) -> int:
+        """Preemptive policies: a better-keyed waiting request that cannot be admitted displaces the
+        worst-keyed running one, in the policy's ``displacement`` mode: ``pause`` takes a slot or
+        token budget from it (it keeps its KV), and evicts the worst-keyed block holder for KV
+        blocks; ``evict`` evicts for KV blocks only. Nobody is displaced for the token budget
+        alone when chunked prefill is on (any budget admits a chunk)."""
+        policy = self.policy
+        pause = policy.displacement == "pause"
+        rkeys = self._rkeys
+        keys = None if rkeys is not None else {r: (policy.key(r, now), r.seq) for r in self._running(now)}
+        while self.waiting and budget > 0:  # an exhausted token budget is no reason to evict
+            cand = self.waiting.peek()
+            assert cand is not None
+            chunk, short = self._admission(self.seqs[cand], budget)
+            if chunk:
+                self.waiting.pop()
+                # its blocks are entered after the displacement check (which may evict it again)
+                self._start_running(self.seqs[cand], chunk, now, register=False)
+                budget -= chunk
+                if keys is not None:
+                    keys[cand] = (policy.key(cand, now), cand.seq)
+                continue
+            ckey = (self.waiting.peek_key(), cand.seq)
+            if short != BLOCKS and not pause:
+                break  # evict mode: a full batch or budget displaces nobody
+            pool: dict[Request, tuple[PolicyKey, int]]
+            if keys is not None:
+                pool = {r: k for r, k in keys.items() if k > ckey and policy.can_preempt(r, now)}
+            else:
+                assert rkeys is not None
+                head_key = self.waiting.peek_key()
+                assert head_key is not None
+                found = rkeys.worst((head_key, cand.seq), now, self._sync_now, self._running_items)
+                pool = {} if found is None else {found[0].req: found[1]}
+            if short == BLOCKS and self.paused:
+                for p in self.paused:
+                    if p.req is not cand:
+                        pool[p.req] = (policy.key(p.req, now), p.req.seq)
+                pool = {r: k for r, k in pool.items() if k > ckey}
+            if not pool:
+                break
+            worst = max(pool, key=pool.__getitem__)
+            s = self.seqs[worst]
+            if s in self.paused:
+                self._drop_paused(s)
+                continue
+            if keys is not None:
+                del keys[worst]
+            budget += self._release_step(s)
+            if short == BLOCKS:
+                self._preempt(s, now)
+            else:
+                self._pause(s, now)
+        return budget
