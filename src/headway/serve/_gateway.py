@@ -5,12 +5,24 @@ authenticate (401, before any byte of the body is read; 503
 ``auth_unavailable`` while a key kept in Redis cannot be looked up), read the body (413 over
 the limit, 408 after ``body_timeout_s``), validate (400 naming the field), admit it (429 when the
 queue is full, before any scoring), score it if a scorer is configured (a bounded prefix of the
-prompt; a request that cannot be scored gets the fallback score of :meth:`Gateway._score`),
+prompt; a request that cannot be scored gets the fallback score, :mod:`._arrivals`),
 queue it, wait for the dispatcher to hand it a backend (408 once the queue TTL, counted from
 arrival, is over; removed on client
 disconnect), forward it (retry on another backend while nothing was streamed), pass
 the response through (SSE event by event) and report progress and the final
-``usage.completion_tokens`` to the policy. Every request ends in exactly one terminal
+``usage.completion_tokens`` to the policy.
+
+The fast path (``scorer_fast_path``, on by default, in-memory mode): with a scorer, a request that
+competes with no other for a backend slot is not queued and not waited for: when it has been
+admitted, nothing is queued and the backends have more free slots
+(:meth:`Dispatcher.free_slots`) than the requests being scored before they are queued plus those
+admitted in the same turn of the event loop (counted while the request yields once), it is
+dispatched at once (:meth:`Dispatcher.dispatch_unscored`) and scored in the background; the
+policy hears of its arrival, progress and finish, in that order, once its score is known, and a
+retry waits for the score before queueing it again (:mod:`._arrivals`). Whenever requests
+compete, each waits for its score and the policy orders them as without the fast path.
+
+Every request ends in exactly one terminal
 answer, counted once in ``headway_requests_finished`` or ``headway_rejections{reason}``.
 
 Backend failures: a backend that refuses the connection is marked down for
@@ -58,9 +70,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import secrets
-import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -77,17 +87,19 @@ from starlette.types import Receive, Scope, Send
 from headway.core import Policy, Request, RequestState, make_policy
 from headway.predict.score import scoring_text
 from headway.routers import make_router
+from headway.serve._arrivals import Arrivals
 from headway.serve._backend_load import parse_backend_load
 from headway.serve._config import GatewayConfig, hash_api_key
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 from headway.serve._errors import ERRORS, api_error, error_response, sse_error
+from headway.serve._logging import LimitedWarnings
 from headway.serve._metrics import GatewayMetrics
 from headway.serve._openapi import openapi_schema
 from headway.serve._passthrough import Passthrough, backend_headers
 from headway.serve._peers import PeerChannel, PeerUnavailable, owner_of
 from headway.serve._prefix_hash import HASH_BLOCK_TOKENS, prefix_block_hashes
 from headway.serve._redis_queue import RedisDispatcher
-from headway.serve._scorer import BatchScorer, OnlineScoring, ProcessScoreFn, load_score_fn
+from headway.serve._scorer import BatchScorer, OnlineScoring
 from headway.serve._tenants import DirectoryUnavailable, Identity, TenantDirectory
 from headway.serve._upstream import (
     UpstreamConnectError,
@@ -252,15 +264,9 @@ class Gateway:
         self.metrics = GatewayMetrics(self._queue_lengths, self._in_flight)
         self._transport = transport
         self.tenants = TenantDirectory(config, self._redis)
-        self.scorer: BatchScorer | None = None
-        self.online: OnlineScoring | None = None
-        if config.online_learning:
-            self.online = OnlineScoring(config)
-            self.scorer = self.online.default
-        elif config.scorer:
-            load = ProcessScoreFn if config.scorer_process else load_score_fn
-            fn = load(config.scorer, threads=config.scorer_threads, max_length=config.scorer_max_length)
-            self.scorer = BatchScorer(fn, config.scorer_batch_size, config.scorer_max_wait_s)
+        self._log_limited = LimitedWarnings(log)
+        self.arrivals = Arrivals(config, self.dispatcher, self.policy, self.metrics, self._log_limited)
+        """Scoring (with a scorer), the fallback score and the fast path (:mod:`._arrivals`)."""
         self.client: httpx.AsyncClient | None = None
         """For /metrics polls and /v1/models; requests go through :attr:`pools`."""
         self.pools = [
@@ -290,14 +296,22 @@ class Gateway:
         self._models_cache: tuple[float, bytes] | None = None
         self.finished_requests: list[Request] = []
         """Most recent finished/aborted requests (bounded), for tests and debugging."""
-        self._score_sum = 0.0
-        self._score_n = 0
-        self.num_score_fallbacks = 0
-        """Requests given the fallback score (see :meth:`_score`)."""
-        self._log_marks: dict[str, tuple[float, int]] = {}
         self._scored_tokens = config.scorer_max_length or SCORED_TOKENS_DEFAULT
         """The scorer reads at most this many tokens' worth of a prompt (see ``scoring_text``): a
         request keeps that prefix only, whatever the prompt's size."""
+
+    @property
+    def scorer(self) -> BatchScorer | None:
+        return self.arrivals.scorer
+
+    @property
+    def online(self) -> OnlineScoring | None:
+        return self.arrivals.online
+
+    @property
+    def num_score_fallbacks(self) -> int:
+        """Requests given the fallback score (:mod:`._arrivals`)."""
+        return self.arrivals.num_score_fallbacks
 
     # -------------------------------------------------------------- lifecycle
     async def startup(self) -> None:
@@ -339,10 +353,7 @@ class Gateway:
             await self.client.aclose()
         for pool in self.pools:
             pool.close()
-        if self.scorer is not None:
-            await asyncio.to_thread(self.scorer.close)
-        if self.online is not None:
-            await asyncio.to_thread(self.online.close)
+        await self.arrivals.close()
         for client in (self._redis, getattr(self, "_listen_redis", None)):
             if client is not None:
                 with contextlib.suppress(Exception):
@@ -649,48 +660,6 @@ class Gateway:
             req.finish_time = self.dispatcher.now()
             self._record(req)
 
-    async def _score(self, req: Request) -> None:
-        """Give ``req`` its score: the scorer's, or the fallback when there is none.
-
-        Fallback (a token-id prompt, which the gateway cannot read as text, or a prompt the
-        scorer failed on): the mean of the scores given so far, 0.0 before the first; the
-        policy then places it among the others as a typical request, and it is never answered
-        500 for want of a score. Counted in :attr:`num_score_fallbacks`."""
-        scorer = self.scorer
-        if self.online is not None:  # the model's own head once it has one
-            scorer = self.online.scorer_for(str(req.extra.get("model") or "") or None)
-        assert scorer is not None
-        if req.prompt:
-            self.dispatcher.scoring += 1  # free backends may wait for it (Dispatcher._holding)
-            t0 = time.perf_counter()
-            try:
-                req.score = await scorer.score(req.prompt)
-                self.metrics.score_wait.observe(time.perf_counter() - t0)
-            except Exception as exc:
-                self._log_limited("score", "request %s could not be scored (%s: %s); it gets the fallback score",
-                                  req.request_id, type(exc).__name__, exc)  # fmt: skip
-            except BaseException:  # cancelled: it goes no further, and a hold may end without it
-                self.dispatcher.scoring -= 1
-                self.dispatcher.dispatch()
-                raise
-            self.dispatcher.scoring -= 1  # queued next, before any await
-        if req.score is not None and math.isfinite(req.score):
-            self._score_sum += req.score
-            self._score_n += 1
-        else:
-            req.score = self._score_sum / self._score_n if self._score_n else 0.0
-            self.num_score_fallbacks += 1
-
-    def _log_limited(self, what: str, msg: str, *args: object) -> None:
-        """A warning at most once per 10 s per ``what``, with the count of those left out."""
-        now = time.monotonic()
-        last, skipped = self._log_marks.get(what, (-1e9, 0))
-        if now - last < 10.0:
-            self._log_marks[what] = (last, skipped + 1)
-            return
-        self._log_marks[what] = (now, 0)
-        log.warning(msg + (f" ({skipped} more like it not logged)" if skipped else ""), *args)
-
     async def _serve(
         self,
         request: HTTPRequest,
@@ -710,8 +679,7 @@ class Gateway:
         except QueueFullError as exc:
             self._abort(req)
             return self._queue_full(exc)
-        if self.scorer is not None:
-            await self._score(req)
+        backend = await self.arrivals.arrive(req)  # scored, or dispatched at once (fast path)
         # the request goes as the client sent it, unless a documented option adds a field
         payload = raw
         if parsed.stream and not parsed.wants_usage and self.config.add_stream_usage:
@@ -733,7 +701,7 @@ class Gateway:
             watch.end("shutdown")
         streaming = False
         try:
-            resp = await self._serve_watched(request, req, path, payload, parsed, watch, arrived)
+            resp = await self._serve_watched(request, req, path, payload, parsed, watch, arrived, backend)
             streaming = isinstance(resp, StreamingResponse)
             return resp
         finally:
@@ -749,7 +717,10 @@ class Gateway:
         parsed: Parsed,
         watch: _Watch,
         arrived: float,
+        granted: Backend | None = None,
     ) -> Response:
+        """Queue ``req`` (unless ``granted`` a backend already: the fast path), forward it, and
+        queue it again after a retryable failure."""
         loop = asyncio.get_running_loop()
         deadline = arrived + self.config.queue_ttl_s
         exclude: frozenset[int] = frozenset()
@@ -758,79 +729,15 @@ class Gateway:
         attempts = 0
         try:
             while True:
-                # ---- queue
-                try:
-                    fut = self.dispatcher.submit(req, exclude)
-                except (ValueError, TypeError, LookupError) as exc:  # the policy refused it
-                    log.warning("policy %s rejected request %s: %s", self.policy.name, req.request_id, exc)
-                    self._abort(req)
-                    return self._reject(
-                        "policy_error",
-                        api_error("policy_error", detail=exc),
-                    )
-                except QueueFullError as exc:
-                    self._abort(req)
-                    return self._queue_full(exc)
-                remaining = deadline - loop.time()
-                if not fut.done():
-                    await asyncio.wait(
-                        _either(fut, watch.stop),
-                        timeout=max(remaining, 0.0),
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                if not fut.done():
-                    self.dispatcher.cancel(req)
-                    fut.cancel()
-                    self._abort(req)
-                    if watch.stop.done():
-                        return self._stopped(watch)
-                    if not self._any_reachable():  # every backend's last connection attempt failed
-                        return self._reject(
-                            "no_backend",
-                            api_error(
-                                "no_backend",
-                                headers={"Retry-After": str(self.config.retry_after_s)},
-                                seconds=self.config.queue_ttl_s,
-                            ),
-                        )
-                    if isinstance(self.dispatcher, RedisDispatcher) and not self.dispatcher.redis_reachable:
-                        return self._reject(
-                            "queue_error",
-                            api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
-                        )
-                    return self._reject(
-                        "ttl",
-                        api_error("queue_timeout", seconds=self.config.queue_ttl_s),
-                    )
-                try:
-                    backend = fut.result()
-                except QueueFullError as exc:  # the shared (Redis) queue is full
-                    self._abort(req)
-                    return self._queue_full(exc)
-                except (ValueError, TypeError, LookupError) as exc:  # the (Redis) queue cannot take its key
-                    log.warning("policy %s: request %s cannot be queued: %s", self.policy.name, req.request_id, exc)
-                    self._abort(req)
-                    return self._reject(
-                        "policy_error",
-                        api_error("policy_error", detail=exc),
-                    )
-                except Exception as exc:  # queue store unavailable
-                    pause = min(float(max(self.config.retry_after_s, 1)), deadline - loop.time())
-                    if pause > 0:  # wait for it (up to the queue TTL), then queue again
-                        self._log_limited("queue", "request %s: queue store unavailable (%s); waiting for it",
-                                          req.request_id, exc)  # fmt: skip
-                        await asyncio.wait({watch.stop}, timeout=pause)
-                        if watch.stop.done():
-                            self._abort(req)
-                            return self._stopped(watch)
-                        if loop.time() < deadline:
-                            continue
-                    self._abort(req)
-                    self._log_limited("queue", "request %s: queue unavailable: %s", req.request_id, exc)
-                    return self._reject(
-                        "queue_error",
-                        api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
-                    )
+                if granted is None:
+                    got = await self._queued(req, exclude, watch, deadline)
+                    if got is None:
+                        continue  # the queue store was unavailable for a while: queue it again
+                    if isinstance(got, Response):
+                        return got
+                    backend = got
+                else:  # dispatched at once (the fast path)
+                    backend, granted = granted, None
                 # ---- upstream
                 outcome = await self._forward(request, req, backend, path, payload, parsed, watch)
                 if isinstance(outcome, Response):
@@ -873,6 +780,88 @@ class Gateway:
         finally:
             if not handed_off:
                 watch.close()
+
+    async def _queued(
+        self, req: Request, exclude: frozenset[int], watch: _Watch, deadline: float
+    ) -> Backend | Response | None:
+        """Queue ``req`` and wait for its backend: the backend, the answer that ends the request
+        (TTL, client gone, queue full, policy error...), or None to queue it again (the queue store
+        came back)."""
+        loop = asyncio.get_running_loop()
+        await self.arrivals.told(req)  # dispatched before its score: the policy knows of it first
+        try:
+            fut = self.dispatcher.submit(req, exclude)
+        except (ValueError, TypeError, LookupError) as exc:  # the policy refused it
+            log.warning("policy %s rejected request %s: %s", self.policy.name, req.request_id, exc)
+            self._abort(req)
+            return self._reject(
+                "policy_error",
+                api_error("policy_error", detail=exc),
+            )
+        except QueueFullError as exc:
+            self._abort(req)
+            return self._queue_full(exc)
+        remaining = deadline - loop.time()
+        if not fut.done():
+            await asyncio.wait(
+                _either(fut, watch.stop),
+                timeout=max(remaining, 0.0),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        if not fut.done():
+            self.dispatcher.cancel(req)
+            fut.cancel()
+            self._abort(req)
+            if watch.stop.done():
+                return self._stopped(watch)
+            if not self._any_reachable():  # every backend's last connection attempt failed
+                return self._reject(
+                    "no_backend",
+                    api_error(
+                        "no_backend",
+                        headers={"Retry-After": str(self.config.retry_after_s)},
+                        seconds=self.config.queue_ttl_s,
+                    ),
+                )
+            if isinstance(self.dispatcher, RedisDispatcher) and not self.dispatcher.redis_reachable:
+                return self._reject(
+                    "queue_error",
+                    api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
+                )
+            return self._reject(
+                "ttl",
+                api_error("queue_timeout", seconds=self.config.queue_ttl_s),
+            )
+        try:
+            backend = fut.result()
+        except QueueFullError as exc:  # the shared (Redis) queue is full
+            self._abort(req)
+            return self._queue_full(exc)
+        except (ValueError, TypeError, LookupError) as exc:  # the (Redis) queue cannot take its key
+            log.warning("policy %s: request %s cannot be queued: %s", self.policy.name, req.request_id, exc)
+            self._abort(req)
+            return self._reject(
+                "policy_error",
+                api_error("policy_error", detail=exc),
+            )
+        except Exception as exc:  # queue store unavailable
+            pause = min(float(max(self.config.retry_after_s, 1)), deadline - loop.time())
+            if pause > 0:  # wait for it (up to the queue TTL), then queue again
+                self._log_limited("queue", "request %s: queue store unavailable (%s); waiting for it",
+                                  req.request_id, exc)  # fmt: skip
+                await asyncio.wait({watch.stop}, timeout=pause)
+                if watch.stop.done():
+                    self._abort(req)
+                    return self._stopped(watch)
+                if loop.time() < deadline:
+                    return None  # queue it again
+            self._abort(req)
+            self._log_limited("queue", "request %s: queue unavailable: %s", req.request_id, exc)
+            return self._reject(
+                "queue_error",
+                api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
+            )
+        return backend
 
     def _stopped(self, watch: _Watch) -> Response:
         reason = watch.reason
@@ -1033,15 +1022,14 @@ class Gateway:
         if delta > 0:
             req.num_output_tokens = completion_tokens
             req.num_computed_tokens = req.num_prompt_tokens + completion_tokens
-            self.policy.on_progress(req, now, delta)
+            self.arrivals.on_progress(req, now, delta)
         elif completion_tokens:
             req.num_output_tokens = completion_tokens
         req.finish_time = now
         req.transition(RequestState.FINISHED)
         if self.online is not None and req.output_tokens_known:  # queued for the learner's thread
             self.online.observe(req.prompt, req.num_output_tokens, str(req.extra.get("model") or "") or None)
-        self.policy.on_finish(req, now)
-        self.dispatcher.sync_keys()  # what the policy learned may have changed every queued key
+        self.arrivals.on_finish(req, now)  # and the queued keys follow what the policy learned
         self.metrics.finished.labels(req.tenant_id, req.tier.name.lower()).inc()
         streamed = req.extra.get("stream") is True and req.first_token_time is not None
         self.metrics.observe_latency(
@@ -1065,7 +1053,7 @@ class Gateway:
 
         Events are split per the SSE spec (CRLF, CR or LF line ends; ``data:`` with or without
         a space); vLLM's ``data: {...}\\n\\n`` takes the fast path."""
-        policy = self.policy
+        on_progress = self.arrivals.on_progress
         progress_hook = self.dispatcher.hooks.on_progress
         now = self.dispatcher.now
         stop = watch.stop
@@ -1110,7 +1098,7 @@ class Gateway:
                                 req.num_output_tokens += 1
                                 req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens
                                 if progress_hook:
-                                    policy.on_progress(req, t, 1)
+                                    on_progress(req, t, 1)
                         yield event
                     if stop.done() and not done:
                         break

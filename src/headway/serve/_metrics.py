@@ -85,6 +85,11 @@ class GatewayMetrics:
             buckets=_WAIT_BUCKETS,
             registry=self.registry,
         )
+        self.unscored_dispatches = Counter(
+            "headway_unscored_dispatches",
+            "Requests dispatched at once, scored in the background: nothing competed with them (scorer_fast_path)",
+            registry=self.registry,
+        )
         self.dispatches = Counter(
             "headway_dispatches", "Requests dispatched to a backend", ["backend"], registry=self.registry
         )
