@@ -142,8 +142,9 @@ def test_a_lone_request_is_answered_before_its_score_then_scored_and_told(make_s
     gw = make_gateway([BackendConfig(stub.url, max_concurrency=1)], policy_obj=pol, scorer="hw_gate_scorer:score")
     r = httpx.post(gw.url + "/v1/completions", json={"model": "m", "prompt": "p7", "max_tokens": 3}, timeout=5)
     assert r.status_code == 200  # the gate is still shut: the request did not wait for its score
+    wait_until(lambda: gate.calls == [["p7"]], what="scoring to start")  # in the background, held shut
     (req,) = gw.gateway.finished_requests
-    assert req.score is None and pol.events == [] and gate.calls == [["p7"]]
+    assert req.score is None and pol.events == []
     assert _metric(gw.url, "headway_unscored_dispatches_total") == 1.0
     gate.open.set()
     wait_until(lambda: len(pol.events) == 3, what="the policy to be told")
