@@ -392,6 +392,10 @@ class Dispatcher:
     def mark_down(self, backend: Backend, seconds: float) -> None:
         backend.down_until = self._clock() + seconds
 
+    def any_reachable(self) -> bool:
+        """Whether some backend's last connection attempt did not fail (``Backend.reachable``)."""
+        return any(b.reachable for b in self.backends)
+
     def all_backends_excluded(self, exclude: frozenset[int]) -> bool:
         return all(b.index in exclude for b in self.backends)
 
