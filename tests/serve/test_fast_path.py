@@ -246,3 +246,21 @@ def test_a_retry_of_a_request_dispatched_before_its_score_is_queued_with_it(make
     (req,) = gw.gateway.finished_requests
     rid = req.request_id
     assert pol.events[0] == ("arrival", rid, 4.0) and pol.events[-1] == ("finish", rid, 4.0)
+
+
+def test_a_stream_dispatched_before_its_score_tells_the_policy_its_tokens_after_the_arrival(
+    make_stub, make_gateway, gate
+):
+    stub = make_stub()
+    pol = _Recording()  # it has on_progress: the gateway reports streamed tokens one by one
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=1)], policy_obj=pol, scorer="hw_gate_scorer:score")
+    body = {"model": "m", "prompt": "p3", "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", gw.url + "/v1/completions", json=body, timeout=5) as r:
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and events[-1] == "data: [DONE]" and len(events) == 5
+    wait_until(lambda: gate.calls == [["p3"]], what="scoring to start")
+    assert pol.events == []  # four tokens and the finish, held back until the policy knows of it
+    gate.open.set()
+    wait_until(lambda: len(pol.events) == 3, what="the policy to be told")
+    rid = gw.gateway.finished_requests[0].request_id
+    assert pol.events == [("arrival", rid, 3.0), ("progress", rid, 4.0), ("finish", rid, 3.0)]
