@@ -297,9 +297,9 @@ class Dispatcher:
             self._forget(req)
             backend = self._start(req, candidates, now_mono)
             if trace:
-                log.debug("dispatch %s (waited %.3f s, score %s, %d queued) to %s", req.request_id,
-                          req.first_scheduled_time - req.arrival_time if req.first_scheduled_time is not None else 0.0,
-                          req.score, len(queue), backend.url)  # fmt: skip
+                now = now_mono - self._t0
+                log.debug("dispatch %s at %.3f s (waited %.3f s, score %s, %d queued) to %s", req.request_id, now,
+                          now - req.arrival_time, req.score, len(queue), backend.url)  # fmt: skip
             if not fut.done():
                 fut.set_result(backend)
             n += 1
