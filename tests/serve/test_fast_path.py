@@ -264,3 +264,18 @@ def test_a_stream_dispatched_before_its_score_tells_the_policy_its_tokens_after_
     wait_until(lambda: len(pol.events) == 3, what="the policy to be told")
     rid = gw.gateway.finished_requests[0].request_id
     assert pol.events == [("arrival", rid, 3.0), ("progress", rid, 4.0), ("finish", rid, 3.0)]
+
+
+def test_a_request_that_ends_before_its_score_lands_is_never_reported_to_the_policy(make_stub, make_gateway, gate):
+    stub = make_stub(token_delay_s=0.2)
+    pol = _Recording()
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=1)], policy_obj=pol, scorer="hw_gate_scorer:score")
+    body = {"model": "m", "prompt": "p5", "max_tokens": 50, "stream": True}
+    with httpx.stream("POST", gw.url + "/v1/completions", json=body, timeout=5) as r:
+        next(line for line in r.iter_lines() if line.startswith("data: "))  # then the client goes away
+    done = gw.gateway.finished_requests
+    wait_until(lambda: len(done) == 1 and done[0].state is RequestState.ABORTED, what="the abort")
+    gate.open.set()
+    wait_until(lambda: done[0].score == 5.0, what="the score")  # still recorded
+    wait_until(lambda: not gw.gateway.arrivals._unscored, what="the background scoring to end")
+    assert pol.events == []  # never told of its arrival, so never of its end either
