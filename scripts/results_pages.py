@@ -97,7 +97,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "Gateway overhead",
         "Requests per second and added latency of the gateway in front of a stub backend that answers "
         "at once, per policy.",
-        "python benchmarks/bench_gateway_overhead.py --policy POLICY --json "
+        "python benchmarks/bench_gateway_overhead.py --policy POLICY [--scorer SCORER, the row's] --json "
         "benchmarks/results/gateway_overhead_POLICY.json",
         (
             "gateway_overhead_fcfs.json",

@@ -393,6 +393,7 @@ def test_scorer_runs_batched_off_the_event_loop(make_stub, make_gateway, monkeyp
     assert asyncio.run(burst()) == [200] * 8
     assert sum(batches) == 8 and len(batches) < 8
     assert all(not name.startswith("uvicorn") for name in threads)
+    wait_until(lambda: all(q.score is not None for q in gw.gateway.finished_requests), what="the scores")
     assert sorted(q.score for q in gw.gateway.finished_requests) == [float(i) for i in range(1, 9)]
     assert gw.gateway.dispatcher.scoring == 0  # every scored request was counted out
     assert "headway_score_wait_seconds_count 8.0" in httpx.get(gw.url + "/metrics").text
@@ -417,6 +418,8 @@ def test_scorer_in_a_worker_process_scores_and_stops_with_the_gateway(make_stub)
     with serve_in_thread(app) as url:
         rs = _fire(url, [{**COMPLETION, "prompt": "x" * (i + 1)} for i in range(4)], delay=0.0)
         assert [r.status_code for r in rs] == [200] * 4
+        # a request dispatched at once (nothing competed with it) is scored in the background
+        wait_until(lambda: all(q.score is not None for q in gateway.finished_requests), what="the scores")
         assert sorted(q.score for q in gateway.finished_requests) == [math.log1p(i + 1) for i in range(4)]
     assert gateway.scorer._fn.pid is None  # shut down with the gateway
     with pytest.raises(ProcessLookupError):

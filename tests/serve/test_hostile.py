@@ -169,7 +169,10 @@ def test_a_full_queue_answers_429_before_scoring(make_stub, make_gateway, monkey
         return [1.0] * len(prompts)
 
     stub = make_stub()
-    gw = make_gateway([stub.url], policy="pars", scorer=_scorer_module(monkeypatch, slow), max_queue_len=2)
+    # without the fast path, which would dispatch all three at once (the backend has room for 4)
+    gw = make_gateway(
+        [stub.url], policy="pars", scorer=_scorer_module(monkeypatch, slow), max_queue_len=2, scorer_fast_path=False
+    )
 
     async def main() -> list[tuple[int, float]]:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:

@@ -103,7 +103,7 @@ def test_prefix_aware_gateway_spills_over_when_the_cached_backend_is_loaded(make
 def test_the_gateway_hashes_prompts_only_for_a_router_that_reads_the_hashes(
     make_stub, make_gateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import headway.serve._gateway as gateway_module
+    import headway.serve._intake as gateway_module
 
     calls: list[str] = []
     real = gateway_module.prefix_block_hashes

@@ -242,6 +242,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="score in a worker process, apart from the event loop's GIL (default: off)",
     )
     p.add_argument(
+        "--scorer-fast-path",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="dispatch a request that competes with no other (nothing queued, a free slot for every "
+        "request being scored) at once and score it in the background (default: on; without --redis)",
+    )
+    p.add_argument(
         "--online-learning",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -287,6 +294,7 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None)
         "scorer_max_length": getattr(args, "scorer_max_length", None),
         "scorer_batch_size": getattr(args, "scorer_batch_size", None),
         "scorer_process": getattr(args, "scorer_process", None),
+        "scorer_fast_path": getattr(args, "scorer_fast_path", None),
         "online_learning": getattr(args, "online_learning", None),
         "api_keys": args.api_keys,
         "redis_lease_s": getattr(args, "redis_lease", None),

@@ -5,6 +5,7 @@ Config file (TOML shown; JSON with the same structure works too)::
     policy = "pars"                 # any registered headway policy
     policy_args = { }               # keyword settings for make_policy
     scorer = "default:onnx-int8"    # prompt scorer; score-ranked policies (pars, ...) need one
+    scorer_fast_path = true         # dispatch a request nothing competes with before its score (scored meanwhile)
     online_learning = false         # refit the scorer per model on finished requests (GatewayConfig.online_learning)
     max_queue_len = 10000           # 429 beyond this many queued requests
     max_queue_per_tenant = 0        # 0 = no per-tenant limit
@@ -309,6 +310,14 @@ class GatewayConfig:
     ``docs/results/gateway-vllm.md``. With
     ``redis_url`` the counts are global: requests being scored by every replica, and the
     shared queue."""
+    scorer_fast_path: bool = True
+    """With a scorer: a request that no order could put behind another (nothing queued, and more
+    free backend slots than requests being scored or arriving with it) is dispatched at once and
+    scored in the background; its score then reaches the policy (before any retry queues it
+    again), the metrics and the fallback mean as usual. The others wait for their scores as
+    before, so the policy's order is kept whenever requests compete
+    (:meth:`headway.serve._dispatch.Dispatcher.dispatch_unscored`). In-memory mode only: with
+    ``redis_url`` every request is scored first. Measured: ``docs/results/gateway-overhead.md``."""
     client_header_timeout_s: float = 10.0
     """A client's request line and headers must arrive within this, from the connection opening
     (or a kept-alive request's first byte), else the connection is closed (after a 408 if part

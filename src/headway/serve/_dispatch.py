@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -113,6 +114,9 @@ class Dispatcher:
         self.score_hold_s = score_hold_s
         self.scoring = 0
         """Requests being scored before they are queued (the gateway counts them; see :meth:`_holding`)."""
+        self.arriving = 0
+        """Requests admitted with a scorer that have not yet taken the fast path or started being
+        scored (the gateway counts them; see :meth:`dispatch_unscored`)."""
         self._hold_since: float | None = None
         self._soon = False
         self.router = router if router is not None else make_router(DEFAULT_ROUTER)
@@ -155,7 +159,7 @@ class Dispatcher:
         """Raise :class:`QueueFullError` when ``request`` would not fit the queue: checked on
         arrival, before any scoring, so that a 429 under overload costs nothing. Requests being
         scored count as queued for the global limit (:meth:`submit` checks again)."""
-        if len(self.queue) + self.scoring >= self.max_queue_len:
+        if len(self.queue) + self.scoring + self.arriving >= self.max_queue_len:
             raise QueueFullError("global")
         self._admit_tenant(request)
 
@@ -291,18 +295,11 @@ class Dispatcher:
                 continue
             queue.pop()
             self._forget(req)
-            backend = self._route(req, candidates)
-            backend.in_flight += 1
-            backend.dispatched_since_poll += 1
-            now = now_mono - self._t0
-            req.transition(RequestState.RUNNING)
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = now
+            backend = self._start(req, candidates, now_mono)
             if trace:
+                now = now_mono - self._t0
                 log.debug("dispatch %s at %.3f s (waited %.3f s, score %s, %d queued) to %s", req.request_id, now,
                           now - req.arrival_time, req.score, len(queue), backend.url)  # fmt: skip
-            if self._on_dispatch is not None:
-                self._on_dispatch(req, backend)
             if not fut.done():
                 fut.set_result(backend)
             n += 1
@@ -310,6 +307,61 @@ class Dispatcher:
             queue.add(req, now_mono - self._t0)
         self._arm_wakeup(now_mono)
         return n
+
+    def _start(self, req: Request, candidates: list[int], now_mono: float) -> Backend:
+        """Route ``req`` to one of ``candidates`` and count it there (it runs from now)."""
+        backend = self._route(req, candidates)
+        backend.in_flight += 1
+        backend.dispatched_since_poll += 1
+        req.transition(RequestState.RUNNING)
+        if req.first_scheduled_time is None:
+            req.first_scheduled_time = now_mono - self._t0
+        if self._on_dispatch is not None:
+            self._on_dispatch(req, backend)
+        return backend
+
+    def free_slots(self, now_mono: float | None = None) -> float:
+        """Requests the backends would all take right now, whichever comes first: per backend with
+        room, its free concurrency (unbounded without ``max_concurrency``), but at most 1 when it is
+        gated by polled ``/metrics`` (its room then depends on gauges that one dispatch changes)."""
+        now_mono = self._clock() if now_mono is None else now_mono
+        total = 0.0
+        for b in self.backends:
+            if not b.has_room(now_mono):
+                continue
+            limit = b.config.max_concurrency
+            slots = float(limit - b.in_flight) if limit else math.inf
+            total += min(slots, 1.0) if b.config.metrics_poll_s > 0 else slots
+        return total
+
+    def dispatch_unscored(self, request: Request) -> Backend | None:
+        """The fast path: dispatch ``request``, just arrived and not scored yet, at once when no
+        order of the requests known to the gateway could put another one first; else None (it is
+        then scored and queued as usual).
+
+        That is when nothing is queued and the backends have more free slots
+        (:meth:`free_slots`) than there are other requests that will compete for them: those
+        being scored before they are queued (:attr:`scoring`) and those admitted that have not
+        chosen yet (:attr:`arriving`: the gateway counts a request there from its admission to
+        this call, and yields to the event loop once in between, so that requests that arrived
+        together see each other). Every one of them then gets a slot whatever the policy's
+        order, so the policy's order decides nothing. Not with a router that reads the policy's
+        length estimate (it may need the score).
+
+        The request gets a sequence number but the policy is not told of its arrival: the
+        caller does that (``policy.on_arrival``) once the score is known, before it is queued
+        again (a retry), and before telling the policy of its progress or finish."""
+        if self.queue or self.router.uses_estimate:
+            return None
+        now_mono = self._clock()
+        if self.free_slots(now_mono) <= self.scoring + self.arriving:
+            return None
+        candidates = self._candidates(now_mono, frozenset())
+        if not candidates:  # pragma: no cover - free_slots > 0 means some backend has room
+            return None
+        if request.seq < 0:
+            request.seq = self.next_seq()
+        return self._start(request, candidates, now_mono)
 
     def _arm_wakeup(self, now_mono: float) -> None:
         """If work waits only on a backend marked down, retry when it comes back."""
@@ -339,6 +391,10 @@ class Dispatcher:
 
     def mark_down(self, backend: Backend, seconds: float) -> None:
         backend.down_until = self._clock() + seconds
+
+    def any_reachable(self) -> bool:
+        """Whether some backend's last connection attempt did not fail (``Backend.reachable``)."""
+        return any(b.reachable for b in self.backends)
 
     def all_backends_excluded(self, exclude: frozenset[int]) -> bool:
         return all(b.index in exclude for b in self.backends)

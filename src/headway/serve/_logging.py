@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from datetime import UTC, datetime
 
-__all__ = ["JsonFormatter", "setup_logging"]
+__all__ = ["JsonFormatter", "LimitedWarnings", "setup_logging"]
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -35,3 +36,22 @@ def setup_logging(level: str, fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class LimitedWarnings:
+    """Warnings to ``logger`` at most once per ``every_s`` per kind, each with the count of those
+    left out since the last one (a failing scorer or Redis must not flood the log)."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 10.0) -> None:
+        self._log = logger
+        self._every_s = every_s
+        self._marks: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, what: str, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        last, skipped = self._marks.get(what, (-1e9, 0))
+        if now - last < self._every_s:
+            self._marks[what] = (last, skipped + 1)
+            return
+        self._marks[what] = (now, 0)
+        self._log.warning(msg + (f" ({skipped} more like it not logged)" if skipped else ""), *args)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 __all__ = ["GatewayMetrics"]
+
+_R = TypeVar("_R")
 
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # vLLM's own buckets for vllm:time_to_first_token_seconds and vllm:e2e_request_latency_seconds
@@ -85,6 +88,11 @@ class GatewayMetrics:
             buckets=_WAIT_BUCKETS,
             registry=self.registry,
         )
+        self.unscored_dispatches = Counter(
+            "headway_unscored_dispatches",
+            "Requests dispatched at once, scored in the background: nothing competed with them (scorer_fast_path)",
+            registry=self.registry,
+        )
         self.dispatches = Counter(
             "headway_dispatches", "Requests dispatched to a backend", ["backend"], registry=self.registry
         )
@@ -119,6 +127,11 @@ class GatewayMetrics:
         )
         self._models = _Bounded()
         self._priorities = _Bounded()
+
+    def reject(self, reason: str, response: _R) -> _R:
+        """Count a request ended by the gateway (``headway_rejections{reason}``); returns ``response``."""
+        self.rejections.labels(reason).inc()
+        return response
 
     def observe_latency(self, model: str, priority: int, e2e: float, ttft: float | None) -> None:
         """A finished request: its E2E latency, and its TTFT when it was streamed."""

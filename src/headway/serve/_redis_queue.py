@@ -692,6 +692,11 @@ class RedisDispatcher(Dispatcher):
             raise QueueFullError("global")
         self._admit_tenant(request)
 
+    def dispatch_unscored(self, request: Request) -> Backend | None:
+        """No fast path with a shared queue: other replicas' requests, queued or being scored,
+        may compete for the same slots (and a grant needs Redis anyway)."""
+        return None
+
     def submit(self, request: Request, exclude: frozenset[int] = frozenset()) -> asyncio.Future[Any]:
         tenant_key = (request.tenant_id, request.tier.name.lower())
         if self.max_queue_per_tenant and self.queued_per_tenant[tenant_key] >= self.max_queue_per_tenant:

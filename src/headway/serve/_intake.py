@@ -1,0 +1,155 @@
+"""Request intake: read and check a generation request's body, build its
+:class:`~headway.core.Request`, and the payload that goes upstream.
+
+Every refusal is a :class:`Refused` carrying its ``headway_rejections`` reason and the
+OpenAI-style answer: 413 over ``max_body_bytes``, 408 after ``body_timeout_s``, 400 naming the
+field (JSON that does not parse, a non-finite number, a bad value, ``max_tokens`` over
+``max_tokens_limit``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
+
+from headway.core import Request
+from headway.predict.score import scoring_text
+from headway.serve._config import GatewayConfig
+from headway.serve._errors import api_error
+from headway.serve._prefix_hash import HASH_BLOCK_TOKENS, prefix_block_hashes
+from headway.serve._tenants import Identity
+from headway.serve._wire import BadRequest, NonFinite, Parsed, loads_json, nonfinite_field, validate_body
+
+__all__ = ["SCORED_TOKENS_DEFAULT", "Intake", "Refused"]
+
+SCORED_TOKENS_DEFAULT = 512
+"""Tokens' worth of a prompt kept for scoring without ``scorer_max_length``: the longest input
+of the BERT-family encoders the predictors use; a scorer keeps fewer if its checkpoint's
+length is shorter."""
+
+
+class Refused(Exception):
+    """A request refused at intake: ``reason`` (its ``headway_rejections`` label) and ``response``."""
+
+    def __init__(self, reason: str, response: Response) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.response = response
+
+
+class Intake:
+    """Reads, checks and builds requests as ``config`` says; ``hash_prefixes``: compute the
+    prompt-text prefix hashes (only a router that reads them needs them)."""
+
+    def __init__(self, config: GatewayConfig, *, hash_prefixes: bool) -> None:
+        self.config = config
+        self._hash_prefixes = hash_prefixes
+        limit = config.max_tokens_limit
+        self.default_max_tokens = min(config.default_max_tokens, limit or config.default_max_tokens)
+        """Added to a request without ``max_tokens`` (0: nothing added, the request goes as sent)."""
+        self.assumed_max_tokens = self.default_max_tokens or min(
+            config.assumed_output_tokens, limit or config.assumed_output_tokens
+        )
+        """The queued length of a request without ``max_tokens`` (a scheduling estimate)."""
+        self.scored_tokens = config.scorer_max_length or SCORED_TOKENS_DEFAULT
+        """The scorer reads at most this many tokens' worth of a prompt (see ``scoring_text``): a
+        request keeps that prefix only, whatever the prompt's size."""
+
+    def check_length(self, request: HTTPRequest) -> None:
+        """413 at once for a ``Content-Length`` over ``max_body_bytes`` (before any work)."""
+        cl = request.headers.get("content-length")
+        if cl is not None and cl.isdigit() and int(cl) > self.config.max_body_bytes:
+            raise Refused("too_large", api_error("request_too_large", limit=self.config.max_body_bytes))
+
+    async def read(self, request: HTTPRequest, chat: bool) -> tuple[dict[str, Any], bytes, Parsed]:
+        """The body as JSON, as received, and checked; or :class:`Refused`."""
+        try:
+            raw = await self._read_body(request)
+        except TimeoutError:
+            raise Refused(
+                "body_timeout",
+                api_error("body_timeout", headers={"Connection": "close"}, seconds=self.config.body_timeout_s),
+            ) from None
+        if raw is None:
+            raise Refused("too_large", api_error("request_too_large", limit=self.config.max_body_bytes))
+        try:
+            body = loads_json(raw)
+        except NonFinite as exc:
+            where = nonfinite_field(raw)
+            what = f"'{where}'" if where else "a number in the request body"
+            raise Refused(
+                "invalid", api_error("invalid_value", param=where, detail=f"{what} must be a finite number, got {exc}")
+            ) from None
+        except ValueError as exc:
+            raise Refused(
+                "invalid", api_error("invalid_json", detail=f"request body is not valid JSON: {exc}")
+            ) from None
+        except RecursionError:
+            raise Refused("invalid", api_error("invalid_json", detail="request body is nested too deeply")) from None
+        try:
+            parsed = validate_body(body, chat)
+        except BadRequest as exc:
+            raise Refused("invalid", api_error("invalid_value", param=exc.param, detail=exc)) from None
+        limit = self.config.max_tokens_limit
+        if limit and parsed.max_tokens is not None and parsed.max_tokens > limit:
+            name = parsed.max_tokens_field
+            raise Refused(
+                "invalid",
+                api_error(
+                    "invalid_value", param=name, detail=f"'{name}' must be at most {limit}, got {parsed.max_tokens}"
+                ),
+            )
+        return body, raw, parsed
+
+    async def _read_body(self, request: HTTPRequest) -> bytes | None:
+        """The body; None over ``max_body_bytes``; TimeoutError after ``body_timeout_s``."""
+        limit = self.config.max_body_bytes
+        buf = bytearray()
+        async with asyncio.timeout(self.config.body_timeout_s):
+            async for chunk in request.stream():
+                buf += chunk
+                if len(buf) > limit:
+                    return None
+        return bytes(buf)
+
+    def new_request(
+        self, request_id: str, now: float, body: dict[str, Any], parsed: Parsed, ident: Identity
+    ) -> Request:
+        req = Request(
+            request_id=request_id,
+            arrival_time=now,
+            num_prompt_tokens=parsed.num_prompt_tokens,
+            max_tokens=parsed.max_tokens or self.assumed_max_tokens,
+            tenant_id=ident.tenant,
+            tier=ident.tier,
+            priority=parsed.priority,
+            prompt=scoring_text(parsed.prompt_text, self.scored_tokens) or None,
+            block_hashes=prefix_block_hashes(parsed.prompt_text) if self._hash_prefixes else (),
+            hash_block_size=HASH_BLOCK_TOKENS,
+        )
+        model = body.get("model")
+        req.extra["model"] = model if isinstance(model, str) else ""
+        req.extra["stream"] = parsed.stream
+        return req
+
+    def payload(self, body: dict[str, Any], raw: bytes, parsed: Parsed, req: Request) -> bytes:
+        """What goes upstream: the request as the client sent it, unless a documented option adds
+        a field (``add_stream_usage``, ``default_max_tokens``)."""
+        payload = raw
+        if parsed.stream and not parsed.wants_usage and self.config.add_stream_usage:
+            body = dict(body)
+            opts = dict(body.get("stream_options") or {})
+            opts["include_usage"] = True
+            body["stream_options"] = opts
+            payload = json.dumps(body).encode()
+        if parsed.max_tokens is None and self.default_max_tokens:
+            # make the queued length and the upstream cap agree
+            if payload is raw:
+                body = dict(body)
+            body["max_tokens"] = req.max_tokens
+            payload = json.dumps(body).encode()
+        return payload
