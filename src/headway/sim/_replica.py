@@ -82,6 +82,7 @@ import math
 from collections.abc import Callable, Hashable
 
 from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState
+from headway.sim import _running_keys
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel
 from headway.sim._events import STEP_END, TIMER, EventLoop, tie_floor
@@ -165,16 +166,20 @@ class Replica:
         self._rekey_hook = hooks.rekey_after_tokens
         self._arrival_hook = hooks.on_arrival
         self._finish_hook = hooks.on_finish
+        exact = _running_keys.EXACT_SCAN
+        # progress between rekey hints may be reported late (Policy.progress_at_hints)
+        late_progress = policy.progress_at_hints and not exact
         # stretches report progress step by step when step-by-step mode would (module docstring)
-        self._catch_up_hook = self._progress_hook and policy.preemptive
+        self._catch_up_hook = self._progress_hook and policy.preemptive and not late_progress
         # displacement modes other than "none" (see headway.core.Policy) check the queue head
         self._displacing = policy.preemptive and policy.displacement != "none"
         self.paused: dict[_Seq, None] = {}  # pause mode: waiting requests that keep their KV blocks
-        # the worst-keyed running request, kept lazily (a full scan for policies with a progress
-        # hook, whose every running request a check syncs, as step-by-step mode reports progress)
-        self._rkeys: RunningKeys[_Seq] | None = (
-            RunningKeys(policy) if self._displacing and not self._progress_hook else None
-        )
+        # the worst-keyed running request, kept lazily (_running_keys.py); a full scan for policies
+        # with a progress hook that do not declare how their running keys evolve
+        lazy = self._displacing and not exact and (not self._progress_hook or bool(policy.running_keys))
+        self._rkeys: RunningKeys[_Seq] | None = RunningKeys(policy) if lazy else None
+        # a check syncs every running request, as step-by-step mode reports progress, unless late is fine
+        self._sync_all = lazy and self._progress_hook and not late_progress
         self._admission_held = False  # the step being planned preempted, so it admitted nobody
         # displacement checks are skipped while nothing they read changed (see _start_step);
         # a rekey point bumps _run_version
@@ -378,6 +383,8 @@ class Replica:
         # requests finishing in one step leave in running-list order, as vLLM frees their blocks
         heapq.heappush(self.fin_heap, (s.fin_g, s.order, s.gen, s))
         self._arm_rekey(s)
+        if self._rkeys is not None:  # its key counts down from here (Policy.running_keys)
+            self._rkeys.push(s, req, self.loop.now, self.g)
 
     def _arm_rekey(self, s: _Seq) -> None:
         if not self._rekey_hook:
@@ -513,8 +520,9 @@ class Replica:
         if s in self.decoders:
             self._sync(s, self.loop.now)
 
-    def _running_items(self) -> list[tuple[_Seq, Request]]:
-        return [(s, s.req) for s in self.decoders] + [(s, s.req) for s in self.prefilling]
+    def _running_items(self) -> list[tuple[_Seq, Request, int | None]]:
+        """Running requests for RunningKeys.push: decoders with the decode clock, then prefills."""
+        return [(s, s.req, self.g) for s in self.decoders] + [(s, s.req, None) for s in self.prefilling]
 
     def _running(self, now: float) -> list[Request]:
         for s in self.decoders:
@@ -607,6 +615,8 @@ class Replica:
         pause = policy.displacement == "pause"
         rkeys = self._rkeys
         keys = None if rkeys is not None else {r: (policy.key(r, now), r.seq) for r in self._running(now)}
+        if self._sync_all:
+            self._running(now)
         while self.waiting and budget > 0:  # an exhausted token budget is no reason to evict
             cand = self.waiting.peek()
             assert cand is not None
@@ -629,7 +639,7 @@ class Replica:
                 assert rkeys is not None
                 head_key = self.waiting.peek_key()
                 assert head_key is not None
-                found = rkeys.worst((head_key, cand.seq), now, self._sync_now, self._running_items)
+                found = rkeys.worst((head_key, cand.seq), now, self._sync_now, self._running_items, self.g)
                 pool = {} if found is None else {found[0].req: found[1]}
             if short == _BLOCKS and self.paused:
                 for p in self.paused:
@@ -913,4 +923,4 @@ class Replica:
             self._arm_rekey(s)
             self._run_version += 1  # an announced key (or can_preempt) change of a running request
             if self._rkeys is not None:
-                self._rkeys.push(s, s.req, now)
+                self._rkeys.push(s, s.req, now, g)
