@@ -178,6 +178,10 @@ class Replica:
         # with a progress hook that do not declare how their running keys evolve
         lazy = self._displacing and not exact and (not self._progress_hook or bool(policy.running_keys))
         self._rkeys: RunningKeys[_Seq] | None = RunningKeys(policy) if lazy else None
+        # and the worst-keyed paused request (pause mode), in a heap of the same kind
+        self._pkeys: RunningKeys[_Seq] | None = (
+            RunningKeys(policy, preemptible=False) if lazy and policy.displacement == "pause" else None
+        )
         # a check syncs every running request, as step-by-step mode reports progress, unless late is fine
         self._sync_all = lazy and self._progress_hook and not late_progress
         self._admission_held = False  # the step being planned preempted, so it admitted nobody
@@ -277,6 +281,8 @@ class Replica:
             if self.plan_reported >= 0:
                 self._catch_up(now)
             self.waiting.rekey(req, now)
+            if self._pkeys is not None and self.seqs[req] in self.paused:
+                self._pkeys.push(self.seqs[req], req, now)
             self._arm_timer(req)
             self._poke(now)
 
@@ -507,12 +513,16 @@ class Replica:
         req.num_pauses += 1
         self.num_pauses += 1
         self._requeue(req, now)
+        if self._pkeys is not None:  # keyed as the queue keys it, after the preemption
+            self._pkeys.push(s, req, now)
 
     def _drop_paused(self, s: _Seq) -> None:
         """A KV shortage evicts a paused request: its blocks are freed, it recomputes on resume."""
         if self.steps is not None:
             self._step_preempted.append(s.req.request_id)
         del self.paused[s]
+        if self._pkeys is not None:
+            self._pkeys.drop(s)
         self._evict_kv(s)
         self._run_version += 1
 
@@ -523,6 +533,9 @@ class Replica:
     def _running_items(self) -> list[tuple[_Seq, Request, int | None]]:
         """Running requests for RunningKeys.push: decoders with the decode clock, then prefills."""
         return [(s, s.req, self.g) for s in self.decoders] + [(s, s.req, None) for s in self.prefilling]
+
+    def _paused_items(self) -> list[tuple[_Seq, Request, int | None]]:
+        return [(s, s.req, None) for s in self.paused]
 
     def _running(self, now: float) -> list[Request]:
         for s in self.decoders:
@@ -642,10 +655,17 @@ class Replica:
                 found = rkeys.worst((head_key, cand.seq), now, self._sync_now, self._running_items, self.g)
                 pool = {} if found is None else {found[0].req: found[1]}
             if short == _BLOCKS and self.paused:
-                for p in self.paused:
-                    if p.req is not cand:
-                        pool[p.req] = (policy.key(p.req, now), p.req.seq)
-                pool = {r: k for r, k in pool.items() if k > ckey}
+                if self._pkeys is not None:
+                    head = self.waiting.peek_key()
+                    assert head is not None
+                    held = self._pkeys.worst((head, cand.seq), now, self._sync_now, self._paused_items, skip=cand)
+                    if held is not None:
+                        pool[held[0].req] = held[1]
+                else:
+                    for p in self.paused:
+                        if p.req is not cand:
+                            pool[p.req] = (policy.key(p.req, now), p.req.seq)
+                    pool = {r: k for r, k in pool.items() if k > ckey}
             if not pool:
                 break
             worst = max(pool, key=pool.__getitem__)
@@ -721,6 +741,8 @@ class Replica:
         req = s.req
         if s in self.paused:
             del self.paused[s]
+            if self._pkeys is not None:
+                self._pkeys.drop(s)
         elif req.num_computed_tokens and self.cfg.preemption_mode == "swap":
             self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
         cache = self.cache

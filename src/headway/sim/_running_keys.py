@@ -53,14 +53,18 @@ def _neg(key: PolicyKey) -> _Prio:
 class RunningKeys(Generic[T]):
     """Running items (each with a request) by their policy key, largest first, lazily."""
 
-    __slots__ = ("_countdown", "_counter", "_drift", "_epoch", "_fixed", "_lapse", "_live", "policy")
+    __slots__ = ("_countdown", "_counter", "_drift", "_epoch", "_fixed", "_lapse", "_live", "_preemptible", "policy")
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, *, preemptible: bool = True) -> None:
+        """``preemptible``: only items that ``can_preempt`` allows are found (running requests);
+        False for paused ones (waiting requests that hold KV blocks, keyed as the queue keys
+        them: a key point is also where a timer re-keys them)."""
         mode = policy.running_keys
         if mode not in RUNNING_KEYS:
             valid = ", ".join(repr(m) for m in RUNNING_KEYS)
             raise ValueError(f"policy {policy.name!r}: running_keys must be one of {valid}, got {mode!r}")
         self.policy = policy
+        self._preemptible = preemptible
         self._countdown = mode == "countdown"
         self._lapse = mode != ""  # declared: can_preempt only lapses between key points
         # entries (negated priority, token, item, request); a stale token marks a dead entry
@@ -116,12 +120,13 @@ class RunningKeys(Generic[T]):
         sync: Callable[[T], None],
         running: Callable[[], Iterable[tuple[T, Request, int | None]]],
         clock: int = 0,
+        skip: Request | None = None,
     ) -> tuple[T, tuple[PolicyKey, int]] | None:
         """The running item with the largest ``(key, seq)`` above ``above`` that ``can_preempt``
         allows, with that key; None if there is none. ``sync`` brings an item's counters up to
         date before it is re-keyed; ``running()`` lists every running item with its ``clock``
         argument of :meth:`push` (to re-key them all after a ``key_epoch`` change, or to compact
-        the heaps); ``clock`` is the engine's decode-step count now."""
+        the heaps); ``clock`` is the engine's decode-step count now; ``skip``'s item is passed over."""
         policy, live = self.policy, self._live
         if policy.key_epoch != self._epoch or len(self._fixed) + len(self._drift) > 4 * len(live) + 64:
             self._epoch = policy.key_epoch
@@ -147,7 +152,10 @@ class RunningKeys(Generic[T]):
                 continue
             if (key, req.seq) <= above:
                 break
-            if not policy.can_preempt(req, now):
+            if req is skip:
+                aside.append((heap, heapq.heappop(heap)))
+                continue
+            if self._preemptible and not policy.can_preempt(req, now):
                 entry = heapq.heappop(heap)
                 if not self._lapse:  # it may be preemptible again at the next check
                     aside.append((heap, entry))
