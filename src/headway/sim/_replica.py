@@ -188,7 +188,9 @@ class Replica:
         # displacement checks are skipped while nothing they read changed (see _start_step);
         # a rekey point bumps _run_version
         self._run_version = 0
-        self._static_preemption = hooks.stable_displacement
+        # and likewise for policies whose progress may be reported late and whose running keys and
+        # can_preempt only improve or lapse between key points (Policy.running_keys)
+        self._static_preemption = hooks.stable_displacement or (late_progress and bool(policy.running_keys))
         self._displace_sig: tuple[object, ...] | None = None
         self.seqs: dict[Request, _Seq] = {}
         self.decoders: dict[_Seq, None] = {}  # insertion-ordered set
