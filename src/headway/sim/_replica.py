@@ -71,6 +71,8 @@ step time grows with the KV tokens, so an estimator of recent step times (LTR's 
 learns a different value from one ``k``-step average than from the ``k`` steps. With
 an empty queue, or for other policies, step-by-step mode reports nothing mid-stretch
 either, and the stretch reports lazily (at its end, a finish, a preemption or a hint).
+A policy that declares ``progress_at_hints`` (its ``on_progress`` acts only at rekey hints)
+is reported lazily throughout, and its displacement checks sync no one but the candidates.
 """
 
 from __future__ import annotations
