@@ -393,8 +393,8 @@ class Replica:
         # requests finishing in one step leave in running-list order, as vLLM frees their blocks
         heapq.heappush(self.fin_heap, (s.fin_g, s.order, s.gen, s))
         self._arm_rekey(s)
-        if self._rkeys is not None:  # its key counts down from here (Policy.running_keys)
-            self._rkeys.push(s, req, self.loop.now, self.g)
+        if self._rkeys is not None:  # a countdown key counts down from here (Policy.running_keys)
+            self._rkeys.decoding(s, req, self.loop.now, self.g)
 
     def _arm_rekey(self, s: _Seq) -> None:
         if not self._rekey_hook:

@@ -6,8 +6,8 @@ stay or improve between its ``rekey_after_tokens`` hints, so a key computed earl
 upper bound of its key now. :class:`RunningKeys` keeps those bounds in a max-heap: the top
 is re-keyed; if its key improved it goes back down with the new key, else it is the worst
 (an exact answer, as a scan of every running request gives). Each request is re-keyed when
-it starts running, when it starts decoding and at each hint (the key may worsen there), and
-all of them when the policy's ``key_epoch`` changes.
+it starts running and at each hint (the key may worsen there), and all of them when the
+policy's ``key_epoch`` changes.
 
 Policies that declare how their running keys evolve (``Policy.running_keys``) get more:
 
@@ -16,7 +16,8 @@ Policies that declare how their running keys evolve (``Policy.running_keys``) ge
   engine's decode-step count) stays fixed while it decodes. Decoders are kept in a second heap
   under that anchor; its order is theirs at every step, and its top's key now is the anchor
   minus the clock: bounds that stay exact as every decoder's key falls, where plain upper
-  bounds would have every decoder re-keyed at each check. The first component is held as an
+  bounds would have every decoder re-keyed at each check. A request is re-keyed into it when
+  it starts decoding. The first component is held as an
   integer and a fraction in ``[0, 1)`` (both exact), so the anchors order as the keys do.
 * ``can_preempt``, once False, stays False until the request's next key point: such a request
   leaves the heap until it is re-keyed, instead of being set aside at every check.
@@ -93,6 +94,13 @@ class RunningKeys(Generic[T]):
         drift = self._countdown and clock is not None
         prio = self._prio(self.policy.key(req, now), req.seq, clock if drift else None)
         heapq.heappush(self._drift if drift else self._fixed, (prio, tok, item, req))
+
+    def decoding(self, item: T, req: Request, now: float, clock: int) -> None:
+        """``item`` finished its prefill and decodes from the decode-step count ``clock`` on: a
+        countdown key moves to the decoders' heap (re-keyed: its first token and its progress
+        report may have moved it); other keys keep their bound (its prefill key)."""
+        if self._countdown:
+            self.push(item, req, now, clock)
 
     def drop(self, item: T) -> None:
         """``item`` stopped running."""
