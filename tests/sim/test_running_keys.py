@@ -8,14 +8,18 @@ progress reports where a policy declares ``progress_at_hints``) equal those of t
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from headway.core import DISPLACEMENT_MODES, RUNNING_KEYS, available_policies, get_policy_class, make_policy
 from headway.policies import noisy_oracle_defaults
 from headway.sim import CacheConfig, SchedulerConfig, SimResult, _running_keys, simulate
-from headway.workload import default_workload
+from headway.workload import Workload, default_workload
+from strategies import engine_configs, workloads
 
 PREEMPTIVE = [n for n in available_policies() if get_policy_class(n).preemptive is True]
 
@@ -34,19 +38,22 @@ def _outcome(res: SimResult) -> list[tuple[object, ...]]:
     )
 
 
-def _run(name: str, mode: str, scenario: tuple[Any, ...], exact: bool, **extra: Any) -> SimResult:
-    num, rate, seqs, blocks, steps = scenario
+def _simulate(
+    wl: Workload, name: str, mode: str, sched: SchedulerConfig, cache: CacheConfig, exact: bool, **extra: Any
+) -> SimResult:
     kwargs = {**(noisy_oracle_defaults(name, None, tau=0.75, seed=0) or {}), **extra}
     _running_keys.EXACT_SCAN = exact
     try:
-        return simulate(
-            default_workload(num_requests=num, rate=rate),
-            make_policy(name, displacement=mode, **kwargs),
-            scheduler=SchedulerConfig(max_num_seqs=seqs, max_steps_per_event=steps),
-            cache=CacheConfig(num_gpu_blocks=blocks),
-        )
+        return simulate(wl, make_policy(name, displacement=mode, **kwargs), scheduler=sched, cache=cache)
     finally:
         _running_keys.EXACT_SCAN = False
+
+
+def _run(name: str, mode: str, scenario: tuple[Any, ...], exact: bool, **extra: Any) -> SimResult:
+    num, rate, seqs, blocks, steps = scenario
+    sched = SchedulerConfig(max_num_seqs=seqs, max_steps_per_event=steps)
+    return _simulate(default_workload(num_requests=num, rate=rate), name, mode, sched,
+                     CacheConfig(num_gpu_blocks=blocks), exact, **extra)  # fmt: skip
 
 
 def test_the_declared_policies_are_covered() -> None:
@@ -83,3 +90,24 @@ def test_an_undeclared_running_keys_value_is_named() -> None:
 
     with pytest.raises(ValueError, match="'sometimes'"):
         simulate(default_workload(num_requests=5), Odd(), scheduler=SchedulerConfig())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    wl=workloads(), cfg=engine_configs(), name=st.sampled_from(PREEMPTIVE), mode=st.sampled_from(DISPLACEMENT_MODES),
+    step_by_step=st.booleans(), roomy=st.booleans(),
+)  # fmt: skip
+def test_lazy_heap_decides_as_the_exact_scan_on_random_engines(
+    wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], name: str, mode: str, step_by_step: bool, roomy: bool
+) -> None:
+    """Small caches (KV shortages) or roomy ones (full batches: pauses), few slots, budgets with and
+    without chunked prefill, swap or recompute."""
+    sched, cache = cfg
+    if step_by_step:
+        sched = dataclasses.replace(sched, max_steps_per_event=1)
+    if roomy:
+        cache = CacheConfig(num_gpu_blocks=4096)
+    extra = {"starvation_steps": 20, "quantum_steps": 3} if name == "ltr" else {}
+    lazy = _simulate(wl, name, mode, sched, cache, False, **extra)
+    exact = _simulate(wl, name, mode, sched, cache, True, **extra)
+    assert _outcome(lazy) == _outcome(exact)
