@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from headway.core._policy import (
     DISPLACEMENT_MODES,
+    RUNNING_KEYS,
     OracleAccessError,
     Policy,
     PolicyHooks,
@@ -46,6 +47,7 @@ __all__ = [
     "DEFAULT_ROUTER",
     "DISPLACEMENT_MODES",
     "PLUGINS_ENV",
+    "RUNNING_KEYS",
     "Estimator",
     "InvalidTransition",
     "LengthAwareRouter",

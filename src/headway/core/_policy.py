@@ -66,6 +66,17 @@ UniBoost's grow: they must give hints). Engines skip work between hints: for pol
 with no ``on_progress`` and either the default ``can_preempt`` or
 ``preempt_changes_at_hints``, the simulator skips a displacement check while the queue
 head, the running set and ``key_epoch`` are unchanged (a hint counts as a change).
+
+How running keys evolve (optional, ``running_keys`` and ``progress_at_hints``): a policy
+with an ``on_progress`` hook may declare that its running keys keep the contract above
+(``"bounded"``) or, further, that a decoding request's first key component falls by exactly
+one per output token between its key points, the rest of the key fixed (``"countdown"``:
+remaining-length keys). Either declaration also promises that a running request's
+``can_preempt``, once False, stays False until its next key point. The simulator then keeps
+the running keys in a heap with lazy invalidation instead of re-keying every running request
+at each displacement check. ``progress_at_hints`` adds that ``on_progress`` changes nothing
+but at ``rekey_after_tokens`` points, so progress between them may be reported late, in one
+call; without it every running request's progress is reported at each check.
 """
 
 from __future__ import annotations
@@ -81,6 +92,7 @@ from headway.core._request import Request
 
 __all__ = [
     "DISPLACEMENT_MODES",
+    "RUNNING_KEYS",
     "OracleAccessError",
     "Policy",
     "PolicyHooks",
@@ -98,6 +110,9 @@ PolicyKey = tuple[float | int, ...]
 
 DISPLACEMENT_MODES = ("none", "pause", "evict")
 """How a preemptive policy's better-keyed waiting request displaces a running one (see above)."""
+
+RUNNING_KEYS = ("", "bounded", "countdown")
+"""How a policy's running keys evolve between key points (``Policy.running_keys``, see above)."""
 
 
 class OracleAccessError(PermissionError):
@@ -179,6 +194,12 @@ class Policy(ABC):
     """True if an overridden ``can_preempt`` of a running request changes only at its
     ``rekey_after_tokens`` points (as MemGuard's bands do); engines may then skip
     displacement checks between hints as they do for the default ``can_preempt``."""
+    running_keys: ClassVar[str] = ""
+    """How running keys evolve between key points (see the module docstring): ``""`` (not
+    declared), ``"bounded"`` or ``"countdown"`` (:data:`RUNNING_KEYS`)."""
+    progress_at_hints: ClassVar[bool] = False
+    """True if ``on_progress`` changes nothing (keys now or later, ``can_preempt``) except at
+    ``rekey_after_tokens`` points, so engines may report the progress between them late."""
     key_epoch: int = 0
     """Bump this when every cached key is stale at once (e.g. a global parameter such
     as gamma-Ada's gamma changed); queues then re-key all waiting requests."""

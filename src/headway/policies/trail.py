@@ -49,6 +49,10 @@ class TrailPolicy(ScoredPolicy):
         "TRAIL (Shahout et al., ICLR'25): a preempted request's KV cache stays in GPU memory, which is "
         "why its preemption is limited to early in a request's life, when that cache is small"
     )
+    # the key P - g falls by one per generated token until the refinement, announced by
+    # rekey_after_tokens, which on_progress makes only there; the limit g <= c * p0 only lapses
+    running_keys = "countdown"
+    progress_at_hints = True
 
     def __init__(
         self,

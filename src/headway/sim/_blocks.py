@@ -45,7 +45,7 @@ class KVBlocks(DecodeClock):
     seqs: dict[Request, Seq]
     prefilling: list[Seq]
     paused: dict[Seq, None]  # pause mode: waiting requests that keep their KV blocks
-    _rkeys: RunningKeys[Seq] | None
+    _pkeys: RunningKeys[Seq] | None  # pause mode: the worst-keyed paused request, kept lazily
     _run_version: int
     swap_cost: float
     steps: list[StepRecord] | None
@@ -118,6 +118,8 @@ class KVBlocks(DecodeClock):
         req = s.req
         if s in self.paused:
             del self.paused[s]
+            if self._pkeys is not None:
+                self._pkeys.drop(s)
         elif req.num_computed_tokens and self.cfg.preemption_mode == "swap":
             self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
         cache = self.cache

@@ -23,6 +23,8 @@ step time grows with the KV tokens, so an estimator of recent step times (LTR's 
 learns a different value from one ``k``-step average than from the ``k`` steps. With
 an empty queue, or for other policies, step-by-step mode reports nothing mid-stretch
 either, and the stretch reports lazily (at its end, a finish, a preemption or a hint).
+A policy that declares ``progress_at_hints`` (its ``on_progress`` acts only at rekey hints)
+is reported lazily throughout, and its displacement checks sync no one but the candidates.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import math
 
 from headway.core import Policy, PolicyQueue
 from headway.sim._config import SchedulerConfig
+from headway.sim._events import EventLoop
+from headway.sim._running_keys import RunningKeys
 from headway.sim._seq import Seq
 
 __all__ = ["DecodeClock"]
@@ -43,7 +47,9 @@ class DecodeClock:
     sets every attribute below."""
 
     policy: Policy
+    loop: EventLoop
     cfg: SchedulerConfig
+    _rkeys: RunningKeys[Seq] | None  # the worst-keyed running request, kept lazily
     bs: int  # block size (tokens)
     free: int  # free KV blocks (reserved ones already taken off)
     waiting: PolicyQueue
@@ -136,6 +142,8 @@ class DecodeClock:
         # requests finishing in one step leave in running-list order, as vLLM frees their blocks
         heapq.heappush(self.fin_heap, (s.fin_g, s.order, s.gen, s))
         self._arm_rekey(s)
+        if self._rkeys is not None:  # a countdown key counts down from here (Policy.running_keys)
+            self._rkeys.decoding(s, req, self.loop.now, self.g)
 
     def _arm_rekey(self, s: Seq) -> None:
         if not self._rekey_hook:

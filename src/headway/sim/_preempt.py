@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 from headway.core import PolicyKey, Request, RequestState
 from headway.sim._blocks import BLOCKS, KVBlocks
-from headway.sim._events import EventLoop
 from headway.sim._seq import Seq
 
 __all__ = ["Preemption"]
@@ -16,10 +15,10 @@ class Preemption(KVBlocks):
     """Evicting, pausing and resuming the requests of a :class:`~headway.sim.Replica` (which
     sets every attribute below)."""
 
-    loop: EventLoop
     num_pauses: int  # pause mode: requests taken out of the batch with their KV kept
     _step_preempted: list[str]
     _arm_timer: Callable[[Request], None]  # the replica's: a requeued request's re-key timer
+    _sync_all: bool  # a displacement check syncs every running request (see the replica)
 
     def _leave_batch(self, s: Seq, now: float) -> Request:
         """Take a running request out of the batch (evicted or paused): its counters synced, its
@@ -58,12 +57,16 @@ class Preemption(KVBlocks):
         req.num_pauses += 1
         self.num_pauses += 1
         self._requeue(req, now)
+        if self._pkeys is not None:  # keyed as the queue keys it, after the preemption
+            self._pkeys.push(s, req, now)
 
     def _drop_paused(self, s: Seq) -> None:
         """A KV shortage evicts a paused request: its blocks are freed, it recomputes on resume."""
         if self.steps is not None:
             self._step_preempted.append(s.req.request_id)
         del self.paused[s]
+        if self._pkeys is not None:
+            self._pkeys.drop(s)
         self._evict_kv(s)
         self._run_version += 1
 
@@ -71,8 +74,12 @@ class Preemption(KVBlocks):
         if s in self.decoders:
             self._sync(s, self.loop.now)
 
-    def _running_items(self) -> list[tuple[Seq, Request]]:
-        return [(s, s.req) for s in self.decoders] + [(s, s.req) for s in self.prefilling]
+    def _running_items(self) -> list[tuple[Seq, Request, int | None]]:
+        """Running requests for RunningKeys.push: decoders with the decode clock, then prefills."""
+        return [(s, s.req, self.g) for s in self.decoders] + [(s, s.req, None) for s in self.prefilling]
+
+    def _paused_items(self) -> list[tuple[Seq, Request, int | None]]:
+        return [(s, s.req, None) for s in self.paused]
 
     def _running(self, now: float) -> list[Request]:
         for s in self.decoders:
@@ -104,6 +111,8 @@ class Preemption(KVBlocks):
         pause = policy.displacement == "pause"
         rkeys = self._rkeys
         keys = None if rkeys is not None else {r: (policy.key(r, now), r.seq) for r in self._running(now)}
+        if self._sync_all:
+            self._running(now)
         while self.waiting and budget > 0:  # an exhausted token budget is no reason to evict
             cand = self.waiting.peek()
             assert cand is not None
@@ -126,13 +135,20 @@ class Preemption(KVBlocks):
                 assert rkeys is not None
                 head_key = self.waiting.peek_key()
                 assert head_key is not None
-                found = rkeys.worst((head_key, cand.seq), now, self._sync_now, self._running_items)
+                found = rkeys.worst((head_key, cand.seq), now, self._sync_now, self._running_items, self.g)
                 pool = {} if found is None else {found[0].req: found[1]}
             if short == BLOCKS and self.paused:
-                for p in self.paused:
-                    if p.req is not cand:
-                        pool[p.req] = (policy.key(p.req, now), p.req.seq)
-                pool = {r: k for r, k in pool.items() if k > ckey}
+                if self._pkeys is not None:
+                    head = self.waiting.peek_key()
+                    assert head is not None
+                    held = self._pkeys.worst((head, cand.seq), now, self._sync_now, self._paused_items, skip=cand)
+                    if held is not None:
+                        pool[held[0].req] = held[1]
+                else:
+                    for p in self.paused:
+                        if p.req is not cand:
+                            pool[p.req] = (policy.key(p.req, now), p.req.seq)
+                    pool = {r: k for r, k in pool.items() if k > ckey}
             if not pool:
                 break
             worst = max(pool, key=pool.__getitem__)

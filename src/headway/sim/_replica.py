@@ -51,6 +51,7 @@ import itertools
 from collections.abc import Callable, Hashable
 
 from headway.core import Policy, PolicyQueue, Request, RequestState
+from headway.sim import _running_keys
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel
 from headway.sim._events import STEP_END, TIMER, EventLoop, tie_floor
@@ -103,21 +104,31 @@ class Replica(Preemption):
         self._rekey_hook = hooks.rekey_after_tokens
         self._arrival_hook = hooks.on_arrival
         self._finish_hook = hooks.on_finish
+        exact = _running_keys.EXACT_SCAN
+        # progress between rekey hints may be reported late (Policy.progress_at_hints)
+        late_progress = policy.progress_at_hints and not exact
         # stretches report progress step by step when step-by-step mode would (_decode.py)
-        self._catch_up_hook = self._progress_hook and policy.preemptive
+        self._catch_up_hook = self._progress_hook and policy.preemptive and not late_progress
         # displacement modes other than "none" (see headway.core.Policy) check the queue head
         self._displacing = policy.preemptive and policy.displacement != "none"
         self.paused: dict[Seq, None] = {}  # pause mode: waiting requests that keep their KV blocks
-        # the worst-keyed running request, kept lazily (a full scan for policies with a progress
-        # hook, whose every running request a check syncs, as step-by-step mode reports progress)
-        self._rkeys: RunningKeys[Seq] | None = (
-            RunningKeys(policy) if self._displacing and not self._progress_hook else None
+        # the worst-keyed running request, kept lazily (_running_keys.py); a full scan for policies
+        # with a progress hook that do not declare how their running keys evolve
+        lazy = self._displacing and not exact and (not self._progress_hook or bool(policy.running_keys))
+        self._rkeys: RunningKeys[Seq] | None = RunningKeys(policy) if lazy else None
+        # and the worst-keyed paused request (pause mode), in a heap of the same kind
+        self._pkeys: RunningKeys[Seq] | None = (
+            RunningKeys(policy, preemptible=False) if lazy and policy.displacement == "pause" else None
         )
+        # a check syncs every running request, as step-by-step mode reports progress, unless late is fine
+        self._sync_all = lazy and self._progress_hook and not late_progress
         self._admission_held = False  # the step being planned preempted, so it admitted nobody
         # displacement checks are skipped while nothing they read changed (see _start_step);
         # a rekey point bumps _run_version
         self._run_version = 0
-        self._static_preemption = hooks.stable_displacement
+        # and likewise for policies whose progress may be reported late and whose running keys and
+        # can_preempt only improve or lapse between key points (Policy.running_keys)
+        self._static_preemption = hooks.stable_displacement or (late_progress and bool(policy.running_keys))
         self._displace_sig: tuple[object, ...] | None = None
         self.seqs: dict[Request, Seq] = {}
         self.decoders: dict[Seq, None] = {}  # insertion-ordered set
@@ -207,6 +218,8 @@ class Replica(Preemption):
             if self.plan_reported >= 0:
                 self._catch_up(now)
             self.waiting.rekey(req, now)
+            if self._pkeys is not None and self.seqs[req] in self.paused:
+                self._pkeys.push(self.seqs[req], req, now)
             self._arm_timer(req)
             self._poke(now)
 
@@ -399,7 +412,7 @@ class Replica(Preemption):
             self._arm_rekey(s)
             self._run_version += 1  # an announced key (or can_preempt) change of a running request
             if self._rkeys is not None:
-                self._rkeys.push(s, s.req, now)
+                self._rkeys.push(s, s.req, now, g)
 
     def _finish(self, s: Seq, now: float) -> None:
         req = s.req

@@ -8,87 +8,168 @@ is re-keyed; if its key improved it goes back down with the new key, else it is 
 (an exact answer, as a scan of every running request gives). Each request is re-keyed when
 it starts running and at each hint (the key may worsen there), and all of them when the
 policy's ``key_epoch`` changes.
+
+Policies that declare how their running keys evolve (``Policy.running_keys``) get more:
+
+* ``"countdown"``: a decoding request's first key component falls by exactly one per output
+  token, and each decode step gives every decoder one token, so ``key[0] + clock`` (the
+  engine's decode-step count) stays fixed while it decodes. Decoders are kept in a second heap
+  under that anchor; its order is theirs at every step, and its top's key now is the anchor
+  minus the clock: bounds that stay exact as every decoder's key falls, where plain upper
+  bounds would have every decoder re-keyed at each check. A request is re-keyed into it when
+  it starts decoding. The first component is held as an
+  integer and a fraction in ``[0, 1)`` (both exact), so the anchors order as the keys do.
+* ``can_preempt``, once False, stays False until the request's next key point: such a request
+  leaves the heap until it is re-keyed, instead of being set aside at every check.
+
+``EXACT_SCAN`` (for tests) makes the simulator scan every running request's key at each
+check instead, as it does for policies with a progress hook that declare nothing: the
+reference the lazy heap must agree with, decision for decision.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
-from headway.core import Policy, PolicyKey, Request
+from headway.core import RUNNING_KEYS, Policy, PolicyKey, Request
 
-__all__ = ["RunningKeys"]
+__all__ = ["EXACT_SCAN", "RunningKeys"]
+
+EXACT_SCAN = False
+"""True: the simulator keeps no heap and re-keys every running request at each displacement
+check (read when a replica is built; tests compare both paths)."""
 
 T = TypeVar("T")
+_Prio = tuple[float | int, ...]
 
 
-def _neg(key: PolicyKey) -> tuple[float | int, ...]:
+def _neg(key: PolicyKey) -> _Prio:
     return tuple(-x for x in key)
 
 
 class RunningKeys(Generic[T]):
     """Running items (each with a request) by their policy key, largest first, lazily."""
 
-    __slots__ = ("_counter", "_epoch", "_heap", "_live", "policy")
+    __slots__ = ("_countdown", "_counter", "_drift", "_epoch", "_fixed", "_lapse", "_live", "_preemptible", "policy")
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, *, preemptible: bool = True) -> None:
+        """``preemptible``: only items that ``can_preempt`` allows are found (running requests);
+        False for paused ones (waiting requests that hold KV blocks, keyed as the queue keys
+        them: a key point is also where a timer re-keys them)."""
+        mode = policy.running_keys
+        if mode not in RUNNING_KEYS:
+            valid = ", ".join(repr(m) for m in RUNNING_KEYS)
+            raise ValueError(f"policy {policy.name!r}: running_keys must be one of {valid}, got {mode!r}")
         self.policy = policy
-        self._heap: list[tuple[tuple[float | int, ...], int, int, T, Request]] = []
+        self._preemptible = preemptible
+        self._countdown = mode == "countdown"
+        self._lapse = mode != ""  # declared: can_preempt only lapses between key points
+        # entries (negated priority, token, item, request); a stale token marks a dead entry
+        self._fixed: list[tuple[_Prio, int, T, Request]] = []  # keys that stay or improve
+        self._drift: list[tuple[_Prio, int, T, Request]] = []  # countdown decoders, by anchor
         self._live: dict[T, int] = {}
         self._counter = itertools.count()
         self._epoch = policy.key_epoch
 
-    def push(self, item: T, req: Request, now: float) -> None:
-        """``item`` runs (or passed a rekey hint): key it now."""
+    def _prio(self, key: PolicyKey, seq: int, clock: int | None) -> _Prio:
+        """The heap priority of ``(key, seq)`` (negated: heapq is a min-heap); a countdown
+        decoder's first component is anchored at the decode clock."""
+        if not self._countdown:
+            return (*_neg(key), -seq)
+        first = key[0]
+        whole = math.floor(first)
+        if clock is not None:
+            return (-(whole + clock), whole - first, *_neg(key[1:]), -seq)
+        return (-whole, whole - first, *_neg(key[1:]), -seq)
+
+    def push(self, item: T, req: Request, now: float, clock: int | None = None) -> None:
+        """``item`` runs (or reached a key point): key it now. ``clock``: the engine's decode-step
+        count if ``item`` decodes (its key counts down with it), None while it prefills."""
         tok = next(self._counter)
         self._live[item] = tok
-        heapq.heappush(self._heap, (_neg(self.policy.key(req, now)), -req.seq, tok, item, req))
+        drift = self._countdown and clock is not None
+        prio = self._prio(self.policy.key(req, now), req.seq, clock if drift else None)
+        heapq.heappush(self._drift if drift else self._fixed, (prio, tok, item, req))
+
+    def decoding(self, item: T, req: Request, now: float, clock: int) -> None:
+        """``item`` finished its prefill and decodes from the decode-step count ``clock`` on: a
+        countdown key moves to the decoders' heap (re-keyed: its first token and its progress
+        report may have moved it); other keys keep their bound (its prefill key)."""
+        if self._countdown:
+            self.push(item, req, now, clock)
 
     def drop(self, item: T) -> None:
         """``item`` stopped running."""
         self._live.pop(item, None)
+
+    def _top(self, clock: int) -> tuple[list[tuple[_Prio, int, T, Request]], _Prio] | None:
+        """The heap whose live top has the larger predicted key, and that top's priority now."""
+        live = self._live
+        best: tuple[list[tuple[_Prio, int, T, Request]], _Prio] | None = None
+        for heap in (self._fixed, self._drift):
+            while heap and live.get(heap[0][2]) != heap[0][1]:
+                heapq.heappop(heap)
+            if heap:
+                prio = heap[0][0]
+                if heap is self._drift:
+                    prio = (prio[0] + clock, *prio[1:])
+                if best is None or prio < best[1]:
+                    best = (heap, prio)
+        return best
 
     def worst(
         self,
         above: tuple[PolicyKey, int],
         now: float,
         sync: Callable[[T], None],
-        running: Callable[[], Iterable[tuple[T, Request]]],
+        running: Callable[[], Iterable[tuple[T, Request, int | None]]],
+        clock: int = 0,
+        skip: Request | None = None,
     ) -> tuple[T, tuple[PolicyKey, int]] | None:
         """The running item with the largest ``(key, seq)`` above ``above`` that ``can_preempt``
         allows, with that key; None if there is none. ``sync`` brings an item's counters up to
-        date before it is re-keyed; ``running()`` lists every running item (to re-key them all
-        after a ``key_epoch`` change, or to compact the heap)."""
-        policy, heap, live = self.policy, self._heap, self._live
-        if policy.key_epoch != self._epoch or len(heap) > 4 * len(live) + 64:
+        date before it is re-keyed; ``running()`` lists every running item with its ``clock``
+        argument of :meth:`push` (to re-key them all after a ``key_epoch`` change, or to compact
+        the heaps); ``clock`` is the engine's decode-step count now; ``skip``'s item is passed over."""
+        policy, live = self.policy, self._live
+        if policy.key_epoch != self._epoch or len(self._fixed) + len(self._drift) > 4 * len(live) + 64:
             self._epoch = policy.key_epoch
-            self._heap = heap = []
+            self._fixed, self._drift = [], []
             live.clear()
-            for item, req in running():
+            for item, req, at in running():
                 sync(item)
-                self.push(item, req, now)
-        aside = []
+                self.push(item, req, now, at)
+        aside: list[tuple[list[tuple[_Prio, int, T, Request]], tuple[_Prio, int, T, Request]]] = []
         found = None
-        while heap:
-            neg, negseq, tok, item, req = heap[0]
-            if live.get(item) != tok:
-                heapq.heappop(heap)
-                continue
+        while True:
+            top = self._top(clock)
+            if top is None:
+                break
+            heap, prio = top
+            _, tok, item, req = heap[0]
             sync(item)
             key = policy.key(req, now)
-            fresh = _neg(key)
-            if fresh != neg:  # it improved since it was keyed: back down with its key now
-                heapq.heapreplace(heap, (fresh, negseq, tok, item, req))
+            fresh = self._prio(key, req.seq, None)
+            if fresh != prio:  # it improved since it was keyed: back down with its key now
+                at = clock if heap is self._drift else None
+                heapq.heapreplace(heap, (self._prio(key, req.seq, at), tok, item, req))
                 continue
             if (key, req.seq) <= above:
                 break
-            if not policy.can_preempt(req, now):
-                aside.append(heapq.heappop(heap))
+            if req is skip:
+                aside.append((heap, heapq.heappop(heap)))
+                continue
+            if self._preemptible and not policy.can_preempt(req, now):
+                entry = heapq.heappop(heap)
+                if not self._lapse:  # it may be preemptible again at the next check
+                    aside.append((heap, entry))
                 continue
             found = (item, (key, req.seq))
             break
-        for entry in aside:
+        for heap, entry in aside:
             heapq.heappush(heap, entry)
         return found

@@ -1,0 +1,113 @@
+"""The lazy heap of running keys must pick the victims a scan of every running key picks.
+
+Every preemptive policy, in every displacement mode, on workloads that displace for slots and for
+KV blocks (fast-forward and step by step): the per-request outcomes with the heap (and late
+progress reports where a policy declares ``progress_at_hints``) equal those of the exact path,
+``_running_keys.EXACT_SCAN``, which re-keys every running request at each check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headway.core import DISPLACEMENT_MODES, RUNNING_KEYS, available_policies, get_policy_class, make_policy
+from headway.policies import noisy_oracle_defaults
+from headway.sim import CacheConfig, SchedulerConfig, SimResult, _running_keys, simulate
+from headway.workload import Workload, default_workload
+from strategies import engine_configs, workloads
+
+PREEMPTIVE = [n for n in available_policies() if get_policy_class(n).preemptive is True]
+
+# (requests, rate, max_num_seqs, num_gpu_blocks, max_steps_per_event)
+SCENARIOS = [
+    (400, 6.0, 64, 1500, 1 << 30),  # KV pressure: evictions (and pauses for slots)
+    (300, 12.0, 8, None, 1 << 30),  # few slots: pauses
+    (150, 6.0, 16, 800, 1),  # both, step by step
+]
+
+
+def _outcome(res: SimResult) -> list[tuple[object, ...]]:
+    return sorted(
+        (r.request_id, r.first_token_time, r.finish_time, r.num_preemptions, r.num_pauses, r.num_recomputed_tokens)
+        for r in res.requests
+    )
+
+
+def _simulate(
+    wl: Workload, name: str, mode: str, sched: SchedulerConfig, cache: CacheConfig, exact: bool, **extra: Any
+) -> SimResult:
+    kwargs = {**(noisy_oracle_defaults(name, None, tau=0.75, seed=0) or {}), **extra}
+    _running_keys.EXACT_SCAN = exact
+    try:
+        return simulate(wl, make_policy(name, displacement=mode, **kwargs), scheduler=sched, cache=cache)
+    finally:
+        _running_keys.EXACT_SCAN = False
+
+
+def _run(name: str, mode: str, scenario: tuple[Any, ...], exact: bool, **extra: Any) -> SimResult:
+    num, rate, seqs, blocks, steps = scenario
+    sched = SchedulerConfig(max_num_seqs=seqs, max_steps_per_event=steps)
+    return _simulate(default_workload(num_requests=num, rate=rate), name, mode, sched,
+                     CacheConfig(num_gpu_blocks=blocks), exact, **extra)  # fmt: skip
+
+
+def test_the_declared_policies_are_covered() -> None:
+    assert {"trail", "ltr", "srpt-oracle", "uniboost-base"} <= set(PREEMPTIVE)
+    assert {get_policy_class(n).running_keys for n in PREEMPTIVE} <= set(RUNNING_KEYS)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("mode", DISPLACEMENT_MODES)
+@pytest.mark.parametrize("name", PREEMPTIVE)
+def test_lazy_heap_decides_as_the_exact_scan(name: str, mode: str, scenario: tuple[Any, ...]) -> None:
+    lazy = _run(name, mode, scenario, exact=False)
+    exact = _run(name, mode, scenario, exact=True)
+    assert _outcome(lazy) == _outcome(exact)
+    if mode == "pause" and scenario[2] == 8:
+        assert sum(r.num_pauses for r in lazy.requests) > 0  # the scenario exercises displacement
+
+
+@pytest.mark.parametrize("mode", ["pause", "evict"])
+def test_ltr_starvation_promotions_under_the_heap(mode: str) -> None:
+    """Short starvation and quantum counts: many promotions, quantum ends and re-pauses."""
+    extra = {"starvation_steps": 20, "quantum_steps": 3}
+    lazy = _run("ltr", mode, SCENARIOS[0], exact=False, **extra)
+    exact = _run("ltr", mode, SCENARIOS[0], exact=True, **extra)
+    assert sum(r.num_preemptions for r in lazy.requests) > 0
+    assert _outcome(lazy) == _outcome(exact)
+
+
+def test_an_undeclared_running_keys_value_is_named() -> None:
+    policy = make_policy("srpt-oracle")
+
+    class Odd(type(policy)):  # type: ignore[misc]
+        running_keys = "sometimes"
+
+    with pytest.raises(ValueError, match="'sometimes'"):
+        simulate(default_workload(num_requests=5), Odd(), scheduler=SchedulerConfig())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    wl=workloads(), cfg=engine_configs(), name=st.sampled_from(PREEMPTIVE), mode=st.sampled_from(DISPLACEMENT_MODES),
+    step_by_step=st.booleans(), roomy=st.booleans(),
+)  # fmt: skip
+def test_lazy_heap_decides_as_the_exact_scan_on_random_engines(
+    wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], name: str, mode: str, step_by_step: bool, roomy: bool
+) -> None:
+    """Small caches (KV shortages) or roomy ones (full batches: pauses), few slots, budgets with and
+    without chunked prefill, swap or recompute."""
+    sched, cache = cfg
+    if step_by_step:
+        sched = dataclasses.replace(sched, max_steps_per_event=1)
+    if roomy:
+        cache = CacheConfig(num_gpu_blocks=4096)
+    extra = {"starvation_steps": 20, "quantum_steps": 3} if name == "ltr" else {}
+    lazy = _simulate(wl, name, mode, sched, cache, False, **extra)
+    exact = _simulate(wl, name, mode, sched, cache, True, **extra)
+    assert _outcome(lazy) == _outcome(exact)
