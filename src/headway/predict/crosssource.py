@@ -5,8 +5,8 @@ Sources (all read from the shared data folder, never copied):
 
 - ``alpaca_eval``: 805 instructions; trained on the consensus length (geometric mean over its 227
   models), evaluated against four 2023-era chat models (:data:`ALPACA_EVAL_MODELS`);
-- ``sharegpt``: the first :data:`SHAREGPT_PROMPTS` ShareGPT first turns, ChatGPT's answers; the next
-  ones up to :data:`SHAREGPT_TRAIN_PROMPTS` (other prompts) are used for training only, never evaluated;
+- ``sharegpt``: the first :data:`SHAREGPT_PROMPTS` ShareGPT first turns, ChatGPT's answers; the other
+  first turns (:data:`SHAREGPT_TRAIN_PROMPTS`) are used for training only, never evaluated;
 - ``codealpaca``: CodeAlpaca-2k, text-davinci-003's answers;
 - ``arena_hard_v2``: Arena-Hard v2.0 prompts with o3-mini's and Sky-T1-32B's lengths (Sky-T1's include
   its thinking).
@@ -54,9 +54,9 @@ SOURCES: tuple[str, ...] = ("alpaca_eval", "sharegpt", "codealpaca", "arena_hard
 ALPACA_EVAL_MODELS: tuple[str, ...] = ("gpt4", "claude-2", "vicuna-13b-v1.3", "llama-2-70b-chat-hf")
 """2023-era chat models the alpaca_eval columns are measured against."""
 SHAREGPT_PROMPTS = 3000
-SHAREGPT_TRAIN_PROMPTS = 9000
-"""ShareGPT first turns read; those past :data:`SHAREGPT_PROMPTS` (prompts not among the evaluated ones)
-only add training examples when ShareGPT is in a training set."""
+SHAREGPT_TRAIN_PROMPTS: int | None = None
+"""ShareGPT first turns read (None: all 17,332); those past :data:`SHAREGPT_PROMPTS` (prompts not among
+the evaluated ones) only add training examples when ShareGPT is in a training set."""
 WEIGHTINGS: tuple[str, ...] = ("equal", "sqrt")
 ARENA_FILES: tuple[str, ...] = ("o3-mini-2025-01-31.jsonl", "sky-t1-32b.jsonl")
 TEST_FRAC = 0.2
@@ -112,7 +112,8 @@ def load_source(name: str, data_dir: str | Path | None = None) -> Source:
         prompts, evals = _table(_rows("alpaca_eval:" + ",".join(ALPACA_EVAL_MODELS), root))
         train = _align(prompts, [(p, "consensus", n) for p, _, n in _rows("alpaca_eval:mean", root)])
     elif name == "sharegpt":
-        rows_all = [(p, "chatgpt", n) for p, _, n in _rows(f"sharegpt:{SHAREGPT_TRAIN_PROMPTS}", root)]
+        spec = "sharegpt" if SHAREGPT_TRAIN_PROMPTS is None else f"sharegpt:{SHAREGPT_TRAIN_PROMPTS}"
+        rows_all = [(p, "chatgpt", n) for p, _, n in _rows(spec, root)]
         prompts, evals = _table(rows_all[:SHAREGPT_PROMPTS])
         seen = set(prompts)
         extra_prompts, extra_train = _table([r for r in rows_all[SHAREGPT_PROMPTS:] if r[0] not in seen])
