@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,3 +111,15 @@ def test_sqrt_weighting_lets_a_larger_source_count_more() -> None:
 def test_recipe_names_bad_values(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Recipe(**{"features": "text", "alpha": 1.0, **kwargs})  # type: ignore[arg-type]
+
+
+def test_sharegpt_training_only_prompts_are_other_prompts(data_dir: Path) -> None:
+    from headway.predict.crosssource import SHAREGPT_PROMPTS, load_source
+
+    src = load_source("sharegpt", data_dir)
+    assert len(src.prompts) <= SHAREGPT_PROMPTS
+    assert len(src.extra_prompts) > 10_000
+    assert not set(src.extra_prompts) & set(src.prompts)
+    assert len(set(src.extra_prompts)) == len(src.extra_prompts)
+    (lengths,) = src.extra_train.values()
+    assert lengths.shape == (len(src.extra_prompts),) and np.all(lengths >= 1)
