@@ -310,7 +310,8 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
 
         scorer = Scorer.from_checkpoint(args.checkpoint, "torch", threads=args.threads)
         extra[f"checkpoint {Path(args.checkpoint).name}"] = scorer.score
-    result = cross_source_matrix(sources, embeddings, recipe_grid(features, alphas, weightings), extra_scorers=extra)
+    recipes = recipe_grid(features, alphas, weightings)
+    result = cross_source_matrix(sources, embeddings, recipes, extra_scorers=extra)
     result.command = _command_line()
     result.notes += [
         f"{s.name}: {len(s.extra_prompts)} more prompts (not among the {len(s.prompts)} evaluated) add training "
@@ -323,7 +324,24 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
     if args.out:
         write_result(result, args.out)
         print(f"wrote {args.out}")
+    if args.save_head:
+        chosen = next(r for r in recipes if r.label == result.best_recipe())
+        _save_mix_head(chosen, sources, embeddings, encoder.max_length, args.save_head)
     return 0
+
+
+def _save_mix_head(recipe: Any, sources: Any, embeddings: Any, max_length: int, out: str) -> None:
+    from headway.predict.crosssource import fit_recipe, raw_linear
+    from headway.predict.shipped import pack_linear_head
+
+    label = recipe.label
+    if recipe.features != "text":
+        raise PredictError(f"--save-head: the chosen recipe {label!r} is not a text-only one; only those pack")
+    head = fit_recipe(recipe, sources, embeddings, held_out_only=False)
+    weights, bias = raw_linear(head)
+    meta = {"recipe": label, "sources": [s.name for s in sources], "n_train": head.n_train}
+    header = pack_linear_head(weights, bias, out, max_length=max_length, meta=meta)
+    print(f"wrote {out} ({header['bytes']} bytes): recipe {label!r} fitted on all prompts of every source")
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -468,6 +486,12 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     p.add_argument("--out", metavar="FILE.md", help="also write the markdown tables here")
+    p.add_argument(
+        "--save-head",
+        metavar="FILE.npz",
+        help="also fit the chosen recipe (text features only) on every prompt of every source and pack it "
+        "for ShippedPredictor(FILE) (the frozen encoder and a linear head)",
+    )
     p.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
     p.set_defaults(func=_guarded(_cmd_cross_source))
 

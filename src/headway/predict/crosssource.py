@@ -48,6 +48,7 @@ __all__ = [
     "embed_sources",
     "fit_recipe",
     "load_source",
+    "raw_linear",
 ]
 
 SOURCES: tuple[str, ...] = ("alpaca_eval", "sharegpt", "codealpaca", "arena_hard_v2")
@@ -230,6 +231,12 @@ def fit_recipe(
     return fit_ridge(
         np.vstack(xs), np.concatenate(ys), kind=recipe.features, alpha=recipe.alpha, sample_weight=np.concatenate(ws)
     )
+
+
+def raw_linear(head: RidgeHead) -> tuple[npt.NDArray[np.float64], float]:
+    """``(w, b)`` with ``x @ w + b == head.score(x)`` on raw (not standardized) features."""
+    w = head.weights / head.scale
+    return w, float(head.bias - head.mean @ w)
 
 
 def _tau(scores: npt.NDArray[np.float64], lengths: npt.NDArray[np.float64]) -> float:
