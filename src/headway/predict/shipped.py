@@ -84,7 +84,8 @@ def pack_linear_head(
         "meta": meta or {},
     }
     buf = io.BytesIO()
-    np.savez_compressed(
+    savez: Any = np.savez_compressed  # its **arrays are typed as its keyword options
+    savez(
         buf,
         header=np.frombuffer(json.dumps(header, sort_keys=True).encode(), np.uint8),
         **{"head.weight": w.astype(np.float32).reshape(1, -1), "head.bias": np.array([bias], dtype=np.float32)},
