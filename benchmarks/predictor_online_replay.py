@@ -32,8 +32,12 @@ def main() -> int:
     ap.add_argument("--permutations", type=int, default=10)
     ap.add_argument("--test", type=int, default=58, help="later requests ranked at each step")
     ap.add_argument("--steps", default="0,25,50,100,150,200,250,300")
-    ap.add_argument("--window", type=int, default=500)
-    ap.add_argument("--alpha", type=float, default=300.0, help="ridge penalty (300: best of 30/300/3000 on o3-mini)")
+    defaults = OnlineConfig()
+    ap.add_argument("--window", type=int, default=defaults.window)
+    ap.add_argument("--alpha", type=float, default=defaults.alpha, help="ridge penalty on the features")
+    ap.add_argument(
+        "--prior-alpha", type=float, default=defaults.prior_alpha, help="ridge penalty on the offline score and size"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="default benchmarks/results/predictor_online_replay_MODEL.md")
     ap.add_argument("--png", help="default benchmarks/results/predictor_online_replay_MODEL.png")
@@ -59,7 +63,9 @@ def main() -> int:
     def embed(batch: list[str]) -> np.ndarray:
         return np.stack([table[p] for p in batch])
 
-    config = OnlineConfig(window=args.window, alpha=args.alpha, min_observations=25, refit_every=25)
+    config = OnlineConfig(
+        window=args.window, alpha=args.alpha, prior_alpha=args.prior_alpha, min_observations=25, refit_every=25
+    )
     taus = np.zeros((args.permutations, len(steps)))
     for seed in range(args.permutations):
         order = np.random.default_rng(seed).permutation(len(prompts))
@@ -92,7 +98,8 @@ def main() -> int:
         f"- offline predictor: the shipped one ({predictor.path.name}, trained on alpaca_eval consensus "
         "lengths); online head: ridge on [offline score, prompt size, its pooled features] per model, "
         f"window {args.window}, refit every {config.refit_every}, used from {config.min_observations} "
-        f"observations, alpha {args.alpha:g}",
+        f"observations, alpha {args.alpha:g} on the features, {args.prior_alpha:g} on the offline score and "
+        "prompt size (chosen on o3-mini and four alpaca_eval models, not on Sky-T1-32B)",
         f"- {len(prompts)} prompts; {args.permutations} seeded orders; in each, the last {args.test} are the "
         "later requests ranked at every step; tau_b mean and standard deviation over orders",
         f"- prompt length (characters) on the same later requests: tau_b {length_tau:.3f}",

@@ -188,7 +188,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "Kendall tau_b of ranking heads trained on one source of prompts (or a mix) and evaluated on every "
         "other source and answering model; the recipe is chosen by its mean on sources it did not train on.",
         "python -m headway.predict cross-source --checkpoint shipped "
-        "--out benchmarks/results/predictor_cross_source.md",
+        "--out benchmarks/results/predictor_cross_source.md "
+        "--save-head src/headway/predict/weights/pars-minilm-mix.npz",
         ("predictor_cross_source.md",),
     ),
     Benchmark(

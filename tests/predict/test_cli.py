@@ -206,6 +206,7 @@ def test_matrix_refuses_a_checkpoint_for_a_loss_it_does_not_train(
         (["--features", "text,bogus"], "--features: unknown feature set 'bogus'"),
         (["--alphas", "1,x"], "--alphas: comma-separated numbers, got '1,x'"),
         (["--alphas", "0"], "--alphas: positive numbers, got '0'"),
+        (["--weightings", "equal,cube"], "--weightings: unknown weighting 'cube'; choose from equal, sqrt"),
     ],
 )
 def test_cross_source_names_bad_options(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

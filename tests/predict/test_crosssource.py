@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
+import pytest
+from scipy import stats
 
 from headway.predict.crosssource import (
     PROMPT_LENGTH,
@@ -12,6 +15,7 @@ from headway.predict.crosssource import (
     Recipe,
     Source,
     cross_source_matrix,
+    fit_recipe,
     training_sets,
 )
 
@@ -59,3 +63,63 @@ def test_best_recipe_is_chosen_on_held_out_sources_only() -> None:
     result = cross_source_matrix([s for s, _ in pairs], emb, [Recipe("text", 1.0), Recipe("length", 1.0)])
     assert result.best_recipe() == "text, alpha 1"
     assert result.recipe_score("text, alpha 1") > result.recipe_score("length, alpha 1")
+
+
+def test_training_only_prompts_train_and_are_never_evaluated() -> None:
+    """A source whose evaluated prompts carry no signal in training (lengths shuffled) learns the shared
+    signal from its extra prompts; the columns still score the evaluated prompts only."""
+    rng = np.random.default_rng(7)
+    src, emb = _source("sharegpt", 40, 3, signal=1, mirror=False)
+    shuffled = {"m": rng.permutation(src.train["m"])}
+    extra_emb = rng.normal(size=(300, 4))
+    extra = {"m": np.exp(extra_emb[:, 1]) * 100 + 1}
+    prompts = tuple(f"extra {i}" for i in range(300))
+    with_extra = Source(src.name, src.prompts, shuffled, src.evals, src.test, prompts, extra)
+    without = Source(src.name, src.prompts, shuffled, src.evals, src.test)
+    emb_all = {"sharegpt": emb, "sharegpt:extra": extra_emb}
+    other, other_emb = _source("codealpaca", 200, 4, signal=1, mirror=False)
+    emb_all["codealpaca"] = other_emb
+    recipe = Recipe("text", 1.0)
+    good = fit_recipe(recipe, [with_extra], emb_all)
+    bad = fit_recipe(recipe, [without], emb_all)
+    truth = other.evals["m"]
+    assert stats.kendalltau(good.score(other_emb), truth).statistic > 0.8
+    assert abs(stats.kendalltau(bad.score(other_emb), truth).statistic) < 0.5
+    assert good.n_train == int((~src.test).sum()) + 300
+    result = cross_source_matrix([with_extra, other], emb_all, [recipe])
+    assert result.n_prompts == {"sharegpt": 40, "codealpaca": 200}
+
+
+def test_sqrt_weighting_lets_a_larger_source_count_more() -> None:
+    """Two sources disagree (one's lengths follow dimension 0, the other's dimension 1); with equal weights
+    the head splits between them, with sqrt(n) the source with 16x the answers gets 4x the weight."""
+    small, e_small = _source("alpaca_eval", 50, 5, signal=0, mirror=False)
+    large, e_large = _source("sharegpt", 800, 6, signal=1, mirror=False)
+    emb = {"alpaca_eval": e_small, "sharegpt": e_large}
+    equal = fit_recipe(Recipe("text", 1.0), [small, large], emb)
+    sqrt = fit_recipe(Recipe("text", 1.0, "sqrt"), [small, large], emb)
+    assert 0.7 < equal.weights[0] / equal.weights[1] < 1.4
+    assert sqrt.weights[1] > 2.5 * sqrt.weights[0]
+    assert Recipe("text", 1.0, "sqrt").label == "text, alpha 1, sources by sqrt(n)"
+    assert Recipe("text", 1.0).label == "text, alpha 1"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"weighting": "cube"}, "unknown 'cube'; choose one of equal, sqrt"), ({"alpha": 0.0}, "alpha must be > 0")],
+)
+def test_recipe_names_bad_values(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Recipe(**{"features": "text", "alpha": 1.0, **kwargs})  # type: ignore[arg-type]
+
+
+def test_sharegpt_training_only_prompts_are_other_prompts(data_dir: Path) -> None:
+    from headway.predict.crosssource import SHAREGPT_PROMPTS, load_source
+
+    src = load_source("sharegpt", data_dir)
+    assert len(src.prompts) <= SHAREGPT_PROMPTS
+    assert len(src.extra_prompts) > 10_000
+    assert not set(src.extra_prompts) & set(src.prompts)
+    assert len(set(src.extra_prompts)) == len(src.extra_prompts)
+    (lengths,) = src.extra_train.values()
+    assert lengths.shape == (len(src.extra_prompts),) and np.all(lengths >= 1)

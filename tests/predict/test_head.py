@@ -50,9 +50,27 @@ def test_fit_ridge_weights_select_examples() -> None:
     assert keep_up.weights[0] > 0 > keep_down.weights[0]
 
 
+def test_column_alpha_shrinks_only_its_columns() -> None:
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(300, 3))
+    y = x @ np.array([1.0, 1.0, 1.0])
+    same = fit_ridge(x, y, kind="text", alpha=500.0)
+    light = fit_ridge(x, y, kind="text", alpha=500.0, column_alpha=[1e-6, 500.0, 500.0])
+    assert same.weights[0] < 1.3 * min(same.weights[1:])  # one penalty: all three shrunk alike
+    assert light.weights[0] > 2.5 * max(light.weights[1:])  # the unpenalized column keeps its full weight
+    assert abs(light.weights[0] - 1.0) < 0.1
+    uniform = fit_ridge(x, y, kind="text", alpha=3.0, column_alpha=[3.0] * 3)
+    assert np.allclose(uniform.weights, fit_ridge(x, y, kind="text", alpha=3.0).weights)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"alpha": 0.0}, "alpha must be > 0, got 0.0"), ({"sample_weight": -np.ones(3)}, "non-negative")],
+    [
+        ({"alpha": 0.0}, "alpha must be > 0, got 0.0"),
+        ({"sample_weight": -np.ones(3)}, "non-negative"),
+        ({"column_alpha": [1.0, 1.0]}, "column_alpha must hold 3 positive penalties"),
+        ({"column_alpha": [1.0, 0.0, 1.0]}, "column_alpha must hold 3 positive penalties"),
+    ],
 )
 def test_fit_ridge_names_bad_values(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -49,6 +49,27 @@ def test_before_min_observations_the_offline_score_is_used_then_the_model_is_lea
     assert np.array_equal(learner.score(later, "other"), _prior(_embed(later)))
 
 
+def test_a_light_prior_penalty_keeps_a_good_offline_ranking_from_few_observations() -> None:
+    """With the features penalized hard, the head leans on the offline score (here a right one, with
+    noise) and the prompt size; with one penalty for all it is shrunk like every feature."""
+
+    def prior(emb: np.ndarray) -> np.ndarray:
+        return emb[:, 0] + 0.3 * emb[:, 1]
+
+    later = PROMPTS[300:]
+    truth = [_length(p) for p in later]
+    taus = {}
+    for prior_alpha in (1.0, 1000.0):
+        cfg = OnlineConfig(window=100, min_observations=30, refit_every=10, alpha=1000.0, prior_alpha=prior_alpha)
+        learner = OnlineLearner(_embed, prior, cfg, background=False)
+        for p in PROMPTS[:30]:
+            learner.observe(p, _length(p), "m")
+        head = learner._heads["m"]
+        taus[prior_alpha] = (abs(head.weights[0]), stats.kendalltau(learner.score(later, "m"), truth).statistic)
+    assert taus[1.0][0] > 5 * taus[1000.0][0]
+    assert taus[1.0][1] > 0.8
+
+
 def test_the_window_keeps_the_latest_observations() -> None:
     learner = OnlineLearner(_embed, _prior, OnlineConfig(window=50, min_observations=5), background=False)
     for p in PROMPTS[:120]:
@@ -89,6 +110,7 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
         ({"window": 0}, "window must be an integer >= 1, got 0"),
         ({"window": 10, "min_observations": 11}, "min_observations \\(11\\) exceeds window \\(10\\)"),
         ({"alpha": -1.0}, "alpha must be > 0, got -1.0"),
+        ({"prior_alpha": 0.0}, "prior_alpha must be > 0, got 0.0"),
         ({"row_cache": -1}, "row_cache must be an integer >= 0, got -1"),
     ],
 )

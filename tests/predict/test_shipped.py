@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from headway.predict import CheckpointError
-from headway.predict.shipped import ShippedPredictor, pack_checkpoint, shipped_predictor_path
+from headway.predict.shipped import ShippedPredictor, pack_checkpoint, pack_linear_head, shipped_predictor_path
 
 PROMPTS = [
     "Write a long essay about the ocean and its tides, with sources.",
@@ -97,3 +97,36 @@ def test_the_int8_graph_scores_close_to_the_float_one(
     a, b = plain.score(PROMPTS), int8.score(PROMPTS)
     assert not np.array_equal(a, b)  # it is another graph
     assert np.corrcoef(a, b)[0, 1] > 0.9
+
+
+def test_a_linear_head_packs_over_the_unchanged_encoder(tiny_encoder: Path, tmp_path: Path) -> None:
+    """A ridge head fitted on the frozen encoder's mean-pooled embeddings, packed without deltas, scores
+    exactly as the head on those embeddings."""
+    from headway.predict.crosssource import raw_linear
+    from headway.predict.encoder import OnnxEncoder
+    from headway.predict.head import fit_ridge
+
+    encoder = OnnxEncoder(tiny_encoder, max_length=32, threads=1)
+    emb = encoder.embed(PROMPTS).astype(np.float64)
+    head = fit_ridge(emb, np.arange(len(PROMPTS), dtype=float), kind="text", alpha=0.5)
+    w, b = raw_linear(head)
+    assert np.allclose(emb @ w + b, head.score(emb))
+    header = pack_linear_head(w, b, tmp_path / "mix.npz", max_length=32, base=tiny_encoder, meta={"recipe": "r"})
+    assert (header["pooling"], header["rank"], header["meta"]) == ("mean", 0, {"recipe": "r"})
+    packed = ShippedPredictor(tmp_path / "mix.npz", base=tiny_encoder, threads=1)
+    assert np.allclose(packed.score(PROMPTS), head.score(emb), atol=1e-4)
+    with pytest.raises(ValueError, match="must be finite"):
+        pack_linear_head([np.nan], 0.0, tmp_path / "bad.npz", max_length=32, base=tiny_encoder)
+
+
+def test_the_packaged_mix_predictor_loads_as_a_scorer_spec() -> None:
+    from headway.predict._resolve import resolve_score_fn
+    from headway.predict.shipped import MIX_PREDICTOR
+
+    path = shipped_predictor_path(MIX_PREDICTOR)
+    assert path.is_file() and path.stat().st_size < 10_000  # a head only: no encoder deltas
+    score = resolve_score_fn("headway.predict.shipped:mix_predictor()")
+    prompts = ["Write a detailed 2000-word essay on the history of Rome.", "Say yes or no: is 7 prime?"]
+    scores = np.asarray(score(prompts))
+    assert scores.shape == (2,) and scores[0] > scores[1]
+    assert ShippedPredictor(path).meta["meta"]["recipe"] == "text, alpha 10000, sources by sqrt(n)"

@@ -266,6 +266,7 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
     from headway.predict._paths import default_cache_dir
     from headway.predict.crosssource import (
         SOURCES,
+        WEIGHTINGS,
         cross_source_matrix,
         embed_sources,
         load_source,
@@ -285,9 +286,19 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
         raise PredictError(f"--alphas: comma-separated numbers, got {args.alphas!r}") from None
     if not alphas or any(not a > 0 for a in alphas):
         raise PredictError(f"--alphas: positive numbers, got {args.alphas!r}")
+    weightings = [w for w in args.weightings.split(",") if w]
+    for w in weightings:
+        if w not in WEIGHTINGS:
+            raise PredictError(f"--weightings: unknown weighting {w!r}; choose from {', '.join(WEIGHTINGS)}")
     sources = [load_source(name, args.data_dir) for name in SOURCES]
     encoder = OnnxEncoder(threads=args.threads)
-    _say("embedding " + ", ".join(f"{s.name} ({len(s.prompts)} prompts)" for s in sources) + " (cached)")
+    sizes = (
+        f"{s.name} ({len(s.prompts)} prompts"
+        + (f", {len(s.extra_prompts)} more for training only" if s.extra_prompts else "")
+        + ")"
+        for s in sources
+    )
+    _say("embedding " + ", ".join(sizes) + " (cached)")
     embeddings = embed_sources(sources, encoder.embed, default_cache_dir() / "embeddings" / "sources")
     extra: dict[str, Any] = {}
     if args.checkpoint == "shipped":
@@ -299,14 +310,38 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
 
         scorer = Scorer.from_checkpoint(args.checkpoint, "torch", threads=args.threads)
         extra[f"checkpoint {Path(args.checkpoint).name}"] = scorer.score
-    result = cross_source_matrix(sources, embeddings, recipe_grid(features, alphas), extra_scorers=extra)
+    recipes = recipe_grid(features, alphas, weightings)
+    result = cross_source_matrix(sources, embeddings, recipes, extra_scorers=extra)
     result.command = _command_line()
+    result.notes += [
+        f"{s.name}: {len(s.extra_prompts)} more prompts (not among the {len(s.prompts)} evaluated) add training "
+        "examples only"
+        for s in sources
+        if s.extra_prompts
+    ]
     text = result.to_markdown()
     print(text)
     if args.out:
         write_result(result, args.out)
         print(f"wrote {args.out}")
+    if args.save_head:
+        chosen = next(r for r in recipes if r.label == result.best_recipe())
+        _save_mix_head(chosen, sources, embeddings, encoder.max_length, args.save_head)
     return 0
+
+
+def _save_mix_head(recipe: Any, sources: Any, embeddings: Any, max_length: int, out: str) -> None:
+    from headway.predict.crosssource import fit_recipe, raw_linear
+    from headway.predict.shipped import pack_linear_head
+
+    label = recipe.label
+    if recipe.features != "text":
+        raise PredictError(f"--save-head: the chosen recipe {label!r} is not a text-only one; only those pack")
+    head = fit_recipe(recipe, sources, embeddings, held_out_only=False)
+    weights, bias = raw_linear(head)
+    meta = {"recipe": label, "sources": [s.name for s in sources], "n_train": head.n_train}
+    header = pack_linear_head(weights, bias, out, max_length=max_length, meta=meta)
+    print(f"wrote {out} ({header['bytes']} bytes): recipe {label!r} fitted on all prompts of every source")
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -429,13 +464,20 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="train ranking heads on each shared-data source and mix, evaluate on every other source",
         description="Cross-source matrix: alpaca_eval, sharegpt, codealpaca and arena_hard_v2 prompts are "
         "embedded once (the bundled MiniLM, frozen, on ONNX Runtime; cached), a ridge ranking head is fitted "
-        "per training set (each source, all but one, all) and recipe (feature set x penalty), and Kendall "
+        "per training set (each source, all but one, all) and recipe (feature set x penalty x weighting of "
+        "the sources), and Kendall "
         "tau_b is measured on every source and model. Recipes are ranked by their tau_b on each source when "
         "trained on the other three; the chosen one is the shipped default's recipe.",
         formatter_class=HelpFormatter,
     )
     p.add_argument("--features", default="text,text+length,length", help="feature sets, comma-separated")
     p.add_argument("--alphas", default="10,100,1000,10000", help="ridge penalties, comma-separated")
+    p.add_argument(
+        "--weightings",
+        default="equal,sqrt",
+        help="weightings of the sources in a mix, comma-separated: equal (each source the same) or sqrt "
+        "(in proportion to the square root of its training answers)",
+    )
     p.add_argument(
         "--checkpoint",
         metavar="DIR|shipped",
@@ -444,6 +486,12 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     p.add_argument("--out", metavar="FILE.md", help="also write the markdown tables here")
+    p.add_argument(
+        "--save-head",
+        metavar="FILE.npz",
+        help="also fit the chosen recipe (text features only) on every prompt of every source and pack it "
+        "for ShippedPredictor(FILE) (the frozen encoder and a linear head)",
+    )
     p.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
     p.set_defaults(func=_guarded(_cmd_cross_source))
 

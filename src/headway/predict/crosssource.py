@@ -5,7 +5,8 @@ Sources (all read from the shared data folder, never copied):
 
 - ``alpaca_eval``: 805 instructions; trained on the consensus length (geometric mean over its 227
   models), evaluated against four 2023-era chat models (:data:`ALPACA_EVAL_MODELS`);
-- ``sharegpt``: the first :data:`SHAREGPT_PROMPTS` ShareGPT first turns, ChatGPT's answers;
+- ``sharegpt``: the first :data:`SHAREGPT_PROMPTS` ShareGPT first turns, ChatGPT's answers; the other
+  first turns (:data:`SHAREGPT_TRAIN_PROMPTS`) are used for training only, never evaluated;
 - ``codealpaca``: CodeAlpaca-2k, text-davinci-003's answers;
 - ``arena_hard_v2``: Arena-Hard v2.0 prompts with o3-mini's and Sky-T1-32B's lengths (Sky-T1's include
   its thinking).
@@ -13,8 +14,10 @@ Sources (all read from the shared data folder, never copied):
 Every prompt is embedded once (frozen encoder on ONNX Runtime, cached per source) and every head is a
 closed-form ridge fit (:mod:`headway.predict.head`), so the whole matrix costs one embedding pass. A
 source in the training set is evaluated on its held-out prompts (prompt-disjoint split, seed 0, 20 %);
-other sources on all their prompts. A recipe is judged by its mean tau_b on sources it did not train on,
-over the leave-one-source-out training sets; the default predictor is that recipe trained on all sources.
+other sources on all their prompts. A recipe is a feature set, a ridge penalty and a weighting of the
+sources in a mix: ``equal`` (each source weighs the same) or ``sqrt`` (in proportion to the square root
+of its number of training answers, so a large source counts more without drowning the others). A recipe
+is judged by its mean tau_b on sources it did not train on, over the leave-one-source-out training sets.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from headway.predict.head import RidgeHead, feature_matrix, fit_ridge, rank_targ
 __all__ = [
     "ALPACA_EVAL_MODELS",
     "SOURCES",
+    "WEIGHTINGS",
     "CrossSourceResult",
     "Recipe",
     "Source",
@@ -44,12 +48,17 @@ __all__ = [
     "embed_sources",
     "fit_recipe",
     "load_source",
+    "raw_linear",
 ]
 
 SOURCES: tuple[str, ...] = ("alpaca_eval", "sharegpt", "codealpaca", "arena_hard_v2")
 ALPACA_EVAL_MODELS: tuple[str, ...] = ("gpt4", "claude-2", "vicuna-13b-v1.3", "llama-2-70b-chat-hf")
 """2023-era chat models the alpaca_eval columns are measured against."""
 SHAREGPT_PROMPTS = 3000
+SHAREGPT_TRAIN_PROMPTS: int | None = None
+"""ShareGPT first turns read (None: all 17,332); those past :data:`SHAREGPT_PROMPTS` (prompts not among
+the evaluated ones) only add training examples when ShareGPT is in a training set."""
+WEIGHTINGS: tuple[str, ...] = ("equal", "sqrt")
 ARENA_FILES: tuple[str, ...] = ("o3-mini-2025-01-31.jsonl", "sky-t1-32b.jsonl")
 TEST_FRAC = 0.2
 SPLIT_SEED = 0
@@ -66,6 +75,10 @@ class Source:
     evals: dict[str, npt.NDArray[np.float64]]
     test: npt.NDArray[np.bool_] = field(repr=False)
     """Held-out prompts (prompt-disjoint split) used when this source is also trained on."""
+    extra_prompts: tuple[str, ...] = ()
+    """More prompts of the source, for training only (embedded as ``<name>:extra``)."""
+    extra_train: dict[str, npt.NDArray[np.float64]] = field(default_factory=dict)
+    """Lengths aligned with ``extra_prompts``, per training model."""
 
 
 def _table(rows: Sequence[tuple[str, str, float]]) -> tuple[tuple[str, ...], dict[str, npt.NDArray[np.float64]]]:
@@ -100,8 +113,14 @@ def load_source(name: str, data_dir: str | Path | None = None) -> Source:
         prompts, evals = _table(_rows("alpaca_eval:" + ",".join(ALPACA_EVAL_MODELS), root))
         train = _align(prompts, [(p, "consensus", n) for p, _, n in _rows("alpaca_eval:mean", root)])
     elif name == "sharegpt":
-        prompts, evals = _table([(p, "chatgpt", n) for p, _, n in _rows(f"sharegpt:{SHAREGPT_PROMPTS}", root)])
-        train = evals
+        spec = "sharegpt" if SHAREGPT_TRAIN_PROMPTS is None else f"sharegpt:{SHAREGPT_TRAIN_PROMPTS}"
+        rows_all = [(p, "chatgpt", n) for p, _, n in _rows(spec, root)]
+        prompts, evals = _table(rows_all[:SHAREGPT_PROMPTS])
+        seen = set(prompts)
+        extra_prompts, extra_train = _table([r for r in rows_all[SHAREGPT_PROMPTS:] if r[0] not in seen])
+        keys = [prompt_key(p) for p in prompts]
+        test = np.array([_held_out(k) for k in keys], dtype=bool)
+        return Source(name, prompts, evals, evals, test, extra_prompts, extra_train)
     elif name == "codealpaca":
         prompts, evals = _table([(p, "text-davinci-003", n) for p, _, n in _rows("codealpaca:2k", root)])
         train = evals
@@ -134,32 +153,43 @@ def _held_out(key: str) -> bool:
 def embed_sources(
     sources: Sequence[Source], embed: Callable[[Sequence[str]], npt.NDArray[np.float32]], cache: Path | None
 ) -> dict[str, npt.NDArray[np.float32]]:
-    """Embeddings per source, computed once and kept in ``cache/<source>-<tag>.npz`` when given."""
+    """Embeddings per source (and of its training-only prompts, as ``<source>:extra``), computed once and
+    kept in ``cache/<source>-<tag>.npz`` when given."""
     out: dict[str, npt.NDArray[np.float32]] = {}
     for src in sources:
-        digest = prompt_key("\x00".join(src.prompts))[:16]
-        path = cache / f"{src.name}-{digest}.npz" if cache is not None else None
-        if path is not None and path.is_file():
-            with np.load(path, allow_pickle=False) as z:
-                out[src.name] = z["emb"]
-            continue
-        out[src.name] = embed(src.prompts)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(path, emb=out[src.name])
+        parts = [(src.name, src.prompts)] + ([(f"{src.name}:extra", src.extra_prompts)] if src.extra_prompts else [])
+        for name, prompts in parts:
+            digest = prompt_key("\x00".join(prompts))[:16]
+            path = cache / f"{name.replace(':', '-')}-{digest}.npz" if cache is not None else None
+            if path is not None and path.is_file():
+                with np.load(path, allow_pickle=False) as z:
+                    out[name] = z["emb"]
+                continue
+            out[name] = embed(prompts)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                np.savez(path, emb=out[name])
     return out
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """A feature set and a ridge penalty."""
+    """A feature set, a ridge penalty and the weighting of sources in a mix (:data:`WEIGHTINGS`)."""
 
     features: str
     alpha: float
+    weighting: str = "equal"
+
+    def __post_init__(self) -> None:
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"Recipe.weighting: unknown {self.weighting!r}; choose one of {', '.join(WEIGHTINGS)}")
+        if not self.alpha > 0:
+            raise ValueError(f"Recipe.alpha must be > 0, got {self.alpha!r}")
 
     @property
     def label(self) -> str:
-        return f"{self.features}, alpha {self.alpha:g}"
+        base = f"{self.features}, alpha {self.alpha:g}"
+        return base if self.weighting == "equal" else f"{base}, sources by sqrt(n)"
 
 
 def fit_recipe(
@@ -169,25 +199,44 @@ def fit_recipe(
     *,
     held_out_only: bool = True,
 ) -> RidgeHead:
-    """Fit on the sources' training prompts (the held-out split left out when ``held_out_only``); each
-    source weighs the same in total, and inside a source each training model."""
+    """Fit on the sources' training prompts (the held-out split left out when ``held_out_only``) and their
+    training-only ones; each source weighs the same in total (``equal``) or in proportion to the square
+    root of its training answers (``sqrt``), and inside a source each training model the same."""
     xs, ys, ws = [], [], []
     for src in sources:
         keep = ~src.test if held_out_only else np.ones(len(src.prompts), dtype=bool)
         x_all = feature_matrix(recipe.features, src.prompts, embeddings[src.name])
-        for lengths in src.train.values():
+        x_extra = (
+            feature_matrix(recipe.features, src.extra_prompts, embeddings[f"{src.name}:extra"])
+            if src.extra_prompts
+            else None
+        )
+        groups = []
+        for model, lengths in src.train.items():
             sel = keep & np.isfinite(lengths)
-            n = int(sel.sum())
-            if n < 2:
-                continue
-            xs.append(x_all[sel])
-            ys.append(rank_targets(lengths[sel]))
-            ws.append(np.full(n, 1.0 / (n * len(src.train))))
+            x, y = x_all[sel], lengths[sel]
+            if x_extra is not None and model in src.extra_train:
+                more = np.isfinite(src.extra_train[model])
+                x, y = np.vstack([x, x_extra[more]]), np.concatenate([y, src.extra_train[model][more]])
+            if len(y) >= 2:
+                groups.append((x, y))
+        total = sum(len(y) for _, y in groups)
+        share = math.sqrt(total) if recipe.weighting == "sqrt" else 1.0
+        for x, y in groups:
+            xs.append(x)
+            ys.append(rank_targets(y))
+            ws.append(np.full(len(y), share / (len(y) * len(groups))))
     if not xs:
         raise DataError("no training examples")
     return fit_ridge(
         np.vstack(xs), np.concatenate(ys), kind=recipe.features, alpha=recipe.alpha, sample_weight=np.concatenate(ws)
     )
+
+
+def raw_linear(head: RidgeHead) -> tuple[npt.NDArray[np.float64], float]:
+    """``(w, b)`` with ``x @ w + b == head.score(x)`` on raw (not standardized) features."""
+    w = head.weights / head.scale
+    return w, float(head.bias - head.mean @ w)
 
 
 def _tau(scores: npt.NDArray[np.float64], lengths: npt.NDArray[np.float64]) -> float:
@@ -358,8 +407,10 @@ def write_result(result: CrossSourceResult, path: str | Path, chosen: str | None
     return p
 
 
-def recipe_grid(features: Sequence[str], alphas: Sequence[float]) -> list[Recipe]:
-    return [Recipe(f, a) for f in features for a in alphas]
+def recipe_grid(
+    features: Sequence[str], alphas: Sequence[float], weightings: Sequence[str] = ("equal",)
+) -> list[Recipe]:
+    return [Recipe(f, a, w) for w in weightings for f in features for a in alphas]
 
 
 def summary(result: CrossSourceResult) -> dict[str, Any]:

@@ -178,11 +178,14 @@ def fit_ridge(
     kind: str,
     alpha: float = 10.0,
     sample_weight: _F64 | None = None,
+    column_alpha: npt.ArrayLike | None = None,
 ) -> RidgeHead:
     """Weighted ridge regression of ``targets`` on standardized ``features`` (closed form, float64).
 
     Weights are rescaled to sum to the number of samples before ``alpha`` (the L2 penalty) applies, so
-    its strength does not depend on how they are normalized.
+    its strength does not depend on how they are normalized. ``column_alpha`` (one positive penalty per
+    feature) replaces ``alpha`` column by column: a few strong features (an offline score, the prompt's
+    size) can then be shrunk less than hundreds of embedding dimensions.
     """
     x = np.asarray(features, dtype=np.float64)
     y = np.asarray(targets, dtype=np.float64)
@@ -190,6 +193,9 @@ def fit_ridge(
         raise ValueError(f"fit_ridge: need (n, d) features and n >= 2 targets, got {x.shape} and {y.shape}")
     if not alpha > 0:
         raise ValueError(f"fit_ridge: alpha must be > 0, got {alpha}")
+    penalty = np.full(x.shape[1], float(alpha)) if column_alpha is None else np.asarray(column_alpha, dtype=np.float64)
+    if penalty.shape != (x.shape[1],) or not np.all(penalty > 0):
+        raise ValueError(f"fit_ridge: column_alpha must hold {x.shape[1]} positive penalties, got {penalty.shape}")
     w = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     if w.shape != y.shape or np.any(w < 0) or not w.sum() > 0:
         raise ValueError("fit_ridge: sample_weight must be non-negative, one per target, not all zero")
@@ -199,6 +205,6 @@ def fit_ridge(
     scale[scale < 1e-12] = 1.0
     z = (x - mean) / scale
     y_mean = float(w @ y / w.sum())
-    gram = (z * w[:, None]).T @ z + alpha * np.eye(z.shape[1])
+    gram = (z * w[:, None]).T @ z + np.diag(penalty)
     coef = np.linalg.solve(gram, (z * w[:, None]).T @ (y - y_mean))
     return RidgeHead(kind, mean, scale, coef, y_mean, float(alpha), len(y))

@@ -4,7 +4,10 @@ The gateway and the plugin see each finished request's prompt and true output le
 :meth:`OnlineLearner.observe` (``observe(prompt, output_tokens, model)``) costs a queue append: a
 background thread embeds the prompt (the offline predictor's own features), keeps the last ``window``
 observations of that model and, every ``refit_every`` new ones, refits a ridge head on
-``[offline score, prompt size, features]`` against rank-normal targets. :meth:`OnlineLearner.score`
+``[offline score, prompt size, features]`` against rank-normal targets: the offline score and the
+prompt's size are penalized lightly (``prior_alpha``), so the head keeps the offline ranking and re-weighs
+it against the prompt's size from a few dozen completions, while the features (``alpha``) learn a
+residual on top more slowly. :meth:`OnlineLearner.score`
 then ranks a model's prompts with its head (the offline score alone until ``min_observations``). Nothing
 on the scoring path waits for a refit: heads are swapped in whole.
 
@@ -38,6 +41,8 @@ __all__ = ["MemoryStore", "ObservationStore", "OnlineConfig", "OnlineLearner", "
 log = logging.getLogger("headway.predict.online")
 
 _F64 = npt.NDArray[np.float64]
+_LIGHT_COLUMNS = 4
+"""Leading row columns penalized with ``prior_alpha``: the offline score and the three prompt-size ones."""
 DEFAULT_MODEL = ""
 """Window key of observations that name no model."""
 
@@ -45,14 +50,17 @@ DEFAULT_MODEL = ""
 @dataclass(frozen=True)
 class OnlineConfig:
     """``window``: observations kept per model; ``min_observations``: before a model's head is used;
-    ``refit_every``: new observations between refits; ``alpha``: ridge penalty; ``row_cache``: features
-    of the latest prompts scored, kept so that observing one when it finishes does not embed it again
-    (0: none)."""
+    ``refit_every``: new observations between refits; ``alpha``: ridge penalty on the offline
+    predictor's features; ``prior_alpha``: on the offline score and the prompt-size columns;
+    ``row_cache``: features of the latest prompts scored, kept so that observing one when it finishes
+    does not embed it again (0: none). The penalties were chosen on the arena_hard_v2 o3-mini replay and
+    four alpaca_eval models (``benchmarks/predictor_online_replay.py``), not on Sky-T1-32B."""
 
     window: int = 500
     min_observations: int = 25
     refit_every: int = 25
-    alpha: float = 300.0
+    alpha: float = 1000.0
+    prior_alpha: float = 10.0
     row_cache: int = 2048
 
     def __post_init__(self) -> None:
@@ -63,8 +71,9 @@ class OnlineConfig:
                 raise ValueError(f"OnlineConfig.{name} must be an integer >= {least}, got {value!r}")
         if self.min_observations > self.window:
             raise ValueError(f"OnlineConfig.min_observations ({self.min_observations}) exceeds window ({self.window})")
-        if not self.alpha > 0:
-            raise ValueError(f"OnlineConfig.alpha must be > 0, got {self.alpha!r}")
+        for name in ("alpha", "prior_alpha"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"OnlineConfig.{name} must be > 0, got {getattr(self, name)!r}")
 
 
 class ObservationStore(Protocol):
@@ -296,7 +305,9 @@ class OnlineLearner:
         if len(data) < self.config.min_observations:
             return
         x, y = data[:, :-1], data[:, -1]
-        self._heads[model] = fit_ridge(x, rank_targets(y), kind="text", alpha=self.config.alpha)
+        penalty = np.full(x.shape[1], self.config.alpha)
+        penalty[:_LIGHT_COLUMNS] = self.config.prior_alpha
+        self._heads[model] = fit_ridge(x, rank_targets(y), kind="text", alpha=self.config.alpha, column_alpha=penalty)
 
     # ------------------------------------------------------------------ scoring
     def observed(self, model: str | None = None) -> int:

@@ -27,7 +27,15 @@ from headway.predict._errors import CheckpointError
 from headway.predict._paths import file_sha256
 from headway.predict.encoder import OnnxEncoder, build_encoder_onnx, encoder_onnx_path
 
-__all__ = ["SHIPPED_PREDICTOR", "ShippedPredictor", "pack_checkpoint", "shipped_predictor_path"]
+__all__ = [
+    "MIX_PREDICTOR",
+    "SHIPPED_PREDICTOR",
+    "ShippedPredictor",
+    "mix_predictor",
+    "pack_checkpoint",
+    "pack_linear_head",
+    "shipped_predictor_path",
+]
 
 SHIPPED_PREDICTOR = "pars-minilm-default.npz"
 """File name of the packaged predictor under ``headway/predict/weights/``."""
@@ -36,8 +44,57 @@ _F16_MIN_SIZE = 1024
 """Arrays of at least this many values are stored as float16; smaller ones (biases, norms) as float32."""
 
 
-def shipped_predictor_path() -> Path:
-    return Path(str(resources.files("headway.predict") / "weights" / SHIPPED_PREDICTOR))
+MIX_PREDICTOR = "pars-minilm-mix.npz"
+"""File name of the packaged alternative: a linear head over the frozen bundled MiniLM (mean pooling),
+fitted on every shared-data source by the cross-source command's chosen recipe (``--save-head``)."""
+
+
+def shipped_predictor_path(name: str = SHIPPED_PREDICTOR) -> Path:
+    return Path(str(resources.files("headway.predict") / "weights" / name))
+
+
+def mix_predictor() -> ShippedPredictor:
+    """The packaged :data:`MIX_PREDICTOR` (scorer spec ``headway.predict.shipped:mix_predictor()``)."""
+    return ShippedPredictor(shipped_predictor_path(MIX_PREDICTOR))
+
+
+def pack_linear_head(
+    weights: npt.ArrayLike,
+    bias: float,
+    out: str | Path,
+    *,
+    max_length: int,
+    base: str | Path | None = None,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``out`` (``.npz``): a predictor that scores ``mean-pooled embedding @ weights + bias`` with
+    the base encoder's own weights (no deltas), loadable by :class:`ShippedPredictor`."""
+    from headway.predict._paths import default_encoder_path
+
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(w)) or not np.isfinite(bias):
+        raise ValueError("pack_linear_head: weights and bias must be finite")
+    base_dir = Path(base) if base is not None else default_encoder_path()
+    header = {
+        "format": 1,
+        "pooling": "mean",
+        "max_length": int(max_length),
+        "rank": 0,
+        "base_sha256": file_sha256(base_dir / "model.safetensors"),
+        "meta": meta or {},
+    }
+    buf = io.BytesIO()
+    savez: Any = np.savez_compressed  # its **arrays are typed as its keyword options
+    savez(
+        buf,
+        header=np.frombuffer(json.dumps(header, sort_keys=True).encode(), np.uint8),
+        **{"head.weight": w.astype(np.float32).reshape(1, -1), "head.bias": np.array([bias], dtype=np.float32)},
+    )
+    dst = Path(out)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(buf.getvalue())
+    header["bytes"] = dst.stat().st_size
+    return header
 
 
 def pack_checkpoint(
