@@ -278,3 +278,60 @@ def test_trail_running_key_never_worsens_between_hints(steps, log_pred):
             new = pol.key(r, 0.0)
             budget = pol.rekey_after_tokens(r)
         key = new
+
+
+class _DictLTR(LTRPolicy):
+    """LTR's step-time bookkeeping as first written: each request's last report in a dict keyed
+    by the request, tagged with its preemption count (the reference for the per-period state)."""
+
+    def __init__(self) -> None:
+        super().__init__(starvation_steps=3, quantum_steps=2, step_time_ema=0.3)
+        self._last: dict[Request, tuple[float, int, int]] = {}
+
+    def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:
+        state = self._state(request, now)
+        if not state.ran:
+            state.ran = True
+            if now >= state.promote_at:
+                state.quantum_end = request.num_output_tokens + self.quantum_steps
+        last = self._last.get(request)
+        out = request.num_output_tokens
+        if last is not None and last[2] == request.num_preemptions and out > last[1] > 0:
+            k = out - last[1]
+            sample = (now - last[0]) / k
+            if sample > 0.0:
+                self.step_time = sample + (1.0 - self.step_time_ema) ** k * (self.step_time - sample)
+        self._last[request] = (now, out, request.num_preemptions)
+
+
+_LTR_OPS = st.lists(
+    st.tuples(st.integers(0, 2), st.sampled_from(["progress", "preempt", "key"]), st.integers(0, 4),
+              st.floats(0.0, 0.2)),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_LTR_OPS)
+def test_ltr_step_time_bookkeeping_matches_the_dict_of_last_reports(ops: list[tuple[int, str, int, float]]) -> None:
+    """The last report kept on the request's per-period state learns the same step times, bit for
+    bit, and gives the same keys as the dict of last reports tagged with the preemption count."""
+    ours = LTRPolicy(starvation_steps=3, quantum_steps=2, step_time_ema=0.3)
+    ref = _DictLTR()
+    reqs = {pol: [make_request(arrival=0.0, score=float(i)) for i in range(3)] for pol in (ours, ref)}
+    now = 0.0
+    for pol in (ours, ref):
+        for r in reqs[pol]:
+            pol.on_arrival(r, 0.0)
+    for i, op, tokens, dt in ops:
+        now += dt
+        for pol in (ours, ref):
+            r = reqs[pol][i]
+            if op == "progress":
+                r.num_output_tokens += tokens
+                pol.on_progress(r, now, tokens)
+            elif op == "preempt":
+                r.num_preemptions += 1
+        assert ours.step_time == ref.step_time
+        assert [ours.key(r, now) for r in reqs[ours]] == [ref.key(r, now) for r in reqs[ref]]
+        assert [ours.rekey_after_tokens(r) for r in reqs[ours]] == [ref.rekey_after_tokens(r) for r in reqs[ref]]

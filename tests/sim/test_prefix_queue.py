@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 from unittest import mock
 
@@ -42,6 +42,9 @@ class BlockQueue:
 
     def cached(self, key: Hashable) -> bool:
         return key in self.ref or key in self.q
+
+    def uncached(self, keys: Iterable[Hashable]) -> list[Hashable]:
+        return [key for key in keys if not self.cached(key)]
 
     def hit_length(self, keys: Sequence[Hashable], limit: int) -> tuple[int, int]:
         h = touched = 0

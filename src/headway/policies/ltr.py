@@ -16,13 +16,15 @@ _NS = "ltr"
 class _State:
     """Per-request starvation bookkeeping for one waiting period (see :class:`LTRPolicy`)."""
 
-    __slots__ = ("period", "promote_at", "quantum_end", "ran")
+    __slots__ = ("last_out", "last_time", "period", "promote_at", "quantum_end", "ran")
 
     def __init__(self, period: int, promote_at: float) -> None:
         self.period = period  # num_preemptions when this waiting period began
         self.promote_at = promote_at
         self.ran = False  # has reported progress in this period (was scheduled)
         self.quantum_end: int | None = None  # output-token count where top priority ends
+        self.last_time = 0.0  # the period's last progress report: its time and output-token count
+        self.last_out = 0  # (0: none yet, or none with tokens: no step-time sample from it)
 
 
 @register_policy("ltr")
@@ -90,7 +92,6 @@ class LTRPolicy(ScoredPolicy):
         if check_positive("step_time_ema", step_time_ema, "ltr") > 1.0:
             raise ValueError(f"ltr: step_time_ema must be in (0, 1], got {step_time_ema!r}")
         self.step_time_ema = float(step_time_ema)
-        self._last: dict[Request, tuple[float, int, int]] = {}
 
     # ------------------------------------------------------------ bookkeeping
     def _state(self, request: Request, now: float) -> _State:
@@ -107,25 +108,24 @@ class LTRPolicy(ScoredPolicy):
         self._state(request, now)
 
     def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:
-        st = self._state(request, now)
+        st = request.extra.get(_NS)  # _state's common case inlined: called per running request per step
+        if not (isinstance(st, _State) and st.period == request.num_preemptions):
+            st = self._state(request, now)
         if not st.ran:
             st.ran = True
             if now >= st.promote_at:  # scheduled while starving: start its quantum
                 st.quantum_end = request.num_output_tokens + self.quantum_steps
-        last = self._last.get(request)
         out = request.num_output_tokens
-        if last is not None and last[2] == request.num_preemptions and out > last[1] > 0:
-            k = out - last[1]
-            sample = (now - last[0]) / k
+        if out > st.last_out > 0:  # a sample only from reports within one running period
+            k = out - st.last_out
+            sample = (now - st.last_time) / k
             if sample > 0.0:
                 # k tokens = k decode steps: k one-step EMA updates toward the mean step time, in
                 # closed form, so a report of k tokens at once (the simulator's fast-forward) moves
                 # the estimate as much as k reports of one token (step by step) would
                 self.step_time = sample + (1.0 - self.step_time_ema) ** k * (self.step_time - sample)
-        self._last[request] = (now, out, request.num_preemptions)
-
-    def on_finish(self, request: Request, now: float) -> None:
-        self._last.pop(request, None)
+        st.last_time = now
+        st.last_out = out
 
     # -------------------------------------------------------------------- key
     def _promoted(self, request: Request, now: float) -> tuple[bool, _State]:

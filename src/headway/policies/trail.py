@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 from headway._optional import require
 from headway.core import Policy, PolicyKey, Request, register_policy
@@ -15,9 +17,15 @@ __all__ = ["TrailOraclePolicy", "TrailPolicy", "lognormal_residual_mean"]
 _NS = "trail"
 
 
+@functools.cache
+def _log_ndtr() -> Callable[[float], Any]:
+    """scipy's ``log_ndtr``, imported once (a refinement runs per request, often many times)."""
+    return cast("Callable[[float], Any]", require("scipy.special", "sim", "TRAIL's length refinement").log_ndtr)
+
+
 def lognormal_residual_mean(mu: float, sigma: float, g: float) -> float:
     """``E[L | L > g]`` for ``log L ~ N(mu, sigma^2)`` (the Bayesian refinement of TRAIL)."""
-    log_ndtr = require("scipy.special", "sim", "TRAIL's length refinement").log_ndtr
+    log_ndtr = _log_ndtr()
 
     if g <= 0.0:
         return math.exp(mu + sigma * sigma / 2.0)

@@ -220,10 +220,7 @@ class KVBlocks(DecodeClock):
         own: list[Hashable] = []
         if evicted and full > len(keys):
             seq = req.seq
-            for i in range(max(s.reg, len(keys)), full):
-                key = (seq, i, -1)
-                if not cache.cached(key):
-                    own.append(key)
+            own = cache.uncached([(seq, i, -1) for i in range(max(s.reg, len(keys)), full)])
             s.own_end = full
         own.reverse()
         held.reverse()

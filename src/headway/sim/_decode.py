@@ -103,6 +103,23 @@ class DecodeClock:
             if self._progress_hook:
                 self.policy.on_progress(req, now, delta)
 
+    def _sync_decoders(self, now: float) -> None:
+        """:meth:`_sync` every decoder, in decoder order, the loop inlined: a displacement check
+        of a policy that learns from every step's progress (LTR) runs it over the whole batch at
+        each step."""
+        g = self.g
+        on_progress = self.policy.on_progress if self._progress_hook else None
+        for s in self.decoders:
+            delta = g - s.join
+            if delta:
+                req = s.req
+                req.num_output_tokens += delta
+                req.num_computed_tokens += delta
+                req.last_token_time = now
+                s.join = g
+                if on_progress is not None:
+                    on_progress(req, now, delta)
+
     def _catch_up(self, now: float) -> None:
         """Before a hook in the middle of a stretch: report the steps that ended before ``now``."""
         self._report_steps(self._step_at(now) - 1)

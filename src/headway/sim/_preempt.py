@@ -82,8 +82,7 @@ class Preemption(KVBlocks):
         return [(s, s.req, None) for s in self.paused]
 
     def _running(self, now: float) -> list[Request]:
-        for s in self.decoders:
-            self._sync(s, now)
+        self._sync_decoders(now)
         return [s.req for s in self.decoders] + [s.req for s in self.prefilling]
 
     def _evict_for_memory(self, now: float, budget: int) -> int:
@@ -112,7 +111,7 @@ class Preemption(KVBlocks):
         rkeys = self._rkeys
         keys = None if rkeys is not None else {r: (policy.key(r, now), r.seq) for r in self._running(now)}
         if self._sync_all:
-            self._running(now)
+            self._sync_decoders(now)
         while self.waiting and budget > 0:  # an exhausted token budget is no reason to evict
             cand = self.waiting.peek()
             assert cand is not None

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 __all__ = ["PrefixCache", "block_keys", "ideal_prefix_hits"]
 
@@ -113,11 +113,13 @@ class PrefixCache:
         self.fresh = 0
         lru, runs = self.lru, self.runs
         while excess:
-            key = next(iter(lru))
+            key = lru.popitem(last=False)[0]
             if key in runs:
                 n = runs[key]
                 if n > excess:
                     runs[key] = n - excess
+                    lru[key] = None  # the run stays at the head, shorter
+                    lru.move_to_end(key, last=False)
                     return
                 del runs[key]
                 excess -= n
@@ -125,11 +127,15 @@ class PrefixCache:
                     self._tail = None
             else:
                 excess -= 1
-            del lru[key]
 
     def cached(self, key: Hashable) -> bool:
         """Whether a block with ``key`` is cached (in use or free); settle first."""
         return key in self.ref or key in self.lru
+
+    def uncached(self, keys: Iterable[Hashable]) -> list[Hashable]:
+        """The ``keys`` of no cached block, in order (:meth:`cached` over many); settle first."""
+        ref, lru = self.ref, self.lru
+        return [key for key in keys if key not in ref and key not in lru]
 
     def hit_length(self, keys: Sequence[Hashable], limit: int) -> tuple[int, int]:
         """Leading ``keys`` (at most ``limit``) that are cached, and how many of them are free
