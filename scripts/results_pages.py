@@ -358,6 +358,15 @@ def gateway_vllm_table(data: dict[str, Any]) -> str:
     )
     if "predictor" in data:
         note += f" The `default` scorer spec loaded the {data['predictor']} predictor."
+    per_round = data.get("rounds", {})
+    base = [r["mean_per_token_latency_ms"] for r in per_round.get("vllm-direct (fcfs)", [])]
+    for label, rs in per_round.items():
+        if label.startswith("gateway") and len(rs) == len(base) > 1:
+            ratios = [b / r["mean_per_token_latency_ms"] for b, r in zip(base, rs, strict=True)]
+            note += (
+                f" {label}, direct / gateway mean per-token latency per round: "
+                f"{', '.join(f'x{x:.2f}' for x in ratios)} (median x{statistics.median(ratios):.2f})."
+            )
     return _table(header, rows) + ("\n\n" + note if note else "")
 
 
