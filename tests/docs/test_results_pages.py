@@ -82,3 +82,12 @@ def test_gateway_throughput_page_shows_each_run_and_its_ratio_to_direct(pages: M
         assert ratios["min"] <= ratios["median"] <= ratios["max"]
         assert f"{ratios['median']:.4f} ({ratios['min']:.4f} to {ratios['max']:.4f})" in text
 
+
+def test_plugin_pars_page_carries_the_claim_row_with_its_verdict(pages: ModuleType) -> None:
+    saved = json.loads((pages.RESULTS / "plugin_pars.json").read_text())
+    text = pages.plugin_pars_table(saved)
+    row = saved["claim_row"]
+    assert f"| {row['measured']} | {row['rule']} | {row['verdict']} |" in text
+    means = saved["ratios"]["mean_per_token_latency"]["rounds"]
+    assert len(means) == saved["args"]["repeats"] >= 3
+    assert row["measured"].startswith(f"{sum(means) / len(means):.3g}x")
