@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 
 from bench_gateway_vllm import default_predictor_identity, heldout_alpaca_workload, start_gateway
+from harness.cluster import Cluster
+from harness.vllm import default_vllm_paths, start_vllm
 from headway.core import Request, RequestState
 from headway.metrics import summarize
 from headway.serve._bench import BenchConfig, run_bench_sync
 from headway.serve._bench_result import vllm_bench_result
-from headway.serve._cluster import Cluster
-from headway.serve._vllm import default_vllm_paths, start_vllm
 from headway.workload import Workload, poisson_arrivals
 
 REPO = Path(__file__).resolve().parents[1]
