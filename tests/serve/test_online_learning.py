@@ -59,12 +59,19 @@ def _send(url: str, model: str, prompts: list[str], stream: bool = False) -> Non
             r.read()
 
 
+def _all_scored(gw) -> None:
+    """Requests answered before their score (the scorer's fast path) are scored in the background."""
+    fin = gw.gateway.finished_requests
+    wait_until(lambda: all(r.score is not None for r in fin), what="every finished request scored")
+
+
 def test_finished_requests_teach_the_scorer_of_their_model(make_stub, make_gateway) -> None:
     gw = make_gateway([make_stub().url], policy="pars", scorer="default:onnx-int8", online_learning=True)
     online = gw.gateway.online
     learner = online.learner
     _send(gw.url, "m", PROMPTS[:12])
     _send(gw.url, "m", PROMPTS[12:24], stream=True)
+    _all_scored(gw)
     learner.flush()
     assert learner.observed("m") == 24 and not learner.fitted("m")
     before = gw.gateway.finished_requests[-1].score
@@ -77,6 +84,7 @@ def test_finished_requests_teach_the_scorer_of_their_model(make_stub, make_gatew
     probe = "Write a long essay about the moon."
     _send(gw.url, "m", [probe])
     _send(gw.url, "other", [probe])
+    _all_scored(gw)
     learned, plain = gw.gateway.finished_requests[-2:]
     assert learned.score == pytest.approx(float(learner.score([probe], "m")[0]), abs=1e-9)
     assert plain.score == pytest.approx(float(learner.score([probe], "other")[0]), abs=1e-9)
