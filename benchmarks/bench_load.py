@@ -6,7 +6,8 @@ many gateway replicas sharing it, the load spread round-robin) as subprocesses o
 JSON, 1% with a wrong key, 1% oversized, 20% streamed) and counts every request's
 terminal answer: completed, rejected by reason, lost (must be 0). Cross-checks the
 gateway's own counters (finished + rejections == sent) and the stub's (each completed
-request generated once). Writes ``benchmarks/results/load_<N>.md`` and ``.json``.
+request generated once). Writes ``benchmarks/results/load_<N>.md`` and ``.json``
+(``load_<N>_<R>replicas`` with ``--replicas R`` above 1).
 
 Usage: python benchmarks/bench_load.py [--num-requests 10000] [--rate 50] [--replicas 1]
 """
@@ -81,7 +82,7 @@ def main() -> int:
     ap.add_argument("--token-delay", type=float, default=0.01)
     ap.add_argument("--max-queue", type=int, default=50)
     ap.add_argument("--queue-ttl", type=float, default=5.0)
-    ap.add_argument("--out", default=None, help="result file stem (default results/load_<N>)")
+    ap.add_argument("--out", default=None, help="result file stem (default results/load_<N>, load_<N>_<R>replicas with R > 1 replicas)")
     args = ap.parse_args()
 
     import asyncio
@@ -135,7 +136,8 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         print(f"checks failed: process logs kept in {tmp}", file=sys.stderr)
-    stem = args.out or str(RESULTS / f"load_{args.num_requests}")
+    suffix = f"_{args.replicas}replicas" if args.replicas > 1 else ""
+    stem = args.out or str(RESULTS / f"load_{args.num_requests}{suffix}")
     Path(stem + ".json").write_text(json.dumps(d, indent=2) + "\n")
     lines = [
         f"# Load test: {res.sent} requests at {args.rate:g}/s "
