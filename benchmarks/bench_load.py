@@ -82,7 +82,7 @@ def main() -> int:
     ap.add_argument("--token-delay", type=float, default=0.01)
     ap.add_argument("--max-queue", type=int, default=50)
     ap.add_argument("--queue-ttl", type=float, default=5.0)
-    ap.add_argument("--out", default=None, help="result file stem (default results/load_<N>, load_<N>_<R>replicas with R > 1 replicas)")
+    ap.add_argument("--out", default=None, help="result file stem (default results/load_<N>, or load_<N>_<R>replicas)")
     args = ap.parse_args()
 
     import asyncio
