@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 
-from headway.core import Policy, PolicyQueue
+from headway.core import Policy, PolicyQueue, Request
 from headway.sim._config import SchedulerConfig
 from headway.sim._events import EventLoop
 from headway.sim._running_keys import RunningKeys
@@ -104,21 +105,26 @@ class DecodeClock:
                 self.policy.on_progress(req, now, delta)
 
     def _sync_decoders(self, now: float) -> None:
-        """:meth:`_sync` every decoder, in decoder order, the loop inlined: a displacement check
-        of a policy that learns from every step's progress (LTR) runs it over the whole batch at
-        each step."""
-        g = self.g
-        on_progress = self.policy.on_progress if self._progress_hook else None
+        """:meth:`_sync` every decoder, in decoder order: a displacement check of a policy that
+        learns from every step's progress (LTR) runs it over the whole batch at each step."""
+        self._advance_decoders(self.g, now, self.policy.on_progress if self._progress_hook else None)
+
+    def _advance_decoders(
+        self, target: int, at: float, on_progress: Callable[[Request, float, int], None] | None
+    ) -> None:
+        """Bring every decoder's counters to the decode clock ``target`` at time ``at``, in decoder
+        order, reporting each one's progress to ``on_progress`` (the loop of :meth:`_sync`, inlined:
+        it runs over the whole batch at each step)."""
         for s in self.decoders:
-            delta = g - s.join
+            delta = target - s.join
             if delta:
                 req = s.req
                 req.num_output_tokens += delta
                 req.num_computed_tokens += delta
-                req.last_token_time = now
-                s.join = g
+                req.last_token_time = at
+                s.join = target
                 if on_progress is not None:
-                    on_progress(req, now, delta)
+                    on_progress(req, at, delta)
 
     def _catch_up(self, now: float) -> None:
         """Before a hook in the middle of a stretch: report the steps that ended before ``now``."""
@@ -133,19 +139,9 @@ class DecodeClock:
         if upto < first:
             return
         self.plan_reported = upto
-        policy, start, g = self.policy, self.plan_start, self.g
+        on_progress, start, g = self.policy.on_progress, self.plan_start, self.g
         for j in range(first, upto + 1):
-            at = start + self._span(j)
-            target = g + j
-            for s in self.decoders:
-                delta = target - s.join
-                if delta:
-                    req = s.req
-                    req.num_output_tokens += delta
-                    req.num_computed_tokens += delta
-                    req.last_token_time = at
-                    s.join = target
-                    policy.on_progress(req, at, delta)
+            self._advance_decoders(g + j, start + self._span(j), on_progress)
 
     def _add_decoder(self, s: Seq) -> None:
         req = s.req
