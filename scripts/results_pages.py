@@ -476,8 +476,9 @@ def plugin_pars_table(data: dict[str, Any]) -> str:
     )
     if args.get("engine_path"):
         note += (
-            " vLLM's virtualenv lacks the shipped predictor's packages (onnxruntime, the MiniLM encoder): both arms "
-            "ran with them on vLLM's PYTHONPATH (--engine-path)."
+            " Both arms ran with extra packages on vLLM's PYTHONPATH (--engine-path): the run's vLLM virtualenv "
+            "lacked the shipped predictor's (onnxruntime, the MiniLM encoder), which scripts/setup_vllm_env.sh "
+            "now installs."
         )
     if "predictor" in data:
         note += f" The plugin's scorer {args['scorer']} loaded the {data['predictor']} predictor."
