@@ -142,8 +142,10 @@ def test_pars_scores_prompts_in_process(plugin_server) -> None:  # type: ignore[
     recs = queued(specs, rec)
     assert shorts_first(recs), [r["client_id"] for r in recs]
     steps = [r for r in rec if "step" in r]
+    # every request reached the scheduler once; whether several arrive between two steps (one scorer
+    # batch) depends on how fast the HTTP frontend delivers them, so batching is checked in
+    # test_plugin_unit.test_scores_from_request_xargs_and_batched_scorer, not here
     assert sum(r["arrivals"] for r in steps) == len(specs)
-    assert max(r["arrivals"] for r in steps) > 1  # the burst was scored in batches
 
 
 def test_srpt_waits_for_a_slot_as_vllm_does(plugin_server) -> None:  # type: ignore[no-untyped-def]
