@@ -34,3 +34,27 @@ def test_build_rejects_a_folder_without_weights(tmp_path: Path, tiny_encoder: Pa
     (tmp_path / "config.json").write_text((tiny_encoder / "config.json").read_text())
     with pytest.raises(ValueError, match=r"no model\.safetensors"):
         build_encoder_onnx(tmp_path, tmp_path / "x.onnx")
+
+
+def test_embed_batches_by_padding_cost_not_by_arrival(tiny_encoder_3_layers: Path) -> None:
+    """A few long prompts run in their own pass instead of padding the short ones (the gateway's
+    scoring batches mix them), and the vectors are those of one prompt at a time."""
+    from headway.predict._chunks import _padding_chunks
+
+    enc = OnnxEncoder(tiny_encoder_3_layers, max_length=32, threads=1, batch_size=32)
+    prompts = ["hi there"] * 12 + [PROMPTS[1]] * 2 + ["Write a haiku."] * 12
+    widths: list[tuple[int, int]] = []
+    run = enc._session.run
+
+    def spy(names, feeds):  # type: ignore[no-untyped-def]
+        widths.append(feeds["input_ids"].shape)
+        return run(names, feeds)
+
+    enc._session.run = spy  # type: ignore[method-assign]
+    got = enc.embed(prompts)
+    lengths = sorted(len(t) for t in enc.token_ids(prompts))
+    chunks = _padding_chunks(lengths, 32)
+    assert len(chunks) > 1  # the two long prompts are not in the short ones' pass
+    assert widths == [(b - a, lengths[b - 1]) for a, b in chunks]
+    alone = np.concatenate([enc.embed([p]) for p in prompts])
+    assert np.allclose(got, alone, atol=1e-5)

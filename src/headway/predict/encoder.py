@@ -20,6 +20,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
+from headway.predict._chunks import _padding_chunks
 from headway.predict._errors import EncoderError
 
 __all__ = ["DEFAULT_EMBED_LENGTH", "POOLINGS", "OnnxEncoder", "build_encoder_onnx", "encoder_onnx_path"]
@@ -224,15 +225,17 @@ class OnnxEncoder:
         return [list(e.ids) for e in self._tokenizer.encode_batch(list(prompts))]
 
     def embed(self, prompts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """``(len(prompts), hidden)`` float32: one mean-pooled vector per prompt (length-sorted batches,
-        padded to the longest of each batch)."""
+        """``(len(prompts), hidden)`` float32: one mean-pooled vector per prompt. Prompts are sorted by
+        token count and run in batches of at most ``batch_size``, each padded to its longest, split
+        where that runs the fewest tokens (:func:`~headway.predict._chunks._padding_chunks`, as
+        :class:`~headway.predict.score.Scorer` does)."""
         out = np.zeros((len(prompts), self.hidden_size), dtype=np.float32)
         if not prompts:
             return out
         ids = self.token_ids(prompts)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        for k in range(0, len(order), self.batch_size):
-            rows = order[k : k + self.batch_size]
+        for a, b in _padding_chunks([len(ids[i]) for i in order], self.batch_size):
+            rows = order[a:b]
             width = max(len(ids[r]) for r in rows)
             input_ids = np.zeros((len(rows), width), dtype=np.int64)
             mask = np.zeros((len(rows), width), dtype=np.int64)
