@@ -55,8 +55,29 @@ __all__ = ["KeyEncodingError", "RedisScripts", "RedisUnavailableError", "encode_
 log = logging.getLogger("headway.serve.redis")
 
 
-class RedisUnavailableError(Exception):
-    """Redis could not be reached within the retry window."""
+class KeyEncodingError(ValueError):
+    """A policy key that the Redis queue cannot encode (an element that is no finite-or-infinite
+    float: NaN, or an integer too large for a double)."""
+
+
+def encode_key(key: PolicyKey) -> str:
+    """Order-preserving hex encoding of a policy key (16 hex digits per element).
+
+    Raises :class:`KeyEncodingError` (a ValueError) for an element that is NaN or does not
+    fit a double."""
+    out = []
+    for x in key:
+        try:
+            f = float(x)
+        except (OverflowError, TypeError, ValueError) as exc:
+            text = repr(x) if len(repr(x)) <= 40 else f"{repr(x)[:20]}... ({len(repr(x))} characters)"
+            raise KeyEncodingError(f"policy key element {text} cannot be queued in Redis: {exc}") from None
+        if f != f:
+            raise KeyEncodingError("policy key element NaN cannot be queued in Redis (it has no order)")
+        bits: int = struct.unpack(">Q", struct.pack(">d", f))[0]
+        bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
+        out.append(f"{bits:016x}")
+    return "".join(out)
 
 
 _COMMON = """
@@ -180,7 +201,7 @@ end
 """
 
 # Scripts that dispatch return {result, held_ms}: held_ms > 0 while the score hold keeps free
-# slots waiting, for that many more ms (the replica then asks again; see _held).
+# slots waiting, for that many more ms (the replica then asks again; see RedisDispatcher._held).
 
 # ARGV: prefix, replica, keyhex, request_id, max_len, excl, scoring count, its seq, hold_ms, nb, url, lim, ...
 # (the count travels with the enqueue: a request leaves "being scored" as it enters the queue)
@@ -318,44 +339,6 @@ return 1
 )
 
 
-def _connection_errors() -> tuple[type[BaseException], ...]:
-    """What redis-py raises when Redis cannot be reached (retried), as opposed to a refused command."""
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
-    return (RedisConnectionError, RedisTimeoutError, OSError)
-
-
-def unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` says Redis could not be reached (not that it refused a command)."""
-    return isinstance(exc, (*_connection_errors(), RedisUnavailableError))
-
-
-class KeyEncodingError(ValueError):
-    """A policy key that the Redis queue cannot encode (an element that is no finite-or-infinite
-    float: NaN, or an integer too large for a double)."""
-
-
-def encode_key(key: PolicyKey) -> str:
-    """Order-preserving hex encoding of a policy key (16 hex digits per element).
-
-    Raises :class:`KeyEncodingError` (a ValueError) for an element that is NaN or does not
-    fit a double."""
-    out = []
-    for x in key:
-        try:
-            f = float(x)
-        except (OverflowError, TypeError, ValueError) as exc:
-            text = repr(x) if len(repr(x)) <= 40 else f"{repr(x)[:20]}... ({len(repr(x))} characters)"
-            raise KeyEncodingError(f"policy key element {text} cannot be queued in Redis: {exc}") from None
-        if f != f:
-            raise KeyEncodingError("policy key element NaN cannot be queued in Redis (it has no order)")
-        bits: int = struct.unpack(">Q", struct.pack(">d", f))[0]
-        bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
-        out.append(f"{bits:016x}")
-    return "".join(out)
-
-
 _SOURCES = {
     "enqueue": _ENQUEUE,
     "release": _RELEASE,
@@ -367,6 +350,23 @@ _SOURCES = {
     "sfq_tag": _SFQ_TAG,
     "sfq_advance": _SFQ_ADVANCE,
 }
+
+
+class RedisUnavailableError(Exception):
+    """Redis could not be reached within the retry window."""
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """What redis-py raises when Redis cannot be reached (retried), as opposed to a refused command."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    return (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says Redis could not be reached (not that it refused a command)."""
+    return isinstance(exc, (*_connection_errors(), RedisUnavailableError))
 
 
 class RedisScripts:
