@@ -24,18 +24,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from headway.integrations._probe import (
-    Geometry,
-    count_lines,
+from headway.integrations._fidelity import (
     fidelity_max_prompt,
     fidelity_workload,
     format_fidelity_table,
     pool_rows,
-    probe_phases,
     run_fidelity,
-    run_probe,
     speed_check_workload,
 )
+from headway.integrations._probe import Geometry, count_lines, probe_phases, run_probe
 from headway.integrations._server import start_vllm_server
 from headway.sim._calibrate import fit_from_step_log, read_step_log, save_preset
 

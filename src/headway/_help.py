@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
-__all__ = ["CLIError", "HelpFormatter", "default_out_dir", "describe_error", "prepare_out_dir", "unwritable"]
+__all__ = [
+    "CLIError",
+    "HelpFormatter",
+    "default_out_dir",
+    "describe_error",
+    "fail",
+    "key_value",
+    "prepare_out_dir",
+    "unwritable",
+]
 
 
 class CLIError(Exception):
@@ -24,6 +34,20 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, EOFError):
         return f"a compressed input ended early ({exc})"
     return str(exc)
+
+
+def fail(message: str) -> int:
+    """A CLI error: ``headway: error: ...`` on stderr; returns the exit status 2."""
+    print(f"headway: error: {message}", file=sys.stderr)
+    return 2
+
+
+def key_value(text: str) -> tuple[str, str]:
+    """An argparse ``type`` for ``KEY=VALUE`` arguments: ``(KEY, VALUE)``, KEY not empty."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def default_out_dir(kind: str) -> Path:

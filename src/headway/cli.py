@@ -24,7 +24,7 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("headway.sweep._cli", "add_sweep_parser"),
     ("headway.reproduce", "add_reproduce_parser"),
     ("headway.serve._cli", "add_serve_parser"),
-    ("headway.serve._cli", "add_bench_parser"),
+    ("headway.serve._bench_cli", "add_bench_parser"),
     ("headway.serve._cli", "add_stub_parser"),
     ("headway.integrations._cli", "add_calibrate_parser"),
     ("headway.predict._cli", "add_predictor_parser"),

@@ -20,20 +20,22 @@ import pytest
 
 from headway.integrations._cli import add_calibrate_parser
 from headway.integrations._client import ReplayResult, ReplaySpec, replay_sync
-from headway.integrations._probe import (
+from headway.integrations._fidelity import (
     FidelityRow,
-    Geometry,
     fidelity_max_prompt,
     fidelity_workload,
-    fit_from_client,
     format_fidelity_table,
-    geometry_from_metrics,
     pool_rows,
+    simulate_replay,
+    simulated_requests,
+)
+from headway.integrations._probe import (
+    Geometry,
+    fit_from_client,
+    geometry_from_metrics,
     prefix_cache_counters,
     probe_phases,
     salted,
-    simulate_replay,
-    simulated_requests,
 )
 from headway.integrations._server import prefix_caching_args
 from headway.sim import CostModel, load_preset

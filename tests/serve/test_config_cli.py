@@ -320,7 +320,8 @@ def test_sigterm_past_the_drain_timeout_ends_open_requests_cleanly(tmp_path):
 def test_cli_parsers_build_and_map_to_config():
     import argparse
 
-    from headway.serve._cli import add_bench_parser, add_serve_parser, build_config
+    from headway.serve._bench_cli import add_bench_parser
+    from headway.serve._cli import add_serve_parser, build_config
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")

@@ -505,13 +505,13 @@ def test_a_release_during_a_rejoin_is_not_lost(redis_url):
             assert _inflight(redis_url, prefix) == {"http://127.0.0.1:9": 1}
             for key in await client.keys(prefix + "*"):  # Redis lost its data
                 await client.delete(key)
-            join = d._scripts["join"]
+            join = d._scripts.scripts["join"]
 
             async def slow_join(*args: object, **kw: object) -> object:
                 await asyncio.sleep(0.3)  # the release below reaches Redis first
                 return await join(*args, **kw)
 
-            d._scripts["join"] = slow_join  # type: ignore[assignment]
+            d._scripts.scripts["join"] = slow_join  # type: ignore[assignment]
             rejoin = asyncio.ensure_future(d._rejoin())
             await asyncio.sleep(0.05)
             d.release(backend, req)  # the request ends while the join is under way

@@ -15,7 +15,7 @@ import pytest
 from headway.core import PolicyKey, Request, Tier
 from headway.policies import FCFSPolicy
 from headway.serve import BackendConfig, hash_api_key
-from headway.serve._redis_queue import KeyEncodingError, encode_key
+from headway.serve._redis_scripts import KeyEncodingError, encode_key
 from headway.serve._tenants import REDIS_APIKEYS_HASH
 
 from .conftest import free_port, start_redis_server, wait_until

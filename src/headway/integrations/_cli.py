@@ -469,7 +469,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _check_fidelity_args(args: argparse.Namespace) -> list[str]:
     """The policies to replay; ValueError for any argument that cannot work, before a server is used."""
     from headway.core import available_policies
-    from headway.integrations._probe import fidelity_max_prompt
+    from headway.integrations._fidelity import fidelity_max_prompt
 
     _check_server_args(args)
     if args.speed_check < 0:
@@ -508,7 +508,7 @@ def _check_fidelity_args(args: argparse.Namespace) -> list[str]:
 @_user_errors
 def _cmd_fidelity(args: argparse.Namespace) -> int:
     policies = _check_fidelity_args(args)
-    from headway.integrations._probe import (
+    from headway.integrations._fidelity import (
         fidelity_max_prompt,
         fidelity_workload,
         format_fidelity_table,

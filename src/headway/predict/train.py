@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import math
 import os
 import random
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -32,11 +31,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from headway.predict._embed import embed_ids, embed_prompts, embedding_tag, progress_bar
 from headway.predict._errors import DataError, EncoderError, PredictError
 from headway.predict._paths import (
     DEFAULT_PREDICTOR_NAME,
     DEFAULT_TRAIN_DATA,
-    default_cache_dir,
     default_predictor_dir,
 )
 from headway.predict.data import (
@@ -45,7 +44,6 @@ from headway.predict.data import (
     Split,
     load_dataset,
     make_pairs,
-    prompt_key,
     split_by_prompt,
 )
 from headway.predict.evaluate import Metrics, rank_metrics
@@ -54,7 +52,6 @@ from headway.predict.model import (
     LengthPredictor,
     check_checkpoint_target,
     load_encoder,
-    pad_batch,
     position_limit,
     save_checkpoint,
     tokenize,
@@ -66,6 +63,7 @@ __all__ = [
     "TrainResult",
     "default_predictor_dir",
     "embed_prompts",
+    "embedding_tag",
     "train_predictor",
 ]
 
@@ -214,143 +212,6 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     best_epoch: int = 0
     test: Metrics | None = None
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Encoding
-
-
-_EMBED_CACHE: dict[str, dict[str, npt.NDArray[np.float32]]] = {}
-
-
-def _chunks_by_length(order: Sequence[int], lengths: Sequence[int], size: int) -> list[list[int]]:
-    ordered = sorted(order, key=lambda i: lengths[i])
-    return [ordered[k : k + size] for k in range(0, len(ordered), size)]
-
-
-def _embed_ids(
-    model: LengthPredictor, ids: Sequence[Sequence[int]], rows: Sequence[int], micro: int, pad_id: int
-) -> torch.Tensor:
-    """Pooled embeddings of ``rows`` (in that order), encoded in length-sorted micro-batches."""
-    lens = [len(ids[r]) for r in rows]
-    parts: list[torch.Tensor] = []
-    where: list[int] = []
-    for chunk in _chunks_by_length(range(len(rows)), lens, micro):
-        input_ids, mask = pad_batch([ids[rows[c]] for c in chunk], pad_id)
-        parts.append(model.embed(torch.from_numpy(input_ids), torch.from_numpy(mask)))
-        where.extend(chunk)
-    emb = torch.cat(parts)
-    inverse = torch.empty(len(where), dtype=torch.long)
-    inverse[torch.tensor(where, dtype=torch.long)] = torch.arange(len(where))
-    return emb[inverse]
-
-
-def embedding_tag(encoder: str | Path | None, pooling: str, max_length: int, layers: int | None = None) -> str:
-    """Identity of frozen features: encoder directory (and its weights' size and mtime), layers kept,
-    pooling, length."""
-    from headway.predict._paths import encoder_path
-
-    root = encoder_path(encoder)
-    stamp = [str(root.resolve()), pooling, str(max_length)]
-    if layers is not None:
-        stamp.append(f"layers={layers}")
-    for f in sorted(root.glob("*.safetensors")) + sorted(root.glob("*.bin")):
-        st = f.stat()
-        stamp.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
-    return hashlib.sha256("|".join(stamp).encode()).hexdigest()[:20]
-
-
-def _disk_cache_file(tag: str) -> Path:
-    return default_cache_dir() / "embeddings" / f"{tag}.npz"
-
-
-def _load_disk_cache(tag: str) -> dict[str, npt.NDArray[np.float32]]:
-    path = _disk_cache_file(tag)
-    if not path.is_file():
-        return {}
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            keys, emb = z["keys"], z["emb"]
-        return {str(k): emb[i] for i, k in enumerate(keys)}
-    except (OSError, ValueError, KeyError):
-        return {}  # a damaged cache is only a cache: recompute
-
-
-def _save_disk_cache(tag: str, table: dict[str, npt.NDArray[np.float32]]) -> None:
-    path = _disk_cache_file(tag)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
-        keys = np.array(list(table), dtype="U64")
-        np.savez(tmp, keys=keys, emb=np.stack(list(table.values())).astype(np.float32))
-        os.replace(tmp, path)
-    except OSError:
-        pass
-
-
-def embed_prompts(
-    model: LengthPredictor,
-    tokenizer: Any,
-    prompts: Sequence[str],
-    max_length: int = 128,
-    batch_size: int = 64,
-    progress: bool = False,
-    cache_tag: str | None = None,
-    disk_cache: bool = True,
-) -> npt.NDArray[np.float32]:
-    """Frozen-encoder features of ``prompts`` (eval mode, no grad).
-
-    With a ``cache_tag`` (see :func:`embedding_tag`) features are memoized in memory and, with
-    ``disk_cache``, under ``~/.cache/headway/embeddings/`` keyed by prompt hash.
-    """
-    cache: dict[str, npt.NDArray[np.float32]] | None = None
-    if cache_tag is not None:
-        if cache_tag not in _EMBED_CACHE:
-            _EMBED_CACHE[cache_tag] = _load_disk_cache(cache_tag) if disk_cache else {}
-        cache = _EMBED_CACHE[cache_tag]
-    keys = [prompt_key(p) for p in prompts]
-    todo = sorted({k: i for i, k in enumerate(keys) if cache is None or k not in cache}.values())
-    fresh: dict[str, npt.NDArray[np.float32]] = {}
-    if todo:
-        ids = tokenize(tokenizer, [prompts[i] for i in todo], max_length)
-        was_training = model.training
-        model.eval()
-        chunks = _chunks_by_length(range(len(todo)), [len(x) for x in ids], batch_size)
-        bar = _progress(len(todo), "embedding", progress)
-        with torch.inference_mode():
-            for chunk in chunks:
-                input_ids, mask = pad_batch([ids[c] for c in chunk], tokenizer.pad_token_id or 0)
-                out = model.embed(torch.from_numpy(input_ids), torch.from_numpy(mask)).float().numpy()
-                for row, c in enumerate(chunk):
-                    fresh[keys[todo[c]]] = out[row]
-                bar.update(len(chunk))
-        bar.close()
-        model.train(was_training)
-        if cache is not None and cache_tag is not None:
-            cache.update(fresh)
-            if disk_cache:
-                _save_disk_cache(cache_tag, cache)
-    table = cache if cache is not None else fresh
-    return np.stack([table[k] for k in keys]).astype(np.float32)
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, desc: str, enabled: bool) -> Any:
-    if not enabled:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="it", leave=False, dynamic_ncols=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -557,7 +418,7 @@ def train_predictor(
             if val_emb is not None:
                 s = model.score_embeddings(val_emb).numpy()
             else:
-                s = model.score_embeddings(_embed_ids(model, val_ids, list(range(len(val))), 64, pad_id)).numpy()
+                s = model.score_embeddings(embed_ids(model, val_ids, list(range(len(val))), 64, pad_id)).numpy()
         return rank_metrics(s, val.lengths(), cfg.delta).kendall_tau_b
 
     history: list[dict[str, float]] = []
@@ -565,7 +426,7 @@ def train_predictor(
     pairs_seen = 0
     seen_pairs: set[int] = set()
     step = opt_steps = 0
-    bar = _progress(total_steps, f"train {cfg.loss}/{cfg.mode}", cfg.progress)
+    bar = progress_bar(total_steps, f"train {cfg.loss}/{cfg.mode}", cfg.progress)
     for epoch in range(1, epochs + 1):
         model.train()
         if frozen:
@@ -590,7 +451,7 @@ def train_predictor(
             if train_emb is not None:
                 scores = model.score_embeddings(train_emb[torch.from_numpy(rows)])
             else:
-                scores = model.score_embeddings(_embed_ids(model, train_ids, rows.tolist(), cfg.micro_batch, pad_id))
+                scores = model.score_embeddings(embed_ids(model, train_ids, rows.tolist(), cfg.micro_batch, pad_id))
             loss, used = _batch_loss(cfg, scores, rows, lengths, targets, groups, rng, gen, local_pairs)
             step += 1
             bar.update(1)
@@ -658,7 +519,7 @@ def train_predictor(
                 s = model.score_embeddings(torch.from_numpy(emb)).numpy()
             else:
                 ids = tokenize(tokenizer, split.test.prompts(), cfg.max_length)
-                s = model.score_embeddings(_embed_ids(model, ids, list(range(len(ids))), 64, pad_id)).numpy()
+                s = model.score_embeddings(embed_ids(model, ids, list(range(len(ids))), 64, pad_id)).numpy()
         test_metrics = rank_metrics(s, split.test.lengths(), cfg.delta, dataset.unit_label)
 
     train_seconds = time.perf_counter() - t_start

@@ -1,41 +1,7 @@
 """Queue state in Redis, so several gateway replicas share one global order and capacity.
 
-Layout (``P`` = the key prefix, ``headway:`` by default; one Redis instance, not a cluster):
-
-``P queue``
-    Sorted set, every score 0, so members sort lexicographically. A member is
-    ``<policy key><global seq>|<replica>|<request id>``, the key encoded as 16 hex digits
-    per element in an order-preserving float encoding: the global order is the policy
-    order, ties broken by global arrival sequence (``INCR P seq``).
-``P inflight``
-    Hash backend URL -> requests in flight on it, over all replicas.
-``P held:<replica>``
-    Hash backend URL -> the part of ``inflight`` that replica holds (granted, not released).
-``P rq:<replica>``
-    Set of the replica's members in ``P queue``.
-``P exclude``
-    Hash member -> comma-separated backend URLs a retried request must avoid.
-``P grant:<replica>``
-    List of ``<member>#<backend URL>#<generation>``: dispatch decisions for that replica.
-``P replicas`` / ``P gen``
-    Sorted set replica -> lease expiry (ms, Redis server clock) and hash replica ->
-    generation: the live replicas.
-``P scoring`` / ``P hold_since``
-    Hash replica -> requests it is scoring before they are queued, and when the current
-    score hold began (ms): the score hold of the in-memory dispatcher, over all replicas.
-``P sfq:v`` / ``P sfq:last``
-    For fair-queueing policies (:class:`~headway.core.SharedStartTags`, e.g. tenant-weighted):
-    the shared virtual time and hash flow -> last finish tag, from which *sfq_tag* draws each
-    request's start tag (its key) before it is enqueued; *sfq_advance* moves the virtual time
-    to the start tag of each dispatched request. So tags from every replica compare. (If Redis
-    loses its state, tags start again from 0; requests that rejoining replicas re-enqueue keep
-    the tags they had, so for a while they queue behind the new ones.)
-
-Every state change is one Lua script (atomic in Redis): *enqueue*, *release*, *cancel*,
-*heartbeat*, *join*, *reap*; enqueue, release and reap end with *dispatch*: while the head
-of the queue fits a backend with room, ZREM it, count the slot in ``inflight`` and in the
-owner's ``held``, and RPUSH the grant to the owner's list. Each replica BLPOPs its own
-grant list and resolves the waiting HTTP handler.
+The key layout and the Lua scripts (one per state change) are in
+:mod:`headway.serve._redis_scripts`; this module is how each replica uses them.
 
 **Who dispatches.** The client's HTTP connection is held by the replica it reached, so
 only that replica (the *owner*, named in the member) ever sends a request to a backend:
@@ -76,7 +42,7 @@ periods, so replicas can renew after a restart before anyone is presumed dead; a
 whose state was lost (no persistence) rejoins and re-enqueues its waiting requests.
 
 Limits: keys are computed by each replica's own policy instance (learned state is per
-replica, except the fair-queueing tags above); all replicas must list the same backends;
+replica, except the fair-queueing tags, ``P sfq:*``); all replicas must list the same backends;
 saturation polling, per-tenant queue limits and ``router`` are per replica (the shared
 dispatcher picks the least-loaded backend with room).
 """
@@ -87,17 +53,17 @@ import asyncio
 import contextlib
 import logging
 import math
-import struct
 import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from headway.core import Policy, PolicyKey, Request, RequestState, SharedStartTags
+from headway.core import Policy, Request, RequestState, SharedStartTags
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
+from headway.serve._redis_scripts import KeyEncodingError, RedisScripts, encode_key, unreachable
 
-__all__ = ["KeyEncodingError", "RedisDispatcher", "RedisUnavailableError", "encode_key"]
+__all__ = ["RedisDispatcher"]
 
 log = logging.getLogger("headway.serve.redis")
 
@@ -105,309 +71,8 @@ WALL_EPOCH = 1_700_000_000.0
 """Replicas share the wall clock (seconds since this epoch) so arrival-time keys compare."""
 
 
-class RedisUnavailableError(Exception):
-    """Redis could not be reached within the retry window."""
-
-
-_COMMON = """
-local P = ARGV[1]
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local held_ms = 0
-local function holding(hold_ms)
-  -- the score hold (Dispatcher._holding) over all replicas: while more requests are being
-  -- scored (P scoring: replica -> count) than are queued, free slots wait, at most hold_ms
-  if hold_ms <= 0 then return false end
-  local queued = redis.call('ZCARD', P .. 'queue')
-  if queued == 0 then return false end
-  local scoring = 0
-  for _, v in ipairs(redis.call('HVALS', P .. 'scoring')) do scoring = scoring + tonumber(v) end
-  if scoring <= queued then
-    redis.call('DEL', P .. 'hold_since')
-    return false
-  end
-  local t = now_ms()
-  local since = tonumber(redis.call('GET', P .. 'hold_since') or '-1')
-  if since < 0 then
-    since = t
-    redis.call('SET', P .. 'hold_since', t)
-  end
-  held_ms = hold_ms - (t - since)
-  return held_ms > 0
-end
-local function set_scoring(r, count, seq)
-  -- a replica's scoring count; messages may land out of order: only a newer one counts
-  if tonumber(seq) <= tonumber(redis.call('HGET', P .. 'scoring_seq', r) or '-1') then return end
-  redis.call('HSET', P .. 'scoring_seq', r, seq)
-  if tonumber(count) > 0 then
-    redis.call('HSET', P .. 'scoring', r, count)
-  else
-    redis.call('HDEL', P .. 'scoring', r)
-  end
-end
-local function dispatch(b0)
-  if holding(tonumber(ARGV[b0])) then return 0 end
-  b0 = b0 + 1
-  local qkey, infkey, exkey, reps = P .. 'queue', P .. 'inflight', P .. 'exclude', P .. 'replicas'
-  local nb = tonumber(ARGV[b0])
-  local granted = 0
-  for _ = 1, 1000000 do
-    local head = redis.call('ZRANGE', qkey, 0, 15)
-    if #head == 0 then break end
-    local picked, pick_url, dropped = nil, nil, false
-    for _, m in ipairs(head) do
-      local owner = string.match(m, '|([^|]*)|[^|]*$')
-      if not redis.call('ZSCORE', reps, owner) then
-        redis.call('ZREM', qkey, m)
-        redis.call('HDEL', exkey, m)
-        redis.call('SREM', P .. 'rq:' .. owner, m)
-        redis.call('HINCRBY', P .. 'stats', 'dropped_queued', 1)
-        dropped = true
-        break
-      end
-      local ex = redis.call('HGET', exkey, m)
-      local best, bestload = nil, nil
-      for i = 1, nb do
-        local url = ARGV[b0 + 2 * i - 1]
-        local lim = tonumber(ARGV[b0 + 2 * i])
-        if lim >= 0 then
-          local cur = tonumber(redis.call('HGET', infkey, url) or '0')
-          local excluded = ex and string.find(',' .. ex .. ',', ',' .. url .. ',', 1, true)
-          if (lim == 0 or cur < lim) and not excluded then
-            local load = cur
-            if lim > 0 then load = cur / lim end
-            if best == nil or load < bestload then best = url; bestload = load end
-          end
-        end
-      end
-      if best ~= nil then picked = m; pick_url = best; break end
-      if not ex then break end
-    end
-    if not dropped then
-      if picked == nil then break end
-      local owner = string.match(picked, '|([^|]*)|[^|]*$')
-      redis.call('ZREM', qkey, picked)
-      redis.call('HDEL', exkey, picked)
-      redis.call('SREM', P .. 'rq:' .. owner, picked)
-      redis.call('HINCRBY', infkey, pick_url, 1)
-      redis.call('HINCRBY', P .. 'held:' .. owner, pick_url, 1)
-      local gen = redis.call('HGET', P .. 'gen', owner) or '0'
-      redis.call('RPUSH', P .. 'grant:' .. owner, picked .. '#' .. pick_url .. '#' .. gen)
-      granted = granted + 1
-    end
-  end
-  return granted
-end
-local function reap_one(r, count)
-  local members = redis.call('SMEMBERS', P .. 'rq:' .. r)
-  for _, m in ipairs(members) do
-    redis.call('ZREM', P .. 'queue', m)
-    redis.call('HDEL', P .. 'exclude', m)
-  end
-  local held = redis.call('HGETALL', P .. 'held:' .. r)
-  local slots = 0
-  for i = 1, #held, 2 do
-    local n = tonumber(held[i + 1])
-    if n > 0 then
-      slots = slots + n
-      local v = redis.call('HINCRBY', P .. 'inflight', held[i], -n)
-      if v < 0 then redis.call('HSET', P .. 'inflight', held[i], 0) end
-    end
-  end
-  redis.call('DEL', P .. 'rq:' .. r, P .. 'held:' .. r, P .. 'grant:' .. r)
-  redis.call('HDEL', P .. 'scoring', r)
-  redis.call('HDEL', P .. 'scoring_seq', r)
-  redis.call('ZREM', P .. 'replicas', r)
-  redis.call('HDEL', P .. 'gen', r)
-  if count then
-    redis.call('HINCRBY', P .. 'stats', 'reaped_replicas', 1)
-    redis.call('HINCRBY', P .. 'stats', 'dropped_queued', #members)
-    redis.call('HINCRBY', P .. 'stats', 'reclaimed_slots', slots)
-  end
-end
-"""
-
-# Scripts that dispatch return {result, held_ms}: held_ms > 0 while the score hold keeps free
-# slots waiting, for that many more ms (the replica then asks again; see _held).
-
-# ARGV: prefix, replica, keyhex, request_id, max_len, excl, scoring count, its seq, hold_ms, nb, url, lim, ...
-# (the count travels with the enqueue: a request leaves "being scored" as it enters the queue)
-_ENQUEUE = (
-    _COMMON
-    + """
-local r = ARGV[2]
-if not redis.call('ZSCORE', P .. 'replicas', r) then return 'fenced' end
-set_scoring(r, ARGV[7], ARGV[8])
-if redis.call('ZCARD', P .. 'queue') >= tonumber(ARGV[5]) then return 'full' end
-local seq = redis.call('INCR', P .. 'seq')
-local m = ARGV[3] .. string.format('%016x', seq) .. '|' .. r .. '|' .. ARGV[4]
-redis.call('ZADD', P .. 'queue', 0, m)
-redis.call('SADD', P .. 'rq:' .. r, m)
-if ARGV[6] ~= '' then redis.call('HSET', P .. 'exclude', m, ARGV[6]) end
-dispatch(9)
-return {m, held_ms}
-"""
-)
-
-# ARGV: prefix, replica, url ('' = dispatch only), count, gen, hold_ms, nb, url, lim, ...
-_RELEASE = (
-    _COMMON
-    + """
-local r, url = ARGV[2], ARGV[3]
-if url ~= '' and redis.call('HGET', P .. 'gen', r) == ARGV[5] then
-  local hkey = P .. 'held:' .. r
-  local held = tonumber(redis.call('HGET', hkey, url) or '0')
-  local n = math.min(held, tonumber(ARGV[4]))
-  if n > 0 then
-    redis.call('HINCRBY', hkey, url, -n)
-    local v = redis.call('HINCRBY', P .. 'inflight', url, -n)
-    if v < 0 then redis.call('HSET', P .. 'inflight', url, 0) end
-  end
-end
-local granted = dispatch(6)
-return {granted, held_ms}
-"""
-)
-
-# ARGV: prefix, replica, member
-_CANCEL = (
-    _COMMON
-    + """
-local n = redis.call('ZREM', P .. 'queue', ARGV[3])
-redis.call('HDEL', P .. 'exclude', ARGV[3])
-redis.call('SREM', P .. 'rq:' .. ARGV[2], ARGV[3])
-return n
-"""
-)
-
-# ARGV: prefix, replica, lease_ms, gen  ->  1 renewed, 0 fenced (reaped or state lost)
-_HEARTBEAT = (
-    _COMMON
-    + """
-local r = ARGV[2]
-if not redis.call('ZSCORE', P .. 'replicas', r) or redis.call('HGET', P .. 'gen', r) ~= ARGV[4] then
-  return 0
-end
-redis.call('ZADD', P .. 'replicas', now_ms() + tonumber(ARGV[3]), r)
-return 1
-"""
-)
-
-# ARGV: prefix, replica, lease_ms, gen, n, url, held, ...   (register, or rejoin after a fence)
-_JOIN = (
-    _COMMON
-    + """
-local r = ARGV[2]
-reap_one(r, false)
-redis.call('ZADD', P .. 'replicas', now_ms() + tonumber(ARGV[3]), r)
-redis.call('HSET', P .. 'gen', r, ARGV[4])
-for i = 1, tonumber(ARGV[5]) do
-  local url, n = ARGV[4 + 2 * i], tonumber(ARGV[5 + 2 * i])
-  if n > 0 then
-    redis.call('HINCRBY', P .. 'inflight', url, n)
-    redis.call('HSET', P .. 'held:' .. r, url, n)
-  end
-end
-return 1
-"""
-)
-
-# ARGV: prefix, replica ('' = every replica whose lease expired), hold_ms, nb, url, lim, ...
-_REAP = (
-    _COMMON
-    + """
-local n = 0
-if ARGV[2] ~= '' then
-  reap_one(ARGV[2], false)
-else
-  local dead = redis.call('ZRANGEBYSCORE', P .. 'replicas', '-inf', now_ms())
-  for _, r in ipairs(dead) do reap_one(r, true) end
-  n = #dead
-end
-dispatch(3)
-return {n, held_ms}
-"""
-)
-
-# ARGV: prefix, replica, count, seq, gen, hold_ms, nb, url, lim, ...: how many requests this replica is scoring
-_SCORING = (
-    _COMMON
-    + """
-local r = ARGV[2]
-if redis.call('HGET', P .. 'gen', r) ~= ARGV[5] then return {0, 0} end
-set_scoring(r, ARGV[3], ARGV[4])
-local granted = dispatch(6)
-return {granted, held_ms}
-"""
-)
-
-
-# ARGV: prefix, flow, increment  ->  the start tag (a string, to keep every digit)
-_SFQ_TAG = (
-    _COMMON
-    + """
-local v = tonumber(redis.call('GET', P .. 'sfq:v') or '0')
-local start = math.max(v, tonumber(redis.call('HGET', P .. 'sfq:last', ARGV[2]) or '0'))
-redis.call('HSET', P .. 'sfq:last', ARGV[2], string.format('%.17g', start + tonumber(ARGV[3])))
-return string.format('%.17g', start)
-"""
-)
-
-# ARGV: prefix, start tag of a dispatched request
-_SFQ_ADVANCE = (
-    _COMMON
-    + """
-local t = tonumber(ARGV[2])
-if t > tonumber(redis.call('GET', P .. 'sfq:v') or '0') then
-  redis.call('SET', P .. 'sfq:v', string.format('%.17g', t))
-end
-return 1
-"""
-)
-
-
-def _connection_errors() -> tuple[type[BaseException], ...]:
-    """What redis-py raises when Redis cannot be reached (retried), as opposed to a refused command."""
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
-    return (RedisConnectionError, RedisTimeoutError, OSError)
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` says Redis could not be reached (not that it refused a command)."""
-    return isinstance(exc, (*_connection_errors(), RedisUnavailableError))
-
-
 _SHARED_TAG = "serve.shared_start_tag"
 """``Request.extra`` flag: the start tag came from the shared state in Redis."""
-
-
-class KeyEncodingError(ValueError):
-    """A policy key that the Redis queue cannot encode (an element that is no finite-or-infinite
-    float: NaN, or an integer too large for a double)."""
-
-
-def encode_key(key: PolicyKey) -> str:
-    """Order-preserving hex encoding of a policy key (16 hex digits per element).
-
-    Raises :class:`KeyEncodingError` (a ValueError) for an element that is NaN or does not
-    fit a double."""
-    out = []
-    for x in key:
-        try:
-            f = float(x)
-        except (OverflowError, TypeError, ValueError) as exc:
-            text = repr(x) if len(repr(x)) <= 40 else f"{repr(x)[:20]}... ({len(repr(x))} characters)"
-            raise KeyEncodingError(f"policy key element {text} cannot be queued in Redis: {exc}") from None
-        if f != f:
-            raise KeyEncodingError("policy key element NaN cannot be queued in Redis (it has no order)")
-        bits: int = struct.unpack(">Q", struct.pack(">d", f))[0]
-        bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
-        out.append(f"{bits:016x}")
-    return "".join(out)
 
 
 def _text(v: Any) -> str:
@@ -436,9 +101,6 @@ class RedisDispatcher(Dispatcher):
         self._scoring = 0
         self._started = False
         self._stopping = False
-        self.redis_reachable = True
-        """False from a failed heartbeat (or an operation out of retries) until Redis answers
-        again: the gateway's ``/health`` then says ``degraded``."""
         super().__init__(
             policy,
             backends,
@@ -454,22 +116,8 @@ class RedisDispatcher(Dispatcher):
         self.prefix = prefix
         self.replica = replica or uuid.uuid4().hex[:12]
         self.lease_s = lease_s
-        self.retry_s = retry_s
         self._k_grant = prefix + "grant:" + self.replica
-        self._scripts = {
-            name: redis.register_script(src)
-            for name, src in (
-                ("enqueue", _ENQUEUE),
-                ("release", _RELEASE),
-                ("cancel", _CANCEL),
-                ("heartbeat", _HEARTBEAT),
-                ("join", _JOIN),
-                ("reap", _REAP),
-                ("scoring", _SCORING),
-                ("sfq_tag", _SFQ_TAG),
-                ("sfq_advance", _SFQ_ADVANCE),
-            )
-        }
+        self._scripts = RedisScripts(redis, prefix, retry_s)
         self._by_id: dict[str, Request] = {}
         self._members: dict[Request, str] = {}
         self._key_epoch = policy.key_epoch  # the policy's key_epoch when the members' keys were given
@@ -486,12 +134,17 @@ class RedisDispatcher(Dispatcher):
         self._rejoining = False
         self._full_hint = False
         """The shared queue was full when last seen (:meth:`admit`)."""
-        self._last_error_log = 0.0
         self._scoring_sent: int | None = 0
         """The scoring count in this replica's last message to Redis (None: unknown, send it)."""
         self._scoring_seq = 0
         self._publishing = False
         self._hold_end: asyncio.TimerHandle | None = None
+
+    @property
+    def redis_reachable(self) -> bool:
+        """False from a failed heartbeat (or an operation out of retries) until Redis answers
+        again: the gateway's ``/health`` then says ``degraded``."""
+        return self._scripts.reachable
 
     # ------------------------------------------------------------ score hold
     @property
@@ -525,10 +178,10 @@ class RedisDispatcher(Dispatcher):
             while self._scoring_sent != self._scoring:
                 args = [self.replica, *self._scoring_args(), self.gen, *self._dispatch_args()]
                 try:
-                    self._held(await self._retrying("scoring", args))
+                    self._held(await self._scripts.retrying("scoring", args))
                 except Exception as exc:
                     self._scoring_sent = None
-                    self._log_error("scoring count", exc)  # stale in Redis: a hold lasts score_hold_s at most
+                    self._scripts.log_error("scoring count", exc)  # stale in Redis: a hold lasts score_hold_s at most
                     return
         finally:
             self._publishing = False
@@ -576,7 +229,7 @@ class RedisDispatcher(Dispatcher):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(t, 2.0)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._script("reap", [self.replica, *self._dispatch_args()]), 2.0)
+            await asyncio.wait_for(self._scripts.run("reap", [self.replica, *self._dispatch_args()]), 2.0)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
@@ -592,33 +245,6 @@ class RedisDispatcher(Dispatcher):
             args += [b.url, b.config.max_concurrency if b.has_room(now) else -1]
         return args
 
-    def _log_error(self, what: str, exc: BaseException) -> None:
-        now = time.monotonic()
-        if now - self._last_error_log > 2.0:  # at most one line per 2 s during an outage
-            self._last_error_log = now
-            log.error("redis %s failed: %s: %s", what, type(exc).__name__, exc)
-
-    async def _script(self, name: str, args: list[Any], client: Any = None) -> Any:
-        return await self._scripts[name](keys=[], args=[self.prefix, *args], client=client)
-
-    async def _retrying(self, name: str, args: list[Any]) -> Any:
-        """Run a script, retrying on connection errors for up to ``retry_s``."""
-        retried = _connection_errors()
-        deadline = time.monotonic() + self.retry_s
-        delay = 0.05
-        while True:
-            try:
-                res = await self._script(name, args)
-                self.redis_reachable = True
-                return res
-            except retried as exc:
-                self._log_error(name, exc)
-                if time.monotonic() + delay > deadline:
-                    self.redis_reachable = False
-                    raise RedisUnavailableError(f"redis unreachable for {self.retry_s:g} s ({exc})") from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.5)
-
     async def _join(self) -> None:
         """Register under a new generation with the slots this replica really holds."""
         self.gen += 1
@@ -628,7 +254,7 @@ class RedisDispatcher(Dispatcher):
         args: list[Any] = [self.replica, int(self.lease_s * 1000), self.gen, len(held)]
         for url, n in held:
             args += [url, n]
-        await self._retrying("join", args)
+        await self._scripts.retrying("join", args)
         self._scoring_sent = None  # the join cleared this replica's scoring count
         self._joined.set()
         if self._owed:  # released while the join was under way
@@ -657,8 +283,8 @@ class RedisDispatcher(Dispatcher):
             # on the listener's client: the lease does not wait behind a busy request pool
             side = self.listen_redis
             try:
-                ok = await self._script("heartbeat", [self.replica, int(self.lease_s * 1000), self.gen], side)
-                self.redis_reachable = True
+                ok = await self._scripts.run("heartbeat", [self.replica, int(self.lease_s * 1000), self.gen], side)
+                self._scripts.reachable = True
                 if not ok:
                     await self._rejoin()
                 if self._full_hint:
@@ -667,21 +293,21 @@ class RedisDispatcher(Dispatcher):
                 for url, n in list(self._owed.items()):
                     del self._owed[url]
                     args = [self.replica, url, n, self.gen, *self._dispatch_args()]
-                    self._held(await self._script("release", args, side))
+                    self._held(await self._scripts.run("release", args, side))
                 info = await side.info("server")
                 if float(info.get("uptime_in_seconds", 0)) >= 2 * self.lease_s:
-                    n = self._held(await self._script("reap", ["", *self._dispatch_args()], side))
+                    n = self._held(await self._scripts.run("reap", ["", *self._dispatch_args()], side))
                     if n:
                         log.warning("reaped %d replica(s) whose lease expired", n)
                 else:  # Redis just restarted: give every replica time to renew first
                     args = [self.replica, "", 0, self.gen, *self._dispatch_args()]
-                    self._held(await self._script("release", args, side))
+                    self._held(await self._scripts.run("release", args, side))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self._log_error("heartbeat", exc)
-                if _unreachable(exc):
-                    self.redis_reachable = False
+                self._scripts.log_error("heartbeat", exc)
+                if unreachable(exc):
+                    self._scripts.reachable = False
 
     # -------------------------------------------------------------- arrival
     def admit(self, request: Request) -> None:
@@ -739,7 +365,7 @@ class RedisDispatcher(Dispatcher):
             args = [self.replica, key, request.request_id,
                     self.max_queue_len, excl, *self._scoring_args(), *self._dispatch_args()]  # fmt: skip
             try:
-                res = self._held(await self._retrying("enqueue", args))
+                res = self._held(await self._scripts.retrying("enqueue", args))
             except Exception as exc:
                 self._scoring_sent = None
                 self._publish_scoring_soon()  # the count on its own
@@ -774,7 +400,7 @@ class RedisDispatcher(Dispatcher):
                 raise ValueError(
                     f"tag increment of request {request.request_id} must be finite and >= 0, got {increment}"
                 )
-            start = float(_text(await self._retrying("sfq_tag", [flow, repr(float(increment))])))
+            start = float(_text(await self._scripts.retrying("sfq_tag", [flow, repr(float(increment))])))
         except Exception as exc:
             log.error(
                 "request %s cannot be queued: shared start tag: %s: %s", request.request_id, type(exc).__name__, exc
@@ -816,9 +442,9 @@ class RedisDispatcher(Dispatcher):
     async def _cancel_member(self, member: str) -> None:
         # 0 removed: it was granted meanwhile; the grant arrives and is released unused
         try:
-            await self._retrying("cancel", [self.replica, member])
+            await self._scripts.retrying("cancel", [self.replica, member])
         except Exception as exc:
-            self._log_error("cancel", exc)
+            self._scripts.log_error("cancel", exc)
 
     # ------------------------------------------------------------- dispatch
     def dispatch(self) -> int:
@@ -845,18 +471,19 @@ class RedisDispatcher(Dispatcher):
         for url, n in list(self._owed.items()):
             del self._owed[url]
             try:
-                self._held(await self._retrying("release", [self.replica, url, n, self.gen, *self._dispatch_args()]))
+                args = [self.replica, url, n, self.gen, *self._dispatch_args()]
+                self._held(await self._scripts.retrying("release", args))
             except Exception as exc:
-                self._log_error("release", exc)
+                self._scripts.log_error("release", exc)
                 self._owed[url] += n  # the heartbeat flushes it once Redis is back
 
     async def _remote_release(self, url: str, gen: int) -> None:
         if not url:
             self._dispatch_pending = False
         try:
-            self._held(await self._retrying("release", [self.replica, url, 1, gen, *self._dispatch_args()]))
+            self._held(await self._scripts.retrying("release", [self.replica, url, 1, gen, *self._dispatch_args()]))
         except Exception as exc:
-            self._log_error("release", exc)
+            self._scripts.log_error("release", exc)
             if url and gen == self.gen:
                 self._owed[url] += 1  # flushed by the heartbeat once Redis is back
 
@@ -869,7 +496,7 @@ class RedisDispatcher(Dispatcher):
             except Exception as exc:
                 if self._stopping:
                     return  # its connection was closed under it
-                self._log_error("grant listener", exc)
+                self._scripts.log_error("grant listener", exc)
                 await asyncio.sleep(0.2)
                 continue
             if item is None:
@@ -919,9 +546,9 @@ class RedisDispatcher(Dispatcher):
     async def _advance(self, tag: float) -> None:
         """The shared virtual time to ``tag`` (a dispatched request's start tag), if later."""
         try:
-            await self._retrying("sfq_advance", [repr(tag)])
+            await self._scripts.retrying("sfq_advance", [repr(tag)])
         except Exception as exc:  # a missed advance only lets later tags start lower: logged, not fatal
-            self._log_error("sfq_advance", exc)
+            self._scripts.log_error("sfq_advance", exc)
 
     def _rekey(self, request: Request) -> None:
         """Key changed (e.g. starvation promotion): re-enter the global queue with the new key."""
@@ -947,9 +574,9 @@ class RedisDispatcher(Dispatcher):
         if member is None:
             return
         try:
-            removed = await self._retrying("cancel", [self.replica, member])
+            removed = await self._scripts.retrying("cancel", [self.replica, member])
         except Exception as exc:
-            self._log_error("rekey", exc)
+            self._scripts.log_error("rekey", exc)
             return
         if not removed or self._by_id.get(request.request_id) is not request or self._members.get(request) != member:
             return

@@ -17,6 +17,13 @@ from headway.workload._arrivals import (
     poisson_arrivals,
     replay_arrivals,
 )
+from headway.workload._datasets import (
+    TokenCounter,
+    approx_token_count,
+    read_alpaca_eval,
+    read_alpaca_eval_outputs,
+    read_sharegpt,
+)
 from headway.workload._default import (
     DEFAULT_BURSTINESS,
     DEFAULT_NUM_REQUESTS,
@@ -27,16 +34,6 @@ from headway.workload._default import (
 )
 from headway.workload._errors import UnknownWorkloadError, WorkloadFormatError
 from headway.workload._jsonl import read_jsonl_workload  # noqa: F401 (registers the 'jsonl' format)
-from headway.workload._readers import (
-    TokenCounter,
-    approx_token_count,
-    read_alpaca_eval,
-    read_alpaca_eval_outputs,
-    read_azure_trace,
-    read_mooncake_trace,
-    read_sharegpt,
-    read_vidur_trace,
-)
 from headway.workload._resample import RESAMPLING_CV, resample_output_lengths
 from headway.workload._sessions import DEFAULT_THINK_TIME, read_turn_lengths, session_workload, with_system_prompts
 from headway.workload._sources import (
@@ -50,6 +47,7 @@ from headway.workload._sources import (
 )
 from headway.workload._spec import RequestSpec, Workload
 from headway.workload._tenants import DEFAULT_TENANT_MIX, Tenant, TenantMix, assign_tenants
+from headway.workload._traces import read_azure_trace, read_mooncake_trace, read_vidur_trace
 
 __all__ = [
     "DATA_DIR_ENV",

@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "MAX_TRACE_SPAN_S",
     "ArrivalProcess",
     "BurstArrivals",
     "FloatArray",
@@ -69,6 +70,10 @@ Seed: TypeAlias = int | np.random.SeedSequence | np.random.Generator
 """An integer seed, a ``SeedSequence``, or a ``Generator`` to draw from directly."""
 
 FloatArray: TypeAlias = npt.NDArray[np.float64]
+
+MAX_TRACE_SPAN_S = 10 * 366 * 86_400.0
+"""Longest span of arrival times a timed trace may have (about ten years): a longer one holds a
+corrupt timestamp, and would put a request ages after the others."""
 
 
 def make_rng(seed: Seed) -> np.random.Generator:
@@ -107,8 +112,6 @@ def _check_time(t: float, what: str) -> None:
 
 def _check_span(span: float, n: int, rate: float, what: str = "arrivals") -> None:
     """Refuse ``n`` generated arrivals at ``rate`` spanning more than ``MAX_TRACE_SPAN_S``."""
-    from headway.workload._readers import MAX_TRACE_SPAN_S  # _readers imports this module
-
     if not span <= MAX_TRACE_SPAN_S:  # also NaN / inf
         raise ValueError(
             f"{n} {what} at rate {rate!r} requests/s span {span:.3g} s, more than "

@@ -7,7 +7,7 @@ One JSON object a line::
 
 ``output_tokens`` is what the engine generates (for a reasoning model, answer plus thinking);
 ``prompt_tokens`` defaults to a count of the prompt (``count_tokens``, default
-:func:`~headway.workload._readers.approx_token_count`); ``arrival_time`` is seconds from the start: when
+:func:`~headway.workload.approx_token_count`); ``arrival_time`` is seconds from the start: when
 every line has one the workload is timed (replayed as recorded), otherwise arrivals are generated
 (``--arrivals burst``, or ``--rate``). ``tenant`` sets the request's tenant; ``model`` is kept in the
 workload's ``meta["models"]``. The same files train and evaluate predictors (``headway predictor
@@ -21,9 +21,10 @@ import dataclasses
 from collections import Counter
 from pathlib import Path
 
-from headway.workload import _readers, _sources
+from headway.workload import _sources
+from headway.workload._datasets import TokenCounter, approx_token_count
 from headway.workload._errors import WorkloadFormatError
-from headway.workload._readers import TokenCounter, approx_token_count
+from headway.workload._records import existing_file, file_stem, int_value, jsonl_records, time_value
 from headway.workload._spec import RequestSpec, Workload
 
 __all__ = ["JSONL_KEYS", "read_jsonl_workload"]
@@ -49,13 +50,13 @@ def read_jsonl_workload(
     count_tokens: TokenCounter | None = None,
 ) -> Workload:
     """Read a JSONL workload (see the module docstring); errors name the file, line and field."""
-    p = _readers._existing(path)
-    stem = _readers._stem(p)
+    p = existing_file(path)
+    stem = file_stem(p)
     counter = count_tokens or approx_token_count
     specs: list[RequestSpec] = []
     models: Counter[str] = Counter()
     times: list[float | None] = []
-    for line, rec in _readers._jsonl_records(p):
+    for line, rec in jsonl_records(p):
         if limit is not None and len(specs) >= limit:
             break
         if not isinstance(rec, dict):
@@ -63,15 +64,15 @@ def read_jsonl_workload(
         prompt = _text(p, line, rec, "prompt")
         if not prompt:
             raise WorkloadFormatError(p, line, "missing or empty prompt", field="prompt", value=rec.get("prompt"))
-        output = _readers._int_value(p, line, "output_tokens", rec.get("output_tokens"))
+        output = int_value(p, line, "output_tokens", rec.get("output_tokens"))
         raw_prompt_tokens = rec.get("prompt_tokens")
         n_prompt = (
-            _readers._int_value(p, line, "prompt_tokens", raw_prompt_tokens)
+            int_value(p, line, "prompt_tokens", raw_prompt_tokens)
             if raw_prompt_tokens is not None
             else max(1, counter(prompt))
         )
         raw_time = rec.get("arrival_time")
-        times.append(None if raw_time is None else _readers._time_value(p, line, "arrival_time", raw_time))
+        times.append(None if raw_time is None else time_value(p, line, "arrival_time", raw_time))
         model = _text(p, line, rec, "model")
         if model:
             models[model] += 1

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from headway.workload._arrivals import ArrivalProcess, Seed, make_rng
-from headway.workload._readers import PathLike, open_text
+from headway.workload._records import PathLike, open_text
 from headway.workload._spec import RequestSpec, Workload
 
 __all__ = ["DEFAULT_THINK_TIME", "read_turn_lengths", "session_workload", "with_system_prompts"]

