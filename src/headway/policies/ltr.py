@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from headway.core import PolicyKey, Request, register_policy
@@ -73,7 +74,8 @@ class LTRPolicy(ScoredPolicy):
         "together and the lower-ranked running ones are left out of the batch with their KV kept"
     )
     # a running key is fixed but for a promotion (better) and the quantum's end (announced); the
-    # step-time estimate needs every step's progress, so progress is not declared deferrable
+    # step-time estimate needs every step's progress, so progress is not declared deferrable (the
+    # simulator reports the decoders' progress in runs: on_decode_progress)
     running_keys = "bounded"
 
     def __init__(
@@ -126,6 +128,22 @@ class LTRPolicy(ScoredPolicy):
                 self.step_time = sample + (1.0 - self.step_time_ema) ** k * (self.step_time - sample)
         st.last_time = now
         st.last_out = out
+
+    def on_decode_progress(self, now: float, runs: Sequence[tuple[int, int, float]]) -> None:
+        """The decoders' reports of :meth:`on_progress`, in runs: a decoding request started its
+        period's reports with its prefill (``ran`` set, ``last_out`` at least 1) and leaves
+        decoding by finishing or by a preemption (a new period), so its reports only move the
+        step-time estimate, ``k`` one-step updates toward ``(now - since) / k`` each: the same
+        operations on the same values as one call per decoder, bit for bit."""
+        keep = 1.0 - self.step_time_ema
+        step_time = self.step_time
+        for count, tokens, since in runs:
+            sample = (now - since) / tokens
+            if sample > 0.0:
+                weight = keep**tokens
+                for _ in range(count):
+                    step_time = sample + weight * (step_time - sample)
+        self.step_time = step_time
 
     # -------------------------------------------------------------------- key
     def _promoted(self, request: Request, now: float) -> tuple[bool, _State]:
