@@ -77,6 +77,7 @@ class DecodeClock:
     _decode_runs: bool  # decoders' progress goes to on_decode_progress in runs; counters stay lazy
     rep_g: int  # on_decode_progress: decode clock of the last whole-batch report (-1: none)
     rep_t: float  # and its time
+    _fresh: dict[Seq, None]  # decoders that report as of their own join, not rep_g (_report_runs)
     _rekey_hook: bool
     _admission_held: bool  # the step being planned preempted, so it admitted nobody
     # the step in flight: its start, number of steps, step time base and growth per step
@@ -123,6 +124,7 @@ class DecodeClock:
                     since = now
                 s.since = since
                 s.join = self.g
+                self._fresh[s] = None
             else:
                 s.join = self.g
                 if self._progress_hook:
@@ -140,7 +142,34 @@ class DecodeClock:
     def _report_runs(self, target: int, at: float) -> None:
         """Report every decoder's progress up to the decode clock ``target`` at time ``at`` to
         ``on_decode_progress``, in decoder order, as runs of equal ``(tokens, since)``; no counter
-        changes (see the module docstring)."""
+        changes (see the module docstring). A decoder outside ``_fresh`` reports as of the last
+        batch report (``rep_g``, ``rep_t``); when every fresh one reports the same or nothing (a
+        new decoder, a rekey's sync at the last report's step), the batch is one run, found
+        without a pass over the decoders."""
+        rep_g, rep_t = self.rep_g, self.rep_t
+        shared, decoders = target - rep_g, self.decoders
+        count, kept, uniform = len(decoders), [], True
+        for s in self._fresh:
+            if s not in decoders:
+                continue
+            k, t = (shared, rep_t) if s.join < rep_g else (target - s.join, s.since)
+            if k <= 0:  # nothing to report: it still reports as of its join at the next batch
+                count -= 1
+                kept.append(s)
+            elif k != shared or t != rep_t:
+                uniform = False
+                break
+        if uniform:
+            if count and shared > 0:
+                self.policy.on_decode_progress(at, ((count, shared, rep_t),))
+            self._fresh = dict.fromkeys(kept)
+        else:
+            self._report_each(target, at)
+        if target > rep_g:
+            self.rep_g, self.rep_t = target, at
+
+    def _report_each(self, target: int, at: float) -> None:
+        """:meth:`_report_runs` by a pass over the decoders (some fresh decoder reports otherwise)."""
         rep_g, rep_t = self.rep_g, self.rep_t
         runs: list[tuple[int, int, float]] = []
         count, tokens, since = 0, 0, 0.0
@@ -159,8 +188,8 @@ class DecodeClock:
         if count:
             runs.append((count, tokens, since))
             self.policy.on_decode_progress(at, runs)
-        if target > rep_g:
-            self.rep_g, self.rep_t = target, at
+        last = max(target, rep_g)  # the decoders that report as of their own join from here on
+        self._fresh = {s: None for s in self.decoders if s.join >= last}
 
     def _materialize_decoders(self) -> None:
         """With ``on_decode_progress``, right after a whole-batch report at the decode clock: bring
@@ -217,6 +246,8 @@ class DecodeClock:
         req = s.req
         s.join = self.g
         s.since = self.loop.now  # its prefill's last chunk was reported now
+        if self._decode_runs:
+            self._fresh[s] = None
         off = req.num_computed_tokens - self.g
         s.phase = off % self.bs
         self.hist[s.phase] += 1
@@ -241,6 +272,8 @@ class DecodeClock:
 
     def _remove_decoder(self, s: Seq) -> None:
         del self.decoders[s]
+        if self._decode_runs:
+            self._fresh.pop(s, None)
         self.hist[s.phase] -= 1
         self.s_off -= s.req.num_computed_tokens - s.join
         s.gen += 1

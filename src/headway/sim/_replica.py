@@ -104,6 +104,7 @@ class Replica(Preemption):
         self._decode_runs = hooks.on_progress and hooks.on_decode_progress and not _decode.PER_REQUEST_PROGRESS
         self.rep_g = -1
         self.rep_t = 0.0
+        self._fresh: dict[Seq, None] = {}
         self._timer_hook = hooks.rekey_at_time
         self._rekey_hook = hooks.rekey_after_tokens
         self._arrival_hook = hooks.on_arrival
