@@ -8,6 +8,7 @@ from typing import Any
 from headway.core import PolicyKey, Request, register_policy
 from headway.policies._base import ScoredPolicy, check_positive
 from headway.policies._boost import check_count
+from headway.policies._scoring import SCORE_KEY
 
 __all__ = ["LTRPolicy"]
 
@@ -146,17 +147,17 @@ class LTRPolicy(ScoredPolicy):
         self.step_time = step_time
 
     # -------------------------------------------------------------------- key
-    def _promoted(self, request: Request, now: float) -> tuple[bool, _State]:
-        st = self._state(request, now)
-        if st.ran:
-            return st.quantum_end is not None and request.num_output_tokens < st.quantum_end, st
-        return now >= st.promote_at, st
-
     def key(self, request: Request, now: float) -> PolicyKey:
-        promoted, st = self._promoted(request, now)
-        if promoted:
+        st = request.extra.get(_NS)  # _promoted and _state's common case inlined: queues and the
+        if not (isinstance(st, _State) and st.period == request.num_preemptions):  # heap key often
+            st = self._state(request, now)
+        if st.ran:
+            if st.quantum_end is not None and request.num_output_tokens < st.quantum_end:
+                return (0, st.promote_at)
+        elif now >= st.promote_at:
             return (0, st.promote_at)
-        return (1, self.score_of(request))
+        score = request.extra.get(SCORE_KEY)  # score_of's cache (always a float)
+        return (1, score if isinstance(score, float) else self.score_of(request))
 
     def rekey_at_time(self, request: Request) -> float | None:
         st = request.extra.get(_NS)
