@@ -2,11 +2,14 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from headway.core import OracleAccessError, make_policy
 from headway.policies import NoisyOracleScorer, batch_scorer, kendall_tau, noisy_oracle_scores
@@ -26,6 +29,35 @@ def test_request_normal_is_a_pure_function():
     assert a == request_normal(7, "req-1", "score")
     assert a != request_normal(8, "req-1", "score")
     assert a != request_normal(7, "req-2", "score")
+
+
+def _request_normal_by_int_seed(seed: int, request_id: str, salt: str = "") -> float:
+    """request_normal as first written: default_rng seeded with the hash as one Python int."""
+    digest = hashlib.blake2b(f"{seed}\x1f{salt}\x1f{request_id}".encode(), digest_size=8).digest()
+    return float(np.random.default_rng(int.from_bytes(digest, "little")).standard_normal())
+
+
+@settings(max_examples=500, deadline=None)
+@given(seed=st.integers(-(2**63), 2**63), request_id=st.text(max_size=40), salt=st.sampled_from(["", "score", "trail"]))
+def test_request_normal_equals_default_rng_seeded_with_the_hash_as_an_int(seed: int, request_id: str, salt: str):
+    """The hash's two 32-bit words give the same draw, bit for bit, as the hash as one int."""
+    assert request_normal(seed, request_id, salt) == _request_normal_by_int_seed(seed, request_id, salt)
+
+
+@pytest.mark.parametrize("entropy", [0, 1, 2**32 - 1, 2**32, 2**63, 2**64 - 1])
+def test_seed_words_and_seed_int_give_the_same_generator_at_the_edges(entropy: int):
+    """A high word of 0 (an int under 2**32, which numpy turns into one word) and 0 itself."""
+    words = np.frombuffer(entropy.to_bytes(8, "little"), dtype="<u4")
+    ours = np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
+    assert ours.bit_generator.state == np.random.default_rng(entropy).bit_generator.state
+    assert ours.standard_normal(4).tolist() == np.random.default_rng(entropy).standard_normal(4).tolist()
+
+
+def test_request_normal_on_many_workload_ids():
+    ids = [f"azure-conv-{i}" for i in range(3000)] + [f"req-{i}" for i in range(3000)]
+    for seed in (0, 1, 12345):
+        for rid in ids:
+            assert request_normal(seed, rid, "score") == _request_normal_by_int_seed(seed, rid, "score")
 
 
 @pytest.mark.parametrize("tau", [0.3, 0.6, 0.9])

@@ -9,6 +9,7 @@ progress reports where a policy declares ``progress_at_hints``) equal those of t
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from headway.core import DISPLACEMENT_MODES, RUNNING_KEYS, available_policies, get_policy_class, make_policy
 from headway.policies import noisy_oracle_defaults
 from headway.sim import CacheConfig, SchedulerConfig, SimResult, _running_keys, simulate
+from headway.sim._running_keys import RunningKeys
 from headway.workload import Workload, default_workload
 from strategies import engine_configs, workloads
 
@@ -111,3 +113,32 @@ def test_lazy_heap_decides_as_the_exact_scan_on_random_engines(
     lazy = _simulate(wl, name, mode, sched, cache, False, **extra)
     exact = _simulate(wl, name, mode, sched, cache, True, **extra)
     assert _outcome(lazy) == _outcome(exact)
+
+
+def _generic_prio(key: tuple[float | int, ...], seq: int, clock: int | None, countdown: bool) -> tuple[float, ...]:
+    """The heap priority written once for every key length (the reference for the unrolled cases)."""
+    if not countdown:
+        return (*(-x for x in key), -seq)
+    whole = math.floor(key[0])
+    anchor = -whole if clock is None else -(whole + clock)
+    return (anchor, whole - key[0], *(-x for x in key[1:]), -seq)
+
+
+_COMPONENT = st.one_of(st.integers(-10**6, 10**6), st.floats(-1e9, 1e9, allow_nan=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.lists(_COMPONENT, min_size=1, max_size=4).map(tuple), seq=st.integers(0, 10**6),
+    clock=st.one_of(st.none(), st.integers(0, 10**6)), countdown=st.booleans(),
+)  # fmt: skip
+def test_heap_priorities_equal_the_generic_negation(
+    key: tuple[float | int, ...], seq: int, clock: int | None, countdown: bool
+) -> None:
+    """The one- and two-component keys negated without a generator give the same priorities, value
+    and type, as the loop over any key length (so the heaps order exactly as before)."""
+    heap = RunningKeys(make_policy("trail" if countdown else "ltr"))
+    got = heap._prio(key, seq, clock)
+    want = _generic_prio(key, seq, clock, countdown)
+    assert got == want
+    assert [type(x) for x in got] == [type(x) for x in want]

@@ -160,6 +160,7 @@ class PolicyHooks:
 
     on_arrival: bool
     on_progress: bool
+    on_decode_progress: bool
     on_finish: bool
     can_preempt: bool
     choose_victim: bool
@@ -222,6 +223,15 @@ class Policy(ABC):
 
     def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:  # noqa: B027
         """Called after ``num_new_tokens`` were computed or generated for ``request``."""
+
+    def on_decode_progress(self, now: float, runs: Sequence[tuple[int, int, float]]) -> None:  # noqa: B027
+        """Optional, for a policy whose ``on_progress`` of a decoding request only learns from how
+        long its tokens took: the simulator then reports a batch's decode progress in one call,
+        not one ``on_progress`` per decoder (whose counters it leaves lazy). ``runs`` lists the
+        decoders in batch order, grouped: ``(count, tokens, since)`` is ``count`` consecutive
+        decoders that each generated ``tokens`` tokens since their previous progress report, at
+        ``since``. An override must learn what ``on_progress`` learns from those reports, in that
+        order, and nothing else may depend on a decoder's reports (LTR's step-time estimate)."""
 
     def on_finish(self, request: Request, now: float) -> None:  # noqa: B027
         """Called once when ``request`` finished (observed output length is final)."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from headway.core import PolicyKey, Request, register_policy
 from headway.policies._base import ScoredPolicy, check_positive
 from headway.policies._boost import check_count
+from headway.policies._scoring import SCORE_KEY
 
 __all__ = ["LTRPolicy"]
 
@@ -73,7 +75,8 @@ class LTRPolicy(ScoredPolicy):
         "together and the lower-ranked running ones are left out of the batch with their KV kept"
     )
     # a running key is fixed but for a promotion (better) and the quantum's end (announced); the
-    # step-time estimate needs every step's progress, so progress is not declared deferrable
+    # step-time estimate needs every step's progress, so progress is not declared deferrable (the
+    # simulator reports the decoders' progress in runs: on_decode_progress)
     running_keys = "bounded"
 
     def __init__(
@@ -127,18 +130,34 @@ class LTRPolicy(ScoredPolicy):
         st.last_time = now
         st.last_out = out
 
-    # -------------------------------------------------------------------- key
-    def _promoted(self, request: Request, now: float) -> tuple[bool, _State]:
-        st = self._state(request, now)
-        if st.ran:
-            return st.quantum_end is not None and request.num_output_tokens < st.quantum_end, st
-        return now >= st.promote_at, st
+    def on_decode_progress(self, now: float, runs: Sequence[tuple[int, int, float]]) -> None:
+        """The decoders' reports of :meth:`on_progress`, in runs: a decoding request started its
+        period's reports with its prefill (``ran`` set, ``last_out`` at least 1) and leaves
+        decoding by finishing or by a preemption (a new period), so its reports only move the
+        step-time estimate, ``k`` one-step updates toward ``(now - since) / k`` each: the same
+        operations on the same values as one call per decoder, bit for bit."""
+        keep = 1.0 - self.step_time_ema
+        step_time = self.step_time
+        for count, tokens, since in runs:
+            sample = (now - since) / tokens
+            if sample > 0.0:
+                weight = keep**tokens
+                for _ in range(count):
+                    step_time = sample + weight * (step_time - sample)
+        self.step_time = step_time
 
+    # -------------------------------------------------------------------- key
     def key(self, request: Request, now: float) -> PolicyKey:
-        promoted, st = self._promoted(request, now)
-        if promoted:
+        st = request.extra.get(_NS)  # _promoted and _state's common case inlined: queues and the
+        if not (isinstance(st, _State) and st.period == request.num_preemptions):  # heap key often
+            st = self._state(request, now)
+        if st.ran:
+            if st.quantum_end is not None and request.num_output_tokens < st.quantum_end:
+                return (0, st.promote_at)
+        elif now >= st.promote_at:
             return (0, st.promote_at)
-        return (1, self.score_of(request))
+        score = request.extra.get(SCORE_KEY)  # score_of's cache (always a float)
+        return (1, score if isinstance(score, float) else self.score_of(request))
 
     def rekey_at_time(self, request: Request) -> float | None:
         st = request.extra.get(_NS)

@@ -89,22 +89,31 @@ class TrailPolicy(ScoredPolicy):
         self._pred(request)
 
     def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:
-        st = self._pred(request)
+        st = request.extra.get(_NS)  # _pred's common case inlined here and below: hot paths
+        if not isinstance(st, list):
+            st = self._pred(request)
         g = request.num_output_tokens
         if g >= st[1]:
             refined = lognormal_residual_mean(math.log(st[0]), self.prediction_sigma, g)
             st[1] = min(max(refined, g + 1.0), float(max(request.max_tokens, g + 1)))
 
     def key(self, request: Request, now: float) -> PolicyKey:
-        st = self._pred(request)
+        st = request.extra.get(_NS)
+        if not isinstance(st, list):
+            st = self._pred(request)
         return (max(st[1] - request.num_output_tokens, 0.0),)
 
     def rekey_after_tokens(self, request: Request) -> int | None:
-        st = self._pred(request)
+        st = request.extra.get(_NS)
+        if not isinstance(st, list):
+            st = self._pred(request)
         return max(math.ceil(st[1] - request.num_output_tokens), 1)
 
     def can_preempt(self, request: Request, now: float) -> bool:
-        return request.num_output_tokens <= self.c * self._pred(request)[0]
+        st = request.extra.get(_NS)
+        if not isinstance(st, list):
+            st = self._pred(request)
+        return request.num_output_tokens <= self.c * st[0]
 
 
 @register_policy("trail-oracle")

@@ -25,6 +25,15 @@ an empty queue, or for other policies, step-by-step mode reports nothing mid-str
 either, and the stretch reports lazily (at its end, a finish, a preemption or a hint).
 A policy that declares ``progress_at_hints`` (its ``on_progress`` acts only at rekey hints)
 is reported lazily throughout, and its displacement checks sync no one but the candidates.
+
+**Decode progress in runs.** A policy with ``on_decode_progress`` (LTR) gets the same reports of
+its decoders, at the same times and in the same order, as runs ``(count, tokens, since)``
+instead of one ``on_progress`` per decoder, and their counters stay lazy as for other policies.
+A whole-batch report at decode clock ``rep_g`` (time ``rep_t``) is not written into each
+decoder: a decoder whose ``join`` is below ``rep_g`` was in that batch and reported then; one
+synced or started decoding since reported at its ``join``, at its ``since``. The tokens of a
+report are the clock's advance from there (what ``join`` would have been, one call per decoder).
+``PER_REQUEST_PROGRESS`` (tests) turns this off.
 """
 
 from __future__ import annotations
@@ -39,7 +48,11 @@ from headway.sim._events import EventLoop
 from headway.sim._running_keys import RunningKeys
 from headway.sim._seq import Seq
 
-__all__ = ["DecodeClock"]
+__all__ = ["PER_REQUEST_PROGRESS", "DecodeClock"]
+
+PER_REQUEST_PROGRESS = False
+"""True: policies with ``on_decode_progress`` get one ``on_progress`` per decoder as the others do
+(read when a replica is built; tests compare both paths)."""
 
 
 class DecodeClock:
@@ -61,6 +74,10 @@ class DecodeClock:
     fin_heap: list[tuple[int, int, int, Seq]]
     rekey_heap: list[tuple[int, int, int, Seq]]
     _progress_hook: bool
+    _decode_runs: bool  # decoders' progress goes to on_decode_progress in runs; counters stay lazy
+    rep_g: int  # on_decode_progress: decode clock of the last whole-batch report (-1: none)
+    rep_t: float  # and its time
+    _fresh: dict[Seq, None]  # decoders that report as of their own join, not rep_g (_report_runs)
     _rekey_hook: bool
     _admission_held: bool  # the step being planned preempted, so it admitted nobody
     # the step in flight: its start, number of steps, step time base and growth per step
@@ -100,14 +117,93 @@ class DecodeClock:
             req.num_output_tokens += delta
             req.num_computed_tokens += delta
             req.last_token_time = now
-            s.join = self.g
-            if self._progress_hook:
-                self.policy.on_progress(req, now, delta)
+            if self._decode_runs:  # report what no whole-batch report has (module docstring)
+                last, since = (self.rep_g, self.rep_t) if s.join < self.rep_g else (s.join, s.since)
+                if self.g > last:
+                    self.policy.on_decode_progress(now, ((1, self.g - last, since),))
+                    since = now
+                s.since = since
+                s.join = self.g
+                self._fresh[s] = None
+            else:
+                s.join = self.g
+                if self._progress_hook:
+                    self.policy.on_progress(req, now, delta)
 
     def _sync_decoders(self, now: float) -> None:
         """:meth:`_sync` every decoder, in decoder order: a displacement check of a policy that
-        learns from every step's progress (LTR) runs it over the whole batch at each step."""
-        self._advance_decoders(self.g, now, self.policy.on_progress if self._progress_hook else None)
+        learns from every step's progress (LTR) runs it over the whole batch at each step (with
+        ``on_decode_progress``: the report only, counters stay lazy)."""
+        if self._decode_runs:
+            self._report_runs(self.g, now)
+        else:
+            self._advance_decoders(self.g, now, self.policy.on_progress if self._progress_hook else None)
+
+    def _report_runs(self, target: int, at: float) -> None:
+        """Report every decoder's progress up to the decode clock ``target`` at time ``at`` to
+        ``on_decode_progress``, in decoder order, as runs of equal ``(tokens, since)``; no counter
+        changes (see the module docstring). A decoder outside ``_fresh`` reports as of the last
+        batch report (``rep_g``, ``rep_t``); when every fresh one reports the same or nothing (a
+        new decoder, a rekey's sync at the last report's step), the batch is one run, found
+        without a pass over the decoders."""
+        rep_g, rep_t = self.rep_g, self.rep_t
+        shared, decoders = target - rep_g, self.decoders
+        count, kept, uniform = len(decoders), [], True
+        for s in self._fresh:
+            if s not in decoders:
+                continue
+            k, t = (shared, rep_t) if s.join < rep_g else (target - s.join, s.since)
+            if k <= 0:  # nothing to report: it still reports as of its join at the next batch
+                count -= 1
+                kept.append(s)
+            elif k != shared or t != rep_t:
+                uniform = False
+                break
+        if uniform:
+            if count and shared > 0:
+                self.policy.on_decode_progress(at, ((count, shared, rep_t),))
+            self._fresh = dict.fromkeys(kept)
+        else:
+            self._report_each(target, at)
+        if target > rep_g:
+            self.rep_g, self.rep_t = target, at
+
+    def _report_each(self, target: int, at: float) -> None:
+        """:meth:`_report_runs` by a pass over the decoders (some fresh decoder reports otherwise)."""
+        rep_g, rep_t = self.rep_g, self.rep_t
+        runs: list[tuple[int, int, float]] = []
+        count, tokens, since = 0, 0, 0.0
+        for s in self.decoders:
+            if s.join < rep_g:
+                k, t = target - rep_g, rep_t
+            else:
+                k, t = target - s.join, s.since
+            if k > 0:
+                if count and k == tokens and t == since:
+                    count += 1
+                else:
+                    if count:
+                        runs.append((count, tokens, since))
+                    count, tokens, since = 1, k, t
+        if count:
+            runs.append((count, tokens, since))
+            self.policy.on_decode_progress(at, runs)
+        last = max(target, rep_g)  # the decoders that report as of their own join from here on
+        self._fresh = {s: None for s in self.decoders if s.join >= last}
+
+    def _materialize_decoders(self) -> None:
+        """With ``on_decode_progress``, right after a whole-batch report at the decode clock: bring
+        every decoder's counters to it (nothing left to report)."""
+        g, rep_t = self.g, self.rep_t
+        for s in self.decoders:
+            delta = g - s.join
+            if delta:
+                req = s.req
+                req.num_output_tokens += delta
+                req.num_computed_tokens += delta
+                req.last_token_time = rep_t
+                s.join = g
+                s.since = rep_t
 
     def _advance_decoders(
         self, target: int, at: float, on_progress: Callable[[Request, float, int], None] | None
@@ -141,11 +237,17 @@ class DecodeClock:
         self.plan_reported = upto
         on_progress, start, g = self.policy.on_progress, self.plan_start, self.g
         for j in range(first, upto + 1):
-            self._advance_decoders(g + j, start + self._span(j), on_progress)
+            if self._decode_runs:
+                self._report_runs(g + j, start + self._span(j))
+            else:
+                self._advance_decoders(g + j, start + self._span(j), on_progress)
 
     def _add_decoder(self, s: Seq) -> None:
         req = s.req
         s.join = self.g
+        s.since = self.loop.now  # its prefill's last chunk was reported now
+        if self._decode_runs:
+            self._fresh[s] = None
         off = req.num_computed_tokens - self.g
         s.phase = off % self.bs
         self.hist[s.phase] += 1
@@ -170,6 +272,8 @@ class DecodeClock:
 
     def _remove_decoder(self, s: Seq) -> None:
         del self.decoders[s]
+        if self._decode_runs:
+            self._fresh.pop(s, None)
         self.hist[s.phase] -= 1
         self.s_off -= s.req.num_computed_tokens - s.join
         s.gen += 1

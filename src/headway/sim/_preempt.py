@@ -83,6 +83,8 @@ class Preemption(KVBlocks):
 
     def _running(self, now: float) -> list[Request]:
         self._sync_decoders(now)
+        if self._decode_runs:  # the keys read the counters
+            self._materialize_decoders()
         return [s.req for s in self.decoders] + [s.req for s in self.prefilling]
 
     def _evict_for_memory(self, now: float, budget: int) -> int:

@@ -51,7 +51,7 @@ import itertools
 from collections.abc import Callable, Hashable
 
 from headway.core import Policy, PolicyQueue, Request, RequestState
-from headway.sim import _running_keys
+from headway.sim import _decode, _running_keys
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel
 from headway.sim._events import STEP_END, TIMER, EventLoop, tie_floor
@@ -100,6 +100,11 @@ class Replica(Preemption):
         hooks = policy.hooks()
         # hooks the policy leaves at their defaults are skipped on the hot path
         self._progress_hook = hooks.on_progress
+        # decoders' progress in runs (_decode.py), for a policy that takes it so
+        self._decode_runs = hooks.on_progress and hooks.on_decode_progress and not _decode.PER_REQUEST_PROGRESS
+        self.rep_g = -1
+        self.rep_t = 0.0
+        self._fresh: dict[Seq, None] = {}
         self._timer_hook = hooks.rekey_at_time
         self._rekey_hook = hooks.rekey_after_tokens
         self._arrival_hook = hooks.on_arrival

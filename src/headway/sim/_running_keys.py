@@ -77,14 +77,21 @@ class RunningKeys(Generic[T]):
 
     def _prio(self, key: PolicyKey, seq: int, clock: int | None) -> _Prio:
         """The heap priority of ``(key, seq)`` (negated: heapq is a min-heap); a countdown
-        decoder's first component is anchored at the decode clock."""
+        decoder's first component is anchored at the decode clock. One- and two-component keys
+        (every built-in policy's) are negated without a generator: this runs at every re-key."""
+        n = len(key)
         if not self._countdown:
+            if n == 1:
+                return (-key[0], -seq)
+            if n == 2:
+                return (-key[0], -key[1], -seq)
             return (*_neg(key), -seq)
         first = key[0]
         whole = math.floor(first)
-        if clock is not None:
-            return (-(whole + clock), whole - first, *_neg(key[1:]), -seq)
-        return (-whole, whole - first, *_neg(key[1:]), -seq)
+        anchor = -whole if clock is None else -(whole + clock)
+        if n == 1:
+            return (anchor, whole - first, -seq)
+        return (anchor, whole - first, *_neg(key[1:]), -seq)
 
     def push(self, item: T, req: Request, now: float, clock: int | None = None) -> None:
         """``item`` runs (or reached a key point): key it now. ``clock``: the engine's decode-step

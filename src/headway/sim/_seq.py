@@ -14,7 +14,7 @@ class Seq:
 
     __slots__ = (
         "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "order", "own_end", "phase", "reg",
-        "rekey_g", "req", "true_len",
+        "rekey_g", "req", "since", "true_len",
     )  # fmt: skip
 
     def __init__(self, req: Request, true_len: int, keys: list[Hashable]) -> None:
@@ -32,6 +32,7 @@ class Seq:
         self.blocks = 0  # KV blocks held (prefilling / waiting-after-swap); decoders: derived
         self.chunk = 0  # tokens scheduled in the current step (prefilling only)
         self.join = 0  # global decode-step count when counters were last synced
+        self.since = 0.0  # on_decode_progress: when its progress was reported at join (see _decode.py)
         self.phase = 0  # (computed - join) mod block_size, for decoders
         self.fin_g = 0  # global decode-step count at which it finishes
         self.rekey_g = -1  # global decode-step count of its next rekey hint (-1: none)
