@@ -15,12 +15,13 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 from unittest import mock
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from factories import unit_cost
+from headway.policies import noisy_oracle_defaults
 from headway.sim import CacheConfig, SchedulerConfig, _replica, simulate
-from headway.sim._prefix import PrefixCache
+from headway.sim._prefix import PrefixCache, _OwnRun
 from headway.workload import RequestSpec, Workload
 
 
@@ -84,6 +85,22 @@ class BlockQueue:
                 self.q.append(key)
         return len(self.q) - before
 
+    # a request without block hashes: its own keys one by one, as the keyed path has them
+    def own_hit(self, seq: int, limit: int) -> int:
+        h, touched = self.hit_length([(seq, i, -1) for i in range(limit)], limit)
+        assert touched == h
+        return h
+
+    def take_own(self, seq: int, h: int) -> None:
+        for i in range(h):
+            assert self.acquire((seq, i, -1))
+
+    def release_own(self, seq: int, blocks: int, full: int, held: int, evicted: bool) -> int:
+        own = self.uncached([(seq, i, -1) for i in range(held, full)]) if evicted else []
+        own.reverse()
+        hidden = max(min(full, blocks) - held - len(own), 0)
+        return self.release(blocks - held - len(own) - hidden, own, hidden, [(seq, i, -1) for i in reversed(range(held))])
+
     def release_unkeyed(self, free: int, blocks: int, full: int) -> None:
         self.settle(free)
         hidden = min(full, blocks)
@@ -98,7 +115,11 @@ def layout(cache: PrefixCache) -> list[tuple[Hashable, int]]:
     out = []
     pos = cache.fresh
     for key in cache.lru:
-        if key in cache.runs:
+        if isinstance(key, _OwnRun):  # its keys, tail first
+            for i in reversed(range(key.base, key.base + key.n)):
+                out.append(((key.seq, i, -1), pos))
+                pos += 1
+        elif key in cache.runs:
             pos += cache.runs[key]
         else:
             out.append((key, pos))
@@ -119,6 +140,11 @@ ops = st.lists(
         _start,
         _finish,
         st.tuples(st.just("look"), st.lists(st.integers(0, 30), max_size=6)),
+        # a request without block hashes (one of three): resumes with its own hit (capped), or
+        # frees its blocks, this many of them computed beyond its hit, evicted or not
+        st.tuples(st.just("own_in"), st.integers(0, 2), st.integers(0, 12), st.integers(0, 6)),
+        st.tuples(st.just("own_out"), st.integers(0, 2), st.integers(0, 8), st.booleans()),
+        st.tuples(st.just("own_out"), st.integers(0, 2), st.integers(0, 8), st.booleans()),
     ),
     min_size=20,
     max_size=80,
@@ -127,12 +153,18 @@ ops = st.lists(
 
 @settings(max_examples=300)
 @given(num_blocks=st.integers(0, 40), script=ops)
+# an own block below a queued run of them is gone: freed again, the run's blocks are duplicates
+@example(num_blocks=12, script=[
+    ("own_in", 0, 0, 5), ("own_out", 0, 1, True), ("own_in", 0, 0, 5), ("own_out", 0, 5, True), ("alloc", 6),
+    ("alloc", 1), ("settle", 0), ("unreserve", 4), ("unreserve", 3), ("own_in", 0, 12, 5), ("own_out", 0, 8, True),
+    ("own_in", 0, 12, 0)])
 def test_the_queue_by_counts_holds_what_a_queue_of_blocks_holds(num_blocks: int, script: list[tuple[Any, ...]]) -> None:
     real, ref = PrefixCache(num_blocks), BlockQueue(num_blocks)
     both = (real, ref)
     free, reserved = num_blocks, 0
     live: list[tuple[list[Hashable], int]] = []  # requests: cached keys in use, other blocks
     own_ids = iter(range(13, 10**6))  # keys only an evicted request has (lookups draw them too)
+    running: dict[int, tuple[int, int]] = {}  # requests without block hashes: own hit in use, other blocks
     for op, *args in script:
         if op == "alloc":
             k = min(args[0], max(free, 0))
@@ -178,6 +210,25 @@ def test_the_queue_by_counts_holds_what_a_queue_of_blocks_holds(num_blocks: int,
                 back = [c.release(unhashed, own, hidden, keys[::-1]) for c in both]
                 assert back[0] == back[1]
                 free += back[0]
+        elif op == "own_in" and args[0] not in running:
+            for c in both:
+                c.settle(free)
+            h = real.own_hit(args[0], args[1])
+            assert h == ref.own_hit(args[0], args[1])
+            for c in both:
+                if h:  # (as the engine calls it)
+                    c.take_own(args[0], h)
+            free -= h
+            plain = min(args[2], max(free, 0))
+            free -= plain
+            running[args[0]] = (h, plain)
+        elif op == "own_out" and args[0] in running:
+            h, plain = running.pop(args[0])
+            for c in both:
+                c.settle(free)
+            back = [c.release_own(args[0], h + plain, h + min(args[1], plain), h, args[2]) for c in both]
+            assert back[0] == back[1]
+            free += back[0]
         elif op == "look":
             for c in both:
                 c.settle(free)
@@ -185,9 +236,10 @@ def test_the_queue_by_counts_holds_what_a_queue_of_blocks_holds(num_blocks: int,
             assert real.hit_length(args[0], len(args[0])) == ref.hit_length(args[0], len(args[0]))
         assert real.queued == ref.queued
         assert layout(real) == ref.layout()
-        assert real.ref == ref.ref
+        assert real.ref == {k: n for k, n in ref.ref.items() if not isinstance(k, tuple)}  # own hits: counts
         # blocks are conserved: free ones, those of live requests, cached ones in use, reserved ones
-        assert free + sum(p for _, p in live) + len(real.ref) + reserved == num_blocks
+        in_use = sum(p for _, p in live) + sum(h + p for h, p in running.values())
+        assert free + in_use + len(real.ref) + reserved == num_blocks
 
 
 @st.composite
@@ -208,27 +260,35 @@ def workloads(draw: st.DrawFn) -> Workload:
 
 
 def _full_path(replica: Any, s: Any, evicted: bool) -> None:
-    """``Replica._free_blocks`` with every request through the general path."""
+    """``Replica._free_blocks`` with every request through the general path (a request without
+    block hashes through ``release_own``, which ``BlockQueue`` keeps key by key)."""
     if replica.cache is None:
         replica.free += s.blocks
-    else:
+    elif s.keys or s.held:
         replica._free_keyed(replica.cache, s, evicted)
+    else:
+        replica._free_own(replica.cache, s, evicted)
     s.blocks = 0
 
 
 @settings(max_examples=60, deadline=None)
 @given(wl=workloads(), blocks=st.integers(6, 40), seqs=st.integers(1, 6),
-       name=st.sampled_from(["fcfs", "sjf-oracle", "srpt-oracle", "uniboost"]),
-       mode=st.sampled_from(["recompute", "swap"]), exact=st.booleans())  # fmt: skip
+       name=st.sampled_from(["fcfs", "sjf-oracle", "srpt-oracle", "uniboost", "ltr"]),
+       mode=st.sampled_from(["recompute", "swap"]), exact=st.booleans(),
+       displacement=st.sampled_from([None, "pause", "evict"]))  # fmt: skip
 def test_the_shortcuts_decide_every_step_as_the_full_path(
-    wl: Workload, blocks: int, seqs: int, name: str, mode: str, exact: bool
+    wl: Workload, blocks: int, seqs: int, name: str, mode: str, exact: bool, displacement: str | None
 ) -> None:
     sched = SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=128, preemption_mode=mode)  # type: ignore[arg-type]
     if exact:
         sched = dataclasses.replace(sched, max_steps_per_event=1)
 
+    kwargs = dict(noisy_oracle_defaults(name, None, tau=0.75, seed=0) or {})
+    if displacement is not None and name in ("srpt-oracle", "uniboost", "ltr"):  # the preemptive ones
+        kwargs["displacement"] = displacement
+
     def run() -> Any:
-        return simulate(wl, name, preset=unit_cost(0.01, 1e-4, 1e-6), scheduler=sched,
+        return simulate(wl, name, preset=unit_cost(0.01, 1e-4, 1e-6), scheduler=sched, policy_kwargs=kwargs or None,
                         cache=CacheConfig(num_gpu_blocks=blocks), record_steps=True)  # fmt: skip
 
     fast = run()

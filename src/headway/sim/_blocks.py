@@ -70,16 +70,22 @@ class KVBlocks(DecodeClock):
         computed = req.num_computed_tokens
         total = req.num_prompt_tokens + req.num_output_tokens
         touched = 0
-        if self.cache is not None and not computed and (s.keys or s.own_end):
+        if self.cache is not None and not computed:
             # vLLM looks up the prefix cache for a request with nothing computed; a hit is whole
             # blocks, at most num_tokens - 1 tokens (the last one is computed for its logits)
             keys = s.keys
-            if s.own_end > len(keys):
-                keys = keys + [(req.seq, i, -1) for i in range(len(keys), s.own_end)]
-            self.cache.settle(self.free)
-            h, touched = self.cache.hit_length(keys, (total - 1) // self.bs)
-            s.hit = keys[:h]
-            computed = h * self.bs
+            if keys:
+                if s.own_end > len(keys):
+                    keys = keys + [(req.seq, i, -1) for i in range(len(keys), s.own_end)]
+                self.cache.settle(self.free)
+                h, touched = self.cache.hit_length(keys, (total - 1) // self.bs)
+                s.hit = keys[:h]
+                computed = h * self.bs
+            elif s.own_end:  # only its own keys, as runs (_prefix.py): all the hit is free, touched
+                self.cache.settle(self.free)
+                limit = (total - 1) // self.bs
+                s.own_hit = h = self.cache.own_hit(req.seq, s.own_end if s.own_end < limit else limit)
+                computed = h * self.bs  # (- len(s.hit) + touched below: - h + h)
         num_new = total - computed
         if num_new > budget:
             if not self.cfg.enable_chunked_prefill:
@@ -135,13 +141,21 @@ class KVBlocks(DecodeClock):
                 req.num_computed_tokens = len(hit) * self.bs
                 req.num_recomputed_tokens -= min(req.num_computed_tokens, s.lost)
                 s.hit = []
+            elif s.own_hit:  # the same for a request without block hashes (_prefix.py's own runs)
+                h = s.own_hit
+                cache.take_own(req.seq, h)
+                self.free -= h
+                s.blocks += h
+                s.reg = h  # its hit in use: blocks 0 .. h-1
+                req.num_computed_tokens = h * self.bs
+                req.num_recomputed_tokens -= min(req.num_computed_tokens, s.lost)
+                s.own_hit = 0
             # vLLM's PrefixCacheStats: new requests, and apart the resumed ones
             if self.steps is not None:
                 self._step_cached.append((req.request_id, req.num_computed_tokens))
             if req.first_scheduled_time is None:
                 cache.queries += req.num_prompt_tokens
-                if hit:
-                    cache.hits += req.num_computed_tokens
+                cache.hits += req.num_computed_tokens  # (0 without a hit)
                 req.num_cached_tokens = req.num_computed_tokens
             else:
                 cache.preempted_queries += req.num_prompt_tokens + req.num_output_tokens
@@ -191,8 +205,10 @@ class KVBlocks(DecodeClock):
         cache = self.cache
         if cache is None:
             self.free += s.blocks
-        elif s.keys or s.held or evicted:
+        elif s.keys or s.held:
             self._free_keyed(cache, s, evicted)
+        elif evicted or s.reg:
+            self._free_own(cache, s, evicted)
         else:
             # What _free_keyed does with no workload keys (keys=[]), no cached blocks in use
             # (held=[], so reg=0) and no own keys to leave behind (not evicted: own=[]): its
@@ -231,6 +247,17 @@ class KVBlocks(DecodeClock):
         unhashed = s.blocks - len(held) - len(own) - hidden
         self.free += cache.release(unhashed, own, hidden, held)
         s.held = []
+        s.reg = 0
+
+    def _free_own(self, cache: PrefixCache, s: Seq, evicted: bool) -> None:
+        """:meth:`_free_keyed` for a request without block hashes, whose own blocks the prefix
+        cache keeps as runs (``s.reg``: its hit in use, blocks 0 .. reg-1)."""
+        cache.settle(self.free)
+        req = s.req
+        full = req.num_computed_tokens // self.bs
+        self.free += cache.release_own(req.seq, s.blocks, full, s.reg, evicted)
+        if evicted and full:
+            s.own_end = full
         s.reg = 0
 
     def _evict_kv(self, s: Seq) -> None:

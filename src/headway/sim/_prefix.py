@@ -26,6 +26,15 @@ queue of single blocks, operation by operation.
 Keys. Engine block ``i`` (``block_size`` tokens) of a request is keyed from the request's
 ``block_hashes`` (:func:`block_keys`). A request evicted and recomputed also finds its own
 computed blocks still cached: they are keyed ``(seq, i, -1)``, a key no other request has.
+
+Own runs. A request without block hashes has only such own keys, and only it looks them up,
+always from block 0 on (a hit is a prefix). Its blocks that one release puts in the queue in a
+row are blocks ``i .. j-1`` tail first, so the queue reuses ``j-1`` first and what is left of
+them is always ``i .. k-1``: one entry (an :class:`_OwnRun`, ``i`` and a count) holds what were
+``j - i`` keys (:meth:`PrefixCache.release_own`, :meth:`~PrefixCache.own_hit`,
+:meth:`~PrefixCache.take_own`). Its blocks in use are then a count (its hit), not keys in
+``ref``. ``tests/sim/test_prefix_queue.py`` runs the engine against a queue of single keyed
+blocks step by step.
 """
 
 from __future__ import annotations
@@ -77,12 +86,24 @@ def ideal_prefix_hits(requests: Sequence[tuple[list[Hashable], int]], block_size
     return total
 
 
+class _OwnRun:
+    """Own blocks ``base .. base + n - 1`` of request ``seq`` (no block hashes) in the free queue,
+    tail first: what were ``n`` keys ``(seq, i, -1)`` in a row (module docstring)."""
+
+    __slots__ = ("base", "n", "seq")
+
+    def __init__(self, seq: int, base: int, n: int) -> None:
+        self.seq = seq
+        self.base = base
+        self.n = n
+
+
 class PrefixCache:
     """vLLM's free-block queue and its map of cached blocks, kept by counts (module docstring)."""
 
     __slots__ = (
-        "_run_ids", "_tail", "fresh", "hits", "lru", "preempted_hits", "preempted_queries", "queries", "queued", "ref",
-        "runs",
+        "_run_ids", "_tail", "fresh", "hits", "lru", "own", "preempted_hits", "preempted_queries", "queries", "queued",
+        "ref", "runs",
     )  # fmt: skip
 
     def __init__(self, num_blocks: int) -> None:
@@ -91,6 +112,7 @@ class PrefixCache:
         self.lru: OrderedDict[Hashable, None] = OrderedDict()  # hashed blocks after them, in freeing order
         self.runs: dict[Hashable, int] = {}  # entry (a 1-tuple) -> size, for runs no lookup finds
         self.ref: dict[Hashable, int] = {}  # cached blocks in use -> their number of users
+        self.own: dict[int, dict[int, _OwnRun]] = {}  # seq -> base -> its own run in ``lru``
         self._tail: Hashable | None = None  # the run last in ``lru``, if it is one (release extends it)
         self._run_ids = itertools.count()  # names of the runs
         # vLLM's PrefixCacheStats: new requests, and (apart) resumed ones, in tokens
@@ -114,7 +136,16 @@ class PrefixCache:
         lru, runs = self.lru, self.runs
         while excess:
             key = lru.popitem(last=False)[0]
-            if key in runs:
+            if type(key) is _OwnRun:
+                n = key.n
+                if n > excess:
+                    key.n = n - excess  # its highest blocks go first
+                    lru[key] = None
+                    lru.move_to_end(key, last=False)
+                    return
+                self._drop_own(key)
+                excess -= n
+            elif key in runs:
                 n = runs[key]
                 if n > excess:
                     runs[key] = n - excess
@@ -202,6 +233,92 @@ class PrefixCache:
                 self.queued += 1
                 self._tail = None
         return self.queued - before
+
+    def own_hit(self, seq: int, limit: int) -> int:
+        """``hit_length`` of request ``seq``'s own keys ``(seq, i, -1)`` for ``i < limit``, for a
+        request with no block hashes and nothing computed (none of them is in use: all the hit
+        is in the free queue); settle first."""
+        runs = self.own.get(seq)
+        h = 0
+        if runs:
+            while h < limit:
+                run = runs.get(h)  # runs are disjoint: the one holding block h starts there
+                if run is None:
+                    break
+                h += run.n
+        return h if h < limit else limit
+
+    def take_own(self, seq: int, h: int) -> None:
+        """``acquire`` request ``seq``'s own blocks ``0 .. h-1`` (its :meth:`own_hit`): they leave
+        the free queue; a run the hit ends inside keeps its rest, and its place."""
+        runs = self.own[seq]
+        i = 0
+        while i < h:
+            run = runs.pop(i)
+            if i + run.n > h:
+                run.n -= h - i
+                run.base = h
+                runs[h] = run
+                break
+            del self.lru[run]
+            i += run.n
+        if not runs:
+            del self.own[seq]
+        self.queued -= h
+
+    def release_own(self, seq: int, blocks: int, full: int, held: int, evicted: bool) -> int:
+        """``release`` for request ``seq`` without block hashes, which frees ``blocks``, ``full``
+        of them computed, its first ``held`` its own hit in use: as the keyed path's ``own`` its
+        blocks ``held .. full-1`` not queued already (if ``evicted``: they stay findable), a run
+        of its other full blocks, and its hit, tail first; settle first. Returns the number of
+        blocks that went back to the queue."""
+        gaps: list[tuple[int, int]] = []  # its blocks held .. full-1 not queued (uncached)
+        own = 0
+        if evicted and held < full:
+            a = held
+            runs = self.own.get(seq)
+            if runs:
+                for base in sorted(runs):
+                    end = base + runs[base].n
+                    if end <= a:
+                        continue
+                    if base >= full:
+                        break
+                    if base > a:
+                        gaps.append((a, base))
+                        own += base - a
+                    a = end
+            if a < full:
+                gaps.append((a, full))
+                own += full - a
+        hidden = (full if full < blocks else blocks) - held - own
+        if hidden < 0:
+            hidden = 0
+        before = self.queued
+        unhashed = blocks - held - own - hidden
+        self.fresh += unhashed
+        self.queued += unhashed
+        if own:
+            for a, b in reversed(gaps):
+                self._push_own(seq, a, b - a)
+        if hidden:
+            self._append_hidden(hidden)
+        if held:
+            self._push_own(seq, 0, held)
+        return self.queued - before
+
+    def _push_own(self, seq: int, base: int, n: int) -> None:
+        run = _OwnRun(seq, base, n)
+        self.lru[run] = None
+        self.own.setdefault(seq, {})[base] = run
+        self.queued += n
+        self._tail = None
+
+    def _drop_own(self, run: _OwnRun) -> None:
+        runs = self.own[run.seq]
+        del runs[run.base]
+        if not runs:
+            del self.own[run.seq]
 
     def release_unkeyed(self, free: int, blocks: int, full: int) -> None:
         """``settle(free)``, then ``release(blocks - hidden, (), hidden, ())`` with ``hidden =

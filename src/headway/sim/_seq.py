@@ -13,8 +13,8 @@ class Seq:
     """Simulator-side state of one request (never shown to policies)."""
 
     __slots__ = (
-        "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "order", "own_end", "phase", "reg",
-        "rekey_g", "req", "since", "true_len",
+        "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "order", "own_end", "own_hit", "phase",
+        "reg", "rekey_g", "req", "since", "true_len",
     )  # fmt: skip
 
     def __init__(self, req: Request, true_len: int, keys: list[Hashable]) -> None:
@@ -28,6 +28,7 @@ class Seq:
         self.reg = 0
         self.own_end = 0
         self.hit: list[Hashable] = []
+        self.own_hit = 0  # the same as a count, for a request without block hashes (its own keys)
         self.lost = 0  # tokens its last eviction dropped (a cache hit on resume is not recomputed)
         self.blocks = 0  # KV blocks held (prefilling / waiting-after-swap); decoders: derived
         self.chunk = 0  # tokens scheduled in the current step (prefilling only)
