@@ -99,7 +99,8 @@ class BlockQueue:
         own = self.uncached([(seq, i, -1) for i in range(held, full)]) if evicted else []
         own.reverse()
         hidden = max(min(full, blocks) - held - len(own), 0)
-        return self.release(blocks - held - len(own) - hidden, own, hidden, [(seq, i, -1) for i in reversed(range(held))])
+        kept = [(seq, i, -1) for i in reversed(range(held))]
+        return self.release(blocks - held - len(own) - hidden, own, hidden, kept)
 
     def release_unkeyed(self, free: int, blocks: int, full: int) -> None:
         self.settle(free)

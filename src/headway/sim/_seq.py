@@ -13,8 +13,8 @@ class Seq:
     """Simulator-side state of one request (never shown to policies)."""
 
     __slots__ = (
-        "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "order", "own_end", "own_hit", "phase",
-        "reg", "rekey_g", "req", "since", "true_len",
+        "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "order", "own_end", "own_hit",
+        "phase", "reg", "rekey_g", "req", "since", "true_len",
     )  # fmt: skip
 
     def __init__(self, req: Request, true_len: int, keys: list[Hashable]) -> None:
