@@ -495,9 +495,10 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
         "cross-source",
         help="train ranking heads on each shared-data source and mix, evaluate on every other source",
         description="Cross-source matrix: alpaca_eval, sharegpt, codealpaca and arena_hard_v2 prompts are "
-        "embedded once (the bundled MiniLM, frozen, on ONNX Runtime; cached), a ridge ranking head is fitted "
-        "per training set (each source, all but one, all) and recipe (feature set x penalty x weighting of "
-        "the sources), and Kendall "
+        "embedded once (a frozen encoder: the bundled MiniLM on ONNX Runtime, or --encoder mpnet; cached), a "
+        "linear ranking head is fitted per training set (each source, all but one, all) and recipe (feature "
+        "set x penalty x weighting of the sources x head: ridge on per-model targets or RankNet pairs), and "
+        "Kendall "
         "tau_b is measured on every source and model. Recipes are ranked by their tau_b on each source when "
         "trained on the other three; the chosen one is the shipped default's recipe.",
         formatter_class=HelpFormatter,
