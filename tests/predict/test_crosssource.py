@@ -109,7 +109,7 @@ def test_sqrt_weighting_lets_a_larger_source_count_more() -> None:
     [
         ({"weighting": "cube"}, "unknown 'cube'; choose one of equal, sqrt"),
         ({"alpha": 0.0}, "alpha must be > 0"),
-        ({"head": "mlp"}, "Recipe.head: unknown 'mlp'; choose one of ridge, ranknet"),
+        ({"head": "gbdt"}, "Recipe.head: unknown 'gbdt'; choose one of ridge, ranknet, mlp"),
         ({"target": "raw"}, "Recipe.target: unknown 'raw'; choose one of rank, zlog"),
         ({"head": "ranknet", "target": "zlog"}, "target 'zlog' applies to ridge heads only, not 'ranknet'"),
     ],
@@ -158,3 +158,22 @@ def test_zlog_targets_keep_each_source_models_scale_apart() -> None:
     emb = {"alpaca_eval": ea, "sharegpt": eb}
     head = fit_recipe(Recipe("text", 1.0, target="zlog"), [a, b], emb)
     assert 0.7 < head.weights[0] / head.weights[1] < 1.4
+
+
+def test_recipe_grid_gives_mlp_heads_their_decays() -> None:
+    from headway.predict.crosssource import recipe_grid
+
+    grid = recipe_grid(["text"], [10.0, 100.0], ["sqrt"], ["ridge", "ranknet", "mlp"], ["rank", "zlog"], [0.01])
+    assert [r.label for r in grid] == [
+        "text, alpha 10, sources by sqrt(n)",
+        "text, alpha 100, sources by sqrt(n)",
+        "text, alpha 10, z-scored log length, sources by sqrt(n)",
+        "text, alpha 100, z-scored log length, sources by sqrt(n)",
+        "text, alpha 10, RankNet pairs, sources by sqrt(n)",
+        "text, alpha 100, RankNet pairs, sources by sqrt(n)",
+        "text, decay 0.01, MLP 64 on RankNet pairs, sources by sqrt(n)",
+    ]
+    pairs = [_source(name, 120, 40 + k, signal=3, mirror=False) for k, name in enumerate(SOURCES)]
+    emb = {s.name: e for s, e in pairs}
+    result = cross_source_matrix([s for s, _ in pairs], emb, grid[-1:])
+    assert result.recipe_score(grid[-1].label) > 0.7

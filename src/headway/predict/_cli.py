@@ -292,6 +292,12 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
         if w not in WEIGHTINGS:
             raise PredictError(f"--weightings: unknown weighting {w!r}; choose from {', '.join(WEIGHTINGS)}")
     heads = _choices("--heads", args.heads, HEADS)
+    try:
+        decays = [float(a) for a in args.mlp_decays.split(",") if a]
+    except ValueError:
+        raise PredictError(f"--mlp-decays: comma-separated numbers, got {args.mlp_decays!r}") from None
+    if not decays or any(not a > 0 for a in decays):
+        raise PredictError(f"--mlp-decays: positive numbers, got {args.mlp_decays!r}")
     targets = _choices("--targets", args.targets, TARGETS)
     if args.save_head and args.encoder != "minilm":
         raise PredictError(
@@ -320,7 +326,7 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
 
         scorer = Scorer.from_checkpoint(args.checkpoint, "torch", threads=args.threads)
         extra[f"checkpoint {Path(args.checkpoint).name}"] = scorer.score
-    recipes = recipe_grid(features, alphas, weightings, heads, targets)
+    recipes = recipe_grid(features, alphas, weightings, heads, targets, decays)
     result = cross_source_matrix(sources, embeddings, recipes, extra_scorers=extra)
     result.command = _command_line()
     result.notes.append(f"frozen encoder: {args.encoder}, prompts cut at {encoder.max_length} tokens")
@@ -364,12 +370,13 @@ def _frozen_encoder(name: str, threads: int) -> Any:
 
 def _save_mix_head(recipe: Any, sources: Any, embeddings: Any, max_length: int, out: str) -> None:
     from headway.predict.crosssource import fit_recipe, raw_linear
+    from headway.predict.head import RidgeHead
     from headway.predict.shipped import pack_linear_head
 
     label = recipe.label
-    if recipe.features != "text":
-        raise PredictError(f"--save-head: the chosen recipe {label!r} is not a text-only one; only those pack")
-    head = fit_recipe(recipe, sources, embeddings, held_out_only=False)
+    head = fit_recipe(recipe, sources, embeddings, held_out_only=False) if recipe.features == "text" else None
+    if not isinstance(head, RidgeHead):
+        raise PredictError(f"--save-head: the chosen recipe {label!r} is not a linear text-only one; only those pack")
     weights, bias = raw_linear(head)
     meta = {"recipe": label, "sources": [s.name for s in sources], "n_train": head.n_train}
     header = pack_linear_head(weights, bias, out, max_length=max_length, meta=meta)
@@ -520,8 +527,12 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--heads",
         default="ridge",
-        help="heads, comma-separated: ridge (regression on per-model targets) or ranknet (RankNet's logistic "
-        "loss on pairs of one model's answers whose lengths differ by a relative 0.2)",
+        help="heads, comma-separated: ridge (regression on per-model targets), ranknet (RankNet's logistic "
+        "loss on pairs of one model's answers whose lengths differ by a relative 0.2) or mlp (one hidden layer "
+        "of 64 on the same pairs, torch; not packable)",
+    )
+    p.add_argument(
+        "--mlp-decays", default="0.01", help="weight decays of mlp heads, comma-separated (instead of --alphas)"
     )
     p.add_argument(
         "--targets",

@@ -36,7 +36,7 @@ from scipy import stats
 from headway.predict._errors import DataError
 from headway.predict.data import _resolve_data_dir, load_dataset, prompt_key
 from headway.predict.head import RidgeHead, feature_matrix, fit_ridge, rank_targets
-from headway.predict.pairhead import fit_pairwise
+from headway.predict.pairhead import MLP_HIDDEN, MlpHead, fit_pairwise, fit_pairwise_mlp
 
 __all__ = [
     "ALPACA_EVAL_MODELS",
@@ -62,10 +62,11 @@ SHAREGPT_TRAIN_PROMPTS: int | None = None
 """ShareGPT first turns read (None: all 17,332); those past :data:`SHAREGPT_PROMPTS` (prompts not among
 the evaluated ones) only add training examples when ShareGPT is in a training set."""
 WEIGHTINGS: tuple[str, ...] = ("equal", "sqrt")
-HEADS: tuple[str, ...] = ("ridge", "ranknet")
+HEADS: tuple[str, ...] = ("ridge", "ranknet", "mlp")
 """``ridge``: regression on per-model targets (:data:`TARGETS`); ``ranknet``: RankNet's pairwise
 logistic loss on pairs of one model's answers whose lengths differ by a relative 0.2
-(:func:`~headway.predict.pairhead.fit_pairwise`)."""
+(:func:`~headway.predict.pairhead.fit_pairwise`); ``mlp``: one hidden layer on the same pairs
+(:func:`~headway.predict.pairhead.fit_pairwise_mlp`, ``alpha`` is its weight decay)."""
 TARGETS: tuple[str, ...] = ("rank", "zlog")
 """What a ridge head regresses, per source x model: ``rank``, rank-normal scores of the lengths
 (:func:`~headway.predict.head.rank_targets`); ``zlog``, the z-scored log lengths."""
@@ -192,7 +193,9 @@ def embed_sources(
 @dataclass(frozen=True)
 class Recipe:
     """A feature set, an L2 penalty, the weighting of sources in a mix (:data:`WEIGHTINGS`), the head
-    (:data:`HEADS`) and, for a ridge head, its targets (:data:`TARGETS`)."""
+    (:data:`HEADS`) and, for a ridge head, its targets (:data:`TARGETS`). ``alpha`` is the penalty per
+    training prompt for ridge and RankNet heads (ridge's scale), the weight decay on the mean pair loss
+    for an MLP."""
 
     features: str
     alpha: float
@@ -217,6 +220,8 @@ class Recipe:
         base = f"{self.features}, alpha {self.alpha:g}"
         if self.head == "ranknet":
             base += ", RankNet pairs"
+        if self.head == "mlp":
+            base = f"{self.features}, decay {self.alpha:g}, MLP {MLP_HIDDEN} on RankNet pairs"
         if self.target == "zlog":
             base += ", z-scored log length"
         return base if self.weighting == "equal" else f"{base}, sources by sqrt(n)"
@@ -228,7 +233,7 @@ def fit_recipe(
     embeddings: dict[str, npt.NDArray[np.float32]],
     *,
     held_out_only: bool = True,
-) -> RidgeHead:
+) -> RidgeHead | MlpHead:
     """Fit on the sources' training prompts (the held-out split left out when ``held_out_only``) and their
     training-only ones; each source weighs the same in total (``equal``) or in proportion to the square
     root of its training answers (``sqrt``), and inside a source each training model the same. Ridge
@@ -263,6 +268,8 @@ def fit_recipe(
         raise DataError("no training examples")
     if recipe.head == "ranknet":
         return fit_pairwise(pair_groups, kind=recipe.features, alpha=recipe.alpha)
+    if recipe.head == "mlp":
+        return fit_pairwise_mlp(pair_groups, kind=recipe.features, decay=recipe.alpha)
     return fit_ridge(
         np.vstack(xs), np.concatenate(ys), kind=recipe.features, alpha=recipe.alpha, sample_weight=np.concatenate(ws)
     )
@@ -438,7 +445,7 @@ def _fixed_scorer(
 
 
 def _head_scorer(
-    head: RidgeHead, embeddings: Mapping[str, npt.NDArray[np.float32]]
+    head: RidgeHead | MlpHead, embeddings: Mapping[str, npt.NDArray[np.float32]]
 ) -> Callable[[Source], npt.NDArray[np.float64]]:
     return lambda src: head.score(feature_matrix(head.features, src.prompts, embeddings[src.name]))
 
@@ -456,10 +463,18 @@ def recipe_grid(
     weightings: Sequence[str] = ("equal",),
     heads: Sequence[str] = ("ridge",),
     targets: Sequence[str] = ("rank",),
+    decays: Sequence[float] = (0.01,),
 ) -> list[Recipe]:
-    """Every combination; a RankNet head once per feature set, penalty and weighting (it has no targets)."""
+    """Every combination; pair heads once per feature set, penalty and weighting (they have no targets),
+    an MLP head with each of ``decays`` instead of ``alphas``."""
     kinds = [(h, t) for h in heads for t in (targets if h == "ridge" else ("rank",))]
-    return [Recipe(f, a, w, h, t) for h, t in kinds for w in weightings for f in features for a in alphas]
+    return [
+        Recipe(f, a, w, h, t)
+        for h, t in kinds
+        for w in weightings
+        for f in features
+        for a in (decays if h == "mlp" else alphas)
+    ]
 
 
 def summary(result: CrossSourceResult) -> dict[str, Any]:
