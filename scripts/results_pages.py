@@ -211,7 +211,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "--alphas 100,1000,10000,30000 --weightings equal,sqrt --heads ridge,ranknet --targets rank,zlog "
         "--out benchmarks/results/predictor_cross_source.md && python -m headway.predict cross-source "
         "--encoder mpnet --features text,text+cues --alphas 1000,3000,10000,30000 --weightings sqrt "
-        "--heads ridge,ranknet --targets rank,zlog --out benchmarks/results/predictor_cross_source_mpnet.md",
+        "--heads ridge,ranknet,mlp --mlp-decays 0.01,0.03 --targets rank,zlog "
+        "--out benchmarks/results/predictor_cross_source_mpnet.md",
         ("predictor_cross_source.md", "predictor_cross_source_mpnet.md"),
     ),
     Benchmark(
