@@ -205,11 +205,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "predictor-cross-source",
         "Length predictors across prompt sources",
         "Kendall tau_b of ranking heads trained on one source of prompts (or a mix) and evaluated on every "
-        "other source and answering model; the recipe is chosen by its mean on sources it did not train on.",
-        "python -m headway.predict cross-source --checkpoint shipped "
-        "--out benchmarks/results/predictor_cross_source.md "
-        "--save-head src/headway/predict/weights/pars-minilm-mix.npz",
-        ("predictor_cross_source.md",),
+        "other source and answering model; the recipe is chosen by its mean on sources it did not train on. "
+        "Frozen MiniLM (the bundled encoder), then frozen all-mpnet-base-v2.",
+        "python -m headway.predict cross-source --checkpoint shipped --features text,text+length,length,text+cues "
+        "--alphas 100,1000,10000,30000 --weightings equal,sqrt --heads ridge,ranknet --targets rank,zlog "
+        "--out benchmarks/results/predictor_cross_source.md && python -m headway.predict cross-source "
+        "--encoder mpnet --features text,text+cues --alphas 1000,3000,10000,30000 --weightings sqrt "
+        "--heads ridge,ranknet,mlp --mlp-decays 0.01,0.03 --targets rank,zlog "
+        "--out benchmarks/results/predictor_cross_source_mpnet.md",
+        ("predictor_cross_source.md", "predictor_cross_source_mpnet.md"),
     ),
     Benchmark(
         "predictor-shipped",

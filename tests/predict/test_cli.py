@@ -207,6 +207,11 @@ def test_matrix_refuses_a_checkpoint_for_a_loss_it_does_not_train(
         (["--alphas", "1,x"], "--alphas: comma-separated numbers, got '1,x'"),
         (["--alphas", "0"], "--alphas: positive numbers, got '0'"),
         (["--weightings", "equal,cube"], "--weightings: unknown weighting 'cube'; choose from equal, sqrt"),
+        (["--heads", "ridge,gbdt"], "--heads: unknown 'gbdt'; choose from ridge, ranknet, mlp"),
+        (["--targets", ","], "--targets: choose at least one of rank, zlog"),
+        (["--encoder", "mpnet", "--save-head", "x.npz"], "cannot be packed with the shipped predictor's MiniLM"),
+        (["--sharegpt-extra", "-1"], "--sharegpt-extra: a count >= 0, got -1"),
+        (["--mlp-decays", "0.01,-1"], "--mlp-decays: positive numbers, got '0.01,-1'"),
     ],
 )
 def test_cross_source_names_bad_options(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

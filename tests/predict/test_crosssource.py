@@ -106,7 +106,13 @@ def test_sqrt_weighting_lets_a_larger_source_count_more() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"weighting": "cube"}, "unknown 'cube'; choose one of equal, sqrt"), ({"alpha": 0.0}, "alpha must be > 0")],
+    [
+        ({"weighting": "cube"}, "unknown 'cube'; choose one of equal, sqrt"),
+        ({"alpha": 0.0}, "alpha must be > 0"),
+        ({"head": "gbdt"}, "Recipe.head: unknown 'gbdt'; choose one of ridge, ranknet, mlp"),
+        ({"target": "raw"}, "Recipe.target: unknown 'raw'; choose one of rank, zlog"),
+        ({"head": "ranknet", "target": "zlog"}, "target 'zlog' applies to ridge heads only, not 'ranknet'"),
+    ],
 )
 def test_recipe_names_bad_values(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -123,3 +129,51 @@ def test_sharegpt_training_only_prompts_are_other_prompts(data_dir: Path) -> Non
     assert len(set(src.extra_prompts)) == len(src.extra_prompts)
     (lengths,) = src.extra_train.values()
     assert lengths.shape == (len(src.extra_prompts),) and np.all(lengths >= 1)
+
+
+def test_ranknet_and_zlog_recipes_learn_the_shared_signal() -> None:
+    pairs = [_source(name, 150, 20 + k, signal=2, mirror=False) for k, name in enumerate(SOURCES)]
+    sources = [s for s, _ in pairs]
+    emb = {s.name: e for s, e in pairs}
+    recipes = [Recipe("text", 1.0, "sqrt", head="ranknet"), Recipe("text", 1.0, target="zlog")]
+    assert [r.label for r in recipes] == [
+        "text, alpha 1, RankNet pairs, sources by sqrt(n)",
+        "text, alpha 1, z-scored log length",
+    ]
+    result = cross_source_matrix(sources, emb, recipes)
+    for recipe in recipes:
+        assert result.recipe_score(recipe.label) > 0.8
+        head = fit_recipe(recipe, sources, emb)
+        assert int(np.argmax(np.abs(head.weights))) == 2
+
+
+def test_zlog_targets_keep_each_source_models_scale_apart() -> None:
+    """One source's lengths follow dimension 0 over a narrow range, another's dimension 1 over a range
+    10x wider in log: z-scored log lengths weigh both the same, as rank targets do; raw log lengths
+    (what z-scoring removes) would let the wide one dominate."""
+    a, ea = _source("alpaca_eval", 400, 30, signal=0, mirror=False)
+    b, eb = _source("sharegpt", 400, 31, signal=1, mirror=False)
+    narrow = np.exp(0.1 * np.log(a.train["m"]))
+    a = Source(a.name, a.prompts, {"m": narrow}, a.evals, a.test)
+    emb = {"alpaca_eval": ea, "sharegpt": eb}
+    head = fit_recipe(Recipe("text", 1.0, target="zlog"), [a, b], emb)
+    assert 0.7 < head.weights[0] / head.weights[1] < 1.4
+
+
+def test_recipe_grid_gives_mlp_heads_their_decays() -> None:
+    from headway.predict.crosssource import recipe_grid
+
+    grid = recipe_grid(["text"], [10.0, 100.0], ["sqrt"], ["ridge", "ranknet", "mlp"], ["rank", "zlog"], [0.01])
+    assert [r.label for r in grid] == [
+        "text, alpha 10, sources by sqrt(n)",
+        "text, alpha 100, sources by sqrt(n)",
+        "text, alpha 10, z-scored log length, sources by sqrt(n)",
+        "text, alpha 100, z-scored log length, sources by sqrt(n)",
+        "text, alpha 10, RankNet pairs, sources by sqrt(n)",
+        "text, alpha 100, RankNet pairs, sources by sqrt(n)",
+        "text, decay 0.01, MLP 64 on RankNet pairs, sources by sqrt(n)",
+    ]
+    pairs = [_source(name, 120, 40 + k, signal=3, mirror=False) for k, name in enumerate(SOURCES)]
+    emb = {s.name: e for s, e in pairs}
+    result = cross_source_matrix([s for s, _ in pairs], emb, grid[-1:])
+    assert result.recipe_score(grid[-1].label) > 0.7

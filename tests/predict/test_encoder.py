@@ -58,3 +58,21 @@ def test_embed_batches_by_padding_cost_not_by_arrival(tiny_encoder_3_layers: Pat
     assert widths == [(b - a, lengths[b - 1]) for a, b in chunks]
     alone = np.concatenate([enc.embed([p]) for p in prompts])
     assert np.allclose(got, alone, atol=1e-5)
+
+
+def test_torch_encoder_embeds_as_the_onnx_one(tiny_encoder_3_layers: Path) -> None:
+    """The frozen torch encoder (for encoders the ONNX builder does not take, such as MPNet) pools as the
+    ONNX graph does, whatever the batching: each prompt alone gives its row of the batched call."""
+    pytest.importorskip("torch")
+    from headway.predict._torch_encoder import TorchEncoder
+
+    onnx_enc = OnnxEncoder(tiny_encoder_3_layers, max_length=32, threads=1, batch_size=2)
+    torch_enc = TorchEncoder(tiny_encoder_3_layers, max_length=32, threads=1, batch_size=2)
+    got = torch_enc.embed(PROMPTS)
+    assert got.shape == (3, 32) and got.dtype == np.float32
+    assert np.allclose(got, onnx_enc.embed(PROMPTS), atol=1e-5)
+    alone = np.vstack([torch_enc.embed([p]) for p in PROMPTS])
+    assert np.allclose(got, alone, atol=1e-5)
+    assert torch_enc.embed([]).shape == (0, 32)
+    with pytest.raises(ValueError, match="max_length must be >= 2, got 1"):
+        TorchEncoder(tiny_encoder_3_layers, max_length=1)

@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from headway.predict.head import RidgeHead, extra_features, feature_matrix, fit_ridge, rank_targets
+from headway.predict.head import (
+    PROMPT_CUES,
+    RidgeHead,
+    cue_features,
+    extra_features,
+    feature_matrix,
+    fit_ridge,
+    rank_targets,
+)
 
 
 @given(st.lists(st.integers(1, 50), min_size=2, max_size=60))
@@ -101,6 +109,28 @@ def test_feature_sets() -> None:
         feature_matrix("bogus", prompts, emb)
     with pytest.raises(ValueError, match="one embedding row per prompt"):
         feature_matrix("text", prompts, None)
+    both = feature_matrix("text+cues", prompts, emb)
+    assert both.shape == (2, 3 + len(PROMPT_CUES) + 1)
+    assert np.array_equal(both[:, 3:], cue_features(prompts))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "cues"),
+    [
+        ("Write a Python function that reverses a list.", {"code"}),
+        ("Explain step by step how to bake bread:\n1. flour\n2. water", {"detail", "list"}),
+        ("Solve the equation 3x + 2 = 11.", {"math"}),
+        ("Write a short poem about autumn.", {"long_form", "short"}),
+        ("Is Paris the capital of France?", {"question_end", "wh_start"}),
+        ("Classify the sentiment of this tweet: I love it", {"classify"}),
+        ("Translate into German: good morning", {"rewrite"}),
+        ("Tell me about the weather in June", set()),
+    ],
+)
+def test_cue_features_flag_each_cue(prompt: str, cues: set[str]) -> None:
+    row = cue_features([prompt])[0]
+    assert {name for name, on in zip(PROMPT_CUES, row[:-1], strict=True) if on} == cues
+    assert row[-1] == pytest.approx(np.log1p(len(prompt.split())))
 
 
 @given(st.lists(st.integers(1, 10_000), min_size=1, max_size=600))

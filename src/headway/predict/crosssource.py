@@ -36,10 +36,13 @@ from scipy import stats
 from headway.predict._errors import DataError
 from headway.predict.data import _resolve_data_dir, load_dataset, prompt_key
 from headway.predict.head import RidgeHead, feature_matrix, fit_ridge, rank_targets
+from headway.predict.pairhead import MLP_HIDDEN, MlpHead, fit_pairwise, fit_pairwise_mlp
 
 __all__ = [
     "ALPACA_EVAL_MODELS",
+    "HEADS",
     "SOURCES",
+    "TARGETS",
     "WEIGHTINGS",
     "CrossSourceResult",
     "Recipe",
@@ -59,6 +62,14 @@ SHAREGPT_TRAIN_PROMPTS: int | None = None
 """ShareGPT first turns read (None: all 17,332); those past :data:`SHAREGPT_PROMPTS` (prompts not among
 the evaluated ones) only add training examples when ShareGPT is in a training set."""
 WEIGHTINGS: tuple[str, ...] = ("equal", "sqrt")
+HEADS: tuple[str, ...] = ("ridge", "ranknet", "mlp")
+"""``ridge``: regression on per-model targets (:data:`TARGETS`); ``ranknet``: RankNet's pairwise
+logistic loss on pairs of one model's answers whose lengths differ by a relative 0.2
+(:func:`~headway.predict.pairhead.fit_pairwise`); ``mlp``: one hidden layer on the same pairs
+(:func:`~headway.predict.pairhead.fit_pairwise_mlp`, ``alpha`` is its weight decay)."""
+TARGETS: tuple[str, ...] = ("rank", "zlog")
+"""What a ridge head regresses, per source x model: ``rank``, rank-normal scores of the lengths
+(:func:`~headway.predict.head.rank_targets`); ``zlog``, the z-scored log lengths."""
 ARENA_FILES: tuple[str, ...] = ("o3-mini-2025-01-31.jsonl", "sky-t1-32b.jsonl")
 TEST_FRAC = 0.2
 SPLIT_SEED = 0
@@ -106,8 +117,11 @@ def _rows(spec: str, data_dir: Path) -> list[tuple[str, str, float]]:
     return [(e.prompt, e.model or data.name, float(e.length)) for e in data.examples]
 
 
-def load_source(name: str, data_dir: str | Path | None = None) -> Source:
-    """One of :data:`SOURCES`; DataError naming the source when its files are missing."""
+def load_source(name: str, data_dir: str | Path | None = None, *, max_extra: int | None = None) -> Source:
+    """One of :data:`SOURCES`; DataError naming the source when its files are missing. ``max_extra``
+    keeps at most that many training-only prompts (the first; None: all)."""
+    if max_extra is not None and max_extra < 0:
+        raise DataError(f"max_extra must be >= 0, got {max_extra}")
     root = _resolve_data_dir(data_dir)
     if name == "alpaca_eval":
         prompts, evals = _table(_rows("alpaca_eval:" + ",".join(ALPACA_EVAL_MODELS), root))
@@ -117,7 +131,11 @@ def load_source(name: str, data_dir: str | Path | None = None) -> Source:
         rows_all = [(p, "chatgpt", n) for p, _, n in _rows(spec, root)]
         prompts, evals = _table(rows_all[:SHAREGPT_PROMPTS])
         seen = set(prompts)
-        extra_prompts, extra_train = _table([r for r in rows_all[SHAREGPT_PROMPTS:] if r[0] not in seen])
+        extra_rows = [r for r in rows_all[SHAREGPT_PROMPTS:] if r[0] not in seen]
+        extra_prompts, extra_train = _table(extra_rows)
+        if max_extra is not None:
+            extra_prompts = extra_prompts[:max_extra]
+            extra_train = {m: v[:max_extra] for m, v in extra_train.items()}
         keys = [prompt_key(p) for p in prompts]
         test = np.array([_held_out(k) for k in keys], dtype=bool)
         return Source(name, prompts, evals, evals, test, extra_prompts, extra_train)
@@ -174,21 +192,38 @@ def embed_sources(
 
 @dataclass(frozen=True)
 class Recipe:
-    """A feature set, a ridge penalty and the weighting of sources in a mix (:data:`WEIGHTINGS`)."""
+    """A feature set, an L2 penalty, the weighting of sources in a mix (:data:`WEIGHTINGS`), the head
+    (:data:`HEADS`) and, for a ridge head, its targets (:data:`TARGETS`). ``alpha`` is the penalty per
+    training prompt for ridge and RankNet heads (ridge's scale), the weight decay on the mean pair loss
+    for an MLP."""
 
     features: str
     alpha: float
     weighting: str = "equal"
+    head: str = "ridge"
+    target: str = "rank"
 
     def __post_init__(self) -> None:
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"Recipe.weighting: unknown {self.weighting!r}; choose one of {', '.join(WEIGHTINGS)}")
         if not self.alpha > 0:
             raise ValueError(f"Recipe.alpha must be > 0, got {self.alpha!r}")
+        if self.head not in HEADS:
+            raise ValueError(f"Recipe.head: unknown {self.head!r}; choose one of {', '.join(HEADS)}")
+        if self.target not in TARGETS:
+            raise ValueError(f"Recipe.target: unknown {self.target!r}; choose one of {', '.join(TARGETS)}")
+        if self.head != "ridge" and self.target != "rank":
+            raise ValueError(f"Recipe.target {self.target!r} applies to ridge heads only, not {self.head!r}")
 
     @property
     def label(self) -> str:
         base = f"{self.features}, alpha {self.alpha:g}"
+        if self.head == "ranknet":
+            base += ", RankNet pairs"
+        if self.head == "mlp":
+            base = f"{self.features}, decay {self.alpha:g}, MLP {MLP_HIDDEN} on RankNet pairs"
+        if self.target == "zlog":
+            base += ", z-scored log length"
         return base if self.weighting == "equal" else f"{base}, sources by sqrt(n)"
 
 
@@ -198,11 +233,13 @@ def fit_recipe(
     embeddings: dict[str, npt.NDArray[np.float32]],
     *,
     held_out_only: bool = True,
-) -> RidgeHead:
+) -> RidgeHead | MlpHead:
     """Fit on the sources' training prompts (the held-out split left out when ``held_out_only``) and their
     training-only ones; each source weighs the same in total (``equal``) or in proportion to the square
-    root of its training answers (``sqrt``), and inside a source each training model the same."""
+    root of its training answers (``sqrt``), and inside a source each training model the same. Ridge
+    targets and pairs are formed inside one source x model only."""
     xs, ys, ws = [], [], []
+    pair_groups: list[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float]] = []
     for src in sources:
         keep = ~src.test if held_out_only else np.ones(len(src.prompts), dtype=bool)
         x_all = feature_matrix(recipe.features, src.prompts, embeddings[src.name])
@@ -224,13 +261,26 @@ def fit_recipe(
         share = math.sqrt(total) if recipe.weighting == "sqrt" else 1.0
         for x, y in groups:
             xs.append(x)
-            ys.append(rank_targets(y))
+            ys.append(rank_targets(y) if recipe.target == "rank" else _zlog(y))
             ws.append(np.full(len(y), share / (len(y) * len(groups))))
+            pair_groups.append((x, y, share / len(groups)))
     if not xs:
         raise DataError("no training examples")
+    if recipe.head == "ranknet":
+        return fit_pairwise(pair_groups, kind=recipe.features, alpha=recipe.alpha)
+    if recipe.head == "mlp":
+        return fit_pairwise_mlp(pair_groups, kind=recipe.features, decay=recipe.alpha)
     return fit_ridge(
         np.vstack(xs), np.concatenate(ys), kind=recipe.features, alpha=recipe.alpha, sample_weight=np.concatenate(ws)
     )
+
+
+def _zlog(lengths: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Log lengths standardized to mean 0 and spread 1 (all 0 when they are all equal)."""
+    logs = np.log(np.maximum(lengths, 1.0))
+    spread = float(logs.std())
+    out: npt.NDArray[np.float64] = (logs - logs.mean()) / spread if spread > 0 else np.zeros_like(logs)
+    return out
 
 
 def raw_linear(head: RidgeHead) -> tuple[npt.NDArray[np.float64], float]:
@@ -395,7 +445,7 @@ def _fixed_scorer(
 
 
 def _head_scorer(
-    head: RidgeHead, embeddings: Mapping[str, npt.NDArray[np.float32]]
+    head: RidgeHead | MlpHead, embeddings: Mapping[str, npt.NDArray[np.float32]]
 ) -> Callable[[Source], npt.NDArray[np.float64]]:
     return lambda src: head.score(feature_matrix(head.features, src.prompts, embeddings[src.name]))
 
@@ -408,9 +458,23 @@ def write_result(result: CrossSourceResult, path: str | Path, chosen: str | None
 
 
 def recipe_grid(
-    features: Sequence[str], alphas: Sequence[float], weightings: Sequence[str] = ("equal",)
+    features: Sequence[str],
+    alphas: Sequence[float],
+    weightings: Sequence[str] = ("equal",),
+    heads: Sequence[str] = ("ridge",),
+    targets: Sequence[str] = ("rank",),
+    decays: Sequence[float] = (0.01,),
 ) -> list[Recipe]:
-    return [Recipe(f, a, w) for w in weightings for f in features for a in alphas]
+    """Every combination; pair heads once per feature set, penalty and weighting (they have no targets),
+    an MLP head with each of ``decays`` instead of ``alphas``."""
+    kinds = [(h, t) for h in heads for t in (targets if h == "ridge" else ("rank",))]
+    return [
+        Recipe(f, a, w, h, t)
+        for h, t in kinds
+        for w in weightings
+        for f in features
+        for a in (decays if h == "mlp" else alphas)
+    ]
 
 
 def summary(result: CrossSourceResult) -> dict[str, Any]:

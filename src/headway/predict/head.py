@@ -8,9 +8,11 @@ shipped predictor and online learning all use it. Nothing here imports torch.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
+import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,18 +24,20 @@ import numpy.typing as npt
 
 __all__ = [
     "FEATURE_SETS",
+    "PROMPT_CUES",
     "FeatureSet",
     "RidgeHead",
+    "cue_features",
     "extra_features",
     "feature_matrix",
     "fit_ridge",
     "rank_targets",
 ]
 
-FeatureSet = Literal["text", "text+length", "length"]
+FeatureSet = Literal["text", "text+length", "length", "text+cues"]
 FEATURE_SETS: tuple[str, ...] = get_args(FeatureSet)
 """``text``: the encoder's pooled embedding; ``length``: the prompt's size (log characters, log words,
-log lines); ``text+length``: both."""
+log lines); ``text+length``: both; ``text+cues``: the embedding and :func:`cue_features`."""
 
 _F32 = npt.NDArray[np.float32]
 _F64 = npt.NDArray[np.float64]
@@ -47,6 +51,55 @@ def extra_features(prompts: Sequence[str]) -> _F64:
     ).reshape(len(prompts), 3)
 
 
+PROMPT_CUES: dict[str, re.Pattern[str]] = {
+    "code": re.compile(
+        r"```|\bdef |\bfunction\b|\bclass |#include|\bSELECT\b|\bpython\b|\bjavascript\b|\bjava\b|\bc\+\+"
+        r"|\bcode\b|\bscript\b|\bSQL\b|\bregex\b|\bimplement",
+        re.I,
+    ),
+    "list": re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s", re.M),
+    "detail": re.compile(r"step[- ]by[- ]step|\bsteps\b|in detail|detailed|comprehensive|thorough", re.I),
+    "math": re.compile(
+        r"\d\s*[-+*/^=]\s*\d|\bsolve\b|\bequation|\bprove\b|\bcalculate|\bprobability|\bintegral|\\frac|\$", re.I
+    ),
+    "long_form": re.compile(
+        r"\bessay\b|\bstory\b|\barticle\b|\bblog\b|\bpoem\b|\bletter\b|\breport\b|\bplan\b|\bguide\b"
+        r"|\boutline\b|\bwords\b",
+        re.I,
+    ),
+    "short": re.compile(
+        r"\bone word\b|\bsingle word\b|\byes or no\b|\bbriefly\b|\bshort\b|\bconcise\b|\bin one sentence\b"
+        r"|\bonly\b|\bjust\b",
+        re.I,
+    ),
+    "question_end": re.compile(r"\?\s*$"),
+    "wh_start": re.compile(r"^\s*(?:what|who|when|where|which|is|are|does|do|can|how many)\b", re.I),
+    "classify": re.compile(
+        r"\bclassify\b|\bidentify\b|\bcategor|\bsentiment\b|\btrue or false\b|\bwhich of\b|\bchoose\b", re.I
+    ),
+    "rewrite": re.compile(r"\brewrite\b|\brephrase\b|\bparaphrase\b|\btranslate\b|\bcorrect\b|\bedit\b|\bsummar", re.I),
+}
+"""Cues in a prompt's text that may say how long its answer is on any source: code, a list, a request
+for detail or steps, math, a long-form genre, a request for brevity, a closed question, a
+classification, a rewrite of given text. Written once from the task kinds, not tuned on any source."""
+
+
+def cue_features(prompts: Sequence[str]) -> _F64:
+    """``(n, len(PROMPT_CUES) + 1)``: 1.0 where each of :data:`PROMPT_CUES` occurs, then log1p of the
+    whitespace words. The last few prompt lists' rows are kept: cross-source evaluation asks for the
+    same lists once per training set."""
+    out: _F64 = _cue_rows(tuple(prompts)).copy()
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _cue_rows(prompts: tuple[str, ...]) -> _F64:
+    rows = [
+        [float(rx.search(p) is not None) for rx in PROMPT_CUES.values()] + [math.log1p(len(p.split()))] for p in prompts
+    ]
+    return np.array(rows, dtype=np.float64).reshape(len(prompts), len(PROMPT_CUES) + 1)
+
+
 def feature_matrix(kind: str, prompts: Sequence[str], embeddings: _F32 | _F64 | None) -> _F64:
     """Features of ``kind`` (one of :data:`FEATURE_SETS`) for ``prompts`` whose pooled embeddings are
     ``embeddings`` (rows aligned; unused, may be None, for ``length``)."""
@@ -57,6 +110,8 @@ def feature_matrix(kind: str, prompts: Sequence[str], embeddings: _F32 | _F64 | 
     if embeddings is None or len(embeddings) != len(prompts):
         raise ValueError(f"feature set {kind!r} needs one embedding row per prompt")
     emb = np.asarray(embeddings, dtype=np.float64)
+    if kind == "text+cues":
+        return np.hstack([emb, cue_features(prompts)])
     return emb if kind == "text" else np.hstack([emb, extra_features(prompts)])
 
 
