@@ -281,23 +281,13 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
     for f in features:
         if f not in FEATURE_SETS:
             raise PredictError(f"--features: unknown feature set {f!r}; choose from {', '.join(FEATURE_SETS)}")
-    try:
-        alphas = [float(a) for a in args.alphas.split(",") if a]
-    except ValueError:
-        raise PredictError(f"--alphas: comma-separated numbers, got {args.alphas!r}") from None
-    if not alphas or any(not a > 0 for a in alphas):
-        raise PredictError(f"--alphas: positive numbers, got {args.alphas!r}")
+    alphas = _positive_floats("--alphas", args.alphas)
     weightings = [w for w in args.weightings.split(",") if w]
     for w in weightings:
         if w not in WEIGHTINGS:
             raise PredictError(f"--weightings: unknown weighting {w!r}; choose from {', '.join(WEIGHTINGS)}")
     heads = _choices("--heads", args.heads, HEADS)
-    try:
-        decays = [float(a) for a in args.mlp_decays.split(",") if a]
-    except ValueError:
-        raise PredictError(f"--mlp-decays: comma-separated numbers, got {args.mlp_decays!r}") from None
-    if not decays or any(not a > 0 for a in decays):
-        raise PredictError(f"--mlp-decays: positive numbers, got {args.mlp_decays!r}")
+    decays = _positive_floats("--mlp-decays", args.mlp_decays)
     targets = _choices("--targets", args.targets, TARGETS)
     if args.save_head and args.encoder != "minilm":
         raise PredictError(
@@ -345,6 +335,16 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
         chosen = next(r for r in recipes if r.label == result.best_recipe())
         _save_mix_head(chosen, sources, embeddings, encoder.max_length, args.save_head)
     return 0
+
+
+def _positive_floats(flag: str, value: str) -> list[float]:
+    try:
+        picked = [float(a) for a in value.split(",") if a]
+    except ValueError:
+        raise PredictError(f"{flag}: comma-separated numbers, got {value!r}") from None
+    if not picked or any(not a > 0 for a in picked):
+        raise PredictError(f"{flag}: positive numbers, got {value!r}")
+    return picked
 
 
 def _choices(flag: str, value: str, allowed: Sequence[str]) -> list[str]:
