@@ -36,9 +36,7 @@ from headway.integrations._client import ReplayResult, ReplaySpec, random_prompt
 from headway.sim._calibrate import (
     CalibrationFit,
     capacity_cost_model,
-    fit_from_step_log,
     fit_step_samples,
-    read_step_log,
 )
 from headway.sim._cost import StepSample
 
@@ -313,11 +311,6 @@ def fit_from_client(
         "engine": geo.as_meta(), "capacity_tokens": capacity, "frontend_s": frontend, "fit": fit.summary(),
     }  # fmt: skip
     return fit, meta
-
-
-def calibrate_step_log(path: Path, since_line: int, name: str) -> tuple[CalibrationFit, dict[str, Any]]:
-    log = read_step_log(path, since_line=since_line)
-    return fit_from_step_log(log, name)
 
 
 def check_replay(res: Sequence[ReplayResult], what: str) -> None:
