@@ -188,6 +188,7 @@ def test_a_read_only_checkpoint_gets_its_exports_in_the_cache_once(
     pytest.importorskip("onnxruntime")
     import shutil
 
+    import headway.predict._export as export_mod
     import headway.predict.score as score_mod
 
     ck, shipped = tmp_path / "ck", tmp_path / "shipped"
@@ -195,7 +196,7 @@ def test_a_read_only_checkpoint_gets_its_exports_in_the_cache_once(
     shutil.copytree(checkpoint, shipped)
     score_mod.quantize_onnx(shipped)  # a checkpoint that comes with its exports
     read_only = {ck.resolve(), shipped.resolve()}
-    monkeypatch.setattr(score_mod, "_writable", lambda path: path.resolve() not in read_only)  # root writes anywhere
+    monkeypatch.setattr(export_mod, "_writable", lambda path: path.resolve() not in read_only)  # root writes anywhere
     files = sorted(f.name for f in ck.iterdir())
     ref = Scorer.from_checkpoint(ck, "torch").score(PROMPTS)
     got = Scorer.from_checkpoint(ck, "onnx-int8").score(PROMPTS)
