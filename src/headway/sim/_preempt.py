@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from headway.core import PolicyKey, Request, RequestState
+from headway.core import Request, RequestState
 from headway.sim._blocks import BLOCKS, KVBlocks
 from headway.sim._seq import Seq
 
@@ -108,12 +108,56 @@ class Preemption(KVBlocks):
         token budget from it (it keeps its KV), and evicts the worst-keyed block holder for KV
         blocks; ``evict`` evicts for KV blocks only. Nobody is displaced for the token budget
         alone when chunked prefill is on (any budget admits a chunk)."""
-        policy = self.policy
-        pause = policy.displacement == "pause"
         rkeys = self._rkeys
-        keys = None if rkeys is not None else {r: (policy.key(r, now), r.seq) for r in self._running(now)}
+        if rkeys is None:
+            return self._displace_scan(now, budget)
+        # the running keys' lazy heap (_running_keys.py); with it, the paused requests' heap
+        pause = self.policy.displacement == "pause"
         if self._sync_all:
             self._sync_decoders(now)
+        waiting, seqs, pkeys = self.waiting, self.seqs, self._pkeys
+        while budget > 0:  # an exhausted token budget is no reason to evict
+            head = waiting.head()
+            if head is None:
+                break
+            cand, cand_key = head
+            s = seqs[cand]
+            chunk, short = self._admission(s, budget)
+            if chunk:
+                waiting.pop()
+                # its blocks are entered after the displacement check (which may evict it again)
+                self._start_running(s, chunk, now, register=False)
+                budget -= chunk
+                continue
+            if short != BLOCKS and not pause:
+                break  # evict mode: a full batch or budget displaces nobody
+            above = (cand_key, cand.seq)
+            found = rkeys.worst(above, now, self._sync_now, self._running_items, self.g)
+            if short == BLOCKS and self.paused:  # (pause mode: pkeys is kept)
+                assert pkeys is not None
+                held = pkeys.worst(above, now, self._sync_now, self._paused_items, skip=cand)
+                if held is not None and (found is None or held[1] > found[1]):
+                    found = held
+            if found is None:
+                break
+            s = found[0]
+            if s in self.paused:
+                self._drop_paused(s)
+                continue
+            budget += self._release_step(s)
+            if short == BLOCKS:
+                self._preempt(s, now)
+            else:
+                self._pause(s, now)
+        return budget
+
+    def _displace_scan(self, now: float, budget: int) -> int:
+        """:meth:`_displace` re-keying every running (and paused) request at each check: for policies
+        with a progress hook that do not declare how their running keys evolve, and the reference
+        the lazy heaps are tested against (``_running_keys.EXACT_SCAN``)."""
+        policy = self.policy
+        pause = policy.displacement == "pause"
+        keys = {r: (policy.key(r, now), r.seq) for r in self._running(now)}
         while self.waiting and budget > 0:  # an exhausted token budget is no reason to evict
             cand = self.waiting.peek()
             assert cand is not None
@@ -123,33 +167,18 @@ class Preemption(KVBlocks):
                 # its blocks are entered after the displacement check (which may evict it again)
                 self._start_running(self.seqs[cand], chunk, now, register=False)
                 budget -= chunk
-                if keys is not None:
-                    keys[cand] = (policy.key(cand, now), cand.seq)
+                keys[cand] = (policy.key(cand, now), cand.seq)
                 continue
             ckey = (self.waiting.peek_key(), cand.seq)
             if short != BLOCKS and not pause:
                 break  # evict mode: a full batch or budget displaces nobody
-            pool: dict[Request, tuple[PolicyKey, int]]
-            if keys is not None:
-                pool = {r: k for r, k in keys.items() if k > ckey and policy.can_preempt(r, now)}
-            else:
-                assert rkeys is not None
-                head_key = self.waiting.peek_key()
-                assert head_key is not None
-                found = rkeys.worst((head_key, cand.seq), now, self._sync_now, self._running_items, self.g)
-                pool = {} if found is None else {found[0].req: found[1]}
+            pool = {r: k for r, k in keys.items() if k > ckey and policy.can_preempt(r, now)}
             if short == BLOCKS and self.paused:
-                if self._pkeys is not None:
-                    head = self.waiting.peek_key()
-                    assert head is not None
-                    held = self._pkeys.worst((head, cand.seq), now, self._sync_now, self._paused_items, skip=cand)
-                    if held is not None:
-                        pool[held[0].req] = held[1]
-                else:
-                    for p in self.paused:
-                        if p.req is not cand:
-                            pool[p.req] = (policy.key(p.req, now), p.req.seq)
-                    pool = {r: k for r, k in pool.items() if k > ckey}
+                for p in self.paused:
+                    if p.req is not cand:
+                        key = (policy.key(p.req, now), p.req.seq)
+                        if key > ckey:
+                            pool[p.req] = key
             if not pool:
                 break
             worst = max(pool, key=pool.__getitem__)
@@ -157,8 +186,7 @@ class Preemption(KVBlocks):
             if s in self.paused:
                 self._drop_paused(s)
                 continue
-            if keys is not None:
-                del keys[worst]
+            del keys[worst]
             budget += self._release_step(s)
             if short == BLOCKS:
                 self._preempt(s, now)

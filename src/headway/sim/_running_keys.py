@@ -115,18 +115,21 @@ class RunningKeys(Generic[T]):
 
     def _top(self, clock: int) -> tuple[list[tuple[_Prio, int, T, Request]], _Prio] | None:
         """The heap whose live top has the larger predicted key, and that top's priority now."""
-        live = self._live
-        best: tuple[list[tuple[_Prio, int, T, Request]], _Prio] | None = None
-        for heap in (self._fixed, self._drift):
-            while heap and live.get(heap[0][2]) != heap[0][1]:
-                heapq.heappop(heap)
-            if heap:
-                prio = heap[0][0]
-                if heap is self._drift:
-                    prio = (prio[0] + clock, *prio[1:])
-                if best is None or prio < best[1]:
-                    best = (heap, prio)
-        return best
+        live, fixed = self._live, self._fixed
+        while fixed and live.get(fixed[0][2]) != fixed[0][1]:
+            heapq.heappop(fixed)
+        if not self._countdown:  # (no decoders' heap)
+            return (fixed, fixed[0][0]) if fixed else None
+        drift = self._drift
+        while drift and live.get(drift[0][2]) != drift[0][1]:
+            heapq.heappop(drift)
+        if not drift:
+            return (fixed, fixed[0][0]) if fixed else None
+        prio = drift[0][0]
+        prio = (prio[0] + clock, *prio[1:])
+        if fixed and fixed[0][0] <= prio:
+            return fixed, fixed[0][0]
+        return drift, prio
 
     def worst(
         self,
@@ -150,6 +153,14 @@ class RunningKeys(Generic[T]):
             for item, req, at in running():
                 sync(item)
                 self.push(item, req, now, at)
+        # Every live entry's priority is that of an upper bound of its item's (key, seq) now (a key
+        # only stays or improves between its key points, where it is pushed again; a countdown
+        # anchor is exact), and priorities order as (key, seq) do in reverse (keys of one length,
+        # as the heap order itself needs). So once the top's priority is at or past ``above``'s,
+        # no item is above it: the answer is None without syncing or re-keying the top, which
+        # the top's fresh key (at or below its bound) would only confirm. tests/sim/
+        # test_running_keys.py checks the answers against a scan of every live key.
+        limit = self._prio(above[0], above[1], None)
         aside: list[tuple[list[tuple[_Prio, int, T, Request]], tuple[_Prio, int, T, Request]]] = []
         found = None
         while True:
@@ -157,6 +168,8 @@ class RunningKeys(Generic[T]):
             if top is None:
                 break
             heap, prio = top
+            if prio >= limit:
+                break
             _, tok, item, req = heap[0]
             sync(item)
             key = policy.key(req, now)
@@ -165,8 +178,6 @@ class RunningKeys(Generic[T]):
                 at = clock if heap is self._drift else None
                 heapq.heapreplace(heap, (self._prio(key, req.seq, at), tok, item, req))
                 continue
-            if (key, req.seq) <= above:
-                break
             if req is skip:
                 aside.append((heap, heapq.heappop(heap)))
                 continue
