@@ -143,16 +143,22 @@ class RunningKeys(Generic[T]):
         """The running item with the largest ``(key, seq)`` above ``above`` that ``can_preempt``
         allows, with that key; None if there is none. ``sync`` brings an item's counters up to
         date before it is re-keyed; ``running()`` lists every running item with its ``clock``
-        argument of :meth:`push` (to re-key them all after a ``key_epoch`` change, or to compact
-        the heaps); ``clock`` is the engine's decode-step count now; ``skip``'s item is passed over."""
+        argument of :meth:`push` (to re-key them all after a ``key_epoch`` change); ``clock`` is the
+        engine's decode-step count now; ``skip``'s item is passed over."""
         policy, live = self.policy, self._live
-        if policy.key_epoch != self._epoch or len(self._fixed) + len(self._drift) > 4 * len(live) + 64:
+        if policy.key_epoch != self._epoch:  # every key may have moved: re-key them all
             self._epoch = policy.key_epoch
             self._fixed, self._drift = [], []
             live.clear()
             for item, req, at in running():
                 sync(item)
                 self.push(item, req, now, at)
+        elif len(self._fixed) + len(self._drift) > 4 * len(live) + 64:
+            # compact: the live entries stay as they are (still bounds), the dead ones go
+            self._fixed = [e for e in self._fixed if live.get(e[2]) == e[1]]
+            self._drift = [e for e in self._drift if live.get(e[2]) == e[1]]
+            heapq.heapify(self._fixed)
+            heapq.heapify(self._drift)
         # Every live entry's priority is that of an upper bound of its item's (key, seq) now (a key
         # only stays or improves between its key points, where it is pushed again; a countdown
         # anchor is exact), and priorities order as (key, seq) do in reverse (keys of one length,
