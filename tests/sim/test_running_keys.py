@@ -152,6 +152,12 @@ def test_heap_priorities_equal_the_generic_negation(
     want = _generic_prio(key, seq, clock, countdown)
     assert got == want
     assert [type(x) for x in got] == [type(x) for x in want]
+    # and push, which inlines the one-component countdown case, files the same priority
+    heap.policy.key = lambda request, now: key  # type: ignore[method-assign]
+    heap.push("item", make_request(seq=seq), 0.0, clock)
+    (pushed,) = heap._drift if countdown and clock is not None else heap._fixed
+    assert pushed[0] == want
+    assert [type(x) for x in pushed[0]] == [type(x) for x in want]
 
 
 class _TableKeys(Policy):

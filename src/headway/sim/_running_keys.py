@@ -98,9 +98,20 @@ class RunningKeys(Generic[T]):
         count if ``item`` decodes (its key counts down with it), None while it prefills."""
         tok = next(self._counter)
         self._live[item] = tok
-        drift = self._countdown and clock is not None
-        prio = self._prio(self.policy.key(req, now), req.seq, clock if drift else None)
-        heapq.heappush(self._drift if drift else self._fixed, (prio, tok, item, req))
+        key = self.policy.key(req, now)
+        if self._countdown:
+            if len(key) == 1:  # _prio's one-component countdown case, inlined (a push per key point)
+                first = key[0]
+                whole = math.floor(first)
+                if clock is None:
+                    heapq.heappush(self._fixed, ((-whole, whole - first, -req.seq), tok, item, req))
+                else:
+                    heapq.heappush(self._drift, ((-(whole + clock), whole - first, -req.seq), tok, item, req))
+                return
+            if clock is not None:
+                heapq.heappush(self._drift, (self._prio(key, req.seq, clock), tok, item, req))
+                return
+        heapq.heappush(self._fixed, (self._prio(key, req.seq, None), tok, item, req))
 
     def decoding(self, item: T, req: Request, now: float, clock: int) -> None:
         """``item`` finished its prefill and decodes from the decode-step count ``clock`` on: a
