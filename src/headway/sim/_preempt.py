@@ -19,6 +19,7 @@ class Preemption(KVBlocks):
     _step_preempted: list[str]
     _arm_timer: Callable[[Request], None]  # the replica's: a requeued request's re-key timer
     _sync_all: bool  # a displacement check syncs every running request (see the replica)
+    _victim_from_heaps: bool  # a KV shortage's victim is the lazy heaps' top (see _heap_victim)
 
     def _leave_batch(self, s: Seq, now: float) -> Request:
         """Take a running request out of the batch (evicted or paused): its counters synced, its
@@ -91,16 +92,40 @@ class Preemption(KVBlocks):
         """Evict the policy's victims until the running requests' blocks fit. In pause mode the
         paused requests hold blocks too and are candidates (they rank below the running ones)."""
         while self.free < 0 and (self.num_running or self.paused):
-            pool = self._running(now)
-            if self.paused:
-                pool += [s.req for s in self.paused]
-            s = self.seqs[self.policy.choose_victim(pool, now)]
+            s = self._heap_victim(now) if self._victim_from_heaps else self._scan_victim(now)
             if s in self.paused:
                 self._drop_paused(s)
             else:
                 budget += self._release_step(s)
                 self._preempt(s, now)
         return budget
+
+    def _scan_victim(self, now: float) -> Seq:
+        """The policy's ``choose_victim`` among the running and paused requests."""
+        pool = self._running(now)
+        if self.paused:
+            pool += [s.req for s in self.paused]
+        return self.seqs[self.policy.choose_victim(pool, now)]
+
+    def _heap_victim(self, now: float) -> Seq:
+        """:meth:`_scan_victim` for a policy with the default ``choose_victim`` (the largest
+        ``(key, seq)``) and ``can_preempt`` (always True): the lazy heaps hold every running and
+        paused request (none is set aside for ``can_preempt``), so the larger of their tops is
+        that victim, without re-keying everyone. Progress is reported as a displacement check
+        reports it (the whole batch where the policy needs every step's, ``_sync_all``; else
+        late, as ``progress_at_hints`` or no progress hook allow)."""
+        rkeys, pkeys = self._rkeys, self._pkeys
+        assert rkeys is not None
+        if self._sync_all:
+            self._sync_decoders(now)
+        found = rkeys.worst(None, now, self._sync_now, self._running_items, self.g)
+        if self.paused:
+            assert pkeys is not None
+            held = pkeys.worst(None, now, self._sync_now, self._paused_items)
+            if held is not None and (found is None or held[1] > found[1]):
+                found = held
+        assert found is not None
+        return found[0]
 
     def _displace(self, now: float, budget: int) -> int:
         """Preemptive policies: a better-keyed waiting request that cannot be admitted displaces the

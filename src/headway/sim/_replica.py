@@ -127,6 +127,8 @@ class Replica(Preemption):
         )
         # a check syncs every running request, as step-by-step mode reports progress, unless late is fine
         self._sync_all = lazy and self._progress_hook and not late_progress
+        # a KV shortage's victim: the heaps' top where the policy keeps choose_victim's and can_preempt's defaults
+        self._victim_from_heaps = lazy and not hooks.choose_victim and not hooks.can_preempt
         self._admission_held = False  # the step being planned preempted, so it admitted nobody
         # displacement checks are skipped while nothing they read changed (see _start_step);
         # a rekey point bumps _run_version

@@ -144,15 +144,15 @@ class RunningKeys(Generic[T]):
 
     def worst(
         self,
-        above: tuple[PolicyKey, int],
+        above: tuple[PolicyKey, int] | None,
         now: float,
         sync: Callable[[T], None],
         running: Callable[[], Iterable[tuple[T, Request, int | None]]],
         clock: int = 0,
         skip: Request | None = None,
     ) -> tuple[T, tuple[PolicyKey, int]] | None:
-        """The running item with the largest ``(key, seq)`` above ``above`` that ``can_preempt``
-        allows, with that key; None if there is none. ``sync`` brings an item's counters up to
+        """The running item with the largest ``(key, seq)`` above ``above`` (None: any) that
+        ``can_preempt`` allows, with that key; None if there is none. ``sync`` brings an item's counters up to
         date before it is re-keyed; ``running()`` lists every running item with its ``clock``
         argument of :meth:`push` (to re-key them all after a ``key_epoch`` change); ``clock`` is the
         engine's decode-step count now; ``skip``'s item is passed over."""
@@ -179,8 +179,9 @@ class RunningKeys(Generic[T]):
         # test_running_keys.py checks the answers against a scan of every live key. (A countdown
         # key's first component is split at its floor: a waiting key of inf or NaN has no such
         # priority, and is compared key to key below.)
+        limit: _Prio | None
         try:
-            limit: _Prio | None = self._prio(above[0], above[1], None)
+            limit = None if above is None else self._prio(above[0], above[1], None)
         except (OverflowError, ValueError):
             limit = None
         aside: list[tuple[list[tuple[_Prio, int, T, Request]], tuple[_Prio, int, T, Request]]] = []
@@ -200,7 +201,7 @@ class RunningKeys(Generic[T]):
                 at = clock if heap is self._drift else None
                 heapq.heapreplace(heap, (self._prio(key, req.seq, at), tok, item, req))
                 continue
-            if (key, req.seq) <= above:  # (only without a limit: with one, prio < limit says no)
+            if above is not None and (key, req.seq) <= above:  # (with a limit, prio < limit said no)
                 break
             if req is skip:
                 aside.append((heap, heapq.heappop(heap)))
