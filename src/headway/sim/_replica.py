@@ -283,8 +283,9 @@ class Replica(Preemption):
                 # _run_version), so with the same queue head, running set and key epoch as after the
                 # last check nobody can be displaced now. Policies with a progress hook, or a
                 # can_preempt that may change between hints, are checked at every step.
-                sig = (self.waiting.head(), self._run_version, self.policy.key_epoch)
-                if not self._static_preemption or sig != self._displace_sig:
+                if not self._static_preemption:
+                    budget = self._displace(now, budget)
+                elif (self.waiting.head(), self._run_version, self.policy.key_epoch) != self._displace_sig:
                     budget = self._displace(now, budget)
                     # a check cut short by an exhausted token budget proves nothing for later steps
                     self._displace_sig = (
