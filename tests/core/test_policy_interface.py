@@ -123,8 +123,13 @@ def test_queue_pops_in_key_then_seq_order(items: list[tuple[int, float]], data: 
     expected = sorted((r for i, r in enumerate(reqs) if i not in removed),
                       key=lambda r: (r.priority, r.arrival_time, r.seq))
     assert list(q) == expected
-    assert [q.pop() for _ in range(len(expected))] == expected
-    assert q.peek() is None and not q
+    popped = []
+    for _ in range(len(expected)):
+        head = q.head()  # the request and key peek and peek_key give, in one pass
+        assert head is not None and head == (q.peek(), q.peek_key())
+        popped.append(q.pop())
+    assert popped == expected
+    assert q.peek() is None and q.head() is None and not q
     with pytest.raises(IndexError):
         q.pop()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 from collections import Counter
 
@@ -189,3 +190,34 @@ def test_non_oracle_policy_cannot_read_true_lengths() -> None:
     oracle = make_policy("sjf-oracle")
     with pytest.raises(OracleAccessError, match="no oracle bound"):
         oracle.true_output_tokens(Request("x", 0.0, 1, 1))
+
+
+class _GCProbe(FCFSPolicy):
+    """FCFS that records whether the cyclic collector runs during each arrival (never registered)."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.enabled: list[bool] = []
+        self.fail_at = fail_at
+
+    def on_arrival(self, request: Request, now: float) -> None:
+        self.enabled.append(gc.isenabled())
+        if len(self.enabled) == self.fail_at:
+            raise RuntimeError("probe")
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_cyclic_gc_is_paused_during_the_loop_and_restored(enabled: bool) -> None:
+    wl = make_workload([(0.0, 10, 5), (0.1, 20, 3)])
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        probe = _GCProbe()
+        simulate(wl, probe, preset=COST, scheduler=SchedulerConfig())
+        assert probe.enabled == [False, False]
+        assert gc.isenabled() is enabled
+        failing = _GCProbe(fail_at=1)
+        with pytest.raises(RuntimeError, match="probe"):
+            simulate(wl, failing, preset=COST, scheduler=SchedulerConfig())
+        assert gc.isenabled() is enabled  # restored when the loop raises too
+    finally:
+        (gc.enable if was else gc.disable)()

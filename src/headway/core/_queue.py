@@ -62,6 +62,16 @@ class PolicyQueue:
         self._prune()
         return self._heap[0][0] if self._heap else None
 
+    def head(self) -> tuple[Request, PolicyKey] | None:
+        """:meth:`peek`'s request and :meth:`peek_key`'s key together (one pass), or None."""
+        heap, live = self._heap, self._live
+        while heap:
+            top = heap[0]
+            if live.get(top[3]) == top[2]:
+                return top[3], top[0]
+            heapq.heappop(heap)
+        return None
+
     def pop(self) -> Request:
         """Remove and return the first request; IndexError when empty."""
         self._prune()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from headway.core import PolicyKey, Request, RequestState
+from headway.core import Request, RequestState
 from headway.sim._blocks import BLOCKS, KVBlocks
 from headway.sim._seq import Seq
 
@@ -19,6 +19,7 @@ class Preemption(KVBlocks):
     _step_preempted: list[str]
     _arm_timer: Callable[[Request], None]  # the replica's: a requeued request's re-key timer
     _sync_all: bool  # a displacement check syncs every running request (see the replica)
+    _victim_from_heaps: bool  # a KV shortage's victim is the lazy heaps' top (see _heap_victim)
 
     def _leave_batch(self, s: Seq, now: float) -> Request:
         """Take a running request out of the batch (evicted or paused): its counters synced, its
@@ -91,10 +92,7 @@ class Preemption(KVBlocks):
         """Evict the policy's victims until the running requests' blocks fit. In pause mode the
         paused requests hold blocks too and are candidates (they rank below the running ones)."""
         while self.free < 0 and (self.num_running or self.paused):
-            pool = self._running(now)
-            if self.paused:
-                pool += [s.req for s in self.paused]
-            s = self.seqs[self.policy.choose_victim(pool, now)]
+            s = self._heap_victim(now) if self._victim_from_heaps else self._scan_victim(now)
             if s in self.paused:
                 self._drop_paused(s)
             else:
@@ -102,18 +100,89 @@ class Preemption(KVBlocks):
                 self._preempt(s, now)
         return budget
 
+    def _scan_victim(self, now: float) -> Seq:
+        """The policy's ``choose_victim`` among the running and paused requests."""
+        pool = self._running(now)
+        if self.paused:
+            pool += [s.req for s in self.paused]
+        return self.seqs[self.policy.choose_victim(pool, now)]
+
+    def _heap_victim(self, now: float) -> Seq:
+        """:meth:`_scan_victim` for a policy with the default ``choose_victim`` (the largest
+        ``(key, seq)``) and ``can_preempt`` (always True): the lazy heaps hold every running and
+        paused request (none is set aside for ``can_preempt``), so the larger of their tops is
+        that victim, without re-keying everyone. Progress is reported as a displacement check
+        reports it (the whole batch where the policy needs every step's, ``_sync_all``; else
+        late, as ``progress_at_hints`` or no progress hook allow)."""
+        rkeys, pkeys = self._rkeys, self._pkeys
+        assert rkeys is not None
+        if self._sync_all:
+            self._sync_decoders(now)
+        found = rkeys.worst(None, now, self._sync_now, self._running_items, self.g)
+        if self.paused:
+            assert pkeys is not None
+            held = pkeys.worst(None, now, self._sync_now, self._paused_items)
+            if held is not None and (found is None or held[1] > found[1]):
+                found = held
+        assert found is not None
+        return found[0]
+
     def _displace(self, now: float, budget: int) -> int:
         """Preemptive policies: a better-keyed waiting request that cannot be admitted displaces the
         worst-keyed running one, in the policy's ``displacement`` mode: ``pause`` takes a slot or
         token budget from it (it keeps its KV), and evicts the worst-keyed block holder for KV
         blocks; ``evict`` evicts for KV blocks only. Nobody is displaced for the token budget
         alone when chunked prefill is on (any budget admits a chunk)."""
-        policy = self.policy
-        pause = policy.displacement == "pause"
         rkeys = self._rkeys
-        keys = None if rkeys is not None else {r: (policy.key(r, now), r.seq) for r in self._running(now)}
+        if rkeys is None:
+            return self._displace_scan(now, budget)
+        # the running keys' lazy heap (_running_keys.py); with it, the paused requests' heap
+        pause = self.policy.displacement == "pause"
         if self._sync_all:
             self._sync_decoders(now)
+        waiting, seqs, pkeys = self.waiting, self.seqs, self._pkeys
+        while budget > 0:  # an exhausted token budget is no reason to evict
+            head = waiting.head()
+            if head is None:
+                break
+            cand, cand_key = head
+            s = seqs[cand]
+            chunk, short = self._admission(s, budget)
+            if chunk:
+                waiting.pop()
+                # its blocks are entered after the displacement check (which may evict it again)
+                self._start_running(s, chunk, now, register=False)
+                budget -= chunk
+                continue
+            if short != BLOCKS and not pause:
+                break  # evict mode: a full batch or budget displaces nobody
+            above = (cand_key, cand.seq)
+            found = rkeys.worst(above, now, self._sync_now, self._running_items, self.g)
+            if short == BLOCKS and self.paused:  # (pause mode: pkeys is kept)
+                assert pkeys is not None
+                held = pkeys.worst(above, now, self._sync_now, self._paused_items, skip=cand)
+                if held is not None and (found is None or held[1] > found[1]):
+                    found = held
+            if found is None:
+                break
+            s = found[0]
+            if s in self.paused:
+                self._drop_paused(s)
+                continue
+            budget += self._release_step(s)
+            if short == BLOCKS:
+                self._preempt(s, now)
+            else:
+                self._pause(s, now)
+        return budget
+
+    def _displace_scan(self, now: float, budget: int) -> int:
+        """:meth:`_displace` re-keying every running (and paused) request at each check: for policies
+        with a progress hook that do not declare how their running keys evolve, and the reference
+        the lazy heaps are tested against (``_running_keys.EXACT_SCAN``)."""
+        policy = self.policy
+        pause = policy.displacement == "pause"
+        keys = {r: (policy.key(r, now), r.seq) for r in self._running(now)}
         while self.waiting and budget > 0:  # an exhausted token budget is no reason to evict
             cand = self.waiting.peek()
             assert cand is not None
@@ -123,33 +192,18 @@ class Preemption(KVBlocks):
                 # its blocks are entered after the displacement check (which may evict it again)
                 self._start_running(self.seqs[cand], chunk, now, register=False)
                 budget -= chunk
-                if keys is not None:
-                    keys[cand] = (policy.key(cand, now), cand.seq)
+                keys[cand] = (policy.key(cand, now), cand.seq)
                 continue
             ckey = (self.waiting.peek_key(), cand.seq)
             if short != BLOCKS and not pause:
                 break  # evict mode: a full batch or budget displaces nobody
-            pool: dict[Request, tuple[PolicyKey, int]]
-            if keys is not None:
-                pool = {r: k for r, k in keys.items() if k > ckey and policy.can_preempt(r, now)}
-            else:
-                assert rkeys is not None
-                head_key = self.waiting.peek_key()
-                assert head_key is not None
-                found = rkeys.worst((head_key, cand.seq), now, self._sync_now, self._running_items, self.g)
-                pool = {} if found is None else {found[0].req: found[1]}
+            pool = {r: k for r, k in keys.items() if k > ckey and policy.can_preempt(r, now)}
             if short == BLOCKS and self.paused:
-                if self._pkeys is not None:
-                    head = self.waiting.peek_key()
-                    assert head is not None
-                    held = self._pkeys.worst((head, cand.seq), now, self._sync_now, self._paused_items, skip=cand)
-                    if held is not None:
-                        pool[held[0].req] = held[1]
-                else:
-                    for p in self.paused:
-                        if p.req is not cand:
-                            pool[p.req] = (policy.key(p.req, now), p.req.seq)
-                    pool = {r: k for r, k in pool.items() if k > ckey}
+                for p in self.paused:
+                    if p.req is not cand:
+                        key = (policy.key(p.req, now), p.req.seq)
+                        if key > ckey:
+                            pool[p.req] = key
             if not pool:
                 break
             worst = max(pool, key=pool.__getitem__)
@@ -157,8 +211,7 @@ class Preemption(KVBlocks):
             if s in self.paused:
                 self._drop_paused(s)
                 continue
-            if keys is not None:
-                del keys[worst]
+            del keys[worst]
             budget += self._release_step(s)
             if short == BLOCKS:
                 self._preempt(s, now)

@@ -127,6 +127,8 @@ class Replica(Preemption):
         )
         # a check syncs every running request, as step-by-step mode reports progress, unless late is fine
         self._sync_all = lazy and self._progress_hook and not late_progress
+        # a KV shortage's victim: the heaps' top where the policy keeps choose_victim's and can_preempt's defaults
+        self._victim_from_heaps = lazy and not hooks.choose_victim and not hooks.can_preempt
         self._admission_held = False  # the step being planned preempted, so it admitted nobody
         # displacement checks are skipped while nothing they read changed (see _start_step);
         # a rekey point bumps _run_version
@@ -281,14 +283,13 @@ class Replica(Preemption):
                 # _run_version), so with the same queue head, running set and key epoch as after the
                 # last check nobody can be displaced now. Policies with a progress hook, or a
                 # can_preempt that may change between hints, are checked at every step.
-                sig = (self.waiting.peek(), self.waiting.peek_key(), self._run_version, self.policy.key_epoch)
-                if not self._static_preemption or sig != self._displace_sig:
+                if not self._static_preemption:
+                    budget = self._displace(now, budget)
+                elif (self.waiting.head(), self._run_version, self.policy.key_epoch) != self._displace_sig:
                     budget = self._displace(now, budget)
                     # a check cut short by an exhausted token budget proves nothing for later steps
                     self._displace_sig = (
-                        (self.waiting.peek(), self.waiting.peek_key(), self._run_version, self.policy.key_epoch)
-                        if budget > 0
-                        else None
+                        (self.waiting.head(), self._run_version, self.policy.key_epoch) if budget > 0 else None
                     )
             self._register_prefills()
             self._admit(now, budget)

@@ -98,9 +98,20 @@ class RunningKeys(Generic[T]):
         count if ``item`` decodes (its key counts down with it), None while it prefills."""
         tok = next(self._counter)
         self._live[item] = tok
-        drift = self._countdown and clock is not None
-        prio = self._prio(self.policy.key(req, now), req.seq, clock if drift else None)
-        heapq.heappush(self._drift if drift else self._fixed, (prio, tok, item, req))
+        key = self.policy.key(req, now)
+        if self._countdown:
+            if len(key) == 1:  # _prio's one-component countdown case, inlined (a push per key point)
+                first = key[0]
+                whole = math.floor(first)
+                if clock is None:
+                    heapq.heappush(self._fixed, ((-whole, whole - first, -req.seq), tok, item, req))
+                else:
+                    heapq.heappush(self._drift, ((-(whole + clock), whole - first, -req.seq), tok, item, req))
+                return
+            if clock is not None:
+                heapq.heappush(self._drift, (self._prio(key, req.seq, clock), tok, item, req))
+                return
+        heapq.heappush(self._fixed, (self._prio(key, req.seq, None), tok, item, req))
 
     def decoding(self, item: T, req: Request, now: float, clock: int) -> None:
         """``item`` finished its prefill and decodes from the decode-step count ``clock`` on: a
@@ -115,41 +126,64 @@ class RunningKeys(Generic[T]):
 
     def _top(self, clock: int) -> tuple[list[tuple[_Prio, int, T, Request]], _Prio] | None:
         """The heap whose live top has the larger predicted key, and that top's priority now."""
-        live = self._live
-        best: tuple[list[tuple[_Prio, int, T, Request]], _Prio] | None = None
-        for heap in (self._fixed, self._drift):
-            while heap and live.get(heap[0][2]) != heap[0][1]:
-                heapq.heappop(heap)
-            if heap:
-                prio = heap[0][0]
-                if heap is self._drift:
-                    prio = (prio[0] + clock, *prio[1:])
-                if best is None or prio < best[1]:
-                    best = (heap, prio)
-        return best
+        live, fixed = self._live, self._fixed
+        while fixed and live.get(fixed[0][2]) != fixed[0][1]:
+            heapq.heappop(fixed)
+        if not self._countdown:  # (no decoders' heap)
+            return (fixed, fixed[0][0]) if fixed else None
+        drift = self._drift
+        while drift and live.get(drift[0][2]) != drift[0][1]:
+            heapq.heappop(drift)
+        if not drift:
+            return (fixed, fixed[0][0]) if fixed else None
+        prio = drift[0][0]
+        prio = (prio[0] + clock, *prio[1:])
+        if fixed and fixed[0][0] <= prio:
+            return fixed, fixed[0][0]
+        return drift, prio
 
     def worst(
         self,
-        above: tuple[PolicyKey, int],
+        above: tuple[PolicyKey, int] | None,
         now: float,
         sync: Callable[[T], None],
         running: Callable[[], Iterable[tuple[T, Request, int | None]]],
         clock: int = 0,
         skip: Request | None = None,
     ) -> tuple[T, tuple[PolicyKey, int]] | None:
-        """The running item with the largest ``(key, seq)`` above ``above`` that ``can_preempt``
-        allows, with that key; None if there is none. ``sync`` brings an item's counters up to
+        """The running item with the largest ``(key, seq)`` above ``above`` (None: any) that
+        ``can_preempt`` allows, with that key; None if there is none. ``sync`` brings an item's counters up to
         date before it is re-keyed; ``running()`` lists every running item with its ``clock``
-        argument of :meth:`push` (to re-key them all after a ``key_epoch`` change, or to compact
-        the heaps); ``clock`` is the engine's decode-step count now; ``skip``'s item is passed over."""
+        argument of :meth:`push` (to re-key them all after a ``key_epoch`` change); ``clock`` is the
+        engine's decode-step count now; ``skip``'s item is passed over."""
         policy, live = self.policy, self._live
-        if policy.key_epoch != self._epoch or len(self._fixed) + len(self._drift) > 4 * len(live) + 64:
+        if policy.key_epoch != self._epoch:  # every key may have moved: re-key them all
             self._epoch = policy.key_epoch
             self._fixed, self._drift = [], []
             live.clear()
             for item, req, at in running():
                 sync(item)
                 self.push(item, req, now, at)
+        elif len(self._fixed) + len(self._drift) > 4 * len(live) + 64:
+            # compact: the live entries stay as they are (still bounds), the dead ones go
+            self._fixed = [e for e in self._fixed if live.get(e[2]) == e[1]]
+            self._drift = [e for e in self._drift if live.get(e[2]) == e[1]]
+            heapq.heapify(self._fixed)
+            heapq.heapify(self._drift)
+        # Every live entry's priority is that of an upper bound of its item's (key, seq) now (a key
+        # only stays or improves between its key points, where it is pushed again; a countdown
+        # anchor is exact), and priorities order as (key, seq) do in reverse (keys of one length,
+        # as the heap order itself needs). So once the top's priority is at or past ``above``'s,
+        # no item is above it: the answer is None without syncing or re-keying the top, which
+        # the top's fresh key (at or below its bound) would only confirm. tests/sim/
+        # test_running_keys.py checks the answers against a scan of every live key. (A countdown
+        # key's first component is split at its floor: a waiting key of inf or NaN has no such
+        # priority, and is compared key to key below.)
+        limit: _Prio | None
+        try:
+            limit = None if above is None else self._prio(above[0], above[1], None)
+        except (OverflowError, ValueError):
+            limit = None
         aside: list[tuple[list[tuple[_Prio, int, T, Request]], tuple[_Prio, int, T, Request]]] = []
         found = None
         while True:
@@ -157,6 +191,8 @@ class RunningKeys(Generic[T]):
             if top is None:
                 break
             heap, prio = top
+            if limit is not None and prio >= limit:
+                break
             _, tok, item, req = heap[0]
             sync(item)
             key = policy.key(req, now)
@@ -165,7 +201,7 @@ class RunningKeys(Generic[T]):
                 at = clock if heap is self._drift else None
                 heapq.heapreplace(heap, (self._prio(key, req.seq, at), tok, item, req))
                 continue
-            if (key, req.seq) <= above:
+            if above is not None and (key, req.seq) <= above:  # (with a limit, prio < limit said no)
                 break
             if req is skip:
                 aside.append((heap, heapq.heappop(heap)))
