@@ -158,6 +158,7 @@ class PolicyHooks:
     on their hot paths; every field is True when the class replaces that hook.
     """
 
+    on_workload: bool
     on_arrival: bool
     on_progress: bool
     on_decode_progress: bool
@@ -214,6 +215,12 @@ class Policy(ABC):
     _simulated: bool = False  # set by the simulator: an instance runs one simulation
 
     # -------------------------------------------------------------- contract
+    def on_workload(self, requests: Sequence[Request]) -> None:  # noqa: B027 - optional hook
+        """Called once before a simulation's first arrival with every request it may submit
+        (identifiers and prompts; no true lengths): per-request work that needs nothing learned
+        at run time may be prepared in bulk here (the noisy oracle's draws). It must change no
+        decision: ``on_arrival`` and the keys read the same values as without this call."""
+
     def on_arrival(self, request: Request, now: float) -> None:  # noqa: B027 - optional hook
         """Called once when ``request`` enters the scheduler."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -218,6 +218,10 @@ class ScoredPolicy(Policy):
                 "'oracle', 'default' (the shipped predictor), a scorer spec or a callable Request -> float"
             )
         self.scorer = scorer
+
+    def on_workload(self, requests: Sequence[Request]) -> None:
+        if isinstance(self._score_fn, NoisyOracleScorer):  # its draws in bulk, for those it will score
+            self._score_fn.prime([r.request_id for r in requests if r.score is None])
 
     def on_arrival(self, request: Request, now: float) -> None:
         self.score_of(request)

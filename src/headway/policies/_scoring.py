@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 
 from headway._optional import require
 from headway.core import Request
+from headway.policies._draws import normal_from_state, seed_states
 
 __all__ = [
     "SCORE_KEY",
@@ -50,6 +51,7 @@ __all__ = [
     "kendall_tau",
     "noisy_oracle_scores",
     "request_normal",
+    "request_seed_states",
     "tau_to_rho",
 ]
 
@@ -103,9 +105,22 @@ def request_normal(seed: int, request_id: str, salt: str = "") -> float:
     pool's own padding), without its conversion of a Python int: the same draw, bit for bit,
     in less time (this runs once per request).
     """
-    digest = hashlib.blake2b(f"{seed}\x1f{salt}\x1f{request_id}".encode(), digest_size=8).digest()
-    words = np.frombuffer(digest, dtype="<u4")
+    words = np.frombuffer(_digest(seed, request_id, salt), dtype="<u4")
     return float(np.random.Generator(np.random.PCG64(np.random.SeedSequence(words))).standard_normal())
+
+
+def _digest(seed: int, request_id: str, salt: str) -> bytes:
+    return hashlib.blake2b(f"{seed}\x1f{salt}\x1f{request_id}".encode(), digest_size=8).digest()
+
+
+def request_seed_states(seed: int, request_ids: Sequence[str], salt: str = "") -> dict[str, NDArray[np.uint64]]:
+    """The generator seeds of :func:`request_normal`'s draws for many requests, computed at once
+    (:mod:`headway.policies._draws`): ``normal_from_state(states[id])`` is
+    ``request_normal(seed, id, salt)``, bit for bit, in about a fifth of its time."""
+    ids = list(request_ids)
+    raw = b"".join([_digest(seed, i, salt) for i in ids])
+    states = seed_states(np.frombuffer(raw, dtype="<u4").reshape(-1, 2))
+    return dict(zip(ids, states, strict=True))
 
 
 def _check_tau(tau: float) -> float:
@@ -161,10 +176,21 @@ class NoisyOracleScorer:
         self.rho = tau_to_rho(self.tau)
         self._noise_scale = self.log_std * math.sqrt(max(0.0, 1.0 - self.rho * self.rho))
         self._oracle = oracle
+        self._states: dict[str, NDArray[np.uint64]] = {}
+
+    def prime(self, request_ids: Sequence[str]) -> None:
+        """Prepare the noise of these requests in bulk (:func:`request_seed_states`): the same
+        draws :meth:`__call__` makes one at a time, in less time (the simulator's ``on_workload``)."""
+        if self._noise_scale != 0.0:
+            self._states = request_seed_states(self.seed, request_ids, "score")
 
     def __call__(self, request: Request) -> float:
         log_len = math.log(max(self._oracle(request), 1))
-        eps = 0.0 if self._noise_scale == 0.0 else request_normal(self.seed, request.request_id, "score")
+        if self._noise_scale == 0.0:
+            eps = 0.0
+        else:
+            state = self._states.pop(request.request_id, None)
+            eps = request_normal(self.seed, request.request_id, "score") if state is None else normal_from_state(state)
         return self.log_mean + self.rho * (log_len - self.log_mean) + self._noise_scale * eps
 
     def __repr__(self) -> str:

@@ -301,6 +301,9 @@ def simulate(
     else:
         loop.set_arrivals([r.arrival_time for r in requests], arrive)
     c0, t0 = time.process_time(), time.perf_counter()
+    for r in replicas:  # (timed: bulk work a policy prepares is part of the run's cost)
+        if r.policy.hooks().on_workload:
+            r.policy.on_workload(requests)
     with _cyclic_gc_paused():
         loop.run()
     wall = time.perf_counter() - t0
