@@ -335,3 +335,24 @@ def test_ltr_step_time_bookkeeping_matches_the_dict_of_last_reports(ops: list[tu
         assert ours.step_time == ref.step_time
         assert [ours.key(r, now) for r in reqs[ours]] == [ref.key(r, now) for r in reqs[ref]]
         assert [ours.rekey_after_tokens(r) for r in reqs[ours]] == [ref.rekey_after_tokens(r) for r in reqs[ref]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pred=st.one_of(st.floats(min_value=1.0, max_value=1e6), st.just(math.nan)),
+    out=st.integers(min_value=0, max_value=10**6),
+)
+def test_trail_key_and_hint_are_the_max_formulas(pred: float, out: int) -> None:
+    """TRAIL's key and rekey hint skip the max() call: the same values as max(P - g, 0.0) and
+    max(ceil(P - g), 1), -0.0 and NaN included (values and types)."""
+    pol = make_policy("trail")
+    r = make_request(score=0.0)
+    pol.on_arrival(r, 0.0)
+    r.extra["trail"][1] = pred  # type: ignore[index]
+    r.num_output_tokens = out
+    (key,) = pol.key(r, 0.0)
+    want = max(pred - out, 0.0)
+    assert repr(key) == repr(want) and type(key) is type(want)
+    if not math.isnan(pred):
+        hint = pol.rekey_after_tokens(r)
+        assert hint == max(math.ceil(pred - out), 1) and type(hint) is int

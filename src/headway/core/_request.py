@@ -40,6 +40,9 @@ _ALLOWED: dict[RequestState, frozenset[RequestState]] = {
     RequestState.FINISHED: frozenset(),
     RequestState.ABORTED: frozenset(),
 }
+# the same edges by member identity (members are singletons): an Enum member's hash is a call of
+# Python code (the hash of its name), and a request makes several transitions per simulation
+_EDGES = frozenset((id(a), id(b)) for a, ends in _ALLOWED.items() for b in ends)
 
 
 class InvalidTransition(RuntimeError):
@@ -158,7 +161,7 @@ class Request:
     # ----------------------------------------------------------------- state
     def transition(self, new_state: RequestState) -> None:
         """Move to ``new_state``, raising :class:`InvalidTransition` on an illegal edge."""
-        if new_state not in _ALLOWED[self.state]:
+        if (id(self.state), id(new_state)) not in _EDGES:
             raise InvalidTransition(
                 f"request {self.request_id!r}: {self.state.name} -> {new_state.name} is not a valid transition"
             )

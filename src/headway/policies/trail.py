@@ -89,7 +89,7 @@ class TrailPolicy(ScoredPolicy):
         return st
 
     def on_arrival(self, request: Request, now: float) -> None:
-        super().on_arrival(request, now)
+        self.score_of(request)  # (ScoredPolicy's on_arrival)
         self._pred(request)
 
     def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:
@@ -105,13 +105,15 @@ class TrailPolicy(ScoredPolicy):
         st = request.extra.get(_NS)
         if not isinstance(st, list):
             st = self._pred(request)
-        return (max(st[1] - request.num_output_tokens, 0.0),)
+        left = st[1] - request.num_output_tokens
+        return (0.0 if left < 0.0 else left,)  # max(left, 0.0) without the call: the same value (even NaN)
 
     def rekey_after_tokens(self, request: Request) -> int | None:
         st = request.extra.get(_NS)
         if not isinstance(st, list):
             st = self._pred(request)
-        return max(math.ceil(st[1] - request.num_output_tokens), 1)
+        after = math.ceil(st[1] - request.num_output_tokens)
+        return 1 if after < 1 else after
 
     def can_preempt(self, request: Request, now: float) -> bool:
         st = request.extra.get(_NS)
