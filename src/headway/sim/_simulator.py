@@ -92,8 +92,9 @@ class SimResult:
 
 @contextlib.contextmanager
 def _cyclic_gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while the event loop runs (as ``timeit`` does), then
-    restore its state. The loop allocates heap entries and tuples by the million, and every few
+    """Pause Python's cyclic garbage collector while the event loop runs (and the policies'
+    ``on_workload`` before it), as ``timeit`` does, then restore its state. The loop allocates heap
+    entries and tuples by the million, and every few
     hundred allocations the collector walks the young objects, now and then all the requests: about
     10 % of a run's CPU time (Azure conv, trail and ltr in pause mode), while it finds next to no
     cycles (reference counting frees the rest as before). Nothing the simulation decides depends on it."""
@@ -301,10 +302,10 @@ def simulate(
     else:
         loop.set_arrivals([r.arrival_time for r in requests], arrive)
     c0, t0 = time.process_time(), time.perf_counter()
-    for r in replicas:  # (timed: bulk work a policy prepares is part of the run's cost)
-        if r.policy.hooks().on_workload:
-            r.policy.on_workload(requests)
     with _cyclic_gc_paused():
+        for r in replicas:  # (timed: bulk work a policy prepares is part of the run's cost)
+            if r.policy.hooks().on_workload:
+                r.policy.on_workload(requests)
         loop.run()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
