@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from headway._help import HelpFormatter
+from headway._help import HelpFormatter, fail
 from headway.predict._errors import PredictError
 from headway.predict._paths import DEFAULT_PREDICTOR_NAME, DEFAULT_TRAIN_DATA, default_predictor_name
 from headway.predict.score import BACKENDS
@@ -402,8 +402,7 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
         try:
             return int(fn(args))
         except ValueError as exc:
-            print(f"headway: error: {exc}", file=sys.stderr)
-            return 2
+            return fail(str(exc))
 
     wrapper.__name__ = fn.__name__
     return wrapper
@@ -603,8 +602,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ValueError as exc:
-        print(f"headway: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc))
     except KeyboardInterrupt:
         print("headway: interrupted", file=sys.stderr)
         return 130
