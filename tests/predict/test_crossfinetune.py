@@ -144,3 +144,17 @@ def test_fold_trains_only_the_top_layers_and_learns_the_shared_signal(
     assert table.held_out_source(recipe.label, "sharegpt") == pytest.approx(fold.taus["sharegpt:m"])
     assert math.isnan(table.held_out_source(recipe.label, "alpaca_eval"))
     assert table.to_markdown(recipe.label).startswith("# Length predictors across sources, encoder fine-tuned")
+
+
+def test_ridge_head_start_already_ranks_before_any_training(tiny_encoder_3_layers: Path, tmp_path: Path) -> None:
+    from headway.predict.crossfinetune import finetune_fold
+
+    sources = [_source(name, 60, k) for k, name in enumerate(SOURCES)]
+    still = {"encoder": str(tiny_encoder_3_layers), "top_layers": 1, "max_length": 32, "steps": 1, "batch_size": 8}
+    still |= {"lr": 1e-12, "head_lr": 1e-12}  # one step that moves nothing: the fold scores the start
+    recipe = FinetuneRecipe(**still, head_init="ridge", ridge_alpha=1.0)
+    ridge = finetune_fold(recipe, sources, "codealpaca", cache=tmp_path)
+    rand = finetune_fold(FinetuneRecipe(**still), sources, "codealpaca", cache=tmp_path)
+    assert ridge.taus["codealpaca:m"] > 0.5
+    assert ridge.taus["codealpaca:m"] > rand.taus["codealpaca:m"] + 0.2  # a random head ranks either way
+    assert "head from ridge (alpha 1)" in recipe.label

@@ -36,6 +36,8 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
         lr=args.lr,
         head_lr=args.head_lr,
         weighting=args.weighting,
+        head_init=args.head_init,
+        ridge_alpha=args.ridge_alpha,
         seed=args.seed,
     )
     sources = [load_source(name, args.data_dir, max_extra=args.sharegpt_extra) for name in SOURCES]
@@ -74,7 +76,7 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
 
 def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespace], int]], Any]) -> None:
     """Register ``cross-source-finetune`` under the predictor's sub-commands."""
-    from headway.predict.crossfinetune import WEIGHTINGS, FinetuneRecipe
+    from headway.predict.crossfinetune import HEAD_INITS, WEIGHTINGS, FinetuneRecipe
 
     d = FinetuneRecipe()
     p = sub.add_parser(
@@ -100,6 +102,13 @@ def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespac
     p.add_argument("--lr", type=float, default=d.lr, help="learning rate of the top layers")
     p.add_argument("--head-lr", type=float, default=d.head_lr, help="learning rate of the head")
     p.add_argument("--weighting", choices=WEIGHTINGS, default=d.weighting, help="share of each source in a step")
+    p.add_argument(
+        "--head-init",
+        choices=HEAD_INITS,
+        default=d.head_init,
+        help="random, or ridge: start from a ridge head on the untrained encoder's pooled features",
+    )
+    p.add_argument("--ridge-alpha", type=float, default=d.ridge_alpha, help="penalty of the ridge head start")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
         "--sharegpt-extra",

@@ -37,10 +37,12 @@ from torch import nn
 
 from headway.predict._errors import DataError
 from headway.predict.crosssource import SOURCES, CrossSourceResult, Source, _tau
+from headway.predict.head import fit_ridge, rank_targets
 from headway.predict.losses import margin_ranking_loss
 from headway.predict.model import load_encoder, pad_batch, position_limit, tokenize
 
 __all__ = [
+    "HEAD_INITS",
     "WEIGHTINGS",
     "FinetuneRecipe",
     "FoldResult",
@@ -52,6 +54,7 @@ __all__ = [
 ]
 
 WEIGHTINGS: tuple[str, ...] = ("equal", "sqrt")
+HEAD_INITS: tuple[str, ...] = ("random", "ridge")
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,11 @@ class FinetuneRecipe:
     weighting: str = "sqrt"
     """Share of each training source in a step: ``equal`` or ``sqrt`` (of its training answers)."""
     grad_clip: float = 1.0
+    head_init: str = "random"
+    """``random`` (normal, std 0.02) or ``ridge``: a ridge fit (rank-normal targets per source x model,
+    sources weighted as in a step, penalty ``ridge_alpha``) on the untrained encoder's pooled features
+    of the training prompts, so fine-tuning starts from the frozen-encoder head."""
+    ridge_alpha: float = 10_000.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -90,6 +98,12 @@ class FinetuneRecipe:
                 raise ValueError(f"FinetuneRecipe.{name} must be a finite number >= 0, got {getattr(self, name)!r}")
         if not 0.0 <= self.delta < 1.0:
             raise ValueError(f"FinetuneRecipe.delta must be in [0, 1), got {self.delta!r}")
+        if self.head_init not in HEAD_INITS:
+            raise ValueError(
+                f"FinetuneRecipe.head_init: unknown {self.head_init!r}; choose one of {', '.join(HEAD_INITS)}"
+            )
+        if not (math.isfinite(self.ridge_alpha) and self.ridge_alpha > 0):
+            raise ValueError(f"FinetuneRecipe.ridge_alpha must be a finite number > 0, got {self.ridge_alpha!r}")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(
                 f"FinetuneRecipe.weighting: unknown {self.weighting!r}; choose one of {', '.join(WEIGHTINGS)}"
@@ -100,9 +114,10 @@ class FinetuneRecipe:
     @property
     def label(self) -> str:
         share = "sources by sqrt(n)" if self.weighting == "sqrt" else "sources equal"
+        init = f", head from ridge (alpha {self.ridge_alpha:g})" if self.head_init == "ridge" else ""
         return (
             f"{self.encoder} top {self.top_layers} layers fine-tuned, {self.steps} steps x {self.batch_size}, "
-            f"lr {self.lr:g}, max_length {self.max_length}, {share}"
+            f"lr {self.lr:g}, max_length {self.max_length}, {share}{init}"
         )
 
 
@@ -158,9 +173,12 @@ class MixModel(nn.Module):
         nn.init.normal_(self.head.weight, std=0.02)
         nn.init.zeros_(self.head.bias)
 
+    def pooled(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The mean-pooled last layer that the head scores."""
+        return _mean_pool(self.top(inputs_embeds=states, attention_mask=mask).last_hidden_state, mask)
+
     def forward(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.top(inputs_embeds=states, attention_mask=mask).last_hidden_state
-        return cast(torch.Tensor, self.head(_mean_pool(hidden, mask))).squeeze(-1)
+        return cast(torch.Tensor, self.head(self.pooled(states, mask))).squeeze(-1)
 
 
 def _pad_states(states: Sequence[npt.NDArray[np.float32]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,15 +197,21 @@ def _micro_batches(sizes: Sequence[int], micro: int) -> list[list[int]]:
 
 
 def score_states(
-    model: MixModel, states: Sequence[npt.NDArray[np.float32]], micro: int = 64, *, grad: bool = False
+    model: MixModel,
+    states: Sequence[npt.NDArray[np.float32]],
+    micro: int = 64,
+    *,
+    grad: bool = False,
+    pooled: bool = False,
 ) -> torch.Tensor:
-    """Scores of cached lower-layer states, in order (length-sorted micro-batches, padded per batch)."""
+    """Scores of cached lower-layer states (or, with ``pooled``, the features the head scores), in order
+    (length-sorted micro-batches, padded per batch)."""
     parts: list[torch.Tensor] = []
     where: list[int] = []
     with torch.set_grad_enabled(grad):
         for chunk in _micro_batches([s.shape[0] for s in states], micro):
             x, mask = _pad_states([states[c] for c in chunk])
-            parts.append(model(x, mask))
+            parts.append(model.pooled(x, mask) if pooled else model(x, mask))
             where.extend(chunk)
     scores = torch.cat(parts)
     inverse = torch.empty(len(where), dtype=torch.long)
@@ -287,6 +311,27 @@ def _training_groups(src: Source) -> tuple[list[_Group], list[str]]:
     return groups, prompts
 
 
+def _ridge_head(
+    model: MixModel,
+    train_sets: Sequence[tuple[list[_Group], list[npt.NDArray[np.float32]], float]],
+    alpha: float,
+) -> None:
+    """Set the head to a ridge fit on the pooled features of the untrained top layers."""
+    model.eval()
+    xs, ys, ws = [], [], []
+    for groups, states, share in train_sets:
+        feats = score_states(model, states, pooled=True).numpy().astype(np.float64)
+        for g in groups:
+            xs.append(feats[g.rows])
+            ys.append(rank_targets(g.lengths))
+            ws.append(np.full(g.rows.size, share / (g.rows.size * len(groups))))
+    head = fit_ridge(np.vstack(xs), np.concatenate(ys), kind="text", alpha=alpha, sample_weight=np.concatenate(ws))
+    w = head.weights / head.scale
+    with torch.no_grad():
+        model.head.weight.copy_(torch.from_numpy(w).float().unsqueeze(0))
+        model.head.bias.fill_(float(head.bias - head.mean @ w))
+
+
 @dataclass
 class FoldResult:
     """One held-out-source fold: tau_b per ``source:model`` column, which columns are in-source (the
@@ -359,6 +404,8 @@ def finetune_fold(
     )
 
     model = MixModel(top)
+    if recipe.head_init == "ridge":
+        _ridge_head(model, [(groups, states, w) for _, groups, states, w in train_sets], recipe.ridge_alpha)
     model.train()
     params = [p for p in model.top.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(
