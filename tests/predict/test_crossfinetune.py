@@ -152,9 +152,9 @@ def test_ridge_head_start_already_ranks_before_any_training(tiny_encoder_3_layer
     sources = [_source(name, 60, k) for k, name in enumerate(SOURCES)]
     still = {"encoder": str(tiny_encoder_3_layers), "top_layers": 1, "max_length": 32, "steps": 1, "batch_size": 8}
     still |= {"lr": 1e-12, "head_lr": 1e-12}  # one step that moves nothing: the fold scores the start
-    recipe = FinetuneRecipe(**still, head_init="ridge", ridge_alpha=1.0)
+    recipe = FinetuneRecipe(**still, head_init="ridge", ridge_alpha=1.0, dropout=False)
     ridge = finetune_fold(recipe, sources, "codealpaca", cache=tmp_path)
     rand = finetune_fold(FinetuneRecipe(**still), sources, "codealpaca", cache=tmp_path)
     assert ridge.taus["codealpaca:m"] > 0.5
     assert ridge.taus["codealpaca:m"] > rand.taus["codealpaca:m"] + 0.2  # a random head ranks either way
-    assert "head from ridge (alpha 1)" in recipe.label
+    assert recipe.label.endswith("head from ridge (alpha 1), no dropout")

@@ -37,6 +37,7 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
         head_lr=args.head_lr,
         weighting=args.weighting,
         head_init=args.head_init,
+        dropout=not args.no_dropout,
         ridge_alpha=args.ridge_alpha,
         seed=args.seed,
     )
@@ -108,6 +109,7 @@ def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespac
         default=d.head_init,
         help="random, or ridge: start from a ridge head on the untrained encoder's pooled features",
     )
+    p.add_argument("--no-dropout", action="store_true", help="train the top layers without their dropout")
     p.add_argument("--ridge-alpha", type=float, default=d.ridge_alpha, help="penalty of the ridge head start")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(

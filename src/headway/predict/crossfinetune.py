@@ -37,7 +37,7 @@ from torch import nn
 
 from headway.predict._errors import DataError
 from headway.predict.crosssource import SOURCES, CrossSourceResult, Source, _tau
-from headway.predict.head import fit_ridge, rank_targets
+from headway.predict.head import rank_targets
 from headway.predict.losses import margin_ranking_loss
 from headway.predict.model import load_encoder, pad_batch, position_limit, tokenize
 
@@ -79,6 +79,9 @@ class FinetuneRecipe:
     weighting: str = "sqrt"
     """Share of each training source in a step: ``equal`` or ``sqrt`` (of its training answers)."""
     grad_clip: float = 1.0
+    dropout: bool = True
+    """Keep the encoder's dropout in the top layers while training (False: train in eval mode; a head
+    started from ridge weights is far larger than a random one and amplifies dropout's noise)."""
     head_init: str = "random"
     """``random`` (normal, std 0.02) or ``ridge``: a ridge fit (rank-normal targets per source x model,
     sources weighted as in a step, penalty ``ridge_alpha``) on the untrained encoder's pooled features
@@ -115,6 +118,7 @@ class FinetuneRecipe:
     def label(self) -> str:
         share = "sources by sqrt(n)" if self.weighting == "sqrt" else "sources equal"
         init = f", head from ridge (alpha {self.ridge_alpha:g})" if self.head_init == "ridge" else ""
+        init += "" if self.dropout else ", no dropout"
         return (
             f"{self.encoder} top {self.top_layers} layers fine-tuned, {self.steps} steps x {self.batch_size}, "
             f"lr {self.lr:g}, max_length {self.max_length}, {share}{init}"
@@ -325,11 +329,26 @@ def _ridge_head(
             xs.append(feats[g.rows])
             ys.append(rank_targets(g.lengths))
             ws.append(np.full(g.rows.size, share / (g.rows.size * len(groups))))
-    head = fit_ridge(np.vstack(xs), np.concatenate(ys), kind="text", alpha=alpha, sample_weight=np.concatenate(ws))
-    w = head.weights / head.scale
+    w, b = _isotropic_ridge(np.vstack(xs), np.concatenate(ys), np.concatenate(ws), alpha)
     with torch.no_grad():
         model.head.weight.copy_(torch.from_numpy(w).float().unsqueeze(0))
-        model.head.bias.fill_(float(head.bias - head.mean @ w))
+        model.head.bias.fill_(b)
+
+
+def _isotropic_ridge(
+    x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], weight: npt.NDArray[np.float64], alpha: float
+) -> tuple[npt.NDArray[np.float64], float]:
+    """Weighted ridge on centred features all divided by one overall spread (one penalty for every
+    direction: standardizing each feature, as :func:`~headway.predict.head.fit_ridge` does, would give
+    near-constant features huge raw weights, which the first fine-tuning steps then blow up)."""
+    wt = weight * (len(y) / weight.sum())
+    mean = (wt @ x) / wt.sum()
+    spread = float(np.sqrt((wt @ ((x - mean) ** 2).sum(axis=1)) / (wt.sum() * x.shape[1]))) or 1.0
+    z = (x - mean) / spread
+    y_mean = float(wt @ y / wt.sum())
+    gram = (z * wt[:, None]).T @ z + alpha * np.eye(x.shape[1])
+    coef = np.linalg.solve(gram, (z * wt[:, None]).T @ (y - y_mean)) / spread
+    return coef, y_mean - float(mean @ coef)
 
 
 @dataclass
@@ -406,7 +425,7 @@ def finetune_fold(
     model = MixModel(top)
     if recipe.head_init == "ridge":
         _ridge_head(model, [(groups, states, w) for _, groups, states, w in train_sets], recipe.ridge_alpha)
-    model.train()
+    model.train(recipe.dropout)
     params = [p for p in model.top.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(
         [{"params": params, "lr": recipe.lr}, {"params": list(model.head.parameters()), "lr": recipe.head_lr}],
