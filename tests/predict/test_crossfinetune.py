@@ -158,3 +158,19 @@ def test_ridge_head_start_already_ranks_before_any_training(tiny_encoder_3_layer
     assert ridge.taus["codealpaca:m"] > 0.5
     assert ridge.taus["codealpaca:m"] > rand.taus["codealpaca:m"] + 0.2  # a random head ranks either way
     assert recipe.label.endswith("head from ridge (alpha 1), no dropout")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--held-out", "nope"], "--held-out: unknown source 'nope'"),
+        (["--held-out", ","], "--held-out: choose at least one of"),
+        (["--top-layers", "0"], "FinetuneRecipe.top_layers must be >= 1, got 0"),
+        (["--sharegpt-extra", "-1"], "--sharegpt-extra: a count >= 0, got -1"),
+    ],
+)
+def test_cli_names_the_bad_value(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from headway.predict._cli import main
+
+    assert main(["predictor", "cross-source-finetune", *args]) == 2
+    assert message in capsys.readouterr().err
