@@ -66,10 +66,10 @@ class FinetuneRecipe:
     top_layers: int = 2
     """Transformer layers fine-tuned (the top ones); the others are frozen and their outputs cached."""
     max_length: int = 96
-    steps: int = 300
+    steps: int = 800
     batch_size: int = 48
     """Prompts per step, shared among the training sources."""
-    lr: float = 1e-4
+    lr: float = 2e-4
     """AdamW learning rate of the top layers (linear warm-up over 10 % of the steps, then decay)."""
     head_lr: float = 1e-3
     weight_decay: float = 0.01
