@@ -216,6 +216,16 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("predictor_cross_source.md", "predictor_cross_source_mpnet.md"),
     ),
     Benchmark(
+        "predictor-cross-source-finetune",
+        "Length predictors across prompt sources, encoder fine-tuned on a mix",
+        "Leave one source out: the encoder's top layers and a linear head fine-tuned with PARS's margin ranking "
+        "loss on the other sources (pairs inside one source x model), Kendall tau_b on the held-out source "
+        "and on the training sources' held-out prompts.",
+        "python -m headway.predict cross-source-finetune --held-out alpaca_eval,arena_hard_v2,sharegpt,codealpaca "
+        "--steps 800 --lr 2e-4 --sharegpt-extra 4000 --out benchmarks/results/predictor_cross_source_finetune.md",
+        ("predictor_cross_source_finetune.md",),
+    ),
+    Benchmark(
         "predictor-shipped",
         "The predictor shipped in the package",
         "Held-out tau_b, size and scoring speed of the default predictor packed as low-rank deltas over the "

@@ -1,4 +1,4 @@
-"""``headway predictor {train,eval,matrix,cross-source,export-onnx}``.
+"""``headway predictor {train,eval,matrix,cross-source,cross-source-finetune,export-onnx}``.
 
 :func:`add_predictor_parser` adds the ``predictor`` command to an argparse sub-parser set; every leaf
 parser sets ``func`` (``args.func(args) -> int``). ``python -m headway.predict`` runs it standalone.
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from headway._help import HelpFormatter, fail
+from headway.predict._cli_finetune import add_finetune_parser
 from headway.predict._errors import PredictError
 from headway.predict._paths import DEFAULT_PREDICTOR_NAME, DEFAULT_TRAIN_DATA, default_predictor_name
 from headway.predict.score import BACKENDS
@@ -319,6 +320,7 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
     recipes = recipe_grid(features, alphas, weightings, heads, targets, decays)
     result = cross_source_matrix(sources, embeddings, recipes, extra_scorers=extra)
     result.command = _command_line()
+    result.title = f"Length predictors across sources, frozen {args.encoder} encoder: a head per training set"
     result.notes.append(f"frozen encoder: {args.encoder}, prompts cut at {encoder.max_length} tokens")
     result.notes += [
         f"{s.name}: {len(s.extra_prompts)} more prompts (not among the {len(s.prompts)} evaluated) add training "
@@ -562,6 +564,7 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
     p.set_defaults(func=_guarded(_cmd_cross_source))
+    add_finetune_parser(sub, _guarded)
 
     p = sub.add_parser(
         "export-onnx",

@@ -312,6 +312,8 @@ class CrossSourceResult:
     """Rows that are fixed scorers, not recipes (listed once, under training set ``-``)."""
     command: str = ""
     notes: list[str] = field(default_factory=list)
+    title: str = "Length predictors across sources: train on one source (or a mix), rank every other"
+    """The first heading of the markdown (distinct per result file)."""
 
     def source_mean(self, key: tuple[str, str], source: str) -> float:
         """Mean tau_b over ``source``'s models in row ``key`` (NaN when it was trained on)."""
@@ -344,7 +346,7 @@ class CrossSourceResult:
 
     def to_markdown(self, chosen: str | None = None) -> str:
         chosen = chosen or self.best_recipe()
-        lines = ["# Length predictors across sources: train on one source (or a mix), rank every other", ""]
+        lines = [f"# {self.title}", ""]
         if self.command:
             lines += ["Command:", "", "```", self.command, "```", ""]
         lines += [f"- {n}" for n in self.notes]

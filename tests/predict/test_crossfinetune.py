@@ -1,0 +1,176 @@
+"""Fine-tuning the encoder on a mix of sources: the split encoder, the lower-layer cache, PARS pairs inside
+one source x model, and a leave-one-source-out fold on synthetic sources (a tiny random BERT)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headway.predict.crossfinetune import FinetuneRecipe, group_pairs
+from headway.predict.crosssource import SOURCES, Source
+
+torch = pytest.importorskip("torch")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 2000), st.sampled_from([("a", "m"), ("a", "m2"), ("b", "m")])),
+        min_size=0,
+        max_size=30,
+    ),
+    st.sampled_from([0.0, 0.2, 0.5]),
+)
+def test_pairs_stay_inside_one_source_x_model_and_pass_the_gap(
+    rows: list[tuple[int, tuple[str, str]]], delta: float
+) -> None:
+    lengths = np.array([r[0] for r in rows], dtype=np.float64)
+    groups = [r[1] for r in rows]
+    pairs = group_pairs(lengths, groups, delta)
+    expected = {
+        (i, j)
+        for i in range(len(rows))
+        for j in range(i + 1, len(rows))
+        if groups[i] == groups[j]
+        and lengths[i] != lengths[j]
+        and abs(lengths[i] - lengths[j]) / max(lengths[i], lengths[j]) >= delta
+    }
+    assert {(int(a), int(b)) for a, b, _ in pairs} == expected
+    for a, b, label in pairs.tolist():
+        assert groups[a] == groups[b]
+        assert label == int(lengths[a] > lengths[b])
+
+
+def test_recipe_names_the_bad_value() -> None:
+    with pytest.raises(ValueError, match="top_layers must be >= 1, got 0"):
+        FinetuneRecipe(top_layers=0)
+    with pytest.raises(ValueError, match="weighting: unknown 'cube'"):
+        FinetuneRecipe(weighting="cube")
+    with pytest.raises(ValueError, match="lr must be a finite number > 0, got nan"):
+        FinetuneRecipe(lr=math.nan)
+    with pytest.raises(ValueError, match=r"delta must be in \[0, 1\), got 1.0"):
+        FinetuneRecipe(delta=1.0)
+
+
+def _encoder(path: Path) -> tuple[object, object]:
+    from headway.predict.model import load_encoder
+
+    return load_encoder(path)
+
+
+PROMPTS = ["write a poem about the sea", "hi", "explain in detail how a jet engine works, step by step " * 3, "ok"]
+
+
+def test_cached_lower_states_score_as_the_full_forward(tiny_encoder_3_layers: Path, tmp_path: Path) -> None:
+    from headway.predict.crossfinetune import MixModel, lower_states, score_states, split_encoder
+    from headway.predict.model import pad_batch, tokenize
+
+    full, tok = _encoder(tiny_encoder_3_layers)
+    enc, _ = _encoder(tiny_encoder_3_layers)
+    lower, top = split_encoder(enc, 1)  # type: ignore[arg-type]
+    model = MixModel(top).eval()
+    states = lower_states(lower, tok, PROMPTS, 32, cache=tmp_path, tag="t")
+    again = lower_states(lower, tok, PROMPTS, 32, cache=tmp_path, tag="t")  # from the disk cache
+    assert len(list(tmp_path.glob("*.npz"))) == 1
+    assert all(np.array_equal(a, b) for a, b in zip(states, again, strict=True))
+    cached = score_states(model, again, micro=3)
+
+    ids = tokenize(tok, PROMPTS, 32)
+    x, mask = (torch.from_numpy(a) for a in pad_batch(ids, 0))
+    full.eval()  # type: ignore[attr-defined]
+    with torch.no_grad():
+        hidden = full(input_ids=x, attention_mask=mask).last_hidden_state  # type: ignore[operator]
+        m = mask.unsqueeze(-1).float()
+        direct = model.head((hidden * m).sum(1) / m.sum(1)).squeeze(-1)
+    assert torch.allclose(cached, direct, atol=1e-5)
+    assert float((cached - direct).abs().max()) < 1e-5
+    assert len(set(np.round(cached.numpy(), 6).tolist())) == len(PROMPTS)  # not a constant
+
+
+def _source(name: str, n: int, seed: int) -> Source:
+    """Prompts whose output length grows with a word count that every source shares."""
+    rng = np.random.default_rng(seed)
+    words = rng.integers(1, 12, size=n)
+    prompts = tuple(f"{name} {i} " + " ".join(["tell me more"] * int(w)) for i, w in enumerate(words))
+    lengths = (words * 40 + rng.integers(1, 20, size=n)).astype(np.float64)
+    test = np.zeros(n, dtype=bool)
+    test[: n // 5] = True
+    return Source(name, prompts, {"m": lengths, "m2": lengths * 2}, {"m": lengths}, test)
+
+
+def test_fold_trains_only_the_top_layers_and_learns_the_shared_signal(
+    tiny_encoder_3_layers: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from headway.predict import crossfinetune
+    from headway.predict.crossfinetune import finetune_fold, fold_table
+
+    sources = [_source(name, 60, k) for k, name in enumerate(SOURCES)]
+    before, _ = _encoder(tiny_encoder_3_layers)
+    before_state = {k: v.clone() for k, v in before.state_dict().items()}  # type: ignore[attr-defined]
+    seen: dict[str, object] = {}
+    real_split = crossfinetune.split_encoder
+
+    def spy(encoder: object, top_layers: int) -> tuple[object, object]:
+        lower, top = real_split(encoder, top_layers)  # type: ignore[arg-type]
+        seen["lower"], seen["top"] = lower, top
+        return lower, top
+
+    recipe = FinetuneRecipe(
+        encoder=str(tiny_encoder_3_layers), top_layers=1, max_length=32, steps=40, batch_size=24, lr=3e-3, head_lr=3e-2
+    )
+    monkeypatch.setattr(crossfinetune, "split_encoder", spy)
+    fold = finetune_fold(recipe, sources, "sharegpt", cache=tmp_path)
+    lower_state = seen["lower"].state_dict()  # type: ignore[attr-defined]
+    for k, v in lower_state.items():  # embeddings and layers 0-1: untouched
+        assert torch.equal(v, before_state[k]), k
+    top_state = seen["top"].state_dict()  # type: ignore[attr-defined]
+    moved = [
+        k
+        for k, v in top_state.items()
+        if k.startswith("encoder.layer.0.") and not torch.equal(v, before_state[k.replace("layer.0.", "layer.2.")])
+    ]
+    assert moved  # the top layer (layer 2 of the original) was trained
+    assert fold.in_source == {f"{s}:m" for s in SOURCES if s != "sharegpt"}
+    assert fold.taus["sharegpt:m"] > 0.5  # the held-out source ranks by the shared signal
+    assert fold.loss_last < fold.loss_first
+    again = finetune_fold(recipe, sources, "sharegpt", cache=tmp_path)
+    assert again.taus == fold.taus  # seeded: the same run gives the same numbers
+    table = fold_table(recipe, sources, [fold], None)
+    assert table.held_out_source(recipe.label, "sharegpt") == pytest.approx(fold.taus["sharegpt:m"])
+    assert math.isnan(table.held_out_source(recipe.label, "alpaca_eval"))
+    assert table.to_markdown(recipe.label).startswith("# Length predictors across sources, encoder fine-tuned")
+
+
+def test_ridge_head_start_already_ranks_before_any_training(tiny_encoder_3_layers: Path, tmp_path: Path) -> None:
+    from headway.predict.crossfinetune import finetune_fold
+
+    sources = [_source(name, 60, k) for k, name in enumerate(SOURCES)]
+    still = {"encoder": str(tiny_encoder_3_layers), "top_layers": 1, "max_length": 32, "steps": 1, "batch_size": 8}
+    still |= {"lr": 1e-12, "head_lr": 1e-12}  # one step that moves nothing: the fold scores the start
+    recipe = FinetuneRecipe(**still, head_init="ridge", ridge_alpha=1.0, dropout=False)
+    ridge = finetune_fold(recipe, sources, "codealpaca", cache=tmp_path)
+    rand = finetune_fold(FinetuneRecipe(**still), sources, "codealpaca", cache=tmp_path)
+    assert ridge.taus["codealpaca:m"] > 0.5
+    assert ridge.taus["codealpaca:m"] > rand.taus["codealpaca:m"] + 0.2  # a random head ranks either way
+    assert recipe.label.endswith("head from ridge (alpha 1), no dropout")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--held-out", "nope"], "--held-out: unknown source 'nope'"),
+        (["--held-out", ","], "--held-out: choose at least one of"),
+        (["--top-layers", "0"], "FinetuneRecipe.top_layers must be >= 1, got 0"),
+        (["--sharegpt-extra", "-1"], "--sharegpt-extra: a count >= 0, got -1"),
+    ],
+)
+def test_cli_names_the_bad_value(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from headway.predict._cli import main
+
+    assert main(["predictor", "cross-source-finetune", *args]) == 2
+    assert message in capsys.readouterr().err
