@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 from headway._help import HelpFormatter, fail
+from headway.predict._cli_common import _command_line, _say
 from headway.predict._cli_finetune import add_finetune_parser
 from headway.predict._errors import PredictError
 from headway.predict._paths import DEFAULT_PREDICTOR_NAME, DEFAULT_TRAIN_DATA, default_predictor_name
@@ -24,12 +24,6 @@ from headway.predict.score import BACKENDS
 __all__ = ["add_predictor_parser", "main"]
 
 _LOSSES = ("pairwise", "pointwise", "listwise")
-
-
-def _command_line() -> str:
-    argv0 = Path(sys.argv[0]).name if sys.argv else "headway"
-    prog = "python -m headway.predict" if argv0 == "__main__.py" else "headway"
-    return shlex.join([*prog.split(), *sys.argv[1:]])
 
 
 def _add_training_options(p: argparse.ArgumentParser, *, matrix: bool = False) -> None:
@@ -145,10 +139,6 @@ def _train_config(args: argparse.Namespace, **override: Any) -> Any:
     }
     values.update(override)
     return TrainConfig(**values)
-
-
-def _say(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

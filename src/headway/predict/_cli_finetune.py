@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from headway._help import HelpFormatter
+from headway.predict._cli_common import _command_line, _say
 from headway.predict._errors import PredictError
 
 __all__ = ["add_finetune_parser"]
@@ -123,8 +124,6 @@ def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespac
     p.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
 
     def run(args: argparse.Namespace) -> int:
-        from headway.predict._cli import _command_line, _say
-
         return _cmd(args, _command_line(), _say)
 
     p.set_defaults(func=guarded(run))
