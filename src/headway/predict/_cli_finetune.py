@@ -78,7 +78,7 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
 
 def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespace], int]], Any]) -> None:
     """Register ``cross-source-finetune`` under the predictor's sub-commands."""
-    from headway.predict.crossfinetune import HEAD_INITS, WEIGHTINGS, FinetuneRecipe
+    from headway.predict._finetune_recipe import HEAD_INITS, WEIGHTINGS, FinetuneRecipe
 
     d = FinetuneRecipe()
     p = sub.add_parser(
