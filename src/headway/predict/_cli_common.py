@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
 from pathlib import Path
 
-__all__ = ["_command_line", "_say"]
+__all__ = ["_add_table_options", "_command_line", "_say"]
 
 
 def _command_line() -> str:
@@ -17,3 +18,15 @@ def _command_line() -> str:
 
 def _say(msg: str) -> None:
     print(msg, flush=True)
+
+
+def _add_table_options(p: argparse.ArgumentParser) -> None:
+    """The options the cross-source tables share: ShareGPT's extra training prompts, threads, the output file."""
+    p.add_argument(
+        "--sharegpt-extra",
+        type=int,
+        metavar="N",
+        help="at most N of ShareGPT's training-only prompts (default all, 12,759; 0 for none)",
+    )
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    p.add_argument("--out", metavar="FILE.md", help="also write the markdown tables here")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from headway._help import HelpFormatter
-from headway.predict._cli_common import _command_line, _say
+from headway.predict._cli_common import _add_table_options, _command_line, _say
 from headway.predict._errors import PredictError
 
 __all__ = ["add_finetune_parser"]
@@ -113,14 +113,7 @@ def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespac
     p.add_argument("--no-dropout", action="store_true", help="train the top layers without their dropout")
     p.add_argument("--ridge-alpha", type=float, default=d.ridge_alpha, help="penalty of the ridge head start")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument(
-        "--sharegpt-extra",
-        type=int,
-        metavar="N",
-        help="at most N of ShareGPT's training-only prompts (default all, 12,759; 0 for none)",
-    )
-    p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
-    p.add_argument("--out", metavar="FILE.md", help="also write the markdown tables here")
+    _add_table_options(p)
     p.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
 
     def run(args: argparse.Namespace) -> int:
