@@ -71,6 +71,19 @@ class Preemption(KVBlocks):
         self._evict_kv(s)
         self._run_version += 1
 
+    def _take_victim(self, s: Seq, evict: bool, now: float) -> int:
+        """Displace ``s``: a paused request loses its KV blocks; a running one returns its step
+        reservations and is evicted (``evict``) or paused. Returns the token budget it gave back."""
+        if s in self.paused:
+            self._drop_paused(s)
+            return 0
+        freed = self._release_step(s)
+        if evict:
+            self._preempt(s, now)
+        else:
+            self._pause(s, now)
+        return freed
+
     def _sync_now(self, s: Seq) -> None:
         if s in self.decoders:
             self._sync(s, self.loop.now)
@@ -93,11 +106,7 @@ class Preemption(KVBlocks):
         paused requests hold blocks too and are candidates (they rank below the running ones)."""
         while self.free < 0 and (self.num_running or self.paused):
             s = self._heap_victim(now) if self._victim_from_heaps else self._scan_victim(now)
-            if s in self.paused:
-                self._drop_paused(s)
-            else:
-                budget += self._release_step(s)
-                self._preempt(s, now)
+            budget += self._take_victim(s, True, now)
         return budget
 
     def _scan_victim(self, now: float) -> Seq:
@@ -165,15 +174,7 @@ class Preemption(KVBlocks):
                     found = held
             if found is None:
                 break
-            s = found[0]
-            if s in self.paused:
-                self._drop_paused(s)
-                continue
-            budget += self._release_step(s)
-            if short == BLOCKS:
-                self._preempt(s, now)
-            else:
-                self._pause(s, now)
+            budget += self._take_victim(found[0], short == BLOCKS, now)
         return budget
 
     def _displace_scan(self, now: float, budget: int) -> int:
@@ -207,14 +208,6 @@ class Preemption(KVBlocks):
             if not pool:
                 break
             worst = max(pool, key=pool.__getitem__)
-            s = self.seqs[worst]
-            if s in self.paused:
-                self._drop_paused(s)
-                continue
-            del keys[worst]
-            budget += self._release_step(s)
-            if short == BLOCKS:
-                self._preempt(s, now)
-            else:
-                self._pause(s, now)
+            keys.pop(worst, None)  # (a paused victim has no running key)
+            budget += self._take_victim(self.seqs[worst], short == BLOCKS, now)
         return budget
