@@ -67,7 +67,7 @@ def test_a_primed_noisy_oracle_scores_as_an_unprimed_one():
     primed = NoisyOracleScorer(0.6, truth.__getitem__, seed=4)
     primed.prime([r.request_id for r in reqs[:200]])  # the rest are drawn one at a time
     assert [primed(r) for r in reqs] == [plain(r) for r in reqs]
-    assert not primed._states  # each prepared draw is used once, then let go
+    assert not primed._normals  # each prepared draw is used once, then let go
 
 
 def _unprimed(name: str, **kwargs: object) -> Policy:

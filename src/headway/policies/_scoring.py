@@ -46,6 +46,7 @@ __all__ = [
     "BatchTextScorer",
     "NoisyOracleScorer",
     "PromptScorer",
+    "RequestNormals",
     "ScoreFn",
     "batch_scorer",
     "kendall_tau",
@@ -123,6 +124,30 @@ def request_seed_states(seed: int, request_ids: Sequence[str], salt: str = "") -
     return dict(zip(ids, states, strict=True))
 
 
+class RequestNormals:
+    """:func:`request_normal` with one ``seed`` and ``salt``, whose draws can be prepared in bulk
+    (:meth:`prime`, :func:`request_seed_states`); a prepared draw is used once, then let go, and a
+    request not prepared is drawn one at a time: the same values either way."""
+
+    __slots__ = ("_states", "salt", "seed")
+
+    def __init__(self, seed: int, salt: str) -> None:
+        self.seed = seed
+        self.salt = salt
+        self._states: dict[str, NDArray[np.uint64]] = {}
+
+    def prime(self, request_ids: Sequence[str]) -> None:
+        self._states = request_seed_states(self.seed, request_ids, self.salt)
+
+    def __len__(self) -> int:
+        """Prepared draws not used yet."""
+        return len(self._states)
+
+    def __call__(self, request_id: str) -> float:
+        state = self._states.pop(request_id, None)
+        return request_normal(self.seed, request_id, self.salt) if state is None else normal_from_state(state)
+
+
 def _check_tau(tau: float) -> float:
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (-1.0 <= tau <= 1.0):
         raise ValueError(f"tau must be in [-1, 1], got {tau!r}")
@@ -176,21 +201,17 @@ class NoisyOracleScorer:
         self.rho = tau_to_rho(self.tau)
         self._noise_scale = self.log_std * math.sqrt(max(0.0, 1.0 - self.rho * self.rho))
         self._oracle = oracle
-        self._states: dict[str, NDArray[np.uint64]] = {}
+        self._normals = RequestNormals(self.seed, "score")
 
     def prime(self, request_ids: Sequence[str]) -> None:
-        """Prepare the noise of these requests in bulk (:func:`request_seed_states`): the same
+        """Prepare the noise of these requests in bulk (:class:`RequestNormals`): the same
         draws :meth:`__call__` makes one at a time, in less time (the simulator's ``on_workload``)."""
         if self._noise_scale != 0.0:
-            self._states = request_seed_states(self.seed, request_ids, "score")
+            self._normals.prime(request_ids)
 
     def __call__(self, request: Request) -> float:
         log_len = math.log(max(self._oracle(request), 1))
-        if self._noise_scale == 0.0:
-            eps = 0.0
-        else:
-            state = self._states.pop(request.request_id, None)
-            eps = request_normal(self.seed, request.request_id, "score") if state is None else normal_from_state(state)
+        eps = 0.0 if self._noise_scale == 0.0 else self._normals(request.request_id)
         return self.log_mean + self.rho * (log_len - self.log_mean) + self._noise_scale * eps
 
     def __repr__(self) -> str:

@@ -7,14 +7,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-import numpy as np
-from numpy.typing import NDArray
-
 from headway._optional import require
 from headway.core import Policy, PolicyKey, Request, register_policy
 from headway.policies._base import ScoredPolicy, check_nonneg, check_positive
-from headway.policies._draws import normal_from_state
-from headway.policies._scoring import request_normal, request_seed_states
+from headway.policies._scoring import RequestNormals
 
 __all__ = ["TrailOraclePolicy", "TrailPolicy", "lognormal_residual_mean"]
 
@@ -141,20 +137,18 @@ class TrailOraclePolicy(Policy):
         self.c = check_nonneg("c", c, "trail-oracle")
         self.noise = check_nonneg("noise", noise, "trail-oracle")
         self.seed = int(seed)
-        self._states: dict[str, NDArray[np.uint64]] = {}
+        self._normals = RequestNormals(self.seed, "trail")
 
     def on_workload(self, requests: Sequence[Request]) -> None:
         if self.noise != 0.0:  # the noise draws in bulk: the same values _factor draws one at a time
-            self._states = request_seed_states(self.seed, [r.request_id for r in requests], "trail")
+            self._normals.prime([r.request_id for r in requests])
 
     def _factor(self, request: Request) -> float:
         if self.noise == 0.0:
             return 1.0
         f = request.extra.get(_NS)
         if not isinstance(f, float):
-            state = self._states.pop(request.request_id, None)
-            eps = request_normal(self.seed, request.request_id, "trail") if state is None else normal_from_state(state)
-            f = math.exp(self.noise * eps)
+            f = math.exp(self.noise * self._normals(request.request_id))
             request.extra[_NS] = f
         return f
 

@@ -94,10 +94,10 @@ class SimResult:
 def _cyclic_gc_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector while the event loop runs (and the policies'
     ``on_workload`` before it), as ``timeit`` does, then restore its state. The loop allocates heap
-    entries and tuples by the million, and every few
-    hundred allocations the collector walks the young objects, now and then all the requests: about
-    10 % of a run's CPU time (Azure conv, trail and ltr in pause mode), while it finds next to no
-    cycles (reference counting frees the rest as before). Nothing the simulation decides depends on it."""
+    entries and tuples by the million, and every few hundred allocations the collector walks the
+    young objects, now and then all the requests: about 10 % of a run's CPU time (Azure conv, trail
+    and ltr in pause mode), while it finds next to no cycles (reference counting frees the rest as
+    before). Nothing the simulation decides depends on it."""
     enabled = gc.isenabled()
     gc.disable()
     try:
