@@ -71,6 +71,23 @@ def test_column_alpha_shrinks_only_its_columns() -> None:
     assert np.allclose(uniform.weights, fit_ridge(x, y, kind="text", alpha=3.0).weights)
 
 
+def test_isotropic_scaling_keeps_a_near_constant_feature_small() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(400, 3))
+    x[:, 2] = 1e-4 * rng.normal(size=400)  # a near-constant feature with a little signal
+    y = x[:, 0] + x[:, 1] + 0.3 * x[:, 2] / 1e-4 + rng.normal(scale=0.1, size=400)
+    per = fit_ridge(x, y, kind="text", alpha=50.0)
+    iso = fit_ridge(x, y, kind="text", alpha=50.0, isotropic=True)
+    assert len(set(iso.scale.tolist())) == 1 and len(set(per.scale.tolist())) == 3
+    raw_per, raw_iso = per.weights / per.scale, iso.weights / iso.scale
+    assert abs(raw_per[2]) > 1e3  # standardized, the tiny column gets a huge raw weight
+    assert abs(raw_iso[2]) < 0.1 * abs(raw_per[2])  # one penalty for every direction shrinks it
+    # the isotropic head is the weighted ridge solution on features divided by one spread
+    z = (x - iso.mean) / iso.scale[0]
+    coef = np.linalg.solve(z.T @ z + 50.0 * np.eye(3), z.T @ (y - y.mean()))
+    assert np.allclose(iso.weights, coef) and np.isclose(iso.bias, y.mean())
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -38,7 +38,7 @@ from torch import nn
 from headway.predict._errors import DataError
 from headway.predict._finetune_recipe import HEAD_INITS, WEIGHTINGS, FinetuneRecipe
 from headway.predict.crosssource import SOURCES, CrossSourceResult, Source, _tau
-from headway.predict.head import rank_targets
+from headway.predict.head import fit_ridge, rank_targets
 from headway.predict.losses import margin_ranking_loss
 from headway.predict.model import load_encoder, pad_batch, position_limit, tokenize
 
@@ -258,26 +258,15 @@ def _ridge_head(
             xs.append(feats[g.rows])
             ys.append(rank_targets(g.lengths))
             ws.append(np.full(g.rows.size, share / (g.rows.size * len(groups))))
-    w, b = _isotropic_ridge(np.vstack(xs), np.concatenate(ys), np.concatenate(ws), alpha)
+    # one penalty in every direction (fit_ridge's isotropic scaling), as raw weights on the pooled features
+    head = fit_ridge(
+        np.vstack(xs), np.concatenate(ys), kind="text", alpha=alpha, sample_weight=np.concatenate(ws), isotropic=True
+    )
+    w = head.weights / head.scale
+    b = head.bias - float(head.mean @ w)
     with torch.no_grad():
         model.head.weight.copy_(torch.from_numpy(w).float().unsqueeze(0))
         model.head.bias.fill_(b)
-
-
-def _isotropic_ridge(
-    x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], weight: npt.NDArray[np.float64], alpha: float
-) -> tuple[npt.NDArray[np.float64], float]:
-    """Weighted ridge on centred features all divided by one overall spread (one penalty for every
-    direction: standardizing each feature, as :func:`~headway.predict.head.fit_ridge` does, would give
-    near-constant features huge raw weights, which the first fine-tuning steps then blow up)."""
-    wt = weight * (len(y) / weight.sum())
-    mean = (wt @ x) / wt.sum()
-    spread = float(np.sqrt((wt @ ((x - mean) ** 2).sum(axis=1)) / (wt.sum() * x.shape[1]))) or 1.0
-    z = (x - mean) / spread
-    y_mean = float(wt @ y / wt.sum())
-    gram = (z * wt[:, None]).T @ z + alpha * np.eye(x.shape[1])
-    coef = np.linalg.solve(gram, (z * wt[:, None]).T @ (y - y_mean)) / spread
-    return coef, y_mean - float(mean @ coef)
 
 
 @dataclass

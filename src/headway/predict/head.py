@@ -234,13 +234,17 @@ def fit_ridge(
     alpha: float = 10.0,
     sample_weight: _F64 | None = None,
     column_alpha: npt.ArrayLike | None = None,
+    isotropic: bool = False,
 ) -> RidgeHead:
     """Weighted ridge regression of ``targets`` on standardized ``features`` (closed form, float64).
 
     Weights are rescaled to sum to the number of samples before ``alpha`` (the L2 penalty) applies, so
     its strength does not depend on how they are normalized. ``column_alpha`` (one positive penalty per
     feature) replaces ``alpha`` column by column: a few strong features (an offline score, the prompt's
-    size) can then be shrunk less than hundreds of embedding dimensions.
+    size) can then be shrunk less than hundreds of embedding dimensions. ``isotropic`` divides every
+    centred feature by one overall spread instead of its own, so one penalty holds in every direction
+    (per-feature scaling gives near-constant features huge raw weights: harmless for a frozen head,
+    but a fine-tuning run started from it blows up).
     """
     x = np.asarray(features, dtype=np.float64)
     y = np.asarray(targets, dtype=np.float64)
@@ -256,8 +260,12 @@ def fit_ridge(
         raise ValueError("fit_ridge: sample_weight must be non-negative, one per target, not all zero")
     w = w * (len(y) / w.sum())
     mean = (w @ x) / w.sum()
-    scale = np.sqrt((w @ (x - mean) ** 2) / w.sum())
-    scale[scale < 1e-12] = 1.0
+    if isotropic:
+        spread = float(np.sqrt((w @ ((x - mean) ** 2).sum(axis=1)) / (w.sum() * x.shape[1])))
+        scale = np.full(x.shape[1], spread if spread >= 1e-12 else 1.0)
+    else:
+        scale = np.sqrt((w @ (x - mean) ** 2) / w.sum())
+        scale[scale < 1e-12] = 1.0
     z = (x - mean) / scale
     y_mean = float(w @ y / w.sum())
     gram = (z * w[:, None]).T @ z + np.diag(penalty)
