@@ -58,7 +58,7 @@ class TorchEncoder:
         """One vector per prompt, rows aligned with ``prompts``; batched as ``OnnxEncoder.embed``."""
         import torch
 
-        from headway.predict.model import pad_batch
+        from headway.predict.model import mean_pool, pad_batch
 
         out = np.zeros((len(prompts), self.hidden_size), dtype=np.float32)
         if not prompts:
@@ -70,6 +70,5 @@ class TorchEncoder:
                 rows = order[a:b]
                 input_ids, mask = (torch.from_numpy(x) for x in pad_batch([ids[r] for r in rows], self._pad_id))
                 hidden = self._model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-                m = mask.unsqueeze(-1).to(hidden.dtype)
-                out[rows] = ((hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)).numpy()
+                out[rows] = mean_pool(hidden, mask).numpy()
         return out

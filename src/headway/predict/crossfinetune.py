@@ -40,7 +40,7 @@ from headway.predict._finetune_recipe import HEAD_INITS, WEIGHTINGS, FinetuneRec
 from headway.predict.crosssource import SOURCES, CrossSourceResult, Source, _tau
 from headway.predict.head import fit_ridge, rank_targets
 from headway.predict.losses import margin_ranking_loss
-from headway.predict.model import load_encoder, pad_batch, position_limit, tokenize
+from headway.predict.model import load_encoder, mean_pool, pad_batch, position_limit, tokenize
 
 __all__ = [
     "HEAD_INITS",
@@ -91,11 +91,6 @@ def split_encoder(encoder: nn.Module, top_layers: int) -> tuple[nn.Module, nn.Mo
     return lower, encoder
 
 
-def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    m = mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
-
-
 class MixModel(nn.Module):
     """The top layers and a linear head over their mean-pooled last layer."""
 
@@ -108,7 +103,7 @@ class MixModel(nn.Module):
 
     def pooled(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The mean-pooled last layer that the head scores."""
-        return _mean_pool(self.top(inputs_embeds=states, attention_mask=mask).last_hidden_state, mask)
+        return mean_pool(self.top(inputs_embeds=states, attention_mask=mask).last_hidden_state, mask)
 
     def forward(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return cast(torch.Tensor, self.head(self.pooled(states, mask))).squeeze(-1)

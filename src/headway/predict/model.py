@@ -46,6 +46,7 @@ __all__ = [
     "checkpoint_max_length",
     "load_checkpoint",
     "load_encoder",
+    "mean_pool",
     "position_limit",
     "save_checkpoint",
     "tokenize",
@@ -175,6 +176,13 @@ def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[npt.NDArray[np
     return input_ids, mask
 
 
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The attention-masked mean of ``hidden`` ``(batch, seq, dim)`` over its tokens (a row without
+    tokens gives zeros)."""
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+
+
 class LengthPredictor(nn.Module):
     """Encoder + linear head; ``forward(input_ids, attention_mask)`` returns one score per row."""
 
@@ -206,8 +214,7 @@ class LengthPredictor(nn.Module):
         hidden = cast(torch.Tensor, out.last_hidden_state)
         if self.pooling == "cls":
             return hidden[:, 0]
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        return mean_pool(hidden, attention_mask)
 
     def score_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
         return cast(torch.Tensor, self.head(embeddings)).squeeze(-1)
