@@ -35,3 +35,10 @@ def _padding_chunks(
         out.append((start[b], b))
         b = start[b]
     return out[::-1]
+
+
+def _length_sorted_batches(lengths: Sequence[int], size: int) -> list[list[int]]:
+    """Indices of ``lengths`` sorted by length (stable), cut into batches of ``size``: the fixed-size
+    batching of offline embedding and fine-tuning passes."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[k : k + size] for k in range(0, len(order), size)]

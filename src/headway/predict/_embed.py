@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from headway.predict._chunks import _length_sorted_batches
 from headway.predict._paths import default_cache_dir
 from headway.predict.data import prompt_key
 from headway.predict.model import LengthPredictor, pad_batch, tokenize
@@ -25,26 +26,30 @@ __all__ = ["embed_ids", "embed_prompts", "embedding_tag", "progress_bar"]
 _EMBED_CACHE: dict[str, dict[str, npt.NDArray[np.float32]]] = {}
 
 
-def _chunks_by_length(order: Sequence[int], lengths: Sequence[int], size: int) -> list[list[int]]:
-    ordered = sorted(order, key=lambda i: lengths[i])
-    return [ordered[k : k + size] for k in range(0, len(ordered), size)]
+def run_length_sorted(lengths: Sequence[int], size: int, run: Callable[[list[int]], torch.Tensor]) -> torch.Tensor:
+    """``run(batch)`` (one output row per index) over the length-sorted batches of indices of
+    ``lengths``, the rows put back in index order."""
+    parts: list[torch.Tensor] = []
+    where: list[int] = []
+    for chunk in _length_sorted_batches(lengths, size):
+        parts.append(run(chunk))
+        where.extend(chunk)
+    out = torch.cat(parts)
+    inverse = torch.empty(len(where), dtype=torch.long)
+    inverse[torch.tensor(where, dtype=torch.long)] = torch.arange(len(where))
+    return out[inverse]
 
 
 def embed_ids(
     model: LengthPredictor, ids: Sequence[Sequence[int]], rows: Sequence[int], micro: int, pad_id: int
 ) -> torch.Tensor:
     """Pooled embeddings of ``rows`` (in that order), encoded in length-sorted micro-batches."""
-    lens = [len(ids[r]) for r in rows]
-    parts: list[torch.Tensor] = []
-    where: list[int] = []
-    for chunk in _chunks_by_length(range(len(rows)), lens, micro):
+
+    def run(chunk: list[int]) -> torch.Tensor:
         input_ids, mask = pad_batch([ids[rows[c]] for c in chunk], pad_id)
-        parts.append(model.embed(torch.from_numpy(input_ids), torch.from_numpy(mask)))
-        where.extend(chunk)
-    emb = torch.cat(parts)
-    inverse = torch.empty(len(where), dtype=torch.long)
-    inverse[torch.tensor(where, dtype=torch.long)] = torch.arange(len(where))
-    return emb[inverse]
+        return model.embed(torch.from_numpy(input_ids), torch.from_numpy(mask))
+
+    return run_length_sorted([len(ids[r]) for r in rows], micro, run)
 
 
 def embedding_tag(encoder: str | Path | None, pooling: str, max_length: int, layers: int | None = None) -> str:
@@ -117,7 +122,7 @@ def embed_prompts(
         ids = tokenize(tokenizer, [prompts[i] for i in todo], max_length)
         was_training = model.training
         model.eval()
-        chunks = _chunks_by_length(range(len(todo)), [len(x) for x in ids], batch_size)
+        chunks = _length_sorted_batches([len(x) for x in ids], batch_size)
         bar = progress_bar(len(todo), "embedding", progress)
         with torch.inference_mode():
             for chunk in chunks:

@@ -35,6 +35,8 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from headway.predict._chunks import _length_sorted_batches
+from headway.predict._embed import run_length_sorted
 from headway.predict._errors import DataError
 from headway.predict._finetune_recipe import HEAD_INITS, WEIGHTINGS, FinetuneRecipe
 from headway.predict.crosssource import SOURCES, CrossSourceResult, Source, _tau
@@ -119,11 +121,6 @@ def _pad_states(states: Sequence[npt.NDArray[np.float32]]) -> tuple[torch.Tensor
     return torch.from_numpy(out), torch.from_numpy(mask)
 
 
-def _micro_batches(sizes: Sequence[int], micro: int) -> list[list[int]]:
-    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
-    return [order[k : k + micro] for k in range(0, len(order), micro)]
-
-
 def score_states(
     model: MixModel,
     states: Sequence[npt.NDArray[np.float32]],
@@ -134,17 +131,13 @@ def score_states(
 ) -> torch.Tensor:
     """Scores of cached lower-layer states (or, with ``pooled``, the features the head scores), in order
     (length-sorted micro-batches, padded per batch)."""
-    parts: list[torch.Tensor] = []
-    where: list[int] = []
+
+    def run(chunk: list[int]) -> torch.Tensor:
+        x, mask = _pad_states([states[c] for c in chunk])
+        return model.pooled(x, mask) if pooled else model(x, mask)
+
     with torch.set_grad_enabled(grad):
-        for chunk in _micro_batches([s.shape[0] for s in states], micro):
-            x, mask = _pad_states([states[c] for c in chunk])
-            parts.append(model.pooled(x, mask) if pooled else model(x, mask))
-            where.extend(chunk)
-    scores = torch.cat(parts)
-    inverse = torch.empty(len(where), dtype=torch.long)
-    inverse[torch.tensor(where, dtype=torch.long)] = torch.arange(len(where))
-    return scores[inverse]
+        return run_length_sorted([s.shape[0] for s in states], micro, run)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -175,7 +168,7 @@ def lower_states(
     out: list[npt.NDArray[np.float32]] = [np.zeros((0, 0), dtype=np.float32)] * len(prompts)
     lower.eval()
     with torch.inference_mode():
-        for chunk in _micro_batches([len(x) for x in ids], batch_size):
+        for chunk in _length_sorted_batches([len(x) for x in ids], batch_size):
             input_ids, mask = pad_batch([ids[c] for c in chunk], pad_id)
             hidden = lower(input_ids=torch.from_numpy(input_ids), attention_mask=torch.from_numpy(mask))
             h = hidden.last_hidden_state.float().numpy()
