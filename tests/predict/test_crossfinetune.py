@@ -160,6 +160,68 @@ def test_ridge_head_start_already_ranks_before_any_training(tiny_encoder_3_layer
     assert recipe.label.endswith("head from ridge (alpha 1), no dropout")
 
 
+def test_training_on_every_source_saves_a_checkpoint_that_scores_as_the_model(
+    tiny_encoder_3_layers: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from headway.predict import crossfinetune
+    from headway.predict.crossfinetune import MixModel, finetune_all, lower_states, score_states
+    from headway.predict.model import load_checkpoint
+    from headway.predict.score import Scorer
+    from headway.predict.shipped import ShippedPredictor, pack_checkpoint
+
+    sources = [_source(name, 60, k) for k, name in enumerate(SOURCES)]
+    recipe = FinetuneRecipe(
+        encoder=str(tiny_encoder_3_layers), top_layers=1, max_length=32, steps=30, batch_size=24, lr=3e-3, head_lr=3e-2
+    )
+    trained: dict[str, MixModel] = {}
+    real = crossfinetune._finetune
+
+    def spy(*args: object, **kwargs: object) -> tuple[object, MixModel]:
+        fold, model = real(*args, **kwargs)  # type: ignore[arg-type]
+        trained["model"] = model
+        return fold, model
+
+    monkeypatch.setattr(crossfinetune, "_finetune", spy)
+    fold = finetune_all(recipe, sources, tmp_path / "ck", cache=tmp_path / "cache", meta={"note": "x"})
+    assert fold.held_out is None
+    assert fold.in_source == {f"{s}:{m}" for s in SOURCES for m in ("m",)}  # every column held-out split only
+    assert fold.taus["sharegpt:m"] > 0.5
+
+    base, tok = _encoder(tiny_encoder_3_layers)
+    lower, _ = crossfinetune.split_encoder(base, 1)  # type: ignore[arg-type]
+    prompts = [p for s in sources for p in s.prompts[:10]]
+    in_memory = score_states(trained["model"].eval(), lower_states(lower, tok, prompts, 32)).numpy()
+
+    loaded = load_checkpoint(tmp_path / "ck")
+    assert loaded.meta["pooling"] == "mean" and loaded.meta["max_length"] == 32
+    assert loaded.meta["finetune"]["held_out_tau_b"] == fold.taus and loaded.meta["note"] == "x"
+    saved = Scorer.from_checkpoint(tmp_path / "ck", "torch", threads=1, cache_size=0).score(prompts)
+    np.testing.assert_allclose(saved, in_memory, atol=1e-5)
+    assert len(set(np.round(in_memory, 5).tolist())) > len(prompts) // 2  # not a constant
+
+    fresh, _ = _encoder(tiny_encoder_3_layers)
+    stock = fresh.state_dict()  # type: ignore[attr-defined]
+    tuned = loaded.model.encoder.state_dict()
+    assert set(tuned) == set(stock)
+    changed = {k for k in stock if not torch.equal(tuned[k], stock[k])}
+    assert changed and all(k.startswith("encoder.layer.2.") for k in changed)  # only the top layer moved
+
+    header = pack_checkpoint(tmp_path / "ck", tmp_path / "p.npz", rank=64, base=tiny_encoder_3_layers)
+    assert header["pooling"] == "mean" and header["max_length"] == 32
+    with np.load(tmp_path / "p.npz") as z:
+        packed = [k for k in z.files if k not in ("header", "head.weight", "head.bias")]
+    assert packed and all(".encoder.layer.2." in k for k in packed)  # unchanged weights cost nothing
+    shipped = ShippedPredictor(tmp_path / "p.npz", threads=1, base=tiny_encoder_3_layers)
+    np.testing.assert_allclose(shipped.score(prompts), in_memory, atol=1e-3)  # float16 deltas
+
+
+def test_save_checkpoint_is_refused_with_folds(capsys: pytest.CaptureFixture[str]) -> None:
+    from headway.predict._cli import main
+
+    assert main(["predictor", "cross-source-finetune", "--save-checkpoint", "x", "--held-out", "sharegpt"]) == 2
+    assert "--save-checkpoint trains on every source (no fold): leave out --held-out" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -14,13 +14,17 @@ from headway.predict._errors import PredictError
 
 __all__ = ["add_finetune_parser"]
 
+_FOLDS = "alpaca_eval,arena_hard_v2,sharegpt,codealpaca"
+
 
 def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]) -> int:
     from headway.predict._paths import default_cache_dir
-    from headway.predict.crossfinetune import FinetuneRecipe, finetune_fold, fold_table
+    from headway.predict.crossfinetune import FinetuneRecipe, finetune_all, finetune_fold, fold_table
     from headway.predict.crosssource import SOURCES, cross_source_matrix, load_source, write_result
 
-    held = [h for h in args.held_out.split(",") if h]
+    if args.save_checkpoint and args.held_out is not None:
+        raise PredictError("--save-checkpoint trains on every source (no fold): leave out --held-out")
+    held = [h for h in (args.held_out if args.held_out is not None else _FOLDS).split(",") if h]
     for h in held:
         if h not in SOURCES:
             raise PredictError(f"--held-out: unknown source {h!r}; choose from {', '.join(SOURCES)}")
@@ -47,9 +51,15 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
     cache = default_cache_dir() / "lower-states"
     folds = []
     text = ""
-    for h in held:
-        say(f"fold: {h} held out ({recipe.label})")
-        fold = finetune_fold(recipe, sources, h, cache=cache, threads=args.threads, log=say)
+    runs: list[str | None] = [None] if args.save_checkpoint else list(held)
+    for h in runs:
+        if h is None:
+            say(f"every source, its held-out split left out ({recipe.label}) -> {args.save_checkpoint}")
+            fold = finetune_all(recipe, sources, args.save_checkpoint, cache=cache, threads=args.threads, log=say,
+                                meta={"command": command_line})  # fmt: skip
+        else:
+            say(f"fold: {h} held out ({recipe.label})")
+            fold = finetune_fold(recipe, sources, h, cache=cache, threads=args.threads, log=say)
         folds.append(fold)
         result = fold_table(recipe, sources, folds, baseline)
         result.command = command_line
@@ -57,23 +67,37 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
             f"recipe: {recipe.label}; PARS margin ranking loss (margin {recipe.margin:g}) on pairs of one source "
             f"x model whose lengths differ by a relative {recipe.delta:g} or more; head lr {recipe.head_lr:g}, "
             f"seed {recipe.seed}; the lower layers frozen, their outputs computed once and cached",
-            "training sets: the other sources' training prompts (their 20 % held-out split left out) "
+            ("training set: every source's training prompts (its 20 % held-out split left out, scored in italic) "
+             if args.save_checkpoint else
+             "training sets: the other sources' training prompts (their 20 % held-out split left out) ")
             + (f"and up to {args.sharegpt_extra} of ShareGPT's training-only prompts" if args.sharegpt_extra is not None
                else "and all of ShareGPT's training-only prompts"),
         ]  # fmt: skip
         result.notes += [
-            f"fold {f.held_out} held out: {f.steps} steps, {f.pairs_seen} pairs, loss {f.loss_first:.3f} -> "
+            f"{_run_name(f.held_out)}: {f.steps} steps, {f.pairs_seen} pairs, loss {f.loss_first:.3f} -> "
             f"{f.loss_last:.3f}, training {f.train_seconds / 60:.1f} min, lower-layer cache {f.lower_seconds:.0f} s "
             f"({args.threads} threads)"
             for f in folds
         ]
+        if args.save_checkpoint:
+            result.notes.append(
+                "no source held out: every cell is in-source (italic), so the held-out columns read n/a; the "
+                "recipe's tau_b on sources it never saw is measured by the leave-one-source-out folds (run "
+                "without --save-checkpoint)"
+            )
         result.notes.append(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}; the machine was shared")
         text = result.to_markdown(recipe.label)
         if args.out:
             write_result(result, args.out, recipe.label)
-            say(f"wrote {args.out} ({len(folds)} of {len(held)} folds)")
+            say(f"wrote {args.out} ({len(folds)} of {len(runs)} runs)")
+    if args.save_checkpoint:
+        say(f"wrote the checkpoint {args.save_checkpoint} (pack it with benchmarks/predictor_shipped.py)")
     print(text)
     return 0
+
+
+def _run_name(held_out: str | None) -> str:
+    return f"fold {held_out} held out" if held_out else "every source"
 
 
 def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespace], int]], Any]) -> None:
@@ -93,8 +117,13 @@ def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespac
     )
     p.add_argument(
         "--held-out",
-        default="alpaca_eval,arena_hard_v2,sharegpt,codealpaca",
-        help="sources held out, one fold each, in this order (comma-separated)",
+        help=f"sources held out, one fold each, in this order (comma-separated; default {_FOLDS})",
+    )
+    p.add_argument(
+        "--save-checkpoint",
+        metavar="DIR",
+        help="no folds: train once on every source's training prompts (held-out splits left out and scored, "
+        "in-source) and write a predictor checkpoint there (the fine-tuned layers merged into the full encoder)",
     )
     p.add_argument("--encoder", default=d.encoder, help="packaged encoder (minilm, mpnet) or a local directory")
     p.add_argument("--top-layers", type=int, default=d.top_layers, help="top layers fine-tuned")

@@ -39,10 +39,11 @@ from headway.predict._chunks import _length_sorted_batches
 from headway.predict._embed import run_length_sorted
 from headway.predict._errors import DataError
 from headway.predict._finetune_recipe import HEAD_INITS, WEIGHTINGS, FinetuneRecipe
+from headway.predict._paths import encoder_path
 from headway.predict.crosssource import SOURCES, CrossSourceResult, Source, _tau
 from headway.predict.head import fit_ridge, rank_targets
 from headway.predict.losses import margin_ranking_loss
-from headway.predict.model import load_encoder, mean_pool, pad_batch, position_limit, tokenize
+from headway.predict.model import LengthPredictor, load_encoder, mean_pool, pad_batch, position_limit, tokenize
 
 __all__ = [
     "HEAD_INITS",
@@ -50,9 +51,11 @@ __all__ = [
     "FinetuneRecipe",
     "FoldResult",
     "MixModel",
+    "finetune_all",
     "finetune_fold",
     "group_pairs",
     "lower_states",
+    "merged_predictor",
     "split_encoder",
 ]
 
@@ -259,10 +262,10 @@ def _ridge_head(
 
 @dataclass
 class FoldResult:
-    """One held-out-source fold: tau_b per ``source:model`` column, which columns are in-source (the
-    held-out split of a training source), and what the run cost."""
+    """One held-out-source fold (``held_out`` None: trained on every source): tau_b per ``source:model``
+    column, which columns are in-source (the held-out split of a training source), and what the run cost."""
 
-    held_out: str
+    held_out: str | None
     taus: dict[str, float]
     in_source: set[str]
     train_seconds: float
@@ -284,10 +287,80 @@ def finetune_fold(
 ) -> FoldResult:
     """Fine-tune on every source but ``held_out`` and measure tau_b on all of them (``held_out``: all
     its prompts; the others: their held-out split)."""
-    say = log or (lambda _m: None)
     names = [s.name for s in sources]
     if held_out not in names:
         raise DataError(f"held-out source {held_out!r} is not among the sources ({', '.join(names)})")
+    return _finetune(recipe, sources, held_out, cache=cache, threads=threads, log=log)[0]
+
+
+def finetune_all(
+    recipe: FinetuneRecipe,
+    sources: Sequence[Source],
+    out_dir: str | Path,
+    *,
+    cache: Path | None = None,
+    threads: int = 2,
+    log: Callable[[str], None] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> FoldResult:
+    """Fine-tune on the training prompts of every source (no source held out; each one's held-out split
+    still left out and scored, so the tau_b returned are all in-source) and save the result to
+    ``out_dir`` as a predictor checkpoint (:func:`merged_predictor`; ``meta`` is added to its
+    ``predictor.json``), which :func:`headway.predict.shipped.pack_checkpoint` packs."""
+    from headway.predict.model import check_checkpoint_target, save_checkpoint
+
+    check_checkpoint_target(out_dir)  # refused before the training, not after
+    fold, model = _finetune(recipe, sources, None, cache=cache, threads=threads, log=log)
+    predictor, tokenizer = merged_predictor(recipe, model)
+    info = {
+        "recipe": recipe.label,
+        "trained_on": [s.name for s in sources],
+        "held_out_tau_b": fold.taus,
+        "steps": fold.steps,
+        "pairs_seen": fold.pairs_seen,
+    }
+    save_checkpoint(
+        predictor,
+        tokenizer,
+        out_dir,
+        fine_tuned=True,
+        encoder_path=encoder_path(recipe.encoder),
+        max_length=recipe.max_length,
+        meta={"finetune": info, **(meta or {})},
+    )
+    return fold
+
+
+def merged_predictor(recipe: FinetuneRecipe, model: MixModel) -> tuple[LengthPredictor, Any]:
+    """The full encoder (``recipe.encoder`` reloaded, its top ``recipe.top_layers`` layers replaced by
+    ``model``'s fine-tuned ones; every other weight, the pooler included, the base's own) and ``model``'s
+    head, mean pooling: a :class:`~headway.predict.model.LengthPredictor` that scores as ``model`` does
+    on the cached lower-layer states. Returns it (eval mode) and the encoder's tokenizer."""
+    encoder, tokenizer = load_encoder(recipe.encoder)
+    layers = cast(Any, encoder).encoder.layer
+    tuned = cast(Any, model.top).encoder.layer
+    if len(tuned) != recipe.top_layers or len(layers) < len(tuned):
+        raise ValueError(f"the model has {len(tuned)} fine-tuned layers, the recipe {recipe.top_layers}")
+    cut = len(layers) - len(tuned)
+    for k, layer in enumerate(tuned):
+        layers[cut + k].load_state_dict(layer.state_dict())
+    predictor = LengthPredictor(encoder, pooling="mean")
+    predictor.head.load_state_dict(model.head.state_dict())
+    return predictor.eval(), tokenizer
+
+
+def _finetune(
+    recipe: FinetuneRecipe,
+    sources: Sequence[Source],
+    held_out: str | None,
+    *,
+    cache: Path | None,
+    threads: int,
+    log: Callable[[str], None] | None,
+) -> tuple[FoldResult, MixModel]:
+    """The fine-tuning run behind :func:`finetune_fold` (``held_out`` a source) and :func:`finetune_all`
+    (``held_out`` None): the fold's result and the trained model."""
+    say = log or (lambda _m: None)
     torch.set_num_threads(max(1, threads))
     torch.manual_seed(recipe.seed)
     rng = np.random.default_rng(recipe.seed)
@@ -320,11 +393,11 @@ def finetune_fold(
             train_sets.append((src.name, groups, states, math.sqrt(answers) if recipe.weighting == "sqrt" else 1.0))
     lower_seconds = time.perf_counter() - t0
     if not train_sets:
-        raise DataError(f"no training answers outside {held_out}")
+        raise DataError(f"no training answers outside {held_out}" if held_out else "no training answers")
     total_w = sum(w for *_, w in train_sets)
     shares = [max(2, round(recipe.batch_size * w / total_w)) for *_, w in train_sets]
     say(
-        f"held out {held_out}: lower layers cached in {lower_seconds:.0f} s; per step "
+        f"held out {held_out or 'nothing'}: lower layers cached in {lower_seconds:.0f} s; per step "
         + ", ".join(f"{name} {k}" for (name, *_), k in zip(train_sets, shares, strict=True))
     )
 
@@ -394,7 +467,7 @@ def finetune_fold(
             if src.name != held_out:
                 in_source.add(col)
     n = max(1, len(losses) // 10)
-    return FoldResult(
+    fold = FoldResult(
         held_out,
         taus,
         in_source,
@@ -405,6 +478,7 @@ def finetune_fold(
         float(np.mean(losses[:n])) if losses else math.nan,
         float(np.mean(losses[-n:])) if losses else math.nan,
     )
+    return fold, model
 
 
 def fold_table(
@@ -425,6 +499,6 @@ def fold_table(
                 result.rows[key], result.in_source[key] = baseline.rows[key], baseline.in_source[key]
                 result.baselines.add(key[1])
     for fold in sorted(folds, key=lambda f: SOURCES.index(f.held_out) if f.held_out in SOURCES else len(SOURCES)):
-        key = (f"all but {fold.held_out}", recipe.label)
+        key = (f"all but {fold.held_out}" if fold.held_out else "all sources", recipe.label)
         result.rows[key], result.in_source[key] = fold.taus, fold.in_source
     return result
