@@ -137,8 +137,17 @@ def _precompute_scores(wl: Workload, path: Path, max_length: int, model: str = "
     path.write_text(json.dumps({p: float(x) for p, x in zip(prompts, scores, strict=True)}))
 
 
-def simulate_ratios(wl: Workload, step_s: float, max_num_seqs: int, taus: list[float]) -> int:
-    """The simulator's prediction: ideal dispatch (no gateway round trips), a fixed step time."""
+def simulate_ratios(
+    wl: Workload,
+    step_s: float,
+    max_num_seqs: int,
+    taus: list[float],
+    packs: list[str] | None = None,
+    max_length: int = 64,
+) -> int:
+    """The simulator's prediction: ideal dispatch (no gateway round trips), a fixed step time. ``packs``:
+    packed predictors (``.npz``) whose int8 scores, prompts cut at ``max_length`` tokens as the gateway's
+    ``--scorer-max-length`` cuts them, rank ``pars`` in one more run each."""
     from headway.sim import CostModel, SchedulerConfig, simulate
 
     cost = CostModel("fixed-step", step_overhead=step_s, per_token=0.0, per_seq=0.0, per_kv_token=0.0,
@@ -159,6 +168,14 @@ def simulate_ratios(wl: Workload, step_s: float, max_num_seqs: int, taus: list[f
         tau = kendalltau(scores, [s.num_output_tokens for s in wl]).statistic
         scored = Workload.from_specs(wl.name, [replace(s, score=v) for s, v in zip(wl, scores, strict=True)])
         runs.append((f"pars (trained predictor, tau={tau:.2f})", "pars", {}, scored))
+        for pack in packs or []:
+            from headway.predict.shipped import ShippedPredictor
+
+            shipped = ShippedPredictor(pack, int8=True, max_length=max_length)
+            scores = [float(x) for x in shipped.score([str(x) for x in prompts])]
+            tau = kendalltau(scores, [s.num_output_tokens for s in wl]).statistic
+            scored = Workload.from_specs(wl.name, [replace(s, score=v) for s, v in zip(wl, scores, strict=True)])
+            runs.append((f"pars ({Path(pack).name} int8 {max_length} tok, tau={tau:.2f})", "pars", {}, scored))
     base = 0.0
     for label, policy, kw, w in runs:
         res = simulate(w, policy, preset=cost, scheduler=SchedulerConfig(max_num_seqs=max_num_seqs), policy_kwargs=kw)
@@ -290,6 +307,13 @@ def main() -> int:
         "sjf-oracle and of pars at noisy-oracle taus, relative to fcfs) with a STEP_MS-per-step engine",
     )
     ap.add_argument(
+        "--simulate-pack",
+        metavar="NPZ",
+        default="",
+        help="with --simulate and real prompts: comma list of packed predictors, one more pars run each, ranked by "
+        "the pack's int8 scores on prompts cut at the first --scorer-max-length (as the gateway scores them)",
+    )
+    ap.add_argument(
         "--rounds-of", nargs="+", metavar="JSON", help="print the per-round tables of saved --json files and exit"
     )
     ap.add_argument(
@@ -351,7 +375,10 @@ def main() -> int:
           f"min {min(outs)}, max {max(outs)}, total {sum(outs)}; "
           f"vLLM --max-num-seqs {args.max_num_seqs}")  # fmt: skip
     if args.simulate is not None:
-        return simulate_ratios(wl, args.simulate / 1e3, args.max_num_seqs, [float(t) for t in args.pars_tau.split(",")])
+        taus = [float(t) for t in args.pars_tau.split(",")]
+        packs = [x for x in args.simulate_pack.split(",") if x]
+        length = int(args.scorer_max_length.split(",")[0])
+        return simulate_ratios(wl, args.simulate / 1e3, args.max_num_seqs, taus, packs, length)
     gw_conc = args.gateway_concurrency if args.gateway_concurrency is not None else args.max_num_seqs
     print(f"gateway backend concurrency {gw_conc}" + ("; responses not streamed" if args.no_stream else ""))
     python, model = default_vllm_paths(REPO)

@@ -56,6 +56,27 @@ def test_matrix_marks_in_source_columns_and_ranks_recipes() -> None:
     assert "*" in text  # in-source cells are italic
 
 
+def test_a_fixed_scorer_is_held_out_only_where_it_never_trained() -> None:
+    pairs = [_source(name, 100, k, signal=1, mirror=False) for k, name in enumerate(SOURCES)]
+    sources = [s for s, _ in pairs]
+    by_prompt = {p: float(e[i, 1]) for s, e in pairs for i, p in enumerate(s.prompts)}
+
+    def score(prompts: object) -> np.ndarray:
+        return np.array([by_prompt[p] for p in prompts])  # type: ignore[attr-defined]
+
+    extra = {"old": score, "every": score}
+    result = cross_source_matrix(sources, {}, [], extra_scorers=extra, extra_trained_on={"every": SOURCES})
+    assert result.in_source[("-", "old")] == {"alpaca_eval:m"}  # unnamed: as if trained on alpaca_eval
+    assert result.in_source[("-", "every")] == {f"{s}:m" for s in SOURCES}
+    src = sources[1]
+    on_split = stats.kendalltau(score(np.array(src.prompts)[src.test]), src.evals["m"][src.test]).statistic
+    assert result.rows[("-", "every")]["sharegpt:m"] == pytest.approx(on_split)  # its held-out split only
+    assert result.rows[("-", "old")]["sharegpt:m"] == pytest.approx(
+        stats.kendalltau(score(src.prompts), src.evals["m"]).statistic
+    )
+    assert math.isnan(result.held_out_mean(("-", "every")))
+
+
 def test_best_recipe_is_chosen_on_held_out_sources_only() -> None:
     # the length carries no signal here (prompt sizes are arbitrary): the text recipe must win
     pairs = [_source(name, 120, 10 + k, signal=0, mirror=False) for k, name in enumerate(SOURCES)]

@@ -87,6 +87,18 @@ def test_the_packaged_predictor_is_the_default_with_nothing_trained() -> None:
     assert isinstance(int8, ShippedPredictor) and int8.backend == "onnx-int8 (packed)"
 
 
+@pytest.mark.parametrize(
+    ("meta", "trained_on"),
+    [({"trained_on": ["alpaca_eval", "sharegpt"]}, ["alpaca_eval", "sharegpt"]),
+     ({"source": "alpaca_eval:mean", "rank": 32}, ["alpaca_eval"])],
+)  # fmt: skip
+def test_a_pack_names_the_sources_it_was_trained_on(
+    tuned: Path, tiny_encoder_3_layers: Path, tmp_path: Path, meta: dict[str, object], trained_on: list[str]
+) -> None:
+    pack_checkpoint(tuned, tmp_path / "p.npz", rank=8, base=tiny_encoder_3_layers, meta=meta)
+    assert ShippedPredictor(tmp_path / "p.npz", base=tiny_encoder_3_layers, threads=1).trained_on == trained_on
+
+
 def test_the_int8_graph_scores_close_to_the_float_one(
     tuned: Path, tiny_encoder_3_layers: Path, tmp_path: Path
 ) -> None:
@@ -114,6 +126,7 @@ def test_a_linear_head_packs_over_the_unchanged_encoder(tiny_encoder: Path, tmp_
     header = pack_linear_head(w, b, tmp_path / "mix.npz", max_length=32, base=tiny_encoder, meta={"recipe": "r"})
     assert (header["pooling"], header["rank"], header["meta"]) == ("mean", 0, {"recipe": "r"})
     packed = ShippedPredictor(tmp_path / "mix.npz", base=tiny_encoder, threads=1)
+    assert packed.trained_on == []  # the header records none
     assert np.allclose(packed.score(PROMPTS), head.score(emb), atol=1e-4)
     with pytest.raises(ValueError, match="must be finite"):
         pack_linear_head([np.nan], 0.0, tmp_path / "bad.npz", max_length=32, base=tiny_encoder)

@@ -298,17 +298,20 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
     cache = default_cache_dir() / "embeddings" / ("sources" if args.encoder == "minilm" else f"sources-{args.encoder}")
     embeddings = embed_sources(sources, encoder.embed, cache)
     extra: dict[str, Any] = {}
+    extra_trained_on: dict[str, list[str]] = {}
     if args.checkpoint == "shipped":
         from headway.predict.shipped import ShippedPredictor
 
-        extra["shipped predictor (alpaca_eval consensus, fine-tuned)"] = ShippedPredictor(threads=args.threads).score
+        shipped = ShippedPredictor(threads=args.threads)
+        name = f"shipped predictor (trained on {', '.join(shipped.trained_on) or 'unrecorded sources'})"
+        extra[name], extra_trained_on[name] = shipped.score, shipped.trained_on
     elif args.checkpoint:
         from headway.predict.score import Scorer
 
         scorer = Scorer.from_checkpoint(args.checkpoint, "torch", threads=args.threads)
         extra[f"checkpoint {Path(args.checkpoint).name}"] = scorer.score
     recipes = recipe_grid(features, alphas, weightings, heads, targets, decays)
-    result = cross_source_matrix(sources, embeddings, recipes, extra_scorers=extra)
+    result = cross_source_matrix(sources, embeddings, recipes, extra_scorers=extra, extra_trained_on=extra_trained_on)
     result.command = _command_line()
     result.title = f"Length predictors across sources, frozen {args.encoder} encoder: a head per training set"
     result.notes.append(f"frozen encoder: {args.encoder}, prompts cut at {encoder.max_length} tokens")

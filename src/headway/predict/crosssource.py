@@ -404,9 +404,11 @@ def cross_source_matrix(
     recipes: Sequence[Recipe],
     *,
     extra_scorers: Mapping[str, Callable[[Sequence[str]], npt.NDArray[np.float64]]] | None = None,
+    extra_trained_on: Mapping[str, Sequence[str]] | None = None,
 ) -> CrossSourceResult:
     """The matrix for ``recipes`` (and the prompt-length baseline, and ``extra_scorers``: fixed scorers
-    such as a trained checkpoint, reported as if trained on alpaca_eval)."""
+    such as a trained checkpoint, reported as trained on the sources ``extra_trained_on`` names for
+    them, alpaca_eval where it names none: those are scored on their held-out split only)."""
     by_name = {s.name: s for s in sources}
     columns = [f"{s.name}:{m}" for s in sources for m in s.evals]
     result = CrossSourceResult(columns, {}, {}, {s.name: len(s.prompts) for s in sources})
@@ -430,7 +432,7 @@ def cross_source_matrix(
     evaluate((_BASELINE_TRAIN, PROMPT_LENGTH), (), prompt_length)
     for name, fn in (extra_scorers or {}).items():
         result.baselines.add(name)
-        evaluate((_BASELINE_TRAIN, name), ("alpaca_eval",), _fixed_scorer(fn))
+        evaluate((_BASELINE_TRAIN, name), (extra_trained_on or {}).get(name, ("alpaca_eval",)), _fixed_scorer(fn))
     for recipe in recipes:
         for set_name, members in training_sets():
             if any(m not in by_name for m in members):

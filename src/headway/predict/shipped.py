@@ -224,6 +224,15 @@ class ShippedPredictor:
         self.max_length = self.encoder.max_length
         self.backend = "onnx-int8 (packed)" if int8 else "onnx (packed)"
 
+    @property
+    def trained_on(self) -> list[str]:
+        """The shared-data sources the packed predictor was trained on, as its header records them
+        (``trained_on``; older packs name one data spec, ``source``, such as ``alpaca_eval:mean``)."""
+        meta = self.meta.get("meta") or {}
+        if "trained_on" in meta:
+            return [str(x) for x in meta["trained_on"]]
+        return [str(meta["source"]).partition(":")[0]] if "source" in meta else []
+
     def embed(self, prompts: Sequence[str]) -> npt.NDArray[np.float32]:
         """The pooled features the head scores (what an online learner refits on)."""
         return self.encoder.embed(prompts)
