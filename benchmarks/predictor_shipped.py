@@ -103,7 +103,7 @@ def main() -> int:
             q = ShippedPredictor(args.compare, threads=args.threads, int8=True)
             measure(f"compared: {name}, int8 (ONNX Runtime)", size, q.score)
     lines = [
-        "# The shipped predictor: a fine-tuned checkpoint packed as low-rank deltas over the bundled MiniLM",
+        "# A fine-tuned checkpoint packed as low-rank deltas over the bundled MiniLM (the shipped predictor's format)",
         "",
         "Command:",
         "",
@@ -113,7 +113,7 @@ def main() -> int:
         "",
         f"- checkpoint: {_describe(meta)}; trained on {', '.join(trained_on)}; alpaca_eval held-out = the "
         f"prompt-disjoint test split ({len(consensus)} prompts), which no checkpoint here trained on",
-        *([f"- compared: {compare}, packed and installed before this run"] if compare else []),
+        *([f"- compared: {compare}, the pack given to --compare as it was when this ran"] if compare else []),
         "- speed: all 805 alpaca_eval instructions in one call, batches of 32, "
         f"{args.threads} threads, on the shared 2-core machine (other jobs running)",
         "",

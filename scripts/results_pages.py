@@ -220,18 +220,25 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "Length predictors across prompt sources, encoder fine-tuned on a mix",
         "Leave one source out: the encoder's top layers and a linear head fine-tuned with PARS's margin ranking "
         "loss on the other sources (pairs inside one source x model), Kendall tau_b on the held-out source "
-        "and on the training sources' held-out prompts.",
+        "and on the training sources' held-out prompts; then the same recipe trained once on every source "
+        "and saved as a checkpoint (in-source tau_b only: every source's held-out prompts).",
         "python -m headway.predict cross-source-finetune --held-out alpaca_eval,arena_hard_v2,sharegpt,codealpaca "
-        "--steps 800 --lr 2e-4 --sharegpt-extra 4000 --out benchmarks/results/predictor_cross_source_finetune.md",
-        ("predictor_cross_source_finetune.md",),
+        "--steps 800 --lr 2e-4 --sharegpt-extra 4000 --out benchmarks/results/predictor_cross_source_finetune.md "
+        "&& python -m headway.predict cross-source-finetune --steps 800 --lr 2e-4 --sharegpt-extra 4000 "
+        "--save-checkpoint DIR --out benchmarks/results/predictor_finetune_every_source.md",
+        ("predictor_cross_source_finetune.md", "predictor_finetune_every_source.md"),
     ),
     Benchmark(
         "predictor-shipped",
         "The predictor shipped in the package",
         "Held-out tau_b, size and scoring speed of the default predictor packed as low-rank deltas over the "
-        "bundled MiniLM encoder, against the fine-tuned checkpoint it was packed from.",
-        "python benchmarks/predictor_shipped.py --checkpoint DIR --ranks 16,32,64 --int8",
-        ("predictor_shipped.md",),
+        "bundled MiniLM encoder, against the fine-tuned checkpoint it was packed from; then a candidate "
+        "(the mix fine-tune trained on every source) packed the same way, beside the shipped pack, with "
+        "tau_b on every shared source's held-out prompts.",
+        "python benchmarks/predictor_shipped.py --checkpoint DIR --ranks 16,32,64 --int8 && python "
+        "benchmarks/predictor_shipped.py --checkpoint DIR2 --ranks 32 --int8 --sources --compare "
+        "src/headway/predict/weights/pars-minilm-default.npz --out benchmarks/results/predictor_shipped_candidate.md",
+        ("predictor_shipped.md", "predictor_shipped_candidate.md"),
     ),
     Benchmark(
         "predictor-online",

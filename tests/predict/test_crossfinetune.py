@@ -211,6 +211,10 @@ def test_training_on_every_source_saves_a_checkpoint_that_scores_as_the_model(
     with np.load(tmp_path / "p.npz") as z:
         packed = [k for k in z.files if k not in ("header", "head.weight", "head.bias")]
     assert packed and all(".encoder.layer.2." in k for k in packed)  # unchanged weights cost nothing
+    table = crossfinetune.fold_table(recipe, sources, [fold], None)
+    assert table.to_markdown(recipe.label).startswith("# Length predictors across sources, encoder fine-tuned on a "
+                                                      "mix of every source")  # fmt: skip
+    assert ("all sources", recipe.label) in table.rows
     shipped = ShippedPredictor(tmp_path / "p.npz", threads=1, base=tiny_encoder_3_layers)
     np.testing.assert_allclose(shipped.score(prompts), in_memory, atol=1e-3)  # float16 deltas
 

@@ -484,14 +484,16 @@ def _finetune(
 def fold_table(
     recipe: FinetuneRecipe, sources: Sequence[Source], folds: Sequence[FoldResult], baseline: CrossSourceResult | None
 ) -> CrossSourceResult:
-    """The folds as a cross-source result (rows ``all but <source>``), with ``baseline``'s fixed rows."""
+    """The folds as a cross-source result (rows ``all but <source>``, or ``all sources`` for a run that
+    held none out), with ``baseline``'s fixed rows."""
     columns = [f"{s.name}:{m}" for s in sources for m in s.evals]
+    mix = "the other sources" if any(f.held_out for f in folds) else "every source"
     result = CrossSourceResult(
         columns,
         {},
         {},
         {s.name: len(s.prompts) for s in sources},
-        title="Length predictors across sources, encoder fine-tuned on a mix of the other sources",
+        title=f"Length predictors across sources, encoder fine-tuned on a mix of {mix}",
     )
     if baseline is not None:
         for key in baseline.rows:
