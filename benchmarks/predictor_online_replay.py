@@ -5,7 +5,7 @@ For each of ``--permutations`` seeded orders of the model's prompts, the last ``
 later requests; the learner observes the first N (``--steps``) and ranks the later ones. Writes a
 Markdown table (mean and standard deviation over orders) and a PNG plot.
 
-    python benchmarks/predictor_online_replay.py            # shipped predictor, Sky-T1-32B
+    python benchmarks/predictor_online_replay.py            # the alpaca_eval-only pack, Sky-T1-32B
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main() -> int:
     args.out = args.out or f"benchmarks/results/predictor_online_replay_{args.model}.md"
     args.png = args.png or f"benchmarks/results/predictor_online_replay_{args.model}.png"
 
-    from headway.predict.shipped import ShippedPredictor
+    from headway.predict.shipped import ALPACA_PREDICTOR, ShippedPredictor, shipped_predictor_path
 
     path = find_data_dir() / "arena_hard_v2" / FILES[args.model]
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -55,7 +55,8 @@ def main() -> int:
     if max(steps) + args.test > len(prompts):
         raise SystemExit(f"--steps up to {max(steps)} plus --test {args.test} exceed {len(prompts)} prompts")
 
-    predictor = ShippedPredictor(threads=args.threads)
+    # the offline predictor must never have seen arena_hard_v2: the pack trained on alpaca_eval alone
+    predictor = ShippedPredictor(shipped_predictor_path(ALPACA_PREDICTOR), threads=args.threads)
     t0 = time.perf_counter()
     table = dict(zip(prompts, predictor.embed(prompts), strict=True))
     embed_s = time.perf_counter() - t0
@@ -95,8 +96,8 @@ def main() -> int:
         command,
         "```",
         "",
-        f"- offline predictor: the shipped one ({predictor.path.name}, trained on alpaca_eval consensus "
-        "lengths); online head: ridge on [offline score, prompt size, its pooled features] per model, "
+        f"- offline predictor: the packaged {predictor.path.name} (trained on alpaca_eval consensus "
+        "lengths alone, never on arena_hard_v2); online head: ridge on [offline score, prompt size, its pooled features] per model, "
         f"window {args.window}, refit every {config.refit_every}, used from {config.min_observations} "
         f"observations, alpha {args.alpha:g} on the features, {args.prior_alpha:g} on the offline score and "
         "prompt size (chosen on o3-mini and four alpaca_eval models, not on Sky-T1-32B)",

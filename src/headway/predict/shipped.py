@@ -28,9 +28,11 @@ from headway.predict._paths import file_sha256
 from headway.predict.encoder import OnnxEncoder, build_encoder_onnx, encoder_onnx_path
 
 __all__ = [
+    "ALPACA_PREDICTOR",
     "MIX_PREDICTOR",
     "SHIPPED_PREDICTOR",
     "ShippedPredictor",
+    "alpaca_predictor",
     "mix_predictor",
     "pack_checkpoint",
     "pack_linear_head",
@@ -51,6 +53,17 @@ fitted on every shared-data source by the cross-source command's chosen recipe (
 
 def shipped_predictor_path(name: str = SHIPPED_PREDICTOR) -> Path:
     return Path(str(resources.files("headway.predict") / "weights" / name))
+
+
+ALPACA_PREDICTOR = "pars-minilm-alpaca.npz"
+"""File name of the packaged predictor trained on alpaca_eval alone (the default until it was chosen by
+tau_b on sources it never saw): MiniLM fully fine-tuned on alpaca_eval's consensus lengths, rank-32 deltas.
+The online-adaptation replay starts from it (an offline predictor that never saw arena_hard_v2)."""
+
+
+def alpaca_predictor() -> ShippedPredictor:
+    """The packaged :data:`ALPACA_PREDICTOR` (scorer spec ``headway.predict.shipped:alpaca_predictor()``)."""
+    return ShippedPredictor(shipped_predictor_path(ALPACA_PREDICTOR))
 
 
 def mix_predictor() -> ShippedPredictor:
