@@ -259,3 +259,20 @@ def test_an_answer_is_remembered_within_a_check_until_a_push_a_drop_or_forget() 
     # another instant is another check
     policy.keys[1] = (1.5,)
     assert heap.worst(((1.0,), 9), 1.0, calls.append, lambda: []) == (0, ((2.0,), 0))
+
+
+@pytest.mark.parametrize("mode", ["bounded", "countdown"])
+def test_a_countdown_prefill_ending_this_step_waits_for_its_decoding_key(mode: str) -> None:
+    """admit files a request's key as push does, except a countdown key whose last prefill chunk
+    runs in this step: it is keyed when it starts decoding (RunningKeys.decoding)."""
+    policy = _TableKeys(mode)
+    heap: RunningKeys[int] = RunningKeys(policy)
+    reqs = {i: make_request(f"r{i}", seq=i) for i in range(2)}
+    policy.keys.update({0: (5.0,), 1: (3.0,)})
+    heap.admit(0, reqs[0], 0.0, last_chunk=True)
+    heap.admit(1, reqs[1], 0.0, last_chunk=False)
+    found = heap.worst(None, 0.0, lambda item: None, lambda: [])
+    assert found == ((1, ((3.0,), 1)) if mode == "countdown" else (0, ((5.0,), 0)))
+    heap.decoding(0, reqs[0], 0.0, 0)
+    heap.forget()
+    assert heap.worst(None, 0.0, lambda item: None, lambda: []) == (0, ((5.0,), 0))

@@ -124,6 +124,18 @@ class RunningKeys(Generic[T]):
                 return
         heapq.heappush(self._fixed, (self._prio(key, req.seq, None), tok, item, req))
 
+    def admit(self, item: T, req: Request, now: float, *, last_chunk: bool) -> None:
+        """``item`` starts running with a prefill chunk (``last_chunk``: the rest of its prefill).
+        A countdown key is pushed as :meth:`push` does unless the chunk is the last: it moves to
+        the decoders' heap when its prefill ends with this step (:meth:`decoding`), and no check
+        before then can find it. (A check finds only keys above its candidate's; a request admitted
+        during a check came off the queue before every later candidate, with the key the queue
+        holds: the policy contract keeps a waiting key current.)"""
+        if self._countdown and last_chunk:
+            self._memo = None
+            return
+        self.push(item, req, now)
+
     def decoding(self, item: T, req: Request, now: float, clock: int) -> None:
         """``item`` finished its prefill and decodes from the decode-step count ``clock`` on: a
         countdown key moves to the decoders' heap (re-keyed: its first token and its progress
