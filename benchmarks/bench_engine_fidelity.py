@@ -2,7 +2,7 @@
 
     python benchmarks/bench_engine_fidelity.py [--out FILE.md] [--azure-requests N]
 
-1. Mean E2E (and P99 TTFT, preemptions, simulated requests per second) of ``fcfs``,
+1. Mean E2E (and P99 TTFT, preemptions, simulated requests and engine steps per second) of ``fcfs``,
    ``sjf-oracle`` and the preemptive ``srpt-oracle``, ``trail-oracle``, ``trail``, ``ltr``,
    ``uniboost-base`` on the default workload (2,000 requests) and the Azure conv trace
    (``azure-conv``, replayed at its recorded times), each preemptive policy in its declared
@@ -11,8 +11,11 @@
 2. ``sharegpt-sessions`` (2,000 turns): prefix-cache hit rate and TTFT with and without
    prefix caching, FCFS and oracle SJF.
 
-Every run is one simulation (seeded: the figures repeat exactly; the requests-per-second
-column is wall-clock and moves with the machine's load).
+Every run is one simulation (seeded: the figures repeat exactly; the requests- and
+steps-per-second columns are wall-clock and move with the machine's load). "engine steps" counts
+the engine steps the run simulated (``SimResult.num_steps``: every decode step of a fast-forwarded
+stretch is one), so a policy that preempts and recomputes shows the extra engine work it made
+the simulator do per request, and "steps/s" how fast the simulator got through it.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ def _row(workload: Workload, name: str, mode: str | None, cache: CacheConfig) ->
         "pauses": sum(r.num_pauses for r in res.requests),
         "recomputed": s.num_recomputed_tokens,
         "rps": len(workload) / res.wall_time,
+        "steps": res.num_steps,
+        "sps": res.num_steps / res.wall_time,
         "wall": wall,
         "hit": res.replicas[0].prefix_cache_hit_rate,
     }
@@ -70,8 +75,8 @@ def policy_table(workload: Workload, lines: list[str]) -> None:
         f"### {workload.name}: {len(workload):,} requests over {workload.duration:,.1f} s",
         "",
         "| policy | displacement | E2E mean (s) | vs fcfs | vs sjf-oracle | TTFT p99 (s) | preemptions "
-        "(pauses) | recomputed tokens | simulated req/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "(pauses) | recomputed tokens | engine steps | simulated req/s | steps/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def add(name: str, mode: str, r: dict[str, object], declared: bool = False) -> None:
@@ -80,7 +85,7 @@ def policy_table(workload: Workload, lines: list[str]) -> None:
         lines.append(
             f"| {name} | {label} | {e2e:.2f} | {e2e / float(base['e2e']):.3f}x | "  # type: ignore[arg-type]
             f"{e2e / float(sjf['e2e']):.3f}x | {float(r['ttft_p99']):.2f} | {r['preempt']:,} ({r['pauses']:,}) | "  # type: ignore[arg-type]
-            f"{r['recomputed']:,} | {float(r['rps']):,.0f} |"  # type: ignore[arg-type]
+            f"{r['recomputed']:,} | {r['steps']:,} | {float(r['rps']):,.0f} | {float(r['sps']):,.0f} |"  # type: ignore[arg-type]
         )
 
     add("fcfs", "-", base)
@@ -99,8 +104,9 @@ def sessions_table(lines: list[str]) -> None:
     lines += [
         f"### sharegpt-sessions: {len(wl):,} turns of {wl.meta['conversations']} conversations",
         "",
-        "| policy | prefix caching | hit rate | TTFT mean (s) | TTFT p99 (s) | E2E mean (s) | simulated req/s |",
-        "|---|---|---|---|---|---|---|",
+        "| policy | prefix caching | hit rate | TTFT mean (s) | TTFT p99 (s) | E2E mean (s) | engine steps "
+        "| simulated req/s | steps/s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in ("fcfs", "sjf-oracle"):
         for apc in (True, False):
@@ -108,7 +114,8 @@ def sessions_table(lines: list[str]) -> None:
             hit = "-" if r["hit"] is None else f"{float(r['hit']):.1%}"  # type: ignore[arg-type]
             lines.append(
                 f"| {name} | {'on' if apc else 'off'} | {hit} | {float(r['ttft_mean']):.3f} | "  # type: ignore[arg-type]
-                f"{float(r['ttft_p99']):.3f} | {float(r['e2e']):.2f} | {float(r['rps']):,.0f} |"  # type: ignore[arg-type]
+                f"{float(r['ttft_p99']):.3f} | {float(r['e2e']):.2f} | {r['steps']:,} | {float(r['rps']):,.0f} | "  # type: ignore[arg-type]
+                f"{float(r['sps']):,.0f} |"  # type: ignore[arg-type]
             )
     lines.append("")
 

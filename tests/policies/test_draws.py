@@ -12,8 +12,16 @@ from hypothesis import strategies as st
 
 from headway.core import Policy, make_policy
 from headway.policies import NoisyOracleScorer
-from headway.policies._draws import normal_from_state, seed_states
-from headway.policies._scoring import request_normal, request_seed_states
+from headway.policies._draws import (
+    _next_output_draw,
+    _ziggurat_tables,
+    first_outputs,
+    normal_from_state,
+    normals_from_states,
+    seed_states,
+)
+from headway.policies._draws import _State as _GivenState
+from headway.policies._scoring import request_normal, request_normals, request_seed_states
 from headway.sim import SimResult, simulate
 from headway.workload import load_workload
 
@@ -58,6 +66,61 @@ def test_bulk_draws_on_many_workload_ids():
     digest = hashlib.blake2b(b"0\x1fscore\x1fazure-conv-0", digest_size=8).digest()  # the hash request_normal seeds
     words = np.frombuffer(digest, dtype="<u4")
     assert states["azure-conv-0"].tolist() == np.random.SeedSequence(words).generate_state(4, np.uint64).tolist()
+
+
+def _random_states(n: int, seed: int) -> np.ndarray:
+    words = np.random.default_rng(seed).integers(0, 2**32, size=(n, 2), dtype=np.uint64).astype(np.uint32)
+    return seed_states(np.concatenate([words, np.array(_EDGES, dtype=np.uint32)]))
+
+
+def test_first_outputs_are_pcg64s_first_raw_outputs():
+    states = _random_states(3000, 1)
+    raw = first_outputs(states)
+    assert raw.dtype == np.uint64
+    want = [int(np.random.PCG64(_GivenState(s)).random_raw()) for s in states]  # type: ignore[arg-type]
+    assert raw.tolist() == want
+
+
+def test_bulk_normals_equal_normal_from_state_on_and_off_the_fast_path():
+    """Every draw, fast path or not (about 1.5 % are not: each layer's tail or wedge), equals numpy's
+    own, sign of zero included."""
+    states = _random_states(40000, 2)
+    got = normals_from_states(states)
+    want = np.array([normal_from_state(s) for s in states])
+    assert got.tobytes() == want.tobytes()
+    _, ki = _ziggurat_tables()
+    raw = first_outputs(states)
+    idx = (raw & np.uint64(255)).astype(np.intp)
+    slow = ((raw >> np.uint64(9)) & np.uint64(2**52 - 1)) >= ki[idx]
+    assert 0.005 < slow.mean() < 0.03  # both paths taken
+    assert normals_from_states(np.zeros((0, 4), dtype=np.uint64)).shape == (0,)
+
+
+def test_ziggurat_tables_are_numpys():
+    """The tables read back from numpy's generator: layer 0's and 2's fast-path bounds and layer 1,
+    never fast (numpy's ziggurat_constants.h: ki_double 0x000EF33D8025EF6A, 0, 0x000C08BE98FBC6A8),
+    and every fast layer's bound is exact: one below it is fast, it is not."""
+    wi, ki = _ziggurat_tables()
+    assert [int(k) for k in ki[:3]] == [0x000EF33D8025EF6A, 0, 0x000C08BE98FBC6A8]
+    bits = np.random.PCG64(0)
+    gen = np.random.Generator(bits)
+    for idx in range(0, 256, 5):
+        k = int(ki[idx])
+        for rabs, fast in ((k - 1, True), (k, False)):
+            if 0 <= rabs < 2**52:
+                x, took_one = _next_output_draw(bits, gen, rabs << 9 | idx)  # (numpy's draw, its next output set)
+                assert took_one is fast
+                if fast:
+                    assert x == rabs * wi[idx]
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32), ids=st.lists(st.text(max_size=20), max_size=12), salt=st.sampled_from(["", "score"]))
+def test_request_normals_equal_request_normal(seed: int, ids: list[str], salt: str):
+    draws = request_normals(seed, ids, salt)
+    assert list(draws) == list(dict.fromkeys(ids))
+    for rid in ids:
+        assert draws[rid] == request_normal(seed, rid, salt)
 
 
 def test_a_primed_noisy_oracle_scores_as_an_unprimed_one():

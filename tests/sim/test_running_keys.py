@@ -208,8 +208,10 @@ def test_worst_is_the_largest_key_above_the_bound_among_the_preemptible(data: An
             live.discard(i)
         elif op == "improve" and i in live:
             policy.keys[i] = (policy.keys[i][0] - data.draw(st.sampled_from([0.0, 0.5, 1.0, 3.0])), *policy.keys[i][1:])
+            heap.forget()  # (keys move between checks: the next worst starts a new one)
         elif op == "lapse" and i in live and mode:  # (declared modes: it stays lapsed until a push)
             policy.blocked.add(i)
+            heap.forget()
         elif op == "worst":
             first = data.draw(st.one_of(_KEY, st.just(math.inf), st.just(-math.inf)))
             above: tuple[PolicyKey, int] | None = (
@@ -224,3 +226,53 @@ def test_worst_is_the_largest_key_above_the_bound_among_the_preemptible(data: An
             ]
             found = heap.worst(above, 0.0, lambda item: None, lambda: [(j, reqs[j], None) for j in live])
             assert (None if found is None else found[1]) == (max(scan) if scan else None)
+
+
+def test_an_answer_is_remembered_within_a_check_until_a_push_a_drop_or_forget() -> None:
+    """Asked again in the same check (same instant and clock) with nothing pushed or dropped, worst
+    gives its last answer for any bound without re-keying; a key moved since (between checks, as
+    progress moves them) is seen only after forget, and a push or drop is seen at once."""
+    policy = _TableKeys("bounded")
+    heap: RunningKeys[int] = RunningKeys(policy)
+    reqs = {i: make_request(f"r{i}", seq=i) for i in range(3)}
+    for i, k in [(0, 5.0), (1, 3.0)]:
+        policy.keys[i] = (k,)
+        heap.push(i, reqs[i], 0.0)
+    calls: list[int] = []
+
+    def worst(bound: float) -> tuple[int, tuple[PolicyKey, int]] | None:
+        return heap.worst(((bound,), 9), 0.0, calls.append, lambda: [])
+
+    assert worst(1.0) == (0, ((5.0,), 0))
+    assert calls == [0]
+    policy.keys[0] = (2.0,)  # improved without a push: the check's answer stands
+    assert worst(1.0) == (0, ((5.0,), 0))
+    assert worst(6.0) is None  # a bound at or above the answer: nobody
+    assert calls == [0]  # (no re-key)
+    heap.forget()  # a new check
+    assert worst(1.0) == (1, ((3.0,), 1))
+    policy.keys[2] = (4.0,)
+    heap.push(2, reqs[2], 0.0)
+    assert worst(1.0) == (2, ((4.0,), 2))
+    heap.drop(2)
+    assert worst(1.0) == (1, ((3.0,), 1))
+    # another instant is another check
+    policy.keys[1] = (1.5,)
+    assert heap.worst(((1.0,), 9), 1.0, calls.append, lambda: []) == (0, ((2.0,), 0))
+
+
+@pytest.mark.parametrize("mode", ["bounded", "countdown"])
+def test_a_countdown_prefill_ending_this_step_waits_for_its_decoding_key(mode: str) -> None:
+    """admit files a request's key as push does, except a countdown key whose last prefill chunk
+    runs in this step: it is keyed when it starts decoding (RunningKeys.decoding)."""
+    policy = _TableKeys(mode)
+    heap: RunningKeys[int] = RunningKeys(policy)
+    reqs = {i: make_request(f"r{i}", seq=i) for i in range(2)}
+    policy.keys.update({0: (5.0,), 1: (3.0,)})
+    heap.admit(0, reqs[0], 0.0, last_chunk=True)
+    heap.admit(1, reqs[1], 0.0, last_chunk=False)
+    found = heap.worst(None, 0.0, lambda item: None, lambda: [])
+    assert found == ((1, ((3.0,), 1)) if mode == "countdown" else (0, ((5.0,), 0)))
+    heap.decoding(0, reqs[0], 0.0, 0)
+    heap.forget()
+    assert heap.worst(None, 0.0, lambda item: None, lambda: []) == (0, ((5.0,), 0))

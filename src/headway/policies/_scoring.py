@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 
 from headway._optional import require
 from headway.core import Request
-from headway.policies._draws import normal_from_state, seed_states
+from headway.policies._draws import normals_from_states, seed_states
 
 __all__ = [
     "SCORE_KEY",
@@ -52,6 +52,7 @@ __all__ = [
     "kendall_tau",
     "noisy_oracle_scores",
     "request_normal",
+    "request_normals",
     "request_seed_states",
     "tau_to_rho",
 ]
@@ -119,33 +120,43 @@ def request_seed_states(seed: int, request_ids: Sequence[str], salt: str = "") -
     (:mod:`headway.policies._draws`): ``normal_from_state(states[id])`` is
     ``request_normal(seed, id, salt)``, bit for bit, in about a fifth of its time."""
     ids = list(request_ids)
+    return dict(zip(ids, _seed_state_rows(seed, ids, salt), strict=True))
+
+
+def request_normals(seed: int, request_ids: Sequence[str], salt: str = "") -> dict[str, float]:
+    """:func:`request_normal` for many requests, drawn at once (:mod:`headway.policies._draws`):
+    the same values, bit for bit, in a small part of the time."""
+    ids = list(request_ids)
+    return dict(zip(ids, normals_from_states(_seed_state_rows(seed, ids, salt)).tolist(), strict=True))
+
+
+def _seed_state_rows(seed: int, ids: list[str], salt: str) -> NDArray[np.uint64]:
     raw = b"".join([_digest(seed, i, salt) for i in ids])
-    states = seed_states(np.frombuffer(raw, dtype="<u4").reshape(-1, 2))
-    return dict(zip(ids, states, strict=True))
+    return seed_states(np.frombuffer(raw, dtype="<u4").reshape(-1, 2))
 
 
 class RequestNormals:
     """:func:`request_normal` with one ``seed`` and ``salt``, whose draws can be prepared in bulk
-    (:meth:`prime`, :func:`request_seed_states`); a prepared draw is used once, then let go, and a
+    (:meth:`prime`, :func:`request_normals`); a prepared draw is used once, then let go, and a
     request not prepared is drawn one at a time: the same values either way."""
 
-    __slots__ = ("_states", "salt", "seed")
+    __slots__ = ("_draws", "salt", "seed")
 
     def __init__(self, seed: int, salt: str) -> None:
         self.seed = seed
         self.salt = salt
-        self._states: dict[str, NDArray[np.uint64]] = {}
+        self._draws: dict[str, float] = {}
 
     def prime(self, request_ids: Sequence[str]) -> None:
-        self._states = request_seed_states(self.seed, request_ids, self.salt)
+        self._draws = request_normals(self.seed, request_ids, self.salt)
 
     def __len__(self) -> int:
         """Prepared draws not used yet."""
-        return len(self._states)
+        return len(self._draws)
 
     def __call__(self, request_id: str) -> float:
-        state = self._states.pop(request_id, None)
-        return request_normal(self.seed, request_id, self.salt) if state is None else normal_from_state(state)
+        draw = self._draws.pop(request_id, None)
+        return request_normal(self.seed, request_id, self.salt) if draw is None else draw
 
 
 def _check_tau(tau: float) -> float:

@@ -85,8 +85,7 @@ class TrailPolicy(ScoredPolicy):
         return st
 
     def on_arrival(self, request: Request, now: float) -> None:
-        self.score_of(request)  # (ScoredPolicy's on_arrival)
-        self._pred(request)
+        self._pred(request)  # (ScoredPolicy's on_arrival: _pred scores it)
 
     def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:
         st = request.extra.get(_NS)  # _pred's common case inlined here and below: hot paths

@@ -174,7 +174,8 @@ class KVBlocks(DecodeClock):
         self.prefilling.append(s)
         self._run_version += 1
         if self._rkeys is not None:
-            self._rkeys.push(s, req, now)
+            last = req.num_computed_tokens + chunk >= req.num_prompt_tokens + req.num_output_tokens
+            self._rkeys.admit(s, req, now, last_chunk=last)
 
     def _admit(self, now: float, budget: int) -> None:
         waiting, seqs = self.waiting, self.seqs

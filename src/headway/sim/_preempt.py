@@ -125,6 +125,9 @@ class Preemption(KVBlocks):
         late, as ``progress_at_hints`` or no progress hook allow)."""
         rkeys, pkeys = self._rkeys, self._pkeys
         assert rkeys is not None
+        rkeys.forget()
+        if pkeys is not None:
+            pkeys.forget()
         if self._sync_all:
             self._sync_decoders(now)
         found = rkeys.worst(None, now, self._sync_now, self._running_items, self.g)
@@ -147,9 +150,12 @@ class Preemption(KVBlocks):
             return self._displace_scan(now, budget)
         # the running keys' lazy heap (_running_keys.py); with it, the paused requests' heap
         pause = self.policy.displacement == "pause"
+        waiting, seqs, pkeys = self.waiting, self.seqs, self._pkeys
+        rkeys.forget()
+        if pkeys is not None:
+            pkeys.forget()
         if self._sync_all:
             self._sync_decoders(now)
-        waiting, seqs, pkeys = self.waiting, self.seqs, self._pkeys
         while budget > 0:  # an exhausted token budget is no reason to evict
             head = waiting.head()
             if head is None:

@@ -22,6 +22,12 @@ Policies that declare how their running keys evolve (``Policy.running_keys``) ge
 * ``can_preempt``, once False, stays False until the request's next key point: such a request
   leaves the heap until it is re-keyed, instead of being set aside at every check.
 
+Within one displacement check (one instant, one decode clock) a found answer is remembered
+until the next push or drop: a check that takes a paused request's blocks, or that compares the
+running and the paused heaps' answers, asks the other heap again with nothing in it changed
+(the answer is the same item, or None if the new bound is at or above it). The replica calls
+:meth:`RunningKeys.forget` as each check starts.
+
 ``EXACT_SCAN`` (for tests) makes the simulator scan every running request's key at each
 check instead, as it does for policies with a progress hook that declare nothing: the
 reference the lazy heap must agree with, decision for decision.
@@ -54,7 +60,9 @@ def _neg(key: PolicyKey) -> _Prio:
 class RunningKeys(Generic[T]):
     """Running items (each with a request) by their policy key, largest first, lazily."""
 
-    __slots__ = ("_countdown", "_counter", "_drift", "_epoch", "_fixed", "_lapse", "_live", "_preemptible", "policy")
+    __slots__ = (
+        "_countdown", "_counter", "_drift", "_epoch", "_fixed", "_lapse", "_live", "_memo", "_preemptible", "policy",
+    )  # fmt: skip
 
     def __init__(self, policy: Policy, *, preemptible: bool = True) -> None:
         """``preemptible``: only items that ``can_preempt`` allows are found (running requests);
@@ -74,6 +82,8 @@ class RunningKeys(Generic[T]):
         self._live: dict[T, int] = {}
         self._counter = itertools.count()
         self._epoch = policy.key_epoch
+        # the last found answer (now, clock, item, request, (key, seq), priority), until a push or drop
+        self._memo: tuple[float, int, T, Request, tuple[PolicyKey, int], _Prio] | None = None
 
     def _prio(self, key: PolicyKey, seq: int, clock: int | None) -> _Prio:
         """The heap priority of ``(key, seq)`` (negated: heapq is a min-heap); a countdown
@@ -98,6 +108,7 @@ class RunningKeys(Generic[T]):
         count if ``item`` decodes (its key counts down with it), None while it prefills."""
         tok = next(self._counter)
         self._live[item] = tok
+        self._memo = None
         key = self.policy.key(req, now)
         if self._countdown:
             if len(key) == 1:  # _prio's one-component countdown case, inlined (a push per key point)
@@ -113,6 +124,18 @@ class RunningKeys(Generic[T]):
                 return
         heapq.heappush(self._fixed, (self._prio(key, req.seq, None), tok, item, req))
 
+    def admit(self, item: T, req: Request, now: float, *, last_chunk: bool) -> None:
+        """``item`` starts running with a prefill chunk (``last_chunk``: the rest of its prefill).
+        A countdown key is pushed as :meth:`push` does unless the chunk is the last: it moves to
+        the decoders' heap when its prefill ends with this step (:meth:`decoding`), and no check
+        before then can find it. (A check finds only keys above its candidate's; a request admitted
+        during a check came off the queue before every later candidate, with the key the queue
+        holds: the policy contract keeps a waiting key current.)"""
+        if self._countdown and last_chunk:
+            self._memo = None
+            return
+        self.push(item, req, now)
+
     def decoding(self, item: T, req: Request, now: float, clock: int) -> None:
         """``item`` finished its prefill and decodes from the decode-step count ``clock`` on: a
         countdown key moves to the decoders' heap (re-keyed: its first token and its progress
@@ -123,6 +146,11 @@ class RunningKeys(Generic[T]):
     def drop(self, item: T) -> None:
         """``item`` stopped running."""
         self._live.pop(item, None)
+        self._memo = None
+
+    def forget(self) -> None:
+        """A new displacement check starts: keys may have moved since the last answer."""
+        self._memo = None
 
     def _top(self, clock: int) -> tuple[list[tuple[_Prio, int, T, Request]], _Prio] | None:
         """The heap whose live top has the larger predicted key, and that top's priority now."""
@@ -161,6 +189,7 @@ class RunningKeys(Generic[T]):
             self._epoch = policy.key_epoch
             self._fixed, self._drift = [], []
             live.clear()
+            self._memo = None
             for item, req, at in running():
                 sync(item)
                 self.push(item, req, now, at)
@@ -184,6 +213,13 @@ class RunningKeys(Generic[T]):
             limit = None if above is None else self._prio(above[0], above[1], None)
         except (OverflowError, ValueError):
             limit = None
+        memo = self._memo
+        if memo is not None and memo[0] == now and memo[1] == clock and memo[3] is not skip:
+            # nothing pushed or dropped since it was found in this check: the same top, re-keyed
+            # to the same key (the loop below would stop at it as it does here)
+            if (limit is not None and memo[5] >= limit) or (above is not None and memo[4] <= above):
+                return None
+            return memo[2], memo[4]
         aside: list[tuple[list[tuple[_Prio, int, T, Request]], tuple[_Prio, int, T, Request]]] = []
         found = None
         while True:
@@ -212,6 +248,8 @@ class RunningKeys(Generic[T]):
                     aside.append((heap, entry))
                 continue
             found = (item, (key, req.seq))
+            if not aside:  # (what was set aside is above it: not the answer for another skip)
+                self._memo = (now, clock, item, req, found[1], prio)
             break
         for heap, entry in aside:
             heapq.heappush(heap, entry)
