@@ -97,7 +97,8 @@ def main() -> int:
         "```",
         "",
         f"- offline predictor: the packaged {predictor.path.name} (trained on alpaca_eval consensus "
-        "lengths alone, never on arena_hard_v2); online head: ridge on [offline score, prompt size, its pooled features] per model, "
+        "lengths alone, never on arena_hard_v2); online head: ridge on [offline score, prompt size, its "
+        "pooled features] per model, "
         f"window {args.window}, refit every {config.refit_every}, used from {config.min_observations} "
         f"observations, alpha {args.alpha:g} on the features, {args.prior_alpha:g} on the offline score and "
         "prompt size (chosen on o3-mini and four alpaca_eval models, not on Sky-T1-32B)",

@@ -96,6 +96,18 @@ def test_bulk_normals_equal_normal_from_state_on_and_off_the_fast_path():
     assert normals_from_states(np.zeros((0, 4), dtype=np.uint64)).shape == (0,)
 
 
+def test_bulk_normals_fall_back_to_numpy_when_the_fast_path_disagrees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables that no longer match numpy's generator (as a future numpy could make them) are caught by
+    the guard draws: every state is then drawn by numpy itself."""
+    import headway.policies._draws as draws
+
+    wi, ki = _ziggurat_tables()
+    monkeypatch.setattr(draws, "_ziggurat_tables", lambda: (wi * (1.0 + 1e-12), ki))
+    states = _random_states(500, 3)
+    want = np.array([normal_from_state(s) for s in states])
+    assert draws.normals_from_states(states).tobytes() == want.tobytes()
+
+
 def test_ziggurat_tables_are_numpys():
     """The tables read back from numpy's generator: layer 0's and 2's fast-path bounds and layer 1,
     never fast (numpy's ziggurat_constants.h: ki_double 0x000EF33D8025EF6A, 0, 0x000C08BE98FBC6A8),
