@@ -143,3 +143,17 @@ def test_the_packaged_mix_predictor_loads_as_a_scorer_spec() -> None:
     scores = np.asarray(score(prompts))
     assert scores.shape == (2,) and scores[0] > scores[1]
     assert ShippedPredictor(path).meta["meta"]["recipe"] == "text, alpha 10000, sources by sqrt(n)"
+
+
+def test_the_packaged_predictors_name_their_training_sources_and_the_alpaca_one_loads_as_a_spec() -> None:
+    """The default was trained on every shared source; the former default, still packaged for the
+    online replay (whose offline predictor must never have seen arena_hard_v2), on alpaca_eval alone."""
+    from headway.predict._resolve import resolve_score_fn
+    from headway.predict.shipped import ALPACA_PREDICTOR
+
+    assert ShippedPredictor().trained_on == ["alpaca_eval", "sharegpt", "codealpaca", "arena_hard_v2"]
+    assert ShippedPredictor(shipped_predictor_path(ALPACA_PREDICTOR)).trained_on == ["alpaca_eval"]
+    score = resolve_score_fn("headway.predict.shipped:alpaca_predictor()")
+    prompts = ["Write a detailed 2000-word essay on the history of Rome.", "Say yes or no: is 7 prime?"]
+    scores = np.asarray(score(prompts))
+    assert scores.shape == (2,) and scores[0] > scores[1]
