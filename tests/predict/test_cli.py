@@ -217,3 +217,19 @@ def test_matrix_refuses_a_checkpoint_for_a_loss_it_does_not_train(
 def test_cross_source_names_bad_options(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cross-source", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cross_source_packed_checkpoint_resolves_packaged_names_and_names_a_missing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from headway.predict._cli import _packed_file
+    from headway.predict.shipped import ALPACA_PREDICTOR, shipped_predictor_path
+
+    assert _packed_file(ALPACA_PREDICTOR) == shipped_predictor_path(ALPACA_PREDICTOR)
+    own = tmp_path / ALPACA_PREDICTOR  # a file of that name here is taken as given
+    own.write_bytes(b"")
+    assert _packed_file(str(own)) == own
+    missing = tmp_path / "nope.npz"
+    # the error comes before any source is loaded or embedded
+    assert main(["predictor", "cross-source", "--checkpoint", str(missing), "--data-dir", str(tmp_path)]) == 2
+    assert f"--checkpoint {missing}: no such packed predictor" in capsys.readouterr().err

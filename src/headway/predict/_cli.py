@@ -286,6 +286,7 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
         )
     if args.sharegpt_extra is not None and args.sharegpt_extra < 0:
         raise PredictError(f"--sharegpt-extra: a count >= 0, got {args.sharegpt_extra}")
+    packed = _packed_file(args.checkpoint) if str(args.checkpoint).endswith(".npz") else None
     sources = [load_source(name, args.data_dir, max_extra=args.sharegpt_extra) for name in SOURCES]
     encoder = _frozen_encoder(args.encoder, args.threads)
     sizes = (
@@ -299,11 +300,14 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
     embeddings = embed_sources(sources, encoder.embed, cache)
     extra: dict[str, Any] = {}
     extra_trained_on: dict[str, list[str]] = {}
-    if args.checkpoint == "shipped":
+    if args.checkpoint == "shipped" or packed is not None:
         from headway.predict.shipped import ShippedPredictor
 
-        shipped = ShippedPredictor(threads=args.threads)
-        name = f"shipped predictor (trained on {', '.join(shipped.trained_on) or 'unrecorded sources'})"
+        if packed is None:
+            shipped, label = ShippedPredictor(threads=args.threads), "shipped predictor"
+        else:
+            shipped, label = ShippedPredictor(packed, threads=args.threads), f"packed {packed.name}"
+        name = f"{label} (trained on {', '.join(shipped.trained_on) or 'unrecorded sources'})"
         extra[name], extra_trained_on[name] = shipped.score, shipped.trained_on
     elif args.checkpoint:
         from headway.predict.score import Scorer
@@ -330,6 +334,19 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
         chosen = next(r for r in recipes if r.label == result.best_recipe())
         _save_mix_head(chosen, sources, embeddings, encoder.max_length, args.save_head)
     return 0
+
+
+def _packed_file(value: str) -> Path:
+    """``--checkpoint FILE.npz``: a packed predictor file, or the name of one that ships
+    (``pars-minilm-alpaca.npz``)."""
+    from headway.predict.shipped import shipped_predictor_path
+
+    path = Path(value)
+    if not path.is_file() and path.name == value:
+        path = shipped_predictor_path(value)
+    if not path.is_file():
+        raise PredictError(f"--checkpoint {value}: no such packed predictor (a file, or the name of a packaged one)")
+    return path
 
 
 def _positive_floats(flag: str, value: str) -> list[float]:
@@ -514,9 +531,10 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--checkpoint",
-        metavar="DIR|shipped",
-        help="also evaluate this trained checkpoint (torch), or the shipped predictor, as a row "
-        "(its alpaca_eval columns on the held-out prompts)",
+        metavar="DIR|shipped|FILE.npz",
+        help="also evaluate, as a row, this trained checkpoint (torch), the shipped predictor, or a packed "
+        "predictor (a file, or the name of a packaged one such as pars-minilm-alpaca.npz); the sources it "
+        "was trained on count as in-source",
     )
     p.add_argument(
         "--heads",
