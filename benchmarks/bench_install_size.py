@@ -42,6 +42,13 @@ def _measure(work: Path, variant: str, src: Path) -> tuple[float, float, list[st
     return _size_mib(venv), took, sorted(p.split("==")[0].lower() for p in pkgs.split())
 
 
+def shown_command(argv: list[str]) -> str:
+    """The command line as the result file shows it: ``--workdir``'s value (a local path) as ``DIR``."""
+    shown = ["DIR" if i and argv[i - 1] == "--workdir" else a for i, a in enumerate(argv)]
+    shown = ["--workdir=DIR" if a.startswith("--workdir=") else a for a in shown]
+    return " ".join(["python benchmarks/bench_install_size.py", *shown])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", nargs="+", default=["core", "serve", "sim", "serve,sim"])
@@ -61,11 +68,10 @@ def main() -> int:
         extra = [p for p in pkgs if p not in base_pkgs and p != "headway"]
         rows.append(f"| `{v}` | {size:.0f} | {size - base:.0f} | {took:.0f} | {', '.join(extra)} |")
         print(rows[-1], flush=True)
-    shown = ["DIR" if prev == "--workdir" else a for prev, a in zip(["", *sys.argv[1:]], sys.argv[1:], strict=True)]
-    cmd = "python benchmarks/bench_install_size.py " + " ".join(shown)
+    cmd = shown_command(sys.argv[1:])
     OUT.write_text(
         "# Install size per variant\n\n"
-        f"Command: `{cmd.strip()}` ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC, Python "
+        f"Command: `{cmd}` ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC, Python "
         f"{sys.version.split()[0]}). Each variant in a fresh venv; MiB on disk (files, .pyc included); "
         f"an empty venv is {base:.0f} MiB.\n\n"
         "| variant | MiB | MiB over an empty venv | install s | packages besides headway, pip, setuptools |\n"
