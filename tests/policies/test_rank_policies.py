@@ -300,7 +300,7 @@ class _DictLTR(LTRPolicy):
             k = out - last[1]
             sample = (now - last[0]) / k
             if sample > 0.0:
-                self.step_time = sample + (1.0 - self.step_time_ema) ** k * (self.step_time - sample)
+                self._observe(sample, k, 1)  # the estimate's arithmetic, as LTRPolicy's
         self._last[request] = (now, out, request.num_preemptions)
 
 
@@ -356,3 +356,34 @@ def test_trail_key_and_hint_are_the_max_formulas(pred: float, out: int) -> None:
     if not math.isnan(pred):
         hint = pol.rekey_after_tokens(r)
         assert hint == max(math.ceil(pred - out), 1) and type(hint) is int
+
+
+def test_ltr_step_time_folds_equal_reports_in_closed_form_however_they_are_batched() -> None:
+    """Consecutive reports with one sample are one group: the same floats whether they come as one
+    run, several runs or one call each, whether or not the estimate is read between them, and
+    (to rounding) the one-step EMA updates they stand for."""
+    now = 0.53
+    reports = [(2, 0.5), (2, 0.5), (2, 0.5), (1, 0.52), (2, 0.5), (2, 0.5)]  # (tokens, since)
+
+    def fresh() -> LTRPolicy:
+        return LTRPolicy(initial_step_time=0.02, step_time_ema=0.05)
+
+    one_run = fresh()
+    one_run.on_decode_progress(now, [(3, 2, 0.5), (1, 1, 0.52), (2, 2, 0.5)])
+    split = fresh()
+    split.on_decode_progress(now, [(2, 2, 0.5)])
+    split.on_decode_progress(now, [(1, 2, 0.5), (1, 1, 0.52), (1, 2, 0.5)])
+    split.on_decode_progress(now, [(1, 2, 0.5)])
+    each, seen = fresh(), []
+    for tokens, since in reports:
+        each.on_decode_progress(now, [(1, tokens, since)])
+        seen.append(each.step_time)  # reading it changes nothing
+    assert one_run.step_time == split.step_time == each.step_time == seen[-1]
+    assert len(set(seen)) == len(seen)  # every report moved it
+
+    step = 0.02
+    for tokens, since in reports:  # the one-step updates: `tokens` per report
+        sample = (now - since) / tokens
+        for _ in range(tokens):
+            step = sample + 0.95 * (step - sample)
+    assert one_run.step_time == pytest.approx(step, rel=1e-12)

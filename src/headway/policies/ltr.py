@@ -45,7 +45,8 @@ class LTRPolicy(ScoredPolicy):
     ``initial_step_time`` = 20 ms, an 8B model's decode step on an A100). The EMA is per
     token: a report of ``k`` tokens is ``k`` one-step updates toward its mean step time,
     so batching reports (the simulator's fast-forward) does not change the estimate when
-    the step time is constant over a report. Idle steps are
+    the step time is constant over a report; consecutive reports with the same sample (a batch's
+    decoders at one step) are folded at once, in closed form. Idle steps are
     then ``idle time / step time``: a waiting period that starts at ``t0`` (arrival, or
     the preemption) promotes at ``t0 + starvation_steps * step_time``, frozen when the
     period begins so the key is time-invariant apart from that instant
@@ -91,10 +92,39 @@ class LTRPolicy(ScoredPolicy):
         super().__init__(**scoring)  # scorer and the noisy oracle's settings (see ScoredPolicy)
         self.starvation_steps = check_count("starvation_steps", starvation_steps, "ltr")
         self.quantum_steps = check_count("quantum_steps", quantum_steps, "ltr")
-        self.step_time = check_positive("initial_step_time", initial_step_time, "ltr")
+        self._base_step_time = check_positive("initial_step_time", initial_step_time, "ltr")
         if check_positive("step_time_ema", step_time_ema, "ltr") > 1.0:
             raise ValueError(f"ltr: step_time_ema must be in (0, 1], got {step_time_ema!r}")
         self.step_time_ema = float(step_time_ema)
+        self._keep = 1.0 - self.step_time_ema
+        # the open group of reports: `_group_reports` reports of `_group_tokens` tokens each, all with the
+        # step-time sample `_group_sample`, not yet folded into `_base_step_time` (none while 0)
+        self._group_sample = 0.0
+        self._group_tokens = 0
+        self._group_reports = 0
+
+    @property
+    def step_time(self) -> float:
+        """The step-time estimate: the folded estimate moved by the open group of equal samples, in
+        closed form (``n`` reports of ``k`` tokens toward one sample are ``n * k`` one-step updates).
+        Reading it changes nothing, so when it is read does not change the value later."""
+        n = self._group_reports
+        if not n:
+            return self._base_step_time
+        sample = self._group_sample
+        return sample + self._keep ** (self._group_tokens * n) * (self._base_step_time - sample)
+
+    def _observe(self, sample: float, tokens: int, reports: int) -> None:
+        """``reports`` reports of ``tokens`` decode tokens each, whose mean step time is ``sample``.
+        Consecutive reports with the same sample and tokens form one group, folded at once when a
+        different one comes: the groups are the same however the reports are batched into calls
+        (one per decoder, or the simulator's runs), so both give the same floats."""
+        if sample == self._group_sample and tokens == self._group_tokens:
+            self._group_reports += reports
+            return
+        if self._group_reports:
+            self._base_step_time = self.step_time
+        self._group_sample, self._group_tokens, self._group_reports = sample, tokens, reports
 
     # ------------------------------------------------------------ bookkeeping
     def _state(self, request: Request, now: float) -> _State:
@@ -126,7 +156,7 @@ class LTRPolicy(ScoredPolicy):
                 # k tokens = k decode steps: k one-step EMA updates toward the mean step time, in
                 # closed form, so a report of k tokens at once (the simulator's fast-forward) moves
                 # the estimate as much as k reports of one token (step by step) would
-                self.step_time = sample + (1.0 - self.step_time_ema) ** k * (self.step_time - sample)
+                self._observe(sample, k, 1)
         st.last_time = now
         st.last_out = out
 
@@ -135,16 +165,11 @@ class LTRPolicy(ScoredPolicy):
         period's reports with its prefill (``ran`` set, ``last_out`` at least 1) and leaves
         decoding by finishing or by a preemption (a new period), so its reports only move the
         step-time estimate, ``k`` one-step updates toward ``(now - since) / k`` each: the same
-        operations on the same values as one call per decoder, bit for bit."""
-        keep = 1.0 - self.step_time_ema
-        step_time = self.step_time
+        reports as one call per decoder gives, so the same groups (:meth:`_observe`), bit for bit."""
         for count, tokens, since in runs:
             sample = (now - since) / tokens
             if sample > 0.0:
-                weight = keep**tokens
-                for _ in range(count):
-                    step_time = sample + weight * (step_time - sample)
-        self.step_time = step_time
+                self._observe(sample, tokens, count)
 
     # -------------------------------------------------------------------- key
     def key(self, request: Request, now: float) -> PolicyKey:
