@@ -233,3 +233,5 @@ def test_cross_source_packed_checkpoint_resolves_packaged_names_and_names_a_miss
     # the error comes before any source is loaded or embedded
     assert main(["predictor", "cross-source", "--checkpoint", str(missing), "--data-dir", str(tmp_path)]) == 2
     assert f"--checkpoint {missing}: no such packed predictor" in capsys.readouterr().err
+    assert main(["predictor", "cross-source", "--checkpoint", str(own), "--data-dir", str(tmp_path)]) == 2
+    assert f"{own}: not a packed predictor" in capsys.readouterr().err  # an empty file, refused as early

@@ -286,7 +286,8 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
         )
     if args.sharegpt_extra is not None and args.sharegpt_extra < 0:
         raise PredictError(f"--sharegpt-extra: a count >= 0, got {args.sharegpt_extra}")
-    packed = _packed_file(args.checkpoint) if str(args.checkpoint).endswith(".npz") else None
+    # a packed predictor is loaded (and a bad one refused) before the sources are embedded
+    packed = _packed_row(args.checkpoint, args.threads) if args.checkpoint else None
     sources = [load_source(name, args.data_dir, max_extra=args.sharegpt_extra) for name in SOURCES]
     encoder = _frozen_encoder(args.encoder, args.threads)
     sizes = (
@@ -300,14 +301,8 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
     embeddings = embed_sources(sources, encoder.embed, cache)
     extra: dict[str, Any] = {}
     extra_trained_on: dict[str, list[str]] = {}
-    if args.checkpoint == "shipped" or packed is not None:
-        from headway.predict.shipped import ShippedPredictor
-
-        if packed is None:
-            shipped, label = ShippedPredictor(threads=args.threads), "shipped predictor"
-        else:
-            shipped, label = ShippedPredictor(packed, threads=args.threads), f"packed {packed.name}"
-        name = f"{label} (trained on {', '.join(shipped.trained_on) or 'unrecorded sources'})"
+    if packed is not None:
+        name, shipped = packed
         extra[name], extra_trained_on[name] = shipped.score, shipped.trained_on
     elif args.checkpoint:
         from headway.predict.score import Scorer
@@ -334,6 +329,19 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
         chosen = next(r for r in recipes if r.label == result.best_recipe())
         _save_mix_head(chosen, sources, embeddings, encoder.max_length, args.save_head)
     return 0
+
+
+def _packed_row(checkpoint: str, threads: int) -> tuple[str, Any] | None:
+    """``--checkpoint shipped`` or ``FILE.npz``: the row's name and the loaded packed predictor; None
+    for a checkpoint directory (scored with torch)."""
+    if checkpoint != "shipped" and not checkpoint.endswith(".npz"):
+        return None
+    from headway.predict.shipped import ShippedPredictor
+
+    path = None if checkpoint == "shipped" else _packed_file(checkpoint)
+    shipped = ShippedPredictor(path, threads=threads)  # None: the default pack
+    label = "shipped predictor" if path is None else f"packed {path.name}"
+    return f"{label} (trained on {', '.join(shipped.trained_on) or 'unrecorded sources'})", shipped
 
 
 def _packed_file(value: str) -> Path:

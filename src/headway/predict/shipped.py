@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import zipfile
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -202,7 +203,7 @@ class ShippedPredictor:
             with np.load(io.BytesIO(raw), allow_pickle=False) as z:
                 header = json.loads(bytes(z["header"]).decode())
                 arrays = {k: z[k] for k in z.files if k != "header"}
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
             raise CheckpointError(f"{self.path}: not a packed predictor ({exc})") from None
         self.meta: dict[str, Any] = header
         base_dir = Path(base) if base is not None else default_encoder_path()
