@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 from headway.core import get_policy_class
@@ -50,9 +49,7 @@ def _row(workload: Workload, name: str, mode: str | None, cache: CacheConfig, re
     kw = _kwargs(name, workload)
     if mode is not None:
         kw["displacement"] = mode
-    t0 = time.perf_counter()
     res = simulate(workload, name, policy_kwargs=kw or None, cache=cache)
-    wall = time.perf_counter() - t0
     fastest = res.wall_time
     for _ in range(repeats - 1):
         again = simulate(workload, name, policy_kwargs=kw or None, cache=cache)
@@ -72,7 +69,6 @@ def _row(workload: Workload, name: str, mode: str | None, cache: CacheConfig, re
         "rps": len(workload) / fastest,
         "steps": res.num_steps,
         "events": res.num_events,
-        "wall": wall,
         "hit": res.replicas[0].prefix_cache_hit_rate,
     }
 
