@@ -256,6 +256,16 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "predictor-chat-input",
+        "What the predictor reads in a chat request",
+        "tau_b of the default predictor on held-out alpaca_eval instructions sent as the last user message "
+        "of a chat request (alone, after a shared system prompt, after an earlier exchange), scoring every "
+        "message joined or the last user message; and on ShareGPT's later turns, how well the previous "
+        "answers' lengths rank the next one.",
+        "python benchmarks/predictor_chat_input.py",
+        ("predictor_chat_input.md",),
+    ),
+    Benchmark(
         "install-size",
         "Install size per extra",
         "Disk size of a fresh virtual environment per install variant (core, serve, sim, serve+sim).",

@@ -399,6 +399,66 @@ def test_scorer_runs_batched_off_the_event_loop(make_stub, make_gateway, monkeyp
     assert "headway_score_wait_seconds_count 8.0" in httpx.get(gw.url + "/metrics").text
 
 
+SYSTEM = {"role": "system", "content": "You are the shop's assistant. Follow the rules. " * 40}
+
+
+@pytest.mark.parametrize(
+    ("messages", "query"),
+    [
+        ([SYSTEM, {"role": "user", "content": "Name a color."}], "Name a color."),
+        (
+            [
+                {"role": "user", "content": "Write an essay."},
+                {"role": "assistant", "content": "Here is an essay: ..."},
+                {"role": "user", "content": [{"type": "text", "text": "Shorter."}, {"type": "image_url"}]},
+            ],
+            "Shorter.\n",
+        ),
+        ([SYSTEM, {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}], "Hi."),
+        ([SYSTEM], SYSTEM["content"]),  # no user message: every message, as before
+        ([SYSTEM, {"role": "user", "content": "  "}], SYSTEM["content"] + "\n  "),  # a blank one: the same
+    ],
+    ids=["system-prompt", "earlier-exchange-and-parts", "after-the-user-message", "no-user-message", "blank"],
+)
+def test_a_chat_request_is_scored_on_its_last_user_message(messages, query):
+    """The predictor reads the message being answered; prefix hashing and the token estimate keep
+    every message (benchmarks/results/predictor_chat_input.md: a shared system prompt gave every
+    request the same score)."""
+    from headway.serve._wire import validate_body
+
+    parsed = validate_body({"model": "m", "messages": messages}, chat=True)
+    assert parsed.query_text == query
+    joined = "\n".join(
+        m["content"] if isinstance(m["content"], str) else "\n".join(str(c.get("text", "")) for c in m["content"])
+        for m in messages
+    )
+    assert parsed.prompt_text == joined
+    completion = validate_body({"model": "m", "prompt": "Say hi."}, chat=False)
+    assert completion.query_text == completion.prompt_text == "Say hi."
+
+
+def test_the_gateway_scores_a_chat_request_on_its_last_user_message(make_stub, make_gateway, monkeypatch):
+    import sys
+    import types
+
+    seen: list[str] = []
+
+    def score(prompts: list[str]) -> list[float]:
+        seen.extend(prompts)
+        return [float(len(p)) for p in prompts]
+
+    mod = types.ModuleType("hw_chat_scorer")
+    mod.score = score  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "hw_chat_scorer", mod)
+    stub = make_stub()
+    gw = make_gateway([stub.url], policy="pars", scorer="hw_chat_scorer:score")
+    body = {**CHAT, "messages": [SYSTEM, {"role": "user", "content": "Name a color."}]}
+    with gw.client() as c:
+        assert c.post("/v1/chat/completions", json=body).status_code == 200
+    wait_until(lambda: bool(seen), what="the prompt scored")
+    assert seen == ["Name a color."]
+
+
 def test_scorer_in_a_worker_process_scores_and_stops_with_the_gateway(make_stub):
     import math
     import os

@@ -127,7 +127,7 @@ class Intake:
             tenant_id=ident.tenant,
             tier=ident.tier,
             priority=parsed.priority,
-            prompt=scoring_text(parsed.prompt_text, self.scored_tokens) or None,
+            prompt=scoring_text(parsed.query_text, self.scored_tokens) or None,
             block_hashes=prefix_block_hashes(parsed.prompt_text) if self._hash_prefixes else (),
             hash_block_size=HASH_BLOCK_TOKENS,
         )

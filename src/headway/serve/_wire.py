@@ -101,6 +101,7 @@ def is_int(v: object) -> bool:
 @dataclass(slots=True)
 class Parsed:
     prompt_text: str
+    """Every message's content (or the prompt), in order: what prefix hashing and the token estimate read."""
     num_prompt_tokens: int
     max_tokens: int | None
     max_tokens_field: str
@@ -108,6 +109,10 @@ class Parsed:
     stream: bool
     priority: int
     wants_usage: bool
+    query_text: str
+    """What the length predictor reads: a chat request's last user message (the one being answered:
+    the predictors are trained on single user prompts, and a system prompt or earlier turns ahead
+    of it would fill the scorer's window), else :attr:`prompt_text` (also when that message is empty)."""
 
 
 MAX_TOKENS_CEILING = 2**31 - 1
@@ -141,10 +146,12 @@ def validate_body(body: object, chat: bool) -> Parsed:
         if not isinstance(msgs, list) or not msgs:
             raise BadRequest("'messages' must be a non-empty array of messages", "messages")
         parts: list[str] = []
+        query: list[str] | None = None  # the last user message's parts
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise BadRequest(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}]")
             content = m.get("content")
+            first = len(parts)
             if isinstance(content, str):
                 parts.append(content)
             elif isinstance(content, list):
@@ -155,8 +162,11 @@ def validate_body(body: object, chat: bool) -> Parsed:
                     parts.append(str(c.get("text", "")))
             elif content is not None:
                 raise BadRequest(f"'messages[{i}].content' must be a string or an array", f"messages[{i}].content")
+            if m["role"] == "user":
+                query = parts[first:]
         text = "\n".join(parts)
         ntok = estimate_tokens(text)
+        query_text = "\n".join(query) if query and any(q.strip() for q in query) else text
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, str) and prompt:
@@ -168,6 +178,7 @@ def validate_body(body: object, chat: bool) -> Parsed:
             text, ntok = "", len(prompt)
         else:
             raise BadRequest("'prompt' must be a non-empty string, array of strings or of token ids", "prompt")
+        query_text = text
     max_tokens: int | None = None
     max_tokens_field = "max_tokens"
     for name in ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",):
@@ -202,7 +213,7 @@ def validate_body(body: object, chat: bool) -> Parsed:
         raise BadRequest(f"'n' must be a positive integer, got {n!r}", "n")
     if n is not None and n > MAX_N:
         raise BadRequest(f"'n' must be at most {MAX_N}, got {n}", "n")
-    return Parsed(text, ntok, max_tokens, max_tokens_field, stream, priority, wants_usage)
+    return Parsed(text, ntok, max_tokens, max_tokens_field, stream, priority, wants_usage, query_text)
 
 
 def completion_tokens(content: bytes) -> int | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from headway.core import Policy
 from headway.integrations.vllm._adapter import PolicyAdapter
+from headway.integrations.vllm._chat import ChatMarkers, chat_markers
 from headway.integrations.vllm._errors import PluginConfigError, VllmVersionError
 from headway.integrations.vllm._scorers import TextScoreFn, load_online_learner, load_text_scorer
 from headway.integrations.vllm._settings import (
@@ -147,6 +148,7 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     score_batch = load_text_scorer(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
                 self._hw_tokenizer_path = cfg.tokenizer or getattr(self.vllm_config.model_config, "tokenizer", None)
                 self._hw_tokenizer: Any = None
+                self._hw_chat: ChatMarkers | None = None  # the tokenizer's chat markers, read with it
                 self._hw_budget0 = int(self.max_num_scheduled_tokens)
                 first = make_plugin_policy(cfg.policy, cfg.policy_args)
                 self.max_num_scheduled_tokens = self._hw_budget(first)
@@ -203,17 +205,29 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 return budget
 
             def _hw_decode(self, batch: list[Any]) -> list[str]:
+                """The scorer's texts for prompts given as token ids: a chat prompt's last user message
+                (found through the model's chat template, :mod:`._chat`), else the whole prompt."""
                 if self._hw_tokenizer is None:
                     from transformers import AutoTokenizer
 
                     tok = AutoTokenizer.from_pretrained(self._hw_tokenizer_path)
+                    self._hw_chat = chat_markers(tok)
                     # the Rust tokenizer's batch decode, without the Python wrapper's per-call work
                     self._hw_tokenizer = getattr(tok, "backend_tokenizer", None) or tok
                 tok = self._hw_tokenizer
+                batch_decode = tok.decode_batch if hasattr(tok, "decode_batch") else tok.batch_decode
                 ids = [list(x) for x in batch]
-                if hasattr(tok, "decode_batch"):
-                    return [str(t) for t in tok.decode_batch(ids, skip_special_tokens=True)]
-                return [str(t) for t in tok.batch_decode(ids, skip_special_tokens=True)]
+                markers = self._hw_chat
+                if markers is None:
+                    return [str(t) for t in batch_decode(ids, skip_special_tokens=True)]
+                # the template's markers may be special tokens: found in the text that keeps them
+                texts: list[str | None] = [markers.query(str(t)) for t in batch_decode(ids, skip_special_tokens=False)]
+                plain = [i for i, t in enumerate(texts) if t is None]
+                if plain:
+                    again = batch_decode([ids[i] for i in plain], skip_special_tokens=True)
+                    for i, t in zip(plain, again, strict=True):
+                        texts[i] = str(t)
+                return [t or "" for t in texts]
 
             def _hw_header(self) -> None:
                 assert self._hw_log is not None
