@@ -8,6 +8,8 @@ predictor twice: on every message's content joined (what the gateway scored befo
 user message (``Parsed.query_text``, what it scores now). Kendall tau_b against each of the four
 2023-era models' answer lengths.
 
+The same scores rank a simulated burst of those requests (``pars`` against FCFS).
+
 Part 2: ShareGPT's later turns (lengths only: the shared data has no text after the first turn),
 pooled as one queue would mix them: tau_b of each turn's answer length against the previous answer's
 length in the same conversation, and against the turn's own prompt length.
@@ -77,7 +79,10 @@ def tau(scores: Sequence[float], lengths: np.ndarray) -> float:
     return float(stats.kendalltau(np.asarray(scores)[ok], lengths[ok], variant="b").statistic)
 
 
-def chat_rows(score: Callable[[list[str]], np.ndarray], root: Path) -> tuple[list[str], int, int]:
+Scored = dict[tuple[str, str], np.ndarray]
+
+
+def chat_rows(score: Callable[[list[str]], np.ndarray], root: Path) -> tuple[list[str], int, int, Scored, np.ndarray]:
     src = load_source("alpaca_eval", root)
     idx = np.flatnonzero(src.test)
     prompts = [src.prompts[i] for i in idx]
@@ -98,6 +103,7 @@ def chat_rows(score: Callable[[list[str]], np.ndarray], root: Path) -> tuple[lis
         + " | mean | distinct scores |",
         "|---|---|" + "---:|" * (len(ALPACA_EVAL_MODELS) + 2),
     ]
+    scored: Scored = {}
     for kind, chats in conversations(prompts, answers).items():
         parsed = [validate_body({"model": "m", "messages": c}, chat=True) for c in chats]
         for label, texts in (
@@ -107,11 +113,51 @@ def chat_rows(score: Callable[[list[str]], np.ndarray], root: Path) -> tuple[lis
             if kind == KINDS[0] and label.endswith("(before)"):
                 continue  # the same text both ways
             s = score([scoring_text(t, SCORED_TOKENS_DEFAULT) for t in texts])
+            scored[kind, label] = s
             taus = [tau(s, src.evals[m][idx]) for m in ALPACA_EVAL_MODELS]
             cells = " | ".join("n/a" if np.isnan(t) else f"{t:.3f}" for t in taus)
             mean = "n/a" if np.isnan(taus).any() else f"{np.mean(taus):.3f}"
             lines.append(f"| {kind} | {label} | {cells} | {mean} | {len(np.unique(s))} of {len(s)} |")
-    return lines, len(prompts), sum(1 for a in answers if a)
+    return lines, len(prompts), sum(1 for a in answers if a), scored, src.evals[BURST_MODEL][idx]
+
+
+BURST_MODEL = "gpt4"
+BURST_STEP_S = 0.0022  # as `bench_gateway_vllm.py --simulate 2.2`
+BURST_SEQS = 4
+
+
+def burst_rows(scored: Scored, lengths: np.ndarray) -> list[str]:
+    """Every request of a kind at once into 4 sequence slots, simulated with a fixed step (ideal
+    dispatch): mean per-token latency of pars on each scoring against FCFS."""
+    from dataclasses import replace
+
+    from headway.metrics import summarize
+    from headway.sim import CostModel, SchedulerConfig, simulate
+    from headway.workload import RequestSpec, Workload
+
+    ok = np.flatnonzero(~np.isnan(lengths))
+    specs = [RequestSpec(f"c{i}", 0.0, num_prompt_tokens=64, num_output_tokens=int(lengths[i])) for i in ok]
+    cost = CostModel("fixed-step", step_overhead=BURST_STEP_S, per_token=0.0, per_seq=0.0, per_kv_token=0.0,
+                     gpu_memory_bytes=1e12, weight_bytes=0.0, kv_bytes_per_token=1.0)  # fmt: skip
+
+    def per_token(policy: str, scores: np.ndarray | None) -> float:
+        given = specs
+        if scores is not None:
+            given = [replace(r, score=float(scores[i])) for r, i in zip(specs, ok, strict=True)]
+        wl = Workload.from_specs("chat-burst", given)
+        res = simulate(wl, policy, preset=cost, scheduler=SchedulerConfig(max_num_seqs=BURST_SEQS))
+        return float(summarize(res.requests).normalized_latency.mean)
+
+    base = per_token("fcfs", None)
+    lines = [
+        "| chat request | pars ranked by scores of | mean per-token latency (ms) | vs fcfs |",
+        "|---|---|---:|---:|",
+        f"| any | (fcfs) | {base * 1e3:.1f} | x1.00 |",
+    ]
+    for (kind, label), scores in scored.items():
+        mean = per_token("pars", scores)
+        lines.append(f"| {kind} | {label} | {mean * 1e3:.1f} | x{base / mean:.2f} |")
+    return lines
 
 
 def history_rows(root: Path) -> tuple[list[str], int, int]:
@@ -154,7 +200,8 @@ def main() -> int:
     root = find_data_dir()
     predictor = ShippedPredictor(threads=args.threads)
     t0 = time.perf_counter()
-    chat, n_prompts, n_answers = chat_rows(lambda texts: np.asarray(predictor.score(texts)), root)
+    chat, n_prompts, n_answers, scored, lengths = chat_rows(lambda texts: np.asarray(predictor.score(texts)), root)
+    burst = burst_rows(scored, lengths)
     history, n_turns, n_convs = history_rows(root)
     lines = [
         "# What the predictor reads in a chat request; what chat history says about lengths",
@@ -179,6 +226,14 @@ def main() -> int:
         "## Chat requests: the text scored",
         "",
         *chat,
+        "",
+        "## What it does to pars: each kind of request as one burst",
+        "",
+        f"All {int((~np.isnan(lengths)).sum())} requests at once, {BURST_MODEL}'s answer lengths, "
+        f"{BURST_SEQS} sequence slots, a fixed {BURST_STEP_S * 1e3:g} ms step, ideal dispatch (the simulator, as "
+        "`bench_gateway_vllm.py --simulate 2.2`); pars ranks by the scores above (ties: arrival order).",
+        "",
+        *burst,
         "",
         "## ShareGPT's later turns: the history as a signal",
         "",
