@@ -212,6 +212,12 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
 
                     tok = AutoTokenizer.from_pretrained(self._hw_tokenizer_path)
                     self._hw_chat = chat_markers(tok)
+                    logger.info(
+                        "headway: %s",
+                        "chat prompts are scored on their last user message (found through the chat template)"
+                        if self._hw_chat is not None
+                        else "prompts are scored whole (the tokenizer's chat template gives no user-message markers)",
+                    )
                     # the Rust tokenizer's batch decode, without the Python wrapper's per-call work
                     self._hw_tokenizer = getattr(tok, "backend_tokenizer", None) or tok
                 tok = self._hw_tokenizer
