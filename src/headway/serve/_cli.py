@@ -213,7 +213,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="TOKENS",
         help="truncate prompts to this many tokens when scoring with a trained predictor "
-        "(default: its training length, 128; shorter scores faster)",
+        "(default: its training length, 96 for the shipped default; shorter scores faster)",
     )
     p.add_argument(
         "--scorer-batch-size",
