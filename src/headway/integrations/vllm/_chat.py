@@ -57,8 +57,8 @@ def _common_suffix(a: str, b: str) -> str:
 
 
 def chat_markers(tokenizer: Any) -> ChatMarkers | None:
-    """The markers of ``tokenizer``'s chat template, or None when it has none, or renders the
-    placeholder conversations in a way that gives no unambiguous markers (logged)."""
+    """The markers of ``tokenizer``'s chat template, or None when it has none, refuses the placeholder
+    conversations (logged), or renders them in a way that gives no unambiguous markers."""
     if not getattr(tokenizer, "chat_template", None):
         return None
     q, a, u = (_MARK.format(i) for i in range(3))

@@ -216,7 +216,7 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                         "headway: %s",
                         "chat prompts are scored on their last user message (found through the chat template)"
                         if self._hw_chat is not None
-                        else "prompts are scored whole (the tokenizer's chat template gives no user-message markers)",
+                        else "prompts are scored whole (no chat template, or none that shows where user messages are)",
                     )
                     # the Rust tokenizer's batch decode, without the Python wrapper's per-call work
                     self._hw_tokenizer = getattr(tok, "backend_tokenizer", None) or tok
