@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from headway.core import Request, Tier, available_policies, make_policy
 from headway.policies import FCFSPolicy
@@ -435,6 +437,35 @@ def test_a_chat_request_is_scored_on_its_last_user_message(messages, query):
     assert parsed.prompt_text == joined
     completion = validate_body({"model": "m", "prompt": "Say hi."}, chat=False)
     assert completion.query_text == completion.prompt_text == "Say hi."
+
+
+_TEXT = st.text(alphabet="ab \n", max_size=6)
+_CONTENT = st.one_of(
+    st.none(), _TEXT, st.lists(st.one_of(st.fixed_dictionaries({"type": st.just("text"), "text": _TEXT}),
+                                         st.just({"type": "image_url"})), max_size=3),
+)  # fmt: skip
+_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "developer", "user", "assistant", "tool"]), "content": _CONTENT}
+)
+
+
+@given(messages=st.lists(_MESSAGE, min_size=1, max_size=6))
+def test_the_scored_text_is_the_last_user_messages_or_every_messages(messages):
+    """Whatever the messages, the scored text is the last user message's parts when it has any text,
+    else every message joined, and prefix hashing's text is every message joined."""
+    from headway.serve._wire import validate_body
+
+    parsed = validate_body({"model": "m", "messages": messages}, chat=True)
+
+    def parts(m):
+        c = m["content"]
+        return [] if c is None else [c] if isinstance(c, str) else [str(x.get("text", "")) for x in c]
+
+    assert parsed.prompt_text == "\n".join(p for m in messages for p in parts(m))
+    users = [m for m in messages if m["role"] == "user"]
+    last = parts(users[-1]) if users else []
+    expected = "\n".join(last) if any(p.strip() for p in last) else parsed.prompt_text
+    assert parsed.query_text == expected
 
 
 def test_the_gateway_scores_a_chat_request_on_its_last_user_message(make_stub, make_gateway, monkeypatch):
