@@ -266,6 +266,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("predictor_chat_input.md",),
     ),
     Benchmark(
+        "predictor-model-conditioning",
+        "A predictor conditioned on the served model",
+        "tau_b on alpaca_eval's held-out prompts for 48 models no head trained on, and on arena_hard_v2's two "
+        "reasoning-era models: one head for every model against heads conditioned on a few calibration "
+        "completions of the served model (its length statistics, or model factors fitted to them).",
+        "python benchmarks/predictor_model_conditioning.py",
+        ("predictor_model_conditioning.md",),
+    ),
+    Benchmark(
         "install-size",
         "Install size per extra",
         "Disk size of a fresh virtual environment per install variant (core, serve, sim, serve+sim).",
