@@ -150,8 +150,7 @@ def simulate_ratios(
     ``--scorer-max-length`` cuts them, rank ``pars`` in one more run each."""
     from headway.sim import CostModel, SchedulerConfig, simulate
 
-    cost = CostModel("fixed-step", step_overhead=step_s, per_token=0.0, per_seq=0.0, per_kv_token=0.0,
-                     gpu_memory_bytes=1e12, weight_bytes=0.0, kv_bytes_per_token=1.0)  # fmt: skip
+    cost = CostModel.fixed_step(step_s)
     runs: list[tuple[str, str, dict[str, object], Workload]] = [
         ("fcfs", "fcfs", {}, wl), ("sjf-oracle", "sjf-oracle", {}, wl),
     ]  # fmt: skip

@@ -137,8 +137,7 @@ def burst_rows(scored: Scored, lengths: np.ndarray) -> list[str]:
 
     ok = np.flatnonzero(~np.isnan(lengths))
     specs = [RequestSpec(f"c{i}", 0.0, num_prompt_tokens=64, num_output_tokens=int(lengths[i])) for i in ok]
-    cost = CostModel("fixed-step", step_overhead=BURST_STEP_S, per_token=0.0, per_seq=0.0, per_kv_token=0.0,
-                     gpu_memory_bytes=1e12, weight_bytes=0.0, kv_bytes_per_token=1.0)  # fmt: skip
+    cost = CostModel.fixed_step(BURST_STEP_S)
 
     def per_token(policy: str, scores: np.ndarray | None) -> float:
         given = specs

@@ -145,10 +145,7 @@ def first_difference(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> str | 
     return None
 
 
-UNIT_STEP = CostModel(
-    name="unit-step", step_overhead=1.0, per_token=0.0, per_seq=0.0, per_kv_token=0.0,
-    gpu_memory_bytes=1e12, weight_bytes=0.0, kv_bytes_per_token=1.0,
-)  # fmt: skip
+UNIT_STEP = CostModel.fixed_step(1.0, name="unit-step")
 """Every step takes one second: the simulator's times are step numbers."""
 
 Outcome = dict[str, tuple[int, int, int]]

@@ -28,6 +28,18 @@ def test_presets_are_plausible() -> None:
     assert seventy.num_gpu_blocks(0.9, 16) > 0 and seventy.step_overhead > h100.step_overhead
 
 
+def test_fixed_step_takes_the_same_time_for_any_step_and_never_fills_its_cache() -> None:
+    cost = CostModel.fixed_step(0.25)
+    assert cost.name == "fixed-step"
+    assert {cost.step_time(n, s, kv) for n, s, kv in [(1, 1, 0), (8192, 256, 10**6), (512, 1, 131_072)]} == {0.25}
+    assert cost.num_gpu_blocks(0.9, 16) * 16 > 10**11  # no KV bound a workload could reach
+    assert CostModel.fixed_step(1.0, name="unit-step").name == "unit-step"
+    with pytest.raises(ValueError, match="step_overhead must be >= 0"):
+        CostModel.fixed_step(-1.0)
+    with pytest.raises(ValueError, match="a step must take positive time"):
+        CostModel.fixed_step(0.0)
+
+
 def test_fit_recovers_constants() -> None:
     truth = CostModel("t", step_overhead=0.004, per_token=5e-5, per_seq=1e-5, per_kv_token=2e-8,
                       gpu_memory_bytes=1e10, weight_bytes=1e9, kv_bytes_per_token=1e4, per_prefill_step=0.002,

@@ -127,6 +127,16 @@ class CostModel:
         if not (self.kv_bytes_per_token > 0 and math.isfinite(self.kv_bytes_per_token)):
             raise ValueError(f"cost model {self.name!r}: kv_bytes_per_token must be > 0, got {self.kv_bytes_per_token}")
 
+    @classmethod
+    def fixed_step(cls, seconds: float, name: str = "fixed-step") -> CostModel:
+        """An idealized engine: every step takes ``seconds`` whatever it holds, and the KV cache
+        (10^12 tokens) never fills, so only ``max_num_seqs`` and the token budget bound a batch. What a
+        burst's order alone does, apart from the engine's costs."""
+        return cls(
+            name, step_overhead=seconds, per_token=0.0, per_seq=0.0, per_kv_token=0.0,
+            gpu_memory_bytes=1e12, weight_bytes=0.0, kv_bytes_per_token=1.0,
+        )  # fmt: skip
+
     def step_time(self, num_tokens: int, num_seqs: int, num_kv_tokens: int) -> float:
         """Duration of one step of the given composition."""
         return (
