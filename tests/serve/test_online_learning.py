@@ -66,7 +66,10 @@ def _all_scored(gw) -> None:
 
 
 def test_finished_requests_teach_the_scorer_of_their_model(make_stub, make_gateway) -> None:
-    gw = make_gateway([make_stub().url], policy="pars", scorer="default:onnx-int8", online_learning=True)
+    # the float graph: int8 scores move with the batch a prompt lands in (Scorer's docstring), and a
+    # request finished before its score (the scorer's fast path) may be embedded twice, by the
+    # gateway's scoring and by the learner's thread, in different batches
+    gw = make_gateway([make_stub().url], policy="pars", scorer="default", online_learning=True)
     online = gw.gateway.online
     learner = online.learner
     _send(gw.url, "m", PROMPTS[:12])
@@ -76,7 +79,7 @@ def test_finished_requests_teach_the_scorer_of_their_model(make_stub, make_gatew
     assert learner.observed("m") == 24 and not learner.fitted("m")
     before = gw.gateway.finished_requests[-1].score
     prior = float(learner.score([PROMPTS[23]], "m")[0])
-    assert before == pytest.approx(prior, abs=1e-9)  # the shipped predictor's score until a head is fitted
+    assert before == pytest.approx(prior, abs=1e-6)  # the shipped predictor's score until a head is fitted
     _send(gw.url, "m", PROMPTS[24:])  # the 25th: the model's head is fitted (OnlineConfig.min_observations)
     learner.flush()
     assert learner.observed("m") == 25 and learner.fitted("m") and not learner.fitted("other")
@@ -86,8 +89,8 @@ def test_finished_requests_teach_the_scorer_of_their_model(make_stub, make_gatew
     _send(gw.url, "other", [probe])
     _all_scored(gw)
     learned, plain = gw.gateway.finished_requests[-2:]
-    assert learned.score == pytest.approx(float(learner.score([probe], "m")[0]), abs=1e-9)
-    assert plain.score == pytest.approx(float(learner.score([probe], "other")[0]), abs=1e-9)
+    assert learned.score == pytest.approx(float(learner.score([probe], "m")[0]), abs=1e-6)
+    assert plain.score == pytest.approx(float(learner.score([probe], "other")[0]), abs=1e-6)
     assert not np.isclose(learned.score, plain.score)
     learner.flush()
     assert learner.observed("m") == 26 and learner.observed("other") == 1
