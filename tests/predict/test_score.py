@@ -242,7 +242,14 @@ def test_int8_onnx_ranks_like_the_float_model_and_detects_changes(checkpoint: Pa
     with pytest.raises(CheckpointError, match="stale int8"):
         Scorer.from_checkpoint(ck, "onnx-int8", export_if_missing=False)
     Scorer.from_checkpoint(ck, "onnx-int8")
-    assert json.loads((ck / "model.int8.onnx.json").read_text())["per_channel"] is False  # per-tensor scales pass
+    side = json.loads((ck / "model.int8.onnx.json").read_text())
+    assert side["per_channel"] is False and side["activations"] == "per_row"  # per-tensor weight scales pass
+    del side["activations"]  # an int8 model made before activations were quantized per row
+    (ck / "model.int8.onnx.json").write_text(json.dumps(side))
+    with pytest.raises(CheckpointError, match="quantized per batch, not per row"):
+        Scorer.from_checkpoint(ck, "onnx-int8", export_if_missing=False)
+    one = Scorer.from_checkpoint(ck, "onnx-int8", batch_size=1).score(PROMPTS)  # quantized again
+    assert np.allclose(one, Scorer.from_checkpoint(ck, "onnx-int8", batch_size=8).score(PROMPTS), atol=1e-5)
 
 
 @pytest.mark.parametrize("passing_step", [1, 2, 3])

@@ -393,7 +393,9 @@ def test_a_key_epoch_bump_reorders_the_members_already_in_redis(redis_url, make_
                       redis_url=redis_url, redis_prefix=prefix)  # fmt: skip
     r = _client(redis_url)
     threads = []
-    for i, n in enumerate((30, 20, 20, 20)):  # the first runs; the others queue in Redis, FCFS keys
+    # the first runs (2 s: long enough for the others to queue behind it on a loaded machine, where 0.3 s
+    # was not); the others queue in Redis, FCFS keys
+    for i, n in enumerate((200, 20, 20, 20)):
         body = {"model": "m", "prompt": f"p{i}", "max_tokens": n}
         t = threading.Thread(target=httpx.post, args=(gw.url + "/v1/completions",),
                              kwargs={"json": body, "timeout": 30})  # fmt: skip

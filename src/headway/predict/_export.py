@@ -168,7 +168,10 @@ def _int8_problem(ckpt: Path) -> str | None:
     source = ("source_sha256", file_sha256(ckpt / ONNX_FILE))
     stale = "stale int8 model (model.onnx changed since)"
     path = ckpt / ONNX_INT8_FILE
-    return _derived_problem(path, ckpt / _INT8_SIDECAR, "int8 ONNX model", source, "int8_sha256", stale)
+    problem = _derived_problem(path, ckpt / _INT8_SIDECAR, "int8 ONNX model", source, "int8_sha256", stale)
+    if problem is None and json.loads((ckpt / _INT8_SIDECAR).read_text()).get("activations") != "per_row":
+        return "stale int8 model (its activations are quantized per batch, not per row)"
+    return problem
 
 
 _FFN_OUT = re.compile(r"layer\.(\d+)/(?:output/dense|ffn/lin2)/MatMul$")
@@ -206,7 +209,8 @@ def quantize_onnx(
     checkpoint: str | Path, out: str | Path | None = None, *, source: str | Path | None = None, into: Path | None = None
 ) -> Path:
     """Dynamically quantize ``model.onnx`` (exported first if missing or stale) to int8 weights,
-    ``model.int8.onnx`` (ONNX Runtime's ``quantize_dynamic``), both in ``into`` (default
+    ``model.int8.onnx`` (ONNX Runtime's ``quantize_dynamic``, activations then quantized per row by
+    :func:`~headway.predict._rowquant.per_row_activations`), both in ``into`` (default
     :func:`derived_dir`), and check that it scores a few prompts as the float model does (each
     within a tenth of their spread). ``out`` writes the int8 model there instead (no sidecar, as
     :func:`export_onnx` with its ``out``), from ``source`` when given (an ONNX export of this
@@ -220,6 +224,7 @@ def quantize_onnx(
     fails the check (``benchmarks/results/predictor_eval.md``)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    from headway.predict._rowquant import quantize_rows
     from headway.predict.model import checkpoint_max_length, read_checkpoint_meta, verify_checkpoint_files
 
     p = Path(checkpoint).expanduser().resolve()
@@ -259,6 +264,7 @@ def quantize_onnx(
                 )  # fmt: skip
             finally:
                 root.disabled = was
+            quantize_rows(tmp)
             got = OnnxBackend(tmp, 1).run(ii, mm).reshape(-1)
             if np.all(np.isfinite(got)) and float(np.max(np.abs(got - ref))) <= 0.1 * spread:
                 break
@@ -273,6 +279,7 @@ def quantize_onnx(
         "source_sha256": file_sha256(source),
         "int8_sha256": file_sha256(target),
         "weight_type": "QInt8",
+        "activations": "per_row",
         "per_channel": per_channel,
         "float_nodes": float_nodes,
     }

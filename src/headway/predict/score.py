@@ -117,9 +117,8 @@ class Scorer:
     Scores are cached (LRU, ``cache_size`` entries, 0 disables) under a 128-bit BLAKE2b hash of
     the prompt text.
 
-    The int8 model quantizes activations per batch (dynamic quantization), so its scores move
-    a little with the batch a prompt lands in (by up to about 0.17 for scores with a standard
-    deviation of 1.4 on alpaca_eval); the float backends do not.
+    The int8 model quantizes each token's activations on its own (:mod:`headway.predict._rowquant`),
+    so, as with the float backends, a prompt's score does not depend on the batch it lands in.
     """
 
     def __init__(

@@ -192,8 +192,8 @@ class ShippedPredictor:
         base: str | Path | None = None,
         int8: bool = False,
     ) -> None:
-        """``int8``: score with ONNX Runtime's dynamically int8-quantized copy of the graph (faster on
-        CPU; activations are quantized per batch, so scores move a little with the batch)."""
+        """``int8``: score with an int8-quantized copy of the graph (ONNX Runtime's dynamic quantization,
+        activations quantized per token: a prompt's score does not depend on its batch)."""
         from headway.predict._paths import default_encoder_path
         from headway.predict.encoder import _weights
 
@@ -223,12 +223,16 @@ class ShippedPredictor:
                     weights[target] = (weights[target] + value.astype(np.float32) @ b).astype(np.float32)
             build_encoder_onnx(base_dir, graph, weights=weights, pooling=str(header["pooling"]))
         if int8:
-            quantized = graph.with_suffix(".int8.onnx")
+            # (".int8.onnx" files, quantized per batch, are left unused: see _rowquant)
+            quantized = graph.with_suffix(".int8-rows.onnx")
             if not quantized.is_file():
                 from onnxruntime.quantization import QuantType, quantize_dynamic
 
+                from headway.predict._rowquant import quantize_rows
+
                 tmp = quantized.with_name(f".{quantized.name}.tmp")
                 quantize_dynamic(str(graph), str(tmp), weight_type=QuantType.QInt8)
+                quantize_rows(tmp)
                 tmp.replace(quantized)
             graph = quantized
         self.head_weight = arrays["head.weight"].astype(np.float64).reshape(-1)
