@@ -2,25 +2,16 @@
 
 ONNX Runtime's ``quantize_dynamic`` quantizes the input of each integer MatMul with one scale and zero
 point for the whole tensor (``DynamicQuantizeLinear``): every prompt of a batch, padding included,
-shares them, so a prompt's score moved with the prompts scored beside it (on alpaca_eval, the default
-predictor's scores, standard deviation 1.8, moved by up to 0.40 between a prompt scored alone and in a
-batch). :func:`per_row_activations` rewrites each ``DynamicQuantizeLinear`` into a symmetric
-quantization of each row (one token's activations): scale ``max|x| / 63`` over the last axis, codes
-``round(x / scale) + 64`` in ``1..127`` (ONNX Runtime's per-axis ``QuantizeLinear`` over the rows), so
-the zero point is one constant (ONNX Runtime's ``MatMulInteger`` on CPU takes a single zero point for
-its first input).
+shares them, so a prompt's score moved with the prompts scored beside it. :func:`per_row_activations`
+rewrites each ``DynamicQuantizeLinear`` into a symmetric quantization of each row (one token's
+activations): scale ``max|x| / 63`` over the last axis, codes ``round(x / scale) + 64`` in ``1..127``
+(ONNX Runtime's per-axis ``QuantizeLinear`` over the rows), so the zero point is one constant (ONNX
+Runtime's ``MatMulInteger`` on CPU takes a single zero point for its first input).
 
 Seven bits, not eight: on x86 CPUs without VNNI, ONNX Runtime multiplies uint8 activations by int8
 weights two at a time into int16 and saturates (``vpmaddubsw``): with codes up to 255 and weights at
-+-127 a pair overflows, and the integer products came out wrong (by up to 7,937 in 32,194 in a two-layer
-test on this machine's AMD EPYC), so results depended on the CPU's instruction set. With codes up to 127
-no pair can overflow (2 x 127 x 128 < 32,768). (ONNX Runtime's own advice, 7-bit weights,
-``reduce_range``, costs more here: mean cosine 0.85.) On the default predictor (alpaca_eval's 805
-prompts, this machine): mean cosine to the float embedding 0.962, against 0.966 with eight-bit rows and
-0.959 per tensor; tau_b with the float scores 0.909, 0.911 and 0.900. Its cost is the separate pass
-that applies the row scales: 74 prompts/s against 82 per tensor and 84 for the float graph (the 805
-prompts in one call, median of 5 interleaved rounds, 2 threads; on this CPU, without VNNI, int8 is no
-faster than float).
++-127 a pair can overflow, so results depended on the CPU's instruction set. With codes up to 127 no
+pair can overflow (2 x 127 x 128 < 32,768). What it costs and gains: docs/length-predictor.md.
 
 The row's scale multiplies the MatMul's float output after the weight's scale, in a node of its own:
 ONNX Runtime fuses ``MatMulInteger -> Cast -> Mul`` into one op whose activation scale is one per
