@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import statistics
 import sys
 from collections.abc import Callable
@@ -364,12 +365,12 @@ def gateway_vllm_command(args: dict[str, Any]) -> str:
     """The command that reproduces a ``bench_gateway_vllm.py`` run, from the arguments it saved."""
     parts = ["python benchmarks/bench_gateway_vllm.py"]
     for key, value in args.items():
-        if value is None or value is False:
+        if value is None or value is False or value == "":  # "": an option left at its empty default
             continue
         flag = "--" + key.replace("_", "-")
         if key == "json":
             value = "benchmarks/results/gateway_vllm.json"
-        parts.append(flag if value is True else f"{flag} {value}")
+        parts.append(flag if value is True else f"{flag} {shlex.quote(str(value))}")
     return " ".join(parts)
 
 

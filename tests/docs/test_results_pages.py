@@ -48,10 +48,13 @@ def test_notes_after_the_stop_heading_and_relative_links_are_left_out(pages: Mod
 
 
 def test_gateway_vllm_command_is_rebuilt_from_the_saved_arguments(pages: ModuleType) -> None:
-    args = {"num_requests": 96, "no_stream": False, "pin_client": True, "gateway_logs": None, "json": "x.json"}
+    # an option at its empty default is left out (it used to print a dangling "--simulate-pack "),
+    # and a value with a space is quoted for the shell
+    args = {"num_requests": 96, "no_stream": False, "pin_client": True, "gateway_logs": None, "json": "x.json",
+            "simulate_pack": "", "policies": "pars sjf"}
     assert pages.gateway_vllm_command(args) == (
         "python benchmarks/bench_gateway_vllm.py --num-requests 96 --pin-client "
-        "--json benchmarks/results/gateway_vllm.json"
+        "--json benchmarks/results/gateway_vllm.json --policies 'pars sjf'"
     )
     saved = json.loads((pages.RESULTS / "gateway_vllm.json").read_text())
     assert set(saved["results"]) == {row.split(" | ")[0].lstrip("| ") for row in
