@@ -30,8 +30,9 @@ to a machine with a GPU and run once::
 run are listed in the file); the JSON is rewritten after every point, so a run cut short keeps
 what it measured; a step that fails (out of memory) is listed as skipped and the run goes on. With
 ``--device cpu`` and a tiny shape (``--layers 2 --hidden 128 ...``) it runs on a CPU in seconds, for
-tests. The attention kernels are torch's (SDPA), not vLLM's, and the elementwise operations are not
-fused as in vLLM's compiled model.
+tests. The attention kernels are torch's (SDPA; a chunk after cached prompt tokens with torch's
+lower-right causal bias, which its fused kernels run, where torch has it), not vLLM's, and the
+elementwise operations are not fused as in vLLM's compiled model.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ import torch
 import torch.nn.functional as F
 
 FORMAT = "headway-gpu-step-times/1"
+
+try:  # torch >= 2.3: a chunk's causal mask after its cached prefix, run by SDPA's fused kernels
+    from torch.nn.attention.bias import causal_lower_right as _causal_lower_right
+except ImportError:  # pragma: no cover - older torch: a boolean mask
+    _causal_lower_right = None
 
 
 @dataclass(frozen=True)
@@ -198,11 +204,12 @@ class Decoder:
         ang = torch.outer(torch.arange(max_pos, device=device, dtype=torch.float32), inv)
         self.cos, self.sin = ang.cos().to(dtype), ang.sin().to(dtype)
 
-    def _prefill_attention(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
         """Causal attention of a prompt chunk: q [n, heads, d] over k and v [prefix + n, kv_heads, d] ->
-        [n, heads * d]; ``mask`` [n, prefix + n] (None without a prefix: ``is_causal``).
+        [n, heads * d]; ``mask`` the chunk's causal mask after its prefix (None without a prefix:
+        ``is_causal``): torch's lower-right causal bias, which SDPA runs with its flash or memory-efficient
+        kernels as an engine's attention runs a chunk after cached tokens, or, on a torch without it, a
+        boolean [n, prefix + n] mask (which SDPA runs with slower kernels).
 
         Each KV head is repeated for its query group (a copy of the chunk's and its prefix's KV, estimated
         at about 1 % of an 8,192-token prefill step, not measured) rather than passed with ``enable_gqa``:
@@ -217,9 +224,7 @@ class Decoder:
             o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
         return o[0].transpose(0, 1).reshape(n, heads * d)
 
-    def forward(
-        self, step: Step, ids: torch.Tensor, pos: torch.Tensor, last: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def forward(self, step: Step, ids: torch.Tensor, pos: torch.Tensor, last: torch.Tensor, mask: Any) -> torch.Tensor:
         """One step: ``ids``/``pos`` [num_tokens] (decodes first, then the chunk), ``last`` [num_seqs] the
         rows whose logits are returned, ``mask`` the chunk's attention mask (:meth:`inputs`)."""
         s, d = self.shape, self.shape.head_dim
@@ -256,10 +261,11 @@ class Decoder:
         return F.linear(_rms_norm(x[last], self.norm, s.eps), self.lm_head)
 
     def inputs(
-        self, step: Step, gen: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        self, step: Step, gen: torch.Generator, *, boolean_mask: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
         """Random token ids, positions, the sampled rows of ``step`` and its chunk's attention mask (query
-        ``i`` of the chunk sees the prefix and the chunk up to ``i``; None without a prefix)."""
+        ``i`` of the chunk sees the prefix and the chunk up to ``i``; None without a prefix): torch's
+        lower-right causal bias where this torch has it and not ``boolean_mask``, else a boolean tensor."""
         dev, p, n = self.device, step.prefix, step.chunk
         ids = torch.randint(0, self.shape.vocab, (step.num_tokens,), device=dev, generator=gen)
         pos = torch.cat([
@@ -267,9 +273,12 @@ class Decoder:
             torch.arange(p, p + n, device=dev, dtype=torch.long),
         ])  # fmt: skip
         rows = list(range(step.batch)) + ([step.num_tokens - 1] if n else [])
-        mask = None
+        mask: Any = None
         if n and p:
-            mask = torch.arange(p + n, device=dev)[None, :] <= (p + torch.arange(n, device=dev))[:, None]
+            if _causal_lower_right is not None and not boolean_mask:
+                mask = _causal_lower_right(n, p + n)
+            else:
+                mask = torch.arange(p + n, device=dev)[None, :] <= (p + torch.arange(n, device=dev))[:, None]
         return ids, pos, torch.tensor(rows, device=dev, dtype=torch.long), mask
 
 
@@ -437,7 +446,8 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "model": {**asdict(shape), "dtype": args.dtype, "params": shape.params,
                   "kv_bytes_per_token": shape.kv_bytes_per_token(elem), "weight_bytes": shape.params * elem},
         "settings": {k: getattr(args, k) for k in ("warmup", "repeats", "graph_max_tokens", "budget_s", "seed",
-                                                   "mem_fraction")} | {"kv_cache_tokens": kv_tokens},
+                                                   "mem_fraction")} | {"kv_cache_tokens": kv_tokens,
+            "prefix_mask": "boolean" if _causal_lower_right is None else "causal_lower_right"},
         "build_s": build_s,
         "points": [],
         "skipped": [],

@@ -203,6 +203,18 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("fidelity_steps.json",),
     ),
     Benchmark(
+        "gpu-steps",
+        "Step times on a GPU, and the preset fitted to them",
+        "Prefill, decode and mixed chunked-prefill steps of a Llama-3-8B-shaped decoder (random bf16 weights, "
+        "plain PyTorch, CUDA graphs up to 512 tokens) timed on one NVIDIA H200, each against the preset fitted "
+        "to them (built in as llama3-8b-h200) and the datasheet roofline of the H100 preset. The model's forward "
+        "pass and greedy pick only: the engine's CPU work per step is not in them. The timing script needs "
+        "python3 and torch only, so it can run on a GPU machine without headway; the fit runs anywhere.",
+        "python3 benchmarks/bench_gpu_steps.py --out benchmarks/results/gpu_steps.json --budget-s 300 "
+        "&& headway calibrate --from-timings benchmarks/results/gpu_steps.json --table benchmarks/results/gpu_steps.md",
+        ("gpu_steps.md",),
+    ),
+    Benchmark(
         "predictor-cross-source",
         "Length predictors across prompt sources",
         "Kendall tau_b of ranking heads trained on one source of prompts (or a mix) and evaluated on every "

@@ -107,9 +107,12 @@ def test_a_chunk_after_its_cached_prefix_computes_what_the_whole_prompt_does(ben
     step = bench.Step("prefill", 0, 0, 24, 40)
     _, chunk_pos, chunk_last, mask = model.inputs(step, torch.Generator().manual_seed(2))
     assert chunk_pos.tolist() == list(range(40, 64)) and chunk_last.tolist() == [23]
-    assert mask is not None and mask.shape == (24, 64) and mask.sum().item() == sum(41 + i for i in range(24))
-    chunked = model.forward(step, ids[40:], chunk_pos, chunk_last, mask)
-    torch.testing.assert_close(chunked, whole, rtol=1e-4, atol=1e-5)
+    assert type(mask).__name__ == "CausalBias"  # torch's lower-right causal bias (SDPA's fused kernels)
+    _, _, _, boolean = model.inputs(step, torch.Generator().manual_seed(2), boolean_mask=True)
+    assert boolean.shape == (24, 64) and boolean.sum().item() == sum(41 + i for i in range(24))
+    for m in (mask, boolean):
+        chunked = model.forward(step, ids[40:], chunk_pos, chunk_last, m)
+        torch.testing.assert_close(chunked, whole, rtol=1e-4, atol=1e-5)
     wrong = model.forward(step, ids[40:], chunk_pos, chunk_last, None)  # the chunk alone, prefix ignored
     assert not torch.allclose(wrong, whole, rtol=1e-2, atol=1e-3)
 

@@ -151,7 +151,27 @@ def test_a_model_of_another_shape_matches_no_preset_and_is_named_so(tmp_path: Pa
     assert matching_preset(timings) is None
     assert default_preset_name(timings) == "timed-h200"
     h200 = read_step_timings(_write(tmp_path / "u.json", [_point("prefill", 0, 0, 128, 0, 0.01)]))
-    assert default_preset_name(h200) == "llama3-8b-h200"
+    assert default_preset_name(h200) == "llama3-8b-h200-fit"  # llama3-8b-h200 is built in: saved presets cannot take it
+    a100 = read_step_timings(_write(tmp_path / "v.json", [_point("prefill", 0, 0, 128, 0, 0.01)], name="NVIDIA A100"))
+    assert default_preset_name(a100) == "llama3-8b-a100-fit"
+    l40s = read_step_timings(_write(tmp_path / "w.json", [_point("prefill", 0, 0, 128, 0, 0.01)], name="NVIDIA L40S"))
+    assert default_preset_name(l40s) == "llama3-8b-l40s"
+
+
+RESULT = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu_steps.json"
+
+
+def test_the_built_in_h200_preset_is_the_fit_of_the_timings_measured_on_an_h200() -> None:
+    """``llama3-8b-h200``'s constants are what ``headway calibrate --from-timings`` fits to the canonical
+    result file (to the digits written in ``sim/_cost.py``), and its memory figures are that run's."""
+    timings = read_step_timings(RESULT)
+    assert "H200" in timings.device_name and timings.llama3_8b_shaped and len(timings.points) >= 50
+    fit, _ = fit_timings(timings, "x", reference=load_preset("llama3-8b-h100"))
+    built_in = load_preset("llama3-8b-h200")
+    for field in ("step_overhead", "per_token", "per_seq", "per_kv_token", "per_prefill_step", "per_arrival"):
+        assert getattr(built_in, field) == pytest.approx(getattr(fit.model, field), rel=1e-3, abs=1e-12), field
+    for field in ("gpu_memory_bytes", "weight_bytes", "kv_bytes_per_token", "activation_bytes", "swap_per_token"):
+        assert getattr(built_in, field) == pytest.approx(getattr(fit.model, field), rel=1e-9), field
 
 
 def test_comparison_rows_hold_each_model_s_prediction_and_ratio(tmp_path: Path) -> None:
@@ -195,11 +215,13 @@ def test_calibrate_from_timings_prints_the_comparison_and_saves_the_preset(
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "60 steps timed on NVIDIA H200" in out and "compared with the preset llama3-8b-h100" in out
-    assert "| llama3-8b-h200 / measured | llama3-8b-h100 ms | llama3-8b-h100 / measured |" in out
-    assert table.read_text() in out
-    saved = CostModel.from_json(tmp_path / "presets" / "llama3-8b-h200.json")
+    assert "| llama3-8b-h200-fit / measured | llama3-8b-h100 ms | llama3-8b-h100 / measured |" in out
+    written = table.read_text()
+    assert written.split("\n\npreset ")[0] in out  # the table as printed, then the fit's summary
+    assert "preset llama3-8b-h200-fit: step " in written and "fit (relative): 60 points, R^2 " in written
+    saved = CostModel.from_json(tmp_path / "presets" / "llama3-8b-h200-fit.json")
     assert saved.step_overhead == pytest.approx(TRUE["step_overhead"], rel=1e-6)
-    sidecar = json.loads((tmp_path / "presets" / "llama3-8b-h200.calibration.json").read_text())
+    sidecar = json.loads((tmp_path / "presets" / "llama3-8b-h200-fit.calibration.json").read_text())
     assert sidecar["timings"] == str(path) and sidecar["device"]["name"] == "NVIDIA H200"
 
 

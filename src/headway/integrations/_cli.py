@@ -94,7 +94,7 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     _add_server_args(p)
     p.add_argument(
         "--name", default=None, help="preset name to save under (default: vllm-calibrated; with --from-timings "
-        "llama3-8b-<gpu>, e.g. llama3-8b-h200)",
+        "llama3-8b-<gpu>, e.g. llama3-8b-l40s; -fit after a built-in preset's name, e.g. llama3-8b-h200-fit)",
     )  # fmt: skip
     t = p.add_argument_group("from timed model steps instead of a server")
     t.add_argument(
@@ -365,18 +365,20 @@ def _calibrate_from_timings(args: argparse.Namespace) -> int:
         f"{timings.command or 'no command'}); {compared}. Times are the model's forward pass and greedy pick, "
         "without the engine's CPU work per step.\n\n"
     )
+    m = fit.model
+    summary = (
+        f"preset {m.name}: {m.describe()}\n"
+        f"fit ({args.fit_method}): {fit.num_samples} points, R^2 {fit.r2:.3f}, "
+        f"mean |rel. residual| {fit.mean_abs_rel_residual:.1%}, decode time error {fit.decode_time_error:+.2%}, "
+        f"prefill time error {fit.prefill_time_error:+.2%}" + (f"; {fit.note}" if fit.note else "")
+    )  # fmt: skip
     table = head + format_comparison(timings, models)
     print(table)
     if args.table is not None:
         args.table.parent.mkdir(parents=True, exist_ok=True)
-        args.table.write_text(table)
+        args.table.write_text(table + "\n" + summary.replace("\n", "\n\n") + "\n")
     path = save_preset(fit.model, meta, args.preset_dir)
-    m = fit.model
-    print(f"preset {m.name}: {m.describe()}")
-    print(f"fit ({args.fit_method}): {fit.num_samples} points, R^2 {fit.r2:.3f}, "
-          f"mean |rel. residual| {fit.mean_abs_rel_residual:.1%}, "
-          f"decode time error {fit.decode_time_error:+.2%}, prefill time error {fit.prefill_time_error:+.2%}"
-          + (f"; {fit.note}" if fit.note else ""))  # fmt: skip
+    print(summary)
     print(f"saved {path}; use: headway simulate --preset {m.name if args.preset_dir is None else path}")
     return 0
 

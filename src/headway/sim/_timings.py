@@ -171,11 +171,13 @@ def matching_preset(timings: StepTimings) -> str | None:
 
 
 def default_preset_name(timings: StepTimings) -> str:
-    """``llama3-8b-<device>`` for a Llama-3-8B-shaped model (``llama3-8b-h200`` for an "NVIDIA H200"),
-    else ``timed-<device>``."""
+    """``llama3-8b-<device>`` for a Llama-3-8B-shaped model (``llama3-8b-a100`` for an "NVIDIA A100"),
+    else ``timed-<device>``; with ``-fit`` after it where that is a built-in preset's name (which a saved
+    preset cannot take: ``llama3-8b-h200-fit`` for an "NVIDIA H200")."""
     device = re.sub(r"[^a-z0-9]+", "-", timings.device_name.lower()).strip("-")
     device = device.removeprefix("nvidia-") or "device"
-    return f"{'llama3-8b' if timings.llama3_8b_shaped else 'timed'}-{device}"
+    name = f"{'llama3-8b' if timings.llama3_8b_shaped else 'timed'}-{device}"
+    return f"{name}-fit" if name in PRESETS else name
 
 
 def _base(timings: StepTimings, name: str, reference: CostModel | None) -> CostModel:
