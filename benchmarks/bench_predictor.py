@@ -16,7 +16,14 @@ padding-aware batches, in the same process:
 
     python benchmarks/bench_predictor.py --backends onnx-int8,torch --score-max-length 64 --chunking fixed,padding
 
-Without a trained checkpoint it benchmarks an untrained head on the bundled MiniLM-L6 (the same compute).
+``--model shipped`` scores with the predictor shipped in the package (what ``pars`` uses on a fresh
+install: ONNX Runtime only, so its backends are ``onnx`` and ``onnx-int8``), as the canonical result does:
+
+    python benchmarks/bench_predictor.py --model shipped --backends onnx,onnx-int8 --score-max-length 96,64
+
+Without a trained checkpoint ``default`` benchmarks an untrained head on the bundled MiniLM-L6 (the same
+compute). The report names the CPU and whether it has the VNNI instructions ONNX Runtime's int8 kernels
+use (without them its int8 graph can be slower than the float one).
 The machine's load average is printed: on a shared machine other processes slow every number down.
 """
 
@@ -41,10 +48,69 @@ def _instructions(data_dir: Path) -> list[str]:
         return [json.loads(line)["instruction"] for line in fh if line.strip()]
 
 
+SHIPPED = "shipped"
+"""``--model`` for the predictor packed into the package (:class:`~headway.predict.shipped.ShippedPredictor`)."""
+
+
+class _Shipped:
+    """The shipped predictor as the benchmark times a scorer: ``score``, ``score_one``, ``meta``,
+    ``max_length``."""
+
+    def __init__(self, backend: str, *, threads: int, batch_size: int, max_length: int | None) -> None:
+        from headway.predict._errors import CheckpointError
+        from headway.predict.shipped import ShippedPredictor
+
+        if backend not in ("onnx", "onnx-int8"):
+            raise CheckpointError(f"the shipped predictor runs on ONNX Runtime only (onnx, onnx-int8), not {backend}")
+        self._p = ShippedPredictor(threads=threads, batch_size=batch_size, max_length=max_length,
+                                   int8=backend == "onnx-int8")  # fmt: skip
+        self.meta = self._p.meta
+        self.max_length = self._p.max_length
+        config = self._p.encoder.model_dir / "config.json"
+        self.layers = int(json.loads(config.read_text()).get("num_hidden_layers", 0)) or "?"
+
+    def score(self, prompts: list[str]) -> Any:
+        return self._p.score(prompts)
+
+    def score_one(self, prompt: str) -> float:
+        return float(self._p.score([prompt])[0])
+
+
+def _meta(ckpt: Path, what: str) -> dict[str, Any]:
+    """A checkpoint's metadata, or the shipped pack's header (CheckpointError when unreadable)."""
+    from headway.predict.model import read_checkpoint_meta
+    from headway.predict.shipped import read_pack_header
+
+    return read_pack_header(ckpt) if what.startswith("the predictor shipped") else read_checkpoint_meta(ckpt)
+
+
+def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name, its core count, and which of the x86 vector extensions ONNX Runtime's
+    kernels use it has (from ``cpuinfo`` on Linux; else the platform's processor name)."""
+    name = platform.processor() or platform.machine()
+    flags: set[str] = set()
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags]
+    vnni = "with VNNI" if {"avx512_vnni", "avx_vnni"} & flags else "no VNNI (int8 without its dot-product instructions)"
+    extra = f"; {', '.join(isa)}; {vnni}" if flags else ""
+    return f"{name}, {os.cpu_count()} cores{extra}"
+
+
 def _checkpoint(model: str | None, max_length: int) -> tuple[Path, str]:
     from headway.predict.model import LengthPredictor, load_encoder, save_checkpoint
+    from headway.predict.shipped import shipped_predictor_path
     from headway.predict.train import default_predictor_dir
 
+    if model == SHIPPED:
+        return shipped_predictor_path(), "the predictor shipped in the package (ONNX Runtime)"
     if model and model != "default":
         return Path(model), "given checkpoint"
     default = default_predictor_dir()
@@ -121,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--model",
         default="default",
-        help="comma list of checkpoint directories, rows each ('default': the default predictor, else untrained)",
+        help="comma list of checkpoint directories, rows each ('default': the trained default predictor, else "
+        "untrained; 'shipped': the predictor shipped in the package)",
     )
     ap.add_argument("--data-dir", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
     ap.add_argument("--batch-size", type=int, default=32, help="prompts per forward (default 32)")
@@ -143,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         help="comma list: 'padding' (the scorer's padding-aware batches) and/or 'fixed' (a batch every "
         "--batch-size prompts), rows each (default padding)",
     )
+    ap.add_argument("--num-prompts", type=int, default=None, help="score only the first N instructions (tests)")
     ap.add_argument("--out", help="write a markdown report here")
     args = ap.parse_args(argv)
     chunkings = [c for c in args.chunking.split(",") if c]
@@ -155,19 +223,19 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime
     import torch
 
+    import headway.predict.encoder as encoder_mod
     import headway.predict.score as score_mod
     from headway.predict._errors import CheckpointError
     from headway.predict._paths import default_data_dir
-    from headway.predict.model import read_checkpoint_meta
     from headway.predict.score import Scorer
 
     padding_chunks = score_mod._padding_chunks
 
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
-    prompts = _instructions(data_dir)
+    prompts = _instructions(data_dir)[: args.num_prompts]
     ckpts = [_checkpoint(m, args.max_length) for m in args.model.split(",") if m]
     try:  # every checkpoint is readable before any is timed; its trained length for the report
-        trained = {c: int(read_checkpoint_meta(c).get("max_length", 128)) for c, _ in ckpts}
+        trained = {c: int(_meta(c, what).get("max_length", 128)) for c, what in ckpts}
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -177,17 +245,22 @@ def main(argv: list[str] | None = None) -> int:
     backends = [b for b in args.backends.split(",") if b]
     refused: list[str] = []
     combos = [(c, b, n, k) for c in ckpts for b in backends for n in lengths for k in chunkings]
-    for (ckpt, _), backend, length, chunking in combos:
-        score_mod._padding_chunks = padding_chunks if chunking == "padding" else _fixed_chunks
+    for (ckpt, what), backend, length, chunking in combos:
+        chunks = padding_chunks if chunking == "padding" else _fixed_chunks
+        score_mod._padding_chunks = encoder_mod._padding_chunks = chunks
         try:
-            scorer = Scorer.from_checkpoint(
-                ckpt,
-                backend,
-                batch_size=args.batch_size,
-                threads=args.threads,
-                cache_size=0,
-                max_length=length,
-            )
+            scorer: Any
+            if what.startswith("the predictor shipped"):
+                scorer = _Shipped(backend, threads=args.threads, batch_size=args.batch_size, max_length=length)
+            else:
+                scorer = Scorer.from_checkpoint(
+                    ckpt,
+                    backend,
+                    batch_size=args.batch_size,
+                    threads=args.threads,
+                    cache_size=0,
+                    max_length=length,
+                )
         except CheckpointError as exc:  # e.g. an int8 copy that does not rank like the float model
             refused.append(f"{ckpt.name} on {backend}: {exc}")
             print(f"{ckpt.name}: {backend:>5}: refused: {exc}", flush=True)
@@ -197,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         lat = _latency_ms(scorer, list(reversed(prompts)), args.single)
         row = {
             "checkpoint": ckpt.name,
-            "layers": _layers(ckpt, scorer.meta),
+            "layers": getattr(scorer, "layers", None) or _layers(ckpt, scorer.meta),
             "backend": backend,
             "max_length": scorer.max_length,
             "chunking": chunking,
@@ -232,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- prompts: alpaca_eval's {len(prompts)} instructions, cache off, tokenization included, "
         f"batch size {args.batch_size}, dynamic padding (length-sorted batches); 'calls of {args.call_size}': "
         f"{args.call_size} prompts per call in a seeded random order, as a gateway's scoring batches",
-        f"- threads: {args.threads}; CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        f"- threads: {args.threads}; CPU: {cpu_description()}",
         f"- torch {torch.__version__}, onnxruntime {onnxruntime.__version__}",
         f"- load average (1 min) before/after: {load_before[0]:.1f} / {load_after[0]:.1f} "
         "(other processes share these cores)",

@@ -37,6 +37,7 @@ __all__ = [
     "mix_predictor",
     "pack_checkpoint",
     "pack_linear_head",
+    "read_pack_header",
     "shipped_predictor_path",
 ]
 
@@ -175,6 +176,23 @@ def pack_checkpoint(
     return header
 
 
+def _read_pack(path: Path) -> tuple[bytes, dict[str, Any], dict[str, npt.NDArray[Any]]]:
+    """The bytes, header and arrays of the pack at ``path`` (CheckpointError naming it)."""
+    try:
+        raw = path.read_bytes()
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+            header = json.loads(bytes(z["header"]).decode())
+            arrays = {k: z[k] for k in z.files if k != "header"}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
+        raise CheckpointError(f"{path}: not a packed predictor ({exc})") from None
+    return raw, header, arrays
+
+
+def read_pack_header(path: str | Path | None = None) -> dict[str, Any]:
+    """A packed predictor's header (default: the shipped one's), without building its encoder."""
+    return _read_pack(Path(path) if path is not None else shipped_predictor_path())[1]
+
+
 class ShippedPredictor:
     """Scores prompts with a packed predictor (default: the one in the package); torch-free.
 
@@ -198,13 +216,7 @@ class ShippedPredictor:
         from headway.predict.encoder import _weights
 
         self.path = Path(path) if path is not None else shipped_predictor_path()
-        try:
-            raw = self.path.read_bytes()
-            with np.load(io.BytesIO(raw), allow_pickle=False) as z:
-                header = json.loads(bytes(z["header"]).decode())
-                arrays = {k: z[k] for k in z.files if k != "header"}
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
-            raise CheckpointError(f"{self.path}: not a packed predictor ({exc})") from None
+        raw, header, arrays = _read_pack(self.path)
         self.meta: dict[str, Any] = header
         base_dir = Path(base) if base is not None else default_encoder_path()
         digest = hashlib.sha256(raw).hexdigest()[:16]

@@ -1,0 +1,56 @@
+"""The scoring-speed benchmark (``benchmarks/bench_predictor.py``): the shipped predictor's rows, and the
+CPU line that says whether ONNX Runtime's int8 kernels have VNNI to run on."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_predictor.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_predictor", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cpuinfo(tmp_path: Path, flags: str) -> Path:
+    path = tmp_path / "cpuinfo"
+    block = f"processor\t: {{}}\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 {flags}\n\n"
+    path.write_text(block.format(0) + block.format(1))
+    return path
+
+
+def test_the_cpu_line_names_the_model_and_whether_int8_has_vnni(tmp_path: Path, bench: ModuleType) -> None:
+    plain = bench.cpu_description(_cpuinfo(tmp_path, "avx avx2 fma"))
+    assert plain.startswith("AMD EPYC 7B13, ") and "; avx2; no VNNI" in plain
+    vnni = bench.cpu_description(_cpuinfo(tmp_path, "avx2 avx512f avx512_vnni"))
+    assert "; avx2, avx512f, avx512_vnni; with VNNI" in vnni
+    assert "with VNNI" in bench.cpu_description(_cpuinfo(tmp_path, "avx2 avx_vnni"))
+    assert "VNNI" not in bench.cpu_description(tmp_path / "missing")  # no cpuinfo: the platform's name only
+
+
+def test_the_shipped_predictor_is_timed_on_onnx_and_refused_on_torch(
+    tmp_path: Path, bench: ModuleType, data_dir: Path
+) -> None:
+    out = tmp_path / "bench.md"
+    argv = ["--model", "shipped", "--backends", "onnx,torch", "--score-max-length", "32", "--repeats", "1",
+            "--single", "2", "--num-prompts", "40", "--data-dir", str(data_dir), "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    text = out.read_text()
+    from headway.predict.shipped import SHIPPED_PREDICTOR, read_pack_header
+
+    trained = read_pack_header()["max_length"]
+    assert f"- checkpoint `{SHIPPED_PREDICTOR}`: the predictor shipped in the package" in text
+    assert f"(`max_length` {trained} tokens)" in text
+    rows = [line for line in text.splitlines() if line.startswith(f"| {SHIPPED_PREDICTOR} |")]
+    assert len(rows) == 1 and rows[0].startswith(f"| {SHIPPED_PREDICTOR} | 6 | onnx | 32 | padding | ")
+    assert f"- {SHIPPED_PREDICTOR} on torch: the shipped predictor runs on ONNX Runtime only" in text
+    assert "alpaca_eval's 40 instructions" in text and "- threads: 2; CPU: " in text
