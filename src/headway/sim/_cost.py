@@ -369,6 +369,7 @@ PRESETS: dict[str, CostModel] = {
     # the device's reported total; activations and swap (PCIe) as the H100 preset. The engine's CPU work
     # per step is not in the timings, so this is a lower bound on a vLLM step on that GPU. A second run
     # right after it (seed 1, same machine): every step within -2.1 % to +1.4 %, fitted constants within 0.3 %.
+    # On 47 steps the fit never saw (benchmarks/results/gpu_steps_holdout.md): 0.60-1.37x, median 0.99.
     "llama3-8b-h200": CostModel(
         name="llama3-8b-h200",
         step_overhead=6.0331e-3,
