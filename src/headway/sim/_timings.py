@@ -171,9 +171,10 @@ def matching_preset(timings: StepTimings) -> str | None:
 
 
 def default_preset_name(timings: StepTimings) -> str:
-    """``llama3-8b-<device>`` for a Llama-3-8B-shaped model (``llama3-8b-a100`` for an "NVIDIA A100"),
-    else ``timed-<device>``; with ``-fit`` after it where that is a built-in preset's name (which a saved
-    preset cannot take: ``llama3-8b-h200-fit`` for an "NVIDIA H200")."""
+    """``llama3-8b-<device>`` for a Llama-3-8B-shaped model (``llama3-8b-l40s`` for an "NVIDIA L40S"),
+    else ``timed-<device>``; with ``-fit`` after it where that is a built-in preset's name, which a saved
+    preset cannot take (``llama3-8b-h200-fit`` for an "NVIDIA H200", ``llama3-8b-a100-fit`` for an
+    "NVIDIA A100")."""
     device = re.sub(r"[^a-z0-9]+", "-", timings.device_name.lower()).strip("-")
     device = device.removeprefix("nvidia-") or "device"
     name = f"{'llama3-8b' if timings.llama3_8b_shaped else 'timed'}-{device}"
