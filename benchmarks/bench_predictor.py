@@ -50,6 +50,7 @@ def _instructions(data_dir: Path) -> list[str]:
 
 SHIPPED = "shipped"
 """``--model`` for the predictor packed into the package (:class:`~headway.predict.shipped.ShippedPredictor`)."""
+SHIPPED_WHAT = "the predictor shipped in the package (ONNX Runtime)"
 
 
 class _Shipped:
@@ -81,7 +82,7 @@ def _meta(ckpt: Path, what: str) -> dict[str, Any]:
     from headway.predict.model import read_checkpoint_meta
     from headway.predict.shipped import read_pack_header
 
-    return read_pack_header(ckpt) if what.startswith("the predictor shipped") else read_checkpoint_meta(ckpt)
+    return read_pack_header(ckpt) if what == SHIPPED_WHAT else read_checkpoint_meta(ckpt)
 
 
 def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
@@ -110,7 +111,7 @@ def _checkpoint(model: str | None, max_length: int) -> tuple[Path, str]:
     from headway.predict.train import default_predictor_dir
 
     if model == SHIPPED:
-        return shipped_predictor_path(), "the predictor shipped in the package (ONNX Runtime)"
+        return shipped_predictor_path(), SHIPPED_WHAT
     if model and model != "default":
         return Path(model), "given checkpoint"
     default = default_predictor_dir()
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         score_mod._padding_chunks = encoder_mod._padding_chunks = chunks
         try:
             scorer: Any
-            if what.startswith("the predictor shipped"):
+            if what == SHIPPED_WHAT:
                 scorer = _Shipped(backend, threads=args.threads, batch_size=args.batch_size, max_length=length)
             else:
                 scorer = Scorer.from_checkpoint(

@@ -48,7 +48,7 @@ def test_the_shipped_predictor_is_timed_on_onnx_and_refused_on_torch(
     from headway.predict.shipped import SHIPPED_PREDICTOR, read_pack_header
 
     trained = read_pack_header()["max_length"]
-    assert f"- checkpoint `{SHIPPED_PREDICTOR}`: the predictor shipped in the package" in text
+    assert f"- checkpoint `{SHIPPED_PREDICTOR}`: the predictor shipped in the package (ONNX Runtime)" in text
     assert f"(`max_length` {trained} tokens)" in text
     rows = [line for line in text.splitlines() if line.startswith(f"| {SHIPPED_PREDICTOR} |")]
     assert len(rows) == 1 and rows[0].startswith(f"| {SHIPPED_PREDICTOR} | 6 | onnx | 32 | padding | ")
