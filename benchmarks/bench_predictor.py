@@ -54,8 +54,8 @@ SHIPPED_WHAT = "the predictor shipped in the package (ONNX Runtime)"
 
 
 class _Shipped:
-    """The shipped predictor as the benchmark times a scorer: ``score``, ``score_one``, ``meta``,
-    ``max_length``."""
+    """The shipped predictor as the benchmark times a scorer: ``score``, ``score_one``, ``meta`` (its
+    pack's header, with the encoder it runs on for :func:`_layers`), ``max_length``."""
 
     def __init__(self, backend: str, *, threads: int, batch_size: int, max_length: int | None) -> None:
         from headway.predict._errors import CheckpointError
@@ -65,10 +65,8 @@ class _Shipped:
             raise CheckpointError(f"the shipped predictor runs on ONNX Runtime only (onnx, onnx-int8), not {backend}")
         self._p = ShippedPredictor(threads=threads, batch_size=batch_size, max_length=max_length,
                                    int8=backend == "onnx-int8")  # fmt: skip
-        self.meta = self._p.meta
+        self.meta = {**self._p.meta, "encoder": {"path": str(self._p.encoder.model_dir)}}
         self.max_length = self._p.max_length
-        config = self._p.encoder.model_dir / "config.json"
-        self.layers = int(json.loads(config.read_text()).get("num_hidden_layers", 0)) or "?"
 
     def score(self, prompts: list[str]) -> Any:
         return self._p.score(prompts)
@@ -271,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         lat = _latency_ms(scorer, list(reversed(prompts)), args.single)
         row = {
             "checkpoint": ckpt.name,
-            "layers": getattr(scorer, "layers", None) or _layers(ckpt, scorer.meta),
+            "layers": _layers(ckpt, scorer.meta),
             "backend": backend,
             "max_length": scorer.max_length,
             "chunking": chunking,
