@@ -217,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--chunking: use padding and/or fixed, got {args.chunking!r}")
     if args.call_size < 1:
         ap.error(f"--call-size must be >= 1, got {args.call_size}")
+    if args.num_prompts is not None and args.num_prompts < 1:
+        ap.error(f"--num-prompts must be >= 1, got {args.num_prompts}")
 
     import numpy as np
     import onnxruntime

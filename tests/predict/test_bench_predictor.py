@@ -54,3 +54,10 @@ def test_the_shipped_predictor_is_timed_on_onnx_and_refused_on_torch(
     assert len(rows) == 1 and rows[0].startswith(f"| {SHIPPED_PREDICTOR} | 6 | onnx | 32 | padding | ")
     assert f"- {SHIPPED_PREDICTOR} on torch: the shipped predictor runs on ONNX Runtime only" in text
     assert "alpaca_eval's 40 instructions" in text and "- threads: 2; CPU: " in text
+
+
+@pytest.mark.parametrize("n", ["0", "-5"])
+def test_a_prompt_count_below_one_is_refused(bench: ModuleType, n: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--num-prompts", n])
+    assert exc.value.code == 2 and f"--num-prompts must be >= 1, got {n}" in capsys.readouterr().err
