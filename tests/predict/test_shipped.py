@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from headway.predict import CheckpointError
-from headway.predict.shipped import ShippedPredictor, pack_checkpoint, pack_linear_head, shipped_predictor_path
+from headway.predict.shipped import (
+    ShippedPredictor,
+    pack_checkpoint,
+    pack_linear_head,
+    read_pack_header,
+    shipped_predictor_path,
+)
 
 PROMPTS = [
     "Write a long essay about the ocean and its tides, with sources.",
@@ -43,9 +51,7 @@ def _torch_scores(path: Path) -> np.ndarray:
     return np.asarray(Scorer.from_checkpoint(path, "torch", threads=1, cache_size=0).score(PROMPTS))
 
 
-def test_a_full_rank_pack_scores_like_the_checkpoint(
-    tuned: Path, tiny_encoder_3_layers: Path, tmp_path: Path
-) -> None:
+def test_a_full_rank_pack_scores_like_the_checkpoint(tuned: Path, tiny_encoder_3_layers: Path, tmp_path: Path) -> None:
     header = pack_checkpoint(tuned, tmp_path / "p.npz", rank=64, base=tiny_encoder_3_layers)
     assert (header["pooling"], header["max_length"]) == ("pooler", 32)
     shipped = ShippedPredictor(tmp_path / "p.npz", base=tiny_encoder_3_layers, threads=1)
@@ -72,6 +78,26 @@ def test_a_pack_over_other_weights_is_refused(
         ShippedPredictor(tmp_path / "p.npz", base=tiny_encoder)
     with pytest.raises(CheckpointError, match="not a packed predictor"):
         ShippedPredictor(tmp_path / "missing.npz", base=tiny_encoder)
+
+
+def test_a_pack_header_is_read_without_its_encoder(tuned: Path, tiny_encoder_3_layers: Path, tmp_path: Path) -> None:
+    pack_checkpoint(tuned, tmp_path / "p.npz", rank=8, base=tiny_encoder_3_layers, meta={"trained_on": ["codealpaca"]})
+    header = read_pack_header(tmp_path / "p.npz")
+    assert header == ShippedPredictor(tmp_path / "p.npz", base=tiny_encoder_3_layers, threads=1).meta
+    assert header["meta"]["trained_on"] == ["codealpaca"]
+    # no array is read: a pack whose deltas are damaged still gives its header; loading it is refused
+    # (a member without numpy's magic comes back from np.load as bytes, not as an error)
+    for damage, why in ((b"\x93NUMPY\x01\x00damaged", "EOF"), (b"damaged", "is not an array")):
+        with zipfile.ZipFile(tmp_path / "p.npz") as src, zipfile.ZipFile(tmp_path / "damaged.npz", "w") as dst:
+            for name in src.namelist():
+                dst.writestr(name, src.read(name) if name == "header.npy" else damage)
+        assert read_pack_header(tmp_path / "damaged.npz") == header
+        with pytest.raises(CheckpointError, match=rf"damaged\.npz: not a packed predictor \(.*{why}"):
+            ShippedPredictor(tmp_path / "damaged.npz", base=tiny_encoder_3_layers)
+    (tmp_path / "empty.npz").write_bytes(b"")
+    for bad in ("missing.npz", "empty.npz"):
+        with pytest.raises(CheckpointError, match=f"{re.escape(bad)}: not a packed predictor"):
+            read_pack_header(tmp_path / bad)
 
 
 def test_the_packaged_predictor_is_the_default_with_nothing_trained() -> None:
@@ -105,9 +131,7 @@ def test_a_pack_names_the_sources_it_was_trained_on(
     assert ShippedPredictor(tmp_path / "p.npz", base=tiny_encoder_3_layers, threads=1).trained_on == trained_on
 
 
-def test_the_int8_graph_scores_close_to_the_float_one(
-    tuned: Path, tiny_encoder_3_layers: Path, tmp_path: Path
-) -> None:
+def test_the_int8_graph_scores_close_to_the_float_one(tuned: Path, tiny_encoder_3_layers: Path, tmp_path: Path) -> None:
     pack_checkpoint(tuned, tmp_path / "p.npz", rank=64, base=tiny_encoder_3_layers)
     plain = ShippedPredictor(tmp_path / "p.npz", base=tiny_encoder_3_layers, threads=1)
     int8 = ShippedPredictor(tmp_path / "p.npz", base=tiny_encoder_3_layers, threads=1, int8=True)

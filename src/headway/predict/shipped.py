@@ -176,6 +176,9 @@ def pack_checkpoint(
     return header
 
 
+_PACK_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)  # EOFError: an empty file
+
+
 def _read_pack(path: Path) -> tuple[bytes, dict[str, Any], dict[str, npt.NDArray[Any]]]:
     """The bytes, header and arrays of the pack at ``path`` (CheckpointError naming it)."""
     try:
@@ -183,14 +186,23 @@ def _read_pack(path: Path) -> tuple[bytes, dict[str, Any], dict[str, npt.NDArray
         with np.load(io.BytesIO(raw), allow_pickle=False) as z:
             header = json.loads(bytes(z["header"]).decode())
             arrays = {k: z[k] for k in z.files if k != "header"}
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
+    except _PACK_ERRORS as exc:
         raise CheckpointError(f"{path}: not a packed predictor ({exc})") from None
+    damaged = [k for k, v in arrays.items() if not isinstance(v, np.ndarray)]  # np.load gives such members as bytes
+    if damaged:
+        raise CheckpointError(f"{path}: not a packed predictor ({damaged[0]!r} is not an array)")
     return raw, header, arrays
 
 
 def read_pack_header(path: str | Path | None = None) -> dict[str, Any]:
-    """A packed predictor's header (default: the shipped one's), without building its encoder."""
-    return _read_pack(Path(path) if path is not None else shipped_predictor_path())[1]
+    """A packed predictor's header (default: the shipped one's), reading none of its arrays."""
+    path = Path(path) if path is not None else shipped_predictor_path()
+    try:
+        with np.load(path, allow_pickle=False) as z:  # an npz's members are read when indexed
+            header: dict[str, Any] = json.loads(bytes(z["header"]).decode())
+    except _PACK_ERRORS as exc:
+        raise CheckpointError(f"{path}: not a packed predictor ({exc})") from None
+    return header
 
 
 class ShippedPredictor:
