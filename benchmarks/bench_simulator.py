@@ -15,6 +15,10 @@ the same requests (Llama-3-8B, A100, Sarathi) through ``benchmarks/vidur_runner.
 the ratio. Times are the event loops only (workload building and Vidur's
 execution-time-model training excluded), best of ``--repeat``; the ratio is computed on
 CPU seconds as well as wall seconds, since CPU time is steadier on a shared machine.
+Both sides should run on one Python installation (``VIDUR_PYTHON`` a virtualenv over the
+interpreter that runs this script): builds of the same version differ by about a quarter in
+speed (a distribution's optimized build against one compiled without profile-guided
+optimization), so each side's interpreter is printed and a mismatch is flagged.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -92,6 +97,11 @@ def run_vidur(num_requests: int) -> dict[str, float] | None:
     return data
 
 
+def interpreter() -> str:
+    """This process's Python: version and installation (a virtualenv's base)."""
+    return f"{platform.python_version()} ({sys.base_prefix})"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-requests", type=int, nargs="+", default=[1000, 19366])
@@ -100,6 +110,7 @@ def main() -> int:
     args = ap.parse_args()
     trace = DATA / "vidur_traces" / "splitwise_conv.csv"
     print(f"trace {trace}")
+    print(f"headway's python {interpreter()}")
     print(
         f"{'N':>6} {'policy':13} {'mode':6} {'wall s':>8} {'cpu s':>8} {'req/s':>10} {'req/cpu-s':>10} "
         f"{'events/s':>10} {'steps':>8}"
@@ -131,6 +142,11 @@ def main() -> int:
             print("       (set VIDUR_PATH and VIDUR_PYTHON to run Vidur side by side)")
             continue
         v_cpu = vidur.get("run_cpu_seconds", vidur["run_seconds"])
+        config = vidur.get("config", {})
+        v_python = f"{config.get('python')} ({config.get('python_base_prefix')})"
+        print(f"       Vidur's python {v_python}")
+        if v_python != interpreter():
+            print("       NOTE: the two ran on different Python installations; the ratio includes their speeds")
         print(
             f"{n:>6} {'vidur-sarathi':13} {'':6} {vidur['run_seconds']:8.3f} {v_cpu:8.3f} "
             f"{vidur['requests_per_second']:10,.0f} {n / v_cpu:10,.0f} {vidur['events_per_second']:10,.0f}"
