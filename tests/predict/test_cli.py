@@ -138,6 +138,28 @@ def test_train_never_replaces_what_is_not_a_checkpoint(
     assert json.loads((tmp_path / "ck" / "predictor.json").read_text())["training"]["epochs"] == 1  # replaced
 
 
+def test_training_the_cache_default_says_it_replaces_the_shipped_predictor(
+    tmp_path: Path,
+    tiny_encoder: Path,
+    synthetic_jsonl: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from headway.predict._paths import DEFAULT_PREDICTOR_NAME, default_predictor_dir
+    from headway.predict.score import default_scorer
+    from headway.predict.shipped import ShippedPredictor
+
+    monkeypatch.setenv("HEADWAY_CACHE_DIR", str(tmp_path / "cache"))  # (the session's cache keeps the shipped one)
+    assert _train(tmp_path, synthetic_jsonl, tiny_encoder, "--out", str(tmp_path / "elsewhere")) == 0
+    assert "instead of the predictor shipped" not in capsys.readouterr().out
+    assert isinstance(default_scorer("onnx", threads=1), ShippedPredictor)
+    assert _train(tmp_path, synthetic_jsonl, tiny_encoder, "--name", DEFAULT_PREDICTOR_NAME) == 0
+    out = capsys.readouterr().out
+    assert "--scorer default and pars.scorer=default now load this checkpoint instead of the predictor shipped" in out
+    assert f"remove {default_predictor_dir(DEFAULT_PREDICTOR_NAME)} to go back" in out
+    assert not isinstance(default_scorer("onnx", threads=1), ShippedPredictor)  # as it says
+
+
 @pytest.mark.parametrize("name", ["..", ".", "", "../../x", "/abs"])
 def test_train_name_must_be_a_plain_name(
     tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path, capsys: pytest.CaptureFixture[str], name: str

@@ -172,6 +172,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if result.test is not None:
         print(format_metrics(result.test, f"held-out test prompts ({result.n_test} examples):"))
     print(f"checkpoint: {result.path}")
+    if out.resolve() == default_predictor_dir(DEFAULT_PREDICTOR_NAME).resolve():
+        from headway.predict.shipped import SHIPPED_PREDICTOR
+
+        print(
+            f"--scorer default and pars.scorer=default now load this checkpoint instead of the predictor shipped "
+            f"in the package ({SHIPPED_PREDICTOR}); remove {result.path} to go back to it"
+        )
     return 0
 
 
@@ -440,11 +447,14 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "train",
-        help="train a predictor (defaults reproduce the default checkpoint)",
+        help="train a predictor (with no options: the alpaca_eval recipe, which --scorer default then uses "
+        "instead of the shipped predictor)",
         description="Train a predictor on a prompt-disjoint split and report held-out metrics. With no "
-        f"options it trains the default checkpoint (~/.cache/headway/predictors/{DEFAULT_PREDICTOR_NAME}): "
+        f"options it trains the cache's default checkpoint (~/.cache/headway/predictors/{DEFAULT_PREDICTOR_NAME}): "
         "pairwise loss, full fine-tuning of MiniLM-L6 on alpaca_eval prompts, each labelled with the "
-        "geometric mean of its 227 models' output lengths (cl100k tokens).",
+        "geometric mean of its 227 models' output lengths (cl100k tokens). Once it is there, --scorer default "
+        "and pars.scorer=default load it instead of the predictor shipped in the package (a recipe trained on "
+        "every shared source: headway predictor cross-source-finetune); remove the directory to go back.",
         formatter_class=HelpFormatter,
     )
     p.add_argument(
