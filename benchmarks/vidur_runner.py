@@ -578,8 +578,8 @@ def main(argv: list[str] | None = None) -> int:
             "simulated_seconds": round(float(simulator._time), 3),
             "import_seconds": round(import_seconds, 2),
             "python": platform.python_version(),
-            # the interpreter's installation: builds of one version differ by a quarter in speed
-            # (bench_simulator.py compares it with headway's)
+            # the interpreter's installation: builds of one version differ in speed (1.5x for Vidur
+            # between pyenv's default build and Debian's); bench_simulator.py compares it with headway's
             "python_base_prefix": sys.base_prefix,
             "numpy": numpy.__version__,
             "pandas": pandas.__version__,
