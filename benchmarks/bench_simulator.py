@@ -1,6 +1,6 @@
 """Simulator speed: simulated requests per wall-clock second on the Azure conv trace.
 
-    python benchmarks/bench_simulator.py [--num-requests N] [--repeat K] [--policies P ...]
+    python benchmarks/bench_simulator.py [--num-requests N] [--repeat K] [--policies P ...] [--rounds R]
 
 Runs headway's simulator (FCFS and oracle SJF in fast-forward and exact step-by-step
 mode, FCFS also without prefix caching; the ``--policies`` given, preemptive ones in their
@@ -12,12 +12,14 @@ requests' own blocks. When
 (a virtualenv with Vidur's requirements), the same script runs Vidur's event loop on
 the same requests (Llama-3-8B, A100, Sarathi) through ``benchmarks/vidur_runner.py``
 (extra runner flags in ``VIDUR_ARGS``, e.g. ``--quick-train --cache-dir DIR``) and reports
-the ratio. Times are the event loops only (workload building and Vidur's
+the ratio; ``--rounds R`` adds R rounds that alternate the two (headway FCFS, then one Vidur
+process) with each round's ratio, since a shared machine's speed drifts within minutes. Times are
+the event loops only (workload building and Vidur's
 execution-time-model training excluded), best of ``--repeat``; the ratio is computed on
 CPU seconds as well as wall seconds, since CPU time is steadier on a shared machine.
 Both sides should run on one Python installation (``VIDUR_PYTHON`` a virtualenv over the
 interpreter that runs this script): builds of the same version differ in speed, and not alike
-for both simulators (Debian's optimized 3.11.2 against pyenv's default 3.11.7: headway 1.28-1.35x,
+for both simulators (Debian's 3.11.2 against pyenv's default build of 3.11.7: headway 1.28-1.35x,
 Vidur 1.49-1.62x faster), so each side's interpreter is printed and a mismatch is flagged.
 """
 
@@ -28,6 +30,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -76,7 +79,8 @@ def long_output_workload(n: int = 2000, seed: int = 0) -> Workload:
     return Workload.from_specs("long-output", specs)
 
 
-def run_vidur(num_requests: int) -> dict[str, float] | None:
+def run_vidur(num_requests: int, *extra: str) -> dict[str, float] | None:
+    """Vidur on the first ``num_requests`` (``extra`` runner flags after ``VIDUR_ARGS``, so they win)."""
     path, python = os.environ.get("VIDUR_PATH"), os.environ.get("VIDUR_PYTHON")
     if not path or not python:
         return None
@@ -90,6 +94,7 @@ def run_vidur(num_requests: int) -> dict[str, float] | None:
         "--trace",
         str(DATA / "vidur_traces" / "splitwise_conv.csv"),
         *shlex.split(os.environ.get("VIDUR_ARGS", "")),
+        *extra,
     ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1]
@@ -102,12 +107,21 @@ def interpreter() -> str:
     return f"{platform.python_version()} ({sys.base_prefix})"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-requests", type=int, nargs="+", default=[1000, 19366])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--policies", nargs="*", default=["srpt-oracle", "trail-oracle", "uniboost-base"])
-    args = ap.parse_args()
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="with Vidur: also this many interleaved rounds (headway FCFS best of --repeat, then one Vidur "
+        "process) and each round's ratio, so the spread shows how far the machine moved (default: none)",
+    )
+    args = ap.parse_args(argv)
+    if args.rounds < 0:
+        ap.error(f"--rounds must be >= 0, got {args.rounds}")
     trace = DATA / "vidur_traces" / "splitwise_conv.csv"
     print(f"trace {trace}")
     print(f"headway's python {interpreter()}")
@@ -155,6 +169,17 @@ def main() -> int:
             wall = rows[(policy, False)]["requests_per_s"] / vidur["requests_per_second"]
             cpu = rows[(policy, False)]["requests_per_cpu_s"] / (n / v_cpu)
             print(f"       headway {policy} / Vidur: {cpu:,.0f}x per CPU second, {wall:,.0f}x per wall second")
+        ratios = []
+        for _ in range(args.rounds):
+            ours = bench(wl, "fcfs", False, args.repeat)
+            theirs = run_vidur(n, "--repeat", "1")
+            assert theirs is not None
+            ratios.append(ours["requests_per_cpu_s"] * theirs.get("run_cpu_seconds", theirs["run_seconds"]) / n)
+        if ratios:
+            print(
+                f"       interleaved rounds, headway fcfs / Vidur per CPU second: "
+                f"{', '.join(f'{r:,.0f}x' for r in ratios)} (median {statistics.median(ratios):,.0f}x)"
+            )
     wl = long_output_workload()
     fast, exact_r = bench(wl, "fcfs", False, args.repeat), bench(wl, "fcfs", True, args.repeat)
     print(

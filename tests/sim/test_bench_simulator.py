@@ -1,0 +1,57 @@
+"""The simulator-speed benchmark (``benchmarks/bench_simulator.py``): its comparison with Vidur, with
+Vidur's runner replaced by a stand-in (Vidur itself is not installed here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_simulator.py"
+
+
+@pytest.fixture
+def bench(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_simulator", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "DATA", data_dir)
+    return module
+
+
+def test_interleaved_rounds_alternate_with_vidur_and_another_python_is_flagged(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[tuple[int, tuple[str, ...]]] = []
+    cpu = iter([4.0, 1.0, 30.0, 900.0])  # Vidur's CPU seconds: the side-by-side run, then each round
+
+    def fake_vidur(n: int, *extra: str) -> dict[str, Any]:
+        calls.append((n, extra))
+        seconds = next(cpu)
+        config = {"python": "3.0.0", "python_base_prefix": "/elsewhere"}
+        return {"run_seconds": seconds, "run_cpu_seconds": seconds, "requests_per_second": n / seconds,
+                "events_per_second": 1.0, "config": config}  # fmt: skip
+
+    monkeypatch.setattr(bench, "run_vidur", fake_vidur)
+    assert bench.main(["--num-requests", "40", "--repeat", "1", "--policies", "--rounds", "3"]) == 0
+    out = capsys.readouterr().out
+    assert calls == [(40, ()), (40, ("--repeat", "1")), (40, ("--repeat", "1")), (40, ("--repeat", "1"))]
+    assert "Vidur's python 3.0.0 (/elsewhere)" in out
+    assert "NOTE: the two ran on different Python installations" in out
+    line = next(ln for ln in out.splitlines() if "interleaved rounds" in ln)
+    ratios = [float(x.replace(",", "")) for x in re.findall(r"([\d,]+)x", line)]
+    # three rounds and their median: each round's ratio follows Vidur's CPU time in it (1, 30, 900 s;
+    # steps of 30x, far beyond how much headway's own time can move between rounds)
+    assert len(ratios) == 4 and ratios[0] < ratios[1] < ratios[2] and ratios[3] == ratios[1]
+
+
+def test_rounds_must_not_be_negative(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--num-requests", "40", "--rounds", "-1"])
+    assert info.value.code == 2
+    assert "--rounds must be >= 0, got -1" in capsys.readouterr().err
