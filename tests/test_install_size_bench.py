@@ -3,17 +3,11 @@ the package index, a benchmark, not a test)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_install_size.py"
+from factories import load_script
 
 
 def test_the_shown_command_hides_the_workdir_path_only() -> None:
-    spec = importlib.util.spec_from_file_location("bench_install_size", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("benchmarks/bench_install_size.py")
     shown = module.shown_command
     base = "python benchmarks/bench_install_size.py"
     assert shown([]) == base

@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from factories import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def pages() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("results_pages", ROOT / "scripts" / "results_pages.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["results_pages"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/results_pages.py")
 
 
 def test_committed_pages_are_up_to_date(pages: ModuleType) -> None:

@@ -3,22 +3,17 @@ CPU line that says whether ONNX Runtime's int8 kernels have VNNI to run on."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_predictor.py"
+from factories import load_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_predictor", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_predictor.py")
 
 
 def _cpuinfo(tmp_path: Path, flags: str) -> Path:

@@ -3,7 +3,6 @@ Vidur's runner replaced by a stand-in (Vidur itself is not installed here)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 from types import ModuleType
@@ -11,15 +10,12 @@ from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_simulator.py"
+from factories import load_script
 
 
 @pytest.fixture
 def bench(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_simulator", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("benchmarks/bench_simulator.py")
     monkeypatch.setattr(module, "DATA", data_dir)
     return module
 

@@ -4,7 +4,6 @@ the preset fitted to its timings."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from factories import load_script
 from headway.sim import fit_timings, read_step_timings
 
 pytest.importorskip("torch")
@@ -34,12 +34,7 @@ STEPS = {  # (kind, batch, context, chunk, prefix) -> (num_tokens, num_seqs, num
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_gpu_steps", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_gpu_steps"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_gpu_steps.py")
 
 
 def test_the_script_needs_only_the_standard_library_and_torch() -> None:
