@@ -55,6 +55,12 @@ def test_recipe_names_the_bad_value() -> None:
         FinetuneRecipe(lr=math.nan)
     with pytest.raises(ValueError, match=r"delta must be in \[0, 1\), got 1.0"):
         FinetuneRecipe(delta=1.0)
+    with pytest.raises(ValueError, match="encoder_layers must be >= 1 or None, got 0"):
+        FinetuneRecipe(encoder_layers=0)
+    with pytest.raises(ValueError, match=r"top_layers \(4\) is more than the encoder_layers kept \(3\)"):
+        FinetuneRecipe(encoder_layers=3)
+    assert FinetuneRecipe(encoder_layers=5).label.startswith("minilm first 5 layers, top 4 layers fine-tuned, ")
+    assert FinetuneRecipe().label.startswith("minilm top 4 layers fine-tuned, ")
 
 
 def _encoder(path: Path) -> tuple[object, object]:
@@ -219,6 +225,47 @@ def test_training_on_every_source_saves_a_checkpoint_that_scores_as_the_model(
     np.testing.assert_allclose(shipped.score(prompts), in_memory, atol=1e-3)  # float16 deltas
 
 
+def test_a_cut_encoder_trains_packs_and_scores_on_its_first_layers(tiny_encoder_3_layers: Path, tmp_path: Path) -> None:
+    from headway.predict.crossfinetune import finetune_all, finetune_fold
+    from headway.predict.model import load_checkpoint
+    from headway.predict.score import Scorer
+    from headway.predict.shipped import ShippedPredictor, pack_checkpoint
+
+    sources = [_source(name, 60, k) for k, name in enumerate(SOURCES)]
+    options = {"encoder": str(tiny_encoder_3_layers), "top_layers": 1, "max_length": 32, "steps": 30}
+    options |= {"batch_size": 24, "lr": 3e-3, "head_lr": 3e-2}
+    cut = FinetuneRecipe(**options, encoder_layers=2)
+    fold = finetune_fold(cut, sources, "sharegpt", cache=tmp_path / "cache")
+    whole = finetune_fold(FinetuneRecipe(**options), sources, "sharegpt", cache=tmp_path / "cache")
+    assert fold.taus["sharegpt:m"] > 0.5
+    assert fold.taus != whole.taus  # another network, not the full encoder's cached states read back
+
+    finetune_all(cut, sources, tmp_path / "ck", cache=tmp_path / "cache")
+    loaded = load_checkpoint(tmp_path / "ck")
+    assert loaded.model.encoder.config.num_hidden_layers == 2
+    assert len(loaded.model.encoder.encoder.layer) == 2
+    fresh, _ = _encoder(tiny_encoder_3_layers)
+    stock = fresh.state_dict()  # type: ignore[attr-defined]
+    tuned = loaded.model.encoder.state_dict()
+    assert not any(k.startswith("encoder.layer.2.") for k in tuned)
+    changed = {k for k in tuned if not torch.equal(tuned[k], stock[k])}
+    assert changed and all(k.startswith("encoder.layer.1.") for k in changed)  # the kept top layer only
+
+    prompts = [p for s in sources for p in s.prompts[:10]]
+    saved = Scorer.from_checkpoint(tmp_path / "ck", "torch", threads=1, cache_size=0).score(prompts)
+    pack_checkpoint(tmp_path / "ck", tmp_path / "p.npz", rank=64, base=tiny_encoder_3_layers)
+    shipped = ShippedPredictor(tmp_path / "p.npz", threads=1, base=tiny_encoder_3_layers)
+    np.testing.assert_allclose(shipped.score(prompts), saved, atol=1e-3)  # float16 deltas, two layers run
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA device")
+def test_cuda_is_refused_where_torch_has_none(capsys: pytest.CaptureFixture[str]) -> None:
+    from headway.predict._cli import main
+
+    assert main(["predictor", "cross-source-finetune", "--device", "cuda", "--data-dir", "/nonexistent"]) == 2
+    assert "device 'cuda': torch sees no CUDA device here" in capsys.readouterr().err
+
+
 def test_save_checkpoint_is_refused_with_folds(capsys: pytest.CaptureFixture[str]) -> None:
     from headway.predict._cli import main
 
@@ -232,6 +279,8 @@ def test_save_checkpoint_is_refused_with_folds(capsys: pytest.CaptureFixture[str
         (["--held-out", "nope"], "--held-out: unknown source 'nope'"),
         (["--held-out", ","], "--held-out: choose at least one of"),
         (["--top-layers", "0"], "FinetuneRecipe.top_layers must be >= 1, got 0"),
+        (["--encoder-layers", "2", "--top-layers", "3"], "top_layers (3) is more than the encoder_layers kept (2)"),
+        (["--device", "tpu9"], "device 'tpu9': "),
         (["--sharegpt-extra", "-1"], "--sharegpt-extra: a count >= 0, got -1"),
     ],
 )

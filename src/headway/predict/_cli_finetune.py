@@ -19,7 +19,7 @@ _FOLDS = "alpaca_eval,arena_hard_v2,sharegpt,codealpaca"
 
 def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]) -> int:
     from headway.predict._paths import default_cache_dir
-    from headway.predict.crossfinetune import FinetuneRecipe, finetune_all, finetune_fold, fold_table
+    from headway.predict.crossfinetune import FinetuneRecipe, finetune_all, finetune_fold, fold_table, training_device
     from headway.predict.crosssource import SOURCES, cross_source_matrix, load_source, write_result
 
     if args.save_checkpoint and args.held_out is not None:
@@ -34,6 +34,7 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
         raise PredictError(f"--sharegpt-extra: a count >= 0, got {args.sharegpt_extra}")
     recipe = FinetuneRecipe(
         encoder=args.encoder,
+        encoder_layers=args.encoder_layers,
         top_layers=args.top_layers,
         max_length=args.max_length,
         steps=args.steps,
@@ -46,6 +47,7 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
         ridge_alpha=args.ridge_alpha,
         seed=args.seed,
     )
+    training_device(args.device)  # refused before the data is read
     sources = [load_source(name, args.data_dir, max_extra=args.sharegpt_extra) for name in SOURCES]
     baseline = cross_source_matrix(sources, {}, [])
     cache = default_cache_dir() / "lower-states"
@@ -56,10 +58,10 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
         if h is None:
             say(f"every source, its held-out split left out ({recipe.label}) -> {args.save_checkpoint}")
             fold = finetune_all(recipe, sources, args.save_checkpoint, cache=cache, threads=args.threads, log=say,
-                                meta={"command": command_line})  # fmt: skip
+                                meta={"command": command_line}, device=args.device)  # fmt: skip
         else:
             say(f"fold: {h} held out ({recipe.label})")
-            fold = finetune_fold(recipe, sources, h, cache=cache, threads=args.threads, log=say)
+            fold = finetune_fold(recipe, sources, h, cache=cache, threads=args.threads, log=say, device=args.device)
         folds.append(fold)
         result = fold_table(recipe, sources, folds, baseline)
         result.command = command_line
@@ -76,7 +78,7 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
         result.notes += [
             f"{_run_name(f.held_out)}: {f.steps} steps, {f.pairs_seen} pairs, loss {f.loss_first:.3f} -> "
             f"{f.loss_last:.3f}, training {f.train_seconds / 60:.1f} min, lower-layer cache {f.lower_seconds:.0f} s "
-            f"({args.threads} threads)"
+            f"({args.threads} threads" + (f", on {args.device}" if args.device != "cpu" else "") + ")"
             for f in folds
         ]
         if args.save_checkpoint:
@@ -126,6 +128,13 @@ def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespac
         "in-source) and write a predictor checkpoint there (the fine-tuned layers merged into the full encoder)",
     )
     p.add_argument("--encoder", default=d.encoder, help="packaged encoder (minilm, mpnet) or a local directory")
+    p.add_argument(
+        "--encoder-layers",
+        type=int,
+        default=d.encoder_layers,
+        metavar="N",
+        help="keep only the encoder's first N layers (default: all); scoring takes about N / L of the time",
+    )
     p.add_argument("--top-layers", type=int, default=d.top_layers, help="top layers fine-tuned")
     p.add_argument("--max-length", type=int, default=d.max_length, help="prompt tokens kept")
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps per fold")
@@ -142,6 +151,7 @@ def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespac
     p.add_argument("--no-dropout", action="store_true", help="train the top layers without their dropout")
     p.add_argument("--ridge-alpha", type=float, default=d.ridge_alpha, help="penalty of the ridge head start")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--device", default="cpu", help="where torch trains: cpu, or cuda (a GPU)")
     _add_table_options(p)
     p.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
 

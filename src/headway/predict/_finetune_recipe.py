@@ -18,6 +18,9 @@ class FinetuneRecipe:
 
     encoder: str = "minilm"
     """A packaged encoder's name (``minilm``, ``mpnet``) or a local Hugging Face encoder directory."""
+    encoder_layers: int | None = None
+    """Keep only the encoder's first N layers (its embeddings and layers 1..N; None: all of them), as
+    ``headway predictor train --encoder-layers``: scoring takes about N / L of the full encoder's time."""
     top_layers: int = 4
     """Transformer layers fine-tuned (the top ones); the others are frozen and their outputs cached. 4: the
     shipped default's recipe, chosen over 2 by tau_b on held-out sources (docs/predictors)."""
@@ -49,6 +52,13 @@ class FinetuneRecipe:
         for name, least in (("top_layers", 1), ("max_length", 8), ("steps", 1), ("batch_size", 4)):
             if getattr(self, name) < least:
                 raise ValueError(f"FinetuneRecipe.{name} must be >= {least}, got {getattr(self, name)!r}")
+        if self.encoder_layers is not None and self.encoder_layers < 1:
+            raise ValueError(f"FinetuneRecipe.encoder_layers must be >= 1 or None, got {self.encoder_layers!r}")
+        if self.encoder_layers is not None and self.top_layers > self.encoder_layers:
+            raise ValueError(
+                f"FinetuneRecipe.top_layers ({self.top_layers}) is more than the encoder_layers kept "
+                f"({self.encoder_layers})"
+            )
         for name in ("lr", "head_lr"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ValueError(f"FinetuneRecipe.{name} must be a finite number > 0, got {getattr(self, name)!r}")
@@ -75,7 +85,8 @@ class FinetuneRecipe:
         share = "sources by sqrt(n)" if self.weighting == "sqrt" else "sources equal"
         init = f", head from ridge (alpha {self.ridge_alpha:g})" if self.head_init == "ridge" else ""
         init += "" if self.dropout else ", no dropout"
+        encoder = self.encoder if self.encoder_layers is None else f"{self.encoder} first {self.encoder_layers} layers,"
         return (
-            f"{self.encoder} top {self.top_layers} layers fine-tuned, {self.steps} steps x {self.batch_size}, "
+            f"{encoder} top {self.top_layers} layers fine-tuned, {self.steps} steps x {self.batch_size}, "
             f"lr {self.lr:g}, max_length {self.max_length}, {share}{init}"
         )

@@ -16,7 +16,8 @@ Pairs follow PARS's rule (:func:`group_pairs`): two answers of one source x mode
 a relative ``delta`` (0.2) or more. Each step draws ``batch_size`` prompts shared among the training
 sources (equally, or in proportion to the square root of their training answers), from one model of
 each source, and uses every valid pair inside each source's draw. Runs are seeded (numpy, torch) and
-deterministic on CPU for a given thread count.
+deterministic on CPU for a given thread count. ``device="cuda"`` trains on a GPU instead (the same
+recipe; scores differ from the CPU's in the last bits).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ __all__ = [
     "lower_states",
     "merged_predictor",
     "split_encoder",
+    "training_device",
 ]
 
 # ---------------------------------------------------------------------------------------------------------
@@ -94,6 +96,18 @@ def split_encoder(encoder: nn.Module, top_layers: int) -> tuple[nn.Module, nn.Mo
     for p in lower.parameters():
         p.requires_grad_(False)
     return lower, encoder
+
+
+def training_device(device: str) -> torch.device:
+    """``device`` as torch names it (``cpu``, ``cuda``, ``cuda:1``); ValueError naming it when torch cannot
+    parse it or has no CUDA device here."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"device {device!r}: {exc}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: torch sees no CUDA device here")
+    return dev
 
 
 class MixModel(nn.Module):
@@ -135,8 +149,11 @@ def score_states(
     """Scores of cached lower-layer states (or, with ``pooled``, the features the head scores), in order
     (length-sorted micro-batches, padded per batch)."""
 
+    device = model.head.weight.device
+
     def run(chunk: list[int]) -> torch.Tensor:
         x, mask = _pad_states([states[c] for c in chunk])
+        x, mask = x.to(device), mask.to(device)
         return model.pooled(x, mask) if pooled else model(x, mask)
 
     with torch.set_grad_enabled(grad):
@@ -170,11 +187,14 @@ def lower_states(
     pad_id = int(tokenizer.pad_token_id or 0)
     out: list[npt.NDArray[np.float32]] = [np.zeros((0, 0), dtype=np.float32)] * len(prompts)
     lower.eval()
+    device = next(lower.parameters()).device
     with torch.inference_mode():
         for chunk in _length_sorted_batches([len(x) for x in ids], batch_size):
             input_ids, mask = pad_batch([ids[c] for c in chunk], pad_id)
-            hidden = lower(input_ids=torch.from_numpy(input_ids), attention_mask=torch.from_numpy(mask))
-            h = hidden.last_hidden_state.float().numpy()
+            hidden = lower(
+                input_ids=torch.from_numpy(input_ids).to(device), attention_mask=torch.from_numpy(mask).to(device)
+            )
+            h = hidden.last_hidden_state.float().cpu().numpy()
             for row, c in enumerate(chunk):
                 out[c] = np.ascontiguousarray(h[row, : len(ids[c])])
     if path is not None:
@@ -244,7 +264,7 @@ def _ridge_head(
     model.eval()
     xs, ys, ws = [], [], []
     for groups, states, share in train_sets:
-        feats = score_states(model, states, pooled=True).numpy().astype(np.float64)
+        feats = score_states(model, states, pooled=True).cpu().numpy().astype(np.float64)
         for g in groups:
             xs.append(feats[g.rows])
             ys.append(rank_targets(g.lengths))
@@ -284,13 +304,14 @@ def finetune_fold(
     cache: Path | None = None,
     threads: int = 2,
     log: Callable[[str], None] | None = None,
+    device: str = "cpu",
 ) -> FoldResult:
     """Fine-tune on every source but ``held_out`` and measure tau_b on all of them (``held_out``: all
-    its prompts; the others: their held-out split)."""
+    its prompts; the others: their held-out split). ``device``: where torch trains (``cpu``, ``cuda``)."""
     names = [s.name for s in sources]
     if held_out not in names:
         raise DataError(f"held-out source {held_out!r} is not among the sources ({', '.join(names)})")
-    return _finetune(recipe, sources, held_out, cache=cache, threads=threads, log=log)[0]
+    return _finetune(recipe, sources, held_out, cache=cache, threads=threads, log=log, device=device)[0]
 
 
 def finetune_all(
@@ -302,6 +323,7 @@ def finetune_all(
     threads: int = 2,
     log: Callable[[str], None] | None = None,
     meta: dict[str, Any] | None = None,
+    device: str = "cpu",
 ) -> FoldResult:
     """Fine-tune on the training prompts of every source (no source held out; each one's held-out split
     still left out and scored, so the tau_b returned are all in-source) and save the result to
@@ -310,8 +332,8 @@ def finetune_all(
     from headway.predict.model import check_checkpoint_target, save_checkpoint
 
     check_checkpoint_target(out_dir)  # refused before the training, not after
-    fold, model = _finetune(recipe, sources, None, cache=cache, threads=threads, log=log)
-    predictor, tokenizer = merged_predictor(recipe, model)
+    fold, model = _finetune(recipe, sources, None, cache=cache, threads=threads, log=log, device=device)
+    predictor, tokenizer = merged_predictor(recipe, model.cpu())
     info = {
         "recipe": recipe.label,
         "trained_on": [s.name for s in sources],
@@ -325,6 +347,7 @@ def finetune_all(
         out_dir,
         fine_tuned=True,
         encoder_path=encoder_path(recipe.encoder),
+        encoder_layers=recipe.encoder_layers,
         max_length=recipe.max_length,
         meta={"finetune": info, **(meta or {})},
     )
@@ -332,11 +355,12 @@ def finetune_all(
 
 
 def merged_predictor(recipe: FinetuneRecipe, model: MixModel) -> tuple[LengthPredictor, Any]:
-    """The full encoder (``recipe.encoder`` reloaded, its top ``recipe.top_layers`` layers replaced by
-    ``model``'s fine-tuned ones; every other weight, the pooler included, the base's own) and ``model``'s
+    """The full encoder (``recipe.encoder`` reloaded, cut to ``recipe.encoder_layers`` if set, its top
+    ``recipe.top_layers`` layers replaced by ``model``'s fine-tuned ones; every other weight, the pooler
+    included, the base's own) and ``model``'s
     head, mean pooling: a :class:`~headway.predict.model.LengthPredictor` that scores as ``model`` does
     on the cached lower-layer states. Returns it (eval mode) and the encoder's tokenizer."""
-    encoder, tokenizer = load_encoder(recipe.encoder)
+    encoder, tokenizer = load_encoder(recipe.encoder, recipe.encoder_layers)
     layers = cast(Any, encoder).encoder.layer
     tuned = cast(Any, model.top).encoder.layer
     if len(tuned) != recipe.top_layers or len(layers) < len(tuned):
@@ -357,6 +381,7 @@ def _finetune(
     cache: Path | None,
     threads: int,
     log: Callable[[str], None] | None,
+    device: str = "cpu",
 ) -> tuple[FoldResult, MixModel]:
     """The fine-tuning run behind :func:`finetune_fold` (``held_out`` a source) and :func:`finetune_all`
     (``held_out`` None): the fold's result and the trained model."""
@@ -364,12 +389,18 @@ def _finetune(
     torch.set_num_threads(max(1, threads))
     torch.manual_seed(recipe.seed)
     rng = np.random.default_rng(recipe.seed)
-    encoder, tokenizer = load_encoder(recipe.encoder)
+    dev = training_device(device)
+    encoder, tokenizer = load_encoder(recipe.encoder, recipe.encoder_layers)
     limit = position_limit(cast(Any, encoder).config)
     if limit is not None and recipe.max_length > limit:
         raise ValueError(f"FinetuneRecipe.max_length {recipe.max_length} is more than {recipe.encoder} takes ({limit})")
     lower, top = split_encoder(encoder, recipe.top_layers)
+    lower.to(dev)
     tag = f"{recipe.encoder}|top={recipe.top_layers}"
+    if recipe.encoder_layers is not None:
+        tag += f"|layers={recipe.encoder_layers}"
+    if dev.type != "cpu":
+        tag += f"|{dev.type}"  # states computed on a GPU differ from the CPU's in the last bits
 
     t0 = time.perf_counter()
     eval_states = {
@@ -401,7 +432,7 @@ def _finetune(
         + ", ".join(f"{name} {k}" for (name, *_), k in zip(train_sets, shares, strict=True))
     )
 
-    model = MixModel(top)
+    model = MixModel(top).to(dev)
     if recipe.head_init == "ridge":
         _ridge_head(model, [(groups, states, w) for _, groups, states, w in train_sets], recipe.ridge_alpha)
     model.train(recipe.dropout)
@@ -434,11 +465,11 @@ def _finetune(
             sched.step()
             continue
         scores = score_states(model, batch_states, micro=16, grad=True)
-        loss = torch.zeros(())
+        loss = torch.zeros((), device=dev)
         for key, w in weights.items():
             sel = [i for i, (a, _, _) in enumerate(pairs.tolist()) if batch_groups[a] == key]
             if sel:
-                p = torch.from_numpy(pairs[sel])
+                p = torch.from_numpy(pairs[sel]).to(dev)
                 loss = loss + (w / total_w) * margin_ranking_loss(
                     scores[p[:, 0]], scores[p[:, 1]], p[:, 2], recipe.margin
                 )
@@ -459,7 +490,7 @@ def _finetune(
     taus: dict[str, float] = {}
     in_source: set[str] = set()
     for src in sources:
-        scores_all = score_states(model, eval_states[src.name]).numpy().astype(np.float64)
+        scores_all = score_states(model, eval_states[src.name]).cpu().numpy().astype(np.float64)
         mask = np.ones(len(src.prompts), dtype=bool) if src.name == held_out else src.test
         for m, lengths in src.evals.items():
             col = f"{src.name}:{m}"

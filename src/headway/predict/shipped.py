@@ -158,6 +158,7 @@ def pack_checkpoint(
             arrays[f"full.{name}"] = delta.astype(np.float16 if delta.size >= _F16_MIN_SIZE else np.float32)
     if "head.weight" not in arrays:
         raise CheckpointError(f"{ckpt}: no head weights")
+    layers = (info.get("encoder") or {}).get("num_layers")  # the encoder cut to its first layers
     header = {
         "format": 1,
         "pooling": str(info.get("pooling") or "pooler"),
@@ -166,6 +167,8 @@ def pack_checkpoint(
         "base_sha256": file_sha256(base_dir / "model.safetensors"),
         "meta": meta or {},
     }
+    if layers is not None:
+        header["encoder_layers"] = int(layers)
     buf = io.BytesIO()
     savez: Any = np.savez_compressed  # its **arrays are typed as its keyword options
     savez(buf, header=np.frombuffer(json.dumps(header, sort_keys=True).encode(), np.uint8), **arrays)
@@ -174,6 +177,12 @@ def pack_checkpoint(
     dst.write_bytes(buf.getvalue())
     header["bytes"] = dst.stat().st_size
     return header
+
+
+def _layer_at_or_past(name: str, kept: int) -> bool:
+    """Whether ``name`` (as in ``model.safetensors``) is a weight of encoder layer ``kept`` or later."""
+    parts = name.split(".")
+    return len(parts) > 2 and parts[0] == "encoder" and parts[1] == "layer" and int(parts[2]) >= kept
 
 
 _PACK_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)  # EOFError: an empty file
@@ -245,6 +254,9 @@ class ShippedPredictor:
                     target = name.removesuffix(".a")
                     b = arrays[f"low.{target}.b"].astype(np.float32)
                     weights[target] = (weights[target] + value.astype(np.float32) @ b).astype(np.float32)
+            if "encoder_layers" in header:  # a predictor on the encoder's first layers: the rest never run
+                kept = int(header["encoder_layers"])
+                weights = {k: v for k, v in weights.items() if not _layer_at_or_past(k, kept)}
             build_encoder_onnx(base_dir, graph, weights=weights, pooling=str(header["pooling"]))
         if int8:
             # (".int8.onnx" files, quantized per batch, are left unused: see _rowquant)
