@@ -65,7 +65,10 @@ class _Shipped:
             raise CheckpointError(f"the shipped predictor runs on ONNX Runtime only (onnx, onnx-int8), not {backend}")
         self._p = ShippedPredictor(threads=threads, batch_size=batch_size, max_length=max_length,
                                    int8=backend == "onnx-int8")  # fmt: skip
-        self.meta = {**self._p.meta, "encoder": {"path": str(self._p.encoder.model_dir)}}
+        encoder: dict[str, Any] = {"path": str(self._p.encoder.model_dir)}
+        if "encoder_layers" in self._p.meta:  # packed on the encoder's first layers
+            encoder["num_layers"] = int(self._p.meta["encoder_layers"])
+        self.meta = {**self._p.meta, "encoder": encoder}
         self.max_length = self._p.max_length
 
     def score(self, prompts: list[str]) -> Any:

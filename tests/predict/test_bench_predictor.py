@@ -51,6 +51,27 @@ def test_the_shipped_predictor_is_timed_on_onnx_and_refused_on_torch(
     assert "alpaca_eval's 40 instructions" in text and "- threads: 2; CPU: " in text
 
 
+def test_a_pack_on_the_encoders_first_layers_is_listed_with_those(
+    tmp_path: Path, bench: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from headway.predict import shipped
+
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 6}')
+    header: dict[str, object] = {"pooling": "mean", "max_length": 96}
+
+    def fake(**_kwargs: object) -> SimpleNamespace:
+        return SimpleNamespace(meta=dict(header), encoder=SimpleNamespace(model_dir=tmp_path), max_length=96)
+
+    monkeypatch.setattr(shipped, "ShippedPredictor", fake)
+    whole = bench._Shipped("onnx", threads=1, batch_size=8, max_length=None)
+    assert bench._layers(tmp_path / "pack.npz", whole.meta) == 6  # the base encoder's own count
+    header["encoder_layers"] = 4
+    cut = bench._Shipped("onnx", threads=1, batch_size=8, max_length=None)
+    assert bench._layers(tmp_path / "pack.npz", cut.meta) == 4
+
+
 @pytest.mark.parametrize("n", ["0", "-5"])
 def test_a_prompt_count_below_one_is_refused(bench: ModuleType, n: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
