@@ -357,9 +357,9 @@ def finetune_all(
 def merged_predictor(recipe: FinetuneRecipe, model: MixModel) -> tuple[LengthPredictor, Any]:
     """The full encoder (``recipe.encoder`` reloaded, cut to ``recipe.encoder_layers`` if set, its top
     ``recipe.top_layers`` layers replaced by ``model``'s fine-tuned ones; every other weight, the pooler
-    included, the base's own) and ``model``'s
-    head, mean pooling: a :class:`~headway.predict.model.LengthPredictor` that scores as ``model`` does
-    on the cached lower-layer states. Returns it (eval mode) and the encoder's tokenizer."""
+    included, the base's own) and ``model``'s head, mean pooling: a
+    :class:`~headway.predict.model.LengthPredictor` that scores as ``model`` does on the cached
+    lower-layer states. Returns it (eval mode) and the encoder's tokenizer."""
     encoder, tokenizer = load_encoder(recipe.encoder, recipe.encoder_layers)
     layers = cast(Any, encoder).encoder.layer
     tuned = cast(Any, model.top).encoder.layer
