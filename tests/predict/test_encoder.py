@@ -36,6 +36,13 @@ def test_build_rejects_a_folder_without_weights(tmp_path: Path, tiny_encoder: Pa
         build_encoder_onnx(tmp_path, tmp_path / "x.onnx")
 
 
+def test_build_refuses_more_layers_than_the_weights_have(tmp_path: Path, tiny_encoder_3_layers: Path) -> None:
+    from headway.predict._errors import EncoderError
+
+    with pytest.raises(EncoderError, match="4 encoder layers asked for, the weights have 3"):
+        build_encoder_onnx(tiny_encoder_3_layers, tmp_path / "x.onnx", num_layers=4)
+
+
 def test_embed_batches_by_padding_cost_not_by_arrival(tiny_encoder_3_layers: Path) -> None:
     """A few long prompts run in their own pass instead of padding the short ones (the gateway's
     scoring batches mix them), and the vectors are those of one prompt at a time."""

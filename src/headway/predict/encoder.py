@@ -60,11 +60,13 @@ def build_encoder_onnx(
     *,
     weights: dict[str, npt.NDArray[Any]] | None = None,
     pooling: str = "mean",
+    num_layers: int | None = None,
 ) -> Path:
     """Write ``out``: inputs ``input_ids``, ``attention_mask`` (int64, ``[batch, tokens]``), output
     ``embedding`` (float32 ``[batch, hidden]``): with ``pooling="mean"`` the attention-masked mean of
     the last layer, ``"cls"`` its first token, ``"pooler"`` BERT's pooler (tanh of a dense layer on
-    the first token). ``weights`` (names as in ``model.safetensors``) replace the directory's."""
+    the first token). ``weights`` (names as in ``model.safetensors``) replace the directory's.
+    ``num_layers``: only the encoder's first layers (None: all); EncoderError when it has fewer."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -112,7 +114,7 @@ def build_encoder_onnx(
     merge = const("merge_shape", [0, 0, hidden], np.int64)
     scale = const("scale", 1.0 / math.sqrt(head_dim))
     layer = 0
-    while f"encoder.layer.{layer}.attention.self.query.weight" in w:
+    while layer != num_layers and f"encoder.layer.{layer}.attention.self.query.weight" in w:
         p = f"encoder.layer.{layer}"
         q = op("Transpose", [op("Reshape", [linear(x, f"{p}.attention.self.query"), split])], perm=[0, 2, 1, 3])
         k = op("Transpose", [op("Reshape", [linear(x, f"{p}.attention.self.key"), split])], perm=[0, 2, 3, 1])
@@ -127,6 +129,8 @@ def build_encoder_onnx(
         layer += 1
     if layer == 0:
         raise EncoderError(f"{src}: no encoder layers in model.safetensors")
+    if num_layers is not None and layer != num_layers:
+        raise EncoderError(f"{src}: {num_layers} encoder layers asked for, the weights have {layer}")
     if pooling == "mean":
         m3 = op("Unsqueeze", [maskf, const("axes2", [2], np.int64)])
         axes1 = const("axes1", [1], np.int64)

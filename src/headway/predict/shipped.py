@@ -179,12 +179,6 @@ def pack_checkpoint(
     return header
 
 
-def _layer_at_or_past(name: str, kept: int) -> bool:
-    """Whether ``name`` (as in ``model.safetensors``) is a weight of encoder layer ``kept`` or later."""
-    parts = name.split(".")
-    return len(parts) > 2 and parts[0] == "encoder" and parts[1] == "layer" and int(parts[2]) >= kept
-
-
 _PACK_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)  # EOFError: an empty file
 
 
@@ -254,10 +248,9 @@ class ShippedPredictor:
                     target = name.removesuffix(".a")
                     b = arrays[f"low.{target}.b"].astype(np.float32)
                     weights[target] = (weights[target] + value.astype(np.float32) @ b).astype(np.float32)
-            if "encoder_layers" in header:  # a predictor on the encoder's first layers: the rest never run
-                kept = int(header["encoder_layers"])
-                weights = {k: v for k, v in weights.items() if not _layer_at_or_past(k, kept)}
-            build_encoder_onnx(base_dir, graph, weights=weights, pooling=str(header["pooling"]))
+            layers = header.get("encoder_layers")  # a predictor on the encoder's first layers: the rest never run
+            build_encoder_onnx(base_dir, graph, weights=weights, pooling=str(header["pooling"]),
+                               num_layers=None if layers is None else int(layers))  # fmt: skip
         if int8:
             # (".int8.onnx" files, quantized per batch, are left unused: see _rowquant)
             quantized = graph.with_suffix(".int8-rows.onnx")
