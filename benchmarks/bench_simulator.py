@@ -102,6 +102,11 @@ def run_vidur(num_requests: int, *extra: str) -> dict[str, float] | None:
     return data
 
 
+def vidur_cpu_seconds(result: dict[str, float]) -> float:
+    """Vidur's event loop in CPU seconds (wall seconds from a runner that did not report them)."""
+    return float(result.get("run_cpu_seconds", result["run_seconds"]))
+
+
 def interpreter() -> str:
     """This process's Python: version and installation (a virtualenv's base)."""
     return f"{platform.python_version()} ({sys.base_prefix})"
@@ -155,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         if vidur is None:
             print("       (set VIDUR_PATH and VIDUR_PYTHON to run Vidur side by side)")
             continue
-        v_cpu = vidur.get("run_cpu_seconds", vidur["run_seconds"])
+        v_cpu = vidur_cpu_seconds(vidur)
         config = vidur.get("config", {})
         v_python = f"{config.get('python')} ({config.get('python_base_prefix')})"
         print(f"       Vidur's python {v_python}")
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             ours = bench(wl, "fcfs", False, args.repeat)
             theirs = run_vidur(n, "--repeat", "1")
             assert theirs is not None
-            ratios.append(ours["requests_per_cpu_s"] * theirs.get("run_cpu_seconds", theirs["run_seconds"]) / n)
+            ratios.append(ours["requests_per_cpu_s"] / (n / vidur_cpu_seconds(theirs)))
         if ratios:
             print(
                 f"       interleaved rounds, headway fcfs / Vidur per CPU second: "
