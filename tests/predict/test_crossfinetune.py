@@ -266,6 +266,15 @@ def test_cuda_is_refused_where_torch_has_none(capsys: pytest.CaptureFixture[str]
     assert "device 'cuda': torch sees no CUDA device here" in capsys.readouterr().err
 
 
+def test_too_many_encoder_layers_are_refused_before_the_data_is_read(capsys: pytest.CaptureFixture[str]) -> None:
+    from headway.predict._cli import main
+
+    # no data there: only a refusal before the sources load names the layers
+    argv = ["predictor", "cross-source-finetune", "--encoder-layers", "7", "--data-dir", "/nonexistent"]
+    assert main(argv) == 2
+    assert "encoder layers must be 1..6 (its layer count), got 7" in capsys.readouterr().err
+
+
 def test_save_checkpoint_is_refused_with_folds(capsys: pytest.CaptureFixture[str]) -> None:
     from headway.predict._cli import main
 

@@ -21,6 +21,7 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
     from headway.predict._paths import default_cache_dir
     from headway.predict.crossfinetune import FinetuneRecipe, finetune_all, finetune_fold, fold_table, training_device
     from headway.predict.crosssource import SOURCES, cross_source_matrix, load_source, write_result
+    from headway.predict.model import encoder_config
 
     if args.save_checkpoint and args.held_out is not None:
         raise PredictError("--save-checkpoint trains on every source (no fold): leave out --held-out")
@@ -47,7 +48,8 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
         ridge_alpha=args.ridge_alpha,
         seed=args.seed,
     )
-    training_device(args.device)  # refused before the data is read
+    training_device(args.device)  # both refused before the data is read
+    encoder_config(recipe.encoder, recipe.encoder_layers)
     sources = [load_source(name, args.data_dir, max_extra=args.sharegpt_extra) for name in SOURCES]
     baseline = cross_source_matrix(sources, {}, [])
     cache = default_cache_dir() / "lower-states"

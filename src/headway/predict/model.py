@@ -44,6 +44,7 @@ __all__ = [
     "LoadedPredictor",
     "check_checkpoint_target",
     "checkpoint_max_length",
+    "encoder_config",
     "load_checkpoint",
     "load_encoder",
     "mean_pool",
@@ -106,16 +107,13 @@ def _check_encoder_config(path: Path, config: Any) -> None:
         raise EncoderError(f"{path}: config has no integer hidden_size; not a supported encoder")
 
 
-def load_encoder(path: str | Path | None = None, num_layers: int | None = None) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` of a local Hugging Face encoder (default: the bundled MiniLM-L6;
-    ``"minilm"`` and ``"mpnet"`` name the packaged encoders, see :func:`encoder_path`).
+def encoder_config(path: str | Path | None = None, num_layers: int | None = None) -> tuple[Path, Any]:
+    """The directory and transformers config of a local encoder (as :func:`load_encoder` resolves
+    ``path``), its ``num_hidden_layers`` set to ``num_layers`` if given; reads no weights, so a command
+    can check its encoder and layer count before it reads any data.
 
-    ``num_layers`` keeps only the encoder's first layers (its embeddings and layers 1..n): a
-    predictor fine-tuned on them scores in about n/N of the time.
-
-    Raises :class:`EncoderError`, naming the path, when it is missing, not a model directory, a decoder
-    or an encoder-decoder, or its weights or tokenizer cannot be loaded, or ``num_layers`` is not
-    between 1 and its layer count. Never downloads.
+    Raises :class:`EncoderError` as :func:`load_encoder` does for the path, the config and
+    ``num_layers``.
     """
     transformers = _quiet_transformers()
     try:
@@ -140,6 +138,22 @@ def load_encoder(path: str | Path | None = None, num_layers: int | None = None) 
         if not 1 <= num_layers <= total:
             raise EncoderError(f"{p}: encoder layers must be 1..{total} (its layer count), got {num_layers}")
         config.num_hidden_layers = num_layers
+    return p, config
+
+
+def load_encoder(path: str | Path | None = None, num_layers: int | None = None) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` of a local Hugging Face encoder (default: the bundled MiniLM-L6;
+    ``"minilm"`` and ``"mpnet"`` name the packaged encoders, see :func:`encoder_path`).
+
+    ``num_layers`` keeps only the encoder's first layers (its embeddings and layers 1..n): a
+    predictor fine-tuned on them scores in about n/N of the time.
+
+    Raises :class:`EncoderError`, naming the path, when it is missing, not a model directory, a decoder
+    or an encoder-decoder, or its weights or tokenizer cannot be loaded, or ``num_layers`` is not
+    between 1 and its layer count. Never downloads.
+    """
+    transformers = _quiet_transformers()
+    p, config = encoder_config(path, num_layers)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
