@@ -7,7 +7,10 @@ httpx/httpcore spend several milliseconds of CPU per request in their connection
 under concurrency (the pool re-scans every connection for every request), which alone
 capped the gateway near 100 requests/s on 2 cores. This client keeps a LIFO stack of
 idle connections per backend and parses only what a JSON/SSE response needs
-(status, Content-Length or chunked encoding, Connection: close).
+(status, Content-Length or chunked encoding with any trailer fields, Connection: close),
+passing over interim answers (100 Continue, 103 Early Hints) and reading no body after a
+204 or 304. (aiohttp's client would do all of this, at a higher CPU cost per streamed event
+and per answer: ``tests/serve/test_upstream.py`` pins the behaviour a replacement must keep.)
 
 Closing a response before its end closes the connection: the backend sees the client
 go away (vLLM aborts the request).
@@ -76,9 +79,11 @@ class UpstreamResponse:
         self.headers = headers
         self._timeout = read_timeout
         te = headers.get("transfer-encoding", "").lower()
-        self._chunked = "chunked" in te
         cl = headers.get("content-length")
         self._length = int(cl) if cl is not None and cl.isdigit() else None
+        if status in (204, 304):  # no body, whatever the headers say (RFC 9112 6.3)
+            te, self._length = "", 0
+        self._chunked = "chunked" in te
         self._keep = headers.get("connection", "").lower() != "close" and (self._chunked or self._length is not None)
         self._done = False
 
@@ -95,7 +100,8 @@ class UpstreamResponse:
                         line = await reader.readuntil(b"\r\n")
                         size = int(line.split(b";", 1)[0], 16)
                         if size == 0:
-                            await reader.readuntil(b"\r\n")  # trailer end (no trailers expected)
+                            while await reader.readuntil(b"\r\n") != b"\r\n":
+                                pass  # trailer fields, up to the empty line that ends the message
                             break
                         data = await reader.readexactly(size + 2)
                     yield data[:-2]
@@ -105,6 +111,7 @@ class UpstreamResponse:
                     async with asyncio.timeout(self._timeout):
                         data = await reader.read(min(remaining, 65536))
                     if not data:
+                        self.close()
                         raise UpstreamError("connection closed before the end of the body")
                     remaining -= len(data)
                     yield data
@@ -224,6 +231,8 @@ class UpstreamPool:
             conn.writer.write(head + body)
             async with asyncio.timeout(wait):
                 raw = await conn.reader.readuntil(b"\r\n\r\n")
+                while raw.startswith(b"HTTP/1.1 1") and not raw.startswith(b"HTTP/1.1 101"):  # 100, 103: interim
+                    raw = await conn.reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError as exc:
             conn.close()
             if not fresh and not exc.partial:
