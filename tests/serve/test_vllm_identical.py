@@ -66,6 +66,7 @@ def test_same_answers_direct_and_through_the_gateway(vllm_server, make_gateway):
         for path, body in REQUESTS:
             body = {"model": model, **body}
             results.append((path, _answer(direct, path, body), _answer(through, path, body)))
+    relayed = [b.get("events") for _, _, b in results]
     for (path, a, b), (_, body) in zip(results, REQUESTS, strict=True):
         # vLLM merges a stream's deltas when its consumer lags (RequestOutputCollector.put), so the
         # number of events is timing, not an answer: under CI's load one run gave 18 events direct
@@ -81,4 +82,7 @@ def test_same_answers_direct_and_through_the_gateway(vllm_server, make_gateway):
     assert results[-1][1]["usage"]["completion_tokens"] > 256  # chat: the rest of the context
     streamed_plain = results[2][2]
     assert streamed_plain["usage"] is None  # the client asked for no usage chunk and got none
-    assert [r.num_output_tokens for r in gw.gateway.finished_requests[:5]] == [24, 16, 12, 20, 14]
+    # the third request streams without a usage chunk: the gateway counts its token events, all of
+    # them but [DONE] (12 tokens, fewer events when vLLM merged some, as above)
+    assert relayed[2] is not None and 2 <= relayed[2] <= 13
+    assert [r.num_output_tokens for r in gw.gateway.finished_requests[:5]] == [24, 16, relayed[2] - 1, 20, 14]
