@@ -1,11 +1,14 @@
 """The gateway's client for its backends (:class:`UpstreamPool`): keep-alive reuse, a stale kept-alive
-connection retried on a fresh one, an unfinished response closing its connection, and the errors the
-exchange tells apart (refused, lost, stalled, broken)."""
+connection retried on a fresh one, an unfinished response closing its connection, answers read to their
+end (trailers, interim answers, no body), and the errors the exchange tells apart (refused, lost,
+stalled, broken)."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable
+from typing import Any, TypeAlias, TypeVar
 
 import pytest
 
@@ -14,33 +17,31 @@ from headway.serve._upstream import (
     UpstreamConnectionLost,
     UpstreamError,
     UpstreamPool,
+    UpstreamResponse,
     UpstreamTimeout,
 )
 
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+T = TypeVar("T")
+Reader: TypeAlias = asyncio.StreamReader
+Writer: TypeAlias = asyncio.StreamWriter
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\nok"
-
-
-async def _read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-    return head + await reader.readexactly(length)
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\ndata: \r\n"  # and one chunk
 
 
 class _Backend:
-    """A raw HTTP/1.1 server on a free port: ``serve(reader, writer, n)`` handles the n-th connection."""
+    """A raw HTTP/1.1 server on a free port: ``serve(backend, reader, writer, n)`` handles the n-th
+    connection; :meth:`request` reads one request and keeps it in :attr:`requests`."""
 
-    def __init__(self, serve: Handler) -> None:
+    def __init__(self, serve: Callable[[_Backend, Reader, Writer, int], Awaitable[None]]) -> None:
         self._serve = serve
         self.connections = 0
         self.requests: list[bytes] = []
-        self.closed_by_client = asyncio.Event()
 
     async def __aenter__(self) -> _Backend:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def handle(reader: Reader, writer: Writer) -> None:
             self.connections += 1
             try:
-                await self._serve(reader, writer, self.connections)
+                await self._serve(self, reader, writer, self.connections)
             except (OSError, asyncio.IncompleteReadError):
                 pass
             finally:
@@ -53,33 +54,62 @@ class _Backend:
     async def __aexit__(self, *exc: object) -> None:
         self._server.close()
 
-    async def request(self, reader: asyncio.StreamReader) -> bytes:
-        raw = await _read_request(reader)
+    async def request(self, reader: Reader) -> bytes:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        raw = head + await reader.readexactly(length)
         self.requests.append(raw)
         return raw
 
+    async def answer(self, writer: Writer, raw: bytes) -> None:
+        writer.write(raw)
+        await writer.drain()
+
+
+def _run(
+    serve: Callable[[_Backend, Reader, Writer, int], Awaitable[None]],
+    client: Callable[[UpstreamPool, _Backend], Awaitable[T]],
+    url_suffix: str = "",
+    **pool: Any,
+) -> tuple[T, _Backend]:
+    """``client(pool, backend)`` against a backend that serves its connections with ``serve``."""
+
+    async def main() -> tuple[T, _Backend]:
+        async with _Backend(serve) as backend:
+            p = UpstreamPool(backend.url + url_suffix, **pool)
+            try:
+                return await client(p, backend), backend
+            finally:
+                p.close()
+
+    return asyncio.run(main())
+
+
+async def _whole(resp: UpstreamResponse) -> tuple[int, bytes]:
+    try:
+        return resp.status_code, await resp.read()
+    finally:
+        resp.close()
+
+
+async def _answer_each(answer: bytes, backend: _Backend, reader: Reader, writer: Writer, n: int) -> None:
+    while True:
+        await backend.request(reader)
+        await backend.answer(writer, answer)
+
+
+async def _answer_once(answer: bytes, backend: _Backend, reader: Reader, writer: Writer) -> None:
+    await backend.request(reader)
+    await backend.answer(writer, answer)
+
 
 def test_a_finished_response_leaves_its_connection_for_the_next_request() -> None:
-    async def main() -> tuple[list[tuple[int, bytes]], int]:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-            while True:
-                await backend.request(reader)
-                writer.write(OK)
-                await writer.drain()
+    async def client(pool: UpstreamPool, backend: _Backend) -> list[tuple[int, bytes]]:
+        return [await _whole(await pool.post("/v1/completions", b"{}")) for _ in range(3)]
 
-        async with _Backend(serve) as backend:
-            pool = UpstreamPool(backend.url, api_key="sk-up")
-            out = []
-            for _ in range(3):
-                resp = await pool.post("/v1/completions", b"{}")
-                out.append((resp.status_code, await resp.read()))
-                resp.close()
-            pool.close()
-            return out, backend.connections
-
-    answers, connections = asyncio.run(main())
+    answers, backend = _run(lambda *a: _answer_each(OK, *a), client)
     assert answers == [(200, b"ok")] * 3
-    assert connections == 1
+    assert backend.connections == 1
 
 
 def test_a_kept_alive_connection_the_backend_closed_is_retried_on_a_fresh_one() -> None:
@@ -87,172 +117,129 @@ def test_a_kept_alive_connection_the_backend_closed_is_retried_on_a_fresh_one() 
     request arrives on it (a keep-alive timeout racing the request): the request goes again on a
     new connection instead of failing as lost."""
 
-    async def main() -> tuple[int, bytes, int, int]:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-            await backend.request(reader)
-            writer.write(OK)
-            await writer.drain()
-            await reader.readuntil(b"\r\n\r\n")  # the next request on this connection: closed unanswered
+    async def serve(backend: _Backend, reader: Reader, writer: Writer, n: int) -> None:
+        await backend.request(reader)
+        await backend.answer(writer, OK)
+        await reader.readuntil(b"\r\n\r\n")  # the next request on this connection: closed unanswered
 
-        async with _Backend(serve) as backend:
-            pool = UpstreamPool(backend.url)
-            first = await pool.post("/v1/completions", b"{}")
-            await first.read()
-            first.close()
-            resp = await pool.post("/v1/completions", b'{"n":2}')
-            body = await resp.read()
-            resp.close()
-            pool.close()
-            return resp.status_code, body, backend.connections, len(backend.requests)
+    async def client(pool: UpstreamPool, backend: _Backend) -> tuple[int, bytes]:
+        await _whole(await pool.post("/v1/completions", b"{}"))
+        return await _whole(await pool.post("/v1/completions", b'{"n":2}'))
 
-    status, body, connections, served = asyncio.run(main())
-    assert (status, body) == (200, b"ok")
-    assert connections == 2
-    assert served == 2
+    answer, backend = _run(serve, client)
+    assert answer == (200, b"ok")
+    assert backend.connections == 2
+    assert len(backend.requests) == 2
 
 
 def test_a_fresh_connection_closed_before_any_answer_is_lost_not_retried() -> None:
-    async def main() -> tuple[str, int]:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-            await backend.request(reader)  # then closed unanswered: the backend took it and went away
+    async def serve(backend: _Backend, reader: Reader, writer: Writer, n: int) -> None:
+        await backend.request(reader)  # then closed unanswered: the backend took it and went away
 
-        async with _Backend(serve) as backend:
-            pool = UpstreamPool(backend.url)
-            with pytest.raises(UpstreamConnectionLost) as err:
-                await pool.post("/v1/completions", b"{}")
-            pool.close()
-            return str(err.value), backend.connections
+    async def client(pool: UpstreamPool, backend: _Backend) -> str:
+        with pytest.raises(UpstreamConnectionLost) as err:
+            await pool.post("/v1/completions", b"{}")
+        return str(err.value)
 
-    message, connections = asyncio.run(main())
-    assert connections == 1
+    message, backend = _run(serve, client)
+    assert backend.connections == 1
     assert "before a response" in message
 
 
 def test_closing_an_unfinished_stream_closes_its_connection() -> None:
     """The backend sees the client go away (vLLM aborts the request), and the connection is not
     used again."""
+    gone: list[bool] = []
 
-    async def main() -> tuple[bytes, bool, int]:
-        gone = asyncio.Event()
+    async def serve(backend: _Backend, reader: Reader, writer: Writer, n: int) -> None:
+        await backend.request(reader)
+        if n > 1:
+            await backend.answer(writer, OK)
+            return
+        await backend.answer(writer, STREAM_HEAD)
+        gone.append(not await reader.read(1))  # EOF: the client closed the connection
 
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-            await backend.request(reader)
-            if n == 1:
-                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\ndata: \r\n")
-                await writer.drain()
-                if not await reader.read(1):  # EOF: the client closed the connection
-                    gone.set()
-                return
-            writer.write(OK)
-            await writer.drain()
+    async def client(pool: UpstreamPool, backend: _Backend) -> bytes:
+        resp = await pool.post("/v1/completions", b"{}")
+        first = await anext(resp.iter_chunks())
+        resp.close()
+        async with asyncio.timeout(5):
+            while not gone:
+                await asyncio.sleep(0.01)
+        await _whole(await pool.post("/v1/completions", b"{}"))
+        return first
 
-        async with _Backend(serve) as backend:
-            pool = UpstreamPool(backend.url)
-            resp = await pool.post("/v1/completions", b"{}")
-            chunks = resp.iter_chunks()
-            first = await anext(chunks)
-            resp.close()
-            await asyncio.wait_for(gone.wait(), 5)
-            again = await pool.post("/v1/completions", b"{}")
-            await again.read()
-            again.close()
-            pool.close()
-            return first, gone.is_set(), backend.connections
-
-    first, gone, connections = asyncio.run(main())
+    first, backend = _run(serve, client)
     assert first == b"data: "
-    assert gone
-    assert connections == 2
+    assert gone == [True]
+    assert backend.connections == 2
 
 
 def test_close_wakes_a_reader_waiting_for_the_next_event() -> None:
     """A drain or a cancel closes the response while the relay waits for the backend's next event:
     the wait ends at once."""
 
-    async def main() -> tuple[type[BaseException] | None, float]:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-            await backend.request(reader)
-            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\ndata: \r\n")
-            await writer.drain()
-            await reader.read(1)
+    async def serve(backend: _Backend, reader: Reader, writer: Writer, n: int) -> None:
+        await backend.request(reader)
+        await backend.answer(writer, STREAM_HEAD)
+        await reader.read(1)
 
-        async with _Backend(serve) as backend:
-            pool = UpstreamPool(backend.url)
-            resp = await pool.post("/v1/completions", b"{}")
-            chunks = resp.iter_chunks()
-            await anext(chunks)
-            waiting = asyncio.ensure_future(anext(chunks))
-            await asyncio.sleep(0.05)
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            resp.close()
-            done, _ = await asyncio.wait({waiting}, timeout=5)
-            took = loop.time() - t0
-            pool.close()
-            exc = waiting.exception() if done else None
-            return (type(exc) if exc is not None else None), took
+    async def client(pool: UpstreamPool, backend: _Backend) -> tuple[BaseException | None, float]:
+        resp = await pool.post("/v1/completions", b"{}")
+        chunks = resp.iter_chunks()
+        await anext(chunks)
+        waiting = asyncio.ensure_future(anext(chunks))
+        await asyncio.sleep(0.05)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        resp.close()
+        done, _ = await asyncio.wait({waiting}, timeout=5)
+        waiting.cancel()
+        return (waiting.exception() if done else None), loop.time() - t0
 
-    exc, took = asyncio.run(main())
+    (exc, took), _ = _run(serve, client)
     assert took < 1.0
-    assert exc is not None and issubclass(exc, UpstreamError | StopAsyncIteration)
+    assert isinstance(exc, UpstreamError | StopAsyncIteration)
+
+
+async def _stall_after(answer: bytes, backend: _Backend, reader: Reader, writer: Writer, n: int) -> None:
+    await backend.request(reader)
+    await backend.answer(writer, answer)
+    await asyncio.sleep(10)
 
 
 def test_no_answer_within_the_headers_timeout_is_a_timeout() -> None:
-    async def main() -> str:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-            await backend.request(reader)
-            await asyncio.sleep(10)
+    async def client(pool: UpstreamPool, backend: _Backend) -> str:
+        with pytest.raises(UpstreamTimeout) as err:
+            await pool.post("/v1/completions", b"{}", headers_timeout=0.2)
+        return str(err.value)
 
-        async with _Backend(serve) as backend:
-            pool = UpstreamPool(backend.url)
-            with pytest.raises(UpstreamTimeout) as err:
-                await pool.post("/v1/completions", b"{}", headers_timeout=0.2)
-            pool.close()
-            return str(err.value)
-
-    assert asyncio.run(main()) == "no response within 0.2 s"
+    message, _ = _run(lambda *a: _stall_after(b"", *a), client)
+    assert message == "no response within 0.2 s"
 
 
-def test_a_body_silent_past_the_read_timeout_is_a_timeout() -> None:
-    async def main() -> str:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-            await backend.request(reader)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
-            await writer.drain()
-            await asyncio.sleep(10)
+@pytest.mark.parametrize("stall", [True, False], ids=["silent", "cut-short"])
+def test_a_body_that_stops_early_is_an_upstream_error(stall: bool) -> None:
+    """Silent past the read timeout: a timeout; the connection closed: a broken exchange."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"
 
-        async with _Backend(serve) as backend:
-            pool = UpstreamPool(backend.url, read_timeout=0.2)
-            resp = await pool.post("/v1/completions", b"{}")
-            with pytest.raises(UpstreamTimeout) as err:
-                await resp.read()
-            pool.close()
-            return str(err.value)
+    async def serve(backend: _Backend, reader: Reader, writer: Writer, n: int) -> None:
+        await (_stall_after(head, backend, reader, writer, n) if stall else _answer_once(head, backend, reader, writer))
 
-    assert asyncio.run(main()) == "no data from the backend for 0.2 s"
+    async def client(pool: UpstreamPool, backend: _Backend) -> UpstreamError:
+        resp = await pool.post("/v1/completions", b"{}")
+        with pytest.raises(UpstreamError) as err:
+            await resp.read()
+        return err.value
 
-
-def test_a_body_cut_short_is_an_upstream_error() -> None:
-    async def main() -> None:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-            await backend.request(reader)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
-            await writer.drain()
-
-        async with _Backend(serve) as backend:
-            pool = UpstreamPool(backend.url)
-            resp = await pool.post("/v1/completions", b"{}")
-            with pytest.raises(UpstreamError) as err:
-                await resp.read()
-            assert not isinstance(err.value, UpstreamTimeout)
-            pool.close()
-
-    asyncio.run(main())
+    exc, _ = _run(serve, client, read_timeout=0.2)
+    assert isinstance(exc, UpstreamTimeout) == stall
+    assert str(exc) == (
+        "no data from the backend for 0.2 s" if stall else "connection closed before the end of the body"
+    )
 
 
 def test_a_closed_port_is_a_connect_error() -> None:
-    import socket
-
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -268,21 +255,11 @@ def test_a_closed_port_is_a_connect_error() -> None:
 
 
 def test_extra_headers_and_the_key_go_out_with_the_body() -> None:
-    async def main() -> bytes:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-            await backend.request(reader)
-            writer.write(OK)
-            await writer.drain()
+    async def client(pool: UpstreamPool, backend: _Backend) -> bytes:
+        await _whole(await pool.post("/v1/completions", b'{"a":1}', headers=b"X-Tenant: t1\r\n"))
+        return backend.requests[0]
 
-        async with _Backend(serve) as backend:
-            pool = UpstreamPool(backend.url + "/prefix/", api_key="sk-up")
-            resp = await pool.post("/v1/completions", b'{"a":1}', headers=b"X-Tenant: t1\r\n")
-            await resp.read()
-            resp.close()
-            pool.close()
-            return backend.requests[0]
-
-    raw = asyncio.run(main())
+    raw, _ = _run(lambda b, r, w, n: _answer_once(OK, b, r, w), client, "/prefix/", api_key="sk-up")
     head, _, body = raw.partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     assert lines[0] == b"POST /prefix/v1/completions HTTP/1.1"
@@ -299,37 +276,25 @@ def test_only_http_and_https_backends() -> None:
 
 
 @pytest.mark.parametrize(
-    ("answer", "body"),
+    ("answer", "expected"),
     [
         # trailer fields after the last chunk (RFC 9112 7.1.2): read to their end, so the next
         # answer on the connection starts where it should
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-A: 1\r\nX-B: 2\r\n\r\n", b"ok"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-A: 1\r\nX-B: 2\r\n\r\n",
+            (200, b"ok"),
+        ),
         # interim answers (100 Continue, 103 Early Hints) come before the final one
-        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + OK, b"ok"),
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + OK, (200, b"ok")),
         # a 204 has no body, whatever its headers say
-        (b"HTTP/1.1 204 No Content\r\n\r\n", b""),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", (204, b"")),
     ],
     ids=["trailers", "interim", "no-content"],
 )
-def test_answers_read_to_their_end_keep_the_connection_usable(answer: bytes, body: bytes) -> None:
-    async def main() -> tuple[list[tuple[int, bytes]], int]:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-            while True:
-                await backend.request(reader)
-                writer.write(answer)
-                await writer.drain()
+def test_answers_read_to_their_end_keep_the_connection_usable(answer: bytes, expected: tuple[int, bytes]) -> None:
+    async def client(pool: UpstreamPool, backend: _Backend) -> list[tuple[int, bytes]]:
+        return [await _whole(await pool.post("/v1/completions", b"{}", headers_timeout=2.0)) for _ in range(2)]
 
-        async with _Backend(serve) as backend:
-            pool = UpstreamPool(backend.url, read_timeout=2.0)
-            out = []
-            for _ in range(2):
-                resp = await pool.post("/v1/completions", b"{}", headers_timeout=2.0)
-                out.append((resp.status_code, await resp.read()))
-                resp.close()
-            pool.close()
-            return out, backend.connections
-
-    answers, connections = asyncio.run(main())
-    status = 204 if body == b"" else 200
-    assert answers == [(status, body)] * 2
-    assert connections == 1
+    answers, backend = _run(lambda *a: _answer_each(answer, *a), client, read_timeout=2.0)
+    assert answers == [expected] * 2
+    assert backend.connections == 1
