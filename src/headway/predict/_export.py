@@ -25,11 +25,18 @@ _INT8_SIDECAR = "model.int8.onnx.json"
 
 
 def _derived_problem(
-    path: Path, sidecar: Path, what: str, source: tuple[str, str | None], own_key: str, stale: str
+    path: Path,
+    sidecar: Path,
+    what: str,
+    source: tuple[str, str | None],
+    own_key: str,
+    stale: str,
+    made: tuple[str, str, str] | None = None,
 ) -> str | None:
     """Why ``path``, a file derived from a checkpoint and described by the JSON ``sidecar``, cannot be
-    used (missing; made from another ``source`` = (sidecar key, current hash); or its hash, under
-    ``own_key``, no longer matches); None if it can."""
+    used (missing; made from another ``source`` = (sidecar key, current hash); its hash, under
+    ``own_key``, no longer matches; or ``made`` = (sidecar key, value, why not) says it was made
+    another way); None if it can."""
     if not path.is_file():
         return f"no {what}"
     try:
@@ -40,6 +47,8 @@ def _derived_problem(
         return stale
     if info.get(own_key) != file_sha256(path):
         return f"{what} is corrupt or was modified"
+    if made is not None and info.get(made[0]) != made[1]:
+        return made[2]
     return None
 
 
@@ -168,10 +177,8 @@ def _int8_problem(ckpt: Path) -> str | None:
     source = ("source_sha256", file_sha256(ckpt / ONNX_FILE))
     stale = "stale int8 model (model.onnx changed since)"
     path = ckpt / ONNX_INT8_FILE
-    problem = _derived_problem(path, ckpt / _INT8_SIDECAR, "int8 ONNX model", source, "int8_sha256", stale)
-    if problem is None and json.loads((ckpt / _INT8_SIDECAR).read_text()).get("activations") != "per_row":
-        return "stale int8 model (its activations are quantized per batch, not per row)"
-    return problem
+    per_row = ("activations", "per_row", "stale int8 model (its activations are quantized per batch, not per row)")
+    return _derived_problem(path, ckpt / _INT8_SIDECAR, "int8 ONNX model", source, "int8_sha256", stale, per_row)
 
 
 _FFN_OUT = re.compile(r"layer\.(\d+)/(?:output/dense|ffn/lin2)/MatMul$")

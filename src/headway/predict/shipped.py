@@ -182,30 +182,36 @@ def pack_checkpoint(
 _PACK_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)  # EOFError: an empty file
 
 
+def _open_pack(
+    path: Path, raw: bytes | None = None, arrays: bool = True
+) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
+    """The header and (``arrays``) the arrays of the pack at ``path``, or in ``raw``, its bytes read
+    already (CheckpointError naming it); without arrays, none of them is read (an npz's members are
+    read when indexed)."""
+    try:
+        with np.load(io.BytesIO(raw) if raw is not None else path, allow_pickle=False) as z:
+            header = json.loads(bytes(z["header"]).decode())
+            members = {k: z[k] for k in z.files if k != "header"} if arrays else {}
+    except _PACK_ERRORS as exc:
+        raise CheckpointError(f"{path}: not a packed predictor ({exc})") from None
+    damaged = [k for k, v in members.items() if not isinstance(v, np.ndarray)]  # np.load gives such members as bytes
+    if damaged:
+        raise CheckpointError(f"{path}: not a packed predictor ({damaged[0]!r} is not an array)")
+    return header, members
+
+
 def _read_pack(path: Path) -> tuple[bytes, dict[str, Any], dict[str, npt.NDArray[Any]]]:
     """The bytes, header and arrays of the pack at ``path`` (CheckpointError naming it)."""
     try:
         raw = path.read_bytes()
-        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
-            header = json.loads(bytes(z["header"]).decode())
-            arrays = {k: z[k] for k in z.files if k != "header"}
-    except _PACK_ERRORS as exc:
+    except OSError as exc:
         raise CheckpointError(f"{path}: not a packed predictor ({exc})") from None
-    damaged = [k for k, v in arrays.items() if not isinstance(v, np.ndarray)]  # np.load gives such members as bytes
-    if damaged:
-        raise CheckpointError(f"{path}: not a packed predictor ({damaged[0]!r} is not an array)")
-    return raw, header, arrays
+    return (raw, *_open_pack(path, raw))
 
 
 def read_pack_header(path: str | Path | None = None) -> dict[str, Any]:
     """A packed predictor's header (default: the shipped one's), reading none of its arrays."""
-    path = Path(path) if path is not None else shipped_predictor_path()
-    try:
-        with np.load(path, allow_pickle=False) as z:  # an npz's members are read when indexed
-            header: dict[str, Any] = json.loads(bytes(z["header"]).decode())
-    except _PACK_ERRORS as exc:
-        raise CheckpointError(f"{path}: not a packed predictor ({exc})") from None
-    return header
+    return _open_pack(Path(path) if path is not None else shipped_predictor_path(), arrays=False)[0]
 
 
 class ShippedPredictor:
