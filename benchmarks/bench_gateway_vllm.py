@@ -381,6 +381,9 @@ def main() -> int:
     gw_conc = args.gateway_concurrency if args.gateway_concurrency is not None else args.max_num_seqs
     print(f"gateway backend concurrency {gw_conc}" + ("; responses not streamed" if args.no_stream else ""))
     python, model = default_vllm_paths(REPO)
+    from bench_predictor import matmul_rate  # this directory's scoring benchmark: its CPU probe
+
+    probes = [matmul_rate(os.cpu_count() or 1)]  # the cores' speed before vLLM starts and after it stops
     results: dict[str, dict[str, float]] = {}
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -510,6 +513,8 @@ def main() -> int:
                   flush=True)  # fmt: skip
         for label, rs in rounds.items():
             results[label] = {k: float(np.median([r[k] for r in rs])) for k in rs[0]}
+    probes.append(matmul_rate(os.cpu_count() or 1))
+    print(f"\nfloat32 matrix-multiply rate before/after: {probes[0]:.1f} / {probes[1]:.1f} GFLOP/s")
     if args.repeats > 1:
         print(f"\nmedians over {args.repeats} interleaved rounds:")
         for label, r in results.items():
@@ -528,7 +533,8 @@ def main() -> int:
     if args.repeats > 1:
         print_rounds(rounds)
     if args.json:
-        saved = {"args": vars(args), "predictor": default_predictor_identity(), "results": results, "rounds": rounds}
+        saved = {"args": vars(args), "predictor": default_predictor_identity(), "results": results, "rounds": rounds,
+                 "matmul_gflops": probes}  # fmt: skip
         Path(args.json).write_text(json.dumps(saved, indent=2))
     return 0
 

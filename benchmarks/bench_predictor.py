@@ -25,6 +25,10 @@ Without a trained checkpoint ``default`` benchmarks an untrained head on the bun
 compute). The report names the CPU and whether it has the VNNI instructions ONNX Runtime's int8 kernels
 use (without them its int8 graph can be slower than the float one).
 The machine's load average is printed: on a shared machine other processes slow every number down.
+So is the CPU's float32 matrix-multiply rate, before the first row and after each (:func:`matmul_rate`),
+and each row's encoder operations per second as a share of the rates around it (:func:`encoder_flops`):
+a shared VM's cores can run at different speeds hours apart with the same load average, and the share
+says how close the scorer came to what the cores gave at the time.
 """
 
 from __future__ import annotations
@@ -124,16 +128,99 @@ def _checkpoint(model: str | None, max_length: int) -> tuple[Path, str]:
     return out, "untrained head on bundled MiniLM-L6 (same compute as a trained one)"
 
 
-def _layers(ckpt: Path, meta: dict[str, Any]) -> int | str:
-    """Encoder layers a checkpoint runs: its own encoder config (fine-tuned), else the layers it keeps of
-    its source encoder (frozen); ``?`` when neither says."""
+def _encoder_config(ckpt: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """The config of the encoder a checkpoint runs (its own, fine-tuned; else its source encoder's), with
+    ``num_hidden_layers`` set to the layers it keeps of it when its metadata says; empty when none is found."""
     enc = meta.get("encoder", {})
+    config: dict[str, Any] = {}
+    for path in (ckpt / "encoder" / "config.json", Path(str(enc.get("path", ""))) / "config.json"):
+        if path.is_file():
+            config = dict(json.loads(path.read_text()))
+            break
     if isinstance(enc.get("num_layers"), int):
-        return int(enc["num_layers"])
-    for config in (ckpt / "encoder" / "config.json", Path(str(enc.get("path", ""))) / "config.json"):
-        if config.is_file():
-            return int(json.loads(config.read_text()).get("num_hidden_layers", 0)) or "?"
-    return "?"
+        config["num_hidden_layers"] = int(enc["num_layers"])
+    return config
+
+
+def _layers(ckpt: Path, meta: dict[str, Any]) -> int | str:
+    """Encoder layers a checkpoint runs: the layers it keeps of its source encoder, else its encoder
+    config's count; ``?`` when neither says."""
+    return int(_encoder_config(ckpt, meta).get("num_hidden_layers", 0)) or "?"
+
+
+MATMUL_SHAPE = (4096, 384, 1536)
+"""The probe's float32 product ``[m, k] @ [k, n]``: MiniLM's feed-forward shape over 4,096 tokens."""
+
+
+def matmul_rate(threads: int, repeats: int = 20, shape: tuple[int, int, int] = MATMUL_SHAPE) -> float:
+    """This CPU's float32 matrix-multiply rate now, in GFLOP/s: ONNX Runtime's MatMul (the kernel of the
+    scorer's dense layers) on ``threads`` threads, the best of ``repeats`` runs."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "matmul_probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = max(1, threads)
+    opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    feed = {"x": rng.standard_normal((m, k), dtype=np.float32)}
+    session.run(["y"], feed)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        session.run(["y"], feed)
+        best = min(best, time.perf_counter() - t)
+    return 2 * m * k * n / best / 1e9
+
+
+def encoder_flops(shapes: list[tuple[int, int]], config: dict[str, Any]) -> float:
+    """Floating-point operations of a BERT-style encoder's layers over forward passes of ``(batch, tokens)``
+    (``config``: ``num_hidden_layers``, ``hidden_size``, ``intermediate_size``): per token and layer the
+    four attention projections and the two feed-forward products, ``2 (4 h^2 + 2 h f)``, and per layer
+    the attention's two products over each batch's tokens, ``4 b t^2 h``. The embeddings, norms,
+    softmax, activations and pooling are left out."""
+    layers, h, f = (int(config[k]) for k in ("num_hidden_layers", "hidden_size", "intermediate_size"))
+    return float(sum(layers * (b * t * 2 * (4 * h * h + 2 * h * f) + 4 * b * t * t * h) for b, t in shapes))
+
+
+class _Shapes:
+    """Stands in for a scorer's runner (or its ONNX session) and records the ``(batch, tokens)`` of each
+    forward pass it runs."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.shapes: list[tuple[int, int]] = []
+
+    def run(self, *args: Any) -> Any:
+        # an ONNX session's run(names, feed) or a runner's run(input_ids, mask)
+        ids = args[1]["input_ids"] if isinstance(args[1], dict) else args[0]
+        self.shapes.append((int(ids.shape[0]), int(ids.shape[1])))
+        return self.inner.run(*args)
+
+
+def batch_shapes(scorer: Any, prompts: list[str]) -> list[tuple[int, int]]:
+    """The ``(batch, tokens)`` of every forward pass the scorer runs to score ``prompts`` in one call."""
+    owner, attr = (scorer._p.encoder, "_session") if isinstance(scorer, _Shipped) else (scorer, "runner")
+    inner = getattr(owner, attr)
+    recorder = _Shapes(inner)
+    setattr(owner, attr, recorder)
+    try:
+        scorer.score(prompts)
+    finally:
+        setattr(owner, attr, inner)
+    return recorder.shapes
 
 
 def _throughput(scorer: object, prompts: list[str], repeats: int, call: int | None = None) -> list[float]:
@@ -244,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     load_before = os.getloadavg()
+    probes = [matmul_rate(args.threads)]  # before the first row and after each
     rows = []
     lengths: list[int | None] = [int(x) for x in args.score_max_length.split(",") if x] or [None]
     backends = [b for b in args.backends.split(",") if b]
@@ -272,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         rates = _throughput(scorer, prompts, args.repeats)
         calls = _throughput(scorer, prompts, args.repeats, args.call_size)
         lat = _latency_ms(scorer, list(reversed(prompts)), args.single)
+        config = _encoder_config(ckpt, scorer.meta)
+        flops = encoder_flops(batch_shapes(scorer, prompts), config) if config else None
         row = {
             "checkpoint": ckpt.name,
             "layers": _layers(ckpt, scorer.meta),
@@ -282,9 +372,12 @@ def main(argv: list[str] | None = None) -> int:
             "heldout_tau": _heldout_tau(scorer, data_dir),
             "prompts_per_s_median": statistics.median(rates),
             "prompts_per_s_best": max(rates),
+            "gflops": None if flops is None else flops * statistics.median(rates) / len(prompts) / 1e9,
             "single_p50_ms": float(np.percentile(lat, 50)),
             "single_p90_ms": float(np.percentile(lat, 90)),
         }
+        probes.append(matmul_rate(args.threads))
+        row["matmul_rate"] = (probes[-2] + probes[-1]) / 2
         rows.append(row)
         print(
             f"{ckpt.name}: {backend:>5} ({scorer.max_length} tokens, {chunking} batches): "
@@ -313,19 +406,28 @@ def main(argv: list[str] | None = None) -> int:
         f"- torch {torch.__version__}, onnxruntime {onnxruntime.__version__}",
         f"- load average (1 min) before/after: {load_before[0]:.1f} / {load_after[0]:.1f} "
         "(other processes share these cores)",
+        f"- float32 matrix-multiply rate before the first row and after each: "
+        f"{', '.join(f'{r:.1f}' for r in probes)} GFLOP/s (ONNX Runtime's MatMul, "
+        f"{' x '.join(map(str, MATMUL_SHAPE))}, {args.threads} threads, best of 20); 'encoder GFLOP/s': the "
+        "floating-point operations of the encoder's layers on the prompts as padded in the one-call batches, at "
+        "the median batched rate, and their share of the mean of the two rates around the row (int8 rows count "
+        "the same operations)",
         "",
         "Held-out tau_b: Kendall tau_b against gpt4's lengths on the default split's 154 test prompts",
         "(quality check of each backend's scores; the same for torch and onnx, int8 may differ).",
         "",
         "| checkpoint | encoder layers | backend | prompt tokens (max) | batches | prompts/s batched (median) | best "
-        f"| prompts/s in calls of {args.call_size} (median) | single prompt p50 (ms) | p90 (ms) | held-out tau_b |",
-        "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        f"| prompts/s in calls of {args.call_size} (median) | single prompt p50 (ms) | p90 (ms) | held-out tau_b "
+        "| encoder GFLOP/s (share) |",
+        "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['checkpoint']} | {r['layers']} | {r['backend']} | {r['max_length']} | {r['chunking']} | "
             f"{r['prompts_per_s_median']:.1f} | {r['prompts_per_s_best']:.1f} | {r['calls_per_s_median']:.1f} | "
-            f"{r['single_p50_ms']:.1f} | {r['single_p90_ms']:.1f} | {r['heldout_tau']:.4f} |"
+            f"{r['single_p50_ms']:.1f} | {r['single_p90_ms']:.1f} | {r['heldout_tau']:.4f} | "
+            + ("?" if r["gflops"] is None else f"{r['gflops']:.1f} ({r['gflops'] / r['matmul_rate']:.0%})")
+            + " |"
         )
     if refused:
         lines += ["", "Not measured (the scorer refused to load):", "", *[f"- {r}" for r in refused]]

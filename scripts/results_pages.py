@@ -173,7 +173,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "Predictor scoring speed",
         "Prompts per second scored on CPU by the predictor shipped in the package (ONNX Runtime, float and int8, "
         "at its 96 prompt tokens and at the 64 the gateway benchmark scores), batched and one at a time, on a "
-        "CPU the report describes (whether it has VNNI decides whether int8 pays).",
+        "CPU the report describes (whether it has VNNI decides whether int8 pays), beside that CPU's float32 "
+        "matrix-multiply rate measured between the rows: the same cores ran at different speeds hours apart.",
         "python benchmarks/bench_predictor.py --model shipped --backends onnx,onnx-int8 --score-max-length 96,64 "
         "--out benchmarks/results/predictor_bench.md",
         ("predictor_bench.md",),
@@ -432,6 +433,12 @@ def gateway_vllm_table(data: dict[str, Any]) -> str:
     )
     if "predictor" in data:
         note += f" The `default` scorer spec loaded the {data['predictor']} predictor."
+    if "matmul_gflops" in data:
+        before, after = data["matmul_gflops"]
+        note += (
+            f" The CPU's float32 matrix-multiply rate (`bench_predictor.py`'s probe) before vLLM started and after "
+            f"it stopped: {before:.1f} / {after:.1f} GFLOP/s."
+        )
     per_round = data.get("rounds", {})
     base = [r["mean_per_token_latency_ms"] for r in per_round.get("vllm-direct (fcfs)", [])]
     for label, rs in per_round.items():

@@ -55,6 +55,10 @@ def test_gateway_vllm_command_is_rebuilt_from_the_saved_arguments(pages: ModuleT
     assert set(saved["results"]) == {row.split(" | ")[0].lstrip("| ") for row in
                                      pages.gateway_vllm_table(saved).splitlines()[2:] if row.startswith("|")}
 
+    probed = {**saved, "matmul_gflops": [150.25, 98.0]}  # files written before the probe have none
+    assert "matrix-multiply" not in pages.gateway_vllm_table({k: v for k, v in saved.items() if k != "matmul_gflops"})
+    assert "before vLLM started and after it stopped: 150.2 / 98.0 GFLOP/s." in pages.gateway_vllm_table(probed)
+
 
 def test_nav_names_only_pages_that_exist(pages: ModuleType) -> None:
     pytest.importorskip("yaml")

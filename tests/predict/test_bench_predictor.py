@@ -49,6 +49,10 @@ def test_the_shipped_predictor_is_timed_on_onnx_and_refused_on_torch(
     assert len(rows) == 1 and rows[0].startswith(f"| {SHIPPED_PREDICTOR} | 6 | onnx | 32 | padding | ")
     assert f"- {SHIPPED_PREDICTOR} on torch: the shipped predictor runs on ONNX Runtime only" in text
     assert "alpaca_eval's 40 instructions" in text and "- threads: 2; CPU: " in text
+    assert "- float32 matrix-multiply rate before the first row and after each: " in text
+    share = rows[0].split(" | ")[-1].removesuffix(" |")  # 'GFLOP/s (share%)' of the encoder's operations
+    gflops, pct = share.removesuffix("%)").split(" (")
+    assert float(gflops) > 0 and int(pct) > 0
 
 
 def test_a_pack_on_the_encoders_first_layers_is_listed_with_those(
@@ -77,3 +81,34 @@ def test_a_prompt_count_below_one_is_refused(bench: ModuleType, n: str, capsys: 
     with pytest.raises(SystemExit) as exc:
         bench.main(["--num-prompts", n])
     assert exc.value.code == 2 and f"--num-prompts must be >= 1, got {n}" in capsys.readouterr().err
+
+
+def test_encoder_flops_count_the_dense_products_per_token_and_the_attention_per_batch(bench: ModuleType) -> None:
+    config = {"num_hidden_layers": 2, "hidden_size": 4, "intermediate_size": 8}
+    # per token and layer 2 * (4 * 16 + 2 * 32) = 256; per layer and batch 4 * b * t^2 * 4
+    one = 2 * (3 * 3 * 256 + 4 * 3 * 9 * 4)
+    assert bench.encoder_flops([(3, 3)], config) == one
+    assert bench.encoder_flops([(3, 3), (1, 5)], config) == one + 2 * (5 * 256 + 4 * 25 * 4)
+    assert bench.encoder_flops([], config) == 0
+
+
+def test_batch_shapes_are_the_forward_passes_the_scorer_ran(bench: ModuleType) -> None:
+    from headway.predict.shipped import ShippedPredictor
+
+    scorer = bench._Shipped("onnx", threads=1, batch_size=4, max_length=8)
+    prompts = ["hi", "a much longer prompt than the others, cut at eight tokens", "two words", "x", "y z"]
+    session = scorer._p.encoder._session
+    shapes = bench.batch_shapes(scorer, prompts)
+    assert scorer._p.encoder._session is session  # put back
+    assert sum(b for b, _ in shapes) == len(prompts) and all(b <= 4 for b, _ in shapes)
+    lengths = sorted(len(ids) for ids in scorer._p.encoder.token_ids(prompts))
+    assert max(t for _, t in shapes) == lengths[-1] == 8  # truncated at max_length
+    assert {t for _, t in shapes} <= set(lengths)  # each batch padded to its longest prompt
+    assert sum(b * t for b, t in shapes) < len(prompts) * 8  # not every batch to max_length
+    assert isinstance(scorer._p, ShippedPredictor)
+
+
+def test_the_matmul_probe_times_the_product_it_names(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter(range(100))
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: float(next(ticks)) * 0.5)  # every run takes 0.5 s
+    assert bench.matmul_rate(1, repeats=3, shape=(8, 4, 2)) == pytest.approx(2 * 8 * 4 * 2 / 0.5 / 1e9)
