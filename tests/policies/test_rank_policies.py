@@ -64,7 +64,7 @@ def test_ltr_promotes_after_200_steps_for_a_10_step_quantum():
     pol.on_arrival(r, 0.0)
     assert pol.rekey_at_time(r) == pytest.approx(200 * 0.05)
     assert pol.key(r, 9.9) == (1, 4.0)
-    assert pol.key(r, 10.0) == (0, pytest.approx(10.0))
+    assert pol.key(r, 10.0) == (0, 4.0)  # promoted: ahead of every unpromoted request, by its score
     run(r)
     r.num_output_tokens = 1
     pol.on_progress(r, 10.05, 1)  # scheduled while starving: quantum of 10 tokens
@@ -73,6 +73,16 @@ def test_ltr_promotes_after_200_steps_for_a_10_step_quantum():
     assert pol.key(r, 11.0)[0] == 0
     r.num_output_tokens = 11
     assert pol.key(r, 11.5) == (1, 4.0)  # quantum spent: back to its score
+
+
+def test_ltr_ranks_the_promoted_by_score_as_vllm_ltr_does():
+    # vllm-ltr sorts by (pri, -score): promoted requests among themselves by score, not by wait
+    pol = make_policy("ltr", initial_step_time=0.05)
+    early, late, fresh = (make_request(arrival=t, score=s) for t, s in ((0.0, 9.0), (1.0, 2.0), (5.0, 1.0)))
+    for r in (early, late, fresh):
+        pol.on_arrival(r, r.arrival_time)
+    now = 12.0  # early promoted at 10 s, late at 11 s; fresh (15 s) not yet
+    assert pol.key(late, now) < pol.key(early, now) < pol.key(fresh, now)
 
 
 def test_ltr_learns_step_time_and_resets_idle_clock_on_preemption():
@@ -165,7 +175,7 @@ def test_ltr_fast_forward_matches_exact_mode_with_staggered_arrivals(num_request
     fast = simulate(wl, fast_pol, cache=cache)
     exact = simulate(wl, exact_pol, cache=cache, scheduler=SchedulerConfig(max_steps_per_event=1))
     assert fast.num_events < exact.num_events / 2  # the fast-forward ran stretches
-    assert sum(r.num_preemptions for r in exact.requests) > 300
+    assert sum(r.num_preemptions for r in exact.requests) > 250
     assert fast.num_steps == exact.num_steps
     for a, b in zip(fast.requests, exact.requests, strict=True):
         assert a.request_id == b.request_id and a.num_preemptions == b.num_preemptions

@@ -33,8 +33,9 @@ class _State:
 class LTRPolicy(ScoredPolicy):
     """Waiting *and running* requests ranked by score every step; preemptive.
 
-    Key: ``(1, score)``; a starving request gets ``(0, promote_at)`` (top priority, FCFS
-    among the starving). vllm-ltr's rule: a request idle for ``starvation_steps`` (200)
+    Key: ``(1, score)``; a starving request gets ``(0, score)``: top priority, ranked by its
+    score among the starving, as vllm-ltr sorts every request by ``(pri, -score)`` with
+    ``pri`` -1 while promoted. vllm-ltr's rule: a request idle for ``starvation_steps`` (200)
     engine steps gets top priority for ``quantum_steps`` (10) scheduled steps.
 
     **Steps without a step API.** Engines give policies no global step counter, and
@@ -65,8 +66,7 @@ class LTRPolicy(ScoredPolicy):
     (fcfs 49.9 s); with recompute and starvation prevention off
     (``--policy-arg ltr.starvation_steps=100000000``, as vllm-ltr's headline runs) 111.4 s. The
     ordering, promotion and demotion otherwise follow vllm-ltr's (an audit against its source);
-    the differences left are small (promoted requests here go FCFS, there by score; a promotion
-    here does not survive a preemption).
+    the difference left is small (a promotion here does not survive a preemption).
     """
 
     preemptive = True
@@ -176,13 +176,14 @@ class LTRPolicy(ScoredPolicy):
         st = request.extra.get(_NS)  # _promoted and _state's common case inlined: queues and the
         if not (isinstance(st, _State) and st.period == request.num_preemptions):  # heap key often
             st = self._state(request, now)
+        score = request.extra.get(SCORE_KEY)  # score_of's cache (always a float)
+        rank = score if isinstance(score, float) else self.score_of(request)
         if st.ran:
             if st.quantum_end is not None and request.num_output_tokens < st.quantum_end:
-                return (0, st.promote_at)
+                return (0, rank)
         elif now >= st.promote_at:
-            return (0, st.promote_at)
-        score = request.extra.get(SCORE_KEY)  # score_of's cache (always a float)
-        return (1, score if isinstance(score, float) else self.score_of(request))
+            return (0, rank)
+        return (1, rank)
 
     def rekey_at_time(self, request: Request) -> float | None:
         st = request.extra.get(_NS)
