@@ -84,12 +84,15 @@ def test_lazy_heap_decides_as_the_exact_scan(name: str, mode: str, scenario: tup
         assert sum(r.num_pauses for r in lazy.requests) > 0  # the scenario exercises displacement
 
 
+@pytest.mark.parametrize("quantum", [3, 1])
 @pytest.mark.parametrize("scenario", [SCENARIOS[0], SCENARIOS[2]])
 @pytest.mark.parametrize("mode", ["pause", "evict"])
-def test_ltr_starvation_promotions_under_the_heap(mode: str, scenario: tuple[Any, ...]) -> None:
+def test_ltr_starvation_promotions_under_the_heap(mode: str, scenario: tuple[Any, ...], quantum: int) -> None:
     """Short starvation and quantum counts: many promotions, quantum ends and re-pauses (step by step
-    with few blocks: KV shortages while requests are paused, whose victim the heaps' tops give)."""
-    extra = {"starvation_steps": 20, "quantum_steps": 3}
+    with few blocks: KV shortages while requests are paused, whose victim the heaps' tops give).
+    A one-token quantum started by a report of a prefill chunk ends with the prefill's token: the
+    heap re-keys a request as its prefill ends (it kept the prefill's key before, too low)."""
+    extra = {"starvation_steps": 20, "quantum_steps": quantum}
     lazy = _run("ltr", mode, scenario, exact=False, **extra)
     exact = _run("ltr", mode, scenario, exact=True, **extra)
     assert sum(r.num_preemptions for r in lazy.requests) > 0

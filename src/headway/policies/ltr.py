@@ -60,13 +60,12 @@ class LTRPolicy(ScoredPolicy):
     (``reserve_free_blocks``: ``PreemptionMode.SWAP``); headway's engines recompute by default,
     as vLLM's V1 engine can only do. Under sustained memory pressure nearly every waiting request
     gets promoted, and the rule turns into round robin with a 10-token quantum; each turn then
-    costs a full recompute. ``headway simulate --workload default --num-requests 1500
-    --num-gpu-blocks 4000 --policies fcfs,sjf-oracle,ltr --no-report``: ltr 1,199 s mean E2E and
-    16,039 preemptions against fcfs's 71.4 s; with ``--preemption-mode swap`` 104.2 s and 8,251
-    (fcfs 49.9 s); with recompute and starvation prevention off
-    (``--policy-arg ltr.starvation_steps=100000000``, as vllm-ltr's headline runs) 111.4 s. The
-    ordering, promotion and demotion otherwise follow vllm-ltr's (an audit against its source);
-    the difference left is small (a promotion here does not survive a preemption).
+    costs a full recompute (``--preemption-mode swap`` to compare, ``--policy-arg
+    ltr.starvation_steps=100000000`` for no starvation prevention, as vllm-ltr's headline runs;
+    measured in ``benchmarks/results/engine_fidelity.md``). The ordering, promotion and demotion
+    otherwise follow vllm-ltr's (an audit against its source), but for one difference: a
+    preemption here starts a new waiting period, where vllm-ltr keeps a swapped request's
+    promotion until it has been scheduled for its quantum.
     """
 
     preemptive = True

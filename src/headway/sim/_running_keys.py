@@ -6,8 +6,8 @@ stay or improve between its ``rekey_after_tokens`` hints, so a key computed earl
 upper bound of its key now. :class:`RunningKeys` keeps those bounds in a max-heap: the top
 is re-keyed; if its key improved it goes back down with the new key, else it is the worst
 (an exact answer, as a scan of every running request gives). Each request is re-keyed when
-it starts running and at each hint (the key may worsen there), and all of them when the
-policy's ``key_epoch`` changes.
+it starts running and at each hint (the key may worsen there), for a policy with a progress
+hook also when its prefill ends, and all of them when the policy's ``key_epoch`` changes.
 
 Policies that declare how their running keys evolve (``Policy.running_keys``) get more:
 
@@ -137,11 +137,16 @@ class RunningKeys(Generic[T]):
         self.push(item, req, now)
 
     def decoding(self, item: T, req: Request, now: float, clock: int) -> None:
-        """``item`` finished its prefill and decodes from the decode-step count ``clock`` on: a
-        countdown key moves to the decoders' heap (re-keyed: its first token and its progress
-        report may have moved it); other keys keep their bound (its prefill key)."""
+        """``item`` finished its prefill and decodes from the decode-step count ``clock`` on. For a
+        policy that declares its running keys (it has a progress hook) its first token and its
+        progress report may have moved its key, so it is re-keyed (a key point): a countdown key
+        into the decoders' heap; a bounded one in place (LTR's quantum, started by a report of a
+        prefill chunk, can end with the prefill's token: the bound kept from the prefill would be
+        too low). Other keys keep their bound (its prefill key): no report moves them."""
         if self._countdown:
             self.push(item, req, now, clock)
+        elif self._lapse:
+            self.push(item, req, now)
 
     def drop(self, item: T) -> None:
         """``item`` stopped running."""
