@@ -85,6 +85,30 @@ def test_ltr_ranks_the_promoted_by_score_as_vllm_ltr_does():
     assert pol.key(late, now) < pol.key(early, now) < pol.key(fresh, now)
 
 
+def test_ltr_promotion_outlives_a_preemption_within_its_quantum():
+    # vllm-ltr keeps a swapped request's pri and runs: promoted until it has run its quantum's steps
+    pol = make_policy("ltr", initial_step_time=0.05)
+    r = make_request(arrival=0.0, score=4.0)
+    pol.on_arrival(r, 0.0)
+    run(r)
+    r.num_output_tokens = 1
+    pol.on_progress(r, 10.05, 1)  # promoted at 10 s: a quantum of 10 tokens, to 11
+    r.num_output_tokens = 4
+    r.transition(RequestState.PREEMPTED)
+    r.num_preemptions += 1
+    assert pol.key(r, 10.5) == (0, 4.0)  # still promoted, for the 7 tokens it has left
+    assert pol.rekey_at_time(r) == 10.5  # promoted from the preemption on: no timer ahead
+    r.transition(RequestState.RUNNING)
+    pol.on_progress(r, 11.0, 0)
+    assert pol.rekey_after_tokens(r) == 7
+    r.num_output_tokens = 11
+    assert pol.key(r, 11.5) == (1, 4.0)  # quantum spent
+    r.transition(RequestState.PREEMPTED)
+    r.num_preemptions += 1
+    assert pol.key(r, 12.0) == (1, 4.0)  # preempted after its quantum: it waits 200 steps again
+    assert pol.rekey_at_time(r) == pytest.approx(12.0 + 200 * pol.step_time)
+
+
 def test_ltr_learns_step_time_and_resets_idle_clock_on_preemption():
     pol = make_policy("ltr", initial_step_time=0.02, step_time_ema=1.0)
     r = make_request(arrival=0.0, score=1.0)
@@ -303,7 +327,7 @@ class _DictLTR(LTRPolicy):
         if not state.ran:
             state.ran = True
             if now >= state.promote_at:
-                state.quantum_end = request.num_output_tokens + self.quantum_steps
+                state.quantum_end = request.num_output_tokens + (state.left or self.quantum_steps)
         last = self._last.get(request)
         out = request.num_output_tokens
         if last is not None and last[2] == request.num_preemptions and out > last[1] > 0:

@@ -18,11 +18,12 @@ _NS = "ltr"
 class _State:
     """Per-request starvation bookkeeping for one waiting period (see :class:`LTRPolicy`)."""
 
-    __slots__ = ("last_out", "last_time", "period", "promote_at", "quantum_end", "ran")
+    __slots__ = ("last_out", "last_time", "left", "period", "promote_at", "quantum_end", "ran")
 
-    def __init__(self, period: int, promote_at: float) -> None:
+    def __init__(self, period: int, promote_at: float, left: int | None = None) -> None:
         self.period = period  # num_preemptions when this waiting period began
         self.promote_at = promote_at
+        self.left = left  # a promotion kept through a preemption: the quantum it has left
         self.ran = False  # has reported progress in this period (was scheduled)
         self.quantum_end: int | None = None  # output-token count where top priority ends
         self.last_time = 0.0  # the period's last progress report: its time and output-token count
@@ -63,9 +64,10 @@ class LTRPolicy(ScoredPolicy):
     costs a full recompute (``--preemption-mode swap`` to compare, ``--policy-arg
     ltr.starvation_steps=100000000`` for no starvation prevention, as vllm-ltr's headline runs;
     measured in ``benchmarks/results/engine_fidelity.md``). The ordering, promotion and demotion
-    otherwise follow vllm-ltr's (an audit against its source), but for one difference: a
-    preemption here starts a new waiting period, where vllm-ltr keeps a swapped request's
-    promotion until it has been scheduled for its quantum.
+    otherwise follow vllm-ltr's (an audit against its source). A request preempted or paused
+    within its quantum stays promoted for the rest of it, as vllm-ltr keeps a swapped or
+    unscheduled request's ``pri`` and ``runs``; any other preemption starts a new waiting period
+    (vllm-ltr's idle count restarts whenever a request is scheduled).
     """
 
     preemptive = True
@@ -131,7 +133,13 @@ class LTRPolicy(ScoredPolicy):
         if isinstance(st, _State) and st.period == request.num_preemptions:
             return st
         start = request.arrival_time if request.num_preemptions == 0 else now
-        st = _State(request.num_preemptions, start + self.starvation_steps * self.step_time)
+        left = 0
+        if isinstance(st, _State) and st.quantum_end is not None:  # preempted (or paused) in its quantum
+            left = st.quantum_end - request.num_output_tokens
+        if left > 0:  # still promoted for the rest of it, as vllm-ltr keeps pri and runs through a swap
+            st = _State(request.num_preemptions, start, left)
+        else:
+            st = _State(request.num_preemptions, start + self.starvation_steps * self.step_time)
         request.extra[_NS] = st
         return st
 
@@ -145,8 +153,8 @@ class LTRPolicy(ScoredPolicy):
             st = self._state(request, now)
         if not st.ran:
             st.ran = True
-            if now >= st.promote_at:  # scheduled while starving: start its quantum
-                st.quantum_end = request.num_output_tokens + self.quantum_steps
+            if now >= st.promote_at:  # scheduled while starving: start its quantum (or the rest of it)
+                st.quantum_end = request.num_output_tokens + (st.left or self.quantum_steps)
         out = request.num_output_tokens
         if out > st.last_out > 0:  # a sample only from reports within one running period
             k = out - st.last_out
