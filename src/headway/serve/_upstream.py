@@ -3,9 +3,9 @@
 ``http://`` and ``https://`` backends (TLS verified against the system's CA store, or a given
 ``ssl.SSLContext``); an ``api_key`` goes out as ``Authorization: Bearer <key>`` on every request.
 
-httpx/httpcore spend several milliseconds of CPU per request in their connection pool
-under concurrency (the pool re-scans every connection for every request), which alone
-capped the gateway near 100 requests/s on 2 cores. This client keeps a LIFO stack of
+httpx/httpcore spend milliseconds of CPU per request in their connection pool under
+concurrency (the pool re-scans every connection for every request), which alone capped
+the gateway's request rate on 2 cores. This client keeps a LIFO stack of
 idle connections per backend and parses only what a JSON/SSE response needs
 (status, Content-Length or chunked encoding with any trailer fields, Connection: close),
 passing over interim answers (100 Continue, 103 Early Hints) and reading no body after a
