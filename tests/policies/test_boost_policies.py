@@ -260,6 +260,31 @@ def test_uniboost_running_keys_constant_between_hints(name, prompt, steps):
         key = new
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["uniboost-base", "uniboost-memguard"]),
+    st.sampled_from([0.0, 0.5, 1.0, 1.7, 3.0]),
+    st.integers(min_value=1, max_value=3000),
+    st.integers(min_value=0, max_value=6000),
+    st.sampled_from([1, 7, 32, 64]),
+)
+def test_uniboost_hint_is_where_the_work_first_changes(name, pw, prompt, generated, grid):
+    """The hint lands on the first output count whose ``w~`` differs (``w~`` never falls as
+    tokens come, so equal at both ends means constant between), whether the prompt floor lies
+    on a grid point, between two, or above many."""
+    arg = {"uniboost-base": "rekey_tokens", "uniboost-memguard": "memguard_base"}[name]
+    pol = make_policy(name, prefill_weight=pw, **{arg: grid})
+    r = run(make_request(prompt_tokens=prompt))
+    r.num_output_tokens = generated
+    work = pol.work(r)
+    hint = pol.rekey_after_tokens(r)
+    assert hint is not None and hint >= 1
+    r.num_output_tokens = generated + hint - 1
+    assert pol.work(r) == work
+    r.num_output_tokens = generated + hint
+    assert pol.work(r) > work
+
+
 def test_rank_boost_learns_bucket_boosts_and_orders_like_sjf():
     pol = make_policy(
         "rank-boost",

@@ -152,7 +152,7 @@ class UniBoostBasePolicy(_BoostPolicy):
         return generated - generated % self.rekey_tokens
 
     def next_grid_point(self, generated: int) -> int:
-        """The first grid point above ``generated``."""
+        """The first grid point above ``generated`` (any whole count, on the grid or not)."""
         return self.quantized_output(generated) + self.rekey_tokens
 
     def work(self, request: Request) -> float:
@@ -172,8 +172,8 @@ class UniBoostBasePolicy(_BoostPolicy):
         g = request.num_output_tokens
         floor = self.prefill_weight * request.num_prompt_tokens
         nxt = self.next_grid_point(g)
-        while nxt <= floor:  # grid points below the prompt floor do not change w~
-            nxt = self.next_grid_point(nxt)
+        if nxt <= floor:  # grid points at or below the prompt floor do not change w~: the first one
+            nxt = self.next_grid_point(math.floor(floor))  # above it (grid points are whole tokens)
         return nxt - g
 
 
