@@ -67,12 +67,33 @@ def test_ltr_promotes_after_200_steps_for_a_10_step_quantum():
     assert pol.key(r, 10.0) == (0, 4.0)  # promoted: ahead of every unpromoted request, by its score
     run(r)
     r.num_output_tokens = 1
-    pol.on_progress(r, 10.05, 1)  # scheduled while starving: quantum of 10 tokens
-    assert pol.rekey_after_tokens(r) == 10
-    r.num_output_tokens = 10
+    pol.on_progress(r, 10.05, 1)  # scheduled while starving: a quantum of 10 steps, this one the first
+    assert pol.rekey_after_tokens(r) == 9
+    r.num_output_tokens = 9
     assert pol.key(r, 11.0)[0] == 0
-    r.num_output_tokens = 11
-    assert pol.key(r, 11.5) == (1, 4.0)  # quantum spent: back to its score
+    r.num_output_tokens = 10
+    assert pol.key(r, 11.5) == (1, 4.0)  # quantum spent (10 scheduled steps): back to its score
+
+
+def test_ltr_prefill_chunks_spend_the_quantum_as_scheduled_steps():
+    # vllm-ltr counts runs down at every scheduled step, a prefill chunk's too (its opt schedule chunks)
+    pol = make_policy("ltr", initial_step_time=0.05)
+    r = make_request(arrival=0.0, score=4.0, prompt_tokens=3000)
+    pol.on_arrival(r, 0.0)
+    run(r)
+    for t in (10.05, 10.10, 10.15):  # three chunks of the prompt, no token yet: 3 of the 10 steps
+        r.num_computed_tokens += 900
+        pol.on_progress(r, t, 900)
+        assert pol.key(r, t) == (0, 4.0)
+    assert pol.rekey_after_tokens(r) == 7
+    r.num_computed_tokens = 3000
+    r.num_output_tokens = 1  # the last chunk yields the first token: the 4th step
+    pol.on_progress(r, 10.20, 300)
+    assert pol.rekey_after_tokens(r) == 6
+    r.num_output_tokens = 6
+    assert pol.key(r, 10.5) == (0, 4.0)
+    r.num_output_tokens = 7
+    assert pol.key(r, 10.6) == (1, 4.0)  # 3 chunks + 7 tokens = 10 steps
 
 
 def test_ltr_ranks_the_promoted_by_score_as_vllm_ltr_does():
@@ -92,16 +113,21 @@ def test_ltr_promotion_outlives_a_preemption_within_its_quantum():
     pol.on_arrival(r, 0.0)
     run(r)
     r.num_output_tokens = 1
-    pol.on_progress(r, 10.05, 1)  # promoted at 10 s: a quantum of 10 tokens, to 11
+    pol.on_progress(r, 10.05, 1)  # promoted at 10 s: a quantum of 10 steps, to token 10
     r.num_output_tokens = 4
     r.transition(RequestState.PREEMPTED)
     r.num_preemptions += 1
-    assert pol.key(r, 10.5) == (0, 4.0)  # still promoted, for the 7 tokens it has left
+    assert pol.key(r, 10.5) == (0, 4.0)  # still promoted, for the 6 steps it has left
     assert pol.rekey_at_time(r) == 10.5  # promoted from the preemption on: no timer ahead
     r.transition(RequestState.RUNNING)
-    pol.on_progress(r, 11.0, 0)
-    assert pol.rekey_after_tokens(r) == 7
-    r.num_output_tokens = 11
+    pol.on_progress(r, 11.0, 512)  # a chunk of its recompute (no token): one of the 6
+    assert pol.rekey_after_tokens(r) == 5
+    r.num_output_tokens = 5  # the recompute's last chunk yields token 5: 4 steps left
+    pol.on_progress(r, 11.05, 20)
+    assert pol.rekey_after_tokens(r) == 4
+    r.num_output_tokens = 8
+    assert pol.key(r, 11.4)[0] == 0
+    r.num_output_tokens = 9  # 4 steps, then a chunk and 5 tokens: 10
     assert pol.key(r, 11.5) == (1, 4.0)  # quantum spent
     r.transition(RequestState.PREEMPTED)
     r.num_preemptions += 1
@@ -324,12 +350,16 @@ class _DictLTR(LTRPolicy):
 
     def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:
         state = self._state(request, now)
+        last = self._last.get(request)
+        out = request.num_output_tokens
+        fresh = last is None or last[2] != request.num_preemptions
+        prev = state.start_out if fresh else last[1]
         if not state.ran:
             state.ran = True
             if now >= state.promote_at:
-                state.quantum_end = request.num_output_tokens + (state.left or self.quantum_steps)
-        last = self._last.get(request)
-        out = request.num_output_tokens
+                state.quantum_end = prev + (state.left or self.quantum_steps)
+        if out == prev and state.quantum_end is not None and out < state.quantum_end:
+            state.quantum_end -= 1
         if last is not None and last[2] == request.num_preemptions and out > last[1] > 0:
             k = out - last[1]
             sample = (now - last[0]) / k

@@ -61,9 +61,9 @@ def _simulate(
         _running_keys.EXACT_SCAN = False
 
 
-def _run(name: str, mode: str, scenario: tuple[Any, ...], exact: bool, **extra: Any) -> SimResult:
+def _run(name: str, mode: str, scenario: tuple[Any, ...], exact: bool, budget: int = 8192, **extra: Any) -> SimResult:
     num, rate, seqs, blocks, steps = scenario
-    sched = SchedulerConfig(max_num_seqs=seqs, max_steps_per_event=steps)
+    sched = SchedulerConfig(max_num_seqs=seqs, max_steps_per_event=steps, max_num_batched_tokens=budget)
     return _simulate(default_workload(num_requests=num, rate=rate), name, mode, sched,
                      CacheConfig(num_gpu_blocks=blocks), exact, **extra)  # fmt: skip
 
@@ -84,17 +84,20 @@ def test_lazy_heap_decides_as_the_exact_scan(name: str, mode: str, scenario: tup
         assert sum(r.num_pauses for r in lazy.requests) > 0  # the scenario exercises displacement
 
 
+@pytest.mark.parametrize("budget", [8192, 128])
 @pytest.mark.parametrize("quantum", [3, 1])
 @pytest.mark.parametrize("scenario", [SCENARIOS[0], SCENARIOS[2]])
 @pytest.mark.parametrize("mode", ["pause", "evict"])
-def test_ltr_starvation_promotions_under_the_heap(mode: str, scenario: tuple[Any, ...], quantum: int) -> None:
+def test_ltr_starvation_promotions_under_the_heap(mode: str, scenario: tuple[Any, ...], quantum: int, budget: int) -> None:
     """Short starvation and quantum counts: many promotions, quantum ends and re-pauses (step by step
     with few blocks: KV shortages while requests are paused, whose victim the heaps' tops give).
     A one-token quantum started by a report of a prefill chunk ends with the prefill's token: the
-    heap re-keys a request as its prefill ends (it kept the prefill's key before, too low)."""
+    heap re-keys a request as its prefill ends (it kept the prefill's key before, too low). With a
+    small token budget prefills take several chunks, and each chunk's report spends a step of the
+    quantum: the heap re-keys a request at each (the quantum can end before its prefill does)."""
     extra = {"starvation_steps": 20, "quantum_steps": quantum}
-    lazy = _run("ltr", mode, scenario, exact=False, **extra)
-    exact = _run("ltr", mode, scenario, exact=True, **extra)
+    lazy = _run("ltr", mode, scenario, exact=False, budget=budget, **extra)
+    exact = _run("ltr", mode, scenario, exact=True, budget=budget, **extra)
     assert sum(r.num_preemptions for r in lazy.requests) > 0
     assert _outcome(lazy) == _outcome(exact)
 

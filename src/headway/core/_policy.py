@@ -62,9 +62,9 @@ tokens the key of a running request may get *worse* (larger); ``rekey_at_time(re
 an absolute time at which the key of a queued request changes (e.g. starvation
 promotion). Between hints a running request's key may stay or improve, never worsen
 (SRPT's remaining length only shrinks: no hint needed; attained-service keys such as
-UniBoost's grow: they must give hints). For a policy with an ``on_progress`` hook the end of
-a request's prefill (its first token, and the report of it) is a key point too, where its key
-may change either way. Engines skip work between hints: for policies
+UniBoost's grow: they must give hints). For a policy with an ``on_progress`` hook each report
+of a prefill chunk is a key point too (the last one with the prefill's first token), where its
+key may change either way. Engines skip work between hints: for policies
 with no ``on_progress`` and either the default ``can_preempt`` or
 ``preempt_changes_at_hints``, the simulator skips a displacement check while the queue
 head, the running set and ``key_epoch`` are unchanged (a hint counts as a change).

@@ -18,14 +18,17 @@ _NS = "ltr"
 class _State:
     """Per-request starvation bookkeeping for one waiting period (see :class:`LTRPolicy`)."""
 
-    __slots__ = ("last_out", "last_time", "left", "period", "promote_at", "quantum_end", "ran")
+    __slots__ = ("last_out", "last_time", "left", "period", "promote_at", "quantum_end", "ran", "start_out")
 
-    def __init__(self, period: int, promote_at: float, left: int | None = None) -> None:
+    def __init__(self, period: int, promote_at: float, start_out: int, left: int | None = None) -> None:
         self.period = period  # num_preemptions when this waiting period began
         self.promote_at = promote_at
+        self.start_out = start_out  # the output-token count when it began
         self.left = left  # a promotion kept through a preemption: the quantum it has left
         self.ran = False  # has reported progress in this period (was scheduled)
-        self.quantum_end: int | None = None  # output-token count where top priority ends
+        # the output-token count where top priority ends if every step left in the quantum yields a
+        # token (a step that yields none, a prefill chunk, brings it one closer)
+        self.quantum_end: int | None = None
         self.last_time = 0.0  # the period's last progress report: its time and output-token count
         self.last_out = 0  # (0: none yet, or none with tokens: no step-time sample from it)
 
@@ -52,9 +55,14 @@ class LTRPolicy(ScoredPolicy):
     then ``idle time / step time``: a waiting period that starts at ``t0`` (arrival, or
     the preemption) promotes at ``t0 + starvation_steps * step_time``, frozen when the
     period begins so the key is time-invariant apart from that instant
-    (:meth:`rekey_at_time`). The quantum is counted in the request's own decode tokens
-    (one per scheduled step); when it ends the key worsens, so
-    :meth:`rekey_after_tokens` announces it.
+    (:meth:`rekey_at_time`). The quantum is counted in the request's own scheduled steps, as
+    vllm-ltr counts ``runs`` down: the step that starts it, then one per output token and one
+    per reported prefill chunk that yields no token (engines report every chunk: a chunked
+    prefill, or a recompute after a preemption, spends the quantum as it does in vllm-ltr,
+    whose ``opt`` schedule chunks). When it ends the key worsens: :meth:`rekey_after_tokens`
+    announces the end in tokens, and a chunk's report, which moves it closer, is a key point
+    (the Policy contract). A step of several tokens (speculative decoding, in the plugin)
+    counts as that many steps.
 
     **Under KV-cache pressure, preempt by swap to compare with vllm-ltr.** vllm-ltr
     (``vllm/core/scheduler.py``, its ``opt`` schedule) preempts every victim by *swap*
@@ -137,9 +145,9 @@ class LTRPolicy(ScoredPolicy):
         if isinstance(st, _State) and st.quantum_end is not None:  # preempted (or paused) in its quantum
             left = st.quantum_end - request.num_output_tokens
         if left > 0:  # still promoted for the rest of it, as vllm-ltr keeps pri and runs through a swap
-            st = _State(request.num_preemptions, start, left)
+            st = _State(request.num_preemptions, start, request.num_output_tokens, left)
         else:
-            st = _State(request.num_preemptions, start + self.starvation_steps * self.step_time)
+            st = _State(request.num_preemptions, start + self.starvation_steps * self.step_time, request.num_output_tokens)
         request.extra[_NS] = st
         return st
 
@@ -151,11 +159,16 @@ class LTRPolicy(ScoredPolicy):
         st = request.extra.get(_NS)  # _state's common case inlined: called per running request per step
         if not (isinstance(st, _State) and st.period == request.num_preemptions):
             st = self._state(request, now)
+        out = request.num_output_tokens
         if not st.ran:
             st.ran = True
-            if now >= st.promote_at:  # scheduled while starving: start its quantum (or the rest of it)
-                st.quantum_end = request.num_output_tokens + (st.left or self.quantum_steps)
-        out = request.num_output_tokens
+            prev = st.start_out
+            if now >= st.promote_at:  # scheduled while starving: its quantum (or the rest of it) counts
+                st.quantum_end = prev + (st.left or self.quantum_steps)  # from this step on
+        else:
+            prev = st.last_out
+        if out == prev and st.quantum_end is not None and out < st.quantum_end:
+            st.quantum_end -= 1  # a scheduled step that yielded no token (a prefill chunk) spends one
         if out > st.last_out > 0:  # a sample only from reports within one running period
             k = out - st.last_out
             sample = (now - st.last_time) / k

@@ -384,6 +384,8 @@ class Replica(Preemption):
                 still.append(s)
                 if s.chunk and self._progress_hook:
                     self.policy.on_progress(req, now, s.chunk)
+                    if self._rkeys is not None:  # a key point (the Policy contract)
+                        self._rkeys.chunk_reported(s, req, now)
                 continue
             req.num_output_tokens += 1
             if req.first_token_time is None:

@@ -7,7 +7,7 @@ upper bound of its key now. :class:`RunningKeys` keeps those bounds in a max-hea
 is re-keyed; if its key improved it goes back down with the new key, else it is the worst
 (an exact answer, as a scan of every running request gives). Each request is re-keyed when
 it starts running and at each hint (the key may worsen there), for a policy with a progress
-hook also when its prefill ends, and all of them when the policy's ``key_epoch`` changes.
+hook also at each report of a prefill chunk, and all of them when the policy's ``key_epoch`` changes.
 
 Policies that declare how their running keys evolve (``Policy.running_keys``) get more:
 
@@ -135,6 +135,13 @@ class RunningKeys(Generic[T]):
             self._memo = None
             return
         self.push(item, req, now)
+
+    def chunk_reported(self, item: T, req: Request, now: float) -> None:
+        """``item``'s prefill chunk was reported and more of its prefill is left. A policy that
+        declares its running keys has a progress hook, which may have moved the key either way
+        (LTR's quantum: a chunk is a scheduled step that spends it), so it is re-keyed in place."""
+        if self._lapse:
+            self.push(item, req, now)
 
     def decoding(self, item: T, req: Request, now: float, clock: int) -> None:
         """``item`` finished its prefill and decodes from the decode-step count ``clock`` on. For a
