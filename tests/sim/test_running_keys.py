@@ -88,7 +88,9 @@ def test_lazy_heap_decides_as_the_exact_scan(name: str, mode: str, scenario: tup
 @pytest.mark.parametrize("quantum", [3, 1])
 @pytest.mark.parametrize("scenario", [SCENARIOS[0], SCENARIOS[2]])
 @pytest.mark.parametrize("mode", ["pause", "evict"])
-def test_ltr_starvation_promotions_under_the_heap(mode: str, scenario: tuple[Any, ...], quantum: int, budget: int) -> None:
+def test_ltr_starvation_promotions_under_the_heap(
+    mode: str, scenario: tuple[Any, ...], quantum: int, budget: int
+) -> None:
     """Short starvation and quantum counts: many promotions, quantum ends and re-pauses (step by step
     with few blocks: KV shortages while requests are paused, whose victim the heaps' tops give).
     A one-token quantum started by a report of a prefill chunk ends with the prefill's token: the

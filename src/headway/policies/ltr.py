@@ -68,7 +68,7 @@ class LTRPolicy(ScoredPolicy):
     (``vllm/core/scheduler.py``, its ``opt`` schedule) preempts every victim by *swap*
     (``reserve_free_blocks``: ``PreemptionMode.SWAP``); headway's engines recompute by default,
     as vLLM's V1 engine can only do. Under sustained memory pressure nearly every waiting request
-    gets promoted, and the rule turns into round robin with a 10-token quantum; each turn then
+    gets promoted, and the rule turns into round robin with a 10-step quantum; each turn then
     costs a full recompute (``--preemption-mode swap`` to compare, ``--policy-arg
     ltr.starvation_steps=100000000`` for no starvation prevention, as vllm-ltr's headline runs;
     measured in ``benchmarks/results/engine_fidelity.md``). The ordering, promotion and demotion
@@ -147,7 +147,8 @@ class LTRPolicy(ScoredPolicy):
         if left > 0:  # still promoted for the rest of it, as vllm-ltr keeps pri and runs through a swap
             st = _State(request.num_preemptions, start, request.num_output_tokens, left)
         else:
-            st = _State(request.num_preemptions, start + self.starvation_steps * self.step_time, request.num_output_tokens)
+            promote_at = start + self.starvation_steps * self.step_time
+            st = _State(request.num_preemptions, promote_at, request.num_output_tokens)
         request.extra[_NS] = st
         return st
 
