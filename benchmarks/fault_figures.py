@@ -112,7 +112,7 @@ async def _run(
     await asyncio.gather(*tasks)
     sampler.cancel()
     for p in pools.values():
-        p.close()
+        await p.aclose()
     return tl
 
 

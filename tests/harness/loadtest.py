@@ -43,7 +43,6 @@ class LoadConfig:
     oversize_bytes: int = 1 << 20
     timeout_s: float = 60.0
     seed: int = 0
-    max_connections: int = 1000
 
 
 @dataclass(slots=True)
@@ -126,7 +125,9 @@ def _plan(cfg: LoadConfig) -> list[tuple[str, bytes, dict[str, str], bool]]:
     return out
 
 
-async def _one(pool: UpstreamPool, cfg: LoadConfig, raw: bytes, headers: bytes, stream: bool, res: LoadResult) -> None:
+async def _one(
+    pool: UpstreamPool, cfg: LoadConfig, raw: bytes, headers: dict[str, str], stream: bool, res: LoadResult
+) -> None:
     t0 = time.perf_counter()
     try:
         async with asyncio.timeout(cfg.timeout_s):
@@ -162,11 +163,11 @@ async def _one(pool: UpstreamPool, cfg: LoadConfig, raw: bytes, headers: bytes, 
 async def run_load(cfg: LoadConfig) -> LoadResult:
     """Send ``cfg.num_requests`` at ``cfg.rate`` per second; wait for every answer.
 
-    The client is the gateway's own light keep-alive HTTP/1.1 pool (httpx spends
+    The client is the gateway's own keep-alive pool on aiohttp (httpx spends
     milliseconds of CPU per request with hundreds of open connections)."""
     plan = _plan(cfg)
     res = LoadResult()
-    pool = UpstreamPool(cfg.url, connect_timeout=10.0, read_timeout=cfg.timeout_s, max_idle=cfg.max_connections)
+    pool = UpstreamPool(cfg.url, connect_timeout=10.0, read_timeout=cfg.timeout_s)
     try:
         tasks: list[asyncio.Task[None]] = []
         start = time.perf_counter()
@@ -179,14 +180,14 @@ async def run_load(cfg: LoadConfig) -> LoadResult:
                 res.max_lag_s = max(res.max_lag_s, -delay)
             res.kinds[kind] += 1
             res.sent += 1
-            extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items() if k != "Content-Type").encode()
+            extra = {k: v for k, v in headers.items() if k != "Content-Type"}
             tasks.append(asyncio.create_task(_one(pool, cfg, raw, extra, stream, res)))
         sent_s = time.perf_counter() - start
         await asyncio.gather(*tasks)
         res.duration_s = time.perf_counter() - start
         res.achieved_rate = res.sent / sent_s if sent_s > 0 else 0.0
     finally:
-        pool.close()
+        await pool.aclose()
     return res
 
 

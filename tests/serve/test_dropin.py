@@ -234,7 +234,7 @@ def test_https_backend_with_api_key(tmp_path):
         pool = UpstreamPool(f"https://localhost:{port}", api_key="sk-up", ssl_context=client_ctx)
         resp = await pool.post("/v1/completions", b"{}")
         body = await resp.read()
-        pool.close()
+        await pool.aclose()
         server.close()
         return resp.status_code, body
 

@@ -80,7 +80,7 @@ def _run(
             try:
                 return await client(p, backend), backend
             finally:
-                p.close()
+                await p.aclose()
 
     return asyncio.run(main())
 
@@ -248,7 +248,7 @@ def test_a_closed_port_is_a_connect_error() -> None:
         pool = UpstreamPool(f"http://127.0.0.1:{port}")
         with pytest.raises(UpstreamConnectError) as err:
             await pool.post("/v1/completions", b"{}")
-        pool.close()
+        await pool.aclose()
         return str(err.value)
 
     assert asyncio.run(main()).startswith(f"cannot connect to 127.0.0.1:{port}")
@@ -256,7 +256,7 @@ def test_a_closed_port_is_a_connect_error() -> None:
 
 def test_extra_headers_and_the_key_go_out_with_the_body() -> None:
     async def client(pool: UpstreamPool, backend: _Backend) -> bytes:
-        await _whole(await pool.post("/v1/completions", b'{"a":1}', headers=b"X-Tenant: t1\r\n"))
+        await _whole(await pool.post("/v1/completions", b'{"a":1}', headers={"X-Tenant": "t1"}))
         return backend.requests[0]
 
     raw, _ = _run(lambda b, r, w, n: _answer_once(OK, b, r, w), client, "/prefix/", api_key="sk-up")

@@ -255,7 +255,7 @@ class Gateway:
         if self.client is not None:
             await self.client.aclose()
         for pool in self.pools:
-            pool.close()
+            await pool.aclose()
         await self.arrivals.close()
         for client in (self._redis, getattr(self, "_listen_redis", None)):
             if client is not None:
