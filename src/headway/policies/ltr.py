@@ -84,9 +84,10 @@ class LTRPolicy(ScoredPolicy):
         "vllm-ltr (Fu et al., NeurIPS'24): every step the running and waiting requests are ranked "
         "together and the lower-ranked running ones are left out of the batch with their KV kept"
     )
-    # a running key is fixed but for a promotion (better) and the quantum's end (announced); the
-    # step-time estimate needs every step's progress, so progress is not declared deferrable (the
-    # simulator reports the decoders' progress in runs: on_decode_progress)
+    # a running key is fixed but for a promotion (better) and the quantum's end (announced by the
+    # hint, or reached at a prefill chunk's report, a key point too); the step-time estimate needs
+    # every step's progress, so progress is not declared deferrable (the simulator reports the
+    # decoders' progress in runs: on_decode_progress)
     running_keys = "bounded"
 
     def __init__(
