@@ -142,10 +142,10 @@ def _encoder_config(ckpt: Path, meta: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _layers(ckpt: Path, meta: dict[str, Any]) -> int | str:
-    """Encoder layers a checkpoint runs: the layers it keeps of its source encoder, else its encoder
-    config's count; ``?`` when neither says."""
-    return int(_encoder_config(ckpt, meta).get("num_hidden_layers", 0)) or "?"
+def _layers(config: dict[str, Any]) -> int | str:
+    """Encoder layers a checkpoint runs, from its :func:`_encoder_config` (the layers it keeps of its
+    source encoder, else the config's count); ``?`` when neither says."""
+    return int(config.get("num_hidden_layers", 0)) or "?"
 
 
 MATMUL_SHAPE = (4096, 384, 1536)
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         flops = encoder_flops(batch_shapes(scorer, prompts), config) if config else None
         row = {
             "checkpoint": ckpt.name,
-            "layers": _layers(ckpt, scorer.meta),
+            "layers": _layers(config),
             "backend": backend,
             "max_length": scorer.max_length,
             "chunking": chunking,

@@ -70,10 +70,10 @@ def test_a_pack_on_the_encoders_first_layers_is_listed_with_those(
 
     monkeypatch.setattr(shipped, "ShippedPredictor", fake)
     whole = bench._Shipped("onnx", threads=1, batch_size=8, max_length=None)
-    assert bench._layers(tmp_path / "pack.npz", whole.meta) == 6  # the base encoder's own count
+    assert bench._layers(bench._encoder_config(tmp_path / "pack.npz", whole.meta)) == 6  # the base encoder's own count
     header["encoder_layers"] = 4
     cut = bench._Shipped("onnx", threads=1, batch_size=8, max_length=None)
-    assert bench._layers(tmp_path / "pack.npz", cut.meta) == 4
+    assert bench._layers(bench._encoder_config(tmp_path / "pack.npz", cut.meta)) == 4
 
 
 @pytest.mark.parametrize("n", ["0", "-5"])
