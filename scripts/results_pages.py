@@ -248,10 +248,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "every source and saved as a checkpoint, the shipped default (in-source tau_b only: every source's "
         "held-out prompts).",
         "python -m headway.predict cross-source-finetune --held-out alpaca_eval,arena_hard_v2,sharegpt,codealpaca "
-        "--top-layers 4 --steps 800 --lr 2e-4 --sharegpt-extra 4000 "
+        "--top-layers 4 --steps 800 --lr 2e-4 --sharegpt-extra 20000 "
         "--out benchmarks/results/predictor_cross_source_finetune.md "
-        "&& python -m headway.predict cross-source-finetune --top-layers 4 --steps 800 --lr 2e-4 --sharegpt-extra 4000 "
-        "--save-checkpoint DIR --out benchmarks/results/predictor_finetune_every_source.md",
+        "&& python -m headway.predict cross-source-finetune --top-layers 4 --steps 800 --lr 2e-4 "
+        "--sharegpt-extra 20000 --save-checkpoint DIR --out benchmarks/results/predictor_finetune_every_source.md",
         ("predictor_cross_source_finetune.md", "predictor_finetune_every_source.md"),
     ),
     Benchmark(
