@@ -126,8 +126,7 @@ class UpstreamPool:
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"the upstream client speaks http:// or https://, got {base_url!r}")
         self.host = parts.hostname or "127.0.0.1"
-        self.tls = parts.scheme == "https"
-        self.port = parts.port or (443 if self.tls else 80)
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self._base = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
         self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self._headers = {"Content-Type": "application/json", "Accept": "*/*"}
