@@ -61,6 +61,40 @@ def test_recipe_names_the_bad_value() -> None:
         FinetuneRecipe(encoder_layers=3)
     assert FinetuneRecipe(encoder_layers=5).label.startswith("minilm first 5 layers, top 4 layers fine-tuned, ")
     assert FinetuneRecipe().label.startswith("minilm top 4 layers fine-tuned, ")
+    with pytest.raises(ValueError, match="truncation: unknown 'tail'; choose one of head, head-tail"):
+        FinetuneRecipe(truncation="tail")
+    assert "max_length 96 (head-tail)," in FinetuneRecipe(truncation="head-tail").label
+    assert "max_length 96," in FinetuneRecipe().label
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 60), st.integers(3, 40))
+def test_head_tail_keeps_both_ends_and_the_special_tokens(n: int, max_length: int) -> None:
+    from headway.predict.model import head_tail
+
+    ids = [-1, *range(n), -2]  # [CLS] ... [SEP]
+    cut = head_tail(ids, max_length)
+    if len(ids) <= max_length:
+        assert cut == ids
+        return
+    assert len(cut) == max_length and cut[0] == -1 and cut[-1] == -2
+    inner = cut[1:-1]
+    head, tail = (max_length - 1) // 2, (max_length - 2) // 2
+    assert inner == list(range(head)) + list(range(n - tail, n))  # the first and the last tokens, in order
+
+
+def test_head_tail_tokenizes_the_question_at_the_end_of_a_long_prompt(tiny_encoder_3_layers: Path) -> None:
+    from headway.predict.model import tokenize
+
+    _, tok = _encoder(tiny_encoder_3_layers)
+    long = "tell me more " * 40 + "write a poem about the sea"
+    head = tokenize(tok, [long, "hi"], 16)
+    both = tokenize(tok, [long, "hi"], 16, "head-tail")
+    assert len(head[0]) == len(both[0]) == 16 and head[1] == both[1]  # a short prompt is not cut
+    assert both[0][:8] == head[0][:8]
+    assert both[0][-8:] == tokenize(tok, [long], 512)[0][-8:]  # the end, [SEP] included
+    with pytest.raises(ValueError, match="unknown truncation 'middle'"):
+        tokenize(tok, ["hi"], 16, "middle")
 
 
 def _encoder(path: Path) -> tuple[object, object]:
@@ -83,6 +117,10 @@ def test_cached_lower_states_score_as_the_full_forward(tiny_encoder_3_layers: Pa
     states = lower_states(lower, tok, PROMPTS, 32, cache=tmp_path, tag="t")
     again = lower_states(lower, tok, PROMPTS, 32, cache=tmp_path, tag="t")  # from the disk cache
     assert len(list(tmp_path.glob("*.npz"))) == 1
+    other = lower_states(lower, tok, PROMPTS, 32, cache=tmp_path, tag="t", truncation="head-tail")
+    assert len(list(tmp_path.glob("*.npz"))) == 2  # another cut never reads the head's states
+    assert [s.shape for s in other] == [s.shape for s in states]
+    assert not np.array_equal(other[2], states[2]) and np.array_equal(other[0], states[0])  # only the long one
     assert all(np.array_equal(a, b) for a, b in zip(states, again, strict=True))
     cached = score_states(model, again, micro=3)
 
@@ -259,6 +297,14 @@ def test_a_cut_encoder_trains_packs_and_scores_on_its_first_layers(tiny_encoder_
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA device")
+def test_a_head_tail_recipe_saves_no_checkpoint(tmp_path: Path) -> None:
+    from headway.predict.crossfinetune import finetune_all
+
+    with pytest.raises(ValueError, match="a checkpoint is scored on a prompt's head"):
+        finetune_all(FinetuneRecipe(truncation="head-tail"), [], tmp_path / "ck")
+    assert not (tmp_path / "ck").exists()
+
+
 def test_cuda_is_refused_where_torch_has_none(capsys: pytest.CaptureFixture[str]) -> None:
     from headway.predict._cli import main
 

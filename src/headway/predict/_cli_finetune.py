@@ -38,6 +38,7 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
         encoder_layers=args.encoder_layers,
         top_layers=args.top_layers,
         max_length=args.max_length,
+        truncation=args.truncation,
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
@@ -106,7 +107,7 @@ def _run_name(held_out: str | None) -> str:
 
 def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespace], int]], Any]) -> None:
     """Register ``cross-source-finetune`` under the predictor's sub-commands."""
-    from headway.predict._finetune_recipe import HEAD_INITS, WEIGHTINGS, FinetuneRecipe
+    from headway.predict._finetune_recipe import HEAD_INITS, TRUNCATIONS, WEIGHTINGS, FinetuneRecipe
 
     d = FinetuneRecipe()
     p = sub.add_parser(
@@ -139,6 +140,12 @@ def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespac
     )
     p.add_argument("--top-layers", type=int, default=d.top_layers, help="top layers fine-tuned")
     p.add_argument("--max-length", type=int, default=d.max_length, help="prompt tokens kept")
+    p.add_argument(
+        "--truncation",
+        choices=TRUNCATIONS,
+        default=d.truncation,
+        help="which tokens of a longer prompt are kept: its first, or its first and last halves",
+    )
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps per fold")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="prompts per step, shared among sources")
     p.add_argument("--lr", type=float, default=d.lr, help="learning rate of the top layers")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["HEAD_INITS", "WEIGHTINGS", "FinetuneRecipe"]
+__all__ = ["HEAD_INITS", "TRUNCATIONS", "WEIGHTINGS", "FinetuneRecipe"]
 
 WEIGHTINGS: tuple[str, ...] = ("equal", "sqrt")
+TRUNCATIONS: tuple[str, ...] = ("head", "head-tail")
 HEAD_INITS: tuple[str, ...] = ("random", "ridge")
 
 
@@ -25,6 +26,10 @@ class FinetuneRecipe:
     """Transformer layers fine-tuned (the top ones); the others are frozen and their outputs cached. 4: the
     shipped default's recipe, chosen over 2 by tau_b on held-out sources (docs/predictors)."""
     max_length: int = 96
+    truncation: str = "head"
+    """Which ``max_length`` tokens of a longer prompt are read: ``head`` (its first) or ``head-tail`` (its
+    first half and last half), as :data:`headway.predict.model.TRUNCATIONS` (repeated here: this module
+    stays torch-free)."""
     steps: int = 800
     batch_size: int = 48
     """Prompts per step, shared among the training sources."""
@@ -73,6 +78,10 @@ class FinetuneRecipe:
             )
         if not (math.isfinite(self.ridge_alpha) and self.ridge_alpha > 0):
             raise ValueError(f"FinetuneRecipe.ridge_alpha must be a finite number > 0, got {self.ridge_alpha!r}")
+        if self.truncation not in TRUNCATIONS:
+            raise ValueError(
+                f"FinetuneRecipe.truncation: unknown {self.truncation!r}; choose one of {', '.join(TRUNCATIONS)}"
+            )
         if self.weighting not in WEIGHTINGS:
             raise ValueError(
                 f"FinetuneRecipe.weighting: unknown {self.weighting!r}; choose one of {', '.join(WEIGHTINGS)}"
@@ -85,8 +94,9 @@ class FinetuneRecipe:
         share = "sources by sqrt(n)" if self.weighting == "sqrt" else "sources equal"
         init = f", head from ridge (alpha {self.ridge_alpha:g})" if self.head_init == "ridge" else ""
         init += "" if self.dropout else ", no dropout"
+        cut = "" if self.truncation == "head" else f" ({self.truncation})"
         encoder = self.encoder if self.encoder_layers is None else f"{self.encoder} first {self.encoder_layers} layers,"
         return (
             f"{encoder} top {self.top_layers} layers fine-tuned, {self.steps} steps x {self.batch_size}, "
-            f"lr {self.lr:g}, max_length {self.max_length}, {share}{init}"
+            f"lr {self.lr:g}, max_length {self.max_length}{cut}, {share}{init}"
         )

@@ -173,17 +173,20 @@ def lower_states(
     cache: Path | None = None,
     tag: str = "",
     batch_size: int = 32,
+    truncation: str = "head",
 ) -> list[npt.NDArray[np.float32]]:
     """The lower layers' last hidden state of each prompt, unpadded (``(tokens, hidden)`` float32),
     computed forward only in length-sorted batches; kept in ``cache/<digest>.npz`` when ``cache`` is
-    given (``tag`` names the encoder and cut: a different one never reads these)."""
-    digest = hashlib.sha256(f"{tag}|{max_length}|".encode() + "\x00".join(prompts).encode()).hexdigest()[:20]
+    given (``tag`` names the encoder and cut: a different one never reads these); prompts cut to
+    ``max_length`` tokens as ``truncation`` says (:data:`~headway.predict.model.TRUNCATIONS`)."""
+    cut = f"{max_length}" if truncation == "head" else f"{max_length}:{truncation}"
+    digest = hashlib.sha256(f"{tag}|{cut}|".encode() + "\x00".join(prompts).encode()).hexdigest()[:20]
     path = cache / f"{digest}.npz" if cache is not None else None
     if path is not None and path.is_file():
         with np.load(path, allow_pickle=False) as z:
             flat, offsets = z["states"], z["offsets"]
         return [flat[offsets[i] : offsets[i + 1]] for i in range(len(prompts))]
-    ids = tokenize(tokenizer, prompts, max_length)
+    ids = tokenize(tokenizer, prompts, max_length, truncation)
     pad_id = int(tokenizer.pad_token_id or 0)
     out: list[npt.NDArray[np.float32]] = [np.zeros((0, 0), dtype=np.float32)] * len(prompts)
     lower.eval()
@@ -332,6 +335,8 @@ def finetune_all(
     from headway.predict.model import check_checkpoint_target, save_checkpoint
 
     check_checkpoint_target(out_dir)  # refused before the training, not after
+    if recipe.truncation != "head":  # the scorers read a prompt's first max_length tokens
+        raise ValueError(f"FinetuneRecipe.truncation {recipe.truncation!r}: a checkpoint is scored on a prompt's head")
     fold, model = _finetune(recipe, sources, None, cache=cache, threads=threads, log=log, device=device)
     predictor, tokenizer = merged_predictor(recipe, model.cpu())
     info = {
@@ -404,7 +409,10 @@ def _finetune(
 
     t0 = time.perf_counter()
     eval_states = {
-        s.name: lower_states(lower, tokenizer, s.prompts, recipe.max_length, cache=cache, tag=tag) for s in sources
+        s.name: lower_states(
+            lower, tokenizer, s.prompts, recipe.max_length, cache=cache, tag=tag, truncation=recipe.truncation
+        )
+        for s in sources
     }
     train_sets = []
     for src in sources:
@@ -413,7 +421,15 @@ def _finetune(
         groups, prompts = _training_groups(src)
         main = [st for st, k in zip(eval_states[src.name], (~src.test).tolist(), strict=True) if k]
         extra = (
-            lower_states(lower, tokenizer, src.extra_prompts, recipe.max_length, cache=cache, tag=tag)
+            lower_states(
+                lower,
+                tokenizer,
+                src.extra_prompts,
+                recipe.max_length,
+                cache=cache,
+                tag=tag,
+                truncation=recipe.truncation,
+            )
             if src.extra_prompts
             else []
         )

@@ -173,10 +173,33 @@ def load_encoder(path: str | Path | None = None, num_layers: int | None = None) 
     return model, tokenizer
 
 
-def tokenize(tokenizer: Any, prompts: Sequence[str], max_length: int) -> list[list[int]]:
-    """Token ids per prompt (with special tokens, truncated to ``max_length``), unpadded."""
-    enc = tokenizer(list(prompts), truncation=True, max_length=max_length, padding=False)
-    return [list(ids) for ids in enc["input_ids"]]
+TRUNCATIONS: tuple[str, ...] = ("head", "head-tail")
+"""Which tokens of a prompt longer than ``max_length`` are kept: ``head``, its first ones (the
+tokenizer's own truncation); ``head-tail``, its first half and its last half (the special tokens kept
+at both ends), so a long prompt whose question comes after pasted text keeps the question."""
+
+
+def tokenize(tokenizer: Any, prompts: Sequence[str], max_length: int, truncation: str = "head") -> list[list[int]]:
+    """Token ids per prompt (with special tokens, at most ``max_length``, cut as ``truncation`` says:
+    :data:`TRUNCATIONS`), unpadded."""
+    if truncation == "head":
+        enc = tokenizer(list(prompts), truncation=True, max_length=max_length, padding=False)
+        return [list(ids) for ids in enc["input_ids"]]
+    if truncation != "head-tail":
+        raise ValueError(f"unknown truncation {truncation!r}; choose one of {', '.join(TRUNCATIONS)}")
+    enc = tokenizer(list(prompts), truncation=False, padding=False, verbose=False)
+    return [head_tail(list(ids), max_length) for ids in enc["input_ids"]]
+
+
+def head_tail(ids: list[int], max_length: int) -> list[int]:
+    """``ids`` (special tokens at both ends) cut to ``max_length``: the first token, the first half of
+    the ``max_length - 2`` inner tokens kept, the last half, the last token."""
+    if len(ids) <= max_length:
+        return ids
+    inner = max_length - 2
+    head = (inner + 1) // 2
+    tail = inner - head
+    return ids[: 1 + head] + ids[len(ids) - 1 - tail :]
 
 
 def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
