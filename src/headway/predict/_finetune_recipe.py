@@ -10,6 +10,9 @@ __all__ = ["HEAD_INITS", "TRUNCATIONS", "WEIGHTINGS", "FinetuneRecipe"]
 
 WEIGHTINGS: tuple[str, ...] = ("equal", "sqrt")
 TRUNCATIONS: tuple[str, ...] = ("head", "head-tail")
+"""Which ``max_length`` tokens of a longer prompt are read (:func:`headway.predict.model.tokenize`):
+``head``, its first; ``head-tail``, its first half and its last half, so a long prompt whose question
+comes after pasted text keeps the question."""
 HEAD_INITS: tuple[str, ...] = ("random", "ridge")
 
 
@@ -28,8 +31,7 @@ class FinetuneRecipe:
     max_length: int = 96
     truncation: str = "head"
     """Which ``max_length`` tokens of a longer prompt are read: ``head`` (its first) or ``head-tail`` (its
-    first half and last half), as :data:`headway.predict.model.TRUNCATIONS` (repeated here: this module
-    stays torch-free)."""
+    first half and last half); :data:`TRUNCATIONS`."""
     steps: int = 800
     batch_size: int = 48
     """Prompts per step, shared among the training sources."""

@@ -178,7 +178,7 @@ def lower_states(
     """The lower layers' last hidden state of each prompt, unpadded (``(tokens, hidden)`` float32),
     computed forward only in length-sorted batches; kept in ``cache/<digest>.npz`` when ``cache`` is
     given (``tag`` names the encoder and cut: a different one never reads these); prompts cut to
-    ``max_length`` tokens as ``truncation`` says (:data:`~headway.predict.model.TRUNCATIONS`)."""
+    ``max_length`` tokens as ``truncation`` says (:data:`~headway.predict._finetune_recipe.TRUNCATIONS`)."""
     cut = f"{max_length}" if truncation == "head" else f"{max_length}:{truncation}"
     digest = hashlib.sha256(f"{tag}|{cut}|".encode() + "\x00".join(prompts).encode()).hexdigest()[:20]
     path = cache / f"{digest}.npz" if cache is not None else None

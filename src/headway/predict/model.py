@@ -35,6 +35,7 @@ from torch import nn
 
 from headway._help import unwritable
 from headway.predict._errors import CheckpointError, EncoderError
+from headway.predict._finetune_recipe import TRUNCATIONS
 from headway.predict._paths import encoder_path, file_sha256, packaged_encoder_name, set_offline
 
 __all__ = [
@@ -173,15 +174,11 @@ def load_encoder(path: str | Path | None = None, num_layers: int | None = None) 
     return model, tokenizer
 
 
-TRUNCATIONS: tuple[str, ...] = ("head", "head-tail")
-"""Which tokens of a prompt longer than ``max_length`` are kept: ``head``, its first ones (the
-tokenizer's own truncation); ``head-tail``, its first half and its last half (the special tokens kept
-at both ends), so a long prompt whose question comes after pasted text keeps the question."""
-
-
 def tokenize(tokenizer: Any, prompts: Sequence[str], max_length: int, truncation: str = "head") -> list[list[int]]:
-    """Token ids per prompt (with special tokens, at most ``max_length``, cut as ``truncation`` says:
-    :data:`TRUNCATIONS`), unpadded."""
+    """Token ids per prompt (with special tokens, at most ``max_length``), unpadded. A longer prompt
+    keeps, as ``truncation`` says (:data:`~headway.predict._finetune_recipe.TRUNCATIONS`), its first
+    tokens (``head``, the tokenizer's own truncation) or its first and last halves (``head-tail``,
+    :func:`head_tail`)."""
     if truncation == "head":
         enc = tokenizer(list(prompts), truncation=True, max_length=max_length, padding=False)
         return [list(ids) for ids in enc["input_ids"]]
