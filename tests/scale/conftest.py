@@ -5,13 +5,32 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from harness.cluster import Cluster, RedisProc
+
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
+    """A failed test's report carries the last lines of each of its cluster's process logs (the
+    gateway's warnings say which request failed on which backend, and why): the logs live in the
+    test's tmp dir, which a CI run does not keep."""
+    outcome = yield
+    report = outcome.get_result()
+    cluster = getattr(item, "funcargs", {}).get("cluster")
+    if not report.failed or not isinstance(cluster, Cluster):
+        return
+    for proc in cluster.procs:
+        lines = proc.log_text().splitlines()
+        if lines:
+            tail = "\n".join(lines[-LOG_TAIL_LINES:])
+            report.sections.append((f"{proc.name} log (last {LOG_TAIL_LINES} lines)", tail))
 
 
 @pytest.fixture
