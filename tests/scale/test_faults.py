@@ -39,6 +39,7 @@ class Call(threading.Thread):
         self.url, self.body = url, body
         self.status: int | None = None
         self.events: list[str] = []
+        self.text: list[str] = []  # the lines of a response that is not an event stream
         self.error: str | None = None
         self.started_streaming = threading.Event()
         self.stop = threading.Event()
@@ -52,6 +53,8 @@ class Call(threading.Thread):
                     if line.startswith("data: "):
                         self.events.append(line[6:])
                         self.started_streaming.set()
+                    elif line:
+                        self.text.append(line)
                     if self.stop.is_set():
                         return  # disconnect
         except httpx.HTTPError as exc:
@@ -97,13 +100,14 @@ def test_backend_killed_mid_stream_then_restarted(cluster: Cluster):
         err = json.loads(s.events[-2])["error"]
         assert err["type"] == "upstream_error" and "mid-stream" in err["message"]
     time.sleep(1.0)  # the queued requests try the dead backend, then wait for it
-    assert all(q.is_alive() for q in queued), "queued requests must wait for the backend"
+    ended = [(q.body["prompt"], q.status, q.text, q.error) for q in queued if not q.is_alive()]
+    assert not ended, f"queued requests must wait for the backend; ended: {ended}"
     assert _queued(gw) == 3
 
     stub.start()  # same port
     for q in queued:
         q.result(30)
-        assert q.status == 200 and q.error is None, (q.status, q.events, q.error)
+        assert q.status == 200 and q.error is None, (q.status, q.text, q.error)
     stats = _stats(stub)
     assert sorted(stats["order"]) == ["q0", "q1", "q2"] and stats["completed"] == 3
     m = CLIENT.get(gw.url + "/metrics").text
