@@ -296,7 +296,6 @@ def test_a_cut_encoder_trains_packs_and_scores_on_its_first_layers(tiny_encoder_
     np.testing.assert_allclose(shipped.score(prompts), saved, atol=1e-3)  # float16 deltas, two layers run
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA device")
 def test_a_head_tail_recipe_saves_no_checkpoint(tmp_path: Path) -> None:
     from headway.predict.crossfinetune import finetune_all
 
@@ -305,6 +304,7 @@ def test_a_head_tail_recipe_saves_no_checkpoint(tmp_path: Path) -> None:
     assert not (tmp_path / "ck").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA device")
 def test_cuda_is_refused_where_torch_has_none(capsys: pytest.CaptureFixture[str]) -> None:
     from headway.predict._cli import main
 
