@@ -146,6 +146,35 @@ def test_a_fresh_connection_closed_before_any_answer_is_lost_not_retried() -> No
     assert "before a response" in message
 
 
+def test_a_connection_closed_before_the_body_went_out_is_lost() -> None:
+    """The connection closes after the request's headers were buffered and before its body is
+    written (a backend killed as it accepted): aiohttp reports ``ClientOSError`` without an errno,
+    caused by its "Cannot write to closing transport". The request never reached the backend: lost
+    (the exchange waits for the backend), not a failure that ends the request at once."""
+
+    async def serve(backend: _Backend, reader: Reader, writer: Writer, n: int) -> None:
+        await backend.request(reader)
+        await backend.answer(writer, OK)
+
+    async def client(pool: UpstreamPool, backend: _Backend) -> str:
+        session = pool._open()
+        connect = session.connector.connect
+
+        async def connect_then_close(*args: Any, **kwargs: Any) -> Any:
+            conn = await connect(*args, **kwargs)
+            asyncio.get_running_loop().call_soon(conn.transport.abort)  # before the body's write
+            return conn
+
+        session.connector.connect = connect_then_close  # type: ignore[method-assign]
+        with pytest.raises(UpstreamConnectionLost) as err:
+            await pool.post("/v1/completions", b"{}")
+        return str(err.value)
+
+    message, backend = _run(serve, client)
+    assert message == "connection closed before a response"
+    assert backend.connections == 1 and backend.requests == []
+
+
 def test_closing_an_unfinished_stream_closes_its_connection() -> None:
     """The backend sees the client go away (vLLM aborts the request), and the connection is not
     used again."""

@@ -36,6 +36,16 @@ __all__ = [
 
 _LOST = (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED)
 """A connection reset or broken while the request went out: the backend went away."""
+_LOST_CAUSES = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+"""The same, where aiohttp wraps it without an errno: a request body written to a transport that the
+backend's reset had closed after the headers were buffered is ``ClientOSError(None, "Can not write
+request body ...")`` caused by ``ClientConnectionResetError("Cannot write to closing transport")``."""
+
+
+def _lost(exc: aiohttp.ClientOSError) -> bool:
+    """Whether an OS error before any response means the connection broke (the backend went away)."""
+    return exc.errno in _LOST or isinstance(exc.__cause__, _LOST_CAUSES)
+
 
 KEEPALIVE_S = 4.0
 """How long an idle connection is kept: below uvicorn's ``timeout_keep_alive`` (5 s, which
@@ -172,7 +182,7 @@ class UpstreamPool:
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 if ctx.reused:
                     continue  # the backend closed an idle connection: again, on the next one or a fresh one
-                if isinstance(exc, aiohttp.ServerDisconnectedError) or exc.errno in _LOST:
+                if isinstance(exc, aiohttp.ServerDisconnectedError) or _lost(exc):
                     raise UpstreamConnectionLost("connection closed before a response") from None
                 raise UpstreamError(f"{type(exc).__name__} while waiting for the response") from None
             except aiohttp.ClientError as exc:
