@@ -164,7 +164,15 @@ def test_workload_flags_reach_the_loader(tmp_path: Path, capsys: pytest.CaptureF
     assert "model_outputs: 1 requests" in capsys.readouterr().out
     argv = ["simulate", "--num-requests", "50", "--policies", "fcfs", "--no-report", "--arrivals", "burst"]
     assert main(argv) == 0
-    assert "50 requests over 0.0 s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "50 requests in one burst at t = 0;" in out and "--rate" not in out
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"prompt": "a", "output_tokens": 5}\n{"prompt": "b", "output_tokens": 9}\n')
+    assert main(["simulate", "--workload", str(log), "--policies", "fcfs", "--no-report"]) == 0
+    assert "2 requests in one burst at t = 0 (no arrival times: --rate R spreads them)" in capsys.readouterr().out
+    assert main(["simulate", "--workload", str(log), "--rate", "2", "--policies", "fcfs", "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert "2 requests over " in out and "burst" not in out
     assert main(["simulate", "--workload", str(outputs), "--format", "nope", "--no-report"]) == 2
     assert "format must be one of" in capsys.readouterr().err
 

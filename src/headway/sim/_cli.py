@@ -302,8 +302,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CLIError(f"--policy-arg: {exc}") from None
     preset_names = ", ".join(c.name for c in presets)
+    span = f"over {workload.duration:.1f} s"
+    if len(workload) > 1 and workload.duration == 0:
+        hint = "" if args.arrivals == "burst" else " (no arrival times: --rate R spreads them)"
+        span = f"in one burst at t = 0{hint}"
     console.print(
-        f"[bold]workload[/] {workload.name}: {len(workload)} requests over {workload.duration:.1f} s; "
+        f"[bold]workload[/] {workload.name}: {len(workload)} requests {span}; "
         f"[bold]preset[/] {preset_names}{f'; [bold]router[/] {args.router}' if fleet else ''}; "
         f"[bold]policies[/] {', '.join(names)}"
     )
