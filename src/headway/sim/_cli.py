@@ -304,7 +304,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     preset_names = ", ".join(c.name for c in presets)
     span = f"over {workload.duration:.1f} s"
     if len(workload) > 1 and workload.duration == 0:
-        hint = "" if args.arrivals == "burst" else " (no arrival times: --rate R spreads them)"
+        timeless = args.arrivals is None and workload.meta.get("timed") is False
+        hint = " (no arrival times: --rate R spreads them)" if timeless else ""
         span = f"in one burst at t = 0{hint}"
     console.print(
         f"[bold]workload[/] {workload.name}: {len(workload)} requests {span}; "
