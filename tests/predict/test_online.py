@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -104,6 +106,97 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
         MemoryStore.load(tmp_path / "missing.npz", 10)
 
 
+def test_a_state_path_is_saved_at_close_and_resumed(tmp_path: Path) -> None:
+    cfg = OnlineConfig(window=100, min_observations=10, refit_every=10, alpha=1.0)
+    path = tmp_path / "state" / "online.npz"  # its folder is made at the first save
+    learner = OnlineLearner(
+        _embed, _prior, cfg, background=False, state_path=path, save_interval_s=3600, fingerprint="pack-a"
+    )
+    for p in PROMPTS[:25]:
+        learner.observe(p, _length(p), "m")
+    assert not path.exists()  # not due yet
+    learner.close()
+    assert MemoryStore.load(path, 100).rows("m").shape[0] == 25
+    again = OnlineLearner(_embed, _prior, cfg, background=False, state_path=path, fingerprint="pack-a")
+    assert again.observed("m") == 25 and again.fitted("m")
+    # refitted at start on all 25 (the first learner's head is from 20)
+    every = OnlineLearner(_embed, _prior, dataclasses.replace(cfg, refit_every=1), background=False)
+    for p in PROMPTS[:25]:
+        every.observe(p, _length(p), "m")
+    assert np.allclose(again.score(PROMPTS[300:], "m"), every.score(PROMPTS[300:], "m"))
+    with pytest.raises(ValueError, match="save_interval_s must be >= 0, got -1"):
+        OnlineLearner(_embed, _prior, state_path=path, save_interval_s=-1)
+
+
+def test_observations_are_saved_once_due(tmp_path: Path) -> None:
+    """Inline, at the observation that finds them due; in the background, also while idle: a process
+    killed without a shutdown (vLLM's default --shutdown-timeout 0) keeps what was saved."""
+    cfg = OnlineConfig(window=100, min_observations=10, refit_every=10, alpha=1.0)
+    path = tmp_path / "inline.npz"
+    inline = OnlineLearner(_embed, _prior, cfg, background=False, state_path=path, save_interval_s=0)
+    for n, p in enumerate(PROMPTS[:3], 1):
+        inline.observe(p, _length(p), "m")
+        assert MemoryStore.load(path, 100).rows("m").shape[0] == n
+    path = tmp_path / "background.npz"
+    threaded = OnlineLearner(_embed, _prior, cfg, state_path=path, save_interval_s=0.05)
+    for p in PROMPTS[:33]:
+        threaded.observe(p, _length(p), "m")
+    threaded.flush()  # processed; then saved by the idle thread, with no close
+    deadline = time.monotonic() + 10
+    while not (path.exists() and MemoryStore.load(path, 100).rows("m").shape[0] == 33):
+        assert time.monotonic() < deadline, "the idle learner did not save its observations"
+        time.sleep(0.02)
+    threaded.close()
+    assert OnlineLearner(_embed, _prior, cfg, background=False, state_path=path).observed("m") == 33
+
+
+def test_a_state_of_another_predictor_is_refused(tmp_path: Path) -> None:
+    cfg = OnlineConfig(window=100, min_observations=10, refit_every=10, alpha=1.0)
+    path = tmp_path / "online.npz"
+    learner = OnlineLearner(_embed, _prior, cfg, background=False, state_path=path, fingerprint="pack-a")
+    for p in PROMPTS[:10]:
+        learner.observe(p, _length(p), "m")
+    learner.close()
+    with pytest.raises(ValueError, match=f"^{path}: holds the features of another predictor \\(pack-a\\), not of this"):
+        OnlineLearner(_embed, _prior, cfg, background=False, state_path=path, fingerprint="pack-b")
+
+    def wider(prompts: Sequence[str]) -> np.ndarray:
+        return np.hstack([_embed(prompts), _embed(prompts)])
+
+    # a file without a fingerprint (saved before they were recorded, or by a learner without one) is
+    # checked by the width of its rows
+    bare = OnlineLearner(_embed, _prior, cfg, background=False)
+    for p in PROMPTS[:10]:
+        bare.observe(p, _length(p), "m")
+    old = bare.save(tmp_path / "bare.npz")
+    with pytest.raises(ValueError, match="its rows have 9 columns, this predictor's 13"):
+        OnlineLearner(wider, lambda e: e[:, 0], cfg, background=False, state_path=old, fingerprint="pack-a")
+    assert OnlineLearner(_embed, _prior, cfg, background=False, state_path=old, fingerprint="pack-a").fitted("m")
+
+
+def test_a_state_path_that_cannot_be_written_or_read_is_refused(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    with pytest.raises(ValueError, match="cannot save the online-learning state there"):
+        OnlineLearner(_embed, _prior, background=False, state_path=blocked / "online.npz")
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"garbage")
+    with pytest.raises(ValueError, match=f"^{garbage}: not a saved online-learning state"):
+        OnlineLearner(_embed, _prior, background=False, state_path=garbage)
+    with pytest.raises(ValueError, match="a state_path or a store, not both"):
+        OnlineLearner(_embed, _prior, store=MemoryStore(), background=False, state_path=garbage)
+
+
+def test_a_failed_save_is_logged_and_learning_goes_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cfg = OnlineConfig(window=100, min_observations=5, refit_every=5, alpha=1.0)
+    folder = tmp_path / "state"
+    learner = OnlineLearner(_embed, _prior, cfg, background=False, state_path=folder / "online.npz", save_interval_s=0)
+    folder.write_text("the folder became a file")  # every save fails from here on
+    for p in PROMPTS[:5]:
+        learner.observe(p, _length(p), "m")
+    assert learner.fitted("m") and "could not save the state to" in caplog.text
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -167,6 +260,16 @@ def test_replicas_share_windows_through_redis(tmp_path: Path) -> None:
         for p in PROMPTS[20:60]:
             mem.observe(p, _length(p), "m")
         assert np.allclose(late.score(PROMPTS[300:], "m"), mem.score(PROMPTS[300:], "m"))
+        # the windows record the predictor whose features they hold (none was named above)
+        def on_redis(prefix: str, fingerprint: str) -> OnlineLearner:
+            store = RedisStore(client, prefix)
+            return OnlineLearner(_embed, _prior, cfg, store=store, background=False, fingerprint=fingerprint)
+
+        on_redis("t", "pack-a")  # windows without a recorded predictor: checked by their width
+        on_redis("f", "pack-a").observe(PROMPTS[0], 5, "m")
+        on_redis("f", "pack-a")
+        with pytest.raises(ValueError, match=r"another predictor \(pack-a\), not of this one \(pack-b\)"):
+            on_redis("f", "pack-b")
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -38,6 +38,18 @@ def test_online_learning_needs_the_predictor_scored_in_process(settings: dict[st
     assert not GatewayConfig(backends=(BackendConfig("http://a"),), scorer="default").online_learning  # off by default
 
 
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"online_learning": False}, "online_state is the file online learning saves its windows to"),
+        ({"online_learning": True, "redis_url": "redis://127.0.0.1:1"}, "no redis_url \\(Redis keeps them\\)"),
+    ],
+)
+def test_online_state_needs_learning_in_memory(settings: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        GatewayConfig(backends=(BackendConfig("http://a"),), scorer="default", online_state="s.npz", **settings)  # type: ignore[arg-type]
+
+
 def test_the_serve_flag_turns_it_on() -> None:
     import argparse
 
@@ -48,6 +60,8 @@ def test_the_serve_flag_turns_it_on() -> None:
     argv = ["serve", "--backend", "http://127.0.0.1:1", "--scorer", "default"]
     assert build_config(parser.parse_args([*argv, "--online-learning"])).online_learning
     assert not build_config(parser.parse_args(argv)).online_learning
+    config = build_config(parser.parse_args([*argv, "--online-learning", "--online-state", "/var/lib/hw.npz"]))
+    assert config.online_state == "/var/lib/hw.npz"
 
 
 def _send(url: str, model: str, prompts: list[str], stream: bool = False) -> None:
@@ -119,3 +133,38 @@ def test_replicas_on_redis_share_the_windows(redis_url, make_stub, make_gateway)
     client = redis.Redis.from_url(redis_url)
     wait_until(lambda: client.llen(f"{prefix}online:m") == 5, what="5 rows in the shared window")
     assert one.gateway.online.learner.observed("m") == two.gateway.online.learner.observed("m") == 5
+
+
+def test_a_restarted_gateway_resumes_what_it_learned(make_stub, tmp_path) -> None:
+    """``online_state``: the windows are saved when the gateway stops and resumed by the next one,
+    which scores the model's requests with its head from the first."""
+    from headway.serve import create_app
+    from headway.serve._runner import serve_in_thread
+
+    state = tmp_path / "online.npz"
+    stub = make_stub()
+    config = GatewayConfig(
+        backends=(BackendConfig(stub.url, max_concurrency=4),),
+        policy="pars",
+        scorer="default",
+        online_learning=True,
+        online_state=str(state),
+    )
+    first = create_app(config)
+    with serve_in_thread(first) as url:
+        _send(url, "m", PROMPTS[:24])  # one short of a head: nothing saved before the stop
+        learner = first.state.gateway.online.learner
+        learner.flush()
+        assert learner.observed("m") == 24 and not learner.fitted("m") and not state.exists()
+    second = create_app(config)
+    with serve_in_thread(second) as url:
+        learner = second.state.gateway.online.learner
+        assert learner.observed("m") == 24 and not learner.fitted("m")
+        _send(url, "m", PROMPTS[24:])
+        learner.flush()
+        assert learner.fitted("m")
+    third = create_app(config)
+    with serve_in_thread(third) as url:
+        online = third.state.gateway.online
+        assert online.learner.observed("m") == 25 and online.learner.fitted("m")
+        assert online.scorer_for("m") is not online.default

@@ -12,8 +12,12 @@ then ranks a model's prompts with its head (the offline score alone until ``min_
 on the scoring path waits for a refit: heads are swapped in whole.
 
 The windows are stored in an :class:`ObservationStore`: in memory (:class:`MemoryStore`, saved to and
-loaded from a file across restarts) or in Redis (:class:`RedisStore`), where gateway replicas share one
-window per model, each refitting from it. Prompts are not stored, only their features and lengths.
+loaded from a file across restarts: ``state_path`` saves it within ``save_interval_s`` of each observation
+and at :meth:`close`) or in
+Redis (:class:`RedisStore`), where gateway replicas share one window per model, each refitting from it.
+Prompts are not stored, only their features and lengths. A store records which predictor's features it
+holds (the predictor's ``fingerprint``); a learner around another predictor refuses it, since its rows
+would be another model's features.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import hashlib
 import io
 import json
 import logging
+import os
 import queue
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -85,6 +91,11 @@ class ObservationStore(Protocol):
 
     def models(self) -> list[str]: ...
 
+    def claim(self, fingerprint: str) -> str | None:
+        """The fingerprint of the predictor whose features the windows hold: ``fingerprint``, recorded,
+        when the store holds no window yet; else the one recorded (None: not recorded)."""
+        ...
+
 
 class MemoryStore:
     """Windows in this process; :meth:`save` / :meth:`load` keep them across restarts."""
@@ -92,6 +103,13 @@ class MemoryStore:
     def __init__(self) -> None:
         self._rows: dict[str, deque[_F64]] = {}
         self._lock = threading.Lock()
+        self._fingerprint: str | None = None
+
+    def claim(self, fingerprint: str) -> str | None:
+        with self._lock:
+            if not self._rows:
+                self._fingerprint = fingerprint
+            return self._fingerprint
 
     def append(self, model: str, row: _F64, window: int) -> None:
         with self._lock:
@@ -112,11 +130,13 @@ class MemoryStore:
     def save(self, path: str | Path) -> Path:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        arrays = {f"m{i}": self.rows(m) for i, m in enumerate(self.models())}
-        names = np.frombuffer(json.dumps(self.models()).encode(), dtype=np.uint8)
+        models = self.models()
+        arrays = {f"m{i}": self.rows(m) for i, m in enumerate(models)}
+        names = np.frombuffer(json.dumps(models).encode(), dtype=np.uint8)
+        meta = np.frombuffer(json.dumps({"predictor": self._fingerprint}).encode(), dtype=np.uint8)
         buf = io.BytesIO()
-        savez: Any = np.savez_compressed  # its **arrays are typed as its keyword options
-        savez(buf, models=names, **arrays)
+        savez: Any = np.savez  # (features do not compress: a window is ~1.5 MB either way, 40x faster so)
+        savez(buf, models=names, meta=meta, **arrays)
         tmp = p.with_name(f".{p.name}.tmp")
         tmp.write_bytes(buf.getvalue())
         tmp.replace(p)
@@ -133,7 +153,10 @@ class MemoryStore:
                 for i, model in enumerate(models):
                     for row in z[f"m{i}"][-window:]:
                         store.append(str(model), row, window)
-        except (OSError, KeyError, ValueError) as exc:
+                if "meta" in z.files:  # (not in files saved before fingerprints were recorded)
+                    fingerprint = json.loads(bytes(z["meta"]).decode()).get("predictor")
+                    store._fingerprint = None if fingerprint is None else str(fingerprint)
+        except (OSError, KeyError, ValueError, AttributeError) as exc:
             raise ValueError(f"{path}: not a saved online-learning state ({exc})") from None
         return store
 
@@ -164,6 +187,22 @@ class RedisStore:
             m.decode() if isinstance(m, bytes) else str(m) for m in self._client.smembers(f"{self._prefix}:models")
         )
 
+    def claim(self, fingerprint: str) -> str | None:
+        key = f"{self._prefix}:predictor"
+        if not self.models():
+            self._client.set(key, fingerprint)
+        found = self._client.get(key)
+        return found.decode() if isinstance(found, bytes) else None if found is None else str(found)
+
+
+def _check_writable(path: Path) -> None:
+    """ValueError unless a file can be created at ``path`` (its nearest existing folder writable)."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{path}: cannot save the online-learning state there ({folder} is not a writable folder)")
+
 
 class OnlineLearner:
     """Per-model online refits around an offline predictor.
@@ -172,6 +211,15 @@ class OnlineLearner:
     its scores (e.g. :class:`~headway.predict.shipped.ShippedPredictor`'s ``embed`` and
     ``score_embeddings``). With ``background=False`` observations are processed inside
     :meth:`observe` (deterministic; for replays and tests).
+
+    ``state_path``: a file the windows are loaded from when it exists and saved to (atomically) once
+    new observations are ``save_interval_s`` old (by the background thread, idle or not; inline, at the
+    next observation) and at :meth:`close`, so a restart resumes with every model's head and a process
+    killed without a shutdown loses at most the last ``save_interval_s`` of observations.
+    ``fingerprint`` names the predictor whose features the rows are (:attr:`ShippedPredictor.fingerprint
+    <headway.predict.shipped.ShippedPredictor.fingerprint>`): a store or file that holds another
+    predictor's rows is refused with a ValueError naming it, where it would otherwise be refitted on
+    features that mean something else.
     """
 
     def __init__(
@@ -182,11 +230,29 @@ class OnlineLearner:
         *,
         store: ObservationStore | None = None,
         background: bool = True,
+        state_path: str | Path | None = None,
+        save_interval_s: float = 1.0,
+        fingerprint: str | None = None,
     ) -> None:
+        if not save_interval_s >= 0:
+            raise ValueError(f"OnlineLearner: save_interval_s must be >= 0, got {save_interval_s!r}")
         self.config = config or OnlineConfig()
+        self._save_interval = save_interval_s
+        self._unsaved_since: float | None = None  # monotonic time of the oldest observation not saved
         self._embed = embed
         self._prior = prior
+        self.state_path = Path(state_path) if state_path is not None else None
+        where = "the online-learning store"
+        if self.state_path is not None:
+            if store is not None:
+                raise ValueError("OnlineLearner: give a state_path or a store, not both (Redis keeps its own state)")
+            where = str(self.state_path)
+            if self.state_path.exists():
+                store = MemoryStore.load(self.state_path, self.config.window)
+            else:
+                _check_writable(self.state_path)
         self.store: ObservationStore = store if store is not None else MemoryStore()
+        self._check_store(fingerprint, where)
         self._heads: dict[str, RidgeHead] = {}
         self._since_refit: dict[str, int] = {}
         self._row_cache: OrderedDict[bytes, _F64] = OrderedDict()
@@ -200,6 +266,25 @@ class OnlineLearner:
         for model in self.store.models():
             self._refit(model)
 
+    def _check_store(self, fingerprint: str | None, where: str) -> None:
+        """Refuse windows of another predictor's features: by the recorded fingerprint, else (none
+        recorded, or none given) by the width of a row."""
+        recorded = self.store.claim(fingerprint) if fingerprint is not None else None
+        if recorded is not None and fingerprint is not None and recorded != fingerprint:
+            raise ValueError(
+                f"{where}: holds the features of another predictor ({recorded}), not of this one ({fingerprint}); "
+                "remove it or name another, to start learning afresh"
+            )
+        models = self.store.models()
+        if recorded is None and models:
+            width = self._compute_rows([""]).shape[1] + 1
+            found = self.store.rows(models[0]).shape[1]
+            if found != width:
+                raise ValueError(
+                    f"{where}: its rows have {found} columns, this predictor's {width}: they were made with another "
+                    "predictor; remove it or name another, to start learning afresh"
+                )
+
     @classmethod
     def around(
         cls,
@@ -208,10 +293,13 @@ class OnlineLearner:
         *,
         store: ObservationStore | None = None,
         background: bool = True,
+        state_path: str | Path | None = None,
+        save_interval_s: float = 1.0,
     ) -> OnlineLearner:
         """A learner refitting on ``predictor``'s features: one with ``embed(prompts)`` and
         ``score_embeddings(embeddings)``, as :class:`~headway.predict.shipped.ShippedPredictor` (what
-        ``"default"`` loads when nothing is trained); ValueError naming its type otherwise."""
+        ``"default"`` loads when nothing is trained); ValueError naming its type otherwise. Its
+        ``fingerprint``, where it has one, guards the store."""
         embed = getattr(predictor, "embed", None)
         prior = getattr(predictor, "score_embeddings", None)
         if not callable(embed) or not callable(prior):
@@ -219,7 +307,17 @@ class OnlineLearner:
                 f"online learning needs a predictor with embed() and score_embeddings() (the shipped one, "
                 f"'default' with nothing trained), got {type(predictor).__name__}"
             )
-        return cls(embed, prior, config, store=store, background=background)
+        fingerprint = getattr(predictor, "fingerprint", None)
+        return cls(
+            embed,
+            prior,
+            config,
+            store=store,
+            background=background,
+            state_path=state_path,
+            save_interval_s=save_interval_s,
+            fingerprint=fingerprint if isinstance(fingerprint, str) else None,
+        )
 
     # ------------------------------------------------------------------ feeding
     def observe(self, prompt: str, output_tokens: int, model: str | None = None) -> None:
@@ -239,17 +337,43 @@ class OnlineLearner:
         if self._queue is not None:
             self._queue.join()
 
-    def close(self) -> None:
+    def close(self, *, save: bool = True) -> None:
+        """Stop the background thread once the queued observations are processed, then (``save``)
+        save the windows to ``state_path``, if any."""
         if self._queue is not None and self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout=5.0)
             self._queue = None
+        if save and self._unsaved_since is not None:
+            self._save_state()
+
+    def _save_state(self) -> None:
+        if self.state_path is None:
+            return
+        self._unsaved_since = None
+        try:
+            self.save(self.state_path)
+        except OSError:  # a full disk or a bad path: the learning goes on in memory
+            log.exception("online learning: could not save the state to %s", self.state_path)
+
+    def _save_due_in(self) -> float | None:
+        """Seconds until unsaved observations are due to be saved (None: nothing to save)."""
+        if self.state_path is None or self._unsaved_since is None:
+            return None
+        return max(0.0, self._unsaved_since + self._save_interval - time.monotonic())
 
     def _work(self) -> None:
         assert self._queue is not None
         q = self._queue
         while True:
-            item = q.get()
+            due = self._save_due_in()
+            if due == 0.0:
+                self._save_state()
+                continue
+            try:
+                item = q.get(timeout=due)
+            except queue.Empty:  # idle: the unsaved observations are due
+                continue
             batch = [item]
             while item is not None and not q.empty() and len(batch) < 64:
                 item = q.get_nowait()
@@ -298,6 +422,10 @@ class OnlineLearner:
             self._since_refit[model] = self._since_refit.get(model, 0) + 1
             if self._since_refit[model] >= self.config.refit_every or model not in self._heads:
                 self._refit(model)
+        if self._unsaved_since is None:
+            self._unsaved_since = time.monotonic()
+        if self._queue is None and self._save_due_in() == 0.0:  # inline: no thread to save later
+            self._save_state()
 
     def _refit(self, model: str) -> None:
         data = self.store.rows(model)

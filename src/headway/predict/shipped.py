@@ -241,6 +241,9 @@ class ShippedPredictor:
         self.meta: dict[str, Any] = header
         base_dir = Path(base) if base is not None else default_encoder_path()
         digest = hashlib.sha256(raw).hexdigest()[:16]
+        self.fingerprint = f"{self.path.name}:{digest}"
+        """The pack's name and content hash: what an online learner's saved windows are checked against
+        (the features are the pack's however it is run: float or int8 graph, any prompt cut)."""
         graph = encoder_onnx_path(base_dir, f"packed:{digest}:{header['pooling']}")
         if not graph.is_file():
             if file_sha256(base_dir / "model.safetensors") != header["base_sha256"]:

@@ -243,6 +243,12 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="refit the scorer per model on the requests it finished (needs --scorer default; default: off)",
     )
+    p.add_argument(
+        "--online-state",
+        default=None,
+        metavar="FILE",
+        help="with --online-learning and no --redis: save the learned windows to FILE and resume from it",
+    )
     p.add_argument("--log-level", default=None, help="default info (HEADWAY_LOG_LEVEL)")
     p.add_argument(
         "--log-format",
@@ -285,6 +291,7 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None)
         "scorer_process": getattr(args, "scorer_process", None),
         "scorer_fast_path": getattr(args, "scorer_fast_path", None),
         "online_learning": getattr(args, "online_learning", None),
+        "online_state": getattr(args, "online_state", None),
         "api_keys": args.api_keys,
         "redis_lease_s": getattr(args, "redis_lease", None),
         "router": getattr(args, "router", None),

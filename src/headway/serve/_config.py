@@ -7,6 +7,7 @@ Config file (TOML shown; JSON with the same structure works too)::
     scorer = "default:onnx-int8"    # prompt scorer; score-ranked policies (pars, ...) need one
     scorer_fast_path = true         # dispatch a request nothing competes with before its score (scored meanwhile)
     online_learning = false         # refit the scorer per model on finished requests (GatewayConfig.online_learning)
+    online_state = ""               # file online learning saves to and resumes from ("" = none; not with redis_url)
     max_queue_len = 10000           # 429 beyond this many queued requests
     max_queue_per_tenant = 0        # 0 = no per-tenant limit
     queue_ttl_s = 60.0              # 408 after waiting this long in the queue (503 when no backend is reachable)
@@ -302,6 +303,11 @@ class GatewayConfig:
     or ``"default:onnx-int8"`` with nothing trained) scored in this process (not
     ``scorer_process``). With ``redis_url`` replicas share the windows in Redis
     (``{redis_prefix}online:{model}``). Off by default: not measured to rank better yet."""
+    online_state: str = ""
+    """With ``online_learning`` and no ``redis_url``: a file the learned windows are saved to after
+    every refit (every 25 completions of a model) and at shutdown, and resumed from at start, so a
+    restarted gateway keeps each model's head. "" (the default): none, learning starts afresh at
+    every start. With ``redis_url`` the windows live in Redis, which keeps them."""
     scorer_hold_s: float = 0.0
     """With a scorer: while more requests are being scored than are queued, free backends wait
     for the scores, at most this long (0, the default: never). Without a hold, the first
@@ -425,6 +431,11 @@ class GatewayConfig:
             "online_learning refits on the features of the scorer's predictor, in this process: it needs scorer "
             f"'default' (or 'default:onnx-int8') and scorer_process off, got scorer {self.scorer!r}"
             f"{' with scorer_process' if self.scorer_process else ''}",
+        )
+        _check(
+            not self.online_state or (self.online_learning and not self.redis_url),
+            "online_state is the file online learning saves its windows to: it needs online_learning on and no "
+            "redis_url (Redis keeps them)",
         )
         _check(self.scorer_batch_size >= 1, f"scorer_batch_size must be >= 1, got {self.scorer_batch_size}")
         _check(self.scorer_hold_s >= 0, f"scorer_hold_s must be >= 0, got {self.scorer_hold_s}")

@@ -296,7 +296,8 @@ class OnlineScoring:
     of the other models share :attr:`default`, which scores as the predictor does.
 
     With ``redis_url`` the windows live in Redis (``{redis_prefix}online:{model}``), shared by the
-    replicas; the learner's thread reaches it with a blocking client of its own."""
+    replicas; the learner's thread reaches it with a blocking client of its own. Without it,
+    ``online_state`` names the file they are saved to and resumed from."""
 
     def __init__(self, config: Any) -> None:
         from headway.predict.online import ObservationStore, OnlineLearner, RedisStore
@@ -310,7 +311,7 @@ class OnlineScoring:
 
             self._redis = redis.Redis.from_url(config.redis_url)
             store = RedisStore(self._redis, f"{config.redis_prefix}online")
-        self.learner = OnlineLearner.around(predictor, store=store)
+        self.learner = OnlineLearner.around(predictor, store=store, state_path=config.online_state or None)
         self._batching = (config.scorer_batch_size, config.scorer_max_wait_s)
         self.default = BatchScorer(self._score_fn(None), *self._batching)
         self._models: dict[str, BatchScorer] = {}

@@ -126,6 +126,11 @@ Settings (keys of the ``headway`` object):
     head on the predictor's features over the latest 500 (:class:`headway.predict.OnlineLearner`,
     keyed by the served model's name); the scorer ranks with that head once it has one (after
     25), with the predictor's scores until then. Off by default: not measured to rank better yet.
+``online_state`` (``null``)
+    With ``online_learning``: a file the learned windows are saved to after every refit (every 25
+    completions of a model) and at shutdown, and resumed from at the next start, so a restarted
+    engine keeps every model's head. A file of another predictor's features, or a folder that
+    cannot be written, is refused at start (and by ``headway plugin-check``).
 
 Per-request fields travel in ``vllm_xargs`` (vLLM's ``SamplingParams.extra_args``):
 ``headway_score``, ``headway_tenant``, ``headway_tier``, ``headway_category`` (and

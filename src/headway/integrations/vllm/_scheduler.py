@@ -137,8 +137,11 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 if cfg.online_learning:
                     assert cfg.scorer is not None  # PluginConfig checked it
                     self._hw_learner = learner = load_online_learner(
-                        cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads
+                        cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads, state=cfg.online_state
                     )
+                    if cfg.online_state is not None:
+                        resumed = {m or "(no model)": learner.observed(m) for m in learner.store.models()}
+                        logger.info("headway: online learning state %s (resumed: %s)", cfg.online_state, resumed)
                     model_config = self.vllm_config.model_config
                     model = getattr(model_config, "served_model_name", None) or getattr(model_config, "model", None)
                     model = str(model) if model else None

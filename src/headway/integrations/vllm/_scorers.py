@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from headway.integrations.vllm._errors import PluginConfigError
@@ -55,15 +56,20 @@ def load_text_scorer(spec: str, *, backend: str = "torch", threads: int = 1) -> 
         ) from None
 
 
-def load_online_learner(spec: str, *, backend: str = "torch", threads: int = 1) -> OnlineLearner:
+def load_online_learner(
+    spec: str, *, backend: str = "torch", threads: int = 1, state: str | None = None
+) -> OnlineLearner:
     """An :class:`~headway.predict.OnlineLearner` around the predictor the ``scorer`` setting names
-    (the ``online_learning`` setting); it must be the shipped one (``"default"`` with nothing trained)."""
+    (the ``online_learning`` setting); it must be the shipped one (``"default"`` with nothing trained).
+    ``state``: the ``online_state`` file it resumes from and saves to."""
     from headway.predict.online import OnlineLearner
 
     predictor = predictor_spec(spec)
     if predictor is None:
         raise PluginConfigError(f"headway plugin: online_learning needs the scorer 'default', got {spec!r}")
+    loaded = _load_predictor(spec, predictor, backend, threads)
     try:
-        return OnlineLearner.around(_load_predictor(spec, predictor, backend, threads))
+        return OnlineLearner.around(loaded, state_path=state)
     except ValueError as exc:
-        raise PluginConfigError(f"headway plugin: scorer {spec!r}: {exc}") from None
+        what = f"online_state {state!r}" if state is not None and str(Path(state)) in str(exc) else f"scorer {spec!r}"
+        raise PluginConfigError(f"headway plugin: {what}: {exc}") from None

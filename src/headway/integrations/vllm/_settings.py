@@ -50,6 +50,7 @@ class PluginConfig:
     control_file: str | None = None
     check_version: bool = True
     online_learning: bool = False
+    online_state: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, str) or not self.policy:
@@ -67,7 +68,7 @@ class PluginConfig:
         threads = self.scorer_threads
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise PluginConfigError(f"headway plugin: scorer_threads must be an integer >= 1, got {threads!r}")
-        for name in ("scorer", "tokenizer", "step_log", "control_file"):
+        for name in ("scorer", "tokenizer", "step_log", "control_file", "online_state"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise PluginConfigError(f"headway plugin: {name} must be a non-empty string or null, got {value!r}")
@@ -81,6 +82,11 @@ class PluginConfig:
             raise PluginConfigError(
                 "headway plugin: online_learning refits the scorer's predictor: it needs scorer 'default' "
                 f"(or 'default:onnx-int8'), got {self.scorer!r}"
+            )
+        if self.online_state is not None and not self.online_learning:
+            raise PluginConfigError(
+                "headway plugin: online_state is the file online learning saves its state to: it needs "
+                "online_learning true"
             )
         if self.missing_score is not None and not (
             isinstance(self.missing_score, (int, float))
@@ -195,9 +201,17 @@ def check_settings(cfg: PluginConfig, *, chunked_prefill: bool | None = None) ->
     if cfg.scorer is not None:
         t0 = time.perf_counter()
         if cfg.online_learning:
-            learner = load_online_learner(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
-            learner.close()
+            learner = load_online_learner(
+                cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads, state=cfg.online_state
+            )
+            learner.close(save=False)  # a check writes nothing
             done.append(f"online_learning: scorer {cfg.scorer!r} has the features a learner refits on")
+            if cfg.online_state is not None:
+                models = learner.store.models()
+                held = ", ".join(f"{m or '(no model)'}: {learner.observed(m)}" for m in models)
+                saved = "saved within a second of each finished request, and at shutdown"
+                what = f"resumes {held} observations" if models else "starts empty"
+                done.append(f"online_state {cfg.online_state}: {what}; {saved}")
         fn = load_text_scorer(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
         try:
             scores = [float(x) for x in fn(["How do I check the settings before a launch?"])]
