@@ -20,7 +20,7 @@ from headway.integrations.vllm import (
     load_text_scorer,
     word_count_scorer,
 )
-from headway.integrations.vllm._scorers import load_online_learner
+from headway.integrations.vllm._scorers import load_online_learner, online_state_for_rank
 from headway.predict.online import MemoryStore
 from integrations._fake import FakeEngine, FakeRequest
 
@@ -187,3 +187,9 @@ def test_a_real_engine_resumes_its_online_state_and_saves_what_it_learns(shipped
             assert rows.shape[0] == 34 and sorted(rows[-4:, -1]) == [3.0, 4.0, 5.0, 6.0]
     except VllmUnavailable as exc:
         _unavailable(str(exc))
+
+
+def test_each_data_parallel_engine_keeps_its_own_state_file() -> None:
+    assert online_state_for_rank("/var/lib/hw/online.npz", 0) == "/var/lib/hw/online.npz"
+    assert online_state_for_rank("/var/lib/hw/online.npz", 3) == "/var/lib/hw/online.dp3.npz"
+    assert online_state_for_rank("state", 1) == "state.dp1"

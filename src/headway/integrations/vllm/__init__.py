@@ -130,7 +130,8 @@ Settings (keys of the ``headway`` object):
     With ``online_learning``: a file the learned windows are saved to after every refit (every 25
     completions of a model) and at shutdown, and resumed from at the next start, so a restarted
     engine keeps every model's head. A file of another predictor's features, or a folder that
-    cannot be written, is refused at start (and by ``headway plugin-check``).
+    cannot be written, is refused at start (and by ``headway plugin-check``). With data
+    parallelism each engine keeps its own: ``NAME.dpN.EXT`` for engine N > 0.
 
 Per-request fields travel in ``vllm_xargs`` (vLLM's ``SamplingParams.extra_args``):
 ``headway_score``, ``headway_tenant``, ``headway_tier``, ``headway_category`` (and

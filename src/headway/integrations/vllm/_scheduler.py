@@ -17,7 +17,12 @@ from headway.core import Policy
 from headway.integrations.vllm._adapter import PolicyAdapter
 from headway.integrations.vllm._chat import ChatMarkers, chat_markers
 from headway.integrations.vllm._errors import PluginConfigError, VllmVersionError
-from headway.integrations.vllm._scorers import TextScoreFn, load_online_learner, load_text_scorer
+from headway.integrations.vllm._scorers import (
+    TextScoreFn,
+    load_online_learner,
+    load_text_scorer,
+    online_state_for_rank,
+)
 from headway.integrations.vllm._settings import (
     PluginConfig,
     _check_chunked_prefill,
@@ -136,12 +141,16 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 self._hw_learner: Any = None
                 if cfg.online_learning:
                     assert cfg.scorer is not None  # PluginConfig checked it
+                    state = cfg.online_state
+                    if state is not None:  # one file per data-parallel engine
+                        dp = getattr(self.vllm_config.parallel_config, "data_parallel_index", 0)
+                        state = online_state_for_rank(state, int(dp or 0))
                     self._hw_learner = learner = load_online_learner(
-                        cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads, state=cfg.online_state
+                        cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads, state=state
                     )
-                    if cfg.online_state is not None:
+                    if state is not None:
                         resumed = {m or "(no model)": learner.observed(m) for m in learner.store.models()}
-                        logger.info("headway: online learning state %s (resumed: %s)", cfg.online_state, resumed)
+                        logger.info("headway: online learning state %s (resumed: %s)", state, resumed)
                     model_config = self.vllm_config.model_config
                     model = getattr(model_config, "served_model_name", None) or getattr(model_config, "model", None)
                     model = str(model) if model else None

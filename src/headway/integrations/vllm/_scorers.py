@@ -13,7 +13,7 @@ from headway.predict._resolve import predictor_spec, resolve_score_fn
 if TYPE_CHECKING:
     from headway.predict.online import OnlineLearner
 
-__all__ = ["TextScoreFn", "load_online_learner", "load_text_scorer", "word_count_scorer"]
+__all__ = ["TextScoreFn", "load_online_learner", "load_text_scorer", "online_state_for_rank", "word_count_scorer"]
 
 TextScoreFn = Callable[[list[str]], Any]
 """Scores a batch of prompt texts: one float per prompt (a sequence or an array)."""
@@ -54,6 +54,16 @@ def load_text_scorer(spec: str, *, backend: str = "torch", threads: int = 1) -> 
             f"headway plugin: {exc} (the scorer setting is 'default', a predictor directory, "
             "'module:attr' or 'module:factory()')"
         ) from None
+
+
+def online_state_for_rank(path: str, index: int) -> str:
+    """The ``online_state`` file of data-parallel engine ``index`` (vLLM's ``data_parallel_index``):
+    the file named for engine 0, ``NAME.dpN.EXT`` for the others, so engines never overwrite each
+    other's windows (each learns from the requests it served)."""
+    if index <= 0:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.dp{index}{p.suffix}"))
 
 
 def load_online_learner(
