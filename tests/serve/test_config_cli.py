@@ -442,3 +442,25 @@ def test_headway_stub_subcommand():
 
     args = build_parser().parse_args(["stub", "--port", "0", "--model", "m", "--token-delay", "0.01"])
     assert (args.port, args.model, args.token_delay) == (0, "m", 0.01) and callable(args.func)
+
+
+def test_client_libraries_log_each_request_only_at_debug():
+    """httpx logs every request at INFO: the backends' /metrics polls, twice a second each."""
+    import logging
+
+    from headway.serve._logging import setup_logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        for level, shown in (("info", False), ("warning", False), ("debug", True)):
+            setup_logging(level)
+            for name in ("httpx", "httpcore"):
+                chatty = logging.getLogger(name)
+                assert chatty.isEnabledFor(logging.INFO) is shown, (level, name)
+                assert chatty.isEnabledFor(logging.WARNING) is (level != "error")
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.NOTSET)

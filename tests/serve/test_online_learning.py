@@ -168,3 +168,23 @@ def test_a_restarted_gateway_resumes_what_it_learned(make_stub, tmp_path) -> Non
         online = third.state.gateway.online
         assert online.learner.observed("m") == 25 and online.learner.fitted("m")
         assert online.scorer_for("m") is not online.default
+
+
+def test_one_answer_is_learned_from_a_request_for_several(make_stub, make_gateway) -> None:
+    """Usage counts the tokens of all ``n`` answers: the learner gets one answer's length; a list of
+    prompts (scored as one joined text) is not learned from."""
+    gw = make_gateway([make_stub().url], scorer="default:onnx-int8", online_learning=True)
+    learner = gw.gateway.online.learner
+    with httpx.Client(base_url=gw.url, timeout=30) as c:
+        for body in (
+            {"model": "m", "prompt": "Name a river.", "max_tokens": 6, "n": 3},
+            {"model": "m", "messages": [{"role": "user", "content": "Name a sea."}], "max_tokens": 4, "n": 2,
+             "stream": True, "stream_options": {"include_usage": True}},
+            {"model": "m", "prompt": ["Name a lake.", "Name a hill."], "max_tokens": 5},
+            {"model": "m", "prompt": ["Name a bay."], "max_tokens": 7},
+        ):  # fmt: skip
+            r = c.post("/v1/chat/completions" if "messages" in body else "/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+    wait_until(lambda: len(gw.gateway.finished_requests) == 4, what="4 requests finished")
+    learner.flush()
+    assert sorted(learner.store.rows("m")[:, -1]) == [4.0, 6.0, 7.0]

@@ -372,8 +372,14 @@ class Exchange:
             req.num_output_tokens = completion_tokens
         req.finish_time = now
         req.transition(RequestState.FINISHED)
-        if self.arrivals.online is not None and req.output_tokens_known:  # queued for the learner's thread
-            self.arrivals.online.observe(req.prompt, req.num_output_tokens, str(req.extra.get("model") or "") or None)
+        if self.arrivals.online is not None and req.output_tokens_known and req.extra.get("single_prompt", True):
+            # queued for the learner's thread: the length of one answer (usage counts all n of them); a list
+            # of prompts is not learned from (its scored text joins them)
+            answers = req.extra.get("answers", 1)
+            length = req.num_output_tokens
+            if isinstance(answers, int) and answers > 1:
+                length = round(length / answers)
+            self.arrivals.online.observe(req.prompt, length, str(req.extra.get("model") or "") or None)
         self.arrivals.on_finish(req, now)  # and the queued keys follow what the policy learned
         self.metrics.finished.labels(req.tenant_id, req.tier.name.lower()).inc()
         streamed = req.extra.get("stream") is True and req.first_token_time is not None

@@ -134,6 +134,9 @@ class Intake:
         model = body.get("model")
         req.extra["model"] = model if isinstance(model, str) else ""
         req.extra["stream"] = parsed.stream
+        if parsed.answers > 1 or not parsed.single_prompt:  # (what online learning divides or skips)
+            req.extra["answers"] = parsed.answers
+            req.extra["single_prompt"] = parsed.single_prompt
         return req
 
     def payload(self, body: dict[str, Any], raw: bytes, parsed: Parsed, req: Request) -> bytes:

@@ -27,6 +27,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
+_CHATTY = ("httpx", "httpcore")
+"""Client libraries that log every request at INFO: the backends' /metrics polls, twice a second a
+backend by default. Their warnings and errors still show; ``debug`` shows everything."""
+
+
 def setup_logging(level: str, fmt: str = "text") -> None:
     """Configure the root logger: ``fmt`` ``"text"`` or ``"json"``."""
     if fmt not in ("text", "json"):
@@ -36,6 +41,8 @@ def setup_logging(level: str, fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel(logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING)
 
 
 class LimitedWarnings:

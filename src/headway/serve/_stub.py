@@ -109,6 +109,7 @@ class _Stub:
                 {"error": {"message": "injected failure", "code": c.fail_status}}, status_code=c.fail_status
             )
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or c.default_max_tokens)
+        answers = int(body.get("n") or 1)  # choices: each n tokens long
         label = str(body.get("prompt") if not chat else body["messages"][-1].get("content"))
         stream = bool(body.get("stream"))
         usage_opt = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -121,35 +122,36 @@ class _Stub:
                 self.stats.aborted += 1
                 return Response(status_code=499)  # nobody is listening
             self.stats.completed += 1
-            choice: dict[str, object] = (
+            choices: list[dict[str, object]] = [
                 {
-                    "index": 0,
+                    "index": k,
                     "message": {"role": "assistant", "content": " tok" * n},
                     "finish_reason": "length",
                 }
                 if chat
-                else {"index": 0, "text": " tok" * n, "finish_reason": "length"}
-            )
+                else {"index": k, "text": " tok" * n, "finish_reason": "length"}
+                for k in range(answers)
+            ]
             return JSONResponse(
                 {
                     "id": rid,
                     "object": "chat.completion" if chat else "text_completion",
                     "created": created,
                     "model": c.model,
-                    "choices": [choice],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1},
+                    "choices": choices,
+                    "usage": {"prompt_tokens": 1, "completion_tokens": n * answers, "total_tokens": n * answers + 1},
                 }
             )
 
-        def chunk(i: int) -> bytes:
+        def chunk(i: int, k: int) -> bytes:
             if chat:
                 ch: dict[str, object] = {
-                    "index": 0,
+                    "index": k,
                     "delta": {"content": " tok"},
                     "finish_reason": "length" if i == n - 1 else None,
                 }
             else:
-                ch = {"index": 0, "text": " tok", "finish_reason": "length" if i == n - 1 else None}
+                ch = {"index": k, "text": " tok", "finish_reason": "length" if i == n - 1 else None}
             d = {
                 "id": rid,
                 "object": obj,
@@ -171,7 +173,8 @@ class _Stub:
                             raise RuntimeError("injected mid-stream failure")
                         if c.token_delay_s:
                             await asyncio.sleep(c.token_delay_s)
-                        yield chunk(i)
+                        for k in range(answers):
+                            yield chunk(i, k)
                     if usage_opt:
                         u = {
                             "id": rid,
@@ -179,7 +182,11 @@ class _Stub:
                             "created": created,
                             "model": c.model,
                             "choices": [],
-                            "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1},
+                            "usage": {
+                                "prompt_tokens": 1,
+                                "completion_tokens": n * answers,
+                                "total_tokens": n * answers + 1,
+                            },
                         }
                         yield b"data: " + json.dumps(u, separators=(",", ":")).encode() + b"\n\n"
                     yield b"data: [DONE]\n\n"

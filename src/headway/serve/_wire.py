@@ -113,6 +113,11 @@ class Parsed:
     """What the length predictor reads: a chat request's last user message (the one being answered:
     the predictors are trained on single user prompts, and a system prompt or earlier turns ahead
     of it would fill the scorer's window), else :attr:`prompt_text` (also when that message is empty)."""
+    answers: int = 1
+    """How many answers the engine generates: ``n`` for each prompt of a completions request's list
+    (usage counts the tokens of all of them)."""
+    single_prompt: bool = True
+    """False for a completions request with a list of several prompts: its :attr:`query_text` joins them."""
 
 
 MAX_TOKENS_CEILING = 2**31 - 1
@@ -167,8 +172,10 @@ def validate_body(body: object, chat: bool) -> Parsed:
         text = "\n".join(parts)
         ntok = estimate_tokens(text)
         query_text = "\n".join(query) if query and any(q.strip() for q in query) else text
+        prompts = 1
     else:
         prompt = body.get("prompt")
+        prompts = len(prompt) if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt) else 1
         if isinstance(prompt, str) and prompt:
             text, ntok = prompt, estimate_tokens(prompt)
         elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
@@ -213,7 +220,10 @@ def validate_body(body: object, chat: bool) -> Parsed:
         raise BadRequest(f"'n' must be a positive integer, got {n!r}", "n")
     if n is not None and n > MAX_N:
         raise BadRequest(f"'n' must be at most {MAX_N}, got {n}", "n")
-    return Parsed(text, ntok, max_tokens, max_tokens_field, stream, priority, wants_usage, query_text)
+    answers = (n or 1) * prompts
+    return Parsed(
+        text, ntok, max_tokens, max_tokens_field, stream, priority, wants_usage, query_text, answers, prompts == 1
+    )
 
 
 def completion_tokens(content: bytes) -> int | None:
