@@ -174,6 +174,10 @@ def test_cli_rejects_bad_settings(capsys):
         assert "--port must be in 0..65535" in capsys.readouterr().err
     assert main(["serve", "--backend", "http://127.0.0.1:1", "--policy", "pars"]) == 2
     assert "headway: error: policy 'pars' ranks requests" in capsys.readouterr().err
+    assert main(["serve", "--backend", "http://127.0.0.1:1", "--log-level", "loud"]) == 2
+    assert capsys.readouterr().err == (
+        "headway: error: the log level must be debug, info, warning, error or critical, got 'loud'\n"
+    )
 
 
 def test_unreachable_redis_at_startup_is_one_clear_line(tmp_path):

@@ -135,7 +135,7 @@ def test_replicas_on_redis_share_the_windows(redis_url, make_stub, make_gateway)
     assert one.gateway.online.learner.observed("m") == two.gateway.online.learner.observed("m") == 5
 
 
-def test_a_restarted_gateway_resumes_what_it_learned(make_stub, tmp_path) -> None:
+def test_a_restarted_gateway_resumes_what_it_learned(make_stub, tmp_path, caplog) -> None:
     """``online_state``: the windows are saved when the gateway stops and resumed by the next one,
     which scores the model's requests with its head from the first."""
     from headway.serve import create_app
@@ -156,7 +156,9 @@ def test_a_restarted_gateway_resumes_what_it_learned(make_stub, tmp_path) -> Non
         learner = first.state.gateway.online.learner
         learner.flush()
         assert learner.observed("m") == 24 and not learner.fitted("m") and not state.exists()
+    caplog.set_level("INFO", logger="headway.serve.scorer")
     second = create_app(config)
+    assert f"online learning state {state} (resumed: {{'m': 24}})" in caplog.text
     with serve_in_thread(second) as url:
         learner = second.state.gateway.online.learner
         assert learner.observed("m") == 24 and not learner.fitted("m")
@@ -188,3 +190,38 @@ def test_one_answer_is_learned_from_a_request_for_several(make_stub, make_gatewa
     wait_until(lambda: len(gw.gateway.finished_requests) == 4, what="4 requests finished")
     learner.flush()
     assert sorted(learner.store.rows("m")[:, -1]) == [4.0, 6.0, 7.0]
+
+
+def test_headway_serve_says_what_state_it_resumed(make_stub, tmp_path) -> None:
+    """The line is logged while the app is made, so logging is set up before it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from headway.predict.online import MemoryStore
+    from headway.serve._runner import free_port
+
+    state = tmp_path / "online.npz"
+    store = MemoryStore()
+    store.append("m", np.zeros(389), 500)
+    store.save(state)  # (no predictor recorded: checked by its width)
+    port = free_port()
+    argv = [sys.executable, "-m", "headway.serve", "serve", "--backend", make_stub().url, "--port", str(port),
+            "--scorer", "default", "--online-learning", "--online-state", str(state)]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=30)[1]
+    assert f"online learning state {state} (resumed: {{'m': 1}})" in err

@@ -344,12 +344,17 @@ def _run_serve(args: argparse.Namespace) -> int:
     log_format = args.log_format or env.get("HEADWAY_LOG_FORMAT") or "text"
     if log_format not in ("text", "json"):
         return fail(f"HEADWAY_LOG_FORMAT must be text or json, got {log_format!r}")
+    if log_level not in ("debug", "info", "warning", "error", "critical"):
+        return fail(f"the log level must be debug, info, warning, error or critical, got {log_level!r}")
     try:
         config = build_config(args, env)
+    except (ConfigError, ValueError) as exc:
+        return fail(str(exc))
+    setup_logging(log_level, log_format)  # before the app is made: what it logs while starting shows
+    try:
         app = create_app(config)
     except (ConfigError, ValueError) as exc:
         return fail(str(exc))
-    setup_logging(log_level, log_format)
     logging.getLogger("headway.serve").info(
         "headway gateway on http://%s:%d, effective configuration: %s",
         host,
