@@ -301,3 +301,22 @@ def test_simulate_scores_prompts_with_the_shipped_predictor(
 
     assert start_order("fcfs") == ["w-0", "w-1", "w-2"]
     assert start_order("pars") == ["w-1", "w-2", "w-0"]  # predicted shortest first, the essay last
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """``--help`` is the reference a newcomer reads: no flag is listed bare."""
+    import argparse
+
+    from headway.cli import build_parser
+
+    def bare(parser: argparse.ArgumentParser, path: str) -> list[str]:
+        out = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    out += bare(sub, f"{path} {name}")
+            elif action.option_strings and not action.help:
+                out.append(f"{path} {action.option_strings[-1]}")
+        return out
+
+    assert bare(build_parser(), "headway") == []

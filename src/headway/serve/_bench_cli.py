@@ -56,9 +56,19 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="requests per second of the arrivals (default: the workload's own)",
     )
-    p.add_argument("--burstiness", type=float, default=None)
-    p.add_argument("--arrivals", default=None, choices=["trace", "gamma", "gamma-vllm", "poisson", "burst"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--burstiness",
+        type=float,
+        default=None,
+        help="Gamma burstiness factor (1 = Poisson, < 1 burstier), as vllm bench serve and headway simulate",
+    )
+    p.add_argument(
+        "--arrivals",
+        default=None,
+        choices=["trace", "gamma", "gamma-vllm", "poisson", "burst"],
+        help="arrival process, chosen as headway simulate --arrivals chooses it (its --help gives the defaults)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of every random draw of the workload (default 0)")
     p.add_argument("--tenants", default=None, help="tenant mix for load_workload ('default' or 'none')")
     p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (same as --endpoint PATH)")
@@ -81,9 +91,14 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--max-prompt-tokens", type=int, default=0, help="cap synthetic prompt length")
     p.add_argument("--max-output-tokens", type=int, default=0, help="cap output lengths")
-    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiply every gap between arrivals by this (default 1; 0.5 replays twice as fast)",
+    )
     p.add_argument("--timeout", type=float, default=3600.0, help="whole-run limit in seconds")
-    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--request-timeout", type=float, default=600.0, help="one request's limit in seconds (default 600)")
     p.add_argument("--name", default="bench", help="run name in the report")
     p.add_argument("--out", default=None, help="write a headway report (JSON/CSV/plots) to this folder")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -153,10 +153,18 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="KEY=VALUE",
         help="a router setting, e.g. separation=1 (repeatable)",
     )
-    e.add_argument("--max-num-seqs", type=int, default=256)
-    e.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    e.add_argument("--max-num-seqs", type=int, default=256, help="most requests in a step, as vLLM's (default 256)")
+    e.add_argument(
+        "--max-num-batched-tokens", type=int, default=8192, help="token budget of a step, as vLLM's (default 8192)"
+    )
     e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
-    e.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
+    e.add_argument(
+        "--preemption-mode",
+        choices=["recompute", "swap"],
+        default="recompute",
+        help="an evicted request's KV: dropped and recomputed on resume (vLLM V1's), or swapped out and back at "
+        "the preset's swap cost (default recompute)",
+    )
     e.add_argument(
         "--scheduler-reserve-full-isl",
         action=argparse.BooleanOptionalAction,
@@ -164,7 +172,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="admit a request only if the KV cache holds its whole prompt, not only its first chunk (vLLM's default)",
     )
     e.add_argument("--num-gpu-blocks", type=int, default=None, help="override the KV capacity computed from the preset")
-    e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    e.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="share of the preset's GPU memory the engine may use, weights and KV cache, as vLLM's (default 0.9)",
+    )
     e.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
