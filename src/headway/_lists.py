@@ -22,6 +22,7 @@ def add_list_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 def _plain(doc: str) -> str:
     """A docstring line without its reST markup (``x``, :class:`~a.B`)."""
     doc = re.sub(r":\w+:`~?(?:[\w.]*\.)?([^`]+)`", r"\1", doc)
+    doc = re.sub(r"\*\*?([^*\s][^*]*)\*\*?", r"\1", doc)  # *emphasis* and **strong**
     return doc.replace("``", "")
 
 
@@ -58,13 +59,15 @@ def _cmd_routers(args: argparse.Namespace) -> int:
 
     for name in available_routers():
         doc = (get_router_class(name).__doc__ or "").strip().splitlines()
-        print(f"{name:20s} {doc[0] if doc else ''}")
+        print(f"{name:20s} {_plain(doc[0]) if doc else ''}")
     return 0
 
 
 def _cmd_workloads(args: argparse.Namespace) -> int:
     from headway.workload import available_workloads, workload_description
 
-    for name in available_workloads():
-        print(f"{name:12s} {workload_description(name)}")
+    names = available_workloads()
+    width = max(map(len, names), default=0)
+    for name in names:
+        print(f"{name:{width}s} {workload_description(name)}")
     return 0

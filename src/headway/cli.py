@@ -7,7 +7,9 @@ the table :data:`_SUBCOMMANDS` below is the only place that lists them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -66,6 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args))
+    except BrokenPipeError:  # the reader left (headway policies | head): quiet, as other tools
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # no flush error at exit either
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool the signal ended
     except (CLIError, ValueError, OSError, EOFError, PluginError) as exc:  # bad values and files name themselves
         print(f"headway: error: {describe_error(exc)}", file=sys.stderr)
         return 2

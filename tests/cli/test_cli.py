@@ -195,6 +195,14 @@ def test_policy_listing_is_plain_text(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["policies"]) == 0
     out = capsys.readouterr().out
     assert "``" not in out and ":class:" not in out and "(priority, arrival_time)" in out
+    assert "*" not in out and "Waiting and running requests" in out  # ltr's *and running*
+    assert main(["routers"]) == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and "((requests + 1) / speed)" in out
+    assert main(["workloads"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    starts = {len(line) - len(line.split(maxsplit=1)[1]) for line in lines}
+    assert len(starts) == 1, lines  # the descriptions start in one column, after the longest name
 
 
 def test_presets_lists_the_good_saved_presets_and_warns_about_bad_files(
@@ -320,3 +328,19 @@ def test_every_option_of_every_command_says_what_it_does() -> None:
         return out
 
     assert bare(build_parser(), "headway") == []
+
+
+def test_a_reader_that_leaves_early_ends_the_listing_quietly(capsys, monkeypatch) -> None:
+    """``headway policies | head -1``: no 'Broken pipe' error, the shell's SIGPIPE status."""
+    import sys
+
+    class _Gone:
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", _Gone())
+    assert main(["policies"]) == 141
+    assert capsys.readouterr().err == ""
