@@ -304,10 +304,10 @@ class GatewayConfig:
     ``scorer_process``). With ``redis_url`` replicas share the windows in Redis
     (``{redis_prefix}online:{model}``). Off by default: not measured to rank better yet."""
     online_state: str = ""
-    """With ``online_learning`` and no ``redis_url``: a file the learned windows are saved to after
-    every refit (every 25 completions of a model) and at shutdown, and resumed from at start, so a
-    restarted gateway keeps each model's head. "" (the default): none, learning starts afresh at
-    every start. With ``redis_url`` the windows live in Redis, which keeps them."""
+    """With ``online_learning`` and no ``redis_url``: a file the learned windows are saved to within
+    a second of each finished request and at shutdown, and resumed from at start, so a restarted
+    gateway keeps each model's head. "" (the default): none, learning starts afresh at every start.
+    With ``redis_url`` the windows live in Redis, which keeps them."""
     scorer_hold_s: float = 0.0
     """With a scorer: while more requests are being scored than are queued, free backends wait
     for the scores, at most this long (0, the default: never). Without a hold, the first

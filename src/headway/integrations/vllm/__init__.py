@@ -127,9 +127,10 @@ Settings (keys of the ``headway`` object):
     keyed by the served model's name); the scorer ranks with that head once it has one (after
     25), with the predictor's scores until then. Off by default: not measured to rank better yet.
 ``online_state`` (``null``)
-    With ``online_learning``: a file the learned windows are saved to after every refit (every 25
-    completions of a model) and at shutdown, and resumed from at the next start, so a restarted
-    engine keeps every model's head. A file of another predictor's features, or a folder that
+    With ``online_learning``: a file the learned windows are saved to within a second of each
+    finished request (vLLM's default ``--shutdown-timeout 0`` ends the engine before the
+    scheduler's shutdown) and resumed from at the next start, so a restarted engine keeps every
+    model's head. A file of another predictor's features, or a folder that
     cannot be written, is refused at start (and by ``headway plugin-check``). With data
     parallelism each engine keeps its own: ``NAME.dpN.EXT`` for engine N > 0.
 
