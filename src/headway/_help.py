@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -16,9 +17,18 @@ __all__ = [
     "describe_error",
     "fail",
     "key_value",
+    "plain_text",
     "prepare_out_dir",
     "unwritable",
 ]
+
+
+def plain_text(doc: str) -> str:
+    """A docstring's text without its reST markup (``x``, :class:`~a.B`, *emphasis*), for a terminal."""
+    doc = re.sub(r":\w+:`~(?:[\w.]*\.)?([^`]+)`", r"\1", doc)  # :class:`~a.B`: B, as Sphinx shows it
+    doc = re.sub(r":\w+:`([^`]+)`", r"\1", doc)
+    doc = re.sub(r"\*\*?([^*\s][^*]*)\*\*?", r"\1", doc)  # *emphasis* and **strong**
+    return doc.replace("``", "")
 
 
 class CLIError(Exception):

@@ -6,8 +6,9 @@ Wired into ``headway.cli`` through :func:`add_list_parsers`.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
+
+from headway._help import plain_text
 
 __all__ = ["add_list_parsers"]
 
@@ -19,19 +20,12 @@ def add_list_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     sub.add_parser("routers", help="list fleet routers").set_defaults(func=_cmd_routers)
 
 
-def _plain(doc: str) -> str:
-    """A docstring line without its reST markup (``x``, :class:`~a.B`)."""
-    doc = re.sub(r":\w+:`~?(?:[\w.]*\.)?([^`]+)`", r"\1", doc)
-    doc = re.sub(r"\*\*?([^*\s][^*]*)\*\*?", r"\1", doc)  # *emphasis* and **strong**
-    return doc.replace("``", "")
-
-
 def _cmd_policies(args: argparse.Namespace) -> int:
     from headway.core import available_policies, get_policy_class
 
     for name in available_policies():
         cls = get_policy_class(name)
-        doc = _plain((cls.__doc__ or "").strip().splitlines()[0]) if cls.__doc__ else ""
+        doc = plain_text((cls.__doc__ or "").strip().splitlines()[0]) if cls.__doc__ else ""
         flags = ",".join(f for f, on in (("oracle", cls.oracle), ("preemptive", cls.preemptive)) if on)
         print(f"{name:22s} {('[' + flags + '] ') if flags else ''}{doc}")
     return 0
@@ -59,7 +53,7 @@ def _cmd_routers(args: argparse.Namespace) -> int:
 
     for name in available_routers():
         doc = (get_router_class(name).__doc__ or "").strip().splitlines()
-        print(f"{name:20s} {_plain(doc[0]) if doc else ''}")
+        print(f"{name:20s} {plain_text(doc[0]) if doc else ''}")
     return 0
 
 

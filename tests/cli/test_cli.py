@@ -314,17 +314,23 @@ def test_simulate_scores_prompts_with_the_shipped_predictor(
 def test_every_option_of_every_command_says_what_it_does() -> None:
     """``--help`` is the reference a newcomer reads: no flag is listed bare."""
     import argparse
+    import re
 
     from headway.cli import build_parser
 
     def bare(parser: argparse.ArgumentParser, path: str) -> list[str]:
         out = []
+        texts = [parser.description or ""]
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
                 for name, sub in action.choices.items():
                     out += bare(sub, f"{path} {name}")
-            elif action.option_strings and not action.help:
-                out.append(f"{path} {action.option_strings[-1]}")
+            elif not action.help:
+                out.append(f"{path} {action.option_strings[-1] if action.option_strings else action.dest}")
+            elif action.help != argparse.SUPPRESS:
+                texts.append(action.help)
+        # and no reST markup (``x``, :mod:`x`) where a terminal shows it as typed
+        out += [f"{path}: {text[:60]!r}" for text in texts if re.search(r"``|:\w+:`", text)]
         return out
 
     assert bare(build_parser(), "headway") == []

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from headway._help import plain_text
 from headway.reproduce._claims import ClaimRow, Rule, Verdict, band_rule
 from headway.reproduce._common import Experiment
 from headway.reproduce._report import print_rows, write_report
@@ -132,9 +133,9 @@ def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "reproduce",
         help="re-run the PARS / UniBoost / DriftSched experiments in simulation",
-        description=__doc__,
+        description=plain_text(__doc__ or ""),
     )
-    p.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
+    p.add_argument("experiment", choices=[*EXPERIMENTS, "all"], help="which paper's experiments (all: each in turn)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default: {DEFAULT_OUT})")
     p.add_argument("--quick", action="store_true", help="smaller runs (< 60 s each), for CI")
     p.add_argument(
