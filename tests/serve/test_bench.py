@@ -375,3 +375,44 @@ def test_bench_cli_endpoint_spellings(make_stub, capsys, tmp_path):
     assert main(base) == 2
     assert "--base-url URL is required" in capsys.readouterr().err
     assert main([*base, "--base-url", stub.url, "--metric-percentiles", "99,x"]) == 2
+
+
+def _shared(a: str, b: str) -> int:
+    """Words two texts start with alike."""
+    n = 0
+    for x, y in zip(a.split(), b.split(), strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def test_synthetic_prompts_share_a_prefix_only_where_the_workload_says() -> None:
+    from headway.serve._bench import synthetic_prompt
+
+    assert len(synthetic_prompt(100, "0/a").split()) == 100
+    assert synthetic_prompt(100, "0/a") == synthetic_prompt(100, "0/a")  # seeded: a rerun sends the same
+    # without block hashes no two requests, nor two seeds of one, start alike (but for a chance word or
+    # two: the words are drawn from a few dozen)
+    texts = [synthetic_prompt(n, f"0/r{i}") for i, n in enumerate([40, 400, 64, 1000, 17])]
+    texts += [synthetic_prompt(400, "1/r1")]
+    assert max(_shared(a, b) for i, a in enumerate(texts) for b in texts[i + 1 :]) <= 2
+    # block hashes (16 words each): a text prefix as long as the blocks two requests share
+    first = synthetic_prompt(80, "0/x", (11, 12, 13, 14, 15))
+    assert 32 <= _shared(first, synthetic_prompt(70, "0/y", (11, 12, 99))) <= 34
+    assert 32 <= _shared(synthetic_prompt(48, "0/z", (11, 12)), first) <= 34  # past its hashes: its own words
+    long = synthetic_prompt(1024, "0/m", (7, 8), block_size=512)
+    assert 512 <= _shared(long, synthetic_prompt(600, "0/n", (7,), 512)) <= 514
+
+
+def test_the_bench_sends_the_synthetic_texts(make_stub) -> None:
+    stub = make_stub()
+    specs = [RequestSpec(f"s{i}", 0.0, num_prompt_tokens=48, num_output_tokens=2) for i in range(4)]
+    specs.append(RequestSpec("h", 0.0, num_prompt_tokens=48, num_output_tokens=2, block_hashes=(5, 6)))
+    specs.append(RequestSpec("k", 0.0, num_prompt_tokens=48, num_output_tokens=2, block_hashes=(5, 6, 7)))
+    reqs = run_bench_sync(Workload.from_specs("texts", specs), BenchConfig(stub.url, model="m", prompt_seed=3))
+    assert all(r.state.name == "FINISHED" for r in reqs)
+    sent = stub.stub.stats.order
+    assert len(set(sent)) == 6 and all(len(p.split()) == 48 for p in sent)
+    longest = sorted(max(_shared(p, q) for q in sent if q is not p) for p in sent)
+    assert all(n <= 2 for n in longest[:4]) and all(32 <= n <= 34 for n in longest[4:])  # h and k share 2 blocks

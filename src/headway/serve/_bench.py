@@ -23,8 +23,10 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import hashlib
 import json
 import math
+import random
 import re
 import time
 from array import array
@@ -80,9 +82,20 @@ _WORDS = [
 ]
 
 
-def synthetic_prompt(num_tokens: int) -> str:
-    """About ``num_tokens`` tokens of filler text (one common word per token)."""
-    return " ".join(_WORDS[i % len(_WORDS)] for i in range(max(1, num_tokens)))
+def synthetic_prompt(num_tokens: int, key: str = "", block_hashes: Sequence[int] = (), block_size: int = 16) -> str:
+    """About ``num_tokens`` tokens of filler text (one common word per token), drawn block by block
+    (``block_size`` words): a block that ``block_hashes`` covers from a generator seeded by its hash,
+    so requests whose hashes agree share a text prefix (the engine's prefix cache then finds it, as
+    the simulator does), every other block from one seeded by ``key`` and its place, so that no
+    other request's text starts the same (a prefix shared by accident would be served from an
+    engine's prefix cache, where the simulator computes it)."""
+    words: list[str] = []
+    n = max(1, num_tokens)
+    for b in range(-(-n // block_size)):
+        seed = f"hash:{block_hashes[b]}" if b < len(block_hashes) else f"own:{key}:{b}"
+        rng = random.Random(int.from_bytes(hashlib.blake2b(seed.encode(), digest_size=8).digest(), "big"))
+        words += rng.choices(_WORDS, k=min(block_size, n - b * block_size))
+    return " ".join(words)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +127,9 @@ class BenchConfig:
     """Whole-run limit: requests still open then are aborted (``bench_timeout``)."""
     use_workload_prompts: bool = True
     """Send the workload's prompt text when it has one (else synthetic text)."""
+    prompt_seed: int = 0
+    """Salt of the synthetic texts (with each request's id): another seed, other texts, so a run
+    does not meet the last one's prompts in a warm engine's prefix cache."""
 
     def __post_init__(self) -> None:
         if not self.endpoint.startswith(("http://", "https://")):
@@ -194,7 +210,7 @@ async def _one(
         n = spec.num_prompt_tokens
         if cfg.max_prompt_tokens:
             n = min(n, cfg.max_prompt_tokens)
-        prompt = synthetic_prompt(n)
+        prompt = synthetic_prompt(n, f"{cfg.prompt_seed}/{spec.request_id}", spec.block_hashes, spec.hash_block_size)
     body: dict[str, object] = {
         "model": model,
         "max_tokens": out_tokens,

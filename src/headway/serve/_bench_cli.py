@@ -68,7 +68,12 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
         choices=["trace", "gamma", "gamma-vllm", "poisson", "burst"],
         help="arrival process, chosen as headway simulate --arrivals chooses it (its --help gives the defaults)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of every random draw of the workload (default 0)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of every random draw of the workload and of its synthetic prompt texts (default 0)",
+    )
     p.add_argument("--tenants", default=None, help="tenant mix for load_workload ('default' or 'none')")
     p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (same as --endpoint PATH)")
@@ -208,6 +213,7 @@ def _run_bench(args: argparse.Namespace) -> int:
             max_prompt_tokens=args.max_prompt_tokens,
             max_output_tokens=args.max_output_tokens,
             time_scale=args.time_scale,
+            prompt_seed=args.seed,
             timeout_s=args.timeout,
             request_timeout_s=args.request_timeout,
         )
