@@ -416,3 +416,13 @@ def test_the_bench_sends_the_synthetic_texts(make_stub) -> None:
     assert len(set(sent)) == 6 and all(len(p.split()) == 48 for p in sent)
     longest = sorted(max(_shared(p, q) for q in sent if q is not p) for p in sent)
     assert all(n <= 2 for n in longest[:4]) and all(32 <= n <= 34 for n in longest[4:])  # h and k share 2 blocks
+
+
+def test_bench_serve_puts_shared_system_prompts_before_the_prompts(make_stub) -> None:
+    stub = make_stub()
+    argv = ["bench", "serve", "--base-url", stub.url, "--workload", "default", "--num-requests", "6",
+            "--max-output-tokens", "2", "--system-prompts", "1", "--system-prompt-tokens", "64", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    sent = stub.stub.stats.order
+    assert len(sent) == 6 and all(_shared(p, sent[0]) >= 64 for p in sent[1:])  # one system prompt: 4 blocks
+    assert all(_shared(p, q) <= 66 for i, p in enumerate(sent) for q in sent[i + 1 :])  # then their own words

@@ -75,6 +75,21 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
         help="seed of every random draw of the workload and of its synthetic prompt texts (default 0)",
     )
     p.add_argument("--tenants", default=None, help="tenant mix for load_workload ('default' or 'none')")
+    p.add_argument(
+        "--system-prompts",
+        type=int,
+        default=None,
+        metavar="K",
+        help="put one of K shared system prompts before every prompt, as headway simulate (the engine's "
+        "prefix cache finds them)",
+    )
+    p.add_argument("--system-prompt-tokens", type=int, default=None, help="length of each system prompt (default 1000)")
+    p.add_argument(
+        "--think-time",
+        type=float,
+        default=None,
+        help="sharegpt-sessions: mean seconds between an answer and the next turn (default 10)",
+    )
     p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (same as --endpoint PATH)")
     p.add_argument(
@@ -196,7 +211,10 @@ def _run_bench(args: argparse.Namespace) -> int:
             f"--metric-percentiles must be numbers in 0..100 separated by commas, got {args.metric_percentiles!r}"
         )
     opts: dict[str, Any] = {"seed": args.seed}
-    for name in ("num_requests", "rate", "burstiness", "arrivals", "tenants"):
+    for name in (
+        "num_requests", "rate", "burstiness", "arrivals", "tenants", "system_prompts", "system_prompt_tokens",
+        "think_time",
+    ):  # fmt: skip
         v = getattr(args, name)
         if v is not None:
             opts[name] = v
