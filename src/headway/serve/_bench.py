@@ -7,6 +7,12 @@ of :class:`~headway.core.Request` with the times filled in (seconds since the st
 the run), so ``headway.metrics.summarize`` reports TTFT, TPOT, E2E and per-token
 latency exactly as for the simulator.
 
+A request that follows another (:attr:`~headway.workload.RequestSpec.after`: a conversation's next
+turn, as ``sharegpt-sessions`` makes them) is sent its think time after that one finished, with the
+conversation so far as a client keeps it: the earlier messages, the answers the engine gave (their
+text, read from the response), and a new message; the arrival time it reports is when it was sent.
+If the turn before failed, the conversation ends there (``previous_turn_failed``).
+
 Timing of a streamed request follows ``vllm bench serve``: a *content chunk* is an SSE event
 with choices (the trailing usage-only chunk and ``[DONE]`` are not); TTFT ends at the first,
 E2E at the last; the gaps between consecutive ones are its inter-token latencies (ITL, kept in
@@ -193,6 +199,10 @@ def _abort(req: Request, reason: str, now: float) -> None:
         req.extra["abort_reason"] = reason
 
 
+Message = dict[str, str]
+"""A chat message (``role``, ``content``)."""
+
+
 async def _one(
     session: aiohttp.ClientSession,
     cfg: BenchConfig,
@@ -200,17 +210,24 @@ async def _one(
     spec: RequestSpec,
     req: Request,
     t0: float,
-) -> None:
+    history: tuple[list[Message], int] | None = None,
+    answer: list[str] | None = None,
+) -> list[Message]:
+    """Send one request; returns the messages it sent. ``history``: the conversation so far and the
+    length of the new message (a turn that follows another); ``answer``: collects the answer's text."""
     out_tokens = spec.num_output_tokens
     if cfg.max_output_tokens:
         out_tokens = min(out_tokens, cfg.max_output_tokens)
-    if cfg.use_workload_prompts and spec.prompt:
-        prompt = spec.prompt
+    key = f"{cfg.prompt_seed}/{spec.request_id}"
+    if history is not None:  # the conversation so far, with the answers the engine gave, and a new message
+        messages = [*history[0], {"role": "user", "content": synthetic_prompt(history[1], key)}]
+    elif cfg.use_workload_prompts and spec.prompt:
+        messages = [{"role": "user", "content": spec.prompt}]
     else:
         n = spec.num_prompt_tokens
         if cfg.max_prompt_tokens:
             n = min(n, cfg.max_prompt_tokens)
-        prompt = synthetic_prompt(n, f"{cfg.prompt_seed}/{spec.request_id}", spec.block_hashes, spec.hash_block_size)
+        messages = [{"role": "user", "content": synthetic_prompt(n, key, spec.block_hashes, spec.hash_block_size)}]
     body: dict[str, object] = {
         "model": model,
         "max_tokens": out_tokens,
@@ -221,15 +238,15 @@ async def _one(
     if cfg.stream:
         body["stream_options"] = {"include_usage": True}
     if cfg.chat:
-        body["messages"] = [{"role": "user", "content": prompt}]
+        body["messages"] = messages
         path = "/v1/chat/completions"
     else:
-        body["prompt"] = prompt
+        body["prompt"] = _as_text(messages)
         path = "/v1/completions"
-    key = cfg.tenant_keys.get(spec.tenant_id, cfg.api_key)
+    api_key = cfg.tenant_keys.get(spec.tenant_id, cfg.api_key)
     headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     data = json.dumps(body).encode()
     url = _base(cfg.endpoint) + path
     clock = time.perf_counter
@@ -240,15 +257,39 @@ async def _one(
             if resp.status != 200:
                 await resp.read()
                 _abort(req, f"http_{resp.status}", clock() - t0)
-                return
-            if not cfg.stream:
-                _finish_unstreamed(req, await resp.read(), clock() - t0)
-                return
-            await _read_stream(_lines(resp.content), req, t0)
+            elif not cfg.stream:
+                _finish_unstreamed(req, await resp.read(), clock() - t0, answer)
+            else:
+                await _read_stream(_lines(resp.content), req, t0, answer)
     except _CLIENT_ERRORS as exc:
         _abort(req, _error_reason(exc), clock() - t0)
     except _LineTooLong:
         _abort(req, "line_too_long", clock() - t0)
+    return messages
+
+
+def _as_text(messages: list[Message]) -> str:
+    """A conversation as one completions prompt: an answer continues the text it completed, as the
+    engine generated it (so its tokens are the ones the engine cached); a new message after a space."""
+    text = ""
+    for m in messages:
+        if m["role"] == "assistant":
+            text += m["content"]
+        else:
+            text = f"{text} {m['content']}" if text else m["content"]
+    return text
+
+
+def _text_of(choice: object) -> str:
+    """The text of an answer's first choice (or of a stream chunk's): completions' ``text``, chat's
+    ``message`` or ``delta`` ``content``."""
+    if not isinstance(choice, dict):
+        return ""
+    part = choice.get("text")
+    if part is None:
+        msg = choice.get("message") or choice.get("delta") or {}
+        part = msg.get("content") if isinstance(msg, dict) else None
+    return part if isinstance(part, str) else ""
 
 
 _MAX_LINE_CHARS = 1 << 23
@@ -284,8 +325,9 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
         yield last
 
 
-async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float) -> None:
-    """Time a streamed answer's content chunks as they come (see the module's docstring)."""
+async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answer: list[str] | None = None) -> None:
+    """Time a streamed answer's content chunks as they come (see the module's docstring); ``answer``
+    collects the first choice's text."""
     clock = time.perf_counter
     usage: int | None = None
     last: float | None = None  # time of the latest content chunk
@@ -306,6 +348,11 @@ async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float) -> No
                 if not obj.get("choices"):
                     continue
         now = clock() - t0
+        if answer is not None:
+            with contextlib.suppress(ValueError, TypeError, IndexError, AttributeError):
+                choices = json.loads(data)["choices"]
+                if choices and choices[0].get("index", 0) == 0:
+                    answer.append(_text_of(choices[0]))
         if last is None:
             req.first_token_time = now
         else:
@@ -331,13 +378,17 @@ def _finish(req: Request, now: float, usage: int | None) -> None:
     req.transition(RequestState.FINISHED)
 
 
-def _finish_unstreamed(req: Request, body: bytes, now: float) -> None:
+def _finish_unstreamed(req: Request, body: bytes, now: float, answer: list[str] | None = None) -> None:
     """One request answered as a whole: its finish time, and its tokens from ``usage``."""
     try:
-        usage = int(json.loads(body)["usage"]["completion_tokens"])
+        obj = json.loads(body)
+        usage = int(obj["usage"]["completion_tokens"])
     except (ValueError, KeyError, TypeError):
         _abort(req, "bad_response", now)
         return
+    if answer is not None:
+        with contextlib.suppress(KeyError, TypeError, IndexError):
+            answer.append(_text_of(obj["choices"][0]))
     _finish(req, now, usage)
     req.last_token_time = None  # tokens not seen one by one: no TPOT (n/a, not 0)
 
@@ -371,13 +422,40 @@ async def run_bench(
         sem = asyncio.Semaphore(limit)
         t0 = time.perf_counter()
         first = specs[0].arrival_time if specs else 0.0
+        # turns that follow another (RequestSpec.after, e.g. sharegpt-sessions) go a think time after
+        # it finished, with the conversation so far: its messages and the answer the engine gave
+        index = {s.request_id: i for i, s in enumerate(specs)}
+        followed = {s.after for s in specs if s.after is not None and s.after in index}
+        ended = {rid: asyncio.Event() for rid in followed}
+        talks: dict[str, list[Message]] = {}
 
         async def launch(spec: RequestSpec, req: Request) -> None:
-            delay = (spec.arrival_time - first) * cfg.time_scale - (time.perf_counter() - t0)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            async with sem:
-                await _one(session, cfg, model, spec, req, t0)
+            history: tuple[list[Message], int] | None = None
+            try:
+                if spec.after in ended:
+                    await ended[spec.after].wait()
+                    before = specs[index[spec.after]]
+                    if spec.after not in talks:  # the turn before failed: the conversation ends there
+                        req.arrival_time = time.perf_counter() - t0
+                        _abort(req, "previous_turn_failed", req.arrival_time)
+                        if on_done is not None:
+                            on_done(req)
+                        return
+                    await asyncio.sleep(spec.think_time * cfg.time_scale)
+                    new = spec.num_prompt_tokens - before.num_prompt_tokens - before.num_output_tokens
+                    history = (talks[spec.after], max(1, new))
+                else:
+                    delay = (spec.arrival_time - first) * cfg.time_scale - (time.perf_counter() - t0)
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                answer: list[str] | None = [] if spec.request_id in ended else None
+                async with sem:
+                    sent = await _one(session, cfg, model, spec, req, t0, history, answer)
+                if answer is not None and req.state is RequestState.FINISHED:
+                    talks[spec.request_id] = [*sent, {"role": "assistant", "content": "".join(answer)}]
+            finally:
+                if spec.request_id in ended:
+                    ended[spec.request_id].set()
             if on_done is not None:
                 on_done(req)
 

