@@ -123,7 +123,8 @@ class BenchConfig:
     max_concurrency: int = 0
     """Most requests in flight at once (0 = unlimited, open loop)."""
     max_prompt_tokens: int = 0
-    """Cap synthetic prompts at this many tokens (0 = no cap)."""
+    """Cap synthetic prompts at this many tokens (0 = no cap): a conversation's first message; a later
+    turn carries the history whole (a prefix cut short would share nothing)."""
     max_output_tokens: int = 0
     """Cap output lengths (0 = no cap)."""
     time_scale: float = 1.0

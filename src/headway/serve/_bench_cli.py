@@ -109,7 +109,12 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-concurrency", type=int, default=0, help="most requests in flight (default 0: no limit, open loop)"
     )
-    p.add_argument("--max-prompt-tokens", type=int, default=0, help="cap synthetic prompt length")
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=0,
+        help="cap synthetic prompt length (a conversation's first message: later turns carry its history whole)",
+    )
     p.add_argument("--max-output-tokens", type=int, default=0, help="cap output lengths")
     p.add_argument(
         "--time-scale",
