@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from headway.integrations._server import headway_src_dir
+
 POLICY_MODULE = '''
 from headway import Policy, register_policy
 
@@ -23,7 +25,10 @@ class ShortestPromptPolicy(Policy):
 
 
 def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``args`` in ``tmp_path``, with none of the caller's PYTHONPATH: a test's own ``PYTHONPATH``
+    first, then the headway under test (an installed headway may be another checkout's)."""
     environ = {k: v for k, v in os.environ.items() if k not in ("HEADWAY_PLUGINS", "PYTHONPATH")}
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in (env.pop("PYTHONPATH", ""), str(headway_src_dir())) if p)
     return subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env={**environ, **env}, timeout=120)
 
 
