@@ -13,6 +13,7 @@ from pathlib import Path
 __all__ = [
     "CLIError",
     "HelpFormatter",
+    "add_shared_prefix_args",
     "default_out_dir",
     "describe_error",
     "fail",
@@ -29,6 +30,27 @@ def plain_text(doc: str) -> str:
     doc = re.sub(r":\w+:`([^`]+)`", r"\1", doc)
     doc = re.sub(r"\*\*?([^*\s][^*]*)\*\*?", r"\1", doc)  # *emphasis* and **strong**
     return doc.replace("``", "")
+
+
+def add_shared_prefix_args(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The workload options that give requests shared prefixes (``headway simulate`` and ``headway
+    bench serve``): ``--system-prompts``, ``--system-prompt-tokens``, ``--think-time``."""
+    group.add_argument(
+        "--system-prompts",
+        type=int,
+        default=None,
+        metavar="K",
+        help="put one of K shared system prompts before every prompt (their KV blocks are shared: prefix caching)",
+    )
+    group.add_argument(
+        "--system-prompt-tokens", type=int, default=None, help="length of each system prompt (default 1000)"
+    )
+    group.add_argument(
+        "--think-time",
+        type=float,
+        default=None,
+        help="sharegpt-sessions: mean seconds between an answer and the next turn (default 10)",
+    )
 
 
 class CLIError(Exception):

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from headway._help import fail, key_value
+from headway._help import add_shared_prefix_args, fail, key_value
 
 __all__ = ["add_bench_parser", "add_bench_serve_parser"]
 
@@ -75,21 +75,7 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
         help="seed of every random draw of the workload and of its synthetic prompt texts (default 0)",
     )
     p.add_argument("--tenants", default=None, help="tenant mix for load_workload ('default' or 'none')")
-    p.add_argument(
-        "--system-prompts",
-        type=int,
-        default=None,
-        metavar="K",
-        help="put one of K shared system prompts before every prompt, as headway simulate (the engine's "
-        "prefix cache finds them)",
-    )
-    p.add_argument("--system-prompt-tokens", type=int, default=None, help="length of each system prompt (default 1000)")
-    p.add_argument(
-        "--think-time",
-        type=float,
-        default=None,
-        help="sharegpt-sessions: mean seconds between an answer and the next turn (default 10)",
-    )
+    add_shared_prefix_args(p)
     p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (same as --endpoint PATH)")
     p.add_argument(

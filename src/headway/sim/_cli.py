@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from headway._help import CLIError, HelpFormatter, default_out_dir, prepare_out_dir
+from headway._help import CLIError, HelpFormatter, add_shared_prefix_args, default_out_dir, prepare_out_dir
 from headway.routers import DEFAULT_ROUTER
 
 __all__ = ["DEFAULT_POLICIES", "add_simulate_parser"]
@@ -91,20 +91,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     w.add_argument("--model", default=None, help="alpaca_eval: the model whose outputs give the lengths")
     w.add_argument("--format", default=None, help="file format when it cannot be told from the content")
     w.add_argument("--seed", type=int, default=0, help="seed of every random draw")
-    w.add_argument(
-        "--system-prompts",
-        type=int,
-        default=None,
-        metavar="K",
-        help="put one of K shared system prompts before every prompt (their KV blocks are shared: prefix caching)",
-    )
-    w.add_argument("--system-prompt-tokens", type=int, default=None, help="length of each system prompt (default 1000)")
-    w.add_argument(
-        "--think-time",
-        type=float,
-        default=None,
-        help="sharegpt-sessions: mean seconds between an answer and the next turn (default 10)",
-    )
+    add_shared_prefix_args(w)
     s = p.add_argument_group("policies")
     s.add_argument(
         "--policies",
