@@ -12,9 +12,9 @@ then ranks a model's prompts with its head (the offline score alone until ``min_
 on the scoring path waits for a refit: heads are swapped in whole.
 
 The windows are stored in an :class:`ObservationStore`: in memory (:class:`MemoryStore`, saved to and
-loaded from a file across restarts: ``state_path`` saves it within ``save_interval_s`` of each observation
-and at :meth:`close`) or in
-Redis (:class:`RedisStore`), where gateway replicas share one window per model, each refitting from it.
+loaded from a file across restarts: ``state_path`` saves it within ``save_interval_s`` of each
+observation and at :meth:`close`) or in Redis (:class:`RedisStore`), where gateway replicas share one
+window per model, each refitting from it.
 Prompts are not stored, only their features and lengths. A store records which predictor's features it
 holds (the predictor's ``fingerprint``); a learner around another predictor refuses it, since its rows
 would be another model's features.
@@ -27,7 +27,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -40,6 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from headway._help import unwritable
 from headway.predict.head import RidgeHead, extra_features, fit_ridge, rank_targets
 
 __all__ = ["MemoryStore", "ObservationStore", "OnlineConfig", "OnlineLearner", "RedisStore"]
@@ -195,15 +195,6 @@ class RedisStore:
         return found.decode() if isinstance(found, bytes) else None if found is None else str(found)
 
 
-def _check_writable(path: Path) -> None:
-    """ValueError unless a file can be created at ``path`` (its nearest existing folder writable)."""
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"{path}: cannot save the online-learning state there ({folder} is not a writable folder)")
-
-
 class OnlineLearner:
     """Per-model online refits around an offline predictor.
 
@@ -249,8 +240,10 @@ class OnlineLearner:
             where = str(self.state_path)
             if self.state_path.exists():
                 store = MemoryStore.load(self.state_path, self.config.window)
-            else:
-                _check_writable(self.state_path)
+            elif (problem := unwritable(self.state_path.parent)) is not None:
+                raise ValueError(
+                    f"{self.state_path}: cannot save the online-learning state there ({problem[0]} {problem[1]})"
+                )
         self.store: ObservationStore = store if store is not None else MemoryStore()
         self._check_store(fingerprint, where)
         self._heads: dict[str, RidgeHead] = {}
@@ -270,7 +263,7 @@ class OnlineLearner:
         """Refuse windows of another predictor's features: by the recorded fingerprint, else (none
         recorded, or none given) by the width of a row."""
         recorded = self.store.claim(fingerprint) if fingerprint is not None else None
-        if recorded is not None and fingerprint is not None and recorded != fingerprint:
+        if recorded is not None and recorded != fingerprint:
             raise ValueError(
                 f"{where}: holds the features of another predictor ({recorded}), not of this one ({fingerprint}); "
                 "remove it or name another, to start learning afresh"
