@@ -434,6 +434,11 @@ class OnlineLearner:
     def observed(self, model: str | None = None) -> int:
         return len(self.store.rows(model or DEFAULT_MODEL))
 
+    def observed_by_model(self) -> dict[str, int]:
+        """Observations in each model's window (``"(no model)"`` for those that named none): what a
+        restart resumed, as the gateway and the plugin report it."""
+        return {m or "(no model)": self.observed(m) for m in self.store.models()}
+
     def fitted(self, model: str | None = None) -> bool:
         """Whether ``model`` has a head of its own yet (else :meth:`score` gives the offline scores)."""
         return (model or DEFAULT_MODEL) in self._heads

@@ -313,8 +313,7 @@ class OnlineScoring:
             store = RedisStore(self._redis, f"{config.redis_prefix}online")
         self.learner = OnlineLearner.around(predictor, store=store, state_path=config.online_state or None)
         if config.online_state:
-            held = {m or "(no model)": self.learner.observed(m) for m in self.learner.store.models()}
-            log.info("online learning state %s (resumed: %s)", config.online_state, held)
+            log.info("online learning state %s (resumed: %s)", config.online_state, self.learner.observed_by_model())
         self._batching = (config.scorer_batch_size, config.scorer_max_wait_s)
         self.default = BatchScorer(self._score_fn(None), *self._batching)
         self._models: dict[str, BatchScorer] = {}

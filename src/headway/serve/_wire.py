@@ -146,6 +146,7 @@ def validate_body(body: object, chat: bool) -> Parsed:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string", "model")
+    prompts = 1  # a completions request may carry a list of them
     if chat:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
@@ -172,15 +173,14 @@ def validate_body(body: object, chat: bool) -> Parsed:
         text = "\n".join(parts)
         ntok = estimate_tokens(text)
         query_text = "\n".join(query) if query and any(q.strip() for q in query) else text
-        prompts = 1
     else:
         prompt = body.get("prompt")
-        prompts = len(prompt) if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt) else 1
         if isinstance(prompt, str) and prompt:
             text, ntok = prompt, estimate_tokens(prompt)
         elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
             text = "\n".join(prompt)
             ntok = estimate_tokens(text)
+            prompts = len(prompt)
         elif isinstance(prompt, list) and prompt and all(is_int(p) for p in prompt):
             text, ntok = "", len(prompt)
         else:

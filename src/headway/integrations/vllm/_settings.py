@@ -207,10 +207,9 @@ def check_settings(cfg: PluginConfig, *, chunked_prefill: bool | None = None) ->
             learner.close(save=False)  # a check writes nothing
             done.append(f"online_learning: scorer {cfg.scorer!r} has the features a learner refits on")
             if cfg.online_state is not None:
-                models = learner.store.models()
-                held = ", ".join(f"{m or '(no model)'}: {learner.observed(m)}" for m in models)
+                held = ", ".join(f"{m}: {n}" for m, n in learner.observed_by_model().items())
                 saved = "saved within a second of each finished request, and at shutdown"
-                what = f"resumes {held} observations" if models else "starts empty"
+                what = f"resumes {held} observations" if held else "starts empty"
                 done.append(f"online_state {cfg.online_state}: {what}; {saved}")
         fn = load_text_scorer(cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads)
         try:
