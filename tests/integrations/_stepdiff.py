@@ -164,12 +164,14 @@ def block_hashes(tokens: list[int], block_size: int) -> tuple[int, ...]:
 
 def sim_outcome(scenario: dict[str, Any]) -> Outcome:
     """Per request: (first scheduled step, finishing step, preemptions) in the simulator (vLLM's
-    ``scheduler_reserve_full_isl`` from the scenario's ``reserve_full_isl``, on unless given)."""
+    ``scheduler_reserve_full_isl`` from the scenario's ``reserve_full_isl``, on unless given; the
+    workload's hashes over ``hash_block_size`` tokens, the engine's block size unless given)."""
     bs = scenario["block_size"]
+    hb = scenario.get("hash_block_size", bs)
     specs = [
         RequestSpec(
             r["id"], 0.0, len(r["prompt"]), r["max_tokens"], max_tokens=r["max_tokens"], priority=r["priority"],
-            block_hashes=block_hashes(r["prompt"], bs), hash_block_size=bs,
+            block_hashes=block_hashes(r["prompt"], hb), hash_block_size=hb,
         )
         for r in scenario["requests"]
     ]  # fmt: skip

