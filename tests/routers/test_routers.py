@@ -26,7 +26,16 @@ from headway.routers import (
     policy_estimator,
 )
 
-ALL = ["least-outstanding", "least-tokens", "length-aware", "power-of-two", "prefix-aware", "random", "round-robin"]
+ALL = [
+    "cache-aware",
+    "least-outstanding",
+    "least-tokens",
+    "length-aware",
+    "power-of-two",
+    "prefix-aware",
+    "random",
+    "round-robin",
+]
 
 
 def _reqs(n: int, prompt: int = 100, **kw: object) -> list[Request]:

@@ -110,6 +110,11 @@ def test_transparent_defaults():
         ({"backends": ["http://a"], "headers_timeout_s": -1}, "headers_timeout_s must be >= 0, got -1"),
         ({"backends": ["http://a"], "api_keys": "required"}, "every request would get 401"),
         ({"backends": ["http://a"], "tenants": [{"name": "t"}]}, "no tenant has an api_key_sha256"),
+        (
+            {"backends": ["http://a"], "router": "cache-aware", "router_args": {"cache_threshold": 2}},
+            "router_args: cache-aware: cache_threshold must be a number in [0, 1], got 2",
+        ),
+        ({"backends": ["http://a"], "router_args": {"seed": 1}}, "router_args: router 'least-outstanding' has no"),
     ]
     + [
         ({"backends": ["http://a"], "policy": p}, f"policy {p!r} ranks requests by a predicted length score")
@@ -468,3 +473,16 @@ def test_client_libraries_log_each_request_only_at_debug():
         root.setLevel(saved[1])
         for name in ("httpx", "httpcore"):
             logging.getLogger(name).setLevel(logging.NOTSET)
+
+
+def test_router_arg_sets_the_routers_settings(capsys):
+    from headway.serve._cli import add_serve_parser, build_config
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    base = ["serve", "--backend", "http://127.0.0.1:1", "--router", "cache-aware"]
+    c = build_config(parser.parse_args([*base, "--router-arg", "balance_abs_threshold=16", "--router-arg",
+                                        "cache_threshold=0.3"]), env={})  # fmt: skip
+    assert c.router_args == {"balance_abs_threshold": 16, "cache_threshold": 0.3}
+    assert main([*base, "--router-arg", "balance_abs_threshold=-1"]) == 2
+    assert "router_args: cache-aware: balance_abs_threshold must be an int >= 0, got -1" in capsys.readouterr().err

@@ -57,9 +57,12 @@ def _send_all(gw, n: int) -> None:
             assert r.status_code == 200, r.text
 
 
-def test_prefix_aware_gateway_keeps_a_shared_system_prompt_on_one_backend(make_stub, make_gateway) -> None:
+@pytest.mark.parametrize("router", ["prefix-aware", "cache-aware"])
+def test_prefix_routers_at_the_gateway_keep_a_shared_system_prompt_on_one_backend(
+    make_stub, make_gateway, router: str
+) -> None:
     stubs = [make_stub(), make_stub()]
-    gw = make_gateway([s.url for s in stubs], router="prefix-aware")
+    gw = make_gateway([s.url for s in stubs], router=router)
     _send_all(gw, 6)
     assert sorted(s.stub.stats.started for s in stubs) == [0, 6]
     # the contrast: without the hashes' pull, idle backends tie and the requests alternate
@@ -113,3 +116,5 @@ def test_the_gateway_hashes_prompts_only_for_a_router_that_reads_the_hashes(
     assert calls == []
     _send_all(make_gateway([stub.url], router="prefix-aware"), 2)
     assert len(calls) == 2
+    _send_all(make_gateway([stub.url], router="cache-aware"), 2)
+    assert len(calls) == 4

@@ -27,14 +27,15 @@ from headway.routers._builtin import (
     LeastTokensRouter,
     LengthAwareRouter,
     PowerOfTwoRouter,
-    PrefixAwareRouter,
     RandomRouter,
     RoundRobinRouter,
 )
+from headway.routers._prefix import CacheAwareRouter, PrefixAwareRouter
 
 __all__ = [
     "DEFAULT_ROUTER",
     "LENGTH_CLASSES",
+    "CacheAwareRouter",
     "Estimator",
     "LeastOutstandingRouter",
     "LeastTokensRouter",

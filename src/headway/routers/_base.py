@@ -2,7 +2,7 @@
 
 Routing decides *where*, each replica's :class:`~headway.core.Policy` decides *when*.
 This module holds the interface, the load view and the registry; the built-in routers are
-in ``_builtin.py``.
+in ``_builtin.py`` and ``_prefix.py``.
 Routers are engine-agnostic: they never see a simulator replica or an HTTP backend,
 only the small load view :class:`TargetLoad` that a :class:`LoadTracker` keeps per
 target. An engine uses them in three calls::

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +23,6 @@ __all__ = [
     "LeastTokensRouter",
     "LengthAwareRouter",
     "PowerOfTwoRouter",
-    "PrefixAwareRouter",
     "RandomRouter",
     "RoundRobinRouter",
 ]
@@ -341,67 +339,3 @@ class LengthAwareRouter(Router):
 
     def describe(self) -> dict[str, Any]:
         return {"separation": self.separation}
-
-
-@register_router("prefix-aware")
-class PrefixAwareRouter(LeastTokensRouter):
-    """The target where the request's cached prefix saves the most, balanced against load.
-
-    As SGLang's cache-aware router and llm-d's prefix-cache scorer, it keeps its own
-    approximate index of what each target has cached: the block hashes
-    (:attr:`~headway.core.Request.block_hashes`) of the requests it sent there, in LRU order,
-    at most ``cache_tokens`` tokens' worth per target (a replica's KV capacity: Llama-3-8B on
-    an A100 holds about 470,000 tokens). A request's *hit* on a target is the longest run of
-    its leading hashes in that index, in tokens (at most the prompt less one token, as vLLM's
-    hits). It goes to the target with the least ``(outstanding tokens + prompt - hit +
-    expected output) / speed``: the work it adds there is what the cache does not save, so a
-    long shared prefix draws it to the target that holds it unless that target is already
-    loaded by more than the prefix saves. Ties: fewer outstanding requests, then rotating.
-    Without hashes this is ``least-tokens``. The index learns from every decision
-    (:meth:`choose` too) and forgets on :meth:`reset`.
-    """
-
-    uses_estimate = True
-    uses_block_hashes = True
-
-    def __init__(self, *, cache_tokens: int = 470_000, estimate_fn: Estimator | None = None) -> None:
-        super().__init__(estimate_fn=estimate_fn)
-        if isinstance(cache_tokens, bool) or not isinstance(cache_tokens, int) or cache_tokens < 1:
-            raise ValueError(f"prefix-aware: cache_tokens must be an int >= 1, got {cache_tokens!r}")
-        self.cache_tokens = cache_tokens
-        self._index: dict[int, OrderedDict[int, None]] = {}
-
-    def reset(self) -> None:
-        super().reset()
-        self._index = {}
-
-    def hit_tokens(self, request: Request, target: int) -> int:
-        """Tokens of ``request``'s prompt the router believes ``target`` has cached."""
-        index = self._index.get(target)
-        hashes = request.block_hashes
-        if not index or not hashes:
-            return 0
-        n = 0
-        for h in hashes:
-            if h not in index:
-                break
-            n += 1
-        return min(n * request.hash_block_size, request.num_prompt_tokens - 1)
-
-    def _saved_tokens(self, request: Request, target: int) -> float:
-        return self.hit_tokens(request, target) if request.block_hashes else 0
-
-    def _sent(self, request: Request, target: int) -> None:
-        hashes = request.block_hashes
-        if not hashes:
-            return
-        index = self._index.setdefault(target, OrderedDict())
-        for h in hashes:
-            index[h] = None
-            index.move_to_end(h)
-        limit = max(self.cache_tokens // request.hash_block_size, 1)
-        while len(index) > limit:
-            index.popitem(last=False)
-
-    def describe(self) -> dict[str, Any]:
-        return {"cache_tokens": self.cache_tokens}

@@ -92,6 +92,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"which backend with room gets a request: a headway router (default {_D['router']})",
     )
     p.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="KEY=VALUE",
+        help="router setting, as in headway simulate (value parsed as JSON when possible), repeatable",
+    )
+    p.add_argument(
         "--api-keys",
         default=None,
         choices=["auto", "required", "off"],
@@ -304,6 +312,8 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None)
     }
     if args.policy_arg:
         overrides["policy_args"] = _policy_args(args.policy_arg, args.policy)
+    if getattr(args, "router_arg", None):
+        overrides["router_args"] = {key: _parse_value(value) for key, value in args.router_arg}
     return load_config(args.config, env=env, **overrides)
 
 

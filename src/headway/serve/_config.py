@@ -27,6 +27,7 @@ Config file (TOML shown; JSON with the same structure works too)::
     redis_url = ""                  # "" = in-memory queue state
     redis_lease_s = 5.0             # replica liveness lease (Redis mode), see _redis_queue
     router = "least-outstanding"    # which backend gets a dispatched request (headway routers)
+    router_args = { }               # its settings (e.g. cache-aware's balance_abs_threshold)
     admin_api_key_sha256 = []       # keys that may read all of /metrics (when keys are required)
     client_header_timeout_s = 10.0  # a client's request head must arrive within this, else closed
     keep_alive_timeout_s = 30.0     # an idle kept-alive client connection is closed after this
@@ -93,7 +94,7 @@ from urllib.parse import urlsplit
 from headway.core import Tier, get_policy_class
 from headway.policies import ScoredPolicy
 from headway.predict._resolve import MIN_SCORING_LENGTH, predictor_spec
-from headway.routers import DEFAULT_ROUTER, get_router_class
+from headway.routers import DEFAULT_ROUTER, get_router_class, make_router
 
 __all__ = [
     "BackendConfig",
@@ -388,6 +389,10 @@ class GatewayConfig:
         _check(self.max_connections >= 0, f"max_connections must be >= 0, got {self.max_connections}")
         get_router_class(self.router)  # UnknownRouterError (a ValueError) names valid ones
         _check(isinstance(self.router_args, Mapping), "router_args must be a table")
+        try:  # its settings, checked by the router itself
+            make_router(self.router, **dict(self.router_args))
+        except ValueError as exc:
+            raise ConfigError(f"router_args: {exc}") from None
         admin = self.admin_api_key_sha256
         if isinstance(admin, str):
             admin = (admin,)

@@ -248,7 +248,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
     from headway.core import available_policies, get_policy_class, make_policy
     from headway.metrics import SLO, comparison_table, summarize, write_report
-    from headway.routers import get_router_class
+    from headway.routers import get_router_class, make_router
     from headway.sim import CacheConfig, SchedulerConfig, load_preset, simulate
     from headway.sim._fleet import fleet_presets, fleet_summaries
 
@@ -295,6 +295,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         raise CLIError("--router and --router-arg need a fleet: --replicas N > 1 or a fleet spec in --preset")
     if fleet and get_router_class(args.router).randomized:
         router_kwargs.setdefault("seed", args.seed)
+    if fleet:
+        try:  # bad settings fail once, here, not once per policy after the workload loads
+            make_router(args.router, **router_kwargs)
+        except ValueError as exc:
+            raise CLIError(f"--router-arg: {exc}") from None
     workload = _load_workload(args)
     if not len(workload):
         skipped = workload.meta.get("skipped")
