@@ -115,6 +115,10 @@ def test_transparent_defaults():
             "router_args: cache-aware: cache_threshold must be a number in [0, 1], got 2",
         ),
         ({"backends": ["http://a"], "router_args": {"seed": 1}}, "router_args: router 'least-outstanding' has no"),
+        (  # it was ignored: the Redis dispatcher picks the least-loaded backend
+            {"backends": ["http://a"], "router": "cache-aware", "redis_url": "redis://r"},
+            "router 'cache-aware' (and router_args) applies without redis_url only",
+        ),
     ]
     + [
         ({"backends": ["http://a"], "policy": p}, f"policy {p!r} ranks requests by a predicted length score")

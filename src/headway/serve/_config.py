@@ -393,6 +393,11 @@ class GatewayConfig:
             make_router(self.router, **dict(self.router_args))
         except ValueError as exc:
             raise ConfigError(f"router_args: {exc}") from None
+        _check(
+            not self.redis_url or (self.router == DEFAULT_ROUTER and not self.router_args),
+            f"router {self.router!r} (and router_args) applies without redis_url only: with Redis the replicas' "
+            "shared dispatcher picks the least-loaded backend with room",
+        )
         admin = self.admin_api_key_sha256
         if isinstance(admin, str):
             admin = (admin,)

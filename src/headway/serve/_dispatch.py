@@ -243,7 +243,9 @@ class Dispatcher:
     def _route(self, req: Request, candidates: list[int]) -> Backend:
         """The router's pick among ``candidates`` (recorded in the tracker until :meth:`release`)."""
         assert self.tracker is not None
-        if len(candidates) == 1 and not self.router.uses_estimate:
+        router = self.router
+        if len(candidates) == 1 and not (router.uses_estimate or router.uses_block_hashes):
+            # one choice: a router that learns from its decisions (a prefix index) still sees it
             k = candidates[0]
             self.tracker.assign(req, k, float(req.num_prompt_tokens + req.max_tokens))
         else:
