@@ -166,6 +166,22 @@ def test_comparison_cells_format_large_numbers_and_small_ratios(mk_finished: Cal
     assert rows[0][at + 1] == "100" and rows[1][at + 1] == "–"
 
 
+def test_the_prefix_cache_hit_rate_is_a_column_once_a_run_found_a_token_cached(
+    mk_finished: Callable[..., Request],
+) -> None:
+    import dataclasses
+
+    from headway.metrics._table import comparison_cells
+
+    s = summarize([mk_finished("a", 0.0, ttft=0.1, e2e=1.0, n_out=3)])
+    off, none, some = (dataclasses.replace(s, prefix_cache_hit_rate=v) for v in (None, 0.0, 0.8412))
+    for compact in (False, True):
+        assert "prefix hit" not in comparison_cells({"a": off, "b": none}, compact=compact)[0]
+        headers, rows = comparison_cells({"a": off, "b": none, "c": some}, baseline="b", compact=compact)
+        at = headers.index("prefix hit")
+        assert [r[at] for r in rows] == ["–", "0.0%", "84.1%"]  # a rate, never a ratio to the baseline
+
+
 def test_comparison_table_without_baseline_or_slo(runs: Runs, mk_finished: Callable[..., Request]) -> None:
     s = summarize([mk_finished("a", 0.0, ttft=0.1, e2e=1.0, n_out=3)])
     table = comparison_table({"only": s})

@@ -87,6 +87,8 @@ _SLO_COLUMNS: tuple[_Column, ...] = (
     _Column("SLO att.", lambda s: s.slo_attainment, _pct),
     _Column("goodput (req/s)", lambda s: s.goodput, _g),
 )
+_PREFIX = _Column("prefix hit", lambda s: s.prefix_cache_hit_rate, _pct, ratio=False)
+"""Prompt tokens found in the prefix cache, when any run found some (fleets: per replica)."""
 _JAIN = _Column("Jain", lambda s: s.jain_fairness, _f3, ratio=False)
 # the terminal view: what fits 120 columns with ratios
 _COMPACT_HEADERS = frozenset(
@@ -99,6 +101,7 @@ _COMPACT_HEADERS = frozenset(
         "norm p99 (ms/tok)",
         "preempt",
         "goodput (req/s)",
+        "prefix hit",
     }
 )
 
@@ -115,8 +118,8 @@ def comparison_cells(
     With ``baseline``, each ratio-able cell of the other runs reads ``value (r×)``
     where ``r = value / baseline value``; the baseline's name gets ``(baseline)``.
     ``compact`` keeps the columns of a terminal view (counts, E2E, TTFT p99,
-    normalized latency, preemptions, goodput), and the aborted count when any run aborted
-    requests.
+    normalized latency, preemptions, goodput, the prefix-cache hit rate), and the aborted count
+    when any run aborted requests. The hit rate shows when any run found a prompt token cached.
     """
     if baseline is not None and baseline not in summaries:
         raise KeyError(f"baseline {baseline!r} is not one of the runs: {sorted(summaries)}")
@@ -126,6 +129,8 @@ def comparison_cells(
         columns[at:at] = _ITL_COLUMNS
     if any(s.slo is not None for s in summaries.values()):
         columns.extend(_SLO_COLUMNS)
+    if any(s.prefix_cache_hit_rate for s in summaries.values()):
+        columns.append(_PREFIX)
     columns.append(_JAIN)
     if compact:
         aborted = any(s.num_aborted for s in summaries.values())

@@ -387,10 +387,6 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             console.print(
                 f"[yellow]{name}: {summary.num_aborted} of {summary.num_requests} requests aborted ({why})[/]"
             )
-    rates = {n: s.prefix_cache_hit_rate for n, (s, _) in runs.items() if s.prefix_cache_hit_rate is not None}
-    if rates and any(rates.values()):
-        shown = ", ".join(f"{n} {r:.1%}" for n, r in rates.items())
-        console.print(f"prefix cache hit rate (prompt tokens found cached): {shown}")
     baseline = baseline_name if baseline_name in runs else None
     if baseline_name is not None and baseline is None:
         console.print(f"[yellow]no ratios: the baseline {baseline_name} failed[/]")
