@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import collections
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from headway.core import PolicyQueue, Request, RequestState, Tier, make_policy
 from headway.policies import BandsPolicy
+from headway.policies.bands import _TAGS, _Flow, _Tags, _tags_of
 from headway.sim import SchedulerConfig, simulate
 from headway.workload import RequestSpec
 
@@ -145,3 +147,117 @@ def test_idle_flows_are_forgotten():
         r.transition(RequestState.FINISHED)
         pol.on_finish(r, 0.0)
     assert len(pol._flows) < 1024 and len(pol._band_v) < 1024
+
+
+class _PreviousBands(BandsPolicy):
+    """The previous arrival, kept as the reference: a full prune of the flow and every slot rebuilt,
+    O(flow) per arrival (4 ms a decision at 10,000 waiting in one flow)."""
+
+    def on_arrival(self, request: Request, now: float) -> None:
+        self.inner.on_arrival(request, now)
+        self._sync_inner(now)
+        band = self.band_of(request)
+        tags = _Tags(band, (*self.inner.key(request, now), request.seq))
+        request.extra[_TAGS] = tags
+        flow = self._flows.setdefault((band, request.tenant_id), _Flow())
+        v = max(self._band_v.get(band, 0.0), flow.prune(band_level=False))
+        self._band_v[band] = v
+        slots = [_tags_of(r).flow_tag for r in flow.reqs]
+        slots.append(max(v, flow.last_finish))
+        flow.last_finish = slots[-1] + 1.0 / self.tenant_weights.get(request.tenant_id, 1.0)
+        at = bisect.bisect_right([_tags_of(r).order for r in flow.reqs], tags.order)
+        flow.reqs.insert(at, request)
+        flow.orders.insert(at, tags.order)
+        slots.sort()
+        for r, tag in zip(flow.reqs[at:], slots[at:], strict=True):
+            _tags_of(r).flow_tag = tag
+        changed = at < len(flow.reqs) - 1
+        if self.share > 0:
+            changed = self._band_arrival(band, request) or changed
+        if changed:
+            self._own_epoch += 1
+
+
+_EVENTS = st.lists(
+    st.one_of(
+        st.tuples(st.just("arrive"), st.integers(0, 1), st.sampled_from("ab"), st.integers(0, 5)),
+        st.tuples(st.just("start"), st.booleans()),  # the best waiting one; True: it reports progress
+        st.tuples(st.just("abort"), st.integers(0, 50)),
+        st.tuples(st.just("progress"), st.integers(0, 50)),
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(events=_EVENTS, inner=st.sampled_from(["fcfs", "sjf-score"]), share=st.sampled_from([0.0, 0.2]))
+def test_arrivals_in_o1_decide_as_the_previous_full_prune(events, inner, share) -> None:
+    """Started in slot order (as an engine starts them) with aborts anywhere, the cheaper arrival
+    (skip the started that lead, bisect, shift only those behind) gives every request the tags and
+    every start the order that the previous arrival's full prune and rebuild gave."""
+    runs = []
+    for cls in (BandsPolicy, _PreviousBands):
+        pol = cls(inner, share=share)
+        q = PolicyQueue(pol)
+        started: list[Request] = []
+        log = []
+        for i, ev in enumerate(events):
+            now = float(i)
+            if ev[0] == "arrive":
+                r = _req(ev[2], priority=ev[1], score=float(ev[3]), arrival=now)
+                r.request_id = f"e{i}"
+                pol.on_arrival(r, now)
+                q.add(r, now)
+            elif ev[0] == "start" and q:
+                q.refresh(now)
+                r = q.pop()
+                r.transition(RequestState.RUNNING)
+                started.append(r)
+                if ev[1]:
+                    pol.on_progress(r, now, 1)
+                log.append(("start", r.request_id, pol.key(r, now)))
+            elif ev[0] == "abort" and q:
+                waiting = sorted(q, key=lambda r: r.seq)
+                r = waiting[ev[1] % len(waiting)]
+                q.remove(r)
+                r.transition(RequestState.ABORTED)
+            elif ev[0] == "progress" and started:
+                pol.on_progress(started[ev[1] % len(started)], now, 1)
+        q.refresh(float(len(events)))
+        log += [("left", r.request_id, pol.key(r, float(len(events)))) for r in sorted(q, key=lambda r: r.seq)]
+        runs.append(log)
+    assert runs[0] == runs[1]
+
+
+def _flow_tags(pol: BandsPolicy, q: PolicyQueue, *reqs: Request, now: float = 0.0) -> None:
+    for r in reqs:
+        pol.on_arrival(r, now)
+        q.add(r, now)
+
+
+def test_an_abort_inside_a_flow_gives_up_its_slot_when_a_request_goes_in_ahead_of_it() -> None:
+    pol = BandsPolicy("sjf-score")
+    q = PolicyQueue(pol)
+    a, x, c = _req("t", score=1.0), _req("t", score=3.0), _req("t", score=5.0)
+    _flow_tags(pol, q, a, x, c)
+    assert [_tags_of(r).flow_tag for r in (a, x, c)] == [0.0, 1.0, 2.0]
+    q.remove(x)
+    x.transition(RequestState.ABORTED)
+    d = _req("t", score=2.0)
+    _flow_tags(pol, q, d, now=1.0)
+    # d goes in behind a: it takes c's slot, c the new one; the aborted request's slot is gone
+    assert [_tags_of(r).flow_tag for r in (a, d, c)] == [0.0, 2.0, 3.0]
+
+
+def test_started_requests_that_lead_their_flow_move_the_bands_virtual_time_at_its_next_arrival() -> None:
+    pol = BandsPolicy("fcfs")
+    q = PolicyQueue(pol)
+    first = [_req("a") for _ in range(3)]
+    _flow_tags(pol, q, *first)
+    for _ in range(2):  # started, no progress reported yet
+        q.pop().transition(RequestState.RUNNING)
+    _flow_tags(pol, q, _req("a"))  # the flow's next arrival finds them: virtual time 1.0
+    b = _req("b")
+    _flow_tags(pol, q, b)
+    assert _tags_of(b).flow_tag == 1.0  # a new flow starts at the band's virtual time, not at 0

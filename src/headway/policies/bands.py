@@ -20,7 +20,8 @@
 The key is ``(band, flow slot, *inner key)`` (with ``share`` > 0, ``(band slot, band, flow slot,
 *inner key)``). Because the slots are handed out again when a request joins its flow ahead of
 others, such an arrival bumps ``key_epoch`` (the queue re-keys everything: O(n) for that arrival);
-arrivals that go to the end of their flow change no key. The inner policy's own hooks
+arrivals that go to the end of their flow change no key and cost O(log n) (a bisect; the started
+requests, which lead their flow, are skipped as they are met). The inner policy's own hooks
 (``on_arrival``, ``on_progress``, ``on_finish``, ``can_preempt``, rekey hints, its oracle and
 estimate) are passed through, so one ``bands`` policy runs unchanged in the simulator, the
 gateway and the vLLM plugin, which all take a :class:`~headway.core.Policy`.
@@ -84,6 +85,10 @@ def _tags_of(request: Request) -> _Tags:
     return t
 
 
+def _order(request: Request) -> tuple[Any, ...]:
+    return _tags_of(request).order
+
+
 class _Group:
     """Waiting requests of one flow (or one band) in order, for handing out SFQ slot tags."""
 
@@ -106,6 +111,66 @@ class _Group:
                 t = _tags_of(r)
                 started = max(started, t.band_tag if band_level else t.flow_tag)
         self.reqs = keep
+        return started
+
+
+class _Flow(_Group):
+    """A tenant flow's waiting requests in inner order, with their order keys alongside (``orders``,
+    for a bisect in C) and ``head``, the first still counted: the engine starts a flow's requests in
+    its slot order, so those started lead and are skipped in O(1) instead of shifting the list."""
+
+    __slots__ = ("head", "kept", "orders")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.orders: list[tuple[Any, ...]] = []
+        self.head = 0
+        self.kept = 0
+        """Requests kept by the last full :meth:`prune`."""
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a request waits (after :meth:`prune_front`: the one at ``head``)."""
+        return self.head < len(self.reqs)
+
+    def tidy(self) -> None:
+        """Skip the started requests that lead, and drop those that left from further in (starts out
+        of slot order, aborts) once the flow has doubled since it was last pruned whole: amortized
+        O(1) per arrival, at most half the list stale."""
+        self.prune_front()
+        if len(self.reqs) - self.head > 2 * self.kept + 64:
+            self.prune(band_level=False)
+
+    def prune_front(self) -> float:
+        """Skip the leading requests that are no longer waiting; the largest flow tag of those
+        started (or -inf). O(what it skips), the list compacted once half of it is skipped."""
+        reqs = self.reqs
+        started = -float("inf")
+        i, n = self.head, len(reqs)
+        while i < n:
+            r = reqs[i]
+            if r.state is RequestState.WAITING:
+                break
+            if r.state is not RequestState.ABORTED:
+                started = max(started, _tags_of(r).flow_tag)
+            i += 1
+        if i > 32 and 2 * i > n:
+            del reqs[:i]
+            del self.orders[:i]
+            i = 0
+        self.head = i
+        return started
+
+    def prune(self, band_level: bool) -> float:
+        if self.head:  # those skipped are no longer waiting, their tags already counted
+            del self.reqs[: self.head]
+            del self.orders[: self.head]
+            self.head = 0
+        n = len(self.reqs)
+        started = super().prune(band_level)
+        if len(self.reqs) != n:
+            self.orders = [_order(r) for r in self.reqs]
+        self.kept = len(self.reqs)
         return started
 
 
@@ -148,7 +213,7 @@ class BandsPolicy(Policy):
         self._inner_estimate = policy_estimator(self.inner)
         self._own_epoch = 0
         self._inner_epoch = self.inner.key_epoch
-        self._flows: dict[tuple[int, str], _Group] = {}
+        self._flows: dict[tuple[int, str], _Flow] = {}
         self._bands: dict[int, _Group] = {}
         self._band_v: dict[int, float] = {}
         """Virtual time per band (tenant-flow level)."""
@@ -201,19 +266,32 @@ class BandsPolicy(Policy):
         band = self.band_of(request)
         tags = _Tags(band, (*self.inner.key(request, now), request.seq))
         request.extra[_TAGS] = tags
-        flow = self._flows.setdefault((band, request.tenant_id), _Group())
-        v = max(self._band_v.get(band, 0.0), flow.prune(band_level=False))
+        flow = self._flows.get((band, request.tenant_id))
+        if flow is None:
+            flow = self._flows[(band, request.tenant_id)] = _Flow()
+        v = max(self._band_v.get(band, 0.0), flow.prune_front())
+        # a new slot for the flow (above each of its tags); the flow's slots go to its waiting requests
+        # in inner order from where this one goes in: each one behind it moves to the next slot
+        slot = max(v, flow.last_finish)
+        flow.last_finish = slot + 1.0 / self.tenant_weights.get(request.tenant_id, 1.0)
+        reqs = flow.reqs
+        at = bisect.bisect_right(flow.orders, tags.order, flow.head)
+        behind: list[Request] = []
+        pool: list[float] = []
+        for r in reqs[at:]:  # those no longer waiting leave the flow here (a start out of slot order, an abort)
+            t = _tags_of(r)
+            if r.state is RequestState.WAITING:
+                behind.append(r)
+                pool.append(t.flow_tag)
+            elif r.state is not RequestState.ABORTED:
+                v = max(v, t.flow_tag)
         self._band_v[band] = v
-        # a new slot for the flow; its slots go to its requests in inner order from where this one goes in
-        slots = [_tags_of(r).flow_tag for r in flow.reqs]
-        slots.append(max(v, flow.last_finish))
-        flow.last_finish = slots[-1] + 1.0 / self.tenant_weights.get(request.tenant_id, 1.0)
-        at = bisect.bisect_right([_tags_of(r).order for r in flow.reqs], tags.order)
-        flow.reqs.insert(at, request)
-        slots.sort()
-        for r, tag in zip(flow.reqs[at:], slots[at:], strict=True):
+        pool.append(slot)
+        reqs[at:] = [request, *behind]
+        flow.orders[at:] = [tags.order, *(_order(r) for r in behind)]
+        for r, tag in zip(reqs[at:], pool, strict=True):
             _tags_of(r).flow_tag = tag
-        changed = at < len(flow.reqs) - 1
+        changed = bool(behind)
         if self.share > 0:
             changed = self._band_arrival(band, request) or changed
         if changed:
@@ -230,12 +308,12 @@ class BandsPolicy(Policy):
         waiting: set[int] = set()
         for key in list(self._flows):
             flow = self._flows[key]
-            flow.prune(band_level=False)
-            if flow.reqs:
+            flow.tidy()
+            if flow.waiting:
                 waiting.add(key[0])
         for key in list(self._flows):
             flow = self._flows[key]
-            if not flow.reqs and (key[0] not in waiting or flow.last_finish <= self._band_v.get(key[0], 0.0)):
+            if not flow.waiting and (key[0] not in waiting or flow.last_finish <= self._band_v.get(key[0], 0.0)):
                 del self._flows[key]
         for band in [b for b in self._band_v if b not in waiting]:
             del self._band_v[band]
@@ -267,7 +345,8 @@ class BandsPolicy(Policy):
             slots = sorted(_tags_of(r).flow_tag for r in flow.reqs)
             for r in flow.reqs:
                 _tags_of(r).order = (*self.inner.key(r, now), r.seq)
-            flow.reqs.sort(key=lambda r: _tags_of(r).order)
+            flow.reqs.sort(key=_order)
+            flow.orders = [_order(r) for r in flow.reqs]
             for r, tag in zip(flow.reqs, slots, strict=True):
                 _tags_of(r).flow_tag = tag
 
