@@ -28,8 +28,9 @@ gateway and the vLLM plugin, which all take a :class:`~headway.core.Policy`.
 
 A request leaves its flow when its state is no longer ``WAITING`` (the engine started or
 aborted it); the virtual times advance when a started request reports progress or finishes, or
-when its flow or band next sees an arrival. Tags live in this instance: gateway replicas sharing
-one Redis queue each keep their own (fair per replica).
+when its flow or band next sees an arrival and it leads its flow (an engine starts a flow's
+requests in slot order; one started out of that order counts from its first progress). Tags live
+in this instance: gateway replicas sharing one Redis queue each keep their own (fair per replica).
 
 Settings: ``inner`` (a registered policy name, default ``fcfs``), ``by`` (``priority`` or
 ``tier``), ``share`` (0 <= share < 1, default 0), ``tenant_weights`` (tenant -> weight > 0,
