@@ -20,7 +20,8 @@ each replica got. "ideal" is what one unbounded cache would have found (from the
 requests in arrival order): no router can exceed it. Every figure is a simulation's (seeded,
 deterministic), not a wall-clock timing.
 
-Results go to ``benchmarks/results/fleet_prefix.{json,md}``.
+Results go to ``benchmarks/results/fleet_prefix.{json,md,png}`` (the figure: one panel per scenario,
+each router's share found cached against its mean E2E).
 """
 
 from __future__ import annotations
@@ -170,6 +171,46 @@ def to_markdown(data: dict[str, Any], command: str) -> str:
     return "\n".join(out)
 
 
+def plot(data: dict[str, Any], path: Path) -> None:
+    """One panel per scenario: each router's share found cached against its mean E2E latency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = data["scenarios"]
+    cols = 4
+    rows = -(-len(scenarios) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.4 * rows), squeeze=False)
+    routers = [r["router"] for r in scenarios[0]["rows"]]
+    markers = dict(zip(routers, "osD^v<>pPX*h", strict=False))
+    colors = {r: plt.get_cmap("tab10")(i % 10) for i, r in enumerate(routers)}
+    for ax, sc in zip(axes.flat, scenarios, strict=False):
+        for r in sc["rows"]:
+            ax.scatter(100 * r["hit_rate"], r["e2e_mean"], marker=markers[r["router"]], color=colors[r["router"]],
+                       s=45, label=r["router"])  # fmt: skip
+        ax.axvline(100 * sc["ideal_hit_rate"], color="grey", linestyle=":", linewidth=1)
+        if not sc["ideal_hit_rate"]:
+            ax.set_xlim(-1.0, 5.0)  # nothing can be found cached
+        ax.set_title(sc["label"], fontsize=9)
+        ax.set_xlabel("prompt tokens found cached (%)", fontsize=8)
+        ax.set_ylabel("mean E2E (s)", fontsize=8)
+        ax.tick_params(labelsize=8)
+    for ax in axes.flat[len(scenarios) :]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower right", fontsize=8, title="router (dotted: one unbounded cache)",
+               title_fontsize=8)  # fmt: skip
+    fig.suptitle(
+        f"Routing for the prefix cache: {data['replicas']} x {data['preset']}, {data['policy']} "
+        "(right and low is better)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0] if __doc__ else None,
@@ -189,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "fleet_prefix.json").write_text(json.dumps(data, indent=1) + "\n")
     md = to_markdown(data, command)
     (args.out / "fleet_prefix.md").write_text(md)
+    plot(data, args.out / "fleet_prefix.png")
     print(md)
     return 0
 

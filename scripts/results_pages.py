@@ -85,7 +85,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "replicas with prefix caching, on multi-turn sessions, shared system prompts and a workload "
         "without shared prefixes.",
         "python benchmarks/bench_prefix_routing.py",
-        ("fleet_prefix.md",),
+        ("fleet_prefix.png", "fleet_prefix.md"),
     ),
     Benchmark(
         "fidelity",
