@@ -151,7 +151,8 @@ def test_idle_flows_are_forgotten():
 
 class _PreviousBands(BandsPolicy):
     """The previous arrival, kept as the reference: a full prune of the flow and every slot rebuilt,
-    O(flow) per arrival (4 ms a decision at 10,000 waiting in one flow)."""
+    O(flow) per arrival (3.5 ms a decision at 10,000 waiting in one flow), and with ``share`` > 0 the
+    band sorted whole at every arrival."""
 
     def on_arrival(self, request: Request, now: float) -> None:
         self.inner.on_arrival(request, now)
@@ -173,9 +174,22 @@ class _PreviousBands(BandsPolicy):
             _tags_of(r).flow_tag = tag
         changed = at < len(flow.reqs) - 1
         if self.share > 0:
-            changed = self._band_arrival(band, request) or changed
+            changed = self._band_arrival(band, request, moved=changed) or changed
         if changed:
             self._own_epoch += 1
+
+    def _band_arrival(self, band: int, request: Request, moved: bool) -> bool:
+        group = self._bands.setdefault(band, _Flow(band_level=True))
+        self._v = max(self._v, group.prune(band_level=True))
+        slots = sorted([_tags_of(r).band_tag for r in group.reqs] + [max(self._v, group.last_finish)])
+        group.last_finish = slots[-1] + 1.0 / self._band_weight(band)
+        before = {r: _tags_of(r).band_tag for r in group.reqs}
+        group.reqs.append(request)
+        group.reqs.sort(key=lambda r: (_tags_of(r).flow_tag, _tags_of(r).order))
+        group.orders = [(_tags_of(r).flow_tag, _tags_of(r).order) for r in group.reqs]
+        for r, tag in zip(group.reqs, slots, strict=True):
+            _tags_of(r).band_tag = tag
+        return any(_tags_of(r).band_tag != tag for r, tag in before.items())
 
 
 _EVENTS = st.lists(
@@ -191,7 +205,7 @@ _EVENTS = st.lists(
 
 
 @settings(max_examples=400, deadline=None)
-@given(events=_EVENTS, inner=st.sampled_from(["fcfs", "sjf-score"]), share=st.sampled_from([0.0, 0.2]))
+@given(events=_EVENTS, inner=st.sampled_from(["fcfs", "sjf-score", "uniboost"]), share=st.sampled_from([0.0, 0.2]))
 def test_arrivals_in_o1_decide_as_the_previous_full_prune(events, inner, share) -> None:
     """Started in slot order (as an engine starts them) with aborts anywhere, the cheaper arrival
     (skip the started that lead, bisect, shift only those behind) gives every request the tags and
@@ -261,3 +275,20 @@ def test_started_requests_that_lead_their_flow_move_the_bands_virtual_time_at_it
     b = _req("b")
     _flow_tags(pol, q, b)
     assert _tags_of(b).flow_tag == 1.0  # a new flow starts at the band's virtual time, not at 0
+
+
+def test_a_request_going_in_ahead_in_its_flow_sorts_its_band_again() -> None:
+    """With ``share`` > 0 a band hands out its slots in (flow tag, inner order); an arrival that moves
+    its flow's later requests to later flow tags moves them in the band's order too."""
+    tags = []
+    for cls in (BandsPolicy, _PreviousBands):
+        pol = cls("sjf-score", share=0.2)
+        q = PolicyQueue(pol)
+        a1, b1, a2 = _req("a", score=5.0), _req("b", score=5.0), _req("a", score=6.0)
+        low = _req("b", priority=1, score=0.0)
+        _flow_tags(pol, q, a1, b1, a2, low)
+        a0 = _req("a", score=1.0)
+        _flow_tags(pol, q, a0, now=1.0)
+        tags.append([(_tags_of(r).flow_tag, _tags_of(r).band_tag) for r in (a0, a1, b1, a2, low)])
+    assert tags[0] == tags[1]
+    assert [t[0] for t in tags[0][:4]] == [0.0, 1.0, 0.0, 2.0]  # a0 takes a1's turn, a1 a2's, a2 a new one

@@ -21,8 +21,10 @@ The key is ``(band, flow slot, *inner key)`` (with ``share`` > 0, ``(band slot, 
 *inner key)``). Because the slots are handed out again when a request joins its flow ahead of
 others, such an arrival bumps ``key_epoch`` (the queue re-keys everything: O(n) for that arrival);
 arrivals that go to the end of their flow change no key and cost O(log n) (a bisect; the started
-requests, which lead their flow, are skipped as they are met). The inner policy's own hooks
-(``on_arrival``, ``on_progress``, ``on_finish``, ``can_preempt``, rekey hints, its oracle and
+requests, which lead their flow, are skipped as they are met). With ``share`` > 0 the band's slots go
+out the same way, in ``(flow slot, inner key)`` order; an arrival that moved its flow's later requests
+sorts its band again (O(n log n)), as does the first arrival after the inner policy re-keyed. The
+inner policy's own hooks (``on_arrival``, ``on_progress``, ``on_finish``, ``can_preempt``, rekey hints, its oracle and
 estimate) are passed through, so one ``bands`` policy runs unchanged in the simulator, the
 gateway and the vLLM plugin, which all take a :class:`~headway.core.Policy`.
 
@@ -116,18 +118,38 @@ class _Group:
 
 
 class _Flow(_Group):
-    """A tenant flow's waiting requests in inner order, with their order keys alongside (``orders``,
-    for a bisect in C) and ``head``, the first still counted: the engine starts a flow's requests in
-    its slot order, so those started lead and are skipped in O(1) instead of shifting the list."""
+    """Waiting requests in the order their slots go out, with their sort keys alongside (``orders``,
+    for a bisect in C) and ``head``, the first still counted. A tenant flow sorts by the inner order
+    and hands out flow tags; with ``band_level``, a band sorts its requests by ``(flow tag, inner
+    order)`` and hands out band tags (``share`` > 0). An engine starts requests in slot order, so
+    those started lead and are skipped in O(1) instead of shifting the list."""
 
-    __slots__ = ("head", "kept", "orders")
+    __slots__ = ("band_level", "dirty", "head", "kept", "orders")
 
-    def __init__(self) -> None:
+    def __init__(self, band_level: bool = False) -> None:
         super().__init__()
+        self.band_level = band_level
         self.orders: list[tuple[Any, ...]] = []
         self.head = 0
         self.kept = 0
         """Requests kept by the last full :meth:`prune`."""
+        self.dirty = False
+        """(band level) Flow tags or inner keys of its requests moved since it was last sorted."""
+
+    def key(self, request: Request) -> tuple[Any, ...]:
+        t = _tags_of(request)
+        return (t.flow_tag, t.order) if self.band_level else t.order
+
+    def tag(self, request: Request) -> float:
+        t = _tags_of(request)
+        return t.band_tag if self.band_level else t.flow_tag
+
+    def set_tag(self, request: Request, value: float) -> None:
+        t = _tags_of(request)
+        if self.band_level:
+            t.band_tag = value
+        else:
+            t.flow_tag = value
 
     @property
     def waiting(self) -> bool:
@@ -136,15 +158,15 @@ class _Flow(_Group):
 
     def tidy(self) -> None:
         """Skip the started requests that lead, and drop those that left from further in (starts out
-        of slot order, aborts) once the flow has doubled since it was last pruned whole: amortized
+        of slot order, aborts) once the list has doubled since it was last pruned whole: amortized
         O(1) per arrival, at most half the list stale."""
         self.prune_front()
         if len(self.reqs) - self.head > 2 * self.kept + 64:
-            self.prune(band_level=False)
+            self.prune(self.band_level)
 
     def prune_front(self) -> float:
-        """Skip the leading requests that are no longer waiting; the largest flow tag of those
-        started (or -inf). O(what it skips), the list compacted once half of it is skipped."""
+        """Skip the leading requests that are no longer waiting; the largest tag of those started
+        (or -inf). O(what it skips), the list compacted once half of it is skipped."""
         reqs = self.reqs
         started = -float("inf")
         i, n = self.head, len(reqs)
@@ -153,7 +175,7 @@ class _Flow(_Group):
             if r.state is RequestState.WAITING:
                 break
             if r.state is not RequestState.ABORTED:
-                started = max(started, _tags_of(r).flow_tag)
+                started = max(started, self.tag(r))
             i += 1
         if i > 32 and 2 * i > n:
             del reqs[:i]
@@ -170,9 +192,37 @@ class _Flow(_Group):
         n = len(self.reqs)
         started = super().prune(band_level)
         if len(self.reqs) != n:
-            self.orders = [_order(r) for r in self.reqs]
+            self.orders = [self.key(r) for r in self.reqs]
         self.kept = len(self.reqs)
         return started
+
+    def place(self, request: Request, key: tuple[Any, ...], slot: float) -> tuple[bool, float]:
+        """Put ``request`` (sort key ``key``) in its place; the slots from there on go out again in
+        order, ``slot`` (a new one, above every tag here) the last of them: each waiting request
+        behind it moves to the next slot. Those behind it no longer waiting leave. Returns whether a
+        request moved, and the largest tag of those started that left (or -inf)."""
+        reqs, orders = self.reqs, self.orders
+        at = bisect.bisect_right(orders, key, self.head)
+        if at == len(reqs):  # last in order (FCFS inside a flow): nobody moves
+            reqs.append(request)
+            orders.append(key)
+            self.set_tag(request, slot)
+            return False, -float("inf")
+        behind: list[Request] = []
+        pool: list[float] = []
+        started = -float("inf")
+        for r in reqs[at:]:  # those no longer waiting leave here (a start out of slot order, an abort)
+            if r.state is RequestState.WAITING:
+                behind.append(r)
+                pool.append(self.tag(r))
+            elif r.state is not RequestState.ABORTED:
+                started = max(started, self.tag(r))
+        pool.append(slot)
+        reqs[at:] = [request, *behind]
+        orders[at:] = [key, *(self.key(r) for r in behind)]
+        for r, tag in zip(reqs[at:], pool, strict=True):
+            self.set_tag(r, tag)
+        return bool(behind), started
 
 
 @register_policy("bands")
@@ -215,7 +265,7 @@ class BandsPolicy(Policy):
         self._own_epoch = 0
         self._inner_epoch = self.inner.key_epoch
         self._flows: dict[tuple[int, str], _Flow] = {}
-        self._bands: dict[int, _Group] = {}
+        self._bands: dict[int, _Flow] = {}
         self._band_v: dict[int, float] = {}
         """Virtual time per band (tenant-flow level)."""
         self._v = 0.0
@@ -272,29 +322,13 @@ class BandsPolicy(Policy):
             flow = self._flows[(band, request.tenant_id)] = _Flow()
         v = max(self._band_v.get(band, 0.0), flow.prune_front())
         # a new slot for the flow (above each of its tags); the flow's slots go to its waiting requests
-        # in inner order from where this one goes in: each one behind it moves to the next slot
+        # in inner order from where this one goes in
         slot = max(v, flow.last_finish)
         flow.last_finish = slot + 1.0 / self.tenant_weights.get(request.tenant_id, 1.0)
-        reqs = flow.reqs
-        at = bisect.bisect_right(flow.orders, tags.order, flow.head)
-        behind: list[Request] = []
-        pool: list[float] = []
-        for r in reqs[at:]:  # those no longer waiting leave the flow here (a start out of slot order, an abort)
-            t = _tags_of(r)
-            if r.state is RequestState.WAITING:
-                behind.append(r)
-                pool.append(t.flow_tag)
-            elif r.state is not RequestState.ABORTED:
-                v = max(v, t.flow_tag)
-        self._band_v[band] = v
-        pool.append(slot)
-        reqs[at:] = [request, *behind]
-        flow.orders[at:] = [tags.order, *(_order(r) for r in behind)]
-        for r, tag in zip(reqs[at:], pool, strict=True):
-            _tags_of(r).flow_tag = tag
-        changed = bool(behind)
+        changed, started = flow.place(request, tags.order, slot)
+        self._band_v[band] = max(v, started)
         if self.share > 0:
-            changed = self._band_arrival(band, request) or changed
+            changed = self._band_arrival(band, request, moved=changed) or changed
         if changed:
             self._own_epoch += 1
         self._arrivals += 1
@@ -324,14 +358,32 @@ class BandsPolicy(Policy):
             if not group.reqs and group.last_finish <= self._v:
                 del self._bands[band]
 
-    def _band_arrival(self, band: int, request: Request) -> bool:
-        group = self._bands.setdefault(band, _Group())
+    def _band_arrival(self, band: int, request: Request, moved: bool) -> bool:
+        """The band-level slot of an arrival (``share`` > 0): as :meth:`on_arrival`'s flow slot, in the
+        band's ``(flow tag, inner order)``. ``moved``: this arrival moved others' flow tags, so the
+        band is sorted again (as after the inner policy re-keyed everything)."""
+        group = self._bands.get(band)
+        if group is None:
+            group = self._bands[band] = _Flow(band_level=True)
+        if moved or group.dirty:
+            return self._band_arrival_sorted(group, band, request)
+        self._v = max(self._v, group.prune_front())
+        slot = max(self._v, group.last_finish)
+        group.last_finish = slot + 1.0 / self._band_weight(band)
+        changed, started = group.place(request, group.key(request), slot)
+        self._v = max(self._v, started)
+        return changed
+
+    def _band_arrival_sorted(self, group: _Flow, band: int, request: Request) -> bool:
+        """:meth:`_band_arrival` sorting the band whole: O(n log n)."""
         self._v = max(self._v, group.prune(band_level=True))
         slots = sorted([_tags_of(r).band_tag for r in group.reqs] + [max(self._v, group.last_finish)])
         group.last_finish = slots[-1] + 1.0 / self._band_weight(band)
         before = {r: _tags_of(r).band_tag for r in group.reqs}
         group.reqs.append(request)
-        group.reqs.sort(key=lambda r: (_tags_of(r).flow_tag, _tags_of(r).order))
+        group.reqs.sort(key=group.key)
+        group.orders = [group.key(r) for r in group.reqs]
+        group.dirty = False
         for r, tag in zip(group.reqs, slots, strict=True):
             _tags_of(r).band_tag = tag
         return any(_tags_of(r).band_tag != tag for r, tag in before.items())
@@ -350,6 +402,8 @@ class BandsPolicy(Policy):
             flow.orders = [_order(r) for r in flow.reqs]
             for r, tag in zip(flow.reqs, slots, strict=True):
                 _tags_of(r).flow_tag = tag
+        for group in self._bands.values():
+            group.dirty = True
 
     def _started(self, request: Request) -> None:
         t = _tags(request)
