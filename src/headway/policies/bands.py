@@ -24,9 +24,9 @@ arrivals that go to the end of their flow change no key and cost O(log n) (a bis
 requests, which lead their flow, are skipped as they are met). With ``share`` > 0 the band's slots go
 out the same way, in ``(flow slot, inner key)`` order; an arrival that moved its flow's later requests
 sorts its band again (O(n log n)), as does the first arrival after the inner policy re-keyed. The
-inner policy's own hooks (``on_arrival``, ``on_progress``, ``on_finish``, ``can_preempt``, rekey hints, its oracle and
-estimate) are passed through, so one ``bands`` policy runs unchanged in the simulator, the
-gateway and the vLLM plugin, which all take a :class:`~headway.core.Policy`.
+inner policy's own hooks (``on_arrival``, ``on_progress``, ``on_finish``, ``can_preempt``, rekey
+hints, its oracle and estimate) are passed through, so one ``bands`` policy runs unchanged in the
+simulator, the gateway and the vLLM plugin, which all take a :class:`~headway.core.Policy`.
 
 A request leaves its flow when its state is no longer ``WAITING`` (the engine started or
 aborted it); the virtual times advance when a started request reports progress or finishes, or
