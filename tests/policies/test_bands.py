@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from headway.core import PolicyQueue, Request, RequestState, Tier, make_policy
 from headway.policies import BandsPolicy
-from headway.policies.bands import _TAGS, _Flow, _Tags, _tags_of
+from headway.policies.bands import _TAGS, _Group, _Tags, _tags_of
 from headway.sim import SchedulerConfig, simulate
 from headway.workload import RequestSpec
 
@@ -160,8 +160,8 @@ class _PreviousBands(BandsPolicy):
         band = self.band_of(request)
         tags = _Tags(band, (*self.inner.key(request, now), request.seq))
         request.extra[_TAGS] = tags
-        flow = self._flows.setdefault((band, request.tenant_id), _Flow())
-        v = max(self._band_v.get(band, 0.0), flow.prune(band_level=False))
+        flow = self._flows.setdefault((band, request.tenant_id), _Group())
+        v = max(self._band_v.get(band, 0.0), flow.prune())
         self._band_v[band] = v
         slots = [_tags_of(r).flow_tag for r in flow.reqs]
         slots.append(max(v, flow.last_finish))
@@ -179,8 +179,8 @@ class _PreviousBands(BandsPolicy):
             self._own_epoch += 1
 
     def _band_arrival(self, band: int, request: Request, moved: bool) -> bool:
-        group = self._bands.setdefault(band, _Flow(band_level=True))
-        self._v = max(self._v, group.prune(band_level=True))
+        group = self._bands.setdefault(band, _Group(band_level=True))
+        self._v = max(self._v, group.prune())
         slots = sorted([_tags_of(r).band_tag for r in group.reqs] + [max(self._v, group.last_finish)])
         group.last_finish = slots[-1] + 1.0 / self._band_weight(band)
         before = {r: _tags_of(r).band_tag for r in group.reqs}

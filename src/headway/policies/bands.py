@@ -88,48 +88,21 @@ def _tags_of(request: Request) -> _Tags:
     return t
 
 
-def _order(request: Request) -> tuple[Any, ...]:
-    return _tags_of(request).order
-
-
 class _Group:
-    """Waiting requests of one flow (or one band) in order, for handing out SFQ slot tags."""
+    """One tenant flow's (or, with ``band_level``, one band's) waiting requests in the order their
+    slots go out, with their sort keys alongside (``orders``, for a bisect in C) and ``head``, the
+    first still counted. A flow sorts by the inner order and hands out flow tags; a band (``share``
+    > 0) sorts its requests by ``(flow tag, inner order)`` and hands out band tags. An engine starts
+    requests in slot order, so those started lead and are skipped in O(1) instead of shifting the
+    list."""
 
-    __slots__ = ("last_finish", "reqs")
-
-    def __init__(self) -> None:
-        self.reqs: list[Request] = []
-        self.last_finish = 0.0
-
-    def prune(self, band_level: bool) -> float:
-        """Drop requests that are no longer waiting; the largest tag of those started (or -inf)."""
-        started = -float("inf")
-        if all(r.state is RequestState.WAITING for r in self.reqs):
-            return started
-        keep: list[Request] = []
-        for r in self.reqs:
-            if r.state is RequestState.WAITING:
-                keep.append(r)
-            elif r.state is not RequestState.ABORTED:
-                t = _tags_of(r)
-                started = max(started, t.band_tag if band_level else t.flow_tag)
-        self.reqs = keep
-        return started
-
-
-class _Flow(_Group):
-    """Waiting requests in the order their slots go out, with their sort keys alongside (``orders``,
-    for a bisect in C) and ``head``, the first still counted. A tenant flow sorts by the inner order
-    and hands out flow tags; with ``band_level``, a band sorts its requests by ``(flow tag, inner
-    order)`` and hands out band tags (``share`` > 0). An engine starts requests in slot order, so
-    those started lead and are skipped in O(1) instead of shifting the list."""
-
-    __slots__ = ("band_level", "dirty", "head", "kept", "orders")
+    __slots__ = ("band_level", "dirty", "head", "kept", "last_finish", "orders", "reqs")
 
     def __init__(self, band_level: bool = False) -> None:
-        super().__init__()
         self.band_level = band_level
+        self.reqs: list[Request] = []
         self.orders: list[tuple[Any, ...]] = []
+        self.last_finish = 0.0
         self.head = 0
         self.kept = 0
         """Requests kept by the last full :meth:`prune`."""
@@ -162,7 +135,7 @@ class _Flow(_Group):
         O(1) per arrival, at most half the list stale."""
         self.prune_front()
         if len(self.reqs) - self.head > 2 * self.kept + 64:
-            self.prune(self.band_level)
+            self.prune()
 
     def prune_front(self) -> float:
         """Skip the leading requests that are no longer waiting; the largest tag of those started
@@ -184,17 +157,33 @@ class _Flow(_Group):
         self.head = i
         return started
 
-    def prune(self, band_level: bool) -> float:
-        if self.head:  # those skipped are no longer waiting, their tags already counted
-            del self.reqs[: self.head]
-            del self.orders[: self.head]
-            self.head = 0
-        n = len(self.reqs)
-        started = super().prune(band_level)
-        if len(self.reqs) != n:
-            self.orders = [self.key(r) for r in self.reqs]
+    def prune(self) -> float:
+        """Drop every request that is no longer waiting; the largest tag of those started there
+        (or -inf; those skipped at the head were counted when they were skipped)."""
+        del self.reqs[: self.head]
+        del self.orders[: self.head]
+        self.head = 0
+        started = -float("inf")
+        if not all(r.state is RequestState.WAITING for r in self.reqs):
+            keep: list[Request] = []
+            for r in self.reqs:
+                if r.state is RequestState.WAITING:
+                    keep.append(r)
+                elif r.state is not RequestState.ABORTED:
+                    started = max(started, self.tag(r))
+            self.reqs = keep
+            self.orders = [self.key(r) for r in keep]
         self.kept = len(self.reqs)
         return started
+
+    def resort(self) -> None:
+        """Sort the (pruned) requests by their keys again; the same tags go out again in that order."""
+        slots = sorted(self.tag(r) for r in self.reqs)
+        self.reqs.sort(key=self.key)
+        self.orders = [self.key(r) for r in self.reqs]
+        for r, tag in zip(self.reqs, slots, strict=True):
+            self.set_tag(r, tag)
+        self.dirty = False
 
     def place(self, request: Request, key: tuple[Any, ...], slot: float) -> tuple[bool, float]:
         """Put ``request`` (sort key ``key``) in its place; the slots from there on go out again in
@@ -264,8 +253,8 @@ class BandsPolicy(Policy):
         self._inner_estimate = policy_estimator(self.inner)
         self._own_epoch = 0
         self._inner_epoch = self.inner.key_epoch
-        self._flows: dict[tuple[int, str], _Flow] = {}
-        self._bands: dict[int, _Flow] = {}
+        self._flows: dict[tuple[int, str], _Group] = {}
+        self._bands: dict[int, _Group] = {}
         self._band_v: dict[int, float] = {}
         """Virtual time per band (tenant-flow level)."""
         self._v = 0.0
@@ -319,7 +308,7 @@ class BandsPolicy(Policy):
         request.extra[_TAGS] = tags
         flow = self._flows.get((band, request.tenant_id))
         if flow is None:
-            flow = self._flows[(band, request.tenant_id)] = _Flow()
+            flow = self._flows[(band, request.tenant_id)] = _Group()
         v = max(self._band_v.get(band, 0.0), flow.prune_front())
         # a new slot for the flow (above each of its tags); the flow's slots go to its waiting requests
         # in inner order from where this one goes in
@@ -354,8 +343,8 @@ class BandsPolicy(Policy):
             del self._band_v[band]
         for band in list(self._bands):
             group = self._bands[band]
-            group.prune(band_level=True)
-            if not group.reqs and group.last_finish <= self._v:
+            group.tidy()
+            if not group.waiting and group.last_finish <= self._v:
                 del self._bands[band]
 
     def _band_arrival(self, band: int, request: Request, moved: bool) -> bool:
@@ -364,7 +353,7 @@ class BandsPolicy(Policy):
         band is sorted again (as after the inner policy re-keyed everything)."""
         group = self._bands.get(band)
         if group is None:
-            group = self._bands[band] = _Flow(band_level=True)
+            group = self._bands[band] = _Group(band_level=True)
         if moved or group.dirty:
             return self._band_arrival_sorted(group, band, request)
         self._v = max(self._v, group.prune_front())
@@ -374,18 +363,15 @@ class BandsPolicy(Policy):
         self._v = max(self._v, started)
         return changed
 
-    def _band_arrival_sorted(self, group: _Flow, band: int, request: Request) -> bool:
+    def _band_arrival_sorted(self, group: _Group, band: int, request: Request) -> bool:
         """:meth:`_band_arrival` sorting the band whole: O(n log n)."""
-        self._v = max(self._v, group.prune(band_level=True))
-        slots = sorted([_tags_of(r).band_tag for r in group.reqs] + [max(self._v, group.last_finish)])
-        group.last_finish = slots[-1] + 1.0 / self._band_weight(band)
+        self._v = max(self._v, group.prune())
+        slot = max(self._v, group.last_finish)
+        group.last_finish = slot + 1.0 / self._band_weight(band)
         before = {r: _tags_of(r).band_tag for r in group.reqs}
+        _tags_of(request).band_tag = slot
         group.reqs.append(request)
-        group.reqs.sort(key=group.key)
-        group.orders = [group.key(r) for r in group.reqs]
-        group.dirty = False
-        for r, tag in zip(group.reqs, slots, strict=True):
-            _tags_of(r).band_tag = tag
+        group.resort()
         return any(_tags_of(r).band_tag != tag for r, tag in before.items())
 
     def _sync_inner(self, now: float) -> None:
@@ -394,14 +380,10 @@ class BandsPolicy(Policy):
             return
         self._inner_epoch = self.inner.key_epoch
         for flow in self._flows.values():
-            flow.prune(band_level=False)
-            slots = sorted(_tags_of(r).flow_tag for r in flow.reqs)
+            flow.prune()
             for r in flow.reqs:
                 _tags_of(r).order = (*self.inner.key(r, now), r.seq)
-            flow.reqs.sort(key=_order)
-            flow.orders = [_order(r) for r in flow.reqs]
-            for r, tag in zip(flow.reqs, slots, strict=True):
-                _tags_of(r).flow_tag = tag
+            flow.resort()
         for group in self._bands.values():
             group.dirty = True
 
