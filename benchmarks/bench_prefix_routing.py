@@ -68,8 +68,6 @@ def ideal_hit_rate(w: Workload, block_size: int) -> float:
     specs = sorted(w.requests, key=lambda s: s.arrival_time)
     keyed = [
         (block_keys(s.block_hashes, s.hash_block_size, s.num_prompt_tokens, block_size), s.num_prompt_tokens)
-        if s.block_hashes
-        else ([], s.num_prompt_tokens)
         for s in specs
     ]
     total = sum(s.num_prompt_tokens for s in specs)
@@ -90,11 +88,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             res = simulate(w, args.policy, preset=args.preset, num_replicas=args.replicas, router=router,
                            router_kwargs=rkw, cache=cache)  # fmt: skip
             s = summarize(res.requests)
-            queries = sum(r.prefix_cache_queries for r in res.replicas)
-            hits = sum(r.prefix_cache_hits for r in res.replicas)
             row = {
                 "router": router,
-                "hit_rate": hits / queries if queries else 0.0,
+                "hit_rate": s.prefix_cache_hit_rate or 0.0,
                 "ttft_mean": s.ttft.mean,
                 "ttft_p99": s.ttft.p99,
                 "e2e_mean": s.e2e.mean,
