@@ -355,3 +355,14 @@ def test_a_reader_that_leaves_early_ends_the_listing_quietly(capsys, monkeypatch
     monkeypatch.setattr(sys, "stdout", _Gone())
     assert main(["policies"]) == 141
     assert capsys.readouterr().err == ""
+
+
+def test_simulate_says_when_the_policies_decided_alike(capsys: pytest.CaptureFixture[str]) -> None:
+    # a light load: every request is admitted as it arrives, so no order can matter
+    light = ["simulate", "--policies", "fcfs,sjf-oracle", "--num-requests", "200", "--rate", "0.2", "--no-report"]
+    assert main(light) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "fcfs, sjf-oracle decided alike" in out and "(a higher --rate queues requests)" in out
+    # the default load queues requests, and shortest-first then finishes them at other times
+    assert main(["simulate", "--policies", "fcfs,sjf-oracle", "--num-requests", "300", "--no-report"]) == 0
+    assert "decided alike" not in capsys.readouterr().out

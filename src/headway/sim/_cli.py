@@ -242,6 +242,22 @@ def _load_workload(args: argparse.Namespace) -> Any:
     return load_workload(args.workload, **options)
 
 
+def _decided_alike(runs: dict[str, Any]) -> list[str]:
+    """The policies run, when there are several and each gave every request the same first-token
+    and finish times (to a microsecond: engines that cut decode stretches at other steps sum the
+    same step times in another order); else nothing."""
+    if len(runs) < 2:
+        return []
+
+    def times(requests: Sequence[Any]) -> list[tuple[str, float, float]]:
+        return sorted(
+            (r.request_id, round(r.first_token_time or -1.0, 6), round(r.finish_time or -1.0, 6)) for r in requests
+        )
+
+    first, *rest = (times(requests) for _, requests in runs.values())
+    return list(runs) if all(t == first for t in rest) else []
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -400,6 +416,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             title=f"{workload.name} on {preset_names} (full table in the report)",
         )
     )
+    alike = _decided_alike(runs)
+    if alike:
+        more = "a higher --rate, or fewer replicas," if fleet else "a higher --rate"
+        notes.append(
+            f"{', '.join(alike)} decided alike: every request got its first token and finished at the same "
+            f"times under each, so at this load the queue's order never mattered ({more} queues requests)"
+        )
+        console.print(f"[yellow]{notes[-1]}[/]")
     if out is not None:
         notes = [
             f"workload {workload.name}: {len(workload)} requests, seed {args.seed}",
