@@ -2,7 +2,8 @@
 
 The step-by-step differential harness of ``tests/integrations`` (vLLM's own ``Scheduler`` run
 with no model in the vLLM virtualenv; scenarios from its hypothesis strategy, derandomized, so
-a rerun draws the same ones) on bursts without aborts, for ``fcfs`` and ``priority``:
+a rerun draws the same ones) without aborts, for ``fcfs`` and ``priority``; bursts unless a kind
+says otherwise:
 
 * ``plugin``: ``HeadwayScheduler`` against vLLM, every step (scheduled ids and token counts,
   prefix-cache hits, preemptions, finishes); prefix caching as drawn;
@@ -12,7 +13,10 @@ a rerun draws the same ones) on bursts without aborts, for ``fcfs`` and ``priori
 * ``sim_no_full_isl``: the same with ``scheduler_reserve_full_isl`` off in both (admission
   checks only the first prefill chunk's blocks);
 * ``sim_prefix``: as ``sim`` with prefix caching as drawn (on in about half the scenarios);
-* ``sim_prefix_no_full_isl``: as ``sim_no_full_isl`` with prefix caching as drawn.
+* ``sim_prefix_no_full_isl``: as ``sim_no_full_isl`` with prefix caching as drawn;
+* ``plugin_staggered`` and ``sim_staggered``: the plugin (every step) and the simulator (per
+  request) on a second scenario of the same kind whose requests arrive over its first 30 steps
+  (the running list is then no longer in priority order), prefix caching as drawn.
 
 Writes ``benchmarks/results/fidelity_steps.json`` (with the command line and the first differing
 scenarios of each kind)::
@@ -45,7 +49,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
-    kinds = ("plugin", "sim", "sim_no_full_isl", "sim_prefix", "sim_prefix_no_full_isl")
+    kinds = ("plugin", "sim", "sim_no_full_isl", "sim_prefix", "sim_prefix_no_full_isl", "plugin_staggered",
+             "sim_staggered")  # fmt: skip
     counts = dict.fromkeys(("scenarios", *kinds, "with_preemptions", "with_prefix_caching"), 0)
     first: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
 
@@ -54,8 +59,11 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
             first[kind].append({"scenario": scenario, "difference": detail})
 
     @settings(max_examples=n, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-    @given(scenario=scenarios(policy=policy, aborts=False, burst=True))
-    def run(scenario: dict[str, Any]) -> None:
+    @given(
+        scenario=scenarios(policy=policy, aborts=False, burst=True),
+        staggered=scenarios(policy=policy, aborts=False),
+    )
+    def run(scenario: dict[str, Any], staggered: dict[str, Any]) -> None:
         counts["scenarios"] += 1
         ref = harness.run(scenario, "vllm")["steps"]
         got = harness.run({**scenario, "headway": {"policy": policy}}, "headway")["steps"]
@@ -81,6 +89,19 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
             if ref_outcome != sim:
                 bad = {rid: {"vllm": ref_outcome[rid], "sim": sim[rid]} for rid in sim if ref_outcome[rid] != sim[rid]}
                 note(kind, sc, bad)
+        trace = harness.run(staggered, "vllm")["steps"]
+        diff = first_difference(trace, harness.run({**staggered, "headway": {"policy": policy}}, "headway")["steps"])
+        counts["plugin_staggered"] += diff is None
+        if diff is not None:
+            note("plugin_staggered", staggered, diff)
+        ref_outcome, sim = vllm_outcome(trace), sim_outcome(staggered)
+        counts["sim_staggered"] += ref_outcome == sim
+        if ref_outcome != sim:
+            note(
+                "sim_staggered",
+                staggered,
+                {r: {"vllm": ref_outcome[r], "sim": sim[r]} for r in sim if ref_outcome[r] != sim[r]},
+            )
 
     run()
     return {"counts": counts, "first_differences": first}

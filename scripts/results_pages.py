@@ -208,9 +208,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "fidelity-steps",
         "Step by step against vLLM's own scheduler",
-        "Generated request bursts (KV pressure, chunked prefill on and off, shared prefixes, priorities) "
-        "run through vLLM 0.32's own Scheduler with no model, through the plugin and through the simulator: "
-        "how many scenarios match vLLM at every step (plugin) or in every request's outcome (simulator).",
+        "Generated request bursts, and streams whose requests arrive over the first 30 steps (KV pressure, "
+        "chunked prefill on and off, shared prefixes, priorities), run through vLLM 0.32's own Scheduler with "
+        "no model, through the plugin and through the simulator: how many scenarios match vLLM at every step "
+        "(plugin) or in every request's outcome (simulator).",
         "python benchmarks/bench_fidelity_steps.py --scenarios 500",
         ("fidelity_steps.json",),
     ),

@@ -165,12 +165,15 @@ def block_hashes(tokens: list[int], block_size: int) -> tuple[int, ...]:
 def sim_outcome(scenario: dict[str, Any]) -> Outcome:
     """Per request: (first scheduled step, finishing step, preemptions) in the simulator (vLLM's
     ``scheduler_reserve_full_isl`` from the scenario's ``reserve_full_isl``, on unless given; the
-    workload's hashes over ``hash_block_size`` tokens, the engine's block size unless given)."""
+    workload's hashes over ``hash_block_size`` tokens, the engine's block size unless given). A
+    request arrives at the time of the step before which vLLM's harness adds it (``arrive``): an
+    arrival at a step's end joins the next step's decisions, as a rounding tie goes to the arrival."""
     bs = scenario["block_size"]
     hb = scenario.get("hash_block_size", bs)
     specs = [
         RequestSpec(
-            r["id"], 0.0, len(r["prompt"]), r["max_tokens"], max_tokens=r["max_tokens"], priority=r["priority"],
+            r["id"], float(r["arrive"]), len(r["prompt"]), r["max_tokens"], max_tokens=r["max_tokens"],
+            priority=r["priority"],
             block_hashes=block_hashes(r["prompt"], hb), hash_block_size=hb,
         )
         for r in scenario["requests"]

@@ -122,3 +122,30 @@ def test_step_records_show_the_preemption_and_the_held_admission() -> None:
         (1.0, (("a", 1),), ("b",)),  # b evicted; c (arrived at 0.5) not admitted in this step
         (2.0, (("a", 1), ("c", 4)), ()),
     ]
+
+
+@pytest.mark.parametrize("max_steps", STEPS)
+def test_a_request_that_evicts_itself_ends_the_running_loop(max_steps: int) -> None:
+    # vLLM's running loop goes in running-list order, and when the request short of blocks is its
+    # own victim it stops there: nobody after it runs that step. Three 16-token blocks, priority.
+    # A (10-token prompt, priority 1) runs first; B (16 tokens, priority 0) joins at t=1 and takes
+    # the last block at t=2. At t=7 A, first in the running list, needs a second block: it is the
+    # lowest priority, so it evicts itself, and B sits the step out (blocks kept, no token).
+    # tests/integrations/test_sim_vs_vllm.py runs the same against vLLM's own scheduler.
+    wl = Workload.from_specs("t", [
+        RequestSpec("a", 0.0, 10, 20, priority=1), RequestSpec("b", 0.5, 16, 10, priority=0),
+    ])  # fmt: skip
+    res = simulate(wl, "priority", preset=unit_cost(1.0), scheduler=SchedulerConfig(max_steps_per_event=max_steps),
+                   cache=CacheConfig(num_gpu_blocks=3), record_steps=max_steps == 1)  # fmt: skip
+    a, b = res.requests
+    assert (a.num_preemptions, b.num_preemptions) == (1, 0)
+    assert b.finish_time == pytest.approx(12.0)  # 10 tokens from t=1, one step out
+    assert a.finish_time == pytest.approx(25.0)  # back at t=12 (its 17 tokens need B's blocks), 13 to go
+    if max_steps == 1:
+        steps = res.replicas[0].steps
+        assert steps is not None
+        assert [(s.time, s.scheduled, s.preempted) for s in steps[6:9]] == [
+            (6.0, (("a", 1), ("b", 1)), ()),
+            (7.0, (), ("a",)),  # a evicted itself; b, after it in the running list, sat out
+            (8.0, (("b", 1),), ()),
+        ]

@@ -11,6 +11,10 @@ from headway.sim._seq import Seq
 __all__ = ["Preemption"]
 
 
+def _join_order(s: Seq) -> int:
+    return s.order
+
+
 class Preemption(KVBlocks):
     """Evicting, pausing and resuming the requests of a :class:`~headway.sim.Replica` (which
     sets every attribute below)."""
@@ -20,6 +24,7 @@ class Preemption(KVBlocks):
     _arm_timer: Callable[[Request], None]  # the replica's: a requeued request's re-key timer
     _sync_all: bool  # a displacement check syncs every running request (see the replica)
     _victim_from_heaps: bool  # a KV shortage's victim is the lazy heaps' top (see _heap_victim)
+    _sitting: list[Seq]  # decoders that sit the step in flight out (_sit_out), back when the next starts
 
     def _leave_batch(self, s: Seq, now: float) -> Request:
         """Take a running request out of the batch (evicted or paused): its counters synced, its
@@ -102,12 +107,53 @@ class Preemption(KVBlocks):
         return [s.req for s in self.decoders] + [s.req for s in self.prefilling]
 
     def _evict_for_memory(self, now: float, budget: int) -> int:
-        """Evict the policy's victims until the running requests' blocks fit. In pause mode the
-        paused requests hold blocks too and are candidates (they rank below the running ones)."""
-        while self.free < 0 and (self.num_running or self.paused):
-            s = self._heap_victim(now) if self._victim_from_heaps else self._scan_victim(now)
-            budget += self._take_victim(s, True, now)
+        """Evict the policy's victims until the running requests' blocks fit, as vLLM's running
+        loop does: in running-list order (``Seq.order``), a request short of blocks evicts victims
+        until it fits; when the victim is that request itself, the loop stops there, and every
+        running request after it sits the step out (:meth:`_sit_out`). The step's blocks are
+        already taken off ``free`` for every running request; at a request, ``free`` plus what the
+        requests after it reserved is what vLLM would find free. In pause mode the paused requests
+        hold blocks too and are candidates (they rank below the running ones)."""
+        running = sorted([*self.decoders, *self.prefilling], key=_join_order)
+        needs = [self._step_blocks(s) for s in running]
+        place = {s: i for i, s in enumerate(running)}
+        gone: set[Seq] = set()
+        after = sum(needs)
+        for i, s in enumerate(running):
+            after -= needs[i]
+            if not needs[i] or s in gone:
+                continue
+            while self.free + after < 0 and (self.num_running or self.paused):
+                v = self._heap_victim(now) if self._victim_from_heaps else self._scan_victim(now)
+                budget += self._take_victim(v, True, now)
+                if v is s:  # vLLM: "Cannot schedule this request", and its loop ends
+                    self._sit_out([r for r in running[i + 1 :] if r not in gone], now)
+                    return budget
+                k = place.get(v)
+                if k is not None:
+                    gone.add(v)
+                    if k > i:  # its reservation was counted as still to come
+                        after -= needs[k]
         return budget
+
+    def _step_blocks(self, s: Seq) -> int:
+        """The KV blocks the step being planned took for a running request."""
+        if s in self.decoders:
+            return 1 if s.phase == -self.g % self.bs else 0
+        return -self._blocks_for(s, 0)
+
+    def _sit_out(self, seqs: list[Seq], now: float) -> None:
+        """Running requests that vLLM's running loop did not reach this step: they return what
+        the step reserved and get no token, keeping their blocks and their place in the running
+        list; decoders leave the decode set until the next step starts (``_sitting``)."""
+        for s in seqs:
+            self._release_step(s)
+            if s in self.decoders:
+                self._sync(s, now)
+                self._remove_decoder(s)
+                self._sitting.append(s)
+            else:
+                s.chunk = 0
 
     def _scan_victim(self, now: float) -> Seq:
         """The policy's ``choose_victim`` among the running and paused requests."""

@@ -3,9 +3,10 @@
 Each engine step (vLLM ``schedule()`` + model run) proceeds as V1's scheduler does:
 
 1. running requests first: every decoding request gets one token, partially prefilled
-   requests get a prompt chunk; KV blocks are allocated, and when they run out the
-   policy's ``choose_victim`` is evicted (recompute or swap) until the rest fit; a step
-   that evicted admits nobody;
+   requests get a prompt chunk; KV blocks are allocated in running-list order, and a
+   request short of them evicts the policy's ``choose_victim`` (recompute or swap) until it
+   fits; when it is its own victim, vLLM's running loop ends there, so the requests after it
+   sit the step out (blocks kept, no token); a step that evicted admits nobody;
 2. otherwise, preemptive policies whose ``displacement`` mode is not ``"none"`` let a
    better-keyed waiting request that cannot be admitted displace running ones: ``pause``
    (vllm-ltr) takes the slot of the worst-keyed one, which keeps its KV blocks while it
@@ -34,7 +35,9 @@ there is vLLM's):
   before partial prefills where vLLM goes in running-list order. Under vLLM's FCFS and
   priority scheduling these decide alike: its running list is in admission order, and a
   prefill gets less than its rest only when the budget runs out, so partial prefills are its
-  tail (the harness's hypothesis tests under KV pressure). vLLM's
+  tail (the harness's hypothesis tests under KV pressure, in bursts and with staggered
+  arrivals). For the same reason the token budget a victim scheduled earlier in the step gives
+  back is not handed to a later partial prefill, as vLLM's loop would. vLLM's
   ``long_prefill_token_threshold`` and ``watermark`` (0 by default) are not modelled.
 
 The replica's parts, one class each, the replica on top: :mod:`~headway.sim._decode` (lazy
@@ -140,6 +143,7 @@ class Replica(Preemption):
         self.seqs: dict[Request, Seq] = {}
         self.decoders: dict[Seq, None] = {}  # insertion-ordered set
         self.prefilling: list[Seq] = []
+        self._sitting: list[Seq] = []  # decoders sitting the step in flight out (Preemption._sit_out)
         self.g = 0  # decode steps run so far (the lazy counters' clock)
         self.hist = [0] * self.bs  # decoders per block-boundary phase
         self.s_off = 0  # sum over decoders of (computed - join)
@@ -266,6 +270,12 @@ class Replica(Preemption):
             for req in self.unseen:
                 req.queued_time = now
             self.unseen.clear()
+        if self._sitting:  # back in the batch: vLLM's running loop reaches them again
+            for s in self._sitting:
+                since = s.since
+                self._add_decoder(s)
+                s.since = since  # (on_decode_progress) its progress was last reported as it sat out
+            self._sitting.clear()
         self.waiting.refresh(now)
         budget = self.cfg.max_num_batched_tokens - len(self.decoders)
         need = self.hist[-self.g % self.bs]
@@ -310,7 +320,7 @@ class Replica(Preemption):
         num_dec = len(self.decoders)
         kv0 = self.s_off + num_dec * (self.g + 1)
         cost = self.cost
-        if self.prefilling or self.swap_cost:
+        if self.prefilling or self.swap_cost or self._sitting:  # (one step: the sitting rejoin after it)
             tokens = num_dec
             kv = kv0
             for s in self.prefilling:
