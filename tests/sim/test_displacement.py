@@ -136,7 +136,8 @@ def test_a_request_that_evicts_itself_ends_the_running_loop(max_steps: int) -> N
         RequestSpec("a", 0.0, 10, 20, priority=1), RequestSpec("b", 0.5, 16, 10, priority=0),
     ])  # fmt: skip
     res = simulate(wl, "priority", preset=unit_cost(1.0), scheduler=SchedulerConfig(max_steps_per_event=max_steps),
-                   cache=CacheConfig(num_gpu_blocks=3), record_steps=max_steps == 1)  # fmt: skip
+                   cache=CacheConfig(num_gpu_blocks=3), record_steps=max_steps == 1,
+                   record_timeline=max_steps == 1)  # fmt: skip
     a, b = res.requests
     assert (a.num_preemptions, b.num_preemptions) == (1, 0)
     assert b.finish_time == pytest.approx(12.0)  # 10 tokens from t=1, one step out
@@ -149,3 +150,7 @@ def test_a_request_that_evicts_itself_ends_the_running_loop(max_steps: int) -> N
             (7.0, (), ("a",)),  # a evicted itself; b, after it in the running list, sat out
             (8.0, (("b", 1),), ()),
         ]
+        # as step 7 ends, b still runs (it only sat the step out) and a waits: (time, waiting, running)
+        timeline = res.replicas[0].timeline
+        assert timeline is not None
+        assert [t[:3] for t in timeline if t[0] == pytest.approx(8.0)] == [(8.0, 1, 1)]

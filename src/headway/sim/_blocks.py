@@ -51,10 +51,11 @@ class KVBlocks(DecodeClock):
     steps: list[StepRecord] | None
     _step_cached: list[tuple[str, int]]
     num_preemptions: int  # evictions (KV freed)
+    _sitting: list[Seq]  # decoders sitting the step in flight out (Preemption._sit_out): running, without a token
 
     @property
     def num_running(self) -> int:
-        return len(self.decoders) + len(self.prefilling)
+        return len(self.decoders) + len(self.prefilling) + len(self._sitting)
 
     def _blocks_for(self, s: Seq, chunk: int) -> int:
         return -(-(s.req.num_computed_tokens + chunk) // self.bs) - s.blocks

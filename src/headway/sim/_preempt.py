@@ -24,7 +24,6 @@ class Preemption(KVBlocks):
     _arm_timer: Callable[[Request], None]  # the replica's: a requeued request's re-key timer
     _sync_all: bool  # a displacement check syncs every running request (see the replica)
     _victim_from_heaps: bool  # a KV shortage's victim is the lazy heaps' top (see _heap_victim)
-    _sitting: list[Seq]  # decoders that sit the step in flight out (_sit_out), back when the next starts
 
     def _leave_batch(self, s: Seq, now: float) -> Request:
         """Take a running request out of the batch (evicted or paused): its counters synced, its
