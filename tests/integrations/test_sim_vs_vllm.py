@@ -137,6 +137,23 @@ def test_a_request_that_evicts_itself_ends_the_running_loop(vllm_steps: VllmStep
     assert sim_outcome(scenario) == vllm_outcome(steps)
 
 
+def test_a_victim_scheduled_earlier_gives_its_tokens_to_a_later_prefill(vllm_steps: VllmSteps) -> None:
+    """vLLM sizes a partial prefill's chunk at its turn in the running loop: at step 13 the third
+    decoder is short of a block, the first (the lowest priority, already scheduled) is evicted and
+    its token goes back to the budget, so the 144-token prefill gets 14 tokens, not 13, and finishes
+    there; so does the simulator (tests/sim/test_displacement.py computes the same by hand)."""
+    reqs = _requests([1, 2, 3, 4], list(range(10, 15)), list(range(20, 25)), list(range(100, 244)))
+    for r, (arrive, prio, out) in zip(reqs, [(0, 3, 14), (1, 2, 13), (1, 2, 13), (3, 1, 1)], strict=True):
+        r["arrive"], r["priority"], r["max_tokens"] = arrive, prio, out
+    scenario = _engine(
+        policy="priority", num_blocks=15, max_num_seqs=5, max_num_batched_tokens=16, prefix_caching=False,
+        requests=reqs,
+    )  # fmt: skip
+    steps = vllm_steps.run(scenario, "vllm")["steps"]
+    assert [(s["sched"]["r3"][0], s["preempted"]) for s in steps if s["step"] == 13] == [(14, ["r0"])]
+    assert sim_outcome(scenario) == vllm_outcome(steps)
+
+
 def test_blocks_freed_without_a_hash_are_reused_first(vllm_steps: VllmSteps) -> None:
     """vLLM 0.32 puts a freed block without a hash at the head of the free queue and a hashed one at
     its tail; so does the simulator. One sequence at a time in 6 blocks: A (two shared blocks and a

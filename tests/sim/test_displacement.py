@@ -154,3 +154,31 @@ def test_a_request_that_evicts_itself_ends_the_running_loop(max_steps: int) -> N
         timeline = res.replicas[0].timeline
         assert timeline is not None
         assert [t[:3] for t in timeline if t[0] == pytest.approx(8.0)] == [(8.0, 1, 1)]
+
+
+@pytest.mark.parametrize("max_steps", STEPS)
+def test_a_victim_scheduled_earlier_gives_its_tokens_to_a_later_prefill(max_steps: int) -> None:
+    # vLLM's running loop sizes a partial prefill's chunk at its turn, so tokens given back by a
+    # victim it had scheduled earlier in the step go to it. 14 blocks, a 16-token budget, priority:
+    # x (priority 3), y and z (2) decode from t=0 and t=1; w (priority 1, 144 tokens, 1 to
+    # generate) prefills from t=3 in chunks of 13 (16 less 3 decoders) and holds 9 blocks by t=13.
+    # At t=13 the three decoders each need a second block and 2 are free: z is short, x (the
+    # lowest priority, scheduled before z) is evicted and gives its token back, so w's last chunk
+    # is 14 tokens, its whole rest, and w finishes in that step. tests/integrations/
+    # test_sim_vs_vllm.py runs the same against vLLM's own scheduler.
+    wl = Workload.from_specs("t", [
+        RequestSpec("x", 0.0, 4, 14, priority=3), RequestSpec("y", 1.0, 5, 13, priority=2),
+        RequestSpec("z", 1.0, 5, 13, priority=2), RequestSpec("w", 3.0, 144, 1, priority=1),
+    ])  # fmt: skip
+    sched = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=5, max_steps_per_event=max_steps)
+    res = simulate(wl, "priority", preset=unit_cost(1.0), scheduler=sched, cache=CacheConfig(num_gpu_blocks=14),
+                   record_steps=max_steps == 1)  # fmt: skip
+    x, y, z, w = res.requests
+    assert [r.num_preemptions for r in (x, y, z, w)] == [1, 0, 0, 0]
+    assert w.finish_time == pytest.approx(14.0)  # the step from t=13
+    if max_steps == 1:
+        steps = res.replicas[0].steps
+        assert steps is not None
+        assert [(s.scheduled, s.preempted) for s in steps if s.time == pytest.approx(13.0)] == [
+            ((("y", 1), ("z", 1), ("w", 14)), ("x",)),
+        ]

@@ -111,18 +111,27 @@ class Preemption(KVBlocks):
         until it fits; when the victim is that request itself, the loop stops there, and every
         running request after it sits the step out (:meth:`_sit_out`). The step's blocks are
         already taken off ``free`` for every running request; at a request, ``free`` plus what the
-        requests after it reserved is what vLLM would find free. In pause mode the paused requests
-        hold blocks too and are candidates (they rank below the running ones)."""
+        requests after it reserved is what vLLM would find free. A victim the loop had scheduled
+        gives its tokens back, and a partial prefill after it gets them, as vLLM sizes a chunk at
+        its turn (partial prefills are the running list's tail: see the module docstring). In
+        pause mode the paused requests hold blocks too and are candidates (they rank below the
+        running ones)."""
         running = sorted([*self.decoders, *self.prefilling], key=_join_order)
         needs = [self._step_blocks(s) for s in running]
         place = {s: i for i, s in enumerate(running)}
         gone: set[Seq] = set()
+        spent: dict[Seq, int] = {}  # tokens of the requests the loop scheduled and still holds
         after = sum(needs)
         for i, s in enumerate(running):
             after -= needs[i]
-            if not needs[i] or s in gone:
+            if s in gone:
                 continue
-            while self.free + after < 0 and (self.num_running or self.paused):
+            if s in self.decoders:
+                tokens = 1
+            else:
+                tokens = self._resize_chunk(s, self.cfg.max_num_batched_tokens - sum(spent.values()))
+                needs[i] = -self._blocks_for(s, 0)
+            while needs[i] and self.free + after < 0 and (self.num_running or self.paused):
                 v = self._heap_victim(now) if self._victim_from_heaps else self._scan_victim(now)
                 budget += self._take_victim(v, True, now)
                 if v is s:  # vLLM: "Cannot schedule this request", and its loop ends
@@ -131,9 +140,25 @@ class Preemption(KVBlocks):
                 k = place.get(v)
                 if k is not None:
                     gone.add(v)
+                    spent.pop(v, None)  # (scheduled before s: its tokens go back to the budget)
                     if k > i:  # its reservation was counted as still to come
                         after -= needs[k]
+            spent[s] = tokens
         return budget
+
+    def _resize_chunk(self, s: Seq, left: int) -> int:
+        """A running partial prefill's chunk as vLLM's loop sizes it at its turn, with ``left`` tokens
+        of the step's budget (more than planned when a victim gave tokens back); its reservation moves
+        with it. Returns the chunk."""
+        req = s.req
+        chunk = max(0, min(req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens, left))
+        if chunk != s.chunk:
+            self._release_step(s)
+            blocks = self._blocks_for(s, chunk)
+            s.blocks += blocks
+            self.free -= blocks
+            s.chunk = chunk
+        return chunk
 
     def _step_blocks(self, s: Seq) -> int:
         """The KV blocks the step being planned took for a running request."""

@@ -36,8 +36,8 @@ there is vLLM's):
   priority scheduling these decide alike: its running list is in admission order, and a
   prefill gets less than its rest only when the budget runs out, so partial prefills are its
   tail (the harness's hypothesis tests under KV pressure, in bursts and with staggered
-  arrivals). For the same reason the token budget a victim scheduled earlier in the step gives
-  back is not handed to a later partial prefill, as vLLM's loop would. vLLM's
+  arrivals); at a KV shortage the partial prefills' chunks are sized again in running-list
+  order, so the tokens a victim scheduled earlier gives back go to them, as in vLLM's loop. vLLM's
   ``long_prefill_token_threshold`` and ``watermark`` (0 by default) are not modelled.
 
 The replica's parts, one class each, the replica on top: :mod:`~headway.sim._decode` (lazy
