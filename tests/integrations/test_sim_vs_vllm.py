@@ -154,6 +154,20 @@ def test_a_victim_scheduled_earlier_gives_its_tokens_to_a_later_prefill(vllm_ste
     assert sim_outcome(scenario) == vllm_outcome(steps)
 
 
+def test_async_scheduling_admits_a_step_later(vllm_steps: VllmSteps) -> None:
+    """A difference kept: the simulator makes the synchronous Scheduler's decisions. vLLM's
+    AsyncScheduler schedules step 3 before step 2's output is processed, so r0's slot (it finished
+    in step 2) is still held and r1 starts in step 4; the synchronous scheduler and the simulator
+    start it in step 3."""
+    scenario = _engine(
+        max_num_seqs=1, prefix_caching=False,
+        requests=_requests(list(range(1, 11)), list(range(21, 31)), max_tokens=3),
+    )  # fmt: skip
+    sync = vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"])
+    assert sync == {"r0": (0, 2, 0), "r1": (3, 5, 0)} == sim_outcome(scenario)
+    assert vllm_outcome(vllm_steps.run(scenario, "vllm-async")["steps"]) == {"r0": (0, 2, 0), "r1": (4, 6, 0)}
+
+
 def test_blocks_freed_without_a_hash_are_reused_first(vllm_steps: VllmSteps) -> None:
     """vLLM 0.32 puts a freed block without a hash at the head of the free queue and a hashed one at
     its tail; so does the simulator. One sequence at a time in 6 blocks: A (two shared blocks and a

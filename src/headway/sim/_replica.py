@@ -23,6 +23,13 @@ Step duration comes from the :class:`~headway.sim.CostModel`.
 ``tests/integrations/test_sim_vs_vllm.py`` compares both step by step; every other decision
 there is vLLM's):
 
+* the simulator makes the synchronous ``Scheduler``'s decisions (``--no-async-scheduling``).
+  vLLM 0.32 turns async scheduling on by default on GPUs: its ``AsyncScheduler`` schedules a
+  step before the previous step's output is processed, so the slot and blocks a finishing
+  request frees reach admission a step later; on the harness's scenarios its decisions differ
+  from the synchronous scheduler's (docs/simulator.md), and the simulator has no such mode
+  (``test_async_scheduling_admits_a_step_later``);
+
 * a request's workload-keyed blocks filled by decoding enter the prefix cache when it leaves
   the batch, where vLLM caches each as it fills, so a request sharing the text of an answer
   still being generated hits it there, not here
