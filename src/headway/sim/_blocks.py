@@ -60,6 +60,14 @@ class KVBlocks(DecodeClock):
     def _blocks_for(self, s: Seq, chunk: int) -> int:
         return -(-(s.req.num_computed_tokens + chunk) // self.bs) - s.blocks
 
+    def _reserve_chunk(self, s: Seq, chunk: int) -> None:
+        """Schedule ``chunk`` tokens of ``s`` in the step being planned: the blocks they need come off
+        ``free`` (:meth:`_release_step` gives them back)."""
+        blocks = self._blocks_for(s, chunk)
+        s.blocks += blocks
+        self.free -= blocks
+        s.chunk = chunk
+
     def _admission(self, s: Seq, budget: int) -> tuple[int, int]:
         """Tokens ``s`` would be scheduled now and 0, or 0 and what it lacks (SLOT, BUDGET,
         BLOCKS), checked in vLLM's order."""
@@ -162,10 +170,7 @@ class KVBlocks(DecodeClock):
                 cache.preempted_queries += req.num_prompt_tokens + req.num_output_tokens
                 cache.preempted_hits += req.num_computed_tokens
             s.lost = 0
-        blocks = self._blocks_for(s, chunk)
-        s.blocks += blocks
-        self.free -= blocks
-        s.chunk = chunk
+        self._reserve_chunk(s, chunk)
         if register and s.keys:  # (keys only with prefix caching)
             self._register(s)
         req.transition(RequestState.RUNNING)

@@ -130,7 +130,7 @@ class Preemption(KVBlocks):
                 tokens = 1
             else:
                 tokens = self._resize_chunk(s, self.cfg.max_num_batched_tokens - sum(spent.values()))
-                needs[i] = -self._blocks_for(s, 0)
+                needs[i] = self._step_blocks(s)
             while needs[i] and self.free + after < 0 and (self.num_running or self.paused):
                 v = self._heap_victim(now) if self._victim_from_heaps else self._scan_victim(now)
                 budget += self._take_victim(v, True, now)
@@ -154,10 +154,7 @@ class Preemption(KVBlocks):
         chunk = max(0, min(req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens, left))
         if chunk != s.chunk:
             self._release_step(s)
-            blocks = self._blocks_for(s, chunk)
-            s.blocks += blocks
-            self.free -= blocks
-            s.chunk = chunk
+            self._reserve_chunk(s, chunk)
         return chunk
 
     def _step_blocks(self, s: Seq) -> int:

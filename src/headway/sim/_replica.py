@@ -316,10 +316,7 @@ class Replica(Preemption):
         for s in self.prefilling:
             req = s.req
             chunk = min(req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens, budget)
-            s.chunk = chunk
-            blocks = self._blocks_for(s, chunk)
-            s.blocks += blocks
-            self.free -= blocks
+            self._reserve_chunk(s, chunk)
             budget -= chunk
         return budget
 
