@@ -10,6 +10,9 @@
    vLLM's engine rules and prefix caching on (the default ``llama3-8b-a100`` preset).
 2. ``sharegpt-sessions`` (2,000 turns): prefix-cache hit rate and TTFT with and without
    prefix caching, FCFS and oracle SJF.
+3. Async scheduling (``SchedulerConfig.async_scheduling``, vLLM's default on GPUs) against the
+   synchronous scheduler of the tables above, on both workloads: ``fcfs``, ``sjf-oracle`` and each
+   preemptive policy in its declared mode.
 
 Every row is one simulation, run ``--repeats`` times (default 3; seeded: every figure but the speed
 repeats exactly, which is checked); the requests-per-second column is the fastest run's wall clock,
@@ -29,7 +32,7 @@ from pathlib import Path
 
 from headway.core import get_policy_class
 from headway.metrics import summarize
-from headway.sim import CacheConfig, simulate
+from headway.sim import CacheConfig, SchedulerConfig, simulate
 from headway.workload import Workload, load_workload
 
 PREEMPTIVE = ("srpt-oracle", "trail-oracle", "trail", "ltr", "uniboost-base")
@@ -45,14 +48,17 @@ def _kwargs(name: str, workload: Workload) -> dict[str, object]:
     return dict(noisy_oracle_defaults(name, None, tau=0.75, seed=0) or {})
 
 
-def _row(workload: Workload, name: str, mode: str | None, cache: CacheConfig, repeats: int) -> dict[str, object]:
+def _row(
+    workload: Workload, name: str, mode: str | None, cache: CacheConfig, repeats: int, *, async_scheduling: bool = False
+) -> dict[str, object]:
     kw = _kwargs(name, workload)
     if mode is not None:
         kw["displacement"] = mode
-    res = simulate(workload, name, policy_kwargs=kw or None, cache=cache)
+    sched = SchedulerConfig(async_scheduling=async_scheduling)
+    res = simulate(workload, name, policy_kwargs=kw or None, cache=cache, scheduler=sched)
     fastest = res.wall_time
     for _ in range(repeats - 1):
-        again = simulate(workload, name, policy_kwargs=kw or None, cache=cache)
+        again = simulate(workload, name, policy_kwargs=kw or None, cache=cache, scheduler=sched)
         if (again.num_steps, again.num_events) != (res.num_steps, res.num_events) or [
             r.finish_time for r in again.requests
         ] != [r.finish_time for r in res.requests]:
@@ -73,7 +79,8 @@ def _row(workload: Workload, name: str, mode: str | None, cache: CacheConfig, re
     }
 
 
-def policy_table(workload: Workload, lines: list[str], repeats: int) -> None:
+def policy_table(workload: Workload, lines: list[str], repeats: int) -> dict[str, dict[str, object]]:
+    """The table's rows; returns the synchronous rows of fcfs, sjf-oracle and each declared mode."""
     cache = CacheConfig()
     base = _row(workload, "fcfs", None, cache, repeats)
     sjf = _row(workload, "sjf-oracle", None, cache, repeats)
@@ -96,12 +103,40 @@ def policy_table(workload: Workload, lines: list[str], repeats: int) -> None:
 
     add("fcfs", "-", base)
     add("sjf-oracle", "-", sjf)
+    rows = {"fcfs": base, "sjf-oracle": sjf}
     for name in PREEMPTIVE:
         declared = get_policy_class(name).displacement
         for mode in (declared, *[m for m in MODES if m != declared]):
             r = _row(workload, name, mode, cache, repeats)
             add(name, mode, r, declared=mode == declared)
+            if mode == declared:
+                rows[name] = r
             print(f"{workload.name} {name} {mode}: {float(r['e2e']):.2f} s, {float(r['rps']):,.0f} req/s", flush=True)  # type: ignore[arg-type]
+    lines.append("")
+    return rows
+
+
+def async_table(runs: list[tuple[Workload, dict[str, dict[str, object]]]], lines: list[str], repeats: int) -> None:
+    """Each policy of ``runs``' synchronous rows again with async scheduling."""
+    lines += [
+        "### async scheduling (vLLM's default on GPUs) against the synchronous scheduler above",
+        "",
+        "| workload | policy | E2E mean (s) sync / async | change | TTFT mean (s) sync / async | "
+        "TTFT p99 (s) sync / async | preemptions sync / async | simulated req/s async |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for workload, sync_rows in runs:
+        for name, s in sync_rows.items():
+            mode = None if name in ("fcfs", "sjf-oracle") else get_policy_class(name).displacement
+            a = _row(workload, name, mode, CacheConfig(), repeats, async_scheduling=True)
+            f = {k: (float(s[k]), float(a[k])) for k in ("e2e", "ttft_mean", "ttft_p99")}  # type: ignore[arg-type]
+            lines.append(
+                f"| {workload.name} | {name} | {f['e2e'][0]:.2f} / {f['e2e'][1]:.2f} | "
+                f"{f['e2e'][1] / f['e2e'][0] - 1:+.1%} | {f['ttft_mean'][0]:.3f} / {f['ttft_mean'][1]:.3f} | "
+                f"{f['ttft_p99'][0]:.2f} / {f['ttft_p99'][1]:.2f} | {s['preempt']:,} / {a['preempt']:,} | "
+                f"{float(a['rps']):,.0f} |"  # type: ignore[arg-type]
+            )
+            print(f"{workload.name} {name} async: {f['e2e'][1]:.2f} s", flush=True)
     lines.append("")
 
 
@@ -147,10 +182,12 @@ def main() -> int:
     # the first trail run's req/s is not charged a one-time import
     import scipy.special  # noqa: F401
 
-    policy_table(load_workload("default"), lines, args.repeats)
+    default = load_workload("default")
+    runs = [(default, policy_table(default, lines, args.repeats))]
     azure = load_workload("azure-conv", **({"num_requests": args.azure_requests} if args.azure_requests else {}))
-    policy_table(azure, lines, args.repeats)
+    runs.append((azure, policy_table(azure, lines, args.repeats)))
     sessions_table(lines, args.repeats)
+    async_table(runs, lines, args.repeats)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -16,7 +16,12 @@ says otherwise:
 * ``sim_prefix_no_full_isl``: as ``sim_no_full_isl`` with prefix caching as drawn;
 * ``plugin_staggered`` and ``sim_staggered``: the plugin (every step) and the simulator (per
   request) on a second scenario of the same kind whose requests arrive over its first 30 steps
-  (the running list is then no longer in priority order), prefix caching as drawn.
+  (the running list is then no longer in priority order), prefix caching as drawn;
+* async scheduling, against vLLM's ``AsyncScheduler`` (the next step planned while one runs):
+  ``plugin_async_staggered`` (``HeadwayScheduler`` on it, every step, the staggered scenario),
+  ``sim_async`` and ``sim_async_staggered`` (the simulator with ``async_scheduling``, per request
+  on the clock of ``_stepdiff.async_outcome``, where a ``schedule()`` that runs nothing takes no
+  time; the burst and the staggered scenario, prefix caching as drawn).
 
 Writes ``benchmarks/results/fidelity_steps.json`` (with the command line and the first differing
 scenarios of each kind)::
@@ -38,6 +43,7 @@ from hypothesis import HealthCheck, given, settings
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from integrations._stepdiff import (  # the harness lives with the tests
     VllmSteps,
+    async_outcome,
     first_difference,
     scenarios,
     sim_outcome,
@@ -50,7 +56,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
     kinds = ("plugin", "sim", "sim_no_full_isl", "sim_prefix", "sim_prefix_no_full_isl", "plugin_staggered",
-             "sim_staggered")  # fmt: skip
+             "sim_staggered", "plugin_async_staggered", "sim_async", "sim_async_staggered")  # fmt: skip
     counts = dict.fromkeys(("scenarios", *kinds, "with_preemptions", "with_prefix_caching"), 0)
     first: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
 
@@ -102,6 +108,20 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
                 staggered,
                 {r: {"vllm": ref_outcome[r], "sim": sim[r]} for r in sim if ref_outcome[r] != sim[r]},
             )
+        trace = harness.run(staggered, "vllm-async")["steps"]
+        mine = harness.run({**staggered, "headway": {"policy": policy}}, "headway-async")["steps"]
+        diff = first_difference(trace, mine)
+        counts["plugin_async_staggered"] += diff is None
+        if diff is not None:
+            note("plugin_async_staggered", staggered, diff)
+        for kind, sc in (("sim_async", scenario), ("sim_async_staggered", staggered)):
+            ref_outcome, arrivals = async_outcome(
+                sc, trace if sc is staggered else harness.run(sc, "vllm-async")["steps"]
+            )
+            sim = sim_outcome(sc, arrivals)
+            counts[kind] += ref_outcome == sim
+            if ref_outcome != sim:
+                note(kind, sc, {r: {"vllm": ref_outcome[r], "sim": sim[r]} for r in sim if ref_outcome[r] != sim[r]})
 
     run()
     return {"counts": counts, "first_differences": first}
@@ -123,7 +143,8 @@ def main() -> int:
         harness.close()
     report = {
         "command": "python benchmarks/bench_fidelity_steps.py " + " ".join(sys.argv[1:]),
-        "outcome_fields": "per request: [first scheduled step, finishing step, preemptions]",
+        "outcome_fields": "per request: [first scheduled step, finishing step, preemptions] (async kinds: on a "
+        "clock where a step takes a second and a schedule() that runs nothing no time)",
         "wall_s": round(time.perf_counter() - t0, 1),
         "policies": out,
     }

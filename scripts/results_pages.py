@@ -200,7 +200,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "Preemptive policies under vLLM's rules, and prefix caching",
         "Mean E2E of each preemptive policy in its declared displacement mode (and in the others) against "
         "FCFS and oracle SJF, on the default workload and the Azure conversation trace; prefix-cache hit "
-        "rate and TTFT on multi-turn ShareGPT sessions with and without prefix caching.",
+        "rate and TTFT on multi-turn ShareGPT sessions with and without prefix caching; the same policies with "
+        "async scheduling (vLLM's default on GPUs) against the synchronous scheduler.",
         "python benchmarks/bench_engine_fidelity.py --out benchmarks/results/engine_fidelity.md",
         ("engine_fidelity.md",),
         stop_at={"engine_fidelity.md": "## Reading the tables"},
@@ -211,7 +212,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "Generated request bursts, and streams whose requests arrive over the first 30 steps (KV pressure, "
         "chunked prefill on and off, shared prefixes, priorities), run through vLLM 0.32's own Scheduler with "
         "no model, through the plugin and through the simulator: how many scenarios match vLLM at every step "
-        "(plugin) or in every request's outcome (simulator).",
+        "(plugin) or in every request's outcome (simulator); the async kinds against vLLM's AsyncScheduler "
+        "(async scheduling, vLLM's default on GPUs), the simulator with its async_scheduling.",
         "python benchmarks/bench_fidelity_steps.py --scenarios 500",
         ("fidelity_steps.json",),
     ),

@@ -33,6 +33,7 @@ def engine_configs(draw: st.DrawFn) -> tuple[SchedulerConfig, CacheConfig]:
         enable_chunked_prefill=draw(st.booleans()),
         preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
         scheduler_reserve_full_isl=draw(st.booleans()),
+        async_scheduling=draw(st.booleans()),
     )
     cache = CacheConfig(num_gpu_blocks=draw(st.integers(2, 64)))
     return sched, cache

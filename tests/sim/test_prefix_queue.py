@@ -260,15 +260,15 @@ def workloads(draw: st.DrawFn) -> Workload:
     return Workload.from_specs("w", specs)
 
 
-def _full_path(replica: Any, s: Any, evicted: bool) -> None:
+def _full_path(replica: Any, s: Any, evicted: bool, lag: int = 0) -> None:
     """``Replica._free_blocks`` with every request through the general path (a request without
     block hashes through ``release_own``, which ``BlockQueue`` keeps key by key)."""
     if replica.cache is None:
         replica.free += s.blocks
     elif s.keys or s.held:
-        replica._free_keyed(replica.cache, s, evicted)
+        replica._free_keyed(replica.cache, s, evicted, lag)
     else:
-        replica._free_own(replica.cache, s, evicted)
+        replica._free_own(replica.cache, s, evicted, lag)
     s.blocks = 0
 
 
@@ -276,11 +276,15 @@ def _full_path(replica: Any, s: Any, evicted: bool) -> None:
 @given(wl=workloads(), blocks=st.integers(6, 40), seqs=st.integers(1, 6),
        name=st.sampled_from(["fcfs", "sjf-oracle", "srpt-oracle", "uniboost", "ltr"]),
        mode=st.sampled_from(["recompute", "swap"]), exact=st.booleans(),
-       displacement=st.sampled_from([None, "pause", "evict"]))  # fmt: skip
+       displacement=st.sampled_from([None, "pause", "evict"]), async_scheduling=st.booleans())  # fmt: skip
 def test_the_shortcuts_decide_every_step_as_the_full_path(
-    wl: Workload, blocks: int, seqs: int, name: str, mode: str, exact: bool, displacement: str | None
+    wl: Workload, blocks: int, seqs: int, name: str, mode: str, exact: bool, displacement: str | None,
+    async_scheduling: bool,
 ) -> None:
-    sched = SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=128, preemption_mode=mode)  # type: ignore[arg-type]
+    sched = SchedulerConfig(
+        max_num_seqs=seqs, max_num_batched_tokens=128, preemption_mode=mode,  # type: ignore[arg-type]
+        async_scheduling=async_scheduling,
+    )
     if exact:
         sched = dataclasses.replace(sched, max_steps_per_event=1)
 

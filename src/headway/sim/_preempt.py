@@ -24,6 +24,8 @@ class Preemption(KVBlocks):
     _arm_timer: Callable[[Request], None]  # the replica's: a requeued request's re-key timer
     _sync_all: bool  # a displacement check syncs every running request (see the replica)
     _victim_from_heaps: bool  # a KV shortage's victim is the lazy heaps' top (see _heap_victim)
+    _async: bool  # the replica's SchedulerConfig.async_scheduling
+    _leave: Callable[[Seq], None]  # the replica's: a finished request gives back its blocks and slot
 
     def _leave_batch(self, s: Seq, now: float) -> Request:
         """Take a running request out of the batch (evicted or paused): its counters synced, its
@@ -49,9 +51,12 @@ class Preemption(KVBlocks):
         self._arm_timer(req)
 
     def _preempt(self, s: Seq, now: float) -> None:
-        """Evict a running request (its step reservations must already be returned)."""
+        """Evict a running request (its step reservations must already be returned). With async
+        scheduling, a decoder's last token is still in flight when vLLM evicts it, and vLLM caches
+        a block once the tokens in it are known: its last computed token's block is not cached."""
+        lag = 1 if self._async and s in self.decoders else 0
         req = self._leave_batch(s, now)
-        self._evict_kv(s)
+        self._evict_kv(s, lag)
         self._requeue(req, now)
 
     def _pause(self, s: Seq, now: float) -> None:
@@ -75,11 +80,26 @@ class Preemption(KVBlocks):
         self._evict_kv(s)
         self._run_version += 1
 
+    def _drop_finishing(self, s: Seq) -> None:
+        """Async scheduling: a KV shortage evicts a request that finished in the step that just
+        ended (vLLM preempts it while its last token is in flight; it finishes as that token
+        arrives): its blocks are freed now, a preemption of it."""
+        if self.steps is not None:
+            self._step_preempted.append(s.req.request_id)
+        self._finishing.remove(s)
+        s.req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._leave(s)
+        self._run_version += 1
+
     def _take_victim(self, s: Seq, evict: bool, now: float) -> int:
         """Displace ``s``: a paused request loses its KV blocks; a running one returns its step
         reservations and is evicted (``evict``) or paused. Returns the token budget it gave back."""
         if s in self.paused:
             self._drop_paused(s)
+            return 0
+        if self._finishing and s in self._finishing:
+            self._drop_finishing(s)
             return 0
         freed = self._release_step(s)
         if evict:
@@ -181,6 +201,8 @@ class Preemption(KVBlocks):
         pool = self._running(now)
         if self.paused:
             pool += [s.req for s in self.paused]
+        if self._finishing:
+            pool += [s.req for s in self._finishing]
         return self.seqs[self.policy.choose_victim(pool, now)]
 
     def _heap_victim(self, now: float) -> Seq:

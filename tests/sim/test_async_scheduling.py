@@ -1,0 +1,70 @@
+"""vLLM's async scheduling (``SchedulerConfig.async_scheduling``): each step planned as the one before starts.
+
+Hand-computed scenarios with a unit cost model (every step takes 1 s), step by step and in
+fast-forward mode, each against the synchronous scheduler's decisions on the same workload.
+``tests/integrations/test_sim_vs_vllm.py`` checks the same mode against vLLM's ``AsyncScheduler``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from factories import make_workload, unit_cost
+from headway.sim import SchedulerConfig, simulate
+from headway.workload import Workload
+
+STEPS = [1, 1 << 30]
+
+
+def _finishes(wl: Workload, *, async_scheduling: bool, max_steps: int, seqs: int = 2) -> list[float]:
+    sched = SchedulerConfig(
+        max_num_seqs=seqs, max_num_batched_tokens=8, max_steps_per_event=max_steps, async_scheduling=async_scheduling
+    )
+    res = simulate(wl, "fcfs", preset=unit_cost(1.0), scheduler=sched)
+    assert all(r.num_preemptions == 0 for r in res.requests)
+    return [r.finish_time for r in res.requests]  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("max_steps", STEPS)
+def test_a_finished_requests_slot_is_free_a_step_later(max_steps: int) -> None:
+    # Two slots. A (10 tokens) and B (2 tokens) prefill in step 0 and decode in step 1, whose output
+    # finishes B at t=2. Synchronous: C takes B's slot in step 2 and ends at 3. Async: step 2 was
+    # planned as step 1 started, with B still in its slot (no token for it); C runs in step 3.
+    wl = make_workload([(0.0, 4, 10), (0.0, 4, 2), (0.0, 4, 1)])
+    assert _finishes(wl, async_scheduling=False, max_steps=max_steps) == pytest.approx([10.0, 2.0, 3.0])
+    assert _finishes(wl, async_scheduling=True, max_steps=max_steps) == pytest.approx([10.0, 2.0, 4.0])
+
+
+@pytest.mark.parametrize("max_steps", STEPS)
+@pytest.mark.parametrize(("arrival", "sync_end", "async_end"), [(2.0, 3.0, 4.0), (2.5, 4.0, 5.0), (2.9, 4.0, 5.0)])
+def test_a_request_arriving_while_a_step_runs_waits_for_the_plan_after_next(
+    max_steps: int, arrival: float, sync_end: float, async_end: float
+) -> None:
+    # A decodes from t=0, one step a second (step k runs from k to k+1); B (1 token) arrives.
+    # Synchronous: the plan made when the step in flight ends admits it (at 2.0, a tie, step 2,
+    # which ends at 3; during step 2, step 3). Async: the step after the one in flight was planned
+    # as that one started, so B joins the plan made as the next one starts: a step later.
+    wl = make_workload([(0.0, 4, 10), (arrival, 4, 1)])
+    assert _finishes(wl, async_scheduling=False, max_steps=max_steps)[1] == pytest.approx(sync_end)
+    assert _finishes(wl, async_scheduling=True, max_steps=max_steps)[1] == pytest.approx(async_end)
+
+
+@pytest.mark.parametrize("max_steps", STEPS)
+def test_a_plan_with_nothing_to_run_costs_no_time(max_steps: int) -> None:
+    # One slot. A (3 tokens) ends at t=3. Async, step 3 was planned with A still in the slot and
+    # nothing to run: the engine waits for step 2's output and plans again at once, so B starts at 3
+    # and ends at 4, as with the synchronous scheduler. An idle engine starts an arrival at once.
+    wl = make_workload([(0.0, 4, 3), (0.0, 4, 1), (7.5, 4, 2)])
+    for async_scheduling in (False, True):
+        got = _finishes(wl, async_scheduling=async_scheduling, max_steps=max_steps, seqs=1)
+        assert got == pytest.approx([3.0, 4.0, 9.5])
+
+
+def test_a_step_logs_async_scheduling_reaches_its_replay() -> None:
+    # the plugin's step-log header records vLLM's async_scheduling; a header without it predates that
+    from headway.sim._calibrate import engine_configs
+
+    meta = {"max_num_batched_tokens": 256, "max_num_seqs": 8, "block_size": 16, "num_gpu_blocks": 100}
+    assert engine_configs({**meta, "async_scheduling": True})[0].async_scheduling
+    assert not engine_configs({**meta, "async_scheduling": False})[0].async_scheduling
+    assert not engine_configs(meta)[0].async_scheduling
