@@ -16,7 +16,8 @@ says otherwise:
 * ``sim_prefix_no_full_isl``: as ``sim_no_full_isl`` with prefix caching as drawn;
 * ``plugin_staggered`` and ``sim_staggered``: the plugin (every step) and the simulator (per
   request) on a second scenario of the same kind whose requests arrive over its first 30 steps
-  (the running list is then no longer in priority order), prefix caching as drawn;
+  (the running list is then no longer in priority order), prefix caching as drawn, and some of
+  whose requests stop on a stop token (as on EOS) before ``max_tokens``;
 * async scheduling, against vLLM's ``AsyncScheduler`` (the next step planned while one runs):
   ``plugin_async_staggered`` (``HeadwayScheduler`` on it, every step, the staggered scenario),
   ``sim_async`` and ``sim_async_staggered`` (the simulator with ``async_scheduling``, per request
@@ -67,7 +68,7 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
     @settings(max_examples=n, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
     @given(
         scenario=scenarios(policy=policy, aborts=False, burst=True),
-        staggered=scenarios(policy=policy, aborts=False),
+        staggered=scenarios(policy=policy, aborts=False, stops=True),
     )
     def run(scenario: dict[str, Any], staggered: dict[str, Any]) -> None:
         counts["scenarios"] += 1

@@ -37,9 +37,11 @@ def scenarios(
     policy: str = "fcfs",
     aborts: bool = True,
     burst: bool = False,
+    stops: bool = False,
 ) -> dict[str, Any]:
     """One engine geometry and request stream: KV pressure (few blocks), chunked prefill on or off,
-    shared prefixes, priorities, aborts. Every request fits the cache alone."""
+    shared prefixes, priorities, aborts; with ``stops``, some requests stop on a stop token (as on
+    EOS) before ``max_tokens``. Every request fits the cache alone."""
     chunked = draw(st.booleans())
     prefix_caching = draw(st.booleans())
     seqs = draw(st.integers(1, 6))
@@ -59,6 +61,8 @@ def scenarios(
             "prompt": prompt, "max_tokens": out, "priority": draw(st.integers(0, 3)),
             "abort": draw(st.one_of(st.none(), st.integers(0, 60))) if aborts else None,
         })  # fmt: skip
+        if stops and out > 1:
+            requests[-1]["stop_at"] = draw(st.one_of(st.none(), st.integers(1, out - 1)))
     requests.sort(key=lambda r: (r["arrive"], r["seq"]))
     for i, r in enumerate(requests):
         r["seq"] = i  # arrival times follow the order requests are added, as in a server
@@ -174,8 +178,8 @@ def sim_outcome(scenario: dict[str, Any], arrivals: dict[str, float] | None = No
     hb = scenario.get("hash_block_size", bs)
     specs = [
         RequestSpec(
-            r["id"], arrivals[r["id"]] if arrivals else float(r["arrive"]), len(r["prompt"]), r["max_tokens"],
-            max_tokens=r["max_tokens"],
+            r["id"], arrivals[r["id"]] if arrivals else float(r["arrive"]), len(r["prompt"]),
+            r.get("stop_at") or r["max_tokens"], max_tokens=r["max_tokens"],
             priority=r["priority"],
             block_hashes=block_hashes(r["prompt"], hb), hash_block_size=hb,
         )

@@ -22,7 +22,8 @@ A scenario: engine geometry (``block_size``, ``num_blocks``, ``max_num_seqs``,
 ``--scheduling-policy``; optional: ``reserve_full_isl``, vLLM's ``scheduler_reserve_full_isl``,
 default on) and requests (``id``, ``arrive``: the step before which it is added,
 ``prompt``: token ids, ``max_tokens``, ``priority``, ``abort``: the step before which it is
-aborted, or null). The reply: one record per ``schedule()`` call with ``sched`` (request id ->
+aborted, or null; optional ``stop_at``: the output token that stops it, a stop token id, as an
+EOS would, instead of ``max_tokens``). The reply: one record per ``schedule()`` call with ``sched`` (request id ->
 [tokens scheduled, tokens already computed before the step], in vLLM's order: running requests,
 then resumed and new ones; a new request's computed tokens are its prefix-cache hit),
 ``preempted`` (ids preempted in the step) and ``finished`` (ids that finished in the step's
@@ -50,6 +51,8 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 MAX_STEPS = 20_000
+STOP = 9
+"""The token a fabricated output stops on (a request's ``stop_at``-th); every other one is 7."""
 _HASH = get_hash_fn_by_name("sha256")
 init_none_hash(_HASH)
 
@@ -106,6 +109,12 @@ class Harness:
         hasher = get_request_block_hasher(int(sc["block_size"]), _HASH) if sc["prefix_caching"] else None
         by_step: dict[int, list[dict[str, Any]]] = {}
         aborts: dict[int, list[str]] = {}
+        stops = {str(r["id"]): int(r["stop_at"]) for r in sc["requests"] if r.get("stop_at") is not None}
+
+        def sampled(rid: str) -> list[int]:
+            req = sched.requests.get(rid)  # (gone: a token after the request finished, dropped)
+            return [STOP] if req is not None and req.num_output_tokens + 1 == stops.get(rid) else [7]
+
         for r in sc["requests"]:
             by_step.setdefault(int(r["arrive"]), []).append(r)
             if r.get("abort") is not None:
@@ -118,7 +127,7 @@ class Harness:
         t0 = time.time()
         for step in range(MAX_STEPS):
             for r in by_step.get(step, ()):
-                params = SamplingParams(max_tokens=int(r["max_tokens"]), ignore_eos=True)
+                params = SamplingParams(max_tokens=int(r["max_tokens"]), ignore_eos=True, stop_token_ids=[STOP])
                 sched.add_request(
                     Request(
                         str(r["id"]), list(r["prompt"]), params, None, arrival_time=t0 + int(r["seq"]) * 1e-3,
@@ -154,7 +163,7 @@ class Harness:
             ids = list(out.num_scheduled_tokens)
             result = ModelRunnerOutput(
                 req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
-                sampled_token_ids=[[] if chunk[r] else [7] for r in ids],
+                sampled_token_ids=[[] if chunk[r] else sampled(r) for r in ids],
             )  # fmt: skip
             for eco in sched.update_from_output(out, result).values():
                 for o in eco.outputs:

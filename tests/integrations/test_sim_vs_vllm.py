@@ -217,13 +217,35 @@ def test_async_scheduling_caches_an_evicted_decoders_blocks_but_the_last(vllm_st
     assert sim_outcome(scenario, arrivals) == ref
 
 
+def test_async_scheduling_gives_a_request_that_stopped_on_its_own_one_more_token(vllm_steps: VllmSteps) -> None:
+    """r1 stops on a stop token (as on EOS) with its second token, out of step 1, which filled its
+    first block. vLLM's async scheduler planned step 2 before it could see that: r1 gets one more
+    token, whose KV needs a second block; none is free, and r1, the priority victim, is evicted
+    (then finishes as its stop token arrives). A request stopping at ``max_tokens`` is not
+    scheduled again (vLLM counts its tokens in flight). The synchronous scheduler evicts nobody.
+    So does the simulator, in each mode."""
+    reqs = _requests(list(range(1, 11)), list(range(100, 115)), max_tokens=10)
+    reqs[1]["stop_at"] = 2
+    scenario = _engine(policy="priority", num_blocks=3, prefix_caching=False, requests=reqs)
+    sync = vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"])
+    assert sync == {"r0": (0, 9, 0), "r1": (0, 1, 0)} == sim_outcome(scenario)
+    steps = vllm_steps.run(scenario, "vllm-async")["steps"]
+    assert [(s["step"], s["sched"], s["preempted"]) for s in steps if s["preempted"]] == [(2, {"r0": [1, 11]}, ["r1"])]
+    ref, arrivals = async_outcome(scenario, steps)
+    assert ref == {"r0": (0, 9, 0), "r1": (0, 1, 1)} == sim_outcome(scenario, arrivals)
+    at_max = {**scenario, "requests": [reqs[0], {**reqs[1], "stop_at": None, "max_tokens": 2}]}
+    ref, arrivals = async_outcome(at_max, vllm_steps.run(at_max, "vllm-async")["steps"])
+    assert ref == {"r0": (0, 9, 0), "r1": (0, 1, 0)} == sim_outcome(at_max, arrivals)
+
+
 @settings(deadline=None, derandomize=True, max_examples=300)
-@given(scenario=scenarios(aborts=False), policy=st.sampled_from(["fcfs", "priority"]), burst=st.booleans())
+@given(scenario=scenarios(aborts=False, stops=True), policy=st.sampled_from(["fcfs", "priority"]), burst=st.booleans())
 def test_async_scheduling_sim_makes_vllms_async_decisions(
     vllm_steps: VllmSteps, scenario: dict[str, Any], policy: str, burst: bool
 ) -> None:
     """vLLM's AsyncScheduler against the simulator with ``async_scheduling``, on the clock of
-    :func:`async_outcome`: staggered arrivals or a burst, tight KV caches, prefix caching as drawn."""
+    :func:`async_outcome`: staggered arrivals or a burst, tight KV caches, prefix caching as drawn,
+    some requests stopping on a stop token (as on EOS) before ``max_tokens``."""
     sc = {**scenario, "policy": policy}
     if burst:
         sc["requests"] = [{**r, "arrive": 0} for r in sc["requests"]]

@@ -11,7 +11,7 @@ import pytest
 
 from factories import make_workload, unit_cost
 from headway.sim import SchedulerConfig, simulate
-from headway.workload import Workload
+from headway.workload import RequestSpec, Workload
 
 STEPS = [1, 1 << 30]
 
@@ -51,13 +51,20 @@ def test_a_request_arriving_while_a_step_runs_waits_for_the_plan_after_next(
 
 @pytest.mark.parametrize("max_steps", STEPS)
 def test_a_plan_with_nothing_to_run_costs_no_time(max_steps: int) -> None:
-    # One slot. A (3 tokens) ends at t=3. Async, step 3 was planned with A still in the slot and
-    # nothing to run: the engine waits for step 2's output and plans again at once, so B starts at 3
-    # and ends at 4, as with the synchronous scheduler. An idle engine starts an arrival at once.
-    wl = make_workload([(0.0, 4, 3), (0.0, 4, 1), (7.5, 4, 2)])
+    # One slot. A (3 tokens, its max_tokens) ends at t=3. Async, step 3 was planned with A still in the
+    # slot and nothing to run: the engine waits for step 2's output and plans again at once, so B starts
+    # at 3 and ends at 4, as with the synchronous scheduler. An idle engine starts an arrival at once.
+    # Had A stopped on its own (EOS), step 3 would have run A's one more token, and B ended at 5.
+    def finishes(max_tokens: int | None, async_scheduling: bool) -> list[float]:
+        specs = [RequestSpec("a", 0.0, 4, 3, max_tokens=max_tokens), RequestSpec("b", 0.0, 4, 1, max_tokens=1),
+                 RequestSpec("c", 7.5, 4, 2, max_tokens=2)]  # fmt: skip
+        wl = Workload.from_specs("w", specs)
+        return _finishes(wl, async_scheduling=async_scheduling, max_steps=max_steps, seqs=1)
+
     for async_scheduling in (False, True):
-        got = _finishes(wl, async_scheduling=async_scheduling, max_steps=max_steps, seqs=1)
-        assert got == pytest.approx([3.0, 4.0, 9.5])
+        assert finishes(3, async_scheduling) == pytest.approx([3.0, 4.0, 9.5])
+    assert finishes(None, False) == pytest.approx([3.0, 4.0, 9.5])
+    assert finishes(None, True) == pytest.approx([3.0, 5.0, 9.5])
 
 
 def test_a_step_logs_async_scheduling_reaches_its_replay() -> None:
@@ -68,3 +75,25 @@ def test_a_step_logs_async_scheduling_reaches_its_replay() -> None:
     assert engine_configs({**meta, "async_scheduling": True})[0].async_scheduling
     assert not engine_configs({**meta, "async_scheduling": False})[0].async_scheduling
     assert not engine_configs(meta)[0].async_scheduling
+
+
+@pytest.mark.parametrize("max_steps", STEPS)
+def test_a_request_that_stopped_on_its_own_gets_one_more_token(max_steps: int) -> None:
+    # Every step costs 1 s + 0.1 s a token. A (10 tokens) and B (2) prefill in step 0 (1.8 s) and decode
+    # in step 1 (1.2 s): B's second token ends it at 3.0. Stopped on its own (EOS), vLLM's async scheduler
+    # gave B a token in step 2 before it could see that (1.2 s, not 1.1), so A ends at 11.9, not 11.8;
+    # stopped at max_tokens, B is not scheduled again (vLLM counts its tokens in flight), nor synchronously.
+    def a_finish(b_max_tokens: int | None, async_scheduling: bool) -> float:
+        wl = Workload.from_specs(
+            "w", [RequestSpec("a", 0.0, 4, 10), RequestSpec("b", 0.0, 4, 2, max_tokens=b_max_tokens)]
+        )
+        sched = SchedulerConfig(
+            max_num_seqs=2, max_num_batched_tokens=8, max_steps_per_event=max_steps, async_scheduling=async_scheduling
+        )
+        res = simulate(wl, "fcfs", preset=unit_cost(1.0, per_token=0.1), scheduler=sched)
+        assert res.requests[1].finish_time == pytest.approx(3.0)
+        return res.requests[0].finish_time  # type: ignore[return-value]
+
+    assert a_finish(None, True) == pytest.approx(11.9)
+    assert a_finish(2, True) == pytest.approx(11.8)
+    assert a_finish(None, False) == a_finish(2, False) == pytest.approx(11.8)

@@ -99,8 +99,9 @@ class Preemption(KVBlocks):
             self._drop_paused(s)
             return 0
         if self._finishing and s in self._finishing:
+            freed = self._release_step(s) if s.chunk else 0  # (its token after a stop)
             self._drop_finishing(s)
-            return 0
+            return freed
         freed = self._release_step(s)
         if evict:
             self._preempt(s, now)
@@ -136,7 +137,7 @@ class Preemption(KVBlocks):
         its turn (partial prefills are the running list's tail: see the module docstring). In
         pause mode the paused requests hold blocks too and are candidates (they rank below the
         running ones)."""
-        running = sorted([*self.decoders, *self.prefilling], key=_join_order)
+        running = sorted([*self.decoders, *self.prefilling, *[s for s in self._finishing if s.chunk]], key=_join_order)
         needs = [self._step_blocks(s) for s in running]
         place = {s: i for i, s in enumerate(running)}
         gone: set[Seq] = set()

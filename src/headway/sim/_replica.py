@@ -28,9 +28,12 @@ KV shortage may evict one, a preemption of it, as vLLM does while its last token
 and the requests that arrived after it started (:data:`ASYNC_PLAN_DELAY`) wait for the plan
 after; all of them are released once the step is planned. A plan that schedules nothing costs
 no time: it is made again at once with everything released (the engine waits for the step in
-flight and schedules again). A decoder evicted at such a plan has the block of its last
-computed token left out of the prefix cache (vLLM caches a block once its tokens are known,
-and that token's successor is still in flight). The harness compares this mode with vLLM's
+flight and schedules again). A request that stopped on its own (EOS), not at ``max_tokens``
+or the model length, gets one more token in that plan, as any decoder (a KV block too, and a
+KV shortage's rules), since vLLM cannot tell it stopped until the output is processed (it counts
+tokens in flight against ``max_tokens`` only). A decoder evicted at such a plan has the block of
+its last computed token left out of the prefix cache (vLLM caches a block once its tokens are
+known, and that token's successor is still in flight). The harness compares this mode with vLLM's
 ``AsyncScheduler`` on a clock where an empty ``schedule()`` takes no time
 (``test_async_scheduling_sim_makes_vllms_async_decisions``).
 
@@ -310,7 +313,7 @@ class Replica(Preemption):
             self._held = [(t, req) for t, req in self._held if t > cut]
         self._plan(now)
         if self._async and after_step:
-            if not self.decoders and not any(s.chunk for s in self.prefilling):
+            if not self.decoders and not any(s.chunk for s in (*self.prefilling, *self._finishing)):
                 self._release_unseen(now)
                 self._plan(now)
             elif self._finishing or self._held:
@@ -350,6 +353,8 @@ class Replica(Preemption):
         budget = self.cfg.max_num_batched_tokens - len(self.decoders)
         need = self.hist[-self.g % self.bs]
         self.free -= need
+        if self._finishing:
+            budget = self._plan_after_stop(budget)
         budget = self._plan_running_prefills(budget)
         if self.free < 0:
             # vLLM: a running request short of KV blocks preempts the policy's victim, and a step
@@ -374,6 +379,18 @@ class Replica(Preemption):
             self._register_prefills()
             self._admit(now, budget)
 
+    def _plan_after_stop(self, budget: int) -> int:
+        """Async scheduling: a request that stopped on its own (EOS), not at ``max_tokens`` or the
+        model length, gets one more token in the step after (vLLM cannot tell it stopped before its
+        output is processed; the token is dropped): it takes a decoder's token and KV blocks."""
+        for s in self._finishing:
+            req = s.req
+            total = req.num_prompt_tokens + req.num_output_tokens
+            if req.num_output_tokens < req.max_tokens and total < self.max_model_len and budget > 0:
+                self._reserve_chunk(s, 1)
+                budget -= 1
+        return budget
+
     def _plan_running_prefills(self, budget: int) -> int:
         for s in self.prefilling:
             req = s.req
@@ -392,9 +409,15 @@ class Replica(Preemption):
             for s in self.prefilling:
                 tokens += s.chunk
                 kv += s.req.num_computed_tokens + s.chunk
+            seqs = num_dec + len(self.prefilling)
+            for s in self._finishing:  # (async scheduling: a token after a stop, _plan_after_stop)
+                if s.chunk:
+                    seqs += 1
+                    tokens += 1
+                    kv += s.req.num_computed_tokens + 1
             if tokens > self.max_step_tokens:
                 self.max_step_tokens = tokens
-            self.plan_base = cost.step_time(tokens, num_dec + len(self.prefilling), kv) + self.swap_cost
+            self.plan_base = cost.step_time(tokens, seqs, kv) + self.swap_cost
             self.swap_cost = 0.0
             self.plan_slope = 0.0
             n = 1
@@ -422,6 +445,7 @@ class Replica(Preemption):
 
     def _record_step(self, now: float, n: int) -> None:
         scheduled = [(s.req.request_id, 1) for s in self.decoders]
+        scheduled += [(s.req.request_id, s.chunk) for s in self._finishing if s.chunk]
         scheduled += [(s.req.request_id, s.chunk) for s in self.prefilling]
         assert self.steps is not None
         self.steps.append(StepRecord(now, tuple(scheduled), tuple(self._step_preempted), tuple(self._step_cached), n))
