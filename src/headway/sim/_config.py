@@ -30,8 +30,8 @@ class SchedulerConfig:
     cannot see what that step's output changes: a request finishing in it still holds its slot
     and KV blocks (a KV shortage may pick it as its victim; it gets no token, or one more if it
     stopped on its own, not at ``max_tokens``) and a request arriving while it runs waits for the
-    plan after. A plan that schedules nothing costs no
-    time: the engine waits for the step in flight and plans again."""
+    plan after. A plan that schedules nothing costs no time: the engine waits for the step in
+    flight and plans again."""
     max_steps_per_event: int = 1 << 30
     """Cap on decode steps advanced in closed form at once; 1 = exact step-by-step mode."""
 

