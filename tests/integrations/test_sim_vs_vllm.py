@@ -123,6 +123,26 @@ def test_staggered_arrivals_sim_makes_vllms_decisions(
     assert sim_outcome(sc) == vllm_outcome(vllm_steps.run(sc, "vllm")["steps"]), json.dumps(sc)
 
 
+@settings(deadline=None, derandomize=True, max_examples=300)
+@given(
+    scenario=scenarios(aborts=False, max_requests=20, stops=True), policy=st.sampled_from(["fcfs", "priority"]),
+    async_scheduling=st.booleans(),
+)  # fmt: skip
+def test_larger_scenarios_sim_makes_vllms_decisions(
+    vllm_steps: VllmSteps, scenario: dict[str, Any], policy: str, async_scheduling: bool
+) -> None:
+    """Up to 20 requests arriving over the first 30 steps, some stopping on a stop token, against
+    vLLM's Scheduler or AsyncScheduler: more than the tests above draw (the case of
+    ``test_a_victim_scheduled_earlier_gives_its_tokens_to_a_later_prefill`` was found by a random
+    search of up to 12 requests, not by them)."""
+    sc = {**scenario, "policy": policy}
+    if async_scheduling:
+        ref, arrivals = async_outcome(sc, vllm_steps.run(sc, "vllm-async")["steps"])
+        assert sim_outcome(sc, arrivals) == ref, json.dumps(sc)
+    else:
+        assert sim_outcome(sc) == vllm_outcome(vllm_steps.run(sc, "vllm")["steps"]), json.dumps(sc)
+
+
 def test_a_request_that_evicts_itself_ends_the_running_loop(vllm_steps: VllmSteps) -> None:
     """vLLM's running loop stops at a request that is its own victim: nobody after it in the running
     list runs that step. A (priority 1) runs first, B (priority 0) joins at step 1; at step 7 A needs
