@@ -368,11 +368,13 @@ def test_simulate_says_when_the_policies_decided_alike(capsys: pytest.CaptureFix
     assert "decided alike" not in capsys.readouterr().out
 
 
-def test_simulate_async_scheduling_reaches_the_engine(tmp_path: Path) -> None:
+def test_simulate_async_scheduling_reaches_the_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # vLLM's flag name; the same workload planned a step ahead admits later, so first tokens come later
     ttft = {}
     for flag in ("--no-async-scheduling", "--async-scheduling"):
         out = tmp_path / flag
         assert main(["simulate", "--policies", "fcfs", "--num-requests", "300", flag, "--out", str(out)]) == 0
         ttft[flag] = json.loads((out / "summary.json").read_text())["runs"]["fcfs"]["ttft"]["mean"]
+        said = "async scheduling;" in " ".join(capsys.readouterr().out.split())
+        assert said == (flag == "--async-scheduling")
     assert ttft["--async-scheduling"] > ttft["--no-async-scheduling"]

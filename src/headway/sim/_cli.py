@@ -346,8 +346,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         span = f"in one burst at t = 0{hint}"
     console.print(
         f"[bold]workload[/] {workload.name}: {len(workload)} requests {span}; "
-        f"[bold]preset[/] {preset_names}{f'; [bold]router[/] {args.router}' if fleet else ''}; "
-        f"[bold]policies[/] {', '.join(names)}"
+        f"[bold]preset[/] {preset_names}{f'; [bold]router[/] {args.router}' if fleet else ''}"
+        f"{'; [bold]async scheduling[/]' if args.async_scheduling else ''}; [bold]policies[/] {', '.join(names)}"
     )
 
     for note in notes:
