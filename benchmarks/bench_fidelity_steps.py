@@ -22,7 +22,10 @@ says otherwise:
   ``plugin_async_staggered`` (``HeadwayScheduler`` on it, every step, the staggered scenario),
   ``sim_async`` and ``sim_async_staggered`` (the simulator with ``async_scheduling``, per request
   on the clock of ``_stepdiff.async_outcome``, where a ``schedule()`` that runs nothing takes no
-  time; the burst and the staggered scenario, prefix caching as drawn).
+  time; the burst and the staggered scenario, prefix caching as drawn);
+* ``sim_long_prefill``: the simulator against vLLM's ``Scheduler`` on the staggered scenario with
+  chunked prefill on, a ``long_prefill_token_threshold`` of 8 to 48 tokens drawn (adaptive or not)
+  and prefix caching off (see the simulator's docstring for why).
 
 Writes ``benchmarks/results/fidelity_steps.json`` (with the command line and the first differing
 scenarios of each kind)::
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from integrations._stepdiff import (  # the harness lives with the tests
@@ -57,7 +61,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
     kinds = ("plugin", "sim", "sim_no_full_isl", "sim_prefix", "sim_prefix_no_full_isl", "plugin_staggered",
-             "sim_staggered", "plugin_async_staggered", "sim_async", "sim_async_staggered")  # fmt: skip
+             "sim_staggered", "plugin_async_staggered", "sim_async", "sim_async_staggered",
+             "sim_long_prefill")  # fmt: skip
     counts = dict.fromkeys(("scenarios", *kinds, "with_preemptions", "with_prefix_caching"), 0)
     first: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
 
@@ -69,8 +74,10 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
     @given(
         scenario=scenarios(policy=policy, aborts=False, burst=True),
         staggered=scenarios(policy=policy, aborts=False, stops=True),
+        threshold=st.sampled_from([8, 16, 32, 48]),
+        adaptive=st.booleans(),
     )
-    def run(scenario: dict[str, Any], staggered: dict[str, Any]) -> None:
+    def run(scenario: dict[str, Any], staggered: dict[str, Any], threshold: int, adaptive: bool) -> None:
         counts["scenarios"] += 1
         ref = harness.run(scenario, "vllm")["steps"]
         got = harness.run({**scenario, "headway": {"policy": policy}}, "headway")["steps"]
@@ -123,6 +130,18 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
             counts[kind] += ref_outcome == sim
             if ref_outcome != sim:
                 note(kind, sc, {r: {"vllm": ref_outcome[r], "sim": sim[r]} for r in sim if ref_outcome[r] != sim[r]})
+        sc = {
+            **staggered, "chunked_prefill": True, "prefix_caching": False, "long_prefill_token_threshold": threshold,
+            "long_prefill_token_threshold_adaptive": adaptive,
+        }  # fmt: skip
+        ref_outcome, sim = vllm_outcome(harness.run(sc, "vllm")["steps"]), sim_outcome(sc)
+        counts["sim_long_prefill"] += ref_outcome == sim
+        if ref_outcome != sim:
+            note(
+                "sim_long_prefill",
+                sc,
+                {r: {"vllm": ref_outcome[r], "sim": sim[r]} for r in sim if ref_outcome[r] != sim[r]},
+            )
 
     run()
     return {"counts": counts, "first_differences": first}

@@ -213,7 +213,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "chunked prefill on and off, shared prefixes, priorities), run through vLLM 0.32's own Scheduler with "
         "no model, through the plugin and through the simulator: how many scenarios match vLLM at every step "
         "(plugin) or in every request's outcome (simulator); the async kinds against vLLM's AsyncScheduler "
-        "(async scheduling, vLLM's default on GPUs), the simulator with its async_scheduling.",
+        "(async scheduling, vLLM's default on GPUs), the simulator with its async_scheduling; sim_long_prefill "
+        "with vLLM's long_prefill_token_threshold.",
         "python benchmarks/bench_fidelity_steps.py --scenarios 500",
         ("fidelity_steps.json",),
     ),

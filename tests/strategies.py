@@ -27,10 +27,13 @@ def workloads(draw: st.DrawFn, max_requests: int = 25) -> Workload:
 @st.composite
 def engine_configs(draw: st.DrawFn) -> tuple[SchedulerConfig, CacheConfig]:
     seqs = draw(st.integers(1, 16))
+    chunked = draw(st.booleans())
     sched = SchedulerConfig(
         max_num_batched_tokens=draw(st.integers(max(seqs, 16), 512)),
         max_num_seqs=seqs,
-        enable_chunked_prefill=draw(st.booleans()),
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 8, 64])) if chunked else 0,
+        long_prefill_token_threshold_adaptive=draw(st.booleans()),
         preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
         scheduler_reserve_full_isl=draw(st.booleans()),
         async_scheduling=draw(st.booleans()),

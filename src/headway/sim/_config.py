@@ -24,6 +24,12 @@ class SchedulerConfig:
     """Admit a waiting request only if the free KV blocks hold its whole sequence so far (prompt,
     and the outputs of a resumed one, less its prefix-cache hit), not only its first chunk's, as
     vLLM's option of this name (on by default since vLLM 0.32)."""
+    long_prefill_token_threshold: int = 0
+    """vLLM's option of this name: with chunked prefill, no request gets more than this many prompt
+    tokens in a step while another request is running or waiting (0: no cap, vLLM's default)."""
+    long_prefill_token_threshold_adaptive: bool = False
+    """vLLM's option of this name: the cap is at least the token budget divided by the requests
+    running and waiting as the step is planned."""
     async_scheduling: bool = False
     """vLLM's ``--async-scheduling`` (its default on GPUs since 0.32; off here, the synchronous
     ``Scheduler``'s decisions): each step is planned while the one before it runs, so the plan
@@ -45,6 +51,10 @@ class SchedulerConfig:
             )
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise ValueError("long_prefill_token_threshold caps prefill chunks: it needs chunked prefill")
         if self.max_steps_per_event < 1:
             raise ValueError(f"max_steps_per_event must be >= 1, got {self.max_steps_per_event}")
 

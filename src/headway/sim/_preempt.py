@@ -171,8 +171,7 @@ class Preemption(KVBlocks):
         """A running partial prefill's chunk as vLLM's loop sizes it at its turn, with ``left`` tokens
         of the step's budget (more than planned when a victim gave tokens back); its reservation moves
         with it. Returns the chunk."""
-        req = s.req
-        chunk = max(0, min(req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens, left))
+        chunk = max(0, self._prefill_chunk(s, left))
         if chunk != s.chunk:
             self._release_step(s)
             self._reserve_chunk(s, chunk)

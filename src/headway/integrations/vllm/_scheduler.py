@@ -261,6 +261,9 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
                     "enable_prefix_caching": bool(self.cache_config.enable_prefix_caching),
                     "long_prefill_token_threshold": int(sc.long_prefill_token_threshold or 0),
+                    "long_prefill_token_threshold_adaptive": bool(
+                        getattr(sc, "long_prefill_token_threshold_adaptive", False)
+                    ),
                     "async_scheduling": bool(sc.async_scheduling),
                 }, flush=True)  # fmt: skip
 
