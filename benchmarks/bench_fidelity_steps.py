@@ -47,6 +47,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from integrations._stepdiff import (  # the harness lives with the tests
+    Outcome,
     VllmSteps,
     async_outcome,
     first_difference,
@@ -70,6 +71,19 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
         if len(first[kind]) < 3:
             first[kind].append({"scenario": scenario, "difference": detail})
 
+    def tally_steps(kind: str, scenario: dict[str, Any], ref: list[dict[str, Any]], got: list[dict[str, Any]]) -> None:
+        """Count a plugin comparison (every step), noting the first difference."""
+        diff = first_difference(ref, got)
+        counts[kind] += diff is None
+        if diff is not None:
+            note(kind, scenario, diff)
+
+    def tally(kind: str, scenario: dict[str, Any], ref: Outcome, sim: Outcome) -> None:
+        """Count a simulator comparison, noting the requests that differ."""
+        counts[kind] += ref == sim
+        if ref != sim:
+            note(kind, scenario, {r: {"vllm": ref[r], "sim": sim[r]} for r in sim if ref[r] != sim[r]})
+
     @settings(max_examples=n, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
     @given(
         scenario=scenarios(policy=policy, aborts=False, burst=True),
@@ -79,12 +93,11 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
     )
     def run(scenario: dict[str, Any], staggered: dict[str, Any], threshold: int, adaptive: bool) -> None:
         counts["scenarios"] += 1
-        ref = harness.run(scenario, "vllm")["steps"]
-        got = harness.run({**scenario, "headway": {"policy": policy}}, "headway")["steps"]
-        diff = first_difference(ref, got)
-        counts["plugin"] += diff is None
-        if diff is not None:
-            note("plugin", scenario, diff)
+        mine = {"headway": {"policy": policy}}
+        tally_steps(
+            "plugin", scenario, harness.run(scenario, "vllm")["steps"],
+            harness.run({**scenario, **mine}, "headway")["steps"],
+        )  # fmt: skip
         counts["with_prefix_caching"] += scenario["prefix_caching"]
         plain = {**scenario, "prefix_caching": False}
         for kind, sc, full in (
@@ -98,50 +111,23 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
             trace = harness.run(sc, "vllm")["steps"]
             if kind == "sim":
                 counts["with_preemptions"] += any(s["preempted"] for s in trace)
-            ref_outcome = vllm_outcome(trace)
-            counts[kind] += ref_outcome == sim
-            if ref_outcome != sim:
-                bad = {rid: {"vllm": ref_outcome[rid], "sim": sim[rid]} for rid in sim if ref_outcome[rid] != sim[rid]}
-                note(kind, sc, bad)
+            tally(kind, sc, vllm_outcome(trace), sim)
         trace = harness.run(staggered, "vllm")["steps"]
-        diff = first_difference(trace, harness.run({**staggered, "headway": {"policy": policy}}, "headway")["steps"])
-        counts["plugin_staggered"] += diff is None
-        if diff is not None:
-            note("plugin_staggered", staggered, diff)
-        ref_outcome, sim = vllm_outcome(trace), sim_outcome(staggered)
-        counts["sim_staggered"] += ref_outcome == sim
-        if ref_outcome != sim:
-            note(
-                "sim_staggered",
-                staggered,
-                {r: {"vllm": ref_outcome[r], "sim": sim[r]} for r in sim if ref_outcome[r] != sim[r]},
-            )
+        tally_steps("plugin_staggered", staggered, trace, harness.run({**staggered, **mine}, "headway")["steps"])
+        tally("sim_staggered", staggered, vllm_outcome(trace), sim_outcome(staggered))
         trace = harness.run(staggered, "vllm-async")["steps"]
-        mine = harness.run({**staggered, "headway": {"policy": policy}}, "headway-async")["steps"]
-        diff = first_difference(trace, mine)
-        counts["plugin_async_staggered"] += diff is None
-        if diff is not None:
-            note("plugin_async_staggered", staggered, diff)
+        got = harness.run({**staggered, **mine}, "headway-async")["steps"]
+        tally_steps("plugin_async_staggered", staggered, trace, got)
         for kind, sc in (("sim_async", scenario), ("sim_async_staggered", staggered)):
             ref_outcome, arrivals = async_outcome(
                 sc, trace if sc is staggered else harness.run(sc, "vllm-async")["steps"]
             )
-            sim = sim_outcome(sc, arrivals)
-            counts[kind] += ref_outcome == sim
-            if ref_outcome != sim:
-                note(kind, sc, {r: {"vllm": ref_outcome[r], "sim": sim[r]} for r in sim if ref_outcome[r] != sim[r]})
+            tally(kind, sc, ref_outcome, sim_outcome(sc, arrivals))
         sc = {
             **staggered, "chunked_prefill": True, "prefix_caching": False, "long_prefill_token_threshold": threshold,
             "long_prefill_token_threshold_adaptive": adaptive,
         }  # fmt: skip
-        ref_outcome, sim = vllm_outcome(harness.run(sc, "vllm")["steps"]), sim_outcome(sc)
-        counts["sim_long_prefill"] += ref_outcome == sim
-        if ref_outcome != sim:
-            note(
-                "sim_long_prefill",
-                sc,
-                {r: {"vllm": ref_outcome[r], "sim": sim[r]} for r in sim if ref_outcome[r] != sim[r]},
-            )
+        tally("sim_long_prefill", sc, vllm_outcome(harness.run(sc, "vllm")["steps"]), sim_outcome(sc))
 
     run()
     return {"counts": counts, "first_differences": first}

@@ -123,6 +123,16 @@ def test_staggered_arrivals_sim_makes_vllms_decisions(
     assert sim_outcome(sc) == vllm_outcome(vllm_steps.run(sc, "vllm")["steps"]), json.dumps(sc)
 
 
+def _assert_alike(vllm_steps: VllmSteps, sc: dict[str, Any], async_scheduling: bool) -> None:
+    """The simulator decides ``sc`` as vLLM's Scheduler, or its AsyncScheduler (on the clock of
+    :func:`async_outcome`)."""
+    if async_scheduling:
+        ref, arrivals = async_outcome(sc, vllm_steps.run(sc, "vllm-async")["steps"])
+        assert sim_outcome(sc, arrivals) == ref, json.dumps(sc)
+    else:
+        assert sim_outcome(sc) == vllm_outcome(vllm_steps.run(sc, "vllm")["steps"]), json.dumps(sc)
+
+
 @settings(deadline=None, derandomize=True, max_examples=300)
 @given(
     scenario=scenarios(aborts=False, max_requests=20, stops=True), policy=st.sampled_from(["fcfs", "priority"]),
@@ -135,12 +145,7 @@ def test_larger_scenarios_sim_makes_vllms_decisions(
     vLLM's Scheduler or AsyncScheduler: more than the tests above draw (the case of
     ``test_a_victim_scheduled_earlier_gives_its_tokens_to_a_later_prefill`` was found by a random
     search of up to 12 requests, not by them)."""
-    sc = {**scenario, "policy": policy}
-    if async_scheduling:
-        ref, arrivals = async_outcome(sc, vllm_steps.run(sc, "vllm-async")["steps"])
-        assert sim_outcome(sc, arrivals) == ref, json.dumps(sc)
-    else:
-        assert sim_outcome(sc) == vllm_outcome(vllm_steps.run(sc, "vllm")["steps"]), json.dumps(sc)
+    _assert_alike(vllm_steps, {**scenario, "policy": policy}, async_scheduling)
 
 
 @settings(deadline=None, derandomize=True, max_examples=200)
@@ -160,11 +165,7 @@ def test_long_prefill_threshold_sim_makes_vllms_decisions(
         **scenario, "policy": policy, "chunked_prefill": True, "prefix_caching": False,
         "long_prefill_token_threshold": threshold, "long_prefill_token_threshold_adaptive": adaptive,
     }  # fmt: skip
-    if async_scheduling:
-        ref, arrivals = async_outcome(sc, vllm_steps.run(sc, "vllm-async")["steps"])
-        assert sim_outcome(sc, arrivals) == ref, json.dumps(sc)
-    else:
-        assert sim_outcome(sc) == vllm_outcome(vllm_steps.run(sc, "vllm")["steps"]), json.dumps(sc)
+    _assert_alike(vllm_steps, sc, async_scheduling)
 
 
 def test_a_request_that_evicts_itself_ends_the_running_loop(vllm_steps: VllmSteps) -> None:
