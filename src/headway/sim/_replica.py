@@ -360,7 +360,8 @@ class Replica(Preemption):
                 s.since = since  # (on_decode_progress) its progress was last reported as it sat out
             self._sitting.clear()
         self.waiting.refresh(now)
-        self._set_chunk_cap()
+        if self.cfg.long_prefill_token_threshold:
+            self._set_chunk_cap()
         budget = self.cfg.max_num_batched_tokens - len(self.decoders)
         need = self.hist[-self.g % self.bs]
         self.free -= need
@@ -403,8 +404,13 @@ class Replica(Preemption):
         return budget
 
     def _plan_running_prefills(self, budget: int) -> int:
+        capped = self._chunk_cap
         for s in self.prefilling:
-            chunk = self._prefill_chunk(s, budget)
+            if capped:
+                chunk = self._prefill_chunk(s, budget)
+            else:
+                req = s.req
+                chunk = min(req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens, budget)
             self._reserve_chunk(s, chunk)
             budget -= chunk
         return budget
@@ -420,11 +426,12 @@ class Replica(Preemption):
                 tokens += s.chunk
                 kv += s.req.num_computed_tokens + s.chunk
             seqs = num_dec + len(self.prefilling)
-            for s in self._finishing:  # (async scheduling: a token after a stop, _plan_after_stop)
-                if s.chunk:
-                    seqs += 1
-                    tokens += 1
-                    kv += s.req.num_computed_tokens + 1
+            if self._finishing:
+                for s in self._finishing:  # (async scheduling: a token after a stop, _plan_after_stop)
+                    if s.chunk:
+                        seqs += 1
+                        tokens += 1
+                        kv += s.req.num_computed_tokens + 1
             if tokens > self.max_step_tokens:
                 self.max_step_tokens = tokens
             self.plan_base = cost.step_time(tokens, seqs, kv) + self.swap_cost
