@@ -229,8 +229,9 @@ def async_outcome(scenario: dict[str, Any], trace: list[dict[str, Any]]) -> tupl
     nothing takes no engine time (the engine core waits for the batch in flight and schedules
     again), so its step numbers are not times. Replayed as the harness drives the scheduler (up
     to two batches in flight, each one second long, starting when the one before ends): a batch's
-    start and end times, and each request's arrival at the time it is added (a hair after the
-    start of the batch then in flight, which the step scheduled next cannot see). Per request:
+    start and end times, and each request's arrival at the time it is added (0.1 µs after the
+    start of the batch then in flight: before the simulator plans the next batch, 1 µs after that
+    start, as the harness adds it before its next ``schedule()``). Per request:
     (start of the first batch it is in, end of the batch whose output finishes it less one,
     preemptions), as :func:`sim_outcome` reports with ``arrivals``."""
     by_step = {s["step"]: s for s in trace}
