@@ -317,10 +317,13 @@ class Replica(Preemption):
         if self._async and after_step and self._held:
             # the plan sees those that arrived by ASYNC_PLAN_DELAY after the step that just ended started
             cut = self._step_began + ASYNC_PLAN_DELAY
+            later = []
             for t, req in self._held:
                 if t <= cut:
                     self._enqueue(req, now)
-            self._held = [(t, req) for t, req in self._held if t > cut]
+                else:
+                    later.append((t, req))
+            self._held = later
         self._plan(now)
         if self._async and after_step:
             if not self.decoders and not any(s.chunk for s in (*self.prefilling, *self._finishing)):
@@ -404,13 +407,8 @@ class Replica(Preemption):
         return budget
 
     def _plan_running_prefills(self, budget: int) -> int:
-        capped = self._chunk_cap
         for s in self.prefilling:
-            if capped:
-                chunk = self._prefill_chunk(s, budget)
-            else:
-                req = s.req
-                chunk = min(req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens, budget)
+            chunk = self._prefill_chunk(s, budget)
             self._reserve_chunk(s, chunk)
             budget -= chunk
         return budget
