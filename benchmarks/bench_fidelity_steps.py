@@ -24,8 +24,8 @@ says otherwise:
   on the clock of ``_stepdiff.async_outcome``, where a ``schedule()`` that runs nothing takes no
   time; the burst and the staggered scenario, prefix caching as drawn);
 * ``sim_long_prefill``: the simulator against vLLM's ``Scheduler`` on the staggered scenario with
-  chunked prefill on, a ``long_prefill_token_threshold`` of 8 to 48 tokens drawn (adaptive or not)
-  and prefix caching off (see the simulator's docstring for why).
+  chunked prefill on, a ``long_prefill_token_threshold`` of 8 to 48 tokens drawn (adaptive or not),
+  prefix caching as drawn (a threshold often has two requests prefill the same blocks in one step).
 
 Writes ``benchmarks/results/fidelity_steps.json`` (with the command line and the first differing
 scenarios of each kind)::
@@ -124,7 +124,7 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
             )
             tally(kind, sc, ref_outcome, sim_outcome(sc, arrivals))
         sc = {
-            **staggered, "chunked_prefill": True, "prefix_caching": False, "long_prefill_token_threshold": threshold,
+            **staggered, "chunked_prefill": True, "long_prefill_token_threshold": threshold,
             "long_prefill_token_threshold_adaptive": adaptive,
         }  # fmt: skip
         tally("sim_long_prefill", sc, vllm_outcome(harness.run(sc, "vllm")["steps"]), sim_outcome(sc))

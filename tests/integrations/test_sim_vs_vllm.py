@@ -158,11 +158,10 @@ def test_long_prefill_threshold_sim_makes_vllms_decisions(
     async_scheduling: bool,
 ) -> None:  # fmt: skip
     """vLLM's ``long_prefill_token_threshold`` (adaptive or not), chunked prefill on, against its
-    Scheduler or AsyncScheduler. Prefix caching off: with shared prefixes a threshold often has two
-    requests prefill the same blocks in one step, and the simulator keeps one of the two copies
-    cached where vLLM keeps both (a difference named in the simulator's docstring)."""
+    Scheduler or AsyncScheduler, prefix caching as drawn: with shared prefixes a threshold often
+    has two requests prefill the same blocks in one step, and both copies stay cached."""
     sc = {
-        **scenario, "policy": policy, "chunked_prefill": True, "prefix_caching": False,
+        **scenario, "policy": policy, "chunked_prefill": True,
         "long_prefill_token_threshold": threshold, "long_prefill_token_threshold_adaptive": adaptive,
     }  # fmt: skip
     _assert_alike(vllm_steps, sc, async_scheduling)
@@ -196,6 +195,41 @@ def test_a_victim_scheduled_earlier_gives_its_tokens_to_a_later_prefill(vllm_ste
     )  # fmt: skip
     steps = vllm_steps.run(scenario, "vllm")["steps"]
     assert [(s["sched"]["r3"][0], s["preempted"]) for s in steps if s["step"] == 13] == [(14, ["r0"])]
+    assert sim_outcome(scenario) == vllm_outcome(steps)
+
+
+def test_a_copy_of_a_cached_block_serves_hits_once_the_first_is_evicted(vllm_steps: VllmSteps) -> None:
+    """vLLM does not deduplicate cached blocks. One request at a time, 16-token steps, 4 usable
+    blocks: r1 hits r0's first block only (a hit leaves a token to compute) and computes the second
+    again, a copy under the same hash; r2 reuses r0's second block, the copy stays cached, and r3
+    hits both blocks (32 tokens: one step, not two). So does the simulator."""
+    shared = list(range(1, 33))
+    scenario = _engine(
+        num_blocks=5, max_num_seqs=1, max_num_batched_tokens=16,
+        requests=_requests(shared, shared, list(range(300, 320)), shared + list(range(40, 56))),
+    )  # fmt: skip
+    steps = vllm_steps.run(scenario, "vllm")["steps"]
+    assert [s["sched"][r] for r in ("r1", "r3") for s in steps if r in s["sched"]] == [[16, 16], [16, 32]]
+    assert sim_outcome(scenario) == vllm_outcome(steps)
+
+
+def test_a_victim_scheduled_earlier_leaves_the_blocks_its_chunk_fills_cached(vllm_steps: VllmSteps) -> None:
+    """vLLM caches a block as it allocates it for a step. Its running loop schedules r2 (priority 1,
+    156 tokens computed) a chunk in step 16, then r3 needs a block and evicts r2, the lowest
+    priority: the block r2's chunk would have filled (tokens 144-159) stays cached, computed or
+    not, and r2 resumes with 160 tokens cached. So does the simulator (without that block, r2
+    would compute 25 tokens, not 9)."""
+    reqs = _requests(list(range(5000, 5041)), PREFIXES[2] + list(range(6000, 6064)),
+                     PREFIXES[2] + list(range(7000, 7089)), PREFIXES[0] + list(range(8000, 8014)))  # fmt: skip
+    for r, (arrive, out, prio) in zip(reqs, [(7, 1, 0), (7, 2, 0), (8, 1, 1), (9, 5, 0)], strict=True):
+        r["arrive"], r["max_tokens"], r["priority"] = arrive, out, prio
+    scenario = _engine(
+        policy="priority", num_blocks=24, max_num_seqs=6, max_num_batched_tokens=48,
+        long_prefill_token_threshold=8, long_prefill_token_threshold_adaptive=True, requests=reqs,
+    )  # fmt: skip
+    steps = vllm_steps.run(scenario, "vllm")["steps"]
+    assert [(s["step"], s["preempted"]) for s in steps if s["preempted"]] == [(16, ["r2"])]
+    assert [s["sched"]["r2"] for s in steps if s["step"] > 16 and "r2" in s["sched"]] == [[9, 160]]
     assert sim_outcome(scenario) == vllm_outcome(steps)
 
 
@@ -258,6 +292,23 @@ def test_async_scheduling_caches_an_evicted_decoders_blocks_but_the_last(vllm_st
     steps = vllm_steps.run(scenario, "vllm-async")["steps"]
     assert [s["step"] for s in steps if "r2" in s["preempted"]] == [40]
     assert next(s["sched"]["r2"] for s in steps if s["step"] > 40 and "r2" in s["sched"]) == [16, 176]
+    ref, arrivals = async_outcome(scenario, steps)
+    assert sim_outcome(scenario, arrivals) == ref
+
+
+def test_async_scheduling_caches_the_last_block_of_a_recompute_that_ended(vllm_steps: VllmSteps) -> None:
+    """r3's recompute ends in step 56 with 192 tokens (12 full blocks, the last holding its first
+    output token, known since its first run); vLLM's async scheduler evicts it at step 57, and all
+    12 blocks were cached as allocated: it resumes with 192 tokens cached. Only a decoder's last
+    token, sampled by the step in flight when it was scheduled, leaves its block uncached. So does
+    the simulator."""
+    reqs = _requests([1, 2], list(range(100, 145)), list(range(200, 315)), list(range(400, 591)))
+    for r, out in zip(reqs, [52, 13, 47, 3], strict=True):
+        r["max_tokens"] = out
+    scenario = _engine(policy="priority", num_blocks=24, max_num_seqs=5, max_num_batched_tokens=16, requests=reqs)
+    steps = vllm_steps.run(scenario, "vllm-async")["steps"]
+    assert [s["step"] for s in steps if "r3" in s["preempted"]] == [31, 57]
+    assert [s["sched"]["r3"] for s in steps if s["step"] > 55 and "r3" in s["sched"]] == [[3, 189], [1, 192]]
     ref, arrivals = async_outcome(scenario, steps)
     assert sim_outcome(scenario, arrivals) == ref
 

@@ -10,7 +10,7 @@ same number of blocks before each, and a simulation must decide every step alike
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 from unittest import mock
@@ -21,16 +21,28 @@ from hypothesis import strategies as st
 from factories import unit_cost
 from headway.policies import noisy_oracle_defaults
 from headway.sim import CacheConfig, SchedulerConfig, _replica, simulate
-from headway.sim._prefix import PrefixCache, _OwnRun
+from headway.sim._prefix import PrefixCache, _Copy, _OwnRun
 from headway.workload import RequestSpec, Workload
 
 
+class Block:
+    """One KV block with a hash (vLLM's ``KVCacheBlock``): blocks cached under one key are told apart."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+
+
 class BlockQueue:
-    """vLLM's free-block queue one block at a time (None: a block no lookup finds)."""
+    """vLLM's free-block queue one block at a time (None: a block no lookup finds), and its map of
+    cached blocks: every block cached under a key, in the order they were cached (a lookup takes
+    the first)."""
 
     def __init__(self, num_blocks: int) -> None:
-        self.q: deque[Hashable | None] = deque([None] * num_blocks)
-        self.ref: dict[Hashable, int] = {}
+        self.q: deque[Block | None] = deque([None] * num_blocks)
+        self.map: dict[Hashable, list[Block]] = {}
+        self.ref: dict[Block, int] = {}
         self.queries = self.hits = self.preempted_queries = self.preempted_hits = 0
 
     @property
@@ -39,10 +51,14 @@ class BlockQueue:
 
     def settle(self, free: int) -> None:
         while len(self.q) > max(free, 0):
-            self.q.popleft()
+            block = self.q.popleft()
+            if block is not None:  # evicted: its key no longer finds it
+                self.map[block.key].remove(block)
+                if not self.map[block.key]:
+                    del self.map[block.key]
 
     def cached(self, key: Hashable) -> bool:
-        return key in self.ref or key in self.q
+        return key in self.map
 
     def uncached(self, keys: Iterable[Hashable]) -> list[Hashable]:
         return [key for key in keys if not self.cached(key)]
@@ -50,39 +66,45 @@ class BlockQueue:
     def hit_length(self, keys: Sequence[Hashable], limit: int) -> tuple[int, int]:
         h = touched = 0
         for key in keys[:limit]:
-            if key in self.ref:
-                h += 1
-            elif key in self.q:
-                h += 1
-                touched += 1
-            else:
+            if key not in self.map:
                 break
+            h += 1
+            touched += self.map[key][0] not in self.ref
         return h, touched
 
-    def acquire(self, key: Hashable) -> bool:
-        if key in self.ref:
-            self.ref[key] += 1
-            return False
-        self.q.remove(key)
-        self.ref[key] = 1
-        return True
+    def take(self, keys: Iterable[Hashable]) -> tuple[list[Block], int]:
+        blocks, touched = [], 0
+        for key in keys:
+            block = self.map[key][0]
+            if block in self.ref:
+                self.ref[block] += 1
+            else:
+                self.q.remove(block)
+                self.ref[block] = 1
+                touched += 1
+            blocks.append(block)
+        return blocks, touched
 
-    def insert(self, key: Hashable) -> bool:
-        if self.cached(key):
-            return False
-        self.ref[key] = 1
-        return True
+    def _cache(self, key: Hashable) -> Block:
+        block = Block(key)
+        self.map.setdefault(key, []).append(block)
+        return block
 
-    def release(self, unhashed: int, own: Sequence[Hashable], hidden: int, keys: Sequence[Hashable]) -> int:
+    def insert(self, key: Hashable) -> Block:
+        block = self._cache(key)
+        self.ref[block] = 1
+        return block
+
+    def release(self, unhashed: int, own: Sequence[Hashable], hidden: int, keys: Sequence[Block]) -> int:
         before = len(self.q)
         self.q.extendleft([None] * unhashed)
-        self.q.extend(own)
+        self.q.extend(self._cache(key) for key in own)
         self.q.extend([None] * hidden)
-        for key in keys:
-            self.ref[key] -= 1
-            if not self.ref[key]:
-                del self.ref[key]
-                self.q.append(key)
+        for block in keys:
+            self.ref[block] -= 1
+            if not self.ref[block]:
+                del self.ref[block]
+                self.q.append(block)
         return len(self.q) - before
 
     # a request without block hashes: its own keys one by one, as the keyed path has them
@@ -92,14 +114,14 @@ class BlockQueue:
         return h
 
     def take_own(self, seq: int, h: int) -> None:
-        for i in range(h):
-            assert self.acquire((seq, i, -1))
+        assert self.take([(seq, i, -1) for i in range(h)])[1] == h
 
     def release_own(self, seq: int, blocks: int, full: int, held: int, evicted: bool) -> int:
+        # (its runs keep one copy of a block: one still queued is not cached again, _prefix.py)
         own = self.uncached([(seq, i, -1) for i in range(held, full)]) if evicted else []
         own.reverse()
         hidden = max(min(full, blocks) - held - len(own), 0)
-        kept = [(seq, i, -1) for i in reversed(range(held))]
+        kept = [next(b for b in self.map[(seq, i, -1)] if b in self.ref) for i in reversed(range(held))]
         return self.release(blocks - held - len(own) - hidden, own, hidden, kept)
 
     def release_unkeyed(self, free: int, blocks: int, full: int) -> None:
@@ -108,8 +130,8 @@ class BlockQueue:
         self.release(blocks - hidden, (), hidden, ())
 
     def layout(self) -> list[tuple[Hashable, int]]:
-        """Each queued key and the number of blocks before it."""
-        return [(key, i) for i, key in enumerate(self.q) if key is not None]
+        """Each queued block's key and the number of blocks before it."""
+        return [(block.key, i) for i, block in enumerate(self.q) if block is not None]
 
 
 def layout(cache: PrefixCache) -> list[tuple[Hashable, int]]:
@@ -123,14 +145,28 @@ def layout(cache: PrefixCache) -> list[tuple[Hashable, int]]:
         elif key in cache.runs:
             pos += cache.runs[key]
         else:
-            out.append((key, pos))
+            out.append((key.key if isinstance(key, _Copy) else key, pos))
             pos += 1
     assert pos == cache.queued
     return out
 
 
-_start = st.tuples(st.just("start"), st.lists(st.integers(0, 12), max_size=5), st.integers(0, 4))
-_finish = st.tuples(st.just("finish"), st.integers(0, 50), st.integers(0, 3), st.integers(0, 4), st.booleans())
+# a request's cached blocks (a key each; True: computed again though cached, a copy), its other blocks
+def _copies(cache: PrefixCache) -> Counter[Hashable]:
+    """How many blocks are cached under each key (an own run's keys aside)."""
+    n = Counter(k for k in (*cache.ref, *cache.lru) if not isinstance(k, (_Copy, _OwnRun)) and k not in cache.runs)
+    for key, copies in cache.dups.items():
+        assert copies
+        n[key] += len(copies)
+    return n
+
+
+_start = st.tuples(st.just("start"), st.lists(st.tuples(st.integers(0, 12), st.booleans()), max_size=5),
+                   st.integers(0, 4))  # fmt: skip
+# which request frees its blocks; keys its other blocks get as they go back (copies of those cached);
+# how many of the rest are hashed blocks no lookup finds; all through release_unkeyed (without keys)
+_finish = st.tuples(st.just("finish"), st.integers(0, 50), st.lists(st.integers(0, 30), max_size=3, unique=True),
+                    st.integers(0, 4), st.booleans())  # fmt: skip
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("alloc"), st.integers(0, 6)),  # a step reserves blocks
@@ -159,12 +195,16 @@ ops = st.lists(
     ("own_in", 0, 0, 5), ("own_out", 0, 1, True), ("own_in", 0, 0, 5), ("own_out", 0, 5, True), ("alloc", 6),
     ("alloc", 1), ("settle", 0), ("unreserve", 4), ("unreserve", 3), ("own_in", 0, 12, 5), ("own_out", 0, 8, True),
     ("own_in", 0, 12, 0)])
+# three blocks under key 1: the first is evicted, the second freed, the third in use: a hit takes the second
+@example(num_blocks=3, script=[
+    ("start", [(1, False)], 0), ("start", [(1, True)], 0), ("start", [(1, True)], 0), ("finish", 0, [], 0, False),
+    ("alloc", 1), ("settle", 0), ("finish", 0, [], 0, False), ("unreserve", 1), ("start", [(1, False)], 0),
+    ("finish", 1, [], 0, False), ("look", [1])])
 def test_the_queue_by_counts_holds_what_a_queue_of_blocks_holds(num_blocks: int, script: list[tuple[Any, ...]]) -> None:
     real, ref = PrefixCache(num_blocks), BlockQueue(num_blocks)
     both = (real, ref)
     free, reserved = num_blocks, 0
-    live: list[tuple[list[Hashable], int]] = []  # requests: cached keys in use, other blocks
-    own_ids = iter(range(13, 10**6))  # keys only an evicted request has (lookups draw them too)
+    live: list[tuple[list[tuple[Hashable, Block]], int]] = []  # requests: cached blocks in use, other blocks
     running: dict[int, tuple[int, int]] = {}  # requests without block hashes: own hit in use, other blocks
     for op, *args in script:
         if op == "alloc":
@@ -177,22 +217,24 @@ def test_the_queue_by_counts_holds_what_a_queue_of_blocks_holds(num_blocks: int,
             for c in both:
                 c.settle(free)
         elif op == "start":
-            keys: list[Hashable] = []
-            for key in dict.fromkeys(args[0]):
+            keys: list[tuple[Hashable, Block]] = []  # the blocks it uses, as each queue names them
+            for key, again in dict(args[0]).items():
                 for c in both:
                     c.settle(free)
-                if real.cached(key):
-                    if key in real.ref or free > 0:
-                        took = [c.acquire(key) for c in both]
-                        assert took[0] == took[1]
-                        free -= took[0]
-                        keys.append(key)
+                if real.cached(key) and not again:
+                    h, touched = real.hit_length([key], 1)
+                    assert (h, touched) == ref.hit_length([key], 1)
+                    if not touched or free > 0:
+                        (a,), took = real.take([key])
+                        (b,), took_ref = ref.take([key])
+                        assert took == took_ref == touched
+                        free -= took
+                        keys.append((a, b))
                 elif free > 0:
                     free -= 1
                     for c in both:
                         c.settle(free)
-                    assert [c.insert(key) for c in both] == [True, True]
-                    keys.append(key)
+                    keys.append((real.insert(key), ref.insert(key)))
             plain = min(args[1], max(free, 0))
             free -= plain
             live.append((keys, plain))
@@ -205,10 +247,11 @@ def test_the_queue_by_counts_holds_what_a_queue_of_blocks_holds(num_blocks: int,
             else:
                 for c in both:
                     c.settle(free)
-                own = [k for k in (next(own_ids) for _ in range(min(args[1], plain))) if not real.cached(k)]
+                own = args[1][:plain]
                 hidden = min(args[2], plain - len(own))
                 unhashed = plain - len(own) - hidden
-                back = [c.release(unhashed, own, hidden, keys[::-1]) for c in both]
+                back = [real.release(unhashed, own, hidden, [a for a, _ in reversed(keys)]),
+                        ref.release(unhashed, own, hidden, [b for _, b in reversed(keys)])]  # fmt: skip
                 assert back[0] == back[1]
                 free += back[0]
         elif op == "own_in" and args[0] not in running:
@@ -237,7 +280,11 @@ def test_the_queue_by_counts_holds_what_a_queue_of_blocks_holds(num_blocks: int,
             assert real.hit_length(args[0], len(args[0])) == ref.hit_length(args[0], len(args[0]))
         assert real.queued == ref.queued
         assert layout(real) == ref.layout()
-        assert real.ref == {k: n for k, n in ref.ref.items() if not isinstance(k, tuple)}  # own hits: counts
+        # the blocks in use (own hits: counts in ``real``), each named by its key
+        assert Counter((getattr(k, "key", k), n) for k, n in real.ref.items()) == Counter(
+            (b.key, n) for b, n in ref.ref.items() if not isinstance(b.key, tuple)
+        )
+        assert _copies(real) == Counter({k: len(v) for k, v in ref.map.items() if not isinstance(k, tuple)})
         # blocks are conserved: free ones, those of live requests, cached ones in use, reserved ones
         in_use = sum(p for _, p in live) + sum(h + p for h, p in running.values())
         assert free + in_use + len(real.ref) + reserved == num_blocks

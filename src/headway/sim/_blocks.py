@@ -146,9 +146,9 @@ class KVBlocks(DecodeClock):
         cache = self.cache
         assert cache is not None
         cache.settle(self.free)
+        held = s.held
         for i in range(s.reg, full):
-            if cache.insert(keys[i]):
-                s.held.append(keys[i])
+            held.append(cache.insert(keys[i]))
         s.reg = full
 
     def _register_prefills(self) -> None:
@@ -169,10 +169,9 @@ class KVBlocks(DecodeClock):
         if cache is not None and not req.num_computed_tokens:
             hit = s.hit
             if hit:  # take the cached blocks (admission just looked them up, the cache settled)
-                for key in hit:
-                    if cache.acquire(key):
-                        self.free -= 1
-                s.held.extend(hit)
+                blocks, touched = cache.take(hit)
+                self.free -= touched
+                s.held.extend(blocks)
                 s.blocks += len(hit)
                 s.reg = len(hit)
                 req.num_computed_tokens = len(hit) * self.bs
@@ -259,24 +258,22 @@ class KVBlocks(DecodeClock):
         free queue: its workload-keyed ones (those filled by decoding are keyed now), and its
         other computed full blocks too, under keys only it has (vLLM hashes every full block):
         an evicted request finds them again when it resumes, and a finished one's hold their
-        place in the queue. A full block computed again while another block had its key (vLLM
-        keeps both under the hash) holds its place under a key nothing looks up. The rest (its
-        partial last block) goes to the head of the queue."""
+        place in the queue. A full block computed again while another block had its key is a
+        copy under the key (vLLM keeps both under the hash). The rest (its partial last block)
+        goes to the head of the queue."""
         cache.settle(self.free)
         req = s.req
         full = (req.num_computed_tokens - lag) // self.bs
         keys, held = s.keys, s.held
         for i in range(s.reg, min(full, len(keys))):
-            if cache.insert(keys[i]):
-                held.append(keys[i])
+            held.append(cache.insert(keys[i]))
         own: list[Hashable] = []
         if evicted and full > len(keys):
             seq = req.seq
-            own = cache.uncached([(seq, i, -1) for i in range(max(s.reg, len(keys)), full)])
+            own = [(seq, i, -1) for i in range(full - 1, max(s.reg, len(keys)) - 1, -1)]
             s.own_end = full
-        own.reverse()
         held.reverse()
-        # its other full blocks: a finished request's own, duplicates (hashed in vLLM, found by nobody here)
+        # its other full blocks: a finished request's past its block hashes (hashed in vLLM, found by nobody here)
         full = min(full, s.blocks)
         hidden = max(full - len(held) - len(own), 0)
         # blocks shared with running requests stay in use

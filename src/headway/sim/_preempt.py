@@ -50,11 +50,19 @@ class Preemption(KVBlocks):
         self.waiting.add(req, now)
         self._arm_timer(req)
 
-    def _preempt(self, s: Seq, now: float) -> None:
-        """Evict a running request (its step reservations must already be returned). With async
-        scheduling, a decoder's last token is still in flight when vLLM evicts it, and vLLM caches
-        a block once the tokens in it are known: its last computed token's block is not cached."""
-        lag = 1 if self._async and s in self.decoders else 0
+    def _preempt(self, s: Seq, now: float, scheduled: int = 0) -> None:
+        """Evict a running request (its step reservations must already be returned, but for the
+        chunk of a prefill ``scheduled`` this step). vLLM caches a block as it allocates it for a
+        step, once the tokens in it are known. With async scheduling a decoder's last computed
+        token was sampled by the step before it, still in flight as that token's step was planned:
+        its block is not cached (a request whose prefill or recompute ended in the step just ended
+        computed known tokens only). A victim vLLM's running loop had ``scheduled`` this step,
+        before the request it is evicted for, leaves the blocks that step's tokens fill cached,
+        computed or not (the decoder's token in flight is not known: none with async scheduling)."""
+        if scheduled:
+            lag = 0 if self._async and s in self.decoders else -scheduled
+        else:
+            lag = 1 if self._async and s in self.decoders and s.prefilled_g != self.g else 0
         req = self._leave_batch(s, now)
         self._evict_kv(s, lag)
         self._requeue(req, now)
@@ -92,9 +100,11 @@ class Preemption(KVBlocks):
         self._leave(s)
         self._run_version += 1
 
-    def _take_victim(self, s: Seq, evict: bool, now: float) -> int:
+    def _take_victim(self, s: Seq, evict: bool, now: float, scheduled: int = 0) -> int:
         """Displace ``s``: a paused request loses its KV blocks; a running one returns its step
-        reservations and is evicted (``evict``) or paused. Returns the token budget it gave back."""
+        reservations and is evicted (``evict``) or paused. ``scheduled``: the tokens vLLM's running
+        loop had scheduled for it this step (:meth:`_preempt`; a prefill's chunk keeps its blocks
+        until they are freed with the rest). Returns the token budget it gave back."""
         if s in self.paused:
             self._drop_paused(s)
             return 0
@@ -102,9 +112,12 @@ class Preemption(KVBlocks):
             freed = self._release_step(s) if s.chunk else 0  # (its token after a stop)
             self._drop_finishing(s)
             return freed
+        if scheduled and evict and s not in self.decoders:
+            self._preempt(s, now, scheduled)
+            return scheduled
         freed = self._release_step(s)
         if evict:
-            self._preempt(s, now)
+            self._preempt(s, now, scheduled)
         else:
             self._pause(s, now)
         return freed
@@ -154,7 +167,7 @@ class Preemption(KVBlocks):
                 needs[i] = self._step_blocks(s)
             while needs[i] and self.free + after < 0 and (self.num_running or self.paused):
                 v = self._heap_victim(now) if self._victim_from_heaps else self._scan_victim(now)
-                budget += self._take_victim(v, True, now)
+                budget += self._take_victim(v, True, now, spent.get(v, 0))
                 if v is s:  # vLLM: "Cannot schedule this request", and its loop ends
                     self._sit_out([r for r in running[i + 1 :] if r not in gone], now)
                     return budget

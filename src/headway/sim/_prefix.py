@@ -8,10 +8,10 @@ block keeps its hash, so until it is reused a later request with the same prefix
 ("hits") and takes it off the queue. This module keeps that queue by counts: the blocks
 without a hash at the head (``fresh``; which of them is reused first does not matter), then
 the hashed blocks in freeing order: each a key, or a run of hashed blocks that no lookup can
-find (a finished request's own blocks, duplicates), which only hold their place. Allocation only lowers the engine's
-free-block count; the queue gives the blocks up lazily (:meth:`PrefixCache.settle`), before
-anything looks into it, which takes the same blocks from the head as taking them at
-allocation would.
+find (a finished request's blocks past its block hashes), which only hold their place.
+Allocation only lowers the engine's free-block count; the queue gives the blocks up lazily
+(:meth:`PrefixCache.settle`), before anything looks into it, which takes the same blocks from
+the head as taking them at allocation would.
 
 What the queue decides is which keys it still holds (a lookup finds them) and, for each, how
 many blocks go before it (they are reused first). Blocks no lookup finds are told apart only by
@@ -27,6 +27,15 @@ Keys. Engine block ``i`` (``block_size`` tokens) of a request is keyed from the 
 ``block_hashes`` (:func:`block_keys`). A request evicted and recomputed also finds its own
 computed blocks still cached: they are keyed ``(seq, i, -1)``, a key no other request has.
 
+Duplicates. vLLM does not deduplicate: a full block computed while another block has its hash
+(two requests prefilling the same blocks in one step; a hit stopping a token short of the prompt;
+a request recomputing its own blocks while an older copy is still queued) is cached under the
+hash too, after it, and a lookup takes the first of them still cached (``BlockHashToBlockMap``).
+Here the first copy is the key itself, in ``ref`` or ``lru``, and later ones are :class:`_Copy`
+objects in ``dups`` (in the order they were cached), each its own entry in ``ref`` or ``lru``;
+a request holds the copies it uses. When the key's own entry is evicted the first of its copies
+serves the lookups, and a block computed then is cached after the copies left.
+
 Own runs. A request without block hashes has only such own keys, and only it looks them up,
 always from block 0 on (a hit is a prefix). Its blocks that one release puts in the queue in a
 row are blocks ``i .. j-1`` tail first, so the queue reuses ``j-1`` first and what is left of
@@ -34,7 +43,9 @@ them is always ``i .. k-1``: one entry (an :class:`_OwnRun`, ``i`` and a count) 
 ``j - i`` keys (:meth:`PrefixCache.release_own`, :meth:`~PrefixCache.own_hit`,
 :meth:`~PrefixCache.take_own`). Its blocks in use are then a count (its hit), not keys in
 ``ref``. ``tests/sim/test_prefix_queue.py`` runs the engine against a queue of single keyed
-blocks step by step.
+blocks step by step. Such a request's blocks recomputed while an older copy of them is queued
+(a hit that ends inside one of its runs) are hidden, not copies: its runs have one copy of each
+block.
 """
 
 from __future__ import annotations
@@ -104,12 +115,21 @@ class _OwnRun:
         self.n = n
 
 
+class _Copy:
+    """A block cached under ``key`` after another one (module docstring: duplicates)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+
+
 class PrefixCache:
     """vLLM's free-block queue and its map of cached blocks, kept by counts (module docstring)."""
 
     __slots__ = (
-        "_run_ids", "_tail", "fresh", "hits", "lru", "own", "preempted_hits", "preempted_queries", "queries", "queued",
-        "ref", "runs",
+        "_run_ids", "_tail", "dups", "fresh", "hits", "lru", "own", "preempted_hits", "preempted_queries", "queries",
+        "queued", "ref", "runs",
     )  # fmt: skip
 
     def __init__(self, num_blocks: int) -> None:
@@ -118,6 +138,7 @@ class PrefixCache:
         self.lru: OrderedDict[Hashable, None] = OrderedDict()  # hashed blocks after them, in freeing order
         self.runs: dict[Hashable, int] = {}  # entry (a 1-tuple) -> size, for runs no lookup finds
         self.ref: dict[Hashable, int] = {}  # cached blocks in use -> their number of users
+        self.dups: dict[Hashable, list[_Copy]] = {}  # key -> its later copies, in caching order
         self.own: dict[int, dict[int, _OwnRun]] = {}  # seq -> base -> its own run in ``lru``
         self._tail: Hashable | None = None  # the run last in ``lru``, if it is one (release extends it)
         self._run_ids = itertools.count()  # names of the runs
@@ -163,16 +184,16 @@ class PrefixCache:
                 if key is self._tail:
                     self._tail = None
             else:
+                if type(key) is _Copy:
+                    copies = self.dups[key.key]
+                    copies.remove(key)
+                    if not copies:
+                        del self.dups[key.key]
                 excess -= 1
 
     def cached(self, key: Hashable) -> bool:
         """Whether a block with ``key`` is cached (in use or free); settle first."""
-        return key in self.ref or key in self.lru
-
-    def uncached(self, keys: Iterable[Hashable]) -> list[Hashable]:
-        """The ``keys`` of no cached block, in order (:meth:`cached` over many); settle first."""
-        ref, lru = self.ref, self.lru
-        return [key for key in keys if key not in ref and key not in lru]
+        return key in self.ref or key in self.lru or key in self.dups
 
     def hit_length(self, keys: Sequence[Hashable], limit: int) -> tuple[int, int]:
         """Leading ``keys`` (at most ``limit``) that are cached, and how many of them are free
@@ -188,43 +209,63 @@ class PrefixCache:
                 h += 1
                 touched += 1
             else:
-                break
+                copies = self.dups.get(key) if self.dups else None
+                if copies is None:
+                    break
+                h += 1
+                if copies[0] not in ref:
+                    touched += 1
         return h, touched
 
-    def acquire(self, key: Hashable) -> bool:
-        """Use the cached block ``key``; True if it left the free queue (settle first)."""
-        ref = self.ref
-        n = ref.get(key)
-        if n is not None:
-            ref[key] = n + 1
-            return False
-        del self.lru[key]
-        self.queued -= 1
-        ref[key] = 1
-        return True
+    def take(self, keys: Iterable[Hashable]) -> tuple[list[Hashable], int]:
+        """Use the first cached block of each of ``keys`` (a hit); returns the blocks (what
+        :meth:`release` takes back) and how many of them left the free queue. Settle first."""
+        ref, lru = self.ref, self.lru
+        blocks: list[Hashable] = []
+        touched = 0
+        for key in keys:
+            if key not in ref and key not in lru:
+                key = self.dups[key][0]
+            n = ref.get(key)
+            if n is not None:
+                ref[key] = n + 1
+            else:
+                del lru[key]
+                ref[key] = 1
+                touched += 1
+            blocks.append(key)
+        self.queued -= touched
+        return blocks, touched
 
-    def insert(self, key: Hashable) -> bool:
-        """A block just computed gets ``key``; False if one is cached already (settle first;
-        vLLM keeps such a duplicate too, this one is then a block without a hash)."""
-        if key in self.ref or key in self.lru:
-            return False
-        self.ref[key] = 1
-        return True
+    def insert(self, key: Hashable) -> Hashable:
+        """A block just computed is cached under ``key``, in use; returns it (the key, or a
+        :class:`_Copy` after the blocks cached under it already). Settle first."""
+        ref = self.ref
+        if key in ref or key in self.lru or (self.dups and key in self.dups):
+            key = self._copy(key)
+        ref[key] = 1
+        return key
+
+    def _copy(self, key: Hashable) -> _Copy:
+        copy = _Copy(key)
+        self.dups.setdefault(key, []).append(copy)
+        return copy
 
     def release(self, unhashed: int, own: Sequence[Hashable], hidden: int, keys: Sequence[Hashable]) -> int:
         """A request frees ``unhashed`` blocks without a hash (to the head of the queue, reused
-        first), then blocks that get the keys ``own`` as they go back (its own, not cached
-        before), ``hidden`` hashed blocks no lookup finds (a run), and the cached ``keys`` it
-        used, in that order (pass each tail first, as vLLM frees them). Cached blocks with other
-        users stay off the queue; settle first. Returns the number of blocks that went back to
-        the queue."""
+        first), then blocks that get the keys ``own`` as they go back (copies where a block has
+        the key already), ``hidden`` hashed blocks no lookup finds (a run), and the cached blocks
+        ``keys`` it used (:meth:`take`, :meth:`insert`), in that order (pass each tail first, as
+        vLLM frees them). Cached blocks with other users stay off the queue; settle first.
+        Returns the number of blocks that went back to the queue."""
         lru, ref = self.lru, self.ref
         before = self.queued
         self.fresh += unhashed
         self.queued += unhashed
         if own:
+            dups = self.dups
             for key in own:
-                lru[key] = None
+                lru[self._copy(key) if key in ref or key in lru or (dups and key in dups) else key] = None
             self.queued += len(own)
             self._tail = None
         if hidden:
@@ -255,7 +296,7 @@ class PrefixCache:
         return h if h < limit else limit
 
     def take_own(self, seq: int, h: int) -> None:
-        """``acquire`` request ``seq``'s own blocks ``0 .. h-1`` (its :meth:`own_hit`): they leave
+        """:meth:`take` request ``seq``'s own blocks ``0 .. h-1`` (its :meth:`own_hit`): they leave
         the free queue; a run the hit ends inside keeps its rest, and its place."""
         runs = self.own[seq]
         i = 0

@@ -48,12 +48,6 @@ there is vLLM's):
   the batch, where vLLM caches each as it fills, so a request sharing the text of an answer
   still being generated hits it there, not here
   (``test_blocks_filled_by_decoding_are_cached_when_the_request_leaves``);
-* a full block computed again while another block had its key (a hit stops a token short of
-  the prompt; or two running requests with the same prefix prefill it in the same step, which a
-  ``long_prefill_token_threshold`` makes common: with shared prefixes and prefix caching on, 7
-  of 400 generated scenarios differ for it, synchronous scheduling, ad hoc) holds its place in
-  the free queue but serves no hit once the first is evicted; vLLM keeps both under the hash
-  (``test_a_duplicate_block_serves_no_hit_once_the_first_is_evicted``);
 * the victim of a KV shortage is the policy's ``choose_victim`` (FCFS: the latest arrival)
   where vLLM's FCFS evicts the last of its running list, and decoders take the token budget
   before partial prefills where vLLM goes in running-list order. Under vLLM's FCFS and
@@ -61,7 +55,9 @@ there is vLLM's):
   prefill gets less than its rest only when the budget runs out, so partial prefills are its
   tail (the harness's hypothesis tests under KV pressure, in bursts and with staggered
   arrivals); at a KV shortage the partial prefills' chunks are sized again in running-list
-  order, so the tokens a victim scheduled earlier gives back go to them, as in vLLM's loop. With
+  order, so the tokens a victim scheduled earlier gives back go to them, as in vLLM's loop (and
+  the blocks its step's tokens fill stay cached, computed or not, as vLLM cached them when it
+  allocated them: ``test_a_victim_scheduled_earlier_leaves_the_blocks_its_chunk_fills_cached``). With
   ``long_prefill_token_threshold`` a partial prefill gets less than its rest while budget is
   left, and the harness's scenarios (thresholds of 8 to 48 tokens, adaptive or not) still
   decide alike (``test_long_prefill_threshold_sim_makes_vllms_decisions``). vLLM's
@@ -517,6 +513,7 @@ class Replica(Preemption):
             if s.req.num_output_tokens >= s.true_len:
                 self._finish(s, now)
             else:
+                s.prefilled_g = self.g
                 self._add_decoder(s)
 
     def _complete_decodes(self, now: float) -> None:

@@ -14,7 +14,7 @@ class Seq:
 
     __slots__ = (
         "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "order", "own_end", "own_hit",
-        "phase", "reg", "rekey_g", "req", "since", "true_len",
+        "phase", "prefilled_g", "reg", "rekey_g", "req", "since", "true_len",
     )  # fmt: skip
 
     def __init__(self, req: Request, true_len: int, keys: list[Hashable]) -> None:
@@ -37,5 +37,6 @@ class Seq:
         self.phase = 0  # (computed - join) mod block_size, for decoders
         self.fin_g = 0  # global decode-step count at which it finishes
         self.rekey_g = -1  # global decode-step count of its next rekey hint (-1: none)
+        self.prefilled_g = -1  # global decode-step count when its last prefill chunk (or recompute) ended
         self.gen = 0  # bumps whenever it leaves the decode set (invalidates heap entries)
         self.order = 0  # when it (re)joined the batch: its place in vLLM's running list
