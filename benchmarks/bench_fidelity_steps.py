@@ -2,8 +2,8 @@
 
 The step-by-step differential harness of ``tests/integrations`` (vLLM's own ``Scheduler`` run
 with no model in the vLLM virtualenv; scenarios from its hypothesis strategy, derandomized, so
-a rerun draws the same ones) without aborts, for ``fcfs`` and ``priority``; bursts unless a kind
-says otherwise:
+a rerun draws the same ones), for ``fcfs`` and ``priority``; bursts unless a kind says otherwise,
+and no aborts but in the last two kinds:
 
 * ``plugin``: ``HeadwayScheduler`` against vLLM, every step (scheduled ids and token counts,
   prefix-cache hits, preemptions, finishes); prefix caching as drawn;
@@ -25,7 +25,12 @@ says otherwise:
   time; the burst and the staggered scenario, prefix caching as drawn);
 * ``sim_long_prefill``: the simulator against vLLM's ``Scheduler`` on the staggered scenario with
   chunked prefill on, a ``long_prefill_token_threshold`` of 8 to 48 tokens drawn (adaptive or not),
-  prefix caching as drawn (a threshold often has two requests prefill the same blocks in one step).
+  prefix caching as drawn (a threshold often has two requests prefill the same blocks in one step);
+* ``sim_aborts`` and ``sim_async_aborts``: the simulator against vLLM's ``Scheduler`` and
+  ``AsyncScheduler`` on a third scenario like the staggered one whose clients abort some requests
+  (the harness calls ``finish_requests`` before a drawn step; the simulator gives each such
+  request the timeout that puts its abort there), per request (``with_running_aborted``: the
+  scenarios in which vLLM's ``Scheduler`` aborted a request after it had started).
 
 Writes ``benchmarks/results/fidelity_steps.json`` (with the command line and the first differing
 scenarios of each kind)::
@@ -63,8 +68,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
     kinds = ("plugin", "sim", "sim_no_full_isl", "sim_prefix", "sim_prefix_no_full_isl", "plugin_staggered",
              "sim_staggered", "plugin_async_staggered", "sim_async", "sim_async_staggered",
-             "sim_long_prefill")  # fmt: skip
-    counts = dict.fromkeys(("scenarios", *kinds, "with_preemptions", "with_prefix_caching"), 0)
+             "sim_long_prefill", "sim_aborts", "sim_async_aborts")  # fmt: skip
+    counts = dict.fromkeys(("scenarios", *kinds, "with_preemptions", "with_prefix_caching", "with_running_aborted"), 0)
     first: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
 
     def note(kind: str, scenario: dict[str, Any], detail: Any) -> None:
@@ -82,7 +87,11 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
         """Count a simulator comparison, noting the requests that differ."""
         counts[kind] += ref == sim
         if ref != sim:
-            note(kind, scenario, {r: {"vllm": ref[r], "sim": sim[r]} for r in sim if ref[r] != sim[r]})
+            note(
+                kind,
+                scenario,
+                {r: {"vllm": ref.get(r), "sim": sim.get(r)} for r in sorted({*ref, *sim}) if ref.get(r) != sim.get(r)},
+            )
 
     @settings(max_examples=n, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
     @given(
@@ -90,8 +99,11 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
         staggered=scenarios(policy=policy, aborts=False, stops=True),
         threshold=st.sampled_from([8, 16, 32, 48]),
         adaptive=st.booleans(),
+        aborting=scenarios(policy=policy, stops=True),
     )
-    def run(scenario: dict[str, Any], staggered: dict[str, Any], threshold: int, adaptive: bool) -> None:
+    def run(
+        scenario: dict[str, Any], staggered: dict[str, Any], threshold: int, adaptive: bool, aborting: dict[str, Any]
+    ) -> None:
         counts["scenarios"] += 1
         mine = {"headway": {"policy": policy}}
         tally_steps(
@@ -128,6 +140,11 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
             "long_prefill_token_threshold_adaptive": adaptive,
         }  # fmt: skip
         tally("sim_long_prefill", sc, vllm_outcome(harness.run(sc, "vllm")["steps"]), sim_outcome(sc))
+        ref_outcome = vllm_outcome(harness.run(aborting, "vllm")["steps"])
+        counts["with_running_aborted"] += any(done == -1 for _, done, _ in ref_outcome.values())
+        tally("sim_aborts", aborting, ref_outcome, sim_outcome(aborting))
+        ref_outcome, arrivals = async_outcome(aborting, harness.run(aborting, "vllm-async")["steps"])
+        tally("sim_async_aborts", aborting, ref_outcome, sim_outcome(aborting, arrivals))
 
     run()
     return {"counts": counts, "first_differences": first}

@@ -214,7 +214,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "no model, through the plugin and through the simulator: how many scenarios match vLLM at every step "
         "(plugin) or in every request's outcome (simulator); the async kinds against vLLM's AsyncScheduler "
         "(async scheduling, vLLM's default on GPUs), the simulator with its async_scheduling; sim_long_prefill "
-        "with vLLM's long_prefill_token_threshold.",
+        "with vLLM's long_prefill_token_threshold; sim_aborts and sim_async_aborts with clients aborting requests "
+        "(the simulator's request timeouts).",
         "python benchmarks/bench_fidelity_steps.py --scenarios 500",
         ("fidelity_steps.json",),
     ),

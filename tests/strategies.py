@@ -19,6 +19,8 @@ def workloads(draw: st.DrawFn, max_requests: int = 25) -> Workload:
             RequestSpec(
                 f"r{i}", t, draw(st.integers(1, 300)), draw(st.integers(1, 200)),
                 priority=draw(st.integers(0, 2)),
+                # a client's timeout: often none, at times one that cuts the request off
+                timeout=draw(st.sampled_from([None, None, None, None, 0.0, 0.01, 0.05, 0.3, 2.0])),
             )
         )
     return Workload.from_specs("hyp", specs)

@@ -378,3 +378,16 @@ def test_simulate_async_scheduling_reaches_the_engine(tmp_path: Path, capsys: py
         said = "async scheduling;" in " ".join(capsys.readouterr().out.split())
         assert said == (flag == "--async-scheduling")
     assert ttft["--async-scheduling"] > ttft["--no-async-scheduling"]
+
+
+def test_simulate_client_timeout_aborts_requests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the default load queues requests for longer than 5 s: some clients give up, none without the flag
+    for timeout, aborted in ((None, False), ("5", True)):
+        out = tmp_path / str(timeout)
+        args = ["simulate", "--policies", "fcfs", "--num-requests", "300", "--out", str(out)]
+        assert main(args + (["--client-timeout", timeout] if timeout else [])) == 0
+        run = json.loads((out / "summary.json").read_text())["runs"]["fcfs"]
+        assert (run["num_aborted"] > 0) == aborted
+        assert ("client timeout" in " ".join(capsys.readouterr().out.split())) == aborted
+    assert main(["simulate", "--client-timeout", "-1", "--no-report"]) == 2
+    assert "client_timeout must be" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from hypothesis import event
 from hypothesis import strategies as st
 
+from headway.core import RequestState
 from headway.integrations._server import default_vllm_paths, headway_src_dir
 from headway.sim import CacheConfig, CostModel, SchedulerConfig, simulate
 from headway.workload import RequestSpec, Workload
@@ -182,6 +183,7 @@ def sim_outcome(scenario: dict[str, Any], arrivals: dict[str, float] | None = No
             r.get("stop_at") or r["max_tokens"], max_tokens=r["max_tokens"],
             priority=r["priority"],
             block_hashes=block_hashes(r["prompt"], hb), hash_block_size=hb,
+            timeout=_timeout(r, arrivals),
         )
         for r in scenario["requests"]
     ]  # fmt: skip
@@ -202,9 +204,25 @@ def sim_outcome(scenario: dict[str, Any], arrivals: dict[str, float] | None = No
     )  # fmt: skip
     out: Outcome = {}
     for r in res.requests:
-        assert r.first_scheduled_time is not None and r.finish_time is not None
-        out[r.request_id] = (round(r.first_scheduled_time), round(r.finish_time) - 1, r.num_preemptions)
+        assert r.finish_time is not None
+        if r.first_scheduled_time is None:  # aborted while it waited
+            assert r.state is RequestState.ABORTED
+            continue
+        done = -1 if r.state is RequestState.ABORTED else round(r.finish_time) - 1
+        out[r.request_id] = (round(r.first_scheduled_time), done, r.num_preemptions)
     return out
+
+
+def _timeout(r: dict[str, Any], arrivals: dict[str, float] | None) -> float | None:
+    """The simulator's timeout for a request the harness aborts before its step ``abort`` (one it
+    has not added by then is never aborted); with ``arrivals``, on their clock
+    (:func:`async_outcome`)."""
+    if r.get("abort") is None or r["abort"] < r["arrive"]:
+        return None
+    if arrivals is None:
+        return float(r["abort"] - r["arrive"])
+    rid = str(r["id"])
+    return arrivals[f"{rid} abort"] - arrivals[rid]
 
 
 def vllm_outcome(trace: list[dict[str, Any]]) -> Outcome:
@@ -219,7 +237,7 @@ def vllm_outcome(trace: list[dict[str, Any]]) -> Outcome:
             preempted[rid] = preempted.get(rid, 0) + 1
         for rid in s["finished"]:
             done[rid] = s["step"]
-    return {rid: (first[rid], done[rid], preempted.get(rid, 0)) for rid in first}
+    return {rid: (first[rid], done.get(rid, -1), preempted.get(rid, 0)) for rid in first}  # -1: aborted
 
 
 def async_outcome(scenario: dict[str, Any], trace: list[dict[str, Any]]) -> tuple[Outcome, dict[str, float]]:
@@ -231,13 +249,16 @@ def async_outcome(scenario: dict[str, Any], trace: list[dict[str, Any]]) -> tupl
     to two batches in flight, each one second long, starting when the one before ends): a batch's
     start and end times, and each request's arrival at the time it is added (0.1 µs after the
     start of the batch then in flight: before the simulator plans the next batch, 1 µs after that
-    start, as the harness adds it before its next ``schedule()``). Per request:
+    start, as the harness adds it before its next ``schedule()``), and likewise the time of its
+    abort, if it has one (under ``"<id> abort"``). Per request:
     (start of the first batch it is in, end of the batch whose output finishes it less one,
     preemptions), as :func:`sim_outcome` reports with ``arrivals``."""
     by_step = {s["step"]: s for s in trace}
     adds: dict[int, list[str]] = {}
     for r in scenario["requests"]:
         adds.setdefault(int(r["arrive"]), []).append(str(r["id"]))
+        if r.get("abort") is not None and r["abort"] >= r["arrive"]:
+            adds.setdefault(int(r["abort"]), []).append(f"{r['id']} abort")
     arrivals: dict[str, float] = {}
     first: dict[str, int] = {}
     done: dict[str, int] = {}
@@ -263,7 +284,7 @@ def async_outcome(scenario: dict[str, Any], trace: list[dict[str, Any]]) -> tupl
                     continue
         if in_flight:
             now = in_flight.pop(0)
-    return {rid: (first[rid], done[rid], preempted.get(rid, 0)) for rid in first}, arrivals
+    return {rid: (first[rid], done.get(rid, -1), preempted.get(rid, 0)) for rid in first}, arrivals  # -1: aborted
 
 
 def roomy(scenario: dict[str, Any]) -> dict[str, Any]:

@@ -135,9 +135,11 @@ class Harness:
                         priority=int(r.get("priority", 0)), block_hasher=hasher,
                     )
                 )  # fmt: skip
-            gone = [rid for rid in aborts.get(step, ()) if rid in sched.requests]
-            if gone:
-                sched.finish_requests(gone, RequestStatus.FINISHED_ABORTED)
+            # one call per abort, in the scenario's order, as a server aborts a request when its client
+            # goes (finish_requests frees a list of them in a set's order: not reproducible across runs)
+            for rid in aborts.get(step, ()):
+                if rid in sched.requests:
+                    sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
             if not sched.has_requests() and not in_flight and step > last_event:
                 break
             if sched.has_requests():

@@ -4,8 +4,9 @@ The simulator runs in exact step-by-step mode (``max_steps_per_event=1``) with a
 every step takes one second, so its times are step numbers; vLLM's scheduler runs with no model
 (``_vllm_steps.py``). Compared per request: the step it is first scheduled in, the step whose
 output finishes it, and how often it is preempted. Bursts (every request arrives before the first
-step) and staggered arrivals (a request arrives before a step of its own), no aborts. Where the
-simulator decides differently, the difference is named and pinned by a test of its own.
+step) and staggered arrivals (a request arrives before a step of its own); clients' aborts in
+their own test. Where the simulator decides differently, the difference is named and pinned by a
+test of its own.
 """
 
 from __future__ import annotations
@@ -131,6 +132,18 @@ def _assert_alike(vllm_steps: VllmSteps, sc: dict[str, Any], async_scheduling: b
         assert sim_outcome(sc, arrivals) == ref, json.dumps(sc)
     else:
         assert sim_outcome(sc) == vllm_outcome(vllm_steps.run(sc, "vllm")["steps"]), json.dumps(sc)
+
+
+@settings(deadline=None, derandomize=True, max_examples=300)
+@given(scenario=scenarios(stops=True), policy=st.sampled_from(["fcfs", "priority"]), async_scheduling=st.booleans())
+def test_client_aborts_sim_makes_vllms_decisions(
+    vllm_steps: VllmSteps, scenario: dict[str, Any], policy: str, async_scheduling: bool
+) -> None:
+    """Clients abort requests: the harness calls vLLM's ``finish_requests`` before a step's
+    ``schedule()`` (its Scheduler's, or its AsyncScheduler's with a step in flight); the simulator
+    runs each request with the timeout that puts its abort there. An aborted request's outcome
+    has no finishing step."""
+    _assert_alike(vllm_steps, {**scenario, "policy": policy}, async_scheduling)
 
 
 @settings(deadline=None, derandomize=True, max_examples=300)

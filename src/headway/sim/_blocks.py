@@ -249,7 +249,7 @@ class KVBlocks(DecodeClock):
             # (held=[], so reg=0) and no own keys to leave behind (not evicted: own=[]): its
             # full blocks (at most all of them) are a run no lookup finds, the rest go to the head.
             # tests/sim/test_prefix_queue.py runs both ways step by step.
-            cache.release_unkeyed(self.free, s.blocks, s.req.num_computed_tokens // self.bs)
+            cache.release_unkeyed(self.free, s.blocks, (s.req.num_computed_tokens - lag) // self.bs)
             self.free += s.blocks
         s.blocks = 0
 

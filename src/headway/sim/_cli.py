@@ -91,6 +91,14 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     w.add_argument("--model", default=None, help="alpaca_eval: the model whose outputs give the lengths")
     w.add_argument("--format", default=None, help="file format when it cannot be told from the content")
     w.add_argument("--seed", type=int, default=0, help="seed of every random draw")
+    w.add_argument(
+        "--client-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="each client aborts its request this long after sending it if it has not finished (counted as "
+        "aborted, not in the latencies; its KV blocks are freed as vLLM frees an aborted request's)",
+    )
     add_shared_prefix_args(w)
     s = p.add_argument_group("policies")
     s.add_argument(
@@ -255,7 +263,7 @@ def _load_workload(args: argparse.Namespace) -> Any:
     options: dict[str, Any] = {"seed": args.seed}
     for name in (
         "num_requests", "rate", "burstiness", "output_cv", "arrivals", "model", "format",
-        "system_prompts", "system_prompt_tokens", "think_time",
+        "system_prompts", "system_prompt_tokens", "think_time", "client_timeout",
     ):  # fmt: skip
         value = getattr(args, name)
         if value is not None:

@@ -26,6 +26,8 @@ class Preemption(KVBlocks):
     _victim_from_heaps: bool  # a KV shortage's victim is the lazy heaps' top (see _heap_victim)
     _async: bool  # the replica's SchedulerConfig.async_scheduling
     _leave: Callable[[Seq], None]  # the replica's: a finished request gives back its blocks and slot
+    _held: list[tuple[float, Request]]  # async scheduling: arrived while a step ran, not yet waiting
+    on_done: Callable[[Request], None] | None  # the simulator's: a request finished or was aborted
 
     def _leave_batch(self, s: Seq, now: float) -> Request:
         """Take a running request out of the batch (evicted or paused): its counters synced, its
@@ -66,6 +68,46 @@ class Preemption(KVBlocks):
         req = self._leave_batch(s, now)
         self._evict_kv(s, lag)
         self._requeue(req, now)
+
+    def _async_lag(self, s: Seq) -> int:
+        """What :meth:`_preempt` caches of a running request's blocks with async scheduling, before the
+        step it ran in is processed: a decoder's last token's block is not known (unless its prefill
+        ended in the step before), a prefill's chunk's blocks are (vLLM cached them as it allocated)."""
+        if s in self.decoders:
+            return 1 if s.prefilled_g != self.g else 0
+        return -s.chunk if s in self.prefilling else 0
+
+    def _abort(self, s: Seq, now: float, lag: int = 0) -> None:
+        """The client aborted ``s`` (between steps, or waiting): it leaves the queue or the batch and
+        frees its KV blocks as a finished request does (vLLM's ``finish_requests``; ``lag``: see
+        :meth:`_free_blocks`); it is not a preemption, and the policy is not told (no
+        ``on_finish``: its length is not observed)."""
+        req = s.req
+        if self._rkeys is not None:
+            self._rkeys.drop(s)
+        if s in self.decoders:
+            self._sync(s, now)
+            self._remove_decoder(s)
+        elif s in self.prefilling:
+            self.prefilling.remove(s)
+            s.chunk = 0
+        elif s in self._sitting:
+            self._sitting.remove(s)
+        elif not self.waiting.remove(req):  # (async scheduling: arrived while a step ran, not yet seen)
+            self._held = [(t, r) for t, r in self._held if r is not req]
+        if s in self.paused:
+            del self.paused[s]
+            if self._pkeys is not None:
+                self._pkeys.drop(s)
+        if s.blocks:
+            self._free_blocks(s, False, lag)
+        del self.seqs[req]
+        self._run_version += 1
+        req.transition(RequestState.ABORTED)
+        req.finish_time = now
+        req.extra["abort_reason"] = "client timeout"
+        if self.on_done is not None:
+            self.on_done(req)
 
     def _pause(self, s: Seq, now: float) -> None:
         """Pause mode: take a running request out of the batch; it keeps its KV blocks and waits

@@ -37,6 +37,12 @@ known, and that token's successor is still in flight). The harness compares this
 ``AsyncScheduler`` on a clock where an empty ``schedule()`` takes no time
 (``test_async_scheduling_sim_makes_vllms_async_decisions``).
 
+**Clients' aborts** (``RequestSpec.timeout``; :meth:`Replica.abort_at`): taken between steps, as
+vLLM's ``finish_requests``; a running request's after the step in flight, before the next plan
+(with async scheduling: before that step's output if the abort came by the time that plan was
+made, else a step later); its blocks are freed as a finished request's
+(``test_client_aborts_sim_makes_vllms_decisions``).
+
 **Differences from vLLM 0.32's decisions** (the differential harness in
 ``tests/integrations/test_sim_vs_vllm.py`` compares both step by step; every other decision
 there is vLLM's):
@@ -208,6 +214,7 @@ class Replica(Preemption):
         self.steps: list[StepRecord] | None = [] if record_steps else None
         self._step_preempted: list[str] = []
         self._step_cached: list[tuple[str, int]] = []
+        self._aborts: list[tuple[float, int, Request]] = []  # clients' aborts to come: (time, seq, request)
 
     # ------------------------------------------------------------ arrivals
     def outstanding(self) -> int:
@@ -255,6 +262,52 @@ class Replica(Preemption):
             end = self.plan_start + self._span(self.plan_n) + self.plan_extra
             self.loop.schedule(end if end > now else now, STEP_END, self._on_step_end, self.version)
 
+    def abort_at(self, req: Request, at: float) -> None:
+        """The client aborts ``req`` at time ``at`` if it has not finished by then (its timeout).
+        vLLM takes an abort between steps: a waiting request leaves the queue at once, a running
+        one when the step in flight ends (a step ending at ``at`` first finishes what it
+        finishes), before the next step is planned; its KV blocks are freed as a finished
+        request's are. With async scheduling the next step is planned as the one in flight
+        starts: an abort by then (``ASYNC_PLAN_DELAY`` after that start) is taken before that
+        step's output, so a request finishing in it is aborted; a later one a step later."""
+        if req.is_finished:
+            return
+        heapq.heappush(self._aborts, (at, req.seq, req))
+        self.loop.schedule(at, TIMER, self._on_abort, req)
+
+    def _on_abort(self, req: Request) -> None:
+        """A client's abort comes (:meth:`abort_at`): a waiting request leaves now, unless a step's
+        end takes it, as for a running one (a decode stretch is cut there)."""
+        if req.is_finished:
+            return
+        s = self.seqs[req]
+        now = self.loop.now
+        running = s in self.decoders or s in self.prefilling or s in self._sitting
+        if running or (self._async and self.busy and self.plan_n):
+            # a step's end takes it (with async scheduling a waiting request's too: the next step's
+            # plan, made as the step in flight started, still saw it)
+            if self.plan_n > 1:  # the stretch ends there: the step in flight (async: or the next)
+                m = self._step_at(tie_floor(now))
+                if self._async and now > self.plan_start + self._span(m - 1) + ASYNC_PLAN_DELAY:
+                    m += 1
+                self._cut(m)
+            return
+        if self.plan_reported >= 0:
+            self._catch_up(tie_floor(now))
+        if self.busy and self.plan_n > 1:  # the queue changes: the next step may admit others
+            self._truncate(tie_floor(now))
+        self._abort(s, now)
+
+    def _apply_aborts(self, now: float, upto: float, before_output: bool = False) -> None:
+        """At a step's end: the aborts due by ``upto`` (a rounding tie counts), in the order they
+        came; ``before_output``: the step's output is not processed yet (async scheduling)."""
+        aborts = self._aborts
+        while aborts and tie_floor(aborts[0][0]) <= upto:
+            req = heapq.heappop(aborts)[2]
+            if not req.is_finished:
+                s = self.seqs[req]
+                self._abort(s, now, self._async_lag(s) if before_output else 0)
+
     def _arm_timer(self, req: Request) -> None:
         if not self._timer_hook:
             return
@@ -290,8 +343,11 @@ class Replica(Preemption):
             self._start_step(self.loop.now, False)
 
     def _truncate(self, t: float) -> None:
+        self._cut(self._step_at(t))
+
+    def _cut(self, m: int) -> None:
+        """End the stretch in flight after its first ``m`` steps."""
         start, n = self.plan_start, self.plan_n
-        m = self._step_at(t)
         if m >= n:
             return
         self.free += self._cum_blocks(n) - self._cum_blocks(m)
@@ -324,6 +380,8 @@ class Replica(Preemption):
         if self._async and after_step:
             if not self.decoders and not any(s.chunk for s in (*self.prefilling, *self._finishing)):
                 self._release_unseen(now)
+                if self._aborts:  # (the engine waited for the step in flight: it takes those by now)
+                    self._apply_aborts(now, now)
                 self._plan(now)
             elif self._finishing or self._held:
                 self._launch(now, one_step=True)  # the next plan sees what is released now
@@ -437,7 +495,10 @@ class Replica(Preemption):
                 self.max_step_tokens = num_dec
             self.plan_base = cost.step_time(num_dec, num_dec, kv0)
             self.plan_slope = cost.per_kv_token * num_dec
-            n = self._decode_horizon()
+            if self._aborts and self._async and self._aborts[0][0] <= now + ASYNC_PLAN_DELAY:
+                n = 1  # an abort this plan saw comes at its first step's end (_on_step_end)
+            else:
+                n = self._decode_horizon()
         else:
             self._admission_held = False
             self.busy = False
@@ -477,9 +538,15 @@ class Replica(Preemption):
         self.g += n
         self.num_steps += n
         self.num_step_events += 1
+        if self._aborts and self._async:  # those taken as this step started (before its output)
+            cut = self._step_began + ASYNC_PLAN_DELAY
+            if tie_floor(self._aborts[0][0]) <= cut:
+                self._apply_aborts(now, cut, before_output=True)
         # vLLM handles a step's requests in running-list order: decoders, then prefills
         self._complete_decodes(now)
         self._complete_prefills(now)
+        if self._aborts and not self._async and tie_floor(self._aborts[0][0]) <= now:
+            self._apply_aborts(now, now)
         if self.timeline is not None:
             self.timeline.append((now, len(self.waiting), self.num_running, self.num_blocks - self.free))
         self._start_step(now)

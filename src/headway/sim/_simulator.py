@@ -277,13 +277,18 @@ def simulate(
             k = route_req(req, tracker, estimate=estimate)
             assignment[i] = k
             replicas[k].submit(req, spec.num_output_tokens)
+            if spec.timeout is not None:
+                replicas[k].abort_at(req, loop.now + spec.timeout)
     else:
 
         def arrive(i: int) -> None:
             req = requests[i]
             k = 0 if route is None else route(req, replicas)
             assignment[i] = k
-            replicas[k].submit(req, specs[i].num_output_tokens)
+            spec = specs[i]
+            replicas[k].submit(req, spec.num_output_tokens)
+            if spec.timeout is not None:
+                replicas[k].abort_at(req, loop.now + spec.timeout)
 
     if followers:
 

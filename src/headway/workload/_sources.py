@@ -87,6 +87,8 @@ class LoadOptions:
       (exponential; default :data:`~headway.workload.DEFAULT_THINK_TIME`).
     - ``system_prompts``, ``system_prompt_tokens``: put one of that many shared prefixes of
       that many tokens (default 1,000) before every prompt (a workload without block hashes).
+    - ``client_timeout``: every request's :attr:`~headway.workload.RequestSpec.timeout` (seconds
+      after its arrival at which its client aborts it, if unfinished).
     """
 
     num_requests: int | None = None
@@ -104,6 +106,7 @@ class LoadOptions:
     think_time: float | None = None
     system_prompts: int | None = None
     system_prompt_tokens: int | None = None
+    client_timeout: float | None = None
 
     def __post_init__(self) -> None:
         n = self.num_requests
@@ -128,6 +131,9 @@ class LoadOptions:
         tt = self.think_time
         if tt is not None and not (is_finite_real(tt) and tt >= 0):
             raise ValueError(f"think_time must be a finite number >= 0, got {tt!r}")
+        ct = self.client_timeout
+        if ct is not None and not (is_finite_real(ct) and ct >= 0):
+            raise ValueError(f"client_timeout must be a finite number >= 0, got {ct!r}")
         for what, count in (
             ("system_prompts", self.system_prompts),
             ("system_prompt_tokens", self.system_prompt_tokens),
@@ -553,6 +559,9 @@ def load_workload(source: str, **options: object) -> Workload:
     if o.system_prompts is not None:
         tokens = DEFAULT_SYSTEM_PROMPT_TOKENS if o.system_prompt_tokens is None else o.system_prompt_tokens
         w = with_system_prompts(w, o.system_prompts, tokens, o.stream(_SYSTEM))
+    if o.client_timeout is not None:
+        ct = float(o.client_timeout)
+        w = Workload(w.name, tuple(dataclasses.replace(s, timeout=ct) for s in w.requests), dict(w.meta))
     if o.name is not None:
         w = Workload(o.name, w.requests, dict(w.meta))
     return w

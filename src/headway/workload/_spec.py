@@ -43,6 +43,10 @@ class RequestSpec:
     places it in the workload's order."""
     think_time: float = 0.0
     """Seconds between the end of ``after`` and this request's arrival."""
+    timeout: float | None = None
+    """Simulated, the client aborts the request this many seconds after it arrives if it has not
+    finished by then (an HTTP client's timeout): it leaves the queue or the batch and is counted
+    as aborted, not in the latencies."""
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens <= 0:
@@ -53,6 +57,8 @@ class RequestSpec:
             raise ValueError(
                 f"request {self.request_id!r}: num_output_tokens must be > 0, got {self.num_output_tokens}"
             )
+        if self.timeout is not None and not (self.timeout >= 0.0 and math.isfinite(self.timeout)):
+            raise ValueError(f"request {self.request_id!r}: timeout must be finite and >= 0, got {self.timeout}")
         if not (self.think_time >= 0.0 and math.isfinite(self.think_time)):
             raise ValueError(f"request {self.request_id!r}: think_time must be finite and >= 0, got {self.think_time}")
         if self.hash_block_size < 1:
