@@ -168,7 +168,8 @@ def block_hashes(tokens: list[int], block_size: int) -> tuple[int, ...]:
 
 
 def sim_outcome(scenario: dict[str, Any], arrivals: dict[str, float] | None = None) -> Outcome:
-    """Per request: (first scheduled step, finishing step, preemptions) in the simulator (vLLM's
+    """Per request: (first scheduled step, finishing step or -1 if its client aborted it,
+    preemptions) in the simulator, a request aborted before it was scheduled left out (vLLM's
     ``scheduler_reserve_full_isl`` from the scenario's ``reserve_full_isl``, on unless given; the
     workload's hashes over ``hash_block_size`` tokens, the engine's block size unless given). A
     request arrives at the time of the step before which vLLM's harness adds it (``arrive``): an
