@@ -326,6 +326,29 @@ def test_async_scheduling_caches_the_last_block_of_a_recompute_that_ended(vllm_s
     assert sim_outcome(scenario, arrivals) == ref
 
 
+def test_async_scheduling_plans_a_step_before_it_sees_an_abort(vllm_steps: VllmSteps) -> None:
+    """Clients abort r1 and r2 before step 39. vLLM's async scheduler planned step 38 while r1's last
+    step ran, and r2, evicted in step 37, was at the head of its queue and did not fit: step 38 ran
+    nothing; then r1's output and the aborts came, and step 39 started r3 and r0 with the blocks
+    both had freed. The simulator plans the same way: a waiting request's abort waits for the plan
+    too (leaving the queue at once, r2 would have let r3 and r0 into a plan in which r1 still held
+    its blocks)."""
+    reqs = _requests(list(range(100, 249)), list(range(300, 410)), list(range(500, 635)), [700])
+    drawn = [(4, 13, 1, None), (12, 25, 0, 39), (27, 11, 0, 39), (30, 3, 0, None)]  # arrive, out, priority, abort
+    for r, (arrive, out, prio, abort) in zip(reqs, drawn, strict=True):
+        r["arrive"], r["max_tokens"], r["priority"], r["abort"] = arrive, out, prio, abort
+    scenario = _engine(
+        policy="priority", num_blocks=19, max_num_seqs=5, max_num_batched_tokens=512, chunked_prefill=False,
+        requests=reqs,
+    )  # fmt: skip
+    steps = vllm_steps.run(scenario, "vllm-async")["steps"]
+    assert [(s["step"], sorted(s["sched"])) for s in steps if 37 <= s["step"] <= 39] == [
+        (37, ["r1"]), (38, []), (39, ["r0", "r3"])]
+    ref, arrivals = async_outcome(scenario, steps)
+    assert ref["r2"][1] == -1  # aborted after it had run
+    assert sim_outcome(scenario, arrivals) == ref
+
+
 def test_async_scheduling_gives_a_request_that_stopped_on_its_own_one_more_token(vllm_steps: VllmSteps) -> None:
     """r1 stops on a stop token (as on EOS) with its second token, out of step 1, which filled its
     first block. vLLM's async scheduler planned step 2 before it could see that: r1 gets one more
