@@ -49,10 +49,18 @@ def test_the_same_file_is_predictor_data(tmp_path: Path) -> None:
     assert [e.model for e in data.examples] == ["m1", "m1", "m2"]
 
 
+def test_a_logged_timeout_is_the_clients(tmp_path: Path) -> None:
+    records = [{**RECORDS[0], "timeout": 1.5}, RECORDS[1]]
+    path = str(_write(tmp_path / "log.jsonl", records))
+    assert [r.timeout for r in load_workload(path).requests] == [None, 1.5]
+    assert [r.timeout for r in load_workload(path, client_timeout=9.0).requests] == [9.0, 9.0]
+
+
 @pytest.mark.parametrize(
     ("record", "field"),
-    [({"prompt": "x", "output_tokens": 0}, "output_tokens"), ({"prompt": "", "output_tokens": 5}, "prompt")],
-)
+    [({"prompt": "x", "output_tokens": 0}, "output_tokens"), ({"prompt": "", "output_tokens": 5}, "prompt"),
+     ({"prompt": "x", "output_tokens": 5, "timeout": -1}, "timeout")],
+)  # fmt: skip
 def test_a_bad_line_is_named(tmp_path: Path, record: dict[str, object], field: str) -> None:
     path = _write(tmp_path / "bad.jsonl", [RECORDS[0], record])
     with pytest.raises(WorkloadFormatError, match=field) as info:

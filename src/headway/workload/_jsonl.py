@@ -3,14 +3,16 @@
 One JSON object a line::
 
     {"prompt": str, "output_tokens": int, "model": str?, "arrival_time": float?, "tenant": str?,
-     "prompt_tokens": int?, "category": str?}
+     "prompt_tokens": int?, "category": str?, "timeout": float?}
 
 ``output_tokens`` is what the engine generates (for a reasoning model, answer plus thinking);
 ``prompt_tokens`` defaults to a count of the prompt (``count_tokens``, default
 :func:`~headway.workload.approx_token_count`); ``arrival_time`` is seconds from the start: when
 every line has one the workload is timed (replayed as recorded), otherwise arrivals are generated
 (``--arrivals burst``, or ``--rate``). ``tenant`` sets the request's tenant; ``model`` is kept in the
-workload's ``meta["models"]``. The same files train and evaluate predictors (``headway predictor
+workload's ``meta["models"]``. ``timeout``: seconds after its arrival at which the client gave up on
+the request if unfinished (:attr:`~headway.workload.RequestSpec.timeout`; ``--client-timeout`` sets
+every request's instead). The same files train and evaluate predictors (``headway predictor
 train --data FILE.jsonl``). Importing this module registers the ``jsonl`` format with
 :func:`headway.workload.load_workload` (read by its keys, or with ``format="jsonl"``).
 """
@@ -73,6 +75,8 @@ def read_jsonl_workload(
         )
         raw_time = rec.get("arrival_time")
         times.append(None if raw_time is None else time_value(p, line, "arrival_time", raw_time))
+        raw_timeout = rec.get("timeout")
+        timeout = None if raw_timeout is None else time_value(p, line, "timeout", raw_timeout)
         model = _text(p, line, rec, "model")
         if model:
             models[model] += 1
@@ -85,6 +89,7 @@ def read_jsonl_workload(
                 tenant_id=_text(p, line, rec, "tenant") or "default",
                 prompt=prompt,
                 category=_text(p, line, rec, "category"),
+                timeout=timeout,
             )
         )
     if not specs:
