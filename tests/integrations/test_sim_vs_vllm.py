@@ -274,6 +274,20 @@ def test_async_scheduling_admits_a_step_later(vllm_steps: VllmSteps) -> None:
     assert ref == {"r0": (0, 2, 0), "r1": (3, 5, 0)} == sim_outcome(one, arrivals)  # the clock
 
 
+def _assert_sync_and_async(
+    vllm_steps: VllmSteps, scenario: dict[str, Any], sync: dict[str, Any], async_preempted: list[Any],
+    async_: dict[str, Any],
+) -> None:  # fmt: skip
+    """vLLM's Scheduler decides ``scenario`` as ``sync``; its AsyncScheduler preempts as
+    ``async_preempted`` ((step, scheduled, preempted) of each step that preempted) and decides as
+    ``async_`` on the clock of :func:`async_outcome`; the simulator decides as each."""
+    assert vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"]) == sync == sim_outcome(scenario)
+    steps = vllm_steps.run(scenario, "vllm-async")["steps"]
+    assert [(s["step"], s["sched"], s["preempted"]) for s in steps if s["preempted"]] == async_preempted
+    ref, arrivals = async_outcome(scenario, steps)
+    assert ref == async_ == sim_outcome(scenario, arrivals)
+
+
 def test_async_scheduling_can_evict_a_request_whose_last_token_is_in_flight(vllm_steps: VllmSteps) -> None:
     """Two usable blocks. r0 and r1 (priority 0, r1 the later) hold one each; r1's last token comes
     out of step 6, and step 7 (planned as step 6 started) needs r0's second block: vLLM's async
@@ -283,12 +297,10 @@ def test_async_scheduling_can_evict_a_request_whose_last_token_is_in_flight(vllm
     reqs = _requests(list(range(1, 11)), list(range(100, 110)), max_tokens=10)
     reqs[1]["arrive"], reqs[1]["max_tokens"] = 1, 6
     scenario = _engine(policy="priority", num_blocks=3, prefix_caching=False, requests=reqs)
-    sync = vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"])
-    assert sync == {"r0": (0, 9, 0), "r1": (1, 6, 0)} == sim_outcome(scenario)
-    steps = vllm_steps.run(scenario, "vllm-async")["steps"]
-    assert [(s["step"], s["sched"], s["preempted"]) for s in steps if s["preempted"]] == [(7, {"r0": [1, 16]}, ["r1"])]
-    ref, arrivals = async_outcome(scenario, steps)
-    assert ref == {"r0": (0, 9, 0), "r1": (1, 6, 1)} == sim_outcome(scenario, arrivals)
+    _assert_sync_and_async(
+        vllm_steps, scenario, {"r0": (0, 9, 0), "r1": (1, 6, 0)}, [(7, {"r0": [1, 16]}, ["r1"])],
+        {"r0": (0, 9, 0), "r1": (1, 6, 1)},
+    )  # fmt: skip
 
 
 def test_async_scheduling_caches_an_evicted_decoders_blocks_but_the_last(vllm_steps: VllmSteps) -> None:
@@ -359,12 +371,10 @@ def test_async_scheduling_gives_a_request_that_stopped_on_its_own_one_more_token
     reqs = _requests(list(range(1, 11)), list(range(100, 115)), max_tokens=10)
     reqs[1]["stop_at"] = 2
     scenario = _engine(policy="priority", num_blocks=3, prefix_caching=False, requests=reqs)
-    sync = vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"])
-    assert sync == {"r0": (0, 9, 0), "r1": (0, 1, 0)} == sim_outcome(scenario)
-    steps = vllm_steps.run(scenario, "vllm-async")["steps"]
-    assert [(s["step"], s["sched"], s["preempted"]) for s in steps if s["preempted"]] == [(2, {"r0": [1, 11]}, ["r1"])]
-    ref, arrivals = async_outcome(scenario, steps)
-    assert ref == {"r0": (0, 9, 0), "r1": (0, 1, 1)} == sim_outcome(scenario, arrivals)
+    _assert_sync_and_async(
+        vllm_steps, scenario, {"r0": (0, 9, 0), "r1": (0, 1, 0)}, [(2, {"r0": [1, 11]}, ["r1"])],
+        {"r0": (0, 9, 0), "r1": (0, 1, 1)},
+    )  # fmt: skip
     at_max = {**scenario, "requests": [reqs[0], {**reqs[1], "stop_at": None, "max_tokens": 2}]}
     ref, arrivals = async_outcome(at_max, vllm_steps.run(at_max, "vllm-async")["steps"])
     assert ref == {"r0": (0, 9, 0), "r1": (0, 1, 0)} == sim_outcome(at_max, arrivals)

@@ -64,18 +64,24 @@ class Preemption(KVBlocks):
         if scheduled:
             lag = 0 if self._async and s in self.decoders else -scheduled
         else:
-            lag = 1 if self._async and s in self.decoders and s.prefilled_g != self.g else 0
+            lag = self._unknown_tail(s) if self._async else 0
         req = self._leave_batch(s, now)
         self._evict_kv(s, lag)
         self._requeue(req, now)
 
+    def _unknown_tail(self, s: Seq) -> int:
+        """Async scheduling: 1 for a decoder whose last computed token was sampled by a step still
+        in flight when its own step was planned (its block was not cached), unless its prefill or
+        recompute ended in the step just ended (all its tokens known); else 0."""
+        return 1 if s in self.decoders and s.prefilled_g != self.g else 0
+
     def _async_lag(self, s: Seq) -> int:
         """What :meth:`_preempt` caches of a running request's blocks with async scheduling, before the
-        step it ran in is processed: a decoder's last token's block is not known (unless its prefill
-        ended in the step before), a prefill's chunk's blocks are (vLLM cached them as it allocated)."""
-        if s in self.decoders:
-            return 1 if s.prefilled_g != self.g else 0
-        return -s.chunk if s in self.prefilling else 0
+        step it ran in is processed: a decoder's as :meth:`_unknown_tail` says, a prefill's chunk's
+        blocks too (vLLM cached them as it allocated)."""
+        if s in self.prefilling:
+            return -s.chunk
+        return self._unknown_tail(s)
 
     def _abort(self, s: Seq, now: float, lag: int = 0) -> None:
         """The client aborted ``s`` (between steps, or waiting): it leaves the queue or the batch and

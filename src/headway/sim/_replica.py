@@ -221,8 +221,9 @@ class Replica(Preemption):
         """Requests queued or running here (for routers)."""
         return len(self.waiting) + len(self._held) + self.num_running
 
-    def submit(self, req: Request, true_len: int) -> None:
-        """A request arrives now (called from the simulator's arrival event)."""
+    def submit(self, req: Request, true_len: int, timeout: float | None = None) -> None:
+        """A request arrives now (called from the simulator's arrival event); its client aborts it
+        ``timeout`` seconds later if it has not finished (:meth:`abort_at`)."""
         now = self.loop.now
         if req.num_prompt_tokens >= self.max_model_len:
             req.transition(RequestState.ABORTED)
@@ -261,6 +262,8 @@ class Replica(Preemption):
             self.version += 1
             end = self.plan_start + self._span(self.plan_n) + self.plan_extra
             self.loop.schedule(end if end > now else now, STEP_END, self._on_step_end, self.version)
+        if timeout is not None:
+            self.abort_at(req, now + timeout)
 
     def abort_at(self, req: Request, at: float) -> None:
         """The client aborts ``req`` at time ``at`` if it has not finished by then (its timeout).
@@ -539,13 +542,11 @@ class Replica(Preemption):
         self.num_steps += n
         self.num_step_events += 1
         if self._aborts and self._async:  # those taken as this step started (before its output)
-            cut = self._step_began + ASYNC_PLAN_DELAY
-            if tie_floor(self._aborts[0][0]) <= cut:
-                self._apply_aborts(now, cut, before_output=True)
+            self._apply_aborts(now, self._step_began + ASYNC_PLAN_DELAY, before_output=True)
         # vLLM handles a step's requests in running-list order: decoders, then prefills
         self._complete_decodes(now)
         self._complete_prefills(now)
-        if self._aborts and not self._async and tie_floor(self._aborts[0][0]) <= now:
+        if self._aborts and not self._async:
             self._apply_aborts(now, now)
         if self.timeline is not None:
             self.timeline.append((now, len(self.waiting), self.num_running, self.num_blocks - self.free))

@@ -276,9 +276,7 @@ def simulate(
                 truth[req] = min(spec.num_output_tokens, req.max_tokens)
             k = route_req(req, tracker, estimate=estimate)
             assignment[i] = k
-            replicas[k].submit(req, spec.num_output_tokens)
-            if spec.timeout is not None:
-                replicas[k].abort_at(req, loop.now + spec.timeout)
+            replicas[k].submit(req, spec.num_output_tokens, spec.timeout)
     else:
 
         def arrive(i: int) -> None:
@@ -286,9 +284,7 @@ def simulate(
             k = 0 if route is None else route(req, replicas)
             assignment[i] = k
             spec = specs[i]
-            replicas[k].submit(req, spec.num_output_tokens)
-            if spec.timeout is not None:
-                replicas[k].abort_at(req, loop.now + spec.timeout)
+            replicas[k].submit(req, spec.num_output_tokens, spec.timeout)
 
     if followers:
 
