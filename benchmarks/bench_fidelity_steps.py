@@ -30,7 +30,11 @@ and no aborts but in the last two kinds:
   ``AsyncScheduler`` on a third scenario like the staggered one whose clients abort some requests
   (the harness calls ``finish_requests`` before a drawn step; the simulator gives each such
   request the timeout that puts its abort there), per request (``with_running_aborted``: the
-  scenarios in which vLLM's ``Scheduler`` aborted a request after it had started).
+  scenarios in which vLLM's ``Scheduler`` aborted a request after it had started);
+* ``sim_admission_limits`` and ``sim_async_admission_limits``: the same aborting scenario with
+  vLLM's ``watermark`` (0.1 to 0.5 of its block pool) and ``max_num_active_seqs`` (1 to the
+  scenario's ``max_num_seqs``) drawn, against its ``Scheduler`` and ``AsyncScheduler``
+  (``with_watermark_binding``: the scenarios in which the watermark changed vLLM's decisions).
 
 Writes ``benchmarks/results/fidelity_steps.json`` (with the command line and the first differing
 scenarios of each kind)::
@@ -68,8 +72,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
     kinds = ("plugin", "sim", "sim_no_full_isl", "sim_prefix", "sim_prefix_no_full_isl", "plugin_staggered",
              "sim_staggered", "plugin_async_staggered", "sim_async", "sim_async_staggered",
-             "sim_long_prefill", "sim_aborts", "sim_async_aborts")  # fmt: skip
-    counts = dict.fromkeys(("scenarios", *kinds, "with_preemptions", "with_prefix_caching", "with_running_aborted"), 0)
+             "sim_long_prefill", "sim_aborts", "sim_async_aborts", "sim_admission_limits",
+             "sim_async_admission_limits")  # fmt: skip
+    extra = ("with_preemptions", "with_prefix_caching", "with_running_aborted", "with_watermark_binding")
+    counts = dict.fromkeys(("scenarios", *kinds, *extra), 0)
     first: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
 
     def note(kind: str, scenario: dict[str, Any], detail: Any) -> None:
@@ -100,10 +106,13 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
         threshold=st.sampled_from([8, 16, 32, 48]),
         adaptive=st.booleans(),
         aborting=scenarios(policy=policy, stops=True),
+        watermark=st.sampled_from([0.1, 0.2, 0.35, 0.5]),
+        active=st.integers(1, 6),
     )
     def run(
-        scenario: dict[str, Any], staggered: dict[str, Any], threshold: int, adaptive: bool, aborting: dict[str, Any]
-    ) -> None:
+        scenario: dict[str, Any], staggered: dict[str, Any], threshold: int, adaptive: bool, aborting: dict[str, Any],
+        watermark: float, active: int,
+    ) -> None:  # fmt: skip
         counts["scenarios"] += 1
         mine = {"headway": {"policy": policy}}
         tally_steps(
@@ -145,6 +154,14 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
         tally("sim_aborts", aborting, ref_outcome, sim_outcome(aborting))
         ref_outcome, arrivals = async_outcome(aborting, harness.run(aborting, "vllm-async")["steps"])
         tally("sim_async_aborts", aborting, ref_outcome, sim_outcome(aborting, arrivals))
+        sc = {**aborting, "watermark": watermark, "max_num_active_seqs": min(active, aborting["max_num_seqs"])}
+        trace = harness.run(sc, "vllm")["steps"]
+        ref_outcome = vllm_outcome(trace)
+        unlimited = harness.run({**sc, "watermark": 0.0}, "vllm")["steps"]
+        counts["with_watermark_binding"] += vllm_outcome(unlimited) != ref_outcome
+        tally("sim_admission_limits", sc, ref_outcome, sim_outcome(sc))
+        ref_outcome, arrivals = async_outcome(sc, harness.run(sc, "vllm-async")["steps"])
+        tally("sim_async_admission_limits", sc, ref_outcome, sim_outcome(sc, arrivals))
 
     run()
     return {"counts": counts, "first_differences": first}

@@ -215,7 +215,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "(plugin) or in every request's outcome (simulator); the async kinds against vLLM's AsyncScheduler "
         "(async scheduling, vLLM's default on GPUs), the simulator with its async_scheduling; sim_long_prefill "
         "with vLLM's long_prefill_token_threshold; sim_aborts and sim_async_aborts with clients aborting requests "
-        "(the simulator's request timeouts).",
+        "(the simulator's request timeouts); sim_admission_limits and sim_async_admission_limits with vLLM's "
+        "watermark and max_num_active_seqs drawn (with_watermark_binding: the scenarios where the watermark "
+        "changed vLLM's decisions).",
         "python benchmarks/bench_fidelity_steps.py --scenarios 500",
         ("fidelity_steps.json",),
     ),

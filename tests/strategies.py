@@ -39,6 +39,10 @@ def engine_configs(draw: st.DrawFn) -> tuple[SchedulerConfig, CacheConfig]:
         preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
         scheduler_reserve_full_isl=draw(st.booleans()),
         async_scheduling=draw(st.booleans()),
+        max_num_active_seqs=draw(st.one_of(st.none(), st.integers(1, seqs))),
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.05, 0.2, 0.5])),
+        max_num_queued_reqs=draw(st.sampled_from([None, None, None, 0, 1, 3, 8])),
+        max_num_queued_tokens=draw(st.sampled_from([None, None, None, 0, 50, 400])),
     )
     cache = CacheConfig(num_gpu_blocks=draw(st.integers(2, 64)))
     return sched, cache

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -391,3 +392,27 @@ def test_simulate_client_timeout_aborts_requests(tmp_path: Path, capsys: pytest.
         assert ("client timeout" in " ".join(capsys.readouterr().out.split())) == aborted
     assert main(["simulate", "--client-timeout", "-1", "--no-report"]) == 2
     assert "client_timeout must be" in capsys.readouterr().err
+
+
+def test_simulate_admission_limits_reach_the_engine_and_its_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # vLLM's flag names. A small KV cache preempts requests; a watermark admits fewer at a time and
+    # preempts none; fewer active sequences queue requests longer; the server's limit turns some away
+    def run(*flags: str) -> dict[str, Any]:
+        out = tmp_path / "-".join(flags)
+        assert main(["simulate", "--policies", "fcfs", "--num-requests", "300", *flags, "--out", str(out)]) == 0
+        summary: dict[str, Any] = json.loads((out / "summary.json").read_text())["runs"]["fcfs"]
+        return summary
+
+    small = run("--num-gpu-blocks", "800")
+    guarded = run("--num-gpu-blocks", "800", "--watermark", "0.3")
+    assert small["num_preemptions"] > 0 and guarded["num_preemptions"] == 0
+    assert run("--max-num-active-seqs", "4")["ttft"]["mean"] > run()["ttft"]["mean"]
+    capsys.readouterr()
+    assert run("--max-num-queued-reqs", "20")["num_aborted"] > 0
+    assert "rejected: max_num_queued_reqs" in " ".join(capsys.readouterr().out.split())
+    assert main(["simulate", "--watermark", "1", "--no-report"]) == 2
+    assert "watermark must be in [0, 1)" in capsys.readouterr().err
+    assert main(["simulate", "--max-num-active-seqs", "300", "--no-report"]) == 2
+    assert "max_num_active_seqs must be between 1 and max_num_seqs (256)" in capsys.readouterr().err

@@ -196,6 +196,7 @@ def sim_outcome(scenario: dict[str, Any], arrivals: dict[str, float] | None = No
             scheduler_reserve_full_isl=scenario.get("reserve_full_isl", True), async_scheduling=arrivals is not None,
             long_prefill_token_threshold=scenario.get("long_prefill_token_threshold", 0),
             long_prefill_token_threshold_adaptive=scenario.get("long_prefill_token_threshold_adaptive", False),
+            max_num_active_seqs=scenario.get("max_num_active_seqs"), watermark=scenario.get("watermark", 0.0),
         ),
         # vLLM's block pool holds one more block, its null block
         cache=CacheConfig(

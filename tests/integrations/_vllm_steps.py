@@ -20,7 +20,8 @@ flight, the next scheduled before the previous one's output is applied.
 A scenario: engine geometry (``block_size``, ``num_blocks``, ``max_num_seqs``,
 ``max_num_batched_tokens``, ``chunked_prefill``, ``prefix_caching``, ``policy``: vLLM's
 ``--scheduling-policy``; optional: ``reserve_full_isl``, vLLM's ``scheduler_reserve_full_isl``,
-default on) and requests (``id``, ``arrive``: the step before which it is added,
+default on; ``long_prefill_token_threshold`` (and ``_adaptive``), ``max_num_active_seqs`` and
+``watermark``, vLLM's options of those names) and requests (``id``, ``arrive``: the step before which it is added,
 ``prompt``: token ids, ``max_tokens``, ``priority``, ``abort``: the step before which it is
 aborted, or null; optional ``stop_at``: the output token that stops it, a stop token id, as an
 EOS would, instead of ``max_tokens``). The reply: one record per ``schedule()`` call with ``sched`` (request id ->
@@ -80,6 +81,7 @@ class Harness:
             long_prefill_token_threshold=int(sc.get("long_prefill_token_threshold", 0)),
             long_prefill_token_threshold_adaptive=bool(sc.get("long_prefill_token_threshold_adaptive", False)),
             scheduler_reserve_full_isl=bool(sc.get("reserve_full_isl", True)),
+            max_num_active_seqs=sc.get("max_num_active_seqs"), watermark=float(sc.get("watermark", 0.0)),
         )  # fmt: skip
         extra = {"headway": sc["headway"]} if scheduler.startswith("headway") else {}
         cfg = VllmConfig(

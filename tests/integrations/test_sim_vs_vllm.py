@@ -161,6 +161,25 @@ def test_larger_scenarios_sim_makes_vllms_decisions(
     _assert_alike(vllm_steps, {**scenario, "policy": policy}, async_scheduling)
 
 
+@settings(deadline=None, derandomize=True, max_examples=300)
+@given(
+    scenario=scenarios(stops=True), policy=st.sampled_from(["fcfs", "priority"]),
+    watermark=st.sampled_from([0.0, 0.1, 0.2, 0.35, 0.5]), active=st.integers(1, 6), async_scheduling=st.booleans(),
+)  # fmt: skip
+def test_admission_limits_sim_make_vllms_decisions(
+    vllm_steps: VllmSteps, scenario: dict[str, Any], policy: str, watermark: float, active: int,
+    async_scheduling: bool,
+) -> None:  # fmt: skip
+    """vLLM's ``watermark`` (a share of its block pool, null block included, that a waiting or
+    preempted request must leave free while another runs) and ``max_num_active_seqs`` (admission
+    into the running set, below ``max_num_seqs``), with clients' aborts, against its Scheduler or
+    AsyncScheduler."""
+    sc = {**scenario, "policy": policy, "watermark": watermark}
+    if active < scenario["max_num_seqs"]:
+        sc["max_num_active_seqs"] = active
+    _assert_alike(vllm_steps, sc, async_scheduling)
+
+
 @settings(deadline=None, derandomize=True, max_examples=200)
 @given(
     scenario=scenarios(aborts=False, stops=True), policy=st.sampled_from(["fcfs", "priority"]),

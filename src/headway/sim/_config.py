@@ -16,6 +16,9 @@ class SchedulerConfig:
     """Token budget of one engine step (prefill chunks + one token per decode)."""
     max_num_seqs: int = 256
     """Most requests running at once."""
+    max_num_active_seqs: int | None = None
+    """vLLM's option of this name: most requests admitted into the running set, when lower than
+    ``max_num_seqs`` (which then only sizes the model runner); None: ``max_num_seqs``."""
     enable_chunked_prefill: bool = True
     """Split prompts across steps to fit the budget (else a prompt must fit whole)."""
     preemption_mode: Literal["recompute", "swap"] = "recompute"
@@ -24,6 +27,18 @@ class SchedulerConfig:
     """Admit a waiting request only if the free KV blocks hold its whole sequence so far (prompt,
     and the outputs of a resumed one, less its prefix-cache hit), not only its first chunk's, as
     vLLM's option of this name (on by default since vLLM 0.32)."""
+    watermark: float = 0.0
+    """vLLM's option of this name: the fraction of the KV cache's blocks (vLLM's null block counted)
+    a waiting or preempted request must leave free to be admitted while another request runs
+    (0: none, vLLM's default). Running requests' blocks are not held to it."""
+    max_num_queued_reqs: int | None = None
+    """vLLM's option of this name (its API server's): a request that arrives while this many are
+    unfinished (waiting or running) is rejected (HTTP 503) and never reaches the engine (None: no
+    limit, vLLM's default)."""
+    max_num_queued_tokens: int | None = None
+    """vLLM's option of this name (its API server's): a request that arrives while the requests
+    without a first token yet hold this many prompt tokens or more is rejected (HTTP 503), counted
+    whole whatever is computed or cached, as vLLM's server counts them (None: no limit)."""
     long_prefill_token_threshold: int = 0
     """vLLM's option of this name: with chunked prefill, no request gets more than this many prompt
     tokens in a step while another request is running or waiting (0: no cap, vLLM's default)."""
@@ -41,6 +56,11 @@ class SchedulerConfig:
     max_steps_per_event: int = 1 << 30
     """Cap on decode steps advanced in closed form at once; 1 = exact step-by-step mode."""
 
+    @property
+    def active_seqs(self) -> int:
+        """The admission limit of the running set: ``max_num_active_seqs``, else ``max_num_seqs``."""
+        return self.max_num_seqs if self.max_num_active_seqs is None else self.max_num_active_seqs
+
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
@@ -49,6 +69,17 @@ class SchedulerConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({self.max_num_seqs}) so every running decode fits a step"
             )
+        if self.max_num_active_seqs is not None and not 1 <= self.max_num_active_seqs <= self.max_num_seqs:
+            raise ValueError(
+                f"max_num_active_seqs must be between 1 and max_num_seqs ({self.max_num_seqs}), "
+                f"got {self.max_num_active_seqs}"
+            )
+        for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            limit = getattr(self, name)
+            if limit is not None and limit < 0:
+                raise ValueError(f"{name} must be >= 0, got {limit}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if self.long_prefill_token_threshold < 0:

@@ -69,10 +69,10 @@ def replica_speed(cost: CostModel, scheduler: SchedulerConfig, num_blocks: int, 
     """Decode throughput (tokens/s) of a replica at a reference load, for weighting routers.
 
     The reference batch is as many 1,024-token sequences as its KV cache holds, at most
-    ``max_num_seqs``; the throughput is ``batch / step_time``. Routers use speeds
+    ``max_num_seqs`` (``max_num_active_seqs`` when set); the throughput is ``batch / step_time``. Routers use speeds
     relative to the fastest replica (the simulator normalizes).
     """
-    batch = max(1, min(scheduler.max_num_seqs, num_blocks * block_size // _REF_CONTEXT))
+    batch = max(1, min(scheduler.active_seqs, num_blocks * block_size // _REF_CONTEXT))
     return batch / cost.step_time(batch, batch, batch * _REF_CONTEXT)
 
 

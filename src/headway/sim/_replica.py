@@ -13,9 +13,11 @@ Each engine step (vLLM ``schedule()`` + model run) proceeds as V1's scheduler do
    waits; ``pause`` and ``evict`` (SGLang's retract) evict the worst-keyed block holder
    when KV blocks are short. Nobody is displaced for the token budget alone;
 3. waiting requests are admitted in policy order while the token budget,
-   ``max_num_seqs`` and free blocks allow (head-of-line: the first that does not fit
-   stops admission, as V1); with ``scheduler_reserve_full_isl`` (vLLM 0.32's default)
-   the free blocks must hold the request's whole sequence, not only its first chunk.
+   ``max_num_seqs`` (``max_num_active_seqs`` if set) and free blocks allow (head-of-line:
+   the first that does not fit stops admission, as V1); with ``scheduler_reserve_full_isl``
+   (vLLM 0.32's default) the free blocks must hold the request's whole sequence, not only
+   its first chunk, and with a ``watermark`` they must keep that share of the cache free
+   after it while another request runs.
 
 Step duration comes from the :class:`~headway.sim.CostModel`.
 
@@ -66,8 +68,7 @@ there is vLLM's):
   allocated them: ``test_a_victim_scheduled_earlier_leaves_the_blocks_its_chunk_fills_cached``). With
   ``long_prefill_token_threshold`` a partial prefill gets less than its rest while budget is
   left, and the harness's scenarios (thresholds of 8 to 48 tokens, adaptive or not) still
-  decide alike (``test_long_prefill_threshold_sim_makes_vllms_decisions``). vLLM's
-  ``watermark`` (0 by default) is not modelled.
+  decide alike (``test_long_prefill_threshold_sim_makes_vllms_decisions``).
 
 The replica's parts, one class each, the replica on top: :mod:`~headway.sim._decode` (lazy
 decode counters, fast-forward and progress reports in a stretch), :mod:`~headway.sim._blocks`
@@ -126,6 +127,13 @@ class Replica(Preemption):
         self.bs = cache.block_size
         self.num_blocks = cache.num_gpu_blocks or cost.num_gpu_blocks(cache.gpu_memory_utilization, cache.block_size)
         self.free = self.num_blocks
+        # vLLM's watermark is a share of its block pool, which holds one more block (its null block)
+        self.watermark_blocks = int(scheduler.watermark * (self.num_blocks + 1))
+        self.active_seqs = scheduler.active_seqs
+        # vLLM's API server's limits: prompt tokens of the requests here without a first token yet
+        self._queue_limits = scheduler.max_num_queued_reqs is not None or scheduler.max_num_queued_tokens is not None
+        self._count_queued = scheduler.max_num_queued_tokens is not None
+        self.queued_tokens = 0
         self.cache = PrefixCache(self.num_blocks) if cache.enable_prefix_caching else None
         self._keyed = False  # some request here has block keys (prefix caching only)
         self._join_ids = itertools.count()  # Seq.order
@@ -225,14 +233,15 @@ class Replica(Preemption):
         """A request arrives now (called from the simulator's arrival event); its client aborts it
         ``timeout`` seconds later if it has not finished (:meth:`abort_at`)."""
         now = self.loop.now
-        if req.num_prompt_tokens >= self.max_model_len:
-            req.transition(RequestState.ABORTED)
-            req.finish_time = now
-            # one reason per engine, not per prompt length: summaries count requests by reason
-            req.extra["abort_reason"] = f"prompt does not fit max_model_len {self.max_model_len}"
-            if self.on_done is not None:
-                self.on_done(req)
+        if self._queue_limits and (reason := self._over_queue_limit()) is not None:
+            self._reject(req, now, reason)
             return
+        if req.num_prompt_tokens >= self.max_model_len:
+            # one reason per engine, not per prompt length: summaries count requests by reason
+            self._reject(req, now, f"prompt does not fit max_model_len {self.max_model_len}")
+            return
+        if self._count_queued:
+            self.queued_tokens += req.num_prompt_tokens
         true_len = min(true_len, req.max_tokens, self.max_model_len - req.num_prompt_tokens)
         self.truth[req] = true_len
         keys: list[Hashable] = []
@@ -264,6 +273,26 @@ class Replica(Preemption):
             self.loop.schedule(end if end > now else now, STEP_END, self._on_step_end, self.version)
         if timeout is not None:
             self.abort_at(req, now + timeout)
+
+    def _over_queue_limit(self) -> str | None:
+        """vLLM's API server's check (``max_num_queued_reqs``, then ``max_num_queued_tokens``) of a request
+        arriving now, before the engine sees it: the limit it breaks (HTTP 503 there), or None."""
+        cfg = self.cfg
+        if cfg.max_num_queued_reqs is not None:
+            unfinished = self.outstanding() - len(self._finishing)  # (async: those are finished already)
+            if unfinished + 1 > cfg.max_num_queued_reqs:
+                return "rejected: max_num_queued_reqs"
+        if cfg.max_num_queued_tokens is not None and self.queued_tokens >= cfg.max_num_queued_tokens:
+            return "rejected: max_num_queued_tokens"
+        return None
+
+    def _reject(self, req: Request, now: float, reason: str) -> None:
+        """``req`` never reaches the engine: its server answers it with an error now."""
+        req.transition(RequestState.ABORTED)
+        req.finish_time = now
+        req.extra["abort_reason"] = reason
+        if self.on_done is not None:
+            self.on_done(req)
 
     def abort_at(self, req: Request, at: float) -> None:
         """The client aborts ``req`` at time ``at`` if it has not finished by then (its timeout).
@@ -571,6 +600,8 @@ class Replica(Preemption):
             req.num_output_tokens += 1
             if req.first_token_time is None:
                 req.first_token_time = now
+                if self._count_queued:
+                    self.queued_tokens -= req.num_prompt_tokens
             req.last_token_time = now
             if self._progress_hook:
                 self.policy.on_progress(req, now, s.chunk)

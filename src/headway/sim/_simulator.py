@@ -328,6 +328,10 @@ def simulate(
                 f"{r.name}: KV blocks not conserved at the end ({r.free} free of {r.num_blocks}); "
                 "this is a simulator bug"
             )
+        if r.queued_tokens:
+            raise RuntimeError(
+                f"{r.name}: {r.queued_tokens} prompt tokens still counted as queued at the end; this is a simulator bug"
+            )
     stats = tuple(
         ReplicaStats(
             name=r.name,

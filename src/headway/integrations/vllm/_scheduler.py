@@ -256,6 +256,8 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     "policy": self.headway.policy.name, "policy_args": self.headway_config.policy_args,
                     "num_gpu_blocks": self.cache_config.num_gpu_blocks, "block_size": self.block_size,
                     "max_num_seqs": self.max_num_running_reqs,
+                    "max_num_active_seqs": getattr(sc, "max_num_active_seqs", None),
+                    "watermark": float(getattr(sc, "watermark", 0.0) or 0.0),
                     "max_num_batched_tokens": self._hw_budget0,  # the engine's, before a policy's cap
                     "max_model_len": self.max_model_len,
                     "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
