@@ -326,6 +326,29 @@ def test_backend_errors_retry_then_clear_502(make_stub, make_gateway):
     assert all(b.in_flight == 0 for b in gw.gateway.backends)
 
 
+def test_a_full_backend_s_503_sends_the_request_back_to_the_queue_not_to_502(make_stub, make_gateway):
+    """vLLM's --max-num-queued-reqs answers 503 to a request arriving while that many are unfinished.
+    The gateway, allowed 8 at a time there, meets it; with others of its requests running there,
+    it takes the 503 as full, not failed: every request is served, none over the limit is open. The
+    backend has room again as soon as one of them ends, not retry_after_s (60 s) later."""
+    stub = make_stub(max_num_seqs=1, token_delay_s=0.01, max_num_queued_reqs=2)
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=8)], retry_after_s=60)
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            rs = await asyncio.gather(
+                *[c.post("/v1/completions", json={**COMPLETION, "stream": i % 2 == 0}) for i in range(8)]
+            )
+        return [r.status_code for r in rs]
+
+    assert asyncio.run(burst()) == [200] * 8
+    assert stub.stub.stats.rejected > 0 and stub.stub.stats.completed == 8
+    assert stub.stub.stats.most_unfinished == 2
+    text = httpx.get(gw.url + "/metrics").text
+    assert re.search(r"headway_retries_total\{[^}]*\} [1-9]", text), text
+    assert all(b.in_flight == 0 for b in gw.gateway.backends)
+
+
 def test_mid_stream_failure_ends_with_an_error_event(make_stub, make_gateway):
     stub = make_stub(fail_after_tokens=3)
     gw = make_gateway([stub.url])

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import time
 
 import httpx
 import pytest
 
+from harness.vllm import VllmNotAvailable, default_vllm_paths, start_vllm
 from headway.metrics import summarize
 from headway.serve import BackendConfig
 from headway.serve._bench import BenchConfig, run_bench_sync
 from headway.workload import RequestSpec, Workload
 
-from .conftest import wait_until
+from .conftest import REPO, wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -76,3 +79,34 @@ def test_load_generator_against_vllm_direct(vllm_server):
     assert [r.num_output_tokens for r in reqs] == [5, 40, 10, 80, 3, 20]
     s = summarize(reqs, name="direct")
     assert s.num_completed == 6 and s.ttft.mean > 0 and s.normalized_latency.mean > 0
+
+
+
+def test_vllm_s_queue_limit_503s_are_waited_out_not_failed(tmp_path, make_gateway):
+    """vLLM 0.32's --max-num-queued-reqs 2 answers 503 to a third unfinished request; the gateway,
+    allowed 6 at a time there, sends those back to its queue: all 6 requests of a burst are served."""
+    python, model = default_vllm_paths(REPO)
+    try:
+        server = start_vllm(
+            python, model, max_num_seqs=2, log_path=tmp_path / "server.log",
+            extra_args=("--max-num-queued-reqs", "2"),
+        )  # fmt: skip
+        with server as url:
+            body = {"model": "tiny-llama", "prompt": "hi", "max_tokens": 24, "ignore_eos": True}
+            direct = _burst(url, body, 6)  # vLLM itself turns some away
+            assert 503 in {r.status_code for r in direct}, [r.status_code for r in direct]
+            gw = make_gateway([BackendConfig(url, max_concurrency=6)])
+            assert [r.status_code for r in _burst(gw.url, body, 6)] == [200] * 6
+            assert f'headway_retries_total{{backend="{url}"}}' in httpx.get(gw.url + "/metrics").text
+    except VllmNotAvailable as exc:
+        if os.environ.get("HEADWAY_REQUIRE_VLLM") == "1":
+            pytest.fail(f"{exc} (HEADWAY_REQUIRE_VLLM=1)")
+        pytest.skip(str(exc))
+
+
+def _burst(url: str, body: dict[str, object], n: int) -> list[httpx.Response]:
+    async def go() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            return list(await asyncio.gather(*[c.post("/v1/completions", json=body) for _ in range(n)]))
+
+    return asyncio.run(go())

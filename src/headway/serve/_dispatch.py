@@ -46,6 +46,9 @@ class Backend:
     index: int
     in_flight: int = 0
     down_until: float = 0.0
+    full_until: float = 0.0
+    """A 503 while other requests of ours ran there (vLLM's ``max_num_queued_reqs`` or
+    ``max_num_queued_tokens``): no room until one of them ends, or until this time."""
     polled_waiting: float = 0.0
     polled_kv_usage: float = 0.0
     dispatched_since_poll: int = 0
@@ -62,7 +65,7 @@ class Backend:
 
     def has_room(self, now: float) -> bool:
         c = self.config
-        if now < self.down_until:
+        if now < self.down_until or now < self.full_until:
             return False
         if c.max_concurrency and self.in_flight >= c.max_concurrency:
             return False
@@ -83,7 +86,9 @@ class Backend:
             self.finished_since_poll += 1
 
     def note_released(self, request: Request | None) -> None:
-        """``request`` ended; counted here unless :meth:`note_started` counted it already."""
+        """``request`` ended; counted here unless :meth:`note_started` counted it already. Its end
+        makes room on a backend that answered it was full."""
+        self.full_until = 0.0
         if request is None or not request.extra.pop(_STARTED, False):
             self.finished_since_poll += 1
 
@@ -369,7 +374,7 @@ class Dispatcher:
         """If work waits only on a backend marked down, retry when it comes back."""
         if not self.queue or self._wakeup_handle is not None:
             return
-        downs = [b.down_until for b in self.backends if b.down_until > now_mono]
+        downs = [t for b in self.backends for t in (b.down_until, b.full_until) if t > now_mono]
         if not downs:
             return
 
@@ -393,6 +398,11 @@ class Dispatcher:
 
     def mark_down(self, backend: Backend, seconds: float) -> None:
         backend.down_until = self._clock() + seconds
+
+    def mark_full(self, backend: Backend, seconds: float) -> None:
+        """``backend`` turned a request away as full: no room there until another request of ours
+        ends on it (:meth:`Backend.note_released`), or for ``seconds`` at most."""
+        backend.full_until = self._clock() + seconds
 
     def any_reachable(self) -> bool:
         """Whether some backend's last connection attempt did not fail (``Backend.reachable``)."""

@@ -99,13 +99,20 @@ class Exchange:
                 # retryable failure before anything was sent to the client
                 message, kind = outcome
                 last_error = message  # the client is not told which backend (the log is)
-                log.warning("request %s failed on %s (%s)", req.request_id, backend.url, message)
                 self.dispatcher.release(backend, req)
                 if watch.stop.done():
                     self.ledger.abort(req)
                     return self.stopped(watch)
                 req.transition(RequestState.PREEMPTED)
                 req.num_preemptions += 1
+                if kind == "busy":
+                    # not a failure: back to the queue, in order, until that backend or another has
+                    # room; not an attempt (the queue TTL bounds the wait)
+                    log.info("request %s: %s is full (%s)", req.request_id, backend.url, message)
+                    self.dispatcher.mark_full(backend, float(max(self.config.retry_after_s, 1)))
+                    self.metrics.retries.labels(backend.url).inc()
+                    continue
+                log.warning("request %s failed on %s (%s)", req.request_id, backend.url, message)
                 reached = kind != "refused"  # a refused connection reached no backend
                 if reached:
                     attempts += 1  # so a request that crashes every backend it meets ends
@@ -253,8 +260,8 @@ class Exchange:
         """Send to ``backend``. A Response ends the request; ``(message, kind)`` is a retryable
         failure (nothing reached the client): ``kind`` is ``refused`` (no connection: nothing
         reached the backend), ``lost`` (the backend took the request and dropped the connection,
-        or ended its stream, before answering anything) or ``failed`` (a 5xx, a stall, a broken
-        exchange)."""
+        or ended its stream, before answering anything), ``busy`` (a 503 while other requests of
+        ours run there: full for now) or ``failed`` (another 5xx, a stall, a broken exchange)."""
         wait = self.config.headers_timeout_s if parsed.stream else 0.0
         send = asyncio.ensure_future(self.pools[backend.index].post(path, payload, headers_timeout=wait or None))
         await asyncio.wait(either(send, watch.stop), return_when=asyncio.FIRST_COMPLETED)
@@ -286,6 +293,10 @@ class Exchange:
             with contextlib.suppress(UpstreamError):
                 await resp.read()
             resp.close()
+            if resp.status_code == 503 and backend.in_flight > 1:
+                # full while others of ours run there (vLLM's max_num_queued_reqs or _tokens): it
+                # has room again once one of them ends
+                return f"HTTP 503 with {backend.in_flight - 1} other requests in flight", "busy"
             return f"HTTP {resp.status_code}", "failed"
         if resp.status_code != 200 or not parsed.stream:
             return await self._finish_plain(req, backend, resp, watch)

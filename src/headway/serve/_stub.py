@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -38,6 +39,9 @@ class StubConfig:
     """Answer every completion request with this HTTP status (0 = off)."""
     fail_after_tokens: int = 0
     """Drop the connection after this many streamed tokens (0 = off)."""
+    max_num_queued_reqs: int = 0
+    """As vLLM's option: answer 503 to a request arriving while this many are unfinished (0 = no
+    limit, vLLM's None)."""
 
 
 @dataclass(slots=True)
@@ -47,6 +51,9 @@ class StubStats:
     aborted: int = 0
     running: int = 0
     waiting: int = 0
+    rejected: int = 0
+    """Requests answered 503 by ``max_num_queued_reqs``."""
+    most_unfinished: int = 0
     order: list[str] = field(default_factory=list)
     """``prompt`` of each request in the order it started generating."""
 
@@ -56,6 +63,7 @@ class _Stub:
         self.config = config
         self.stats = StubStats()
         self._sem: asyncio.Semaphore | None = None
+        self._unfinished = 0
 
     def _semaphore(self) -> asyncio.Semaphore | None:
         if self.config.max_num_seqs and self._sem is None:
@@ -108,6 +116,24 @@ class _Stub:
             return JSONResponse(
                 {"error": {"message": "injected failure", "code": c.fail_status}}, status_code=c.fail_status
             )
+        if c.max_num_queued_reqs and self._unfinished + 1 > c.max_num_queued_reqs:
+            self.stats.rejected += 1
+            message = "The engine is currently busy and cannot accept new requests. Please try again later."
+            return JSONResponse({"error": {"message": message, "code": 503}}, status_code=503)
+        self._unfinished += 1
+        self.stats.most_unfinished = max(self.stats.most_unfinished, self._unfinished)
+        try:
+            return await self._answer(request, body, chat)
+        except BaseException:
+            self._unfinished -= 1
+            raise
+
+    def _done(self) -> None:
+        self._unfinished -= 1
+
+    async def _answer(self, request: Request, body: dict[str, Any], chat: bool) -> Response:
+        """The answer to an accepted request; :meth:`_done` when it ends (streamed: at its end)."""
+        c = self.config
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or c.default_max_tokens)
         answers = int(body.get("n") or 1)  # choices: each n tokens long
         label = str(body.get("prompt") if not chat else body["messages"][-1].get("content"))
@@ -118,7 +144,9 @@ class _Stub:
         created = int(time.time())
 
         if not stream:
-            if not await self._generate_whole(request, label, n):
+            whole = await self._generate_whole(request, label, n)
+            self._done()
+            if not whole:
                 self.stats.aborted += 1
                 return Response(status_code=499)  # nobody is listening
             self.stats.completed += 1
@@ -192,6 +220,7 @@ class _Stub:
                     yield b"data: [DONE]\n\n"
                     finished = True
             finally:
+                self._done()
                 if finished:
                     self.stats.completed += 1
                 else:
