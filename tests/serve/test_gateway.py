@@ -349,6 +349,23 @@ def test_a_full_backend_s_503_sends_the_request_back_to_the_queue_not_to_502(mak
     assert all(b.in_flight == 0 for b in gw.gateway.backends)
 
 
+def test_any_503_while_others_run_there_is_full_but_alone_it_fails(make_stub, make_gateway):
+    """A 503 that is not vLLM's admission control (a plain body) while another request of the
+    gateway's runs on that backend: full, so the request waits for it and is served once the
+    backend answers again; the same 503 with nothing else running there is a failure (502)."""
+    stub = make_stub(token_delay_s=0.01)
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=4)])
+    long = threading.Thread(target=_fire, args=(gw.url, [{**COMPLETION, "max_tokens": 60}]))
+    long.start()
+    wait_until(lambda: stub.stub.stats.running == 1, what="the long request running")
+    stub.config.fail_status = 503
+    threading.Timer(0.2, lambda: setattr(stub.config, "fail_status", 0)).start()
+    assert httpx.post(gw.url + "/v1/completions", json=COMPLETION, timeout=30).status_code == 200
+    long.join(timeout=30)
+    stub.config.fail_status = 503
+    assert httpx.post(gw.url + "/v1/completions", json=COMPLETION, timeout=30).status_code == 502
+
+
 def test_mid_stream_failure_ends_with_an_error_event(make_stub, make_gateway):
     stub = make_stub(fail_after_tokens=3)
     gw = make_gateway([stub.url])

@@ -429,3 +429,28 @@ def test_health_is_degraded_while_redis_is_unreachable(redis_url, make_stub, mak
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_two_replicas_wait_out_a_full_backend_s_503s(redis_url, make_stub, make_gateway):
+    """vLLM's --max-num-queued-reqs behind two replicas sharing one queue: each replica, allowed 4
+    there, meets 503s (2 unfinished at most); it sends the request back to the shared queue, and
+    every request of a burst spread over both is served."""
+    prefix = f"t{uuid.uuid4().hex[:6]}:"
+    stub = make_stub(max_num_seqs=1, token_delay_s=0.005, max_num_queued_reqs=2)
+    backends = [BackendConfig(stub.url, max_concurrency=4)]
+    a = make_gateway(backends, redis_url=redis_url, redis_prefix=prefix)
+    b = make_gateway(backends, redis_url=redis_url, redis_prefix=prefix)
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(timeout=30) as c:
+            rs = await asyncio.gather(
+                *[c.post(gw.url + "/v1/completions", json={"prompt": f"p{i}", "max_tokens": 8})
+                  for i, gw in enumerate([a, b] * 4)]
+            )  # fmt: skip
+        return [r.status_code for r in rs]
+
+    assert asyncio.run(burst()) == [200] * 8
+    assert stub.stub.stats.rejected > 0 and stub.stub.stats.most_unfinished == 2
+    r = _client(redis_url)
+    wait_until(lambda: int(r.hget(prefix + "inflight", stub.url) or 0) == 0, what="the slots released")
+    assert r.zcard(prefix + "queue") == 0

@@ -38,6 +38,18 @@ from headway.serve._wire import Parsed, completion_tokens, sse_data, sse_newline
 
 __all__ = ["Exchange"]
 
+
+def _admission_rejection(body: bytes) -> bool:
+    """Whether a 503's body is vLLM's admission control turning the request away (its
+    ``GracefulHTTPError``s, ``--max-num-queued-reqs`` and ``--max-num-queued-tokens``: error type
+    ``Service Unavailable``), as opposed to a failure."""
+    try:
+        error = json.loads(body)["error"]
+        return isinstance(error, dict) and error.get("type") == "Service Unavailable"
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 log = logging.getLogger("headway.serve")
 
 
@@ -290,13 +302,13 @@ class Exchange:
             return str(exc), "failed"
         backend.reachable = True
         if resp.status_code >= 500:
+            body = b""
             with contextlib.suppress(UpstreamError):
-                await resp.read()
+                body = await resp.read()
             resp.close()
-            if resp.status_code == 503 and backend.in_flight > 1:
-                # full while others of ours run there (vLLM's max_num_queued_reqs or _tokens): it
-                # has room again once one of them ends
-                return f"HTTP 503 with {backend.in_flight - 1} other requests in flight", "busy"
+            if resp.status_code == 503 and (backend.in_flight > 1 or _admission_rejection(body)):
+                # full (vLLM's max_num_queued_reqs or _tokens): room comes back as requests end there
+                return f"HTTP 503, full ({backend.in_flight - 1} other requests of ours in flight)", "busy"
             return f"HTTP {resp.status_code}", "failed"
         if resp.status_code != 200 or not parsed.stream:
             return await self._finish_plain(req, backend, resp, watch)

@@ -37,10 +37,11 @@ the request waits in the queue again, but that counts as an attempt: a request t
 every backend it meets ends after ``max_attempts`` with a 502. A 5xx, a broken exchange or a
 stream whose response headers, or whose first event after them, do not come within
 ``headers_timeout_s`` (a stalled backend, then also skipped for ``backend_down_s``) is retried
-on another backend (``max_attempts``), then 502; but a 503 from a backend where other requests of
-the gateway's are running says it is full (vLLM's ``--max-num-queued-reqs`` and
-``--max-num-queued-tokens`` answer so): the request goes back to the queue in its place, not an
-attempt, and that backend takes no more until one of them ends (or ``retry_after_s`` passes).
+on another backend (``max_attempts``), then 502; but a 503 that is vLLM's admission control (its
+``--max-num-queued-reqs`` and ``--max-num-queued-tokens``: error type ``Service Unavailable``), or
+any 503 from a backend where other requests of this gateway's run, says it is full: the request
+goes back to the queue in its place, not an attempt, and that backend takes no more until one of
+them ends (or ``retry_after_s`` passes).
 A stream's 200 goes to the client with its
 first event, so everything before it can still be retried. A backend failing mid-stream ends
 the stream with an error event and ``[DONE]``; mid-body of a non-streamed response, a 502.

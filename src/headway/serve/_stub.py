@@ -119,7 +119,8 @@ class _Stub:
         if c.max_num_queued_reqs and self._unfinished + 1 > c.max_num_queued_reqs:
             self.stats.rejected += 1
             message = "The engine is currently busy and cannot accept new requests. Please try again later."
-            return JSONResponse({"error": {"message": message, "code": 503}}, status_code=503)
+            error = {"message": message, "type": "Service Unavailable", "param": None, "code": 503}  # vLLM's
+            return JSONResponse({"error": error}, status_code=503)
         self._unfinished += 1
         self.stats.most_unfinished = max(self.stats.most_unfinished, self._unfinished)
         try:
