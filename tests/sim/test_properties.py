@@ -64,6 +64,26 @@ def test_every_request_finishes_exactly_once(wl: Workload, cfg: tuple[SchedulerC
 
 
 
+@given(wl=workloads(), cfg=engine_configs(), limit=st.integers(0, 6))
+def test_the_server_never_holds_more_unfinished_requests_than_max_num_queued_reqs(
+    wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], limit: int
+) -> None:
+    sched, cache = cfg
+    sched = dataclasses.replace(sched, max_num_queued_reqs=limit)
+    res = simulate(wl, "fcfs", preset=COST, scheduler=sched, cache=cache)
+    events = []
+    for r in res.requests:
+        if str(r.extra.get("abort_reason", "")).startswith("rejected"):
+            assert r.finish_time == r.arrival_time and r.first_scheduled_time is None
+            continue
+        events += [(r.arrival_time, 1), (r.finish_time, -1)]
+    unfinished = peak = 0
+    for _, change in sorted(events):  # (a finish before an arrival at the same time)
+        unfinished += change
+        peak = max(peak, unfinished)
+    assert peak <= limit
+
+
 @given(wl=workloads(), cfg=engine_configs(), name=st.sampled_from(["fcfs", "priority", "sjf-oracle", "srpt-oracle"]))
 def test_kv_cache_and_token_budget_are_respected(
     wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], name: str
@@ -73,7 +93,7 @@ def test_kv_cache_and_token_budget_are_respected(
     (rep,) = res.replicas
     assert rep.timeline is not None
     assert all(0 <= used <= rep.num_gpu_blocks for _, _, _, used in rep.timeline)
-    assert all(running <= sched.max_num_seqs for _, _, running, _ in rep.timeline)
+    assert all(running <= sched.active_seqs for _, _, running, _ in rep.timeline)
     assert rep.max_step_tokens <= sched.max_num_batched_tokens
     # (simulate() itself raises if blocks are not all returned at the end)
 
