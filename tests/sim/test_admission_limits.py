@@ -57,8 +57,9 @@ def test_admission_limits_are_validated_and_carried_from_a_step_log() -> None:
     meta = {"max_num_batched_tokens": 256, "max_num_seqs": 8, "block_size": 16, "num_gpu_blocks": 100}
     sched = engine_configs({**meta, "max_num_active_seqs": 3, "watermark": 0.05})[0]
     assert (sched.max_num_active_seqs, sched.watermark) == (3, 0.05)
-    plain = engine_configs({**meta, "max_num_active_seqs": None})[0]
+    plain, cache = engine_configs({**meta, "max_num_active_seqs": None})
     assert (plain.max_num_active_seqs, plain.watermark) == (None, 0.0)
+    assert cache.num_gpu_blocks == 99  # vLLM's pool of 100 holds its null block
 
 
 def _outcomes(specs: list[RequestSpec], **cfg: object) -> list[str]:

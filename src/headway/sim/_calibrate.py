@@ -199,7 +199,9 @@ def capacity_cost_model(
 
 
 def engine_configs(meta: Mapping[str, Any]) -> tuple[SchedulerConfig, CacheConfig]:
-    """Simulator configs that match the calibrated engine's geometry (from a step-log header).
+    """Simulator configs that match the calibrated engine's geometry (from a step-log header): its
+    usable KV blocks are one fewer than the header's ``num_gpu_blocks``, vLLM's block pool, which
+    holds its null block.
 
     Prefix caching follows the header's ``enable_prefix_caching`` (vLLM's default, on, when the
     header lacks it), and async scheduling its ``async_scheduling`` (off when it lacks it: logs
@@ -222,7 +224,8 @@ def engine_configs(meta: Mapping[str, Any]) -> tuple[SchedulerConfig, CacheConfi
     )
     cache = CacheConfig(
         block_size=int(meta["block_size"]),
-        num_gpu_blocks=int(meta["num_gpu_blocks"]),
+        # vLLM's num_gpu_blocks is its block pool's size, which holds its null block: one less is usable
+        num_gpu_blocks=max(1, int(meta["num_gpu_blocks"]) - 1),
         enable_prefix_caching=bool(meta.get("enable_prefix_caching", True)),  # absent: vLLM's default
     )
     return sched, cache
