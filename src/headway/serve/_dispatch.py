@@ -47,8 +47,8 @@ class Backend:
     in_flight: int = 0
     down_until: float = 0.0
     full_until: float = 0.0
-    """A 503 while other requests of ours ran there (vLLM's ``max_num_queued_reqs`` or
-    ``max_num_queued_tokens``): no room until one of them ends, or until this time."""
+    """It answered that it is full (a 503: vLLM's ``max_num_queued_reqs`` or ``max_num_queued_tokens``
+    reached): no room until a request of ours on it ends, or until this time."""
     polled_waiting: float = 0.0
     polled_kv_usage: float = 0.0
     dispatched_since_poll: int = 0

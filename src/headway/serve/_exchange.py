@@ -39,6 +39,9 @@ from headway.serve._wire import Parsed, completion_tokens, sse_data, sse_newline
 __all__ = ["Exchange"]
 
 
+log = logging.getLogger("headway.serve")
+
+
 def _admission_rejection(body: bytes) -> bool:
     """Whether a 503's body is vLLM's admission control turning the request away (its
     ``GracefulHTTPError``s, ``--max-num-queued-reqs`` and ``--max-num-queued-tokens``: error type
@@ -48,9 +51,6 @@ def _admission_rejection(body: bytes) -> bool:
         return isinstance(error, dict) and error.get("type") == "Service Unavailable"
     except (ValueError, KeyError, TypeError):
         return False
-
-
-log = logging.getLogger("headway.serve")
 
 
 class Exchange:
@@ -272,8 +272,9 @@ class Exchange:
         """Send to ``backend``. A Response ends the request; ``(message, kind)`` is a retryable
         failure (nothing reached the client): ``kind`` is ``refused`` (no connection: nothing
         reached the backend), ``lost`` (the backend took the request and dropped the connection,
-        or ended its stream, before answering anything), ``busy`` (a 503 while other requests of
-        ours run there: full for now) or ``failed`` (another 5xx, a stall, a broken exchange)."""
+        or ended its stream, before answering anything), ``busy`` (a 503 of vLLM's admission control,
+        or any 503 while other requests of ours run there: full for now) or ``failed`` (another 5xx,
+        a stall, a broken exchange)."""
         wait = self.config.headers_timeout_s if parsed.stream else 0.0
         send = asyncio.ensure_future(self.pools[backend.index].post(path, payload, headers_timeout=wait or None))
         await asyncio.wait(either(send, watch.stop), return_when=asyncio.FIRST_COMPLETED)

@@ -41,9 +41,8 @@ on another backend (``max_attempts``), then 502; but a 503 that is vLLM's admiss
 ``--max-num-queued-reqs`` and ``--max-num-queued-tokens``: error type ``Service Unavailable``), or
 any 503 from a backend where other requests of this gateway's run, says it is full: the request
 goes back to the queue in its place, not an attempt, and that backend takes no more until one of
-them ends (or ``retry_after_s`` passes).
-A stream's 200 goes to the client with its
-first event, so everything before it can still be retried. A backend failing mid-stream ends
+them ends (or ``retry_after_s`` passes). A stream's 200 goes to the client with its first event,
+so everything before it can still be retried. A backend failing mid-stream ends
 the stream with an error event and ``[DONE]``; mid-body of a non-streamed response, a 502.
 Client-visible messages never name a backend or the Redis address (the log does).
 
