@@ -8,7 +8,10 @@ from headway.core import Request, RequestState
 from headway.sim._blocks import BLOCKS, KVBlocks
 from headway.sim._seq import Seq
 
-__all__ = ["Preemption"]
+__all__ = ["CLIENT_TIMEOUT", "Preemption"]
+
+CLIENT_TIMEOUT = "client timeout"
+"""The abort reason of a request whose client gave up (its ``RequestSpec.timeout``)."""
 
 
 def _join_order(s: Seq) -> int:
@@ -115,7 +118,7 @@ class Preemption(KVBlocks):
             self.queued_tokens -= req.num_prompt_tokens
         req.transition(RequestState.ABORTED)
         req.finish_time = now
-        req.extra["abort_reason"] = "client timeout"
+        req.extra["abort_reason"] = CLIENT_TIMEOUT
         if self.on_done is not None:
             self.on_done(req)
 

@@ -16,6 +16,7 @@ from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel, load_preset
 from headway.sim._events import ARRIVAL, EventLoop
 from headway.sim._fleet import relative_speeds
+from headway.sim._preempt import CLIENT_TIMEOUT
 from headway.sim._replica import Replica
 from headway.sim._steps import StepRecord
 from headway.workload import RequestSpec, Workload
@@ -193,8 +194,9 @@ def simulate(
     ``cache.enable_prefix_caching`` (on by default, as in vLLM V1) reuses cached KV blocks
     of the requests' ``block_hashes`` (see :mod:`headway.sim._prefix`); each replica's hits
     are in its :class:`ReplicaStats`. A spec with ``after`` arrives ``think_time`` after the
-    request it follows ends (closed loop: multi-turn sessions); its ``arrival_time`` is then
-    set when it arrives.
+    request it follows ends, or after its client gave up on it (its ``timeout``; at the earliest
+    when the engine took that abort) (closed loop: multi-turn sessions); its ``arrival_time`` is
+    then set when it arrives.
     Deterministic: the same inputs (and router seed) give bit-identical results.
     """
     scheduler = scheduler or SchedulerConfig()
@@ -293,8 +295,14 @@ def simulate(
             arrive(i)
 
         def release(req: Request) -> None:
+            # the client's next turn comes a think time after it had its answer, or gave up on it (its
+            # timeout: the engine takes the abort at a step's end, the client does not wait for that)
+            done = loop.now
+            timeout = specs[req.seq].timeout
+            if timeout is not None and req.extra.get("abort_reason") == CLIENT_TIMEOUT:
+                done = min(done, req.arrival_time + timeout)
             for j in followers.get(req.seq, ()):
-                loop.schedule(loop.now + specs[j].think_time, ARRIVAL, follow, j)
+                loop.schedule(max(loop.now, done + specs[j].think_time), ARRIVAL, follow, j)
 
         for r in replicas:
             done = r.on_done
