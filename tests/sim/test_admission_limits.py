@@ -85,8 +85,8 @@ def test_max_num_queued_reqs_rejects_arrivals_while_that_many_are_unfinished() -
 
 
 def test_max_num_queued_tokens_counts_prompts_until_their_first_token() -> None:
-    # A (60 tokens) and B (60) are let in (0, then 60 queued); C is not (120 >= 100); D comes at 1.5,
-    # after A's first token (60 left: B's), and E at 2.5, once B has its first token too
+    # one running at a time. A (60 tokens) and B (60) are let in (0, then 60 queued); C is not (120 >=
+    # 100); D comes at 1.5, after A's first token (60 queued: B's), and E at 2.5 with 70 (B's and D's)
     specs = [
         RequestSpec("A", 0.0, 60, 2), RequestSpec("B", 0.0, 60, 2), RequestSpec("C", 0.0, 10, 2),
         RequestSpec("D", 1.5, 10, 2), RequestSpec("E", 2.5, 90, 2),
