@@ -468,3 +468,32 @@ def test_a_failed_turn_ends_its_conversation(make_stub) -> None:
         "c0-0": "http_503", "c0-1": "previous_turn_failed", "c0-2": "previous_turn_failed",
         "c1-0": "http_503", "c1-1": "previous_turn_failed", "c1-2": "previous_turn_failed",
     }  # fmt: skip
+
+
+def test_a_streamed_chunk_with_usage_and_choices_gives_both_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM's continuous usage stats put usage in every content chunk: the token text and the count
+    # come from one parse of it
+    import asyncio
+    import json
+
+    from headway.core import Request, RequestState
+    from headway.serve import _bench
+
+    chunks = [
+        {"choices": [{"index": 0, "text": "Hel"}], "usage": {"completion_tokens": 1}},
+        {"choices": [{"index": 0, "text": "lo"}], "usage": {"completion_tokens": 2}},
+        {"choices": [], "usage": {"completion_tokens": 2}},
+    ]
+
+    async def lines() -> AsyncIterator[str]:
+        for c in chunks:
+            yield "data: " + json.dumps(c)
+        yield "data: [DONE]"
+
+    parses = []
+    loads = json.loads
+    monkeypatch.setattr(_bench.json, "loads", lambda s, *a, **k: parses.append(s) or loads(s, *a, **k))
+    req, answer = Request("r", 0.0, 4, max_tokens=8), []
+    req.transition(RequestState.RUNNING)  # (sent)
+    asyncio.run(_bench._read_stream(lines(), req, 0.0, answer))
+    assert ("".join(answer), req.num_output_tokens, len(parses)) == ("Hello", 2, 3)

@@ -38,6 +38,7 @@ import time
 from array import array
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -342,6 +343,7 @@ async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answe
         if data.startswith('{"error"') or '"error":{' in data[:20]:
             _abort(req, "stream_error", clock() - t0)
             return
+        obj: Any = None  # the chunk parsed, once (only when something in it is needed)
         if '"usage":{' in data or '"usage": {' in data:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 obj = json.loads(data)
@@ -350,8 +352,8 @@ async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answe
                     continue
         now = clock() - t0
         if answer is not None:
-            with contextlib.suppress(ValueError, TypeError, IndexError, AttributeError):
-                choices = json.loads(data)["choices"]
+            with contextlib.suppress(ValueError, TypeError, IndexError, AttributeError, KeyError):
+                choices = (obj if isinstance(obj, dict) else json.loads(data))["choices"]
                 if choices and choices[0].get("index", 0) == 0:
                     answer.append(_text_of(choices[0]))
         if last is None:
