@@ -116,9 +116,14 @@ class Preemption(KVBlocks):
         self._run_version += 1
         if self._count_queued and req.first_token_time is None:
             self.queued_tokens -= req.num_prompt_tokens
+        self._end_aborted(req, now, CLIENT_TIMEOUT)
+
+    def _end_aborted(self, req: Request, now: float, reason: str) -> None:
+        """``req`` ends now, aborted for ``reason`` (its client's timeout, or its server turning it
+        away before the engine saw it), and the simulator is told."""
         req.transition(RequestState.ABORTED)
         req.finish_time = now
-        req.extra["abort_reason"] = CLIENT_TIMEOUT
+        req.extra["abort_reason"] = reason
         if self.on_done is not None:
             self.on_done(req)
 

@@ -234,11 +234,11 @@ class Replica(Preemption):
         ``timeout`` seconds later if it has not finished (:meth:`abort_at`)."""
         now = self.loop.now
         if self._queue_limits and (reason := self._over_queue_limit()) is not None:
-            self._reject(req, now, reason)
+            self._end_aborted(req, now, reason)
             return
         if req.num_prompt_tokens >= self.max_model_len:
             # one reason per engine, not per prompt length: summaries count requests by reason
-            self._reject(req, now, f"prompt does not fit max_model_len {self.max_model_len}")
+            self._end_aborted(req, now, f"prompt does not fit max_model_len {self.max_model_len}")
             return
         if self._count_queued:
             self.queued_tokens += req.num_prompt_tokens
@@ -285,14 +285,6 @@ class Replica(Preemption):
         if cfg.max_num_queued_tokens is not None and self.queued_tokens >= cfg.max_num_queued_tokens:
             return "rejected: max_num_queued_tokens"
         return None
-
-    def _reject(self, req: Request, now: float, reason: str) -> None:
-        """``req`` never reaches the engine: its server answers it with an error now."""
-        req.transition(RequestState.ABORTED)
-        req.finish_time = now
-        req.extra["abort_reason"] = reason
-        if self.on_done is not None:
-            self.on_done(req)
 
     def abort_at(self, req: Request, at: float) -> None:
         """The client aborts ``req`` at time ``at`` if it has not finished by then (its timeout).
