@@ -3,7 +3,7 @@
 The step-by-step differential harness of ``tests/integrations`` (vLLM's own ``Scheduler`` run
 with no model in the vLLM virtualenv; scenarios from its hypothesis strategy, derandomized, so
 a rerun draws the same ones), for ``fcfs`` and ``priority``; bursts unless a kind says otherwise,
-and no aborts but in the last two kinds:
+and no aborts but in the last three pairs of kinds:
 
 * ``plugin``: ``HeadwayScheduler`` against vLLM, every step (scheduled ids and token counts,
   prefix-cache hits, preemptions, finishes); prefix caching as drawn;
@@ -34,7 +34,12 @@ and no aborts but in the last two kinds:
 * ``sim_admission_limits`` and ``sim_async_admission_limits``: the same aborting scenario with
   vLLM's ``watermark`` (0.1 to 0.5 of its block pool) and ``max_num_active_seqs`` (1 to the
   scenario's ``max_num_seqs``) drawn, against its ``Scheduler`` and ``AsyncScheduler``
-  (``with_watermark_binding``: the scenarios in which the watermark changed vLLM's decisions).
+  (``with_watermark_binding``: the scenarios in which the watermark changed vLLM's decisions);
+* ``sim_api_limits`` and ``sim_async_api_limits``: the same aborting scenario with its API
+  server's ``max_num_queued_reqs`` (1 to 8) and ``max_num_queued_tokens`` (none, or 0 to 600)
+  drawn, each arrival checked by vLLM's own ``AsyncLLM.check_admission`` over a real
+  ``OutputProcessor``; per request, and which requests were turned away for which limit
+  (``with_rejections``: the scenarios in which vLLM's Scheduler's run turned one away).
 
 Writes ``benchmarks/results/fidelity_steps.json`` (with the command line and the first differing
 scenarios of each kind)::
@@ -73,8 +78,9 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
     kinds = ("plugin", "sim", "sim_no_full_isl", "sim_prefix", "sim_prefix_no_full_isl", "plugin_staggered",
              "sim_staggered", "plugin_async_staggered", "sim_async", "sim_async_staggered",
              "sim_long_prefill", "sim_aborts", "sim_async_aborts", "sim_admission_limits",
-             "sim_async_admission_limits")  # fmt: skip
-    extra = ("with_preemptions", "with_prefix_caching", "with_running_aborted", "with_watermark_binding")
+             "sim_async_admission_limits", "sim_api_limits", "sim_async_api_limits")  # fmt: skip
+    extra = ("with_preemptions", "with_prefix_caching", "with_running_aborted", "with_watermark_binding",
+             "with_rejections")  # fmt: skip
     counts = dict.fromkeys(("scenarios", *kinds, *extra), 0)
     first: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
 
@@ -89,15 +95,18 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
         if diff is not None:
             note(kind, scenario, diff)
 
-    def tally(kind: str, scenario: dict[str, Any], ref: Outcome, sim: Outcome) -> None:
-        """Count a simulator comparison, noting the requests that differ."""
-        counts[kind] += ref == sim
-        if ref != sim:
-            note(
-                kind,
-                scenario,
-                {r: {"vllm": ref.get(r), "sim": sim.get(r)} for r in sorted({*ref, *sim}) if ref.get(r) != sim.get(r)},
-            )
+    def tally(
+        kind: str, scenario: dict[str, Any], ref: Outcome, sim: Outcome,
+        ref_rejected: dict[str, str] | None = None, sim_rejected: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        """Count a simulator comparison (and of the requests the API server turned away, if given),
+        noting the requests that differ."""
+        a: dict[str, Any] = {**ref, **{f"{r} rejected": why for r, why in (ref_rejected or {}).items()}}
+        b: dict[str, Any] = {**sim, **{f"{r} rejected": why for r, why in (sim_rejected or {}).items()}}
+        counts[kind] += a == b
+        if a != b:
+            differ = sorted(r for r in {*a, *b} if a.get(r) != b.get(r))
+            note(kind, scenario, {r: {"vllm": a.get(r), "sim": b.get(r)} for r in differ})
 
     @settings(max_examples=n, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
     @given(
@@ -108,10 +117,12 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
         aborting=scenarios(policy=policy, stops=True),
         watermark=st.sampled_from([0.1, 0.2, 0.35, 0.5]),
         active=st.integers(1, 6),
+        queued_reqs=st.integers(1, 8),
+        queued_tokens=st.one_of(st.none(), st.integers(0, 600)),
     )
     def run(
         scenario: dict[str, Any], staggered: dict[str, Any], threshold: int, adaptive: bool, aborting: dict[str, Any],
-        watermark: float, active: int,
+        watermark: float, active: int, queued_reqs: int, queued_tokens: int | None,
     ) -> None:  # fmt: skip
         counts["scenarios"] += 1
         mine = {"headway": {"policy": policy}}
@@ -162,6 +173,16 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
         tally("sim_admission_limits", sc, ref_outcome, sim_outcome(sc))
         ref_outcome, arrivals = async_outcome(sc, harness.run(sc, "vllm-async")["steps"])
         tally("sim_async_admission_limits", sc, ref_outcome, sim_outcome(sc, arrivals))
+        sc = {**aborting, "max_num_queued_reqs": queued_reqs, "max_num_queued_tokens": queued_tokens}
+        reply = harness.run(sc, "vllm")
+        counts["with_rejections"] += bool(reply["rejected"])
+        rejected: dict[str, str] = {}
+        tally("sim_api_limits", sc, vllm_outcome(reply["steps"]), sim_outcome(sc, rejected=rejected),
+              reply["rejected"], rejected)  # fmt: skip
+        reply = harness.run(sc, "vllm-async")
+        ref_outcome, arrivals = async_outcome(sc, reply["steps"])
+        rejected = {}
+        tally("sim_async_api_limits", sc, ref_outcome, sim_outcome(sc, arrivals, rejected), reply["rejected"], rejected)
 
     run()
     return {"counts": counts, "first_differences": first}

@@ -226,7 +226,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "with vLLM's long_prefill_token_threshold; sim_aborts and sim_async_aborts with clients aborting requests "
         "(the simulator's request timeouts); sim_admission_limits and sim_async_admission_limits with vLLM's "
         "watermark and max_num_active_seqs drawn (with_watermark_binding: the scenarios where the watermark "
-        "changed vLLM's decisions).",
+        "changed vLLM's decisions); sim_api_limits and sim_async_api_limits with its API server's "
+        "max_num_queued_reqs and max_num_queued_tokens drawn, arrivals checked by vLLM's own check_admission "
+        "(the requests turned away compared too; with_rejections: the scenarios where vLLM turned one away).",
         "python benchmarks/bench_fidelity_steps.py --scenarios 500",
         ("fidelity_steps.json",),
     ),

@@ -167,7 +167,9 @@ def block_hashes(tokens: list[int], block_size: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def sim_outcome(scenario: dict[str, Any], arrivals: dict[str, float] | None = None) -> Outcome:
+def sim_outcome(
+    scenario: dict[str, Any], arrivals: dict[str, float] | None = None, rejected: dict[str, str] | None = None
+) -> Outcome:
     """Per request: (first scheduled step, finishing step or -1 if its client aborted it,
     preemptions) in the simulator, a request aborted before it was scheduled left out (vLLM's
     ``scheduler_reserve_full_isl`` from the scenario's ``reserve_full_isl``, on unless given; the
@@ -175,7 +177,8 @@ def sim_outcome(scenario: dict[str, Any], arrivals: dict[str, float] | None = No
     request arrives at the time of the step before which vLLM's harness adds it (``arrive``): an
     arrival at a step's end joins the next step's decisions, as a rounding tie goes to the arrival.
     ``arrivals``: each request's arrival time instead, with async scheduling (see
-    :func:`async_outcome`)."""
+    :func:`async_outcome`). ``rejected``, if given, receives the requests the API server's limits
+    (``max_num_queued_reqs``, ``max_num_queued_tokens``) turned away, with the limit, as vLLM names it."""
     bs = scenario["block_size"]
     hb = scenario.get("hash_block_size", bs)
     specs = [
@@ -197,6 +200,8 @@ def sim_outcome(scenario: dict[str, Any], arrivals: dict[str, float] | None = No
             long_prefill_token_threshold=scenario.get("long_prefill_token_threshold", 0),
             long_prefill_token_threshold_adaptive=scenario.get("long_prefill_token_threshold_adaptive", False),
             max_num_active_seqs=scenario.get("max_num_active_seqs"), watermark=scenario.get("watermark", 0.0),
+            max_num_queued_reqs=scenario.get("max_num_queued_reqs"),
+            max_num_queued_tokens=scenario.get("max_num_queued_tokens"),
         ),
         # vLLM's block pool holds one more block, its null block
         cache=CacheConfig(
@@ -207,8 +212,11 @@ def sim_outcome(scenario: dict[str, Any], arrivals: dict[str, float] | None = No
     out: Outcome = {}
     for r in res.requests:
         assert r.finish_time is not None
-        if r.first_scheduled_time is None:  # aborted while it waited
+        if r.first_scheduled_time is None:  # aborted while it waited, or turned away
             assert r.state is RequestState.ABORTED
+            reason = str(r.extra["abort_reason"])
+            if rejected is not None and reason.startswith("rejected: "):
+                rejected[r.request_id] = reason.removeprefix("rejected: ")
             continue
         done = -1 if r.state is RequestState.ABORTED else round(r.finish_time) - 1
         out[r.request_id] = (round(r.first_scheduled_time), done, r.num_preemptions)
@@ -252,7 +260,8 @@ def async_outcome(scenario: dict[str, Any], trace: list[dict[str, Any]]) -> tupl
     start and end times, and each request's arrival at the time it is added (0.1 µs after the
     start of the batch then in flight: before the simulator plans the next batch, 1 µs after that
     start, as the harness adds it before its next ``schedule()``), and likewise the time of its
-    abort, if it has one (under ``"<id> abort"``). Per request:
+    abort, if it has one (under ``"<id> abort"``); requests added to an idle engine that schedules
+    none of them (aborted, rejected) come 1 µs before what is added next. Per request:
     (start of the first batch it is in, end of the batch whose output finishes it less one,
     preemptions), as :func:`sim_outcome` reports with ``arrivals``."""
     by_step = {s["step"]: s for s in trace}
@@ -271,6 +280,8 @@ def async_outcome(scenario: dict[str, Any], trace: list[dict[str, Any]]) -> tupl
         for rid in adds.get(step, ()):
             arrivals[rid] = now + (1e-7 if in_flight else 0.0)
         rec = by_step.get(step)
+        if step in adds and not in_flight and not (rec and rec["sched"]):
+            now += 1e-6  # an idle engine that scheduled nothing: what is added next comes after
         if rec is not None:
             for rid in rec["preempted"]:
                 preempted[rid] = preempted.get(rid, 0) + 1
@@ -279,9 +290,9 @@ def async_outcome(scenario: dict[str, Any], trace: list[dict[str, Any]]) -> tupl
                 last_end = start + 1
                 in_flight.append(last_end)
                 for rid in rec["sched"]:
-                    first.setdefault(rid, start)
+                    first.setdefault(rid, round(start))
                 for rid in rec["finished"]:
-                    done[rid] = start
+                    done[rid] = round(start)
                 if len(in_flight) < 2:
                     continue
         if in_flight:

@@ -21,14 +21,27 @@ A scenario: engine geometry (``block_size``, ``num_blocks``, ``max_num_seqs``,
 ``max_num_batched_tokens``, ``chunked_prefill``, ``prefix_caching``, ``policy``: vLLM's
 ``--scheduling-policy``; optional: ``reserve_full_isl``, vLLM's ``scheduler_reserve_full_isl``,
 default on; ``long_prefill_token_threshold`` (and ``_adaptive``), ``max_num_active_seqs`` and
-``watermark``, vLLM's options of those names) and requests (``id``, ``arrive``: the step before which it is added,
+``watermark``, vLLM's options of those names; ``max_num_queued_reqs`` and ``max_num_queued_tokens``, its API
+server's limits, checked by its own ``AsyncLLM.check_admission`` against its own ``OutputProcessor``,
+fed the scheduler's outputs, below) and requests (``id``, ``arrive``: the step before which it is added,
 ``prompt``: token ids, ``max_tokens``, ``priority``, ``abort``: the step before which it is
 aborted, or null; optional ``stop_at``: the output token that stops it, a stop token id, as an
 EOS would, instead of ``max_tokens``). The reply: one record per ``schedule()`` call with ``sched`` (request id ->
 [tokens scheduled, tokens already computed before the step], in vLLM's order: running requests,
 then resumed and new ones; a new request's computed tokens are its prefix-cache hit),
 ``preempted`` (ids preempted in the step) and ``finished`` (ids that finished in the step's
-output), plus ``tokens`` (each request's output tokens at the end).
+output), plus ``tokens`` (each request's output tokens at the end) and ``rejected`` (request id -> the
+limit its arrival broke, vLLM's ``vllm:admission_rejections`` reason).
+
+With an API-server limit set, each arriving request is first checked as vLLM's API server checks
+it (``AsyncLLM.check_admission``, run on a stand-in front end whose counts are a real
+``OutputProcessor``'s): a rejected request never reaches the scheduler. The output processor
+holds every admitted request until its finishing output or its abort, and learns a step's
+outputs after the requests that arrive as that step ends were checked (the simulator's tie
+rule: an arrival at a step's end comes before it). Under async scheduling the harness's idle
+``schedule()`` calls take no time (the clock of ``async_outcome`` in ``_stepdiff.py``): a step's
+outputs are learnt as the next batch starts, after an idle engine's arrivals and aborts, or at
+once if another batch is still in flight (then the requests added next arrive after the step's end).
 """
 
 from __future__ import annotations
@@ -46,6 +59,9 @@ from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreRequest
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.output_processor import OutputProcessor
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
@@ -56,6 +72,44 @@ STOP = 9
 """The token a fabricated output stops on (a request's ``stop_at``-th); every other one is 7."""
 _HASH = get_hash_fn_by_name("sha256")
 init_none_hash(_HASH)
+
+
+class Frontend:
+    """The API server's side of vLLM's admission control: ``AsyncLLM.check_admission`` itself, run on
+    this stand-in, whose counts are a real ``OutputProcessor``'s."""
+
+    def __init__(self, sc: dict[str, Any]) -> None:
+        self.scheduler_config = SchedulerConfig(
+            max_model_len=int(sc.get("max_model_len", 512)), is_encoder_decoder=False,
+            max_num_queued_reqs=sc.get("max_num_queued_reqs"), max_num_queued_tokens=sc.get("max_num_queued_tokens"),
+        )  # fmt: skip
+        self.admission_stats = None  # one API server
+        self.logger_manager = None
+        self.output_processor = OutputProcessor(None, log_stats=False)
+        self.rejected: dict[str, str] = {}
+        self._reason = ""
+
+    def get_num_unfinished_requests(self) -> int:
+        return int(self.output_processor.get_num_unfinished_requests())
+
+    def get_num_queued_tokens(self) -> int:
+        return int(self.output_processor.get_num_queued_tokens())
+
+    def _record_admission_rejection(self, reason: str) -> None:
+        self._reason = reason
+
+    def admit(self, rid: str, prompt: list[int], params: SamplingParams, arrival: float, priority: int) -> bool:
+        """vLLM's check of an arriving request; an admitted one joins the output processor."""
+        try:
+            AsyncLLM.check_admission(self, 1, rid)  # type: ignore[arg-type]
+        except Exception:  # QueueOverflowError, MaxQueuedTokensError: HTTP 503 there
+            self.rejected[rid] = self._reason
+            return False
+        req = EngineCoreRequest(
+            rid, prompt, None, params, None, arrival, None, None, None, priority=priority, external_req_id=rid
+        )
+        self.output_processor.add_request(req, None)
+        return True
 
 
 class Harness:
@@ -123,27 +177,42 @@ class Harness:
             if r.get("abort") is not None:
                 aborts.setdefault(int(r["abort"]), []).append(str(r["id"]))
         last_event = max([*by_step, *aborts, 0])
+        # the steps before which something is added or aborted (an abort before the request's arrival: nothing)
+        events = {*by_step, *(int(a) for r in sc["requests"] if (a := r.get("abort")) is not None and a >= r["arrive"])}
         depth = 2 if scheduler.endswith("async") else 1
         steps: list[dict[str, Any]] = []
         tokens: dict[str, int] = {}
         in_flight: deque[tuple[Any, dict[str, bool], dict[str, Any]]] = deque()
         t0 = time.time()
+        limits = sc.get("max_num_queued_reqs") is not None or sc.get("max_num_queued_tokens") is not None
+        front = Frontend(sc) if limits else None
+        unseen: list[Any] = []  # outputs the front end has not processed yet
         for step in range(MAX_STEPS):
             for r in by_step.get(step, ()):
-                params = SamplingParams(max_tokens=int(r["max_tokens"]), ignore_eos=True, stop_token_ids=[STOP])
+                params = SamplingParams(
+                    max_tokens=int(r["max_tokens"]), ignore_eos=True, stop_token_ids=[STOP], detokenize=False
+                )
+                rid, arrival, prio = str(r["id"]), t0 + int(r["seq"]) * 1e-3, int(r.get("priority", 0))
+                if front is not None and not front.admit(rid, list(r["prompt"]), params, arrival, prio):
+                    continue
                 sched.add_request(
                     Request(
-                        str(r["id"]), list(r["prompt"]), params, None, arrival_time=t0 + int(r["seq"]) * 1e-3,
-                        priority=int(r.get("priority", 0)), block_hasher=hasher,
+                        rid, list(r["prompt"]), params, None, arrival_time=arrival, priority=prio, block_hasher=hasher,
                     )
                 )  # fmt: skip
+            if front is not None and unseen and depth == 1:  # the step's end came after these arrivals
+                front.output_processor.process_outputs(unseen)
+                unseen = []
             # one call per abort, in the scenario's order, as a server aborts a request when its client
             # goes (finish_requests frees a list of them in a set's order: not reproducible across runs)
             for rid in aborts.get(step, ()):
                 if rid in sched.requests:
                     sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+                    if front is not None:
+                        front.output_processor.abort_requests([rid], internal=True)
             if not sched.has_requests() and not in_flight and step > last_event:
                 break
+            scheduled = False
             if sched.has_requests():
                 out = sched.schedule()
                 reqs = sched.requests
@@ -158,10 +227,15 @@ class Harness:
                 }
                 steps.append(rec)
                 if out.total_num_scheduled_tokens > 0:
+                    scheduled = True
                     chunk = {rid: bool(reqs[rid].is_prefill_chunk) for rid in out.num_scheduled_tokens}
                     in_flight.appendleft((out, chunk, rec))
-                    if len(in_flight) < depth:
-                        continue
+            if front is not None and unseen and depth > 1 and (scheduled or (step in events and not in_flight)):
+                # async: the clock moves on with a batch that starts, or past an idle engine's events
+                front.output_processor.process_outputs(unseen)
+                unseen = []
+            if scheduled and len(in_flight) < depth:
+                continue
             if not in_flight:
                 continue
             out, chunk, rec = in_flight.pop()
@@ -171,13 +245,21 @@ class Harness:
                 sampled_token_ids=[[] if chunk[r] else sampled(r) for r in ids],
             )  # fmt: skip
             for eco in sched.update_from_output(out, result).values():
+                if front is not None:
+                    unseen.extend(eco.outputs)
                 for o in eco.outputs:
                     tokens[o.request_id] = tokens.get(o.request_id, 0) + len(o.new_token_ids)
                     if o.finish_reason is not None:
                         rec["finished"].append(o.request_id)
+            if front is not None and unseen and in_flight:  # async: the next arrivals come after this step
+                front.output_processor.process_outputs(unseen)
+                unseen = []
         else:
             raise RuntimeError(f"scenario did not drain in {MAX_STEPS} steps")
-        reply: dict[str, Any] = {"steps": steps, "tokens": tokens, "mro": [c.__name__ for c in type(sched).__mro__[:3]]}
+        reply: dict[str, Any] = {
+            "steps": steps, "tokens": tokens, "mro": [c.__name__ for c in type(sched).__mro__[:3]],
+            "rejected": front.rejected if front is not None else {},
+        }  # fmt: skip
         hw = getattr(sched, "headway", None)
         if hw is not None:
             reply["displaced"] = hw.num_displaced

@@ -126,12 +126,16 @@ def test_staggered_arrivals_sim_makes_vllms_decisions(
 
 def _assert_alike(vllm_steps: VllmSteps, sc: dict[str, Any], async_scheduling: bool) -> None:
     """The simulator decides ``sc`` as vLLM's Scheduler, or its AsyncScheduler (on the clock of
-    :func:`async_outcome`)."""
+    :func:`async_outcome`), and turns away the requests vLLM's API server turns away."""
+    rejected: dict[str, str] = {}
     if async_scheduling:
-        ref, arrivals = async_outcome(sc, vllm_steps.run(sc, "vllm-async")["steps"])
-        assert sim_outcome(sc, arrivals) == ref, json.dumps(sc)
+        reply = vllm_steps.run(sc, "vllm-async")
+        ref, arrivals = async_outcome(sc, reply["steps"])
+        assert sim_outcome(sc, arrivals, rejected) == ref, json.dumps(sc)
     else:
-        assert sim_outcome(sc) == vllm_outcome(vllm_steps.run(sc, "vllm")["steps"]), json.dumps(sc)
+        reply = vllm_steps.run(sc, "vllm")
+        assert sim_outcome(sc, rejected=rejected) == vllm_outcome(reply["steps"]), json.dumps(sc)
+    assert rejected == reply["rejected"], json.dumps(sc)
 
 
 @settings(deadline=None, derandomize=True, max_examples=300)
@@ -177,6 +181,28 @@ def test_admission_limits_sim_make_vllms_decisions(
     sc = {**scenario, "policy": policy, "watermark": watermark}
     if active < scenario["max_num_seqs"]:
         sc["max_num_active_seqs"] = active
+    _assert_alike(vllm_steps, sc, async_scheduling)
+
+
+@settings(deadline=None, derandomize=True, max_examples=300)
+@given(
+    scenario=scenarios(max_requests=16, stops=True), policy=st.sampled_from(["fcfs", "priority"]),
+    reqs=st.one_of(st.none(), st.integers(0, 8)), tokens=st.one_of(st.none(), st.integers(0, 600)),
+    async_scheduling=st.booleans(),
+)  # fmt: skip
+def test_api_server_limits_sim_make_vllms_decisions(
+    vllm_steps: VllmSteps, scenario: dict[str, Any], policy: str, reqs: int | None, tokens: int | None,
+    async_scheduling: bool,
+) -> None:  # fmt: skip
+    """vLLM's API server's ``max_num_queued_reqs`` and ``max_num_queued_tokens``: the harness checks each
+    arrival with vLLM's own ``AsyncLLM.check_admission`` over a real ``OutputProcessor`` fed the
+    scheduler's outputs (a client's abort leaves its counts at once); the simulator turns away the
+    same requests, for the same limit, and then decides as vLLM's Scheduler or AsyncScheduler."""
+    sc = {**scenario, "policy": policy}
+    if reqs is not None:
+        sc["max_num_queued_reqs"] = reqs
+    if tokens is not None:
+        sc["max_num_queued_tokens"] = tokens
     _assert_alike(vllm_steps, sc, async_scheduling)
 
 

@@ -100,6 +100,20 @@ def test_max_num_queued_tokens_counts_prompts_until_their_first_token() -> None:
     assert _outcomes(specs, max_num_queued_tokens=11) == ["1", over, over, "3", "5"]
 
 
+def test_a_running_request_stops_counting_when_its_client_aborts_not_when_the_engine_takes_it() -> None:
+    # vLLM's API server forgets an aborted request at once (its output processor's abort_requests),
+    # while the engine takes the abort only at its step's end. A's 200-token prompt is a 4-step
+    # prefill (64-token budget); its client gives up at 1.5, mid-step; B arrives at 1.7, before that
+    # step ends at 2: with A still counted it would be turned away by both limits
+    specs = [RequestSpec("A", 0.0, 200, 3, timeout=1.5), RequestSpec("B", 1.7, 10, 1)]
+    for limits in ({"max_num_queued_reqs": 1}, {"max_num_queued_tokens": 100}):
+        sched = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, **limits)  # type: ignore[arg-type]
+        res = simulate(Workload.from_specs("t", specs), "fcfs", preset=unit_cost(1.0), scheduler=sched)
+        a, b = res.requests
+        assert (_fate(a), a.finish_time) == ("client timeout", 2.0)  # the engine took it at the step's end
+        assert _fate(b) == "3"  # admitted: scheduled at 2, its first token at 3
+
+
 def test_a_request_its_client_abandoned_stops_counting_against_the_token_limit() -> None:
     # A runs (its first token at 1); B waits (one slot) and its client gives up at 0.5; C arrives at
     # 0.7 with A's 10 tokens queued, not A's and B's 105

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from headway.core import Request, RequestState
+from headway.sim._api_server import ApiServerLimits
 from headway.sim._blocks import BLOCKS, KVBlocks
 from headway.sim._seq import Seq
 
@@ -31,8 +32,7 @@ class Preemption(KVBlocks):
     _leave: Callable[[Seq], None]  # the replica's: a finished request gives back its blocks and slot
     _held: list[tuple[float, Request]]  # async scheduling: arrived while a step ran, not yet waiting
     on_done: Callable[[Request], None] | None  # the simulator's: a request finished or was aborted
-    _count_queued: bool  # vLLM's max_num_queued_tokens is set: queued_tokens is kept
-    queued_tokens: int  # prompt tokens of the requests here without a first token yet
+    api: ApiServerLimits | None  # vLLM's API server's admission limits, if any is set
 
     def _leave_batch(self, s: Seq, now: float) -> Request:
         """Take a running request out of the batch (evicted or paused): its counters synced, its
@@ -114,8 +114,8 @@ class Preemption(KVBlocks):
             self._free_blocks(s, False, lag)
         del self.seqs[req]
         self._run_version += 1
-        if self._count_queued and req.first_token_time is None:
-            self.queued_tokens -= req.num_prompt_tokens
+        if self.api is not None:
+            self.api.engine_took_abort(req)
         self._end_aborted(req, now, CLIENT_TIMEOUT)
 
     def _end_aborted(self, req: Request, now: float, reason: str) -> None:

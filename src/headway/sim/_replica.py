@@ -43,7 +43,9 @@ known, and that token's successor is still in flight). The harness compares this
 vLLM's ``finish_requests``; a running request's after the step in flight, before the next plan
 (with async scheduling: before that step's output if the abort came by the time that plan was
 made, else a step later); its blocks are freed as a finished request's
-(``test_client_aborts_sim_makes_vllms_decisions``).
+(``test_client_aborts_sim_makes_vllms_decisions``). vLLM's API server, in front, forgets the
+request at once: its admission limits (``_api_server.py``) stop counting it before the engine
+takes the abort (``test_api_server_limits_sim_make_vllms_decisions``).
 
 **Differences from vLLM 0.32's decisions** (the differential harness in
 ``tests/integrations/test_sim_vs_vllm.py`` compares both step by step; every other decision
@@ -85,6 +87,7 @@ from collections.abc import Callable, Hashable
 
 from headway.core import Policy, PolicyQueue, Request, RequestState
 from headway.sim import _decode, _running_keys
+from headway.sim._api_server import ApiServerLimits
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel
 from headway.sim._events import STEP_END, TIMER, EventLoop, tie_floor
@@ -130,10 +133,8 @@ class Replica(Preemption):
         # vLLM's watermark is a share of its block pool, which holds one more block (its null block)
         self.watermark_blocks = int(scheduler.watermark * (self.num_blocks + 1))
         self.active_seqs = scheduler.active_seqs
-        # vLLM's API server's limits: prompt tokens of the requests here without a first token yet
-        self._queue_limits = scheduler.max_num_queued_reqs is not None or scheduler.max_num_queued_tokens is not None
-        self._count_queued = scheduler.max_num_queued_tokens is not None
-        self.queued_tokens = 0
+        limits = scheduler.max_num_queued_reqs, scheduler.max_num_queued_tokens
+        self.api: ApiServerLimits | None = None if limits == (None, None) else ApiServerLimits(*limits)
         self.cache = PrefixCache(self.num_blocks) if cache.enable_prefix_caching else None
         self._keyed = False  # some request here has block keys (prefix caching only)
         self._join_ids = itertools.count()  # Seq.order
@@ -233,15 +234,17 @@ class Replica(Preemption):
         """A request arrives now (called from the simulator's arrival event); its client aborts it
         ``timeout`` seconds later if it has not finished (:meth:`abort_at`)."""
         now = self.loop.now
-        if self._queue_limits and (reason := self._over_queue_limit()) is not None:
+        api = self.api
+        # (async: those in _finishing finished in the step just ended)
+        if api is not None and (reason := api.check(self.outstanding() - len(self._finishing))) is not None:
             self._end_aborted(req, now, reason)
             return
         if req.num_prompt_tokens >= self.max_model_len:
             # one reason per engine, not per prompt length: summaries count requests by reason
             self._end_aborted(req, now, f"prompt does not fit max_model_len {self.max_model_len}")
             return
-        if self._count_queued:
-            self.queued_tokens += req.num_prompt_tokens
+        if api is not None:
+            api.admitted(req)
         true_len = min(true_len, req.max_tokens, self.max_model_len - req.num_prompt_tokens)
         self.truth[req] = true_len
         keys: list[Hashable] = []
@@ -274,18 +277,6 @@ class Replica(Preemption):
         if timeout is not None:
             self.abort_at(req, now + timeout)
 
-    def _over_queue_limit(self) -> str | None:
-        """vLLM's API server's check (``max_num_queued_reqs``, then ``max_num_queued_tokens``) of a request
-        arriving now, before the engine sees it: the limit it breaks (HTTP 503 there), or None."""
-        cfg = self.cfg
-        if cfg.max_num_queued_reqs is not None:
-            unfinished = self.outstanding() - len(self._finishing)  # (async: those are finished already)
-            if unfinished + 1 > cfg.max_num_queued_reqs:
-                return "rejected: max_num_queued_reqs"
-        if cfg.max_num_queued_tokens is not None and self.queued_tokens >= cfg.max_num_queued_tokens:
-            return "rejected: max_num_queued_tokens"
-        return None
-
     def abort_at(self, req: Request, at: float) -> None:
         """The client aborts ``req`` at time ``at`` if it has not finished by then (its timeout).
         vLLM takes an abort between steps: a waiting request leaves the queue at once, a running
@@ -306,6 +297,8 @@ class Replica(Preemption):
             return
         s = self.seqs[req]
         now = self.loop.now
+        if self.api is not None:  # vLLM's API server forgets it now, before the engine takes the abort
+            self.api.client_left(req)
         running = s in self.decoders or s in self.prefilling or s in self._sitting
         if running or (self._async and self.busy and self.plan_n):
             # a step's end takes it (with async scheduling a waiting request's too: the next step's
@@ -592,8 +585,8 @@ class Replica(Preemption):
             req.num_output_tokens += 1
             if req.first_token_time is None:
                 req.first_token_time = now
-                if self._count_queued:
-                    self.queued_tokens -= req.num_prompt_tokens
+                if self.api is not None:
+                    self.api.first_token(req)
             req.last_token_time = now
             if self._progress_hook:
                 self.policy.on_progress(req, now, s.chunk)
@@ -637,6 +630,8 @@ class Replica(Preemption):
             self._leave(s)
         req.finish_time = now
         req.transition(RequestState.FINISHED)
+        if self.api is not None:
+            self.api.finished(req)
         self._run_version += 1
         if self._finish_hook:
             self.policy.on_finish(req, now)

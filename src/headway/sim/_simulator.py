@@ -336,9 +336,10 @@ def simulate(
                 f"{r.name}: KV blocks not conserved at the end ({r.free} free of {r.num_blocks}); "
                 "this is a simulator bug"
             )
-        if r.queued_tokens:
+        if r.api is not None and (r.api.queued_tokens or r.api.dropped):
             raise RuntimeError(
-                f"{r.name}: {r.queued_tokens} prompt tokens still counted as queued at the end; this is a simulator bug"
+                f"{r.name}: {r.api.queued_tokens} prompt tokens still counted as queued, {len(r.api.dropped)} "
+                "aborted requests not taken by the engine at the end; this is a simulator bug"
             )
     stats = tuple(
         ReplicaStats(

@@ -1,0 +1,56 @@
+"""vLLM's API server in front of a replica: its admission limits (``max_num_queued_reqs``,
+``max_num_queued_tokens``), checked on each arriving request before the engine sees it.
+
+The counts are the server's own (its ``OutputProcessor``'s): a request counts from its admission
+until its finishing output or its client's abort, which the server takes at once, before the
+engine takes it at its step's end; its prompt counts as queued, whole, until its first token.
+"""
+
+from __future__ import annotations
+
+from headway.core import Request
+
+__all__ = ["ApiServerLimits"]
+
+
+class ApiServerLimits:
+    """The API server's books for one replica (vLLM's ``AsyncLLM.check_admission``)."""
+
+    __slots__ = ("dropped", "max_reqs", "max_tokens", "queued_tokens")
+
+    def __init__(self, max_reqs: int | None, max_tokens: int | None) -> None:
+        self.max_reqs = max_reqs
+        self.max_tokens = max_tokens
+        self.queued_tokens = 0  # prompt tokens of the admitted requests without a first token yet
+        self.dropped: set[Request] = set()  # forgotten at their clients' aborts, not yet taken by the engine
+
+    def check(self, held: int) -> str | None:
+        """The limit a request arriving now breaks (HTTP 503 there), or None; ``held``: the unfinished
+        requests the engine holds (the reqs limit first, as vLLM checks)."""
+        if self.max_reqs is not None and held - len(self.dropped) + 1 > self.max_reqs:
+            return "rejected: max_num_queued_reqs"
+        if self.max_tokens is not None and self.queued_tokens >= self.max_tokens:
+            return "rejected: max_num_queued_tokens"
+        return None
+
+    def admitted(self, req: Request) -> None:
+        self.queued_tokens += req.num_prompt_tokens
+
+    def first_token(self, req: Request) -> None:
+        if req not in self.dropped:
+            self.queued_tokens -= req.num_prompt_tokens
+
+    def client_left(self, req: Request) -> None:
+        """Its client aborts ``req``: the server forgets it now (its output processor's ``abort_requests``)."""
+        self.dropped.add(req)
+        if req.first_token_time is None:
+            self.queued_tokens -= req.num_prompt_tokens
+
+    def engine_took_abort(self, req: Request) -> None:
+        if req in self.dropped:
+            self.dropped.remove(req)
+        elif req.first_token_time is None:
+            self.queued_tokens -= req.num_prompt_tokens
+
+    def finished(self, req: Request) -> None:
+        self.dropped.discard(req)
