@@ -123,3 +123,21 @@ def test_a_request_its_client_abandoned_stops_counting_against_the_token_limit()
     assert _outcomes(specs, max_num_queued_tokens=100) == ["1", "client timeout", "6"]
     with pytest.raises(ValueError, match="max_num_queued_tokens must be >= 0"):
         SchedulerConfig(max_num_queued_tokens=-1)
+
+
+def test_a_fleet_routes_a_request_one_replica_turns_away_to_another() -> None:
+    # two replicas, one slot each, round robin, max_num_queued_reqs 1. A (long) goes to replica 0, B
+    # (short, done at 2) to replica 1; C at 3 is routed to replica 0, which is full (A runs until 20):
+    # as a load balancer retries vLLM's 503 elsewhere, it goes to replica 1. D, also at 3, finds both
+    # full and is turned away (by the last replica tried)
+    specs = [
+        RequestSpec("A", 0.0, 16, 20), RequestSpec("B", 0.0, 16, 2), RequestSpec("C", 3.0, 16, 2),
+        RequestSpec("D", 3.0, 16, 2),
+    ]  # fmt: skip
+    sched = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=256, max_num_queued_reqs=1)
+    res = simulate(
+        Workload.from_specs("t", specs), "fcfs", preset=unit_cost(1.0), scheduler=sched, num_replicas=2,
+        router="round-robin",
+    )  # fmt: skip
+    assert [_fate(r) for r in res.requests] == ["1", "1", "4", "rejected: max_num_queued_reqs"]
+    assert res.assignment == (0, 1, 1, 1)

@@ -71,12 +71,19 @@ def test_the_server_never_holds_more_unfinished_requests_than_max_num_queued_req
     sched, cache = cfg
     sched = dataclasses.replace(sched, max_num_queued_reqs=limit)
     res = simulate(wl, "fcfs", preset=COST, scheduler=sched, cache=cache)
+    timeouts = {s.request_id: s.timeout for s in wl}
     events = []
     for r in res.requests:
         if str(r.extra.get("abort_reason", "")).startswith("rejected"):
             assert r.finish_time == r.arrival_time and r.first_scheduled_time is None
             continue
-        events += [(r.arrival_time, 1), (r.finish_time, -1)]
+        assert r.finish_time is not None
+        end = r.finish_time
+        if r.extra.get("abort_reason") == "client timeout":  # the server forgets it when its client gives up
+            timeout = timeouts[r.request_id]
+            assert timeout is not None and end >= r.arrival_time + timeout - 1e-9
+            end = r.arrival_time + timeout
+        events += [(r.arrival_time, 1), (end, -1)]
     unfinished = peak = 0
     for _, change in sorted(events):  # (a finish before an arrival at the same time)
         unfinished += change

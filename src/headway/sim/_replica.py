@@ -235,8 +235,7 @@ class Replica(Preemption):
         ``timeout`` seconds later if it has not finished (:meth:`abort_at`)."""
         now = self.loop.now
         api = self.api
-        # (async: those in _finishing finished in the step just ended)
-        if api is not None and (reason := api.check(self.outstanding() - len(self._finishing))) is not None:
+        if api is not None and (reason := self.turns_away()) is not None:
             self._end_aborted(req, now, reason)
             return
         if req.num_prompt_tokens >= self.max_model_len:
@@ -276,6 +275,12 @@ class Replica(Preemption):
             self.loop.schedule(end if end > now else now, STEP_END, self._on_step_end, self.version)
         if timeout is not None:
             self.abort_at(req, now + timeout)
+
+    def turns_away(self) -> str | None:
+        """The limit of vLLM's API server that a request arriving now would break (HTTP 503 there), or
+        None (none set, or room)."""
+        # (async: those in _finishing finished in the step just ended)
+        return None if self.api is None else self.api.check(self.outstanding() - len(self._finishing))
 
     def abort_at(self, req: Request, at: float) -> None:
         """The client aborts ``req`` at time ``at`` if it has not finished by then (its timeout).

@@ -271,12 +271,29 @@ def simulate(
         prime = estimate is not None and lead.oracle
         route_req = rtr.route
 
+        fleet = len(replicas)
+        limited = replicas[0].api is not None and fleet > 1
+
+        def elsewhere(req: Request, k: int) -> int:
+            """Replica ``k``'s API server turns ``req`` away (HTTP 503): as a load balancer retries
+            vLLM's 503 on another instance, the router picks again among the replicas that have not
+            turned it away; the last one's rejection stands if every one does."""
+            assert tracker is not None
+            tried = {k}
+            while len(tried) < fleet and replicas[k].turns_away() is not None:
+                tracker.release(req)
+                k = route_req(req, tracker, [j for j in range(fleet) if j not in tried], estimate=estimate)
+                tried.add(k)
+            return k
+
         def arrive(i: int) -> None:
             req = requests[i]
             spec = specs[i]
             if prime:
                 truth[req] = min(spec.num_output_tokens, req.max_tokens)
             k = route_req(req, tracker, estimate=estimate)
+            if limited:
+                k = elsewhere(req, k)
             assignment[i] = k
             replicas[k].submit(req, spec.num_output_tokens, spec.timeout)
     else:
