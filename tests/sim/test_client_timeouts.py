@@ -83,13 +83,13 @@ def test_the_next_turn_of_a_session_follows_an_aborted_one() -> None:
     t1, t2 = res.requests
     assert (t1.state, t1.finish_time) == (RequestState.ABORTED, 3.0)
     assert (t2.arrival_time, t2.state) == (3.5, RequestState.FINISHED)
-    # with no think time it comes when the engine has taken the abort (3.0), not at 2.5: the simulator
-    # learns of the abort there (a named approximation)
+    # with no think time it comes as the client gives up (2.5), before the engine takes the abort (3.0)
     res = _run([
         RequestSpec("t1", 0.0, 16, 10, timeout=2.5),
         RequestSpec("t2", 0.0, 16, 2, after="t1", think_time=0.0),
     ])  # fmt: skip
-    assert res.requests[1].arrival_time == 3.0
+    assert res.requests[1].arrival_time == 2.5
+    assert res.requests[0].finish_time == 3.0
 
 
 def test_a_client_timeout_applies_to_every_request_of_a_workload() -> None:

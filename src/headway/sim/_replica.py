@@ -200,6 +200,7 @@ class Replica(Preemption):
         self.fin_heap: list[tuple[int, int, int, Seq]] = []
         self.rekey_heap: list[tuple[int, int, int, Seq]] = []
         self.on_done = on_done
+        self.on_client_abort: Callable[[Request], None] | None = None  # the simulator's: a client gives up now
         self.truth: dict[Request, int] = {} if truth is None else truth
         self.swap_cost = 0.0
         # the step in flight
@@ -304,6 +305,8 @@ class Replica(Preemption):
         now = self.loop.now
         if self.api is not None:  # vLLM's API server forgets it now, before the engine takes the abort
             self.api.client_left(req)
+        if self.on_client_abort is not None:
+            self.on_client_abort(req)
         running = s in self.decoders or s in self.prefilling or s in self._sitting
         if running or (self._async and self.busy and self.plan_n):
             # a step's end takes it (with async scheduling a waiting request's too: the next step's

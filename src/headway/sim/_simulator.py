@@ -311,9 +311,15 @@ def simulate(
             requests[i].arrival_time = loop.now
             arrive(i)
 
+        answered: set[int] = set()  # the turns whose clients have had their answer or given up
+
         def release(req: Request) -> None:
-            # the client's next turn comes a think time after it had its answer, or gave up on it (its
-            # timeout: the engine takes the abort at a step's end, the client does not wait for that)
+            """The client's next turn comes a think time after it had its answer, or gave up on it
+            (its timeout: now, when the client aborts, or the engine took the abort a rounding tie
+            earlier; the client does not wait for the engine)."""
+            if req.seq in answered:
+                return
+            answered.add(req.seq)
             done = loop.now
             timeout = specs[req.seq].timeout
             if timeout is not None and req.extra.get("abort_reason") == CLIENT_TIMEOUT:
@@ -324,6 +330,7 @@ def simulate(
         for r in replicas:
             done = r.on_done
             r.on_done = release if done is None else _chain(done, release)
+            r.on_client_abort = release
         loop.set_arrivals([requests[i].arrival_time for i in open_loop], lambda k: arrive(open_loop[k]))
     else:
         loop.set_arrivals([r.arrival_time for r in requests], arrive)
