@@ -1,4 +1,6 @@
-"""vLLM's watermark on a KV cache too small for the load: preemptions against latency.
+"""vLLM's admission limits under overload: its watermark on a KV cache too small for the load
+(preemptions against latency), and its API server's ``max_num_queued_tokens`` (TTFT against the
+requests turned away).
 
     python benchmarks/bench_admission_limits.py [--out benchmarks/results]
 
@@ -11,8 +13,15 @@ latency, and engine steps. Every figure is a simulation's (seeded, deterministic
 timing; the simulator makes vLLM's decisions with a watermark (``bench_fidelity_steps.py``'s
 ``sim_admission_limits``).
 
+Then the same trace on the preset's own KV cache, FCFS and oracle SJF, with vLLM's API server's
+``--max-num-queued-tokens`` from none to 4,096: a request arriving while the requests without a first
+token hold that many prompt tokens is turned away (HTTP 503 there; vLLM's "TTFT QoS" limit). For
+each: the share turned away, the admitted requests' mean and P99 TTFT and mean E2E latency (the
+simulator turns away the requests vLLM's own ``check_admission`` does: ``sim_api_limits``).
+
 Results go to ``benchmarks/results/admission_limits.{md,png}`` (the figure: preemptions and mean E2E
-against the watermark, one line per cache size and policy).
+against the watermark, one line per cache size and policy; the admitted requests' P99 TTFT against
+the share turned away, one point per token limit).
 """
 
 from __future__ import annotations
@@ -31,12 +40,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 WATERMARKS = (0.0, 0.01, 0.02, 0.05, 0.1)
 BLOCKS = (2000, 4000)
 POLICIES = ("fcfs", "sjf-oracle")
+QUEUED_TOKENS = (None, 1_048_576, 262_144, 65_536, 16_384, 4_096)
 
 
-def run(workload: Any, policy: str, blocks: int, watermark: float) -> dict[str, float]:
-    res = simulate(
-        workload, policy, scheduler=SchedulerConfig(watermark=watermark), cache=CacheConfig(num_gpu_blocks=blocks)
-    )
+def run(
+    workload: Any, policy: str, blocks: int | None, watermark: float = 0.0, queued: int | None = None
+) -> dict[str, float]:
+    sched = SchedulerConfig(watermark=watermark, max_num_queued_tokens=queued)
+    res = simulate(workload, policy, scheduler=sched, cache=CacheConfig(num_gpu_blocks=blocks))
+    turned_away = sum(1 for r in res.requests if str(r.extra.get("abort_reason", "")).startswith("rejected"))
     s = summarize(res.requests)
     return {
         "preemptions": s.num_preemptions,
@@ -46,6 +58,7 @@ def run(workload: Any, policy: str, blocks: int, watermark: float) -> dict[str, 
         "e2e_mean": s.e2e.mean,
         "e2e_p99": s.e2e.p99,
         "steps": res.num_steps,
+        "rejected": turned_away / len(res.requests),
     }
 
 
@@ -65,23 +78,35 @@ def main(argv: list[str] | None = None) -> int:
                 rows[(policy, blocks)].append(r)
                 print(f"{blocks} blocks, {policy}, watermark {wm:g}: {r['preemptions']:,} preemptions, "
                       f"E2E {r['e2e_mean']:.1f} s", flush=True)  # fmt: skip
+    limited: dict[str, list[dict[str, float]]] = {}
+    for policy in POLICIES:
+        limited[policy] = []
+        for queued in QUEUED_TOKENS:
+            r = run(workload, policy, None, queued=queued)
+            limited[policy].append(r)
+            print(f"{policy}, max_num_queued_tokens {queued}: {r['rejected']:.1%} turned away, "
+                  f"TTFT P99 {r['ttft_p99']:.1f} s", flush=True)  # fmt: skip
     command = shlex.join(["python", "benchmarks/bench_admission_limits.py", *(argv or sys.argv[1:])])
     lines = [
-        "# vLLM's watermark on a KV cache too small for the load",
+        "# vLLM's admission limits under overload",
         "",
         f"Command: `{command}`",
         "",
-        f"`azure-conv`, {len(workload):,} requests on `llama3-8b-a100` with its KV cache cut to "
-        f"{' and '.join(f'{b:,}' for b in BLOCKS)} blocks of 16 tokens; vLLM's other settings at their "
-        "defaults. *watermark*: the share of the block pool (its null block counted) a waiting request "
-        "must leave free to be admitted while another runs. Simulated, seeded: every figure is a "
-        "decision's outcome, not a timing. Change: mean E2E against the same policy without a watermark.",
+        f"`azure-conv`, {len(workload):,} requests on `llama3-8b-a100`, whose load overloads it; vLLM's other "
+        "settings at their defaults. Simulated, seeded: every figure is a decision's outcome, not a timing.",
+        "",
+        "## vLLM's watermark on a KV cache too small for the load",
+        "",
+        "The KV cache cut to "
+        f"{' and '.join(f'{b:,}' for b in BLOCKS)} blocks of 16 tokens. *watermark*: the share of the "
+        "block pool (its null block counted) a waiting request must leave free to be admitted while "
+        "another runs. Change: mean E2E against the same policy without a watermark.",
         "",
     ]
     for (policy, blocks), rs in rows.items():
         base = rs[0]["e2e_mean"]
         lines += [
-            f"## {policy}, {blocks:,} blocks",
+            f"### {policy}, {blocks:,} blocks",
             "",
             "| watermark | preemptions | tokens recomputed | TTFT mean / P99 (s) | E2E mean / P99 (s) | change | "
             "engine steps |",
@@ -93,22 +118,45 @@ def main(argv: list[str] | None = None) -> int:
             for wm, r in zip(WATERMARKS, rs, strict=True)
         ]
         lines.append("")
+    lines += [
+        "## vLLM's API server's max_num_queued_tokens",
+        "",
+        "The preset's own KV cache. *max_num_queued_tokens*: a request arriving while "
+        "the requests without a first token hold that many prompt tokens or more is turned away (HTTP 503 "
+        "in vLLM); latencies are the admitted requests'.",
+        "",
+    ]
+    for policy, rs in limited.items():
+        lines += [
+            f"### {policy}, the preset's KV cache",
+            "",
+            "| max_num_queued_tokens | turned away | TTFT mean / P99 (s) | E2E mean / P99 (s) | preemptions |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {'none' if q is None else f'{q:,}'} | {r['rejected']:.1%} | {r['ttft_mean']:.1f} / "
+            f"{r['ttft_p99']:.1f} | {r['e2e_mean']:.1f} / {r['e2e_p99']:.1f} | {r['preemptions']:,} |"
+            for q, r in zip(QUEUED_TOKENS, rs, strict=True)
+        ]
+        lines.append("")
     args.out.mkdir(parents=True, exist_ok=True)
     md = args.out / "admission_limits.md"
     md.write_text("\n".join(lines).rstrip("\n") + "\n")
     png = args.out / "admission_limits.png"
-    plot(rows, png)
+    plot(rows, limited, png)
     print(f"wrote {md} and {png}")
     return 0
 
 
-def plot(rows: dict[tuple[str, int], list[dict[str, float]]], path: Path) -> None:
+def plot(
+    rows: dict[tuple[str, int], list[dict[str, float]]], limited: dict[str, list[dict[str, float]]], path: Path
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right, third) = plt.subplots(1, 3, figsize=(15, 4))
     for (policy, blocks), rs in rows.items():
         style = {"linestyle": "-" if policy == "fcfs" else "--", "marker": "o"}
         label = f"{policy}, {blocks:,} blocks"
@@ -121,7 +169,22 @@ def plot(rows: dict[tuple[str, int], list[dict[str, float]]], path: Path) -> Non
         ax.set_xlabel("watermark (share of the KV block pool)")
         ax.grid(alpha=0.3)
     left.legend(fontsize=8, loc="lower left")
-    fig.suptitle("azure-conv on llama3-8b-a100, KV cache cut down: vLLM's --watermark")
+    left.set_title("--watermark, KV cache cut down", fontsize=10)
+    right.set_title("--watermark, KV cache cut down", fontsize=10)
+    for policy, rs in limited.items():
+        xs = [100 * r["rejected"] for r in rs]
+        fcfs = policy == "fcfs"
+        third.plot(xs, [r["ttft_p99"] for r in rs], marker="o", linestyle="-" if fcfs else "--", label=policy)
+        for q, x, r in zip(QUEUED_TOKENS, xs, rs, strict=True):  # the limit, in Ki tokens
+            third.annotate("none" if q is None else f"{q // 1024}Ki", (x, r["ttft_p99"]), fontsize=7,
+                           textcoords="offset points", xytext=(5, -9) if fcfs else (5, 4))  # fmt: skip
+    third.set_yscale("log")
+    third.set_xlabel("requests turned away (%)")
+    third.set_ylabel("P99 TTFT of the admitted (s)")
+    third.set_title("--max-num-queued-tokens, the preset's KV cache", fontsize=10)
+    third.grid(alpha=0.3)
+    third.legend(fontsize=8)
+    fig.suptitle("azure-conv on llama3-8b-a100: vLLM's admission limits")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

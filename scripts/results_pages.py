@@ -89,10 +89,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "admission-limits",
-        "vLLM's watermark on a small KV cache",
+        "vLLM's admission limits under overload",
         "Preemptions, recomputed tokens and TTFT and E2E latency on the Azure conversation trace with the "
         "simulated A100's KV cache cut to 2,000 and 4,000 blocks, FCFS and oracle SJF, for vLLM's --watermark "
-        "from 0 (its default) to 0.1.",
+        "from 0 (its default) to 0.1; then on its own KV cache, the share of requests its API server's "
+        "--max-num-queued-tokens turns away against the admitted requests' TTFT.",
         "python benchmarks/bench_admission_limits.py",
         ("admission_limits.png", "admission_limits.md"),
     ),
