@@ -470,6 +470,38 @@ def test_a_failed_turn_ends_its_conversation(make_stub) -> None:
     }  # fmt: skip
 
 
+def test_vllms_admission_rejections_are_named_as_the_simulator_names_them(make_stub) -> None:
+    # a burst of 6 on a server that holds 2 unfinished requests (vLLM's --max-num-queued-reqs 2): the
+    # others get vLLM's 503, named by the limit as in the simulator's summaries, not "http_503"
+    stub = make_stub(max_num_seqs=1, token_delay_s=0.02, max_num_queued_reqs=2)
+    wl = Workload.from_specs("burst", [RequestSpec(f"r{i}", 0.0, 10, 5) for i in range(6)])
+    reqs = run_bench_sync(wl, BenchConfig(stub.url, model="m"))
+    reasons = sorted(str(r.extra.get("abort_reason")) for r in reqs)
+    assert reasons == ["None"] * 2 + ["rejected: max_num_queued_reqs"] * 4
+    assert stub.stub.stats.rejected == 4
+
+
+@pytest.mark.parametrize(
+    ("body", "limit"),
+    [
+        (b'{"error": {"message": "The engine is currently busy and cannot accept new requests. Please try '
+         b'again later or on a different instance.", "type": "Service Unavailable", "code": 503}}',
+         "max_num_queued_reqs"),
+        (b'{"error": {"message": "The engine has reached its prefill token backlog limit. Please try again '
+         b'later or on a different instance.", "type": "Service Unavailable", "code": 503}}',
+         "max_num_queued_tokens"),
+        (b'{"error": {"message": "something else", "type": "Service Unavailable"}}', "admission"),
+        (b'{"error": {"message": "injected failure", "code": 503}}', None),
+        (b"Service Unavailable", None),
+        (b'{"error": "busy"}', None),
+    ],
+)  # fmt: skip
+def test_admission_rejection_reads_vllms_503(body: bytes, limit: str | None) -> None:
+    from headway.serve._wire import admission_rejection
+
+    assert admission_rejection(body) == limit
+
+
 def test_a_streamed_chunk_with_usage_and_choices_gives_both_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # vLLM's continuous usage stats put usage in every content chunk: the token text and the count
     # come from one parse of it

@@ -14,6 +14,7 @@ from harness.vllm import VllmNotAvailable, default_vllm_paths, start_vllm
 from headway.metrics import summarize
 from headway.serve import BackendConfig
 from headway.serve._bench import BenchConfig, run_bench_sync
+from headway.serve._wire import admission_rejection
 from headway.workload import RequestSpec, Workload
 
 from .conftest import REPO, wait_until
@@ -95,6 +96,9 @@ def test_vllm_s_queue_limit_503s_are_waited_out_not_failed(tmp_path, make_gatewa
             body = {"model": "tiny-llama", "prompt": "hi", "max_tokens": 24, "ignore_eos": True}
             direct = _burst(url, body, 6)  # vLLM itself turns some away
             assert 503 in {r.status_code for r in direct}, [r.status_code for r in direct]
+            # the body names the limit (what bench serve reports and the gateway waits out)
+            limits = {admission_rejection(r.content) for r in direct if r.status_code == 503}
+            assert limits == {"max_num_queued_reqs"}, [r.content for r in direct]
             gw = make_gateway([BackendConfig(url, max_concurrency=6)])
             assert [r.status_code for r in _burst(gw.url, body, 6)] == [200] * 6
             assert f'headway_retries_total{{backend="{url}"}}' in httpx.get(gw.url + "/metrics").text

@@ -43,6 +43,7 @@ from typing import Any
 import aiohttp
 
 from headway.core import Request, RequestState
+from headway.serve._wire import admission_rejection
 from headway.workload import RequestSpec, Workload
 
 __all__ = ["BenchConfig", "BenchError", "run_bench", "run_bench_sync", "synthetic_prompt"]
@@ -257,8 +258,10 @@ async def _one(
     try:
         async with session.post(url, data=data, headers=headers) as resp:
             if resp.status != 200:
-                await resp.read()
-                _abort(req, f"http_{resp.status}", clock() - t0)
+                error = await resp.read()
+                # vLLM's admission control, named as the simulator and vLLM's metric name it
+                limit = admission_rejection(error) if resp.status == 503 else None
+                _abort(req, f"http_{resp.status}" if limit is None else f"rejected: {limit}", clock() - t0)
             elif not cfg.stream:
                 _finish_unstreamed(req, await resp.read(), clock() - t0, answer)
             else:

@@ -34,23 +34,12 @@ from headway.serve._upstream import (
     UpstreamTimeout,
 )
 from headway.serve._watch import STOP_EVENTS, STOP_REASONS, Watch, chain, either
-from headway.serve._wire import Parsed, completion_tokens, sse_data, sse_newlines
+from headway.serve._wire import Parsed, admission_rejection, completion_tokens, sse_data, sse_newlines
 
 __all__ = ["Exchange"]
 
 
 log = logging.getLogger("headway.serve")
-
-
-def _admission_rejection(body: bytes) -> bool:
-    """Whether a 503's body is vLLM's admission control turning the request away (its
-    ``GracefulHTTPError``s, ``--max-num-queued-reqs`` and ``--max-num-queued-tokens``: error type
-    ``Service Unavailable``), as opposed to a failure."""
-    try:
-        error = json.loads(body)["error"]
-        return isinstance(error, dict) and error.get("type") == "Service Unavailable"
-    except (ValueError, KeyError, TypeError):
-        return False
 
 
 class Exchange:
@@ -307,7 +296,7 @@ class Exchange:
             with contextlib.suppress(UpstreamError):
                 body = await resp.read()
             resp.close()
-            if resp.status_code == 503 and (backend.in_flight > 1 or _admission_rejection(body)):
+            if resp.status_code == 503 and (backend.in_flight > 1 or admission_rejection(body) is not None):
                 # full (vLLM's max_num_queued_reqs or _tokens): room comes back as requests end there
                 return f"HTTP 503, full ({backend.in_flight - 1} other requests of ours in flight)", "busy"
             return f"HTTP {resp.status_code}", "failed"

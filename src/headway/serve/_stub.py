@@ -118,7 +118,10 @@ class _Stub:
             )
         if c.max_num_queued_reqs and self._unfinished + 1 > c.max_num_queued_reqs:
             self.stats.rejected += 1
-            message = "The engine is currently busy and cannot accept new requests. Please try again later."
+            message = (  # vLLM 0.32's QueueOverflowError
+                "The engine is currently busy and cannot accept new requests. "
+                "Please try again later or on a different instance."
+            )
             error = {"message": message, "type": "Service Unavailable", "param": None, "code": 503}  # vLLM's
             return JSONResponse({"error": error}, status_code=503)
         self._unfinished += 1

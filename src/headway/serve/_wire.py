@@ -1,5 +1,5 @@
 """The OpenAI wire format as the gateway reads it: parsing and validating request bodies,
-splitting SSE events, reading ``usage`` from an answer.
+splitting SSE events, reading ``usage`` from an answer, telling vLLM's admission control's 503 apart.
 
 Validation checks only the fields the gateway relies on and raises :class:`BadRequest` naming
 the field (a 400 ``invalid_value``); everything else goes to the backend as it came.
@@ -18,6 +18,7 @@ __all__ = [
     "BadRequest",
     "NonFinite",
     "Parsed",
+    "admission_rejection",
     "completion_tokens",
     "estimate_tokens",
     "is_int",
@@ -234,3 +235,24 @@ def completion_tokens(content: bytes) -> int | None:
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError):
         return None
     return count if count is not None and count >= 0 else None
+
+
+_ADMISSION_MESSAGES = (
+    ("The engine is currently busy", "max_num_queued_reqs"),  # vLLM's QueueOverflowError
+    ("The engine has reached its prefill token backlog limit", "max_num_queued_tokens"),  # MaxQueuedTokensError
+)
+
+
+def admission_rejection(body: bytes) -> str | None:
+    """The limit of vLLM's admission control that a 503's body says turned the request away (its
+    ``GracefulHTTPError``s, error type ``Service Unavailable``), as vLLM's
+    ``vllm:admission_rejections`` labels it: ``max_num_queued_reqs``, ``max_num_queued_tokens``,
+    or ``admission`` for another message of that type; None for any other body (a failure)."""
+    try:
+        error = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(error, dict) or error.get("type") != "Service Unavailable":
+        return None
+    message = str(error.get("message", ""))
+    return next((limit for start, limit in _ADMISSION_MESSAGES if message.startswith(start)), "admission")
