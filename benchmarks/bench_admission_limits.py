@@ -105,19 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for (policy, blocks), rs in rows.items():
         base = rs[0]["e2e_mean"]
-        lines += [
-            f"### {policy}, {blocks:,} blocks",
-            "",
-            "| watermark | preemptions | tokens recomputed | TTFT mean / P99 (s) | E2E mean / P99 (s) | change | "
-            "engine steps |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        lines += [
-            f"| {wm:g} | {r['preemptions']:,} | {r['recomputed']:,} | {r['ttft_mean']:.1f} / {r['ttft_p99']:.1f} | "
-            f"{r['e2e_mean']:.1f} / {r['e2e_p99']:.1f} | {r['e2e_mean'] / base - 1:+.1%} | {r['steps']:,} |"
-            for wm, r in zip(WATERMARKS, rs, strict=True)
-        ]
-        lines.append("")
+        lines += _table(
+            f"{policy}, {blocks:,} blocks",
+            ("watermark", "preemptions", "tokens recomputed", "TTFT mean / P99 (s)", "E2E mean / P99 (s)", "change",
+             "engine steps"),
+            [(f"{wm:g}", f"{r['preemptions']:,}", f"{r['recomputed']:,}", f"{r['ttft_mean']:.1f} / {r['ttft_p99']:.1f}",
+              f"{r['e2e_mean']:.1f} / {r['e2e_p99']:.1f}", f"{r['e2e_mean'] / base - 1:+.1%}", f"{r['steps']:,}")
+             for wm, r in zip(WATERMARKS, rs, strict=True)],
+        )  # fmt: skip
     lines += [
         "## vLLM's API server's max_num_queued_tokens",
         "",
@@ -127,18 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     for policy, rs in limited.items():
-        lines += [
-            f"### {policy}, the preset's KV cache",
-            "",
-            "| max_num_queued_tokens | turned away | TTFT mean / P99 (s) | E2E mean / P99 (s) | preemptions |",
-            "|---:|---:|---:|---:|---:|",
-        ]
-        lines += [
-            f"| {'none' if q is None else f'{q:,}'} | {r['rejected']:.1%} | {r['ttft_mean']:.1f} / "
-            f"{r['ttft_p99']:.1f} | {r['e2e_mean']:.1f} / {r['e2e_p99']:.1f} | {r['preemptions']:,} |"
-            for q, r in zip(QUEUED_TOKENS, rs, strict=True)
-        ]
-        lines.append("")
+        lines += _table(
+            f"{policy}, the preset's KV cache",
+            ("max_num_queued_tokens", "turned away", "TTFT mean / P99 (s)", "E2E mean / P99 (s)", "preemptions"),
+            [("none" if q is None else f"{q:,}", f"{r['rejected']:.1%}", f"{r['ttft_mean']:.1f} / {r['ttft_p99']:.1f}",
+              f"{r['e2e_mean']:.1f} / {r['e2e_p99']:.1f}", f"{r['preemptions']:,}")
+             for q, r in zip(QUEUED_TOKENS, rs, strict=True)],
+        )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     md = args.out / "admission_limits.md"
     md.write_text("\n".join(lines).rstrip("\n") + "\n")
@@ -146,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     plot(rows, limited, png)
     print(f"wrote {md} and {png}")
     return 0
+
+
+def _table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A markdown section: ``### title`` and a right-aligned table."""
+    lines = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+    return [*lines, *("| " + " | ".join(row) + " |" for row in rows), ""]
 
 
 def plot(
