@@ -411,7 +411,16 @@ def test_simulate_admission_limits_reach_the_engine_and_its_server(
     assert run("--max-num-active-seqs", "4")["ttft"]["mean"] > run()["ttft"]["mean"]
     capsys.readouterr()
     assert run("--max-num-queued-reqs", "20")["num_aborted"] > 0
-    assert "rejected: max_num_queued_reqs" in " ".join(capsys.readouterr().out.split())
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "rejected: max_num_queued_reqs" in printed
+    assert "different sets of requests" not in printed  # one run: no ratios
+    # two policies that turn away different requests: their ratios are said to compare different sets
+    out = tmp_path / "two"
+    flags = ["--num-requests", "300", "--rate", "20", "--max-num-queued-reqs", "30", "--out", str(out)]
+    assert main(["simulate", "--policies", "fcfs,sjf-oracle", *flags]) == 0
+    runs = json.loads((out / "summary.json").read_text())["runs"]
+    assert runs["fcfs"]["num_completed"] != runs["sjf-oracle"]["num_completed"]  # (233 and 232 turned away)
+    assert "compare latencies over different sets of requests" in " ".join(capsys.readouterr().out.split())
     assert main(["simulate", "--watermark", "1", "--no-report"]) == 2
     assert "watermark must be in [0, 1)" in capsys.readouterr().err
     assert main(["simulate", "--max-num-active-seqs", "300", "--no-report"]) == 2

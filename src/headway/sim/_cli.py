@@ -323,7 +323,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from headway.core import available_policies, get_policy_class, make_policy
+    from headway.core import RequestState, available_policies, get_policy_class, make_policy
     from headway.metrics import SLO, comparison_table, summarize, write_report
     from headway.routers import get_router_class, make_router
     from headway.sim import CacheConfig, SchedulerConfig, load_preset, simulate
@@ -484,6 +484,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             title=f"{workload.name} on {preset_names} (full table in the report)",
         )
     )
+    done = RequestState.FINISHED
+    completed = {frozenset(r.request_id for r in requests if r.state is done) for _, requests in runs.values()}
+    if baseline is not None and len(completed) > 1:
+        notes.append(
+            "the runs completed different requests (the aborted and rejected are left out of the "
+            "latencies): their ratios compare latencies over different sets of requests"
+        )
+        console.print(f"[yellow]{notes[-1]}[/]")
     alike = _decided_alike(runs)
     if alike:
         more = "a higher --rate, or fewer replicas," if fleet else "a higher --rate"
