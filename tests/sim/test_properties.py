@@ -91,6 +91,32 @@ def test_the_server_never_holds_more_unfinished_requests_than_max_num_queued_req
     assert peak <= limit
 
 
+@given(wl=workloads(), cfg=engine_configs(), limit=st.integers(0, 4), router=st.sampled_from(["round-robin", "random"]))
+def test_a_fleet_turns_a_request_away_only_when_every_replica_is_full(
+    wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], limit: int, router: str
+) -> None:
+    sched, cache = cfg
+    sched = dataclasses.replace(sched, max_num_queued_reqs=limit, max_num_queued_tokens=None)
+    res = simulate(wl, "fcfs", preset=COST, scheduler=sched, cache=cache, num_replicas=3, router=router)
+    timeouts = {s.request_id: s.timeout for s in wl}
+    held: list[tuple[int, float, int, float]] = []  # (replica, arrival, seq, end) of each admitted request
+    rejected = []
+    for k, r in zip(res.assignment, res.requests, strict=True):
+        assert r.finish_time is not None
+        if str(r.extra.get("abort_reason", "")).startswith("rejected"):
+            rejected.append(r)
+            continue
+        end = r.finish_time
+        if r.extra.get("abort_reason") == "client timeout":  # the server forgets it when its client gives up
+            end = r.arrival_time + timeouts[r.request_id]  # type: ignore[operator]
+        held.append((k, r.arrival_time, r.seq, end))
+    for r in rejected:  # each replica then held at least `limit` (counting ties as held: an upper bound)
+        t = r.arrival_time
+        for k in range(3):
+            n = sum(1 for j, a, seq, end in held if j == k and (a, seq) < (t, r.seq) and end >= t)
+            assert n >= limit, (r.request_id, k, n)
+
+
 @given(wl=workloads(), cfg=engine_configs(), name=st.sampled_from(["fcfs", "priority", "sjf-oracle", "srpt-oracle"]))
 def test_kv_cache_and_token_budget_are_respected(
     wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], name: str
