@@ -179,8 +179,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         type=int,
         default=None,
         metavar="N",
-        help="reject (HTTP 503) a request arriving while N are unfinished at its replica, as vLLM's option "
-        "(default: no limit)",
+        help="reject (HTTP 503) a request arriving while N are unfinished at its replica, as vLLM's option; "
+        "in a fleet the router tries the other replicas first (default: no limit)",
     )
     e.add_argument(
         "--max-num-queued-tokens",
@@ -188,7 +188,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         default=None,
         metavar="N",
         help="reject (HTTP 503) a request arriving while the requests without a first token hold N prompt tokens "
-        "or more, as vLLM's option (default: no limit)",
+        "or more, as vLLM's option; in a fleet the router tries the other replicas first (default: no limit)",
     )
     e.add_argument(
         "--watermark",
