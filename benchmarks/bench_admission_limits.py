@@ -48,8 +48,8 @@ def run(
 ) -> dict[str, float]:
     sched = SchedulerConfig(watermark=watermark, max_num_queued_tokens=queued)
     res = simulate(workload, policy, scheduler=sched, cache=CacheConfig(num_gpu_blocks=blocks))
-    turned_away = sum(1 for r in res.requests if str(r.extra.get("abort_reason", "")).startswith("rejected"))
     s = summarize(res.requests)
+    turned_away = sum(n for why, n in s.aborted_by_reason.items() if why.startswith("rejected: "))
     return {
         "preemptions": s.num_preemptions,
         "recomputed": s.num_recomputed_tokens,
@@ -58,7 +58,7 @@ def run(
         "e2e_mean": s.e2e.mean,
         "e2e_p99": s.e2e.p99,
         "steps": res.num_steps,
-        "rejected": turned_away / len(res.requests),
+        "rejected": turned_away / s.num_requests,
     }
 
 

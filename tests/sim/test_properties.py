@@ -64,6 +64,20 @@ def test_every_request_finishes_exactly_once(wl: Workload, cfg: tuple[SchedulerC
 
 
 
+def _server_holds_until(r: Request, wl: Workload) -> float | None:
+    """Until when vLLM's API server counted ``r`` as unfinished: its finish, or its client's abort
+    (the server forgets it then, before the engine takes the abort); None if it turned ``r`` away."""
+    assert r.finish_time is not None
+    if str(r.extra.get("abort_reason", "")).startswith("rejected"):
+        assert r.finish_time == r.arrival_time and r.first_scheduled_time is None
+        return None
+    if r.extra.get("abort_reason") != "client timeout":
+        return r.finish_time
+    timeout = wl.requests[r.seq].timeout  # (the simulator numbers requests in the workload's order)
+    assert timeout is not None and r.finish_time >= r.arrival_time + timeout - 1e-9
+    return r.arrival_time + timeout
+
+
 @given(wl=workloads(), cfg=engine_configs(), limit=st.integers(0, 6))
 def test_the_server_never_holds_more_unfinished_requests_than_max_num_queued_reqs(
     wl: Workload, cfg: tuple[SchedulerConfig, CacheConfig], limit: int
@@ -71,18 +85,11 @@ def test_the_server_never_holds_more_unfinished_requests_than_max_num_queued_req
     sched, cache = cfg
     sched = dataclasses.replace(sched, max_num_queued_reqs=limit)
     res = simulate(wl, "fcfs", preset=COST, scheduler=sched, cache=cache)
-    timeouts = {s.request_id: s.timeout for s in wl}
     events = []
     for r in res.requests:
-        if str(r.extra.get("abort_reason", "")).startswith("rejected"):
-            assert r.finish_time == r.arrival_time and r.first_scheduled_time is None
+        end = _server_holds_until(r, wl)
+        if end is None:
             continue
-        assert r.finish_time is not None
-        end = r.finish_time
-        if r.extra.get("abort_reason") == "client timeout":  # the server forgets it when its client gives up
-            timeout = timeouts[r.request_id]
-            assert timeout is not None and end >= r.arrival_time + timeout - 1e-9
-            end = r.arrival_time + timeout
         events += [(r.arrival_time, 1), (end, -1)]
     unfinished = peak = 0
     for _, change in sorted(events):  # (a finish before an arrival at the same time)
@@ -98,18 +105,14 @@ def test_a_fleet_turns_a_request_away_only_when_every_replica_is_full(
     sched, cache = cfg
     sched = dataclasses.replace(sched, max_num_queued_reqs=limit, max_num_queued_tokens=None)
     res = simulate(wl, "fcfs", preset=COST, scheduler=sched, cache=cache, num_replicas=3, router=router)
-    timeouts = {s.request_id: s.timeout for s in wl}
     held: list[tuple[int, float, int, float]] = []  # (replica, arrival, seq, end) of each admitted request
     rejected = []
     for k, r in zip(res.assignment, res.requests, strict=True):
-        assert r.finish_time is not None
-        if str(r.extra.get("abort_reason", "")).startswith("rejected"):
+        end = _server_holds_until(r, wl)
+        if end is None:
             rejected.append(r)
-            continue
-        end = r.finish_time
-        if r.extra.get("abort_reason") == "client timeout":  # the server forgets it when its client gives up
-            end = r.arrival_time + timeouts[r.request_id]  # type: ignore[operator]
-        held.append((k, r.arrival_time, r.seq, end))
+        else:
+            held.append((k, r.arrival_time, r.seq, end))
     for r in rejected:  # each replica then held at least `limit` (counting ties as held: an upper bound)
         t = r.arrival_time
         for k in range(3):

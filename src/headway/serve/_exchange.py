@@ -38,7 +38,6 @@ from headway.serve._wire import Parsed, admission_rejection, completion_tokens, 
 
 __all__ = ["Exchange"]
 
-
 log = logging.getLogger("headway.serve")
 
 
