@@ -4,10 +4,13 @@ One server with the headway scheduler (``step_log`` + ``control_file``) is start
 calibration probe runs, the cost model is fitted from the measured steps and saved as a
 preset, then one workload is replayed under each policy on the server and in the
 simulator (same arrivals at the scheduler, lengths, policy; the engine's block count,
-block size and batching limits). Writes ``benchmarks/results/fidelity_vllm_cpu.md``.
+block size and batching limits), and again with shared system prompts, comparing the
+prompt tokens vLLM's prefix cache and the simulator's found (``--system-prompts``).
+Writes ``benchmarks/results/fidelity_vllm_cpu.md``.
 
     python benchmarks/bench_fidelity.py [--policies fcfs,sjf-oracle,pars,srpt-oracle]
         [--num-requests 200] [--rate R] [--max-num-seqs 8] [--preset-name vllm-cpu-tiny-bench]
+        [--system-prompts 4 --system-prompt-tokens 512]
 
 Needs ``.venv-vllm`` (``bash scripts/setup_vllm_env.sh``) and httpx.
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 from headway.integrations._fidelity import (
     fidelity_max_prompt,
     fidelity_workload,
+    format_cache_table,
     format_fidelity_table,
     pool_rows,
     run_fidelity,
@@ -74,6 +78,21 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="replay the policies K times, interleaved, and add tables of each policy's replays pooled",
     )
+    ap.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM's automatic prefix caching (default: vLLM's, on; the workload's salted prompts share nothing)",
+    )
+    ap.add_argument(
+        "--system-prompts",
+        type=int,
+        default=4,
+        metavar="K",
+        help="then replay the workload again with one of K shared system prompts before each prompt, and compare "
+        "the prompt tokens vLLM and the simulation found cached (0: skip; needs prefix caching)",
+    )
+    ap.add_argument("--system-prompt-tokens", type=int, default=512, help="length of each system prompt")
     ap.add_argument("--out", type=Path, default=RESULTS / "fidelity_vllm_cpu.md")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the step log and server log here")
     args = ap.parse_args(argv)
@@ -81,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--speed-check must be >= 0, got {args.speed_check}")
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.system_prompts < 0:
+        ap.error(f"--system-prompts must be >= 0, got {args.system_prompts}")
+    if args.system_prompts and args.enable_prefix_caching is False:
+        ap.error("--system-prompts needs prefix caching: give --system-prompts 0 with --no-enable-prefix-caching")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup: stop the server
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] * args.repeats
 
@@ -97,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         with start_vllm_server(
             headway=settings, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-            log_path=tmpd / "server.log",
+            log_path=tmpd / "server.log", enable_prefix_caching=args.enable_prefix_caching,
         ) as srv:  # fmt: skip
             log(f"vLLM up in {time.time() - t0:.0f} s at {srv.url}")
             header = read_step_log(step_log).header
@@ -135,6 +158,18 @@ def main(argv: list[str] | None = None) -> int:
                 srv.url, control, step_log, m, policies, specs, log=log, warmup=args.warmup, speed_check=check
             )
             fid_s = time.time() - t2
+            shared_rows: list = []
+            if args.system_prompts:
+                shared = fidelity_workload(
+                    args.num_requests, rate, seed=args.seed, max_prompt=max_prompt,
+                    system_prompts=args.system_prompts, system_prompt_tokens=args.system_prompt_tokens,
+                )  # fmt: skip
+                log(f"with {args.system_prompts} system prompts of {args.system_prompt_tokens} tokens:")
+                t3 = time.time()
+                shared_rows = run_fidelity(
+                    srv.url, control, step_log, m, policies, shared, log=log, warmup=args.warmup, speed_check=check
+                )
+                shared_s = time.time() - t3
             steps = read_step_log(step_log).steps
     overhead = [s["policy_s"] / (s["t3"] - s["t0"]) for s in steps if s["t3"] > s["t0"]]
     md = [
@@ -144,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{time.strftime('%Y-%m-%d %H:%M')} ({platform.machine()}, Python {platform.python_version()}); "
         f"vLLM {header.get('vllm')}.",
         f"Engine: max_num_seqs {geo.max_num_seqs}, max_num_batched_tokens {geo.max_num_batched_tokens}, "
-        f"{geo.num_gpu_blocks} KV blocks x {geo.block_size} tokens, chunked prefill, no prefix caching.",
+        f"{geo.num_gpu_blocks} KV blocks x {geo.block_size} tokens, chunked prefill, "
+        f"{'prefix caching' if header.get('enable_prefix_caching') else 'no prefix caching'}.",
         "",
         "## Calibration",
         "",
@@ -185,14 +221,15 @@ def main(argv: list[str] | None = None) -> int:
             else []
         ),
         *_pooled_tables(rows, args.speed_check > 0),
+        *(_shared_prefix_section(args, shared_rows, shared_s) if shared_rows else []),
         "Client-side view (HTTP frontend included; not modelled by the simulator):",
         "",
         "| policy | mean E2E client (s) | frontend in (median s) | frontend out (median s) |",
         "|---|---:|---:|---:|",
     ]
-    for r in rows:
+    for r in rows + shared_rows:
         md.append(
-            f"| {r.policy} | {r.client['e2e_mean']:.3f} | "
+            f"| {r.policy}{' (system prompts)' if r in shared_rows else ''} | {r.client['e2e_mean']:.3f} | "
             f"{r.frontend['in_median']:.3f} | {r.frontend['out_median']:.3f} |"
         )
     if overhead:
@@ -202,6 +239,34 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text("\n".join(md) + "\n")
     log(f"wrote {args.out}")
     return 0
+
+
+def _shared_prefix_section(args: argparse.Namespace, rows: list, seconds: float) -> list[str]:
+    """The replays of the workload with shared system prompts: latencies and what the prefix cache found."""
+    return [
+        "## With shared system prompts (prefix caching)",
+        "",
+        f"The same requests, each prompt now starting with one of {args.system_prompts} system prompts of "
+        f"{args.system_prompt_tokens} tokens (drawn uniformly; the log-normal part follows, the whole capped as "
+        "above), new tokens for each replay (no replay finds another's). The simulator gets the prompts' block "
+        "hashes (vLLM's chained hashes of whole blocks) and finds in its prefix cache what vLLM can. "
+        f"Replays took {seconds:.0f} s.",
+        "",
+        format_fidelity_table(rows),
+        "Prompt tokens found in the prefix cache when each request was first scheduled, summed (vLLM's from "
+        "the step log; `requests alike`: how many requests vLLM and the simulation found the same number for):",
+        "",
+        format_cache_table(rows),
+        "With the preset scaled by each replay's own speed factor, as above:",
+        "",
+        format_fidelity_table(rows, corrected=True),
+        *(
+            ["With the preset scaled by the speed checks:", "", format_fidelity_table(rows, checked=True)]
+            if args.speed_check > 0
+            else []
+        ),
+        *_pooled_tables(rows, args.speed_check > 0),
+    ]
 
 
 def _pooled_tables(rows: list, checked: bool) -> list[str]:

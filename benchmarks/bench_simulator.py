@@ -1,6 +1,6 @@
 """Simulator speed: simulated requests per wall-clock second on the Azure conv trace.
 
-    python benchmarks/bench_simulator.py [--num-requests N] [--repeat K] [--policies P ...] [--rounds R]
+    python benchmarks/bench_simulator.py [--num-requests N] [--repeat K] [--policies P ...] [--rounds R] [--out F]
 
 Runs headway's simulator (FCFS and oracle SJF in fast-forward and exact step-by-step
 mode, FCFS also without prefix caching; the ``--policies`` given, preemptive ones in their
@@ -19,13 +19,15 @@ execution-time-model training excluded), best of ``--repeat``; the ratio is comp
 CPU seconds as well as wall seconds, since CPU time is steadier on a shared machine.
 Both sides should run on one Python installation (``VIDUR_PYTHON`` a virtualenv over the
 interpreter that runs this script): builds of the same version differ in speed, and not alike
-for both simulators (Debian's 3.11.2 against pyenv's default build of 3.11.7: headway 1.28-1.35x,
-Vidur 1.49-1.62x faster), so each side's interpreter is printed and a mismatch is flagged.
+for both simulators, so each side's interpreter is printed and a mismatch is flagged.
+``--out`` also writes what it printed to a Markdown file, with the command (Vidur's paths
+elided), the machine and Vidur's setup (``benchmarks/results/simulator.md``, overwritten).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -33,6 +35,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from headway.policies import noisy_oracle_defaults
@@ -124,13 +127,22 @@ def main(argv: list[str] | None = None) -> int:
         help="with Vidur: also this many interleaved rounds (headway FCFS best of --repeat, then one Vidur "
         "process) and each round's ratio, so the spread shows how far the machine moved (default: none)",
     )
+    ap.add_argument("--out", type=Path, help="also write the report to this Markdown file (overwritten)")
     args = ap.parse_args(argv)
     if args.rounds < 0:
         ap.error(f"--rounds must be >= 0, got {args.rounds}")
+    lines: list[str] = []
+    vidur_setup: dict[str, object] = {}
+    load_before = os.getloadavg()[0]
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
     trace = DATA / "vidur_traces" / "splitwise_conv.csv"
-    print(f"trace {trace}")
-    print(f"headway's python {interpreter()}")
-    print(
+    say(f"trace {trace}")
+    say(f"headway's python {interpreter()}")
+    say(
         f"{'N':>6} {'policy':13} {'mode':6} {'wall s':>8} {'cpu s':>8} {'req/s':>10} {'req/cpu-s':>10} "
         f"{'events/s':>10} {'steps':>8}"
     )
@@ -141,39 +153,40 @@ def main(argv: list[str] | None = None) -> int:
             for exact in (False, True):
                 r = bench(wl, policy, exact, args.repeat)
                 rows[(policy, exact)] = r
-                print(
+                say(
                     f"{n:>6} {policy:13} {'exact' if exact else 'fast':6} {r['wall_s']:8.3f} {r['cpu_s']:8.3f} "
                     f"{r['requests_per_s']:10,.0f} {r['requests_per_cpu_s']:10,.0f} "
                     f"{r['events_per_s']:10,.0f} {r['num_steps']:8}"
                 )
         fast, exact_r = rows[("fcfs", False)], rows[("fcfs", True)]
-        print(f"       fast-forward vs exact (fcfs): {exact_r['wall_s'] / fast['wall_s']:.2f}x")
+        say(f"       fast-forward vs exact (fcfs): {exact_r['wall_s'] / fast['wall_s']:.2f}x")
         extra = [("fcfs", "no-apc")] + [(p, "fast") for p in args.policies]
         for policy, mode in extra:
             r = bench(wl, policy, False, args.repeat, apc=mode != "no-apc")
-            print(
+            say(
                 f"{n:>6} {policy:13} {mode:6} {r['wall_s']:8.3f} {r['cpu_s']:8.3f} "
                 f"{r['requests_per_s']:10,.0f} {r['requests_per_cpu_s']:10,.0f} "
                 f"{r['events_per_s']:10,.0f} {r['num_steps']:8}"
             )
         vidur = run_vidur(n)
         if vidur is None:
-            print("       (set VIDUR_PATH and VIDUR_PYTHON to run Vidur side by side)")
+            say("       (set VIDUR_PATH and VIDUR_PYTHON to run Vidur side by side)")
             continue
         v_cpu = vidur_cpu_seconds(vidur)
         config = vidur.get("config", {})
+        vidur_setup = {"vidur_commit": vidur.get("vidur_commit"), **(config if isinstance(config, dict) else {})}
         v_python = f"{config.get('python')} ({config.get('python_base_prefix')})"
-        print(f"       Vidur's python {v_python}")
+        say(f"       Vidur's python {v_python}")
         if v_python != interpreter():
-            print("       NOTE: the two ran on different Python installations; the ratio includes their speeds")
-        print(
+            say("       NOTE: the two ran on different Python installations; the ratio includes their speeds")
+        say(
             f"{n:>6} {'vidur-sarathi':13} {'':6} {vidur['run_seconds']:8.3f} {v_cpu:8.3f} "
             f"{vidur['requests_per_second']:10,.0f} {n / v_cpu:10,.0f} {vidur['events_per_second']:10,.0f}"
         )
         for policy in ("fcfs", "sjf-oracle"):
             wall = rows[(policy, False)]["requests_per_s"] / vidur["requests_per_second"]
             cpu = rows[(policy, False)]["requests_per_cpu_s"] / (n / v_cpu)
-            print(f"       headway {policy} / Vidur: {cpu:,.0f}x per CPU second, {wall:,.0f}x per wall second")
+            say(f"       headway {policy} / Vidur: {cpu:,.0f}x per CPU second, {wall:,.0f}x per wall second")
         ratios = []
         for _ in range(args.rounds):
             ours = bench(wl, "fcfs", False, args.repeat)
@@ -181,18 +194,58 @@ def main(argv: list[str] | None = None) -> int:
             assert theirs is not None
             ratios.append(ours["requests_per_cpu_s"] / (n / vidur_cpu_seconds(theirs)))
         if ratios:
-            print(
+            say(
                 f"       interleaved rounds, headway fcfs / Vidur per CPU second: "
                 f"{', '.join(f'{r:,.0f}x' for r in ratios)} (median {statistics.median(ratios):,.0f}x)"
             )
     wl = long_output_workload()
     fast, exact_r = bench(wl, "fcfs", False, args.repeat), bench(wl, "fcfs", True, args.repeat)
-    print(
+    say(
         f"long outputs (2,000 requests, median 600 output tokens): fcfs fast {fast['cpu_s']:.3f} cpu s, "
         f"{fast['num_events']} events; exact {exact_r['cpu_s']:.3f} cpu s, {exact_r['num_events']} events "
         f"({exact_r['cpu_s'] / fast['cpu_s']:.2f}x)"
     )
+    if args.out:
+        write_report(args.out, argv, lines, vidur_setup, load_before)
+        print(f"wrote {args.out}")
     return 0
+
+
+def write_report(
+    out: Path, argv: list[str] | None, lines: list[str], vidur: dict[str, object], load_before: float
+) -> None:
+    """The report of one run: its command (paths elided), the machine, Vidur's setup, what it printed."""
+    args = sys.argv[1:] if argv is None else argv
+    env = ""
+    if os.environ.get("VIDUR_PATH"):
+        vidur_args = " ".join("..." if a.startswith("/") else a for a in shlex.split(os.environ.get("VIDUR_ARGS", "")))
+        env = f'VIDUR_PATH=... VIDUR_PYTHON=... VIDUR_ARGS="{vidur_args}" '
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True, cwd=HERE)
+    rev = (commit.stdout.strip() or "unknown") + (" with uncommitted changes to src/" if dirty.stdout.strip() else "")
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        names = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")]
+        cpu = names[0].split(":", 1)[1].strip() if names else cpu
+    md = [
+        "# Simulator speed vs Vidur",
+        "",
+        f"Command: `{env}python benchmarks/bench_simulator.py {shlex.join(args)}`",
+        "",
+        f"Run at headway {rev} on {time.strftime('%Y-%m-%d %H:%M')}: {cpu}, {os.cpu_count()} cores, "
+        f"1-minute load average {load_before:.2f} before and {os.getloadavg()[0]:.2f} after. Times are CPU seconds "
+        "and wall seconds of the event loops alone; the machine's speed drifts within minutes, so the interleaved "
+        "rounds' spread says how far.",
+        "",
+    ]
+    if vidur:
+        keys = ("vidur_commit", "attention_profile", "python", "numpy", "pandas", "scikit_learn", "cache_was_warm")
+        md += ["Vidur: " + ", ".join(f"{k} {vidur.get(k)}" for k in keys if k in vidur) + ".", ""]
+    else:
+        md += ["Vidur did not run (VIDUR_PATH and VIDUR_PYTHON unset): headway's rows only.", ""]
+    md += ["```text", *lines, "```", ""]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(md))
 
 
 if __name__ == "__main__":

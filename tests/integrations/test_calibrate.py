@@ -24,8 +24,10 @@ from headway.integrations._fidelity import (
     FidelityRow,
     fidelity_max_prompt,
     fidelity_workload,
+    format_cache_table,
     format_fidelity_table,
     pool_rows,
+    prompt_block_hashes,
     simulate_replay,
     simulated_requests,
 )
@@ -522,6 +524,9 @@ def test_fidelity_checks_its_arguments_before_the_server(tmp_path: Path) -> None
         (["--control-file", str(tmp_path / "no-dir" / "c.json")], "no-dir is not a directory"),
         (["--step-log", str(tmp_path / "none.jsonl")], "none.jsonl does not exist"),
         (["--out", str(tmp_path)], "is a directory"),
+        (["--system-prompts", "-1"], "--system-prompts must be >= 0, got -1"),
+        (["--system-prompts", "2", "--system-prompt-tokens", "0"], "--system-prompt-tokens must be >= 1, got 0"),
+        (["--system-prompts", "2", "--no-enable-prefix-caching"], "drop --no-enable-prefix-caching"),
     ):
         with pytest.raises(ValueError, match=error):
             run_cli("fidelity", "--endpoint", url, *files, "--rate", "2", *extra)
@@ -614,6 +619,65 @@ def test_salted_replays_share_no_prompt_and_keep_ids_and_lengths() -> None:
             assert x.prompt_token_ids == y.prompt_token_ids == s.prompt_token_ids
 
 
+def test_shared_system_prompts_change_only_the_prompts_of_the_fidelity_workload() -> None:
+    plain = fidelity_workload(80, 3.0, seed=4, max_prompt=700)
+    shared = fidelity_workload(80, 3.0, seed=4, max_prompt=700, system_prompts=3, system_prompt_tokens=300)
+    assert plain == fidelity_workload(80, 3.0, seed=4, max_prompt=700, system_prompts=0)
+    assert all(s.shared_prefix is None for s in plain)
+    for p, s in zip(plain, shared, strict=True):
+        assert (s.request_id, s.arrival_time, s.max_tokens, s.xargs) == (
+            p.request_id,
+            p.arrival_time,
+            p.max_tokens,
+            p.xargs,
+        )
+        assert s.num_prompt_tokens == min(700, 300 + p.num_prompt_tokens)
+    assert {s.shared_prefix for s in shared} == {(f"system-{k}", 300) for k in range(3)}
+    a, b = salted(shared, "replay-0"), salted(shared, "replay-1")
+    first: dict[object, tuple[int, ...]] = {}
+    for x, y in zip(a, b, strict=True):
+        assert x.prompt_token_ids is not None and y.prompt_token_ids is not None
+        assert len(x.prompt_token_ids) == x.num_prompt_tokens
+        head = first.setdefault(x.shared_prefix, x.prompt_token_ids[:300])
+        assert x.prompt_token_ids[:300] == head  # the same system prompt within a replay
+        assert x.prompt_token_ids[:16] != y.prompt_token_ids[:16]  # another in the next replay
+    assert len(set(first.values())) == 3
+    tails = [x.prompt_token_ids[300:316] for x in a if x.prompt_token_ids and x.num_prompt_tokens >= 316]
+    assert len(set(tails)) == len(tails)  # each request's own tokens after it
+    for tokens, max_prompt in ((0, 700), (700, 700)):
+        with pytest.raises(ValueError, match="0 < tokens < the longest prompt"):
+            fidelity_workload(3, 1.0, max_prompt=max_prompt, system_prompts=2, system_prompt_tokens=tokens)
+    with pytest.raises(ValueError, match="a shared prefix of 50 tokens does not fit its 20-token prompt"):
+        ReplaySpec("r", 0.0, 20, 4, shared_prefix=("s", 50))
+
+
+def test_the_simulated_replay_finds_shared_prefixes_where_vllm_can() -> None:
+    """Requests one after the other, three with one 300-token system prompt and one with another: each
+    after the first of its prompt finds its two whole 128-token blocks cached, in the simulation as in
+    vLLM (``test_live_vllm_with_prefix_caching_logs_only_the_prompt_tokens_it_computed``)."""
+    model = CostModel("t", TRUE["step_overhead"], TRUE["per_token"], TRUE["per_seq"], TRUE["per_kv_token"],
+                      gpu_memory_bytes=1e9, weight_bytes=0.0, kv_bytes_per_token=1000.0)  # fmt: skip
+    keys = ["a", "a", "b", "a"]
+    specs = [ReplaySpec(f"r{i}", 10.0 * i, 400, 3, shared_prefix=(k, 300)) for i, k in enumerate(keys)]
+    arrivals = [s.arrival_time for s in specs]
+    sent = salted(specs, "replay-0")
+    assert [r.num_cached_tokens for r in simulated_requests(arrivals, sent, "fcfs", model, HEADER)] == [0, 256, 0, 256]
+    # without the ids sent (no hashes), or with prefix caching off, nothing is found
+    assert [r.num_cached_tokens for r in simulated_requests(arrivals, specs, "fcfs", model, HEADER)] == [0] * 4
+    off = {**HEADER, "enable_prefix_caching": False}
+    assert not any(r.num_cached_tokens for r in simulated_requests(arrivals, sent, "fcfs", model, off))
+    ids = sent[0].prompt_token_ids
+    assert ids is not None
+    hashes = prompt_block_hashes(ids, 128)
+    assert len(hashes) == 3 and hashes[:2] == prompt_block_hashes(sent[1].prompt_token_ids or (), 128)[:2]
+    assert hashes[2] != prompt_block_hashes(sent[1].prompt_token_ids or (), 128)[2]  # their own tails
+    row = FidelityRow("fcfs", 4, cached={"prompt": 1600, "real": 512, "sim": 256, "same": 3})
+    assert "| fcfs | 4 | 1,600 | 512 (32.0%) | 256 (16.0%) | 3 |" in format_cache_table([row])
+    assert format_cache_table([FidelityRow("fcfs", 4)]) == ""
+    pooled = pool_rows([row, FidelityRow("fcfs", 4, cached={"prompt": 1600, "real": 0, "sim": 0, "same": 4})])
+    assert pooled[0].cached == {"prompt": 3200, "real": 512, "sim": 256, "same": 7}
+
+
 def test_prefix_cache_counters_sum_vllm_s_counters() -> None:
     metrics = METRICS + (
         "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.\n"
@@ -684,6 +748,8 @@ def test_live_vllm_with_prefix_caching_logs_only_the_prompt_tokens_it_computed(t
     block = int(log.header["block_size"])
     assert before is not None and after is not None
     assert after[1] - before[1] == 300 // block * block  # the second prompt's full blocks
+    # the step log names each request's hit as vLLM scheduled it first (what fidelity replays compare)
+    assert [r["cached"] for r in log.requests] == [0, 300 // block * block]
     prefills = [s["num_tokens"] for s in log.steps if s["num_tokens"] > s["num_seqs"]]
     assert prefills[0] == 300 and prefills[1] == 300 - 300 // block * block  # computed tokens only
     samples = step_samples(log.steps)

@@ -225,6 +225,14 @@ def test_calibrate_and_fidelity_commands_against_the_server(plugin_server, tmp_p
     plain, checked = per_replay.split("speed checks before and after each replay")  # the second: the checks'
     assert "| sjf-oracle | 24 |" in checked and plain.count("| fcfs | 24 |") == 2
     assert pooled.count("| fcfs (2 replays) | 48 |") == 2 and pooled.count("| sjf-oracle (2 replays) | 48 |") == 2
+    # this server runs without prefix caching: shared system prompts would compare nothing, and are refused
+    args = parser.parse_args([
+        "fidelity", "--endpoint", plugin_server.url, "--step-log", str(plugin_server.step_log),
+        "--control-file", str(plugin_server.control), "--preset", str(saved), "--num-requests", "4", "--rate", "4",
+        "--system-prompts", "2",
+    ])  # fmt: skip
+    with pytest.raises(ValueError, match="--system-prompts: the server's prefix caching is off"):
+        args.func(args)
 
 
 ASYNC_LENGTHS = [40, 40, 4, 40, 40, 4, 40, 4, 40, 40]

@@ -51,3 +51,32 @@ def test_rounds_must_not_be_negative(bench: ModuleType, capsys: pytest.CaptureFi
         bench.main(["--num-requests", "40", "--rounds", "-1"])
     assert info.value.code == 2
     assert "--rounds must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_the_report_file_holds_the_run_its_command_and_vidur_s_setup(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    def fake_vidur(n: int, *extra: str) -> dict[str, Any]:
+        config = {"python": "3.0.0", "python_base_prefix": "/elsewhere", "attention_profile": "synthetic roofline",
+                  "numpy": "9.9"}  # fmt: skip
+        return {"run_seconds": 2.0, "run_cpu_seconds": 2.0, "requests_per_second": n / 2.0,
+                "events_per_second": 1.0, "vidur_commit": "abc1234", "config": config}  # fmt: skip
+
+    monkeypatch.setattr(bench, "run_vidur", fake_vidur)
+    monkeypatch.setenv("VIDUR_PATH", "/some/vidur")
+    monkeypatch.setenv("VIDUR_ARGS", "--quick-train --cache-dir /secret/cache")
+    out = tmp_path / "simulator.md"
+    (tmp_path / "simulator.md").write_text("an earlier run\n")
+    args = ["--num-requests", "40", "--repeat", "1", "--policies", "--rounds", "1", "--out", str(out)]
+    assert bench.main(args) == 0
+    printed = capsys.readouterr().out
+    report = out.read_text()
+    assert "an earlier run" not in report  # overwritten
+    assert report.startswith("# Simulator speed vs Vidur")
+    assert f'VIDUR_ARGS="--quick-train --cache-dir ..." python benchmarks/bench_simulator.py {" ".join(args)}' in report
+    assert "/secret" not in report and "/some/vidur" not in report
+    assert "vidur_commit abc1234, attention_profile synthetic roofline, python 3.0.0, numpy 9.9" in report
+    # every line it printed, in one block
+    body = report.split("```text\n", 1)[1].split("\n```", 1)[0]
+    assert body.splitlines() == [ln for ln in printed.splitlines() if not ln.startswith("wrote ")]
+    assert "interleaved rounds, headway fcfs / Vidur per CPU second" in body

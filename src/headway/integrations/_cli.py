@@ -175,6 +175,15 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "(real against simulated latencies of all its requests): averages out an engine whose speed moves "
         "between replays",
     )
+    f.add_argument(
+        "--system-prompts",
+        type=int,
+        default=0,
+        metavar="K",
+        help="start every prompt with one of K shared system prompts, and compare the prompt tokens vLLM and the "
+        "simulation found in the prefix cache (needs the server's prefix caching on, vLLM's default; 0: none)",
+    )
+    f.add_argument("--system-prompt-tokens", type=int, default=512, help="length of each system prompt (default 512)")
     f.add_argument("--out", type=Path, default=None, help="also write the table to this Markdown file")
     f.set_defaults(func=_cmd_fidelity)
 
@@ -480,6 +489,12 @@ def _check_fidelity_args(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"--num-requests must be >= 1, got {args.num_requests}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.system_prompts < 0:
+        raise ValueError(f"--system-prompts must be >= 0, got {args.system_prompts}")
+    if args.system_prompts and args.system_prompt_tokens < 1:
+        raise ValueError(f"--system-prompt-tokens must be >= 1, got {args.system_prompt_tokens}")
+    if args.system_prompts and args.enable_prefix_caching is False:
+        raise ValueError("--system-prompts compares what the prefix cache finds: drop --no-enable-prefix-caching")
     if not (args.rate > 0 and math.isfinite(args.rate)):
         raise ValueError(f"--rate must be a positive number of requests/s, got {args.rate}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -513,12 +528,14 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
     from headway.integrations._fidelity import (
         fidelity_max_prompt,
         fidelity_workload,
+        format_cache_table,
         format_fidelity_table,
         pool_rows,
         run_fidelity,
         speed_check_workload,
     )
     from headway.sim import load_preset
+    from headway.sim._calibrate import read_step_log
 
     preset = load_preset(args.preset)
     with tempfile.TemporaryDirectory(prefix="headway-fidelity-") as tmp:
@@ -529,7 +546,15 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
             assert step_log is not None
             model = _served_model(url, args.model)
             max_prompt = fidelity_max_prompt(_step_log_geometry(step_log, args.enable_prefix_caching).max_model_len)
-            specs = fidelity_workload(args.num_requests, args.rate, seed=args.seed, max_prompt=max_prompt)
+            if args.system_prompts and read_step_log(step_log).header.get("enable_prefix_caching") is False:
+                raise ValueError(f"--system-prompts: the server's prefix caching is off ({step_log}'s header)")
+            try:
+                specs = fidelity_workload(
+                    args.num_requests, args.rate, seed=args.seed, max_prompt=max_prompt,
+                    system_prompts=args.system_prompts, system_prompt_tokens=args.system_prompt_tokens,
+                )  # fmt: skip
+            except ValueError as exc:
+                raise ValueError(f"--system-prompt-tokens: {exc}") from None
             check = speed_check_workload(args.speed_check, args.rate, seed=args.seed, max_prompt=max_prompt)
             _log(f"replaying {len(specs)} requests at {args.rate} req/s under {', '.join(policies)}")
             rows = run_fidelity(
@@ -537,6 +562,9 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
                 speed_check=check,
             )  # fmt: skip
     table = format_fidelity_table(rows)
+    if cache_table := format_cache_table(rows):
+        table += "\nPrompt tokens found in the prefix cache when first scheduled (requests alike: the same count):\n\n"
+        table += cache_table
     if args.speed_check:
         table += "\nWith the preset scaled by the speed checks before and after each replay (speed: their mean):\n\n"
         table += format_fidelity_table(rows, checked=True)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ReplayResult", "ReplaySpec", "random_prompt", "replay", "replay_sync"]
+__all__ = ["ReplayResult", "ReplaySpec", "prompt_ids", "random_prompt", "replay", "replay_sync"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,18 @@ class ReplaySpec:
     xargs: Mapping[str, Any] | None = None
     priority: int = 0
     prompt_token_ids: tuple[int, ...] | None = None
-    """Explicit prompt; default: random ids (seeded by the request id)."""
+    """Explicit prompt; default: random ids (seeded by the request id, see :func:`prompt_ids`)."""
+    shared_prefix: tuple[str, int] | None = None
+    """``(key, tokens)``: the random prompt's first ``tokens`` ids are drawn from ``key`` alone, so
+    every spec with that key starts with the same ids (a shared system prompt) and an engine with
+    prefix caching finds them cached; the rest from the request id. Ignored with an explicit prompt."""
+
+    def __post_init__(self) -> None:
+        if self.shared_prefix is not None and not 0 < self.shared_prefix[1] <= self.num_prompt_tokens:
+            raise ValueError(
+                f"request {self.request_id!r}: a shared prefix of {self.shared_prefix[1]} tokens does not fit "
+                f"its {self.num_prompt_tokens}-token prompt"
+            )
 
 
 @dataclass(slots=True)
@@ -83,13 +94,27 @@ def random_prompt(num_tokens: int, seed: str | int, vocab: tuple[int, int] = (4,
     return [rng.randint(lo, hi) for _ in range(max(1, num_tokens))]
 
 
+def prompt_ids(spec: ReplaySpec, salt: str = "") -> tuple[int, ...]:
+    """The prompt sent for ``spec``: its explicit ids, else random ids seeded by its request id and
+    ``salt`` (after the ids of its ``shared_prefix``, seeded by the prefix's key and ``salt``)."""
+    if spec.prompt_token_ids is not None:
+        return spec.prompt_token_ids
+    own = f"{spec.request_id}/{salt}" if salt else spec.request_id
+    if spec.shared_prefix is None:
+        return tuple(random_prompt(spec.num_prompt_tokens, own))
+    key, shared = spec.shared_prefix
+    head = random_prompt(shared, f"{key}/{salt}" if salt else key)
+    tail = random_prompt(spec.num_prompt_tokens - shared, own) if spec.num_prompt_tokens > shared else []
+    return tuple(head + tail)
+
+
 async def _one(
     client: Any, url: str, model: str, spec: ReplaySpec, res: ReplayResult, t0: float,
     stream: bool, record_tokens: bool, counter: list[int], failed: asyncio.Event,
 ) -> None:  # fmt: skip
     body: dict[str, Any] = {
         "model": model,
-        "prompt": list(spec.prompt_token_ids or random_prompt(spec.num_prompt_tokens, spec.request_id)),
+        "prompt": list(prompt_ids(spec)),
         "max_tokens": spec.max_tokens,
         "ignore_eos": spec.ignore_eos,
         "temperature": 0.0,

@@ -41,8 +41,11 @@ __all__ = [
     "FidelityRow",
     "fidelity_max_prompt",
     "fidelity_workload",
+    "format_cache_table",
     "format_fidelity_table",
+    "latency_pairs",
     "pool_rows",
+    "prompt_block_hashes",
     "run_fidelity",
     "simulate_replay",
     "simulated_requests",
@@ -52,17 +55,27 @@ __all__ = [
 
 def fidelity_workload(
     n: int, rate: float, *, seed: int = 0, max_prompt: int = 1024, max_output: int = 256,
-    prompt_median: int = 96, output_median: int = 48,
+    prompt_median: int = 96, output_median: int = 48, system_prompts: int = 0, system_prompt_tokens: int = 0,
 ) -> list[ReplaySpec]:  # fmt: skip
     """Poisson arrivals, log-normal prompt and output lengths; a PARS-style score per request
-    (``log(output) + noise``, rank correlation about 0.8) in ``headway_score``."""
+    (``log(output) + noise``, rank correlation about 0.8) in ``headway_score``. With
+    ``system_prompts`` K > 0, each prompt starts with one of K shared system prompts of
+    ``system_prompt_tokens`` tokens (drawn uniformly; the log-normal length follows it, the whole
+    capped at ``max_prompt``): an engine with prefix caching finds them cached. The arrivals, output
+    lengths and scores are the same with or without them."""
     if n < 0:
         raise ValueError(f"the number of requests must be >= 0, got {n}")
     if not (rate > 0 and math.isfinite(rate)):
         raise ValueError(f"the arrival rate must be a positive number of requests/s, got {rate}")
     if max_prompt < 1 or max_output < 1:
         raise ValueError(f"max_prompt and max_output must be >= 1, got {max_prompt} and {max_output}")
+    if system_prompts < 0 or (system_prompts and not 0 < system_prompt_tokens < max_prompt):
+        raise ValueError(
+            f"system prompts: need a count >= 0 and, with some, 0 < tokens < the longest prompt ({max_prompt}); "
+            f"got {system_prompts} of {system_prompt_tokens} tokens"
+        )
     rng = random.Random(seed)
+    pick = random.Random(f"{seed}/system-prompts")  # apart: the same arrivals and lengths with or without them
     t = 0.0
     specs = []
     for i in range(n):
@@ -70,7 +83,13 @@ def fidelity_workload(
         p = int(min(max_prompt, max(8, rng.lognormvariate(math.log(prompt_median), 0.8))))
         o = int(min(max_output, max(2, rng.lognormvariate(math.log(output_median), 1.0))))
         score = math.log(o) + rng.gauss(0.0, 0.5)
-        specs.append(ReplaySpec(f"w{seed}-{i}", t, p, o, xargs={"headway_score": round(score, 6)}))
+        shared = None
+        if system_prompts:
+            shared = (f"system-{pick.randrange(system_prompts)}", system_prompt_tokens)
+            p = min(max_prompt, system_prompt_tokens + p)
+        specs.append(
+            ReplaySpec(f"w{seed}-{i}", t, p, o, xargs={"headway_score": round(score, 6)}, shared_prefix=shared)
+        )
     return specs
 
 
@@ -103,8 +122,13 @@ def simulate_replay(
     in flight), as the plugin counts from when vLLM's engine core added it (between steps);
     ``from_arrival``: from the arrival instead.
     """
+    return latency_pairs(simulated_requests(arrivals, specs, policy, preset, header, policy_args), from_arrival)
+
+
+def latency_pairs(requests: Sequence[Request], from_arrival: bool = False) -> list[tuple[float, float]]:
+    """(TTFT, E2E) of simulated requests, as :func:`simulate_replay` counts them."""
     out = []
-    for r in simulated_requests(arrivals, specs, policy, preset, header, policy_args):
+    for r in requests:
         seen = r.arrival_time if from_arrival or r.queued_time is None else r.queued_time
         out.append((
             r.first_token_time - seen if r.first_token_time is not None else math.nan,
@@ -113,20 +137,35 @@ def simulate_replay(
     return out
 
 
+def prompt_block_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
+    """Chained hashes of the whole ``block_size``-token blocks of a prompt, as vLLM keys its prefix
+    cache: equal hashes at position ``i`` mean equal first ``i + 1`` blocks."""
+    out: list[int] = []
+    prev = 0
+    for i in range(len(token_ids) // block_size):
+        prev = hash((prev, tuple(token_ids[i * block_size : (i + 1) * block_size])))
+        out.append(prev)
+    return tuple(out)
+
+
 def simulated_requests(
     arrivals: Sequence[float], specs: Sequence[ReplaySpec], policy: str, preset: CostModel, header: Mapping[str, Any],
     policy_args: Mapping[str, Any] | None = None,
 ) -> list[Request]:  # fmt: skip
     """The simulated requests of :func:`simulate_replay`, in the order of ``specs`` (their times
-    count from the first arrival)."""
+    count from the first arrival). Specs with explicit prompt ids (those sent: :func:`salted`) carry
+    their blocks' hashes, so the simulated prefix cache finds what the engine's can."""
     from headway.sim import simulate
     from headway.workload import RequestSpec
 
     t0 = min(arrivals)
+    bs = int(header.get("block_size", 16))
     rs = [
         RequestSpec(
             s.request_id, a - t0, s.num_prompt_tokens, s.max_tokens, max_tokens=s.max_tokens,
             score=float(s.xargs["headway_score"]) if s.xargs and "headway_score" in s.xargs else None,
+            block_hashes=prompt_block_hashes(s.prompt_token_ids, bs) if s.prompt_token_ids else (),
+            hash_block_size=bs,
         )
         for s, a in zip(specs, arrivals, strict=True)
     ]  # fmt: skip
@@ -170,6 +209,10 @@ class FidelityRow:
     """How many replays the row covers (more than one: :func:`pool_rows`)."""
     pairs: dict[str, list[tuple[float, float]]] = field(default_factory=dict, repr=False)
     """Per-request (TTFT, E2E) behind the statistics: ``real``, ``sim``, ``corrected``, ``checked``."""
+    cached: dict[str, int] = field(default_factory=dict)
+    """Prompt tokens found in the prefix cache when first scheduled, summed: ``prompt`` (all prompt
+    tokens), ``real`` (vLLM's, from the step log), ``sim`` (the simulation's); ``same``: requests for
+    which the two agree. Empty when the step log does not say (a plugin before it logged them)."""
 
     def simulated(self, corrected: bool = False, *, checked: bool = False) -> dict[str, float]:
         """:attr:`sim`, :attr:`sim_corrected` or :attr:`sim_checked`."""
@@ -200,6 +243,8 @@ def pool_rows(rows: Sequence[FidelityRow]) -> list[FidelityRow]:
             if all(kind in r.pairs for r in group):
                 pooled.pairs[kind] = [p for r in group for p in r.pairs[kind]]
                 setattr(pooled, target, _sim_stats(pooled.pairs[kind]))
+        if all(r.cached for r in group):
+            pooled.cached = {k: sum(r.cached[k] for r in group) for k in group[0].cached}
         if all(r.check_speed is not None for r in group):
             pooled.check_speed = statistics.fmean(r.check_speed for r in group if r.check_speed is not None)
         out.append(pooled)
@@ -256,7 +301,7 @@ def run_fidelity(
 
     rows = []
     checks: list[float] = []
-    replayed: list[tuple[list[float], dict[str, Any], Mapping[str, Any]]] = []
+    replayed: list[tuple[list[float], list[ReplaySpec], dict[str, Any], Mapping[str, Any]]] = []
     for k, policy in enumerate(policies):
         args = dict((policy_args or {}).get(policy, {}))
         if speed_check:
@@ -279,17 +324,25 @@ def run_fidelity(
         added = [float(e["added"]) for e in eng]
         real_ttft = [e["first_token"] - e["added"] for e in eng]
         real_e2e = [e["finish"] - e["added"] for e in eng]
-        sim = simulate_replay(added, specs, policy, preset, slog.header, args)
+        simulated = simulated_requests(added, sent, policy, preset, slog.header, args)
+        sim = latency_pairs(simulated)
         row = FidelityRow(policy, len(specs))
+        if all(isinstance(e.get("cached"), int) for e in eng):
+            real_cached = [int(e["cached"]) for e in eng]
+            sim_cached = [r.num_cached_tokens or 0 for r in simulated]
+            row.cached = {
+                "prompt": sum(s.num_prompt_tokens for s in specs), "real": sum(real_cached), "sim": sum(sim_cached),
+                "same": sum(a == b for a, b in zip(real_cached, sim_cached, strict=True)),
+            }  # fmt: skip
         row.pairs["real"] = list(zip(real_ttft, real_e2e, strict=True))
         row.real = _sim_stats(row.pairs["real"])
         row.pairs["sim"] = sim
         row.sim = _sim_stats(sim)
         row.speed = speed_factor(preset, step_samples(slog.steps))
-        fixed = simulate_replay(added, specs, policy, scaled(preset, row.speed), slog.header, args)
+        fixed = simulate_replay(added, sent, policy, scaled(preset, row.speed), slog.header, args)
         row.pairs["corrected"] = fixed
         row.sim_corrected = _sim_stats(fixed)
-        replayed.append((added, args, slog.header))
+        replayed.append((added, sent, args, slog.header))
         row.client = {"e2e_mean": statistics.fmean(r.e2e or math.nan for r in res)}
         fin = [r.send_wall + (r.e2e or 0.0) for r in res]
         row.frontend = {
@@ -306,13 +359,16 @@ def run_fidelity(
                 f"{k} real {row.real[k]:.3f} sim {row.sim[k]:.3f} ({err[k]:+.1%}; corrected {cor[k]:+.1%})"
                 for k in row.real
             ))  # fmt: skip
+            if row.cached:
+                log(f"  {policy}: prompt tokens found cached: real {row.cached['real']:,}, sim {row.cached['sim']:,} "
+                    f"of {row.cached['prompt']:,}; {row.cached['same']} of {len(specs)} requests alike")  # fmt: skip
         rows.append(row)
     if speed_check and rows:
         checks.append(check())  # after the last replay: two checks bracket every replay
-        for i, (row, (added, args, header)) in enumerate(zip(rows, replayed, strict=True)):
+        for i, (row, (added, sent, args, header)) in enumerate(zip(rows, replayed, strict=True)):
             row.check_speeds = (checks[i], checks[i + 1])
             row.check_speed = (checks[i] + checks[i + 1]) / 2
-            checked = simulate_replay(added, specs, row.policy, scaled(preset, row.check_speed), header, args)
+            checked = simulate_replay(added, sent, row.policy, scaled(preset, row.check_speed), header, args)
             row.pairs["checked"] = checked
             row.sim_checked = _sim_stats(checked)
             if log:
@@ -360,3 +416,23 @@ def format_fidelity_table(rows: Sequence[FidelityRow], corrected: bool = False, 
         name = r.policy if r.replays == 1 else f"{r.policy} ({r.replays} replays)"
         lines.append(f"| {name} | {r.num_requests} | x{speed:.2f} | " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
+
+
+def format_cache_table(rows: Sequence[FidelityRow]) -> str:
+    """A Markdown table of the prompt tokens vLLM and the simulation found in the prefix cache (each
+    request's, when first scheduled), or "" when no row has them or neither found any."""
+    rows = [r for r in rows if r.cached]
+    if not rows or not any(r.cached["real"] or r.cached["sim"] for r in rows):
+        return ""
+    lines = [
+        "| policy | n | prompt tokens | found cached, real | found cached, sim | requests alike |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        c = r.cached
+        name = r.policy if r.replays == 1 else f"{r.policy} ({r.replays} replays)"
+        lines.append(
+            f"| {name} | {r.num_requests} | {c['prompt']:,} | {c['real']:,} ({c['real'] / c['prompt']:.1%}) | "
+            f"{c['sim']:,} ({c['sim'] / c['prompt']:.1%}) | {c['same']} |"
+        )
+    return "\n".join(lines) + "\n"

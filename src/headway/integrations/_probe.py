@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from headway.integrations._client import ReplayResult, ReplaySpec, random_prompt, replay_sync
+from headway.integrations._client import ReplayResult, ReplaySpec, prompt_ids, replay_sync
 from headway.sim._calibrate import (
     CalibrationFit,
     capacity_cost_model,
@@ -159,15 +159,12 @@ def prefix_cache_counters(url: str) -> tuple[float, float] | None:
 
 
 def salted(specs: Sequence[ReplaySpec], salt: str) -> list[ReplaySpec]:
-    """``specs`` with explicit random prompts seeded by request id and ``salt``: the same ids and
-    lengths, other tokens. Replays of one workload under different salts share no prefix, so an
-    engine with prefix caching on (vLLM's default) computes every prompt token in each, as the
-    fit and the simulated replay assume. Specs with an explicit prompt keep it."""
-    return [
-        s if s.prompt_token_ids is not None
-        else replace(s, prompt_token_ids=tuple(random_prompt(s.num_prompt_tokens, f"{s.request_id}/{salt}")))
-        for s in specs
-    ]  # fmt: skip
+    """``specs`` with explicit random prompts seeded by request id and ``salt`` (:func:`prompt_ids`):
+    the same ids and lengths, other tokens. Replays of one workload under different salts share no
+    prefix, so an engine with prefix caching on (vLLM's default) computes every prompt token of the
+    first replay's in each, as the fit and the simulated replay assume; within one replay, specs with
+    the same ``shared_prefix`` key share its tokens. Specs with an explicit prompt keep it."""
+    return [s if s.prompt_token_ids is not None else replace(s, prompt_token_ids=prompt_ids(s, salt)) for s in specs]
 
 
 def count_lines(path: Path) -> int:

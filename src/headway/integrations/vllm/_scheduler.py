@@ -376,10 +376,16 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     for r, priority in saved or ():
                         r.priority = priority
                 t1 = time.perf_counter()
+                hits: dict[str, int] | None = None
                 for h in a.take_popped():
                     e = a.engine.get(h)
                     if e is not None and e.status == running_status:
                         a.mark_running(h)
+                        if h.num_cached_tokens is None:  # first scheduled: its prefix-cache hit (vLLM's name)
+                            if hits is None:
+                                hits = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
+                            if e.request_id in hits:
+                                h.num_cached_tokens = int(hits[e.request_id])
                 a.policy_time += time.perf_counter() - t1
                 self._hw_t0, self._hw_t1 = t0, t1
                 if self._hw_log is not None:  # the step's composition, while every request is still here
@@ -437,6 +443,7 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                         "scheduled": h.first_scheduled_time, "first_token": h.first_token_time,
                         "finish": h.finish_time, "prompt": h.num_prompt_tokens,
                         "output": h.num_output_tokens, "preemptions": h.num_preemptions,
+                        "cached": h.num_cached_tokens,
                     })  # fmt: skip
                 return super()._free_request(request, *args, **kwargs)
 
