@@ -240,7 +240,8 @@ def write_report(
     ]
     if vidur:
         keys = ("vidur_commit", "attention_profile", "python", "numpy", "pandas", "scikit_learn", "cache_was_warm")
-        md += ["Vidur: " + ", ".join(f"{k} {vidur.get(k)}" for k in keys if k in vidur) + ".", ""]
+        facts = {**vidur, "vidur_commit": vidur.get("vidur_commit") or "unknown (not a git checkout)"}
+        md += ["Vidur: " + ", ".join(f"{k} {facts[k]}" for k in keys if k in facts) + ".", ""]
     else:
         md += ["Vidur did not run (VIDUR_PATH and VIDUR_PYTHON unset): headway's rows only.", ""]
     md += ["```text", *lines, "```", ""]
