@@ -27,7 +27,7 @@ from headway.serve import (
     load_config,
     serve_in_thread,
 )
-from headway.serve._config import config_from_dict
+from headway.serve._config_load import config_from_dict
 from headway.serve._openapi import openapi_schema
 
 KEY = "sk-fuzz-1"

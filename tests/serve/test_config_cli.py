@@ -395,7 +395,7 @@ def test_policy_arg_takes_simulates_syntax_and_the_short_one(capsys):
 
 def test_every_setting_from_headway_environment_variables(tmp_path):
     from headway.serve._cli import add_serve_parser, build_config
-    from headway.serve._config import config_from_env
+    from headway.serve._config_load import config_from_env
 
     env = {
         "HEADWAY_POLICY": "priority", "HEADWAY_MAX_QUEUE_LEN": "7", "HEADWAY_QUEUE_TTL_S": "2.5",

@@ -948,7 +948,7 @@ def test_answer_with_usage_still_teaches_driftsched(servers, make_gateway):
 
 
 def test_tenant_weighted_list_weights_from_a_config(make_stub, make_gateway):
-    from headway.serve._config import config_from_dict
+    from headway.serve._config_load import config_from_dict
     from headway.serve._gateway import create_app
 
     stub = make_stub()

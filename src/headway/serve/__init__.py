@@ -15,8 +15,8 @@ if TYPE_CHECKING:
         GatewayConfig,
         TenantConfig,
         hash_api_key,
-        load_config,
     )
+    from headway.serve._config_load import load_config
     from headway.serve._gateway import Gateway, create_app
     from headway.serve._runner import free_port, run_app, serve_in_thread
     from headway.serve._stub import StubConfig, StubStats, create_stub_app
@@ -36,7 +36,7 @@ _LAZY: dict[str, str] = {
     "create_stub_app": "headway.serve._stub",
     "free_port": "headway.serve._runner",
     "hash_api_key": "headway.serve._config",
-    "load_config": "headway.serve._config",
+    "load_config": "headway.serve._config_load",
     "run_app": "headway.serve._runner",
     "run_bench": "headway.serve._bench",
     "run_bench_sync": "headway.serve._bench",

@@ -272,7 +272,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Any:
     """The gateway config of ``headway serve``: the --config file, then ``HEADWAY_*`` variables of
     ``env`` (default ``os.environ``), then the flags."""
-    from headway.serve._config import BackendConfig, load_config
+    from headway.serve._config import BackendConfig
+    from headway.serve._config_load import load_config
 
     env = os.environ if env is None else env
     backend_kw: dict[str, Any] = {}
@@ -336,7 +337,8 @@ def _policy_args(items: list[tuple[str, str]], policy: str | None) -> dict[str, 
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from headway.serve._config import ConfigError, describe_config
+    from headway.serve._config import ConfigError
+    from headway.serve._config_load import describe_config
     from headway.serve._gateway import create_app
     from headway.serve._logging import setup_logging
     from headway.serve._runner import run_app
