@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from headway._help import CLIError, describe_error
+from headway._optional import MissingExtraError
 from headway.core import PluginError
 
 __all__ = ["CLIError", "build_parser", "main"]
@@ -74,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, what a shell reports for a tool the signal ended
     except (CLIError, ValueError, OSError, EOFError, PluginError) as exc:  # bad values and files name themselves
         print(f"headway: error: {describe_error(exc)}", file=sys.stderr)
+        return 2
+    except MissingExtraError as exc:  # a feature that says which extra it needs
+        print(f"headway: error: {exc}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:  # an optional extra this command needs is not installed
         extra = _EXTRAS.get((exc.name or "").split(".")[0])

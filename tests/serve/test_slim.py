@@ -41,6 +41,7 @@ def test_gateway_bench_and_reports_without_scipy_and_matplotlib(tmp_path):
         res = simulate(load_workload("burst", num_requests=20, seed=0), "fcfs")
         paths = write_report("out", {"fcfs": (summarize(res.requests), res.requests)})
         assert paths.figures == {} and paths.html.exists(), paths
+        assert "figures need matplotlib, which comes with the sim extra" in paths.html.read_text()
         assert not any(m.split(".")[0] in ("scipy", "matplotlib") for m in sys.modules)
         print("ok")
         """,
@@ -66,6 +67,6 @@ def test_what_needs_the_sim_extra_names_it(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
-        "the noisy-oracle scorer needs scipy: pip install 'headway[sim]'",
-        "figures needs matplotlib: pip install 'headway[sim]'",
+        "the noisy-oracle scorer needs scipy: pip install -e '.[sim]'",
+        "figures needs matplotlib: pip install -e '.[sim]'",
     ]

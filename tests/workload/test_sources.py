@@ -206,8 +206,11 @@ def test_find_data_dir_honours_env_and_reports_what_it_tried(
     monkeypatch.setenv("HEADWAY_DATA_DIR", str(tmp_path))
     assert find_data_dir() == tmp_path.resolve()
     monkeypatch.setenv("HEADWAY_DATA_DIR", str(tmp_path / "gone"))
-    with pytest.raises(FileNotFoundError, match=r"gone.*HEADWAY_DATA_DIR"):
+    with pytest.raises(FileNotFoundError, match=r"gone.*HEADWAY_DATA_DIR") as info:
         load_workload("azure-conv")
+    # the command line's user gets the variable to set and where the folder is described, not only
+    # the Python argument
+    assert "set HEADWAY_DATA_DIR to the folder" in str(info.value) and "docs/workloads.md" in str(info.value)
 
 
 def test_every_built_in_workload_is_described() -> None:

@@ -206,6 +206,11 @@ def render_html(
                 f'<figure><img src="data:image/png;base64,{data}" alt="{_e(key)}">'
                 f"<figcaption>{_e(caption)}</figcaption></figure>\n"
             )
+    elif not available("matplotlib"):
+        parts.append(
+            '<h2>Figures</h2>\n<p class="muted">None: figures need matplotlib, which comes with the sim extra '
+            "(<code>pip install -e '.[sim]'</code>).</p>\n"
+        )
     parts.append("<h2>Runs</h2>\n")
     for name, s in summaries.items():
         with_slo = s.slo is not None

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from headway._optional import MissingExtraError, install_hint
 from headway.core import Policy, Request
 from headway.policies._scoring import SCORE_KEY, NoisyOracleScorer, PromptScorer, ScoreFn
 
@@ -200,10 +201,11 @@ class ScoredPolicy(Policy):
             _reject_unused(self.name, f"scorer={scorer!r}", tau=tau, seed=seed, log_mean=log_mean, log_std=log_std)
             try:
                 self._score_fn = _spec_scorer(scorer)
+            except MissingExtraError as exc:  # (names the extra to install)
+                raise ValueError(f"{self.name}: scorer {scorer!r}: {exc}") from None
             except ImportError as exc:
                 raise ValueError(
-                    f"{self.name}: scorer {scorer!r} needs the predictor's packages "
-                    f"(pip install 'headway[score]'): {exc}"
+                    f"{self.name}: scorer {scorer!r} needs the predictor's packages ({install_hint('score')}): {exc}"
                 ) from None
             except ValueError as exc:
                 raise ValueError(f"{self.name}: {exc}") from None

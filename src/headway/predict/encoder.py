@@ -20,6 +20,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
+from headway._optional import MissingExtraError, install_hint
 from headway.predict._chunks import _padding_chunks
 from headway.predict._errors import EncoderError
 
@@ -203,7 +204,7 @@ class OnnxEncoder:
             import onnxruntime as ort
             from tokenizers import Tokenizer
         except ModuleNotFoundError as exc:  # pragma: no cover - depends on the install
-            raise ModuleNotFoundError(f"scoring needs {exc.name}: pip install 'headway[score]'") from exc
+            raise MissingExtraError(f"scoring needs {exc.name}: {install_hint('score')}", name=exc.name) from exc
         from headway.predict._paths import default_encoder_path
 
         self.model_dir = Path(model_dir) if model_dir is not None else default_encoder_path()

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from headway._optional import install_hint
 from headway.sweep._grid import Grid, Task
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ def _ray(tasks: Sequence[Task], grid: Grid, address: str | None, num_cpus: int |
         import ray
     except ImportError:
         raise ModuleNotFoundError(
-            "Ray is not installed: pip install 'headway[sweep]' or run with --no-ray", name="ray"
+            f"Ray is not installed: {install_hint('sweep')} or run with --no-ray", name="ray"
         ) from None
     started = not ray.is_initialized()
     if started:

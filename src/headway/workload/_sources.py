@@ -177,7 +177,10 @@ def find_data_dir(data_dir: str | Path | None = None) -> Path:
         if c.is_dir():
             return c.resolve()
     tried = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(f"shared data folder not found (tried {tried}); pass data_dir= or set {DATA_DIR_ENV}")
+    raise FileNotFoundError(
+        f"the data folder of the trace workloads was not found (tried {tried}): set {DATA_DIR_ENV} to the folder "
+        "holding them (docs/workloads.md), or give data_dir= in Python"
+    )
 
 
 # -------------------------------------------------------------------- file formats
