@@ -58,7 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
     for module, func in _SUBCOMMANDS:
         add: Callable[[Any], None] = getattr(importlib.import_module(module), func)
         add(sub)
+    _no_abbreviations(parser)
     return parser
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Refuse a flag cut short, in every (sub)command: argparse would take ``--policy`` for
+    ``--policy-arg``, ``--preset`` for ``--preset-dir`` or ``--mode`` for ``--model`` where the
+    full flag is another one, and fail on the value, or worse, accept it."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _no_abbreviations(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -73,6 +73,22 @@ def test_simulate_fleet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "replica-0" in out and "replica-1" in out
 
 
+def test_a_fleet_of_several_policies_prints_one_per_replica_overview(capsys: pytest.CaptureFixture[str]) -> None:
+    # compared policies: one row each in one per-replica table, not a full table per policy
+    # ahead of the comparison; the fleet named compactly
+    assert main(["simulate", "--policies", "fcfs,sjf-oracle,pars", "--num-requests", "80", "--replicas", "4",
+                 "--router", "round-robin", "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert "preset 4 x llama3-8b-a100;" in out and "default on 4 x llama3-8b-a100" in out
+    assert "llama3-8b-a100, llama3-8b-a100" not in out
+    assert out.count("per replica") == 1 and "fcfs: per replica" not in out
+    overview = out.split("per replica: done / E2E mean (s)")[1].split("default on")[0]
+    assert "replica-3" in overview and "20 / " in overview  # round-robin: 80 requests, 20 a replica
+    assert [line.split()[1] for line in overview.splitlines() if line.startswith("│")] == [
+        "fcfs", "sjf-oracle", "pars"
+    ]  # fmt: skip
+
+
 def test_simulate_fleet_report_has_the_per_replica_tables(tmp_path: Path) -> None:
     from headway.metrics import read_json, read_replica_json
 
@@ -88,6 +104,20 @@ def test_simulate_fleet_report_has_the_per_replica_tables(tmp_path: Path) -> Non
         assert read_json(out / "summary.json")[name].num_requests == 200
     html = (out / "report.html").read_text()
     assert html.count("<h4>Per replica</h4>") == 2 and "replica-1" in html
+
+
+def test_every_policy_is_described_by_a_whole_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    # `headway policies` shows a docstring's first line: it must be the docstring's whole first paragraph
+    from headway.core import available_policies, get_policy_class
+
+    for name in available_policies():
+        cls = get_policy_class(name)
+        if cls.__module__.startswith("headway."):
+            first = (cls.__doc__ or "").strip().split("\n\n")[0]
+            assert "\n" not in first and first.endswith("."), (name, first)
+    assert main(["policies"]) == 0
+    bands = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("bands "))
+    assert bands.endswith("the inner policy's order in a flow."), bands
 
 
 def test_listings(capsys: pytest.CaptureFixture[str]) -> None:
@@ -186,7 +216,8 @@ def test_aborted_requests_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--policies", "fcfs", "--num-requests", "30", "--num-gpu-blocks", "1", "--no-report"]) == 0
     out = capsys.readouterr().out
     assert "fcfs: 30 of 30 requests aborted (30 prompt does not fit max_model_len 16)" in out
-    assert "aborted" in out.split("(full table in the report)")[1]  # the table's column
+    assert "aborted" in out.split("default on llama3-8b-a100")[1]  # the table's column
+    assert "full table in the report" not in out  # --no-report: there is none
 
 
 def test_an_empty_workload_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -225,9 +256,57 @@ def test_presets_lists_the_good_saved_presets_and_warns_about_bad_files(
     assert f"headway: warning: skipped {tmp_path / 'broken.json'}: not a headway cost model" in err
 
 
+def test_policy_is_an_alias_of_policies_and_no_flag_is_abbreviated(capsys: pytest.CaptureFixture[str]) -> None:
+    # `--policy`, as `headway serve` spells it, is not taken for a prefix of --policy-arg
+    assert main(["simulate", "--policy", "sjf-oracle", "--num-requests", "20", "--no-report"]) == 0
+    assert "policies sjf-oracle" in capsys.readouterr().out
+    for cut in ("--polic", "--num-req"):  # a flag cut short is refused, not read as the one it starts
+        with pytest.raises(SystemExit) as info:
+            main(["simulate", cut, "20", "--no-report"])
+        assert info.value.code == 2
+        assert f"unrecognized arguments: {cut}" in capsys.readouterr().err
+    # nor in the other commands, where a prefix is another flag's start (--preset-dir, --model, --api-keys)
+    for argv in (
+        ["calibrate", "--preset", "x"],
+        ["serve", "--backend", "http://127.0.0.1:1", "--api-key", "k"],
+        ["bench", "serve", "--mode", "x"],
+        ["predictor", "matrix", "--loss", "pairwise"],
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert f"unrecognized arguments: {argv[-2]} {argv[-1]}" in capsys.readouterr().err, argv
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--replicas", "0"], "--replicas must be >= 1, got 0"),
+        (["--num-requests", "0"], "--num-requests must be >= 1, got 0"),
+        (["--rate", "0"], "--rate must be a positive finite number, got 0.0"),
+        (["--burstiness", "-1"], "--burstiness must be a positive finite number, got -1.0"),
+        (["--output-cv", "-1"], "--output-cv must be a finite number >= 0, got -1.0"),
+        (["--system-prompt-tokens", "5"], "--system-prompt-tokens needs --system-prompts"),
+        (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
+        (["--max-num-batched-tokens", "8"], "--max-num-batched-tokens (8) must be >= --max-num-seqs (256)"),
+        (["--block-size", "0"], "--block-size must be >= 1, got 0"),
+        (["--gpu-memory-utilization", "2"], "--gpu-memory-utilization must be in (0, 1], got 2.0"),
+    ],
+)
+def test_bad_values_are_refused_naming_their_flag(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # checked before anything runs: the missing trace file is never opened
+    missing = str(tmp_path / "missing.csv")
+    assert main(["simulate", "--workload", missing, "--policies", "fcfs", "--no-report", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"headway: error: {message}") and err.count("\n") == 1, err
+    assert out == ""
+
+
 def test_workload_values_out_of_range_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, message in [
-        (["--num-requests", "10000000000"], "num_requests must be at most 100,000,000, got 10000000000"),
+        (["--num-requests", "10000000000"], "--num-requests must be at most 100,000,000, got 10000000000"),
         (["--num-requests", "10", "--rate", "1e-300"], "10 arrivals at rate 1e-300 requests/s span"),
         (["--workload", "burst", "--rate", "5"], "got rate=5.0 (--rate)"),
         (["--arrivals", "burst", "--burstiness", "0.5"], "got burstiness=0.5 (--burstiness)"),
@@ -391,7 +470,7 @@ def test_simulate_client_timeout_aborts_requests(tmp_path: Path, capsys: pytest.
         assert (run["num_aborted"] > 0) == aborted
         assert ("client timeout" in " ".join(capsys.readouterr().out.split())) == aborted
     assert main(["simulate", "--client-timeout", "-1", "--no-report"]) == 2
-    assert "client_timeout must be" in capsys.readouterr().err
+    assert "--client-timeout must be" in capsys.readouterr().err
 
 
 def test_simulate_admission_limits_reach_the_engine_and_its_server(
@@ -422,6 +501,6 @@ def test_simulate_admission_limits_reach_the_engine_and_its_server(
     assert runs["fcfs"]["num_completed"] != runs["sjf-oracle"]["num_completed"]  # (233 and 232 turned away)
     assert "compare latencies over different sets of requests" in " ".join(capsys.readouterr().out.split())
     assert main(["simulate", "--watermark", "1", "--no-report"]) == 2
-    assert "watermark must be in [0, 1)" in capsys.readouterr().err
+    assert "--watermark must be in [0, 1)" in capsys.readouterr().err
     assert main(["simulate", "--max-num-active-seqs", "300", "--no-report"]) == 2
-    assert "max_num_active_seqs must be between 1 and max_num_seqs (256)" in capsys.readouterr().err
+    assert "--max-num-active-seqs must be between 1 and --max-num-seqs (256)" in capsys.readouterr().err

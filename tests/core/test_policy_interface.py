@@ -17,6 +17,7 @@ from headway.core import (
     Tier,
     UnknownPolicyError,
     available_policies,
+    get_policy_class,
     make_policy,
     register_policy,
 )
@@ -31,6 +32,34 @@ def test_unknown_policy_lists_valid_names() -> None:
         make_policy("fcsf")
     msg = str(info.value)
     assert "Did you mean 'fcfs'" in msg and "sjf-oracle" in msg
+
+
+def test_unknown_policy_hints_at_case_and_paper_families() -> None:
+    def error(name: str) -> str:
+        with pytest.raises(UnknownPolicyError) as info:
+            get_policy_class(name)  # a name in another case is not taken silently
+        msg = str(info.value)
+        assert "\n" not in msg and "Valid policies: " in msg and "sjf-oracle" in msg
+        return msg
+
+    assert "Did you mean 'fcfs'?" in error("FCFS")
+    assert "Did you mean 'tenant-sjf'?" in error("Tenant_SJF")
+    assert "Did you mean 'pars'?" in error("prs")
+    tenants = "tenant-fifo, tenant-priority, tenant-weighted, tenant-sjf, tenant-aging"
+    for name in ("driftsched", "DriftSched", "drift-sched"):
+        assert f"Unknown policy {name!r}. DriftSched is a family of policies: {tenants}. Valid" in error(name)
+    assert "Did you mean 'pars'? The PARS family also has sjf-score, ltr, trail. Valid" in error("PARS")
+    assert "Did you mean 'uniboost'? The UniBoost family also has distboost, uniboost-base" in error("UniBoost")
+
+
+def test_paper_families_agree_with_the_plots() -> None:
+    from headway.core._policy import _PAPERS
+    from headway.metrics import POLICY_FAMILIES
+
+    for family, members in _PAPERS.items():
+        drawn = {n for n, f in POLICY_FAMILIES.items() if f == family and n != "bands"}  # bands: beside DriftSched
+        assert set(members) == drawn, family
+        assert set(members) <= set(available_policies()), family
 
 
 def test_bad_policy_settings_name_the_policy() -> None:

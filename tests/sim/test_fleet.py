@@ -17,7 +17,14 @@ from headway.core._policy import _POLICIES
 from headway.policies import FCFSPolicy
 from headway.routers import LengthAwareRouter, TargetLoad, available_routers, make_router
 from headway.sim import CacheConfig, SchedulerConfig, SimResult, simulate
-from headway.sim._fleet import FLEET, fleet_presets, fleet_summaries, relative_speeds, split_by_replica
+from headway.sim._fleet import (
+    FLEET,
+    describe_fleet,
+    fleet_presets,
+    fleet_summaries,
+    relative_speeds,
+    split_by_replica,
+)
 from headway.workload import Workload
 from strategies import workloads
 
@@ -186,6 +193,16 @@ def test_split_and_fleet_summaries() -> None:
     assert sums[FLEET].num_requests == 120
     assert sum(sums[f"replica-{k}"].num_slo_met or 0 for k in range(3)) == sums[FLEET].num_slo_met
     assert sums[FLEET].goodput is not None
+
+
+def test_describe_fleet_groups_runs_of_one_preset() -> None:
+    # the console's titles: "on 4 x llama3-8b-a100", not the name four times
+    assert describe_fleet(["a"]) == "a"
+    assert describe_fleet(fleet_presets("llama3-8b-a100", 4)) == "4 x llama3-8b-a100"
+    assert describe_fleet(fleet_presets("h100:2,l4:2")) == "2 x h100, 2 x l4"
+    assert describe_fleet(["a", "b", "a"]) == "1 x a, 1 x b, 1 x a"  # replica order kept
+    with pytest.raises(ValueError, match="at least one replica"):
+        describe_fleet([])
 
 
 def test_fleet_presets_spec() -> None:

@@ -335,7 +335,17 @@ def _load_builtin() -> None:
     import headway.policies  # noqa: F401  (modules register themselves on import)
 
 
-_POLICIES: Registry[Policy] = Registry("policy", "policies", UnknownPolicyError, _load_builtin, base=Policy)
+_PAPERS: dict[str, tuple[str, ...]] = {
+    "PARS": ("pars", "sjf-score", "ltr", "trail"),
+    "UniBoost": ("distboost", "uniboost-base", "uniboost-memguard", "uniboost", "rank-boost"),
+    "DriftSched": ("tenant-fifo", "tenant-priority", "tenant-weighted", "tenant-sjf", "tenant-aging"),
+}
+"""Each paper's built-in policies (docs/policies/index.md): a paper's name given as a policy's
+(``--policies driftsched``) fails naming them."""
+
+_POLICIES: Registry[Policy] = Registry(
+    "policy", "policies", UnknownPolicyError, _load_builtin, base=Policy, families=_PAPERS
+)
 
 
 def register_policy(name: str) -> Callable[[P], P]:

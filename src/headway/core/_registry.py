@@ -1,7 +1,9 @@
 """One registry mechanism for named, pluggable classes (policies, routers).
 
-Names are lower kebab case and unique; an unknown name fails with the closest match
-and the list of valid names; bad constructor settings fail naming the entry.
+Names are lower kebab case and unique; an unknown name fails with the closest match (case
+aside: ``FCFS`` suggests ``fcfs``, a name is never taken in another case) or, for the name of a
+family of entries (a paper's policies), the family's members, and the list of valid names;
+bad constructor settings fail naming the entry.
 
 Classes from outside headway join on the first lookup, in every process that looks a name
 up (the CLI, the gateway, Ray workers, vLLM's engine core), from two places:
@@ -74,6 +76,11 @@ def _import_file(path: Path) -> None:
         raise
 
 
+def _fold(name: str) -> str:
+    """``name`` in lower case without separators, to compare what users type with family names."""
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
 def _check_settings(kind: str, name: str, cls: type, kwargs: Mapping[str, Any]) -> None:
     """Unknown keyword settings, named with the valid ones (and a close match), before ``cls`` runs.
 
@@ -118,12 +125,15 @@ class Registry(Generic[T]):
         load: Callable[[], None] | None = None,
         *,
         base: type[Any] = object,
+        families: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.kind = kind
         self.plural = plural
         self._unknown = unknown
         self._builtin = load  # imports the built-in modules, which register themselves
         self._base = base
+        self._families = dict(families or {})
+        """Names a user may type for a group of entries (a paper: ``"DriftSched"``) -> its members."""
         self._classes: dict[str, type[T]] = {}
         self._entry_points_done = False
 
@@ -183,11 +193,26 @@ class Registry(Generic[T]):
         try:
             return self._classes[name]
         except KeyError:
-            close = difflib.get_close_matches(name, self._classes, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
+            valid = ", ".join(sorted(self._classes))
             raise self._unknown(
-                f"Unknown {self.kind} {name!r}.{hint} Valid {self.plural}: {', '.join(sorted(self._classes))}"
+                f"Unknown {self.kind} {name!r}.{self._hint(name)} Valid {self.plural}: {valid}"
             ) from None
+
+    def _hint(self, name: str) -> str:
+        """What an unknown ``name`` may have meant: a family's members when it names a family
+        (``driftsched``, ``DriftSched``, ``drift-sched``), else the closest registered name, case
+        aside (``FCFS``: ``fcfs``); ``""`` when nothing is close."""
+        folded = _fold(name)
+        for family, members in self._families.items():
+            known = [m for m in members if m in self._classes]
+            if _fold(family) != folded or not known:
+                continue
+            if folded in known:  # the family is named after one of its members (pars, uniboost)
+                others = ", ".join(m for m in known if m != folded)
+                return f" Did you mean {folded!r}?" + (f" The {family} family also has {others}." if others else "")
+            return f" {family} is a family of {self.plural}: {', '.join(known)}."
+        close = difflib.get_close_matches(name.lower(), self._classes, n=1)
+        return f" Did you mean {close[0]!r}?" if close else ""
 
     def make(self, name: str, **kwargs: Any) -> T:
         """Instantiate the class registered as ``name`` with keyword settings; a setting the

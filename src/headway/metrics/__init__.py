@@ -57,7 +57,7 @@ from headway.metrics._report import ReportPaths, write_report
 from headway.metrics._slo import SLO
 from headway.metrics._stats import LatencyStats, jain_index, latency_stats
 from headway.metrics._summary import REQUEST_COLUMNS, GroupSummary, RunSummary, request_rows, summarize
-from headway.metrics._table import comparison_table
+from headway.metrics._table import comparison_table, replica_overview
 
 __all__ = [
     "GROUP_COLUMNS",
@@ -80,6 +80,7 @@ __all__ = [
     "plot_timeline",
     "read_json",
     "read_replica_json",
+    "replica_overview",
     "request_rows",
     "run_styles",
     "safe_filename",

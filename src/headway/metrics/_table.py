@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rich.table import Table
@@ -11,7 +11,7 @@ from rich.text import Text
 
 from headway.metrics._summary import RunSummary
 
-__all__ = ["comparison_table"]
+__all__ = ["comparison_table", "replica_overview"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,4 +179,22 @@ def comparison_table(
         table.add_column(Text(h), justify="right")
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))
+    return table
+
+
+def replica_overview(replicas: Mapping[str, Mapping[str, RunSummary]], names: Sequence[str], title: str) -> Table:
+    """One table for a fleet's several runs: a row per run, a column per replica (``names``), each
+    cell the requests that replica completed and their mean E2E latency (how the router spread the
+    load); "–" where a run has no such replica or it completed none."""
+    table = Table(title=title)
+    table.add_column("run", style="bold", no_wrap=True)
+    for name in names:
+        table.add_column(Text(name), justify="right")
+    for run, per in replicas.items():
+        cells = []
+        for name in names:
+            s = per.get(name)
+            mean = s.e2e.mean if s is not None else math.nan
+            cells.append("–" if s is None or math.isnan(mean) else f"{s.num_completed:,} / {_g(mean)}")
+        table.add_row(Text(run), *(Text(c) for c in cells))
     return table

@@ -216,8 +216,9 @@ class _Group:
 
 @register_policy("bands")
 class BandsPolicy(Policy):
-    """Strict priority bands (optional anti-starvation share), fair tenant flows inside a band,
-    the inner policy's order inside a flow (see the module docstring)."""
+    """Strict priority bands, fair tenant flows inside a band, the inner policy's order in a flow.
+
+    ``share`` > 0 gives later bands a share of the starts (anti-starvation); see the module docstring."""
 
     def __init__(
         self,

@@ -6,6 +6,7 @@ Wired into ``headway.cli`` through :func:`add_simulate_parser`.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,6 +52,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
             "--policies all runs every registered policy."
         ),
         formatter_class=HelpFormatter,
+        allow_abbrev=False,  # a prefix is no flag: --policy is an alias here, not --policy-arg cut short
     )
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="default", help="built-in name or trace file (see `headway workloads`)")
@@ -103,6 +105,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     s = p.add_argument_group("policies")
     s.add_argument(
         "--policies",
+        "--policy",  # as `headway serve` spells it
         default=",".join(DEFAULT_POLICIES),
         help="comma-separated policy names, or 'all' for every registered one (see `headway policies`)",
     )
@@ -251,6 +254,34 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.set_defaults(func=_cmd_simulate)
 
 
+_FLAGS = {
+    name: "--" + name.replace("_", "-")
+    for name in (
+        # the workload's (headway.workload.LoadOptions)
+        "num_requests", "rate", "burstiness", "output_cv", "seed", "format", "think_time", "client_timeout",
+        "system_prompts", "system_prompt_tokens",
+        # the engine's (SchedulerConfig, CacheConfig)
+        "max_num_seqs", "max_num_active_seqs", "max_num_batched_tokens", "max_num_queued_reqs",
+        "max_num_queued_tokens", "watermark", "long_prefill_token_threshold", "block_size",
+        "gpu_memory_utilization", "num_gpu_blocks",
+    )
+}  # fmt: skip
+"""The settings this command hands on under their own names -> the flag that gives each."""
+
+
+def _flag_error(exc: ValueError) -> CLIError:
+    """A workload or engine setting's error told with flags: each setting's name becomes its flag
+    (``rate must be a positive finite number`` -> ``--rate must be ...``)."""
+    return CLIError(re.sub(r"(?<![\w-])[a-z][a-z_]*(?![\w-])", lambda m: _FLAGS.get(m[0], m[0]), str(exc)))
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """The counts this command needs at least one of (the library takes 0 requests: an empty workload)."""
+    for flag, value in (("--replicas", args.replicas), ("--num-requests", args.num_requests)):
+        if value is not None and value < 1:
+            raise CLIError(f"{flag} must be >= 1, got {value}")
+
+
 def _parse_kv(items: Sequence[str], flag: str) -> dict[str, Any]:
     import json
 
@@ -289,8 +320,10 @@ def _default_scorers(
             )
 
 
-def _load_workload(args: argparse.Namespace) -> Any:
-    from headway.workload import load_workload
+def _workload_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The workload flags given, as :func:`~headway.workload.load_workload`'s options, checked (a bad
+    value fails naming its flag, before anything is read)."""
+    from headway.workload import LoadOptions
 
     options: dict[str, Any] = {"seed": args.seed}
     for name in (
@@ -300,7 +333,11 @@ def _load_workload(args: argparse.Namespace) -> Any:
         value = getattr(args, name)
         if value is not None:
             options[name] = value
-    return load_workload(args.workload, **options)
+    try:
+        LoadOptions(**options)
+    except ValueError as exc:
+        raise _flag_error(exc) from None
+    return options
 
 
 def _decided_alike(runs: dict[str, Any]) -> list[str]:
@@ -324,11 +361,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from headway.core import RequestState, available_policies, get_policy_class, make_policy
-    from headway.metrics import SLO, comparison_table, summarize, write_report
+    from headway.metrics import SLO, comparison_table, replica_overview, summarize, write_report
     from headway.routers import get_router_class, make_router
     from headway.sim import CacheConfig, SchedulerConfig, load_preset, simulate
-    from headway.sim._fleet import fleet_presets, fleet_summaries
+    from headway.sim._fleet import describe_fleet, fleet_presets, fleet_summaries
+    from headway.workload import load_workload
 
+    _check_counts(args)
+    workload_options = _workload_options(args)
     console = Console(width=max(Console().width, 140))
     names = (
         available_policies() if args.policies == "all" else [n.strip() for n in args.policies.split(",") if n.strip()]
@@ -350,27 +390,30 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     slo = SLO.parse(args.slo) if args.slo else None  # a bad spec fails before any simulation
     if args.no_report and args.out:
         raise CLIError("--out names a report folder, and --no-report writes none: drop one of them")
-    scheduler = SchedulerConfig(
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        max_num_active_seqs=args.max_num_active_seqs,
-        watermark=args.watermark,
-        max_num_queued_reqs=args.max_num_queued_reqs,
-        max_num_queued_tokens=args.max_num_queued_tokens,
-        enable_chunked_prefill=not args.no_chunked_prefill,
-        preemption_mode=args.preemption_mode,
-        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
-        async_scheduling=args.async_scheduling,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        long_prefill_token_threshold_adaptive=args.long_prefill_token_threshold_adaptive,
-        max_steps_per_event=1 if args.exact else SchedulerConfig().max_steps_per_event,
-    )
-    cache = CacheConfig(
-        block_size=args.block_size,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        num_gpu_blocks=args.num_gpu_blocks,
-        enable_prefix_caching=args.enable_prefix_caching,
-    )
+    try:  # a bad engine setting fails naming its flag
+        scheduler = SchedulerConfig(
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            max_num_active_seqs=args.max_num_active_seqs,
+            watermark=args.watermark,
+            max_num_queued_reqs=args.max_num_queued_reqs,
+            max_num_queued_tokens=args.max_num_queued_tokens,
+            enable_chunked_prefill=not args.no_chunked_prefill,
+            preemption_mode=args.preemption_mode,
+            scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
+            async_scheduling=args.async_scheduling,
+            long_prefill_token_threshold=args.long_prefill_token_threshold,
+            long_prefill_token_threshold_adaptive=args.long_prefill_token_threshold_adaptive,
+            max_steps_per_event=1 if args.exact else SchedulerConfig().max_steps_per_event,
+        )
+        cache = CacheConfig(
+            block_size=args.block_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            num_gpu_blocks=args.num_gpu_blocks,
+            enable_prefix_caching=args.enable_prefix_caching,
+        )
+    except ValueError as exc:
+        raise _flag_error(exc) from None
     presets = [load_preset(p) for p in fleet_presets(args.preset, args.replicas)]
     fleet = len(presets) > 1
     router_kwargs = _parse_kv(args.router_arg, "--router-arg")
@@ -384,7 +427,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             make_router(args.router, **router_kwargs)
         except ValueError as exc:
             raise CLIError(f"--router-arg: {exc}") from None
-    workload = _load_workload(args)
+    workload = load_workload(args.workload, **workload_options)
     if not len(workload):
         skipped = workload.meta.get("skipped")
         why = f" ({skipped} records skipped: no prompt/response pair or 0 tokens)" if skipped else ""
@@ -397,7 +440,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             make_policy(name, **kwargs)
         except ValueError as exc:
             raise CLIError(f"--policy-arg: {exc}") from None
-    preset_names = ", ".join(c.name for c in presets)
+    preset_names = describe_fleet([c.name for c in presets])  # "4 x llama3-8b-a100"
     span = f"over {workload.duration:.1f} s"
     if len(workload) > 1 and workload.duration == 0:
         timeless = args.arrivals is None and workload.meta.get("timed") is False
@@ -415,6 +458,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     timelines: dict[str, Any] = {}
     failures: dict[str, str] = {}
     replica_tables: dict[str, dict[str, Any]] = {}
+    replica_names: list[str] = []
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -445,6 +489,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                     per = fleet_summaries(res, slo=slo, name=name)
                     runs[name] = (per.pop("fleet"), res.requests)
                     replica_tables[name] = per
+                    replica_names = [stats.name for stats in res.replicas]
                 else:
                     runs[name] = (summarize(res.requests, slo=slo, name=name), res.requests)
                 if res.scheduler is not None and res.scheduler != scheduler:
@@ -474,14 +519,20 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     baseline = baseline_name if baseline_name in runs else None
     if baseline_name is not None and baseline is None:
         console.print(f"[yellow]no ratios: the baseline {baseline_name} failed[/]")
-    for name, per in replica_tables.items():
+    in_report = " (full table in the report)" if out is not None else ""
+    if len(replica_tables) == 1:  # one run: its per-replica table
+        [(name, per)] = replica_tables.items()
         console.print(comparison_table(per, None, compact=True, title=f"{name}: per replica"))
+    elif replica_tables:  # several: one overview, not a table per run ahead of the comparison
+        in_reports = "; full tables in the report" if out is not None else ""
+        title = f"per replica: done / E2E mean (s){in_reports}"
+        console.print(replica_overview(replica_tables, replica_names, title))
     console.print(
         comparison_table(
             {k: v[0] for k, v in runs.items()},
             baseline,
             compact=True,
-            title=f"{workload.name} on {preset_names} (full table in the report)",
+            title=f"{workload.name} on {preset_names}{in_report}",
         )
     )
     done = RequestState.FINISHED

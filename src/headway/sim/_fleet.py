@@ -9,6 +9,7 @@ and fleet views that reports show.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
 from typing import TYPE_CHECKING
 
 from headway.core import Request
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FLEET",
+    "describe_fleet",
     "fleet_presets",
     "fleet_summaries",
     "relative_speeds",
@@ -63,6 +65,18 @@ def fleet_presets(spec: str | Sequence[str], num_replicas: int | None = None) ->
     if num_replicas is not None and num_replicas != len(out):
         raise ValueError(f"preset spec {spec!r} describes {len(out)} replicas, not {num_replicas}")
     return out
+
+
+def describe_fleet(presets: Sequence[str]) -> str:
+    """The presets of a fleet's replicas, in order, as runs of one preset: ``"4 x llama3-8b-a100"``,
+    ``"2 x llama3-8b-h100, 2 x llama3-8b-l4"``; one replica is its preset's name alone.
+
+    The runs keep the replicas' order (replica ``i`` is the ``i``-th named), as a fleet spec does."""
+    if not presets:
+        raise ValueError("a fleet has at least one replica")
+    if len(presets) == 1:
+        return presets[0]
+    return ", ".join(f"{sum(1 for _ in run)} x {name}" for name, run in groupby(presets))
 
 
 def replica_speed(cost: CostModel, scheduler: SchedulerConfig, num_blocks: int, block_size: int) -> float:
