@@ -529,3 +529,60 @@ def test_a_streamed_chunk_with_usage_and_choices_gives_both_parsed_once(monkeypa
     req.transition(RequestState.RUNNING)  # (sent)
     asyncio.run(_bench._read_stream(lines(), req, 0.0, answer))
     assert ("".join(answer), req.num_output_tokens, len(parses)) == ("Hello", 2, 3)
+
+
+def test_bench_reports_each_request_as_it_is_sent_and_as_it_ends(make_stub) -> None:
+    stub = make_stub(token_delay_s=0.001)
+    events: list[tuple[str, str]] = []
+    reqs = run_bench_sync(
+        _workload(),
+        BenchConfig(stub.url),
+        on_sent=lambda r: events.append(("sent", r.request_id)),
+        on_done=lambda r: events.append(("done", r.request_id)),
+    )
+    ids = [r.request_id for r in reqs]
+    assert sorted(i for what, i in events if what == "sent") == sorted(ids)
+    assert sorted(i for what, i in events if what == "done") == sorted(ids)
+    assert all(events.index(("sent", i)) < events.index(("done", i)) for i in ids)
+
+
+def test_bench_cli_says_what_it_starts_and_shows_progress_on_a_terminal(make_stub, capsys, monkeypatch):
+    """A long run (500 requests at 8/s: a minute) says what it does before it starts, and on a
+    terminal shows requests sent and done while it runs; stdout has only the results."""
+    import json
+    import sys
+
+    stub = make_stub()
+    args = ["bench", "serve", "--base-url", stub.url + "/v1", "--workload", "default", "--num-prompts", "6",
+            "--request-rate", "50", "--max-output-tokens", "2", "--max-prompt-tokens", "8", "--json"]  # fmt: skip
+    assert main(args) == 0  # stderr is no terminal here: the start line only
+    out, err = capsys.readouterr()
+    start = f"headway: sending 6 requests to {stub.url}/v1/completions, arriving over about "
+    assert err.startswith(start) and err.endswith(" s (50 requests/s)\n") and err.count("\n") == 1, err
+    assert json.loads(out)["num_completed"] == 6
+    start = err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith(start) and "6/6" in err and "6 sent, 0 aborted" in err, err
+    assert json.loads(out)["num_completed"] == 6
+    assert main([*args, "--no-progress"]) == 0
+    assert capsys.readouterr().err == start
+
+
+def test_bench_start_line_says_how_long_the_arrivals_take() -> None:
+    from headway.serve._bench_cli import _start_line
+
+    url = "http://h/v1/completions"
+    specs = [RequestSpec(f"r{i}", i / 8, num_prompt_tokens=10, num_output_tokens=5) for i in range(500)]
+    wl = Workload.from_specs("w", specs)
+    assert _start_line(wl, url, 8.0, 1.0, 0) == (
+        "headway: sending 500 requests to http://h/v1/completions, arriving over about 62 s (8 requests/s)"
+    )
+    assert _start_line(wl, url, None, 2.0, 4) == (
+        "headway: sending 500 requests to http://h/v1/completions, arriving over about 2 min (4 requests/s), "
+        "at most 4 at a time"
+    )
+    burst = Workload.from_specs("b", [RequestSpec(f"r{i}", 0.0, num_prompt_tokens=1, num_output_tokens=1)
+                                      for i in range(3)])  # fmt: skip
+    assert _start_line(burst, url, None, 1.0, 0) == f"headway: sending 3 requests to {url}, all at once"

@@ -218,8 +218,101 @@ def test_a_taken_port_with_redis_exits_at_once(redis_url):
              "--redis", redis_url],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-    assert proc.returncode == 3 and "address already in use" in proc.stderr
+    assert proc.returncode == 2 and f"port {port} is already in use" in proc.stderr
     assert time.monotonic() - t0 < 20 and "did not stop" not in proc.stderr
+
+
+def test_a_port_in_use_is_one_clear_line_and_exit_status_2():
+    """Not uvicorn's multi-line ``ERROR: [Errno 98] ...`` and exit status 3: the bind's own failure, said
+    once, before anything slow starts."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for argv in (["serve", "--backend", "http://127.0.0.1:1", "--port", str(port)], ["stub", "--port", str(port)]):
+            proc = subprocess.run([sys.executable, "-m", "headway.serve", *argv], capture_output=True, text=True,
+                                  timeout=60)  # fmt: skip
+            assert proc.returncode == 2, proc.stderr
+            assert proc.stderr == (
+                f"headway: error: port {port} is already in use (on 127.0.0.1): stop what listens there or "
+                "choose another --port\n"
+            )
+
+
+def test_a_backend_without_a_scheme_is_named_with_its_fix(capsys):
+    assert main(["serve", "--backend", "127.0.0.1:8000"]) == 2
+    assert capsys.readouterr().err == (
+        "headway: error: --backend must be an http:// or https:// URL, got '127.0.0.1:8000' "
+        "(did you mean --backend http://127.0.0.1:8000?)\n"
+    )
+    assert main(["serve", "--backend", "ws://a"]) == 2  # another scheme: nothing to guess
+    assert capsys.readouterr().err == "headway: error: --backend must be an http:// or https:// URL, got 'ws://a'\n"
+    with pytest.raises(ConfigError, match=re.escape("got 'localhost:8000' (did you mean 'http://localhost:8000'?)")):
+        BackendConfig("localhost:8000")  # a config file's or HEADWAY_BACKENDS' backends.url
+
+
+class _Stderr:
+    """A process's stderr read line by line in a thread (its lines wait in a queue)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        import queue
+
+        self.proc = proc
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def line_with(self, needle: str, timeout: float = 30) -> str:
+        """The first line that holds ``needle`` (fails if the process exits or takes too long)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            assert line is not None, f"exited with {self.proc.wait()} before saying {needle!r}"
+            if needle in line:
+                return line
+
+    def stop(self) -> None:
+        """SIGTERM, wait (kill after 15 s), and close the pipe once read to its end."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.thread.join(timeout=5)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+
+
+def test_stub_and_gateway_each_say_where_they_listen_once_they_do():
+    def start(*argv: str) -> _Stderr:
+        cmd = [sys.executable, "-m", "headway.serve", *argv]
+        running.append(_Stderr(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+        return running[-1]
+
+    running: list[_Stderr] = []
+    try:
+        line = start("stub", "--port", "0").line_with("headway stub on ")
+        assert "a fake OpenAI-compatible backend answering as model 'stub-model'" in line
+        found = re.search(r"on (http://127\.0\.0\.1:(\d+)):", line)
+        assert found is not None and found[2] != "0", line  # the port it got
+        stub_url = found[1]
+        assert httpx.get(stub_url + "/health", timeout=5).status_code == 200  # listening when it says so
+        line = start("serve", "--backend", stub_url, "--port", "0").line_with("headway gateway listening on ")
+        found = re.search(r"on (http://127\.0\.0\.1:\d+) ", line)
+        assert found is not None and not found[1].endswith(":0"), line
+        assert httpx.get(found[1] + "/v1/models", timeout=5).status_code == 200
+    finally:
+        for proc in running:
+            proc.stop()
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], url: str) -> None:

@@ -303,3 +303,29 @@ def test_a_trained_scorer_reads_a_bounded_prefix_with_lone_surrogates_replaced(t
     scorer._run = lambda texts: (seen.extend(len(t) for t in texts), run(texts))[1]  # type: ignore[method-assign]
     assert scorer.score_one(big) == pytest.approx(scorer.score_one(big[:300]))  # 32 tokens either way
     assert seen == [32 * MAX_CHARS_PER_TOKEN, 300]
+
+
+def test_the_int8_scorer_is_built_once_with_one_log_line_and_no_onnxruntime_chatter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--scorer default:onnx-int8` at first start quantizes the shipped predictor into the cache:
+    one line says so and where, not ONNX Runtime's ~40 (a line per tensor, a pre-processing hint)."""
+    import logging
+
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setenv("HEADWAY_CACHE_DIR", str(tmp_path))
+    root, ort = logging.getLogger(), logging.getLogger("onnxruntime")
+    filters, ort_level = list(root.filters), ort.level
+    caplog.set_level(logging.INFO)
+    score = load_score_fn("default:onnx-int8", threads=1)
+    assert len(score(["What is 2 + 2?"])) == 1
+    assert [r for r in caplog.records if "onnxruntime" in r.pathname] == []
+    (built,) = [r for r in caplog.records if r.name.startswith("headway")]
+    (cached,) = (tmp_path / "derived").glob("*.int8-rows.onnx")
+    assert "int8 scorer" in built.getMessage() and str(cached) in built.getMessage()
+    assert (root.filters, ort.level) == (filters, ort_level)  # restored
+    logging.getLogger().info("after")  # the root logger itself logs again
+    assert caplog.records[-1].getMessage() == "after"
+    caplog.clear()
+    load_score_fn("default:onnx-int8", threads=1)  # the next start finds it built: nothing to say
+    assert [r for r in caplog.records if "int8" in r.getMessage()] == []

@@ -12,11 +12,13 @@ at first start with no training and no data folder.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import logging
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -214,6 +216,58 @@ def read_pack_header(path: str | Path | None = None) -> dict[str, Any]:
     return _open_pack(Path(path) if path is not None else shipped_predictor_path(), arrays=False)[0]
 
 
+_log = logging.getLogger("headway.predict.shipped")
+
+
+class _QuantizationChatter(logging.Filter):
+    """Drops the records ONNX Runtime's quantization tools log on the root logger itself
+    (``logging.info(...)``: a line per tensor, and a hint to pre-process the model first) below
+    ERROR; other records pass."""
+
+    def __init__(self, package_dir: str) -> None:
+        super().__init__()
+        self.package_dir = package_dir
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or not record.pathname.startswith(self.package_dir)
+
+
+@contextlib.contextmanager
+def _quiet_quantization() -> Iterator[None]:
+    """While quantizing: ONNX Runtime's quantization logging below ERROR is silenced (on the root
+    logger, which it mostly logs on, and its own ``onnxruntime`` loggers); restored afterwards."""
+    import onnxruntime.quantization
+
+    chatter = _QuantizationChatter(str(Path(onnxruntime.quantization.__file__).parent))
+    root, own = logging.getLogger(), logging.getLogger("onnxruntime")
+    level = own.level
+    root.addFilter(chatter)
+    own.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.removeFilter(chatter)
+        own.setLevel(level)
+
+
+def _quantize(graph: Path, into: Path) -> None:
+    """Write ``graph``'s int8 copy (weights int8, activations quantized per row) to ``into``, once:
+    later starts find it there."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from headway.predict._rowquant import quantize_rows
+
+    _log.info("building the int8 scorer once (a few seconds); cached at %s", into)
+    tmp = into.with_name(f".{into.name}.tmp")
+    try:
+        with _quiet_quantization():
+            quantize_dynamic(str(graph), str(tmp), weight_type=QuantType.QInt8)
+        quantize_rows(tmp)
+        tmp.replace(into)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 class ShippedPredictor:
     """Scores prompts with a packed predictor (default: the one in the package); torch-free.
 
@@ -264,14 +318,7 @@ class ShippedPredictor:
             # (".int8.onnx" files, quantized per batch, are left unused: see _rowquant)
             quantized = graph.with_suffix(".int8-rows.onnx")
             if not quantized.is_file():
-                from onnxruntime.quantization import QuantType, quantize_dynamic
-
-                from headway.predict._rowquant import quantize_rows
-
-                tmp = quantized.with_name(f".{quantized.name}.tmp")
-                quantize_dynamic(str(graph), str(tmp), weight_type=QuantType.QInt8)
-                quantize_rows(tmp)
-                tmp.replace(quantized)
+                _quantize(graph, quantized)
             graph = quantized
         self.head_weight = arrays["head.weight"].astype(np.float64).reshape(-1)
         self.head_bias = float(arrays["head.bias"].reshape(-1)[0])

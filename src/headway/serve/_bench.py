@@ -404,11 +404,13 @@ async def run_bench(
     cfg: BenchConfig,
     *,
     on_done: Callable[[Request], None] | None = None,
+    on_sent: Callable[[Request], None] | None = None,
 ) -> list[Request]:
     """Replay ``workload`` against ``cfg.endpoint``; returns one Request per spec.
 
-    ``on_done``: called with each request as it ends (progress). :class:`BenchError` when no
-    ``cfg.model`` is given and the endpoint lists none (unreachable, wrong URL, key refused)."""
+    ``on_sent`` and ``on_done``: called with each request as it is sent and as it ends (progress; one
+    never sent, a turn after a failed one, ends unsent). :class:`BenchError` when no ``cfg.model`` is
+    given and the endpoint lists none (unreachable, wrong URL, key refused)."""
     specs = list(workload)
     limit = cfg.max_concurrency or max(1, len(specs))
     timeout = aiohttp.ClientTimeout(
@@ -456,6 +458,8 @@ async def run_bench(
                         await asyncio.sleep(delay)
                 answer: list[str] | None = [] if spec.request_id in ended else None
                 async with sem:
+                    if on_sent is not None:
+                        on_sent(req)
                     sent = await _one(session, cfg, model, spec, req, t0, history, answer)
                 if answer is not None and req.state is RequestState.FINISHED:
                     talks[spec.request_id] = [*sent, {"role": "assistant", "content": "".join(answer)}]
@@ -485,5 +489,6 @@ def run_bench_sync(
     cfg: BenchConfig,
     *,
     on_done: Callable[[Request], None] | None = None,
+    on_sent: Callable[[Request], None] | None = None,
 ) -> list[Request]:
-    return asyncio.run(run_bench(workload, cfg, on_done=on_done))
+    return asyncio.run(run_bench(workload, cfg, on_done=on_done, on_sent=on_sent))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +113,11 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="write a headway report (JSON/CSV/plots) to this folder")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar on stderr while the requests run (there is none when stderr is not a terminal)",
+    )
+    p.add_argument(
         "--goodput",
         nargs="+",
         default=None,
@@ -148,25 +152,61 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 class _Progress:
-    """A ``run_bench`` callback that keeps one status line on stderr (on a terminal)."""
+    """A progress bar on stderr while the requests run: how many were sent, how many are done (and
+    aborted), the time so far. ``on_sent`` and ``on_done`` are ``run_bench``'s callbacks."""
 
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.done = self.aborted = 0
-        self._shown = 0.0
+    def __init__(self, total: int, console: Any = None) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    def __call__(self, req: Any) -> None:
+        self.sent = self.done = self.aborted = 0
+        self._bar = Progress(
+            TextColumn("requests done"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[sent]} sent, {task.fields[aborted]} aborted"),
+            TimeElapsedColumn(),
+            console=console if console is not None else Console(stderr=True),
+        )
+        self._task = self._bar.add_task("bench", total=total, sent=0, aborted=0)
+        self._bar.start()
+
+    def on_sent(self, req: Any) -> None:
+        self.sent += 1
+        self._bar.update(self._task, sent=self.sent)
+
+    def on_done(self, req: Any) -> None:
         self.done += 1
         self.aborted += req.state.name == "ABORTED"
-        now = time.monotonic()
-        if now - self._shown >= 0.1 or self.done == self.total:
-            self._shown = now
-            line = f"\r{self.done}/{self.total} requests done, {self.aborted} aborted"
-            print(line, end="", file=sys.stderr, flush=True)
+        self._bar.update(self._task, completed=self.done, aborted=self.aborted)
 
     def close(self) -> None:
-        if self._shown:
-            print(file=sys.stderr, flush=True)
+        self._bar.stop()
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def _start_line(workload: Any, url: str, rate: float | None, time_scale: float, max_concurrency: int) -> str:
+    """What a run is about to do, said before it starts: how many requests, to where, over about
+    how long (the workload's arrivals, scaled by ``time_scale``) and at what rate (``rate``, the
+    ``--request-rate`` asked for, else the arrivals')."""
+    n = len(workload)
+    # a turn that follows another (sharegpt-sessions) is sent after it: its own arrival time is not used
+    arrivals = [s.arrival_time for s in workload if s.after is None] or [0.0]
+    span = (max(arrivals) - min(arrivals)) * time_scale
+    line = f"headway: sending {n} request{'s' if n != 1 else ''} to {url}"
+    if span <= 0:
+        line += ", all at once"
+    else:
+        per_s = rate / time_scale if rate is not None else (len(arrivals) - 1) / span
+        line += f", arriving over about {_duration(span)} ({per_s:.3g} requests/s)"
+    if max_concurrency:
+        line += f", at most {max_concurrency} at a time"
+    return line
 
 
 def _run_bench(args: argparse.Namespace) -> int:
@@ -235,9 +275,17 @@ def _run_bench(args: argparse.Namespace) -> int:
             prepare_out_dir(args.out)
     except CLIError as exc:
         return fail(str(exc))
-    progress = _Progress(len(workload)) if sys.stderr.isatty() else None
+    url = base_url.rstrip("/").removesuffix("/v1") + ("/v1/chat/completions" if chat else "/v1/completions")
+    start = _start_line(workload, url, args.rate, args.time_scale, args.max_concurrency)
+    print(start, file=sys.stderr, flush=True)
+    progress = _Progress(len(workload)) if sys.stderr.isatty() and not args.no_progress else None
     try:
-        requests = run_bench_sync(workload, cfg, on_done=progress)
+        requests = run_bench_sync(
+            workload,
+            cfg,
+            on_sent=None if progress is None else progress.on_sent,
+            on_done=None if progress is None else progress.on_done,
+        )
     except BenchError as exc:
         return fail(str(exc))
     finally:

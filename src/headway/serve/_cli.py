@@ -272,7 +272,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Any:
     """The gateway config of ``headway serve``: the --config file, then ``HEADWAY_*`` variables of
     ``env`` (default ``os.environ``), then the flags."""
-    from headway.serve._config import BackendConfig
+    from headway.serve._config import BackendConfig, check_backend_url
     from headway.serve._config_load import load_config
 
     env = os.environ if env is None else env
@@ -284,6 +284,8 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None)
     key = getattr(args, "backend_api_key", None) or env.get("HEADWAY_BACKEND_API_KEY")
     if key:
         backend_kw["api_key"] = key
+    for url in args.backend:
+        check_backend_url(url, "--backend")
     backends = [BackendConfig(url, **backend_kw) for url in args.backend]
     overrides: dict[str, Any] = {
         "backends": backends,
@@ -336,12 +338,21 @@ def _policy_args(items: list[tuple[str, str]], policy: str | None) -> dict[str, 
     return out
 
 
+def _listen_problem(exc: OSError) -> str:
+    """What ``headway serve`` or ``headway stub`` says when it cannot listen on ``--host``/``--port``."""
+    import errno
+
+    if exc.errno == errno.EADDRINUSE:
+        return f"{exc.strerror}: stop what listens there or choose another --port"
+    return f"{exc.strerror}: check --host and --port"
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     from headway.serve._config import ConfigError
     from headway.serve._config_load import describe_config
     from headway.serve._gateway import create_app
     from headway.serve._logging import setup_logging
-    from headway.serve._runner import run_app
+    from headway.serve._runner import ListenError, bind_sockets, run_app
 
     env = os.environ
     host = args.host or env.get("HEADWAY_HOST") or "127.0.0.1"
@@ -362,12 +373,22 @@ def _run_serve(args: argparse.Namespace) -> int:
         config = build_config(args, env)
     except (ConfigError, ValueError) as exc:
         return fail(str(exc))
-    setup_logging(log_level, log_format)  # before the app is made: what it logs while starting shows
+    try:  # bound before the app starts (a scorer may take a while to load): a port in use fails at once
+        sockets = bind_sockets(host, port)
+    except ListenError as exc:
+        return fail(_listen_problem(exc))
+    app = None
     try:
+        setup_logging(log_level, log_format)  # before the app is made: what it logs while starting shows
         app = create_app(config)
     except (ConfigError, ValueError) as exc:
         return fail(str(exc))
-    logging.getLogger("headway.serve").info(
+    finally:
+        if app is None:
+            for sock in sockets:
+                sock.close()
+    log = logging.getLogger("headway.serve")
+    log.info(
         "headway gateway on http://%s:%d, effective configuration: %s",
         host,
         port,
@@ -381,6 +402,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         log_level=log_level,
         access_log=getattr(args, "access_log", False),
         own_logging=log_format == "json",
+        sockets=sockets,
+        on_listening=lambda url: log.info("headway gateway listening on %s (press CTRL+C to quit)", url),
     )
     return 0
 
@@ -408,22 +431,37 @@ def add_stub_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _run_stub(args: argparse.Namespace) -> int:
-    from headway.serve._runner import run_app
+    from headway.serve._logging import setup_logging
+    from headway.serve._runner import ListenError, bind_sockets, run_app
     from headway.serve._stub import StubConfig, create_stub_app
 
     bad = _bad_port(args.port)
     if bad:
         return fail(bad)
-    app = create_stub_app(
-        StubConfig(
-            model=args.model,
-            token_delay_s=args.token_delay,
-            max_num_seqs=args.max_num_seqs,
-            first_token_delay_s=args.first_token_delay,
-        )
+    try:
+        sockets = bind_sockets(args.host, args.port)
+    except ListenError as exc:
+        return fail(_listen_problem(exc))
+    setup_logging("info")  # for its one line once listening, as the gateway's; uvicorn's own say warnings only
+    config = StubConfig(
+        model=args.model,
+        token_delay_s=args.token_delay,
+        max_num_seqs=args.max_num_seqs,
+        first_token_delay_s=args.first_token_delay,
     )
+    app = create_stub_app(config)
+
+    def listening(url: str) -> None:
+        logging.getLogger("headway.serve").info(
+            "headway stub on %s: a fake OpenAI-compatible backend answering as model %r (press CTRL+C to quit)",
+            url,
+            config.model,
+        )
+
     # SIGTERM: requests still running after a second are cut (a fake backend has nothing to finish)
-    run_app(app, args.host, args.port, drain_timeout_s=1.0, log_level="warning")
+    run_app(
+        app, args.host, args.port, drain_timeout_s=1.0, log_level="warning", sockets=sockets, on_listening=listening
+    )
     return 0
 
 

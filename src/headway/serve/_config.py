@@ -129,6 +129,23 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+def check_backend_url(url: str, name: str) -> None:
+    """:class:`ConfigError` unless ``url`` is a backend's base URL; the message names ``name`` (the
+    setting, ``backends.url``, or the flag, ``--backend``) and, for an address without a scheme
+    (``127.0.0.1:8000``), suggests it with ``http://``."""
+    parts = urlsplit(url)
+    if not (parts.scheme in ("http", "https") and parts.hostname):
+        hint = ""
+        if url and "://" not in url and not url.startswith(("http:", "https:")):
+            fixed = f"http://{url}"
+            hint = f" (did you mean {name} {fixed}?)" if name.startswith("--") else f" (did you mean {fixed!r}?)"
+        raise ConfigError(f"{name} must be an http:// or https:// URL, got {url!r}{hint}")
+    try:
+        parts.port  # noqa: B018 - raises ValueError when out of range
+    except ValueError:
+        raise ConfigError(f"{name} has a port out of range 0-65535: {url!r}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class BackendConfig:
     """One OpenAI-compatible upstream server (vLLM, SGLang or the stub)."""
@@ -153,19 +170,11 @@ class BackendConfig:
     >= this (0..1]."""
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        _check(
-            parts.scheme in ("http", "https") and bool(parts.hostname),
-            f"backends.url must be an http:// or https:// URL, got {self.url!r}",
-        )
+        check_backend_url(self.url, "backends.url")
         _check(
             isinstance(self.api_key, str) and "\r" not in self.api_key and "\n" not in self.api_key,
             "backends.api_key must be a string without line breaks",
         )
-        try:
-            parts.port  # noqa: B018 - raises ValueError when out of range
-        except ValueError:
-            raise ConfigError(f"backends.url has a port out of range 0-65535: {self.url!r}") from None
         object.__setattr__(self, "url", self.url.rstrip("/").removesuffix("/v1"))
         _check(self.max_concurrency >= 0, f"backends.max_concurrency must be >= 0, got {self.max_concurrency}")
         if self.metrics_poll_s == -1.0:

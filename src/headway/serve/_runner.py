@@ -1,15 +1,22 @@
 """Run the gateway (or the stub) under uvicorn: in the foreground with a SIGTERM drain, or
-in a background thread on a free port (tests, benchmarks)."""
+in a background thread on a free port (tests, benchmarks).
+
+In the foreground the listening sockets are bound first (:func:`bind_sockets`) and handed to
+uvicorn, so that a port already in use is one :class:`ListenError` (the bind's own failure: no
+check-then-bind race), and the address is held before the app starts (a slow scorer load then
+cannot lose it to another process)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import math
+import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -17,7 +24,7 @@ from starlette.applications import Starlette
 
 from headway.serve._conn import ACCEPT_BACKLOG, default_max_connections, guarded_protocol, install_log_limits
 
-__all__ = ["free_port", "run_app", "serve_in_thread"]
+__all__ = ["ListenError", "bind_sockets", "free_port", "listen_url", "run_app", "serve_in_thread"]
 
 
 def free_port() -> int:
@@ -26,6 +33,52 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+class ListenError(OSError):
+    """The server cannot listen on its address: ``errno`` (``EADDRINUSE`` for a port in use) and a
+    message for the user (``strerror``) that names the port and why."""
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def bind_sockets(host: str, port: int) -> list[socket.socket]:
+    """TCP sockets bound (not yet listening) to every address of ``host`` (``""``: all interfaces) and
+    ``port``, as asyncio's ``create_server`` binds them for uvicorn (``SO_REUSEADDR`` on POSIX,
+    IPv6 sockets IPv6-only); :class:`ListenError` when one cannot be bound."""
+    where = _host_port(host or "0.0.0.0", port)
+    try:
+        infos = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ListenError(exc.errno, f"cannot listen on {where} ({exc.strerror})") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            if os.name == "posix":
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ListenError(exc.errno, f"port {port} is already in use (on {address[0]})") from None
+                raise ListenError(exc.errno, f"cannot listen on {where} ({exc.strerror or exc})") from None
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def listen_url(host: str, sockets: list[socket.socket]) -> str:
+    """``http://HOST:PORT`` of a server on ``sockets`` (the port they are bound to: port 0 picks one)."""
+    port = int(sockets[0].getsockname()[1]) if sockets else 0
+    return "http://" + _host_port(host or "0.0.0.0", port)
 
 
 _BACKSTOP_S = 3
@@ -43,10 +96,21 @@ class _DrainingServer(uvicorn.Server):
     in-flight HTTP requests) finish for ``drain_timeout_s``, then have the gateway end what
     is left (:meth:`~headway.serve.Gateway.end_drain`: 503s and final SSE error events)."""
 
-    def __init__(self, config: uvicorn.Config, drain_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain_timeout_s: float | None = None,
+        on_listening: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.drain_timeout_s = drain_timeout_s
+        self.on_listening = on_listening
         self._exit_at: float | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_listening is not None:  # the app has started and accepts connections
+            self.on_listening()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         gw = _gateway_of(self.config.app)
@@ -115,16 +179,31 @@ def run_app(
     log_level: str = "info",
     access_log: bool = False,
     own_logging: bool = False,
+    sockets: list[socket.socket] | None = None,
+    on_listening: Callable[[str], None] | None = None,
 ) -> None:
     """Serve ``app`` in the foreground until SIGTERM/SIGINT (then drain). Repeated log lines
     (a flood of bad requests, ``EMFILE``) are rate-limited (:func:`install_log_limits`).
     ``own_logging``: leave the logging setup as it is (uvicorn's loggers then go to the root
-    handlers, e.g. JSON lines)."""
-    install_log_limits()
-    server = _DrainingServer(
-        _config(app, host, port, drain_timeout_s, log_level, access_log, own_logging), drain_timeout_s
-    )
-    server.run()
+    handlers, e.g. JSON lines).
+
+    ``sockets``: from :func:`bind_sockets` (default: bound here, :class:`ListenError` when they
+    cannot be); closed on return. ``on_listening(url)`` is called once the app has started and
+    the server accepts connections (uvicorn's own "running on" line is not logged)."""
+    if sockets is None:
+        sockets = bind_sockets(host, port)
+    try:
+        install_log_limits()
+        url = listen_url(host, sockets)
+        server = _DrainingServer(
+            _config(app, host, port, drain_timeout_s, log_level, access_log, own_logging),
+            drain_timeout_s,
+            None if on_listening is None else lambda: on_listening(url),
+        )
+        server.run(sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 @contextlib.contextmanager
