@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from headway._help import CLIError, describe_error
 from headway._optional import MissingExtraError
@@ -46,8 +46,17 @@ _EXTRAS = {
 """Top-level module -> the pyproject extra that installs it (a command missing one says which)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors in one line and a pointer to ``--help``, instead of the
+    whole usage block first (thirty lines for ``headway simulate``). Subcommands' parsers are of
+    this class too (argparse makes them of their parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n({self.prog} --help lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="headway",
         description="Schedule LLM inference requests so short work is not stuck behind long work.",
     )

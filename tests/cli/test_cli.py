@@ -504,3 +504,19 @@ def test_simulate_admission_limits_reach_the_engine_and_its_server(
     assert "--watermark must be in [0, 1)" in capsys.readouterr().err
     assert main(["simulate", "--max-num-active-seqs", "300", "--no-report"]) == 2
     assert "--max-num-active-seqs must be between 1 and --max-num-seqs (256)" in capsys.readouterr().err
+
+
+def test_a_bad_flag_value_is_one_line_and_a_pointer_to_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse printed the whole usage block first (thirty lines for simulate) before the one that matters."""
+    cases = (
+        (["simulate", "--rate", "abc"], "headway simulate", "float"),
+        (["bench", "serve", "--seed", "x"], "headway bench serve", "int"),
+    )
+    for argv, prog, kind in cases:
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"{prog}: error: argument {argv[-2]}: invalid {kind} value: {argv[-1]!r}",
+            f"({prog} --help lists the options)",
+        ]
