@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -319,6 +320,10 @@ def test_config_from_additional_config_env_and_defaults(tmp_path) -> None:  # ty
     f = tmp_path / "hw.json"
     f.write_text(json.dumps({"policy": "ltr"}))
     assert PluginConfig.resolve({"other": 1}, {"HEADWAY_VLLM_CONFIG": str(f)}).policy == "ltr"
+    # the variable also takes --additional-config's shape, its headway section included (it said
+    # "unknown setting(s) headway")
+    wrapped = '{"headway": {"policy": "pars", "policy_args": {"starvation_threshold": 5}}}'
+    assert PluginConfig.resolve(None, {"HEADWAY_VLLM_CONFIG": wrapped}) == cfg
     with pytest.raises(PluginConfigError, match="unknown setting"):
         PluginConfig.from_mapping({"polcy": "fcfs"})
     with pytest.raises(PluginConfigError, match="oracle"):
@@ -361,6 +366,17 @@ def test_check_settings_finds_what_the_scheduler_would_refuse(tmp_path: Path) ->
     ]:
         with pytest.raises(PluginConfigError, match=re.escape(message)):
             check_settings(cfg)
+    # a step log whose folders do not exist yet is writable, and the check leaves nothing behind
+    fresh = tmp_path / "new" / "deeper" / "steps.jsonl"
+    assert check_settings(PluginConfig(step_log=str(fresh)))[-1] == f"step_log {str(fresh)!r}: writable"
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("{}\n")
+    check_settings(PluginConfig(step_log=str(kept)))
+    assert kept.read_text() == "{}\n"  # an existing log is neither truncated nor removed
+    if sys.platform.startswith("linux"):  # a folder that cannot be made whatever the permission bits say
+        with pytest.raises(PluginConfigError, match="cannot be written"):
+            check_settings(PluginConfig(step_log="/proc/headway-no-such/steps.jsonl"))
     assert check_settings(PluginConfig(policy="sarathi"), chunked_prefill=True)[1].endswith("fits the policy")
     with pytest.raises(PluginConfigError, match="needs chunked prefill"):
         check_settings(PluginConfig(policy="sarathi"), chunked_prefill=False)

@@ -335,8 +335,8 @@ def test_sigterm_drains_inflight_and_queued_work():
         port = free_port()
         proc = subprocess.Popen(
             [sys.executable, "-m", "headway.serve", "serve", "--backend", stub_url, "--port", str(port),
-             "--backend-concurrency", "1", "--drain-timeout", "10", "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+             "--backend-concurrency", "1", "--drain-timeout", "10", "--log-level", "info"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
@@ -362,10 +362,16 @@ def test_sigterm_drains_inflight_and_queued_work():
                 t.join(timeout=20)
             assert results == [200, 200, 200]
             assert proc.wait(timeout=15) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+            # the gateway says what it drains (uvicorn's lines said only that it shuts down)
+            assert proc.stderr is not None
+            said = proc.stderr.read()
+            assert "headway gateway draining (up to 10 s): 3 requests open, new connections refused" in said
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
 
 
 def test_sigterm_past_the_drain_timeout_ends_open_requests_cleanly(tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import math
 import os
 import socket
@@ -118,6 +119,13 @@ class _DrainingServer(uvicorn.Server):
             gw.draining = True
         if self._exit_at is None:
             self._exit_at = time.monotonic()
+            if gw is not None:  # (uvicorn's own lines say only that it shuts down)
+                within = f"up to {self.drain_timeout_s:g} s" if self.drain_timeout_s is not None else "no limit"
+                logging.getLogger("headway.serve").info(
+                    "headway gateway draining (%s): %d requests open, new connections refused",
+                    within,
+                    len(gw.ledger.active),
+                )
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

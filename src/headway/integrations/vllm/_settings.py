@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -116,7 +117,8 @@ class PluginConfig:
     @classmethod
     def resolve(cls, additional_config: Any = None, environ: Mapping[str, str] | None = None) -> PluginConfig:
         """Settings from vLLM's ``additional_config["headway"]``, else ``$HEADWAY_VLLM_CONFIG``
-        (JSON text, or the path of a JSON file), else the defaults (FCFS)."""
+        (JSON text, or the path of a JSON file: the settings, or ``{"headway": {...}}`` as given to
+        ``--additional-config``), else the defaults (FCFS)."""
         if isinstance(additional_config, Mapping) and "headway" in additional_config:
             return cls.from_mapping(additional_config["headway"])
         env = os.environ if environ is None else environ
@@ -128,7 +130,10 @@ class PluginConfig:
                 raw = Path(raw).expanduser().read_text()
             except OSError as exc:
                 raise PluginConfigError(f"${ENV_CONFIG}: cannot read {raw!r} ({exc})") from None
-        return cls.from_mapping(_json_of(raw, f"${ENV_CONFIG}"))
+        data = _json_of(raw, f"${ENV_CONFIG}")
+        if isinstance(data, Mapping) and set(data) == {"headway"}:  # --additional-config's shape, section and all
+            data = data["headway"]
+        return cls.from_mapping(data)
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -228,14 +233,33 @@ def check_settings(cfg: PluginConfig, *, chunked_prefill: bool | None = None) ->
             "before any)"
         )
     if cfg.step_log is not None:
-        path = Path(cfg.step_log).expanduser().absolute()
-        existing = next(p for p in path.parents if p.exists())  # the scheduler creates the missing ones
-        if path.is_dir() or not existing.is_dir() or not os.access(existing, os.W_OK):
-            raise PluginConfigError(f"headway plugin: step_log {cfg.step_log!r}: cannot be written")
+        _check_writable(Path(cfg.step_log).expanduser().absolute(), cfg.step_log)
         done.append(f"step_log {cfg.step_log!r}: writable")
     if cfg.control_file is not None:
         done.append(_check_control_file(cfg, cfg.control_file))
     return done
+
+
+def _check_writable(path: Path, given: str) -> None:
+    """Open ``path`` for appending as the scheduler will (its missing folders made first), then take
+    back what the check made: a permission bit says nothing on a file system that refuses anyway
+    (``/proc``, a read-only mount, root's ``os.access``)."""
+    made = [p for p in reversed(path.parents) if not p.exists()]  # the folders the check makes, top first
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise PluginConfigError(
+            f"headway plugin: step_log {given!r}: cannot be written ({exc.strerror or exc})"
+        ) from None
+    finally:
+        if not existed and path.is_file():
+            path.unlink()
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def _check_control_file(cfg: PluginConfig, path: str) -> str:
