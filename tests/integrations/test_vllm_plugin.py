@@ -249,7 +249,7 @@ def test_async_scheduler_class_in_process_under_a_batch_queue() -> None:
     harness = Path(__file__).with_name("_async_harness.py")
     env = {**os.environ, "PYTHONPATH": str(headway_src_dir())}
     proc = subprocess.run(
-        [str(python), str(harness), str(model), "fcfs,sjf-oracle,uniboost", json.dumps(ASYNC_LENGTHS)],
+        [str(python), str(harness), str(model), "fcfs,sjf-oracle,uniboost,pars", json.dumps(ASYNC_LENGTHS)],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -264,6 +264,9 @@ def test_async_scheduler_class_in_process_under_a_batch_queue() -> None:
     # uniboost displaces in evict mode only, for KV blocks (200 here: plenty): a full batch displaces
     # nobody, as in vLLM, and requests that attained nothing tie: FCFS order
     assert runs["uniboost"]["finished"] == runs["fcfs"]["finished"]
+    # pars without a scorer: the engine says so as it starts (it said so only at the first request without a score)
+    warned = [ln for ln in proc.stderr.splitlines() if "ranks by length scores and no scorer is set" in ln]
+    assert len(warned) == 1 and "policy 'pars'" in warned[0] and "the mean of the scores so far" in warned[0]
 
 
 def test_bad_control_files_and_request_fields_never_stop_the_engine(plugin_server) -> None:  # type: ignore[no-untyped-def]

@@ -31,6 +31,7 @@ from headway.integrations.vllm._settings import (
 )
 from headway.integrations.vllm._steplog import StepLog
 from headway.integrations.vllm._version import SUPPORTED_VLLM_VERSIONS, _check_interface, check_vllm_version
+from headway.policies import ScoredPolicy
 
 __all__ = ["build_scheduler_classes"]
 
@@ -200,6 +201,16 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     version,
                     base.__name__,
                 )
+                if score_batch is None and isinstance(first, ScoredPolicy) and first.scorer is None:
+                    # (plugin-check says so; the engine said it only at the first request without a score)
+                    logger.warning(
+                        "headway: policy %r ranks by length scores and no scorer is set: requests need vllm_xargs "
+                        "headway_score, those without one get %s",
+                        cfg.policy,
+                        "the mean of the scores so far (0 before any)"
+                        if cfg.missing_score is None
+                        else f"missing_score {cfg.missing_score}",
+                    )
 
             # ------------------------------------------------------ helpers
             def _hw_budget(self, policy: Policy) -> int:
