@@ -60,7 +60,6 @@ def test_bench_without_streaming_takes_the_tokens_from_usage(make_stub, make_gat
         assert s.itl.count == 0  # no chunks, no ITL
 
 
-
 def test_bench_without_streaming_records_an_answer_without_usage_as_a_bad_response(servers):
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -83,6 +82,7 @@ def test_bench_without_streaming_records_an_answer_without_usage_as_a_bad_respon
     assert [r.state.name for r in reqs] == ["ABORTED"] * 6
     assert {r.extra["abort_reason"] for r in reqs} == {"bad_response"}
     assert summarize(reqs, name="x").num_completed == 0
+
 
 def test_bench_records_rejections_as_aborted(make_stub, make_gateway):
     stub = make_stub()
@@ -586,3 +586,106 @@ def test_bench_start_line_says_how_long_the_arrivals_take() -> None:
     burst = Workload.from_specs("b", [RequestSpec(f"r{i}", 0.0, num_prompt_tokens=1, num_output_tokens=1)
                                       for i in range(3)])  # fmt: skip
     assert _start_line(burst, url, None, 1.0, 0) == f"headway: sending 3 requests to {url}, all at once"
+
+
+# ------------------------------------------------------------- what a failed request was told, what was sent
+def _context_app(context: int, sent: list[int], old_style: bool = False) -> Starlette:
+    """A /v1/completions that, as vLLM, answers 400 when the prompt (one token a word) and
+    ``max_tokens`` do not fit ``context`` tokens, else streams ``max_tokens`` tokens; ``sent``
+    collects every request's ``max_tokens``. ``old_style``: vLLM's older ``{"object": "error"}`` body."""
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        n, out = len(body["prompt"].split()), body["max_tokens"]
+        sent.append(out)
+        if n + out > context:
+            message = (
+                f"This model's maximum context length is {context} tokens. However, you requested {n + out} "
+                f"tokens ({n} in the messages, {out} in the completion). Please reduce the length of the "
+                "messages or completion."
+            )
+            error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+            return JSONResponse({"object": "error", **error} if old_style else {"error": error}, status_code=400)
+        chunks = [f"data: {TOKEN}\n\n"] * out + [f"data: {_usage(out)}\n\n", "data: [DONE]\n\n"]
+        return StreamingResponse(iter(chunks), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+
+def test_bench_cli_prints_what_the_backend_said_with_each_reason(servers, capsys):
+    from headway.serve import serve_in_thread
+
+    url = servers.enter_context(serve_in_thread(_context_app(1024, [])))
+    # burst's first 8 prompts: 1115, 395, 1077, 821, 1554, 1239, 1050, 1115 tokens; 6 do not fit 1024
+    args = ["bench", "serve", "--base-url", url, "--model", "m", "--workload", "burst", "--num-prompts", "8",
+            "--max-output-tokens", "4"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "aborted requests by reason: http_400: 6\n" in out  # the reason stays short and stable
+    (line,) = [x for x in out.splitlines() if x.startswith("  http_400 (6): ")]
+    assert line.startswith("  http_400 (6): This model's maximum context length is 1024 tokens. However, you")
+    assert len(line) <= len("  http_400 (6): ") + 200
+    assert "hint: 6 requests did not fit the server's context (1024 tokens): --max-prompt-tokens N caps" in out
+    assert main([*args, "--max-prompt-tokens", "512"]) == 0  # the hint's cure
+    out = capsys.readouterr().out
+    assert "aborted requests" not in out and "hint" not in out
+
+
+@pytest.mark.parametrize("old_style", [False, True])
+def test_bench_keeps_the_backends_message_with_a_failed_request(servers, old_style: bool) -> None:
+    from headway.serve import serve_in_thread
+    from headway.serve._bench import ERROR_MESSAGE_KEY
+
+    url = servers.enter_context(serve_in_thread(_context_app(16, [], old_style)))
+    specs = [RequestSpec("short", 0.0, 5, 3), RequestSpec("long", 0.0, 40, 3)]
+    reqs = run_bench_sync(Workload.from_specs("w", specs), BenchConfig(url, model="m", timeout_s=30))
+    assert [r.state.name for r in reqs] == ["FINISHED", "ABORTED"]
+    assert ERROR_MESSAGE_KEY not in reqs[0].extra
+    assert reqs[1].extra["abort_reason"] == "http_400"
+    assert str(reqs[1].extra[ERROR_MESSAGE_KEY]).startswith("This model's maximum context length is 16 tokens.")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"error": {"message": "too long", "type": "BadRequestError", "param": null, "code": 400}}', "too long"),
+        (b'{"object": "error", "message": "too long", "type": "BadRequestError", "code": 400}', "too long"),
+        (b'{"error": "busy"}', "busy"),
+        (b'{"detail": "Not Found"}', "Not Found"),
+        (b'{"error": {"code": 500}}', '{"error": {"code": 500}}'),  # no message: the body as it came
+        (b"Internal Server Error\n", "Internal Server Error"),
+        (b"", None),
+    ],
+)  # fmt: skip
+def test_error_message_reads_vllms_error_bodies(body: bytes, message: str | None) -> None:
+    from headway.serve._bench import _error_message
+
+    assert _error_message(body) == message
+    assert _error_message(body.decode()) == message  # a stream's error event, already text
+
+
+def test_bench_reports_the_max_tokens_it_sent(servers, tmp_path, capsys) -> None:
+    import csv
+
+    from headway.serve import serve_in_thread
+
+    sent: list[int] = []
+    url = servers.enter_context(serve_in_thread(_context_app(100_000, sent)))
+    reqs = run_bench_sync(_workload(), BenchConfig(url, model="m", timeout_s=30, max_output_tokens=4))
+    assert sorted(sent) == [1, 3, 4, 4, 4, 4]
+    assert [r.max_tokens for r in reqs] == [3, 4, 4, 4, 4, 1]  # not the workload's 4096
+    sent.clear()
+    reqs = run_bench_sync(_workload(), BenchConfig(url, model="m", timeout_s=30))
+    assert [r.max_tokens for r in reqs] == [3, 12, 5, 20, 8, 1] and sorted(sent) == [1, 3, 5, 8, 12, 20]
+    # and in the report, as the operator read it
+    sent.clear()
+    args = ["bench", "serve", "--base-url", url, "--model", "m", "--workload", "default", "--num-prompts", "5",
+            "--max-output-tokens", "32", "--max-prompt-tokens", "16", "--out", str(tmp_path), "--json"]  # fmt: skip
+    assert main(args) == 0
+    capsys.readouterr()
+    with (tmp_path / "requests_bench.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["max_tokens"]) for r in rows] == [32] * 5 and sent == [32] * 5

@@ -19,6 +19,11 @@ E2E at the last; the gaps between consecutive ones are its inter-token latencies
 ``extra["itl"]``). A stream with no content chunk is aborted (``no_tokens``), as vLLM marks it
 failed.
 
+A request that fails keeps a short, stable reason (``extra["abort_reason"]``: ``http_400``,
+``stream_error``, ...) and, when the backend said why, its message (``extra["error_message"]``: the
+``message`` of vLLM's and OpenAI's error bodies). A request's ``max_tokens`` is the one it was sent
+with (the output length, capped by ``max_output_tokens``), not the workload's own cap.
+
 The client is aiohttp (as ``vllm bench serve``): on a small machine the load generator shares its
 CPUs with what it measures, and aiohttp spent half of httpx's CPU replaying a burst of 96 streamed
 requests (the gateway's measurement notes, ``git show 403bc55:benchmarks/results/gateway.md``).
@@ -47,6 +52,13 @@ from headway.serve._wire import admission_rejection
 from headway.workload import RequestSpec, Workload
 
 __all__ = ["BenchConfig", "BenchError", "run_bench", "run_bench_sync", "synthetic_prompt"]
+
+ERROR_MESSAGE_KEY = "error_message"
+"""``Request.extra`` key of the message the backend gave with a failed request (the error body of a
+non-200 answer, or of an error event in a stream), as it said it (up to :data:`_MAX_ERROR_CHARS`):
+the abort reason stays short (``http_400``), this says why."""
+
+_MAX_ERROR_CHARS = 2000
 
 _ITL_KEY = "itl"
 """Where a streamed request keeps its inter-token gaps (``headway.metrics.ITL_KEY``; not imported
@@ -195,11 +207,44 @@ async def _default_model(session: aiohttp.ClientSession, cfg: BenchConfig) -> st
         raise BenchError(f"GET {url} listed no model (give --model NAME)") from None
 
 
-def _abort(req: Request, reason: str, now: float) -> None:
+def _abort(req: Request, reason: str, now: float, message: str | None = None) -> None:
     if not req.is_finished:
         req.transition(RequestState.ABORTED)
         req.finish_time = now
         req.extra["abort_reason"] = reason
+        if message:
+            req.extra[ERROR_MESSAGE_KEY] = message
+
+
+def _error_message(body: bytes | str) -> str | None:
+    """What an error body says: the ``message`` of OpenAI's and vLLM's ``{"error": {"message": ...}}``,
+    of vLLM's older ``{"object": "error", "message": ...}`` (also a bare ``{"message": ...}``, a string
+    ``error`` or FastAPI's string ``detail``), else the body's text as it came; None for an empty body.
+    At most :data:`_MAX_ERROR_CHARS` characters."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    message: object = None
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        obj = None
+    if isinstance(obj, dict):
+        error = obj.get("error")
+        if isinstance(error, dict):
+            message = error.get("message")
+        elif isinstance(error, str):
+            message = error
+        if message is None:
+            message = obj.get("message", obj.get("detail"))
+    out = (message if isinstance(message, str) else text).strip()  # no message in it: the body as it came
+    return out[:_MAX_ERROR_CHARS] or None
+
+
+def _sent_max_tokens(spec: RequestSpec, cfg: BenchConfig) -> int:
+    """The ``max_tokens`` a request is sent with, and reported with: its output length (the engine is
+    told to ``ignore_eos``), capped by ``cfg.max_output_tokens``."""
+    if cfg.max_output_tokens:
+        return min(spec.num_output_tokens, cfg.max_output_tokens)
+    return spec.num_output_tokens
 
 
 Message = dict[str, str]
@@ -218,9 +263,6 @@ async def _one(
 ) -> list[Message]:
     """Send one request; returns the messages it sent. ``history``: the conversation so far and the
     length of the new message (a turn that follows another); ``answer``: collects the answer's text."""
-    out_tokens = spec.num_output_tokens
-    if cfg.max_output_tokens:
-        out_tokens = min(out_tokens, cfg.max_output_tokens)
     key = f"{cfg.prompt_seed}/{spec.request_id}"
     if history is not None:  # the conversation so far, with the answers the engine gave, and a new message
         messages = [*history[0], {"role": "user", "content": synthetic_prompt(history[1], key)}]
@@ -233,7 +275,7 @@ async def _one(
         messages = [{"role": "user", "content": synthetic_prompt(n, key, spec.block_hashes, spec.hash_block_size)}]
     body: dict[str, object] = {
         "model": model,
-        "max_tokens": out_tokens,
+        "max_tokens": _sent_max_tokens(spec, cfg),
         "ignore_eos": True,
         "stream": cfg.stream,
         "temperature": 0.0,
@@ -261,7 +303,8 @@ async def _one(
                 error = await resp.read()
                 # vLLM's admission control, named as the simulator and vLLM's metric name it
                 limit = admission_rejection(error) if resp.status == 503 else None
-                _abort(req, f"http_{resp.status}" if limit is None else f"rejected: {limit}", clock() - t0)
+                reason = f"http_{resp.status}" if limit is None else f"rejected: {limit}"
+                _abort(req, reason, clock() - t0, _error_message(error))
             elif not cfg.stream:
                 _finish_unstreamed(req, await resp.read(), clock() - t0, answer)
             else:
@@ -344,7 +387,7 @@ async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answe
         if data == "[DONE]":
             break
         if data.startswith('{"error"') or '"error":{' in data[:20]:
-            _abort(req, "stream_error", clock() - t0)
+            _abort(req, "stream_error", clock() - t0, _error_message(data))
             return
         obj: Any = None  # the chunk parsed, once (only when something in it is needed)
         if '"usage":{' in data or '"usage": {' in data:
@@ -423,6 +466,7 @@ async def run_bench(
         reqs = []
         for i, s in enumerate(specs):
             r = s.to_request()
+            r.max_tokens = _sent_max_tokens(s, cfg)  # what is sent, not the workload's cap (4096 when none)
             r.seq = i
             r.extra["spec_arrival_time"] = s.arrival_time
             r.extra["model"] = model

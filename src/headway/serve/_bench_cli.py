@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +211,58 @@ def _start_line(workload: Any, url: str, rate: float | None, time_scale: float, 
     return line
 
 
+_MESSAGE_CHARS = 200
+"""Longest backend message printed under the abort reasons (one line each)."""
+
+_CONTEXT_LENGTH = re.compile(r"(?:context|model) length(?: is| of)? (\d+)|context length", re.IGNORECASE)
+"""A message saying a request does not fit the model's context (vLLM: "This model's maximum context
+length is 2048 tokens. However, ..."; its engine: "... longer than the maximum model length of 2048")."""
+
+
+def _one_line(message: str) -> str:
+    line = " ".join(message.split())
+    return line if len(line) <= _MESSAGE_CHARS else line[: _MESSAGE_CHARS - 3] + "..."
+
+
+def _abort_messages(requests: Sequence[Any], workload: Any, max_prompt_tokens: int) -> list[str]:
+    """Under the abort reasons: for each reason, the first message a backend gave with it (the
+    request that ended first), one line each; then a hint at ``--max-prompt-tokens`` when a message
+    says that prompts did not fit the server's context and the cap would shorten them (synthetic
+    first messages: not a workload's own prompt texts, nor a conversation's later turns)."""
+    from headway.serve._bench import ERROR_MESSAGE_KEY
+
+    first: dict[str, Any] = {}
+    count: dict[str, int] = {}
+    for r in requests:
+        if r.state.name != "ABORTED":
+            continue
+        reason = str(r.extra.get("abort_reason", "unknown"))
+        count[reason] = count.get(reason, 0) + 1
+        if r.extra.get(ERROR_MESSAGE_KEY) and (
+            reason not in first or (r.finish_time or 0.0) < (first[reason].finish_time or 0.0)
+        ):
+            first[reason] = r
+    lines = [f"  {k} ({count[k]}): {_one_line(str(first[k].extra[ERROR_MESSAGE_KEY]))}" for k in sorted(first)]
+    cappable = {s.request_id for s in workload if s.prompt is None and s.after is None}
+    too_long = [
+        m
+        for r in requests
+        if r.state.name == "ABORTED"
+        and r.request_id in cappable
+        and (m := _CONTEXT_LENGTH.search(str(r.extra.get(ERROR_MESSAGE_KEY, ""))))
+    ]
+    if too_long:
+        limit = next((m.group(1) for m in too_long if m.group(1)), None)
+        context = f"context ({limit} tokens)" if limit else "context"
+        now = f" (now {max_prompt_tokens})" if max_prompt_tokens else ""
+        n = len(too_long)
+        lines.append(
+            f"hint: {n} request{'s' if n != 1 else ''} did not fit the server's {context}: "
+            f"--max-prompt-tokens N{now} caps the synthetic prompts (N + the output tokens must fit in it)"
+        )
+    return lines
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from headway._help import CLIError, prepare_out_dir
     from headway.metrics import SLO, comparison_table, summarize, write_report
@@ -303,6 +357,8 @@ def _run_bench(args: argparse.Namespace) -> int:
         if summary.aborted_by_reason:
             reasons = ", ".join(f"{k}: {v}" for k, v in sorted(summary.aborted_by_reason.items()))
             print(f"aborted requests by reason: {reasons}")
+            for line in _abort_messages(requests, workload, args.max_prompt_tokens):
+                print(line)
     if args.out:
         write_report(Path(args.out), {args.name: (summary, requests)}, title=f"bench serve {args.workload}")
     if args.save_result:
