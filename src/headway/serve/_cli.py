@@ -144,14 +144,15 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--max-tokens-limit",
         type=int,
         default=None,
-        help=f"400 above this many requested tokens (default {_D['max_tokens_limit']}: no limit)",
+        help="400 above this many requested tokens; a request asking for none is sent with this many "
+        f"(default {_D['max_tokens_limit']}: no limit)",
     )
     p.add_argument(
         "--default-max-tokens",
         type=int,
         default=None,
         help="add max_tokens=N to requests that have none (default "
-        f"{_D['default_max_tokens']}: add nothing, the backend's own default applies)",
+        f"{_D['default_max_tokens']}: add nothing, or --max-tokens-limit if set; the backend's own default applies)",
     )
     p.add_argument(
         "--add-stream-usage",

@@ -16,7 +16,7 @@ Config file (TOML shown; JSON with the same structure works too)::
     default_max_tokens = 0          # added to a request that gives no max_tokens (0 = never: sent as it came)
     assumed_output_tokens = 256     # queue/router length of a request without max_tokens (never sent)
     add_stream_usage = false        # ask the backend for a stream's usage chunk (hidden from the client)
-    max_tokens_limit = 0            # 400 above this many requested output tokens (0 = none)
+    max_tokens_limit = 0            # 400 above this many output tokens; sent as max_tokens if none given (0 = none)
     retry_after_s = 1               # Retry-After header of 429s and 503s
     max_attempts = 3                # backends tried per request before streaming starts
     drain_timeout_s = 30.0          # SIGTERM: finish in-flight + queued work up to this, then 503 the rest
@@ -62,7 +62,8 @@ else every request belongs to tenant ``default``; ``"required"`` always requires
 tenant's ``api_key_sha256``, no ``redis_url``) is refused at startup.
 
 Transparency: a request reaches its backend as the client sent it, byte for byte, unless an
-option above says otherwise (``default_max_tokens`` > 0 adds ``max_tokens``; ``add_stream_usage``
+option above says otherwise (``default_max_tokens`` > 0, or else ``max_tokens_limit`` > 0, adds
+``max_tokens`` to a request that gives none; ``add_stream_usage``
 adds ``stream_options.include_usage`` and hides the extra usage chunk from a client that did not
 ask for it). Without them, a request that gives no ``max_tokens`` is queued as
 ``assumed_output_tokens`` long (a predictor's score, when there is one, ranks it) and generation
@@ -230,8 +231,9 @@ class GatewayConfig:
     while sending would otherwise hold its connection, and a drain, for good)."""
     default_max_tokens: int = 0
     """0 (default): a request that gives no ``max_tokens`` is sent as the client sent it (the
-    backend's own limit applies). > 0: such a request gets ``max_tokens`` = this added (with
-    ``max_tokens_limit`` set, the smaller of the two) and is queued with it."""
+    backend's own limit applies), unless ``max_tokens_limit`` is set (then it gets the limit). > 0:
+    such a request gets ``max_tokens`` = this added (with ``max_tokens_limit`` set, the smaller of
+    the two) and is queued with it."""
     assumed_output_tokens: int = 256
     """The output length the queue and the router assume for a request that gives no
     ``max_tokens`` (and ``default_max_tokens`` is 0). Only a scheduling estimate, never sent:
@@ -241,7 +243,9 @@ class GatewayConfig:
     policy learns each stream's exact ``usage.completion_tokens`` (the extra usage chunk is
     not passed to the client). Off: the gateway counts the stream's token events instead."""
     max_tokens_limit: int = 0
-    """400 for a request asking for more than this many output tokens (0 = no limit)."""
+    """400 for a request asking for more than this many output tokens; a request asking for none is
+    sent with ``max_tokens`` = this (or ``default_max_tokens``), so leaving it out does not get
+    round the limit (vLLM then caps it at what its context leaves; 0 = no limit)."""
     retry_after_s: int = 1
     max_attempts: int = 3
     drain_timeout_s: float = 30.0

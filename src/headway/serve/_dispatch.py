@@ -55,8 +55,9 @@ class Backend:
     finished_since_poll: int = 0
     last_poll_ok: bool = True
     reachable: bool = True
-    """False since a connection attempt failed, until it answers again (``/health``, the 503
-    ``no_backend``); a backend never tried counts as reachable."""
+    """False since a connection attempt failed (a request's, or a poll of its ``/metrics``), until
+    it answers again (``/health``, the 503 ``no_backend``); a backend never tried counts as
+    reachable (:meth:`Dispatcher.mark_unreachable`)."""
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -399,13 +400,20 @@ class Dispatcher:
     def mark_down(self, backend: Backend, seconds: float) -> None:
         backend.down_until = self._clock() + seconds
 
+    def mark_unreachable(self, backend: Backend, seconds: float) -> None:
+        """A connection to ``backend`` failed (a request's or a ``/metrics`` poll's): unreachable
+        until a connection succeeds again, and skipped for ``seconds`` (``backend_down_s``)."""
+        self.mark_down(backend, seconds)
+        backend.reachable = False
+
     def mark_full(self, backend: Backend, seconds: float) -> None:
         """``backend`` turned a request away as full: no room there until another request of ours
         ends on it (:meth:`Backend.note_released`), or for ``seconds`` at most."""
         backend.full_until = self._clock() + seconds
 
     def any_reachable(self) -> bool:
-        """Whether some backend's last connection attempt did not fail (``Backend.reachable``)."""
+        """Whether some backend's last connection attempt (a request's or a ``/metrics`` poll's) did
+        not fail (``Backend.reachable``)."""
         return any(b.reachable for b in self.backends)
 
     def all_backends_excluded(self, exclude: frozenset[int]) -> bool:

@@ -40,6 +40,9 @@ __all__ = ["Exchange"]
 
 log = logging.getLogger("headway.serve")
 
+_SERVED_MODEL = "headway.served_model"
+"""``Request.extra``: the model the backend's answer named, for a request that named none."""
+
 
 class Exchange:
     """Queues, forwards, retries and ends admitted requests (one gateway's)."""
@@ -135,6 +138,7 @@ class Exchange:
             )
         except asyncio.CancelledError:
             if self.dispatcher.cancel(req):
+                self._left_queue(req)
                 self.ledger.abort(req)
             raise
         finally:
@@ -171,6 +175,7 @@ class Exchange:
         if not fut.done():
             self.dispatcher.cancel(req)
             fut.cancel()
+            self._left_queue(req)
             self.ledger.abort(req)
             if watch.stop.done():
                 return self.stopped(watch)
@@ -215,6 +220,7 @@ class Exchange:
                     return self.stopped(watch)
                 if loop.time() < deadline:
                     return None  # queue it again
+            self._left_queue(req)
             self.ledger.abort(req)
             self._log_limited("queue", "request %s: queue unavailable: %s", req.request_id, exc)
             return self.metrics.reject(
@@ -222,6 +228,15 @@ class Exchange:
                 api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
             )
         return backend
+
+    def _left_queue(self, req: Request) -> None:
+        """``req`` ends in the queue (TTL, ``no_backend``, cancelled, client gone...): unless a
+        dispatch counted it already, its wait until now goes to ``headway_queue_wait_seconds``,
+        as its dispatch would have (one observation per request: one dispatched, sent back to the
+        queue and ending there was counted at its first dispatch)."""
+        if req.first_scheduled_time is None:
+            wait = self.dispatcher.now() - req.arrival_time
+            self.metrics.wait_time.labels(req.tenant_id, req.tier.name.lower()).observe(wait)
 
     def queue_full(self, exc: QueueFullError) -> Response:
         where = "queue" if exc.scope == "global" else "queue of your tenant"
@@ -274,11 +289,12 @@ class Exchange:
             self.ledger.abort(req)
             watch.close()
             return self.stopped(watch)
+        if not isinstance(send.exception(), UpstreamConnectError):  # it went out: a dispatch
+            self.metrics.dispatches.labels(backend.url).inc()
         try:
             resp = send.result()
         except UpstreamConnectError as exc:  # refused: the backend is down (or restarting)
-            self.dispatcher.mark_down(backend, self.config.backend_down_s)
-            backend.reachable = False
+            self.dispatcher.mark_unreachable(backend, self.config.backend_down_s)
             return str(exc), "refused"
         except UpstreamConnectionLost as exc:  # it took the request and dropped it: crashed, restarting?
             self.dispatcher.mark_down(backend, self.config.backend_down_s)
@@ -367,6 +383,8 @@ class Exchange:
             self.metrics.rejections.labels(f"backend_{resp.status_code}").inc()
             ctype = resp.headers.get("content-type", "application/json")
             return Response(content, status_code=resp.status_code, media_type=ctype)
+        if not req.extra.get("model"):
+            self._note_served_model(req, content)
         n = completion_tokens(content)
         if n is None:  # the backend gave no count: the policy is told it is unknown, not 0
             req.output_tokens_known = False
@@ -396,12 +414,23 @@ class Exchange:
         self.metrics.finished.labels(req.tenant_id, req.tier.name.lower()).inc()
         streamed = req.extra.get("stream") is True and req.first_token_time is not None
         self.metrics.observe_latency(
-            str(req.extra.get("model") or ""),
+            str(req.extra.get("model") or req.extra.get(_SERVED_MODEL) or ""),
             req.priority,
             now - req.arrival_time,
             req.first_token_time - req.arrival_time if streamed and req.first_token_time is not None else None,
         )
         self.ledger.record(req)
+
+    @staticmethod
+    def _note_served_model(req: Request, answer: bytes) -> None:
+        """The ``model`` that the backend named in ``answer`` (an answer, or a stream's event), kept
+        for the latency metrics' ``model`` label of a request that named none (the backend's
+        default model served it). Not for online learning: that follows the request's own field,
+        as its scoring does."""
+        with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
+            model = json.loads(answer).get("model")
+            if isinstance(model, str) and model:
+                req.extra[_SERVED_MODEL] = model
 
     async def _relay(
         self,
@@ -421,6 +450,7 @@ class Exchange:
         now = self.dispatcher.now
         stop = watch.stop
         usage_tokens: int | None = None
+        find_model = not req.extra.get("model")  # label its latency with the model that answers
         done = False
         buf = held = b""
         reason = "client_disconnected"  # unless set below: the client went away mid-stream
@@ -444,6 +474,9 @@ class Exchange:
                         if data == b"[DONE]":
                             done = True
                         elif data.startswith(b"{"):
+                            if find_model:  # from the first event only
+                                find_model = False
+                                self._note_served_model(req, data)
                             if b'"usage":{' in data or b'"usage": {' in data:
                                 with contextlib.suppress(ValueError, TypeError, KeyError):
                                     obj = json.loads(data)

@@ -28,13 +28,16 @@ answer, counted once in ``headway_requests_finished`` or ``headway_rejections{re
 Backend failures: a backend that refuses the connection is marked down for
 ``backend_down_s`` and unreachable, and the request goes back to the queue (same policy
 position) to wait for it or another backend (counted in ``headway_retries``); nothing had
-reached the client. Waiting is bounded by the queue TTL only, so that a backend restarting in
+reached the client. A backend whose ``/metrics`` poll cannot connect is marked so too (requests
+then wait in the queue rather than being sent to it), and reachable again at the next poll that
+connects. Waiting is bounded by the queue TTL only, so that a backend restarting in
 a few seconds loses no request; when the TTL runs out while no backend is reachable (each
-one's last connection attempt failed), the answer is a 503 ``no_backend`` rather than the 408,
-and ``/health`` says ``degraded`` (503) meanwhile. A backend that took the request and then
-dropped the connection, or ended its stream, before answering anything is marked down too and
-the request waits in the queue again, but that counts as an attempt: a request that crashes
-every backend it meets ends after ``max_attempts`` with a 502. A 5xx, a broken exchange or a
+one's last connection attempt, a request's or a poll's, failed), the answer is a 503
+``no_backend`` rather than the 408, and ``/health`` says ``degraded`` (503) meanwhile. A
+backend that took the request and then dropped the connection, or ended its stream, before
+answering anything is marked down too and the request waits in the queue again, but that
+counts as an attempt: a request that crashes every backend it meets ends after
+``max_attempts`` with a 502. A 5xx, a broken exchange or a
 stream whose response headers, or whose first event after them, do not come within
 ``headers_timeout_s`` (a stalled backend, then also skipped for ``backend_down_s``) is retried
 on another backend (``max_attempts``), then 502; but a 503 that is vLLM's admission control (its
@@ -274,29 +277,52 @@ class Gateway:
         return [(b.url, b.in_flight) for b in self.backends]
 
     def _on_dispatch(self, req: Request, backend: Backend) -> None:
-        self.metrics.dispatches.labels(backend.url).inc()
+        # (headway_dispatches counts the requests that reach a backend: Exchange.forward)
         if req.first_scheduled_time is not None and req.num_preemptions == 0:
             self.metrics.wait_time.labels(req.tenant_id, req.tier.name.lower()).observe(
                 req.first_scheduled_time - req.arrival_time
             )
 
     async def _poll_backend(self, b: Backend) -> None:
-        """Read the backend's waiting count and KV usage (vLLM's or SGLang's gauges) periodically."""
+        """Read the backend's waiting count and KV usage (vLLM's or SGLang's gauges) periodically.
+
+        A poll that cannot connect counts as a refused request does: the backend is unreachable
+        (``/health`` degraded when none is reachable, a 503 ``no_backend`` at the queue TTL) and
+        skipped for ``backend_down_s``, so that queued requests wait for it instead of being sent
+        to a closed port; the next poll that connects makes it reachable again."""
         assert self.client is not None
         while True:
             try:
                 r = await self.client.get(b.url + "/metrics", timeout=2.0, headers=backend_headers(b.config.api_key))
-                r.raise_for_status()
-                load = parse_backend_load(r.text)
-                b.polled_waiting, b.polled_kv_usage = load.waiting, load.kv_usage
-                b.dispatched_since_poll = b.finished_since_poll = 0
-                b.last_poll_ok = b.reachable = True
-            except (httpx.HTTPError, ValueError) as exc:
-                if b.last_poll_ok:
-                    log.warning("backend %s: cannot read its /metrics (%s)", b.url, exc)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing answers there
+                if b.last_poll_ok or b.reachable:
+                    log.warning("backend %s: unreachable: cannot read its /metrics (%s)", b.url, exc)
                 b.last_poll_ok = False
+                self.dispatcher.mark_unreachable(b, self.config.backend_down_s)
+            except httpx.HTTPError as exc:
+                self._poll_failed(b, exc)
+            else:
+                if not b.reachable:
+                    log.info("backend %s: reachable again", b.url)
+                b.reachable = True  # it answered, whatever its /metrics say
+                try:
+                    r.raise_for_status()
+                    load = parse_backend_load(r.text)
+                except (httpx.HTTPError, ValueError) as exc:
+                    self._poll_failed(b, exc)
+                else:
+                    b.polled_waiting, b.polled_kv_usage = load.waiting, load.kv_usage
+                    b.dispatched_since_poll = b.finished_since_poll = 0
+                    b.last_poll_ok = True
             self.dispatcher.dispatch()
             await asyncio.sleep(b.config.metrics_poll_s)
+
+    @staticmethod
+    def _poll_failed(b: Backend, exc: Exception) -> None:
+        """A poll that reached ``b`` (or timed out) but got no load from it: its last one stands."""
+        if b.last_poll_ok:
+            log.warning("backend %s: cannot read its /metrics (%s)", b.url, exc)
+        b.last_poll_ok = False
 
     # -------------------------------------------------------------- handlers
     async def health(self, request: HTTPRequest) -> Response:

@@ -4,7 +4,9 @@
 Every refusal is a :class:`Refused` carrying its ``headway_rejections`` reason and the
 OpenAI-style answer: 413 over ``max_body_bytes``, 408 after ``body_timeout_s``, 400 naming the
 field (JSON that does not parse, a non-finite number, a bad value, ``max_tokens`` over
-``max_tokens_limit``).
+``max_tokens_limit``). A request that gives no ``max_tokens`` (nor, in chat,
+``max_completion_tokens``) is sent with ``default_max_tokens``, else with ``max_tokens_limit``
+when one is set.
 """
 
 from __future__ import annotations
@@ -50,11 +52,17 @@ class Intake:
         self._hash_prefixes = hash_prefixes
         limit = config.max_tokens_limit
         self.default_max_tokens = min(config.default_max_tokens, limit or config.default_max_tokens)
-        """Added to a request without ``max_tokens`` (0: nothing added, the request goes as sent)."""
+        """``default_max_tokens``, at most ``max_tokens_limit``: a request without ``max_tokens`` is
+        sent and queued with it (0: none)."""
         self.assumed_max_tokens = self.default_max_tokens or min(
             config.assumed_output_tokens, limit or config.assumed_output_tokens
         )
         """The queued length of a request without ``max_tokens`` (a scheduling estimate)."""
+        self.added_max_tokens = self.default_max_tokens or limit
+        """The ``max_tokens`` added to a request that gives none (0: nothing added, the request
+        goes as sent): ``default_max_tokens``, else ``max_tokens_limit``, so that leaving
+        ``max_tokens`` out does not get round the limit (the backend's own default can be far
+        larger). Only the former is also its queued length: the limit is a cap, not an estimate."""
         self.scored_tokens = config.scorer_max_length or SCORED_TOKENS_DEFAULT
         """The scorer reads at most this many tokens' worth of a prompt (see ``scoring_text``): a
         request keeps that prefix only, whatever the prompt's size."""
@@ -141,7 +149,8 @@ class Intake:
 
     def payload(self, body: dict[str, Any], raw: bytes, parsed: Parsed, req: Request) -> bytes:
         """What goes upstream: the request as the client sent it, unless a documented option adds
-        a field (``add_stream_usage``, ``default_max_tokens``)."""
+        a field (``add_stream_usage``; ``default_max_tokens`` or ``max_tokens_limit``: ``max_tokens``
+        to a request that gives neither it nor chat's ``max_completion_tokens``)."""
         payload = raw
         if parsed.stream and not parsed.wants_usage and self.config.add_stream_usage:
             body = dict(body)
@@ -149,10 +158,10 @@ class Intake:
             opts["include_usage"] = True
             body["stream_options"] = opts
             payload = json.dumps(body).encode()
-        if parsed.max_tokens is None and self.default_max_tokens:
-            # make the queued length and the upstream cap agree
+        if parsed.max_tokens is None and self.added_max_tokens:
+            # with default_max_tokens the queued length and the upstream cap agree; else the limit caps it
             if payload is raw:
                 body = dict(body)
-            body["max_tokens"] = req.max_tokens
+            body["max_tokens"] = self.added_max_tokens
             payload = json.dumps(body).encode()
         return payload

@@ -77,7 +77,7 @@ class GatewayMetrics:
         self.registry.register(_LiveCollector(queue_lengths, in_flight))
         self.wait_time = Histogram(
             "headway_queue_wait_seconds",
-            "Time from arrival to dispatch",
+            "Time from arrival to the first dispatch, or to the end of a request that left the queue undispatched",
             ["tenant", "tier"],
             buckets=_WAIT_BUCKETS,
             registry=self.registry,
@@ -94,7 +94,10 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.dispatches = Counter(
-            "headway_dispatches", "Requests dispatched to a backend", ["backend"], registry=self.registry
+            "headway_dispatches",
+            "Requests sent to a backend, each attempt once (not one whose connection failed: see headway_retries)",
+            ["backend"],
+            registry=self.registry,
         )
         self.rejections = Counter(
             "headway_rejections",
