@@ -689,3 +689,5 @@ def test_bench_reports_the_max_tokens_it_sent(servers, tmp_path, capsys) -> None
     with (tmp_path / "requests_bench.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [int(r["max_tokens"]) for r in rows] == [32] * 5 and sent == [32] * 5
+    # the prompts sent were cut to 16 (synthetic) tokens by --max-prompt-tokens: so is the report
+    assert [int(r["num_prompt_tokens"]) for r in rows] == [16] * 5

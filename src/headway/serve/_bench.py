@@ -22,7 +22,8 @@ failed.
 A request that fails keeps a short, stable reason (``extra["abort_reason"]``: ``http_400``,
 ``stream_error``, ...) and, when the backend said why, its message (``extra["error_message"]``: the
 ``message`` of vLLM's and OpenAI's error bodies). A request's ``max_tokens`` is the one it was sent
-with (the output length, capped by ``max_output_tokens``), not the workload's own cap.
+with (the output length, capped by ``max_output_tokens``), not the workload's own cap, and its
+prompt length that of the synthetic prompt sent (capped by ``max_prompt_tokens``).
 
 The client is aiohttp (as ``vllm bench serve``): on a small machine the load generator shares its
 CPUs with what it measures, and aiohttp spent half of httpx's CPU replaying a burst of 96 streamed
@@ -239,6 +240,15 @@ def _error_message(body: bytes | str) -> str | None:
     return out[:_MAX_ERROR_CHARS] or None
 
 
+def _sent_prompt_tokens(spec: RequestSpec, cfg: BenchConfig) -> int:
+    """The length of the synthetic prompt a request that follows no other is sent with, and
+    reported with: its own, capped by ``cfg.max_prompt_tokens`` (a workload's own prompt text, or a
+    later turn's conversation, goes uncapped)."""
+    if cfg.max_prompt_tokens and spec.after is None and not (cfg.use_workload_prompts and spec.prompt):
+        return min(spec.num_prompt_tokens, cfg.max_prompt_tokens)
+    return spec.num_prompt_tokens
+
+
 def _sent_max_tokens(spec: RequestSpec, cfg: BenchConfig) -> int:
     """The ``max_tokens`` a request is sent with, and reported with: its output length (the engine is
     told to ``ignore_eos``), capped by ``cfg.max_output_tokens``."""
@@ -269,9 +279,7 @@ async def _one(
     elif cfg.use_workload_prompts and spec.prompt:
         messages = [{"role": "user", "content": spec.prompt}]
     else:
-        n = spec.num_prompt_tokens
-        if cfg.max_prompt_tokens:
-            n = min(n, cfg.max_prompt_tokens)
+        n = _sent_prompt_tokens(spec, cfg)
         messages = [{"role": "user", "content": synthetic_prompt(n, key, spec.block_hashes, spec.hash_block_size)}]
     body: dict[str, object] = {
         "model": model,
@@ -467,6 +475,7 @@ async def run_bench(
         for i, s in enumerate(specs):
             r = s.to_request()
             r.max_tokens = _sent_max_tokens(s, cfg)  # what is sent, not the workload's cap (4096 when none)
+            r.num_prompt_tokens = _sent_prompt_tokens(s, cfg)  # (--max-prompt-tokens cuts synthetic ones)
             r.seq = i
             r.extra["spec_arrival_time"] = s.arrival_time
             r.extra["model"] = model
