@@ -9,9 +9,11 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 __all__ = [
     "CLIError",
+    "CLIParser",
     "HelpFormatter",
     "add_shared_prefix_args",
     "default_out_dir",
@@ -20,6 +22,7 @@ __all__ = [
     "key_value",
     "plain_text",
     "prepare_out_dir",
+    "refuse_abbreviations",
     "unwritable",
 ]
 
@@ -132,3 +135,23 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if default is None or default is False or default in ("", [], ()) or "default" in text.lower():
             return text
         return super()._get_help_string(action)
+
+
+class CLIParser(argparse.ArgumentParser):
+    """argparse's parser with its errors in one line and a pointer to ``--help``, instead of the
+    whole usage block first (thirty lines for ``headway simulate``). Subcommands' parsers are of
+    this class too (argparse makes them of their parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n({self.prog} --help lists the options)\n")
+
+
+def refuse_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Refuse a flag cut short, in every (sub)command: argparse would take ``--policy`` for
+    ``--policy-arg``, ``--preset`` for ``--preset-dir`` or ``--mode`` for ``--model`` where the
+    full flag is another one, and fail on the value, or worse, accept it."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                refuse_abbreviations(child)

@@ -12,9 +12,9 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
-from headway._help import CLIError, describe_error
+from headway._help import CLIError, CLIParser, describe_error, refuse_abbreviations
 from headway._optional import MissingExtraError
 from headway.core import PluginError
 
@@ -46,17 +46,8 @@ _EXTRAS = {
 """Top-level module -> the pyproject extra that installs it (a command missing one says which)."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser with its errors in one line and a pointer to ``--help``, instead of the
-    whole usage block first (thirty lines for ``headway simulate``). Subcommands' parsers are of
-    this class too (argparse makes them of their parent's)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n({self.prog} --help lists the options)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = CLIParser(
         prog="headway",
         description="Schedule LLM inference requests so short work is not stuck behind long work.",
     )
@@ -67,19 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     for module, func in _SUBCOMMANDS:
         add: Callable[[Any], None] = getattr(importlib.import_module(module), func)
         add(sub)
-    _no_abbreviations(parser)
+    refuse_abbreviations(parser)
     return parser
-
-
-def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
-    """Refuse a flag cut short, in every (sub)command: argparse would take ``--policy`` for
-    ``--policy-arg``, ``--preset`` for ``--preset-dir`` or ``--mode`` for ``--model`` where the
-    full flag is another one, and fail on the value, or worse, accept it."""
-    parser.allow_abbrev = False
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in action.choices.values():
-                _no_abbreviations(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from headway._help import fail, key_value
+from headway._help import CLIParser, fail, key_value, refuse_abbreviations
 from headway.serve._bench_cli import add_bench_parser
 
 __all__ = ["add_serve_parser", "add_stub_parser", "build_config", "main"]
@@ -467,11 +467,12 @@ def _run_stub(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m headway.serve")
+    parser = CLIParser(prog="python -m headway.serve")  # as `headway`'s: one-line errors, no abbreviations
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(sub)
     add_bench_parser(sub)
     add_stub_parser(sub)
+    refuse_abbreviations(parser)
     args = parser.parse_args(argv)
     rc: int = args.func(args)
     return rc
