@@ -53,7 +53,7 @@ def test_unknown_policy_hints_at_case_and_paper_families() -> None:
 
 
 def test_paper_families_agree_with_the_plots() -> None:
-    from headway.core._policy import _PAPERS
+    from headway.core import PAPER_POLICIES as _PAPERS
     from headway.metrics import POLICY_FAMILIES
 
     for family, members in _PAPERS.items():

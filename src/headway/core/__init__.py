@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from headway.core._policy import (
     DISPLACEMENT_MODES,
+    PAPER_POLICIES,
     RUNNING_KEYS,
     OracleAccessError,
     Policy,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # the routing names, for type checkers (at run time: __getatt
 __all__ = [
     "DEFAULT_ROUTER",
     "DISPLACEMENT_MODES",
+    "PAPER_POLICIES",
     "PLUGINS_ENV",
     "RUNNING_KEYS",
     "Estimator",

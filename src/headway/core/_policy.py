@@ -335,16 +335,17 @@ def _load_builtin() -> None:
     import headway.policies  # noqa: F401  (modules register themselves on import)
 
 
-_PAPERS: dict[str, tuple[str, ...]] = {
+PAPER_POLICIES: dict[str, tuple[str, ...]] = {
     "PARS": ("pars", "sjf-score", "ltr", "trail"),
     "UniBoost": ("distboost", "uniboost-base", "uniboost-memguard", "uniboost", "rank-boost"),
     "DriftSched": ("tenant-fifo", "tenant-priority", "tenant-weighted", "tenant-sjf", "tenant-aging"),
 }
 """Each paper's built-in policies (docs/policies/index.md): a paper's name given as a policy's
-(``--policies driftsched``) fails naming them."""
+(``--policies driftsched``) fails naming them, and the plots draw them in the paper's family
+(``headway.metrics.POLICY_FAMILIES``)."""
 
 _POLICIES: Registry[Policy] = Registry(
-    "policy", "policies", UnknownPolicyError, _load_builtin, base=Policy, families=_PAPERS
+    "policy", "policies", UnknownPolicyError, _load_builtin, base=Policy, families=PAPER_POLICIES
 )
 
 

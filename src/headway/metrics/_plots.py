@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from headway._optional import require
-from headway.core import Request, RequestState
+from headway.core import PAPER_POLICIES, Request, RequestState
 from headway.metrics._summary import RunSummary
 
 if TYPE_CHECKING:
@@ -69,20 +69,7 @@ POLICY_FAMILIES: dict[str, str] = {
     "fcfs": "baseline",
     "priority": "baseline",
     "sarathi": "baseline",
-    "pars": "PARS",
-    "sjf-score": "PARS",
-    "ltr": "PARS",
-    "trail": "PARS",
-    "distboost": "UniBoost",
-    "uniboost-base": "UniBoost",
-    "uniboost-memguard": "UniBoost",
-    "uniboost": "UniBoost",
-    "rank-boost": "UniBoost",
-    "tenant-fifo": "DriftSched",
-    "tenant-priority": "DriftSched",
-    "tenant-weighted": "DriftSched",
-    "tenant-sjf": "DriftSched",
-    "tenant-aging": "DriftSched",
+    **{name: paper for paper, names in PAPER_POLICIES.items() for name in names},
     "bands": "DriftSched",  # priority bands with fair tenant flows: multi-tenant QoS, as DriftSched
     "sjf-oracle": "oracle",
     "srpt-oracle": "oracle",

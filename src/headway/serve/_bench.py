@@ -240,11 +240,21 @@ def _error_message(body: bytes | str) -> str | None:
     return out[:_MAX_ERROR_CHARS] or None
 
 
+def synthetic_first_prompt(spec: RequestSpec, cfg: BenchConfig) -> bool:
+    """Whether ``spec`` is sent as a synthetic prompt of its length, the one ``max_prompt_tokens``
+    caps: not a workload's own prompt text (``use_workload_prompts``), nor a later turn's conversation."""
+    return spec.after is None and not (cfg.use_workload_prompts and spec.prompt)
+
+
+def request_url(cfg: BenchConfig) -> str:
+    """Where each request goes: ``/v1/chat/completions`` or ``/v1/completions`` of ``cfg.endpoint``."""
+    return _base(cfg.endpoint) + ("/v1/chat/completions" if cfg.chat else "/v1/completions")
+
+
 def _sent_prompt_tokens(spec: RequestSpec, cfg: BenchConfig) -> int:
     """The length of the synthetic prompt a request that follows no other is sent with, and
-    reported with: its own, capped by ``cfg.max_prompt_tokens`` (a workload's own prompt text, or a
-    later turn's conversation, goes uncapped)."""
-    if cfg.max_prompt_tokens and spec.after is None and not (cfg.use_workload_prompts and spec.prompt):
+    reported with: its own, capped by ``cfg.max_prompt_tokens`` (:func:`synthetic_first_prompt`)."""
+    if cfg.max_prompt_tokens and synthetic_first_prompt(spec, cfg):
         return min(spec.num_prompt_tokens, cfg.max_prompt_tokens)
     return spec.num_prompt_tokens
 
@@ -292,16 +302,14 @@ async def _one(
         body["stream_options"] = {"include_usage": True}
     if cfg.chat:
         body["messages"] = messages
-        path = "/v1/chat/completions"
     else:
         body["prompt"] = _as_text(messages)
-        path = "/v1/completions"
     api_key = cfg.tenant_keys.get(spec.tenant_id, cfg.api_key)
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     data = json.dumps(body).encode()
-    url = _base(cfg.endpoint) + path
+    url = request_url(cfg)
     clock = time.perf_counter
     req.arrival_time = max(0.0, clock() - t0)
     req.transition(RequestState.RUNNING)

@@ -9,7 +9,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -224,26 +224,24 @@ def _one_line(message: str) -> str:
     return line if len(line) <= _MESSAGE_CHARS else line[: _MESSAGE_CHARS - 3] + "..."
 
 
-def _abort_messages(requests: Sequence[Any], workload: Any, max_prompt_tokens: int) -> list[str]:
-    """Under the abort reasons: for each reason, the first message a backend gave with it (the
-    request that ended first), one line each; then a hint at ``--max-prompt-tokens`` when a message
-    says that prompts did not fit the server's context and the cap would shorten them (synthetic
-    first messages: not a workload's own prompt texts, nor a conversation's later turns)."""
-    from headway.serve._bench import ERROR_MESSAGE_KEY
+def _abort_messages(requests: Sequence[Any], count: Mapping[str, int], workload: Any, cfg: Any) -> list[str]:
+    """Under the abort reasons (``count``: the summary's ``aborted_by_reason``): for each reason, the
+    first message a backend gave with it (the request that ended first), one line each; then a hint
+    at ``--max-prompt-tokens`` when a message says that prompts did not fit the server's context and
+    the cap would shorten them (:func:`~headway.serve._bench.synthetic_first_prompt`)."""
+    from headway.serve._bench import ERROR_MESSAGE_KEY, synthetic_first_prompt
 
     first: dict[str, Any] = {}
-    count: dict[str, int] = {}
     for r in requests:
         if r.state.name != "ABORTED":
             continue
         reason = str(r.extra.get("abort_reason", "unknown"))
-        count[reason] = count.get(reason, 0) + 1
         if r.extra.get(ERROR_MESSAGE_KEY) and (
             reason not in first or (r.finish_time or 0.0) < (first[reason].finish_time or 0.0)
         ):
             first[reason] = r
     lines = [f"  {k} ({count[k]}): {_one_line(str(first[k].extra[ERROR_MESSAGE_KEY]))}" for k in sorted(first)]
-    cappable = {s.request_id for s in workload if s.prompt is None and s.after is None}
+    cappable = {s.request_id for s in workload if synthetic_first_prompt(s, cfg)}
     too_long = [
         m
         for r in requests
@@ -254,7 +252,7 @@ def _abort_messages(requests: Sequence[Any], workload: Any, max_prompt_tokens: i
     if too_long:
         limit = next((m.group(1) for m in too_long if m.group(1)), None)
         context = f"context ({limit} tokens)" if limit else "context"
-        now = f" (now {max_prompt_tokens})" if max_prompt_tokens else ""
+        now = f" (now {cfg.max_prompt_tokens})" if cfg.max_prompt_tokens else ""
         n = len(too_long)
         lines.append(
             f"hint: {n} request{'s' if n != 1 else ''} did not fit the server's {context}: "
@@ -266,7 +264,7 @@ def _abort_messages(requests: Sequence[Any], workload: Any, max_prompt_tokens: i
 def _run_bench(args: argparse.Namespace) -> int:
     from headway._help import CLIError, prepare_out_dir
     from headway.metrics import SLO, comparison_table, summarize, write_report
-    from headway.serve._bench import BenchConfig, BenchError, run_bench_sync
+    from headway.serve._bench import BenchConfig, BenchError, request_url, run_bench_sync
     from headway.workload import load_workload
 
     try:
@@ -329,8 +327,7 @@ def _run_bench(args: argparse.Namespace) -> int:
             prepare_out_dir(args.out)
     except CLIError as exc:
         return fail(str(exc))
-    url = base_url.rstrip("/").removesuffix("/v1") + ("/v1/chat/completions" if chat else "/v1/completions")
-    start = _start_line(workload, url, args.rate, args.time_scale, args.max_concurrency)
+    start = _start_line(workload, request_url(cfg), args.rate, args.time_scale, args.max_concurrency)
     print(start, file=sys.stderr, flush=True)
     progress = _Progress(len(workload)) if sys.stderr.isatty() and not args.no_progress else None
     try:
@@ -357,7 +354,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         if summary.aborted_by_reason:
             reasons = ", ".join(f"{k}: {v}" for k, v in sorted(summary.aborted_by_reason.items()))
             print(f"aborted requests by reason: {reasons}")
-            for line in _abort_messages(requests, workload, args.max_prompt_tokens):
+            for line in _abort_messages(requests, summary.aborted_by_reason, workload, cfg):
                 print(line)
     if args.out:
         write_report(Path(args.out), {args.name: (summary, requests)}, title=f"bench serve {args.workload}")
