@@ -102,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.system_prompts < 0:
         ap.error(f"--system-prompts must be >= 0, got {args.system_prompts}")
+    longest = fidelity_max_prompt(args.max_model_len)  # a prompt's cap on this context (fidelity_workload's)
+    if args.system_prompts and not 0 < args.system_prompt_tokens < longest:
+        # checked before the server starts: fidelity_workload would refuse it only after the first replays
+        ap.error(f"--system-prompt-tokens must be in 1..{longest - 1} (--max-model-len {args.max_model_len}), "
+                 f"got {args.system_prompt_tokens}")  # fmt: skip
     if args.system_prompts and args.enable_prefix_caching is False:
         ap.error("--system-prompts needs prefix caching: give --system-prompts 0 with --no-enable-prefix-caching")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup: stop the server
