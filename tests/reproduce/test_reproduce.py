@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -122,7 +123,7 @@ def test_parser_accepts_the_documented_command_line():
     add_reproduce_parser(sub)
     args = parser.parse_args(["reproduce", "pars", "--out", "d", "--quick", "--seeds", "5"])
     assert (args.experiment, args.out, args.quick, args.predictor, args.seeds) == ("pars", "d", True, None, 5)
-    assert parser.parse_args(["reproduce", "all"]).out == "docs/results"
+    assert parser.parse_args(["reproduce", "all"]).out is None  # headway-out/reproduce-<time>, never docs/results
     with pytest.raises(SystemExit):
         parser.parse_args(["reproduce", "nope"])
 
@@ -162,6 +163,25 @@ def test_bad_arguments_fail_before_any_simulation(tmp_path, capsys):
         assert main(["reproduce", *argv, "--quick"]) == 2
         captured = capsys.readouterr()
         assert message in captured.err and "claims reproduced" not in captured.out, argv
+
+
+def test_default_report_folder_is_headway_out_not_the_docs(tmp_path, monkeypatch, capsys):
+    import headway.reproduce as reproduce
+    from headway.cli import main
+
+    seen: list[Path] = []
+
+    def fake_run(name, out_dir, quick=False, **kwargs):
+        seen.append(Path(out_dir))
+        return []
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reproduce, "run_reproduction", fake_run)
+    assert main(["reproduce", "driftsched", "--quick"]) == 0
+    (out,) = seen
+    assert out.parent == Path("headway-out") and out.name.startswith("reproduce-") and out.is_dir()
+    assert f"report in {out}/" in capsys.readouterr().out
+    assert not (tmp_path / "docs").exists()
 
 
 @pytest.mark.slow

@@ -1,11 +1,12 @@
 """``headway reproduce``: re-run the anchor papers' experiments in simulation.
 
 Each reproduction prints and writes one claims table per paper, as
-``<out>/reproduce-<name>.md`` (default ``docs/results``) with its plots beside it. A row
-holds the paper's claim, the setting headway ran, the mean over seeds with its spread,
-and a verdict from a rule fixed in code before the run (see :mod:`headway.reproduce._claims`):
-reproduced, direction only, or not reproduced with the measured reason. Scenarios are
-fixed in code (see each module's setup lines), not tuned until they agree.
+``<out>/reproduce-<name>.md`` with its plots beside it (default ``headway-out/reproduce-<time>``,
+as ``simulate`` and ``sweep`` do; the documentation's pages are written with ``--out
+docs/results``). A row holds the paper's claim, the setting headway ran, the mean over seeds with
+its spread, and a verdict from a rule fixed in code before the run (see
+:mod:`headway.reproduce._claims`): reproduced, direction only, or not reproduced with the measured
+reason. Scenarios are fixed in code (see each module's setup lines), not tuned until they agree.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from headway.reproduce._common import Experiment
 from headway.reproduce._report import print_rows, write_report
 
 __all__ = [
-    "DEFAULT_OUT",
     "EXPERIMENTS",
     "ClaimRow",
     "Experiment",
@@ -35,7 +35,6 @@ __all__ = [
 ]
 
 EXPERIMENTS: tuple[str, ...] = ("pars", "uniboost", "driftsched")
-DEFAULT_OUT = "docs/results"
 DEFAULT_NUM_SEEDS = 3
 
 
@@ -95,7 +94,7 @@ def run_reproduction(
 
 
 def _main(args: argparse.Namespace) -> int:
-    from headway._help import CLIError, prepare_out_dir
+    from headway._help import CLIError, default_out_dir, prepare_out_dir
 
     if args.seed < 0:
         raise CLIError(f"--seed must be >= 0, got {args.seed}")
@@ -103,13 +102,13 @@ def _main(args: argparse.Namespace) -> int:
         raise CLIError(f"--seeds must be >= 1, got {args.seeds}")
     if args.predictor is not None and args.experiment not in ("pars", "all"):
         raise CLIError(f"--predictor scores prompts for pars only, not {args.experiment}")
-    if not args.out:
+    if args.out == "":
         raise CLIError("--out: empty path; give the report folder")
-    prepare_out_dir(args.out)  # before any simulation
+    out = prepare_out_dir(args.out or default_out_dir("reproduce"))  # before any simulation
     command = "headway " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     rows = run_reproduction(
         args.experiment,
-        args.out,
+        out,
         args.quick,
         predictor=args.predictor,
         seed=args.seed,
@@ -119,7 +118,7 @@ def _main(args: argparse.Namespace) -> int:
     counts = {v: sum(r.verdict is v for r in rows) for v in Verdict}
     print(
         f"{counts[Verdict.REPRODUCED]} of {len(rows)} claims reproduced, {counts[Verdict.DIRECTION_ONLY]} "
-        f"direction only, {counts[Verdict.NOT_REPRODUCED]} not reproduced; report in {args.out}/"
+        f"direction only, {counts[Verdict.NOT_REPRODUCED]} not reproduced; report in {out}/"
     )
     return 0
 
@@ -136,8 +135,14 @@ def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=plain_text(__doc__ or ""),
     )
     p.add_argument("experiment", choices=[*EXPERIMENTS, "all"], help="which paper's experiments (all: each in turn)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default: {DEFAULT_OUT})")
-    p.add_argument("--quick", action="store_true", help="smaller runs (< 60 s each), for CI")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="report folder (default: headway-out/reproduce-<time>; the documentation's pages: docs/results)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="smaller runs, for CI (pars trains its predictors first, once: minutes)"
+    )
     p.add_argument(
         "--predictor",
         default=None,
