@@ -26,7 +26,7 @@ from headway.metrics import (
     write_requests_csv,
     write_summary_csv,
 )
-from headway.metrics._summary import ITL_KEY
+from headway.metrics._summary import ERROR_MESSAGE_KEY, ITL_KEY
 
 
 def test_json_round_trip(tmp_path: Path, example_run: list[Request]) -> None:
@@ -76,6 +76,8 @@ def _parse(cell: str) -> object:
 
 
 def test_requests_csv_round_trip(tmp_path: Path, example_run: list[Request]) -> None:
+    example_run[3].extra[ERROR_MESSAGE_KEY] = "This model's maximum context length is 16 tokens, 'quoted', too"
+    example_run[0].extra[ERROR_MESSAGE_KEY] = "a finished request's stale message is not written"
     path = write_requests_csv(tmp_path / "requests.csv", example_run, slo="ttft:1500 e2el:4000")
     with path.open(newline="") as fh:
         reader = csv.DictReader(fh)
@@ -100,6 +102,8 @@ def test_requests_csv_round_trip(tmp_path: Path, example_run: list[Request]) -> 
     assert (d["state"], d["abort_reason"]) == ("aborted", "client_gone")
     assert (d["slo_met"], d["e2e_latency"]) == ("false", "")
     assert e["abort_reason"] == "unknown" and a["abort_reason"] == ""
+    assert d["abort_message"] == "This model's maximum context length is 16 tokens, 'quoted', too"
+    assert a["abort_message"] == e["abort_message"] == ""
     assert (c["tier"], a["num_preemptions"], a["num_recomputed_tokens"]) == ("premium", "1", "8")
 
 

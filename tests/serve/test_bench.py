@@ -333,6 +333,13 @@ def test_bench_itl_key_is_the_metrics_one():
     assert _ITL_KEY == ITL_KEY
 
 
+def test_bench_error_message_key_is_the_metrics_one():
+    from headway.metrics._summary import ERROR_MESSAGE_KEY
+    from headway.serve._bench import ERROR_MESSAGE_KEY as bench_key
+
+    assert bench_key == ERROR_MESSAGE_KEY  # the requests CSV's abort_message reads what the bench wrote
+
+
 # ------------------------------------------------------------- vllm bench serve's vocabulary
 def test_bench_cli_speaks_vllm_bench_serve(make_stub, capsys, tmp_path):
     import json

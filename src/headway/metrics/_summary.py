@@ -13,6 +13,7 @@ from headway.metrics._slo import SLO
 from headway.metrics._stats import LatencyStats, _nan_to_none, _none_to_nan, jain_index, latency_stats
 
 __all__ = [
+    "ERROR_MESSAGE_KEY",
     "ITL_KEY",
     "REQUEST_COLUMNS",
     "GroupSummary",
@@ -28,6 +29,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "tier",
     "state",
     "abort_reason",
+    "abort_message",
     "arrival_time",
     "num_prompt_tokens",
     "num_output_tokens",
@@ -47,6 +49,11 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 )
 
 Cell = str | int | float | bool | None
+
+ERROR_MESSAGE_KEY = "error_message"
+"""``Request.extra`` key of the message a backend gave with a request it failed (``headway bench
+serve`` records the error body it got): the CSV's ``abort_message``, beside the short
+``abort_reason``."""
 
 ITL_KEY = "itl"
 """``Request.extra`` key of a streamed request's inter-token latencies: the gaps in seconds between
@@ -73,6 +80,11 @@ def _abort_reason(req: Request) -> str:
     return "unknown" if reason is None else str(reason)
 
 
+def _abort_message(req: Request) -> str | None:
+    message = req.extra.get(ERROR_MESSAGE_KEY) if req.state is RequestState.ABORTED else None
+    return None if message is None else str(message)
+
+
 def _measure(req: Request, slo: SLO | None) -> _Metrics:
     completed = req.state is RequestState.FINISHED
     if not completed:
@@ -94,6 +106,7 @@ def _row(m: _Metrics) -> dict[str, Cell]:
         "tier": r.tier.name.lower(),
         "state": r.state.value,
         "abort_reason": _abort_reason(r) if r.state is RequestState.ABORTED else None,
+        "abort_message": _abort_message(r),
         "arrival_time": r.arrival_time,
         "num_prompt_tokens": r.num_prompt_tokens,
         "num_output_tokens": r.num_output_tokens,

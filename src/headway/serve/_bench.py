@@ -57,7 +57,9 @@ __all__ = ["BenchConfig", "BenchError", "run_bench", "run_bench_sync", "syntheti
 ERROR_MESSAGE_KEY = "error_message"
 """``Request.extra`` key of the message the backend gave with a failed request (the error body of a
 non-200 answer, or of an error event in a stream), as it said it (up to :data:`_MAX_ERROR_CHARS`):
-the abort reason stays short (``http_400``), this says why."""
+the abort reason stays short (``http_400``), this says why. The report's ``requests.csv`` has it as
+``abort_message`` (``headway.metrics.ERROR_MESSAGE_KEY``, the same key: not imported here, as
+``_ITL_KEY`` below)."""
 
 _MAX_ERROR_CHARS = 2000
 
