@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from pathlib import Path
 from typing import cast
 
@@ -183,7 +184,7 @@ def test_onnx_export_matches_torch_and_detects_staleness(checkpoint: Path, tmp_p
 
 
 def test_a_read_only_checkpoint_gets_its_exports_in_the_cache_once(
-    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     pytest.importorskip("onnxruntime")
     import shutil
@@ -199,9 +200,16 @@ def test_a_read_only_checkpoint_gets_its_exports_in_the_cache_once(
     monkeypatch.setattr(export_mod, "_writable", lambda path: path.resolve() not in read_only)  # root writes anywhere
     files = sorted(f.name for f in ck.iterdir())
     ref = Scorer.from_checkpoint(ck, "torch").score(PROMPTS)
-    got = Scorer.from_checkpoint(ck, "onnx-int8").score(PROMPTS)
+    with caplog.at_level(logging.INFO, logger="headway.predict.score"):
+        got = Scorer.from_checkpoint(ck, "onnx-int8").score(PROMPTS)
     assert sorted(f.name for f in ck.iterdir()) == files  # nothing written into the checkpoint
     where = score_mod.derived_dir(ck, "onnx-int8")
+    said = [r.getMessage() for r in caplog.records if r.name == "headway.predict.score"]
+    assert said == [  # one line for each file built on first use, saying where it is kept
+        f"exporting ck's ONNX graph once (no ONNX export); cached at {where}",
+        f"building ck's int8 scorer once (no int8 ONNX model); cached at {where / 'model.int8.onnx'}",
+    ]
+    caplog.clear()
     assert where.parent.name == "derived" and (where / "model.int8.onnx").is_file() and (where / "model.onnx").is_file()
     assert spearmanr(got, ref).statistic > 0.9
 
@@ -210,7 +218,9 @@ def test_a_read_only_checkpoint_gets_its_exports_in_the_cache_once(
 
     monkeypatch.setattr(score_mod, "export_onnx", no_export)
     monkeypatch.setattr(score_mod, "quantize_onnx", no_export)
-    assert np.array_equal(Scorer.from_checkpoint(ck, "onnx-int8").score(PROMPTS), got)  # the cached exports
+    with caplog.at_level(logging.INFO, logger="headway.predict.score"):
+        assert np.array_equal(Scorer.from_checkpoint(ck, "onnx-int8").score(PROMPTS), got)  # the cached exports
+    assert not [r for r in caplog.records if r.name == "headway.predict.score"]  # nothing built: nothing said
     assert np.allclose(Scorer.from_checkpoint(ck, "onnx").score(PROMPTS), ref, atol=1e-4)
     assert score_mod.derived_dir(shipped, "onnx-int8") == shipped.resolve()  # used in place
     Scorer.from_checkpoint(shipped, "onnx-int8")

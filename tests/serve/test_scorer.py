@@ -203,6 +203,14 @@ def broken(prompts):
 
 def no_model():
     raise RuntimeError("no model at /nowhere")
+
+
+def chatty():
+    import logging
+
+    logging.getLogger("headway.predict.shipped").info("building the int8 scorer once")
+    logging.getLogger("headway.predict.shipped").debug("not at info")
+    return length
 """
 
 
@@ -234,6 +242,30 @@ def test_a_process_scorer_scores_in_another_process_and_close_stops_it(worker_sc
         fn.close()
     assert fn.pid is None and not _alive(pid)
     fn.close()  # twice is fine
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_process_scorer_logs_as_the_gateway_does(
+    worker_scorers: str, fmt: str, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import logging
+
+    from headway.serve._logging import setup_logging
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))  # restored after the test
+    monkeypatch.setattr(root, "level", root.level)
+    setup_logging("info", fmt)
+    fn = ProcessScoreFn(f"{worker_scorers}:chatty()")  # logs at INFO while it loads
+    fn.close()
+    err = capfd.readouterr().err
+    assert "building the int8 scorer once" in err and "not at info" not in err
+    line = next(x for x in err.splitlines() if "building the int8 scorer once" in x)
+    if fmt == "json":
+        assert json.loads(line)["logger"] == "headway.predict.shipped"
+    else:
+        assert " INFO headway.predict.shipped: building the int8 scorer once" in line
 
 
 def test_a_process_scorer_reports_load_errors_when_built(worker_scorers: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from headway.predict.shipped import ShippedPredictor
     from headway.predict.train import TrainConfig
     from headway.workload import Workload
+
+_log = logging.getLogger("headway.predict.score")
 
 __all__ = [
     "BACKENDS",
@@ -200,6 +203,7 @@ class Scorer:
         if problem:
             if not export_if_missing:
                 raise CheckpointError(f"{onnx_path}: {problem}; run `headway predictor export-onnx --model {p}`")
+            _log.info("exporting %s's ONNX graph once (%s); cached at %s", p.name, problem, where)
             export_onnx(p, into=where)
         if backend == "onnx-int8":
             int8_path = where / ONNX_INT8_FILE
@@ -209,6 +213,7 @@ class Scorer:
                     raise CheckpointError(
                         f"{int8_path}: {problem}; run `headway predictor export-onnx --int8 --model {p}`"
                     )
+                _log.info("building %s's int8 scorer once (%s); cached at %s", p.name, problem, int8_path)
                 quantize_onnx(p, into=where)
             onnx_path = int8_path
         set_offline()

@@ -88,8 +88,11 @@ class ProcessScoreFn:
     The worker has its own interpreter; the calling thread only waits on a pipe. Measured:
     ``docs/results/scorer-gil.md``.
 
-    The worker loads the model before the constructor returns (its errors are raised here, as
-    :func:`load_score_fn` would raise them). If it dies, the batch in progress fails with a
+    The worker logs as the gateway does (the root logger's level and text or JSON lines, as
+    :func:`~headway.serve._logging.setup_logging` set them here when the worker starts), so what
+    loading says (an int8 graph built once, say) shows in the gateway's log. It loads the model
+    before the constructor returns (its errors are raised here, as :func:`load_score_fn` would
+    raise them). If it dies, the batch in progress fails with a
     :class:`RuntimeError` naming its exit code and the next call starts a new one. It ignores
     SIGINT and SIGTERM (the gateway decides when scoring ends: :meth:`close`) and exits when
     the gateway's end of the pipe closes, so it cannot outlive the gateway.
@@ -105,7 +108,8 @@ class ProcessScoreFn:
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads and an event loop
         ours, theirs = ctx.Pipe()
-        proc = ctx.Process(target=_score_worker, args=(theirs, *self._args), name="headway-scorer", daemon=True)
+        args = (theirs, *self._args, _logging_setup())
+        proc = ctx.Process(target=_score_worker, args=args, name="headway-scorer", daemon=True)
         proc.start()
         theirs.close()
         try:
@@ -172,11 +176,31 @@ class ProcessScoreFn:
             self._stop(timeout=5.0)
 
 
-def _score_worker(conn: Connection, spec: str, threads: int | None, max_length: int | None) -> None:
-    """The worker of :class:`ProcessScoreFn`: load, say ``ready`` (or the error), then score
-    every list of prompts received until ``None`` or the pipe closes."""
+def _logging_setup() -> tuple[str, str] | None:
+    """This process's logging as :func:`~headway.serve._logging.setup_logging` arguments (level,
+    ``"text"`` or ``"json"``), for a worker to log alike; None when the root logger has no handler
+    (logging not set up: the worker leaves its own alone too)."""
+    from headway.serve._logging import JsonFormatter
+
+    root = logging.getLogger()
+    if not root.handlers:
+        return None
+    fmt = "json" if any(isinstance(h.formatter, JsonFormatter) for h in root.handlers) else "text"
+    return logging.getLevelName(root.level), fmt
+
+
+def _score_worker(
+    conn: Connection, spec: str, threads: int | None, max_length: int | None, logs: tuple[str, str] | None = None
+) -> None:
+    """The worker of :class:`ProcessScoreFn`: set up logging as ``logs`` says
+    (:func:`_logging_setup`), load, say ``ready`` (or the error), then score every list of
+    prompts received until ``None`` or the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if logs is not None:
+        from headway.serve._logging import setup_logging
+
+        setup_logging(*logs)
     try:
         fn = load_score_fn(spec, threads=threads, max_length=max_length)
     except Exception as exc:
