@@ -4,13 +4,15 @@ One server with the headway scheduler (``step_log`` + ``control_file``) is start
 calibration probe runs, the cost model is fitted from the measured steps and saved as a
 preset, then one workload is replayed under each policy on the server and in the
 simulator (same arrivals at the scheduler, lengths, policy; the engine's block count,
-block size and batching limits), and again with shared system prompts, comparing the
-prompt tokens vLLM's prefix cache and the simulator's found (``--system-prompts``).
+block size and batching limits), again with shared system prompts, comparing the
+prompt tokens vLLM's prefix cache and the simulator's found (``--system-prompts``), and as
+multi-turn chats, each next turn sent a think time after the answer before it with the chat so
+far as vLLM answered it (``--sessions``).
 Writes ``benchmarks/results/fidelity_vllm_cpu.md``.
 
     python benchmarks/bench_fidelity.py [--policies fcfs,sjf-oracle,pars,srpt-oracle]
         [--num-requests 200] [--rate R] [--max-num-seqs 8] [--preset-name vllm-cpu-tiny-bench]
-        [--system-prompts 4 --system-prompt-tokens 512]
+        [--system-prompts 4 --system-prompt-tokens 512] [--sessions 50 --turns 4 --think-time 1]
 
 Needs ``.venv-vllm`` (``bash scripts/setup_vllm_env.sh``) and httpx.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import signal
 import statistics
@@ -29,6 +32,7 @@ from pathlib import Path
 
 from headway.integrations._fidelity import (
     fidelity_max_prompt,
+    fidelity_sessions,
     fidelity_workload,
     format_cache_table,
     format_fidelity_table,
@@ -93,6 +97,16 @@ def main(argv: list[str] | None = None) -> int:
         "the prompt tokens vLLM and the simulation found cached (0: skip; needs prefix caching)",
     )
     ap.add_argument("--system-prompt-tokens", type=int, default=512, help="length of each system prompt")
+    ap.add_argument(
+        "--sessions",
+        type=int,
+        default=50,
+        metavar="K",
+        help="then replay K multi-turn chats (first turns at the workload's rate / --turns) and compare what the "
+        "prefix caches found (0: skip; needs prefix caching)",
+    )
+    ap.add_argument("--turns", type=int, default=4, help="turns per chat at most")
+    ap.add_argument("--think-time", type=float, default=1.0, help="mean seconds between an answer and the next turn")
     ap.add_argument("--out", type=Path, default=RESULTS / "fidelity_vllm_cpu.md")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the step log and server log here")
     args = ap.parse_args(argv)
@@ -109,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
                  f"got {args.system_prompt_tokens}")  # fmt: skip
     if args.system_prompts and args.enable_prefix_caching is False:
         ap.error("--system-prompts needs prefix caching: give --system-prompts 0 with --no-enable-prefix-caching")
+    if args.sessions < 0 or args.turns < 1:
+        ap.error(f"--sessions must be >= 0 and --turns >= 1, got {args.sessions} and {args.turns}")
+    if args.sessions and args.enable_prefix_caching is False:
+        ap.error("--sessions needs prefix caching: give --sessions 0 with --no-enable-prefix-caching")
+    if not (args.think_time >= 0 and math.isfinite(args.think_time)):
+        ap.error(f"--think-time must be a finite number of seconds >= 0, got {args.think_time}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup: stop the server
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] * args.repeats
 
@@ -175,6 +195,18 @@ def main(argv: list[str] | None = None) -> int:
                     srv.url, control, step_log, m, policies, shared, log=log, warmup=args.warmup, speed_check=check
                 )
                 shared_s = time.time() - t3
+            session_rows: list = []
+            if args.sessions:
+                chats = fidelity_sessions(
+                    args.sessions, rate / args.turns, turns=args.turns, think_time=args.think_time, seed=args.seed,
+                    max_prompt=max_prompt,
+                )  # fmt: skip
+                log(f"as {args.sessions} chats ({len(chats)} turns):")
+                t4 = time.time()
+                session_rows = run_fidelity(
+                    srv.url, control, step_log, m, policies, chats, log=log, warmup=args.warmup, speed_check=check
+                )
+                sessions_s = time.time() - t4
             steps = read_step_log(step_log).steps
     overhead = [s["policy_s"] / (s["t3"] - s["t0"]) for s in steps if s["t3"] > s["t0"]]
     md = [
@@ -227,14 +259,16 @@ def main(argv: list[str] | None = None) -> int:
         ),
         *_pooled_tables(rows, args.speed_check > 0),
         *(_shared_prefix_section(args, shared_rows, shared_s) if shared_rows else []),
+        *(_sessions_section(args, session_rows, sessions_s, rate / args.turns) if session_rows else []),
         "Client-side view (HTTP frontend included; not modelled by the simulator):",
         "",
         "| policy | mean E2E client (s) | frontend in (median s) | frontend out (median s) |",
         "|---|---:|---:|---:|",
     ]
-    for r in rows + shared_rows:
+    for r in rows + shared_rows + session_rows:
+        kind = " (system prompts)" if r in shared_rows else " (chats)" if r in session_rows else ""
         md.append(
-            f"| {r.policy}{' (system prompts)' if r in shared_rows else ''} | {r.client['e2e_mean']:.3f} | "
+            f"| {r.policy}{kind} | {r.client['e2e_mean']:.3f} | "
             f"{r.frontend['in_median']:.3f} | {r.frontend['out_median']:.3f} |"
         )
     if overhead:
@@ -270,6 +304,30 @@ def _shared_prefix_section(args: argparse.Namespace, rows: list, seconds: float)
             if args.speed_check > 0
             else []
         ),
+        *_pooled_tables(rows, args.speed_check > 0),
+    ]
+
+
+def _sessions_section(args: argparse.Namespace, rows: list, seconds: float, rate: float) -> list[str]:
+    """The replays of multi-turn chats: latencies and what the prefix cache found."""
+    return [
+        "## Multi-turn chats (prefix caching)",
+        "",
+        f"{args.sessions} chats of up to {args.turns} turns (`fidelity_sessions`: first turns Poisson at "
+        f"{rate:.2f}/s, messages log-normal around 64 tokens, answers around 48, think times exponential with "
+        f"mean {args.think_time} s). Each next turn is sent its think time after the answer before it came "
+        "back, its prompt the chat so far as vLLM answered it (the answers' token ids, vLLM's "
+        "`return_token_ids`) and its new message. The simulator gets each turn's hashes over its prompt "
+        "and answer, and each next turn arrives the gap vLLM saw after the simulated turn before it "
+        f"finished. Replays took {seconds:.0f} s.",
+        "",
+        format_fidelity_table(rows),
+        "Prompt tokens found in the prefix cache when each turn was first scheduled (as above):",
+        "",
+        format_cache_table(rows),
+        "With the preset scaled by each replay's own speed factor:",
+        "",
+        format_fidelity_table(rows, corrected=True),
         *_pooled_tables(rows, args.speed_check > 0),
     ]
 

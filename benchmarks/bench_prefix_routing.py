@@ -67,7 +67,10 @@ def ideal_hit_rate(w: Workload, block_size: int) -> float:
     """Hits of one unbounded cache over the prompt tokens, requests in arrival order."""
     specs = sorted(w.requests, key=lambda s: s.arrival_time)
     keyed = [
-        (block_keys(s.block_hashes, s.hash_block_size, s.num_prompt_tokens, block_size), s.num_prompt_tokens)
+        (
+            block_keys(s.block_hashes, s.hash_block_size, s.num_prompt_tokens, block_size, s.hashed_tokens),
+            s.num_prompt_tokens,
+        )
         for s in specs
     ]
     total = sum(s.num_prompt_tokens for s in specs)

@@ -15,6 +15,10 @@ from factories import load_script
         (["--system-prompt-tokens", "0"], "--system-prompt-tokens must be in 1..1023 (--max-model-len 2048), got 0"),
         (["--system-prompt-tokens", "1024"], "got 1024"),
         (["--no-enable-prefix-caching"], "--system-prompts needs prefix caching"),
+        (["--system-prompts", "0", "--no-enable-prefix-caching"], "--sessions needs prefix caching"),
+        (["--sessions", "-1"], "--sessions must be >= 0 and --turns >= 1, got -1 and 4"),
+        (["--turns", "0"], "got 50 and 0"),
+        (["--think-time", "nan"], "--think-time must be a finite number of seconds >= 0, got nan"),
     ],
 )
 def test_bad_workload_arguments_are_refused_before_the_server(

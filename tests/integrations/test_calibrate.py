@@ -527,6 +527,12 @@ def test_fidelity_checks_its_arguments_before_the_server(tmp_path: Path) -> None
         (["--system-prompts", "-1"], "--system-prompts must be >= 0, got -1"),
         (["--system-prompts", "2", "--system-prompt-tokens", "0"], "--system-prompt-tokens must be >= 1, got 0"),
         (["--system-prompts", "2", "--no-enable-prefix-caching"], "drop --no-enable-prefix-caching"),
+        (["--sessions", "-1"], "--sessions must be >= 0, got -1"),
+        (["--sessions", "3", "--system-prompts", "2"], "two workloads: give one"),
+        (["--sessions", "3", "--no-enable-prefix-caching"], "--sessions compares what the prefix cache finds"),
+        (["--sessions", "3", "--turns", "0"], "--turns must be >= 1, got 0"),
+        (["--sessions", "3", "--think-time", "-1"], "--think-time must be a finite number of seconds >= 0"),
+        (["--sessions", "3", "--think-time", "inf"], "--think-time must be a finite number"),
     ):
         with pytest.raises(ValueError, match=error):
             run_cli("fidelity", "--endpoint", url, *files, "--rate", "2", *extra)

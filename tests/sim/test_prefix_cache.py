@@ -120,6 +120,21 @@ def test_closed_loop_turns_arrive_a_think_time_after_the_previous_ends() -> None
         Workload.from_specs("t", [RequestSpec("x", 0.0, 4, 1, after="y"), RequestSpec("y", 1.0, 4, 1)])
 
 
+@pytest.mark.parametrize(("answer", "found"), [(13, 32), (12, 16)])
+def test_a_next_turn_finds_the_block_its_answer_completed(answer: int, found: int) -> None:
+    # turn 0: a 20-token prompt; its answer completes the block the prompt began (tokens 16-31) when
+    # 32 tokens are computed: 13 outputs (the last one sampled, never computed), not 12. Its hashes
+    # cover 2 whole blocks of prompt and answer (hashed_tokens): the next turn finds what was computed
+    specs = [
+        RequestSpec("t0", 0.0, 20, answer, block_hashes=(1, 2), hashed_tokens=32),
+        RequestSpec("t1", 0.0, 20 + answer + 7, 2, block_hashes=(1, 2, 3), after="t0", think_time=1.0),
+    ]
+    assert [r.num_cached_tokens for r in _run(specs).requests] == [0, found]
+    # untold, the second hash of a 20-token prompt reads as its partial last block (Mooncake's)
+    untold = [dataclasses.replace(specs[0], hashed_tokens=None), specs[1]]
+    assert [r.num_cached_tokens for r in _run(untold).requests] == [0, 16]
+
+
 @st.composite
 def shared_prefix_workloads(draw: st.DrawFn) -> Workload:
     """Requests built from a few shared prefixes (in 16-token blocks) plus their own blocks."""

@@ -38,6 +38,8 @@ def test_a_turn_is_the_history_plus_its_message() -> None:
     assert t0.think_time == 0.0 and t1.think_time > 0.0
     # one token stream: a turn's hashes are the whole blocks up to the end of its answer
     assert len(t0.block_hashes) == 50 // 16 and len(t1.block_hashes) == 100 // 16
+    # ...and say so: t0's third hash (tokens 32-47, its prompt ends at 20) is a whole block of its answer
+    assert (t0.hashed_tokens, t1.hashed_tokens, t2.hashed_tokens) == (48, 96, 96)
     assert t1.block_hashes[: len(t0.block_hashes)] == t0.block_hashes
     assert t2.block_hashes[: len(t1.block_hashes)] == t1.block_hashes
     assert not set(by_id["sessions-1-0"].block_hashes) & set(t2.block_hashes)
@@ -46,8 +48,10 @@ def test_a_turn_is_the_history_plus_its_message() -> None:
     assert len(session_workload([[(1, 1)] * 5] * 3, BurstArrivals(), num_requests=7)) == 7
 
 
-def test_sessions_hit_their_history_in_the_simulator() -> None:
-    w = session_workload([[(40, 40)] * 4 for _ in range(5)], BurstArrivals(), think_time=1.0)
+# (9, 10): every history ends in a block its last prompt began and its answer completed
+@pytest.mark.parametrize(("msg", "ans"), [(40, 40), (9, 10)])
+def test_sessions_hit_their_history_in_the_simulator(msg: int, ans: int) -> None:
+    w = session_workload([[(msg, ans)] * 4 for _ in range(5)], BurstArrivals(), think_time=1.0)
     on = simulate(w, "fcfs", cache=CacheConfig(enable_prefix_caching=True))
     off = simulate(w, "fcfs", cache=CacheConfig(enable_prefix_caching=False))
     by_id = {r.request_id: r for r in on.requests}
@@ -57,7 +61,7 @@ def test_sessions_hit_their_history_in_the_simulator() -> None:
             assert cur.arrival_time >= prev.finish_time  # type: ignore[operator]
             # the history's whole computed blocks are cached: the previous prompt and its answer
             # but the answer's last token, which was sampled and never computed (as in vLLM)
-            assert cur.num_cached_tokens == (prev.num_prompt_tokens + 40 - 1) // 16 * 16
+            assert cur.num_cached_tokens == (prev.num_prompt_tokens + ans - 1) // 16 * 16
     assert on.replicas[0].prefix_cache_hit_rate > 0.5  # type: ignore[operator]
     assert sum(r.ttft for r in on.requests) < sum(r.ttft for r in off.requests)  # type: ignore[misc]
 

@@ -114,6 +114,11 @@ class Request:
     hash_block_size: int = 16
     """Tokens per entry of ``block_hashes`` (16 as vLLM's blocks, 512 in Mooncake traces); a
     multiple of the engine's block size for the hashes to be used."""
+    hashed_tokens: int | None = None
+    """The tokens ``block_hashes`` cover, when known: every hash a whole block of the request's
+    token stream, the last possibly running past the prompt into the answer (a replayed chat's
+    turn, whose answer the next turn sends back). None: a last hash that ends within one block
+    past the prompt covers the prompt's partial last block (Mooncake's ``hash_ids``)."""
 
     state: RequestState = RequestState.WAITING
     num_computed_tokens: int = 0
@@ -155,6 +160,8 @@ class Request:
             raise ValueError(f"request {self.request_id!r}: max_tokens must be > 0, got {self.max_tokens}")
         if self.hash_block_size < 1:
             raise ValueError(f"request {self.request_id!r}: hash_block_size must be >= 1, got {self.hash_block_size}")
+        if self.hashed_tokens is not None and self.hashed_tokens < 0:
+            raise ValueError(f"request {self.request_id!r}: hashed_tokens must be >= 0, got {self.hashed_tokens}")
         if not self.arrival_time >= 0.0:  # also rejects NaN
             raise ValueError(f"request {self.request_id!r}: arrival_time must be >= 0, got {self.arrival_time}")
 

@@ -184,6 +184,20 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "simulation found in the prefix cache (needs the server's prefix caching on, vLLM's default; 0: none)",
     )
     f.add_argument("--system-prompt-tokens", type=int, default=512, help="length of each system prompt (default 512)")
+    f.add_argument(
+        "--sessions",
+        type=int,
+        default=0,
+        metavar="K",
+        help="replay K multi-turn chats instead (first turns at --rate per second; each next turn sent a think "
+        "time after the answer before it, its prompt the chat so far as vLLM answered it), and compare the "
+        "prompt tokens vLLM and the simulation found in the prefix cache (needs the server's prefix caching on; "
+        "0: the single-turn workload of --num-requests)",
+    )
+    f.add_argument("--turns", type=int, default=4, help="--sessions: turns per chat at most (default 4)")
+    f.add_argument(
+        "--think-time", type=float, default=1.0, help="--sessions: mean seconds between an answer and the next turn"
+    )
     f.add_argument("--out", type=Path, default=None, help="also write the table to this Markdown file")
     f.set_defaults(func=_cmd_fidelity)
 
@@ -495,6 +509,16 @@ def _check_fidelity_args(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"--system-prompt-tokens must be >= 1, got {args.system_prompt_tokens}")
     if args.system_prompts and args.enable_prefix_caching is False:
         raise ValueError("--system-prompts compares what the prefix cache finds: drop --no-enable-prefix-caching")
+    if args.sessions < 0:
+        raise ValueError(f"--sessions must be >= 0, got {args.sessions}")
+    if args.sessions and args.system_prompts:
+        raise ValueError("--sessions and --system-prompts are two workloads: give one")
+    if args.sessions and args.enable_prefix_caching is False:
+        raise ValueError("--sessions compares what the prefix cache finds: drop --no-enable-prefix-caching")
+    if args.turns < 1:
+        raise ValueError(f"--turns must be >= 1, got {args.turns}")
+    if not (args.think_time >= 0 and math.isfinite(args.think_time)):
+        raise ValueError(f"--think-time must be a finite number of seconds >= 0, got {args.think_time}")
     if not (args.rate > 0 and math.isfinite(args.rate)):
         raise ValueError(f"--rate must be a positive number of requests/s, got {args.rate}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -527,6 +551,7 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
     policies = _check_fidelity_args(args)
     from headway.integrations._fidelity import (
         fidelity_max_prompt,
+        fidelity_sessions,
         fidelity_workload,
         format_cache_table,
         format_fidelity_table,
@@ -546,17 +571,26 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
             assert step_log is not None
             model = _served_model(url, args.model)
             max_prompt = fidelity_max_prompt(_step_log_geometry(step_log, args.enable_prefix_caching).max_model_len)
-            if args.system_prompts and read_step_log(step_log).header.get("enable_prefix_caching") is False:
-                raise ValueError(f"--system-prompts: the server's prefix caching is off ({step_log}'s header)")
-            try:
-                specs = fidelity_workload(
-                    args.num_requests, args.rate, seed=args.seed, max_prompt=max_prompt,
-                    system_prompts=args.system_prompts, system_prompt_tokens=args.system_prompt_tokens,
+            shared = "--sessions" if args.sessions else "--system-prompts" if args.system_prompts else None
+            if shared and read_step_log(step_log).header.get("enable_prefix_caching") is False:
+                raise ValueError(f"{shared}: the server's prefix caching is off ({step_log}'s header)")
+            if args.sessions:
+                specs = fidelity_sessions(
+                    args.sessions, args.rate, turns=args.turns, think_time=args.think_time, seed=args.seed,
+                    max_prompt=max_prompt,
                 )  # fmt: skip
-            except ValueError as exc:
-                raise ValueError(f"--system-prompt-tokens: {exc}") from None
+                what = f"{len(specs)} turns of {args.sessions} chats, chats starting at {args.rate}/s"
+            else:
+                try:
+                    specs = fidelity_workload(
+                        args.num_requests, args.rate, seed=args.seed, max_prompt=max_prompt,
+                        system_prompts=args.system_prompts, system_prompt_tokens=args.system_prompt_tokens,
+                    )  # fmt: skip
+                except ValueError as exc:
+                    raise ValueError(f"--system-prompt-tokens: {exc}") from None
+                what = f"{len(specs)} requests at {args.rate} req/s"
             check = speed_check_workload(args.speed_check, args.rate, seed=args.seed, max_prompt=max_prompt)
-            _log(f"replaying {len(specs)} requests at {args.rate} req/s under {', '.join(policies)}")
+            _log(f"replaying {what} under {', '.join(policies)}")
             rows = run_fidelity(
                 url, control, step_log, preset, policies, specs, model=model, log=_log, warmup=args.warmup,
                 speed_check=check,

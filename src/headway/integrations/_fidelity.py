@@ -18,9 +18,9 @@ import random
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from headway.core import Request
 from headway.integrations._client import ReplayResult, ReplaySpec, replay_sync
@@ -40,6 +40,7 @@ from headway.sim._cost import CostModel
 __all__ = [
     "FidelityRow",
     "fidelity_max_prompt",
+    "fidelity_sessions",
     "fidelity_workload",
     "format_cache_table",
     "format_fidelity_table",
@@ -93,6 +94,52 @@ def fidelity_workload(
     return specs
 
 
+def fidelity_sessions(
+    conversations: int, rate: float, *, turns: int = 4, think_time: float = 1.0, seed: int = 0,
+    max_prompt: int = 1024, max_output: int = 256, message_median: int = 64, output_median: int = 48,
+) -> list[ReplaySpec]:  # fmt: skip
+    """Multi-turn chats: ``conversations`` chats whose first turns arrive by a Poisson process of
+    ``rate`` per second; turn ``k`` follows turn ``k - 1`` (:attr:`ReplaySpec.after`) ``think_time``
+    seconds after it finished (exponential, that mean; 0: at once), its prompt the chat so far (every
+    earlier message and answer, as the engine answered) and a new message. Messages and answers are
+    log-normal (medians ``message_median``, ``output_median``, answers capped at ``max_output``);
+    a chat ends after ``turns`` turns or before a prompt would pass ``max_prompt`` tokens. Scores
+    as :func:`fidelity_workload`'s. An engine with prefix caching finds each chat's history cached
+    (its prompts and answers' blocks), unless they were evicted since."""
+    if conversations < 0 or turns < 1:
+        raise ValueError(f"need conversations >= 0 and turns >= 1, got {conversations} and {turns}")
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"the arrival rate must be a positive number of chats/s, got {rate}")
+    if not (think_time >= 0 and math.isfinite(think_time)):
+        raise ValueError(f"the think time must be a finite number of seconds >= 0, got {think_time}")
+    if max_prompt < 2 or max_output < 1:
+        raise ValueError(f"max_prompt must be >= 2 and max_output >= 1, got {max_prompt} and {max_output}")
+    rng = random.Random(f"{seed}/sessions")
+    t = 0.0
+    specs = []
+    for c in range(conversations):
+        t += rng.expovariate(rate)
+        history = 0
+        before: str | None = None
+        for k in range(turns):
+            m = int(min(max_prompt, max(4, rng.lognormvariate(math.log(message_median), 0.8))))
+            o = int(min(max_output, max(2, rng.lognormvariate(math.log(output_median), 1.0))))
+            think = rng.expovariate(1.0 / think_time) if think_time > 0 else 0.0
+            score = math.log(o) + rng.gauss(0.0, 0.5)
+            if history + m > max_prompt:
+                break
+            rid = f"s{seed}-{c}-{k}"
+            specs.append(
+                ReplaySpec(
+                    rid, t, history + m, o, xargs={"headway_score": round(score, 6)}, after=before,
+                    think_time=think if before is not None else 0.0,
+                )
+            )  # fmt: skip
+            history += m + o
+            before = rid
+    return specs
+
+
 def fidelity_max_prompt(max_model_len: int, max_output: int = 256) -> int:
     """The longest prompt a :func:`fidelity_workload` may draw on an engine of ``max_model_len``:
     1,024 tokens, or fewer where a prompt and a ``max_output``-token answer would not fit; ValueError
@@ -114,15 +161,19 @@ def speed_check_workload(n: int, rate: float, *, seed: int = 0, max_prompt: int 
 def simulate_replay(
     arrivals: Sequence[float], specs: Sequence[ReplaySpec], policy: str, preset: CostModel, header: Mapping[str, Any],
     policy_args: Mapping[str, Any] | None = None, *, from_arrival: bool = False,
+    answers: Sequence[Sequence[int] | None] | None = None, follows: Sequence[tuple[str, float] | None] | None = None,
 ) -> list[tuple[float, float]]:  # fmt: skip
     """Simulate ``specs`` arriving at ``arrivals`` (seconds); returns (TTFT, E2E) per spec.
 
     Engine-side, like the live engine's: counted from ``queued_time``, when the simulated
     scheduler first saw the request (the arrival on an idle engine, else the end of the step
     in flight), as the plugin counts from when vLLM's engine core added it (between steps);
-    ``from_arrival``: from the arrival instead.
+    ``from_arrival``: from the arrival instead. ``answers``, ``follows``: see :func:`simulated_requests`.
     """
-    return latency_pairs(simulated_requests(arrivals, specs, policy, preset, header, policy_args), from_arrival)
+    simulated = simulated_requests(
+        arrivals, specs, policy, preset, header, policy_args, answers=answers, follows=follows
+    )
+    return latency_pairs(simulated, from_arrival)
 
 
 def latency_pairs(requests: Sequence[Request], from_arrival: bool = False) -> list[tuple[float, float]]:
@@ -150,25 +201,34 @@ def prompt_block_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int,
 
 def simulated_requests(
     arrivals: Sequence[float], specs: Sequence[ReplaySpec], policy: str, preset: CostModel, header: Mapping[str, Any],
-    policy_args: Mapping[str, Any] | None = None,
+    policy_args: Mapping[str, Any] | None = None, *, answers: Sequence[Sequence[int] | None] | None = None,
+    follows: Sequence[tuple[str, float] | None] | None = None,
 ) -> list[Request]:  # fmt: skip
     """The simulated requests of :func:`simulate_replay`, in the order of ``specs`` (their times
-    count from the first arrival). Specs with explicit prompt ids (those sent: :func:`salted`) carry
-    their blocks' hashes, so the simulated prefix cache finds what the engine's can."""
+    count from the first arrival). Specs with explicit prompt ids (those sent: :func:`salted`, or
+    :attr:`ReplayResult.prompt_token_ids`) carry their blocks' hashes, so the simulated prefix
+    cache finds what the engine's can; with a request's ``answers`` (the engine's output ids, as a
+    chat's next turn sent them back), the hashes run on over the answer's whole blocks, which vLLM
+    caches too. ``follows``: for a chat's next turn, ``(the request id of the turn before it, gap)``:
+    simulated, it arrives ``gap`` seconds after the simulated turn before it finished (the gap the
+    engine saw between that turn's end and this one's arrival), not at its own arrival: a turn
+    cannot reach the engine before the answer it continues has."""
     from headway.sim import simulate
     from headway.workload import RequestSpec
 
     t0 = min(arrivals)
     bs = int(header.get("block_size", 16))
-    rs = [
-        RequestSpec(
+    outs = list(answers) if answers is not None else [None] * len(specs)
+    before = list(follows) if follows is not None else [None] * len(specs)
+    rs = []
+    for s, a, out, f in zip(specs, arrivals, outs, before, strict=True):
+        hashes = prompt_block_hashes((*s.prompt_token_ids, *(out or ())), bs) if s.prompt_token_ids else ()
+        rs.append(RequestSpec(
             s.request_id, a - t0, s.num_prompt_tokens, s.max_tokens, max_tokens=s.max_tokens,
             score=float(s.xargs["headway_score"]) if s.xargs and "headway_score" in s.xargs else None,
-            block_hashes=prompt_block_hashes(s.prompt_token_ids, bs) if s.prompt_token_ids else (),
-            hash_block_size=bs,
-        )
-        for s, a in zip(specs, arrivals, strict=True)
-    ]  # fmt: skip
+            block_hashes=hashes, hash_block_size=bs, hashed_tokens=len(hashes) * bs,  # whole blocks
+            after=None if f is None else f[0], think_time=0.0 if f is None else max(0.0, f[1]),
+        ))  # fmt: skip
     order = sorted(range(len(rs)), key=lambda i: (rs[i].arrival_time, i))
     sched, cache = engine_configs(header)
     res = simulate(
@@ -301,7 +361,7 @@ def run_fidelity(
 
     rows = []
     checks: list[float] = []
-    replayed: list[tuple[list[float], list[ReplaySpec], dict[str, Any], Mapping[str, Any]]] = []
+    replayed: list[tuple[list[float], list[ReplaySpec], dict[str, Any], Mapping[str, Any], _Chats]] = []
     for k, policy in enumerate(policies):
         args = dict((policy_args or {}).get(policy, {}))
         if speed_check:
@@ -309,6 +369,7 @@ def run_fidelity(
         _switch(control_file, policy, args)
         sent = salted(specs, f"replay-{k}")  # no prefix cache hits on an earlier replay's prompts
         res, slog = _logged_replay(url, step_log, sent, model, settle_s, f"fidelity replay under {policy}")
+        sent, answers = _as_sent(sent, res)
         switched = [p for p in slog.policies if p.get("policy") == policy]
         if (
             policy != slog.header.get("policy")
@@ -322,9 +383,14 @@ def run_fidelity(
             raise RuntimeError(f"{len(missing)} replayed requests are missing from the step log (first {missing[0]})")
         eng = [by_client[s.request_id] for s in specs]
         added = [float(e["added"]) for e in eng]
+        # a chat's next turn: the gap the engine saw between the end of the turn before it and its arrival
+        follows = [
+            None if s.after is None else (s.after, float(e["added"]) - float(by_client[s.after]["finish"]))
+            for s, e in zip(specs, eng, strict=True)
+        ]
         real_ttft = [e["first_token"] - e["added"] for e in eng]
         real_e2e = [e["finish"] - e["added"] for e in eng]
-        simulated = simulated_requests(added, sent, policy, preset, slog.header, args)
+        simulated = simulated_requests(added, sent, policy, preset, slog.header, args, answers=answers, follows=follows)
         sim = latency_pairs(simulated)
         row = FidelityRow(policy, len(specs))
         if all(isinstance(e.get("cached"), int) for e in eng):
@@ -339,10 +405,11 @@ def run_fidelity(
         row.pairs["sim"] = sim
         row.sim = _sim_stats(sim)
         row.speed = speed_factor(preset, step_samples(slog.steps))
-        fixed = simulate_replay(added, sent, policy, scaled(preset, row.speed), slog.header, args)
+        chats = _Chats(answers, follows)
+        fixed = simulate_replay(added, sent, policy, scaled(preset, row.speed), slog.header, args, **chats._asdict())
         row.pairs["corrected"] = fixed
         row.sim_corrected = _sim_stats(fixed)
-        replayed.append((added, sent, args, slog.header))
+        replayed.append((added, sent, args, slog.header, chats))
         row.client = {"e2e_mean": statistics.fmean(r.e2e or math.nan for r in res)}
         fin = [r.send_wall + (r.e2e or 0.0) for r in res]
         row.frontend = {
@@ -365,10 +432,11 @@ def run_fidelity(
         rows.append(row)
     if speed_check and rows:
         checks.append(check())  # after the last replay: two checks bracket every replay
-        for i, (row, (added, sent, args, header)) in enumerate(zip(rows, replayed, strict=True)):
+        for i, (row, (added, sent, args, header, chats)) in enumerate(zip(rows, replayed, strict=True)):
             row.check_speeds = (checks[i], checks[i + 1])
             row.check_speed = (checks[i] + checks[i + 1]) / 2
-            checked = simulate_replay(added, sent, row.policy, scaled(preset, row.check_speed), header, args)
+            speed = scaled(preset, row.check_speed)
+            checked = simulate_replay(added, sent, row.policy, speed, header, args, **chats._asdict())
             row.pairs["checked"] = checked
             row.sim_checked = _sim_stats(checked)
             if log:
@@ -376,6 +444,25 @@ def run_fidelity(
                 log(f"  {row.policy}: checks x{checks[i]:.2f} before, x{checks[i + 1]:.2f} after; checked "
                     + ", ".join(f"{k} {chk[k]:+.1%}" for k in row.real))  # fmt: skip
     return rows
+
+
+class _Chats(NamedTuple):
+    """What a replay's chats add to its simulation (:func:`simulated_requests`'s keywords)."""
+
+    answers: list[list[int] | None]
+    follows: list[tuple[str, float] | None]
+
+
+def _as_sent(
+    specs: Sequence[ReplaySpec], results: Sequence[ReplayResult]
+) -> tuple[list[ReplaySpec], list[list[int] | None]]:
+    """``specs`` with the prompts their replay sent (a chat's next turns got theirs only as they were
+    sent: their history) and the answers' ids the replay asked for (None for the others)."""
+    sent = [
+        s if s.after is None else replace(s, after=None, think_time=0.0, prompt_token_ids=r.prompt_token_ids)
+        for s, r in zip(specs, results, strict=True)
+    ]
+    return sent, [r.output_token_ids for r in results]
 
 
 def _switch(control_file: Path, policy: str, args: Mapping[str, Any]) -> None:

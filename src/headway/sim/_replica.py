@@ -249,7 +249,7 @@ class Replica(Preemption):
         self.truth[req] = true_len
         keys: list[Hashable] = []
         if self.cache is not None and req.block_hashes:
-            keys = block_keys(req.block_hashes, req.hash_block_size, req.num_prompt_tokens, self.bs)
+            keys = block_keys(req.block_hashes, req.hash_block_size, req.num_prompt_tokens, self.bs, req.hashed_tokens)
             self._keyed = self._keyed or bool(keys)
         s = Seq(req, true_len, keys)
         self.seqs[req] = s

@@ -121,6 +121,7 @@ def session_workload(
                     num_output_tokens=ans,
                     tenant_id=f"{name}-{c}",
                     block_hashes=_stream_hashes(c + 1, 0, (prompt + ans) // _BLOCK),
+                    hashed_tokens=(prompt + ans) // _BLOCK * _BLOCK,  # whole blocks, the last maybe the answer's
                     after=prev,
                     think_time=think,
                 )

@@ -36,6 +36,8 @@ class RequestSpec:
     """Chained block hashes of its tokens (see :attr:`headway.core.Request.block_hashes`)."""
     hash_block_size: int = 16
     """Tokens per entry of ``block_hashes``."""
+    hashed_tokens: int | None = None
+    """The tokens ``block_hashes`` cover (see :attr:`headway.core.Request.hashed_tokens`)."""
     after: str | None = None
     """Closed-loop arrival: the ``request_id`` of the request this one follows, such as the
     previous turn of a conversation (it must come earlier in the workload). Simulated, it arrives
@@ -63,6 +65,8 @@ class RequestSpec:
             raise ValueError(f"request {self.request_id!r}: think_time must be finite and >= 0, got {self.think_time}")
         if self.hash_block_size < 1:
             raise ValueError(f"request {self.request_id!r}: hash_block_size must be >= 1, got {self.hash_block_size}")
+        if self.hashed_tokens is not None and self.hashed_tokens < 0:
+            raise ValueError(f"request {self.request_id!r}: hashed_tokens must be >= 0, got {self.hashed_tokens}")
         if not (self.arrival_time >= 0.0 and math.isfinite(self.arrival_time)):
             raise ValueError(
                 f"request {self.request_id!r}: arrival_time must be finite and >= 0, got {self.arrival_time}"
@@ -90,6 +94,7 @@ class RequestSpec:
             score=self.score,
             block_hashes=self.block_hashes,
             hash_block_size=self.hash_block_size,
+            hashed_tokens=self.hashed_tokens,
         )
 
 
