@@ -111,6 +111,21 @@ def test_sweep_cli_checks_before_running(tmp_path: Path, capsys: pytest.CaptureF
     assert "exists and is not a folder" in capsys.readouterr().err
 
 
+def test_a_sweep_on_ray_without_ray_says_so_once_before_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import headway.sweep._cli as sweep_cli
+
+    grid = tmp_path / "g.toml"
+    grid.write_text("policies = ['fcfs']\n")
+    monkeypatch.setattr(sweep_cli, "available", lambda module: module != "ray")
+    assert main(["sweep", "--grid", str(grid), "--out", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert "sweep" not in captured.out and not (tmp_path / "out").exists()  # no header, no progress bar
+    said = "headway: error: Ray is not installed: pip install -e '.[sweep]' or run with --no-ray"
+    assert captured.err.strip() == said  # the install line once
+
+
 def test_sweep_cli_writes_report_and_fails_loudly(tmp_path: Path) -> None:
     grid = tmp_path / "g.toml"
     grid.write_text(f"policies = ['fcfs']\nworkloads = ['default', {_malformed_trace(tmp_path)!r}]\n"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -53,6 +54,13 @@ def test_unknown_name_lists_valid_names() -> None:
     for name in ("default", "burst", "azure-conv", "azure-code", "sharegpt", "alpaca-eval"):
         assert name in message
     assert set(available_workloads()) >= {"default", "burst", "azure-conv", "azure-code", "arxiv"}
+    typos = (("azure_conv", "azure-conv"), ("ShareGPT", "sharegpt"), ("sharegpt-session", "sharegpt-sessions"))
+    for typo, meant in typos:
+        with pytest.raises(UnknownWorkloadError, match=f"did you mean '{meant}'"):
+            load_workload(typo)
+    with pytest.raises(UnknownWorkloadError) as far:
+        load_workload("qqqq")
+    assert "did you mean" not in str(far.value)
 
 
 def test_unknown_option_lists_valid_options() -> None:
@@ -211,6 +219,39 @@ def test_find_data_dir_honours_env_and_reports_what_it_tried(
     # the command line's user gets the variable to set and where the folder is described, not only
     # the Python argument
     assert "set HEADWAY_DATA_DIR to the folder" in str(info.value) and "docs/workloads.md" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "missing"),
+    [("azure-conv", "azure_llm_2023"), ("alpaca-eval", "alpaca_eval"), ("sharegpt-sessions", "sharegpt")],
+)
+def test_a_data_folder_without_the_named_data_says_which_folder_was_used(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, missing: str
+) -> None:
+    # a folder that exists but is not the shared data (or holds only part of it): the path looked
+    # for, in the folder, and the variable to set; not another path (alpaca-eval's instructions.jsonl)
+    monkeypatch.setenv("HEADWAY_DATA_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError) as info:
+        load_workload(name)
+    assert info.value.filename.startswith(str(tmp_path.resolve() / missing))
+    assert f"not in the data folder {tmp_path.resolve()}" in str(info.value)
+    assert "set HEADWAY_DATA_DIR" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("source", "options", "fragment"),
+    [
+        ("default", {"think_time": 5.0}, "(--think-time) only applies to sharegpt-sessions, not 'default'"),
+        ("trace", {"think_time": 5.0}, "(--think-time) only applies to sharegpt-sessions"),
+        ("default", {"format": "azure"}, "(--format) applies to a workload file, not the built-in 'default'"),
+    ],
+)
+def test_options_the_workload_would_ignore_are_refused(
+    write_text: TextWriter, tmp_path: Path, source: str, options: dict[str, object], fragment: str
+) -> None:
+    path = str(azure_file(write_text, tmp_path)) if source == "trace" else source
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        load_workload(path, **options)
 
 
 def test_every_built_in_workload_is_described() -> None:

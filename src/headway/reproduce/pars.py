@@ -9,6 +9,7 @@ reader sees whether the gap to oracle SJF is ranking quality or something else.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,6 +53,17 @@ class _Pool:
     name: str
     prompts: list[str]
     lengths: np.ndarray
+
+
+def _note_and_tell(exp: Experiment) -> Callable[[str], None]:
+    """A log that notes each line in the report and tells it on stderr as it happens: the report is
+    written at the end, and training a predictor it announces takes minutes."""
+
+    def log(line: str) -> None:
+        exp.notes.append(line)
+        print(line, file=sys.stderr, flush=True)
+
+    return log
 
 
 def _checkpoint(name: str, log: Callable[[str], None], **config: Any) -> Path:
@@ -176,7 +188,7 @@ def run(
     timer = Timer()
     n = 300 if quick else NUM_BURST
     exp = Experiment("pars", "PARS: prompt-aware SJF with a pairwise-ranked length predictor", seeds=tuple(seeds))
-    log = exp.notes.append
+    log = _note_and_tell(exp)
     frozen = {loss: _checkpoint(f"{loss}-frozen", log, mode="frozen", loss=loss) for loss in LOSSES}
     if predictor is not None:
         head = Path(predictor)

@@ -320,6 +320,25 @@ def _default_scorers(
             )
 
 
+def _prefix_router_notes(args: argparse.Namespace, workload: Any, notes: list[str]) -> None:
+    """Say when a router that routes to cached prefixes has none to find: the workload's requests
+    carry no block hashes, or the replicas' prefix cache is off (it then routes as its load rule)."""
+    from headway.routers import get_router_class
+
+    if not get_router_class(args.router).uses_block_hashes:
+        return
+    if not any(spec.block_hashes for spec in workload.requests):
+        notes.append(
+            f"router {args.router}: no request of workload {workload.name} carries prefix block hashes, so it "
+            "routes by load alone (shared prefixes: --system-prompts K, sharegpt-sessions, a Mooncake trace)"
+        )
+    elif not args.enable_prefix_caching:
+        notes.append(
+            f"router {args.router} routes requests to the replica caching their prefix, and "
+            "--no-enable-prefix-caching turns the replicas' prefix cache off"
+        )
+
+
 def _workload_options(args: argparse.Namespace) -> dict[str, Any]:
     """The workload flags given, as :func:`~headway.workload.load_workload`'s options, checked (a bad
     value fails naming its flag, before anything is read)."""
@@ -368,6 +387,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from headway.workload import load_workload
 
     _check_counts(args)
+    if not -1.0 <= args.scorer_tau <= 1.0:  # told here, not as a --policy-arg of the first scored policy
+        raise CLIError(f"--scorer-tau must be a Kendall tau in [-1, 1], got {args.scorer_tau}")
     workload_options = _workload_options(args)
     console = Console(width=max(Console().width, 140))
     names = (
@@ -435,6 +456,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     out = None if args.no_report else prepare_out_dir(args.out or default_out_dir("simulate"))  # before simulating
     notes: list[str] = []
     _default_scorers(names, policy_args, workload, args, notes)
+    if fleet:
+        _prefix_router_notes(args, workload, notes)
     for name, kwargs in policy_args.items():  # a misspelled or bad setting fails here, not after the runs
         try:
             make_policy(name, **kwargs)
@@ -552,9 +575,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         )
         console.print(f"[yellow]{notes[-1]}[/]")
     if out is not None:
+        # the flags that made the workload and the arrivals they gave, so the report tells how to rerun it
+        given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in workload_options.items())
+        arrivals = workload.meta.get("arrivals") or ("as recorded" if workload.meta.get("timed") else None)
         notes = [
-            f"workload {workload.name}: {len(workload)} requests, seed {args.seed}",
+            f"workload {args.workload}: {len(workload)} requests ({given}"
+            f"{f'; arrivals {arrivals}' if arrivals else ''})",
             f"presets {preset_names}; {scheduler}; {cache}",
+            *([f"--policy-arg {' --policy-arg '.join(args.policy_arg)}"] if args.policy_arg else []),
             *notes,
         ]
         if fleet:

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from headway._help import CLIError, HelpFormatter, default_out_dir, prepare_out_dir
+from headway._optional import available
 from headway.sweep._grid import load_grid
-from headway.sweep._runner import METRIC_NAMES, TaskResult, aggregate, run_sweep
+from headway.sweep._runner import METRIC_NAMES, TaskResult, aggregate, ray_missing, run_sweep
 
 __all__ = ["add_sweep_parser"]
 
@@ -47,6 +48,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     console = Console(width=max(Console().width, 140))
     if args.num_cpus is not None and args.num_cpus < 1:
         raise CLIError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+    if not args.no_ray and not available("ray"):  # said before the header and an empty progress bar
+        raise ray_missing()
     grid = load_grid(args.grid)
     out = prepare_out_dir(args.out or default_out_dir("sweep"))
     tasks = grid.tasks()

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from headway._optional import install_hint
+from headway._optional import MissingExtraError, install_hint
 from headway.sweep._grid import Grid, Task
 
 if TYPE_CHECKING:
@@ -95,13 +95,16 @@ def _local(tasks: Sequence[Task], grid: Grid) -> Iterator[TaskResult]:
         yield run_task(task, grid)
 
 
+def ray_missing() -> MissingExtraError:
+    """The error of a sweep on Ray without Ray installed."""
+    return MissingExtraError(f"Ray is not installed: {install_hint('sweep')} or run with --no-ray", name="ray")
+
+
 def _ray(tasks: Sequence[Task], grid: Grid, address: str | None, num_cpus: int | None) -> Iterator[TaskResult]:
     try:
         import ray
     except ImportError:
-        raise ModuleNotFoundError(
-            f"Ray is not installed: {install_hint('sweep')} or run with --no-ray", name="ray"
-        ) from None
+        raise ray_missing() from None
     started = not ray.is_initialized()
     if started:
         ray.init(

@@ -8,8 +8,9 @@ One JSON object a line::
 ``output_tokens`` is what the engine generates (for a reasoning model, answer plus thinking);
 ``prompt_tokens`` defaults to a count of the prompt (``count_tokens``, default
 :func:`~headway.workload.approx_token_count`); ``arrival_time`` is seconds from the start: when
-every line has one the workload is timed (replayed as recorded), otherwise arrivals are generated
-(``--arrivals burst``, or ``--rate``). ``tenant`` sets the request's tenant; ``model`` is kept in the
+every line has one the workload is timed (replayed as recorded), when none has arrivals are generated
+(``--arrivals burst``, or ``--rate``), and a log that has it on some lines only is refused, naming
+the first line without it. ``tenant`` sets the request's tenant; ``model`` is kept in the
 workload's ``meta["models"]``. ``timeout``: seconds after its arrival at which the client gave up on
 the request if unfinished (:attr:`~headway.workload.RequestSpec.timeout`; ``--client-timeout`` sets
 every request's instead). The same files train and evaluate predictors (``headway predictor
@@ -58,6 +59,7 @@ def read_jsonl_workload(
     specs: list[RequestSpec] = []
     models: Counter[str] = Counter()
     times: list[float | None] = []
+    untimed_line: int | None = None  # the first line without an arrival_time
     for line, rec in jsonl_records(p):
         if limit is not None and len(specs) >= limit:
             break
@@ -75,6 +77,8 @@ def read_jsonl_workload(
         )
         raw_time = rec.get("arrival_time")
         times.append(None if raw_time is None else time_value(p, line, "arrival_time", raw_time))
+        if raw_time is None and untimed_line is None:
+            untimed_line = line
         raw_timeout = rec.get("timeout")
         timeout = None if raw_timeout is None else time_value(p, line, "timeout", raw_timeout)
         model = _text(p, line, rec, "model")
@@ -94,7 +98,17 @@ def read_jsonl_workload(
         )
     if not specs:
         raise WorkloadFormatError(p, None, "no requests", show_value=False)
-    timed = all(t is not None for t in times)
+    timed = untimed_line is None
+    num_timed = sum(t is not None for t in times)
+    if not timed and num_timed:  # replaying some lines' times and not others' has no meaning
+        raise WorkloadFormatError(
+            p,
+            untimed_line,
+            f"missing, and {num_timed} of the {len(times)} lines read have one: give every line an "
+            "arrival_time (a timed log) or none (generated arrivals)",
+            field="arrival_time",
+            show_value=False,
+        )
     if timed:
         specs = [dataclasses.replace(s, arrival_time=float(t or 0.0)) for s, t in zip(specs, times, strict=True)]
     meta: dict[str, object] = {"source": str(p), "format": "jsonl", "timed": timed, "models": dict(models)}

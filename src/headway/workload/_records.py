@@ -226,8 +226,8 @@ def jsonl_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         for line, text in enumerate(f, start=1):
             if not text.strip():
                 continue
-            try:
-                obj = json.loads(text)
+            try:  # without its line break: a line cut short is an error at its end, not at column 1 of the next
+                obj = json.loads(text.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
                 raise WorkloadFormatError(
                     path, line, f"invalid JSON ({exc.msg}; column {exc.colno})", show_value=False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 from collections.abc import Callable
@@ -80,10 +81,10 @@ class LoadOptions:
     - ``tenants``: a :class:`TenantMix`, ``"default"`` (3 tiers) or ``"none"``; default:
       the 3-tier mix for synthetic workloads, none (one standard tenant) for data.
     - ``data_dir``: the shared data folder for named data sources.
-    - ``format``: force a file format (see :func:`available_formats`).
+    - ``format``: force a file's format (see :func:`available_formats`); refused with a built-in name.
     - ``count_tokens``: token counter for text datasets.
     - ``name``: workload name.
-    - ``think_time``: ``sharegpt-sessions``: mean seconds between an answer and the next turn
+    - ``think_time``: ``sharegpt-sessions`` only: mean seconds between an answer and the next turn
       (exponential; default :data:`~headway.workload.DEFAULT_THINK_TIME`).
     - ``system_prompts``, ``system_prompt_tokens``: put one of that many shared prefixes of
       that many tokens (default 1,000) before every prompt (a workload without block hashes).
@@ -359,7 +360,7 @@ def _sessions(o: LoadOptions) -> Workload:
         )
     _refuse_ignored(kind, o, "sharegpt-sessions")
     process = _process(kind, o.rate or SESSIONS_RATE, o.burstiness, 1.0)
-    path = find_data_dir(o.data_dir) / "sharegpt" / "sharegpt_all_turn_lengths.csv.gz"
+    path = _data_path(o, "sharegpt", "sharegpt_all_turn_lengths.csv.gz")
     num = DEFAULT_NUM_REQUESTS if o.num_requests is None else o.num_requests
     # conversations in file order; about 3.5 turns each, so read a few more than needed
     convs = read_turn_lengths(path, limit=num + 10)
@@ -374,9 +375,24 @@ def _sessions(o: LoadOptions) -> Workload:
     )
 
 
+def _data_path(o: LoadOptions, *parts: str) -> Path:
+    """``parts`` in the shared data folder; FileNotFoundError naming the folder when it lacks them
+    (a folder that is not the shared data, or holds only part of it)."""
+    root = find_data_dir(o.data_dir)
+    path = root.joinpath(*parts)
+    if not path.exists():
+        raise FileNotFoundError(
+            2,
+            f"not in the data folder {root}; set {DATA_DIR_ENV} to the folder holding the shared data "
+            "(docs/workloads.md), or give data_dir= in Python",
+            str(path),
+        )
+    return path
+
+
 def _data_file(*parts: str, fmt: str) -> Callable[[LoadOptions], Workload]:
     def load(o: LoadOptions) -> Workload:
-        return _FORMATS[fmt](find_data_dir(o.data_dir).joinpath(*parts), o)
+        return _FORMATS[fmt](_data_path(o, *parts), o)
 
     load.__doc__ = f"{'/'.join(parts)} in the shared data folder ({fmt} format)"
     return load
@@ -537,9 +553,19 @@ def load_workload(source: str, **options: object) -> Workload:
     o = _options(options)
     entry = _WORKLOADS.get(source)
     if entry is None and not _looks_like_path(source):
+        close = difflib.get_close_matches(source.lower().replace("_", "-"), available_workloads(), n=1)
         raise UnknownWorkloadError(
-            f"unknown workload {source!r}; valid names: {', '.join(available_workloads())} "
+            f"unknown workload {source!r}; {f'did you mean {close[0]!r}? ' if close else ''}"
+            f"valid names: {', '.join(available_workloads())} "
             f"(or a path to a trace/dataset file: {', '.join(available_formats())})"
+        )
+    if o.think_time is not None and source != "sharegpt-sessions":
+        raise ValueError(
+            f"option think_time={o.think_time!r} (--think-time) only applies to sharegpt-sessions, not {source!r}"
+        )
+    if o.format is not None and entry is not None:
+        raise ValueError(
+            f"option format={o.format!r} (--format) applies to a workload file, not the built-in {source!r}"
         )
     if entry is not None:
         w = entry.load(o)

@@ -1,0 +1,50 @@
+"""``headway simulate`` (``headway.sim._cli``): what the run says about its own settings."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import pytest
+
+from headway.cli import main
+
+FLEET = ["simulate", "--policies", "fcfs", "--num-requests", "60", "--replicas", "2", "--no-report"]
+
+
+@pytest.mark.parametrize("router", ["prefix-aware", "cache-aware"])
+def test_a_prefix_router_without_block_hashes_says_it_routes_by_load(
+    router: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*FLEET, "--router", router]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"router {router}: no request of workload default carries prefix block hashes" in out
+    assert "--system-prompts K" in out
+
+
+def test_a_prefix_router_with_the_prefix_cache_off_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*FLEET, "--router", "prefix-aware", "--system-prompts", "2"]
+    assert main(argv) == 0
+    assert "prefix cache off" not in capsys.readouterr().out  # hashes and a cache: nothing to say
+    assert main([*argv, "--no-enable-prefix-caching"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--no-enable-prefix-caching turns the replicas' prefix cache off" in out
+
+
+def test_the_report_records_the_workload_flags_arrivals_and_policy_settings(tmp_path: Path) -> None:
+    # a report that names only the seed cannot be rerun: the rate and the policy settings go with it
+    out = tmp_path / "rep"
+    argv = ["simulate", "--policies", "fcfs,pars", "--num-requests", "80", "--rate", "9", "--out", str(out),
+            "--policy-arg", "pars.starvation_threshold=30"]  # fmt: skip
+    assert main(argv) == 0
+    text = html.unescape((out / "report.html").read_text(encoding="utf-8"))
+    assert "workload default: 80 requests (--seed 0 --num-requests 80 --rate 9.0; arrivals GammaArrivals(rate=9" in text
+    assert "--policy-arg pars.starvation_threshold=30" in text
+
+
+@pytest.mark.parametrize("tau", ["2", "-1.5", "nan"])
+def test_a_scorer_tau_out_of_range_is_told_as_that_flag(tau: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--policies", "fcfs,pars", "--num-requests", "20", "--scorer-tau", tau, "--no-report"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--scorer-tau must be a Kendall tau in [-1, 1]" in err and "--policy-arg" not in err

@@ -1,0 +1,31 @@
+"""The JSONL prompt-log format (``headway.workload._jsonl``): what a malformed log is told."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from headway.workload import WorkloadFormatError, load_workload
+
+JsonlWriter = Callable[[Path, Sequence[object]], Path]  # the write_jsonl fixture (conftest.py)
+
+
+def test_a_log_with_arrival_times_on_some_lines_only_is_refused_naming_the_first_without(
+    write_jsonl: JsonlWriter, tmp_path: Path
+) -> None:
+    # read as untimed, it would replay as one burst at t = 0 and drop the times the other lines give
+    records = [{"prompt": f"p{i}", "output_tokens": 5, "arrival_time": float(i)} for i in range(5)]
+    del records[2]["arrival_time"]
+    path = write_jsonl(tmp_path / "log.jsonl", records)
+    with pytest.raises(WorkloadFormatError, match="arrival_time") as info:
+        load_workload(str(path))
+    assert info.value.line == 3 and "4 of the 5 lines" in str(info.value)
+
+
+def test_a_log_with_arrival_times_on_every_line_or_none_is_read(write_jsonl: JsonlWriter, tmp_path: Path) -> None:
+    timed = write_jsonl(tmp_path / "timed.jsonl", [{"prompt": "p", "output_tokens": 5, "arrival_time": 1.5}] * 2)
+    assert load_workload(str(timed)).meta["timed"] is True
+    untimed = write_jsonl(tmp_path / "untimed.jsonl", [{"prompt": "p", "output_tokens": 5}] * 2)
+    assert load_workload(str(untimed)).meta["timed"] is False
