@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -65,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # the command line as given, for the files a command writes (how to make them again)
+    args.command_line = "headway " + shlex.join(sys.argv[1:] if argv is None else argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -60,6 +60,11 @@ def test_simulate_writes_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
     summary = json.loads((out / "summary.json").read_text())
     text = json.dumps(summary)
     assert "sjf-oracle" in text and "fcfs" in text
+    # how to make it again: the command as given and the report's notes (workload, engine, ...)
+    assert summary["meta"]["command"] == (
+        f"headway simulate --policies fcfs,sjf-oracle --num-requests 300 --out {out} --slo 'ttft:2000 e2el:60000'"
+    )
+    assert summary["meta"]["notes"][0].startswith("workload default: 300 requests (--seed 0 --num-requests 300")
     for name in ("report.html", "latency_cdf.png", "percentiles.png", "timeline.png", "summary.csv"):
         assert (out / name).stat().st_size > 0, name
     assert "fcfs (baseline)" in capsys.readouterr().out

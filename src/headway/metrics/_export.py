@@ -250,12 +250,14 @@ def write_json(
     summaries: RunSummary | Mapping[str, RunSummary] | Iterable[RunSummary],
     *,
     replicas: Mapping[str, Mapping[str, RunSummary]] | None = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``{"format", "version", "runs": {name: RunSummary.to_dict()}}`` as JSON.
 
     Mapping keys name the runs (and replace ``summary.name``). ``replicas`` (a fleet's
     per-replica summaries, ``{run: {replica: summary}}``) adds a ``"replicas"`` object of
-    the same shape; every run it names must be one of ``summaries``. The file is strict
+    the same shape; every run it names must be one of ``summaries``. ``meta`` (how the runs
+    were made: the command, the report's notes) is written as ``"meta"``. The file is strict
     JSON (NaN is written as ``null``); :func:`read_json` reads the runs back, and
     :func:`read_replica_json` the per-replica summaries.
     """
@@ -270,6 +272,8 @@ def write_json(
         if unknown:
             raise KeyError(f"per-replica summaries for runs that are not in the file: {unknown}")
         doc["replicas"] = {run: {str(k): s.to_dict() for k, s in per.items()} for run, per in replicas.items()}
+    if meta:
+        doc["meta"] = dict(meta)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")

@@ -57,6 +57,7 @@ def write_report(
     baseline: str | None = None,
     timeline: Mapping[str, Sequence[TimelineLike]] | None = None,
     replicas: Mapping[str, Mapping[str, RunSummary]] | None = None,
+    command: str | None = None,
 ) -> ReportPaths:
     """Write ``summary.json``, ``summary.csv``, ``groups.csv`` (per tenant and tier),
     ``requests_<name>.csv`` per run,
@@ -68,7 +69,8 @@ def write_report(
     file names. The per-request CSV's ``slo_met`` uses each summary's SLO.
     ``replicas`` (``{run: {replica: summary}}``, a fleet's per-replica summaries) adds a
     per-replica table to that run's section of ``report.html`` and a ``"replicas"``
-    object to ``summary.json``.
+    object to ``summary.json``. ``command`` (the command line that made the runs) and the
+    ``notes`` go into ``summary.json``'s ``"meta"`` too, so the file says how to make it again.
     """
     if not runs:
         raise ValueError("write_report() needs at least one run")
@@ -81,7 +83,9 @@ def write_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summaries = {name: s for name, (s, _) in runs.items()}
-    summary_json = write_json(out / "summary.json", summaries, replicas=replicas)
+    note_lines = [notes] if isinstance(notes, str) else list(notes or ())
+    meta = {k: v for k, v in (("command", command), ("notes", note_lines)) if v}
+    summary_json = write_json(out / "summary.json", summaries, replicas=replicas, meta=meta)
     summary_csv = write_summary_csv(out / "summary.csv", summaries)
     groups_csv = write_groups_csv(out / "groups.csv", summaries)
     stems = unique_filenames(runs)

@@ -12,7 +12,6 @@ reason. Scenarios are fixed in code (see each module's setup lines), not tuned u
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -105,7 +104,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.out == "":
         raise CLIError("--out: empty path; give the report folder")
     out = prepare_out_dir(args.out or default_out_dir("reproduce"))  # before any simulation
-    command = "headway " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
+    command = getattr(args, "command_line", None)
     rows = run_reproduction(
         args.experiment,
         out,

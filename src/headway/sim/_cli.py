@@ -596,6 +596,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             baseline=baseline,
             timeline=timelines,
             replicas=replica_tables or None,
+            command=getattr(args, "command_line", None),
         )
         console.print(f"report: {paths.html}")
     return 1 if failures else 0
