@@ -55,7 +55,8 @@ def test_a_spec_is_loaded_once_per_process() -> None:
     ("spec", "message"),
     [
         ("default:fp4", r"^pars: scorer 'default:fp4': unknown backend 'fp4'; use torch, onnx, onnx-int8"),
-        ("defualt", r"^pars: unknown scorer 'defualt'; use None .*'default' \(the shipped predictor\)"),
+        ("defualt", r"^pars: unknown scorer 'defualt'; use None .*'default' \(the shipped predictor\).*'default'\?$"),
+        ("no-such-ckpt", r"^pars: unknown scorer 'no-such-ckpt'; .*; there is no checkpoint directory 'no-such-ckpt'"),
         ("headway.nowhere:scorer", r"^pars: cannot load scorer 'headway.nowhere:scorer'"),
     ],
 )

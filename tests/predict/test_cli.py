@@ -19,6 +19,15 @@ def test_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert "usage:" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("command", ["train", "matrix"])
+def test_help_states_each_default_once(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["predictor", command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "pair-set size (default 10000)" in text
+    assert not re.search(r"\(default[^)]*\) \(default", text)
+
+
 def test_eval_on_generic_jsonl_and_bad_input(
     tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -63,12 +72,66 @@ def test_eval_on_generic_jsonl_and_bad_input(
     assert f"{not_encoder}: not a Hugging Face model directory" in capsys.readouterr().err
 
 
+def test_eval_on_a_log_of_several_models_says_the_headline_is_pooled_and_gives_the_mean_per_model(
+    tmp_path: Path, tiny_encoder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    from headway.predict.model import LengthPredictor, load_encoder, save_checkpoint
+
+    from .conftest import synthetic_records
+
+    encoder, tokenizer = load_encoder(tiny_encoder)
+    ck = save_checkpoint(LengthPredictor(encoder), tokenizer, tmp_path / "ck", fine_tuned=True)
+    base = synthetic_records(40)  # the same prompts answered by two models, one ten times longer
+    records = [{**r, "model": "short"} for r in base]
+    records += [{**r, "model": "long", "output_tokens": 10 * int(str(r["output_tokens"]))} for r in base]
+    log = tmp_path / "two-models.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["predictor", "eval", "--model", str(ck), "--data", str(log), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "[all], the 2 models' answers pooled (pairs across models too; per model below):" in out
+    taus = [float(t) for t in re.findall(r"^  (?:short|long) .* tau_b (-?[0-9.]+)", out, flags=re.M)]
+    mean = re.search(r"^  mean over the 2 models +tau_b (-?[0-9.]+)  Spearman", out, flags=re.M)
+    assert len(taus) == 2 and mean is not None
+    assert float(mean.group(1)) == pytest.approx(sum(taus) / 2, abs=1e-4)
+
+
+def test_eval_on_the_training_data_says_all_counts_the_training_prompts(
+    tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    ck = tmp_path / "ck"
+    assert _train(tmp_path, synthetic_jsonl, tiny_encoder, "--out", str(ck)) == 0
+    capsys.readouterr()
+    note = "--split all counts the prompts it trained on; --split test scores only those it held out"
+    assert main(["predictor", "eval", "--model", str(ck), "--data", str(synthetic_jsonl), "--no-progress"]) == 0
+    assert f"note: {ck} was trained on a data set named synthetic.jsonl: {note}" in capsys.readouterr().out
+    eval_test = ["predictor", "eval", "--model", str(ck), "--data", str(synthetic_jsonl), "--split", "test"]
+    assert main([*eval_test, "--no-progress"]) == 0
+    assert note not in capsys.readouterr().out  # held-out prompts only: nothing to warn of
+
+
 def test_training_another_encoder_needs_a_checkpoint_name(
     tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = main(["predictor", "train", "--data", str(synthetic_jsonl), "--encoder", str(tiny_encoder), "--no-progress"])
     assert code == 2
     assert "name the checkpoint with --name or --out" in capsys.readouterr().err
+
+
+def test_training_on_other_data_needs_a_checkpoint_name(
+    synthetic_jsonl: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from headway.predict._paths import DEFAULT_PREDICTOR_NAME, default_predictor_dir
+
+    default = default_predictor_dir(DEFAULT_PREDICTOR_NAME)
+    existed = default.exists()
+    code = main(["predictor", "train", "--data", str(synthetic_jsonl), "--mode", "frozen", "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"--data {synthetic_jsonl}: name the checkpoint with --name or --out" in err
+    assert "pars.scorer=default" in err
+    assert default.exists() == existed  # refused before anything was written
 
 
 def _train(tmp_path: Path, data: Path, encoder: Path, *extra: str) -> int:

@@ -15,6 +15,7 @@ from headway.predict.crosssource import (
     Recipe,
     Source,
     cross_source_matrix,
+    embed_sources,
     fit_recipe,
     training_sets,
 )
@@ -198,3 +199,23 @@ def test_recipe_grid_gives_mlp_heads_their_decays() -> None:
     emb = {s.name: e for s, e in pairs}
     result = cross_source_matrix([s for s, _ in pairs], emb, grid[-1:])
     assert result.recipe_score(grid[-1].label) > 0.7
+
+
+def test_embed_sources_says_what_it_embeds_and_what_it_reads_from_the_cache(tmp_path: Path) -> None:
+    src, emb = _source("alpaca_eval", 10, 0, 0)
+    calls: list[int] = []
+
+    def embed(prompts: object) -> np.ndarray:
+        calls.append(len(prompts))  # type: ignore[arg-type]
+        return emb.astype(np.float32)
+
+    lines: list[str] = []
+    first = embed_sources([src], embed, tmp_path, say=lines.append)
+    assert calls == [10]
+    assert lines[0] == "  alpaca_eval: embedding 10 prompts ..."  # before the slow part, not after
+    assert lines[1].startswith("  alpaca_eval: embedded 10 prompts in ")
+    lines.clear()
+    again = embed_sources([src], embed, tmp_path, say=lines.append)
+    assert calls == [10]  # read back, not embedded again
+    assert lines == ["  alpaca_eval: 10 prompts, embeddings read from the cache"]
+    np.testing.assert_array_equal(first["alpaca_eval"], again["alpaca_eval"])

@@ -97,3 +97,6 @@ def test_encoder_names_and_default_checkpoint_names(tmp_path: Path) -> None:
     assert default_predictor_name("mpnet") == "pars-mpnet-alpaca-mean"
     with pytest.raises(ValueError, match="--name or --out"):
         default_predictor_name(str(tmp_path))
+    assert default_predictor_name(None, "alpaca_eval:mean") == "pars-minilm-alpaca-mean"  # the default data
+    with pytest.raises(ValueError, match=r"--data my_log\.jsonl: name the checkpoint with --name or --out"):
+        default_predictor_name(None, "my_log.jsonl")  # a log of one's own never replaces the default

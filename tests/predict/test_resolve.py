@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from headway.predict._resolve import predictor_spec
+from headway.predict._resolve import not_a_spec_hint, predictor_spec
 
 
 def test_predictor_specs(tmp_path: Path) -> None:
@@ -75,3 +75,16 @@ def test_load_predictor_names_what_is_not_a_predictor() -> None:
     with pytest.raises(ValueError, match=r"^scorer 'default:fp4': unknown backend 'fp4'"):
         load_batch_scorer("default:fp4", backend="onnx")
     assert load_batch_scorer("math:fsum")([1.0, 2.0]) == 3.0  # a module spec is resolved as the gateway does
+
+
+def test_what_a_spec_that_names_nothing_was_probably_meant_to_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plain").mkdir()
+    assert not_a_spec_hint("defualt") == "; did you mean 'default'?"
+    assert not_a_spec_hint("noisy_oracle", ("default", "noisy-oracle", "oracle")) == "; did you mean 'noisy-oracle'?"
+    assert not_a_spec_hint("plain") == (
+        "; the directory 'plain' holds no predictor.json, so it is no predictor checkpoint"
+    )
+    assert not_a_spec_hint("ck2") == f"; there is no checkpoint directory 'ck2' in {tmp_path}"

@@ -101,6 +101,8 @@ def test_transparent_defaults():
         ({"backends": ["http://a"], "scorer": "m:f", "scorer_max_length": 64}, "only to a trained predictor"),
         ({"backends": ["http://a"], "scorer": "defaults:f", "scorer_threads": 1}, "only to a trained predictor"),
         ({"backends": ["http://a"], "scorer": "no-such-dir"}, "a predictor checkpoint directory or 'module:callable'"),
+        ({"backends": ["http://a"], "scorer": "defualt"}, "got 'defualt'; did you mean 'default'?"),
+        ({"backends": ["http://a"], "scorer": "no-such-dir"}, "there is no checkpoint directory 'no-such-dir' in "),
         ({"backends": ["http://a"], "bogus": 1}, "unknown gateway setting(s) ['bogus']"),
         ({"backends": ["http://a"], "redis_url": "http://r"}, "redis_url must start with"),
         ({"backends": ["http://a"], "tenants": [{"name": "t", "api_key_sha256": ["abc"]}]}, "64 hex digits"),

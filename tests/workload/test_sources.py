@@ -155,6 +155,15 @@ def test_format_flag_overrides_sniffing(write_text: TextWriter, tmp_path: Path) 
         load_workload(str(unknown))
 
 
+@pytest.mark.parametrize("text", ["", "\n\n  \n"])
+def test_an_empty_file_is_named_empty_not_of_an_unknown_format(
+    write_text: TextWriter, tmp_path: Path, text: str
+) -> None:
+    empty = write_text(tmp_path / "log.jsonl", text)
+    with pytest.raises(WorkloadFormatError, match=r"log\.jsonl: empty file \(no line but blank ones\): no requests$"):
+        load_workload(str(empty))
+
+
 def test_missing_file_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"absent\.csv"):
         load_workload(str(tmp_path / "absent.csv"))

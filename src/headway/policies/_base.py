@@ -215,9 +215,12 @@ class ScoredPolicy(Policy):
             _reject_unused(self.name, what, tau=tau, seed=seed, log_mean=log_mean, log_std=log_std)
             self._score_fn = scorer
         else:
+            from headway.predict._resolve import not_a_spec_hint
+
+            hint = not_a_spec_hint(scorer, ("default", "noisy-oracle", "oracle")) if isinstance(scorer, str) else ""
             raise ValueError(
                 f"{self.name}: unknown scorer {scorer!r}; use None (request.score), 'noisy-oracle', "
-                "'oracle', 'default' (the shipped predictor), a scorer spec or a callable Request -> float"
+                f"'oracle', 'default' (the shipped predictor), a scorer spec or a callable Request -> float{hint}"
             )
         self.scorer = scorer
 

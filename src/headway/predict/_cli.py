@@ -74,7 +74,7 @@ def _add_training_options(p: argparse.ArgumentParser, *, matrix: bool = False) -
         help="pairwise: draw partners inside each batch, or one global pair set (default batch)",
     )
     g.add_argument("--partners", type=int, default=16, help="pairwise: partners sampled per example (default 16)")
-    g.add_argument("--max-pairs", type=int, default=10_000, help="--pairs-from global: pair-set size (10000)")
+    g.add_argument("--max-pairs", type=int, default=10_000, help="--pairs-from global: pair-set size (default 10000)")
     g.add_argument("--margin", type=float, default=1.0, help="margin of the ranking loss (default 1.0)")
     g.add_argument(
         "--train-word-embeddings",
@@ -153,7 +153,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         flag, out = f"--out {args.out}", Path(args.out)
     else:
         try:
-            name = args.name if args.name is not None else default_predictor_name(args.encoder)
+            name = args.name if args.name is not None else default_predictor_name(args.encoder, args.data)
             out = default_predictor_dir(name)
         except ValueError as exc:
             raise PredictError(f"--name: {exc}" if args.name is not None else str(exc)) from None
@@ -204,13 +204,27 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return 0
     trained_on = scorer.meta.get("data", {}).get("name", "?")
     print(f"predictor {args.model} (trained on {trained_on}, backend {scorer.backend})")
-    print(format_metrics(results[None], f"{data.name} [{args.split}]:"))
+    per_model = [m for model, m in results.items() if model is not None]
+    pooled = f", the {len(per_model)} models' answers pooled (pairs across models too; per model below)"
+    print(format_metrics(results[None], f"{data.name} [{args.split}]{pooled if per_model else ''}:"))
     for model, m in results.items():
         if model is not None:
             print(
                 f"  {model:<40} n={m.n:<5} tau_b {m.kendall_tau_b:.4f}  Spearman {m.spearman:.4f}  "
                 f"pair acc {m.pair_accuracy:.4f}"
             )
+    if per_model:
+        tau, rho, acc = (
+            sum(getattr(m, k) for m in per_model) / len(per_model)
+            for k in ("kendall_tau_b", "spearman", "pair_accuracy")
+        )
+        label = f"mean over the {len(per_model)} models"
+        print(f"  {label:<40} {'':<7} tau_b {tau:.4f}  Spearman {rho:.4f}  pair acc {acc:.4f}")
+    if args.split == "all" and trained_on == data.name:
+        print(
+            f"note: {args.model} was trained on a data set named {trained_on}: --split all counts the prompts it "
+            "trained on; --split test scores only those it held out"
+        )
     return 0
 
 
@@ -303,9 +317,9 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
         + ")"
         for s in sources
     )
-    _say("embedding " + ", ".join(sizes) + " (cached)")
     cache = default_cache_dir() / "embeddings" / ("sources" if args.encoder == "minilm" else f"sources-{args.encoder}")
-    embeddings = embed_sources(sources, encoder.embed, cache)
+    _say(f"sources: {', '.join(sizes)}; {args.encoder} embeddings cached in {cache}")
+    embeddings = embed_sources(sources, encoder.embed, cache, say=_say)
     extra: dict[str, Any] = {}
     extra_trained_on: dict[str, list[str]] = {}
     if packed is not None:
@@ -468,7 +482,7 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     out.add_argument(
         "--name",
         help=f"checkpoint name under ~/.cache/headway/predictors/ (default: {DEFAULT_PREDICTOR_NAME}, "
-        "or pars-mpnet-alpaca-mean with --encoder mpnet; required with another --encoder)",
+        "or pars-mpnet-alpaca-mean with --encoder mpnet; required with another --encoder or --data)",
     )
     _add_training_options(p)
     p.set_defaults(func=_guarded(_cmd_train))

@@ -118,11 +118,17 @@ def packaged_encoder_name(path: Path) -> str | None:
     return None
 
 
-def default_predictor_name(encoder: str | None) -> str:
+def default_predictor_name(encoder: str | None, data: str = DEFAULT_TRAIN_DATA) -> str:
     """The checkpoint name ``headway predictor train`` uses without ``--name``/``--out``:
     :data:`DEFAULT_PREDICTOR_NAME` for the default encoder, ``pars-mpnet-alpaca-mean`` for
-    ``mpnet``. Another encoder needs an explicit name (ValueError), so that training it never
-    replaces the default checkpoint."""
+    ``mpnet``. Another encoder, or ``data`` other than :data:`DEFAULT_TRAIN_DATA` (a prompt log of
+    one's own), needs an explicit name (ValueError), so that training it never replaces the default
+    checkpoint, which ``--scorer default`` loads."""
+    if data != DEFAULT_TRAIN_DATA:
+        raise ValueError(
+            f"--data {data}: name the checkpoint with --name or --out (without one it would replace the "
+            f"default {DEFAULT_PREDICTOR_NAME!r}, which --scorer default and pars.scorer=default load)"
+        )
     if not encoder or encoder == "minilm":  # as encoder_path: empty is the default encoder
         return DEFAULT_PREDICTOR_NAME
     if encoder == "mpnet":

@@ -7,13 +7,14 @@ imports nothing heavy, so either can use it without torch installed.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MIN_SCORING_LENGTH", "predictor_spec", "resolve_score_fn"]
+__all__ = ["MIN_SCORING_LENGTH", "not_a_spec_hint", "predictor_spec", "resolve_score_fn"]
 
 MIN_SCORING_LENGTH = 8
 """The fewest prompt tokens a predictor's scorer may cut prompts to (its ``max_length``)."""
@@ -67,6 +68,18 @@ def predictor_spec(spec: str) -> tuple[str | None, str | None] | None:
     if head and tail and (_looks_like_path(head) or (Path(head).expanduser() / "predictor.json").is_file()):
         return head, backend
     return None
+
+
+def not_a_spec_hint(spec: str, names: tuple[str, ...] = ("default",)) -> str:
+    """What the error refusing ``spec`` (neither a predictor nor ``module:attr``) adds, starting with
+    ``"; "``: the one of ``names`` it looks like a typo of, else why it is no checkpoint directory (a
+    bare name is one only where that directory holds ``predictor.json``)."""
+    close = difflib.get_close_matches(spec, names, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    if Path(spec).expanduser().is_dir():
+        return f"; the directory {spec!r} holds no predictor.json, so it is no predictor checkpoint"
+    return f"; there is no checkpoint directory {spec!r} in {Path.cwd()}"
 
 
 def _looks_like_path(text: str) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,10 +170,14 @@ def _held_out(key: str) -> bool:
 
 
 def embed_sources(
-    sources: Sequence[Source], embed: Callable[[Sequence[str]], npt.NDArray[np.float32]], cache: Path | None
+    sources: Sequence[Source],
+    embed: Callable[[Sequence[str]], npt.NDArray[np.float32]],
+    cache: Path | None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, npt.NDArray[np.float32]]:
     """Embeddings per source (and of its training-only prompts, as ``<source>:extra``), computed once and
-    kept in ``cache/<source>-<tag>.npz`` when given."""
+    kept in ``cache/<source>-<tag>.npz`` when given. ``say`` hears a line before and after each part that
+    is not in the cache (embedding one can take minutes), and one for each part read from it."""
     out: dict[str, npt.NDArray[np.float32]] = {}
     for src in sources:
         parts = [(src.name, src.prompts)] + ([(f"{src.name}:extra", src.extra_prompts)] if src.extra_prompts else [])
@@ -182,8 +187,15 @@ def embed_sources(
             if path is not None and path.is_file():
                 with np.load(path, allow_pickle=False) as z:
                     out[name] = z["emb"]
+                if say is not None:
+                    say(f"  {name}: {len(prompts)} prompts, embeddings read from the cache")
                 continue
+            if say is not None:
+                say(f"  {name}: embedding {len(prompts)} prompts ...")
+            start = time.perf_counter()
             out[name] = embed(prompts)
+            if say is not None:
+                say(f"  {name}: embedded {len(prompts)} prompts in {time.perf_counter() - start:.1f} s")
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 np.savez(path, emb=out[name])

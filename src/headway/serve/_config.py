@@ -91,7 +91,7 @@ from urllib.parse import urlsplit
 
 from headway.core import Tier, get_policy_class
 from headway.policies import ScoredPolicy
-from headway.predict._resolve import MIN_SCORING_LENGTH, predictor_spec
+from headway.predict._resolve import MIN_SCORING_LENGTH, not_a_spec_hint, predictor_spec
 from headway.routers import DEFAULT_ROUTER, get_router_class, make_router
 
 __all__ = [
@@ -425,10 +425,11 @@ class GatewayConfig:
             f"redis_url must start with redis://, rediss:// or unix://, got {self.redis_url!r}",
         )
         predictor = predictor_spec(self.scorer) if self.scorer else None
-        _check(
-            not self.scorer or predictor is not None or ":" in self.scorer,
-            f"scorer must be 'default', a predictor checkpoint directory or 'module:callable', got {self.scorer!r}",
-        )
+        if self.scorer and predictor is None and ":" not in self.scorer:
+            raise ConfigError(
+                "scorer must be 'default', a predictor checkpoint directory or 'module:callable', "
+                f"got {self.scorer!r}{not_a_spec_hint(self.scorer)}"
+            )
         _check(
             self.scorer_threads is None or self.scorer_threads >= 1,
             f"scorer_threads must be >= 1, got {self.scorer_threads}",

@@ -257,6 +257,8 @@ def _sniff_format(path: Path) -> str:
                 first = line.strip()
                 break
         head = first + f.read(_SNIFF_CHARS) if first.startswith("[") else ""
+    if not first:  # every reader would find no requests in it
+        raise WorkloadFormatError(path, None, "empty file (no line but blank ones): no requests", show_value=False)
     hint = f"pass format= (--format) one of {', '.join(available_formats())}"
     if first.startswith("["):  # a JSON list: the keys of its first record, when it is short enough to read
         try:
