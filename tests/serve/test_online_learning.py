@@ -150,7 +150,10 @@ def test_a_restarted_gateway_resumes_what_it_learned(make_stub, tmp_path, caplog
         online_learning=True,
         online_state=str(state),
     )
+    caplog.set_level("INFO", logger="headway.serve.scorer")
     first = create_app(config)
+    assert f"online learning state {state}: nothing saved there yet, learning from the first completion" in caplog.text
+    caplog.clear()
     with serve_in_thread(first) as url:
         _send(url, "m", PROMPTS[:24])  # one short of a head: nothing saved before the stop
         learner = first.state.gateway.online.learner
@@ -158,7 +161,7 @@ def test_a_restarted_gateway_resumes_what_it_learned(make_stub, tmp_path, caplog
         assert learner.observed("m") == 24 and not learner.fitted("m") and not state.exists()
     caplog.set_level("INFO", logger="headway.serve.scorer")
     second = create_app(config)
-    assert f"online learning state {state} (resumed: {{'m': 24}})" in caplog.text
+    assert f"online learning state {state}: resumed 24 completions of m" in caplog.text
     with serve_in_thread(second) as url:
         learner = second.state.gateway.online.learner
         assert learner.observed("m") == 24 and not learner.fitted("m")
@@ -224,4 +227,4 @@ def test_headway_serve_says_what_state_it_resumed(make_stub, tmp_path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         err = proc.communicate(timeout=30)[1]
-    assert f"online learning state {state} (resumed: {{'m': 1}})" in err
+    assert f"online learning state {state}: resumed 1 completion of m" in err

@@ -439,6 +439,15 @@ class OnlineLearner:
         restart resumed, as the gateway and the plugin report it."""
         return {m or "(no model)": self.observed(m) for m in self.store.models()}
 
+    def resumed_line(self, state: object) -> str:
+        """The line the gateway and the plugin log at start for the state file ``state``: the
+        completions resumed from it per model, or that it held none yet (a first start)."""
+        seen = self.observed_by_model()
+        if not any(seen.values()):
+            return f"online learning state {state}: nothing saved there yet, learning from the first completion"
+        done = (f"{n} completion{'' if n == 1 else 's'} of {m}" for m, n in seen.items())
+        return f"online learning state {state}: resumed " + ", ".join(done)
+
     def fitted(self, model: str | None = None) -> bool:
         """Whether ``model`` has a head of its own yet (else :meth:`score` gives the offline scores)."""
         return (model or DEFAULT_MODEL) in self._heads

@@ -337,7 +337,7 @@ class OnlineScoring:
             store = RedisStore(self._redis, f"{config.redis_prefix}online")
         self.learner = OnlineLearner.around(predictor, store=store, state_path=config.online_state or None)
         if config.online_state:
-            log.info("online learning state %s (resumed: %s)", config.online_state, self.learner.observed_by_model())
+            log.info("%s", self.learner.resumed_line(config.online_state))
         self._batching = (config.scorer_batch_size, config.scorer_max_wait_s)
         self.default = BatchScorer(self._score_fn(None), *self._batching)
         self._models: dict[str, BatchScorer] = {}

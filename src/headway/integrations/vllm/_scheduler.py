@@ -150,9 +150,7 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                         cfg.scorer, backend=cfg.scorer_backend, threads=cfg.scorer_threads, state=state
                     )
                     if state is not None:
-                        logger.info(
-                            "headway: online learning state %s (resumed: %s)", state, learner.observed_by_model()
-                        )
+                        logger.info("headway: %s", learner.resumed_line(state))
                     model_config = self.vllm_config.model_config
                     model = getattr(model_config, "served_model_name", None) or getattr(model_config, "model", None)
                     model = str(model) if model else None
