@@ -228,3 +228,37 @@ def test_headway_serve_says_what_state_it_resumed(make_stub, tmp_path) -> None:
         proc.send_signal(signal.SIGTERM)
         err = proc.communicate(timeout=30)[1]
     assert f"online learning state {state}: resumed 1 completion of m" in err
+
+
+@pytest.mark.parametrize("workload_models", [False, True])
+def test_bench_serve_replays_a_prompt_log_under_its_own_models(  # type: ignore[no-untyped-def]
+    make_stub, make_gateway, tmp_path, workload_models: bool
+) -> None:
+    """A prompt log of two models replayed through the gateway: with ``--workload-models`` each request
+    goes under its log's model and the gateway learns each model's lengths apart; without, all go
+    under the served model's name."""
+    import json
+
+    from headway.serve import BenchConfig, run_bench_sync
+    from headway.workload import load_workload
+
+    log = tmp_path / "log.jsonl"
+    lines = [{"prompt": p, "output_tokens": 3 + i % 4, "model": "a" if i % 3 else "b"} for i, p in enumerate(PROMPTS)]
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    workload = load_workload(str(log), arrivals="burst")
+    assert [s.model for s in workload][:4] == ["b", "a", "a", "b"]
+    stub = make_stub()
+    gw = make_gateway([stub.url], policy="pars", scorer="default", online_learning=True)
+    cfg = BenchConfig(gw.url, workload_models=workload_models, max_concurrency=4)
+    reqs = run_bench_sync(workload, cfg)
+    assert all(r.state.name == "FINISHED" for r in reqs)
+    learner = gw.gateway.online.learner
+    want = {"a": 16, "b": 9} if workload_models else {"stub-model": 25}
+
+    def observed() -> dict[str, int]:  # (the gateway observes a completion as its answer ends: a moment after)
+        learner.flush()
+        return learner.observed_by_model()
+
+    wait_until(lambda: sum(observed().values()) == 25, what="every completion observed")
+    assert observed() == want
+    assert [r.extra["model"] for r in reqs][:2] == (["b", "a"] if workload_models else ["stub-model"] * 2)

@@ -129,6 +129,10 @@ class BenchConfig:
     """Base URL (``http://host:port``; a trailing ``/v1`` is accepted)."""
     model: str | None = None
     """``model`` field to send (default: the first of ``GET /v1/models``)."""
+    workload_models: bool = False
+    """Send each request under its workload's model (:attr:`RequestSpec.model`, a prompt log's
+    ``model``) where it has one, else under :attr:`model`: for a gateway or fleet that serves those
+    models, and a gateway learning each model's lengths online."""
     chat: bool = False
     """Use ``/v1/chat/completions`` instead of ``/v1/completions``."""
     stream: bool = True
@@ -488,7 +492,7 @@ async def run_bench(
             r.num_prompt_tokens = _sent_prompt_tokens(s, cfg)  # (--max-prompt-tokens cuts synthetic ones)
             r.seq = i
             r.extra["spec_arrival_time"] = s.arrival_time
-            r.extra["model"] = model
+            r.extra["model"] = s.model if cfg.workload_models and s.model else model
             reqs.append(r)
         sem = asyncio.Semaphore(limit)
         t0 = time.perf_counter()
@@ -523,7 +527,7 @@ async def run_bench(
                 async with sem:
                     if on_sent is not None:
                         on_sent(req)
-                    sent = await _one(session, cfg, model, spec, req, t0, history, answer)
+                    sent = await _one(session, cfg, str(req.extra["model"]), spec, req, t0, history, answer)
                 if answer is not None and req.state is RequestState.FINISHED:
                     talks[spec.request_id] = [*sent, {"role": "assistant", "content": "".join(answer)}]
             finally:

@@ -78,6 +78,12 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tenants", default=None, help="tenant mix for load_workload ('default' or 'none')")
     add_shared_prefix_args(p)
     p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
+    p.add_argument(
+        "--workload-models",
+        action="store_true",
+        help="send each request under its workload's model (a prompt log's 'model'; --model for those without "
+        "one): for a gateway or fleet serving those models, and per-model online learning",
+    )
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (same as --endpoint PATH)")
     p.add_argument(
         "--no-stream",
@@ -306,6 +312,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         cfg = BenchConfig(
             endpoint=base_url,
             model=args.model,
+            workload_models=args.workload_models,
             chat=chat,
             stream=not args.no_stream,
             api_key=args.api_key,

@@ -8,13 +8,14 @@ One JSON object a line::
 ``output_tokens`` is what the engine generates (for a reasoning model, answer plus thinking);
 ``prompt_tokens`` defaults to a count of the prompt (``count_tokens``, default
 :func:`~headway.workload.approx_token_count`); ``arrival_time`` is seconds from the start: when
-every line has one the workload is timed (replayed as recorded), when none has arrivals are generated
-(``--arrivals burst``, or ``--rate``), and a log that has it on some lines only is refused, naming
-the first line without it. ``tenant`` sets the request's tenant; ``model`` is kept in the
-workload's ``meta["models"]``. ``timeout``: seconds after its arrival at which the client gave up on
-the request if unfinished (:attr:`~headway.workload.RequestSpec.timeout`; ``--client-timeout`` sets
-every request's instead). The same files train and evaluate predictors (``headway predictor
-train --data FILE.jsonl``). Importing this module registers the ``jsonl`` format with
+every line has one the workload is timed (replayed as recorded), when none has arrivals are
+generated (``--arrivals burst``, or ``--rate``), and a log that has it on some lines only is
+refused, naming the first line without it. ``tenant`` sets the request's tenant; ``model`` is the
+request's (:attr:`~headway.workload.RequestSpec.model`), counted in the workload's
+``meta["models"]``. ``timeout``: seconds after its arrival at which the client gave up on the
+request if unfinished (:attr:`~headway.workload.RequestSpec.timeout`; ``--client-timeout`` sets
+every request's instead). The same files train and evaluate predictors (``headway predictor train
+--data FILE.jsonl``). Importing this module registers the ``jsonl`` format with
 :func:`headway.workload.load_workload` (read by its keys, or with ``format="jsonl"``).
 """
 
@@ -94,6 +95,7 @@ def read_jsonl_workload(
                 prompt=prompt,
                 category=_text(p, line, rec, "category"),
                 timeout=timeout,
+                model=model,
             )
         )
     if not specs:

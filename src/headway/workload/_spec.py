@@ -49,6 +49,9 @@ class RequestSpec:
     """Simulated, the client aborts the request this many seconds after it arrives if it has not
     finished by then (an HTTP client's timeout): it leaves the queue or the batch and is counted
     as aborted, not in the latencies."""
+    model: str | None = None
+    """The model the request was sent to, when its log says (a prompt log's ``model``):
+    ``headway bench serve --workload-models`` sends it under that name."""
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens <= 0:
