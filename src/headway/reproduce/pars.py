@@ -78,17 +78,6 @@ def _checkpoint(name: str, log: Callable[[str], None], **config: Any) -> Path:
     return path
 
 
-def _default_checkpoint(log: Callable[[str], None]) -> Path:
-    from headway.predict._paths import default_predictor_dir
-    from headway.predict.train import TrainConfig, train_predictor
-
-    path = default_predictor_dir()
-    if not (path / "predictor.json").is_file():
-        log(f"training the default predictor into {path} (minutes)")
-        train_predictor(TrainConfig(threads=2, progress=False), path)
-    return path
-
-
 def _frozen_scores(paths: dict[str, Path], prompts: Sequence[str]) -> dict[str, np.ndarray]:
     """Scores of frozen-encoder checkpoints (one linear head each on the same encoder's features):
     the features are computed once (and cached on disk under the headway cache), then each head."""
@@ -194,8 +183,8 @@ def run(
         head = Path(predictor)
     elif quick:
         head = frozen["pairwise"]
-    else:
-        head = _default_checkpoint(log)
+    else:  # the default training recipe, under a name of its own: never the checkpoint `default` loads
+        head = _checkpoint("trained", log)
     cross = _checkpoint("pairwise-frozen-llama3", log, mode="frozen", data=f"alpaca_eval:{CROSS_TRAIN}")
     trained = Scorer.from_checkpoint(head, threads=2)
 
@@ -409,7 +398,7 @@ def _head_text(predictor: str | None, quick: bool) -> str:
         return "the checkpoint given by --predictor"
     if quick:
         return "the frozen pairwise checkpoint (quick run)"
-    return "the default checkpoint (pairwise loss, MiniLM-L6 fine-tuned on alpaca_eval consensus lengths)"
+    return "the default training recipe (pairwise loss, MiniLM-L6 fine-tuned on alpaca_eval consensus lengths)"
 
 
 def _capacity(specs: Sequence[RequestSpec]) -> float:
