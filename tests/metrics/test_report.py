@@ -56,6 +56,18 @@ def report(tmp_path_factory: pytest.TempPathFactory, runs: Runs) -> ReportPaths:
                         timeline=timeline)
 
 
+def test_a_report_written_over_another_leaves_one_report(tmp_path: Path, runs: Runs) -> None:
+    # a run dropped since (its CSV) and a figure no longer drawn (the timeline) read as this run's
+    out = tmp_path / "rep"
+    write_report(out, runs, timeline={"fcfs": [(0.0, 3, 1, 0.1), (1.0, 1, 4, 0.5)]})
+    (out / "mine.csv").write_text("a user's file\n")
+    again = write_report(out, {"fcfs": runs["fcfs"]})
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [*(p.name for p in again.all()), "mine.csv"]  # the user's own file stays
+    )
+    assert not (out / "timeline.png").exists() and not (out / "requests_sjf_oracle-v2.csv").exists()
+
+
 def test_report_files_exist(report: ReportPaths, runs: Runs) -> None:
     names = sorted(p.name for p in report.out_dir.iterdir())
     assert names == sorted([

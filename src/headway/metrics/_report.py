@@ -48,6 +48,17 @@ class ReportPaths:
         ]
 
 
+_FIGURE_NAMES = ("latency_cdf.png", "percentiles.png", "timeline.png")
+"""Every figure a report may write (:func:`~headway.metrics._html.render_figures`' keys)."""
+
+
+def _stale_files(out: Path, written: set[Path]) -> list[Path]:
+    """Files of an earlier report in ``out`` that this one did not write again: its per-run CSVs
+    (``requests_*.csv``) and figures. Nothing else in the folder is touched."""
+    candidates = [*out.glob("requests_*.csv"), *(out / name for name in _FIGURE_NAMES)]
+    return [f for f in candidates if f.is_file() and f not in written]
+
+
 def write_report(
     out_dir: str | Path,
     runs: Mapping[str, tuple[RunSummary, Sequence[Request]]],
@@ -67,6 +78,9 @@ def write_report(
     ``runs`` maps a run (policy) name to its summary and requests; names are used
     as given in tables and JSON, and sanitized (``[A-Za-z0-9._-]``, made unique) in
     file names. The per-request CSV's ``slo_met`` uses each summary's SLO.
+    Written into a folder that holds an earlier report, it removes that report's per-run CSVs and
+    figures that it does not write again (a run dropped since, a timeline no longer drawn), so the
+    folder holds one report; other files are left alone.
     ``replicas`` (``{run: {replica: summary}}``, a fleet's per-replica summaries) adds a
     per-replica table to that run's section of ``report.html`` and a ``"replicas"``
     object to ``summary.json``. ``command`` (the command line that made the runs) and the
@@ -99,6 +113,8 @@ def write_report(
         path = out / f"{key}.png"
         path.write_bytes(png)
         figures[key] = path
+    for stale in _stale_files(out, set(requests_csv.values()) | set(figures.values())):
+        stale.unlink()  # an earlier report's own files in the same folder would read as this run's
     html_path = out / "report.html"
     html_path.write_text(
         render_html(runs, title=title, notes=notes, baseline=baseline, images=images, replicas=replicas),
