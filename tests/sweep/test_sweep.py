@@ -126,6 +126,19 @@ def test_a_sweep_on_ray_without_ray_says_so_once_before_anything(
     assert captured.err.strip() == said  # the install line once
 
 
+def test_a_sweep_says_what_scores_its_score_ranked_policies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = tmp_path / "g.toml"
+    grid.write_text("policies = ['fcfs', 'pars', 'sjf-score']\nnum_requests = 30\nscorer_tau = 0.6\n"
+                    "[policy_args.sjf-score]\nscorer = 'oracle'\n")  # fmt: skip
+    assert main(["sweep", "--grid", str(grid), "--no-ray", "--out", str(tmp_path / "out")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "pars: ranked by a noisy oracle's length scores at Kendall tau 0.6 (scorer_tau)" in out
+    assert "sjf-score" not in out.split("ranked by")[0]  # its own scorer: nothing to say
+    grid.write_text("policies = ['fcfs']\nnum_requests = 30\n")
+    assert main(["sweep", "--grid", str(grid), "--no-ray", "--out", str(tmp_path / "out2")]) == 0
+    assert "noisy oracle" not in capsys.readouterr().out
+
+
 def test_sweep_cli_writes_report_and_fails_loudly(tmp_path: Path) -> None:
     grid = tmp_path / "g.toml"
     grid.write_text(f"policies = ['fcfs']\nworkloads = ['default', {_malformed_trace(tmp_path)!r}]\n"

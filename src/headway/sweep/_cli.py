@@ -54,6 +54,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     out = prepare_out_dir(args.out or default_out_dir("sweep"))
     tasks = grid.tasks()
     console.print(f"[bold]sweep[/] {len(tasks)} tasks ({'in-process' if args.no_ray else 'Ray'})")
+    if oracle := _noisy_oracle_note(grid):
+        console.print(f"[dim]{oracle}[/]")
     failures: list[TaskResult] = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
@@ -76,6 +78,21 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if failures:
         console.print(f"[red]{len(failures)} of {len(tasks)} tasks failed[/] (listed above and in results.csv)")
     return 1 if failures else 0
+
+
+def _noisy_oracle_note(grid: Any) -> str | None:
+    """What scores the grid's score-ranked policies get where a workload has none (every built-in
+    but a prompt log scored beforehand): a noisy oracle at ``scorer_tau`` unless ``policy_args`` names a
+    scorer; None when no policy is scored that way."""
+    from headway.policies import noisy_oracle_defaults
+
+    scored = [p for p in grid.policies if noisy_oracle_defaults(p, grid.policy_args.get(p), tau=0.0, seed=0)]
+    if not scored:
+        return None
+    return (
+        f"{', '.join(scored)}: ranked by a noisy oracle's length scores at Kendall tau {grid.scorer_tau} "
+        "(scorer_tau) where a workload has no scores; policy_args.NAME.scorer picks a predictor instead"
+    )
 
 
 def _fmt(v: Any) -> str:
