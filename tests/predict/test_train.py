@@ -299,8 +299,11 @@ def test_without_a_validation_set_the_last_epoch_is_kept_and_predictor_json_is_s
     tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path
 ) -> None:
     cfg = _cfg(synthetic_jsonl, tiny_encoder, epochs=3, val_frac=0.0)
-    result = train_predictor(cfg, out_dir=tmp_path / "ck")
+    said: list[str] = []
+    result = train_predictor(cfg, out_dir=tmp_path / "ck", log=said.append)
     assert result.n_val == 0 and result.best_epoch == 3
+    warned = "warning: 0 validation examples: val tau_b reads nan and the last epoch is kept"
+    assert any(s.startswith(warned) for s in said)
     meta = _strict_json((result.path / "predictor.json").read_text())
     assert isinstance(meta, dict)
     assert meta["result"]["best_val_kendall_tau_b"] is None and meta["result"]["best_epoch"] == 3

@@ -328,6 +328,11 @@ def train_predictor(
         f"data {dataset.name}: {len(train)} train / {len(split.val)} val / {len(split.test)} test examples "
         f"(prompt-disjoint, seed {cfg.seed}); unit {dataset.unit_label}"
     )
+    if len(split.val) < 2:
+        say(
+            f"warning: {len(split.val)} validation examples: val tau_b reads nan and the last epoch is kept "
+            "(no epoch is chosen by validation); more data, or a larger val_frac, gives it some"
+        )
 
     pretrained: TrainResult | None = None
     if cfg.pretrain is not None:
