@@ -29,3 +29,20 @@ def test_a_log_with_arrival_times_on_every_line_or_none_is_read(write_jsonl: Jso
     assert load_workload(str(timed)).meta["timed"] is True
     untimed = write_jsonl(tmp_path / "untimed.jsonl", [{"prompt": "p", "output_tokens": 5}] * 2)
     assert load_workload(str(untimed)).meta["timed"] is False
+
+
+@pytest.mark.parametrize("field", ["output_tokens", "prompt_tokens"])
+def test_a_token_count_given_as_a_string_is_refused_as_the_predictors_reader_does(
+    field: str, write_jsonl: JsonlWriter, tmp_path: Path
+) -> None:
+    from headway.predict.data import DataError, load_jsonl
+
+    record: dict[str, object] = {"prompt": "p", "output_tokens": 5, "prompt_tokens": 7}
+    record[field] = "120"
+    path = write_jsonl(tmp_path / "log.jsonl", [record])
+    with pytest.raises(WorkloadFormatError, match=f"{field}.*a JSON number"):
+        load_workload(str(path))
+    if field == "output_tokens":  # one file reads the same in both (the predictors read no prompt_tokens)
+        with pytest.raises(DataError, match="must be an integer"):
+            load_jsonl(path)
+    assert load_workload(str(write_jsonl(tmp_path / "ok.jsonl", [{"prompt": "p", "output_tokens": 120.0}])))

@@ -46,6 +46,14 @@ def _text(path: Path, line: int, record: dict[str, object], key: str) -> str | N
     return value
 
 
+def _json_int(path: Path, line: int, field: str, raw: object) -> int:
+    """A token count as a JSON number, as the predictors' reader takes it (a string such as ``"120"``,
+    which a CSV cell may be, is refused here: one file must read the same in both)."""
+    if isinstance(raw, str):
+        raise WorkloadFormatError(path, line, "expected an integer token count (a JSON number)", field=field, value=raw)
+    return int_value(path, line, field, raw)
+
+
 def read_jsonl_workload(
     path: str | Path,
     *,
@@ -69,10 +77,10 @@ def read_jsonl_workload(
         prompt = _text(p, line, rec, "prompt")
         if not prompt:
             raise WorkloadFormatError(p, line, "missing or empty prompt", field="prompt", value=rec.get("prompt"))
-        output = int_value(p, line, "output_tokens", rec.get("output_tokens"))
+        output = _json_int(p, line, "output_tokens", rec.get("output_tokens"))
         raw_prompt_tokens = rec.get("prompt_tokens")
         n_prompt = (
-            int_value(p, line, "prompt_tokens", raw_prompt_tokens)
+            _json_int(p, line, "prompt_tokens", raw_prompt_tokens)
             if raw_prompt_tokens is not None
             else max(1, counter(prompt))
         )
