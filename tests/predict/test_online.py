@@ -285,8 +285,10 @@ class _Featured:
 def test_a_learner_around_a_predictor_uses_its_features_and_scores() -> None:
     learner = OnlineLearner.around(_Featured(), OnlineConfig(min_observations=5), background=False)
     assert np.array_equal(learner.score(PROMPTS[:10], "m"), _prior(_embed(PROMPTS[:10])))
-    with pytest.raises(ValueError, match=r"^online learning needs a predictor with embed\(\).*got Scorer"):
+    with pytest.raises(ValueError, match=r"^online learning needs .*embed\(\).*got a trained checkpoint"):
         OnlineLearner.around(type("Scorer", (), {"score": lambda self, p: p})())
+    with pytest.raises(ValueError, match=r"got Other$"):
+        OnlineLearner.around(type("Other", (), {})())
 
 
 class _FlakyStore(MemoryStore):

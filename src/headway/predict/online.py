@@ -296,9 +296,15 @@ class OnlineLearner:
         embed = getattr(predictor, "embed", None)
         prior = getattr(predictor, "score_embeddings", None)
         if not callable(embed) or not callable(prior):
+            what = (
+                "a trained checkpoint (its scores come from the whole network: no fixed features to refit a "
+                "head on)"
+                if type(predictor).__name__ == "Scorer"
+                else type(predictor).__name__
+            )
             raise ValueError(
-                f"online learning needs a predictor with embed() and score_embeddings() (the shipped one, "
-                f"'default' with nothing trained), got {type(predictor).__name__}"
+                f"online learning needs a predictor with embed() and score_embeddings() (the shipped one: "
+                f"scorer 'default' with no predictor trained into the cache), got {what}"
             )
         fingerprint = getattr(predictor, "fingerprint", None)
         return cls(
