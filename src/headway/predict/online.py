@@ -297,8 +297,7 @@ class OnlineLearner:
         prior = getattr(predictor, "score_embeddings", None)
         if not callable(embed) or not callable(prior):
             what = (
-                "a trained checkpoint (its scores come from the whole network: no fixed features to refit a "
-                "head on)"
+                "a trained checkpoint (its scores come from the whole network: no fixed features to refit a head on)"
                 if type(predictor).__name__ == "Scorer"
                 else type(predictor).__name__
             )
