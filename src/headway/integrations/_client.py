@@ -262,40 +262,36 @@ async def replay(
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         t0 = time.perf_counter()
 
-        async def send(i: int, prompt: tuple[int, ...] | None = None) -> None:
-            spec = specs[i]
+        async def send(i: int) -> None:
+            """Send spec ``i`` (a next turn: once the turn before it has ended, and then only if it
+            succeeded); whatever happens, its own end is told to any turn after it."""
+            spec, res = specs[i], results[i]
             try:
+                prompt = None
+                if spec.after is not None:
+                    before = results[index[spec.after]]
+                    await ended[spec.after].wait()
+                    if not before.ok:
+                        res.error = f"not sent: the turn before it, {spec.after!r}, failed"
+                        return
+                    await asyncio.sleep(spec.think_time)
+                    assert before.finish_time is not None  # (ok)
+                    res.arrival_time = before.finish_time + spec.think_time
+                    try:
+                        prompt = next_turn_prompt(spec, before)
+                    except ValueError as exc:
+                        res.error = str(exc)
+                        failed.set()
+                        return
                 await _one(
-                    client, endpoint, model, spec, results[i], t0, stream, record_token_times, counter, failed,
+                    client, endpoint, model, spec, res, t0, stream, record_token_times, counter, failed,
                     prompt, spec.request_id in followed,
                 )  # fmt: skip
             finally:
                 if spec.request_id in ended:
                     ended[spec.request_id].set()
 
-        async def next_turn(i: int) -> None:
-            spec = specs[i]
-            assert spec.after is not None
-            before = results[index[spec.after]]
-            await ended[spec.after].wait()
-            if not before.ok:
-                results[i].error = f"not sent: the turn before it, {spec.after!r}, failed"
-                if spec.request_id in ended:
-                    ended[spec.request_id].set()
-                return
-            await asyncio.sleep(spec.think_time)
-            results[i].arrival_time = before.finish_time + spec.think_time if before.finish_time is not None else 0.0
-            try:
-                prompt = next_turn_prompt(spec, before)
-            except ValueError as exc:
-                results[i].error = str(exc)
-                failed.set()
-                if spec.request_id in ended:
-                    ended[spec.request_id].set()
-                return
-            await send(i, prompt)
-
-        tasks = [asyncio.create_task(next_turn(i)) for i, s in enumerate(specs) if s.after is not None]
+        tasks = [asyncio.create_task(send(i)) for i, s in enumerate(specs) if s.after is not None]
         order = sorted((i for i, s in enumerate(specs) if s.after is None), key=lambda i: specs[i].arrival_time)
         for i in order:
             delay = specs[i].arrival_time - (time.perf_counter() - t0)
