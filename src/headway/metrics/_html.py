@@ -227,9 +227,14 @@ def render_html(
     return "".join(parts)
 
 
+FIGURES = ("latency_cdf", "percentiles", "timeline")
+"""Every key :func:`render_figures` may return (a report's ``<key>.png``)."""
+
+
 def render_figures(runs: Runs, timeline: Mapping[str, Sequence[TimelineLike]] | None = None) -> dict[str, bytes]:
     """PNG bytes of the report's figures, keyed ``latency_cdf``, ``percentiles``
-    and (when ``timeline`` is given) ``timeline``; none without matplotlib (the ``sim`` extra)."""
+    and (when ``timeline`` is given) ``timeline`` (:data:`FIGURES`); none without matplotlib (the
+    ``sim`` extra)."""
     if not available("matplotlib"):
         return {}
     images = {

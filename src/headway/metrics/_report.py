@@ -14,7 +14,7 @@ from headway.metrics._export import (
     write_requests_csv,
     write_summary_csv,
 )
-from headway.metrics._html import render_figures, render_html
+from headway.metrics._html import FIGURES, render_figures, render_html
 from headway.metrics._plots import TimelineLike
 from headway.metrics._summary import RunSummary
 
@@ -48,14 +48,10 @@ class ReportPaths:
         ]
 
 
-_FIGURE_NAMES = ("latency_cdf.png", "percentiles.png", "timeline.png")
-"""Every figure a report may write (:func:`~headway.metrics._html.render_figures`' keys)."""
-
-
 def _stale_files(out: Path, written: set[Path]) -> list[Path]:
     """Files of an earlier report in ``out`` that this one did not write again: its per-run CSVs
     (``requests_*.csv``) and figures. Nothing else in the folder is touched."""
-    candidates = [*out.glob("requests_*.csv"), *(out / name for name in _FIGURE_NAMES)]
+    candidates = [*out.glob("requests_*.csv"), *(out / f"{key}.png" for key in FIGURES)]
     return [f for f in candidates if f.is_file() and f not in written]
 
 
