@@ -29,6 +29,53 @@ def test_training_a_predictor_is_told_when_it_starts_and_noted_in_the_report(
     assert capsys.readouterr().err == line + "\n"
 
 
+def _cached(tmp_path: Path, name: str, **training: object) -> Path:
+    """A checkpoint's ``predictor.json`` in the cache, recording ``training``."""
+    import json
+
+    path = tmp_path / "predictors" / f"reproduce-{name}"
+    path.mkdir(parents=True)
+    (path / "predictor.json").write_text(json.dumps({"format": "headway-predictor", "training": training}))
+    return path
+
+
+def test_a_cached_predictor_is_used_only_when_trained_with_the_settings_asked_now(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a checkpoint left in the cache by an earlier version's recipe was used silently: the report's
+    # figures then came from a predictor the command no longer trains
+    pytest.importorskip("torch")
+    import headway.predict.train as train
+    from headway.predict.train import TrainConfig
+    from headway.reproduce import pars
+
+    trained: list[Path] = []
+    monkeypatch.setenv("HEADWAY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(train, "train_predictor", lambda config, path: trained.append(path))
+    wanted = TrainConfig(threads=2, progress=False, mode="frozen", loss="pairwise").as_dict()
+    same = _cached(tmp_path, "pairwise-frozen", **{**wanted, "threads": 8})  # threads only set the speed
+    older = _cached(tmp_path, "pointwise-frozen", **{**wanted, "loss": "pointwise", "epochs": 3})
+    broken = tmp_path / "predictors" / "reproduce-listwise-frozen"
+    broken.mkdir(parents=True)
+    (broken / "predictor.json").write_text("{not json")
+    exp = Experiment("pars", "PARS")
+    log = pars._note_and_tell(exp)
+    assert pars._checkpoint("pairwise-frozen", log, mode="frozen", loss="pairwise") == same
+    assert pars._checkpoint("pointwise-frozen", log, mode="frozen", loss="pointwise") == older
+    assert pars._checkpoint("listwise-frozen", log, mode="frozen", loss="listwise") == broken
+    assert trained == [older, broken]
+    epochs = TrainConfig(mode="frozen", loss="pointwise").resolved_epochs
+    reused = f"using predictor pairwise-frozen trained earlier ({same}; delete it to train it again)"
+    assert exp.notes == [
+        f"predictor pointwise-frozen in {older} was trained with other settings (epochs 3 -> {epochs}): "
+        "training it again",
+        f"predictor listwise-frozen in {broken} was trained with other settings (no readable training "
+        "settings): training it again",
+    ]
+    # the reuse is told, not noted: the report names the checkpoint it scored with
+    assert capsys.readouterr().err == "".join(line + "\n" for line in [reused, *exp.notes])
+
+
 def test_the_full_run_trains_its_predictor_under_its_own_name(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

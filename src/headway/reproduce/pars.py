@@ -9,6 +9,7 @@ reader sees whether the gap to oracle SJF is ranking quality or something else.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -67,15 +68,43 @@ def _note_and_tell(exp: Experiment) -> Callable[[str], None]:
 
 
 def _checkpoint(name: str, log: Callable[[str], None], **config: Any) -> Path:
-    """A checkpoint under the headway cache (``predictors/reproduce-<name>``), trained when missing."""
+    """A checkpoint under the headway cache (``predictors/reproduce-<name>``), trained when missing
+    or when the one there was trained with other settings (an earlier version's recipe): a result
+    is never computed with a predictor the command would not train now. Either way it says so on
+    stderr; ``log`` notes a training in the report too."""
     from headway.predict._paths import default_cache_dir
     from headway.predict.train import TrainConfig, train_predictor
 
     path = default_cache_dir() / "predictors" / f"reproduce-{name}"
-    if not (path / "predictor.json").is_file():
+    cfg = TrainConfig(threads=2, progress=False, **config)
+    meta = path / "predictor.json"
+    if meta.is_file():
+        changed = _changed_settings(meta, cfg.as_dict())
+        if not changed:  # (told, not noted: the report names its checkpoints)
+            print(f"using predictor {name} trained earlier ({path}; delete it to train it again)", file=sys.stderr)
+            return path
+        log(f"predictor {name} in {path} was trained with other settings ({', '.join(changed)}): training it again")
+    else:
         log(f"training predictor {name} into {path}")
-        train_predictor(TrainConfig(threads=2, progress=False, **config), path)
+    train_predictor(cfg, path)
     return path
+
+
+def _changed_settings(meta: Path, wanted: dict[str, Any]) -> list[str]:
+    """The training settings (``threads`` aside: it sets the speed) in which the checkpoint whose
+    ``predictor.json`` is ``meta`` differs from ``wanted``, each as ``name recorded -> wanted``;
+    an unreadable file differs in everything."""
+    try:
+        recorded = json.loads(meta.read_text(encoding="utf-8")).get("training")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        return ["no readable training settings"]
+    return [
+        f"{k} {recorded.get(k, 'unset')!r} -> {v!r}"
+        for k, v in wanted.items()
+        if k != "threads" and recorded.get(k, "unset") != v
+    ]
 
 
 def _frozen_scores(paths: dict[str, Path], prompts: Sequence[str]) -> dict[str, np.ndarray]:
