@@ -312,3 +312,41 @@ def test_without_a_validation_set_the_last_epoch_is_kept_and_predictor_json_is_s
     # the readers take it: it loads, scores, and evaluates on its own split
     assert load_checkpoint(result.path).meta["result"]["best_val_kendall_tau_b"] is None
     assert Scorer.from_checkpoint(result.path).score(["Write a long story about bees."]).shape == (1,)
+
+
+def test_validation_ranks_each_models_lengths_on_their_own() -> None:
+    # training pairs only compare one model's answers; pooled, a model whose answers are all longer
+    # made a score that only tells the models apart look best (and the epoch chosen by it)
+    from headway.predict.data import Example, ExampleSet
+    from headway.predict.train import validation_tau
+
+    def ex(i: int, n: int, m: str) -> Example:
+        return Example(f"prompt {i}", n, m)
+
+    # within each model, the order is the reverse of the scores'; across models, b's are all longer
+    val = ExampleSet("v", "tokens", (ex(0, 10, "a"), ex(1, 20, "a"), ex(2, 100, "b"), ex(3, 200, "b")))
+    scores = np.array([2.0, 1.0, 4.0, 3.0])
+    assert validation_tau(scores, val) == pytest.approx(-1.0)  # pooled, tau_b is +0.33
+    # one model (or none named): the pooled tau, as before
+    one = ExampleSet("v", "tokens", (ex(0, 10, "a"), ex(1, 20, "a"), ex(2, 30, "a")))
+    assert validation_tau(np.array([1.0, 2.0, 3.0]), one) == pytest.approx(1.0)
+    # a model with one example has no tau: left out, not nan
+    lone = ExampleSet("v", "tokens", (*val.examples[:2], ex(4, 50, "c")))
+    assert validation_tau(np.array([2.0, 1.0, 0.0]), lone) == pytest.approx(-1.0)
+
+
+def test_training_keeps_the_epoch_that_validation_tau_ranks_best(
+    tmp_path: Path, tiny_encoder: Path, synthetic_jsonl: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import headway.predict.train as train_module
+
+    taus = iter([0.1, 0.6, 0.3])
+    calls: list[int] = []
+
+    def spy(scores: np.ndarray, val: object) -> float:
+        calls.append(len(scores))
+        return next(taus)
+
+    monkeypatch.setattr(train_module, "validation_tau", spy)
+    result = train_predictor(_cfg(synthetic_jsonl, tiny_encoder, epochs=3), out_dir=tmp_path / "ck")
+    assert len(calls) == 3 and result.best_epoch == 2

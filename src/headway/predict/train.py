@@ -10,7 +10,8 @@ a time, as PARS does; it encodes far more sequences per pair.
 ``mode="full"`` fine-tunes the encoder (AdamW, linear warm-up and decay, gradient clipping);
 ``mode="frozen"`` embeds every prompt once (cached in memory) and trains only the head, in seconds.
 The checkpoint with the best validation Kendall tau_b is kept (validation prompts are disjoint from the
-test prompts, which are only used for the final report).
+test prompts, which are only used for the final report; with several models' lengths, the mean of each
+model's tau_b: :func:`validation_tau`).
 """
 
 from __future__ import annotations
@@ -295,6 +296,25 @@ def _pretrain(
     return result, loaded.model.encoder, loaded.tokenizer
 
 
+def validation_tau(scores: npt.NDArray[np.float64], val: ExampleSet) -> float:
+    """Kendall tau_b of ``scores`` on the validation examples, as the training ranks: within one model's
+    lengths. Several models' lengths are ranked per model and their taus averaged (models with fewer
+    than two examples, or a nan tau, left out): pooled, one model's longer answers would rank against
+    another's, which no pair in training does; nan when no model has a tau."""
+    models = [e.model for e in val]
+    lengths = val.lengths()
+    if len(set(models)) <= 1:
+        return rank_metrics(scores, lengths).kendall_tau_b
+    taus = []
+    for m in dict.fromkeys(models):
+        rows = [i for i, x in enumerate(models) if x == m]
+        if len(rows) >= 2:
+            tau = rank_metrics(scores[rows], lengths[rows]).kendall_tau_b
+            if not math.isnan(tau):
+                taus.append(tau)
+    return float(np.mean(taus)) if taus else math.nan
+
+
 def train_predictor(
     config: TrainConfig | None = None,
     out_dir: str | Path | None = None,
@@ -424,7 +444,7 @@ def train_predictor(
                 s = model.score_embeddings(val_emb).numpy()
             else:
                 s = model.score_embeddings(embed_ids(model, val_ids, list(range(len(val))), 64, pad_id)).numpy()
-        return rank_metrics(s, val.lengths(), cfg.delta).kendall_tau_b
+        return validation_tau(s, val)
 
     history: list[dict[str, float]] = []
     best_tau, best_epoch, best_state = -math.inf, 0, None
