@@ -476,6 +476,19 @@ def test_simulate_client_timeout_aborts_requests(tmp_path: Path, capsys: pytest.
         assert ("client timeout" in " ".join(capsys.readouterr().out.split())) == aborted
     assert main(["simulate", "--client-timeout", "-1", "--no-report"]) == 2
     assert "--client-timeout must be" in capsys.readouterr().err
+    # 0 aborted every request as it arrived, and the runs were then said to have "decided alike"
+    # with a hint to raise the rate
+    assert main(["simulate", "--client-timeout", "0", "--no-report"]) == 2
+    assert "--client-timeout must be a finite number > 0, got 0.0" in capsys.readouterr().err
+
+
+def test_runs_that_aborted_requests_are_not_said_to_have_decided_alike(capsys: pytest.CaptureFixture[str]) -> None:
+    # a light load whose long requests outlive their clients: both policies abort the same ones at
+    # the same times, but "every request got its first token and finished" would be false
+    args = ["simulate", "--policies", "fcfs,sjf-oracle", "--num-requests", "200", "--rate", "0.2"]
+    assert main([*args, "--client-timeout", "5", "--no-report"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "aborted" in out and "decided alike" not in out
 
 
 def test_simulate_admission_limits_reach_the_engine_and_its_server(

@@ -360,10 +360,14 @@ def _workload_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _decided_alike(runs: dict[str, Any]) -> list[str]:
-    """The policies run, when there are several and each gave every request the same first-token
-    and finish times (to a microsecond: engines that cut decode stretches at other steps sum the
-    same step times in another order); else nothing."""
-    if len(runs) < 2:
+    """The policies run, when there are several, each finished every request, and each gave every
+    request the same first-token and finish times (to a microsecond: engines that cut decode
+    stretches at other steps sum the same step times in another order); else nothing. (Runs that
+    aborted or rejected requests are not said to be alike: their clients, not the load, decided.)"""
+    from headway.core import RequestState
+
+    done = RequestState.FINISHED
+    if len(runs) < 2 or any(r.state is not done for _, requests in runs.values() for r in requests):
         return []
 
     def times(requests: Sequence[Any]) -> list[tuple[str, float, float]]:

@@ -133,8 +133,9 @@ class LoadOptions:
         if tt is not None and not (is_finite_real(tt) and tt >= 0):
             raise ValueError(f"think_time must be a finite number >= 0, got {tt!r}")
         ct = self.client_timeout
-        if ct is not None and not (is_finite_real(ct) and ct >= 0):
-            raise ValueError(f"client_timeout must be a finite number >= 0, got {ct!r}")
+        if ct is not None and not (is_finite_real(ct) and ct > 0):
+            # (0 would abort every request as it arrives: nothing left to compare)
+            raise ValueError(f"client_timeout must be a finite number > 0, got {ct!r}")
         for what, count in (
             ("system_prompts", self.system_prompts),
             ("system_prompt_tokens", self.system_prompt_tokens),
