@@ -538,3 +538,17 @@ def test_a_bad_flag_value_is_one_line_and_a_pointer_to_help(capsys: pytest.Captu
             f"{prog}: error: argument {argv[-2]}: invalid {kind} value: {argv[-1]!r}",
             f"({prog} --help lists the options)",
         ]
+
+
+def test_simulate_says_when_a_dataset_is_sampled_with_replacement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # more requests than a prompt log holds repeated its prompts without a word
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"prompt": f"q{i}", "output_tokens": 10 + i}) + "\n" for i in range(4)))
+    args = ["simulate", "--workload", str(log), "--rate", "1", "--policies", "fcfs", "--no-report"]
+    assert main([*args, "--num-requests", "10"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--num-requests 10 is more than the 4 requests" in out and "each about 2.5 times" in out
+    assert main([*args, "--num-requests", "4"]) == 0
+    assert "with replacement" not in capsys.readouterr().out

@@ -56,7 +56,13 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="default", help="built-in name or trace file (see `headway workloads`)")
-    w.add_argument("--num-requests", type=int, default=None, help="requests to generate / read (at most 100,000,000)")
+    w.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="requests to generate / read (at most 100,000,000): a trace's first N; a dataset without "
+        "arrival times is sampled, with replacement past its size",
+    )
     w.add_argument(
         "--rate",
         type=float,
@@ -460,6 +466,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     out = None if args.no_report else prepare_out_dir(args.out or default_out_dir("simulate"))  # before simulating
     notes: list[str] = []
     _default_scorers(names, policy_args, workload, args, notes)
+    if pool := workload.meta.get("sampled_with_replacement_from"):
+        notes.append(
+            f"--num-requests {len(workload)} is more than the {pool} requests {args.workload} has: sampled with "
+            f"replacement, each about {len(workload) / pool:.1f} times (copies' ids end in #1, #2, ...)"
+        )
     if fleet:
         _prefix_router_notes(args, workload, notes)
     for name, kwargs in policy_args.items():  # a misspelled or bad setting fails here, not after the runs

@@ -473,7 +473,8 @@ def _select(w: Workload, o: LoadOptions, timed: bool) -> Workload:
         seen[spec.request_id] = copies + 1
         rid = spec.request_id if copies == 0 else f"{spec.request_id}#{copies}"
         specs.append(dataclasses.replace(spec, request_id=rid))
-    return Workload(w.name, tuple(specs), {**w.meta, "sampled": n})
+    more = {"sampled_with_replacement_from": len(w)} if n > len(w) else {}
+    return Workload(w.name, tuple(specs), {**w.meta, "sampled": n, **more})
 
 
 def _arrival_kind(o: LoadOptions, timed: bool) -> str:
