@@ -543,3 +543,34 @@ def test_displacement_inside_vllm_is_the_declared_mode_but_pause() -> None:
     assert a.displacement == "evict" and a.preemptive
     done = check_settings(PluginConfig(policy="srpt-oracle", oracle="max_tokens"))
     assert "displacement: none (declared 'pause': not available inside vLLM)" in done
+
+
+def test_check_settings_tries_a_user_policy_on_a_request() -> None:
+    """A policy that raises on a request, or whose key is no tuple of numbers, is refused before
+    vLLM starts (it failed in vLLM's engine core at the first request, after the model loaded)."""
+    from headway.core._policy import _POLICIES
+
+    class Raises(Policy):
+        def on_arrival(self, request: Request, now: float) -> None:
+            raise KeyError("oops")
+
+        def key(self, request: Request, now: float) -> PolicyKey:
+            return (0,)
+
+    class IntKey(Policy):
+        def key(self, request: Request, now: float) -> PolicyKey:
+            return request.num_prompt_tokens  # type: ignore[return-value]
+
+    _POLICIES.register("test-raises")(Raises)
+    _POLICIES.register("test-int-key")(IntKey)
+    try:
+        with pytest.raises(PluginConfigError, match=r"policy 'test-raises' failed on a test request: KeyError: 'oops'"):
+            check_settings(PluginConfig(policy="test-raises"))
+        with pytest.raises(PluginConfigError, match=r"key\(\) must return a tuple of numbers .* got int 16"):
+            check_settings(PluginConfig(policy="test-int-key"))
+    finally:
+        _POLICIES.unregister("test-raises")
+        _POLICIES.unregister("test-int-key")
+    # every built-in policy keys the test request (score-ranked ones on the score the plugin gives)
+    for name in _POLICIES.names():
+        check_settings(PluginConfig(policy=name, oracle="max_tokens"))

@@ -573,6 +573,19 @@ def test_policy_error_is_a_clear_500(make_stub, make_gateway):
     assert stub.stub.stats.started == 0
 
 
+class FailingPolicy(FCFSPolicy):
+    def on_arrival(self, request: Request, now: float) -> None:
+        raise KeyError("oops")  # a bug, not a refusal: its type is part of the message
+
+
+def test_a_policy_s_error_other_than_a_refusal_names_its_type(make_stub, make_gateway):
+    stub = make_stub()
+    gw = make_gateway([stub.url], policy_obj=FailingPolicy())
+    r = httpx.post(gw.url + "/v1/completions", json=COMPLETION)
+    assert r.status_code == 500
+    assert r.json()["error"]["message"] == "scheduling policy error: KeyError: 'oops'"
+
+
 def test_policy_sees_requests_through_make_policy(make_stub, make_gateway):
     # any policy instance works; keys are read through the interface only
     stub = make_stub()

@@ -22,7 +22,7 @@ from headway.core._policy import (
     register_policy,
     set_displacement,
 )
-from headway.core._queue import PolicyQueue
+from headway.core._queue import PolicyQueue, check_key
 from headway.core._registry import PLUGINS_ENV, PluginError
 from headway.core._request import InvalidTransition, Request, RequestState, Tier
 
@@ -71,6 +71,7 @@ __all__ = [
     "UnknownRouterError",
     "available_policies",
     "available_routers",
+    "check_key",
     "default_estimate",
     "get_policy_class",
     "get_router_class",

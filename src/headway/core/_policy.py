@@ -9,7 +9,8 @@ The contract, in the order an engine calls it:
 ``on_arrival(req, now)``
     A request entered the scheduler. Learned estimators score it here.
 ``key(req, now) -> tuple``
-    Its ordering key: smaller runs first; the engine appends ``req.seq`` as the final
+    Its ordering key, a tuple of numbers (no NaN) of one length for every request: smaller
+    runs first (queues check the first key they get); the engine appends ``req.seq`` as the final
     tie-break, so order is total and runs are repeatable. Engines evaluate the key
     when a request arrives, is preempted, reports progress, or when a rekey hint
     below fires, and cache it in between: keys must be *invariant between those
@@ -83,6 +84,9 @@ call; without it every running request's progress is reported at each check.
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import warnings
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -288,6 +292,7 @@ class Policy(ABC):
         :class:`PolicyHooks`); the simulator, the gateway, the plugin and the routers' estimates read this."""
         found = _HOOKS.get(cls)
         if found is None:
+            _check_class(cls, cls.name or cls.__name__, warn=False)  # a class never registered
             found = _HOOKS[cls] = PolicyHooks(
                 **{name: cls.overrides(name) for name in _OPTIONAL_HOOKS},
                 stable_displacement=cls.stable_displacement(),
@@ -344,8 +349,56 @@ PAPER_POLICIES: dict[str, tuple[str, ...]] = {
 (``--policies driftsched``) fails naming them, and the plots draw them in the paper's family
 (``headway.metrics.POLICY_FAMILIES``)."""
 
+
+def _check_class(cls: type[Policy], name: str, *, warn: bool = True) -> None:
+    """What a policy class declares, checked once as it registers (engines read these on their hot
+    paths and would take a bad value silently): it defines ``key``, its ``displacement`` and
+    ``running_keys`` are known modes, and a preemptive class declares a displacement mode other
+    than ``"none"``; a public name that is not a hook but one letter or so from one
+    (``on_progres``) is a warning (``warn``), as engines never call it. Engines check a class
+    that never registered (an instance given to ``simulate``) as they first read its hooks."""
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise TypeError(f"policy {name!r}: {cls!r} is not a subclass of headway.Policy")
+    if inspect.isabstract(cls):
+        left = ", ".join(sorted(cls.__abstractmethods__))
+        raise TypeError(
+            f"policy {name!r} ({cls.__qualname__}) does not define {left}: every policy needs "
+            "key(self, request, now), returning a tuple of numbers (smaller runs first)"
+        )
+    # a property (a wrapper's, following its inner policy) is read on the instance, not here
+    mode, preemptive = (inspect.getattr_static(cls, a) for a in ("displacement", "preemptive"))
+    if isinstance(mode, str) and mode not in DISPLACEMENT_MODES:
+        valid = ", ".join(repr(m) for m in DISPLACEMENT_MODES)
+        raise ValueError(f"policy {name!r} ({cls.__qualname__}): displacement must be one of {valid}, got {mode!r}")
+    if preemptive is True and mode == "none":
+        raise ValueError(
+            f"policy {name!r} ({cls.__qualname__}) is preemptive but its displacement is 'none', under which "
+            "no running request is ever displaced: declare displacement = 'pause' (vllm-ltr's: the displaced "
+            "request keeps its KV blocks) or 'evict' (SGLang's: it gives them back), or drop preemptive = True"
+        )
+    if cls.running_keys not in RUNNING_KEYS:
+        valid = ", ".join(repr(m) for m in RUNNING_KEYS)
+        raise ValueError(
+            f"policy {name!r} ({cls.__qualname__}): running_keys must be one of {valid}, got {cls.running_keys!r}"
+        )
+    if not warn:
+        return
+    known = [n for n in dir(Policy) if not n.startswith("_")]
+    for attr in cls.__dict__:
+        if attr.startswith("_") or hasattr(Policy, attr):
+            continue
+        close = difflib.get_close_matches(attr, known, n=1, cutoff=0.8)
+        if close:
+            warnings.warn(
+                f"policy {name!r} ({cls.__qualname__}) defines {attr!r}, which is no Policy attribute and "
+                f"which engines never read: did you mean {close[0]!r}?",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
 _POLICIES: Registry[Policy] = Registry(
-    "policy", "policies", UnknownPolicyError, _load_builtin, base=Policy, families=PAPER_POLICIES
+    "policy", "policies", UnknownPolicyError, _load_builtin, base=Policy, families=PAPER_POLICIES, check=_check_class
 )
 
 

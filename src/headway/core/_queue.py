@@ -9,18 +9,52 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import numbers
 from collections.abc import Iterator
 
 from headway.core._policy import Policy, PolicyKey
 from headway.core._request import Request
 
-__all__ = ["PolicyQueue"]
+__all__ = ["PolicyQueue", "check_key"]
+
+
+def check_key(policy: Policy, key: object) -> None:
+    """Raise a ValueError naming ``policy`` if ``key`` is not a tuple of numbers without NaN.
+
+    Engines order by keys without looking at them, so a bad one would pass silently (a NaN
+    compares false with everything, which breaks a heap's order without an error) or fail deep
+    inside a heap; :class:`PolicyQueue` checks the first key a policy gives it, once."""
+    who = f"policy {policy.name!r} ({type(policy).__qualname__})"
+    if not isinstance(key, tuple):
+        raise ValueError(
+            f"{who}: key() must return a tuple of numbers (smaller runs first), got {type(key).__name__} "
+            f"{key!r}" + (f": return ({key!r},)" if isinstance(key, numbers.Real) else "")
+        )
+    for i, x in enumerate(key):
+        if not isinstance(x, numbers.Real):
+            raise ValueError(
+                f"{who}: key() must return a tuple of numbers (smaller runs first), got {key!r}, whose "
+                f"element {i} is a {type(x).__name__}: map it to a number (a tier to its rank, say)"
+            )
+        if x != x:
+            raise ValueError(
+                f"{who}: key() returned {key!r}, whose element {i} is NaN, which is neither smaller nor "
+                "larger than any key, so the queue's order would be wrong: return a number (math.inf to "
+                "run last)"
+            )
+
+
+def _incomparable(policy: Policy, key: object, exc: TypeError) -> ValueError:
+    return ValueError(
+        f"policy {policy.name!r} ({type(policy).__qualname__}): key {key!r} cannot be ordered against the "
+        f"queue's other keys ({exc}): every key must be a tuple of numbers"
+    )
 
 
 class PolicyQueue:
     """Waiting requests ordered by a :class:`Policy`'s key."""
 
-    __slots__ = ("_counter", "_epoch", "_heap", "_live", "policy")
+    __slots__ = ("_checked", "_counter", "_epoch", "_heap", "_live", "policy")
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -28,12 +62,20 @@ class PolicyQueue:
         self._live: dict[Request, int] = {}
         self._counter = itertools.count()
         self._epoch = policy.key_epoch
+        self._checked = False  # the first key is checked (check_key), the rest are trusted
 
     def add(self, request: Request, now: float) -> None:
         """Insert ``request`` (or re-insert it with a fresh key)."""
+        key = self.policy.key(request, now)
+        if not self._checked:
+            check_key(self.policy, key)
+            self._checked = True
         token = next(self._counter)
         self._live[request] = token
-        heapq.heappush(self._heap, (self.policy.key(request, now), request.seq, token, request))
+        try:
+            heapq.heappush(self._heap, (key, request.seq, token, request))
+        except TypeError as exc:
+            raise _incomparable(self.policy, key, exc) from None
 
     rekey = add
 
@@ -44,7 +86,10 @@ class PolicyQueue:
         self._epoch = self.policy.key_epoch
         key = self.policy.key
         self._heap = [(key(r, now), r.seq, tok, r) for r, tok in self._live.items()]
-        heapq.heapify(self._heap)
+        try:
+            heapq.heapify(self._heap)
+        except TypeError as exc:
+            raise _incomparable(self.policy, self._heap[0][0], exc) from None
         return True
 
     def _prune(self) -> None:

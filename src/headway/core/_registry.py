@@ -126,6 +126,7 @@ class Registry(Generic[T]):
         *,
         base: type[Any] = object,
         families: Mapping[str, tuple[str, ...]] | None = None,
+        check: Callable[[Any, str], None] | None = None,
     ) -> None:
         self.kind = kind
         self.plural = plural
@@ -134,6 +135,8 @@ class Registry(Generic[T]):
         self._base = base
         self._families = dict(families or {})
         """Names a user may type for a group of entries (a paper: ``"DriftSched"``) -> its members."""
+        self._check = check
+        """Called with each class and its name as it registers; raises for a class that cannot work."""
         self._classes: dict[str, type[T]] = {}
         self._entry_points_done = False
 
@@ -171,7 +174,12 @@ class Registry(Generic[T]):
         def decorate(cls: C) -> C:
             known = self._classes.get(name)
             if known is not None and known is not cls:
-                raise ValueError(f"{self.kind} name {name!r} is already registered by {known.__qualname__}")
+                raise ValueError(
+                    f"{self.kind} name {name!r} is already registered by {known.__qualname__}: "
+                    f"register {cls.__qualname__} under another name"
+                )
+            if self._check is not None:
+                self._check(cls, name)
             cls.name = name
             self._classes[name] = cls
             return cls

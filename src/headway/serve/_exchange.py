@@ -156,11 +156,14 @@ class Exchange:
         try:
             fut = self.dispatcher.submit(req, exclude)
         except (ValueError, TypeError, LookupError) as exc:  # the policy refused it
-            log.warning("policy %s rejected request %s: %s", self.dispatcher.policy.name, req.request_id, exc)
+            # a ValueError's words are the policy's reason; another error's (a KeyError's bare
+            # 'oops') mean little without its type
+            why = str(exc) if type(exc) is ValueError else f"{type(exc).__name__}: {exc}"
+            log.warning("policy %s rejected request %s: %s", self.dispatcher.policy.name, req.request_id, why)
             self.ledger.abort(req)
             return self.metrics.reject(
                 "policy_error",
-                api_error("policy_error", detail=exc),
+                api_error("policy_error", detail=why),
             )
         except QueueFullError as exc:
             self.ledger.abort(req)

@@ -365,6 +365,26 @@ def _workload_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def _raised_outside_headway(exc: BaseException) -> str | None:
+    """Where ``exc`` was raised (``at FILE:LINE, in FUNCTION``) when its innermost frame outside
+    Python's and the installed libraries' files is not headway's (a policy of the user's, from
+    ``HEADWAY_PLUGINS``), else None: headway's own errors keep their traceback."""
+    import sys
+    import traceback
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1]
+    libraries = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(package):
+            return None
+        if any(path.is_relative_to(lib) for lib in libraries):
+            continue
+        return f"at {frame.filename}:{frame.lineno}, in {frame.name}"
+    return None
+
+
 def _decided_alike(runs: dict[str, Any]) -> list[str]:
     """The policies run, when there are several, each finished every request, and each gave every
     request the same first-token and finish times (to a microsecond: engines that cut decode
@@ -522,6 +542,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 )
             except (ValueError, RuntimeError, OSError, ImportError) as exc:
                 failures[name] = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:
+                where = _raised_outside_headway(exc)
+                if where is None:  # headway's own error: its traceback
+                    raise
+                failures[name] = f"{type(exc).__name__}: {exc} (raised {where})"
             else:
                 if fleet:
                     per = fleet_summaries(res, slo=slo, name=name)

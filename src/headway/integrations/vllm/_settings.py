@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from headway.core import Policy, make_policy
+from headway.core import Policy, Request, check_key, make_policy
 from headway.integrations.vllm._errors import PluginConfigError
 from headway.integrations.vllm._scorers import load_online_learner, load_text_scorer
 from headway.policies import ScoredPolicy
@@ -177,6 +177,27 @@ def _check_oracle(policy: Policy, oracle: str) -> None:
         )
 
 
+def _try_policy(policy: Policy) -> None:
+    """Run ``policy``'s ``on_arrival`` and ``key`` on one made-up request, as the scheduler will
+    on the first one: a policy of the user's that raises, or whose key is no tuple of numbers,
+    fails here and not in vLLM's engine core after the model loaded."""
+    # scored, as the scheduler scores every request (its scorer, headway_score or missing_score)
+    request = Request("plugin-check", 0.0, 16, 16, prompt="How are you?", score=0.0, seq=0)
+    if policy.oracle:
+        policy.bind_oracle(lambda r: r.max_tokens)  # oracle='max_tokens', as the scheduler binds it
+    try:
+        policy.on_arrival(request, 0.0)
+        key = policy.key(request, 0.0)
+    except Exception as exc:
+        raise PluginConfigError(
+            f"headway plugin: policy {policy.name!r} failed on a test request: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        check_key(policy, key)
+    except ValueError as exc:
+        raise PluginConfigError(f"headway plugin: {exc}") from None
+
+
 def _check_chunked_prefill(policy: Policy, enabled: bool) -> None:
     if policy.requires_chunked_prefill and not enabled:
         raise PluginConfigError(f"headway plugin: policy {policy.name!r} needs chunked prefill, which is off")
@@ -185,15 +206,17 @@ def _check_chunked_prefill(policy: Policy, enabled: bool) -> None:
 def check_settings(cfg: PluginConfig, *, chunked_prefill: bool | None = None) -> list[str]:
     """Check ``cfg`` as the scheduler would at startup, without vLLM or a model: make the
     policy (name, arguments, the oracle setting, chunked prefill when ``chunked_prefill`` is
-    known), load the scorer and score one prompt, and check that the step log can be written
-    and that an existing control file is valid. Raises :class:`PluginConfigError` naming the
-    first problem; returns what was checked, one line each (``headway plugin-check``).
+    known) and key one made-up request with it, load the scorer and score one prompt, and check
+    that the step log can be written and that an existing control file is valid. Raises
+    :class:`PluginConfigError` naming the first problem; returns what was checked, one line each
+    (``headway plugin-check``).
 
     vLLM builds the scheduler only after loading the model, so a bad setting surfaces there
     minutes into a launch; this runs in a second beforehand."""
     done: list[str] = []
     policy = make_plugin_policy(cfg.policy, cfg.policy_args)
     _check_oracle(policy, cfg.oracle)
+    _try_policy(make_plugin_policy(cfg.policy, cfg.policy_args))  # an instance of its own: it may learn
     args = json.dumps(cfg.policy_args) if cfg.policy_args else "default settings"
     done.append(f"policy {policy.name!r} ({args}); oracle={cfg.oracle}")
     if policy.preemptive:
