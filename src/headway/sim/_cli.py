@@ -486,7 +486,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     out = None if args.no_report else prepare_out_dir(args.out or default_out_dir("simulate"))  # before simulating
     notes: list[str] = []
     _default_scorers(names, policy_args, workload, args, notes)
-    if pool := workload.meta.get("sampled_with_replacement_from"):
+    pool = workload.meta.get("sampled_with_replacement_from")
+    if isinstance(pool, int) and pool:
         notes.append(
             f"--num-requests {len(workload)} is more than the {pool} requests {args.workload} has: sampled with "
             f"replacement, each about {len(workload) / pool:.1f} times (copies' ids end in #1, #2, ...)"
