@@ -292,3 +292,23 @@ def test_a_request_going_in_ahead_in_its_flow_sorts_its_band_again() -> None:
         tags.append([(_tags_of(r).flow_tag, _tags_of(r).band_tag) for r in (a0, a1, b1, a2, low)])
     assert tags[0] == tags[1]
     assert [t[0] for t in tags[0][:4]] == [0.0, 1.0, 0.0, 2.0]  # a0 takes a1's turn, a1 a2's, a2 a new one
+
+
+def test_a_preemptive_inner_policy_displaces_in_its_own_mode() -> None:
+    # bands reported preemptive (its inner policy's) while its displacement stayed the class's "none":
+    # around srpt-oracle it displaced nobody, silently
+    assert make_policy("bands", inner="srpt-oracle").displacement == "pause"  # srpt-oracle's declared mode
+    assert make_policy("bands", inner="srpt-oracle", displacement="evict").displacement == "evict"
+    assert make_policy("bands", inner="fcfs").displacement == "none"
+    with pytest.raises(ValueError, match="not preemptive"):
+        make_policy("bands", inner="fcfs", displacement="pause")
+    # a long request of a later band holds the only slot when a short one of band 0 arrives: paused
+    one = SchedulerConfig(max_num_seqs=1)
+    specs = [RequestSpec("long", 0.0, 16, 400, priority=1), RequestSpec("short", 0.05, 16, 40, priority=0)]
+    res = simulate(specs, "bands", scheduler=one, policy_kwargs={"inner": "srpt-oracle"})
+    done = {r.request_id: r.finish_time for r in res.requests}
+    assert res.replicas[0].num_pauses == 1 and done["short"] < done["long"]
+    # in one tenant's flow the running request holds the earlier slot: nobody is displaced
+    same = [RequestSpec("long", 0.0, 16, 400), RequestSpec("short", 0.05, 16, 40)]
+    res = simulate(same, "bands", scheduler=one, policy_kwargs={"inner": "srpt-oracle"})
+    assert res.replicas[0].num_pauses == 0 and res.replicas[0].num_preemptions == 0

@@ -25,8 +25,11 @@ requests, which lead their flow, are skipped as they are met). With ``share`` > 
 out the same way, in ``(flow slot, inner key)`` order; an arrival that moved its flow's later requests
 sorts its band again (O(n log n)), as does the first arrival after the inner policy re-keyed. The
 inner policy's own hooks (``on_arrival``, ``on_progress``, ``on_finish``, ``can_preempt``, rekey
-hints, its oracle and estimate) are passed through, so one ``bands`` policy runs unchanged in the
-simulator, the gateway and the vLLM plugin, which all take a :class:`~headway.core.Policy`.
+hints, its displacement mode, its oracle and estimate) are passed through, so one ``bands`` policy
+runs unchanged in the simulator, the gateway and the vLLM plugin, which all take a
+:class:`~headway.core.Policy`. Around a preemptive inner policy a waiting request displaces a
+running one of a later band or flow slot, in the inner policy's mode; never one of its own
+flow, whose running requests hold its earlier slots.
 
 A request leaves its flow when its state is no longer ``WAITING`` (the engine started or
 aborted it); the virtual times advance when a started request reports progress or finishes, or
@@ -251,6 +254,9 @@ class BandsPolicy(Policy):
         self.tenant_weights = weights
         self.oracle = self.inner.oracle
         self.token_budget = self.inner.token_budget
+        # a preemptive inner policy displaces in its own mode (``displacement`` overrides it, as for any
+        # policy); left at the class's "none", bands around srpt-oracle displaced nobody
+        self.displacement = self.inner.displacement
         self._inner_estimate = policy_estimator(self.inner)
         self._own_epoch = 0
         self._inner_epoch = self.inner.key_epoch
