@@ -126,8 +126,12 @@ def test_transparent_defaults():
         ({"backends": ["http://a"], "policy": p}, f"policy {p!r} ranks requests by a predicted length score")
         for p in ("pars", "sjf-score", "trail", "ltr", "rank-boost")
     ]
-    + [({"backends": ["http://a"], "policy": "bands", "policy_args": {"inner": "pars"}},
-        "policy 'bands' ranks requests by a predicted length score")],
+    + [
+        (
+            {"backends": ["http://a"], "policy": "bands", "policy_args": {"inner": "pars"}},
+            "policy 'bands' ranks requests by a predicted length score",
+        )
+    ],
 )
 def test_validation_names_the_bad_value(tmp_path, data, needle):
     p = tmp_path / "c.json"
@@ -591,3 +595,26 @@ def test_router_arg_sets_the_routers_settings(capsys):
     assert c.router_args == {"balance_abs_threshold": 16, "cache_threshold": 0.3}
     assert main([*base, "--router-arg", "balance_abs_threshold=-1"]) == 2
     assert "router_args: cache-aware: balance_abs_threshold must be an int >= 0, got -1" in capsys.readouterr().err
+
+
+def test_tenants_and_key_lists_from_the_environment_are_not_ignored():
+    """HEADWAY_TENANTS was dropped without a word, and with it the API keys it turns on: every
+    request went through as tenant 'default'. A list of hashes may be given bare, as in a file."""
+    from headway.serve._config_load import config_from_env
+
+    gold, admin = hash_api_key("sk-gold"), hash_api_key("sk-admin")
+    env = {
+        "HEADWAY_BACKENDS": "http://b1",
+        "HEADWAY_TENANTS": json.dumps([{"name": "gold", "tier": "premium", "api_key_sha256": [gold]}]),
+        "HEADWAY_ADMIN_API_KEY_SHA256": admin,
+    }
+    c = load_config(None, env=env)
+    assert [(t.name, t.tier, t.api_key_sha256) for t in c.tenants] == [("gold", Tier.PREMIUM, (gold,))]
+    assert c.auth_enabled and c.admin_api_key_sha256 == (admin,)
+    assert config_from_env({"HEADWAY_ADMIN_API_KEY_SHA256": f"{admin}, {gold}"}) == {
+        "admin_api_key_sha256": [admin, gold]
+    }
+    with pytest.raises(ConfigError, match=re.escape("HEADWAY_TENANTS is not a valid JSON list")):
+        config_from_env({"HEADWAY_TENANTS": "gold"})
+    with pytest.raises(ConfigError, match=re.escape("unknown tenant setting(s) ['weight']")):
+        load_config(None, env={**env, "HEADWAY_TENANTS": '[{"name": "gold", "weight": 3}]'})

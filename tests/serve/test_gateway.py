@@ -394,8 +394,11 @@ def test_body_limits_and_validation(make_stub, make_gateway):
             ("/v1/completions", {**COMPLETION, "model": 3}, "model"),
             ("/v1/chat/completions", {"model": "m", "messages": []}, "messages"),
             ("/v1/chat/completions", {"model": "m", "messages": [{"content": "x"}]}, "messages[0]"),
-            ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": ["x", 5]}]},
-             "messages[0].content[0]"),
+            (
+                "/v1/chat/completions",
+                {"model": "m", "messages": [{"role": "user", "content": ["x", 5]}]},
+                "messages[0].content[0]",
+            ),
         ]
         for path, body, field in cases:
             r = c.post(path, json=body)
@@ -758,8 +761,10 @@ def test_a_body_that_never_arrives_whole_is_a_408(make_stub, make_gateway):
     host, port = gw.url.split("//")[1].split(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         t0 = time.monotonic()
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n" + b'{"prompt": ')  # 11 of 100 bytes, then nothing
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n" + b'{"prompt": '
+        )  # 11 of 100 bytes, then nothing
         raw = b""
         while chunk := sock.recv(65536):  # until the gateway closes the connection (Connection: close)
             raw += chunk
@@ -988,3 +993,24 @@ def test_priority_is_bounded_and_named(make_stub, make_gateway):
             assert err["param"] == "priority" and err["code"] == "invalid_value"
             assert err["message"] == f"'priority' must be between -{2**53} and {2**53}, got {shown}"
     assert stub.stub.stats.started == 3
+
+
+def test_driftsched_learned_bias_is_on_the_admins_metrics(make_stub, make_gateway):
+    """B_runtime, which every tenant-* policy learns from finished requests, was nowhere to be
+    seen: /metrics has it per category (the admin's view; a tenant's key does not see it)."""
+    stub = make_stub()
+    tenants = (TenantConfig("acme", Tier.PREMIUM, (hash_api_key("k1"),)),)
+    gw = make_gateway([stub.url], policy="tenant-fifo", tenants=tenants, admin_api_key_sha256=(hash_api_key("adm"),))
+    with gw.client() as c:
+        r = c.post("/v1/completions", json=COMPLETION, headers={"Authorization": "Bearer k1"})
+        assert r.status_code == 200
+        admin = c.get("/metrics", headers={"Authorization": "Bearer adm"}).text
+        tenant = c.get("/metrics", headers={"Authorization": "Bearer k1"}).text
+    learned = gw.gateway.policy.estimator.b_runtime
+    assert learned["short_qa"] < 1.0  # 5 tokens where 64 x F_input were expected
+    for category, value in learned.items():
+        assert f'headway_driftsched_runtime_bias{{category="{category}"}} {value!r}' in admin
+    assert "headway_driftsched_runtime_bias" not in tenant
+    plain = make_gateway([stub.url])  # no DriftSched policy: no such series
+    with plain.client() as c:
+        assert "headway_driftsched_runtime_bias" not in c.get("/metrics").text

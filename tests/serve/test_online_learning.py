@@ -259,6 +259,7 @@ def test_bench_serve_replays_a_prompt_log_under_its_own_models(  # type: ignore[
         learner.flush()
         return learner.observed_by_model()
 
-    wait_until(lambda: sum(observed().values()) == 25, what="every completion observed")
+    # (the learner embeds each prompt on a background thread: seconds on a loaded 2-core machine)
+    wait_until(lambda: sum(observed().values()) == 25, timeout=60.0, what="every completion observed")
     assert observed() == want
     assert [r.extra["model"] for r in reqs][:2] == (["b", "a"] if workload_models else ["stub-model"] * 2)

@@ -51,7 +51,8 @@ Config file (TOML shown; JSON with the same structure works too)::
 Environment: every top-level setting can also come from ``HEADWAY_<SETTING>`` (upper case:
 ``HEADWAY_POLICY=pars``, ``HEADWAY_QUEUE_TTL_S=30``, tables as JSON), backends from
 ``HEADWAY_BACKENDS`` (comma-separated URLs or a JSON list of tables) with
-``HEADWAY_BACKEND_API_KEY``; the file < the environment < command-line flags
+``HEADWAY_BACKEND_API_KEY``, tenants from ``HEADWAY_TENANTS`` (a JSON list of tables); the file <
+the environment < command-line flags
 (:func:`~headway.serve._config_load.config_from_env`). ``examples/gateway.toml`` lists every setting.
 
 API keys: ``api_keys = "auto"`` (default) requires a key when ``[[tenants]]`` lists any,

@@ -118,6 +118,8 @@ def _env_value(name: str, raw: str) -> Any:
             if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
                 raise ValueError(raw)
             return low in ("1", "true", "yes", "on")
+        if ann.startswith("tuple[str") and not raw.lstrip().startswith("["):
+            return [v.strip() for v in raw.split(",") if v.strip()]  # a list of strings: also "a,b"
         if ann.startswith(("Mapping", "tuple")):
             return json.loads(raw)
     except ValueError:
@@ -128,15 +130,21 @@ def _env_value(name: str, raw: str) -> Any:
 def config_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     """The settings given as environment variables: ``HEADWAY_<SETTING>`` for each top-level
     setting (``HEADWAY_POLICY=pars``, ``HEADWAY_MAX_QUEUE_LEN=500``; tables and lists as JSON,
-    ``HEADWAY_POLICY_ARGS='{"tau": 0.8}'``), ``HEADWAY_BACKENDS`` (URLs separated by commas, or a
-    JSON list of backend tables) and ``HEADWAY_BACKEND_API_KEY`` (the ``api_key`` of backends given
-    as bare URLs, here or with ``--backend``). Other ``HEADWAY_*`` variables are not settings and
-    are ignored."""
+    ``HEADWAY_POLICY_ARGS='{"tau": 0.8}'``; a list of strings also as ``a,b``), ``HEADWAY_BACKENDS``
+    (URLs separated by commas, or a JSON list of backend tables), ``HEADWAY_TENANTS`` (a JSON list of
+    tenant tables) and ``HEADWAY_BACKEND_API_KEY`` (the ``api_key`` of backends given as bare URLs,
+    here or with ``--backend``). Other ``HEADWAY_*`` variables are not settings and are ignored."""
     out: dict[str, Any] = {}
     for name in sorted(_GATEWAY_FIELDS - {"backends", "tenants"}):
         raw = env.get(ENV_PREFIX + name.upper())
         if raw is not None:
             out[name] = _env_value(name, raw)
+    raw = env.get(ENV_PREFIX + "TENANTS")
+    if raw is not None:  # never ignored: tenants turn API keys on (api_keys = "auto")
+        try:
+            out["tenants"] = json.loads(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{ENV_PREFIX}TENANTS is not a valid JSON list of tenant tables: {exc}") from None
     raw = env.get(ENV_PREFIX + "BACKENDS")
     if raw:
         if raw.lstrip().startswith("["):

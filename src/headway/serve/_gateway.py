@@ -87,6 +87,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from headway.core import Policy, Request, make_policy
+from headway.policies.driftsched import DriftEstimator
 from headway.routers import make_router
 from headway.serve._arrivals import Arrivals
 from headway.serve._backend_load import parse_backend_load
@@ -181,7 +182,7 @@ class Gateway:
         """Requests being served (queued, running or streaming), by id."""
         self.finished_requests = self.ledger.finished_requests
         """Most recent finished/aborted requests (bounded), for tests and debugging."""
-        self.metrics = GatewayMetrics(self._queue_lengths, self._in_flight)
+        self.metrics = GatewayMetrics(self._queue_lengths, self._in_flight, self._drift_bias)
         self._transport = transport
         self.tenants = TenantDirectory(config, self._redis)
         self._log_limited = LimitedWarnings(log)
@@ -275,6 +276,11 @@ class Gateway:
 
     def _in_flight(self) -> list[tuple[str, int]]:
         return [(b.url, b.in_flight) for b in self.backends]
+
+    def _drift_bias(self) -> dict[str, float]:
+        """A DriftSched policy's learned ``B_runtime`` per category (``{}`` for other policies)."""
+        est = getattr(self.policy, "estimator", None)
+        return dict(est.b_runtime) if isinstance(est, DriftEstimator) else {}
 
     def _on_dispatch(self, req: Request, backend: Backend) -> None:
         # (headway_dispatches counts the requests that reach a backend: Exchange.forward)

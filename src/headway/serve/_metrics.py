@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -48,9 +48,11 @@ class _LiveCollector(Collector):
         self,
         queue_lengths: Callable[[], Iterable[tuple[str, str, int]]],
         in_flight: Callable[[], Iterable[tuple[str, int]]],
+        drift_bias: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self._queue_lengths = queue_lengths
         self._in_flight = in_flight
+        self._drift_bias = drift_bias
 
     def collect(self) -> Iterable[Metric]:
         q = GaugeMetricFamily(
@@ -63,6 +65,16 @@ class _LiveCollector(Collector):
         for url, n in self._in_flight():
             f.add_metric([url], n)
         yield f
+        bias = self._drift_bias() if self._drift_bias is not None else {}
+        if bias:  # a DriftSched (tenant-*) policy: its learned B_runtime, this replica's
+            b = GaugeMetricFamily(
+                "headway_driftsched_runtime_bias",
+                "DriftSched's learned drift correction B_runtime per prompt category (this replica's)",
+                labels=["category"],
+            )
+            for category, value in bias.items():
+                b.add_metric([category], value)
+            yield b
 
 
 class GatewayMetrics:
@@ -72,9 +84,10 @@ class GatewayMetrics:
         self,
         queue_lengths: Callable[[], Iterable[tuple[str, str, int]]],
         in_flight: Callable[[], Iterable[tuple[str, int]]],
+        drift_bias: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_LiveCollector(queue_lengths, in_flight))
+        self.registry.register(_LiveCollector(queue_lengths, in_flight, drift_bias))
         self.wait_time = Histogram(
             "headway_queue_wait_seconds",
             "Time from arrival to the first dispatch, or to the end of a request that left the queue undispatched",
