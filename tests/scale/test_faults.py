@@ -111,7 +111,7 @@ def test_backend_killed_mid_stream_then_restarted(cluster: Cluster):
     stats = _stats(stub)
     assert sorted(stats["order"]) == ["q0", "q1", "q2"] and stats["completed"] == 3
     m = CLIENT.get(gw.url + "/metrics").text
-    assert 'headway_rejections_total{reason="backend_error_midstream"} 2.0' in m
+    assert 'headway_rejections_total{reason="backend_error_midstream",tenant="default",tier="standard"} 2.0' in m
 
 
 # ----------------------------------------------------------------------- SIGTERM

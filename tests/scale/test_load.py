@@ -70,6 +70,11 @@ def test_gateway_counters_sum_over_tenants() -> None:
         'headway_requests_finished_total{tenant="a",tier="standard"} 3.0',
         'headway_requests_finished_total{tenant="b",tier="standard"} 4.0',
         'headway_requests_finished_total{tenant="c",tier="batch"} 1.0',
-        'headway_rejections_total{reason="queue_full"} 2.0',
+        'headway_rejections_total{reason="queue_full",tenant="a",tier="standard"} 2.0',
+        'headway_rejections_total{reason="queue_full",tenant="c",tier="batch"} 1.0',
+        'headway_rejections_total{reason="unauthorized",tenant="",tier=""} 1.0',
     ])
-    assert gateway_counters(text) == {"finished": {"standard": 7.0, "batch": 1.0}, "rejections": {"queue_full": 2.0}}
+    assert gateway_counters(text) == {
+        "finished": {"standard": 7.0, "batch": 1.0},
+        "rejections": {"queue_full": 3.0, "unauthorized": 1.0},
+    }

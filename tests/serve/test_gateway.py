@@ -110,7 +110,7 @@ def test_models_health_and_metrics(make_stub, make_gateway):
         c.post("/v1/completions", content=b"{nope")
         text = c.get("/metrics").text
     assert f'headway_dispatches_total{{backend="{stub.url}"}} 1.0' in text
-    assert 'headway_rejections_total{reason="invalid"} 1.0' in text
+    assert 'headway_rejections_total{reason="invalid",tenant="default",tier="standard"} 1.0' in text
     assert f'headway_backend_in_flight{{backend="{stub.url}"}} 0.0' in text
     assert "headway_queue_wait_seconds_count" in text
 
@@ -257,7 +257,10 @@ def test_client_disconnect_while_queued_leaves_the_queue(make_stub, make_gateway
     blocker.join()
     assert stub.stub.stats.started == 1  # the abandoned request never reached the backend
     assert gw.gateway.finished_requests[0].state.name == "ABORTED"
-    assert 'headway_rejections_total{reason="client_disconnected"} 1.0' in httpx.get(gw.url + "/metrics").text
+    assert (
+        'headway_rejections_total{reason="client_disconnected",tenant="default",tier="standard"} 1.0'
+        in httpx.get(gw.url + "/metrics").text
+    )
 
 
 def test_client_disconnect_while_streaming_cancels_upstream(make_stub, make_gateway):
@@ -684,7 +687,7 @@ def test_unauthenticated_side_endpoints_are_not_counted_as_rejected_requests(mak
             assert c.get(path).status_code == 401
         assert c.post("/v1/completions", json=COMPLETION).status_code == 401
         text = c.get("/metrics", headers={"Authorization": "Bearer adm"}).text
-    assert 'headway_rejections_total{reason="unauthorized"} 1.0' in text
+    assert 'headway_rejections_total{reason="unauthorized",tenant="",tier=""} 1.0' in text
 
 
 # ------------------------------------------------------------- dead and stalled backends
@@ -702,7 +705,7 @@ def test_no_reachable_backend_gives_503_and_health_degraded(make_gateway):
         h = c.get("/health")
         assert h.status_code == 503 and h.json()["status"] == "degraded" and h.json()["queued"] == 0
         text = c.get("/metrics").text
-    assert 'headway_rejections_total{reason="no_backend"} 1.0' in text
+    assert 'headway_rejections_total{reason="no_backend",tenant="default",tier="standard"} 1.0' in text
     # every re-dispatch after a refused connection counts as a retry
     retries = sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("headway_retries_total"))
     assert retries >= 2
@@ -772,7 +775,10 @@ def test_a_body_that_never_arrives_whole_is_a_408(make_stub, make_gateway):
     assert time.monotonic() - t0 < 3
     assert answer.startswith("HTTP/1.1 408") and '"code":"body_timeout"' in answer.replace(" ", "")
     assert stub.stub.stats.started == 0
-    assert 'headway_rejections_total{reason="body_timeout"} 1.0' in httpx.get(gw.url + "/metrics").text
+    assert (
+        'headway_rejections_total{reason="body_timeout",tenant="default",tier="standard"} 1.0'
+        in httpx.get(gw.url + "/metrics").text
+    )
 
 
 def test_a_request_that_every_backend_drops_ends_after_max_attempts(make_raw_backend, make_gateway):
@@ -888,7 +894,7 @@ def test_cancelling_a_stream_ends_it_at_once_even_while_the_backend_is_silent(ma
     assert len(events) == 3  # the token, the error, [DONE]
     wait_until(lambda: gw.gateway.backends[0].in_flight == 0, what="the slot released")
     text = httpx.get(gw.url + "/metrics").text
-    assert 'headway_rejections_total{reason="cancelled"} 1.0' in text
+    assert 'headway_rejections_total{reason="cancelled",tenant="default",tier="standard"} 1.0' in text
     assert "client_disconnected" not in text
 
 
@@ -1014,3 +1020,35 @@ def test_driftsched_learned_bias_is_on_the_admins_metrics(make_stub, make_gatewa
     plain = make_gateway([stub.url])  # no DriftSched policy: no such series
     with plain.client() as c:
         assert "headway_driftsched_runtime_bias" not in c.get("/metrics").text
+
+
+def test_rejections_are_labelled_with_the_tenant_they_refused(make_stub, make_gateway):
+    """headway_rejections_total had only a reason: an operator could not tell which tenant got the
+    429s, and a tenant's key saw none of its own."""
+    stub = make_stub(token_delay_s=0.01)
+    tenants = (
+        TenantConfig("acme", Tier.PREMIUM, (hash_api_key("k1"),)),
+        TenantConfig("beta", Tier.BATCH, (hash_api_key("k2"),)),
+    )
+    gw = make_gateway(
+        [BackendConfig(stub.url, max_concurrency=1)],
+        tenants=tenants,
+        max_queue_per_tenant=1,
+        admin_api_key_sha256=(hash_api_key("adm"),),
+    )
+    acme = {"Authorization": "Bearer k1"}
+    th = threading.Thread(target=_fire, args=(gw.url, [{**COMPLETION, "max_tokens": 150}] * 2, acme, 0.0))
+    th.start()
+    wait_until(lambda: len(gw.gateway.dispatcher.queue) == 1, what="one of acme's queued")
+    assert httpx.post(gw.url + "/v1/completions", json=COMPLETION, headers=acme).status_code == 429
+    assert (
+        httpx.post(gw.url + "/v1/completions", json=COMPLETION, headers={"Authorization": "Bearer no"}).status_code
+        == 401
+    )
+    th.join()
+    admin = httpx.get(gw.url + "/metrics", headers={"Authorization": "Bearer adm"}).text
+    assert 'headway_rejections_total{reason="queue_full",tenant="acme",tier="premium"} 1.0' in admin
+    assert 'headway_rejections_total{reason="unauthorized",tenant="",tier=""} 1.0' in admin  # no tenant known
+    own = httpx.get(gw.url + "/metrics", headers=acme).text
+    assert 'headway_rejections_total{reason="queue_full",tenant="acme",tier="premium"} 1.0' in own
+    assert "headway_rejections_total" not in httpx.get(gw.url + "/metrics", headers={"Authorization": "Bearer k2"}).text

@@ -87,7 +87,7 @@ def test_a_request_queued_while_the_polled_backend_never_comes_back_is_a_503_no_
     assert r.status_code == 503, r.text
     assert r.json()["error"]["code"] == "no_backend"
     assert time.monotonic() - t0 >= 0.9
-    assert _sample(gw, "headway_rejections_total", reason="no_backend") == 1
+    assert _sample(gw, "headway_rejections_total", reason="no_backend", tenant="default", tier="standard") == 1
     # it left the queue without a dispatch: its wait is the time it spent there, not ~0
     assert _sample(gw, "headway_queue_wait_seconds_count", tenant="default", tier="standard") == 1
     assert _sample(gw, "headway_queue_wait_seconds_sum", tenant="default", tier="standard") >= 0.9

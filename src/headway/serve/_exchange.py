@@ -105,7 +105,7 @@ class Exchange:
                 self.dispatcher.release(backend, req)
                 if watch.stop.done():
                     self.ledger.abort(req)
-                    return self.stopped(watch)
+                    return self.stopped(watch, req)
                 req.transition(RequestState.PREEMPTED)
                 req.num_preemptions += 1
                 if kind == "busy":
@@ -135,6 +135,7 @@ class Exchange:
             return self.metrics.reject(
                 "backend_error",
                 api_error("upstream_error", detail=f"no backend could serve the request (last error: {last_error})"),
+                req,
             )
         except asyncio.CancelledError:
             if self.dispatcher.cancel(req):
@@ -164,10 +165,11 @@ class Exchange:
             return self.metrics.reject(
                 "policy_error",
                 api_error("policy_error", detail=why),
+                req,
             )
         except QueueFullError as exc:
             self.ledger.abort(req)
-            return self.queue_full(exc)
+            return self.queue_full(exc, req)
         remaining = deadline - loop.time()
         if not fut.done():
             await asyncio.wait(
@@ -181,7 +183,7 @@ class Exchange:
             self._left_queue(req)
             self.ledger.abort(req)
             if watch.stop.done():
-                return self.stopped(watch)
+                return self.stopped(watch, req)
             if not self.dispatcher.any_reachable():  # every backend's last connection attempt failed
                 return self.metrics.reject(
                     "no_backend",
@@ -190,27 +192,31 @@ class Exchange:
                         headers={"Retry-After": str(self.config.retry_after_s)},
                         seconds=self.config.queue_ttl_s,
                     ),
+                    req,
                 )
             if isinstance(self.dispatcher, RedisDispatcher) and not self.dispatcher.redis_reachable:
                 return self.metrics.reject(
                     "queue_error",
                     api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
+                    req,
                 )
             return self.metrics.reject(
                 "ttl",
                 api_error("queue_timeout", seconds=self.config.queue_ttl_s),
+                req,
             )
         try:
             backend = fut.result()
         except QueueFullError as exc:  # the shared (Redis) queue is full
             self.ledger.abort(req)
-            return self.queue_full(exc)
+            return self.queue_full(exc, req)
         except (ValueError, TypeError, LookupError) as exc:  # the (Redis) queue cannot take its key
             log.warning("policy %s: request %s cannot be queued: %s", self.dispatcher.policy.name, req.request_id, exc)
             self.ledger.abort(req)
             return self.metrics.reject(
                 "policy_error",
                 api_error("policy_error", detail=exc),
+                req,
             )
         except Exception as exc:  # queue store unavailable
             pause = min(float(max(self.config.retry_after_s, 1)), deadline - loop.time())
@@ -220,7 +226,7 @@ class Exchange:
                 await asyncio.wait({watch.stop}, timeout=pause)
                 if watch.stop.done():
                     self.ledger.abort(req)
-                    return self.stopped(watch)
+                    return self.stopped(watch, req)
                 if loop.time() < deadline:
                     return None  # queue it again
             self._left_queue(req)
@@ -229,6 +235,7 @@ class Exchange:
             return self.metrics.reject(
                 "queue_error",
                 api_error("queue_error", headers={"Retry-After": str(self.config.retry_after_s)}),
+                req,
             )
         return backend
 
@@ -241,20 +248,18 @@ class Exchange:
             wait = self.dispatcher.now() - req.arrival_time
             self.metrics.wait_time.labels(req.tenant_id, req.tier.name.lower()).observe(wait)
 
-    def queue_full(self, exc: QueueFullError) -> Response:
+    def queue_full(self, exc: QueueFullError, req: Request) -> Response:
         where = "queue" if exc.scope == "global" else "queue of your tenant"
         return self.metrics.reject(
             "queue_full",
             api_error("queue_full", headers={"Retry-After": str(self.config.retry_after_s)}, where=where),
+            req,
         )
 
-    def stopped(self, watch: Watch) -> Response:
+    def stopped(self, watch: Watch, req: Request) -> Response:
         reason = watch.reason
         if reason == "cancelled":
-            return self.metrics.reject(
-                "cancelled",
-                api_error("cancelled"),
-            )
+            return self.metrics.reject("cancelled", api_error("cancelled"), req)
         if reason == "shutdown":
             return self.metrics.reject(
                 "drain_timeout",
@@ -263,8 +268,9 @@ class Exchange:
                     headers={"Retry-After": str(self.config.retry_after_s), "Connection": "close"},
                     seconds=self.config.drain_timeout_s,
                 ),
+                req,
             )
-        return self.metrics.reject("client_disconnected", Response(status_code=499))
+        return self.metrics.reject("client_disconnected", Response(status_code=499), req)
 
     async def forward(
         self,
@@ -291,7 +297,7 @@ class Exchange:
             self.dispatcher.release(backend, req)
             self.ledger.abort(req)
             watch.close()
-            return self.stopped(watch)
+            return self.stopped(watch, req)
         if not isinstance(send.exception(), UpstreamConnectError):  # it went out: a dispatch
             self.metrics.dispatches.labels(backend.url).inc()
         try:
@@ -334,7 +340,7 @@ class Exchange:
                 self.dispatcher.release(backend, req)
                 self.ledger.abort(req)
                 watch.close()
-                return self.stopped(watch)
+                return self.stopped(watch, req)
             self.dispatcher.mark_down(backend, self.config.backend_down_s)
             return f"no event within {wait:g} s of the response headers", "failed"
         try:
@@ -367,7 +373,7 @@ class Exchange:
                 with contextlib.suppress(BaseException):
                     await read
                 self.ledger.abort(req)
-                return self.stopped(watch)
+                return self.stopped(watch, req)
             try:
                 content = read.result()
             except UpstreamError as exc:
@@ -375,6 +381,7 @@ class Exchange:
                 return self.metrics.reject(
                     "backend_error",
                     api_error("upstream_error", detail=f"backend failed while responding: {exc}"),
+                    req,
                 )
         finally:
             watch.close()
@@ -383,7 +390,7 @@ class Exchange:
         now = self.dispatcher.now()
         if resp.status_code != 200:
             self.ledger.abort(req)
-            self.metrics.rejections.labels(f"backend_{resp.status_code}").inc()
+            self.metrics.rejected(f"backend_{resp.status_code}", req)
             ctype = resp.headers.get("content-type", "application/json")
             return Response(content, status_code=resp.status_code, media_type=ctype)
         if not req.extra.get("model"):
@@ -526,7 +533,7 @@ class Exchange:
             self.complete(req, usage_tokens if usage_tokens is not None else req.num_output_tokens, now())
         finally:
             if not req.is_finished:
-                self.metrics.rejections.labels(reason).inc()
+                self.metrics.rejected(reason, req)
                 self.ledger.abort(req)
             watch.upstream = None
             resp.close()  # mid-body: closes the upstream connection: the backend aborts the request

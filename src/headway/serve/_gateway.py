@@ -448,7 +448,7 @@ class Gateway:
     def _unauthorized(self, count: bool = True) -> Response:
         """401; ``count``: a generation request, counted in ``headway_rejections``."""
         if count:
-            self.metrics.rejections.labels("unauthorized").inc()
+            self.metrics.rejected("unauthorized")
         return api_error("invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     async def completions(self, request: HTTPRequest) -> Response:
@@ -463,6 +463,7 @@ class Gateway:
                 "draining",
                 api_error("draining", headers={"Connection": "close", "Retry-After": str(self.config.retry_after_s)}),
             )
+        ident: Identity | Response | None = None
         try:
             self.intake.check_length(request)  # before any work
             ident = await self._identify(request)  # before the body: no key, no reading
@@ -470,7 +471,7 @@ class Gateway:
                 return ident
             body, raw, parsed = await self.intake.read(request, chat)
         except Refused as exc:
-            return self.metrics.reject(exc.reason, exc.response)
+            return self.metrics.reject(exc.reason, exc.response, ident if isinstance(ident, Identity) else None)
         return await self._serve(request, path, body, raw, parsed, ident)
 
     async def _serve(
@@ -488,7 +489,7 @@ class Gateway:
             self.dispatcher.admit(req)  # a full queue answers 429 now, not after scoring
         except QueueFullError as exc:
             self.ledger.abort(req)
-            return self.exchange.queue_full(exc)
+            return self.exchange.queue_full(exc, req)
         backend = await self.arrivals.arrive(req)  # scored, or dispatched at once (fast path)
         payload = self.intake.payload(body, raw, parsed, req)
         watch = Watch(asyncio.ensure_future(wait_disconnect(request)))

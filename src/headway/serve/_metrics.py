@@ -9,6 +9,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from headway.core import Request
+from headway.serve._tenants import Identity
+
 __all__ = ["GatewayMetrics"]
 
 _R = TypeVar("_R")
@@ -114,8 +117,8 @@ class GatewayMetrics:
         )
         self.rejections = Counter(
             "headway_rejections",
-            "Requests refused or ended by the gateway",
-            ["reason"],
+            "Requests refused or ended by the gateway (tenant and tier empty before the caller is known)",
+            ["reason", "tenant", "tier"],
             registry=self.registry,
         )
         self.finished = Counter(
@@ -144,10 +147,21 @@ class GatewayMetrics:
         self._models = _Bounded()
         self._priorities = _Bounded()
 
-    def reject(self, reason: str, response: _R) -> _R:
-        """Count a request ended by the gateway (``headway_rejections{reason}``); returns ``response``."""
-        self.rejections.labels(reason).inc()
+    def reject(self, reason: str, response: _R, req: Request | Identity | None = None) -> _R:
+        """Count a request ended by the gateway (``headway_rejections{reason,tenant,tier}``, the tenant
+        and tier of ``req``, a request or its caller's identity; empty when not known yet); returns
+        ``response``."""
+        self.rejected(reason, req)
         return response
+
+    def rejected(self, reason: str, req: Request | Identity | None = None) -> None:
+        """:meth:`reject` without a response to return."""
+        if req is None:
+            self.rejections.labels(reason, "", "").inc()
+        elif isinstance(req, Request):
+            self.rejections.labels(reason, req.tenant_id, req.tier.name.lower()).inc()
+        else:
+            self.rejections.labels(reason, req.tenant, req.tier.name.lower()).inc()
 
     def observe_latency(self, model: str, priority: int, e2e: float, ttft: float | None) -> None:
         """A finished request: its E2E latency, and its TTFT when it was streamed."""
