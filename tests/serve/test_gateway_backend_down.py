@@ -42,9 +42,12 @@ def test_health_is_degraded_while_the_polled_backend_cannot_be_reached_with_no_r
         wait_until(lambda: c.get("/health").status_code == 503, what="/health to say degraded")
         h = c.get("/health").json()
         assert h["status"] == "degraded" and h["reason"] == "no backend reachable"
+        up = f'headway_backend_up{{backend="http://127.0.0.1:{port}"}}'
+        assert f"{up} 0.0" in c.get("/metrics").text
         servers.enter_context(serve_in_thread(create_stub_app(StubConfig()), port))  # it comes up
         wait_until(lambda: c.get("/health").status_code == 200, what="/health to be ok again")
         assert c.get("/health").json()["status"] == "ok"
+        assert f"{up} 1.0" in c.get("/metrics").text
 
 
 def test_a_backend_without_polling_counts_as_reachable_until_a_request_fails_there(make_gateway):
@@ -92,6 +95,60 @@ def test_a_request_queued_while_the_polled_backend_never_comes_back_is_a_503_no_
     assert _sample(gw, "headway_queue_wait_seconds_count", tenant="default", tier="standard") == 1
     assert _sample(gw, "headway_queue_wait_seconds_sum", tenant="default", tier="standard") >= 0.9
     assert _total(gw, "headway_dispatches_total") == 0
+
+
+def test_a_backend_whose_metrics_tell_no_load_takes_no_requests(make_stub, make_gateway, caplog):
+    """A wrong URL (here a path under a live server: its /metrics a 404) is not taken to be an idle
+    backend: requests go to the backend whose load is known, none is answered a 404."""
+    good, other = make_stub(), make_stub()
+    wrong = other.url + "/wrong"
+    caplog.set_level("INFO", logger="headway.serve")
+    gw = make_gateway(
+        [BackendConfig(wrong, metrics_poll_s=0.05), BackendConfig(good.url, metrics_poll_s=0.05)],
+        router="round-robin",
+    )
+    wait_until(lambda: f"backend {wrong}" in caplog.text, what="the poller to read no load there")
+    with gw.client() as c:
+        codes = [c.post("/v1/completions", json={**COMPLETION, "prompt": f"p{i}"}).status_code for i in range(4)]
+        assert c.get("/health").json()["status"] == "ok"
+    assert codes == [200] * 4
+    assert _sample(gw, "headway_dispatches_total", backend=wrong) == 0
+    assert _sample(gw, "headway_dispatches_total", backend=good.url) == 4
+    assert _sample(gw, "headway_backend_up", backend=good.url) == 1
+    assert _sample(gw, "headway_backend_up", backend=wrong) == 0
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and f"backend {wrong}: takes no requests" in errors[0] and "HTTP 404" in errors[0]
+
+
+def test_a_gateway_whose_only_backend_tells_no_load_is_degraded_and_answers_no_backend(make_stub, make_gateway, caplog):
+    wrong = make_stub().url + "/wrong"
+    caplog.set_level("INFO", logger="headway.serve")
+    gw = make_gateway([BackendConfig(wrong, metrics_poll_s=0.05)], queue_ttl_s=0.5)
+    wait_until(lambda: f"backend {wrong}" in caplog.text, what="the poller to read no load there")
+    with gw.client() as c:
+        assert c.get("/health").status_code == 503
+        r = c.post("/v1/completions", json=COMPLETION)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "no_backend", r.text
+    assert _total(gw, "headway_dispatches_total") == 0
+
+
+def test_an_openai_server_without_load_metrics_is_still_sent_requests(make_gateway, servers, caplog):
+    """A server that lists its models but has no vLLM or SGLang gauges on /metrics (SGLang without
+    --enable-metrics) is a backend, not a wrong URL: it is sent requests, as its max_concurrency
+    allows, with one warning that nothing tells how busy it is."""
+    app = create_stub_app(StubConfig())
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", "") != "/metrics"]
+    url = servers.enter_context(serve_in_thread(app))
+    caplog.set_level("INFO", logger="headway.serve")
+    gw = make_gateway([BackendConfig(url, metrics_poll_s=0.05, max_concurrency=2)])
+    wait_until(lambda: "cannot read its load" in caplog.text, what="the poller to find no load there")
+    with gw.client() as c:
+        assert [c.post("/v1/completions", json=COMPLETION).status_code for _ in range(3)] == [200] * 3
+        assert c.get("/health").json()["status"] == "ok"
+    assert _sample(gw, "headway_backend_up", backend=url) == 1
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    warned = [r.getMessage() for r in caplog.records if "cannot read its load" in r.getMessage()]
+    assert len(warned) == 1 and "up to its max_concurrency 2" in warned[0] and "HTTP 404" in warned[0]
 
 
 # ------------------------------------------------------------------------------- metrics

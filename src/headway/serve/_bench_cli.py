@@ -39,7 +39,12 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
         help="API path: /v1/completions or /v1/chat/completions (default %(default)s). "
         "A full URL here is taken as --base-url (the old spelling)",
     )
-    p.add_argument("--workload", default="burst", help="workload name or file (headway.workload.load_workload)")
+    p.add_argument(
+        "--workload",
+        default="burst",
+        help="workload name or file (headway.workload.load_workload; default: burst, every request at once: "
+        "use --workload default with --request-rate for timed arrivals)",
+    )
     p.add_argument(
         "--num-prompts",
         "--num-requests",

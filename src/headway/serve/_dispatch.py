@@ -58,6 +58,14 @@ class Backend:
     """False since a connection attempt failed (a request's, or a poll of its ``/metrics``), until
     it answers again (``/health``, the 503 ``no_backend``); a backend never tried counts as
     reachable (:meth:`Dispatcher.mark_unreachable`)."""
+    load_read: bool = False
+    """A poll of its ``/metrics`` has read its load at least once."""
+    load_unreadable: bool = False
+    """Polled, it answered but no poll has read its load yet (its ``/metrics`` a 404 or without
+    vLLM's or SGLang's gauges: most often a wrong URL): no room, and not counted as reachable,
+    until a poll reads one, rather than sending requests where nothing says they can be served."""
+    models: tuple[str, ...] | None = None
+    """The model ids its ``/v1/models`` listed last (sorted; None until read, :mod:`._models`)."""
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -71,7 +79,7 @@ class Backend:
         if c.max_concurrency and self.in_flight >= c.max_concurrency:
             return False
         if c.metrics_poll_s > 0:
-            if self.polled_kv_usage >= c.max_kv_usage:
+            if self.load_unreadable or self.polled_kv_usage >= c.max_kv_usage:
                 return False
             undelivered = max(0, self.dispatched_since_poll - self.finished_since_poll)
             if self.polled_waiting + undelivered > c.max_waiting:
@@ -413,8 +421,9 @@ class Dispatcher:
 
     def any_reachable(self) -> bool:
         """Whether some backend's last connection attempt (a request's or a ``/metrics`` poll's) did
-        not fail (``Backend.reachable``)."""
-        return any(b.reachable for b in self.backends)
+        not fail (``Backend.reachable``), and its ``/metrics``, if polled, are not unreadable
+        (``Backend.load_unreadable``)."""
+        return any(b.reachable and not b.load_unreadable for b in self.backends)
 
     def all_backends_excluded(self, exclude: frozenset[int]) -> bool:
         return all(b.index in exclude for b in self.backends)

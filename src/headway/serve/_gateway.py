@@ -99,6 +99,7 @@ from headway.serve._intake import Intake, Refused
 from headway.serve._ledger import Ledger
 from headway.serve._logging import LimitedWarnings
 from headway.serve._metrics import GatewayMetrics
+from headway.serve._models import check_models
 from headway.serve._openapi import openapi_schema
 from headway.serve._passthrough import Passthrough, backend_headers
 from headway.serve._peers import PeerChannel, PeerUnavailable, owner_of
@@ -182,7 +183,9 @@ class Gateway:
         """Requests being served (queued, running or streaming), by id."""
         self.finished_requests = self.ledger.finished_requests
         """Most recent finished/aborted requests (bounded), for tests and debugging."""
-        self.metrics = GatewayMetrics(self._queue_lengths, self._in_flight, self._drift_bias)
+        self.metrics = GatewayMetrics(
+            self._queue_lengths, self._in_flight, backend_up=self._backend_up, drift_bias=self._drift_bias
+        )
         self._transport = transport
         self.tenants = TenantDirectory(config, self._redis)
         self._log_limited = LimitedWarnings(log)
@@ -238,7 +241,7 @@ class Gateway:
             if self.peers is not None:
                 self.peers.start()
         for b in self.backends:
-            if b.config.metrics_poll_s > 0:
+            if b.config.metrics_poll_s > 0:  # (which also reads its models, :mod:`._models`)
                 self._pollers.append(asyncio.create_task(self._poll_backend(b)))
 
     def end_drain(self) -> None:
@@ -277,6 +280,9 @@ class Gateway:
     def _in_flight(self) -> list[tuple[str, int]]:
         return [(b.url, b.in_flight) for b in self.backends]
 
+    def _backend_up(self) -> list[tuple[str, int]]:
+        return [(b.url, int(b.reachable and not b.load_unreadable)) for b in self.backends]
+
     def _drift_bias(self) -> dict[str, float]:
         """A DriftSched policy's learned ``B_runtime`` per category (``{}`` for other policies)."""
         est = getattr(self.policy, "estimator", None)
@@ -297,17 +303,21 @@ class Gateway:
         skipped for ``backend_down_s``, so that queued requests wait for it instead of being sent
         to a closed port; the next poll that connects makes it reachable again."""
         assert self.client is not None
+        models_due = True  # read at the first answer, and at the first after it was unreachable
         while True:
+            answered = False
             try:
                 r = await self.client.get(b.url + "/metrics", timeout=2.0, headers=backend_headers(b.config.api_key))
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing answers there
                 if b.last_poll_ok or b.reachable:
                     log.warning("backend %s: unreachable: cannot read its /metrics (%s)", b.url, exc)
                 b.last_poll_ok = False
+                models_due = True
                 self.dispatcher.mark_unreachable(b, self.config.backend_down_s)
             except httpx.HTTPError as exc:
-                self._poll_failed(b, exc)
+                self._poll_failed(b, exc, answered=False)
             else:
+                answered = True
                 if not b.reachable:
                     log.info("backend %s: reachable again", b.url)
                 b.reachable = True  # it answered, whatever its /metrics say
@@ -315,19 +325,55 @@ class Gateway:
                     r.raise_for_status()
                     load = parse_backend_load(r.text)
                 except (httpx.HTTPError, ValueError) as exc:
-                    self._poll_failed(b, exc)
+                    if not b.load_read and b.models is None:  # is an OpenAI server there at all?
+                        models_due = False
+                        await check_models(self.client, b, self.backends)
+                    self._poll_failed(b, exc, answered=True)
                 else:
                     b.polled_waiting, b.polled_kv_usage = load.waiting, load.kv_usage
                     b.dispatched_since_poll = b.finished_since_poll = 0
-                    b.last_poll_ok = True
+                    b.last_poll_ok = b.load_read = True
+                    if b.load_unreadable:
+                        b.load_unreadable = False
+                        log.info("backend %s: its /metrics show its load now: it takes requests", b.url)
             self.dispatcher.dispatch()
+            if answered and models_due:
+                models_due = False
+                await check_models(self.client, b, self.backends)
             await asyncio.sleep(b.config.metrics_poll_s)
 
     @staticmethod
-    def _poll_failed(b: Backend, exc: Exception) -> None:
-        """A poll that reached ``b`` (or timed out) but got no load from it: its last one stands."""
-        if b.last_poll_ok:
-            log.warning("backend %s: cannot read its /metrics (%s)", b.url, exc)
+    def _poll_failed(b: Backend, exc: Exception, *, answered: bool) -> None:
+        """A poll that reached ``b`` (or timed out) but got no load from it: its last one stands.
+        A backend that ``answered`` with no load before any poll read one, and lists no models on
+        its ``/v1/models`` either, takes no requests (``load_unreadable``: most often a wrong URL,
+        which would answer each a 404); one that lists models is an OpenAI server without vLLM's or
+        SGLang's metrics (SGLang without ``--enable-metrics``): it is sent requests as before, as
+        its ``max_concurrency`` allows, with a warning that nothing tells how busy it is."""
+        reason = f"HTTP {exc.response.status_code}" if isinstance(exc, httpx.HTTPStatusError) else str(exc)
+        if answered and not b.load_read and b.models is None:
+            if not b.load_unreadable:
+                log.error(
+                    "backend %s: takes no requests: neither its /metrics (%s) nor its /v1/models answer as an "
+                    "OpenAI server's do; check the URL (the server's root, e.g. http://HOST:8000)",
+                    b.url,
+                    reason,
+                )
+            b.load_unreadable = True
+        else:
+            if b.load_unreadable:
+                log.info("backend %s: its /v1/models answer now: it takes requests", b.url)
+                b.load_unreadable = False
+            if b.last_poll_ok or (answered and not b.load_read and not b.extra.get("no_load_warned")):
+                b.extra["no_load_warned"] = True
+                limit = b.config.max_concurrency
+                log.warning(
+                    "backend %s: cannot read its load from its /metrics (%s): it is sent requests %s; use vLLM's "
+                    "or SGLang's metrics (SGLang: --enable-metrics), or bound it with --backend-concurrency N",
+                    b.url,
+                    reason,
+                    f"up to its max_concurrency {limit}" if limit else "as if idle",
+                )
         b.last_poll_ok = False
 
     # -------------------------------------------------------------- handlers

@@ -51,10 +51,12 @@ class _LiveCollector(Collector):
         self,
         queue_lengths: Callable[[], Iterable[tuple[str, str, int]]],
         in_flight: Callable[[], Iterable[tuple[str, int]]],
+        backend_up: Callable[[], Iterable[tuple[str, int]]],
         drift_bias: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self._queue_lengths = queue_lengths
         self._in_flight = in_flight
+        self._backend_up = backend_up
         self._drift_bias = drift_bias
 
     def collect(self) -> Iterable[Metric]:
@@ -68,6 +70,15 @@ class _LiveCollector(Collector):
         for url, n in self._in_flight():
             f.add_metric([url], n)
         yield f
+        up = GaugeMetricFamily(
+            "headway_backend_up",
+            "1 while a backend can be sent requests (its last connection succeeded and, polled, its /metrics "
+            "tell its load), else 0",
+            labels=["backend"],
+        )
+        for url, n in self._backend_up():
+            up.add_metric([url], n)
+        yield up
         bias = self._drift_bias() if self._drift_bias is not None else {}
         if bias:  # a DriftSched (tenant-*) policy: its learned B_runtime, this replica's
             b = GaugeMetricFamily(
@@ -87,10 +98,11 @@ class GatewayMetrics:
         self,
         queue_lengths: Callable[[], Iterable[tuple[str, str, int]]],
         in_flight: Callable[[], Iterable[tuple[str, int]]],
+        backend_up: Callable[[], Iterable[tuple[str, int]]] = tuple,
         drift_bias: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_LiveCollector(queue_lengths, in_flight, drift_bias))
+        self.registry.register(_LiveCollector(queue_lengths, in_flight, backend_up, drift_bias))
         self.wait_time = Histogram(
             "headway_queue_wait_seconds",
             "Time from arrival to the first dispatch, or to the end of a request that left the queue undispatched",
