@@ -114,6 +114,31 @@ def test_requests_csv_without_slo(tmp_path: Path, example_run: list[Request]) ->
     assert all(r["slo_met"] == "" for r in rows)
 
 
+def test_the_prefix_cache_hit_rate_can_be_recomputed_from_the_csv_files(
+    tmp_path: Path, example_run: list[Request]
+) -> None:
+    # the hit rate is in summary.json: the per-request CSV must carry what it is made of, and
+    # summary.csv the rate itself, or neither file lets a reader check it
+    example_run[0].num_cached_tokens = 8  # example_run[4] never reached the engine: None
+    for r in example_run[1:4]:
+        r.num_cached_tokens = 0
+    example_run[2].num_cached_tokens = 5
+    summary = summarize(example_run, name="fcfs")
+    requests_csv = write_requests_csv(tmp_path / "requests.csv", example_run)
+    summary_csv = write_summary_csv(tmp_path / "summary.csv", {"fcfs": summary})
+    with requests_csv.open(newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["num_cached_tokens"] != ""]
+    assert len(rows) == 4
+    recomputed = sum(int(r["num_cached_tokens"]) for r in rows) / sum(int(r["num_prompt_tokens"]) for r in rows)
+    assert summary.prefix_cache_hit_rate == pytest.approx(recomputed)
+    with summary_csv.open(newline="") as fh:
+        [row] = list(csv.DictReader(fh))
+    assert float(row["prefix_cache_hit_rate"]) == summary.prefix_cache_hit_rate
+    no_cache = write_summary_csv(tmp_path / "none.csv", {"x": summarize(example_run[4:])})
+    with no_cache.open(newline="") as fh:
+        assert next(csv.DictReader(fh))["prefix_cache_hit_rate"] == ""
+
+
 def test_summary_csv_one_row_per_run(tmp_path: Path, example_run: list[Request]) -> None:
     runs = {"fcfs": summarize(example_run, slo="tpot:600"), "srpt-oracle": summarize(example_run[:3])}
     path = write_summary_csv(tmp_path / "summary.csv", runs)

@@ -103,6 +103,26 @@ def test_bench_cli_against_the_stub(make_stub, capsys, tmp_path):
     assert (tmp_path / "summary.json").exists()
 
 
+def test_bench_cli_report_says_how_it_was_made(make_stub, tmp_path):
+    import json
+
+    from headway.cli import main as headway_main
+
+    stub = make_stub()
+    argv = ["bench", "serve", "--base-url", stub.url, "--workload", "burst", "--num-requests", "3",
+            "--max-output-tokens", "4", "--max-prompt-tokens", "16", "--no-progress",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert headway_main(argv) == 0
+    meta = json.loads((tmp_path / "summary.json").read_text())["meta"]
+    assert meta["command"].startswith("headway bench serve --base-url " + stub.url)
+    assert any(stub.url in note for note in meta["notes"])  # the endpoint the numbers were measured on
+    out2 = tmp_path / "again"
+    assert main([*argv[:-1], str(out2)]) == 0  # python -m headway.serve
+    assert json.loads((out2 / "summary.json").read_text())["meta"]["command"].startswith(
+        "python -m headway.serve bench serve"
+    )
+
+
 def test_bench_cli_reports_goodput(make_stub, capsys):
     # a loose target every request meets and an impossible one none meets
     stub = make_stub()
@@ -360,6 +380,7 @@ def test_bench_cli_speaks_vllm_bench_serve(make_stub, capsys, tmp_path):
         "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts", "request_rate",
         "burstiness", "max_concurrency", "duration", "completed", "failed", "total_input_tokens",
         "total_output_tokens", "request_throughput", "request_goodput", "output_throughput",
+        "max_output_tokens_per_s", "max_concurrent_requests",
         "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "errors",
         "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms",
         "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms",
@@ -370,6 +391,33 @@ def test_bench_cli_speaks_vllm_bench_serve(make_stub, capsys, tmp_path):
     assert all(len(gaps) == 2 for gaps in result["itls"])  # 3 streamed tokens: 2 gaps each
     assert result["request_goodput"] > 0 and result["p99_e2el_ms"] >= result["median_e2el_ms"] > 0
     assert stub.stub.stats.completed == 5  # chat, through --endpoint /v1/chat/completions
+
+
+def test_the_result_json_has_vllms_peak_throughput_and_concurrency():
+    # vllm bench serve writes max_output_tokens_per_s and max_concurrent_requests (the busiest
+    # one-second buckets from the first request's start); tools reading its files read them too
+    from headway.core import Request, RequestState
+    from headway.serve._bench_result import vllm_bench_result
+
+    def done(rid: str, start: float, first: float, gaps: list[float]) -> Request:
+        r = Request(rid, start, 8, 16)
+        r.state = RequestState.FINISHED
+        r.first_token_time, r.extra["itl"] = first, gaps
+        r.num_output_tokens = len(gaps) + 1
+        r.last_token_time = r.finish_time = first + sum(gaps)
+        return r
+
+    a = done("a", 0.0, 0.5, [0.25, 0.5])  # tokens at 0.5, 0.75 | 1.25
+    b = done("b", 0.25, 0.75, [0.125] * 3)  # tokens at 0.75, 0.875 | 1.0, 1.125
+    c = Request("c", 0.5, 8, 16)
+    c.state, c.finish_time = RequestState.ABORTED, 3.0  # failed: not counted
+    result = vllm_bench_result([a, b, c], label="x", model_id="m", request_rate=1.0, burstiness=1.0,
+                               max_concurrency=None, goodput=None, duration=1.25)  # fmt: skip
+    assert result["max_output_tokens_per_s"] == 4.0
+    assert result["max_concurrent_requests"] == 2
+    empty = vllm_bench_result([c], label="x", model_id="m", request_rate=1.0, burstiness=1.0,
+                              max_concurrency=None, goodput=None, duration=1.0)  # fmt: skip
+    assert (empty["max_output_tokens_per_s"], empty["max_concurrent_requests"]) == (0.0, 0)
 
 
 def test_bench_cli_endpoint_spellings(make_stub, capsys, tmp_path):

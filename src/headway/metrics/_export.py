@@ -57,10 +57,13 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "slo_attainment",
     "goodput",
     "jain_fairness",
+    "prefix_cache_hit_rate",
 )
 """Columns of the summary CSV: one row per run; latency columns are in seconds
 (``normalized_latency_*`` in seconds per output token; ``itl_*`` over every gap between
-streamed tokens, empty where nothing was streamed, as in simulation)."""
+streamed tokens, empty where nothing was streamed, as in simulation; ``prefix_cache_hit_rate`` a
+fraction, the per-request CSV's ``num_cached_tokens`` over those rows' ``num_prompt_tokens``, empty
+where no engine reported it)."""
 
 GROUP_COLUMNS: tuple[str, ...] = (
     "run",
@@ -183,6 +186,7 @@ def summary_row(summary: RunSummary) -> dict[str, Cell]:
             "slo_attainment": summary.slo_attainment,
             "goodput": summary.goodput,
             "jain_fairness": summary.jain_fairness,
+            "prefix_cache_hit_rate": summary.prefix_cache_hit_rate,
         }
     )
     return _nan_to_none(row)

@@ -45,6 +45,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "normalized_latency",
     "num_preemptions",
     "num_recomputed_tokens",
+    "num_cached_tokens",
     "slo_met",
 )
 
@@ -122,6 +123,7 @@ def _row(m: _Metrics) -> dict[str, Cell]:
         "normalized_latency": m.normalized,
         "num_preemptions": r.num_preemptions,
         "num_recomputed_tokens": r.num_recomputed_tokens,
+        "num_cached_tokens": r.num_cached_tokens,
         "slo_met": m.slo_met,
     }
 
@@ -135,7 +137,10 @@ def request_rows(requests: Iterable[Request], *, slo: SLO | str | None = None) -
 
     Derived latencies (``queueing_delay``, ``ttft``, ``tpot``, ``e2e_latency``,
     ``normalized_latency``) are ``None`` for requests that did not finish;
-    ``slo_met`` is ``None`` without an SLO.
+    ``slo_met`` is ``None`` without an SLO. ``num_cached_tokens`` (prompt tokens the prefix
+    cache held when the request was first scheduled) is ``None`` where the engine did not say,
+    so the run's ``prefix_cache_hit_rate`` is the sum of this column over the sum of
+    ``num_prompt_tokens`` of the rows that have it.
     """
     slo_ = _coerce_slo(slo)
     return [_row(_measure(r, slo_)) for r in requests]

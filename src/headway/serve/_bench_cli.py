@@ -369,7 +369,13 @@ def _run_bench(args: argparse.Namespace) -> int:
             for line in _abort_messages(requests, summary.aborted_by_reason, workload, cfg):
                 print(line)
     if args.out:
-        write_report(Path(args.out), {args.name: (summary, requests)}, title=f"bench serve {args.workload}")
+        write_report(
+            Path(args.out),
+            {args.name: (summary, requests)},
+            title=f"bench serve {args.workload}",
+            notes=[start.removeprefix("headway: ")],
+            command=getattr(args, "command_line", None),  # summary.json says how it was made, as simulate's
+        )
     if args.save_result:
         from headway.serve._bench_result import result_filename, vllm_bench_result, write_result
 

@@ -10,7 +10,9 @@ tools reading vLLM's results read these too. Statistics are over completed reque
 - ITL: every gap between consecutive content chunks of a streamed request (none without
   streaming, then the ITL statistics are 0, as vLLM reports for an empty list);
 - ``duration``: from the first request sent to the last finished (headway's makespan);
-- ``request_goodput``: requests meeting every ``--goodput`` target per second (None without).
+- ``request_goodput``: requests meeting every ``--goodput`` target per second (None without);
+- ``max_output_tokens_per_s``/``max_concurrent_requests``: the busiest one-second bucket of output
+  tokens and of requests in flight, counted as vLLM counts them.
 
 What vLLM records and headway's client does not (``generated_texts``, a tokenizer id, spec-decode
 and ramp-up statistics) is left out rather than filled with made-up values.
@@ -42,6 +44,30 @@ def _stats(result: dict[str, Any], name: str, values: Sequence[float], percentil
     for p in percentiles:
         word = str(int(p)) if int(p) == p else str(p)
         result[f"p{word}_{name}_ms"] = float(np.percentile(arr, p)) * 1000
+
+
+def _peaks(done: Sequence[Request]) -> tuple[float, int]:
+    """``max_output_tokens_per_s`` and ``max_concurrent_requests`` as ``vllm bench serve`` computes
+    them: tokens (the first at the TTFT, one more after each ITL gap) and requests in flight counted
+    in one-second buckets from the first completed request's start; the largest bucket of each."""
+    if not done:
+        return 0.0, 0
+    starts = [r.arrival_time for r in done]
+    ends = [r.finish_time if r.finish_time is not None else r.arrival_time for r in done]
+    t0 = min(starts)
+    n = int(np.ceil(max(ends) - t0)) + 1
+    tokens = np.zeros(n)
+    active = np.zeros(n)
+    for r, start, end in zip(done, starts, ends, strict=True):
+        first = r.first_token_time if r.first_token_time is not None else end
+        times = np.cumsum([first, *(float(g) for g in r.extra.get(_ITL_KEY) or ())])  # type: ignore[attr-defined]
+        for t in times:
+            bucket = int(t - t0)
+            if 0 <= bucket < n:
+                tokens[bucket] += 1
+        for second in range(int(start - t0), int(end - t0) + 1):
+            active[second] += 1
+    return float(np.max(tokens)), int(np.max(active))
 
 
 def vllm_bench_result(
@@ -116,6 +142,7 @@ def vllm_bench_result(
             for r in requests
         ],
     }
+    result["max_output_tokens_per_s"], result["max_concurrent_requests"] = _peaks(done)
     _stats(result, "ttft", ttfts, percentiles)
     _stats(result, "tpot", tpots, percentiles)
     _stats(result, "itl", itls, percentiles)

@@ -13,6 +13,8 @@ import argparse
 import json
 import logging
 import os
+import shlex
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -474,5 +476,6 @@ def main(argv: list[str] | None = None) -> int:
     add_stub_parser(sub)
     refuse_abbreviations(parser)
     args = parser.parse_args(argv)
+    args.command_line = "python -m headway.serve " + shlex.join(sys.argv[1:] if argv is None else argv)
     rc: int = args.func(args)
     return rc
