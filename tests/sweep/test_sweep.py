@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import math
 from pathlib import Path
 
@@ -151,3 +153,18 @@ def test_sweep_cli_writes_report_and_fails_loudly(tmp_path: Path) -> None:
     assert (out / "curves.png").stat().st_size > 0
     agg = (out / "aggregate.csv").read_text()
     assert "fcfs" in agg and not math.isnan(float(agg.splitlines()[1].split(",")[6]))
+
+
+def test_a_sweep_says_when_every_seed_gave_the_same_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a replayed log with its own arrival times and lengths draws nothing from the seed: its "mean over
+    # seeds" was one run shown as if it were several
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"prompt": f"q{i}", "output_tokens": 20 + 7 * i, "arrival_time": 0.3 * i}) + "\n"
+                           for i in range(30)))  # fmt: skip
+    grid = tmp_path / "g.toml"
+    grid.write_text(f"policies = ['fcfs']\nworkloads = ['default', {str(log)!r}]\nseeds = [0, 1]\nnum_requests = 30\n")
+    assert main(["sweep", "--grid", str(grid), "--no-ray", "--out", str(tmp_path / "out")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"every seed gave the same run for fcfs on {log}" in out and "fcfs on default" not in out
+    rows = list(csv.DictReader((tmp_path / "out" / "aggregate.csv").read_text().splitlines()))
+    assert [r["distinct_runs"] for r in rows] == ["2", "1"]

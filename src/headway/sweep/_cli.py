@@ -73,6 +73,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         )
     rows = aggregate(results)
     console.print(_table(rows))
+    if same := _seeds_alike(rows):
+        console.print(f"[yellow]{same}[/]")
     paths = write_sweep_report(out, results, rows)
     console.print(f"report: {', '.join(str(p) for p in paths)}")
     if failures:
@@ -92,6 +94,18 @@ def _noisy_oracle_note(grid: Any) -> str | None:
     return (
         f"{', '.join(scored)}: ranked by a noisy oracle's length scores at Kendall tau {grid.scorer_tau} "
         "(scorer_tau) where a workload has no scores; policy_args.NAME.scorer picks a predictor instead"
+    )
+
+
+def _seeds_alike(rows: Sequence[dict[str, Any]]) -> str | None:
+    """A note naming the rows whose seeds all gave the same run (their "mean over seeds" is one run)."""
+    alike = [r for r in rows if r["seeds"] - r["failed"] > 1 and r["distinct_runs"] == 1]
+    if not alike:
+        return None
+    which = "; ".join(f"{r['policy']} on {r['workload']} at rate {_fmt(r['rate'])}" for r in alike)
+    return (
+        f"every seed gave the same run for {which}: nothing there draws from the seed (a replayed trace "
+        "keeps its recorded arrivals, scaled to the rate, and its lengths), so each row is one run, not a mean"
     )
 
 
@@ -119,8 +133,10 @@ def _table(rows: Sequence[dict[str, Any]]) -> Any:
         "norm_mean",
         "goodput_rps",
     ]
+    units = {"e2e_mean": "s", "e2e_p99": "s", "ttft_p99": "s", "norm_mean": "s/token", "goodput_rps": "req/s"}
     for c in cols:
-        table.add_column(Text(c), justify="left" if c in ("preset", "workload", "policy") else "right")
+        head = f"{c} ({units[c]})" if c in units else c
+        table.add_column(Text(head), justify="left" if c in ("preset", "workload", "policy") else "right")
     for row in rows:
         table.add_row(*(Text(_fmt(row[c])) for c in cols))
     return table

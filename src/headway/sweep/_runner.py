@@ -156,7 +156,8 @@ def run_sweep(
 
 
 def aggregate(results: Sequence[TaskResult]) -> list[dict[str, Any]]:
-    """Mean over seeds of each (preset, workload, policy, rate), in grid order."""
+    """Mean over seeds of each (preset, workload, policy, rate), in grid order, with how many of its
+    seeds' runs differ (``distinct_runs``)."""
     groups: dict[tuple[str, str, str, float | None], list[TaskResult]] = {}
     for r in results:
         t = r.task
@@ -175,5 +176,8 @@ def aggregate(results: Sequence[TaskResult]) -> list[dict[str, Any]]:
         for name in METRIC_NAMES:
             vals = [m[name] for m in ok if not math.isnan(m[name])]
             row[name] = sum(vals) / len(vals) if vals else float("nan")
+        # runs whose metrics differ: 1 of several seeds means nothing drew from the seed (a replayed
+        # trace with its own times and lengths, a policy without random draws): one run, not a mean
+        row["distinct_runs"] = len({tuple(repr(m[name]) for name in METRIC_NAMES) for m in ok})
         rows.append(row)
     return rows
