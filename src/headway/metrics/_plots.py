@@ -166,7 +166,7 @@ def plot_latency_cdfs(runs: Mapping[str, Sequence[Request]]) -> Figure:
                 label=_label(name, family),
             )
         ax.set_xlabel(label)
-        ax.set_ylabel("fraction of requests")
+        ax.set_ylabel("fraction of completed requests")
         ax.set_ylim(0.0, 1.02)
         ax.grid(True, alpha=0.3)
         if not all_vals:
