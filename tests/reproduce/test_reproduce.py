@@ -228,3 +228,22 @@ def test_driftsched_drift_comes_from_two_real_models():
     ratios = {round(p.after / p.before, 3) for p in alpaca}
     assert len(ratios) > 100  # ...by no single constant
     assert all(p.before == p.after for p in others)  # one model's answers only: no drift there
+
+
+def test_each_experiment_says_when_it_starts(monkeypatch, capsys):
+    # an experiment prints its claims when it ends, minutes later: `reproduce all` was silent until then
+    import headway.reproduce as reproduce
+
+    class Started(Exception):
+        pass
+
+    def runner(out, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(reproduce, "_runner", lambda name: runner)
+    with pytest.raises(Started):
+        reproduce.run_reproduction("driftsched", "unused", quick=True, seed=2, num_seeds=3)
+    assert capsys.readouterr().err == "reproducing driftsched (seeds 2-4, quick) ...\n"
+    with pytest.raises(Started):
+        reproduce.run_reproduction("uniboost", "unused", echo=False)
+    assert capsys.readouterr().err == ""

@@ -81,6 +81,9 @@ def run_reproduction(
         kwargs: dict[str, Any] = {"quick": quick, "seeds": tuple(range(seed, seed + num_seeds))}
         if n == "pars" and predictor is not None:
             kwargs["predictor"] = predictor
+        if echo:  # (an experiment prints its claims when it ends: minutes later without --quick)
+            seeds = f"seed {seed}" if num_seeds == 1 else f"seeds {seed}-{seed + num_seeds - 1}"
+            print(f"reproducing {n} ({seeds}{', quick' if quick else ''}) ...", file=sys.stderr, flush=True)
         exp = _runner(n)(out, **kwargs)
         cmd = command or f"headway reproduce {n} --out {out} --seed {seed} --seeds {num_seeds}" + (
             " --quick" if quick else ""
