@@ -62,8 +62,11 @@ class Backend:
     """A poll of its ``/metrics`` has read its load at least once."""
     load_unreadable: bool = False
     """Polled, it answered but no poll has read its load yet (its ``/metrics`` a 404 or without
-    vLLM's or SGLang's gauges: most often a wrong URL): no room, and not counted as reachable,
-    until a poll reads one, rather than sending requests where nothing says they can be served."""
+    vLLM's or SGLang's gauges) and its ``/v1/models`` list nothing: most often a wrong URL. No
+    room, and not :attr:`usable`, until a poll reads its load or its models, rather than sending
+    requests where nothing says they can be served."""
+    no_load_warned: bool = False
+    """The warning that it lists models but its ``/metrics`` tell no load was logged."""
     models: tuple[str, ...] | None = None
     """The model ids its ``/v1/models`` listed last (sorted; None until read, :mod:`._models`)."""
     extra: dict[str, object] = field(default_factory=dict)
@@ -71,6 +74,12 @@ class Backend:
     @property
     def url(self) -> str:
         return self.config.url
+
+    @property
+    def usable(self) -> bool:
+        """Whether it can be sent requests at all: reachable, and not :attr:`load_unreadable`
+        (``/health``, the 503 ``no_backend``, ``headway_backend_up``)."""
+        return self.reachable and not self.load_unreadable
 
     def has_room(self, now: float) -> bool:
         c = self.config
@@ -422,8 +431,8 @@ class Dispatcher:
     def any_reachable(self) -> bool:
         """Whether some backend's last connection attempt (a request's or a ``/metrics`` poll's) did
         not fail (``Backend.reachable``), and its ``/metrics``, if polled, are not unreadable
-        (``Backend.load_unreadable``)."""
-        return any(b.reachable and not b.load_unreadable for b in self.backends)
+        (``Backend.usable``)."""
+        return any(b.usable for b in self.backends)
 
     def all_backends_excluded(self, exclude: frozenset[int]) -> bool:
         return all(b.index in exclude for b in self.backends)

@@ -281,7 +281,7 @@ class Gateway:
         return [(b.url, b.in_flight) for b in self.backends]
 
     def _backend_up(self) -> list[tuple[str, int]]:
-        return [(b.url, int(b.reachable and not b.load_unreadable)) for b in self.backends]
+        return [(b.url, int(b.usable)) for b in self.backends]
 
     def _drift_bias(self) -> dict[str, float]:
         """A DriftSched policy's learned ``B_runtime`` per category (``{}`` for other policies)."""
@@ -364,8 +364,8 @@ class Gateway:
             if b.load_unreadable:
                 log.info("backend %s: its /v1/models answer now: it takes requests", b.url)
                 b.load_unreadable = False
-            if b.last_poll_ok or (answered and not b.load_read and not b.extra.get("no_load_warned")):
-                b.extra["no_load_warned"] = True
+            if b.last_poll_ok or (answered and not b.load_read and not b.no_load_warned):
+                b.no_load_warned = True
                 limit = b.config.max_concurrency
                 log.warning(
                     "backend %s: cannot read its load from its /metrics (%s): it is sent requests %s; use vLLM's "
