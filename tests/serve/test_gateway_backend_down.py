@@ -247,3 +247,24 @@ def test_the_body_sent_gets_the_limit_only_when_it_names_no_length(servers, make
     gw = make_gateway([_echo_backend(servers, received)])
     assert httpx.post(gw.url + "/v1/completions", json={"prompt": "x"}).status_code == 200
     assert received == [{"prompt": "x"}]
+
+
+def test_a_poll_that_gets_no_answer_neither_blocks_nor_unblocks_a_backend(caplog):
+    """Only an answer says what is at a URL: a poll that timed out left a blocked wrong URL usable
+    again ("its /v1/models answer now"), and told a backend whose load had been read, and stands,
+    that it was sent requests "as if idle"."""
+    from headway.serve._dispatch import Backend
+    from headway.serve._gateway import Gateway
+
+    caplog.set_level("INFO", logger="headway.serve")
+    timeout = httpx.ReadTimeout("timed out")
+    wrong = Backend(BackendConfig("http://127.0.0.1:1/wrong", metrics_poll_s=1.0), 0, load_unreadable=True)
+    Gateway._poll_failed(wrong, timeout, answered=False)
+    assert wrong.load_unreadable and not wrong.usable
+    read = Backend(BackendConfig("http://127.0.0.1:1", metrics_poll_s=1.0), 1, load_read=True, models=("m",))
+    Gateway._poll_failed(read, httpx.ReadTimeout("timed out"), answered=True)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [  # the plain line for each: nothing answered, nothing learned
+        "backend http://127.0.0.1:1/wrong: cannot read its /metrics (timed out)",
+        "backend http://127.0.0.1:1: cannot read its /metrics (timed out)",
+    ]

@@ -351,29 +351,33 @@ class Gateway:
         SGLang's metrics (SGLang without ``--enable-metrics``): it is sent requests as before, as
         its ``max_concurrency`` allows, with a warning that nothing tells how busy it is."""
         reason = f"HTTP {exc.response.status_code}" if isinstance(exc, httpx.HTTPStatusError) else str(exc)
-        if answered and not b.load_read and b.models is None:
-            if not b.load_unreadable:
-                log.error(
-                    "backend %s: takes no requests: neither its /metrics (%s) nor its /v1/models answer as an "
-                    "OpenAI server's do; check the URL (the server's root, e.g. http://HOST:8000)",
-                    b.url,
-                    reason,
-                )
-            b.load_unreadable = True
-        else:
-            if b.load_unreadable:
-                log.info("backend %s: its /v1/models answer now: it takes requests", b.url)
-                b.load_unreadable = False
-            if b.last_poll_ok or (answered and not b.load_read and not b.no_load_warned):
-                b.no_load_warned = True
-                limit = b.config.max_concurrency
-                log.warning(
-                    "backend %s: cannot read its load from its /metrics (%s): it is sent requests %s; use vLLM's "
-                    "or SGLang's metrics (SGLang: --enable-metrics), or bound it with --backend-concurrency N",
-                    b.url,
-                    reason,
-                    f"up to its max_concurrency {limit}" if limit else "as if idle",
-                )
+        if answered and not b.load_read:
+            if b.models is None:  # nothing there answers as an OpenAI server
+                if not b.load_unreadable:
+                    log.error(
+                        "backend %s: takes no requests: neither its /metrics (%s) nor its /v1/models answer as "
+                        "an OpenAI server's do; check the URL (the server's root, e.g. http://HOST:8000)",
+                        b.url,
+                        reason,
+                    )
+                b.load_unreadable = True
+            else:
+                if b.load_unreadable:
+                    log.info("backend %s: its /v1/models answer now: it takes requests", b.url)
+                    b.load_unreadable = False
+                if not b.no_load_warned:
+                    b.no_load_warned = True
+                    limit = b.config.max_concurrency
+                    log.warning(
+                        "backend %s: cannot read its load from its /metrics (%s): it is sent requests %s; use "
+                        "vLLM's or SGLang's metrics (SGLang: --enable-metrics), or bound it with "
+                        "--backend-concurrency N",
+                        b.url,
+                        reason,
+                        f"up to its max_concurrency {limit}" if limit else "as if idle",
+                    )
+        elif b.last_poll_ok:  # its last load stands
+            log.warning("backend %s: cannot read its /metrics (%s)", b.url, reason)
         b.last_poll_ok = False
 
     # -------------------------------------------------------------- handlers
