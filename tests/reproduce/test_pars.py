@@ -9,18 +9,25 @@ import pytest
 from headway.reproduce import Experiment
 
 
+@pytest.fixture
+def trained(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Path]:
+    """The cache in ``tmp_path`` and training replaced by a list of the paths it would train into."""
+    pytest.importorskip("torch")
+    import headway.predict.train as train
+
+    paths: list[Path] = []
+    monkeypatch.setenv("HEADWAY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(train, "train_predictor", lambda config, path: paths.append(path))
+    return paths
+
+
 def test_training_a_predictor_is_told_when_it_starts_and_noted_in_the_report(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    trained: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # training takes minutes and the report is written at the end: a line kept only for the report
     # leaves the command silent all that time
-    pytest.importorskip("torch")
-    import headway.predict.train as train
     from headway.reproduce import pars
 
-    trained: list[Path] = []
-    monkeypatch.setenv("HEADWAY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(train, "train_predictor", lambda config, path: trained.append(path))
     exp = Experiment("pars", "PARS")
     path = pars._checkpoint("pairwise-frozen", pars._note_and_tell(exp), mode="frozen", loss="pairwise")
     assert trained == [path] and path == tmp_path / "predictors" / "reproduce-pairwise-frozen"
@@ -40,18 +47,13 @@ def _cached(tmp_path: Path, name: str, **training: object) -> Path:
 
 
 def test_a_cached_predictor_is_used_only_when_trained_with_the_settings_asked_now(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    trained: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # a checkpoint left in the cache by an earlier version's recipe was used silently: the report's
     # figures then came from a predictor the command no longer trains
-    pytest.importorskip("torch")
-    import headway.predict.train as train
     from headway.predict.train import TrainConfig
     from headway.reproduce import pars
 
-    trained: list[Path] = []
-    monkeypatch.setenv("HEADWAY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(train, "train_predictor", lambda config, path: trained.append(path))
     wanted = TrainConfig(threads=2, progress=False, mode="frozen", loss="pairwise").as_dict()
     same = _cached(tmp_path, "pairwise-frozen", **{**wanted, "threads": 8})  # threads only set the speed
     older = _cached(tmp_path, "pointwise-frozen", **{**wanted, "loss": "pointwise", "epochs": 3})
