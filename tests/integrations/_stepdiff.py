@@ -206,6 +206,7 @@ def sim_outcome(
     ``max_num_queued_tokens``) turned away, with the limit, as vLLM names it."""
     bs = scenario["block_size"]
     hb = scenario.get("hash_block_size", bs)
+    model_len = int(scenario.get("max_model_len", MAX_MODEL_LEN))
     specs = [
         RequestSpec(
             r["id"], arrivals[r["id"]] if arrivals else float(r["arrive"]), len(r["prompt"]),
@@ -220,6 +221,9 @@ def sim_outcome(
         Workload.from_specs("scenario", specs), scenario["policy"], preset=UNIT_STEP,
         scheduler=SchedulerConfig(
             max_num_batched_tokens=scenario["max_num_batched_tokens"], max_num_seqs=scenario["max_num_seqs"],
+            # vLLM's max_model_len where its cache could hold it (the harness builds vLLM's scheduler
+            # on smaller caches too, which vLLM itself would refuse to start: there, the cache's size)
+            max_model_len=model_len if (scenario["num_blocks"] - 1) * bs >= model_len else None,
             enable_chunked_prefill=scenario["chunked_prefill"], max_steps_per_event=1,
             scheduler_reserve_full_isl=scenario.get("reserve_full_isl", True),
             async_scheduling=arrivals is not None if async_scheduling is None else async_scheduling,

@@ -110,6 +110,20 @@ def test_admission_needs_blocks_for_the_whole_prompt(vllm_steps: VllmSteps) -> N
     assert sim_outcome(chunk_only) == ref
 
 
+def test_an_output_stops_at_max_model_len(vllm_steps: VllmSteps) -> None:
+    """vLLM's scheduler stops a request once its prompt and output reach ``max_model_len`` (512
+    here), whatever its ``max_tokens``: r0's 500-token prompt gets 12 of its 30 tokens; so does the
+    simulator given the same ``max_model_len``, and not without it (a cache of 1,008 tokens)."""
+    reqs = _requests(list(range(1, 501)), list(range(600, 700)), max_tokens=30)
+    scenario = _engine(prefix_caching=False, requests=reqs)
+    steps = vllm_steps.run(scenario, "vllm")["steps"]
+    ref = vllm_outcome(steps)
+    r0_steps = [s for s in steps if "r0" in s["sched"]]
+    assert sum(n for s in r0_steps for n, _ in [s["sched"]["r0"]]) == 500 + 12 - 1  # the last token is not fed back
+    assert sim_outcome(scenario) == ref
+    assert sim_outcome({**scenario, "max_model_len": 2048}) != ref  # (2,048: more than the cache, so its size)
+
+
 @settings(deadline=None, derandomize=True)
 @given(scenario=scenarios(aborts=False, burst=True), policy=st.sampled_from(["fcfs", "priority"]))
 def test_under_kv_pressure_sim_makes_vllms_decisions(

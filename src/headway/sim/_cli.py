@@ -157,6 +157,14 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="KEY=VALUE",
         help="a router setting, e.g. separation=1 (repeatable)",
     )
+    e.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the model's context length, as vLLM's: a prompt of N tokens or more is refused (vLLM answers 400) "
+        "and an output stops at N (default: what the KV cache holds)",
+    )
     e.add_argument("--max-num-seqs", type=int, default=256, help="most requests in a step, as vLLM's (default 256)")
     e.add_argument(
         "--max-num-active-seqs",
@@ -267,7 +275,7 @@ _FLAGS = {
         "num_requests", "rate", "burstiness", "output_cv", "seed", "format", "think_time", "client_timeout",
         "system_prompts", "system_prompt_tokens",
         # the engine's (SchedulerConfig, CacheConfig)
-        "max_num_seqs", "max_num_active_seqs", "max_num_batched_tokens", "max_num_queued_reqs",
+        "max_model_len", "max_num_seqs", "max_num_active_seqs", "max_num_batched_tokens", "max_num_queued_reqs",
         "max_num_queued_tokens", "watermark", "long_prefill_token_threshold", "block_size",
         "gpu_memory_utilization", "num_gpu_blocks",
     )
@@ -445,6 +453,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         scheduler = SchedulerConfig(
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
             max_num_active_seqs=args.max_num_active_seqs,
             watermark=args.watermark,
             max_num_queued_reqs=args.max_num_queued_reqs,
@@ -466,6 +475,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise _flag_error(exc) from None
     presets = [load_preset(p) for p in fleet_presets(args.preset, args.replicas)]
+    try:
+        for preset in presets:
+            cache.check_model_len(scheduler, preset)
+    except ValueError as exc:
+        raise _flag_error(exc) from None
     fleet = len(presets) > 1
     router_kwargs = _parse_kv(args.router_arg, "--router-arg")
     get_router_class(args.router)  # an unknown name fails here, listing the valid ones

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from headway.sim._cost import CostModel
 
 __all__ = ["CacheConfig", "SchedulerConfig"]
 
@@ -16,6 +19,12 @@ class SchedulerConfig:
     """Token budget of one engine step (prefill chunks + one token per decode)."""
     max_num_seqs: int = 256
     """Most requests running at once."""
+    max_model_len: int | None = None
+    """vLLM's ``--max-model-len``, the model's context length: a prompt of this many tokens or more
+    is refused before it reaches the engine (vLLM's API server answers 400, "This model's maximum
+    context length is ..."), and an output stops where prompt and output reach it. None: as many
+    tokens as the KV cache holds (and, with chunked prefill off, as the token budget), as before;
+    a length the KV cache cannot hold fails as vLLM fails to start."""
     max_num_active_seqs: int | None = None
     """vLLM's option of this name: most requests admitted into the running set, when lower than
     ``max_num_seqs`` (which then only sizes the model runner); None: ``max_num_seqs``."""
@@ -69,6 +78,15 @@ class SchedulerConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({self.max_num_seqs}) so every running decode fits a step"
             )
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        limit = self.max_model_len
+        if limit is not None and not self.enable_chunked_prefill and self.max_num_batched_tokens < limit:
+            raise ValueError(  # vLLM's own check
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len ({limit}): "
+                "without chunked prefill a prompt must fit one step; increase max_num_batched_tokens or decrease "
+                "max_model_len"
+            )
         if self.max_num_active_seqs is not None and not 1 <= self.max_num_active_seqs <= self.max_num_seqs:
             raise ValueError(
                 f"max_num_active_seqs must be between 1 and max_num_seqs ({self.max_num_seqs}), "
@@ -112,3 +130,18 @@ class CacheConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
+
+    def blocks(self, cost: CostModel) -> int:
+        """The KV blocks of an engine on ``cost``'s hardware: ``num_gpu_blocks``, else what its memory holds."""
+        return self.num_gpu_blocks or cost.num_gpu_blocks(self.gpu_memory_utilization, self.block_size)
+
+    def check_model_len(self, scheduler: SchedulerConfig, cost: CostModel) -> None:
+        """vLLM refuses to start when its KV cache cannot hold one sequence of ``max_model_len``: so does this."""
+        limit = scheduler.max_model_len
+        blocks = self.blocks(cost)
+        if limit is not None and limit > blocks * self.block_size:
+            raise ValueError(
+                f"max_model_len {limit:,} does not fit the KV cache on {cost.name}: {blocks:,} blocks of "
+                f"{self.block_size} tokens hold {blocks * self.block_size:,} (vLLM would not start: lower "
+                "max_model_len, or give the cache more blocks)"
+            )

@@ -132,7 +132,7 @@ class Replica(Preemption):
         self.cfg = scheduler
         self.name = name
         self.bs = cache.block_size
-        self.num_blocks = cache.num_gpu_blocks or cost.num_gpu_blocks(cache.gpu_memory_utilization, cache.block_size)
+        self.num_blocks = cache.blocks(cost)
         self.free = self.num_blocks
         # vLLM's watermark is a share of its block pool, which holds one more block (its null block)
         self.watermark_blocks = int(scheduler.watermark * (self.num_blocks + 1))
@@ -143,7 +143,10 @@ class Replica(Preemption):
         self._keyed = False  # some request here has block keys (prefix caching only)
         self._join_ids = itertools.count()  # Seq.order
         cap = self.num_blocks * self.bs
-        if not scheduler.enable_chunked_prefill:
+        if scheduler.max_model_len is not None:
+            cache.check_model_len(scheduler, cost)
+            cap = scheduler.max_model_len
+        elif not scheduler.enable_chunked_prefill:
             cap = min(cap, scheduler.max_num_batched_tokens)
         self.max_model_len = cap
         self.waiting = PolicyQueue(policy)
