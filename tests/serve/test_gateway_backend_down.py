@@ -35,7 +35,10 @@ def _post_in_thread(url: str, body: dict, out: list[httpx.Response]) -> threadin
 
 
 # ----------------------------------------------------------- reachability from the /metrics poller
-def test_health_is_degraded_while_the_polled_backend_cannot_be_reached_with_no_request_sent(servers, make_gateway):
+def test_health_is_degraded_while_the_polled_backend_cannot_be_reached_with_no_request_sent(
+    servers, make_gateway, caplog
+):
+    caplog.set_level("INFO", logger="headway.serve")
     port = free_port()
     gw = make_gateway([BackendConfig(f"http://127.0.0.1:{port}", metrics_poll_s=0.05)])
     with gw.client() as c:
@@ -48,6 +51,10 @@ def test_health_is_degraded_while_the_polled_backend_cannot_be_reached_with_no_r
         wait_until(lambda: c.get("/health").status_code == 200, what="/health to be ok again")
         assert c.get("/health").json()["status"] == "ok"
         assert f"{up} 1.0" in c.get("/metrics").text
+        # a gateway started before its backend: the first answer is not "again"
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("backend http")]
+        assert f"backend http://127.0.0.1:{port}: reachable" in said
+        assert not [m for m in said if "reachable again" in m]
 
 
 def test_a_backend_without_polling_counts_as_reachable_until_a_request_fails_there(make_gateway):

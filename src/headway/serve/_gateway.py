@@ -304,6 +304,7 @@ class Gateway:
         to a closed port; the next poll that connects makes it reachable again."""
         assert self.client is not None
         models_due = True  # read at the first answer, and at the first after it was unreachable
+        seen = False  # it has answered a poll (a gateway may start before its backends)
         while True:
             answered = False
             try:
@@ -319,8 +320,8 @@ class Gateway:
             else:
                 answered = True
                 if not b.reachable:
-                    log.info("backend %s: reachable again", b.url)
-                b.reachable = True  # it answered, whatever its /metrics say
+                    log.info("backend %s: reachable%s", b.url, " again" if seen else "")
+                b.reachable = seen = True  # it answered, whatever its /metrics say
                 try:
                     r.raise_for_status()
                     load = parse_backend_load(r.text)
