@@ -320,3 +320,29 @@ def test_cross_source_packed_checkpoint_resolves_packaged_names_and_names_a_miss
     assert f"--checkpoint {missing}: no such packed predictor" in capsys.readouterr().err
     assert main(["predictor", "cross-source", "--checkpoint", str(own), "--data-dir", str(tmp_path)]) == 2
     assert f"{own}: not a packed predictor" in capsys.readouterr().err  # an empty file, refused as early
+
+
+def test_eval_takes_the_default_the_shipped_and_a_packed_predictor(
+    synthetic_jsonl: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the default predictor (nothing trained into this test's cache: the shipped one), by the names
+    # pars.scorer=default and cross-source --checkpoint use; its figures are its own scores' figures
+    from headway.predict.data import load_dataset
+    from headway.predict.evaluate import rank_metrics
+    from headway.predict.shipped import ShippedPredictor
+
+    shipped = ShippedPredictor()
+    data = load_dataset(str(synthetic_jsonl), "tokens")
+    want = rank_metrics(shipped.score(data.prompts()), data.lengths(), 0.2, data.unit_label).kendall_tau_b
+    for model in ("default", "shipped", "pars-minilm-default.npz"):  # (the shipped pack, by its name)
+        argv = ["predictor", "eval", "--model", model, "--data", str(synthetic_jsonl), "--json", "--no-progress"]
+        assert main(argv) == 0
+        assert json.loads(capsys.readouterr().out)["all"]["kendall_tau_b"] == pytest.approx(want, abs=1e-6)
+    assert main(["predictor", "eval", "--model", "shipped", "--data", str(synthetic_jsonl), "--no-progress"]) == 0
+    sources = ", ".join(shipped.trained_on)
+    assert f"predictor shipped (trained on {sources}, backend onnx (packed))" in capsys.readouterr().out
+    # a packed predictor has no prompt split to evaluate on; a missing pack is named
+    assert main(["predictor", "eval", "--model", "shipped", "--data", str(synthetic_jsonl), "--split", "test"]) == 2
+    assert "--split test needs a checkpoint directory's prompt split" in capsys.readouterr().err
+    assert main(["predictor", "eval", "--model", "nope.npz", "--data", str(synthetic_jsonl)]) == 2
+    assert "--model nope.npz: no such packed predictor" in capsys.readouterr().err

@@ -185,12 +185,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from headway.predict.data import load_dataset, split_by_prompt
     from headway.predict.evaluate import evaluate_scorer, format_metrics
-    from headway.predict.score import Scorer
 
     if not (0.0 <= args.delta < 1.0):
         raise PredictError(f"--delta must be in [0, 1), got {args.delta}")
     data = load_dataset(args.data, args.unit, args.data_dir)
-    scorer = Scorer.from_checkpoint(args.model, args.backend, batch_size=args.batch_size, threads=args.threads)
+    scorer = _eval_scorer(args)
+    packed_sources = getattr(scorer, "trained_on", None)  # a packed predictor: the sources it was fitted on
+    if args.split != "all" and packed_sources is not None:
+        raise PredictError(
+            f"--split {args.split} needs a checkpoint directory's prompt split; --model {args.model} is a packed "
+            f"predictor (trained on {', '.join(packed_sources) or 'unrecorded sources'}): evaluate it with --split "
+            "all on data it did not train on"
+        )
     if args.split != "all":
         tr = scorer.meta.get("training", {})
         try:
@@ -202,7 +208,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({str(k) if k else "all": v.as_dict() for k, v in results.items()}, indent=2))
         return 0
-    trained_on = scorer.meta.get("data", {}).get("name", "?")
+    if packed_sources is not None:
+        trained_on = ", ".join(packed_sources) or "unrecorded sources"
+    else:
+        trained_on = scorer.meta.get("data", {}).get("name", "?")
     print(f"predictor {args.model} (trained on {trained_on}, backend {scorer.backend})")
     per_model = [m for model, m in results.items() if model is not None]
     pooled = f", the {len(per_model)} models' answers pooled (pairs across models too; per model below)"
@@ -220,12 +229,34 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         )
         label = f"mean over the {len(per_model)} models"
         print(f"  {label:<40} {'':<7} tau_b {tau:.4f}  Spearman {rho:.4f}  pair acc {acc:.4f}")
-    if args.split == "all" and trained_on == data.name:
+    if packed_sources is not None and data.name.partition(":")[0] in packed_sources:
+        print(
+            f"note: {args.model} was trained on {data.name.partition(':')[0]}: these figures are in-source; data "
+            "from a source it did not train on tells how it generalizes"
+        )
+    elif args.split == "all" and trained_on == data.name:
         print(
             f"note: {args.model} was trained on a data set named {trained_on}: --split all counts the prompts it "
             "trained on; --split test scores only those it held out"
         )
     return 0
+
+
+def _eval_scorer(args: argparse.Namespace) -> Any:
+    """``--model``: a checkpoint directory; ``default``, the predictor ``pars.scorer=default`` loads (one
+    trained into the cache, else the shipped one); ``shipped`` or ``FILE.npz``, a packed predictor."""
+    from headway.predict.score import Scorer, default_scorer
+
+    if args.model == "default":
+        return default_scorer(args.backend, batch_size=args.batch_size, threads=args.threads)
+    if args.model == "shipped" or args.model.endswith(".npz"):
+        from headway.predict.shipped import ShippedPredictor
+
+        path = None if args.model == "shipped" else _packed_file(args.model, "--model")
+        return ShippedPredictor(
+            path, threads=args.threads, batch_size=args.batch_size, int8=args.backend == "onnx-int8"
+        )
+    return Scorer.from_checkpoint(args.model, args.backend, batch_size=args.batch_size, threads=args.threads)
 
 
 def _parse_use(text: str) -> tuple[str, str]:
@@ -365,16 +396,15 @@ def _packed_row(checkpoint: str, threads: int) -> tuple[str, Any] | None:
     return f"{label} (trained on {', '.join(shipped.trained_on) or 'unrecorded sources'})", shipped
 
 
-def _packed_file(value: str) -> Path:
-    """``--checkpoint FILE.npz``: a packed predictor file, or the name of one that ships
-    (``pars-minilm-alpaca.npz``)."""
+def _packed_file(value: str, flag: str = "--checkpoint") -> Path:
+    """``FLAG FILE.npz``: a packed predictor file, or the name of one that ships (``pars-minilm-alpaca.npz``)."""
     from headway.predict.shipped import shipped_predictor_path
 
     path = Path(value)
     if not path.is_file() and path.name == value:
         path = shipped_predictor_path(value)
     if not path.is_file():
-        raise PredictError(f"--checkpoint {value}: no such packed predictor (a file, or the name of a packaged one)")
+        raise PredictError(f"{flag} {value}: no such packed predictor (a file, or the name of a packaged one)")
     return path
 
 
@@ -495,7 +525,14 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
         "built-in data set name.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--model", required=True, metavar="DIR", help="predictor checkpoint directory")
+    p.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR|default|shipped|FILE.npz",
+        help="a predictor checkpoint directory; default, the one pars.scorer=default loads (trained into the cache, "
+        "else the shipped one); shipped, the one in the package; or a packed predictor (a file, or the name of a "
+        "packaged one such as pars-minilm-alpaca.npz)",
+    )
     p.add_argument("--data", required=True, metavar="FILE|NAME", help="FILE.jsonl, alpaca_eval:MODEL, sharegpt, ...")
     p.add_argument(
         "--split",
