@@ -552,3 +552,21 @@ def test_simulate_says_when_a_dataset_is_sampled_with_replacement(
     assert "--num-requests 10 is more than the 4 requests" in out and "each about 2.5 times" in out
     assert main([*args, "--num-requests", "4"]) == 0
     assert "with replacement" not in capsys.readouterr().out
+
+
+def test_simulate_says_how_many_records_of_a_dataset_it_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # records without a prompt/response pair were dropped without a word unless none was left
+    records = [
+        {"id": "a", "conversations": [{"from": "human", "value": "Hello there"}, {"from": "gpt", "value": "Hi!"}]},
+        {"id": "b", "conversations": [{"from": "gpt", "value": "an answer to nothing"}]},
+        {"id": "c", "conversations": [{"from": "human", "value": "unanswered"}]},
+        {"id": "d", "conversations": [{"from": "human", "value": "Tell me"}, {"from": "gpt", "value": "Sure."}]},
+    ]
+    data = tmp_path / "sharegpt.json"
+    data.write_text(json.dumps(records))
+    assert main(["simulate", "--workload", str(data), "--policies", "fcfs", "--no-report"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "2 requests in one burst" in out
+    assert "2 records of sharegpt skipped: no prompt/response pair or 0 tokens" in out

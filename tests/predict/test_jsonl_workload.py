@@ -66,3 +66,32 @@ def test_a_bad_line_is_named(tmp_path: Path, record: dict[str, object], field: s
     with pytest.raises(WorkloadFormatError, match=field) as info:
         load_workload(str(path), format="jsonl")
     assert ":2" in str(info.value)
+
+
+def test_reasoning_tokens_count_in_the_output_as_the_predictors_count_them(tmp_path: Path) -> None:
+    # the predictors' reader takes output_tokens as the answer and adds reasoning_tokens (the engine
+    # generates both); the simulator had read output_tokens alone, 10 tokens for a 410-token generation
+    records = [
+        {"prompt": "Think hard.", "output_tokens": 10, "reasoning_tokens": 400},
+        {"prompt": "Answer.", "output_tokens": 20, "reasoning_tokens": 0},
+        {"prompt": "Plain.", "output_tokens": 30},
+    ]
+    path = _write(tmp_path / "log.jsonl", records)
+    assert [e.length for e in load_dataset(str(path)).examples] == [410, 20, 30]
+    by_prompt = {r.prompt: r.num_output_tokens for r in load_workload(str(path)).requests}
+    assert by_prompt == {"Think hard.": 410, "Answer.": 20, "Plain.": 30}
+
+
+@pytest.mark.parametrize("value", [-1, "400", 2.5])
+def test_a_bad_reasoning_tokens_is_named(tmp_path: Path, value: object) -> None:
+    path = _write(tmp_path / "bad.jsonl", [RECORDS[0], {"prompt": "x", "output_tokens": 5, "reasoning_tokens": value}])
+    with pytest.raises(WorkloadFormatError, match=r"bad\.jsonl:2: reasoning_tokens"):
+        load_workload(str(path))
+
+
+def test_a_byte_order_mark_reads_the_same_in_both(tmp_path: Path) -> None:
+    # a log saved by a Windows tool starts with U+FEFF: both readers step over it
+    path = tmp_path / "log.jsonl"
+    path.write_text("\ufeff" + "".join(json.dumps(r) + "\n" for r in RECORDS), encoding="utf-8")
+    assert [e.length for e in load_dataset(str(path)).examples] == [120, 3, 900]
+    assert sorted(r.num_output_tokens for r in load_workload(str(path)).requests) == [3, 120, 900]

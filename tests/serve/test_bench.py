@@ -746,3 +746,16 @@ def test_bench_reports_the_max_tokens_it_sent(servers, tmp_path, capsys) -> None
     assert [int(r["max_tokens"]) for r in rows] == [32] * 5 and sent == [32] * 5
     # the prompts sent were cut to 16 (synthetic) tokens by --max-prompt-tokens: so is the report
     assert [int(r["num_prompt_tokens"]) for r in rows] == [16] * 5
+
+
+def test_bench_start_line_says_how_many_records_the_workload_skipped() -> None:
+    from headway.serve._bench_cli import _start_line
+    from headway.workload import RequestSpec, Workload
+
+    spec = RequestSpec("a", 0.0, 5, 5)
+    wl = Workload("log", (spec,), {"skipped": 3, "skipped_why": "no prompt/response pair or 0 tokens"})
+    url = "http://127.0.0.1:8000/v1/completions"
+    assert _start_line(wl, url, None, 1.0, 0) == (
+        f"headway: sending 1 request to {url}, all at once; 3 records of log skipped: "
+        "no prompt/response pair or 0 tokens"
+    )

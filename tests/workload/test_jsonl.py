@@ -46,3 +46,33 @@ def test_a_token_count_given_as_a_string_is_refused_as_the_predictors_reader_doe
         with pytest.raises(DataError, match="must be an integer"):
             load_jsonl(path)
     assert load_workload(str(write_jsonl(tmp_path / "ok.jsonl", [{"prompt": "p", "output_tokens": 120.0}])))
+
+
+def test_a_timed_log_spanning_more_than_ten_years_is_refused_as_the_traces_are(
+    write_jsonl: JsonlWriter, tmp_path: Path
+) -> None:
+    # 1e15 s (a timestamp in microseconds, say) was replayed: one request 30 million years after the
+    # first, whose clock then counts in steps of 0.125 s
+    records = [{"prompt": "p", "output_tokens": 5, "arrival_time": t} for t in (0.5, 1e15, 2.0)]
+    path = write_jsonl(tmp_path / "log.jsonl", records)
+    with pytest.raises(WorkloadFormatError, match=r"log\.jsonl:2: arrival_time: .*\(line 1\).*days") as info:
+        load_workload(str(path))
+    assert info.value.line == 2
+
+
+def test_a_logs_own_request_ids_are_kept(write_jsonl: JsonlWriter, tmp_path: Path) -> None:
+    # a log's ids were dropped for <file>-<k>: a run's per-request results could not be joined back to it
+    records: list[dict[str, object]] = [
+        {"id": "chatcmpl-9", "prompt": "p", "output_tokens": 5, "arrival_time": 2.0},
+        {"id": 17, "prompt": "q", "output_tokens": 6, "arrival_time": 0.0},
+        {"prompt": "r", "output_tokens": 7, "arrival_time": 1.0},
+        {"id": "chatcmpl-9", "prompt": "s", "output_tokens": 8, "arrival_time": 3.0},
+    ]
+    path = write_jsonl(tmp_path / "log.jsonl", records)
+    w = load_workload(str(path))
+    assert [(r.request_id, r.num_output_tokens) for r in w.requests] == [
+        ("17", 6), ("log-2", 7), ("chatcmpl-9", 5), ("chatcmpl-9@4", 8)
+    ]
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": ["x"], "prompt": "p", "output_tokens": 5}])
+    with pytest.raises(WorkloadFormatError, match=r"bad\.jsonl:1: id: expected a string or an integer"):
+        load_workload(str(bad))

@@ -210,8 +210,8 @@ def load_jsonl(path: str | Path, unit: str = "tokens", *, name: str | None = Non
     try:
         with opener(path, "rb") as fh:
             for lineno, raw in enumerate(fh, start=1):
-                try:
-                    line = raw.decode("utf-8")
+                try:  # a byte order mark before the first line (Windows tools write one) is no part of it
+                    line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
                 except UnicodeDecodeError as exc:
                     raise DataError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
                 example = _jsonl_example(line, f"{path}:{lineno}", unit_)

@@ -493,12 +493,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CLIError(f"--router-arg: {exc}") from None
     workload = load_workload(args.workload, **workload_options)
-    if not len(workload):
-        skipped = workload.meta.get("skipped")
-        why = f" ({skipped} records skipped: no prompt/response pair or 0 tokens)" if skipped else ""
-        raise CLIError(f"workload {workload.name} has no requests{why}")
-    out = None if args.no_report else prepare_out_dir(args.out or default_out_dir("simulate"))  # before simulating
     notes: list[str] = []
+    if skipped := workload.meta.get("skipped"):  # records of a dataset that give no request
+        why = workload.meta.get("skipped_why")
+        notes.append(f"{skipped} record{'s' if skipped != 1 else ''} of {workload.name} skipped: {why}")
+    if not len(workload):
+        raise CLIError(f"workload {workload.name} has no requests{f' ({notes[0]})' if notes else ''}")
+    out = None if args.no_report else prepare_out_dir(args.out or default_out_dir("simulate"))  # before simulating
     _default_scorers(names, policy_args, workload, args, notes)
     pool = workload.meta.get("sampled_with_replacement_from")
     if isinstance(pool, int) and pool:

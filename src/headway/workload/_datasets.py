@@ -128,8 +128,9 @@ def read_sharegpt(
     Each record gives one request: its first ``human`` turn is the prompt and the
     ``gpt`` turn right after it the response, whose token count is the output length.
     Records with no such pair, or whose prompt or response counts 0 tokens, are skipped
-    (``meta["skipped"]``). Token counts come from ``count_tokens`` (see the module doc
-    for the default). ShareGPT has no times: ``arrivals`` assigns them in file order,
+    (``meta["skipped"]``; why in ``meta["skipped_why"]``, as for the other readers). Token
+    counts come from ``count_tokens`` (see the module doc for the default). ShareGPT has
+    no times: ``arrivals`` assigns them in file order,
     default a burst at t = 0. Request ids are the records' ``id`` (``@<line>`` appended
     to a repeated id).
     """
@@ -157,7 +158,13 @@ def read_sharegpt(
             rid = f"{rid}@{line}"
         seen.add(rid)
         rows.append(Row(line, rid, n_prompt, n_output, prompt=prompt))
-    meta: dict[str, object] = {"source": str(p), "format": "sharegpt", "timed": False, "skipped": skipped}
+    meta: dict[str, object] = {
+        "source": str(p),
+        "format": "sharegpt",
+        "timed": False,
+        "skipped": skipped,
+        "skipped_why": "no prompt/response pair or 0 tokens",
+    }
     return assemble(name or file_stem(p), rows, meta, arrivals=arrivals or BurstArrivals(), seed=seed)
 
 
@@ -259,6 +266,7 @@ def read_alpaca_eval(
         "timed": False,
         "model": model,
         "skipped": skipped,
+        "skipped_why": f"no output length of {model}, or a prompt of 0 tokens",
     }
     return assemble(name or f"alpaca-eval:{model}", rows, meta, arrivals=arrivals or BurstArrivals(), seed=seed)
 
@@ -338,5 +346,6 @@ def read_alpaca_eval_outputs(
         "timed": False,
         "model": model if model is not None else next(iter(generators), None),
         "skipped": skipped,
+        "skipped_why": "an instruction or output of 0 tokens",
     }
     return assemble(name or file_stem(p), rows, meta, arrivals=arrivals or BurstArrivals(), seed=seed)

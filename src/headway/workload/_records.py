@@ -18,7 +18,7 @@ import json
 import math
 import re
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -68,13 +68,14 @@ def existing_file(path: PathLike) -> Path:
 
 
 def open_text(path: PathLike) -> IO[str]:
-    """Open a UTF-8 text file for reading, gunzipping it when it is gzip-compressed."""
+    """Open a UTF-8 text file for reading, gunzipping it when it is gzip-compressed; a leading byte
+    order mark (as Windows tools write UTF-8) is dropped, so a JSON file starts at its ``{`` or ``[``."""
     p = existing_file(path)
     with p.open("rb") as f:
         magic = f.read(2)
     if magic == _GZIP_MAGIC:
-        return gzip.open(p, "rt", encoding="utf-8", newline="")
-    return p.open("r", encoding="utf-8", newline="")
+        return gzip.open(p, "rt", encoding="utf-8-sig", newline="")
+    return p.open("r", encoding="utf-8-sig", newline="")
 
 
 @contextlib.contextmanager
@@ -154,19 +155,20 @@ def time_value(path: Path, line: int, field: str, raw: object) -> float:
     return t
 
 
-def check_span(path: Path, rows: list[Row], field: str) -> None:
-    """Refuse a trace whose arrival times span more than :data:`MAX_TRACE_SPAN_S`,
-    naming the latest row's line and the earliest row's."""
-    if not rows:
+def check_span(path: Path, times: Iterable[tuple[int, float]], field: str) -> None:
+    """Refuse a trace whose arrival times (``(line, time)`` pairs) span more than
+    :data:`MAX_TRACE_SPAN_S`, naming the latest row's line and the earliest row's."""
+    pairs = list(times)
+    if not pairs:
         return
-    first = min(rows, key=lambda r: r.arrival_time)
-    last = max(rows, key=lambda r: r.arrival_time)
-    span = last.arrival_time - first.arrival_time
+    first_line, first = min(pairs, key=lambda lt: lt[1])
+    last_line, last = max(pairs, key=lambda lt: lt[1])
+    span = last - first
     if span > MAX_TRACE_SPAN_S:
         raise WorkloadFormatError(
             path,
-            last.line,
-            f"{span:.3g} s after the earliest request (line {first.line}), more than "
+            last_line,
+            f"{span:.3g} s after the earliest request (line {first_line}), more than "
             f"{MAX_TRACE_SPAN_S / 86_400:,.0f} days: not a trace's timestamp",
             field=field,
             show_value=False,

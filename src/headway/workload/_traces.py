@@ -94,7 +94,7 @@ def read_azure_trace(path: PathLike, *, limit: int | None = None, name: str | No
         for row, w, f in raw:
             row.arrival_time = max(0.0, (w - w0) + (f - f0))
     rows = [r for r, _, _ in raw]
-    check_span(p, rows, "TIMESTAMP")
+    check_span(p, ((r.line, r.arrival_time) for r in rows), "TIMESTAMP")
     meta: dict[str, object] = {"source": str(p), "format": "azure", "timed": True}
     return assemble(name or stem, rows, meta)
 
@@ -136,7 +136,7 @@ def read_vidur_trace(
     if not timed and arrivals is None:
         arrivals = BurstArrivals()
     if arrivals is None:
-        check_span(p, rows, "arrived_at")
+        check_span(p, ((r.line, r.arrival_time) for r in rows), "arrived_at")
     meta: dict[str, object] = {"source": str(p), "format": "vidur", "timed": timed and arrivals is None}
     return assemble(name or stem, rows, meta, arrivals=arrivals, seed=seed)
 
@@ -183,6 +183,6 @@ def read_mooncake_trace(path: PathLike, *, limit: int | None = None, name: str |
         t0 = min(r.arrival_time for r in rows)
         for r in rows:
             r.arrival_time = (r.arrival_time - t0) / 1000.0
-    check_span(p, rows, "timestamp")
+    check_span(p, ((r.line, r.arrival_time) for r in rows), "timestamp")
     meta: dict[str, object] = {"source": str(p), "format": "mooncake", "timed": True}
     return assemble(name or stem, rows, meta)
