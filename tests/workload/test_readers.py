@@ -15,9 +15,11 @@ from headway.workload import (
     Workload,
     WorkloadFormatError,
     approx_token_count,
+    load_workload,
     read_alpaca_eval,
     read_alpaca_eval_outputs,
     read_azure_trace,
+    read_burstgpt_trace,
     read_mooncake_trace,
     read_sharegpt,
     read_vidur_trace,
@@ -572,3 +574,38 @@ def test_missing_alpaca_lengths_file_names_the_path(
     instr, _ = _alpaca(write_text, write_jsonl, tmp_path)
     with pytest.raises(FileNotFoundError, match=r"no_lengths\.csv"):
         read_alpaca_eval(instr, tmp_path / "no_lengths.csv", "A")
+
+
+# ----------------------------------------------------------------------- BurstGPT
+BURSTGPT_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+
+
+@given(rows=rows_strategy, gz=st.booleans())
+def test_burstgpt_round_trip(write_text: TextWriter, rows: list[tuple[int, int, int]], gz: bool) -> None:
+    # the published columns (Timestamp in seconds from the trace's start), models and log types kept
+    model = ["ChatGPT", "GPT-4"]
+    log = ["Conversation log", "API log", "API log"]
+    body = "".join(f"{t / 10**4:g},{model[i % 2]},{p},{o},{p + o},{log[i % 3]}\n" for i, (t, p, o) in enumerate(rows))
+    with tempfile.TemporaryDirectory() as d:
+        path = write_text(Path(d) / ("BurstGPT_1.csv.gz" if gz else "BurstGPT_1.csv"), BURSTGPT_HEADER + body)
+        w = read_burstgpt_trace(path)
+        assert load_workload(str(path)).requests == w.requests  # told from its header
+    t0 = min(float(f"{t / 10**4:g}") for t, _, _ in rows)
+    want = sorted(
+        (float(f"{t / 10**4:g}") - t0, p, o, model[i % 2], log[i % 3]) for i, (t, p, o) in enumerate(rows)
+    )
+    got = sorted((s.arrival_time, s.num_prompt_tokens, s.num_output_tokens, s.model, s.category) for s in w)
+    assert got == want
+    assert w.meta["skipped"] == 0 and w.meta["format"] == "burstgpt"
+
+
+def test_burstgpt_failed_requests_are_skipped_and_counted(write_text: TextWriter, tmp_path: Path) -> None:
+    # BurstGPT_1.csv logs its failures with 0 response tokens (its _without_fails files leave them out)
+    body = "5,ChatGPT,472,18,490,Conversation log\n7,GPT-4,300,0,300,API log\n9,ChatGPT,0,0,0,API log\n"
+    body += "45,ChatGPT,1087,230,1317,Conversation log\n"
+    w = read_burstgpt_trace(write_text(tmp_path / "b.csv", BURSTGPT_HEADER + body))
+    assert [(s.request_id, s.arrival_time, s.num_prompt_tokens) for s in w] == [("b-0", 0.0, 472), ("b-1", 40.0, 1087)]
+    assert (w.meta["skipped"], w.meta["models"]) == (2, {"ChatGPT": 2})
+    assert "failed requests" in str(w.meta["skipped_why"])
+    with pytest.raises(WorkloadFormatError, match="Response tokens"):
+        read_burstgpt_trace(write_text(tmp_path / "c.csv", BURSTGPT_HEADER + "5,ChatGPT,472,x,490,API log\n"))

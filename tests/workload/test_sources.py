@@ -126,7 +126,7 @@ def test_file_formats_are_sniffed(write_text: TextWriter, write_jsonl: JsonlWrit
     assert load_workload(str(outputs)).meta["format"] == "alpaca-eval-outputs"
     assert load_workload(str(outputs), model="g").meta["model"] == "g"
     assert set(available_formats()) == {
-        "azure", "vidur", "mooncake", "sharegpt", "alpaca-eval", "alpaca-eval-outputs", "jsonl"
+        "azure", "vidur", "mooncake", "burstgpt", "sharegpt", "alpaca-eval", "alpaca-eval-outputs", "jsonl"
     }
 
 

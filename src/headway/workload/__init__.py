@@ -47,7 +47,7 @@ from headway.workload._sources import (
 )
 from headway.workload._spec import RequestSpec, Workload
 from headway.workload._tenants import DEFAULT_TENANT_MIX, Tenant, TenantMix, assign_tenants
-from headway.workload._traces import read_azure_trace, read_mooncake_trace, read_vidur_trace
+from headway.workload._traces import read_azure_trace, read_burstgpt_trace, read_mooncake_trace, read_vidur_trace
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -85,6 +85,7 @@ __all__ = [
     "read_alpaca_eval",
     "read_alpaca_eval_outputs",
     "read_azure_trace",
+    "read_burstgpt_trace",
     "read_mooncake_trace",
     "read_sharegpt",
     "read_turn_lengths",

@@ -320,6 +320,7 @@ class Row:
     category: str | None = None
     block_hashes: tuple[int, ...] = ()
     hash_block_size: int = 16
+    model: str | None = None
 
 
 def assemble(
@@ -346,6 +347,7 @@ def assemble(
             category=r.category,
             block_hashes=r.block_hashes,
             hash_block_size=r.hash_block_size,
+            model=r.model,
         )
         for r in rows
     ]

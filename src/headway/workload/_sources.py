@@ -28,7 +28,7 @@ from headway.workload._resample import resample_output_lengths
 from headway.workload._sessions import DEFAULT_THINK_TIME, read_turn_lengths, session_workload, with_system_prompts
 from headway.workload._spec import Workload
 from headway.workload._tenants import DEFAULT_TENANT_MIX, TenantMix, assign_tenants
-from headway.workload._traces import read_azure_trace, read_mooncake_trace, read_vidur_trace
+from headway.workload._traces import read_azure_trace, read_burstgpt_trace, read_mooncake_trace, read_vidur_trace
 
 __all__ = [
     "ARRIVAL_KINDS",
@@ -198,6 +198,10 @@ def _read_mooncake(path: Path, o: LoadOptions) -> Workload:
     return read_mooncake_trace(path)
 
 
+def _read_burstgpt(path: Path, o: LoadOptions) -> Workload:
+    return read_burstgpt_trace(path)
+
+
 def _read_sharegpt(path: Path, o: LoadOptions) -> Workload:
     return read_sharegpt(path, count_tokens=o.count_tokens)
 
@@ -219,6 +223,7 @@ _FORMATS: dict[str, Callable[[Path, LoadOptions], Workload]] = {
     "azure": _read_azure,
     "vidur": _read_vidur,
     "mooncake": _read_mooncake,
+    "burstgpt": _read_burstgpt,
     "sharegpt": _read_sharegpt,
     "alpaca-eval": _read_alpaca,
     "alpaca-eval-outputs": _read_alpaca_outputs,
@@ -233,7 +238,11 @@ _JSON_KEYS: tuple[tuple[frozenset[str], str], ...] = (
     (frozenset({"instruction", "output"}), "alpaca-eval-outputs"),
     (frozenset({"idx", "instruction"}), "alpaca-eval"),
 )
-_CSV_COLUMNS: tuple[tuple[str, str], ...] = (("TIMESTAMP", "azure"), ("num_prefill_tokens", "vidur"))
+_CSV_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("TIMESTAMP", "azure"),
+    ("num_prefill_tokens", "vidur"),
+    ("Response tokens", "burstgpt"),
+)
 
 
 _SNIFF_CHARS = 1 << 20

@@ -13,11 +13,14 @@ Formats:
   :class:`~headway.workload.ArrivalProcess`.
 - Mooncake: JSONL, one ``{"timestamp": ms, "input_length": n, "output_length": n,
   "hash_ids": [...]}`` per line.
+- BurstGPT (Azure OpenAI GPT usage, Wang et al. 2024): CSV ``Timestamp,Model,Request
+  tokens,Response tokens,Total tokens,Log Type``, ``Timestamp`` in seconds from the trace's start.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -39,7 +42,7 @@ from headway.workload._records import (
 )
 from headway.workload._spec import Workload
 
-__all__ = ["MOONCAKE_BLOCK_SIZE", "read_azure_trace", "read_mooncake_trace", "read_vidur_trace"]
+__all__ = ["MOONCAKE_BLOCK_SIZE", "read_azure_trace", "read_burstgpt_trace", "read_mooncake_trace", "read_vidur_trace"]
 
 
 # -------------------------------------------------------------------------- Azure
@@ -185,4 +188,62 @@ def read_mooncake_trace(path: PathLike, *, limit: int | None = None, name: str |
             r.arrival_time = (r.arrival_time - t0) / 1000.0
     check_span(p, ((r.line, r.arrival_time) for r in rows), "timestamp")
     meta: dict[str, object] = {"source": str(p), "format": "mooncake", "timed": True}
+    return assemble(name or stem, rows, meta)
+
+
+# ----------------------------------------------------------------------- BurstGPT
+_BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
+BURSTGPT_SKIPPED = "failed requests (0 request or response tokens)"
+"""Why a BurstGPT row gives no request: its files with failures log them with 0 response tokens."""
+
+
+def _zero(raw: str) -> bool:
+    try:
+        return float(raw.strip()) == 0.0
+    except ValueError:
+        return False  # (int_value names the cell)
+
+
+def read_burstgpt_trace(path: PathLike, *, limit: int | None = None, name: str | None = None) -> Workload:
+    """Read a BurstGPT trace CSV (``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``).
+
+    Arrival times are seconds since the earliest ``Timestamp`` (the trace's are seconds from its
+    start); ``Model`` (``ChatGPT``, ``GPT-4``) is the request's model and ``Log Type``
+    (``Conversation log``, ``API log``) its category. A row with 0 request or response tokens is a
+    failed request (the files without ``_without_fails`` in their names keep them): skipped and
+    counted (``meta["skipped"]``, why in ``meta["skipped_why"]``); ``limit`` keeps the first
+    requests. Request ids are ``<file stem>-<k>`` (k counted over the requests kept, from 0).
+    """
+    check_limit(limit)
+    p = existing_file(path)
+    stem = file_stem(p)
+    rows: list[Row] = []
+    skipped = 0
+    for line, cells, _ in csv_rows(p, _BURSTGPT_COLUMNS, ("Log Type",)):
+        if limit is not None and len(rows) >= limit:
+            break
+        if _zero(cells["Request tokens"]) or _zero(cells["Response tokens"]):
+            skipped += 1
+            continue
+        rows.append(
+            Row(
+                line=line,
+                request_id=f"{stem}-{len(rows)}",
+                arrival_time=time_value(p, line, "Timestamp", cells["Timestamp"]),
+                num_prompt_tokens=int_value(p, line, "Request tokens", cells["Request tokens"]),
+                num_output_tokens=int_value(p, line, "Response tokens", cells["Response tokens"]),
+                model=cells["Model"].strip() or None,
+                category=(cells.get("Log Type") or "").strip() or None,
+            )
+        )
+    if rows:
+        t0 = min(r.arrival_time for r in rows)
+        for r in rows:
+            r.arrival_time -= t0
+    check_span(p, ((r.line, r.arrival_time) for r in rows), "Timestamp")
+    models = Counter(r.model for r in rows if r.model)
+    meta: dict[str, object] = {
+        "source": str(p), "format": "burstgpt", "timed": True, "models": dict(models), "skipped": skipped,
+        "skipped_why": BURSTGPT_SKIPPED,
+    }  # fmt: skip
     return assemble(name or stem, rows, meta)
