@@ -46,6 +46,11 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
         "use --workload default with --request-rate for timed arrivals)",
     )
     p.add_argument(
+        "--format",
+        default=None,
+        help="the workload file's format when it cannot be told from the content, as headway simulate --format",
+    )
+    p.add_argument(
         "--num-prompts",
         "--num-requests",
         dest="num_requests",
@@ -310,7 +315,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     opts: dict[str, Any] = {"seed": args.seed}
     for name in (
         "num_requests", "rate", "burstiness", "arrivals", "tenants", "system_prompts", "system_prompt_tokens",
-        "think_time",
+        "think_time", "format",
     ):  # fmt: skip
         v = getattr(args, name)
         if v is not None:
