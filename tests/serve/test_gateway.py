@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from headway.core import Request, Tier, available_policies, make_policy
 from headway.policies import FCFSPolicy
-from headway.serve import BackendConfig, TenantConfig, free_port, hash_api_key
+from headway.serve import BackendConfig, TenantConfig, free_port, hash_api_key, serve_in_thread
 
 from .conftest import wait_until
 
@@ -261,6 +261,43 @@ def test_client_disconnect_while_queued_leaves_the_queue(make_stub, make_gateway
         'headway_rejections_total{reason="client_disconnected",tenant="default",tier="standard"} 1.0'
         in httpx.get(gw.url + "/metrics").text
     )
+
+
+def test_a_client_that_leaves_once_it_has_read_done_was_served(servers, make_gateway):
+    """A client that closes its connection as soon as it reads ``[DONE]`` (as SDKs do) got its whole
+    answer: the request finished, however long the backend takes to close its end of the stream
+    (it was counted as a client_disconnected abort, and not learned from, when the client left first)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request as HttpRequest
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    usage = '{"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}'
+
+    async def completions(request: HttpRequest) -> StreamingResponse:
+        await request.body()
+
+        async def events():  # type: ignore[no-untyped-def]
+            for _ in range(3):
+                yield 'data: {"choices":[{"text":"t"}]}\n\n'
+            yield f"data: {usage}\n\n"
+            yield "data: [DONE]\n\n"
+            await asyncio.sleep(3.0)  # the backend closes its end late
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+    backend = servers.enter_context(serve_in_thread(app))
+    gw = make_gateway([backend])
+    body = {**COMPLETION, "stream": True}
+    with httpx.Client(base_url=gw.url, timeout=10) as c, c.stream("POST", "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                break  # and leave at once
+    wait_until(lambda: gw.gateway.finished_requests, what="the request ended")
+    (req,) = gw.gateway.finished_requests
+    assert (req.state.name, req.num_output_tokens) == ("FINISHED", 3)
+    assert "client_disconnected" not in httpx.get(gw.url + "/metrics").text
 
 
 def test_client_disconnect_while_streaming_cancels_upstream(make_stub, make_gateway):

@@ -505,6 +505,12 @@ class Exchange:
                                 req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens
                                 if progress_hook:
                                     on_progress(req, t, 1)
+                        if done and not req.is_finished:
+                            # finished as [DONE] goes out: a client may leave as soon as it reads it,
+                            # before the backend closes its end (or the stream's close is seen here)
+                            self.complete(
+                                req, usage_tokens if usage_tokens is not None else req.num_output_tokens, now()
+                            )
                         yield event
                     if stop.done() and not done:
                         break
@@ -530,7 +536,8 @@ class Exchange:
                 log.warning("request %s: backend %s closed the stream early", req.request_id, backend.url)
                 yield sse_error("the backend closed the stream early")
                 return
-            self.complete(req, usage_tokens if usage_tokens is not None else req.num_output_tokens, now())
+            if not req.is_finished:
+                self.complete(req, usage_tokens if usage_tokens is not None else req.num_output_tokens, now())
         finally:
             if not req.is_finished:
                 self.metrics.rejected(reason, req)
