@@ -11,11 +11,12 @@ import contextlib
 import importlib
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from headway._help import CLIError, CLIParser, describe_error, refuse_abbreviations
+from headway._help import CLIError, CLIParser, SigtermRaises, describe_error, refuse_abbreviations
 from headway._optional import MissingExtraError
 from headway.core import PluginError
 
@@ -71,8 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    sigterm = SigtermRaises()  # SIGTERM unwinds as Ctrl-C does: finished work is kept, children stopped
     try:
-        return int(args.func(args))
+        with sigterm:
+            return int(args.func(args))
     except BrokenPipeError:  # the reader left (headway policies | head): quiet, as other tools
         with contextlib.suppress(OSError, ValueError, AttributeError):  # no flush error at exit either
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -94,8 +97,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     except KeyboardInterrupt:
-        print("headway: interrupted", file=sys.stderr)
-        return 130
+        if not sigterm.received:
+            print("headway: interrupted", file=sys.stderr)
+            return 130
+        print("headway: terminated", file=sys.stderr)
+        _die_of_sigterm()
+        return 128 + signal.SIGTERM  # (where the signal did not end the process)
+
+
+def _die_of_sigterm() -> None:
+    """End this process by SIGTERM's default action, once the output is flushed (a process killed by a
+    signal skips Python's own flush), so that its parent sees what it sent: a supervisor counts a
+    process ended by SIGTERM as stopped, and an exit status of 143 as failed."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":  # pragma: no cover

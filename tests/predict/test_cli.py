@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -244,16 +245,37 @@ def checkpoint(tmp_path: Path, tiny_encoder: Path) -> Path:
 
 
 def test_eval_checks_delta_and_shows_progress(
-    checkpoint: Path, synthetic_jsonl: Path, capsys: pytest.CaptureFixture[str]
+    checkpoint: Path, synthetic_jsonl: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for delta in ("5", "-1", "1"):
         assert main(["eval", "--model", str(checkpoint), "--data", str(synthetic_jsonl), "--delta", delta]) == 2
         assert f"headway: error: --delta must be in [0, 1), got {float(delta)}" in capsys.readouterr().err
     assert main(["eval", "--model", str(checkpoint), "--data", str(synthetic_jsonl), "--json"]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["all"]["n"] == 120 and "scoring" in captured.err  # the bar, on stderr
+    assert json.loads(captured.out)["all"]["n"] == 120 and captured.err == ""  # no bar in a log file
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # stderr a terminal: the bar
+    assert main(["eval", "--model", str(checkpoint), "--data", str(synthetic_jsonl), "--json"]) == 0
+    assert "scoring" in capsys.readouterr().err
     assert main(["eval", "--model", str(checkpoint), "--data", str(synthetic_jsonl), "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_training_bars_show_on_a_terminal_only(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("tqdm")
+    from headway.predict._embed import progress_bar
+
+    def run() -> str:
+        bar = progress_bar(3, "train pairwise/full", True)
+        for _ in range(3):
+            bar.update(1)
+        bar.close()
+        return capsys.readouterr().err
+
+    assert run() == ""  # stderr to a file or pipe: no carriage-return bars piling up in it
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert "train pairwise/full" in run()
 
 
 def test_export_onnx_errors_and_int8_beside_out(

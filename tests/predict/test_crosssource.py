@@ -219,3 +219,43 @@ def test_embed_sources_says_what_it_embeds_and_what_it_reads_from_the_cache(tmp_
     assert calls == [10]  # read back, not embedded again
     assert lines == ["  alpaca_eval: 10 prompts, embeddings read from the cache"]
     np.testing.assert_array_equal(first["alpaca_eval"], again["alpaca_eval"])
+
+
+def test_embed_sources_leaves_no_cache_when_stopped_while_writing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C while the cache is written: no file a later run would read as the embeddings
+    src, emb = _source("alpaca_eval", 10, 0, 0)
+    real_savez = np.savez
+
+    def stopped_halfway(file: object, **arrays: np.ndarray) -> None:
+        real_savez(file, **arrays)  # type: ignore[call-overload]
+        data = Path(str(file)).read_bytes()
+        Path(str(file)).write_bytes(data[: len(data) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "savez", stopped_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        embed_sources([src], lambda prompts: emb.astype(np.float32), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_embed_sources_embeds_again_over_a_damaged_cache(tmp_path: Path) -> None:
+    # a cache file cut short (as an earlier version, stopped while writing it, left one) is embedded again
+    src, emb = _source("alpaca_eval", 10, 0, 0)
+    calls: list[int] = []
+
+    def embed(prompts: object) -> np.ndarray:
+        calls.append(len(prompts))  # type: ignore[arg-type]
+        return emb.astype(np.float32)
+
+    embed_sources([src], embed, tmp_path)
+    (cached,) = tmp_path.iterdir()
+    data = cached.read_bytes()
+    for damaged in (data[: len(data) // 2], b""):
+        cached.write_bytes(damaged)
+        again = embed_sources([src], embed, tmp_path)
+        np.testing.assert_array_equal(again["alpaca_eval"], emb.astype(np.float32))
+    assert calls == [10, 10, 10]
+    embed_sources([src], embed, tmp_path)  # and the cache written again is read
+    assert calls == [10, 10, 10]

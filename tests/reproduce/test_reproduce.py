@@ -149,6 +149,38 @@ def test_quick_reproduction_writes_report_and_rows(name, tmp_path):
     assert pngs and all(p.stat().st_size > 1000 for p in pngs)
 
 
+@pytest.mark.skipif(not _have_data(), reason="shared data not present")
+def test_an_experiment_counts_its_simulations_on_a_terminal(tmp_path, capsys, monkeypatch):
+    import re
+    import sys
+
+    run_reproduction("uniboost", tmp_path, quick=True, num_seeds=1)
+    err = capsys.readouterr().err
+    assert err == "reproducing uniboost (seed 0, quick) ...\n"  # stderr a file: the start line alone
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    run_reproduction("uniboost", tmp_path, quick=True, num_seeds=1)
+    err = capsys.readouterr().err
+    assert re.search(r"uniboost: [1-9][0-9]* simulations \(last: [a-z-]+\)", err), err
+
+
+def test_an_interrupted_reproduction_says_which_reports_it_kept(tmp_path, capsys, monkeypatch):
+    import headway.reproduce as reproduce
+    from headway.cli import main
+
+    def finished(out_dir, **kwargs):
+        return Experiment("pars", "PARS", seeds=(0,), rows=[_row([1.0], band_rule(1.5, neutral=1.0))])
+
+    def interrupted(out_dir, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reproduce, "_runner", lambda name: finished if name == "pars" else interrupted)
+    assert main(["reproduce", "all", "--quick", "--out", str(tmp_path)]) == 130
+    err = capsys.readouterr().err.splitlines()
+    assert err[-2:] == [f"interrupted in uniboost: its report is not written; kept: {tmp_path / 'reproduce-pars.md'}",
+                        "headway: interrupted"]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reproduce-pars.md"]
+
+
 def test_bad_arguments_fail_before_any_simulation(tmp_path, capsys):
     from headway.cli import main
 

@@ -168,3 +168,100 @@ def test_a_sweep_says_when_every_seed_gave_the_same_run(tmp_path: Path, capsys: 
     assert f"every seed gave the same run for fcfs on {log}" in out and "fcfs on default" not in out
     rows = list(csv.DictReader((tmp_path / "out" / "aggregate.csv").read_text().splitlines()))
     assert [r["distinct_runs"] for r in rows] == ["2", "1"]
+
+
+def test_an_interrupted_sweep_keeps_the_tasks_that_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Ctrl-C in the third task: the two that finished are written, marked partial, and the exit is 130
+    import headway.sweep._runner as runner
+
+    real, calls = runner.run_task, []
+
+    def interrupted_third(task, grid):  # type: ignore[no-untyped-def]
+        calls.append(task.index)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(task, grid)
+
+    monkeypatch.setattr(runner, "run_task", interrupted_third)
+    grid = tmp_path / "g.toml"
+    grid.write_text("policies = ['fcfs', 'sjf-oracle']\nrates = [5.0, 7.0]\nseeds = [0, 1]\nnum_requests = 60\n")
+    out = tmp_path / "out"
+    assert main(["sweep", "--grid", str(grid), "--no-ray", "--out", str(out)]) == 130
+    captured = capsys.readouterr()
+    assert "interrupted: 2 of 8 tasks finished" in " ".join(captured.out.split())
+    assert captured.err.strip() == "headway: interrupted"
+    doc = json.loads((out / "results.json").read_text())
+    assert (doc["complete"], doc["tasks_finished"], doc["tasks_in_grid"]) == (False, 2, 8)
+    rows = list(csv.DictReader((out / "results.csv").read_text().splitlines()))
+    assert [(r["policy"], r["rate"], r["seed"]) for r in rows] == [("fcfs", "5.0", "0"), ("fcfs", "5.0", "1")]
+    assert all(r["error"] == "" and float(r["e2e_mean"]) > 0 for r in rows)
+
+    calls.clear()
+    monkeypatch.setattr(runner, "run_task", real)  # the same sweep run through: complete again
+    assert main(["sweep", "--grid", str(grid), "--no-ray", "--out", str(out)]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert (doc["complete"], doc["tasks_finished"], doc["tasks_in_grid"]) == (True, 8, 8)
+
+
+# a policy that says when each task starts (a file per task) and takes a while to start
+_MARKED_POLICY = '''
+import os, time, uuid
+from pathlib import Path
+from headway import Policy, register_policy
+
+@register_policy("marked-fcfs")
+class MarkedFCFS(Policy):
+    """First come, first served, leaving a file in $MARK_DIR as each run starts."""
+
+    def __init__(self):
+        Path(os.environ["MARK_DIR"], uuid.uuid4().hex).touch()
+        time.sleep(0.3)
+
+    def key(self, request, now):
+        return (request.arrival_time,)
+'''
+
+
+@pytest.mark.parametrize("ray", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["in-process", "ray"])
+def test_sigterm_ends_a_sweep_with_one_line_and_keeps_what_finished(tmp_path: Path, ray: bool) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from headway.integrations._server import headway_src_dir
+
+    if ray:
+        pytest.importorskip("ray")
+    (tmp_path / "marked.py").write_text(_MARKED_POLICY)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    grid = tmp_path / "g.toml"
+    grid.write_text("policies = ['marked-fcfs']\nseeds = [" + ", ".join(map(str, range(40))) + "]\nnum_requests = 50\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("HEADWAY_PLUGINS", "PYTHONPATH")}
+    env.update(PYTHONPATH=str(headway_src_dir()), HEADWAY_PLUGINS=str(tmp_path / "marked.py"), MARK_DIR=str(marks))
+    out = tmp_path / "out"
+    args = ["--num-cpus", "1"] if ray else ["--no-ray"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "headway", "sweep", "--grid", str(grid), *args, "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240  # Ray's start on a busy 2-core machine
+        while len(list(marks.iterdir())) < 2:  # one task at a time: the second began, so the first ended
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == -signal.SIGTERM, stderr  # ended by the signal, as a supervisor expects
+    assert stderr.strip().splitlines()[-1] == "headway: terminated" and "Traceback" not in stderr, stderr
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["complete"] is False and 1 <= doc["tasks_finished"] < 40 and doc["tasks_in_grid"] == 40
+    assert f"interrupted: {doc['tasks_finished']} of 40 tasks finished" in " ".join(stdout.split())

@@ -100,7 +100,11 @@ def _add_training_options(p: argparse.ArgumentParser, *, matrix: bool = False) -
         help="pairs need |a-b|/max(a,b) >= delta, in training and pair accuracy (default 0.2)",
     )
     g.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bars on stderr (there are none when stderr is not a terminal)",
+    )
 
 
 def _train_config(args: argparse.Namespace, **override: Any) -> Any:
@@ -547,7 +551,11 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="CPU threads")
     p.add_argument("--data-dir", metavar="DIR", help="shared data directory for built-in data sets")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar on stderr (there is none when stderr is not a terminal)",
+    )
     p.set_defaults(func=_guarded(_cmd_eval))
 
     p = sub.add_parser(

@@ -153,8 +153,9 @@ class _NoBar:
 
 
 def progress_bar(total: int, desc: str, enabled: bool) -> Any:
+    """A progress bar on stderr when ``enabled`` and stderr is a terminal (a log file gets none)."""
     if not enabled:
         return _NoBar()
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="it", leave=False, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit="it", leave=False, dynamic_ncols=True, disable=None)

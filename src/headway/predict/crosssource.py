@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,9 +186,9 @@ def embed_sources(
         for name, prompts in parts:
             digest = prompt_key("\x00".join(prompts))[:16]
             path = cache / f"{name.replace(':', '-')}-{digest}.npz" if cache is not None else None
-            if path is not None and path.is_file():
-                with np.load(path, allow_pickle=False) as z:
-                    out[name] = z["emb"]
+            cached = _read_cached(path, len(prompts)) if path is not None else None
+            if cached is not None:
+                out[name] = cached
                 if say is not None:
                     say(f"  {name}: {len(prompts)} prompts, embeddings read from the cache")
                 continue
@@ -197,9 +199,33 @@ def embed_sources(
             if say is not None:
                 say(f"  {name}: embedded {len(prompts)} prompts in {time.perf_counter() - start:.1f} s")
             if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                np.savez(path, emb=out[name])
+                _write_cached(path, out[name])
     return out
+
+
+def _read_cached(path: Path, rows: int) -> npt.NDArray[np.float32] | None:
+    """The embeddings cached at ``path``, or None when there are none: no file, or one that is not a whole
+    cache of ``rows`` rows (left by a run stopped while writing it: only a cache, so computed again)."""
+    if not path.is_file():
+        return None
+    try:
+        with path.open("rb") as fh, np.load(fh, allow_pickle=False) as z:  # (closed here when not a zip)
+            emb: npt.NDArray[np.float32] = z["emb"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    return emb if emb.ndim == 2 and emb.shape[0] == rows else None
+
+
+def _write_cached(path: Path, emb: npt.NDArray[np.float32]) -> None:
+    """Write ``emb`` to ``path`` through a temporary file renamed into place: an interrupted write leaves
+    no cache file that a later run would read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+    try:
+        np.savez(tmp, emb=emb)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)

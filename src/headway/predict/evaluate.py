@@ -144,7 +144,8 @@ def evaluate_scorer(
     scorer: Scorer, data: ExampleSet, delta: float = DEFAULT_DELTA, *, progress: bool = False
 ) -> dict[str | None, Metrics]:
     """Score ``data`` and compute metrics overall (key ``None``) and per model when it has several.
-    ``progress`` shows a progress bar (on stderr) while scoring; ``delta`` must be in [0, 1)."""
+    ``progress`` shows a progress bar on stderr while scoring (when it is a terminal); ``delta`` must be in
+    [0, 1)."""
     _check_delta(delta)
     if len(data) == 0:
         raise DataError(f"{data.name}: nothing to evaluate")
@@ -153,7 +154,9 @@ def evaluate_scorer(
         from tqdm.auto import tqdm
 
         parts = []
-        with tqdm(total=len(prompts), desc="scoring", unit="prompt", leave=False, dynamic_ncols=True) as bar:
+        with tqdm(  # disable=None: no bar when stderr is not a terminal
+            total=len(prompts), desc="scoring", unit="prompt", leave=False, dynamic_ncols=True, disable=None
+        ) as bar:
             for k in range(0, len(prompts), _PROGRESS_CHUNK):
                 parts.append(scorer.score(prompts[k : k + _PROGRESS_CHUNK]))
                 bar.update(len(parts[-1]))

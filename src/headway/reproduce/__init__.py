@@ -12,14 +12,15 @@ reason. Scenarios are fixed in code (see each module's setup lines), not tuned u
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from headway._help import plain_text
 from headway.reproduce._claims import ClaimRow, Rule, Verdict, band_rule
-from headway.reproduce._common import Experiment
+from headway.reproduce._common import Experiment, counting_runs
 from headway.reproduce._report import print_rows, write_report
 
 __all__ = [
@@ -77,6 +78,7 @@ def run_reproduction(
         _runner(n)  # validate every name before running anything
     out = Path(out_dir)
     rows: list[ClaimRow] = []
+    written: list[Path] = []
     for n in names:
         kwargs: dict[str, Any] = {"quick": quick, "seeds": tuple(range(seed, seed + num_seeds))}
         if n == "pars" and predictor is not None:
@@ -84,15 +86,43 @@ def run_reproduction(
         if echo:  # (an experiment prints its claims when it ends: minutes later without --quick)
             seeds = f"seed {seed}" if num_seeds == 1 else f"seeds {seed}-{seed + num_seeds - 1}"
             print(f"reproducing {n} ({seeds}{', quick' if quick else ''}) ...", file=sys.stderr, flush=True)
-        exp = _runner(n)(out, **kwargs)
+        try:
+            with _progress(n, echo and sys.stderr.isatty()):
+                exp = _runner(n)(out, **kwargs)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say which reports are kept (written as each ended)
+            if echo:
+                kept = f"; kept: {', '.join(map(str, written))}" if written else ""
+                print(f"interrupted in {n}: its report is not written{kept}", file=sys.stderr, flush=True)
+            raise
         cmd = command or f"headway reproduce {n} --out {out} --seed {seed} --seeds {num_seeds}" + (
             " --quick" if quick else ""
         )
-        write_report(exp, out, cmd)
+        written.append(write_report(exp, out, cmd))
         if echo:
             print_rows(exp.rows, f"{exp.title} ({exp.wall_time:.1f} s)")
         rows += exp.rows
     return rows
+
+
+@contextlib.contextmanager
+def _progress(name: str, show: bool) -> Iterator[None]:
+    """While an experiment runs, when ``show``: a line on stderr that counts its simulations, names the
+    last one's policy and the time so far (an experiment runs for minutes and prints when it ends)."""
+    if not show:
+        yield
+        return
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}: {task.completed:.0f} simulations{task.fields[last]}"))
+    with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(name, total=None, last="")
+
+        def on_run(policy: str) -> None:
+            bar.update(task, advance=1, last=f" (last: {policy})")
+
+        with counting_runs(on_run):
+            yield
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ __all__ = [
     "REPORT_PREFIX",
     "Experiment",
     "codealpaca_2k",
+    "counting_runs",
     "pct",
     "run_policy",
     "with_scores",
@@ -80,6 +82,19 @@ def with_scores(specs: Sequence[RequestSpec], scores: Sequence[float] | None) ->
     return [replace(s, score=float(x)) for s, x in zip(specs, scores, strict=True)]
 
 
+_ON_RUN: list[Callable[[str], None]] = []
+
+
+@contextlib.contextmanager
+def counting_runs(on_run: Callable[[str], None]) -> Iterator[None]:
+    """While inside, :func:`run_policy` calls ``on_run(policy)`` after each simulation (progress)."""
+    _ON_RUN.append(on_run)
+    try:
+        yield
+    finally:
+        _ON_RUN.remove(on_run)
+
+
 def run_policy(
     specs: Sequence[RequestSpec] | Workload,
     policy: str,
@@ -91,7 +106,10 @@ def run_policy(
     name: str = "reproduce",
 ) -> SimResult:
     wl = specs if isinstance(specs, Workload) else Workload.from_specs(name, list(specs))
-    return simulate(wl, policy, preset=preset, scheduler=scheduler, cache=cache, policy_kwargs=policy_kwargs)
+    res = simulate(wl, policy, preset=preset, scheduler=scheduler, cache=cache, policy_kwargs=policy_kwargs)
+    for on_run in _ON_RUN:
+        on_run(policy)
+    return res
 
 
 def finished(res: SimResult) -> list[Request]:

@@ -57,20 +57,30 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if oracle := _noisy_oracle_note(grid):
         console.print(f"[dim]{oracle}[/]")
     failures: list[TaskResult] = []
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-    ) as progress:
-        bar = progress.add_task("simulating", total=len(tasks))
+    finished: list[TaskResult] = []
+    try:
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        ) as progress:
+            bar = progress.add_task("simulating", total=len(tasks))
 
-        def on_result(r: TaskResult) -> None:
-            progress.advance(bar)
-            if r.error is not None:
-                failures.append(r)
-                progress.console.print(f"[red]task failed[/] {r.task.params()}: {r.error}")
+            def on_result(r: TaskResult) -> None:
+                finished.append(r)
+                progress.advance(bar)
+                if r.error is not None:
+                    failures.append(r)
+                    progress.console.print(f"[red]task failed[/] {r.task.params()}: {r.error}")
 
-        results = run_sweep(
-            grid, use_ray=not args.no_ray, ray_address=args.ray_address, num_cpus=args.num_cpus, on_result=on_result
-        )
+            results = run_sweep(
+                grid,
+                use_ray=not args.no_ray,
+                ray_address=args.ray_address,
+                num_cpus=args.num_cpus,
+                on_result=on_result,
+            )
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep the tasks that finished, then end as interrupted
+        _keep_finished(console, out, finished, len(tasks))
+        raise
     rows = aggregate(results)
     console.print(_table(rows))
     if same := _seeds_alike(rows):
@@ -80,6 +90,20 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if failures:
         console.print(f"[red]{len(failures)} of {len(tasks)} tasks failed[/] (listed above and in results.csv)")
     return 1 if failures else 0
+
+
+def _keep_finished(console: Any, out: Path, finished: Sequence[TaskResult], total: int) -> None:
+    """The report of an interrupted sweep: the ``finished`` tasks alone (in grid order), with
+    ``"complete": false`` in results.json, and a line saying so."""
+    if not finished:
+        console.print(f"[yellow]interrupted before any of the {total} tasks finished: no report[/]")
+        return
+    done = sorted(finished, key=lambda r: r.task.index)
+    paths = write_sweep_report(out, done, aggregate(done), total=total)
+    console.print(
+        f"[yellow]interrupted: {len(done)} of {total} tasks finished; their report (partial: results.json "
+        f'has "complete": false) is in {paths[0].parent}[/]'
+    )
 
 
 def _noisy_oracle_note(grid: Any) -> str | None:
@@ -142,8 +166,12 @@ def _table(rows: Sequence[dict[str, Any]]) -> Any:
     return table
 
 
-def write_sweep_report(out: Path, results: Sequence[TaskResult], rows: Sequence[dict[str, Any]]) -> list[Path]:
-    """results.csv (every task), aggregate.csv, results.json and curves.png in ``out``."""
+def write_sweep_report(
+    out: Path, results: Sequence[TaskResult], rows: Sequence[dict[str, Any]], *, total: int | None = None
+) -> list[Path]:
+    """results.csv (every task), aggregate.csv, results.json and curves.png in ``out``. ``total``: the
+    grid's number of tasks, when ``results`` holds fewer (an interrupted sweep): results.json then says
+    ``"complete": false`` and counts both."""
     out.mkdir(parents=True, exist_ok=True)
     per_task = out / "results.csv"
     with per_task.open("w", newline="") as f:
@@ -157,9 +185,15 @@ def write_sweep_report(out: Path, results: Sequence[TaskResult], rows: Sequence[
         writer.writeheader()
         writer.writerows(rows)
     js = out / "results.json"
-    js.write_text(
-        json.dumps({"tasks": [r.row() for r in results], "aggregate": list(rows)}, indent=1, default=lambda v: None)
-    )
+    total = len(results) if total is None else total
+    doc = {
+        "complete": len(results) == total,
+        "tasks_finished": len(results),
+        "tasks_in_grid": total,
+        "tasks": [r.row() for r in results],
+        "aggregate": list(rows),
+    }
+    js.write_text(json.dumps(doc, indent=1, default=lambda v: None))
     paths = [per_task, agg, js]
     png = _plot_curves(out / "curves.png", rows)
     if png is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -106,6 +108,10 @@ def _ray(tasks: Sequence[Task], grid: Grid, address: str | None, num_cpus: int |
     except ImportError:
         raise ray_missing() from None
     started = not ray.is_initialized()
+    # ray.init takes SIGTERM over (its core worker prints a stack dump and exits 1): the handler from
+    # before is put back, so that SIGTERM unwinds as Ctrl-C does (headway.cli) and ray.shutdown() runs
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
     if started:
         ray.init(
             address=address,
@@ -114,6 +120,8 @@ def _ray(tasks: Sequence[Task], grid: Grid, address: str | None, num_cpus: int |
             logging_level=logging.ERROR,
             log_to_driver=False,
         )
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
         grid_ref = ray.put(grid)
@@ -129,6 +137,8 @@ def _ray(tasks: Sequence[Task], grid: Grid, address: str | None, num_cpus: int |
     finally:
         if started:
             ray.shutdown()
+            if sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
 
 
 def run_sweep(
