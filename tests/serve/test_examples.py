@@ -60,6 +60,30 @@ def test_every_dashboard_query_names_an_exported_metric(make_stub, make_gateway)
     assert {"headway_time_to_first_token_seconds_bucket", "headway_e2e_request_latency_seconds_bucket"} <= named
 
 
+def test_every_metric_the_documentation_names_is_exported(make_stub, make_gateway):
+    # a series as the docs spell it in code: a counter with its _total, a histogram by its name
+    # or one of its samples' (a DriftSched policy, for its runtime bias)
+    stub = make_stub()
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=2)], policy="tenant-sjf")
+    with gw.client() as c:
+        assert c.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2}).status_code == 200
+    fams = list(text_string_to_metric_families(httpx.get(gw.url + "/metrics").text))
+    names = {
+        "gauge": ("",), "counter": ("_total",), "histogram": ("", "_bucket", "_sum", "_count")
+    }  # fmt: skip
+    exported = {f.name + end for f in fams for end in names.get(f.type, ("",))}
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    pages = [docs.parent / "README.md", *docs.glob("*.md"), *docs.glob("policies/*.md")]
+    named = {
+        (page.name, m)
+        for page in pages
+        if page.name != "changelog.md"  # the changelog keeps the names of its time
+        for m in re.findall(r"`(headway_[a-z0-9_]+)", page.read_text(encoding="utf-8"))
+    }
+    assert len(named) >= 10
+    assert sorted((page, m) for page, m in named if m not in exported) == []
+
+
 def test_ttft_and_e2e_histograms_by_model_and_priority(make_stub, make_gateway):
     stub = make_stub()
     gw = make_gateway([BackendConfig(stub.url, max_concurrency=2)])

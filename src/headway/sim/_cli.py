@@ -557,7 +557,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                     router_kwargs=(router_kwargs or None) if fleet else None,
                 )
             except (ValueError, RuntimeError, OSError, ImportError) as exc:
-                failures[name] = f"{type(exc).__name__}: {exc}"
+                # an expected kind of error: its message alone when headway raised it (a bad
+                # setting), with the place when a policy of the user's did
+                where = _raised_outside_headway(exc)
+                failures[name] = f"{type(exc).__name__}: {exc}" + (f" (raised {where})" if where else "")
             except Exception as exc:
                 where = _raised_outside_headway(exc)
                 if where is None:  # headway's own error: its traceback
