@@ -180,10 +180,15 @@ def test_the_packaged_predictors_name_their_training_sources_and_the_alpaca_one_
     """The default was trained on every shared source; the former default, still packaged for the
     online replay (whose offline predictor must never have seen arena_hard_v2), on alpaca_eval alone."""
     from headway.predict._resolve import resolve_score_fn
-    from headway.predict.shipped import ALPACA_PREDICTOR
+    from headway.predict.shipped import ALPACA_PREDICTOR, MIX_PREDICTOR
 
     assert ShippedPredictor().trained_on == ["alpaca_eval", "sharegpt", "codealpaca", "arena_hard_v2"]
     assert ShippedPredictor(shipped_predictor_path(ALPACA_PREDICTOR)).trained_on == ["alpaca_eval"]
+    # the packaged linear head over every source (its header names them "sources", as --save-head wrote
+    # them then): not a predictor that saw none of them
+    assert ShippedPredictor(shipped_predictor_path(MIX_PREDICTOR)).trained_on == [
+        "alpaca_eval", "sharegpt", "codealpaca", "arena_hard_v2"
+    ]  # fmt: skip
     score = resolve_score_fn("headway.predict.shipped:alpaca_predictor()")
     prompts = ["Write a detailed 2000-word essay on the history of Rome.", "Say yes or no: is 7 prime?"]
     scores = np.asarray(score(prompts))

@@ -453,7 +453,7 @@ def _save_mix_head(recipe: Any, sources: Any, embeddings: Any, max_length: int, 
     if not isinstance(head, RidgeHead):
         raise PredictError(f"--save-head: the chosen recipe {label!r} is not a linear text-only one; only those pack")
     weights, bias = raw_linear(head)
-    meta = {"recipe": label, "sources": [s.name for s in sources], "n_train": head.n_train}
+    meta = {"recipe": label, "trained_on": [s.name for s in sources], "n_train": head.n_train}
     header = pack_linear_head(weights, bias, out, max_length=max_length, meta=meta)
     print(f"wrote {out} ({header['bytes']} bytes): recipe {label!r} fitted on all prompts of every source")
 

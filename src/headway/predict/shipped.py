@@ -330,10 +330,12 @@ class ShippedPredictor:
     @property
     def trained_on(self) -> list[str]:
         """The shared-data sources the packed predictor was trained on, as its header records them
-        (``trained_on``; older packs name one data spec, ``source``, such as ``alpaca_eval:mean``)."""
+        (``trained_on``; heads packed by ``cross-source --save-head`` before it, ``sources``; older packs
+        name one data spec, ``source``, such as ``alpaca_eval:mean``)."""
         meta = self.meta.get("meta") or {}
-        if "trained_on" in meta:
-            return [str(x) for x in meta["trained_on"]]
+        for key in ("trained_on", "sources"):
+            if key in meta:
+                return [str(x) for x in meta[key]]
         return [str(meta["source"]).partition(":")[0]] if "source" in meta else []
 
     def embed(self, prompts: Sequence[str]) -> npt.NDArray[np.float32]:
