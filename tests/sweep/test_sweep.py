@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -38,6 +39,8 @@ def test_grid_enumerates_every_combination_in_order() -> None:
         ("policies = ['fcfs']\nworkloads = ['no-such.csv']", "'no-such.csv' is neither a built-in name"),
         ("policies = ['fcfs']\nslo = 'ttft=5'", "invalid SLO pair 'ttft=5'"),
         ("policies = ['fcfs']\nscorer_tau = 2", "scorer_tau must be a number in"),
+        ("policies = ['fcfs']\nmax_model_len = 0", "max_model_len must be an integer >= 1, got 0"),
+        ("policies = ['fcfs']\nmax_model_len = 100000000", "max_model_len 100,000,000 does not fit the KV cache"),
         ("policies = ['fcfs']\ncolour = 1", "unknown grid keys"),
         ("policies = ['fcfs'\n", "not valid TOML"),
         ("policies = ['fcfs']\n[policy_args.pars]\ntau = 0.5", "policy_args for policies not in the grid"),
@@ -91,6 +94,15 @@ def test_score_based_policies_get_noisy_oracle_scores_as_in_simulate() -> None:
     tau_arg = Grid(policies=("pars",), num_requests=300, rates=(8.0,), policy_args={"pars": {"tau": 0.0}})
     (result,) = run_sweep(tau_arg, use_ray=False)
     assert repr(result.metrics) == repr(run(0.0))  # a tau in policy_args wins over scorer_tau (repr: NaN == NaN)
+
+
+def test_max_model_len_reaches_every_task() -> None:
+    # vLLM's --max-model-len, as headway simulate's: the default workload's prompts of 600 tokens or
+    # more are refused, and outputs stop where prompt and output reach 600
+    grid = Grid(policies=("fcfs",), num_requests=200, max_model_len=600)
+    (capped,) = run_sweep(grid, use_ray=False)
+    (whole,) = run_sweep(dataclasses.replace(grid, max_model_len=None), use_ray=False)
+    assert capped.metrics["completed"] < whole.metrics["completed"] == 200
 
 
 def test_a_preset_entry_may_name_a_fleet() -> None:

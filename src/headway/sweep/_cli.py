@@ -25,7 +25,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         description=(
             "Run every combination of a grid file (TOML or JSON with keys policies, workloads, "
             "rates, seeds, presets, num_requests, slo, policy_args, max_num_seqs, "
-            "max_num_batched_tokens, scorer_tau) as Ray tasks, locally or on a cluster, and write "
+            "max_num_batched_tokens, max_model_len, scorer_tau) as Ray tasks, locally or on a cluster, and write "
             "one table and report (latency vs load per policy). A preset entry may name a fleet "
             "('llama3-8b-h100:2', routed least-outstanding). Names, types and the SLO are checked "
             "before any task runs; a task that fails is reported with its parameters and the "

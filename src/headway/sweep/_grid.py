@@ -9,7 +9,10 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from headway.sim import SchedulerConfig
 
 __all__ = ["Grid", "Task", "load_grid"]
 
@@ -52,6 +55,8 @@ class Grid:
     """Keyword settings per policy name."""
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    """vLLM's ``--max-model-len`` (``headway simulate --max-model-len``); None: what the KV cache holds."""
     scorer_tau: float = 0.75
     """Score-based policies get a noisy-oracle length score with this Kendall tau when the workload
     carries no scores and their ``policy_args`` set no ``scorer`` (as ``headway simulate --scorer-tau``)."""
@@ -73,7 +78,7 @@ class Grid:
         for seed in self.seeds:
             if not _is_int(seed) or seed < 0:
                 raise ValueError(f"grid: seeds must be integers >= 0, got {seed!r}")
-        for name in ("num_requests", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("num_requests", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 raise ValueError(f"grid: {name} must be an integer >= 1, got {v!r}")
@@ -94,9 +99,12 @@ class Grid:
 
         for policy in self.policies:
             get_policy_class(policy)  # lists the valid names
+        from headway.sim import CacheConfig
+
+        engine = self.scheduler()
         for spec in self.presets:
             for name in dict.fromkeys(fleet_presets(spec)):
-                load_preset(name)  # lists the valid names
+                CacheConfig().check_model_len(engine, load_preset(name))  # load_preset lists the valid names
         known = set(available_workloads())
         for w in self.workloads:
             if w not in known and not Path(w).exists():
@@ -106,6 +114,16 @@ class Grid:
             if not isinstance(self.slo, str):
                 raise ValueError(f"grid: slo must be a string such as 'ttft:2000 e2el:60000', got {self.slo!r}")
             SLO.parse(self.slo)
+
+    def scheduler(self) -> SchedulerConfig:
+        """The engine settings every task runs with."""
+        from headway.sim import SchedulerConfig
+
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+        )
 
     def tasks(self) -> list[Task]:
         """Every combination, in a fixed order (the order results are reported in)."""
@@ -122,7 +140,7 @@ def _is_number(v: object) -> bool:
 
 
 _LIST_KEYS = ("policies", "workloads", "rates", "seeds", "presets")
-_SCALAR_KEYS = ("num_requests", "slo", "max_num_seqs", "max_num_batched_tokens", "scorer_tau")
+_SCALAR_KEYS = ("num_requests", "slo", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "scorer_tau")
 
 
 def load_grid(path: str | Path) -> Grid:

@@ -56,7 +56,7 @@ def run_task(task: Task, grid: Grid) -> TaskResult:
     from headway.metrics import summarize
     from headway.policies import noisy_oracle_defaults
     from headway.routers import DEFAULT_ROUTER
-    from headway.sim import SchedulerConfig, simulate
+    from headway.sim import simulate
     from headway.sim._fleet import fleet_presets
     from headway.workload import load_workload
 
@@ -75,9 +75,7 @@ def run_task(task: Task, grid: Grid) -> TaskResult:
             workload,
             task.policy,
             preset=presets,
-            scheduler=SchedulerConfig(
-                max_num_seqs=grid.max_num_seqs, max_num_batched_tokens=grid.max_num_batched_tokens
-            ),
+            scheduler=grid.scheduler(),
             policy_kwargs=kwargs,
             router=DEFAULT_ROUTER if len(presets) > 1 else None,  # a fleet entry ("llama3-8b-h100:2")
         )
