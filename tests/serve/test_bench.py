@@ -763,3 +763,28 @@ def test_bench_start_line_says_how_many_records_the_workload_skipped() -> None:
         f"headway: sending 1 request to {url}, all at once; 3 records of log skipped: "
         "no prompt/response pair or 0 tokens"
     )
+
+
+def test_an_interrupted_bench_says_how_far_it_got_and_writes_no_report(monkeypatch, tmp_path, capsys):
+    # Ctrl-C (or SIGTERM) mid-run: the requests still running are the slowest, so no report is written
+    # from the finished ones; the line says how many were done and sent
+    import headway.serve._bench as bench
+    from headway.cli import main as headway_main  # (its Ctrl-C handling: exit 130)
+
+    def cut_off(workload, cfg, *, on_done=None, on_sent=None):  # type: ignore[no-untyped-def]
+        reqs = [spec.to_request() for spec in list(workload)[:5]]
+        for r in reqs:
+            on_sent(r)
+        for r in reqs[:3]:
+            on_done(r)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run_bench_sync", cut_off)
+    out = tmp_path / "out"
+    argv = ["bench", "serve", "--base-url", "http://127.0.0.1:9", "--model", "m", "--workload", "burst",
+            "--num-requests", "8", "--out", str(out), "--save-result", "--result-dir", str(tmp_path)]  # fmt: skip
+    assert headway_main(argv) == 130
+    err = capsys.readouterr().err
+    assert "bench serve stopped with 3 of 8 requests done (5 sent); no report or result file" in err
+    assert err.rstrip().endswith("headway: interrupted")
+    assert not (out.exists() and any(out.iterdir())) and not list(tmp_path.glob("*.json"))

@@ -350,15 +350,34 @@ def _run_bench(args: argparse.Namespace) -> int:
     start = _start_line(workload, request_url(cfg), args.rate, args.time_scale, args.max_concurrency)
     print(start, file=sys.stderr, flush=True)
     progress = _Progress(len(workload)) if sys.stderr.isatty() and not args.no_progress else None
+    counts = {"sent": 0, "done": 0}
+
+    def on_sent(req: Any) -> None:
+        counts["sent"] += 1
+        if progress is not None:
+            progress.on_sent(req)
+
+    def on_done(req: Any) -> None:
+        counts["done"] += 1
+        if progress is not None:
+            progress.on_done(req)
+
     try:
-        requests = run_bench_sync(
-            workload,
-            cfg,
-            on_sent=None if progress is None else progress.on_sent,
-            on_done=None if progress is None else progress.on_done,
-        )
+        requests = run_bench_sync(workload, cfg, on_sent=on_sent, on_done=on_done)
     except BenchError as exc:
         return fail(str(exc))
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say how far it got; a cut-off run gets no report
+        if progress is not None:
+            progress.close()
+            progress = None
+        print(
+            f"headway: bench serve stopped with {counts['done']} of {len(workload)} requests done "
+            f"({counts['sent']} sent); no report or result file: the requests still running are the slowest, "
+            "so a cut-off run's latencies would read low",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
     finally:
         if progress is not None:
             progress.close()
