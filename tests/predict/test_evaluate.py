@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +64,9 @@ class _LengthScorer:
         return np.array([len(p) for p in prompts], dtype=np.float64)
 
 
-def test_evaluate_scorer_checks_delta_and_shows_progress(capsys: pytest.CaptureFixture[str]) -> None:
+def test_evaluate_scorer_checks_delta_and_shows_progress(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = ExampleSet("d", "tokens", tuple(Example("x" * (i + 1), i + 1) for i in range(600)))
     scorer = _LengthScorer()
     for bad in (5.0, -1.0, 1.0, math.nan):
@@ -73,5 +76,8 @@ def test_evaluate_scorer_checks_delta_and_shows_progress(capsys: pytest.CaptureF
     quiet = evaluate_scorer(scorer, data)  # type: ignore[arg-type]
     assert scorer.calls == [600] and capsys.readouterr().err == ""
     shown = evaluate_scorer(scorer, data, progress=True)  # type: ignore[arg-type]
-    assert scorer.calls == [600, 256, 256, 88] and "scoring" in capsys.readouterr().err
+    assert scorer.calls == [600, 256, 256, 88] and capsys.readouterr().err == ""  # no bar in a log file
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # stderr a terminal: the bar
+    assert evaluate_scorer(scorer, data, progress=True) == shown  # type: ignore[arg-type]
+    assert "scoring" in capsys.readouterr().err
     assert shown == quiet and shown[None].kendall_tau_b == pytest.approx(1.0)
