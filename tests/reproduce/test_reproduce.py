@@ -279,3 +279,36 @@ def test_each_experiment_says_when_it_starts(monkeypatch, capsys):
     with pytest.raises(Started):
         reproduce.run_reproduction("uniboost", "unused", echo=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_printed_rule_states_the_band_the_code_applies():
+    # the burst-throughput band's low edge is 1.0067x (1 + 0.01 / 1.5): printed to 3 digits it read
+    # "1.01x", and a mean of 1.0016x read "1x", so neither the rule nor the value could be checked
+    r = band_rule(1.01, 1.12, neutral=1.0)
+    assert r.describe("x") == "reproduced if the mean is in [1.00667x, 1.18x]; direction only if every seed is > 1x"
+    row = _row([0.99774, 1.00330, 1.00384], r, unit="x")
+    assert row.measured_text() == "1.00163x ± 0.0034 (0.99774 to 1.00384)"
+    # far from neutral the figures keep 3 digits; no effect at all prints as none, not as float noise
+    assert band_rule(7.7, neutral=1.0).describe("x").startswith("reproduced if the mean is in [5.47x, 11.1x]")
+    assert _row([1.0 + 1e-14, 1.0, 1.0], Rule(1.05, math.inf, 1.0), unit="x").measured_text() == "1x ± 5.8e-15 (1 to 1)"
+
+
+def test_every_uniboost_row_that_fails_says_why(monkeypatch, tmp_path):
+    # with no effect anywhere every claim fails: the burst-throughput row was "not reproduced" with an
+    # empty reason column (and the SLO and gamma-Ada rows would have been too)
+    from headway.reproduce import uniboost
+
+    metrics = ("mean_ttlt", "p50_ttlt", "p99_ttlt", "p99_ttft", "ttft_slo99", "ttlt_slo99", "throughput")
+    flat = dict.fromkeys(metrics, 100.0) | {"recomputed": 1000.0, "preemptions": 10.0}
+
+    def one_seed(n, seed, modes):
+        keys = [f"{pre}{label}/{p}" for pre in ("", "kv-") for label in modes for p in ("trail-oracle", "uniboost")]
+        keys += [f"main/{p}" for p in ("fcfs", *uniboost.SJF_BASED, "distboost", "uniboost-base")]
+        keys += [f"burst/{p}" for p in ("fcfs", "trail-oracle", "uniboost")]
+        keys += ["kv/uniboost-base", "kv/uniboost-memguard", "shift/uniboost-memguard", "shift/uniboost"]
+        return {k: dict(flat) for k in keys}
+
+    monkeypatch.setattr(uniboost, "_one_seed", one_seed)
+    exp = uniboost.run(tmp_path)
+    assert exp.rows and all(r.verdict is Verdict.NOT_REPRODUCED for r in exp.rows)
+    assert [r.claim for r in exp.rows if not r.reason] == []

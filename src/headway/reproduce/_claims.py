@@ -75,12 +75,13 @@ class Rule:
 
     def describe(self, unit: str = "") -> str:
         side = ">" if self.higher_is_claim else "<"
+        ref = self.neutral
         if math.isinf(self.hi):
-            band = f">= {_num(self.lo, unit)}"
+            band = f">= {_num(self.lo, unit, ref)}"
         elif math.isinf(self.lo):
-            band = f"<= {_num(self.hi, unit)}"
+            band = f"<= {_num(self.hi, unit, ref)}"
         else:
-            band = f"in [{_num(self.lo, unit)}, {_num(self.hi, unit)}]"
+            band = f"in [{_num(self.lo, unit, ref)}, {_num(self.hi, unit, ref)}]"
         if self.neutral is None:
             return f"reproduced if the mean is {band}; otherwise not reproduced"
         return f"reproduced if the mean is {band}; direction only if every seed is {side} {_num(self.neutral, unit)}"
@@ -105,10 +106,23 @@ def band_rule(paper_lo: float, paper_hi: float | None = None, *, neutral: float,
     raise ValueError(f"paper figure {paper_lo}..{hi} must lie on one side of neutral ({neutral})")
 
 
-def _num(x: float, unit: str) -> str:
+_MAX_DIGITS = 6
+
+
+def _num(x: float, unit: str, neutral: float | None = None) -> str:
+    """``x`` for a row: a percentage to 0.1, else 3 significant digits, more (up to 6) where ``x`` lies
+    close to ``neutral``, so that its *effect* ``x - neutral`` keeps 3: a band edge of 1.0067x printed
+    as "1.01x" stated a rule the code does not apply, and a mean of 1.0016x printed as "1x"."""
     if unit == "%":
         return f"{100 * x:.1f} %"
-    return f"{x:.3g}{unit}"
+    return f"{x:.{_digits(x, neutral)}g}{unit}"
+
+
+def _digits(x: float, neutral: float | None) -> int:
+    if neutral is None or not math.isfinite(x) or x == neutral or x == 0.0:
+        return 3
+    extra = math.floor(math.log10(abs(x))) - math.floor(math.log10(abs(x - neutral)))
+    return min(3 + max(extra, 0), _MAX_DIGITS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,4 +187,5 @@ class ClaimRow:
         std, lo, hi = self.spread
         if self.unit == "%":
             return f"{100 * self.measured:.1f} % ± {100 * std:.1f} ({100 * lo:.1f} to {100 * hi:.1f})"
-        return f"{self.measured:.3g}{self.unit} ± {std:.2g} ({lo:.3g} to {hi:.3g})"
+        ref = self.rule.neutral
+        return f"{_num(self.measured, self.unit, ref)} ± {std:.2g} ({_num(lo, '', ref)} to {_num(hi, '', ref)})"
