@@ -312,3 +312,33 @@ def test_every_uniboost_row_that_fails_says_why(monkeypatch, tmp_path):
     exp = uniboost.run(tmp_path)
     assert exp.rows and all(r.verdict is Verdict.NOT_REPRODUCED for r in exp.rows)
     assert [r.claim for r in exp.rows if not r.reason] == []
+
+
+def test_modes_whose_runs_are_the_same_give_one_row_per_claim(monkeypatch, tmp_path):
+    # at the default cache TRAIL+ preempts nothing, so the SGLang and vLLM modes are one run: its
+    # verdict counted twice overstated the page's "reproduced"; runs that differ keep a row per mode
+    from headway.reproduce import uniboost
+
+    if not uniboost.supports_modes():
+        pytest.skip("this engine has no displacement modes")
+    metrics = ("mean_ttlt", "p50_ttlt", "p99_ttlt", "p99_ttft", "ttft_slo99", "ttlt_slo99", "throughput")
+    flat = dict.fromkeys(metrics, 100.0) | {"recomputed": 1000.0, "preemptions": 10.0}
+    differ = {"on": False}
+
+    def one_seed(n, seed, modes):
+        keys = [f"{pre}{label}/{p}" for pre in ("", "kv-") for label in modes for p in ("trail-oracle", "uniboost")]
+        keys += [f"main/{p}" for p in ("fcfs", *uniboost.SJF_BASED, "distboost", "uniboost-base")]
+        keys += [f"burst/{p}" for p in ("fcfs", "trail-oracle", "uniboost")]
+        keys += ["kv/uniboost-base", "kv/uniboost-memguard", "shift/uniboost-memguard", "shift/uniboost"]
+        out = {k: dict(flat) for k in keys}
+        if differ["on"]:
+            out[f"{next(iter(modes))}/trail-oracle"]["preemptions"] = 3.0
+        return out
+
+    monkeypatch.setattr(uniboost, "_one_seed", one_seed)
+    headline = "UniBoost reduces P99 TTLT by 35-50 % vs SRPT with perfect length prediction (TRAIL+)"
+    rows = [r for r in uniboost.run(tmp_path).rows if r.claim == headline]
+    assert len(rows) == 1 and f"{' and '.join(uniboost.MODES)} modes, identical runs" in rows[0].setting
+    differ["on"] = True
+    rows = [r for r in uniboost.run(tmp_path).rows if r.claim == headline]
+    assert [r.setting.split(",")[1].strip().split(" (")[0] for r in rows] == [f"{m} mode" for m in uniboost.MODES]

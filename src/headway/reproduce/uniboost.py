@@ -62,6 +62,10 @@ def _replay(specs: Sequence[RequestSpec], rate: float, start: float = 0.0) -> li
     return [replace(s, arrival_time=float(t) + start) for s, t in zip(specs, times, strict=True)]
 
 
+HEADLINE = ("trail-oracle", "uniboost")
+"""The policies of the headline rows, run in each mode."""
+
+
 def supports_modes() -> bool:
     """Whether this engine's policies take :data:`MODE_ARG` (``headway.core.DISPLACEMENT_MODES``)."""
     import headway.core
@@ -118,7 +122,7 @@ def _one_seed(n: int, seed: int, modes: Mapping[str, str | None]) -> dict[str, d
     specs = _replay(conv, _capacity(conv))
     out: dict[str, dict[str, float]] = {}
     for label, mode in modes.items():
-        for p in ("trail-oracle", "uniboost"):
+        for p in HEADLINE:
             out[f"{label}/{p}"] = _stats(_run(specs, p, mode, seed))
     default = next(iter(modes.values()))
     for p in ("fcfs", *SJF_BASED):
@@ -187,9 +191,19 @@ def run(out_dir: Path, quick: bool = False, seeds: Sequence[int] = (0, 1, 2)) ->
             out.append(1.0 - x / y if reduction else x / y)
         return tuple(out)
 
+    # modes whose runs came out the same (nothing displaced in either) are one measurement: one row each claim
+    groups: list[list[str]] = []
     for label in modes:
+        same = next((g for g in groups if all(vals[f"{g[0]}/{p}"] == vals[f"{label}/{p}"] for p in HEADLINE)), None)
+        if same is None:
+            groups.append([label])
+        else:
+            same.append(label)
+    for group in groups:
+        label = group[0]
         t, u = f"{label}/trail-oracle", f"{label}/uniboost"
-        setting = f"conv replay, {label} mode (TRAIL+ {_mean(vals[t]['preemptions']):.0f} preemptions/run)"
+        where = f"{label} mode" if len(group) == 1 else f"{' and '.join(group)} modes, identical runs"
+        setting = f"conv replay, {where} (TRAIL+ {_mean(vals[t]['preemptions']):.0f} preemptions/run)"
         why = _reason_tail(vals, label)
         exp.rows += [
             ClaimRow(
