@@ -241,9 +241,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "Prefill, decode and mixed chunked-prefill steps of a Llama-3-8B-shaped decoder (random bf16 weights, "
         "plain PyTorch, CUDA graphs up to 512 tokens) timed on one NVIDIA H200, each against the preset fitted "
         "to them (built in as llama3-8b-h200) and the datasheet roofline of the H100 preset; then 47 other steps, "
-        "timed on the same GPU and never fitted to, against the built-in preset. The model's forward "
-        "pass and greedy pick only: the engine's CPU work per step is not in them. The timing script needs "
-        "python3 and torch only, so it can run on a GPU machine without headway; the fit runs anywhere.",
+        "timed on the same GPU and never fitted to, against the built-in preset. The same on one NVIDIA H100 "
+        "80GB HBM3 (55 steps, the preset built in as llama3-8b-h100-fit, and 46 steps it never saw). The "
+        "model's forward pass and greedy pick only: the engine's CPU work per step is not in them. The timing "
+        "script needs python3 and torch only, so it can run on a GPU machine without headway; the fit runs "
+        "anywhere.",
         "python3 benchmarks/bench_gpu_steps.py --out benchmarks/results/gpu_steps.json --budget-s 300 "
         "&& headway calibrate --from-timings benchmarks/results/gpu_steps.json "
         "--table benchmarks/results/gpu_steps.md; then steps the fit never saw, against the built-in preset: "
@@ -252,8 +254,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "--batches 2,8,24,48,96,192 --contexts 512,2048,6144 --mixed-chunks 128,512,2048 --mixed-batches 8,32,96 "
         "--mixed-context 3000 --prefixes 0,2048 && headway calibrate --from-timings "
         "benchmarks/results/gpu_steps_holdout.json --compare llama3-8b-h200 --name llama3-8b-h200-holdout "
-        "--table benchmarks/results/gpu_steps_holdout.md",
-        ("gpu_steps.md", "gpu_steps_holdout.md"),
+        "--table benchmarks/results/gpu_steps_holdout.md; on an H100 the same with --out "
+        "benchmarks/results/gpu_steps_h100.json --budget-s 170 and --out "
+        "benchmarks/results/gpu_steps_h100_holdout.json --budget-s 110, fitted with --name llama3-8b-h100-fit "
+        "--table benchmarks/results/gpu_steps_h100.md and compared with --compare llama3-8b-h100-fit "
+        "--name llama3-8b-h100-holdout --table benchmarks/results/gpu_steps_h100_holdout.md",
+        ("gpu_steps.md", "gpu_steps_holdout.md", "gpu_steps_h100.md", "gpu_steps_h100_holdout.md"),
     ),
     Benchmark(
         "predictor-cross-source",

@@ -19,8 +19,9 @@ so :meth:`CostModel.fit` recovers them from measured steps by non-negative least
 squares.
 
 Presets derive the constants from published hardware figures with the helper
-:func:`roofline` (formulas in its docstring); the inputs are given next to each preset. One,
-``llama3-8b-h200``, is fitted to step times measured on that GPU instead (its comment names the file).
+:func:`roofline` (formulas in its docstring); the inputs are given next to each preset. Two,
+``llama3-8b-h200`` and ``llama3-8b-h100-fit``, are fitted to step times measured on those GPUs
+instead (their comments name the files).
 """
 
 from __future__ import annotations
@@ -327,7 +328,8 @@ PRESETS: dict[str, CostModel] = {
         "llama3-8b-a100", **_L3_8B, num_gpus=1, gpu_memory_gb=80, mem_bw_tbs=2.039, peak_tflops=312
     ),
     # H100-SXM5-80GB: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16 (NVIDIA H100 datasheet).
-    # Hopper reaches lower MFU with vLLM's default kernels: 0.4.
+    # Hopper reaches lower MFU with vLLM's default kernels: 0.4. Steps measured on an H100 run at
+    # 1/1.25-1/1.45 of these times (benchmarks/results/gpu_steps_h100.md): llama3-8b-h100-fit.
     "llama3-8b-h100": roofline(
         "llama3-8b-h100",
         **_L3_8B,
@@ -360,6 +362,28 @@ PRESETS: dict[str, CostModel] = {
         peak_tflops=989,
         mfu=0.4,
         comm_overhead=1.6e-3,
+    ),
+    # H100 (SXM5 80GB HBM3), measured rather than derived: the fit (on relative errors) of 55 forward-pass
+    # steps of the same Llama-3-8B-shaped decoder timed on one NVIDIA H100 80GB HBM3 by `python3
+    # benchmarks/bench_gpu_steps.py --out $OUT/gpu_steps_h100.json --budget-s 170`
+    # (benchmarks/results/gpu_steps_h100.json), then `headway calibrate --from-timings
+    # benchmarks/results/gpu_steps_h100.json --name llama3-8b-h100-fit --table benchmarks/results/gpu_steps_h100.md`.
+    # Memory: the device's reported total; activations and swap as the H100 preset. A lower bound on a vLLM
+    # step, as the H200's. A second run right after it (seed 1, same machine): every step within -1.6 % to
+    # +2.3 %, fitted constants within 0.7 %. Against it, the datasheet roofline `llama3-8b-h100` is 1.42x /
+    # 1.25x / 1.45x the measured prefill / decode / mixed steps (geometric means). On 46 steps the fit never
+    # saw (benchmarks/results/gpu_steps_h100_holdout.md): 0.81-1.40x, median 0.99.
+    "llama3-8b-h100-fit": CostModel(
+        name="llama3-8b-h100-fit",
+        step_overhead=7.5188e-3,
+        per_token=2.7228e-5,
+        per_seq=0.0,
+        per_kv_token=3.4840e-8,
+        gpu_memory_bytes=85_017_493_504.0,
+        weight_bytes=16_060_522_496.0,
+        kv_bytes_per_token=131_072.0,
+        activation_bytes=4e9,
+        swap_per_token=131_072.0 / 25e9,
     ),
     # H200, measured rather than derived: the fit (on relative errors) of 57 forward-pass steps of a
     # Llama-3-8B-shaped decoder with random bf16 weights (plain PyTorch, SDPA, CUDA graphs up to 512
