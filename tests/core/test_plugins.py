@@ -50,6 +50,25 @@ def test_a_py_file_in_headway_plugins_reaches_the_cli(tmp_path: Path) -> None:
     assert plain.returncode == 2 and "Unknown policy 'shortest-prompt'" in plain.stderr
 
 
+def test_taking_a_built_in_name_fails_at_the_users_class_in_a_fresh_process(tmp_path: Path) -> None:
+    """Before any lookup the built-ins are not imported yet: the clash is still the user's decorator's
+    error, not one raised later from the built-in's import by make_policy."""
+    code = textwrap.dedent("""
+        from headway import Policy, register_policy
+        try:
+            @register_policy("fcfs")
+            class Mine(Policy):
+                def key(self, request, now):
+                    return (0,)
+        except ValueError as exc:
+            print(exc)
+    """)
+    out = _run([sys.executable, "-c", code], tmp_path)
+    assert out.returncode == 0, out.stderr
+    clash = "policy name 'fcfs' is already registered by FCFSPolicy: register Mine under another name"
+    assert out.stdout.strip() == clash
+
+
 def test_a_module_in_headway_plugins_is_imported_once(tmp_path: Path) -> None:
     (tmp_path / "plugmod.py").write_text(POLICY_MODULE + "\nprint('imported')\n")
     code = ("from headway.core import make_policy, available_policies; available_policies(); "

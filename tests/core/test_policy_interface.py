@@ -103,6 +103,35 @@ def test_duplicate_and_malformed_names_rejected() -> None:
         register_policy("Bad_Name")
 
 
+def test_a_class_defined_again_replaces_itself_under_its_name() -> None:
+    """A notebook cell that defines and registers a policy can be run again: the new definition (same
+    module and qualified name) replaces the old one; another class still cannot take the name."""
+    from headway.core._policy import _POLICIES
+
+    def define(tag: int) -> type[Policy]:
+        @register_policy("test-redefined")
+        class Redefined(Policy):
+            def key(self, request: Request, now: float) -> PolicyKey:
+                return (tag,)
+
+        return Redefined
+
+    first = define(1)
+    try:
+        second = define(2)
+        assert second is not first
+        assert type(make_policy("test-redefined")) is second
+        with pytest.raises(ValueError, match="already registered"):
+
+            @register_policy("test-redefined")
+            class Other(Policy):
+                def key(self, request: Request, now: float) -> PolicyKey:
+                    return (0,)
+
+    finally:
+        _POLICIES.unregister("test-redefined")
+
+
 def test_state_machine_rejects_illegal_edges() -> None:
     req = make_request()
     req.transition(RequestState.RUNNING)

@@ -89,6 +89,17 @@ def test_noisy_oracle_rejects_bad_tau():
         make_policy("pars", scorer="magic")
 
 
+def test_a_prompt_scorer_object_is_refused_with_the_adapter_to_use():
+    class PromptScores:  # what headway.predict's Scorer and ShippedPredictor look like
+        def score(self, prompts):
+            return [float(len(p)) for p in prompts]
+
+    with pytest.raises(ValueError, match=r"a PromptScores scores prompts: pass headway\.policies\.batch_scorer\(it\)"):
+        make_policy("pars", scorer=PromptScores())
+    adapted = make_policy("pars", scorer=batch_scorer(PromptScores()))
+    assert adapted.score_of(make_request(prompt="abcd")) == 4.0
+
+
 def test_noisy_oracle_makes_only_that_instance_an_oracle():
     oracle_pars = make_policy("pars", scorer="noisy-oracle", tau=0.5)
     plain_pars = make_policy("pars")

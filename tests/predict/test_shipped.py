@@ -119,6 +119,24 @@ def test_the_packaged_predictor_is_the_default_with_nothing_trained() -> None:
     assert np.corrcoef(int8.score(batch), scorer.score(batch))[0, 1] > 0.95
 
 
+def test_the_default_scorer_scores_a_workload_and_is_evaluated() -> None:
+    """What default_scorer() returns with nothing trained (a ShippedPredictor) goes wherever a Scorer does."""
+    from headway.predict import ExampleSet, evaluate_scorer, score_workload
+    from headway.predict.data import Example
+    from headway.predict.score import default_scorer
+    from headway.workload import RequestSpec, Workload
+
+    scorer = default_scorer(threads=1)
+    assert isinstance(scorer, ShippedPredictor)
+    specs = [RequestSpec(f"r{i}", 0.0, 10, 5, prompt=p) for i, p in enumerate(PROMPTS)]
+    scored = score_workload(Workload("w", (*specs, RequestSpec("bare", 0.0, 10, 5))), scorer)
+    assert [s.score for s in scored.requests[:-1]] == pytest.approx(scorer.score(PROMPTS).tolist())
+    assert scored.requests[-1].score is None
+    assert (scored.meta["scorer"], scored.meta["scored"]) == ("pars-minilm-default", len(PROMPTS))
+    data = ExampleSet("d", "tokens", tuple(Example(p, 10 * (i + 1)) for i, p in enumerate(PROMPTS)))
+    assert evaluate_scorer(scorer, data)[None].n == len(PROMPTS)
+
+
 @pytest.mark.parametrize(
     ("meta", "trained_on"),
     [({"trained_on": ["alpaca_eval", "sharegpt"]}, ["alpaca_eval", "sharegpt"]),

@@ -788,3 +788,15 @@ def test_an_interrupted_bench_says_how_far_it_got_and_writes_no_report(monkeypat
     assert "bench serve stopped with 3 of 8 requests done (5 sent); no report or result file" in err
     assert err.rstrip().endswith("headway: interrupted")
     assert not (out.exists() and any(out.iterdir())) and not list(tmp_path.glob("*.json"))
+
+
+def test_run_bench_sync_inside_a_running_event_loop_says_to_await_run_bench() -> None:
+    """A notebook runs an event loop: asyncio.run would fail there with its own message (and leave
+    run_bench's coroutine never awaited); the error names what to call instead."""
+    import asyncio
+
+    async def in_a_notebook() -> None:
+        with pytest.raises(RuntimeError, match=r"await run_bench\(workload, cfg\)"):
+            run_bench_sync(_workload(), BenchConfig(f"http://127.0.0.1:{free_port()}", model="m"))
+
+    asyncio.run(in_a_notebook())

@@ -164,6 +164,15 @@ def test_an_empty_file_is_named_empty_not_of_an_unknown_format(
         load_workload(str(empty))
 
 
+def test_a_path_object_loads_as_its_string_does(write_text: TextWriter, tmp_path: Path) -> None:
+    path = azure_file(write_text, tmp_path)
+    from_path = load_workload(path, num_requests=5)
+    assert from_path == load_workload(str(path), num_requests=5)
+    assert from_path.name == "trace"
+    with pytest.raises(TypeError, match="workload name or a file path, got int"):
+        load_workload(3)  # type: ignore[arg-type]
+
+
 def test_missing_file_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"absent\.csv"):
         load_workload(str(tmp_path / "absent.csv"))

@@ -405,7 +405,9 @@ _POLICIES: Registry[Policy] = Registry(
 def register_policy(name: str) -> Callable[[P], P]:
     """Class decorator: register a :class:`Policy` subclass under ``name``.
 
-    Names are kebab case and unique; registering a name twice is an error.
+    Names are kebab case and unique; registering a name twice is an error, except for a new
+    definition of the same class (same module and qualified name: a notebook cell run again),
+    which replaces the old one.
     """
     return _POLICIES.register(name)
 

@@ -114,6 +114,11 @@ def _check_settings(kind: str, name: str, cls: type, kwargs: Mapping[str, Any]) 
     raise ValueError(f"{kind} {name!r} has no setting {unknown[0]!r}{hint}; {takes}")
 
 
+def _redefines(cls: type, known: type) -> bool:
+    """Whether ``cls`` is a new definition of ``known``: the same module and qualified name."""
+    return (cls.__module__, cls.__qualname__) == (known.__module__, known.__qualname__)
+
+
 class Registry(Generic[T]):
     """Classes of one kind registered by name with a class decorator."""
 
@@ -167,13 +172,19 @@ class Registry(Generic[T]):
                 )
 
     def register(self, name: str) -> Callable[[C], C]:
-        """Class decorator: register a class under ``name`` and set its ``name`` attribute."""
+        """Class decorator: register a class under ``name`` and set its ``name`` attribute.
+
+        A name taken by another class is a ValueError, unless that class is an earlier definition of
+        this one (the same module and qualified name: a notebook cell run again, a module reloaded),
+        which the new definition replaces."""
         if not name or name != name.lower() or " " in name or "_" in name:
             raise ValueError(f"{self.kind} names are lower kebab case, got {name!r}")
 
         def decorate(cls: C) -> C:
+            if self._builtin is not None:  # first, so that taking a built-in's name fails here, not at its import
+                self._builtin()
             known = self._classes.get(name)
-            if known is not None and known is not cls:
+            if known is not None and known is not cls and not _redefines(cls, known):
                 raise ValueError(
                     f"{self.kind} name {name!r} is already registered by {known.__qualname__}: "
                     f"register {cls.__qualname__} under another name"

@@ -218,6 +218,8 @@ class ScoredPolicy(Policy):
             from headway.predict._resolve import not_a_spec_hint
 
             hint = not_a_spec_hint(scorer, ("default", "noisy-oracle", "oracle")) if isinstance(scorer, str) else ""
+            if callable(getattr(scorer, "score", None)):  # a Scorer or ShippedPredictor: it scores prompts
+                hint = f" (a {type(scorer).__name__} scores prompts: pass headway.policies.batch_scorer(it))"
             raise ValueError(
                 f"{self.name}: unknown scorer {scorer!r}; use None (request.score), 'noisy-oracle', "
                 f"'oracle', 'default' (the shipped predictor), a scorer spec or a callable Request -> float{hint}"

@@ -25,6 +25,7 @@ from headway.predict.data import DEFAULT_DELTA, ExampleSet, _check_delta, _resol
 
 if TYPE_CHECKING:
     from headway.predict.score import Scorer
+    from headway.predict.shipped import ShippedPredictor
     from headway.predict.train import TrainConfig
 
 __all__ = [
@@ -141,9 +142,11 @@ _PROGRESS_CHUNK = 256
 
 
 def evaluate_scorer(
-    scorer: Scorer, data: ExampleSet, delta: float = DEFAULT_DELTA, *, progress: bool = False
+    scorer: Scorer | ShippedPredictor, data: ExampleSet, delta: float = DEFAULT_DELTA, *, progress: bool = False
 ) -> dict[str | None, Metrics]:
     """Score ``data`` and compute metrics overall (key ``None``) and per model when it has several.
+    ``scorer`` is a :class:`~headway.predict.Scorer` or a :class:`~headway.predict.ShippedPredictor`
+    (what :func:`~headway.predict.default_scorer` returns).
     ``progress`` shows a progress bar on stderr while scoring (when it is a terminal); ``delta`` must be in
     [0, 1)."""
     _check_delta(delta)

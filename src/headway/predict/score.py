@@ -292,10 +292,12 @@ class Scorer:
 # ONNX export
 
 
-def score_workload(workload: Workload, scorer: Scorer, *, require_prompts: bool = False) -> Workload:
+def score_workload(workload: Workload, scorer: Scorer | ShippedPredictor, *, require_prompts: bool = False) -> Workload:
     """A copy of ``workload`` whose requests carry ``score = scorer.score(prompt)``.
 
-    Requests without a prompt keep ``score=None`` (or raise, with ``require_prompts``).
+    ``scorer`` is a :class:`Scorer` or a :class:`~headway.predict.ShippedPredictor` (what
+    :func:`default_scorer` returns). Requests without a prompt keep ``score=None`` (or raise, with
+    ``require_prompts``).
     """
     specs = list(workload.requests)
     with_prompt = [i for i, s in enumerate(specs) if s.prompt is not None and s.prompt.strip()]
@@ -305,7 +307,8 @@ def score_workload(workload: Workload, scorer: Scorer, *, require_prompts: bool 
     scores = scorer.score([specs[i].prompt or "" for i in with_prompt]) if with_prompt else np.empty(0)
     for i, s in zip(with_prompt, scores, strict=True):
         specs[i] = dataclasses.replace(specs[i], score=float(s))
-    meta = {**workload.meta, "scorer": scorer.name or scorer.backend, "scored": len(with_prompt)}
+    label = scorer.name if isinstance(scorer, Scorer) else scorer.path.stem  # (a pack: its file's name)
+    meta = {**workload.meta, "scorer": label or scorer.backend, "scored": len(with_prompt)}
     return dataclasses.replace(workload, requests=tuple(specs), meta=meta)
 
 

@@ -558,4 +558,15 @@ def run_bench_sync(
     on_done: Callable[[Request], None] | None = None,
     on_sent: Callable[[Request], None] | None = None,
 ) -> list[Request]:
-    return asyncio.run(run_bench(workload, cfg, on_done=on_done, on_sent=on_sent))
+    """:func:`run_bench` from synchronous code (a script): runs it on a new event loop and waits.
+
+    Where an event loop is already running (a Jupyter notebook, an ``async`` function) it cannot
+    start one: ``await run_bench(...)`` there instead (a RuntimeError says so)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # none running: the case this function is for
+        return asyncio.run(run_bench(workload, cfg, on_done=on_done, on_sent=on_sent))
+    raise RuntimeError(
+        "run_bench_sync() cannot run inside a running event loop (a Jupyter notebook, an async function): "
+        "use `await run_bench(workload, cfg)` there"
+    )

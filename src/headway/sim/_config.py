@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -9,6 +12,38 @@ if TYPE_CHECKING:
     from headway.sim._cost import CostModel
 
 __all__ = ["CacheConfig", "SchedulerConfig"]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_flag(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def _check_types(
+    config: SchedulerConfig | CacheConfig, ints: tuple[str, ...], flags: tuple[str, ...], reals: tuple[str, ...]
+) -> None:
+    """A TypeError naming the field for a value of the wrong type (``max_num_seqs=2.5``, ``"256"``,
+    ``enable_chunked_prefill="no"``), before a range check compares it or a run uses it; ``None``
+    passes where the field may be None (its "unset"), an integer passes where a float is expected."""
+    kind = type(config).__name__
+    optional = {f.name for f in dataclasses.fields(config) if "None" in str(f.type)}
+    checks: tuple[tuple[tuple[str, ...], str, Callable[[object], bool]], ...] = (
+        (ints, "an int", _is_int),
+        (flags, "a bool", _is_flag),
+        (reals, "a number", _is_real),
+    )
+    for names, want, ok in checks:
+        for name in names:
+            value = getattr(config, name)
+            if not (value is None and name in optional) and not ok(value):
+                raise TypeError(f"{kind}.{name} must be {want}, got {type(value).__name__} {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +106,15 @@ class SchedulerConfig:
         return self.max_num_seqs if self.max_num_active_seqs is None else self.max_num_active_seqs
 
     def __post_init__(self) -> None:
+        _check_types(
+            self,
+            ints=("max_num_batched_tokens", "max_num_seqs", "max_model_len", "max_num_active_seqs",
+                  "max_num_queued_reqs", "max_num_queued_tokens", "long_prefill_token_threshold",
+                  "max_steps_per_event"),
+            flags=("enable_chunked_prefill", "scheduler_reserve_full_isl", "long_prefill_token_threshold_adaptive",
+                   "async_scheduling"),
+            reals=("watermark",),
+        )  # fmt: skip
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -124,6 +168,12 @@ class CacheConfig:
     cached prefix, and freed blocks stay cached until an allocation reuses them (LRU)."""
 
     def __post_init__(self) -> None:
+        _check_types(
+            self,
+            ints=("block_size", "num_gpu_blocks"),
+            flags=("enable_prefix_caching",),
+            reals=("gpu_memory_utilization",),
+        )
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import gc
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,19 +29,30 @@ RouteFn = Callable[[Request, Sequence[Replica]], int]
 
 @dataclass(frozen=True, slots=True)
 class ReplicaStats:
-    """What one replica did."""
+    """What one replica did. Times are seconds on the simulated clock (the first arrival's is the
+    workload's own ``arrival_time``)."""
 
     name: str
+    """``replica-<index>``, its index in ``SimResult.replicas`` and ``SimResult.assignment``."""
     preset: str
+    """Name of its cost model (``CostModel.name``)."""
     num_gpu_blocks: int
+    """Its KV cache's size in blocks (``CacheConfig.block_size`` tokens each)."""
     num_steps: int
+    """Engine steps it ran (vLLM's ``schedule()`` calls that scheduled tokens)."""
     num_step_events: int
+    """Events that advanced its steps: one per step in step-by-step mode, fewer when decode
+    stretches were advanced in closed form."""
     num_preemptions: int
+    """Evictions: requests taken out of the batch with their KV blocks freed (short of blocks, or
+    displaced in ``evict`` mode; vLLM's ``vllm:num_preemptions``); pauses are ``num_pauses``."""
     num_requests: int
+    """Requests routed to it (rejected and aborted ones included)."""
     max_step_tokens: int
     """Most tokens any one step computed (never above ``max_num_batched_tokens``)."""
     timeline: tuple[tuple[float, int, int, int], ...] | None = None
-    """(time, waiting, running, used KV blocks) after every step event, when recorded."""
+    """(time in seconds, waiting requests, running requests, used KV blocks) after every step event,
+    when recorded (``simulate(record_timeline=True)``)."""
     speed: float = 1.0
     """Relative decode throughput the router weighed this replica with (1.0 = fastest)."""
     num_pauses: int = 0
@@ -62,14 +73,19 @@ class ReplicaStats:
 
 @dataclass(frozen=True, slots=True)
 class SimResult:
-    """Outcome of one simulation run."""
+    """Outcome of one simulation run; :func:`headway.metrics.summarize` turns ``requests`` into
+    latency statistics (times are seconds on the simulated clock)."""
 
     policy: str
+    """The policy's registered name (empty for an unregistered :class:`Policy` instance)."""
     workload: str
+    """The workload's name (``"custom"`` for a sequence of :class:`RequestSpec`)."""
     requests: tuple[Request, ...]
     """Every request, in workload order, with its final state and times."""
     replicas: tuple[ReplicaStats, ...]
+    """What each replica did, in replica order."""
     num_events: int
+    """Events the event loop processed (arrivals, steps, aborts): the simulator's work."""
     wall_time: float
     """Wall-clock seconds the event loop ran (excludes building the workload)."""
     assignment: tuple[int, ...] = field(default=())
@@ -83,6 +99,7 @@ class SimResult:
 
     @property
     def num_steps(self) -> int:
+        """Engine steps of every replica together."""
         return sum(r.num_steps for r in self.replicas)
 
     @property
@@ -199,9 +216,20 @@ def simulate(
     then set when it arrives.
     Deterministic: the same inputs (and router seed) give bit-identical results.
     """
+    for what, value, want in (("scheduler", scheduler, SchedulerConfig), ("cache", cache, CacheConfig)):
+        if value is not None and not isinstance(value, want):
+            raise TypeError(f"{what} must be a {want.__name__} or None, got {type(value).__name__} {value!r}")
     scheduler = scheduler or SchedulerConfig()
     cache = cache or CacheConfig()
+    if isinstance(workload, str | bytes) or not isinstance(workload, Workload | Iterable):
+        raise TypeError(
+            f"workload must be a Workload or a sequence of RequestSpec, got {type(workload).__name__} {workload!r} "
+            "(headway.workload.load_workload builds one from a name or a file)"
+        )
     specs = workload.requests if isinstance(workload, Workload) else tuple(workload)
+    stray = next((s for s in specs if not isinstance(s, RequestSpec)), None)
+    if stray is not None:
+        raise TypeError(f"workload must hold RequestSpec objects, got a {type(stray).__name__}: {stray!r}")
     name = workload.name if isinstance(workload, Workload) else "custom"
     if isinstance(preset, (list, tuple)):
         presets = list(preset)

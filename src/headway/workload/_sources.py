@@ -551,8 +551,9 @@ def _looks_like_path(source: str) -> bool:
     )
 
 
-def load_workload(source: str, **options: object) -> Workload:
-    """Load a workload by short name (see :func:`available_workloads`) or from a file path.
+def load_workload(source: str | os.PathLike[str], **options: object) -> Workload:
+    """Load a workload by short name (see :func:`available_workloads`) or from a file path
+    (a ``str`` or a :class:`~pathlib.Path`).
 
     Names: ``default`` (synthetic Azure-conv-shaped, bursty, 3 tenants; needs no data),
     ``burst`` (the same requests, all at t = 0, as in PARS), and the shared data sets
@@ -563,6 +564,9 @@ def load_workload(source: str, **options: object) -> Workload:
     ``rate``, ``burstiness``, ``arrivals``, ``seed``, ``output_cv``, ``model``,
     ``tenants``, ...). Raises :class:`UnknownWorkloadError` listing the valid names.
     """
+    if not isinstance(source, str | os.PathLike):
+        raise TypeError(f"source must be a workload name or a file path, got {type(source).__name__} {source!r}")
+    source = os.fspath(source)
     o = _options(options)
     entry = _WORKLOADS.get(source)
     if entry is None and not _looks_like_path(source):
