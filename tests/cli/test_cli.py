@@ -220,7 +220,7 @@ def test_workload_flags_reach_the_loader(tmp_path: Path, capsys: pytest.CaptureF
 def test_aborted_requests_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--policies", "fcfs", "--num-requests", "30", "--num-gpu-blocks", "1", "--no-report"]) == 0
     out = capsys.readouterr().out
-    assert "fcfs: 30 of 30 requests aborted (30 prompt does not fit max_model_len 16)" in out
+    assert "fcfs: 30 of 30 requests aborted (30 prompt does not fit the KV cache (16 tokens))" in out
     assert "aborted" in out.split("default on llama3-8b-a100")[1]  # the table's column
     assert "full table in the report" not in out  # --no-report: there is none
 

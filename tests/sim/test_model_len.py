@@ -33,6 +33,9 @@ def test_a_prompt_that_reaches_max_model_len_is_refused_and_an_output_stops_ther
     assert capped.finish_time == pytest.approx(10.0)  # its prefill step yields the first token, nine more
     assert whole.num_output_tokens == 30
     assert [r.num_output_tokens for r in _run(rows, None).requests] == [5, 30, 30]
+    # unset, a prompt the cache cannot hold is refused naming the cache, not a max_model_len never given
+    (alone,) = _run([(0.0, 1024, 1)], None).requests
+    assert alone.extra["abort_reason"] == "prompt does not fit the KV cache (1,024 tokens)"
 
 
 def test_settings_vllm_refuses_are_refused() -> None:

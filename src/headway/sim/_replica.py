@@ -143,11 +143,15 @@ class Replica(Preemption):
         self._keyed = False  # some request here has block keys (prefix caching only)
         self._join_ids = itertools.count()  # Seq.order
         cap = self.num_blocks * self.bs
+        # the reason an arrival too long for this engine is refused with (one per engine: summaries count by reason)
+        self._too_long = f"prompt does not fit the KV cache ({cap:,} tokens)"
         if scheduler.max_model_len is not None:
             cache.check_model_len(scheduler, cost)
             cap = scheduler.max_model_len
-        elif not scheduler.enable_chunked_prefill:
-            cap = min(cap, scheduler.max_num_batched_tokens)
+            self._too_long = f"prompt does not fit max_model_len {cap}"
+        elif not scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens < cap:
+            cap = scheduler.max_num_batched_tokens
+            self._too_long = f"prompt does not fit a step's token budget ({cap:,} tokens, chunked prefill off)"
         self.max_model_len = cap
         self.waiting = PolicyQueue(policy)
         hooks = policy.hooks()
@@ -247,8 +251,7 @@ class Replica(Preemption):
             self._end_aborted(req, now, reason)
             return
         if req.num_prompt_tokens >= self.max_model_len:
-            # one reason per engine, not per prompt length: summaries count requests by reason
-            self._end_aborted(req, now, f"prompt does not fit max_model_len {self.max_model_len}")
+            self._end_aborted(req, now, self._too_long)
             return
         if api is not None:
             api.admitted(req)
