@@ -182,6 +182,41 @@ def test_a_scorer_s_non_finite_score_takes_the_missing_score_path() -> None:
     assert a.reqs["r"].score == 3.0 and a.num_missing_scores == 1
 
 
+def _raises_on_boom(prompts: list[str]) -> list[float]:
+    if any("boom" in p for p in prompts):
+        raise ValueError("cannot score this prompt")
+    return [float(len(p)) for p in prompts]
+
+
+@pytest.mark.parametrize(
+    "scorer",
+    [_raises_on_boom, lambda prompts: [1.0], lambda prompts: ["high"] * len(prompts), lambda prompts: None],
+    ids=["raises", "wrong-count", "not-numbers", "none"],
+)
+def test_a_scorer_that_fails_on_a_prompt_never_stops_the_engine(scorer, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    """A scorer that raises on a prompt, or answers with the wrong count or no numbers, raised out of
+    the queue's flush, inside vLLM's engine core: the engine died and every request in flight failed
+    (seen live with a 'module:attr' scorer). Those prompts now get the missing score, with a warning."""
+    texts = {1: "boom boom", 2: "fine"}
+    a = PolicyAdapter(
+        make_policy("pars"), score_batch=scorer, missing_score=7.0,
+        decode=lambda batch: [texts[len(i)] for i in batch], clock=lambda: 1.0, epoch=0.0,
+    )  # fmt: skip
+    q = a.make_queue()
+    q.add_request(FakeRequest("given", 0.4, 4, 10, sampling_params=SimpleNamespace(extra_args={"headway_score": 9.0})))
+    q.add_request(FakeRequest("boom", 0.5, 1, 10, prompt_token_ids=[1]))
+    q.add_request(FakeRequest("fine", 0.6, 2, 10, prompt_token_ids=[1, 2]))
+    assert [r.request_id for r in q] == ["boom", "fine", "given"]  # 7.0, 7.0 (by arrival), then 9.0
+    assert a.reqs["boom"].score == a.reqs["fine"].score == 7.0
+    assert a.num_score_failures == 2 and a.num_scored == 0 and a.num_missing_scores == 2
+    assert "the scorer failed on 2 prompt(s)" in caplog.text
+    # the engine goes on: a later batch the scorer can take is scored by it
+    if scorer is _raises_on_boom:
+        q.add_request(FakeRequest("later", 0.7, 2, 10, prompt_token_ids=[3, 4]))
+        a.flush()
+        assert a.reqs["later"].score == 4.0 and a.num_scored == 1
+
+
 def test_pars_starvation_promotion_timer_rekeys_queued_requests() -> None:
     now = [0.0]
     a = PolicyAdapter(make_policy("pars", starvation_threshold=5.0), clock=lambda: now[0], epoch=0.0)

@@ -296,6 +296,12 @@ def test_bad_control_files_and_request_fields_never_stop_the_engine(plugin_serve
     log = plugin_server.server.log_tail(200_000)
     assert log.count("control file") >= 4 and "ignored" in log
     assert "headway: policy switched to 'pars'" in log  # INFO lines reach vLLM's log too
+    # a scorer that fails on the engine's prompts (json.loads, given a list) stopped the engine at the
+    # first request; those requests now get the missing score
+    plugin_server.use("pars", scorer="json:loads")
+    res = replay_sync(plugin_server.url, [ReplaySpec(f"scorer{i}", 0.01 * i, 8, 4) for i in range(3)], timeout_s=60)
+    assert all(r.ok for r in res), [r.error for r in res]
+    assert "headway: the scorer failed on" in plugin_server.server.log_tail(200_000)
     plugin_server.use("fcfs")
 
 

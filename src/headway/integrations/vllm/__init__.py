@@ -103,8 +103,9 @@ Settings (keys of the ``headway`` object):
 ``scorer_backend`` (``"torch"``), ``scorer_threads`` (``1``)
     Backend (``torch``, ``onnx`` or ``onnx-int8``) and threads for a predictor checkpoint.
 ``missing_score`` (``null``)
-    Score given to a request that has none when the policy needs one; ``null``: the mean
-    of the scores seen so far (0 before any), i.e. the middle of the queue. Logged once;
+    Score given to a request that has none when the policy needs one (no ``headway_score`` and
+    no scorer, or a scorer that failed on its prompt: raised, or answered no number); ``null``:
+    the mean of the scores seen so far (0 before any), i.e. the middle of the queue. Logged once;
     an engine must not stop over one request's missing score.
 ``step_log`` (``null``)
     Path of a JSONL file: one header line with the engine's geometry, then one line per

@@ -90,6 +90,8 @@ class PolicyAdapter:
         self.num_arrivals = 0
         self.num_displaced = 0
         self.num_missing_scores = 0
+        self.num_score_failures = 0
+        """Prompts the scorer failed on (they took the missing-score path)."""
         self._awaiting_first: dict[Request, None] = {}
         self._running_version = 0
         self._no_victim: tuple[Any, ...] | None = None
@@ -242,14 +244,12 @@ class PolicyAdapter:
             todo = [h for h in pending if h.score is None]
             if todo:
                 s0 = time.perf_counter()
-                texts = self._prompt_texts(todo)
-                scores = self.score_batch(texts)
-                if len(scores) != len(todo):
-                    raise RuntimeError(f"headway scorer returned {len(scores)} scores for {len(todo)} prompts")
-                for h, s in zip(todo, scores, strict=True):
-                    h.score = float(s) if math.isfinite(float(s)) else None  # none: the missing-score path
+                scores = self._score(todo)
+                if scores is not None:
+                    for h, s in zip(todo, scores, strict=True):
+                        h.score = s if math.isfinite(s) else None  # none: the missing-score path
+                    self.num_scored += len(todo)
                 self.score_time += time.perf_counter() - s0
-                self.num_scored += len(todo)
         now = self.now()
         policy = self.policy
         for h, q in pending.items():
@@ -280,6 +280,29 @@ class PolicyAdapter:
             q._pq.add(h, now)
             self._arm_timer(h, now)
         self.policy_time += time.perf_counter() - t0
+
+    def _score(self, todo: Sequence[Request]) -> list[float] | None:
+        """The scorer's scores for ``todo``'s prompts, or None when detokenizing or scoring them
+        failed (an exception, a wrong count, a score that is no number): those requests then take the
+        missing-score path, with a warning. Raising here stopped vLLM's engine core, and with it
+        every request in flight, over a prompt the scorer could not take."""
+        assert self.score_batch is not None
+        try:
+            scores = [float(s) for s in self.score_batch(self._prompt_texts(todo))]
+            if len(scores) != len(todo):
+                raise ValueError(f"{len(scores)} scores for {len(todo)} prompts")
+        except Exception as exc:
+            self.num_score_failures += len(todo)
+            self._warn_once(
+                "score_failed",
+                "headway: the scorer failed on %d prompt(s) (%s: %s); they get the missing score, as "
+                "requests without a score do",
+                len(todo),
+                type(exc).__name__,
+                exc,
+            )
+            return None
+        return scores
 
     def _prompt_texts(self, hs: Sequence[Request]) -> list[str]:
         """Prompt texts for the scorer: the engine's text if it kept it, else its token ids
