@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
@@ -25,6 +26,7 @@ __all__ = [
     "describe_error",
     "fail",
     "key_value",
+    "name_flags",
     "plain_text",
     "prepare_out_dir",
     "refuse_abbreviations",
@@ -101,6 +103,12 @@ class SigtermRaises:
         if self._installed:
             signal.signal(signal.SIGTERM, self._previous)
             self._installed = False
+
+
+def name_flags(message: str, flags: Mapping[str, str]) -> str:
+    """``message`` (a library's error) told with a command's flags: each setting name in ``flags``
+    becomes its flag (``rate must be a positive finite number`` -> ``--rate must be ...``)."""
+    return re.sub(r"(?<![\w-])[a-z][a-z_]*(?![\w-])", lambda m: flags.get(m[0], m[0]), message)
 
 
 def describe_error(exc: BaseException) -> str:

@@ -191,8 +191,11 @@ def test_bench_cli_checks_its_arguments_before_the_run(tmp_path, capsys):
     burstgpt.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,GPT-4,4,2,6,API log\n")
     for extra, message in [
         (["--num-requests", "0"], "--num-prompts must be >= 1, got 0"),
-        (["--num-requests", "2", "--time-scale", "inf"], "time_scale must be a finite number > 0, got inf"),
-        (["--num-requests", "2", "--timeout", "nan"], "timeout_s must be a finite number > 0, got nan"),
+        (["--num-requests", "2", "--time-scale", "inf"], "--time-scale must be a finite number > 0, got inf"),
+        (["--num-requests", "2", "--timeout", "nan"], "--timeout must be a finite number > 0, got nan"),
+        # a setting's error names its flag, as simulate's do (a file's error keeps its own words)
+        (["--num-requests", "2", "--request-rate", "-1"], "--request-rate must be a positive finite number"),
+        (["--workload", str(burstgpt), "--format", "nope"], "--format must be one of"),
         (["--num-requests", "2", "--out", str(out_file)], f"--out {out_file}: exists and is not a folder"),
         # --format reaches the reader, as simulate's does (a BurstGPT file read as an Azure trace)
         (["--workload", str(burstgpt), "--format", "azure"], f"{burstgpt}:1: header: missing column(s) TIMESTAMP"),

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from headway._help import add_shared_prefix_args, fail, key_value
+from headway._help import add_shared_prefix_args, fail, key_value, name_flags
 
 __all__ = ["add_bench_parser", "add_bench_serve_parser"]
 
@@ -208,6 +208,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
+_FLAGS = {
+    "num_requests": "--num-prompts", "rate": "--request-rate", "format": "--format", "time_scale": "--time-scale",
+    "timeout_s": "--timeout", "request_timeout_s": "--request-timeout", "max_concurrency": "--max-concurrency",
+    "max_prompt_tokens": "--max-prompt-tokens", "max_output_tokens": "--max-output-tokens",
+    **{n: "--" + n.replace("_", "-") for n in (
+        "burstiness", "arrivals", "tenants", "seed", "system_prompts", "system_prompt_tokens", "think_time",
+    )},
+}  # fmt: skip
+"""The workload's and the client's settings this command takes -> the flag that gives each (for errors)."""
+
+
 def _start_line(workload: Any, url: str, rate: float | None, time_scale: float, max_concurrency: int) -> str:
     """What a run is about to do, said before it starts: how many requests, to where, over about
     how long (the workload's arrivals, scaled by ``time_scale``) and at what rate (``rate``, the
@@ -338,8 +349,9 @@ def _run_bench(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             request_timeout_s=args.request_timeout,
         )
-    except ValueError as exc:
-        return fail(str(exc))
+    except ValueError as exc:  # a setting's error (it starts with the setting's name) is told with its flag
+        text = str(exc)
+        return fail(name_flags(text, _FLAGS) if text.split(" ", 1)[0] in _FLAGS else text)
     if not len(workload):
         return fail(f"workload {args.workload!r} has no requests")
     try:

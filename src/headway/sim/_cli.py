@@ -6,11 +6,17 @@ Wired into ``headway.cli`` through :func:`add_simulate_parser`.
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from headway._help import CLIError, HelpFormatter, add_shared_prefix_args, default_out_dir, prepare_out_dir
+from headway._help import (
+    CLIError,
+    HelpFormatter,
+    add_shared_prefix_args,
+    default_out_dir,
+    name_flags,
+    prepare_out_dir,
+)
 from headway.routers import DEFAULT_ROUTER
 
 __all__ = ["DEFAULT_POLICIES", "add_simulate_parser"]
@@ -286,7 +292,7 @@ _FLAGS = {
 def _flag_error(exc: ValueError) -> CLIError:
     """A workload or engine setting's error told with flags: each setting's name becomes its flag
     (``rate must be a positive finite number`` -> ``--rate must be ...``)."""
-    return CLIError(re.sub(r"(?<![\w-])[a-z][a-z_]*(?![\w-])", lambda m: _FLAGS.get(m[0], m[0]), str(exc)))
+    return CLIError(name_flags(str(exc), _FLAGS))
 
 
 def _check_counts(args: argparse.Namespace) -> None:
