@@ -253,13 +253,11 @@ def _eval_scorer(args: argparse.Namespace) -> Any:
 
     if args.model == "default":
         return default_scorer(args.backend, batch_size=args.batch_size, threads=args.threads)
-    if args.model == "shipped" or args.model.endswith(".npz"):
-        from headway.predict.shipped import ShippedPredictor
-
-        path = None if args.model == "shipped" else _packed_file(args.model, "--model")
-        return ShippedPredictor(
-            path, threads=args.threads, batch_size=args.batch_size, int8=args.backend == "onnx-int8"
-        )
+    packed = _packed_predictor(
+        args.model, "--model", threads=args.threads, batch_size=args.batch_size, int8=args.backend == "onnx-int8"
+    )
+    if packed is not None:
+        return packed
     return Scorer.from_checkpoint(args.model, args.backend, batch_size=args.batch_size, threads=args.threads)
 
 
@@ -390,14 +388,21 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
 def _packed_row(checkpoint: str, threads: int) -> tuple[str, Any] | None:
     """``--checkpoint shipped`` or ``FILE.npz``: the row's name and the loaded packed predictor; None
     for a checkpoint directory (scored with torch)."""
-    if checkpoint != "shipped" and not checkpoint.endswith(".npz"):
+    shipped = _packed_predictor(checkpoint, "--checkpoint", threads=threads)
+    if shipped is None:
+        return None
+    label = "shipped predictor" if checkpoint == "shipped" else f"packed {shipped.path.name}"
+    return f"{label} (trained on {', '.join(shipped.trained_on) or 'unrecorded sources'})", shipped
+
+
+def _packed_predictor(value: str, flag: str, **settings: Any) -> Any:
+    """``shipped`` (the default pack) or ``FILE.npz`` (a file, or a packaged one's name), loaded with
+    ``settings``; None for anything else (a checkpoint directory)."""
+    if value != "shipped" and not value.endswith(".npz"):
         return None
     from headway.predict.shipped import ShippedPredictor
 
-    path = None if checkpoint == "shipped" else _packed_file(checkpoint)
-    shipped = ShippedPredictor(path, threads=threads)  # None: the default pack
-    label = "shipped predictor" if path is None else f"packed {path.name}"
-    return f"{label} (trained on {', '.join(shipped.trained_on) or 'unrecorded sources'})", shipped
+    return ShippedPredictor(None if value == "shipped" else _packed_file(value, flag), **settings)
 
 
 def _packed_file(value: str, flag: str = "--checkpoint") -> Path:

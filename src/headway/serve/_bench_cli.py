@@ -235,9 +235,8 @@ def _start_line(workload: Any, url: str, rate: float | None, time_scale: float, 
         line += f", arriving over about {_duration(span)} ({per_s:.3g} requests/s)"
     if max_concurrency:
         line += f", at most {max_concurrency} at a time"
-    if skipped := workload.meta.get("skipped"):  # records of a dataset that give no request
-        why = workload.meta.get("skipped_why")
-        line += f"; {skipped} record{'s' if skipped != 1 else ''} of {workload.name} skipped: {why}"
+    if workload.skipped_note:
+        line += f"; {workload.skipped_note}"
     return line
 
 

@@ -499,10 +499,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CLIError(f"--router-arg: {exc}") from None
     workload = load_workload(args.workload, **workload_options)
-    notes: list[str] = []
-    if skipped := workload.meta.get("skipped"):  # records of a dataset that give no request
-        why = workload.meta.get("skipped_why")
-        notes.append(f"{skipped} record{'s' if skipped != 1 else ''} of {workload.name} skipped: {why}")
+    notes: list[str] = [workload.skipped_note] if workload.skipped_note else []
     if not len(workload):
         raise CLIError(f"workload {workload.name} has no requests{f' ({notes[0]})' if notes else ''}")
     out = None if args.no_report else prepare_out_dir(args.out or default_out_dir("simulate"))  # before simulating

@@ -134,6 +134,15 @@ class Workload:
         return iter(self.requests)
 
     @property
+    def skipped_note(self) -> str | None:
+        """How many records of the source gave no request, and why (a dataset reader's
+        ``meta["skipped"]`` and ``meta["skipped_why"]``), or None when none was skipped."""
+        skipped = self.meta.get("skipped")
+        if not skipped:
+            return None
+        return f"{skipped} record{'s' if skipped != 1 else ''} of {self.name} skipped: {self.meta.get('skipped_why')}"
+
+    @property
     def duration(self) -> float:
         """Span of arrival times (0 for a burst)."""
         if not self.requests:
