@@ -170,14 +170,17 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 class _Progress:
-    """A progress bar on stderr while the requests run: how many were sent, how many are done (and
-    aborted), the time so far. ``on_sent`` and ``on_done`` are ``run_bench``'s callbacks."""
+    """How many requests were sent and are done (and aborted), and, when ``show``, a progress bar on
+    stderr with the time so far. ``on_sent`` and ``on_done`` are ``run_bench``'s callbacks."""
 
-    def __init__(self, total: int, console: Any = None) -> None:
+    def __init__(self, total: int, console: Any = None, *, show: bool = True) -> None:
+        self.sent = self.done = self.aborted = 0
+        self._bar: Any = None
+        if not show:
+            return
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.sent = self.done = self.aborted = 0
         self._bar = Progress(
             TextColumn("requests done"),
             BarColumn(),
@@ -191,15 +194,19 @@ class _Progress:
 
     def on_sent(self, req: Any) -> None:
         self.sent += 1
-        self._bar.update(self._task, sent=self.sent)
+        if self._bar is not None:
+            self._bar.update(self._task, sent=self.sent)
 
     def on_done(self, req: Any) -> None:
         self.done += 1
         self.aborted += req.state.name == "ABORTED"
-        self._bar.update(self._task, completed=self.done, aborted=self.aborted)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done, aborted=self.aborted)
 
     def close(self) -> None:
-        self._bar.stop()
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
 
 
 def _duration(seconds: float) -> str:
@@ -360,38 +367,23 @@ def _run_bench(args: argparse.Namespace) -> int:
         return fail(str(exc))
     start = _start_line(workload, request_url(cfg), args.rate, args.time_scale, args.max_concurrency)
     print(start, file=sys.stderr, flush=True)
-    progress = _Progress(len(workload)) if sys.stderr.isatty() and not args.no_progress else None
-    counts = {"sent": 0, "done": 0}
-
-    def on_sent(req: Any) -> None:
-        counts["sent"] += 1
-        if progress is not None:
-            progress.on_sent(req)
-
-    def on_done(req: Any) -> None:
-        counts["done"] += 1
-        if progress is not None:
-            progress.on_done(req)
-
+    progress = _Progress(len(workload), show=sys.stderr.isatty() and not args.no_progress)
     try:
-        requests = run_bench_sync(workload, cfg, on_sent=on_sent, on_done=on_done)
+        requests = run_bench_sync(workload, cfg, on_sent=progress.on_sent, on_done=progress.on_done)
     except BenchError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say how far it got; a cut-off run gets no report
-        if progress is not None:
-            progress.close()
-            progress = None
+        progress.close()
         print(
-            f"headway: bench serve stopped with {counts['done']} of {len(workload)} requests done "
-            f"({counts['sent']} sent); no report or result file: the requests still running are the slowest, "
+            f"headway: bench serve stopped with {progress.done} of {len(workload)} requests done "
+            f"({progress.sent} sent); no report or result file: the requests still running are the slowest, "
             "so a cut-off run's latencies would read low",
             file=sys.stderr,
             flush=True,
         )
         raise
     finally:
-        if progress is not None:
-            progress.close()
+        progress.close()
     summary = summarize(requests, slo=slo, name=args.name)
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2, default=str))
