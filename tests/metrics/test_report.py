@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 from rich.console import Console
 
@@ -217,6 +218,19 @@ def test_timeline_accepts_objects_and_tuples_and_checks_arity() -> None:
     assert figure_png(fig).startswith(PNG_MAGIC)
     with pytest.raises(ValueError, match="time, num_waiting"):
         plot_timeline({"bad": [(0.0, 1.0)]})
+
+
+def test_timeline_rows_are_the_samples_sorted_as_tuples_either_way() -> None:
+    """Plain tuples (converted at once) and sample objects (one by one) come out as
+    ``sorted(tuples)``, ties broken by the later columns."""
+    from headway.metrics._plots import _timeline_rows
+
+    rng = np.random.default_rng(0)
+    rows = [(float(t), int(w), int(r), float(k)) for t, w, r, k in rng.integers(0, 4, size=(200, 4))]
+    want = np.asarray(sorted(rows), dtype=np.float64)
+    assert np.array_equal(_timeline_rows(rows), want)
+    assert np.array_equal(_timeline_rows([_Sample(*row) for row in rows]), want)
+    assert _timeline_rows([]).shape == (0, 4)
 
 
 def test_cdf_log_axis_when_values_span_decades(mk_finished: Callable[..., Request]) -> None:

@@ -243,6 +243,16 @@ def _sample_tuple(s: TimelineLike) -> tuple[float, float, float, float]:
     return (float(s[0]), float(s[1]), float(s[2]), float(s[3]))
 
 
+def _timeline_rows(samples: Sequence[TimelineLike]) -> np.ndarray:
+    """The samples as an ``(n, 4)`` array in time order (ties by the other columns, as tuples sort).
+    Plain tuples, what the simulator records, are converted at once; anything else one by one."""
+    if samples and all(type(s) is tuple and len(s) == 4 for s in samples):
+        arr = np.array(samples, dtype=np.float64)
+    else:
+        arr = np.array([_sample_tuple(s) for s in samples], dtype=np.float64).reshape(-1, 4)
+    return arr[np.lexsort(arr.T[::-1])]
+
+
 def plot_timeline(timelines: Mapping[str, Sequence[TimelineLike]]) -> Figure:
     """Waiting queue length, running batch size and KV-cache usage over time, one
     line per run (styled by :func:`run_styles`). Samples are :class:`TimelineSample` objects or
@@ -251,10 +261,9 @@ def plot_timeline(timelines: Mapping[str, Sequence[TimelineLike]]) -> Figure:
     axes = fig.subplots(3, 1, sharex=True, squeeze=False)[:, 0]
     labels = ("waiting requests", "running requests", "KV cache usage")
     for name, (color, linestyle, family) in run_styles(timelines).items():
-        rows = sorted(_sample_tuple(s) for s in timelines[name])
-        if not rows:
+        arr = _timeline_rows(timelines[name])
+        if not len(arr):
             continue
-        arr = np.asarray(rows, dtype=np.float64)
         for k, ax in enumerate(axes):
             ax.step(
                 arr[:, 0], arr[:, k + 1], where="post", color=color, linestyle=linestyle, label=_label(name, family)

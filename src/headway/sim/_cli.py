@@ -498,7 +498,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             make_router(args.router, **router_kwargs)
         except ValueError as exc:
             raise CLIError(f"--router-arg: {exc}") from None
-    workload = load_workload(args.workload, **workload_options)
+    with console.status(f"loading workload {args.workload}"):  # (shown on a terminal only)
+        workload = load_workload(args.workload, **workload_options)
     notes: list[str] = [workload.skipped_note] if workload.skipped_note else []
     if not len(workload):
         raise CLIError(f"workload {workload.name} has no requests{f' ({notes[0]})' if notes else ''}")
@@ -650,15 +651,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if fleet:
             notes.append(f"router {args.router} {router_kwargs or ''}")
         notes += [f"policy {k} failed: {v}" for k, v in failures.items()]
-        paths = write_report(
-            out,
-            runs,
-            title=f"headway simulate: {workload.name}",
-            notes=notes,
-            baseline=baseline,
-            timeline=timelines,
-            replicas=replica_tables or None,
-            command=getattr(args, "command_line", None),
-        )
+        with console.status(f"writing the report to {out}"):
+            paths = write_report(
+                out,
+                runs,
+                title=f"headway simulate: {workload.name}",
+                notes=notes,
+                baseline=baseline,
+                timeline=timelines,
+                replicas=replica_tables or None,
+                command=getattr(args, "command_line", None),
+            )
         console.print(f"report: {paths.html}")
     return 1 if failures else 0
