@@ -87,3 +87,25 @@ def test_headway_s_own_errors_keep_their_traceback() -> None:
     with pytest.raises(ValueError) as caught:
         make_policy("fcfs", nonsense=1)
     assert _raised_outside_headway(caught.value) is None
+
+
+def test_runs_do_not_depend_on_the_interpreter_s_hash_seed(tmp_path: Path) -> None:
+    """Every built-in policy, and a fleet behind the prefix-aware router, decide the same
+    under two string-hash seeds: nothing iterates a set or dict of strings where order matters."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def run(seed: str, *argv: str) -> tuple[str, dict[str, bytes]]:
+        out = tmp_path / f"{seed}-{abs(hash(argv))}"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        cmd = [sys.executable, "-m", "headway", "simulate", "--num-requests", "300", "--system-prompts", "3",
+               "--out", str(out), *argv]  # fmt: skip
+        subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        summary["meta"].pop("command", None)
+        return json.dumps(summary, sort_keys=True), {p.name: p.read_bytes() for p in sorted(out.glob("*.csv"))}
+
+    for argv in (("--policies", "all"), ("--replicas", "3", "--router", "prefix-aware")):
+        assert run("0", *argv) == run("4242", *argv), argv
