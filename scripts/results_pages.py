@@ -258,8 +258,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "benchmarks/results/gpu_steps_h100.json --budget-s 170 and --out "
         "benchmarks/results/gpu_steps_h100_holdout.json --budget-s 110, fitted with --name llama3-8b-h100-fit "
         "--table benchmarks/results/gpu_steps_h100.md and compared with --compare llama3-8b-h100-fit "
-        "--name llama3-8b-h100-holdout --table benchmarks/results/gpu_steps_h100_holdout.md",
-        ("gpu_steps.md", "gpu_steps_holdout.md", "gpu_steps_h100.md", "gpu_steps_h100_holdout.md"),
+        "--name llama3-8b-h100-holdout --table benchmarks/results/gpu_steps_h100_holdout.md; the figure: "
+        "python benchmarks/gpu_steps_figure.py",
+        ("gpu_steps.png", "gpu_steps.md", "gpu_steps_holdout.md", "gpu_steps_h100.md", "gpu_steps_h100_holdout.md"),
     ),
     Benchmark(
         "predictor-cross-source",
