@@ -106,6 +106,41 @@ def test_ttft_and_e2e_histograms_by_model_and_priority(make_stub, make_gateway):
     }
 
 
+def test_latency_histograms_by_tenant_and_tier_and_a_tenant_reads_its_own(make_stub, make_gateway):
+    """Per-tier latency is what a multi-tenant SLO is judged on; a tenant's key reads its own latency."""
+    from headway.core import Tier
+    from headway.serve import TenantConfig, hash_api_key
+
+    stub = make_stub()
+    tenants = (TenantConfig("acme", Tier.PREMIUM, (hash_api_key("ka"),)),
+               TenantConfig("bulk", Tier.BATCH, (hash_api_key("kb"),)))  # fmt: skip
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=2)], tenants=tenants,
+                      admin_api_key_sha256=(hash_api_key("adm"),))  # fmt: skip
+    with gw.client() as c:
+        for key, n in (("ka", 2), ("kb", 1)):
+            for _ in range(n):
+                body = {"model": "m", "prompt": "x", "max_tokens": 2, "stream": True}
+                r = c.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+                assert r.status_code == 200
+
+    def counts(key: str) -> dict[tuple[str, str, str], float]:
+        text = httpx.get(gw.url + "/metrics", headers={"Authorization": f"Bearer {key}"}).text
+        return {
+            (f.name, s.labels["tenant"], s.labels["tier"]): s.value
+            for f in text_string_to_metric_families(text)
+            if f.name in ("headway_time_to_first_token_seconds", "headway_e2e_request_latency_seconds")
+            for s in f.samples
+            if s.name.endswith("_count")
+        }
+
+    acme = {(name, "acme", "premium"): 2.0 for name in ("headway_time_to_first_token_seconds",
+                                                          "headway_e2e_request_latency_seconds")}  # fmt: skip
+    bulk = {(name, "bulk", "batch"): 1.0 for name in ("headway_time_to_first_token_seconds",
+                                                        "headway_e2e_request_latency_seconds")}  # fmt: skip
+    assert counts("adm") == {**acme, **bulk}
+    assert counts("ka") == acme and counts("kb") == bulk
+
+
 def test_client_chosen_label_values_are_bounded():
     from headway.serve._metrics import MAX_LABEL_VALUES, GatewayMetrics
 

@@ -199,11 +199,12 @@ def test_latency_of_a_request_without_model_is_labelled_with_the_model_that_answ
         assert r.status_code == 200
         r = c.post("/v1/completions", json={"model": "asked", "prompt": "x", "max_tokens": 3, "stream": stream})
         assert r.status_code == 200
-    assert _sample(gw, "headway_e2e_request_latency_seconds_count", model="served-default", priority="0") == 1
-    assert _sample(gw, "headway_e2e_request_latency_seconds_count", model="asked", priority="0") == 1
-    assert _sample(gw, "headway_e2e_request_latency_seconds_count", model="", priority="0") == 0
+    anyone = {"priority": "0", "tenant": "default", "tier": "standard"}
+    assert _sample(gw, "headway_e2e_request_latency_seconds_count", model="served-default", **anyone) == 1
+    assert _sample(gw, "headway_e2e_request_latency_seconds_count", model="asked", **anyone) == 1
+    assert _sample(gw, "headway_e2e_request_latency_seconds_count", model="", **anyone) == 0
     if stream:
-        assert _sample(gw, "headway_time_to_first_token_seconds_count", model="served-default", priority="0") == 1
+        assert _sample(gw, "headway_time_to_first_token_seconds_count", model="served-default", **anyone) == 1
     # the request's own (absent) model still keys online learning, as it keyed its scoring
     assert all(q.extra["model"] in ("", "asked") for q in gw.gateway.finished_requests)
 

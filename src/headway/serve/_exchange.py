@@ -428,6 +428,8 @@ class Exchange:
             req.priority,
             now - req.arrival_time,
             req.first_token_time - req.arrival_time if streamed and req.first_token_time is not None else None,
+            req.tenant_id,
+            req.tier.name.lower(),
         )
         self.ledger.record(req)
 

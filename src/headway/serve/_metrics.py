@@ -145,14 +145,14 @@ class GatewayMetrics:
         self.ttft = Histogram(
             "headway_time_to_first_token_seconds",
             "Time from arrival at the gateway to the first streamed token (queueing included)",
-            ["model", "priority"],
+            ["model", "priority", "tenant", "tier"],
             buckets=_TTFT_BUCKETS,
             registry=self.registry,
         )
         self.e2e = Histogram(
             "headway_e2e_request_latency_seconds",
             "Time from arrival at the gateway to the end of the answer (queueing included)",
-            ["model", "priority"],
+            ["model", "priority", "tenant", "tier"],
             buckets=_E2E_BUCKETS,
             registry=self.registry,
         )
@@ -175,9 +175,12 @@ class GatewayMetrics:
         else:
             self.rejections.labels(reason, req.tenant, req.tier.name.lower()).inc()
 
-    def observe_latency(self, model: str, priority: int, e2e: float, ttft: float | None) -> None:
-        """A finished request: its E2E latency, and its TTFT when it was streamed."""
-        labels = (self._models(model), self._priorities(str(priority)))
+    def observe_latency(
+        self, model: str, priority: int, e2e: float, ttft: float | None, tenant: str = "", tier: str = ""
+    ) -> None:
+        """A finished request: its E2E latency, and its TTFT when it was streamed, by model, priority,
+        tenant and tier (tenants and tiers come from the gateway's configuration, not from clients)."""
+        labels = (self._models(model), self._priorities(str(priority)), tenant, tier)
         self.e2e.labels(*labels).observe(e2e)
         if ttft is not None:
             self.ttft.labels(*labels).observe(ttft)
