@@ -533,6 +533,8 @@ def test_fidelity_checks_its_arguments_before_the_server(tmp_path: Path) -> None
         (["--sessions", "3", "--turns", "0"], "--turns must be >= 1, got 0"),
         (["--sessions", "3", "--think-time", "-1"], "--think-time must be a finite number of seconds >= 0"),
         (["--sessions", "3", "--think-time", "inf"], "--think-time must be a finite number"),
+        (["--vllm-python", "/x/python"], "--vllm-python is for the vLLM that --launch starts"),
+        (["--vllm-model", str(tmp_path)], "--vllm-model is for the vLLM that --launch starts"),
     ):
         with pytest.raises(ValueError, match=error):
             run_cli("fidelity", "--endpoint", url, *files, "--rate", "2", *extra)

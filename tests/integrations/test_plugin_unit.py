@@ -424,8 +424,9 @@ def test_check_settings_finds_what_the_scheduler_would_refuse(tmp_path: Path) ->
         ('{"polcy": "fcfs"}', "unknown key(s) polcy"),
         ("[1]", "expected a JSON object"),
         ("{bad", "not valid JSON"),
+        ('{"policy": "\xff"}'.encode("latin-1"), "not UTF-8 text (invalid start byte)"),
     ]:
-        control.write_text(text)
+        control.write_bytes(text) if isinstance(text, bytes) else control.write_text(text)
         with pytest.raises(PluginConfigError, match=re.escape(message)):
             check_settings(PluginConfig(control_file=str(control)))
 

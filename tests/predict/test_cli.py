@@ -149,20 +149,22 @@ def test_standalone_main_takes_the_commands_with_or_without_predictor(
     for prefix in ([], ["predictor"]):  # benchmark reports record the older form
         code = main([*prefix, "train", "--data", str(synthetic_jsonl), "--epochs", "0", "--out", str(tmp_path / "x")])
         assert code == 2
-        assert capsys.readouterr().err == "headway: error: epochs must be >= 1, got 0\n"
+        assert capsys.readouterr().err == "headway: error: --epochs must be >= 1, got 0\n"
     assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        (["--partners", "0"], "partners must be >= 1, got 0"),
-        (["--pairs-from", "global", "--max-pairs", "0"], "max_pairs must be >= 1, got 0"),
-        (["--lr", "nan"], "lr must be a finite number > 0, got nan"),
-        (["--head-lr", "-1"], "head_lr must be a finite number > 0, got -1.0"),
-        (["--margin", "-1"], "margin must be a finite number >= 0, got -1.0"),
-        (["--seed", "-1"], "seed must be in 0..4294967295, got -1"),
+        (["--partners", "0"], "--partners must be >= 1, got 0"),
+        (["--pairs-from", "global", "--max-pairs", "0"], "--max-pairs must be >= 1, got 0"),
+        (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+        (["--head-lr", "-1"], "--head-lr must be a finite number > 0, got -1.0"),
+        (["--margin", "-1"], "--margin must be a finite number >= 0, got -1.0"),
+        (["--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
         (["--max-length", "600"], "max_length 600 is more than the encoder"),
+        (["--encoder-layers", "0"], "--encoder-layers must be >= 1, got 0"),
+        (["--test-frac", "1"], "--test-frac and --val-frac must be in [0, 1) and sum below 1, got 1.0 and 0.1"),
     ],
 )
 def test_train_options_that_would_harm_are_errors(
@@ -305,6 +307,30 @@ def test_matrix_refuses_a_checkpoint_for_a_loss_it_does_not_train(
     code = main(["matrix", "--losses", "pairwise", "--use-checkpoint", f"pointwise={tmp_path}", "--no-progress"])
     assert code == 2
     assert capsys.readouterr().err.startswith("headway: error: --use-checkpoint pointwise=...: pointwise is not among")
+
+
+@pytest.mark.parametrize("command", ["matrix", "cross-source", "cross-source-finetune"])
+def test_a_table_file_that_cannot_be_written_is_refused_before_the_run(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr("headway.predict.evaluate.cross_model_matrix", no_run)
+    monkeypatch.setattr("headway.predict.crosssource.load_source", no_run)
+    (tmp_path / "file").write_text("")
+    for out, message in [
+        (tmp_path, f"--out {str(tmp_path)!r}: is a folder; give the Markdown file's path"),
+        (tmp_path / "file" / "t.md", f"--out {tmp_path / 'file' / 't.md'}: {tmp_path / 'file'} is not a directory"),
+    ]:
+        assert main([command, "--out", str(out)]) == 2
+        assert capsys.readouterr().err == f"headway: error: {message}\n"
+
+
+def test_matrix_refuses_empty_losses(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("headway.predict.evaluate.cross_model_matrix", lambda *a, **k: pytest.fail("it ran"))
+    assert main(["matrix", "--losses", ",", "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith("headway: error: --losses names no loss (',')")
 
 
 @pytest.mark.parametrize(

@@ -189,12 +189,16 @@ def test_bad_arguments_fail_before_any_simulation(tmp_path, capsys):
         (["uniboost", "--predictor", "/x"], "--predictor scores prompts for pars only, not uniboost"),
         (["pars", "--seed", "-5"], "--seed must be >= 0, got -5"),
         (["pars", "--seeds", "0"], "--seeds must be >= 1, got 0"),
+        (["uniboost", "--seeds", "99999999999"], "--seeds must be at most 1,000, got 99999999999"),
+        (["pars", "--predictor", str(tmp_path / "nothing")], "--predictor: "),
+        (["pars", "--predictor", str(tmp_path / "file")], "is a file, not a checkpoint directory"),
         (["pars", "--out", ""], "--out: empty path"),
         (["pars", "--out", str(tmp_path / "file")], "exists and is not a folder"),
     ]:
         assert main(["reproduce", *argv, "--quick"]) == 2
         captured = capsys.readouterr()
         assert message in captured.err and "claims reproduced" not in captured.out, argv
+        assert "trained earlier" not in captured.err and "training predictor" not in captured.err, argv
 
 
 def test_default_report_folder_is_headway_out_not_the_docs(tmp_path, monkeypatch, capsys):

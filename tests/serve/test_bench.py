@@ -199,10 +199,18 @@ def test_bench_cli_checks_its_arguments_before_the_run(tmp_path, capsys):
         (["--num-requests", "2", "--out", str(out_file)], f"--out {out_file}: exists and is not a folder"),
         # --format reaches the reader, as simulate's does (a BurstGPT file read as an Azure trace)
         (["--workload", str(burstgpt), "--format", "azure"], f"{burstgpt}:1: header: missing column(s) TIMESTAMP"),
+        (["--num-requests", "2", "--max-concurrency", "-1"], "--max-concurrency must be >= 0, got -1"),
+        (["--num-requests", "2", "--max-output-tokens", "-2"], "--max-output-tokens must be >= 0, got -2"),
+        # the result file's folder, before the run rather than after it
+        (["--num-requests", "2", "--save-result", "--result-dir", str(out_file)], f"--result-dir: {out_file} is not"),
+        (["--num-requests", "2", "--save-result", "--result-filename", str(tmp_path)], f"--result-filename {tmp_path}"),
     ]:
         assert main([*base, *extra]) == 2, extra
         captured = capsys.readouterr()
         assert captured.err.startswith(f"headway: error: {message}") and captured.out == "", captured
+    base[base.index("--base-url") + 1] = "127.0.0.1:8000"  # the setting's name is its flag's here too
+    assert main([*base, "--num-requests", "2"]) == 2
+    assert capsys.readouterr().err == "headway: error: --base-url must be an http(s) URL, got '127.0.0.1:8000'\n"
 
 
 def test_bench_reads_sse_without_the_space_after_data(servers):

@@ -195,6 +195,45 @@ def test_cli_rejects_bad_settings(capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-queue", "0"], "--max-queue must be >= 1, got 0"),
+        (["--queue-ttl", "nan"], "--queue-ttl must be a finite number, got float nan"),
+        (["--redis-lease", "-1"], "--redis-lease must be > 0, got -1.0"),
+        (["--backend-concurrency", "-1"], "--backend-concurrency must be >= 0, got -1"),
+        (["--saturation-poll", "-1"], "--saturation-poll must be a finite number of seconds >= 0, got -1.0"),
+        (["--scorer-threads", "0"], "--scorer-threads must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_flag_is_named_as_the_flag(flags, message, capsys, monkeypatch):
+    monkeypatch.setattr("headway.serve._runner.run_app", lambda *a, **k: pytest.fail("the gateway started"))
+    assert main(["serve", "--backend", "http://127.0.0.1:1", "--port", "0", *flags]) == 2
+    assert capsys.readouterr().err == f"headway: error: {message}\n"
+
+
+def test_a_bad_config_file_setting_keeps_its_name(tmp_path, capsys):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"max_queue_len": 0}))
+    assert main(["serve", "--backend", "http://127.0.0.1:1", "--port", "0", "--config", str(cfg)]) == 2
+    assert capsys.readouterr().err == "headway: error: max_queue_len must be >= 1, got 0\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--token-delay", "-1"], "--token-delay must be a finite number of seconds >= 0, got -1.0"),
+        (["--token-delay", "inf"], "--token-delay must be a finite number of seconds >= 0, got inf"),
+        (["--first-token-delay", "nan"], "--first-token-delay must be a finite number of seconds >= 0, got nan"),
+        (["--max-num-seqs", "-1"], "--max-num-seqs must be >= 0 (0: no limit), got -1"),
+    ],
+)
+def test_stub_refuses_bad_timings_before_listening(flags, message, capsys, monkeypatch):
+    monkeypatch.setattr("headway.serve._runner.run_app", lambda *a, **k: pytest.fail("the stub started"))
+    assert main(["stub", "--port", "0", *flags]) == 2
+    assert capsys.readouterr().err == f"headway: error: {message}\n"
+
+
 def test_unreachable_redis_at_startup_is_one_clear_line(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"redis_retry_s": 0.2}))

@@ -125,6 +125,26 @@ def test_sweep_cli_checks_before_running(tmp_path: Path, capsys: pytest.CaptureF
     assert "exists and is not a folder" in capsys.readouterr().err
 
 
+def test_sweep_cli_refuses_ray_flags_that_would_be_ignored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = tmp_path / "g.toml"
+    grid.write_text("policies = ['fcfs']\n")
+    out = tmp_path / "out"
+    for flags, message in [
+        (["--no-ray", "--num-cpus", "2"], "--num-cpus sets up Ray, and --no-ray runs the tasks without it"),
+        (["--no-ray", "--ray-address", "auto"], "--ray-address sets up Ray, and --no-ray runs the tasks without it"),
+        (["--ray-address", "auto", "--num-cpus", "2"], "--num-cpus sizes a local Ray, and --ray-address joins"),
+    ]:
+        assert main(["sweep", "--grid", str(grid), *flags, "--out", str(out)]) == 2, flags
+        assert message in capsys.readouterr().err and not out.exists(), flags
+
+
+def test_a_grid_file_that_is_not_text_is_named(tmp_path: Path) -> None:
+    grid = tmp_path / "g.toml"
+    grid.write_bytes(b"policies = ['\xff']\n")
+    with pytest.raises(ValueError, match=r"g\.toml: not UTF-8 text \(invalid start byte\)"):
+        load_grid(grid)
+
+
 def test_a_sweep_on_ray_without_ray_says_so_once_before_anything(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

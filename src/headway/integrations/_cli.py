@@ -257,6 +257,9 @@ def _check_server_args(args: argparse.Namespace) -> None:
         raise ValueError("give --endpoint URL (a running vLLM) or --launch")
     if args.endpoint and not args.endpoint.startswith(("http://", "https://")):
         raise ValueError(f"--endpoint must be an http:// or https:// URL, got {args.endpoint!r}")
+    if args.endpoint and (args.vllm_python is not None or args.vllm_model is not None):
+        flag = "--vllm-python" if args.vllm_python is not None else "--vllm-model"
+        raise ValueError(f"{flag} is for the vLLM that --launch starts, not the server at --endpoint: drop it")
     for flag in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
         value = getattr(args, flag)
         if value is not None and value < 1:

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from headway._help import HelpFormatter, fail
-from headway.predict._cli_common import _add_table_options, _command_line, _say
+from headway._help import HelpFormatter, fail, name_flags
+from headway.predict._cli_common import _add_table_options, _check_table_out, _command_line, _say
 from headway.predict._cli_finetune import add_finetune_parser
 from headway.predict._errors import PredictError
 from headway.predict._paths import DEFAULT_PREDICTOR_NAME, DEFAULT_TRAIN_DATA, default_predictor_name
@@ -142,7 +142,21 @@ def _train_config(args: argparse.Namespace, **override: Any) -> Any:
         "pretrain_epochs": getattr(args, "pretrain_epochs", 1),
     }
     values.update(override)
-    return TrainConfig(**values)
+    try:
+        return TrainConfig(**values)
+    except ValueError as exc:  # a setting's error, told with its flag (epochs must be ... -> --epochs must be ...)
+        raise PredictError(name_flags(str(exc), _TRAIN_FLAGS)) from None
+
+
+_TRAIN_FLAGS = {
+    n: "--" + n.replace("_", "-")
+    for n in (
+        "max_length", "epochs", "batch_size", "micro_batch", "partners", "max_pairs", "delta", "margin", "lr",
+        "head_lr", "weight_decay", "warmup_frac", "grad_clip", "test_frac", "val_frac", "seed", "encoder_layers",
+        "pretrain", "pretrain_epochs",
+    )
+}  # fmt: skip
+"""The training settings whose flag is their name (for errors)."""
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -272,10 +286,13 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     from headway.predict.evaluate import DEFAULT_EVAL_MODELS, cross_model_matrix
 
     cfg = _train_config(args, data=f"alpaca_eval:{args.train_model}", loss="pairwise")
+    _check_table_out(args.out)
     eval_models = [m for m in args.eval_models.split(",") if m] if args.eval_models else list(DEFAULT_EVAL_MODELS)
     if args.train_model not in eval_models:
         eval_models.insert(0, args.train_model)
     losses = [x for x in args.losses.split(",") if x]
+    if not losses:
+        raise PredictError(f"--losses names no loss ({args.losses!r}); choose from {', '.join(_LOSSES)}")
     for loss in losses:
         if loss not in _LOSSES:
             raise PredictError(f"unknown loss {loss!r} in --losses; choose from {', '.join(_LOSSES)}")
@@ -322,6 +339,7 @@ def _cmd_cross_source(args: argparse.Namespace) -> int:
     )
     from headway.predict.head import FEATURE_SETS
 
+    _check_table_out(args.out)
     features = [f for f in args.features.split(",") if f]
     for f in features:
         if f not in FEATURE_SETS:

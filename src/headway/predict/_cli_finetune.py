@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from headway._help import HelpFormatter
-from headway.predict._cli_common import _add_table_options, _command_line, _say
+from headway.predict._cli_common import _add_table_options, _check_table_out, _command_line, _say
 from headway.predict._errors import PredictError
 
 __all__ = ["add_finetune_parser"]
@@ -23,6 +23,7 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
     from headway.predict.crosssource import SOURCES, cross_source_matrix, load_source, write_result
     from headway.predict.model import encoder_config
 
+    _check_table_out(args.out)
     if args.save_checkpoint and args.held_out is not None:
         raise PredictError("--save-checkpoint trains on every source (no fold): leave out --held-out")
     held = [h for h in (args.held_out if args.held_out is not None else _FOLDS).split(",") if h]

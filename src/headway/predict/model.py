@@ -408,7 +408,8 @@ def read_checkpoint_meta(path: str | Path) -> dict[str, Any]:
     """``predictor.json`` of a checkpoint, validated for format and version."""
     p = Path(path).expanduser()
     if not p.is_dir():
-        raise CheckpointError(f"{p}: checkpoint directory does not exist")
+        what = "is a file, not a checkpoint directory" if p.exists() else "checkpoint directory does not exist"
+        raise CheckpointError(f"{p}: {what}")
     meta_path = p / _META
     if not meta_path.is_file():
         raise CheckpointError(f"{p}: not a predictor checkpoint (no {_META})")

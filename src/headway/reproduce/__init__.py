@@ -36,6 +36,8 @@ __all__ = [
 
 EXPERIMENTS: tuple[str, ...] = ("pars", "uniboost", "driftsched")
 DEFAULT_NUM_SEEDS = 3
+MAX_NUM_SEEDS = 1000
+"""The most --seeds takes (each seed runs every simulation of an experiment once more: minutes)."""
 
 
 def _runner(name: str) -> Callable[..., Experiment]:
@@ -132,8 +134,17 @@ def _main(args: argparse.Namespace) -> int:
         raise CLIError(f"--seed must be >= 0, got {args.seed}")
     if args.seeds < 1:
         raise CLIError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.seeds > MAX_NUM_SEEDS:
+        raise CLIError(f"--seeds must be at most {MAX_NUM_SEEDS:,}, got {args.seeds}")
     if args.predictor is not None and args.experiment not in ("pars", "all"):
         raise CLIError(f"--predictor scores prompts for pars only, not {args.experiment}")
+    if args.predictor is not None:  # before the predictors pars trains or loads first (minutes)
+        from headway.predict.model import read_checkpoint_meta
+
+        try:
+            read_checkpoint_meta(args.predictor)
+        except ValueError as exc:
+            raise CLIError(f"--predictor: {exc}") from None
     if args.out == "":
         raise CLIError("--out: empty path; give the report folder")
     out = prepare_out_dir(args.out or default_out_dir("reproduce"))  # before any simulation
@@ -186,7 +197,8 @@ def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--seeds",
         type=int,
         default=DEFAULT_NUM_SEEDS,
-        help=f"number of seeds; each row is their mean with its spread (default {DEFAULT_NUM_SEEDS})",
+        help=f"number of seeds, at most {MAX_NUM_SEEDS:,}; each row is their mean with its spread "
+        f"(default {DEFAULT_NUM_SEEDS})",
     )
     p.set_defaults(func=_main)
     return p

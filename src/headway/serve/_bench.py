@@ -166,8 +166,9 @@ class BenchConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value}")
-        if self.max_concurrency < 0 or self.max_prompt_tokens < 0 or self.max_output_tokens < 0:
-            raise ValueError("max_concurrency, max_prompt_tokens and max_output_tokens must be >= 0")
+        for name in ("max_concurrency", "max_prompt_tokens", "max_output_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 def _base(endpoint: str) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from headway._help import add_shared_prefix_args, fail, key_value, name_flags
+from headway._help import add_shared_prefix_args, fail, key_value, name_flags, unwritable
 
 __all__ = ["add_bench_parser", "add_bench_serve_parser"]
 
@@ -216,6 +216,7 @@ def _duration(seconds: float) -> str:
 
 
 _FLAGS = {
+    "endpoint": "--base-url",
     "num_requests": "--num-prompts", "rate": "--request-rate", "format": "--format", "time_scale": "--time-scale",
     "timeout_s": "--timeout", "request_timeout_s": "--request-timeout", "max_concurrency": "--max-concurrency",
     "max_prompt_tokens": "--max-prompt-tokens", "max_output_tokens": "--max-output-tokens",
@@ -365,6 +366,14 @@ def _run_bench(args: argparse.Namespace) -> int:
             prepare_out_dir(args.out)
     except CLIError as exc:
         return fail(str(exc))
+    if args.save_result:  # the file's folder, checked before the run: not after it, its results then lost
+        folder = Path(args.result_dir or ".")
+        target = folder / args.result_filename if args.result_filename else None
+        flag = "--result-filename" if args.result_filename else "--result-dir"
+        if target is not None and target.is_dir():
+            return fail(f"--result-filename {target}: is a folder; give the result file's name")
+        if (bad := unwritable(target.parent if target is not None else folder)) is not None:
+            return fail(f"{flag}: {bad[0]} {bad[1]}")
     start = _start_line(workload, request_url(cfg), args.rate, args.time_scale, args.max_concurrency)
     print(start, file=sys.stderr, flush=True)
     progress = _Progress(len(workload), show=sys.stderr.isatty() and not args.no_progress)

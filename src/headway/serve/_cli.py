@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shlex
 import sys
@@ -26,6 +27,32 @@ __all__ = ["add_serve_parser", "add_stub_parser", "build_config", "main"]
 
 def _bad_port(port: int) -> str | None:
     return None if 0 <= port <= 65535 else f"--port must be in 0..65535, got {port}"
+
+
+_FLAGS: dict[str, str] = {
+    "max_queue_len": "--max-queue", "queue_ttl_s": "--queue-ttl", "drain_timeout_s": "--drain-timeout",
+    "read_timeout_s": "--read-timeout", "headers_timeout_s": "--headers-timeout", "redis_url": "--redis",
+    "redis_lease_s": "--redis-lease", "scorer_hold_s": "--scorer-hold",
+    "backends.max_concurrency": "--backend-concurrency", "backends.metrics_poll_s": "--saturation-poll",
+    **{n: "--" + n.replace("_", "-") for n in (
+        "scorer", "scorer_threads", "scorer_max_length", "scorer_batch_size", "max_queue_per_tenant",
+        "max_tokens_limit", "default_max_tokens", "online_learning", "online_state",
+    )},
+}  # fmt: skip
+"""The gateway settings ``serve`` has a flag for -> the flag (for errors)."""
+
+
+def _flag_named(message: str, args: argparse.Namespace) -> str:
+    """A setting's error told with its flag when the flag gave the setting (``max_queue_len must be >= 1,
+    got 0`` -> ``--max-queue must be >= 1, got 0``); else as it is (a config file's or a variable's)."""
+    for key, flag in _FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is None or value is False or (key.startswith("backends.") and f"got {value}" not in message):
+            continue  # not given, or (a --backend-* flag) not the value the error is about
+        for subject in (f"{key} ", f"gateway setting {key!r} "):
+            if message.startswith(subject):
+                return f"{flag} {message.removeprefix(subject)}"
+    return message
 
 
 def _parse_value(v: str) -> Any:
@@ -275,7 +302,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Any:
     """The gateway config of ``headway serve``: the --config file, then ``HEADWAY_*`` variables of
     ``env`` (default ``os.environ``), then the flags."""
-    from headway.serve._config import BackendConfig, check_backend_url
+    from headway.serve._config import BackendConfig, ConfigError, check_backend_url
     from headway.serve._config_load import load_config
 
     env = os.environ if env is None else env
@@ -283,6 +310,8 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None)
     if args.backend_concurrency is not None:
         backend_kw["max_concurrency"] = args.backend_concurrency
     if args.saturation_poll is not None:
+        if not (args.saturation_poll >= 0 and math.isfinite(args.saturation_poll)):  # (-1 is the unset default)
+            raise ConfigError(f"--saturation-poll must be a finite number of seconds >= 0, got {args.saturation_poll}")
         backend_kw["metrics_poll_s"] = args.saturation_poll
     key = getattr(args, "backend_api_key", None) or env.get("HEADWAY_BACKEND_API_KEY")
     if key:
@@ -375,7 +404,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         config = build_config(args, env)
     except (ConfigError, ValueError) as exc:
-        return fail(str(exc))
+        return fail(_flag_named(str(exc), args))
     try:  # bound before the app starts (a scorer may take a while to load): a port in use fails at once
         sockets = bind_sockets(host, port)
     except ListenError as exc:
@@ -385,7 +414,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         setup_logging(log_level, log_format)  # before the app is made: what it logs while starting shows
         app = create_app(config)
     except (ConfigError, ValueError) as exc:
-        return fail(str(exc))
+        return fail(_flag_named(str(exc), args))
     finally:
         if app is None:
             for sock in sockets:
@@ -441,6 +470,11 @@ def _run_stub(args: argparse.Namespace) -> int:
     bad = _bad_port(args.port)
     if bad:
         return fail(bad)
+    for flag, value in (("--token-delay", args.token_delay), ("--first-token-delay", args.first_token_delay)):
+        if not (math.isfinite(value) and value >= 0):
+            return fail(f"{flag} must be a finite number of seconds >= 0, got {value}")
+    if args.max_num_seqs < 0:
+        return fail(f"--max-num-seqs must be >= 0 (0: no limit), got {args.max_num_seqs}")
     try:
         sockets = bind_sockets(args.host, args.port)
     except ListenError as exc:

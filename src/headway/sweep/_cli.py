@@ -48,6 +48,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     console = Console(width=max(Console().width, 140))
     if args.num_cpus is not None and args.num_cpus < 1:
         raise CLIError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+    if args.no_ray and (args.ray_address is not None or args.num_cpus is not None):
+        flag = "--ray-address" if args.ray_address is not None else "--num-cpus"
+        raise CLIError(f"{flag} sets up Ray, and --no-ray runs the tasks without it: drop one of them")
+    if args.ray_address is not None and args.num_cpus is not None:
+        raise CLIError("--num-cpus sizes a local Ray, and --ray-address joins a running cluster: drop one of them")
     if not args.no_ray and not available("ray"):  # said before the header and an empty progress bar
         raise ray_missing()
     grid = load_grid(args.grid)

@@ -152,6 +152,8 @@ def load_grid(path: str | Path) -> Grid:
         raw: dict[str, Any] = tomllib.loads(p.read_text()) if p.suffix == ".toml" else json.loads(p.read_text())
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{p}: not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not UTF-8 text ({exc.reason})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{p}: the grid must be a table/object")
     unknown = sorted(set(raw) - set(_LIST_KEYS) - set(_SCALAR_KEYS) - {"policy_args"})

@@ -292,6 +292,8 @@ def _check_control_file(cfg: PluginConfig, path: str) -> str:
         return f"control_file {path!r}: not there yet (read when it appears)"
     except OSError as exc:
         raise PluginConfigError(f"headway plugin: control_file {path!r}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PluginConfigError(f"headway plugin: control_file {path!r}: not UTF-8 text ({exc.reason})") from None
     switched = control_settings(cfg, _json_of(text, f"headway plugin: control_file {path!r}"))
     policy = make_plugin_policy(switched.policy, switched.policy_args)
     _check_oracle(policy, switched.oracle)
