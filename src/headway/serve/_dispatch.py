@@ -259,6 +259,18 @@ class Dispatcher:
         if self.queued_per_tenant[key] <= 0:
             del self.queued_per_tenant[key]
 
+    def not_serving(self, model: object) -> frozenset[int]:
+        """The backends a request for ``model`` is kept from: while some backend's ``/v1/models``
+        lists it, those whose list was read and does not (one not read, not polled or not yet, may
+        serve it). None for a request without a model, nor for a model no backend lists: it goes
+        to any backend, as with one model, and the backend answers it (vLLM with its 404; a server
+        that takes any name, with its model)."""
+        if not isinstance(model, str) or not model:
+            return frozenset()
+        if not any(b.models is not None and model in b.models for b in self.backends):
+            return frozenset()
+        return frozenset(b.index for b in self.backends if b.models is not None and model not in b.models)
+
     # -------------------------------------------------------------- dispatch
     def _candidates(self, now: float, exclude: frozenset[int]) -> list[int]:
         return [b.index for b in self.backends if b.index not in exclude and b.has_room(now)]
@@ -315,7 +327,8 @@ class Dispatcher:
             if not candidates:
                 if not exclude or not self._candidates(now_mono, frozenset()):
                     break  # nobody has room: the head waits (head-of-line by policy order)
-                # the head may not use the free backend (it failed there): look further
+                # the head may not use the free backend (it failed there, or does not serve its
+                # model): look further
                 skipped.append(queue.pop())
                 continue
             queue.pop()
@@ -376,8 +389,8 @@ class Dispatcher:
         The request gets a sequence number but the policy is not told of its arrival: the
         caller does that (``policy.on_arrival``) once the score is known, before it is queued
         again (a retry), and before telling the policy of its progress or finish."""
-        if self.queue or self.router.uses_estimate:
-            return None
+        if self.queue or self.router.uses_estimate or self.not_serving(request.extra.get("model")):
+            return None  # (a model some backends do not serve: the free slots may not be its)
         now_mono = self._clock()
         if self.free_slots(now_mono) <= self.scoring + self.arriving:
             return None

@@ -79,7 +79,7 @@ class Exchange:
         queue it again after a retryable failure."""
         loop = asyncio.get_running_loop()
         deadline = arrived + self.config.queue_ttl_s
-        exclude: frozenset[int] = frozenset()
+        exclude = self.dispatcher.not_serving(req.extra.get("model"))  # backends listing other models
         last_error = ""
         handed_off = False
         attempts = 0

@@ -99,7 +99,7 @@ from headway.serve._intake import Intake, Refused
 from headway.serve._ledger import Ledger
 from headway.serve._logging import LimitedWarnings
 from headway.serve._metrics import GatewayMetrics
-from headway.serve._models import check_models
+from headway.serve._models import check_models, merged_model_list
 from headway.serve._openapi import openapi_schema
 from headway.serve._passthrough import Passthrough, backend_headers
 from headway.serve._peers import PeerChannel, PeerUnavailable, owner_of
@@ -463,18 +463,11 @@ class Gateway:
         if self._models_cache is not None and self._models_cache[0] > loop.time():
             return Response(self._models_cache[1], media_type="application/json")
         assert self.client is not None
-        last = "no backend answered"
-        for b in self.backends:
-            try:
-                r = await self.client.get(b.url + "/v1/models", timeout=5.0, headers=backend_headers(b.config.api_key))
-            except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}"
-                continue
-            if r.status_code == 200:
-                self._models_cache = (loop.time() + 5.0, r.content)
-                return Response(r.content, media_type="application/json")
-            last = f"HTTP {r.status_code}"
-        return api_error("upstream_error", detail=f"no backend listed models ({last})")
+        content = await merged_model_list(self.client, self.backends)
+        if isinstance(content, str):
+            return api_error("upstream_error", detail=f"no backend listed models ({content})")
+        self._models_cache = (loop.time() + 5.0, content)
+        return Response(content, media_type="application/json")
 
     async def passthrough(self, request: HTTPRequest) -> Response:
         """Any other ``/v1`` endpoint: forwarded unscheduled (``headway.serve._passthrough``)."""
