@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from headway.cli import main
-from headway.sweep import Grid, load_grid, run_sweep
+from headway.sweep import Grid, load_grid, max_rates, run_sweep
 
 SMALL = Grid(policies=("fcfs", "sjf-oracle"), rates=(5.0, 7.0), seeds=(0, 1), num_requests=120)
 
@@ -44,6 +44,14 @@ def test_grid_enumerates_every_combination_in_order() -> None:
         ("policies = ['fcfs']\ncolour = 1", "unknown grid keys"),
         ("policies = ['fcfs'\n", "not valid TOML"),
         ("policies = ['fcfs']\n[policy_args.pars]\ntau = 0.5", "policy_args for policies not in the grid"),
+        ("policies = ['fcfs']\nrates = [1.0]\nlimits = 2", "limits must be a table of metric = bound"),
+        ("policies = ['fcfs']\nrates = [1.0]\n[limits]\nttft_p999 = 2", "unknown metric 'ttft_p999'; valid: e2e_mean"),
+        ("policies = ['fcfs']\nrates = [1.0]\n[limits]\nttft_p99 = 0", "ttft_p99 must be a number > 0, got 0"),
+        ("policies = ['fcfs']\nrates = [1.0]\n[limits]\nslo_attainment = 0.9", "slo_attainment needs an slo"),
+        ("policies = ['fcfs']\nrates = [1.0]\nslo = 'ttft:1'\n[limits]\nslo_attainment = 90", "is a share"),
+        ("policies = ['fcfs']\n[limits]\nttft_p99 = 2", "limits need rates"),
+        ("policies = ['fcfs']\nrouter = 'nearest'", "Unknown router 'nearest'"),
+        ("policies = ['fcfs']\nasync_scheduling = 1", "async_scheduling must be true or false, got 1"),
     ],
 )
 def test_bad_grid_files_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
@@ -110,6 +118,38 @@ def test_a_preset_entry_may_name_a_fleet() -> None:
     one, two = run_sweep(grid, use_ray=False)
     assert one.metrics is not None and two.metrics is not None
     assert two.metrics["e2e_mean"] < one.metrics["e2e_mean"]  # twice the engines, less waiting
+
+
+def test_router_and_engine_settings_reach_every_task(tmp_path: Path) -> None:
+    # what a prefix-aware router, async scheduling or prefix caching buy a fleet, swept as headway simulate
+    # runs them (--router, --async-scheduling, --no-enable-prefix-caching); a Mooncake trace whose prompts
+    # share 512-token prefixes, so that caching and routing matter
+    from headway.sim import CacheConfig, SchedulerConfig, simulate
+    from headway.sim._fleet import fleet_presets
+    from headway.workload import load_workload
+
+    trace = tmp_path / "mooncake.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 80 * i, "input_length": 2048, "output_length": 40 + i % 50,
+                                         "hash_ids": [i % 4, 10 + i % 8, 100 + i, 1000 + i]}) + "\n"
+                             for i in range(200)))  # fmt: skip
+
+    def by_hand(router: str, **engine: bool) -> float:
+        cache = CacheConfig(enable_prefix_caching=engine.get("enable_prefix_caching", True))
+        scheduler = SchedulerConfig(async_scheduling=engine.get("async_scheduling", False))
+        res = simulate(load_workload(trace, seed=0), "fcfs", preset=fleet_presets("llama3-8b-a100:2"), router=router,
+                       cache=cache, scheduler=scheduler)  # fmt: skip
+        return sum(r.finish_time - r.arrival_time for r in res.requests) / len(res.requests)  # type: ignore[operator]
+
+    means = set()
+    for settings in ({"router": "random"}, {"router": "prefix-aware"},
+                     {"router": "prefix-aware", "async_scheduling": True},
+                     {"router": "prefix-aware", "enable_prefix_caching": False}):  # fmt: skip
+        grid = Grid(policies=("fcfs",), workloads=(str(trace),), presets=("llama3-8b-a100:2",), **settings)
+        (result,) = run_sweep(grid, use_ray=False)
+        assert result.metrics is not None
+        assert result.metrics["e2e_mean"] == pytest.approx(by_hand(**settings), rel=1e-12), settings
+        means.add(result.metrics["e2e_mean"])
+    assert len(means) == 4  # each setting changed the run
 
 
 def test_sweep_cli_checks_before_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -297,3 +337,110 @@ def test_sigterm_ends_a_sweep_with_one_line_and_keeps_what_finished(tmp_path: Pa
     doc = json.loads((out / "results.json").read_text())
     assert doc["complete"] is False and 1 <= doc["tasks_finished"] < 40 and doc["tasks_in_grid"] == 40
     assert f"interrupted: {doc['tasks_finished']} of 40 tasks finished" in " ".join(stdout.split())
+
+
+def _row(policy: str, rate: float | None, **metrics: float) -> dict:  # type: ignore[type-arg]
+    return {"preset": "llama3-8b-h100:4", "workload": "default", "policy": policy, "rate": rate, **metrics}
+
+
+def test_max_rates_is_the_highest_rate_meeting_the_limits_with_every_lower_one() -> None:
+    nan = float("nan")
+    rows = [
+        _row("fcfs", None, ttft_p99=0.1, slo_attainment=1.0),  # the workload's own arrivals: no rate to report
+        _row("fcfs", 30.0, ttft_p99=2.5, slo_attainment=0.95),
+        _row("fcfs", 10.0, ttft_p99=0.5, slo_attainment=1.0),
+        _row("fcfs", 20.0, ttft_p99=1.9, slo_attainment=0.95),
+        _row("fcfs", 40.0, ttft_p99=1.0, slo_attainment=0.99),  # meets them again past a miss: not counted
+        _row("pars", 10.0, ttft_p99=0.4, slo_attainment=0.99),
+        _row("pars", 20.0, ttft_p99=0.6, slo_attainment=0.91),
+        _row("sjf", 10.0, ttft_p99=nan, slo_attainment=nan),  # every seed failed: a miss
+        _row("srpt", 10.0, ttft_p99=2.1, slo_attainment=0.2),
+    ]
+    limits = {"ttft_p99": 2.0, "slo_attainment": 0.9}
+    fcfs, pars, sjf, srpt = max_rates(rows, limits)
+    assert (fcfs["policy"], fcfs["max_rate"], fcfs["next_rate"], fcfs["ttft_p99"]) == ("fcfs", 20.0, 30.0, 1.9)
+    assert fcfs["missed"] == "ttft_p99 2.5 > 2"
+    assert (pars["max_rate"], pars["next_rate"], pars["missed"]) == (20.0, None, "")  # at least 20: none missed
+    assert (sjf["max_rate"], sjf["next_rate"]) == (None, 10.0)  # the lowest rate missed
+    assert sjf["missed"] == "ttft_p99 nan > 2; slo_attainment nan < 0.9"
+    assert srpt["max_rate"] is None and math.isnan(srpt["ttft_p99"])
+    assert srpt["missed"] == "ttft_p99 2.1 > 2; slo_attainment 0.2 < 0.9"  # attainment is a floor, latency a ceiling
+
+
+def test_a_sweep_with_limits_reports_the_highest_rate_meeting_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the capacity question: how many requests/s keep P99 TTFT under a bound; 2 req/s is light load for an
+    # A100 and 40 req/s overloads it (TTFT in seconds)
+    grid = tmp_path / "g.toml"
+    grid.write_text("policies = ['fcfs']\nrates = [2.0, 40.0]\nnum_requests = 150\nslo = 'ttft:1000'\n"
+                    "[limits]\nttft_p99 = 1.0\nslo_attainment = 0.9\n")  # fmt: skip
+    out = tmp_path / "out"
+    assert main(["sweep", "--grid", str(grid), "--no-ray", "--out", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "highest rate meeting the limits" in text and "40: ttft_p99" in text
+    assert "the highest rate swept at which ttft_p99 <= 1 s, slo_attainment >= 0.9" in text
+    (row,) = csv.DictReader((out / "capacity.csv").read_text().splitlines())
+    assert (row["policy"], row["max_rate"], row["next_rate"]) == ("fcfs", "2.0", "40.0")
+    assert float(row["ttft_p99"]) <= 1.0 and float(row["slo_attainment"]) >= 0.9
+    assert json.loads((out / "results.json").read_text())["capacity"][0]["max_rate"] == 2.0
+    grid.write_text("policies = ['fcfs']\nrates = [2.0]\nnum_requests = 30\n")  # no limits: no capacity.csv left
+    assert main(["sweep", "--grid", str(grid), "--no-ray", "--out", str(out)]) == 0
+    assert not (out / "capacity.csv").exists() and "capacity" not in json.loads((out / "results.json").read_text())
+
+
+def test_the_sweep_table_never_cuts_a_fleet_name_short() -> None:
+    # a sweep over fleet sizes ("how many replicas?") printed 'llama3-8b-h1…' for every one of them
+    import io
+
+    from rich.console import Console
+
+    from headway.sweep._cli import _table
+
+    metrics = {"seeds": 1, "failed": 0, "e2e_mean": 9.7, "e2e_p99": 23.8, "ttft_p99": 0.44, "norm_mean": 0.038,
+               "goodput_rps": 30.5}  # fmt: skip
+    rows = [{"preset": f"llama3-8b-h100:{n}", "workload": "azure-conv", "policy": "uniboost", "rate": 40.0, **metrics}
+            for n in (4, 5)]  # fmt: skip
+    console = Console(width=140, file=io.StringIO())
+    console.print(_table(rows))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "…" not in text
+    firsts = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")]
+    assert "".join(firsts) == "llama3-8b-h100:4llama3-8b-h100:5"  # folded onto two lines, every character kept
+
+
+def test_the_curves_of_policies_that_decided_alike_are_drawn(tmp_path: Path) -> None:
+    # two policies whose numbers differ in the last bits (one rate, 6 replicas: nothing queued) made a log
+    # axis a few ulps high: matplotlib divided by zero and misplaced every panel
+    import warnings
+
+    from headway.sweep._cli import _plot_curves
+
+    rows = [
+        {"preset": "llama3-8b-h100:6", "workload": "azure-conv", "policy": policy, "rate": 40.0, "norm_mean": norm,
+         "e2e_p99": p99}
+        for policy, norm, p99 in (("fcfs", 0.018599531613937167, 12.14623029107819),
+                                  ("uniboost", 0.01859953161393715, 12.146230291078183))
+    ]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert _plot_curves(tmp_path / "curves.png", rows) == tmp_path / "curves.png"
+
+
+def test_the_curves_say_a_session_workloads_rate_is_conversations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # sharegpt-sessions' rate starts conversations (6/s sends about 19 requests/s): the axis said requests/s
+    from matplotlib.figure import Figure
+
+    from headway.sweep._cli import _plot_curves
+
+    saved: list[Figure] = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *args, **kwargs: saved.append(fig))
+    rows = [{"preset": "llama3-8b-a100:4", "workload": workload, "policy": "fcfs", "rate": rate,
+             "norm_mean": 0.02 * rate, "e2e_p99": 3.0 * rate}
+            for workload in ("default", "sharegpt-sessions") for rate in (2.0, 6.0)]  # fmt: skip
+    _plot_curves(tmp_path / "curves.png", rows)
+    (fig,) = saved
+    labels = [ax.get_xlabel() for ax in fig.axes if ax.get_xlabel()]
+    assert labels == ["arrival rate (requests/s)", "conversation rate (conversations/s)"]

@@ -73,7 +73,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "--rate",
         type=float,
         default=None,
-        help="arrival rate (requests/s): the mean rate of gamma/poisson arrivals (default: a timed trace's own); "
+        help="arrival rate (requests/s; sharegpt-sessions: conversations started a second, each sending "
+        "several turns): the mean rate of gamma/poisson arrivals (default: a timed trace's own); "
         "on a replayed trace, its times are scaled by one factor so that the N requests taken arrive at "
         "(N - 1) / span = RATE; refused with burst arrivals",
     )

@@ -13,7 +13,7 @@ from typing import Any
 from headway._help import CLIError, HelpFormatter, default_out_dir, prepare_out_dir
 from headway._optional import available
 from headway.sweep._grid import load_grid
-from headway.sweep._runner import METRIC_NAMES, TaskResult, aggregate, ray_missing, run_sweep
+from headway.sweep._runner import METRIC_NAMES, TaskResult, aggregate, max_rates, ray_missing, run_sweep
 
 __all__ = ["add_sweep_parser"]
 
@@ -25,11 +25,14 @@ def add_sweep_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         description=(
             "Run every combination of a grid file (TOML or JSON with keys policies, workloads, "
             "rates, seeds, presets, num_requests, slo, policy_args, max_num_seqs, "
-            "max_num_batched_tokens, max_model_len, scorer_tau) as Ray tasks, locally or on a cluster, and write "
-            "one table and report (latency vs load per policy). A preset entry may name a fleet "
-            "('llama3-8b-h100:2', routed least-outstanding). Names, types and the SLO are checked "
-            "before any task runs; a task that fails is reported with its parameters and the "
-            "others' results are kept."
+            "max_num_batched_tokens, max_model_len, scorer_tau, router, async_scheduling, "
+            "enable_prefix_caching, limits) as Ray tasks, locally or on a cluster, and write one table and "
+            "report (latency vs load per policy). A preset entry may name a fleet ('llama3-8b-h100:4', "
+            "routed by router: default least-outstanding). With limits (e.g. [limits] ttft_p99 = 2.0, "
+            "e2e_mean = 10.0: seconds, as the table's columns; slo_attainment = 0.9, a floor) it also "
+            "reports the highest rate meeting them per preset, workload and policy (capacity.csv). Names, "
+            "types and the SLO are checked before any task runs; a task that fails is reported with its "
+            "parameters and the others' results are kept."
         ),
         formatter_class=HelpFormatter,
     )
@@ -90,7 +93,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     console.print(_table(rows))
     if same := _seeds_alike(rows):
         console.print(f"[yellow]{same}[/]")
-    paths = write_sweep_report(out, results, rows)
+    capacity = max_rates(rows, grid.limits) if grid.limits else None
+    if capacity:
+        console.print(_capacity_table(capacity, grid.limits))
+        console.print(f"[dim]{_capacity_note(grid.limits)}[/]")
+    paths = write_sweep_report(out, results, rows, capacity=capacity)
     console.print(f"report: {', '.join(str(p) for p in paths)}")
     if failures:
         console.print(f"[red]{len(failures)} of {len(tasks)} tasks failed[/] (listed above and in results.csv)")
@@ -162,21 +169,87 @@ def _table(rows: Sequence[dict[str, Any]]) -> Any:
         "norm_mean",
         "goodput_rps",
     ]
-    units = {"e2e_mean": "s", "e2e_p99": "s", "ttft_p99": "s", "norm_mean": "s/token", "goodput_rps": "req/s"}
     for c in cols:
-        head = f"{c} ({units[c]})" if c in units else c
-        table.add_column(Text(head), justify="left" if c in ("preset", "workload", "policy") else "right")
+        head = f"{c} ({_UNITS[c]})" if c in _UNITS else c
+        _add_column(table, c, head)
     for row in rows:
         table.add_row(*(Text(_fmt(row[c])) for c in cols))
     return table
 
 
+_UNITS = {
+    "e2e_mean": "s",
+    "e2e_p99": "s",
+    "ttft_mean": "s",
+    "ttft_p99": "s",
+    "norm_mean": "s/token",
+    "norm_p99": "s/token",
+    "goodput_rps": "req/s",
+    "slo_attainment": "share",
+}
+
+
+def _add_column(table: Any, name: str, head: str) -> None:
+    """A column of the sweep's tables: names are folded onto more lines, never cut short as rich
+    would cut them ('llama3-8b-h1…' for both 'llama3-8b-h100:4' and 'llama3-8b-h100:5')."""
+    from rich.text import Text
+
+    if name in ("preset", "workload", "policy"):
+        table.add_column(Text(head), justify="left", overflow="fold")
+    else:
+        table.add_column(Text(head), justify="right")
+
+
+def _capacity_table(capacity: Sequence[dict[str, Any]], limits: Any) -> Any:
+    """The highest rate meeting the grid's limits, a row per (preset, workload, policy)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="highest rate meeting the limits")
+    for name in ("preset", "workload", "policy"):
+        _add_column(table, name, name)
+    _add_column(table, "max_rate", "max rate")
+    for name in limits:
+        _add_column(table, name, f"{name} there ({_UNITS[name]})")
+    _add_column(table, "next", "the next rate missed")
+    for row in capacity:
+        if row["max_rate"] is None:
+            rate = f"< {_fmt(row['next_rate'])}"  # the lowest rate missed
+        elif row["next_rate"] is None:
+            rate = f"≥ {_fmt(row['max_rate'])}"  # every rate swept met the limits
+        else:
+            rate = _fmt(row["max_rate"])
+        missed = "–" if row["next_rate"] is None else f"{_fmt(row['next_rate'])}: {row['missed']}"
+        cells = [row["preset"], row["workload"], row["policy"], rate]
+        cells += [_fmt(row[name]) for name in limits]
+        table.add_row(*(Text(c) for c in [*cells, missed]))
+    return table
+
+
+def _capacity_note(limits: Any) -> str:
+    bounds = ", ".join(
+        f"{name} >= {bound:g}" if name == "slo_attainment" else f"{name} <= {bound:g} {_UNITS[name]}"
+        for name, bound in limits.items()
+    )
+    return (
+        f"max rate: the highest rate swept at which {bounds} (means over seeds), every lower rate meeting "
+        "them too; ≥: every rate swept met them; <: the lowest missed. Rates between those swept are not "
+        "tried: add rates to narrow it. Rates are requests/s (sharegpt-sessions: conversations/s)"
+    )
+
+
 def write_sweep_report(
-    out: Path, results: Sequence[TaskResult], rows: Sequence[dict[str, Any]], *, total: int | None = None
+    out: Path,
+    results: Sequence[TaskResult],
+    rows: Sequence[dict[str, Any]],
+    *,
+    total: int | None = None,
+    capacity: Sequence[dict[str, Any]] | None = None,
 ) -> list[Path]:
-    """results.csv (every task), aggregate.csv, results.json and curves.png in ``out``. ``total``: the
-    grid's number of tasks, when ``results`` holds fewer (an interrupted sweep): results.json then says
-    ``"complete": false`` and counts both."""
+    """results.csv (every task), aggregate.csv, results.json and curves.png in ``out``, and with
+    ``capacity`` (:func:`headway.sweep.max_rates`) capacity.csv and results.json's ``"capacity"``.
+    ``total``: the grid's number of tasks, when ``results`` holds fewer (an interrupted sweep):
+    results.json then says ``"complete": false`` and counts both."""
     out.mkdir(parents=True, exist_ok=True)
     per_task = out / "results.csv"
     with per_task.open("w", newline="") as f:
@@ -198,8 +271,18 @@ def write_sweep_report(
         "tasks": [r.row() for r in results],
         "aggregate": list(rows),
     }
-    js.write_text(json.dumps(doc, indent=1, default=lambda v: None))
     paths = [per_task, agg, js]
+    if capacity:
+        doc["capacity"] = list(capacity)
+        cap = out / "capacity.csv"
+        with cap.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(capacity[0]))
+            writer.writeheader()
+            writer.writerows(capacity)
+        paths.append(cap)
+    else:  # not an earlier sweep's, left in the same folder
+        (out / "capacity.csv").unlink(missing_ok=True)
+    js.write_text(json.dumps(doc, indent=1, default=lambda v: None))
     png = _plot_curves(out / "curves.png", rows)
     if png is not None:
         paths.append(png)
@@ -231,11 +314,29 @@ def _plot_curves(path: Path, rows: Sequence[dict[str, Any]]) -> Path | None:
         axes[0][j].set_title(f"{workload} on {preset}")
         axes[0][j].set_ylabel("mean normalized latency (ms/token)")
         axes[1][j].set_ylabel("P99 end-to-end latency (s)")
-        axes[1][j].set_xlabel("arrival rate (requests/s)")
+        axes[1][j].set_xlabel(_rate_label(workload))
         for ax in (axes[0][j], axes[1][j]):
             ax.set_yscale("log")
+            _widen_flat(ax)
             ax.grid(True, alpha=0.3)
         axes[0][j].legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path
+
+
+def _widen_flat(ax: Any) -> None:
+    """Give a log axis whose points all sit at one value (to rounding: policies that decided alike, a
+    single rate) a decade around it; left alone, matplotlib draws it as a sliver a few ulps high, its
+    ticks unreadable and the panels misplaced."""
+    values = [v for line in ax.get_lines() for v in line.get_ydata() if math.isfinite(v) and v > 0]
+    if values and max(values) <= min(values) * (1 + 1e-9):
+        ax.set_ylim(min(values) / math.sqrt(10), max(values) * math.sqrt(10))
+
+
+def _rate_label(workload: str) -> str:
+    """What a grid's rate is on ``workload``: requests a second, or on ``sharegpt-sessions``
+    conversations started a second (each sends several turns: 6/s is about 19 requests/s)."""
+    if workload == "sharegpt-sessions":
+        return "conversation rate (conversations/s)"
+    return "arrival rate (requests/s)"

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from headway.sim import SchedulerConfig
+    from headway.sim import CacheConfig, SchedulerConfig
 
-__all__ = ["Grid", "Task", "load_grid"]
+__all__ = ["LIMIT_METRICS", "Grid", "Task", "load_grid"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,18 @@ class Grid:
     scorer_tau: float = 0.75
     """Score-based policies get a noisy-oracle length score with this Kendall tau when the workload
     carries no scores and their ``policy_args`` set no ``scorer`` (as ``headway simulate --scorer-tau``)."""
+    router: str = "least-outstanding"
+    """How a fleet entry of ``presets`` (``"llama3-8b-h100:4"``) spreads requests (``headway routers``)."""
+    async_scheduling: bool = False
+    """vLLM's ``--async-scheduling`` (``headway simulate --async-scheduling``)."""
+    enable_prefix_caching: bool = True
+    """vLLM's automatic prefix caching (``headway simulate --no-enable-prefix-caching`` turns it off)."""
+    limits: Mapping[str, float] = field(default_factory=dict)
+    """What a rate must meet to count as sustained, e.g. ``{"ttft_p99": 2.0, "e2e_mean": 10.0}``: upper
+    bounds on the aggregate table's latency columns, in its units (seconds; ``norm_*`` seconds a
+    token), and ``slo_attainment`` a lower bound (a share, 0-1; needs ``slo``). With limits the sweep
+    reports, per preset, workload and policy, the highest rate of ``rates`` at which they hold, every
+    lower rate holding too (:func:`headway.sweep.max_rates`)."""
 
     def __post_init__(self) -> None:
         for name in ("policies", "workloads", "rates", "seeds", "presets"):
@@ -82,23 +94,47 @@ class Grid:
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 raise ValueError(f"grid: {name} must be an integer >= 1, got {v!r}")
+        for name in ("async_scheduling", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"grid: {name} must be true or false, got {getattr(self, name)!r}")
         if not _is_number(self.scorer_tau) or not -1 <= self.scorer_tau <= 1:
             raise ValueError(f"grid: scorer_tau must be a number in [-1, 1], got {self.scorer_tau!r}")
+        self._check_limits()
         unknown = sorted(set(self.policy_args) - set(self.policies))
         if unknown:
             raise ValueError(f"grid: policy_args for policies not in the grid: {', '.join(unknown)}")
         self._check_names()
 
+    def _check_limits(self) -> None:
+        if not isinstance(self.limits, Mapping):
+            raise ValueError(f"grid: limits must be a table of metric = bound, got {self.limits!r}")
+        for name, bound in self.limits.items():
+            if name not in LIMIT_METRICS:
+                raise ValueError(f"grid: limits: unknown metric {name!r}; valid: {', '.join(LIMIT_METRICS)}")
+            if not _is_number(bound) or not math.isfinite(bound) or not bound > 0:
+                raise ValueError(f"grid: limits: {name} must be a number > 0, got {bound!r}")
+        if "slo_attainment" in self.limits:
+            if (share := self.limits["slo_attainment"]) > 1:
+                raise ValueError(f"grid: limits: slo_attainment is a share (0-1], got {share!r}")
+            if self.slo is None:
+                raise ValueError("grid: limits: slo_attainment needs an slo (e.g. slo = 'ttft:2000')")
+        if self.limits and all(rate is None for rate in self.rates):
+            raise ValueError("grid: limits need rates: the highest rate meeting them is read from the rates swept")
+
     def _check_names(self) -> None:
         """Policies, presets, workloads and the SLO that would fail every task fail here, up front."""
         from headway.core import get_policy_class
         from headway.metrics import SLO
+        from headway.routers import get_router_class
         from headway.sim import load_preset
         from headway.sim._fleet import fleet_presets
         from headway.workload import available_workloads
 
         for policy in self.policies:
             get_policy_class(policy)  # lists the valid names
+        if not isinstance(self.router, str):
+            raise ValueError(f"grid: router must be a router's name (headway routers), got {self.router!r}")
+        get_router_class(self.router)  # lists the valid names
         from headway.sim import CacheConfig
 
         engine = self.scheduler()
@@ -123,7 +159,14 @@ class Grid:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
+            async_scheduling=self.async_scheduling,
         )
+
+    def cache(self) -> CacheConfig:
+        """The KV-cache settings every task runs with."""
+        from headway.sim import CacheConfig
+
+        return CacheConfig(enable_prefix_caching=self.enable_prefix_caching)
 
     def tasks(self) -> list[Task]:
         """Every combination, in a fixed order (the order results are reported in)."""
@@ -139,8 +182,22 @@ def _is_number(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
+LIMIT_METRICS = ("e2e_mean", "e2e_p99", "ttft_mean", "ttft_p99", "norm_mean", "norm_p99", "slo_attainment")
+"""The aggregate columns a grid's ``limits`` may bound (``slo_attainment`` from below, the rest from above)."""
+
 _LIST_KEYS = ("policies", "workloads", "rates", "seeds", "presets")
-_SCALAR_KEYS = ("num_requests", "slo", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "scorer_tau")
+_SCALAR_KEYS = (
+    "num_requests",
+    "slo",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "scorer_tau",
+    "router",
+    "async_scheduling",
+    "enable_prefix_caching",
+)
+_TABLE_KEYS = ("policy_args", "limits")
 
 
 def load_grid(path: str | Path) -> Grid:
@@ -156,9 +213,9 @@ def load_grid(path: str | Path) -> Grid:
         raise ValueError(f"{p}: not UTF-8 text ({exc.reason})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{p}: the grid must be a table/object")
-    unknown = sorted(set(raw) - set(_LIST_KEYS) - set(_SCALAR_KEYS) - {"policy_args"})
+    unknown = sorted(set(raw) - set(_LIST_KEYS) - set(_SCALAR_KEYS) - set(_TABLE_KEYS))
     if unknown:
-        raise ValueError(f"{p}: unknown grid keys {unknown}; valid: {[*_LIST_KEYS, *_SCALAR_KEYS, 'policy_args']}")
+        raise ValueError(f"{p}: unknown grid keys {unknown}; valid: {[*_LIST_KEYS, *_SCALAR_KEYS, *_TABLE_KEYS]}")
     if "policies" not in raw:
         raise ValueError(f"{p}: the grid needs a 'policies' list")
     kwargs: dict[str, Any] = {}
@@ -175,6 +232,10 @@ def load_grid(path: str | Path) -> Grid:
         if not isinstance(raw["policy_args"], dict):
             raise ValueError(f"{p}: policy_args must be a table of tables")
         kwargs["policy_args"] = raw["policy_args"]
+    if "limits" in raw:
+        if not isinstance(raw["limits"], dict):
+            raise ValueError(f"{p}: limits must be a table of metric = bound, e.g. {{ttft_p99 = 2.0}}")
+        kwargs["limits"] = raw["limits"]
     try:
         return Grid(**kwargs)
     except (TypeError, ValueError) as exc:

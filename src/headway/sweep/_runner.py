@@ -7,7 +7,7 @@ import math
 import signal
 import threading
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +17,7 @@ from headway.sweep._grid import Grid, Task
 if TYPE_CHECKING:
     from headway.metrics import RunSummary
 
-__all__ = ["TaskResult", "run_sweep", "run_task"]
+__all__ = ["TaskResult", "max_rates", "run_sweep", "run_task"]
 
 _METRICS: tuple[tuple[str, Callable[[RunSummary], float | int | None]], ...] = (
     ("e2e_mean", lambda s: s.e2e.mean),
@@ -55,7 +55,6 @@ def run_task(task: Task, grid: Grid) -> TaskResult:
     """Simulate one grid point; never raises (errors come back in the result)."""
     from headway.metrics import summarize
     from headway.policies import noisy_oracle_defaults
-    from headway.routers import DEFAULT_ROUTER
     from headway.sim import simulate
     from headway.sim._fleet import fleet_presets
     from headway.workload import load_workload
@@ -76,8 +75,9 @@ def run_task(task: Task, grid: Grid) -> TaskResult:
             task.policy,
             preset=presets,
             scheduler=grid.scheduler(),
+            cache=grid.cache(),
             policy_kwargs=kwargs,
-            router=DEFAULT_ROUTER if len(presets) > 1 else None,  # a fleet entry ("llama3-8b-h100:2")
+            router=grid.router if len(presets) > 1 else None,  # a fleet entry ("llama3-8b-h100:2")
         )
         summary = summarize(res.requests, slo=grid.slo, name=task.policy)
         metrics = {}
@@ -189,3 +189,54 @@ def aggregate(results: Sequence[TaskResult]) -> list[dict[str, Any]]:
         row["distinct_runs"] = len({tuple(repr(m[name]) for name in METRIC_NAMES) for m in ok})
         rows.append(row)
     return rows
+
+
+def _misses(row: dict[str, Any], limits: Mapping[str, float]) -> list[str]:
+    """The limits a row of :func:`aggregate` does not meet, as ``"ttft_p99 2.31 > 2"``; a metric
+    without a value (every seed failed) misses."""
+    out = []
+    for name, bound in limits.items():
+        value = row[name]
+        lower = name == "slo_attainment"  # a share to reach; the latencies are ceilings
+        if math.isnan(value) or (value < bound if lower else value > bound):
+            out.append(f"{name} {value:.4g} {'<' if lower else '>'} {bound:g}")
+    return out
+
+
+def max_rates(rows: Sequence[dict[str, Any]], limits: Mapping[str, float]) -> list[dict[str, Any]]:
+    """The highest swept rate at which every limit holds, per (preset, workload, policy) of the rows of
+    :func:`aggregate` (means over seeds), in their order.
+
+    Rates are walked upward and the first that misses a limit ends the walk, so ``max_rate`` is the
+    highest rate meeting the limits with every lower rate meeting them too (None: the lowest misses);
+    ``next_rate`` is the rate that missed (None: every rate met them, so the capacity is at least
+    ``max_rate``) and ``missed`` what it missed; the limited metrics are those at ``max_rate``. Rows
+    without a rate (a workload's own arrivals) are left out.
+    """
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["rate"] is not None:
+            groups.setdefault((row["preset"], row["workload"], row["policy"]), []).append(row)
+    out = []
+    for (preset, workload, policy), members in groups.items():
+        best: dict[str, Any] | None = None
+        after: dict[str, Any] | None = None
+        missed: list[str] = []
+        for row in sorted(members, key=lambda r: r["rate"]):
+            missed = _misses(row, limits)
+            if missed:
+                after = row
+                break
+            best = row
+        found: dict[str, Any] = {
+            "preset": preset,
+            "workload": workload,
+            "policy": policy,
+            "max_rate": None if best is None else best["rate"],
+            "next_rate": None if after is None else after["rate"],
+            "missed": "; ".join(missed) if after is not None else "",
+        }
+        for name in limits:
+            found[name] = float("nan") if best is None else best[name]
+        out.append(found)
+    return out
