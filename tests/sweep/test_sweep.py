@@ -395,18 +395,19 @@ def test_the_sweep_table_never_cuts_a_fleet_name_short() -> None:
 
     from rich.console import Console
 
-    from headway.sweep._cli import _table
+    from headway.sweep._cli import _print_table, _table
 
     metrics = {"seeds": 1, "failed": 0, "e2e_mean": 9.7, "e2e_p99": 23.8, "ttft_p99": 0.44, "norm_mean": 0.038,
                "goodput_rps": 30.5}  # fmt: skip
     rows = [{"preset": f"llama3-8b-h100:{n}", "workload": "azure-conv", "policy": "uniboost", "rate": 40.0, **metrics}
             for n in (4, 5)]  # fmt: skip
-    console = Console(width=140, file=io.StringIO())
-    console.print(_table(rows))
-    text = console.file.getvalue()  # type: ignore[attr-defined]
-    assert "…" not in text
-    firsts = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")]
-    assert "".join(firsts) == "llama3-8b-h100:4llama3-8b-h100:5"  # folded onto two lines, every character kept
+    for width in (140, 80):  # (the CLI's console is 140 wide at least; a narrower one is widened)
+        console = Console(width=width, file=io.StringIO())
+        _print_table(console, _table(rows))
+        text = console.file.getvalue()  # type: ignore[attr-defined]
+        firsts = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")]
+        assert firsts == ["llama3-8b-h100:4", "llama3-8b-h100:5"]  # whole, each on its line
+        assert "azure-conv" in text and "uniboost" in text
 
 
 def test_the_curves_of_policies_that_decided_alike_are_drawn(tmp_path: Path) -> None:
@@ -444,3 +445,20 @@ def test_the_curves_say_a_session_workloads_rate_is_conversations(
     (fig,) = saved
     labels = [ax.get_xlabel() for ax in fig.axes if ax.get_xlabel()]
     assert labels == ["arrival rate (requests/s)", "conversation rate (conversations/s)"]
+
+
+def test_the_example_grids_load_and_the_capacity_one_answers(tmp_path: Path) -> None:
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    assert load_grid(examples / "sweep.toml").slo is not None
+    grid = load_grid(examples / "capacity.toml")
+    assert grid.limits and len(grid.presets) == 2
+    out = tmp_path / "out"
+    assert main(["sweep", "--grid", str(examples / "capacity.toml"), "--no-ray", "--out", str(out)]) == 0
+    with (out / "capacity.csv").open(encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len(grid.presets) * len(grid.workloads) * len(grid.policies)
+    # a second replica sustains more: each policy's answer on two A100s is above its answer on one
+    by = {(r["preset"], r["policy"]): r["max_rate"] for r in rows}
+    for policy in grid.policies:
+        one, two = by[("llama3-8b-a100", policy)], by[("llama3-8b-a100:2", policy)]
+        assert one and two and float(two) > float(one), (policy, one, two)

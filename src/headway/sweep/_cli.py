@@ -90,12 +90,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         _keep_finished(console, out, finished, len(tasks))
         raise
     rows = aggregate(results)
-    console.print(_table(rows))
+    _print_table(console, _table(rows))
     if same := _seeds_alike(rows):
         console.print(f"[yellow]{same}[/]")
     capacity = max_rates(rows, grid.limits) if grid.limits else None
     if capacity:
-        console.print(_capacity_table(capacity, grid.limits))
+        _print_table(console, _capacity_table(capacity, grid.limits))
         console.print(f"[dim]{_capacity_note(grid.limits)}[/]")
     paths = write_sweep_report(out, results, rows, capacity=capacity)
     console.print(f"report: {', '.join(str(p) for p in paths)}")
@@ -190,14 +190,23 @@ _UNITS = {
 
 
 def _add_column(table: Any, name: str, head: str) -> None:
-    """A column of the sweep's tables: names are folded onto more lines, never cut short as rich
-    would cut them ('llama3-8b-h1…' for both 'llama3-8b-h100:4' and 'llama3-8b-h100:5')."""
+    """A column of the sweep's tables: names whole on one line (:func:`_print_table` widens the
+    output to fit them), never cut short as rich would cut them ('llama3-8b-h1…' for both
+    'llama3-8b-h100:4' and 'llama3-8b-h100:5'), nor folded mid-word."""
     from rich.text import Text
 
     if name in ("preset", "workload", "policy"):
-        table.add_column(Text(head), justify="left", overflow="fold")
+        table.add_column(Text(head), justify="left", no_wrap=True)
     else:
         table.add_column(Text(head), justify="right")
+
+
+def _print_table(console: Any, table: Any) -> None:
+    """Print ``table`` at least as wide as its names need (a narrower terminal wraps the lines)."""
+    from rich.measure import Measurement
+
+    need = Measurement.get(console, console.options, table).minimum
+    console.print(table, width=max(console.width, need))
 
 
 def _capacity_table(capacity: Sequence[dict[str, Any]], limits: Any) -> Any:
