@@ -34,6 +34,11 @@ class QueueFullError(Exception):
         self.scope = scope
 
 
+LOOK_PAST = 256
+"""Queued requests one :meth:`Dispatcher.dispatch` looks past for one that may use a free backend the
+head may not (the head failed there, or that backend does not serve its model): bounded, so that a
+deep queue of one busy model costs each dispatch little."""
+
 _STARTED = "headway.started_on_backend"
 """``Request.extra`` flag: its backend began answering it (see :meth:`Backend.note_started`)."""
 
@@ -325,7 +330,7 @@ class Dispatcher:
             fut, exclude = self._waiters[req]
             candidates = self._candidates(now_mono, exclude)
             if not candidates:
-                if not exclude or not self._candidates(now_mono, frozenset()):
+                if not exclude or len(skipped) >= LOOK_PAST or not self._candidates(now_mono, frozenset()):
                     break  # nobody has room: the head waits (head-of-line by policy order)
                 # the head may not use the free backend (it failed there, or does not serve its
                 # model): look further
