@@ -462,3 +462,37 @@ def test_the_example_grids_load_and_the_capacity_one_answers(tmp_path: Path) -> 
     for policy in grid.policies:
         one, two = by[("llama3-8b-a100", policy)], by[("llama3-8b-a100:2", policy)]
         assert one and two and float(two) > float(one), (policy, one, two)
+
+
+def test_shared_system_prompts_and_the_hit_rate_in_a_sweep(tmp_path: Path) -> None:
+    """A grid puts shared system prompts in front of its requests as `headway simulate --system-prompts`
+    does, and reports the prefix cache's hit rate (a column of the table once any run found a hit)."""
+    from headway.sim import simulate
+    from headway.sim._fleet import fleet_presets
+    from headway.workload import load_workload
+
+    grid = Grid(policies=("fcfs",), workloads=("default",), presets=("llama3-8b-a100:2",), num_requests=300,
+                system_prompts=3, system_prompt_tokens=1200, router="prefix-aware")  # fmt: skip
+    (result,) = run_sweep(grid, use_ray=False)
+    assert result.metrics is not None
+    workload = load_workload("default", seed=0, num_requests=300, system_prompts=3, system_prompt_tokens=1200)
+    res = simulate(workload, "fcfs", preset=fleet_presets("llama3-8b-a100:2"), router="prefix-aware")
+    from headway.metrics import summarize
+
+    want = summarize(res.requests).prefix_cache_hit_rate
+    assert want is not None and want > 0.3
+    assert result.metrics["prefix_cache_hit_rate"] == pytest.approx(want, rel=1e-12)
+    plain = Grid(policies=("fcfs",), workloads=("default",), presets=("llama3-8b-a100:2",), num_requests=300)
+    (without,) = run_sweep(plain, use_ray=False)
+    assert without.metrics is not None and without.metrics["prefix_cache_hit_rate"] < 0.01
+
+    out = tmp_path / "g.toml"
+    out.write_text("policies = ['fcfs']\nworkloads = ['default']\nnum_requests = 200\nsystem_prompts = 2\n")
+    assert main(["sweep", "--grid", str(out), "--no-ray", "--out", str(tmp_path / "o")]) == 0
+    with (tmp_path / "o" / "aggregate.csv").open(encoding="utf-8") as fh:
+        (row,) = list(csv.DictReader(fh))
+    assert float(row["prefix_cache_hit_rate"]) > 0.3
+    for bad, why in (({"system_prompt_tokens": 100}, "needs system_prompts"), ({"system_prompts": 0}, ">= 1"),
+                     ({"think_time": 2.0}, "only applies to sharegpt-sessions")):  # fmt: skip
+        with pytest.raises(ValueError, match=why):
+            Grid(policies=("fcfs",), workloads=("default",), **bad)  # type: ignore[arg-type]

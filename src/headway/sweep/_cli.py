@@ -169,6 +169,8 @@ def _table(rows: Sequence[dict[str, Any]]) -> Any:
         "norm_mean",
         "goodput_rps",
     ]
+    if any((row.get("prefix_cache_hit_rate") or 0.0) > 0 for row in rows):  # (NaN compares false)
+        cols.insert(cols.index("goodput_rps"), "prefix_cache_hit_rate")
     for c in cols:
         head = f"{c} ({_UNITS[c]})" if c in _UNITS else c
         _add_column(table, c, head)
@@ -186,6 +188,7 @@ _UNITS = {
     "norm_p99": "s/token",
     "goodput_rps": "req/s",
     "slo_attainment": "share",
+    "prefix_cache_hit_rate": "share",
 }
 
 

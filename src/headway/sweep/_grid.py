@@ -60,6 +60,13 @@ class Grid:
     scorer_tau: float = 0.75
     """Score-based policies get a noisy-oracle length score with this Kendall tau when the workload
     carries no scores and their ``policy_args`` set no ``scorer`` (as ``headway simulate --scorer-tau``)."""
+    system_prompts: int | None = None
+    """Put one of this many shared system prompts in front of each request (``headway simulate
+    --system-prompts``): a workload whose prefixes the prefix cache and a prefix router can use."""
+    system_prompt_tokens: int | None = None
+    """Their length in tokens (``--system-prompt-tokens``; needs ``system_prompts``)."""
+    think_time: float | None = None
+    """``sharegpt-sessions``: mean seconds between an answer and the next turn (``--think-time``)."""
     router: str = "least-outstanding"
     """How a fleet entry of ``presets`` (``"llama3-8b-h100:4"``) spreads requests (``headway routers``)."""
     async_scheduling: bool = False
@@ -100,6 +107,7 @@ class Grid:
         if not _is_number(self.scorer_tau) or not -1 <= self.scorer_tau <= 1:
             raise ValueError(f"grid: scorer_tau must be a number in [-1, 1], got {self.scorer_tau!r}")
         self._check_limits()
+        self._check_workload_options()
         unknown = sorted(set(self.policy_args) - set(self.policies))
         if unknown:
             raise ValueError(f"grid: policy_args for policies not in the grid: {', '.join(unknown)}")
@@ -120,6 +128,22 @@ class Grid:
                 raise ValueError("grid: limits: slo_attainment needs an slo (e.g. slo = 'ttft:2000')")
         if self.limits and all(rate is None for rate in self.rates):
             raise ValueError("grid: limits need rates: the highest rate meeting them is read from the rates swept")
+
+    def workload_options(self) -> dict[str, Any]:
+        """The workload options every task loads its workload with (beside its seed and rate)."""
+        names = ("num_requests", "system_prompts", "system_prompt_tokens", "think_time")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    def _check_workload_options(self) -> None:
+        from headway.workload import LoadOptions
+
+        try:
+            LoadOptions(**self.workload_options())
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"grid: {exc}") from None
+        others = [w for w in self.workloads if w != "sharegpt-sessions"]
+        if self.think_time is not None and others:
+            raise ValueError(f"grid: think_time only applies to sharegpt-sessions, not {', '.join(others)}")
 
     def _check_names(self) -> None:
         """Policies, presets, workloads and the SLO that would fail every task fail here, up front."""
@@ -193,6 +217,9 @@ _SCALAR_KEYS = (
     "max_num_batched_tokens",
     "max_model_len",
     "scorer_tau",
+    "system_prompts",
+    "system_prompt_tokens",
+    "think_time",
     "router",
     "async_scheduling",
     "enable_prefix_caching",

@@ -29,6 +29,7 @@ _METRICS: tuple[tuple[str, Callable[[RunSummary], float | int | None]], ...] = (
     ("throughput_rps", lambda s: s.request_throughput),
     ("goodput_rps", lambda s: s.goodput),
     ("slo_attainment", lambda s: s.slo_attainment),
+    ("prefix_cache_hit_rate", lambda s: s.prefix_cache_hit_rate),
     ("preemptions", lambda s: s.num_preemptions),
     ("completed", lambda s: s.num_completed),
 )
@@ -60,11 +61,9 @@ def run_task(task: Task, grid: Grid) -> TaskResult:
     from headway.workload import load_workload
 
     try:
-        options: dict[str, Any] = {"seed": task.seed}
+        options: dict[str, Any] = {"seed": task.seed, **grid.workload_options()}
         if task.rate is not None:
             options["rate"] = task.rate
-        if grid.num_requests is not None:
-            options["num_requests"] = grid.num_requests
         workload = load_workload(task.workload, **options)
         kwargs = dict(grid.policy_args.get(task.policy, {}))
         if any(spec.score is None for spec in workload.requests):  # as headway simulate does
