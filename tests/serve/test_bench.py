@@ -84,6 +84,22 @@ def test_bench_without_streaming_records_an_answer_without_usage_as_a_bad_respon
     assert summarize(reqs, name="x").num_completed == 0
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_bench_reports_the_prefix_cache_hits_the_server_reports(make_stub, make_gateway, stream):
+    """usage.prompt_tokens_details.cached_tokens (vLLM with --enable-prompt-tokens-details), through the
+    gateway as straight from the server, gives each request's cached tokens and the run's hit rate."""
+    stub = make_stub(cached_tokens=16)
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=2)])
+    for endpoint in (stub.url, gw.url):
+        reqs = run_bench_sync(_workload(), BenchConfig(endpoint, model="m", stream=stream, timeout_s=30))
+        assert [r.num_cached_tokens for r in reqs] == [16] * 6
+        s = summarize(reqs, name="x")
+        assert s.prefix_cache_hit_rate == pytest.approx(96 / sum(r.num_prompt_tokens for r in reqs))
+    plain = make_stub()  # (vLLM's default: no such field) no hit rate, not 0
+    reqs = run_bench_sync(_workload(), BenchConfig(plain.url, model="m", stream=stream, timeout_s=30))
+    assert summarize(reqs, name="x").prefix_cache_hit_rate is None
+
+
 def test_bench_records_rejections_as_aborted(make_stub, make_gateway):
     stub = make_stub()
     tenants = (TenantConfig("acme", Tier.PREMIUM, (hash_api_key("ka"),)),)

@@ -416,6 +416,7 @@ async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answe
         if '"usage":{' in data or '"usage": {' in data:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 obj = json.loads(data)
+                _note_cached(req, obj["usage"])
                 usage = int(obj["usage"]["completion_tokens"])
                 if not obj.get("choices"):
                     continue
@@ -438,6 +439,16 @@ async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answe
     _finish(req, last, usage)  # E2E ends at the last token, not at the stream's close (as vLLM)
 
 
+def _note_cached(req: Request, usage: object) -> None:
+    """The prompt tokens the server found in its prefix cache, when its ``usage`` says
+    (``prompt_tokens_details.cached_tokens``: OpenAI's field; vLLM fills it with
+    ``--enable-prompt-tokens-details``): the report's prefix-cache hit rate."""
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        cached = usage["prompt_tokens_details"]["cached_tokens"]  # type: ignore[index]
+        if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
+            req.num_cached_tokens = cached
+
+
 def _finish(req: Request, now: float, usage: int | None) -> None:
     """A completed request: its output tokens (``usage`` when the server reported it) and times
     (an unstreamed request, whose tokens were not seen, gets its first token at the finish)."""
@@ -458,6 +469,7 @@ def _finish_unstreamed(req: Request, body: bytes, now: float, answer: list[str] 
     except (ValueError, KeyError, TypeError):
         _abort(req, "bad_response", now)
         return
+    _note_cached(req, obj["usage"])
     if answer is not None:
         with contextlib.suppress(KeyError, TypeError, IndexError):
             answer.append(_text_of(obj["choices"][0]))

@@ -42,6 +42,10 @@ class StubConfig:
     max_num_queued_reqs: int = 0
     """As vLLM's option: answer 503 to a request arriving while this many are unfinished (0 = no
     limit, vLLM's None)."""
+    cached_tokens: int | None = None
+    """Report this many prompt tokens found cached in every answer's ``usage``
+    (``prompt_tokens_details.cached_tokens``, as vLLM with ``--enable-prompt-tokens-details``);
+    None: no such field, vLLM's default."""
 
 
 @dataclass(slots=True)
@@ -64,6 +68,16 @@ class _Stub:
         self.stats = StubStats()
         self._sem: asyncio.Semaphore | None = None
         self._unfinished = 0
+
+    def _usage(self, completion_tokens: int) -> dict[str, object]:
+        usage: dict[str, object] = {
+            "prompt_tokens": 1,
+            "completion_tokens": completion_tokens,
+            "total_tokens": completion_tokens + 1,
+        }
+        if self.config.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.config.cached_tokens}
+        return usage
 
     def _semaphore(self) -> asyncio.Semaphore | None:
         if self.config.max_num_seqs and self._sem is None:
@@ -171,7 +185,7 @@ class _Stub:
                     "created": created,
                     "model": c.model,
                     "choices": choices,
-                    "usage": {"prompt_tokens": 1, "completion_tokens": n * answers, "total_tokens": n * answers + 1},
+                    "usage": self._usage(n * answers),
                 }
             )
 
@@ -214,11 +228,7 @@ class _Stub:
                             "created": created,
                             "model": c.model,
                             "choices": [],
-                            "usage": {
-                                "prompt_tokens": 1,
-                                "completion_tokens": n * answers,
-                                "total_tokens": n * answers + 1,
-                            },
+                            "usage": self._usage(n * answers),
                         }
                         yield b"data: " + json.dumps(u, separators=(",", ":")).encode() + b"\n\n"
                     yield b"data: [DONE]\n\n"
