@@ -128,6 +128,14 @@ def fail(message: str) -> int:
     return 2
 
 
+def nonempty(text: str) -> str:
+    """argparse ``type`` of a name or path flag: an empty value is an error, not "the default" (an
+    empty path would read as the working directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def key_value(text: str) -> tuple[str, str]:
     """An argparse ``type`` for ``KEY=VALUE`` arguments: ``(KEY, VALUE)``, KEY not empty."""
     key, sep, value = text.partition("=")

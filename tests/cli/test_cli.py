@@ -570,3 +570,24 @@ def test_simulate_says_how_many_records_of_a_dataset_it_skipped(
     out = " ".join(capsys.readouterr().out.split())
     assert "2 requests in one burst" in out
     assert "2 records of sharegpt skipped: no prompt/response pair or 0 tokens" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--workload", ""],
+        ["simulate", "--out", " "],
+        ["simulate", "--slo", ""],
+        ["sweep", "--grid", ""],
+        ["bench", "serve", "--workload", "", "--base-url", "http://127.0.0.1:9"],
+        ["predictor", "train", "--data", ""],
+        ["calibrate", "--name", "", "--from-timings", "x.json"],
+    ],
+)
+def test_an_empty_name_or_path_is_an_error_not_the_default(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # '' read as '.' (".: no instructions.jsonl") or as the flag's default (--out '' wrote headway-out/...)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    flag = next(a for a in argv if a.startswith("--") and argv[argv.index(a) + 1].strip() == "")
+    assert f"argument {flag}: must not be empty" in capsys.readouterr().err

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from headway._help import HelpFormatter, describe_error
+from headway._help import HelpFormatter, describe_error, nonempty
 
 if TYPE_CHECKING:
     from headway.integrations._probe import Geometry
@@ -39,7 +39,7 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start a local vLLM (vLLM's own venv) with the headway scheduler for the run",
     )
-    g.add_argument("--model", default=None, help="served model name (default: the server's first model)")
+    g.add_argument("--model", type=nonempty, default=None, help="served model name (default: the server's first model)")
     g.add_argument(
         "--step-log",
         type=Path,
@@ -93,7 +93,8 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     )
     _add_server_args(p)
     p.add_argument(
-        "--name", default=None, help="preset name to save under (default: vllm-calibrated; with --from-timings "
+        "--name", type=nonempty, default=None,
+        help="preset name to save under (default: vllm-calibrated; with --from-timings "
         "llama3-8b-<gpu>, e.g. llama3-8b-l40s; -fit after a built-in preset's name, e.g. llama3-8b-h200-fit)",
     )  # fmt: skip
     t = p.add_argument_group("from timed model steps instead of a server")

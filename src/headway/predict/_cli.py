@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from headway._help import HelpFormatter, fail, name_flags
+from headway._help import HelpFormatter, fail, name_flags, nonempty
 from headway.predict._cli_common import _add_table_options, _check_table_out, _command_line, _say
 from headway.predict._cli_finetune import add_finetune_parser
 from headway.predict._errors import PredictError
@@ -530,12 +530,13 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--data",
+        type=nonempty,
         default=DEFAULT_TRAIN_DATA,
         help="alpaca_eval:MODEL[,MODEL], alpaca_eval:all, alpaca_eval:mean[:MODEL,...] (consensus lengths), "
         "sharegpt[:N], codealpaca[:2k|new], FILE.jsonl, or A+B (concatenated)",
     )
     out = p.add_mutually_exclusive_group()
-    out.add_argument("--out", metavar="DIR", help="checkpoint directory")
+    out.add_argument("--out", type=nonempty, metavar="DIR", help="checkpoint directory")
     out.add_argument(
         "--name",
         help=f"checkpoint name under ~/.cache/headway/predictors/ (default: {DEFAULT_PREDICTOR_NAME}, "
@@ -554,13 +555,16 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
+        type=nonempty,
         required=True,
         metavar="DIR|default|shipped|FILE.npz",
         help="a predictor checkpoint directory; default, the one pars.scorer=default loads (trained into the cache, "
         "else the shipped one); shipped, the one in the package; or a packed predictor (a file, or the name of a "
         "packaged one such as pars-minilm-alpaca.npz)",
     )
-    p.add_argument("--data", required=True, metavar="FILE|NAME", help="FILE.jsonl, alpaca_eval:MODEL, sharegpt, ...")
+    p.add_argument(
+        "--data", type=nonempty, required=True, metavar="FILE|NAME", help="FILE.jsonl, alpaca_eval:MODEL, sharegpt, ..."
+    )
     p.add_argument(
         "--split",
         choices=("all", "train", "val", "test"),
@@ -597,7 +601,7 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--eval-models", help="comma-separated alpaca_eval models (default: 12 well-known models)")
     p.add_argument("--losses", default="pairwise,pointwise,listwise", help="comma-separated losses")
-    p.add_argument("--out", metavar="FILE.md", help="also write the markdown table here")
+    p.add_argument("--out", type=nonempty, metavar="FILE.md", help="also write the markdown table here")
     p.add_argument("--checkpoints", metavar="DIR", help="keep the trained checkpoints here (default: a temp dir)")
     p.add_argument(
         "--use-checkpoint",
@@ -676,8 +680,8 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Write model.onnx into the checkpoint (or --out) and verify ONNX Runtime against torch.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--model", required=True, metavar="DIR", help="predictor checkpoint directory")
-    p.add_argument("--out", metavar="FILE", help="ONNX file (default DIR/model.onnx)")
+    p.add_argument("--model", type=nonempty, required=True, metavar="DIR", help="predictor checkpoint directory")
+    p.add_argument("--out", type=nonempty, metavar="FILE", help="ONNX file (default DIR/model.onnx)")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset (14 or more)")
     p.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs torch check")
     p.add_argument(

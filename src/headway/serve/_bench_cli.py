@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from headway._help import add_shared_prefix_args, fail, key_value, name_flags, unwritable
+from headway._help import add_shared_prefix_args, fail, key_value, name_flags, nonempty, unwritable
 
 __all__ = ["add_bench_parser", "add_bench_serve_parser"]
 
@@ -41,6 +41,7 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--workload",
+        type=nonempty,
         default="burst",
         help="workload name or file (headway.workload.load_workload; default: burst, every request at once: "
         "use --workload default with --request-rate for timed arrivals)",
@@ -87,7 +88,7 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--tenants", default=None, help="tenant mix for load_workload ('default' or 'none')")
     add_shared_prefix_args(p)
-    p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
+    p.add_argument("--model", type=nonempty, default=None, help="model name (default: first of /v1/models)")
     p.add_argument(
         "--workload-models",
         action="store_true",
@@ -127,8 +128,8 @@ def add_bench_serve_parser(bench_subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--timeout", type=float, default=3600.0, help="whole-run limit in seconds")
     p.add_argument("--request-timeout", type=float, default=600.0, help="one request's limit in seconds (default 600)")
-    p.add_argument("--name", default="bench", help="run name in the report")
-    p.add_argument("--out", default=None, help="write a headway report (JSON/CSV/plots) to this folder")
+    p.add_argument("--name", type=nonempty, default="bench", help="run name in the report")
+    p.add_argument("--out", type=nonempty, default=None, help="write a headway report (JSON/CSV/plots) to this folder")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument(
         "--no-progress",

@@ -15,6 +15,7 @@ from headway._help import (
     add_shared_prefix_args,
     default_out_dir,
     name_flags,
+    nonempty,
     prepare_out_dir,
 )
 from headway.routers import DEFAULT_ROUTER
@@ -61,7 +62,9 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         allow_abbrev=False,  # a prefix is no flag: --policy is an alias here, not --policy-arg cut short
     )
     w = p.add_argument_group("workload")
-    w.add_argument("--workload", default="default", help="built-in name or trace file (see `headway workloads`)")
+    w.add_argument(
+        "--workload", type=nonempty, default="default", help="built-in name or trace file (see `headway workloads`)"
+    )
     w.add_argument(
         "--num-requests",
         type=int,
@@ -103,7 +106,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "(not rescaled as in vllm bench serve); gamma-vllm places them as vllm bench serve does (one gap in, "
         "the times rescaled so the last is exactly N/rate)",
     )
-    w.add_argument("--model", default=None, help="alpaca_eval: the model whose outputs give the lengths")
+    w.add_argument("--model", type=nonempty, default=None, help="alpaca_eval: the model whose outputs give the lengths")
     w.add_argument("--format", default=None, help="file format when it cannot be told from the content")
     w.add_argument("--seed", type=int, default=0, help="seed of every random draw")
     w.add_argument(
@@ -268,9 +271,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     o = p.add_argument_group("output")
     o.add_argument(
-        "--slo", default=None, help="SLO targets in ms for attainment/goodput, e.g. 'ttft:500 tpot:50 e2el:20000'"
+        "--slo",
+        type=nonempty,
+        default=None,
+        help="SLO targets in ms for attainment/goodput, e.g. 'ttft:500 tpot:50 e2el:20000'",
     )
-    o.add_argument("--out", default=None, help="report folder (default: headway-out/simulate-<time>)")
+    o.add_argument("--out", type=nonempty, default=None, help="report folder (default: headway-out/simulate-<time>)")
     o.add_argument("--no-report", action="store_true", help="print the table only")
     p.set_defaults(func=_cmd_simulate)
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from headway._help import CLIError, HelpFormatter, default_out_dir, prepare_out_dir
+from headway._help import CLIError, HelpFormatter, default_out_dir, nonempty, prepare_out_dir
 from headway._optional import available
 from headway.sweep._grid import load_grid
 from headway.sweep._runner import METRIC_NAMES, TaskResult, aggregate, max_rates, ray_missing, run_sweep
@@ -36,11 +36,11 @@ def add_sweep_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         ),
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--grid", required=True, help="grid file (.toml or .json)")
+    p.add_argument("--grid", type=nonempty, required=True, help="grid file (.toml or .json)")
     p.add_argument("--ray-address", default=None, help="Ray cluster address (default: a local Ray)")
     p.add_argument("--num-cpus", type=int, default=None, help="local Ray workers (default: all cores)")
     p.add_argument("--no-ray", action="store_true", help="run the tasks in this process instead")
-    p.add_argument("--out", default=None, help="report folder (default: headway-out/sweep-<time>)")
+    p.add_argument("--out", type=nonempty, default=None, help="report folder (default: headway-out/sweep-<time>)")
     p.set_defaults(func=_cmd_sweep)
 
 
