@@ -119,3 +119,21 @@ def test_the_shared_queue_routes_by_model_too(redis_url, make_stub, make_gateway
         for model in ["qwen", "llama"] * 2:
             r = c.post("/v1/completions", json={"model": model, "prompt": "x", "max_tokens": 2})
             assert r.status_code == 200 and r.json()["model"] == model
+
+
+def test_health_names_a_model_no_reachable_backend_serves(make_stub, make_gateway):
+    """A multi-model fleet with one model's backend gone stays ok for the other model; /health
+    names the model that cannot be served (for an operator; not a reason to pull the gateway)."""
+    from headway.serve import serve_in_thread
+    from headway.serve._stub import StubConfig, create_stub_app
+
+    llama = make_stub(model="llama")
+    with serve_in_thread(create_stub_app(StubConfig(model="qwen"))) as qwen_url:
+        gw = make_gateway([BackendConfig(llama.url, metrics_poll_s=0.05), BackendConfig(qwen_url, metrics_poll_s=0.05)],
+                          backend_down_s=0.2)  # fmt: skip
+        wait_until(lambda: all(b.models is not None for b in gw.gateway.backends), what="both model lists")
+        assert httpx.get(gw.url + "/health").json() == {"status": "ok", "queued": 0}
+    wait_until(lambda: not gw.gateway.backends[1].reachable, what="the qwen backend to be found gone")
+    health = httpx.get(gw.url + "/health")
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok", "queued": 0, "models_unavailable": ["qwen"]}

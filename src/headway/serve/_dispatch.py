@@ -276,6 +276,15 @@ class Dispatcher:
             return frozenset()
         return frozenset(b.index for b in self.backends if b.models is not None and model not in b.models)
 
+    def models_unavailable(self) -> list[str]:
+        """The models some backend lists that no usable backend may serve now (sorted): every
+        backend listing them is unreachable or unreadable, and no usable backend's list is unknown."""
+        if any(b.usable and b.models is None for b in self.backends):
+            return []
+        listed = {m for b in self.backends for m in b.models or ()}
+        served = {m for b in self.backends if b.usable for m in b.models or ()}
+        return sorted(listed - served)
+
     # -------------------------------------------------------------- dispatch
     def _candidates(self, now: float, exclude: frozenset[int]) -> list[int]:
         return [b.index for b in self.backends if b.index not in exclude and b.has_room(now)]

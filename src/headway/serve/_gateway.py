@@ -387,9 +387,11 @@ class Gateway:
         Redis queue cannot be reached (route traffic elsewhere: requests wait in the queue, up
         to the queue TTL, for a backend or for Redis to come back).
 
-        The body also counts the requests ``queued`` (with Redis: this replica's), except with
-        API keys on for a caller without the admin key: load balancers probe without keys, and
-        the count would tell anyone how much the tenants send."""
+        The body also counts the requests ``queued`` (with Redis: this replica's) and lists the
+        ``models_unavailable`` (served by some backend, but by none that can take requests now: the
+        gateway stays ``ok`` for the others), except with API keys on for a caller without the admin
+        key: load balancers probe without keys, and the count would tell anyone how much the tenants
+        send."""
         if self.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         body: dict[str, Any] = {"status": "ok"}
@@ -399,6 +401,8 @@ class Gateway:
             body = {"status": "degraded", "reason": "queue store unreachable"}
         if not self.tenants.enabled or self._is_admin(request):
             body["queued"] = len(self.dispatcher.queue)
+            if down := self.dispatcher.models_unavailable():
+                body["models_unavailable"] = down
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     def _is_admin(self, request: HTTPRequest) -> bool:
