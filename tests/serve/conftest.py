@@ -108,6 +108,8 @@ def make_raw_backend(servers: ExitStack) -> Callable[[str], tuple[str, list[int]
                 while b"\r\n\r\n" not in data:
                     data += conn.recv(65536)
                 top, _, body = data.partition(b"\r\n\r\n")
+                if not top.startswith(b"POST"):  # the gateway reading its /v1/models: not a request
+                    raise OSError
                 length = int(top.lower().split(b"content-length:")[1].split(b"\r\n")[0])
                 while len(body) < length:
                     body += conn.recv(65536)

@@ -11,7 +11,7 @@ import uuid
 import httpx
 import pytest
 
-from headway.serve import BackendConfig
+from headway.serve import BackendConfig, StubConfig, create_stub_app, serve_in_thread
 
 from .conftest import wait_until
 
@@ -124,9 +124,6 @@ def test_the_shared_queue_routes_by_model_too(redis_url, make_stub, make_gateway
 def test_health_names_a_model_no_reachable_backend_serves(make_stub, make_gateway):
     """A multi-model fleet with one model's backend gone stays ok for the other model; /health
     names the model that cannot be served (for an operator; not a reason to pull the gateway)."""
-    from headway.serve import serve_in_thread
-    from headway.serve._stub import StubConfig, create_stub_app
-
     llama = make_stub(model="llama")
     with serve_in_thread(create_stub_app(StubConfig(model="qwen"))) as qwen_url:
         gw = make_gateway([BackendConfig(llama.url, metrics_poll_s=0.05), BackendConfig(qwen_url, metrics_poll_s=0.05)],
@@ -137,3 +134,36 @@ def test_health_names_a_model_no_reachable_backend_serves(make_stub, make_gatewa
     health = httpx.get(gw.url + "/health")
     assert health.status_code == 200
     assert health.json() == {"status": "ok", "queued": 0, "models_unavailable": ["qwen"]}
+
+
+def test_backends_not_polled_have_their_models_read_too(make_stub, make_gateway):
+    """``--backend-concurrency`` alone (no ``/metrics`` polling): requests still go where their
+    model is served, none to a backend that would answer it a 404."""
+    llama, qwen = make_stub(model="llama"), make_stub(model="qwen")
+    gw = make_gateway([BackendConfig(llama.url, max_concurrency=2), BackendConfig(qwen.url, max_concurrency=2)])
+    assert all(b.config.metrics_poll_s == 0 for b in gw.gateway.backends)
+    wait_until(lambda: [b.models for b in gw.gateway.backends] == [("llama",), ("qwen",)], what="both model lists")
+    with gw.client() as c:
+        for model in ["llama", "qwen"] * 3:
+            r = c.post("/v1/completions", json={"model": model, "prompt": "x", "max_tokens": 2})
+            assert r.status_code == 200 and r.json()["model"] == model
+
+
+def test_a_model_whose_backends_are_all_down_is_a_503_no_backend_at_the_queue_ttl(make_stub, make_gateway):
+    """Another model's backend is up (``/health`` ok), but none that serves this one is: the
+    queued request ends as when no backend is reachable, a 503 with Retry-After, not a 408."""
+    qwen = make_stub(model="qwen")
+    with serve_in_thread(create_stub_app(StubConfig(model="llama"))) as llama:
+        gw = make_gateway(
+            [BackendConfig(llama, metrics_poll_s=0.05), BackendConfig(qwen.url, metrics_poll_s=0.05)],
+            queue_ttl_s=1.0,
+            backend_down_s=0.2,
+        )
+        wait_until(lambda: all(b.models is not None for b in gw.gateway.backends), what="both model lists")
+    wait_until(lambda: not gw.gateway.backends[0].reachable, what="the llama backend down")
+    with gw.client() as c:
+        r = c.post("/v1/completions", json={"model": "llama", "prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_backend", r.text
+        assert "Retry-After" in r.headers
+        assert c.post("/v1/completions", json={"model": "qwen", "prompt": "x", "max_tokens": 2}).status_code == 200
+        assert c.get("/health").json()["status"] == "ok"

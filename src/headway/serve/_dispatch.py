@@ -455,11 +455,11 @@ class Dispatcher:
         ends on it (:meth:`Backend.note_released`), or for ``seconds`` at most."""
         backend.full_until = self._clock() + seconds
 
-    def any_reachable(self) -> bool:
-        """Whether some backend's last connection attempt (a request's or a ``/metrics`` poll's) did
-        not fail (``Backend.reachable``), and its ``/metrics``, if polled, are not unreadable
-        (``Backend.usable``)."""
-        return any(b.usable for b in self.backends)
+    def any_reachable(self, exclude: frozenset[int] = frozenset()) -> bool:
+        """Whether some backend not in ``exclude`` can be sent requests: its last connection attempt
+        (a request's or a ``/metrics`` poll's) did not fail (``Backend.reachable``), and its
+        ``/metrics``, if polled, are not unreadable (``Backend.usable``)."""
+        return any(b.usable for b in self.backends if b.index not in exclude)
 
     def all_backends_excluded(self, exclude: frozenset[int]) -> bool:
         return all(b.index in exclude for b in self.backends)

@@ -184,7 +184,8 @@ class Exchange:
             self.ledger.abort(req)
             if watch.stop.done():
                 return self.stopped(watch, req)
-            if not self.dispatcher.any_reachable():  # every backend's last connection attempt failed
+            # every backend's last connection attempt failed, or every one serving its model's
+            if not self.dispatcher.any_reachable(self.dispatcher.not_serving(req.extra.get("model"))):
                 return self.metrics.reject(
                     "no_backend",
                     api_error(

@@ -99,7 +99,7 @@ from headway.serve._intake import Intake, Refused
 from headway.serve._ledger import Ledger
 from headway.serve._logging import LimitedWarnings
 from headway.serve._metrics import GatewayMetrics
-from headway.serve._models import check_models, merged_model_list
+from headway.serve._models import check_models, merged_model_list, watch_models
 from headway.serve._openapi import openapi_schema
 from headway.serve._passthrough import Passthrough, backend_headers
 from headway.serve._peers import PeerChannel, PeerUnavailable, owner_of
@@ -243,6 +243,8 @@ class Gateway:
         for b in self.backends:
             if b.config.metrics_poll_s > 0:  # (which also reads its models, :mod:`._models`)
                 self._pollers.append(asyncio.create_task(self._poll_backend(b)))
+            else:  # its models all the same, so that requests naming one go where it is served
+                self._pollers.append(asyncio.create_task(watch_models(self.client, b, self.backends)))
 
     def end_drain(self) -> None:
         """The drain timeout is over: end every request still open now (a 503, or mid-stream a
@@ -337,10 +339,10 @@ class Gateway:
                     if b.load_unreadable:
                         b.load_unreadable = False
                         log.info("backend %s: its /metrics show its load now: it takes requests", b.url)
-            self.dispatcher.dispatch()
-            if answered and models_due:
+            if answered and models_due:  # (before dispatching: it may have come back serving others)
                 models_due = False
                 await check_models(self.client, b, self.backends)
+            self.dispatcher.dispatch()
             await asyncio.sleep(b.config.metrics_poll_s)
 
     @staticmethod

@@ -1,11 +1,11 @@
 """Which models each backend serves, read from its ``/v1/models``: requests go where their model is.
 
 The gateway's ``/metrics`` poller reads each backend's model ids when it first answers (and again
-when it comes back); a backend not polled (``max_concurrency`` alone) is not read, and until a
-backend's models are read any request may go there. A request naming a model that some backend
-lists goes only to backends that list it or whose models are not known
-(:meth:`~headway.serve._dispatch.Dispatcher.not_serving`); one naming a model no backend lists goes
-to any backend, which answers it (vLLM: its 404).
+when it comes back); a backend not polled (``max_concurrency`` alone) has its models read the same
+way by :func:`watch_models`, and until a backend's models are read any request may go there. A
+request naming a model that some backend lists goes only to backends that list it or whose models
+are not known (:meth:`~headway.serve._dispatch.Dispatcher.not_serving`); one naming a model no
+backend lists goes to any backend, which answers it (vLLM: its 404).
 The gateway's ``/v1/models`` is every backend's models, each once. When the fleet's models differ,
 the poller logs which backend serves which.
 """
@@ -23,9 +23,13 @@ import httpx
 from headway.serve._dispatch import Backend
 from headway.serve._passthrough import backend_headers
 
-__all__ = ["check_models", "merged_model_list", "model_entries", "models_differ", "read_models"]
+__all__ = ["check_models", "merged_model_list", "model_entries", "models_differ", "read_models", "watch_models"]
 
 log = logging.getLogger("headway.serve")
+
+MODELS_RETRY_S = (1.0, 10.0)
+"""Seconds between reads of an unpolled backend's ``/v1/models`` until it lists them
+(:func:`watch_models`): the first pause, doubled after each failed read up to the second."""
 
 
 async def model_entries(client: httpx.AsyncClient, backend: Backend) -> list[dict[str, Any]] | str:
@@ -76,12 +80,29 @@ def models_differ(backends: Sequence[Backend]) -> str | None:
     return f"the backends serve different models ({served}{also}): each request goes to one that lists its model"
 
 
-async def check_models(client: httpx.AsyncClient, backend: Backend, backends: Sequence[Backend]) -> None:
-    """Read ``backend``'s models; log the fleet's models when they now differ (once per change)."""
+async def check_models(client: httpx.AsyncClient, backend: Backend, backends: Sequence[Backend]) -> bool:
+    """Read ``backend``'s models; log the fleet's models when they now differ (once per change).
+    Whether it listed them."""
     models = await read_models(client, backend)
-    if models is None or backend.models == models:
-        return
+    if models is None:
+        return False
+    if backend.models == models:
+        return True
     backend.models = models
     line = models_differ(backends)
     if line is not None:
         log.info("%s", line)
+    return True
+
+
+async def watch_models(client: httpx.AsyncClient, backend: Backend, backends: Sequence[Backend]) -> None:
+    """For a backend not polled for its ``/metrics`` (``max_concurrency`` alone): read its models
+    all the same, at the start (retried, :data:`MODELS_RETRY_S`, until it lists them) and again while
+    a request could not connect there (:attr:`Backend.reachable`: it may come back serving others)."""
+    first, longest = MODELS_RETRY_S
+    due, pause = True, first
+    while True:
+        if due or not backend.reachable:
+            due = not await check_models(client, backend, backends)
+            pause = min(2 * pause, longest) if due else first
+        await asyncio.sleep(pause)
