@@ -93,8 +93,9 @@ def test_bench_reports_the_prefix_cache_hits_the_server_reports(make_stub, make_
     for endpoint in (stub.url, gw.url):
         reqs = run_bench_sync(_workload(), BenchConfig(endpoint, model="m", stream=stream, timeout_s=30))
         assert [r.num_cached_tokens for r in reqs] == [16] * 6
+        assert [r.num_prompt_tokens for r in reqs] == [116] * 6  # the server's count, not the words sent
         s = summarize(reqs, name="x")
-        assert s.prefix_cache_hit_rate == pytest.approx(96 / sum(r.num_prompt_tokens for r in reqs))
+        assert s.prefix_cache_hit_rate == pytest.approx(16 / 116)
     plain = make_stub()  # (vLLM's default: no such field) no hit rate, not 0
     reqs = run_bench_sync(_workload(), BenchConfig(plain.url, model="m", stream=stream, timeout_s=30))
     assert summarize(reqs, name="x").prefix_cache_hit_rate is None

@@ -442,10 +442,14 @@ async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answe
 def _note_cached(req: Request, usage: object) -> None:
     """The prompt tokens the server found in its prefix cache, when its ``usage`` says
     (``prompt_tokens_details.cached_tokens``: OpenAI's field; vLLM fills it with
-    ``--enable-prompt-tokens-details``): the report's prefix-cache hit rate."""
+    ``--enable-prompt-tokens-details``): the report's prefix-cache hit rate. The request's prompt
+    tokens become the server's count (``usage.prompt_tokens``) then, so that the rate is of tokens
+    over tokens: what was sent is counted in the workload's units (a synthetic prompt's words)."""
     with contextlib.suppress(KeyError, TypeError, ValueError):
         cached = usage["prompt_tokens_details"]["cached_tokens"]  # type: ignore[index]
-        if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
+        prompt = usage["prompt_tokens"]  # type: ignore[index]
+        if all(isinstance(n, int) and not isinstance(n, bool) for n in (cached, prompt)) and 0 <= cached <= prompt:
+            req.num_prompt_tokens = prompt
             req.num_cached_tokens = cached
 
 

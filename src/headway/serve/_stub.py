@@ -44,8 +44,8 @@ class StubConfig:
     limit, vLLM's None)."""
     cached_tokens: int | None = None
     """Report this many prompt tokens found cached in every answer's ``usage``
-    (``prompt_tokens_details.cached_tokens``, as vLLM with ``--enable-prompt-tokens-details``);
-    None: no such field, vLLM's default."""
+    (``prompt_tokens_details.cached_tokens``, as vLLM with ``--enable-prompt-tokens-details``), of
+    ``prompt_tokens`` = this + 100; None: no such field (vLLM's default) and ``prompt_tokens`` 1."""
 
 
 @dataclass(slots=True)
@@ -70,13 +70,15 @@ class _Stub:
         self._unfinished = 0
 
     def _usage(self, completion_tokens: int) -> dict[str, object]:
+        cached = self.config.cached_tokens
+        prompt = 1 if cached is None else cached + 100
         usage: dict[str, object] = {
-            "prompt_tokens": 1,
+            "prompt_tokens": prompt,
             "completion_tokens": completion_tokens,
-            "total_tokens": completion_tokens + 1,
+            "total_tokens": completion_tokens + prompt,
         }
-        if self.config.cached_tokens is not None:
-            usage["prompt_tokens_details"] = {"cached_tokens": self.config.cached_tokens}
+        if cached is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
         return usage
 
     def _semaphore(self) -> asyncio.Semaphore | None:
