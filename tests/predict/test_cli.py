@@ -355,7 +355,7 @@ def test_cross_source_names_bad_options(args: list[str], message: str, capsys: p
 def test_cross_source_packed_checkpoint_resolves_packaged_names_and_names_a_missing_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from headway.predict._cli import _packed_file
+    from headway.predict._cli_common import _packed_file
     from headway.predict.shipped import ALPACA_PREDICTOR, shipped_predictor_path
 
     assert _packed_file(ALPACA_PREDICTOR) == shipped_predictor_path(ALPACA_PREDICTOR)

@@ -1,4 +1,5 @@
-"""What the ``headway predictor`` subcommands share: the command line a result file records, progress lines."""
+"""What the ``headway predictor`` subcommands share: the command line a result file records, progress
+lines, the table options, and packed predictors named on the command line."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
-__all__ = ["_add_table_options", "_check_table_out", "_command_line", "_say"]
+from headway.predict._errors import PredictError
+
+__all__ = ["_add_table_options", "_check_table_out", "_command_line", "_packed_file", "_packed_predictor", "_say"]
 
 
 def _command_line() -> str:
@@ -36,7 +40,6 @@ def _check_table_out(out: str | None) -> None:
     """``--out FILE.md`` checked before the run (it is written when the run ends, minutes later):
     PredictError when it is a folder or its folder cannot be made or written."""
     from headway._help import unwritable
-    from headway.predict._errors import PredictError
 
     if out is None:
         return
@@ -45,3 +48,25 @@ def _check_table_out(out: str | None) -> None:
         raise PredictError(f"--out {out!r}: is a folder; give the Markdown file's path")
     if (bad := unwritable(path.parent)) is not None:
         raise PredictError(f"--out {out}: {bad[0]} {bad[1]}")
+
+
+def _packed_predictor(value: str, flag: str, **settings: Any) -> Any:
+    """``shipped`` (the default pack) or ``FILE.npz`` (a file, or a packaged one's name), loaded with
+    ``settings``; None for anything else (a checkpoint directory)."""
+    if value != "shipped" and not value.endswith(".npz"):
+        return None
+    from headway.predict.shipped import ShippedPredictor
+
+    return ShippedPredictor(None if value == "shipped" else _packed_file(value, flag), **settings)
+
+
+def _packed_file(value: str, flag: str = "--checkpoint") -> Path:
+    """``FLAG FILE.npz``: a packed predictor file, or the name of one that ships (``pars-minilm-alpaca.npz``)."""
+    from headway.predict.shipped import shipped_predictor_path
+
+    path = Path(value)
+    if not path.is_file() and path.name == value:
+        path = shipped_predictor_path(value)
+    if not path.is_file():
+        raise PredictError(f"{flag} {value}: no such packed predictor (a file, or the name of a packaged one)")
+    return path
