@@ -221,6 +221,8 @@ def test_bench_cli_checks_its_arguments_before_the_run(tmp_path, capsys):
         # the result file's folder, before the run rather than after it
         (["--num-requests", "2", "--save-result", "--result-dir", str(out_file)], f"--result-dir: {out_file} is not"),
         (["--num-requests", "2", "--save-result", "--result-filename", str(tmp_path)], f"--result-filename {tmp_path}"),
+        (["--num-requests", "2", "--save-result", "--result-dir", str(out_file), "--result-filename", "r.json"],
+         f"--result-dir: {out_file} is not"),  # (the folder is --result-dir's, though a file name is given)
     ]:
         assert main([*base, *extra]) == 2, extra
         captured = capsys.readouterr()

@@ -167,3 +167,33 @@ def test_a_model_whose_backends_are_all_down_is_a_503_no_backend_at_the_queue_tt
         assert "Retry-After" in r.headers
         assert c.post("/v1/completions", json={"model": "qwen", "prompt": "x", "max_tokens": 2}).status_code == 200
         assert c.get("/health").json()["status"] == "ok"
+
+
+def test_a_failed_first_read_of_a_polled_backend_s_models_is_tried_again(make_stub, make_gateway, monkeypatch):
+    """Its /v1/models failing once (a restart, a slow worker) left its models unknown for good, so any
+    model's requests could go there; the next poll reads them."""
+    import headway.serve._models as models
+
+    real, calls = models.read_models, []
+
+    async def flaky(client, backend):  # type: ignore[no-untyped-def]
+        calls.append(backend.url)
+        return None if len(calls) == 1 else await real(client, backend)
+
+    monkeypatch.setattr(models, "read_models", flaky)
+    llama = make_stub(model="llama")
+    gw = make_gateway([BackendConfig(llama.url, metrics_poll_s=0.05)])
+    wait_until(lambda: gw.gateway.backends[0].models == ("llama",), what="the models read on a later poll")
+    assert len(calls) >= 2
+
+
+def test_a_backend_not_polled_is_reachable_again_once_it_lists_its_models(make_stub, make_gateway):
+    """A request's failed connection marks it unreachable; its models read again mean it answers:
+    /health no longer names its model as unavailable."""
+    llama, qwen = make_stub(model="llama"), make_stub(model="qwen")
+    gw = make_gateway([BackendConfig(llama.url, max_concurrency=2), BackendConfig(qwen.url, max_concurrency=2)])
+    wait_until(lambda: [b.models for b in gw.gateway.backends] == [("llama",), ("qwen",)], what="both model lists")
+    gw.gateway.backends[1].reachable = False  # (as a request that could not connect leaves it)
+    assert httpx.get(gw.url + "/health").json().get("models_unavailable") == ["qwen"]
+    wait_until(lambda: gw.gateway.backends[1].reachable, what="the qwen backend read again", timeout=5)
+    assert "models_unavailable" not in httpx.get(gw.url + "/health").json()

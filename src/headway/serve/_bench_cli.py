@@ -370,7 +370,8 @@ def _run_bench(args: argparse.Namespace) -> int:
     if args.save_result:  # the file's folder, checked before the run: not after it, its results then lost
         folder = Path(args.result_dir or ".")
         target = folder / args.result_filename if args.result_filename else None
-        flag = "--result-filename" if args.result_filename else "--result-dir"
+        # (a folder the file name brings is --result-filename's; --result-dir's own is its)
+        flag = "--result-filename" if target is not None and target.parent != folder else "--result-dir"
         if target is not None and target.is_dir():
             return fail(f"--result-filename {target}: is a folder; give the result file's name")
         if (bad := unwritable(target.parent if target is not None else folder)) is not None:

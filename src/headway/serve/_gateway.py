@@ -340,8 +340,7 @@ class Gateway:
                         b.load_unreadable = False
                         log.info("backend %s: its /metrics show its load now: it takes requests", b.url)
             if answered and models_due:  # (before dispatching: it may have come back serving others)
-                models_due = False
-                await check_models(self.client, b, self.backends)
+                models_due = not await check_models(self.client, b, self.backends)  # (a failed read: next poll)
             self.dispatcher.dispatch()
             await asyncio.sleep(b.config.metrics_poll_s)
 

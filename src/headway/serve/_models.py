@@ -104,5 +104,7 @@ async def watch_models(client: httpx.AsyncClient, backend: Backend, backends: Se
     while True:
         if due or not backend.reachable:
             due = not await check_models(client, backend, backends)
+            if not due:
+                backend.reachable = True  # it answered (a request's failed connection had marked it)
             pause = min(2 * pause, longest) if due else first
         await asyncio.sleep(pause)

@@ -172,12 +172,16 @@ def _table(rows: Sequence[dict[str, Any]]) -> Any:
     if any((row.get("prefix_cache_hit_rate") or 0.0) > 0 for row in rows):  # (NaN compares false)
         cols.insert(cols.index("goodput_rps"), "prefix_cache_hit_rate")
     for c in cols:
-        head = f"{c} ({_UNITS[c]})" if c in _UNITS else c
+        name = _HEADS.get(c, c)
+        head = f"{name}\n({_UNITS[c]})" if c in _UNITS else name
         _add_column(table, c, head)
     for row in rows:
         table.add_row(*(Text(_fmt(row[c])) for c in cols))
     return table
 
+
+_HEADS = {"prefix_cache_hit_rate": "prefix hit", "goodput_rps": "goodput"}
+"""Headers shorter than the metric's name (the CSV and JSON keep the names), as simulate's table says them."""
 
 _UNITS = {
     "e2e_mean": "s",
@@ -193,23 +197,28 @@ _UNITS = {
 
 
 def _add_column(table: Any, name: str, head: str) -> None:
-    """A column of the sweep's tables: names whole on one line (:func:`_print_table` widens the
+    """A column of the sweep's tables: names and headers whole (:func:`_print_table` widens the
     output to fit them), never cut short as rich would cut them ('llama3-8b-h1…' for both
     'llama3-8b-h100:4' and 'llama3-8b-h100:5'), nor folded mid-word."""
     from rich.text import Text
 
     if name in ("preset", "workload", "policy"):
         table.add_column(Text(head), justify="left", no_wrap=True)
-    else:
-        table.add_column(Text(head), justify="right")
+    else:  # (a metric's name whole too, its unit on a line of its own: not 'prefix_c…' nor 'e2e_mea / n')
+        table.add_column(Text(head), justify="right", no_wrap=True)
 
 
 def _print_table(console: Any, table: Any) -> None:
-    """Print ``table`` at least as wide as its names need (a narrower terminal wraps the lines)."""
+    """Print ``table`` at least as wide as its names and headers need, whole (a narrower terminal
+    wraps the lines)."""
+    from rich.cells import cell_len
     from rich.measure import Measurement
 
+    for column in table.columns:  # each column as wide as its widest line (rich would cut it short)
+        lines = (line for cell in (column.header, *column.cells) for line in str(cell).splitlines())
+        column.min_width = max((cell_len(line) for line in lines), default=0)
     need = Measurement.get(console, console.options, table).minimum
-    console.print(table, width=max(console.width, need))
+    console.print(table, width=max(console.width, need), crop=False)
 
 
 def _capacity_table(capacity: Sequence[dict[str, Any]], limits: Any) -> Any:

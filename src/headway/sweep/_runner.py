@@ -197,7 +197,9 @@ def _misses(row: dict[str, Any], limits: Mapping[str, float]) -> list[str]:
     for name, bound in limits.items():
         value = row[name]
         lower = name == "slo_attainment"  # a share to reach; the latencies are ceilings
-        if math.isnan(value) or (value < bound if lower else value > bound):
+        if math.isnan(value):
+            out.append(f"{name}: no value (every seed failed, or no request completed)")
+        elif value < bound if lower else value > bound:
             out.append(f"{name} {value:.4g} {'<' if lower else '>'} {bound:g}")
     return out
 
