@@ -82,11 +82,11 @@ def test_a_user_policy_that_raises_fails_alone_saying_where(
 
 def test_headway_s_own_errors_keep_their_traceback() -> None:
     from headway.core import make_policy
-    from headway.sim._cli import _raised_outside_headway
+    from headway.sim._cli_notes import raised_outside_headway
 
     with pytest.raises(ValueError) as caught:
         make_policy("fcfs", nonsense=1)
-    assert _raised_outside_headway(caught.value) is None
+    assert raised_outside_headway(caught.value) is None
 
 
 def test_runs_do_not_depend_on_the_interpreter_s_hash_seed(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from headway._help import (
     prepare_out_dir,
 )
 from headway.routers import DEFAULT_ROUTER
+from headway.sim._cli_notes import decided_alike, default_scorers, prefix_router_notes, raised_outside_headway
 
 __all__ = ["DEFAULT_POLICIES", "add_simulate_parser"]
 
@@ -324,48 +325,6 @@ def _parse_kv(items: Sequence[str], flag: str) -> dict[str, Any]:
     return out
 
 
-def _default_scorers(
-    names: Sequence[str],
-    policy_args: dict[str, dict[str, Any]],
-    workload: Any,
-    args: argparse.Namespace,
-    notes: list[str],
-) -> None:
-    """Give score-based policies a noisy-oracle scorer when nothing else provides scores (settings
-    the user gave, such as --policy-arg NAME.tau=..., win)."""
-    from headway.policies import noisy_oracle_defaults
-
-    if all(spec.score is not None for spec in workload.requests):
-        return
-    for name in names:
-        kwargs = noisy_oracle_defaults(name, policy_args.get(name), tau=args.scorer_tau, seed=args.seed)
-        if kwargs is not None:
-            policy_args[name] = kwargs
-            notes.append(
-                f"{name}: no scores in the workload, using a noisy-oracle length score with "
-                f"Kendall tau {kwargs['tau']} (--scorer-tau; or --policy-arg {name}.scorer=...)"
-            )
-
-
-def _prefix_router_notes(args: argparse.Namespace, workload: Any, notes: list[str]) -> None:
-    """Say when a router that routes to cached prefixes has none to find: the workload's requests
-    carry no block hashes, or the replicas' prefix cache is off (it then routes as its load rule)."""
-    from headway.routers import get_router_class
-
-    if not get_router_class(args.router).uses_block_hashes:
-        return
-    if not any(spec.block_hashes for spec in workload.requests):
-        notes.append(
-            f"router {args.router}: no request of workload {workload.name} carries prefix block hashes, so it "
-            "routes by load alone (shared prefixes: --system-prompts K, sharegpt-sessions, a Mooncake trace)"
-        )
-    elif not args.enable_prefix_caching:
-        notes.append(
-            f"router {args.router} routes requests to the replica caching their prefix, and "
-            "--no-enable-prefix-caching turns the replicas' prefix cache off"
-        )
-
-
 def _workload_options(args: argparse.Namespace) -> dict[str, Any]:
     """The workload flags given, as :func:`~headway.workload.load_workload`'s options, checked (a bad
     value fails naming its flag, before anything is read)."""
@@ -384,46 +343,6 @@ def _workload_options(args: argparse.Namespace) -> dict[str, Any]:
     except ValueError as exc:
         raise _flag_error(exc) from None
     return options
-
-
-def _raised_outside_headway(exc: BaseException) -> str | None:
-    """Where ``exc`` was raised (``at FILE:LINE, in FUNCTION``) when its innermost frame outside
-    Python's and the installed libraries' files is not headway's (a policy of the user's, from
-    ``HEADWAY_PLUGINS``), else None: headway's own errors keep their traceback."""
-    import sys
-    import traceback
-    from pathlib import Path
-
-    package = Path(__file__).resolve().parents[1]
-    libraries = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        path = Path(frame.filename).resolve()
-        if path.is_relative_to(package):
-            return None
-        if any(path.is_relative_to(lib) for lib in libraries):
-            continue
-        return f"at {frame.filename}:{frame.lineno}, in {frame.name}"
-    return None
-
-
-def _decided_alike(runs: dict[str, Any]) -> list[str]:
-    """The policies run, when there are several, each finished every request, and each gave every
-    request the same first-token and finish times (to a microsecond: engines that cut decode
-    stretches at other steps sum the same step times in another order); else nothing. (Runs that
-    aborted or rejected requests are not said to be alike: their clients, not the load, decided.)"""
-    from headway.core import RequestState
-
-    done = RequestState.FINISHED
-    if len(runs) < 2 or any(r.state is not done for _, requests in runs.values() for r in requests):
-        return []
-
-    def times(requests: Sequence[Any]) -> list[tuple[str, float, float]]:
-        return sorted(
-            (r.request_id, round(r.first_token_time or -1.0, 6), round(r.finish_time or -1.0, 6)) for r in requests
-        )
-
-    first, *rest = (times(requests) for _, requests in runs.values())
-    return list(runs) if all(t == first for t in rest) else []
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -511,7 +430,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if not len(workload):
         raise CLIError(f"workload {workload.name} has no requests{f' ({notes[0]})' if notes else ''}")
     out = None if args.no_report else prepare_out_dir(args.out or default_out_dir("simulate"))  # before simulating
-    _default_scorers(names, policy_args, workload, args, notes)
+    default_scorers(names, policy_args, workload, args, notes)
     pool = workload.meta.get("sampled_with_replacement_from")
     if isinstance(pool, int) and pool:
         notes.append(
@@ -519,7 +438,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             f"replacement, each about {len(workload) / pool:.1f} times (copies' ids end in #1, #2, ...)"
         )
     if fleet:
-        _prefix_router_notes(args, workload, notes)
+        prefix_router_notes(args, workload, notes)
     for name, kwargs in policy_args.items():  # a misspelled or bad setting fails here, not after the runs
         try:
             make_policy(name, **kwargs)
@@ -570,10 +489,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             except (ValueError, RuntimeError, OSError, ImportError) as exc:
                 # an expected kind of error: its message alone when headway raised it (a bad
                 # setting), with the place when a policy of the user's did
-                where = _raised_outside_headway(exc)
+                where = raised_outside_headway(exc)
                 failures[name] = f"{type(exc).__name__}: {exc}" + (f" (raised {where})" if where else "")
             except Exception as exc:
-                where = _raised_outside_headway(exc)
+                where = raised_outside_headway(exc)
                 if where is None:  # headway's own error: its traceback
                     raise
                 failures[name] = f"{type(exc).__name__}: {exc} (raised {where})"
@@ -636,7 +555,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             "latencies): their ratios compare latencies over different sets of requests"
         )
         console.print(f"[yellow]{notes[-1]}[/]")
-    alike = _decided_alike(runs)
+    alike = decided_alike(runs)
     if alike:
         more = "a higher --rate, or fewer replicas," if fleet else "a higher --rate"
         notes.append(
