@@ -135,15 +135,13 @@ class Grid:
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     def _check_workload_options(self) -> None:
-        from headway.workload import LoadOptions
+        from headway.workload import check_workload_options
 
         try:
-            LoadOptions(**self.workload_options())
+            for workload in self.workloads:
+                check_workload_options(workload, **self.workload_options())
         except (TypeError, ValueError) as exc:
             raise ValueError(f"grid: {exc}") from None
-        others = [w for w in self.workloads if w != "sharegpt-sessions"]
-        if self.think_time is not None and others:
-            raise ValueError(f"grid: think_time only applies to sharegpt-sessions, not {', '.join(others)}")
 
     def _check_names(self) -> None:
         """Policies, presets, workloads and the SLO that would fail every task fail here, up front."""

@@ -38,6 +38,7 @@ __all__ = [
     "LoadOptions",
     "available_formats",
     "available_workloads",
+    "check_workload_options",
     "find_data_dir",
     "load_workload",
     "workload_description",
@@ -551,6 +552,25 @@ def _looks_like_path(source: str) -> bool:
     )
 
 
+def _check_source_options(source: str, o: LoadOptions) -> None:
+    """The options that apply to some workloads only, checked against ``source``."""
+    if o.think_time is not None and source != "sharegpt-sessions":
+        raise ValueError(
+            f"option think_time={o.think_time!r} (--think-time) only applies to sharegpt-sessions, not {source!r}"
+        )
+    if o.format is not None and source in _WORKLOADS:
+        raise ValueError(
+            f"option format={o.format!r} (--format) applies to a workload file, not the built-in {source!r}"
+        )
+
+
+def check_workload_options(source: str | os.PathLike[str], **options: object) -> None:
+    """Raise what :func:`load_workload` would raise for ``options`` on ``source`` (a bad value, or an
+    option that does not apply to it), without reading anything: for callers that check settings
+    before a long run (a sweep's grid)."""
+    _check_source_options(os.fspath(source), _options(options))
+
+
 def load_workload(source: str | os.PathLike[str], **options: object) -> Workload:
     """Load a workload by short name (see :func:`available_workloads`) or from a file path
     (a ``str`` or a :class:`~pathlib.Path`).
@@ -576,14 +596,7 @@ def load_workload(source: str | os.PathLike[str], **options: object) -> Workload
             f"valid names: {', '.join(available_workloads())} "
             f"(or a path to a trace/dataset file: {', '.join(available_formats())})"
         )
-    if o.think_time is not None and source != "sharegpt-sessions":
-        raise ValueError(
-            f"option think_time={o.think_time!r} (--think-time) only applies to sharegpt-sessions, not {source!r}"
-        )
-    if o.format is not None and entry is not None:
-        raise ValueError(
-            f"option format={o.format!r} (--format) applies to a workload file, not the built-in {source!r}"
-        )
+    _check_source_options(source, o)
     if entry is not None:
         w = entry.load(o)
         synthetic = entry.synthetic
