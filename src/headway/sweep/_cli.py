@@ -202,10 +202,9 @@ def _add_column(table: Any, name: str, head: str) -> None:
     'llama3-8b-h100:4' and 'llama3-8b-h100:5'), nor folded mid-word."""
     from rich.text import Text
 
-    if name in ("preset", "workload", "policy"):
-        table.add_column(Text(head), justify="left", no_wrap=True)
-    else:  # (a metric's name whole too, its unit on a line of its own: not 'prefix_c…' nor 'e2e_mea / n')
-        table.add_column(Text(head), justify="right", no_wrap=True)
+    # (a metric's header whole too, its unit on a line of its own: not 'prefix_c…' nor 'e2e_mea / n')
+    justify = "left" if name in ("preset", "workload", "policy") else "right"
+    table.add_column(Text(head), justify=justify, no_wrap=True)
 
 
 def _print_table(console: Any, table: Any) -> None:
