@@ -2,7 +2,8 @@
 
 Shaped like vLLM's ``RequestQueue``: add, pop, peek, remove, ``len``, iteration.
 The order is ``policy.key(req, now)`` followed by ``req.seq``; keys are evaluated
-when a request is added or re-keyed, never on pop, so every operation is O(log n).
+when a request is added or re-keyed, never on pop, so every operation is O(log n) (O(1) for
+keys that come in order: see :class:`PolicyQueue`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import numbers
+from collections import deque
 from collections.abc import Iterator
 
 from headway.core._policy import Policy, PolicyKey
@@ -44,6 +46,11 @@ def check_key(policy: Policy, key: object) -> None:
             )
 
 
+_Entry = tuple[PolicyKey, int, int, Request]
+"""A queued request: its key, its ``seq`` and the token of its latest insertion (stale when
+``_live`` holds another), then the request."""
+
+
 def _incomparable(policy: Policy, key: object, exc: TypeError) -> ValueError:
     return ValueError(
         f"policy {policy.name!r} ({type(policy).__qualname__}): key {key!r} cannot be ordered against the "
@@ -52,13 +59,21 @@ def _incomparable(policy: Policy, key: object, exc: TypeError) -> ValueError:
 
 
 class PolicyQueue:
-    """Waiting requests ordered by a :class:`Policy`'s key."""
+    """Waiting requests ordered by a :class:`Policy`'s key.
 
-    __slots__ = ("_checked", "_counter", "_epoch", "_heap", "_live", "policy")
+    Two stores keep one order: an entry that sorts after the last one appended to ``_run`` (a
+    deque kept sorted) goes there, any other into a heap, and the first request is the smaller of
+    the two heads. Keys that come in order (FCFS's arrivals; a preempted request re-added ahead of
+    them goes to the heap) then cost O(1) to add and pop, as vLLM keeps its FCFS waiting queue in a
+    deque and only its priority queue in a heap; other keys cost the heap's O(log n) as before.
+    """
+
+    __slots__ = ("_checked", "_counter", "_epoch", "_heap", "_live", "_run", "policy")
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self._heap: list[tuple[PolicyKey, int, int, Request]] = []
+        self._heap: list[_Entry] = []
+        self._run: deque[_Entry] = deque()
         self._live: dict[Request, int] = {}
         self._counter = itertools.count()
         self._epoch = policy.key_epoch
@@ -72,8 +87,13 @@ class PolicyQueue:
             self._checked = True
         token = next(self._counter)
         self._live[request] = token
-        try:
-            heapq.heappush(self._heap, (key, request.seq, token, request))
+        entry = (key, request.seq, token, request)
+        run, heap = self._run, self._heap
+        try:  # (tokens are unique: comparisons never reach the requests)
+            if heap or (run and entry < run[-1]):
+                heapq.heappush(heap, entry)
+            else:
+                run.append(entry)
         except TypeError as exc:
             raise _incomparable(self.policy, key, exc) from None
 
@@ -86,43 +106,49 @@ class PolicyQueue:
         self._epoch = self.policy.key_epoch
         key = self.policy.key
         self._heap = [(key(r, now), r.seq, tok, r) for r, tok in self._live.items()]
+        self._run.clear()
         try:
             heapq.heapify(self._heap)
         except TypeError as exc:
             raise _incomparable(self.policy, self._heap[0][0], exc) from None
         return True
 
-    def _prune(self) -> None:
-        heap, live = self._heap, self._live
+    def _first(self) -> _Entry | None:
+        """The first live entry (dropping stale ones from both heads), or None."""
+        heap, run, live = self._heap, self._run, self._live
         while heap and live.get(heap[0][3]) != heap[0][2]:
             heapq.heappop(heap)
+        while run and live.get(run[0][3]) != run[0][2]:
+            run.popleft()
+        if run:
+            return heap[0] if heap and heap[0] < run[0] else run[0]
+        return heap[0] if heap else None
 
     def peek(self) -> Request | None:
         """The request that would be popped next, or None."""
-        self._prune()
-        return self._heap[0][3] if self._heap else None
+        first = self._first()
+        return None if first is None else first[3]
 
     def peek_key(self) -> PolicyKey | None:
         """The cached key of :meth:`peek`'s request, or None."""
-        self._prune()
-        return self._heap[0][0] if self._heap else None
+        first = self._first()
+        return None if first is None else first[0]
 
     def head(self) -> tuple[Request, PolicyKey] | None:
         """:meth:`peek`'s request and :meth:`peek_key`'s key together (one pass), or None."""
-        heap, live = self._heap, self._live
-        while heap:
-            top = heap[0]
-            if live.get(top[3]) == top[2]:
-                return top[3], top[0]
-            heapq.heappop(heap)
-        return None
+        first = self._first()
+        return None if first is None else (first[3], first[0])
 
     def pop(self) -> Request:
         """Remove and return the first request; IndexError when empty."""
-        self._prune()
-        if not self._heap:
+        first = self._first()
+        if first is None:
             raise IndexError("pop from an empty PolicyQueue")
-        _, _, _, request = heapq.heappop(self._heap)
+        if self._run and first is self._run[0]:
+            self._run.popleft()
+        else:
+            heapq.heappop(self._heap)
+        request = first[3]
         del self._live[request]
         return request
 
@@ -142,4 +168,4 @@ class PolicyQueue:
     def __iter__(self) -> Iterator[Request]:
         """Queued requests in policy order (O(n log n); for inspection, not hot paths)."""
         live = self._live
-        return iter([e[3] for e in sorted(self._heap) if live.get(e[3]) == e[2]])
+        return iter([e[3] for e in sorted([*self._heap, *self._run]) if live.get(e[3]) == e[2]])

@@ -28,6 +28,8 @@ from headway.sim._steps import StepRecord
 
 __all__ = ["BLOCKS", "BUDGET", "SLOT", "KVBlocks"]
 
+_RUNNING = RequestState.RUNNING  # (a global: reading an Enum member off its class is slower)
+
 # what keeps a waiting request out of the batch (KVBlocks._admission)
 SLOT, BUDGET, BLOCKS = 1, 2, 3
 
@@ -207,7 +209,7 @@ class KVBlocks(DecodeClock):
         self._reserve_chunk(s, chunk)
         if register and s.keys:  # (keys only with prefix caching)
             self._register(s)
-        req.transition(RequestState.RUNNING)
+        req.transition(_RUNNING)
         if req.first_scheduled_time is None:
             req.first_scheduled_time = now
         s.order = next(self._join_ids)
@@ -218,6 +220,8 @@ class KVBlocks(DecodeClock):
             self._rkeys.admit(s, req, now, last_chunk=last)
 
     def _admit(self, now: float, budget: int) -> None:
+        if self.num_running >= self.active_seqs:
+            return  # (_admission's first check, without a look at the queue: a full batch is common)
         waiting, seqs = self.waiting, self.seqs
         while waiting:
             req = waiting.peek()
