@@ -610,3 +610,36 @@ def test_check_settings_tries_a_user_policy_on_a_request() -> None:
     # every built-in policy keys the test request (score-ranked ones on the score the plugin gives)
     for name in _POLICIES.names():
         check_settings(PluginConfig(policy=name, oracle="max_tokens"))
+
+
+def test_a_control_file_others_may_write_is_not_read(tmp_path: Path) -> None:
+    """Whoever writes the control file switches the engine's policy and scorer (a module imported, a
+    checkpoint loaded in the engine's process): one that group or others may write, or another user
+    owns, is refused, by ``headway plugin-check`` and by the scheduler's reload alike (both read it
+    through ``read_control_file``)."""
+    import os
+
+    control = tmp_path / "control.json"
+    control.write_text(json.dumps({"policy": "fcfs"}))
+    control.chmod(0o644)
+    assert check_settings(PluginConfig(control_file=str(control)))[-1].endswith("valid (policy 'fcfs')")
+    for mode in (0o666, 0o664):
+        control.chmod(mode)
+        with pytest.raises(PluginConfigError, match=f"writable by group or others .*mode {mode:o}"):
+            check_settings(PluginConfig(control_file=str(control)))
+    link = tmp_path / "link.json"  # a symlink is judged by the file it leads to
+    link.symlink_to(control)
+    with pytest.raises(PluginConfigError, match="writable by group or others"):
+        check_settings(PluginConfig(control_file=str(link)))
+    control.chmod(0o600)
+    assert check_settings(PluginConfig(control_file=str(link)))[-1].endswith("valid (policy 'fcfs')")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # (only root can give a file away)
+        os.chown(control, 65534, 65534)
+        with pytest.raises(PluginConfigError, match="writable by another user"):
+            check_settings(PluginConfig(control_file=str(control)))
+
+    from headway.integrations.vllm._settings import read_control_file
+
+    control.chmod(0o646)
+    with pytest.raises(PermissionError):
+        read_control_file(str(control))

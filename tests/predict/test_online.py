@@ -337,3 +337,29 @@ def test_a_prompt_scored_then_observed_is_embedded_once() -> None:
     embedded.clear()
     cached.score(PROMPTS[:1] + PROMPTS[13:14], "m")
     assert embedded == PROMPTS[:1]
+
+
+def test_the_models_learned_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    """The gateway learns under the request's own ``model``: clients naming a new model each time (a
+    backend that serves any name) grew a window per name without bound."""
+    learner = OnlineLearner(_embed, _prior, OnlineConfig(window=10, min_observations=2, max_models=3),
+                            background=False)  # fmt: skip
+    for i in range(20):
+        learner.observe(f"prompt {i}", 5, f"m{i % 10}")
+    assert sorted(learner.store.models()) == ["m0", "m1", "m2"]
+    assert learner.observed("m0") == 2 and learner.observed("m3") == 0
+    assert [r.getMessage() for r in caplog.records].count(
+        "online learning: 3 models learned already (max_models): requests of another model, 'm3', and of any "
+        "other new one, are not learned from"
+    ) == 1
+    # a store that another replica filled counts: none is added beyond it
+    store = MemoryStore()
+    for m in ("a", "b", "c"):
+        store.append(m, np.zeros(learner.store.rows("m0").shape[1]), 10)
+    shared = OnlineLearner(_embed, _prior, OnlineConfig(window=10, min_observations=2, max_models=3), store=store,
+                           background=False)  # fmt: skip
+    shared.observe("x", 4, "d")
+    shared.observe("y", 4, "a")
+    assert sorted(store.models()) == ["a", "b", "c"] and shared.observed("a") == 2
+    with pytest.raises(ValueError, match="max_models"):
+        OnlineConfig(max_models=0)

@@ -4,6 +4,7 @@ passed through, admission from the backends' own /metrics (vLLM and SGLang names
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import ssl
 import subprocess
@@ -66,6 +67,7 @@ class _Recorder:
                 Route("/v1/chat/completions", self.generate, methods=["POST"]),
                 Route("/metrics", self.prom, methods=["GET"]),
                 Route("/v1/{rest:path}", self.other, methods=["GET", "POST", "DELETE"]),
+                Route("/{rest:path}", self.other, methods=["GET", "POST"]),  # vLLM's /sleep, /reset_prefix_cache...
             ]
         )
 
@@ -155,6 +157,71 @@ def test_pass_through_skips_a_dead_backend(recorder, make_gateway):
     with gw.client() as c:
         assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 201
     assert not gw.gateway.backends[0].reachable
+
+
+def _raw_request(url: str, head: bytes, body: bytes = b"", timeout: float = 5.0) -> bytes:
+    """``head`` (request line and headers, without the blank line) and ``body`` as sent, on a socket
+    of its own (an HTTP client would resolve the path's dot segments itself); the answer's bytes."""
+    import socket
+
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(head + b"\r\nHost: gw\r\nConnection: close\r\n\r\n" + body)
+        out = b""
+        with contextlib.suppress(TimeoutError):
+            while chunk := s.recv(65536):
+                out += chunk
+    return out
+
+
+def test_a_path_that_leaves_v1_or_reaches_generation_is_never_passed_through(recorder, make_gateway):
+    """``/v1/../sleep`` resolved by the gateway's HTTP client reached the engine's /sleep (and
+    ``/v1/../v1/completions`` its generation, unscheduled): every such path is a 404, never sent."""
+    rec, url = recorder
+    gw = make_gateway([BackendConfig(url, max_concurrency=1)])
+    targets = [
+        b"/v1/../reset_prefix_cache", b"/v1/%2e%2e/sleep?level=1", b"/v1/%2E%2E/collective_rpc",
+        b"/v1/..%2fstart_profile", b"/v1/embeddings/../../metrics", b"/v1/./../load", b"/v1/..",
+        b"/v1/../v1/completions", b"/v1//completions", b"/v1/./chat/completions", b"/v1/completions/",
+    ]  # fmt: skip
+    for target in targets:
+        out = _raw_request(gw.url, b"POST " + target + b" HTTP/1.1\r\nContent-Length: 2", b"{}")
+        assert out.startswith(b"HTTP/1.1 404"), (target, out)
+        assert b'"code":"not_found"' in out, (target, out)
+    assert not [p for _, p, *_ in rec.seen if p not in ("/metrics", "/v1/models")]
+    # a path as the client spelled it, percent-encoding included, still goes
+    out = _raw_request(gw.url, b"POST /v1/files/a%2Fb.txt?x=1 HTTP/1.1\r\nContent-Length: 2", b"{}")
+    assert out.startswith(b"HTTP/1.1 201"), out
+    assert [(p, q) for _, p, q, *_ in rec.seen if p.startswith("/v1/files")] == [("/v1/files/a/b.txt", "x=1")]
+
+
+def test_a_pass_through_body_is_bounded_in_size_and_time(recorder, make_gateway):
+    """The passed-through body was read whole before its size was checked, with no deadline: one
+    client could hold the gateway's memory, or a connection for good."""
+    rec, url = recorder
+    gw = make_gateway([BackendConfig(url, max_concurrency=1)], max_body_bytes=1024, body_timeout_s=0.3)
+    t0 = time.monotonic()
+    out = _raw_request(gw.url, b"POST /v1/embeddings HTTP/1.1\r\nContent-Length: 1000000000", b"{")
+    assert out.startswith(b"HTTP/1.1 413") and b'"code":"request_too_large"' in out, out
+    chunked = b"POST /v1/embeddings HTTP/1.1\r\nTransfer-Encoding: chunked"
+    out = _raw_request(gw.url, chunked, b"800\r\n" + b"x" * 0x800 + b"\r\n")  # over the limit, never ended
+    assert out.startswith(b"HTTP/1.1 413"), out
+    out = _raw_request(gw.url, b"POST /v1/embeddings HTTP/1.1\r\nContent-Length: 100", b'{"input"')
+    assert out.startswith(b"HTTP/1.1 408") and b'"code":"body_timeout"' in out, out
+    assert time.monotonic() - t0 < 4
+    assert not [p for _, p, *_ in rec.seen if p == "/v1/embeddings"]
+
+
+def test_a_redirect_from_a_backend_does_not_name_it(servers, make_gateway):
+    async def redirect(request: HTTPRequest) -> Response:  # as FastAPI answers /v1/embeddings/
+        location = str(request.url.replace(path=request.url.path.rstrip("/")))
+        return Response(status_code=307, headers={"Location": location})
+
+    url = servers.enter_context(serve_in_thread(Starlette(routes=[Route("/v1/{p:path}", redirect)])))
+    gw = make_gateway([BackendConfig(url, max_concurrency=1)])
+    with gw.client() as c:
+        r = c.get("/v1/embeddings/?x=1")
+    assert r.status_code == 307 and r.headers["location"] == "/v1/embeddings?x=1"
 
 
 @pytest.mark.parametrize("shared", [False, pytest.param(True, marks=pytest.mark.redis)])

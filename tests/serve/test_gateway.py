@@ -748,6 +748,17 @@ def test_no_reachable_backend_gives_503_and_health_degraded(make_gateway):
     assert retries >= 2
 
 
+def test_a_502_after_refused_connections_does_not_name_the_backend(make_gateway):
+    """With backend_down_s 0 (or a refusal past the queue TTL) a refused connection ends in a 502
+    that quoted the connect error, the backend's address with it."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    gw = make_gateway([BackendConfig(dead, max_concurrency=2)], backend_down_s=0.0)
+    with gw.client() as c:
+        r = c.post("/v1/completions", json=COMPLETION)
+    assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error", r.text
+    assert "cannot connect" in r.text and dead.split("//")[1] not in r.text and dead.split(":")[-1] not in r.text
+
+
 def test_health_is_ok_while_a_backend_is_reachable_and_again_once_one_is_back(servers, make_stub, make_gateway):
     from headway.serve import StubConfig, create_stub_app, serve_in_thread
 

@@ -571,6 +571,40 @@ def test_status_and_cancel_work_from_any_replica_and_only_for_the_owner_tenant(r
 
 
 @pytest.mark.redis
+def test_status_lookups_of_made_up_replicas_do_not_stall_other_tenants(redis_url, make_stub, make_gateway):
+    """A request id names its replica, and a lookup of another replica's request waited up to 2 s on a
+    connection of the gateway's Redis pool: one tenant's burst of ids naming made-up replicas took the
+    pool, and another tenant's completion waited seconds for Redis (and each made a Redis key)."""
+    import redis as redis_sync
+
+    from headway.serve import TenantConfig
+
+    tenants = (
+        TenantConfig("acme", api_key_sha256=(_hash("sk-a"),)),
+        TenantConfig("bulk", api_key_sha256=(_hash("sk-b"),)),
+    )
+    prefix = f"p{time.monotonic_ns() % 10**8}:"
+    gw = make_gateway([make_stub().url], redis_url=redis_url, redis_prefix=prefix, tenants=tenants)
+    acme, bulk = {"Authorization": "Bearer sk-a"}, {"Authorization": "Bearer sk-b"}
+
+    async def main() -> tuple[float, list[int]]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30, limits=httpx.Limits(max_connections=400)) as c:
+            assert (await c.post("/v1/completions", json=COMPLETION, headers=bulk)).status_code == 200
+            burst = [asyncio.ensure_future(c.get(f"/v1/requests/hw-x{i}-00", headers=acme)) for i in range(300)]
+            await asyncio.sleep(1.0)
+            t0 = time.monotonic()
+            r = await c.post("/v1/completions", json=COMPLETION, headers=bulk)
+            took = time.monotonic() - t0
+            assert r.status_code == 200, r.text
+            return took, [x.status_code for x in await asyncio.gather(*burst)]
+
+    took, codes = asyncio.run(main())
+    assert took < 1.5, took
+    assert set(codes) == {404}
+    assert not redis_sync.Redis.from_url(redis_url).keys(f"{prefix}peer:x*")
+
+
+@pytest.mark.redis
 def test_status_of_another_replicas_request_while_redis_is_down_is_a_json_503(tmp_path, make_stub, make_gateway):
     from headway.serve import free_port
 
@@ -622,3 +656,35 @@ def test_with_redis_a_full_shared_queue_answers_429_before_scoring_once_seen_ful
 
     assert asyncio.run(main()) == [200, 200, 429, 429]
     assert scored == ["run", "queued", "third"]
+
+
+def test_a_flood_of_unknown_keys_does_not_evict_a_known_keys_last_answer():
+    """While Redis is down a key kept there is served on its last answer; random keys (anyone may
+    send them) filled the answer cache and cleared it, so Redis-kept tenants got 503s once Redis
+    went down."""
+    from headway.core import Tier
+    from headway.serve import GatewayConfig
+    from headway.serve._tenants import DirectoryUnavailable, Identity, TenantDirectory
+
+    class _Redis:
+        down = False
+
+        async def hget(self, name: str, key: str) -> bytes | None:
+            if self.down:
+                raise ConnectionError("Redis is down")
+            return b'{"tenant": "acme", "tier": "premium"}' if key == _hash("sk-acme") else None
+
+    redis = _Redis()
+    config = GatewayConfig(backends=(BackendConfig("http://127.0.0.1:9"),), api_keys="required", redis_url="redis://x")
+    tenants = TenantDirectory(config, redis)
+
+    async def main() -> Identity | None:
+        assert await tenants.resolve("Bearer sk-acme") == Identity("acme", Tier.PREMIUM)
+        for i in range(10_050):
+            assert await tenants.resolve(f"Bearer nope-{i}") is None
+        redis.down = True
+        with pytest.raises(DirectoryUnavailable):
+            await tenants.resolve("Bearer never-seen")
+        return await tenants.resolve("Bearer sk-acme")
+
+    assert asyncio.run(main()) == Identity("acme", Tier.PREMIUM)

@@ -288,7 +288,7 @@ def test_a_closed_port_is_a_connect_error() -> None:
         await pool.aclose()
         return str(err.value)
 
-    assert asyncio.run(main()).startswith(f"cannot connect to 127.0.0.1:{port}")
+    assert asyncio.run(main()) == "cannot connect (ClientConnectorError)"  # (no address: a client may read it)
 
 
 def test_extra_headers_and_the_key_go_out_with_the_body() -> None:

@@ -59,8 +59,12 @@ class OnlineConfig:
     ``refit_every``: new observations between refits; ``alpha``: ridge penalty on the offline
     predictor's features; ``prior_alpha``: on the offline score and the prompt-size columns;
     ``row_cache``: features of the latest prompts scored, kept so that observing one when it finishes
-    does not embed it again (0: none). The penalties were chosen on the arena_hard_v2 o3-mini replay and
-    four alpaca_eval models (``benchmarks/predictor_online_replay.py``), not on Sky-T1-32B."""
+    does not embed it again (0: none); ``max_models``: models learned at most (the store's, counted
+    over every replica sharing it): a finished request of another is not learned from, since the
+    gateway takes a request's ``model`` from its client and a backend that serves any name would
+    otherwise let clients grow the windows without bound. The penalties were chosen on the
+    arena_hard_v2 o3-mini replay and four alpaca_eval models (``benchmarks/predictor_online_replay.py``),
+    not on Sky-T1-32B."""
 
     window: int = 500
     min_observations: int = 25
@@ -68,9 +72,10 @@ class OnlineConfig:
     alpha: float = 1000.0
     prior_alpha: float = 10.0
     row_cache: int = 2048
+    max_models: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("window", "min_observations", "refit_every", "row_cache"):
+        for name in ("window", "min_observations", "refit_every", "row_cache", "max_models"):
             value = getattr(self, name)
             least = 0 if name == "row_cache" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -248,6 +253,9 @@ class OnlineLearner:
         self._check_store(fingerprint, where)
         self._heads: dict[str, RidgeHead] = {}
         self._since_refit: dict[str, int] = {}
+        self._learned: set[str] = set()
+        """Models with a window (as the store last said; see :meth:`_learns`)."""
+        self._over_warned = False
         self._row_cache: OrderedDict[bytes, _F64] = OrderedDict()
         self._row_lock = threading.Lock()
         self._queue: queue.Queue[tuple[str, int, str] | None] | None = None
@@ -411,7 +419,25 @@ class OnlineLearner:
         prior = np.asarray(self._prior(emb), dtype=np.float64).reshape(-1, 1)
         return np.hstack([prior, extra_features(prompts), emb])
 
+    def _learns(self, model: str) -> bool:
+        """Whether observations of ``model`` are kept: it has a window, or fewer than ``max_models``
+        models have (another replica's count through a shared store)."""
+        if model in self._learned:
+            return True
+        self._learned.update(self.store.models())
+        if model in self._learned:
+            return True
+        if len(self._learned) < self.config.max_models:
+            self._learned.add(model)
+            return True
+        if not self._over_warned:
+            self._over_warned = True
+            log.warning("online learning: %d models learned already (max_models): requests of another model, "
+                        "%.80r, and of any other new one, are not learned from", len(self._learned), model)  # fmt: skip
+        return False
+
     def _process(self, items: Sequence[tuple[str, int, str]]) -> None:
+        items = [item for item in items if self._learns(item[2])]  # (before the embedding's cost)
         if not items:
             return
         rows = self._rows_for([p for p, _, _ in items])

@@ -205,6 +205,7 @@ class Gateway:
             authorize=self._authorize_other,
             backend_down_s=config.backend_down_s,
             max_body_bytes=config.max_body_bytes,
+            body_timeout_s=config.body_timeout_s,
         )
         self.exchange = Exchange(
             config, self.dispatcher, self.pools, self.metrics, self.ledger, self.arrivals, self._log_limited

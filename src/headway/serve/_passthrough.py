@@ -6,7 +6,16 @@ the OpenAI-compatible surface a vLLM or SGLang server offers (``/v1/embeddings``
 ``/v1/audio/...``, ``/v1/score``, ...) is forwarded as it came: same method, path, query, body
 and headers, except hop-by-hop headers and ``Authorization``, which becomes the backend's own
 ``api_key`` when one is set (and is left out otherwise: the gateway's API keys are not the
-backend's). The answer, streamed or not, comes back as the backend gave it.
+backend's). The answer, streamed or not, comes back as the backend gave it, except that a
+``Location`` naming the backend is made relative (a redirect must not tell the client where its
+backends are).
+
+Only paths under ``/v1`` go: one with a ``.``, ``..`` or empty segment (``/v1/../sleep``, also
+percent-encoded) is a 404, never sent (an HTTP client resolves such a path, which would reach the
+engine's other endpoints, ``/reset_prefix_cache``, ``/sleep``, ``/collective_rpc``, or its generation
+endpoints unscheduled); the path goes out as the client spelled it. A body over ``max_body_bytes`` is
+a 413 (at once for a ``Content-Length`` over it), one that has not arrived whole within
+``body_timeout_s`` a 408, as for generation requests.
 
 These requests are **unscheduled**: they do not wait in the policy's queue and do not count
 against a backend's admission limits. Each goes to the reachable backend with the fewest
@@ -17,9 +26,11 @@ required they need a valid key like any other endpoint.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 import httpx
 from starlette.exceptions import HTTPException
@@ -72,12 +83,14 @@ class Passthrough:
         authorize: Callable[[HTTPRequest], Awaitable[Response | None]],
         backend_down_s: float,
         max_body_bytes: int,
+        body_timeout_s: float = 30.0,
     ) -> None:
         self._backends = list(backends)
         self._client = client
         self._authorize = authorize
         self._down_s = backend_down_s
         self._max_body = max_body_bytes
+        self._body_timeout_s = body_timeout_s
         self.in_flight = [0] * len(self._backends)
         """Passed-through requests in flight per backend (separate from scheduled ones)."""
 
@@ -88,15 +101,26 @@ class Passthrough:
         return sorted(up, key=lambda i: (not self._backends[i].reachable, self.in_flight[i], i)) + rest
 
     async def __call__(self, request: HTTPRequest) -> Response:
-        path = request.url.path
+        path = request.url.path  # percent-decoded
         if path in GATEWAY_PATHS or path.startswith("/v1/requests/"):
             raise HTTPException(405)  # the gateway's own endpoint, with another method
+        *inner, last = path.split("/")[1:]  # (a trailing slash leaves the last one empty)
+        if any(s in ("", ".", "..") for s in inner) or last in (".", "..") or path.rstrip("/") in GATEWAY_PATHS:
+            raise HTTPException(404)  # never resolved: it would leave /v1, or reach the gateway's own endpoints
         denied = await self._authorize(request)
         if denied is not None:
             return denied
-        body = await request.body()
-        if len(body) > self._max_body:
+        cl = request.headers.get("content-length")
+        if cl is not None and cl.isdigit() and int(cl) > self._max_body:
             return api_error("request_too_large", limit=self._max_body)
+        try:
+            body = await self._read_body(request)
+        except TimeoutError:
+            return api_error("body_timeout", headers={"Connection": "close"}, seconds=self._body_timeout_s)
+        if body is None:
+            return api_error("request_too_large", limit=self._max_body)
+        raw_path = request.scope.get("raw_path")
+        path = raw_path.decode("latin-1") if isinstance(raw_path, bytes) else quote(path)  # as the client spelled it
         client = self._client()
         if client is None:
             return api_error("upstream_error", detail="the gateway is not started yet")
@@ -122,12 +146,21 @@ class Passthrough:
                 self.in_flight[i] -= 1
                 return api_error("upstream_error", detail=f"the backend failed: {type(exc).__name__}")
             b.reachable = True
-            return StreamingResponse(
-                self._body(resp, i),
-                status_code=resp.status_code,
-                headers={k: v for k, v in resp.headers.items() if k.lower() not in _NOT_FORWARDED},
-            )
+            answer = {k: v for k, v in resp.headers.items() if k.lower() not in _NOT_FORWARDED}
+            if "location" in resp.headers:
+                answer["location"] = _relative(resp.headers["location"], b.config.url)
+            return StreamingResponse(self._body(resp, i), status_code=resp.status_code, headers=answer)
         return api_error("upstream_error", detail=f"no backend reachable ({last})")
+
+    async def _read_body(self, request: HTTPRequest) -> bytes | None:
+        """The body; None over ``max_body_bytes``; TimeoutError after ``body_timeout_s``."""
+        buf = bytearray()
+        async with asyncio.timeout(self._body_timeout_s):
+            async for chunk in request.stream():
+                buf += chunk
+                if len(buf) > self._max_body:
+                    return None
+        return bytes(buf)
 
     async def _body(self, resp: httpx.Response, i: int) -> AsyncIterator[bytes]:
         try:
@@ -138,3 +171,11 @@ class Passthrough:
         finally:  # also when the client went away (the generator is closed)
             self.in_flight[i] -= 1
             await resp.aclose()
+
+
+def _relative(location: str, backend_url: str) -> str:
+    """A redirect's ``location`` without the backend's scheme and address, when it names them."""
+    where = urlsplit(location)
+    if where.netloc and where.netloc.lower() == urlsplit(backend_url).netloc.lower():
+        return where.path + (f"?{where.query}" if where.query else "")
+    return location

@@ -10,6 +10,11 @@ not answer in time: gone; :class:`PeerUnavailable` when Redis is unreachable). T
 travels with the message, so the owner applies the same rule as for its own clients: another
 tenant's request is not found.
 Both lists expire after ``_KEY_TTL_S``, so nothing is left behind by a replica that died.
+
+The replica named in an id is the client's word: one that holds no lease (``P replicas``) is not
+asked (its request is not found), so that made-up ids neither make Redis keys nor wait; and at
+most ``max_asking`` calls wait at once (the others wait for their turn, within the same
+timeout), since each holds a connection of the gateway's Redis pool, which the queue needs too.
 """
 
 from __future__ import annotations
@@ -45,8 +50,11 @@ def owner_of(request_id: str) -> str | None:
 class PeerChannel:
     """This replica's end: answer messages for it with ``handler``; :meth:`ask` another one."""
 
-    def __init__(self, redis: Any, listen_redis: Any, prefix: str, replica: str, handler: Handler) -> None:
+    def __init__(
+        self, redis: Any, listen_redis: Any, prefix: str, replica: str, handler: Handler, max_asking: int = 8
+    ) -> None:
         self._redis = redis
+        self._asking = asyncio.Semaphore(max_asking)
         self._listen_redis = listen_redis
         self._prefix = prefix
         self.replica = replica
@@ -69,7 +77,9 @@ class PeerChannel:
         replica is gone); :class:`PeerUnavailable` when Redis could not carry it."""
         reply = f"{self._prefix}peer-reply:{uuid.uuid4().hex}"
         try:
-            async with asyncio.timeout(timeout_s + 1.0):
+            async with asyncio.timeout(timeout_s + 1.0), self._asking:
+                if await self._redis.zscore(f"{self._prefix}replicas", replica) is None:
+                    return None  # no such replica (alive): nobody to ask
                 inbox = self._inbox(replica)
                 await self._redis.rpush(inbox, json.dumps({**message, "reply": reply}))
                 await self._redis.expire(inbox, _KEY_TTL_S)

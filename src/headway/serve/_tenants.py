@@ -101,7 +101,10 @@ class TenantDirectory:
                 return hit[1]
             raise DirectoryUnavailable(f"API-key lookup failed: {type(exc).__name__}: {exc}") from None
         ident = None if raw is None else self._parse_record(raw, digest)
-        if len(self._cache) > 10_000:
-            self._cache.clear()
+        if len(self._cache) > 10_000:  # refused keys go first: anyone may send those, and a known key's
+            # last answer is what serves it while Redis is down
+            self._cache = {d: hit for d, hit in self._cache.items() if hit[1] is not None}
+            if len(self._cache) > 10_000:
+                self._cache.clear()
         self._cache[digest] = (now + self._cache_ttl_s, ident)
         return ident

@@ -176,7 +176,8 @@ class UpstreamPool:
                 async with asyncio.timeout(wait):
                     resp = await session.post(url, data=body, headers=headers, trace_request_ctx=ctx)
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:  # (a TimeoutError too)
-                raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {type(exc).__name__}") from None
+                # (no address: the gateway's 502 quotes it, and clients are never told where its backends are)
+                raise UpstreamConnectError(f"cannot connect ({type(exc).__name__})") from None
             except TimeoutError:  # before OSError, of which it is a subclass
                 raise UpstreamTimeout(f"no response within {wait:g} s") from None
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:

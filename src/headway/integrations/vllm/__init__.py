@@ -118,7 +118,9 @@ Settings (keys of the ``headway`` object):
     changed (so never in the middle of a run), so benchmarks can replay one workload
     under several policies on one warm server. Keys it omits keep their startup values
     (``policy_args``: none). A file that is not valid (other keys, bad values, a policy that
-    cannot be made) is logged and ignored: the engine keeps its policy.
+    cannot be made) is logged and ignored: the engine keeps its policy; so is one that group or
+    others may write, or that a user other than the engine's (or root) owns (it switches the
+    scorer, which imports a module or loads a checkpoint in the engine's process).
 ``check_version`` (``true``)
     Refuse vLLM versions other than :data:`SUPPORTED_VLLM_VERSIONS`.
 ``online_learning`` (``false``)

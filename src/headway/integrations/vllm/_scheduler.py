@@ -10,7 +10,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from headway.core import Policy
@@ -28,6 +27,7 @@ from headway.integrations.vllm._settings import (
     _check_chunked_prefill,
     control_settings,
     make_plugin_policy,
+    read_control_file,
 )
 from headway.integrations.vllm._steplog import StepLog
 from headway.integrations.vllm._version import SUPPORTED_VLLM_VERSIONS, _check_interface, check_vllm_version
@@ -175,7 +175,7 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 )
                 self.waiting = self.headway.make_queue()
                 self.kv_holding_waiting = self.headway.make_queue()
-                self._hw_control = cfg.control_file
+                self._hw_control = os.path.expanduser(cfg.control_file) if cfg.control_file else None
                 self._hw_control_mtime: int | None = None
                 if self._hw_control:
                     with contextlib.suppress(OSError):
@@ -289,7 +289,7 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     return
                 self._hw_control_mtime = mtime
                 try:
-                    data = json.loads(Path(path).read_text())
+                    data = json.loads(read_control_file(path))  # (refused when others may write it)
                     current = {"policy": self.headway.policy.name, "oracle": self.headway.oracle_mode}
                     # the settings' own checks (types, oracle, missing_score) on the values it switches to
                     cfg = control_settings(self.headway_config, data, current)

@@ -27,6 +27,7 @@ __all__ = [
     "control_settings",
     "make_plugin_policy",
     "plugin_displacement",
+    "read_control_file",
 ]
 
 _CONTROL_KEYS = ("missing_score", "oracle", "policy", "policy_args", "scorer")
@@ -285,9 +286,28 @@ def _check_writable(path: Path, given: str) -> None:
                 folder.rmdir()
 
 
+def read_control_file(path: str) -> str:
+    """The control file's text. Refused (``PermissionError``) when a user other than the engine's
+    (or root) owns it, or its mode lets group or others write it: whoever writes it switches the
+    engine's policy and its ``scorer``, which imports a module or loads a checkpoint in the engine's
+    process (a file planted in a shared folder such as ``/tmp`` before the operator writes one,
+    or through a symlink there, would do the same). ``~`` is expanded, as ``headway plugin-check``
+    reads it."""
+    with open(Path(path).expanduser(), "rb") as f:  # (the file read is the file checked)
+        st = os.fstat(f.fileno())
+        euid = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+        if st.st_uid not in (euid, 0) or st.st_mode & 0o022:
+            who = "another user" if st.st_uid not in (euid, 0) else "group or others"
+            raise PermissionError(
+                f"writable by {who} (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o}): not read, since it "
+                "switches the engine's policy and scorer (chmod go-w, owned by the engine's user or root)"
+            )
+        return f.read().decode()
+
+
 def _check_control_file(cfg: PluginConfig, path: str) -> str:
     try:
-        text = Path(path).expanduser().read_text()
+        text = read_control_file(path)
     except FileNotFoundError:
         return f"control_file {path!r}: not there yet (read when it appears)"
     except OSError as exc:
