@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-requests", type=int, nargs="+", default=[1000, 19366])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--policies", nargs="*", default=["srpt-oracle", "trail-oracle", "uniboost-base"])
+    ap.add_argument("--policies", nargs="*", default=["srpt-oracle", "trail-oracle", "trail", "ltr", "uniboost-base"])
     ap.add_argument(
         "--rounds",
         type=int,

@@ -21,7 +21,7 @@ from headway.policies._draws import (
     seed_states,
 )
 from headway.policies._draws import _State as _GivenState
-from headway.policies._scoring import request_normal, request_normals, request_seed_states
+from headway.policies._scoring import _digest, _digests, request_normal, request_normals, request_seed_states
 from headway.sim import SimResult, simulate
 from headway.workload import load_workload
 
@@ -57,6 +57,17 @@ def test_bulk_draws_equal_request_normal(seed: int, ids: list[str], salt: str):
     assert list(states) == ids
     for rid in ids:
         assert normal_from_state(states[rid]) == request_normal(seed, rid, salt)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seed=st.integers(-(2**63), 2**63),
+    ids=st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=30), max_size=12),
+    salt=st.sampled_from(["", "score", "trail", "\x1f"]),
+)
+def test_bulk_digests_hash_each_id_as_digest_does(seed: int, ids: list[str], salt: str):
+    # the shared prefix hashed once and copied per id: the bytes of one hash per id, in order
+    assert _digests(seed, ids, salt) == b"".join(_digest(seed, i, salt) for i in ids)
 
 
 def test_bulk_draws_on_many_workload_ids():

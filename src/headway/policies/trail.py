@@ -72,6 +72,9 @@ class TrailPolicy(ScoredPolicy):
         super().__init__(**scoring)  # scorer and the noisy oracle's settings (see ScoredPolicy)
         self.c = check_nonneg("c", c, "trail")
         self.prediction_sigma = check_positive("prediction_sigma", prediction_sigma, "trail")
+        # the refinement's scipy, imported now rather than at the first refinement in the middle of a
+        # run: a missing one fails here, and a simulation's CPU time does not count an import
+        _log_ndtr()
 
     def _pred(self, request: Request) -> list[float]:
         st = request.extra.get(_NS)
