@@ -36,7 +36,8 @@ _FLAGS: dict[str, str] = {
     "backends.max_concurrency": "--backend-concurrency", "backends.metrics_poll_s": "--saturation-poll",
     **{n: "--" + n.replace("_", "-") for n in (
         "scorer", "scorer_threads", "scorer_max_length", "scorer_batch_size", "max_queue_per_tenant",
-        "max_tokens_limit", "default_max_tokens", "online_learning", "online_state",
+        "max_tokens_limit", "default_max_tokens", "online_learning", "online_state", "passthrough",
+        "forwarded_allow_ips",
     )},
 }  # fmt: skip
 """The gateway settings ``serve`` has a flag for -> the flag (for errors)."""
@@ -287,6 +288,21 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="FILE",
         help="with --online-learning and no --redis: save the learned windows to FILE and resume from it",
     )
+    p.add_argument(
+        "--passthrough",
+        default=None,
+        metavar="all|none|PATHS",
+        help="which other /v1 endpoints go to a backend unscheduled: all, none, or paths (each with the paths "
+        "under it) separated by commas, e.g. /v1/embeddings,/v1/tokenize; any other is a 404 (default all)",
+    )
+    p.add_argument(
+        "--forwarded-allow-ips",
+        default=None,
+        metavar="IPS",
+        help="proxies (addresses, networks, or *) whose X-Forwarded-For and X-Forwarded-Proto name the client, "
+        "separated by commas; backends are sent the client's address as X-Forwarded-For, never a client's own "
+        "(default: none trusted)",
+    )
     p.add_argument("--log-level", default=None, help="default info (HEADWAY_LOG_LEVEL)")
     p.add_argument(
         "--log-format",
@@ -344,6 +360,8 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None)
         "headers_timeout_s": getattr(args, "headers_timeout", None),
         "default_max_tokens": getattr(args, "default_max_tokens", None),
         "add_stream_usage": getattr(args, "add_stream_usage", None),
+        "passthrough": getattr(args, "passthrough", None),
+        "forwarded_allow_ips": getattr(args, "forwarded_allow_ips", None),
     }
     if args.policy_arg:
         overrides["policy_args"] = _policy_args(args.policy_arg, args.policy)

@@ -32,6 +32,9 @@ Config file (TOML shown; JSON with the same structure works too)::
     client_header_timeout_s = 10.0  # a client's request head must arrive within this, else closed
     keep_alive_timeout_s = 30.0     # an idle kept-alive client connection is closed after this
     max_connections = 0             # 503 to client connections beyond this (0 = a quarter of ulimit -n)
+    forwarded_allow_ips = []        # proxies whose X-Forwarded-For/-Proto name the client ("*": any)
+    passthrough = "all"             # other /v1 paths sent on unscheduled: "all", "none" or a list of paths
+    # min_priority = 0              # most urgent 'priority' a request may ask for (unset: any)
 
     [[backends]]
     url = "http://127.0.0.1:8001"   # http:// or https:// (verified against the system CAs)
@@ -47,6 +50,7 @@ Config file (TOML shown; JSON with the same structure works too)::
     name = "acme"
     tier = "premium"                # premium | standard | batch
     api_key_sha256 = ["<64 hex digits>"]
+    # min_priority = 10             # this tenant's bound (unset: the gateway's min_priority)
 
 Environment: every top-level setting can also come from ``HEADWAY_<SETTING>`` (upper case:
 ``HEADWAY_POLICY=pars``, ``HEADWAY_QUEUE_TTL_S=30``, tables as JSON), backends from
@@ -59,8 +63,8 @@ API keys: ``api_keys = "auto"`` (default) requires a key when ``[[tenants]]`` li
 else every request belongs to tenant ``default``; ``"required"`` always requires one;
 ``"off"`` never. With ``redis_url``, keys not in the file are looked up in the Redis hash
 ``headway:apikeys``: field = SHA-256 hex of the key, value =
-``{"tenant": "acme", "tier": "premium"}``. Keys required with none that could be valid (no
-tenant's ``api_key_sha256``, no ``redis_url``) is refused at startup.
+``{"tenant": "acme", "tier": "premium"}`` (optionally with ``"min_priority": 10``). Keys required
+with none that could be valid (no tenant's ``api_key_sha256``, no ``redis_url``) is refused at startup.
 
 Transparency: a request reaches its backend as the client sent it, byte for byte, unless an
 option above says otherwise (``default_max_tokens`` > 0, or else ``max_tokens_limit`` > 0, adds
@@ -84,8 +88,9 @@ A score-ranked policy (``pars``, ``sjf-score``, ``trail``, ``ltr``, ``rank-boost
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -94,6 +99,7 @@ from headway.core import Tier, get_policy_class
 from headway.policies import ScoredPolicy
 from headway.predict._resolve import MIN_SCORING_LENGTH, not_a_spec_hint, predictor_spec
 from headway.routers import DEFAULT_ROUTER, get_router_class, make_router
+from headway.serve._wire import MAX_ABS_PRIORITY
 
 __all__ = [
     "BackendConfig",
@@ -129,6 +135,20 @@ def _needs_scorer(policy_cls: type, policy_args: Mapping[str, Any]) -> bool:
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
+
+
+def check_min_priority(value: object, name: str) -> None:
+    """:class:`ConfigError` unless ``value`` (setting ``name``) is None or an integer ``priority`` could be."""
+    _check(
+        value is None or (isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_ABS_PRIORITY),
+        f"{name} must be an integer between -{MAX_ABS_PRIORITY} and {MAX_ABS_PRIORITY}, got {value!r:.60}",
+    )
+
+
+def _strings(value: str | Sequence[str]) -> tuple[str, ...]:
+    """A list setting given as a list, or as one string (``"a,b"``, as a flag gives it)."""
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(v.strip() for v in items if v.strip())
 
 
 def check_backend_url(url: str, name: str) -> None:
@@ -201,9 +221,14 @@ class TenantConfig:
     name: str
     tier: Tier = Tier.STANDARD
     api_key_sha256: tuple[str, ...] = ()
+    min_priority: int | None = None
+    """The most urgent ``priority`` its requests may ask for (lower runs first, as in vLLM): a request
+    asking for less is a 400, one that gives none is queued at this when it is above 0. None: the
+    gateway's ``min_priority``."""
 
     def __post_init__(self) -> None:
         _check(bool(self.name), "tenants.name must be non-empty")
+        check_min_priority(self.min_priority, f"tenant {self.name!r}: min_priority")
         object.__setattr__(self, "tier", Tier.parse(self.tier))
         hashes = tuple(h.lower() for h in self.api_key_sha256)
         for h in hashes:
@@ -342,6 +367,21 @@ class GatewayConfig:
     max_connections: int = 0
     """Open client connections beyond this get a fast 503 ``too_many_connections``; 0: a quarter
     of the open-file limit (``ulimit -n``), between 64 and 8192."""
+    forwarded_allow_ips: tuple[str, ...] = ()
+    """Proxies in front of the gateway trusted to name the client (uvicorn's setting: addresses,
+    networks such as ``10.0.0.0/8``, or ``*``): from one of them, the client's address and scheme are
+    read from its ``X-Forwarded-For`` and ``X-Forwarded-Proto``, else they are the connection's.
+    Either way the backend is sent the gateway's own ``X-Forwarded-For`` and ``X-Forwarded-Proto``
+    (the client's address and scheme), never a client's. () (the default): no proxy is trusted."""
+    passthrough: tuple[str, ...] = ("all",)
+    """Which other ``/v1`` endpoints are passed through to a backend unscheduled: ``("all",)`` (the
+    default), ``("none",)``, or paths under ``/v1``, each with every path under it (``/v1/files``:
+    also ``/v1/files/f1``); any other is a 404."""
+    min_priority: int | None = None
+    """The most urgent ``priority`` a request may ask for (lower runs first, as in vLLM's field; what
+    ``priority`` and ``bands`` order by): a request asking for less is a 400 naming ``priority``, and
+    one that gives none is queued at this when it is above 0 (vLLM's default). A tenant's own
+    ``min_priority`` takes its place for that tenant's keys. None (the default): no bound."""
 
     def __post_init__(self) -> None:
         _check(len(self.backends) > 0, "at least one backend is required (--backend URL)")
@@ -395,6 +435,25 @@ class GatewayConfig:
             value = getattr(self, name)
             _check(value > 0 and math.isfinite(value), f"{name} must be > 0 and finite, got {value}")
         _check(self.max_connections >= 0, f"max_connections must be >= 0, got {self.max_connections}")
+        object.__setattr__(self, "forwarded_allow_ips", _strings(self.forwarded_allow_ips))
+        for ip in self.forwarded_allow_ips:
+            try:
+                if ip != "*":
+                    ipaddress.ip_network(ip, strict=False)
+            except ValueError:
+                raise ConfigError(
+                    f"forwarded_allow_ips must list IP addresses, networks (10.0.0.0/8) or '*', got {ip!r}"
+                ) from None
+        allowed = _strings(self.passthrough) or ("none",)
+        if allowed not in (("all",), ("none",)):
+            for path in allowed:
+                _check(
+                    path.startswith("/v1/") and all(s not in ("", ".", "..") for s in path.rstrip("/").split("/")[1:]),
+                    f"passthrough must be 'all', 'none' or paths under /v1 (/v1/embeddings, /v1/audio), got {path!r}",
+                )
+            allowed = tuple(path.rstrip("/") for path in allowed)
+        object.__setattr__(self, "passthrough", allowed)
+        check_min_priority(self.min_priority, "min_priority")
         get_router_class(self.router)  # UnknownRouterError (a ValueError) names valid ones
         _check(isinstance(self.router_args, Mapping), "router_args must be a table")
         try:  # its settings, checked by the router itself

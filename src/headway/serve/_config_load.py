@@ -177,7 +177,11 @@ def describe_config(config: GatewayConfig) -> dict[str, Any]:
                 for b in value
             ]
         elif name == "tenants":
-            value = [{"name": t.name, "tier": t.tier.name.lower(), "api_keys": len(t.api_key_sha256)} for t in value]
+            value = [
+                {"name": t.name, "tier": t.tier.name.lower(), "api_keys": len(t.api_key_sha256)}
+                | ({} if t.min_priority is None else {"min_priority": t.min_priority})
+                for t in value
+            ]
         elif name == "admin_api_key_sha256":
             value = len(value)
         elif name == "redis_url" and value:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 from starlette.responses import Response, StreamingResponse
 
@@ -74,9 +74,11 @@ class Exchange:
         watch: Watch,
         arrived: float,
         granted: Backend | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Response:
-        """Queue ``req`` (unless ``granted`` a backend already: the fast path), forward it, and
-        queue it again after a retryable failure."""
+        """Queue ``req`` (unless ``granted`` a backend already: the fast path), forward it (with the
+        request ``headers``: the gateway's ``X-Forwarded-*``), and queue it again after a retryable
+        failure."""
         loop = asyncio.get_running_loop()
         deadline = arrived + self.config.queue_ttl_s
         exclude = self.dispatcher.not_serving(req.extra.get("model"))  # backends listing other models
@@ -95,7 +97,7 @@ class Exchange:
                 else:  # dispatched at once (the fast path)
                     backend, granted = granted, None
                 # ---- upstream
-                outcome = await self.forward(req, backend, path, payload, parsed, watch)
+                outcome = await self.forward(req, backend, path, payload, parsed, watch, headers)
                 if isinstance(outcome, Response):
                     handed_off = True  # forward released the backend / owns the stream now
                     return outcome
@@ -281,6 +283,7 @@ class Exchange:
         payload: bytes,
         parsed: Parsed,
         watch: Watch,
+        headers: Mapping[str, str] | None = None,
     ) -> Response | tuple[str, str]:
         """Send to ``backend``. A Response ends the request; ``(message, kind)`` is a retryable
         failure (nothing reached the client): ``kind`` is ``refused`` (no connection: nothing
@@ -289,7 +292,9 @@ class Exchange:
         or any 503 while other requests of ours run there: full for now) or ``failed`` (another 5xx,
         a stall, a broken exchange)."""
         wait = self.config.headers_timeout_s if parsed.stream else 0.0
-        send = asyncio.ensure_future(self.pools[backend.index].post(path, payload, headers_timeout=wait or None))
+        send = asyncio.ensure_future(
+            self.pools[backend.index].post(path, payload, headers, headers_timeout=wait or None)
+        )
         await asyncio.wait(either(send, watch.stop), return_when=asyncio.FIRST_COMPLETED)
         if not send.done():  # client went away (or cancelled) while we connected
             send.cancel()

@@ -68,7 +68,11 @@ off or for an admin key; a tenant key sees only series labelled with its tenant,
 endpoints is not counted in ``headway_rejections``, which counts generation requests only (so
 that ``headway_requests_finished`` + ``headway_rejections`` = generation requests answered).
 Every other ``/v1`` path (embeddings, responses, tokenize, ...) is passed through to a backend
-unscheduled (``headway.serve._passthrough``).
+unscheduled (``headway.serve._passthrough``), as far as ``passthrough`` allows.
+
+Forwarded requests, scheduled or passed through, carry the gateway's ``X-Forwarded-For`` and
+``X-Forwarded-Proto`` (the client's address and scheme; ``forwarded_allow_ips`` names the proxies
+trusted to tell them), never a client's own.
 """
 
 from __future__ import annotations
@@ -101,7 +105,7 @@ from headway.serve._logging import LimitedWarnings
 from headway.serve._metrics import GatewayMetrics
 from headway.serve._models import check_models, merged_model_list, watch_models
 from headway.serve._openapi import openapi_schema
-from headway.serve._passthrough import Passthrough, backend_headers
+from headway.serve._passthrough import Passthrough, backend_headers, forwarded_headers
 from headway.serve._peers import PeerChannel, PeerUnavailable, owner_of
 from headway.serve._redis_queue import RedisDispatcher
 from headway.serve._scorer import BatchScorer, OnlineScoring
@@ -206,6 +210,7 @@ class Gateway:
             backend_down_s=config.backend_down_s,
             max_body_bytes=config.max_body_bytes,
             body_timeout_s=config.body_timeout_s,
+            allowed=config.passthrough,
         )
         self.exchange = Exchange(
             config, self.dispatcher, self.pools, self.metrics, self.ledger, self.arrivals, self._log_limited
@@ -520,6 +525,7 @@ class Gateway:
             if isinstance(ident, Response):
                 return ident
             body, raw, parsed = await self.intake.read(request, chat)
+            self.intake.bound_priority(body, parsed, ident)
         except Refused as exc:
             return self.metrics.reject(exc.reason, exc.response, ident if isinstance(ident, Identity) else None)
         return await self._serve(request, path, body, raw, parsed, ident)
@@ -548,7 +554,9 @@ class Gateway:
             watch.end("shutdown")
         streaming = False
         try:
-            resp = await self.exchange.serve(req, path, payload, parsed, watch, arrived, backend)
+            resp = await self.exchange.serve(
+                req, path, payload, parsed, watch, arrived, backend, headers=forwarded_headers(request)
+            )
             streaming = isinstance(resp, StreamingResponse)
             return resp
         finally:

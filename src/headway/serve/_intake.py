@@ -4,9 +4,9 @@
 Every refusal is a :class:`Refused` carrying its ``headway_rejections`` reason and the
 OpenAI-style answer: 413 over ``max_body_bytes``, 408 after ``body_timeout_s``, 400 naming the
 field (JSON that does not parse, a non-finite number, a bad value, ``max_tokens`` over
-``max_tokens_limit``). A request that gives no ``max_tokens`` (nor, in chat,
-``max_completion_tokens``) is sent with ``default_max_tokens``, else with ``max_tokens_limit``
-when one is set.
+``max_tokens_limit``, a ``priority`` below the caller's ``min_priority``). A request that gives no
+``max_tokens`` (nor, in chat, ``max_completion_tokens``) is sent with ``default_max_tokens``, else
+with ``max_tokens_limit`` when one is set.
 """
 
 from __future__ import annotations
@@ -112,6 +112,27 @@ class Intake:
                 ),
             )
         return body, raw, parsed
+
+    @staticmethod
+    def bound_priority(body: dict[str, Any], parsed: Parsed, ident: Identity) -> None:
+        """Hold ``parsed.priority`` to the caller's ``min_priority`` (lower runs first): a request
+        asking for less is refused (400 naming ``priority``); one that gives none is queued at it
+        when it is above vLLM's default, 0. The body goes upstream as it came."""
+        floor = ident.min_priority
+        if floor is None:
+            return
+        if body.get("priority") is None:
+            parsed.priority = max(parsed.priority, floor)
+        elif parsed.priority < floor:
+            raise Refused(
+                "invalid",
+                api_error(
+                    "invalid_value",
+                    param="priority",
+                    detail=f"'priority' must be at least {floor} for this API key (lower runs first), "
+                    f"got {parsed.priority}",
+                ),
+            )
 
     async def _read_body(self, request: HTTPRequest) -> bytes | None:
         """The body; None over ``max_body_bytes``; TimeoutError after ``body_timeout_s``."""

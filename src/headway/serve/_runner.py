@@ -164,6 +164,9 @@ def _config(
             "timeout_keep_alive": cfg.keep_alive_timeout_s,
             "http": guarded_protocol(cfg.client_header_timeout_s, cap, cfg.retry_after_s),
             "backlog": ACCEPT_BACKLOG,
+            # a client's X-Forwarded-For and -Proto are read only from the proxies the operator trusts
+            "proxy_headers": bool(cfg.forwarded_allow_ips),
+            "forwarded_allow_ips": list(cfg.forwarded_allow_ips) or None,
         }
     return uvicorn.Config(
         app,

@@ -10,14 +10,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from headway.core import Tier
-from headway.serve._config import GatewayConfig, hash_api_key
+from headway.serve._config import GatewayConfig, check_min_priority, hash_api_key
 
 __all__ = ["REDIS_APIKEYS_HASH", "DirectoryUnavailable", "Identity", "TenantDirectory"]
 
 log = logging.getLogger("headway.serve")
 
 REDIS_APIKEYS_HASH = "headway:apikeys"
-"""Redis hash: field = SHA-256 hex of an API key, value = ``{"tenant": ..., "tier": ...}``."""
+"""Redis hash: field = SHA-256 hex of an API key, value = ``{"tenant": ..., "tier": ...}``, optionally
+with ``"min_priority"`` (as a tenant's in the config)."""
 
 
 class DirectoryUnavailable(Exception):
@@ -28,9 +29,12 @@ class DirectoryUnavailable(Exception):
 class Identity:
     tenant: str
     tier: Tier
+    min_priority: int | None = None
+    """The most urgent ``priority`` the caller may ask for (None: any): its tenant's, else the gateway's."""
 
 
 ANONYMOUS = Identity("default", Tier.STANDARD)
+"""The caller with API keys off (and no gateway ``min_priority``)."""
 
 
 class TenantDirectory:
@@ -40,8 +44,12 @@ class TenantDirectory:
         self, config: GatewayConfig, redis: Any = None, cache_ttl_s: float = 10.0, lookup_timeout_s: float = 2.0
     ) -> None:
         self.enabled = config.auth_enabled
+        self._min_priority = config.min_priority
+        self._anonymous = Identity(ANONYMOUS.tenant, ANONYMOUS.tier, config.min_priority)
         self._static: dict[str, Identity] = {
-            h: Identity(t.name, t.tier) for t in config.tenants for h in t.api_key_sha256
+            h: Identity(t.name, t.tier, config.min_priority if t.min_priority is None else t.min_priority)
+            for t in config.tenants
+            for h in t.api_key_sha256
         }
         self._redis = redis
         self._cache: dict[str, tuple[float, Identity | None]] = {}
@@ -57,8 +65,7 @@ class TenantDirectory:
             return None
         return token.strip()
 
-    @staticmethod
-    def _parse_record(raw: Any, digest: str) -> Identity | None:
+    def _parse_record(self, raw: Any, digest: str) -> Identity | None:
         """The identity in a Redis API-key record, or None (a 401) for a malformed one: the
         warning names the record by the first 12 hex digits of its key's hash, never the key."""
         try:
@@ -68,20 +75,23 @@ class TenantDirectory:
             tenant = data.get("tenant")
             if not isinstance(tenant, str) or not tenant:
                 raise ValueError(f"'tenant' must be a non-empty string, got {tenant!r}")
-            return Identity(tenant, Tier.parse(data.get("tier", "standard")))
+            floor = data.get("min_priority")
+            check_min_priority(floor, "'min_priority'")  # a ConfigError: a ValueError
+            return Identity(tenant, Tier.parse(data.get("tier", "standard")),
+                            self._min_priority if floor is None else floor)  # fmt: skip
         except (ValueError, TypeError, RecursionError) as exc:  # JSONDecodeError and UnicodeError are ValueErrors
             log.warning("malformed API-key record %s in Redis hash %s (%s): answered 401",
                         digest[:12], REDIS_APIKEYS_HASH, exc)  # fmt: skip
             return None
 
     async def resolve(self, authorization: str | None) -> Identity | None:
-        """The caller's identity, :data:`ANONYMOUS` with auth off, None if not valid.
+        """The caller's identity, tenant ``default`` with auth off, None if not valid.
 
         A key not in the config is looked up in Redis (answers cached ``cache_ttl_s``); while
         Redis does not answer within ``lookup_timeout_s``, the last answer for that key holds,
         and a key never seen raises :class:`DirectoryUnavailable`."""
         if not self.enabled:
-            return ANONYMOUS
+            return self._anonymous
         token = self.bearer(authorization)
         if token is None:
             return None

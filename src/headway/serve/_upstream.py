@@ -165,8 +165,9 @@ class UpstreamPool:
     ) -> UpstreamResponse:
         """Send a JSON POST; returns once the status line and headers arrived.
 
-        ``headers``: extra request headers (the load generator's keys); ``headers_timeout``:
-        wait this long for the headers instead of the read timeout."""
+        ``headers``: extra request headers (the load generator's keys, the gateway's
+        ``X-Forwarded-For``); ``headers_timeout``: wait this long for the headers instead of the
+        read timeout."""
         session = self._session or self._open()
         wait = self._read_timeout if headers_timeout is None else headers_timeout
         url = self._base + path
