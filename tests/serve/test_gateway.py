@@ -244,6 +244,44 @@ def test_queue_length_per_tenant_in_metrics(make_stub, make_gateway):
     assert anonymous.status_code == 401
 
 
+def test_an_empty_queue_reads_0_not_no_series(make_stub, make_gateway):
+    """headway_queue_length had a series only while a tenant had requests queued: idle, it vanished,
+    so avg_over_time() counted only the busy moments, sum() of an idle gateway was no data (not 0)
+    and an alert on it read nothing. A configured tenant reads 0 from the start, and every tenant
+    and tier that queued reads 0 again once its queue is empty."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def queued(text: str) -> dict[tuple[str, str], float]:
+        return {
+            (s.labels["tenant"], s.labels["tier"]): s.value
+            for f in text_string_to_metric_families(text)
+            if f.name == "headway_queue_length"
+            for s in f.samples
+        }
+
+    stub = make_stub(token_delay_s=0.01)
+    tenants = (TenantConfig("acme", Tier.PREMIUM, (hash_api_key("k1"),)),
+               TenantConfig("bulk", Tier.BATCH, (hash_api_key("k2"),)))  # fmt: skip
+    gw = make_gateway(
+        [BackendConfig(stub.url, max_concurrency=1)], tenants=tenants, admin_api_key_sha256=(hash_api_key("adm"),)
+    )
+    admin = {"Authorization": "Bearer adm"}
+    assert queued(httpx.get(gw.url + "/metrics", headers=admin).text) == {("acme", "premium"): 0.0,
+                                                                          ("bulk", "batch"): 0.0}  # fmt: skip
+    _fire(gw.url, [{**COMPLETION, "max_tokens": 20}] * 3, {"Authorization": "Bearer k1"}, 0.0)
+    wait_until(lambda: not gw.gateway.ledger.active, what="all answered")
+    assert queued(httpx.get(gw.url + "/metrics", headers=admin).text) == {("acme", "premium"): 0.0,
+                                                                          ("bulk", "batch"): 0.0}  # fmt: skip
+    own = httpx.get(gw.url + "/metrics", headers={"Authorization": "Bearer k2"}).text
+    assert queued(own) == {("bulk", "batch"): 0.0}  # a tenant's own view, before it sent anything
+
+
+def test_with_api_keys_off_the_queue_length_reads_0_when_idle(make_stub, make_gateway):
+    stub = make_stub()
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=1)])
+    assert 'headway_queue_length{tenant="default",tier="standard"} 0.0' in httpx.get(gw.url + "/metrics").text
+
+
 # ------------------------------------------------------------------------ trouble
 def test_client_disconnect_while_queued_leaves_the_queue(make_stub, make_gateway):
     stub = make_stub(token_delay_s=0.01)
@@ -1100,3 +1138,25 @@ def test_rejections_are_labelled_with_the_tenant_they_refused(make_stub, make_ga
     own = httpx.get(gw.url + "/metrics", headers=acme).text
     assert 'headway_rejections_total{reason="queue_full",tenant="acme",tier="premium"} 1.0' in own
     assert "headway_rejections_total" not in httpx.get(gw.url + "/metrics", headers={"Authorization": "Bearer k2"}).text
+
+
+def test_a_password_in_a_backend_url_is_not_in_metrics_nor_the_startup_line(make_stub, make_gateway):
+    """A backend URL may carry basic-auth credentials (``http://user:pw@host``: the upstream client
+    sends them); its ``backend`` label in /metrics (unauthenticated with API keys off, then kept by
+    Prometheus and shown by Grafana) and the effective configuration showed the password."""
+    from headway.serve._config_load import describe_config
+
+    stub = make_stub()
+    host = stub.url.split("://", 1)[1]
+    gw = make_gateway([BackendConfig(f"http://ops:s3cret@{host}", max_concurrency=2)])
+    with gw.client() as c:
+        assert c.post("/v1/completions", json=COMPLETION).status_code == 200
+    text = httpx.get(gw.url + "/metrics").text
+    assert "s3cret" not in text
+    assert f'headway_dispatches_total{{backend="http://ops:***@{host}"}} 1.0' in text
+    assert describe_config(gw.gateway.config)["backends"][0]["url"] == f"http://ops:***@{host}"
+    from headway.serve._config import redact_url
+
+    assert redact_url("https://u:p%40ss@h:1/x") == "https://u:***@h:1/x"
+    assert redact_url("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"
+    assert redact_url("http://h:8000") == "http://h:8000"

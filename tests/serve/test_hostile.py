@@ -92,6 +92,8 @@ def test_a_prompt_the_scorer_fails_on_fails_nobody_else_and_gets_the_fallback_sc
     # requests dispatched before their score (the scorer's fast path) are scored in the background
     _wait_for(lambda: len(seen) == 20 and g.num_score_fallbacks == 1, "every request scored")
     assert g.num_score_fallbacks == 1
+    # and /metrics says so (the warning is rate-limited, and score_wait times only scored prompts)
+    assert 'headway_score_fallbacks_total{reason="scorer_error"} 1.0' in httpx.get(gw.url + "/metrics").text
     assert g.scorer is not None and g.scorer.num_batch_failures >= 1
     assert sorted(seen) == sorted("x" * (i + 1) for i in range(20))
     assert len(g.finished_requests) == 21 and stub.stub.stats.started == 21
@@ -128,6 +130,8 @@ def test_token_id_prompts_get_the_fallback_score_not_a_500(make_stub, make_gatew
         r = c.post("/v1/completions", json={**COMPLETION, "prompt": [1, 2, 3]})
     assert r.status_code == 200, r.text
     assert gw.gateway.num_score_fallbacks == 1
+    text = httpx.get(gw.url + "/metrics").text
+    assert 'headway_score_fallbacks_total{reason="no_text"} 1.0' in text and '{reason="scorer_error"}' not in text
     # the fallback is the mean of the scores given so far: the one text prompt's
     assert [q.score for q in gw.gateway.finished_requests] == [4.0, 4.0]
 

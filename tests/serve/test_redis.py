@@ -51,6 +51,19 @@ def test_api_keys_from_redis(redis_url, make_stub, make_gateway):
     assert (done.tenant_id, done.tier) == ("blue", Tier.BATCH)
 
 
+def test_a_tenant_known_from_redis_reads_an_empty_queue_as_0(redis_url, make_stub, make_gateway):
+    """Its queue-length series stays once it has queued (at 0 when idle), though no scrape saw it queued."""
+    r = _client(redis_url)
+    r.hset(REDIS_APIKEYS_HASH, hash_api_key("sk-green"), json.dumps({"tenant": "green", "tier": "premium"}))
+    gw = make_gateway([make_stub().url], redis_url=redis_url, redis_prefix=f"t{uuid.uuid4().hex[:6]}:",
+                      api_keys="required")  # fmt: skip
+    key = {"Authorization": "Bearer sk-green"}
+    assert "headway_queue_length{" not in httpx.get(gw.url + "/metrics", headers=key).text  # not known yet
+    resp = httpx.post(gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=key)
+    assert resp.status_code == 200, resp.text
+    assert 'headway_queue_length{tenant="green",tier="premium"} 0.0' in httpx.get(gw.url + "/metrics", headers=key).text
+
+
 def test_two_replicas_share_one_global_order(redis_url, make_stub, make_gateway):
     prefix = f"t{uuid.uuid4().hex[:6]}:"
     stub = make_stub(token_delay_s=0.008)

@@ -25,7 +25,8 @@ before its score landed is never reported to the policy, like one refused before
 Fallback score (a token-id prompt, which the gateway cannot read as text, or a prompt the
 scorer failed on): the mean of the scores given so far, 0.0 before the first; the policy then
 places it among the others as a typical request, and it is never answered 500 for want of a
-score. Counted in :attr:`Arrivals.num_score_fallbacks`.
+score. Counted in :attr:`Arrivals.num_score_fallbacks` and ``headway_score_fallbacks{reason}``
+(``no_text``, ``scorer_error``: it failed, or gave a score that is not a finite number).
 """
 
 from __future__ import annotations
@@ -118,7 +119,9 @@ class Arrivals:
             scorer = self.online.scorer_for(str(req.extra.get("model") or "") or None)
         assert scorer is not None
         prompt = req.prompt if prompt is None else prompt
+        why = "no_text"  # (a prompt of token ids: nothing the scorer reads)
         if prompt:
+            why = "scorer_error"
             d = self.dispatcher
             if counted:
                 d.scoring += 1  # free backends may wait for it (Dispatcher._holding)
@@ -142,6 +145,7 @@ class Arrivals:
         else:
             req.score = self._score_sum / self._score_n if self._score_n else 0.0
             self.num_score_fallbacks += 1
+            self.metrics.score_fallbacks.labels(why).inc()
 
     async def _score_late(self, req: Request, prompt: str) -> None:
         """Score a request dispatched on the fast path, then tell the policy of its arrival and of

@@ -151,6 +151,16 @@ def _strings(value: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(v.strip() for v in items if v.strip())
 
 
+def redact_url(url: str) -> str:
+    """``url`` with the password in it, if any, shown as ``***`` (for logs and metric labels)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
 def check_backend_url(url: str, name: str) -> None:
     """:class:`ConfigError` unless ``url`` is a backend's base URL; the message names ``name`` (the
     setting, ``backends.url``, or the flag, ``--backend``) and, for an address without a scheme

@@ -10,10 +10,9 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from headway.core import Tier
-from headway.serve._config import BackendConfig, ConfigError, GatewayConfig, TenantConfig, _check
+from headway.serve._config import BackendConfig, ConfigError, GatewayConfig, TenantConfig, _check, redact_url
 
 __all__ = ["ENV_PREFIX", "config_from_dict", "config_from_env", "describe_config", "load_config"]
 
@@ -166,7 +165,7 @@ def describe_config(config: GatewayConfig) -> dict[str, Any]:
         if name == "backends":
             value = [
                 {
-                    "url": b.url,
+                    "url": redact_url(b.url),
                     "api_key": "set" if b.api_key else "",
                     "admission": (f"max_concurrency={b.max_concurrency} " if b.max_concurrency else "")
                     + (f"metrics every {b.metrics_poll_s:g}s" if b.metrics_poll_s else "")
@@ -185,9 +184,7 @@ def describe_config(config: GatewayConfig) -> dict[str, Any]:
         elif name == "admin_api_key_sha256":
             value = len(value)
         elif name == "redis_url" and value:
-            parts = urlsplit(value)
-            if parts.password:
-                value = value.replace(f":{parts.password}@", ":***@", 1)
+            value = redact_url(value)
         elif isinstance(value, Mapping):
             value = dict(value)
         out[name] = value

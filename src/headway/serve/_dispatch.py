@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from headway.core import Policy, PolicyQueue, Request, RequestState
 from headway.routers import DEFAULT_ROUTER, Estimator, LoadTracker, Router, make_router, policy_estimator
-from headway.serve._config import BackendConfig
+from headway.serve._config import BackendConfig, redact_url
 
 __all__ = ["Backend", "Dispatcher", "QueueFullError"]
 
@@ -75,6 +75,12 @@ class Backend:
     models: tuple[str, ...] | None = None
     """The model ids its ``/v1/models`` listed last (sorted; None until read, :mod:`._models`)."""
     extra: dict[str, object] = field(default_factory=dict)
+
+    label: str = ""
+    """Its URL as ``/metrics`` labels it: a password in it shown as ``***``."""
+
+    def __post_init__(self) -> None:
+        self.label = redact_url(self.config.url)
 
     @property
     def url(self) -> str:
@@ -260,9 +266,9 @@ class Dispatcher:
         if timer is not None:
             timer.cancel()
         key = (request.tenant_id, request.tier.name.lower())
-        self.queued_per_tenant[key] -= 1
-        if self.queued_per_tenant[key] <= 0:
-            del self.queued_per_tenant[key]
+        # kept at 0, not deleted: headway_queue_length reads 0 for an idle tenant (the tenants are
+        # the operator's, from the config or Redis's records, so the keys stay few)
+        self.queued_per_tenant[key] = max(self.queued_per_tenant[key] - 1, 0)
 
     def not_serving(self, model: object) -> frozenset[int]:
         """The backends a request for ``model`` is kept from: while some backend's ``/v1/models``

@@ -115,7 +115,7 @@ class Exchange:
                     # room; not an attempt (the queue TTL bounds the wait)
                     log.info("request %s: %s is full (%s)", req.request_id, backend.url, message)
                     self.dispatcher.mark_full(backend, float(max(self.config.retry_after_s, 1)))
-                    self.metrics.retries.labels(backend.url).inc()
+                    self.metrics.retries.labels(backend.label).inc()
                     continue
                 log.warning("request %s failed on %s (%s)", req.request_id, backend.url, message)
                 reached = kind != "refused"  # a refused connection reached no backend
@@ -125,14 +125,14 @@ class Exchange:
                 if waits and attempts < self.config.max_attempts:
                     # the backend is down or went away (marked down for backend_down_s): wait in
                     # the queue, in order, for it or another one
-                    self.metrics.retries.labels(backend.url).inc()
+                    self.metrics.retries.labels(backend.label).inc()
                     continue
                 if not reached:
                     attempts += 1
                 exclude = exclude | {backend.index}
                 if attempts >= self.config.max_attempts or self.dispatcher.all_backends_excluded(exclude):
                     break
-                self.metrics.retries.labels(backend.url).inc()
+                self.metrics.retries.labels(backend.label).inc()
             self.ledger.abort(req)
             return self.metrics.reject(
                 "backend_error",
@@ -305,7 +305,7 @@ class Exchange:
             watch.close()
             return self.stopped(watch, req)
         if not isinstance(send.exception(), UpstreamConnectError):  # it went out: a dispatch
-            self.metrics.dispatches.labels(backend.url).inc()
+            self.metrics.dispatches.labels(backend.label).inc()
         try:
             resp = send.result()
         except UpstreamConnectError as exc:  # refused: the backend is down (or restarting)

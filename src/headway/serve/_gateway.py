@@ -63,10 +63,11 @@ always a string; a 4xx of a backend is passed through as it is.
 Other endpoints: ``GET``/``DELETE /v1/requests/{id}`` (status / cancel one of the caller's own
 requests, on any replica: one held by another replica is asked through Redis, :mod:`._peers`;
 another tenant's request is a 404, like a missing one), ``/metrics`` (everything with API keys
-off or for an admin key; a tenant key sees only series labelled with its tenant, which today is
-``headway_queue_length`` alone; no key: 401), ``/health`` and ``/openapi.json``. A 401 on these
-endpoints is not counted in ``headway_rejections``, which counts generation requests only (so
-that ``headway_requests_finished`` + ``headway_rejections`` = generation requests answered).
+off or for an admin key; a tenant key sees only series labelled with its tenant: its queue
+length, queue wait, latencies, finished requests and rejections; no key: 401), ``/health`` and
+``/openapi.json``. A 401 on these endpoints is not counted in ``headway_rejections``, which counts
+generation requests only (so that ``headway_requests_finished`` + ``headway_rejections`` =
+generation requests answered).
 Every other ``/v1`` path (embeddings, responses, tokenize, ...) is passed through to a backend
 unscheduled (``headway.serve._passthrough``), as far as ``passthrough`` allows.
 
@@ -109,7 +110,7 @@ from headway.serve._passthrough import Passthrough, backend_headers, forwarded_h
 from headway.serve._peers import PeerChannel, PeerUnavailable, owner_of
 from headway.serve._redis_queue import RedisDispatcher
 from headway.serve._scorer import BatchScorer, OnlineScoring
-from headway.serve._tenants import DirectoryUnavailable, Identity, TenantDirectory
+from headway.serve._tenants import ANONYMOUS, DirectoryUnavailable, Identity, TenantDirectory
 from headway.serve._upstream import UpstreamPool
 from headway.serve._watch import Watch, wait_disconnect
 from headway.serve._wire import Parsed
@@ -187,6 +188,13 @@ class Gateway:
         """Requests being served (queued, running or streaming), by id."""
         self.finished_requests = self.ledger.finished_requests
         """Most recent finished/aborted requests (bounded), for tests and debugging."""
+        self._queue_keys: dict[tuple[str, str], None] = dict.fromkeys(
+            [(t.name, t.tier.name.lower()) for t in config.tenants]
+            if config.auth_enabled
+            else [(ANONYMOUS.tenant, ANONYMOUS.tier.name.lower())]
+        )
+        """``headway_queue_length``'s tenants and tiers, in order (the operator's: the config's or
+        Redis's records, never a client's word)."""
         self.metrics = GatewayMetrics(
             self._queue_lengths, self._in_flight, backend_up=self._backend_up, drift_bias=self._drift_bias
         )
@@ -283,13 +291,19 @@ class Gateway:
 
     # ---------------------------------------------------------------- metrics
     def _queue_lengths(self) -> list[tuple[str, str, int]]:
-        return [(t, tier, n) for (t, tier), n in self.dispatcher.queued_per_tenant.items()]
+        """Every tenant and tier known here, 0 when it has nothing queued: the configured tenants
+        (or ``default`` with API keys off) from the start, and one known from Redis once it has
+        queued (a gauge that vanished when idle would read "no data" rather than 0)."""
+        queued = self.dispatcher.queued_per_tenant
+        for key in queued:  # (a tenant known from Redis)
+            self._queue_keys.setdefault(key)
+        return [(t, tier, queued.get((t, tier), 0)) for t, tier in self._queue_keys]
 
     def _in_flight(self) -> list[tuple[str, int]]:
-        return [(b.url, b.in_flight) for b in self.backends]
+        return [(b.label, b.in_flight) for b in self.backends]
 
     def _backend_up(self) -> list[tuple[str, int]]:
-        return [(b.url, int(b.usable)) for b in self.backends]
+        return [(b.label, int(b.usable)) for b in self.backends]
 
     def _drift_bias(self) -> dict[str, float]:
         """A DriftSched policy's learned ``B_runtime`` per category (``{}`` for other policies)."""

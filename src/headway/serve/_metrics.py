@@ -116,6 +116,13 @@ class GatewayMetrics:
             buckets=_WAIT_BUCKETS,
             registry=self.registry,
         )
+        self.score_fallbacks = Counter(
+            "headway_score_fallbacks",
+            "Requests given the fallback score (with a scorer): the scorer failed or gave no finite score "
+            "(scorer_error), or the prompt has no text to score (no_text)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.unscored_dispatches = Counter(
             "headway_unscored_dispatches",
             "Requests dispatched at once, scored in the background: nothing competed with them (scorer_fast_path)",
