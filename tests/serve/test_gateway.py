@@ -1160,3 +1160,24 @@ def test_a_password_in_a_backend_url_is_not_in_metrics_nor_the_startup_line(make
     assert redact_url("https://u:p%40ss@h:1/x") == "https://u:***@h:1/x"
     assert redact_url("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"
     assert redact_url("http://h:8000") == "http://h:8000"
+
+
+def test_a_password_in_a_backend_url_is_not_in_the_log(make_stub, make_gateway, caplog):
+    """The log lines about a backend (a request failed on it, its /metrics unreadable) named it by its
+    URL, password included, where /metrics and the startup line already hid it."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="headway")
+    refusing, polled = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    host = make_stub().url.split("://", 1)[1]
+    gw = make_gateway([BackendConfig(f"http://ops:s3cret@{refusing}", max_concurrency=1),
+                       BackendConfig(f"http://ops:s3cret@{polled}", metrics_poll_s=0.1),
+                       BackendConfig(f"http://ops:s3cret@{host}", max_concurrency=4)])  # fmt: skip
+    with gw.client() as c:
+        for _ in range(3):  # (one goes to the refusing backend first, and is served by another)
+            assert c.post("/v1/completions", json=COMPLETION).status_code == 200
+        wait_until(lambda: any(polled in r.getMessage() for r in caplog.records))
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(f"failed on http://ops:***@{refusing}" in m for m in lines), lines
+    assert any(f"http://ops:***@{polled}: unreachable" in m for m in lines), lines
+    assert not [m for m in lines if "s3cret" in m]

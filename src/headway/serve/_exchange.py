@@ -113,11 +113,11 @@ class Exchange:
                 if kind == "busy":
                     # not a failure: back to the queue, in order, until that backend or another has
                     # room; not an attempt (the queue TTL bounds the wait)
-                    log.info("request %s: %s is full (%s)", req.request_id, backend.url, message)
+                    log.info("request %s: %s is full (%s)", req.request_id, backend.label, message)
                     self.dispatcher.mark_full(backend, float(max(self.config.retry_after_s, 1)))
                     self.metrics.retries.labels(backend.label).inc()
                     continue
-                log.warning("request %s failed on %s (%s)", req.request_id, backend.url, message)
+                log.warning("request %s failed on %s (%s)", req.request_id, backend.label, message)
                 reached = kind != "refused"  # a refused connection reached no backend
                 if reached:
                     attempts += 1  # so a request that crashes every backend it meets ends
@@ -530,7 +530,7 @@ class Exchange:
             except UpstreamError as exc:
                 if not stop.done():  # not the gateway closing it (cancel, drain timeout)
                     reason = "backend_error_midstream"
-                    log.warning("request %s: backend %s failed mid-stream: %s", req.request_id, backend.url, exc)
+                    log.warning("request %s: backend %s failed mid-stream: %s", req.request_id, backend.label, exc)
                     yield sse_error(f"the backend failed mid-stream: {exc}")
                     return
             if stop.done() and not done:
@@ -541,7 +541,7 @@ class Exchange:
                 return
             if not done and usage_tokens is None:
                 reason = "backend_error_midstream"
-                log.warning("request %s: backend %s closed the stream early", req.request_id, backend.url)
+                log.warning("request %s: backend %s closed the stream early", req.request_id, backend.label)
                 yield sse_error("the backend closed the stream early")
                 return
             if not req.is_finished:

@@ -333,7 +333,7 @@ class Gateway:
                 r = await self.client.get(b.url + "/metrics", timeout=2.0, headers=backend_headers(b.config.api_key))
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing answers there
                 if b.last_poll_ok or b.reachable:
-                    log.warning("backend %s: unreachable: cannot read its /metrics (%s)", b.url, exc)
+                    log.warning("backend %s: unreachable: cannot read its /metrics (%s)", b.label, exc)
                 b.last_poll_ok = False
                 models_due = True
                 self.dispatcher.mark_unreachable(b, self.config.backend_down_s)
@@ -342,7 +342,7 @@ class Gateway:
             else:
                 answered = True
                 if not b.reachable:
-                    log.info("backend %s: reachable%s", b.url, " again" if seen else "")
+                    log.info("backend %s: reachable%s", b.label, " again" if seen else "")
                 b.reachable = seen = True  # it answered, whatever its /metrics say
                 try:
                     r.raise_for_status()
@@ -358,7 +358,7 @@ class Gateway:
                     b.last_poll_ok = b.load_read = True
                     if b.load_unreadable:
                         b.load_unreadable = False
-                        log.info("backend %s: its /metrics show its load now: it takes requests", b.url)
+                        log.info("backend %s: its /metrics show its load now: it takes requests", b.label)
             if answered and models_due:  # (before dispatching: it may have come back serving others)
                 models_due = not await check_models(self.client, b, self.backends)  # (a failed read: next poll)
             self.dispatcher.dispatch()
@@ -385,7 +385,7 @@ class Gateway:
                 b.load_unreadable = True
             else:
                 if b.load_unreadable:
-                    log.info("backend %s: its /v1/models answer now: it takes requests", b.url)
+                    log.info("backend %s: its /v1/models answer now: it takes requests", b.label)
                     b.load_unreadable = False
                 if not b.no_load_warned:
                     b.no_load_warned = True
@@ -399,7 +399,7 @@ class Gateway:
                         f"up to its max_concurrency {limit}" if limit else "as if idle",
                     )
         elif b.last_poll_ok:  # its last load stands
-            log.warning("backend %s: cannot read its /metrics (%s)", b.url, reason)
+            log.warning("backend %s: cannot read its /metrics (%s)", b.label, reason)
         b.last_poll_ok = False
 
     # -------------------------------------------------------------- handlers

@@ -71,11 +71,11 @@ async def merged_model_list(client: httpx.AsyncClient, backends: Sequence[Backen
 
 def models_differ(backends: Sequence[Backend]) -> str | None:
     """A line naming each backend's models when the backends that listed theirs differ."""
-    known = [(b.url, b.models) for b in backends if b.models is not None]
+    known = [(b.label, b.models) for b in backends if b.models is not None]
     if len({models for _, models in known}) <= 1:
         return None
     served = "; ".join(f"{url}: {', '.join(models) or 'none'}" for url, models in known if models is not None)
-    unread = [b.url for b in backends if b.models is None]
+    unread = [b.label for b in backends if b.models is None]
     also = f"; not read (any request may go there): {', '.join(unread)}" if unread else ""
     return f"the backends serve different models ({served}{also}): each request goes to one that lists its model"
 

@@ -60,6 +60,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from headway.core import Policy, Request, RequestState, SharedStartTags
+from headway.serve._config import redact_url
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 from headway.serve._redis_scripts import KeyEncodingError, RedisScripts, encode_key, unreachable
 
@@ -505,7 +506,7 @@ class RedisDispatcher(Dispatcher):
             request_id = member.rsplit("|", 1)[-1]
             backend = self._by_url.get(url)
             if backend is None:
-                log.error("grant for unknown backend %s (replicas must list the same backends)", url)
+                log.error("grant for unknown backend %s (replicas must list the same backends)", redact_url(url))
                 continue
             if gen != str(self.gen):
                 continue  # granted before a rejoin: that slot is not counted any more
