@@ -657,3 +657,15 @@ def test_tenants_and_key_lists_from_the_environment_are_not_ignored():
         config_from_env({"HEADWAY_TENANTS": "gold"})
     with pytest.raises(ConfigError, match=re.escape("unknown tenant setting(s) ['weight']")):
         load_config(None, env={**env, "HEADWAY_TENANTS": '[{"name": "gold", "weight": 3}]'})
+
+
+def test_client_send_timeout_comes_from_its_flag_or_the_environment():
+    from headway.serve._cli import add_serve_parser, build_config
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    base = ["serve", "--backend", "http://127.0.0.1:1"]
+    assert build_config(parser.parse_args(base), env={}).client_send_timeout_s == 60.0
+    assert build_config(parser.parse_args(base), env={"HEADWAY_CLIENT_SEND_TIMEOUT_S": "5"}).client_send_timeout_s == 5
+    args = parser.parse_args([*base, "--client-send-timeout", "2.5"])
+    assert build_config(args, env={"HEADWAY_CLIENT_SEND_TIMEOUT_S": "5"}).client_send_timeout_s == 2.5

@@ -692,3 +692,187 @@ def test_a_flood_of_unknown_keys_does_not_evict_a_known_keys_last_answer():
         return await tenants.resolve("Bearer sk-acme")
 
     assert asyncio.run(main()) == Identity("acme", Tier.PREMIUM)
+
+
+# ------------------------------------------------------------------------ slow readers
+def _open_stream(port: int, max_tokens: int) -> socket.socket:
+    """A raw connection with a small receive buffer that has sent a streamed completion request."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    body = json.dumps({**COMPLETION, "max_tokens": max_tokens, "stream": True}).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    s.sendall(head.encode() + b"\r\n\r\n" + body)
+    return s
+
+
+def test_a_client_that_never_reads_its_stream_is_cut_off_and_frees_its_backend_slot(make_stub, make_gateway):
+    """A 200,000-token stream (about 26 MB) to a client that never reads, on a backend with one slot:
+    at the send deadline (1 s without taking a byte) its connection is closed, the stream counted as
+    ``client_send_timeout``, and the slot goes to another client's request, answered 200 (without
+    the deadline the send waited for good and the other request got its 408 at the queue TTL)."""
+    stub = make_stub()
+    gw = make_gateway([BackendConfig(stub.url, max_concurrency=1)], client_send_timeout_s=1.0, queue_ttl_s=15)
+    g = gw.gateway
+    s = _open_stream(_port(gw.url), 200_000)
+    try:
+        _wait_for(lambda: g.dispatcher.backends[0].in_flight == 1, "the stream started")
+        with gw.client(timeout=30) as c:
+            r = c.post("/v1/completions", json=COMPLETION)
+        assert r.status_code == 200, r.text
+        _wait_for(lambda: not g.ledger.active and g.dispatcher.backends[0].in_flight == 0, "everything ended")
+        closed, _ = _closed_within(s, 10)  # the cut-off connection is closed (reading it now gives its end)
+        assert closed
+    finally:
+        s.close()
+    text = httpx.get(gw.url + "/metrics").text
+    assert 'headway_rejections_total{reason="client_send_timeout",tenant="default",tier="standard"} 1.0' in text
+    assert 'reason="client_disconnected"' not in text
+    assert stub.stub.stats.running == 0
+
+
+class _Transport:
+    """What the send deadline reads of a connection's transport: its write buffer's size."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.aborted = False
+
+    def get_write_buffer_size(self) -> int:
+        return self.size
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_the_send_deadline_is_on_taking_nothing_not_on_a_slow_pace():
+    """A client that takes some of its buffered answer within each deadline (a slow link, a big
+    answer read slowly) is not cut off; one that takes nothing within a whole deadline is, and its
+    request is marked; the deadline is off once the buffer is back under its low-water mark."""
+    from uvicorn.config import Config
+    from uvicorn.protocols.http.flow_control import FlowControl
+    from uvicorn.server import ServerState
+
+    from headway.serve._conn import SEND_TIMED_OUT, guarded_protocol
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        pass
+
+    async def main() -> None:
+        cls = guarded_protocol(10.0, 100, 1, send_timeout_s=60.0)  # (its timer never fires here: called by hand)
+        p = cls(Config(app), ServerState(), {})
+        t = _Transport(200_000)
+        p.transport, p.flow = t, FlowControl(t)  # type: ignore[assignment]
+        p.cycle = types.SimpleNamespace(response_complete=False, scope={})  # type: ignore[assignment]
+        p.pause_writing()  # the write buffer went over its high-water mark: the deadline is armed
+        assert p._send_timer is not None
+        for _ in range(5):  # a slow reader: some bytes taken within each deadline
+            t.size -= 1000
+            p._send_timer.cancel()
+            p._send_timed_out()
+            assert not t.aborted and p._send_timer is not None
+        p.resume_writing()  # under the low-water mark: no deadline while the buffer is not full
+        assert p._send_timer is None and not t.aborted
+        p.pause_writing()
+        p._send_timer.cancel()
+        p._send_timed_out()  # nothing taken within a whole deadline: cut off
+        assert t.aborted and p.cycle.scope == {SEND_TIMED_OUT: True} and cls.num_send_timeouts == 1
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/embeddings"])
+def test_a_client_gone_before_its_body_is_in_is_counted_not_a_traceback(make_stub, make_gateway, path):
+    """20 clients each send a request head and half its body, then close: no ``Exception in ASGI
+    application`` (uvicorn's ERROR with a traceback, which any client could have written at will);
+    a scheduled request is counted as ``client_disconnected``, and the gateway still serves."""
+    import logging
+
+    stub = make_stub()
+    gw = make_gateway([stub.url])
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    body = json.dumps(COMPLETION).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    try:
+        for _ in range(20):
+            with socket.create_connection(("127.0.0.1", _port(gw.url))) as s:
+                s.sendall(head.encode() + body[: len(body) // 2])
+                time.sleep(0.01)  # the head is read and the handler waits for the rest
+        with gw.client() as c:
+            assert c.post("/v1/completions", json=COMPLETION).status_code == 200
+        if path == "/v1/completions":
+            want = 'headway_rejections_total{reason="client_disconnected",tenant="default",tier="standard"} 20.0'
+            _wait_for(lambda: want in httpx.get(gw.url + "/metrics").text, "the 20 counted")
+        else:
+            time.sleep(0.5)  # (nothing to wait for: the handlers end as the connections close)
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records if r.levelno >= logging.ERROR] == []
+    assert stub.stub.stats.started == 1
+
+
+# ------------------------------------------------------------------------------ the log
+def test_a_clients_text_quoted_in_a_log_message_cannot_forge_a_log_line(make_stub, make_gateway, monkeypatch):
+    """A scorer whose error quotes the prompt (as a tokenizer's may): a prompt carrying a newline, a
+    made-up log line and a terminal escape is logged, in the default text format, on one line, with
+    the newline and the escape written as ``\\n`` and ``\\x1b``."""
+    import logging
+
+    from headway.serve._logging import setup_logging
+
+    def quoting(prompts: list[str]) -> list[float]:
+        raise RuntimeError(f"cannot score {prompts[0]}")
+
+    forged = "hi\n2026-01-01 00:00:00,000 INFO headway.serve: forged\x1b[2J"
+    stub = make_stub()
+    gw = make_gateway([stub.url], policy="pars", scorer=_scorer_module(monkeypatch, quoting))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("headway")
+    logger.addHandler(handler)
+    try:
+        with gw.client() as c:
+            assert c.post("/v1/completions", json={**COMPLETION, "prompt": forged}).status_code == 200
+        _wait_for(lambda: any("forged" in r.getMessage() for r in records), "the scorer's error logged")
+    finally:
+        logger.removeHandler(handler)
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        setup_logging("info")  # the default: text
+        formatter = root.handlers[0].formatter
+        assert formatter is not None
+        lines = [formatter.format(r) for r in records if "forged" in r.getMessage()]
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.NOTSET)
+    assert lines
+    for line in lines:
+        assert "\n" not in line and "\x1b" not in line, line
+        assert "hi\\n2026-01-01 00:00:00,000 INFO headway.serve: forged\\x1b[2J" in line
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lone_surrogate_in_the_model_name_does_not_break_metrics(make_stub, make_gateway, stream):
+    """A request naming the model ``"m\\ud800"`` (JSON's escape of a lone surrogate, which no UTF-8 text
+    holds) is served, labelled ``m\\ufffd`` in the latency metrics, and /metrics still answers 200 (it
+    was a 500 at every scrape after it, for the admin and for each tenant)."""
+    stub = make_stub()
+    gw = make_gateway([stub.url])
+    raw = b'{"model": "m\\ud800", "prompt": "x", "max_tokens": 2, "stream": %s}' % (b"true" if stream else b"false")
+    with gw.client() as c:
+        r = c.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+        m = c.get("/metrics")
+    assert m.status_code == 200
+    assert 'headway_e2e_request_latency_seconds_count{model="m\ufffd",priority="0"' in m.text

@@ -33,6 +33,7 @@ _FLAGS: dict[str, str] = {
     "max_queue_len": "--max-queue", "queue_ttl_s": "--queue-ttl", "drain_timeout_s": "--drain-timeout",
     "read_timeout_s": "--read-timeout", "headers_timeout_s": "--headers-timeout", "redis_url": "--redis",
     "redis_lease_s": "--redis-lease", "scorer_hold_s": "--scorer-hold",
+    "client_send_timeout_s": "--client-send-timeout",
     "backends.max_concurrency": "--backend-concurrency", "backends.metrics_poll_s": "--saturation-poll",
     **{n: "--" + n.replace("_", "-") for n in (
         "scorer", "scorer_threads", "scorer_max_length", "scorer_batch_size", "max_queue_per_tenant",
@@ -75,6 +76,7 @@ _D: dict[str, Any] = {
     "drain_timeout_s": 30.0,
     "read_timeout_s": 300.0,
     "headers_timeout_s": 30.0,
+    "client_send_timeout_s": 60.0,
     "scorer_batch_size": 32,
 }
 """GatewayConfig's defaults as ``serve --help`` states them (the serve flags default to None so that a
@@ -224,6 +226,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "0: only --read-timeout)",
     )
     p.add_argument(
+        "--client-send-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a client that takes none of its answer for S seconds (a stream it does not read) is cut off and "
+        f"its backend slot freed (default {_D['client_send_timeout_s']:g})",
+    )
+    p.add_argument(
         "--scorer",
         default=None,
         help="prompt scorer for score-ranked policies: 'default' (the trained predictor), a predictor "
@@ -358,6 +368,7 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None)
         "max_tokens_limit": getattr(args, "max_tokens_limit", None),
         "read_timeout_s": getattr(args, "read_timeout", None),
         "headers_timeout_s": getattr(args, "headers_timeout", None),
+        "client_send_timeout_s": getattr(args, "client_send_timeout", None),
         "default_max_tokens": getattr(args, "default_max_tokens", None),
         "add_stream_usage": getattr(args, "add_stream_usage", None),
         "passthrough": getattr(args, "passthrough", None),

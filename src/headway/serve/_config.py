@@ -30,6 +30,7 @@ Config file (TOML shown; JSON with the same structure works too)::
     router_args = { }               # its settings (e.g. cache-aware's balance_abs_threshold)
     admin_api_key_sha256 = []       # keys that may read all of /metrics (when keys are required)
     client_header_timeout_s = 10.0  # a client's request head must arrive within this, else closed
+    client_send_timeout_s = 60.0    # a client that takes none of its answer for this long is cut off
     keep_alive_timeout_s = 30.0     # an idle kept-alive client connection is closed after this
     max_connections = 0             # 503 to client connections beyond this (0 = a quarter of ulimit -n)
     forwarded_allow_ips = []        # proxies whose X-Forwarded-For/-Proto name the client ("*": any)
@@ -372,6 +373,10 @@ class GatewayConfig:
     """A client's request line and headers must arrive within this, from the connection opening
     (or a kept-alive request's first byte), else the connection is closed (after a 408 if part
     of them came): no slowloris."""
+    client_send_timeout_s: float = 60.0
+    """A client that takes none of its answer for this long, once the gateway holds 64 KiB of it
+    unsent (a stream it does not read), is cut off: its connection is closed and its stream ends
+    there (``client_send_timeout``), freeing its backend slot (nginx's ``send_timeout``)."""
     keep_alive_timeout_s: float = 30.0
     """An idle kept-alive client connection is closed after this."""
     max_connections: int = 0
@@ -441,7 +446,7 @@ class GatewayConfig:
             self.redis_retry_s >= 0 and math.isfinite(self.redis_retry_s),
             f"redis_retry_s must be >= 0, got {self.redis_retry_s}",
         )
-        for name in ("client_header_timeout_s", "keep_alive_timeout_s"):
+        for name in ("client_header_timeout_s", "client_send_timeout_s", "keep_alive_timeout_s"):
             value = getattr(self, name)
             _check(value > 0 and math.isfinite(value), f"{name} must be > 0 and finite, got {value}")
         _check(self.max_connections >= 0, f"max_connections must be >= 0, got {self.max_connections}")

@@ -1,6 +1,6 @@
 """Client connections: a deadline on every phase, a cap on open connections, quiet error logs.
 
-uvicorn's HTTP/1.1 protocol (h11) with three changes (:func:`guarded_protocol`):
+uvicorn's HTTP/1.1 protocol (h11) with four changes (:func:`guarded_protocol`):
 
 - **Request head deadline.** A request line and headers must be complete within
   ``header_timeout_s`` of the connection opening, or of the first byte of a later request on a
@@ -8,6 +8,13 @@ uvicorn's HTTP/1.1 protocol (h11) with three changes (:func:`guarded_protocol`):
   part of a head came). A connection that sends nothing is closed at the same deadline, and an
   idle kept-alive one after uvicorn's ``timeout_keep_alive``. The body has the gateway's own
   ``body_timeout_s``. Heads are also bounded in size (:data:`MAX_HEAD_BYTES`: a larger one is a 400).
+- **Send deadline.** A client that stops taking the answer (a stream it never reads, or reads a
+  byte a minute) is cut off: once the connection's write buffer is over its high-water mark
+  (asyncio's 64 KiB), the client must take some of it within ``send_timeout_s``, and again within
+  each ``send_timeout_s`` after that, until the buffer is back under its low-water mark; otherwise
+  the connection is aborted (as nginx's ``send_timeout``). Without it a send to such a client
+  waits for good, and a stream waiting on it holds its backend slot for good. The request's scope
+  is marked (:data:`SEND_TIMED_OUT`), so that the stream ends counted as ``client_send_timeout``.
 - **Connection cap.** Beyond ``max_connections`` open connections, a new one gets a 503
   ``too_many_connections`` with Retry-After at once and is closed half a second later (far
   beyond the cap, closed at once: :func:`guarded_protocol`): the gateway does not run out of file descriptors because of
@@ -33,7 +40,14 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from headway.serve._errors import ERRORS
 
-__all__ = ["ACCEPT_BACKLOG", "RateLimitedLog", "default_max_connections", "guarded_protocol", "install_log_limits"]
+__all__ = [
+    "ACCEPT_BACKLOG",
+    "SEND_TIMED_OUT",
+    "RateLimitedLog",
+    "default_max_connections",
+    "guarded_protocol",
+    "install_log_limits",
+]
 
 log = logging.getLogger("headway.serve.conn")
 
@@ -51,6 +65,9 @@ _LOGGERS = (
 
 _LINGER_S = 0.5
 """How long a connection refused over the cap stays open after its 503 (see ``connection_made``)."""
+
+SEND_TIMED_OUT = "headway.send_timed_out"
+"""Key set (True) in the scope of a request whose client was cut off by the send deadline."""
 
 MAX_HEAD_BYTES = 16384
 """Largest request line and headers accepted (h11's own limit for a head arriving in pieces;
@@ -86,18 +103,24 @@ def _raw_error(status: int, code: str, message: str, retry_after_s: int | None =
 
 class _GuardedH11Protocol(H11Protocol):
     header_timeout_s: float = 10.0
+    send_timeout_s: float = 60.0
     max_connections: int = 1024
     retry_after_s: int = 1
     abort_above: int = 2048
     """Beyond this many connections a new one is closed at once, without its 503."""
     num_refused: int = 0
     """Connections refused over the cap (counted on the class :func:`guarded_protocol` made)."""
+    num_send_timeouts: int = 0
+    """Connections cut off by the send deadline (likewise)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: Any = None
         self._head_bytes = 0
         self._refused = False
+        self._send_timer: Any = None
+        self._send_left = 0
+        """Bytes in the write buffer when the send deadline was last armed."""
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -155,8 +178,43 @@ class _GuardedH11Protocol(H11Protocol):
             self.transport.write(_raw_error(408, "header_timeout", msg))
         self.transport.close()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._arm_send_timer()
+
+    def resume_writing(self) -> None:
+        self._disarm_send_timer()
+        super().resume_writing()
+
+    def _arm_send_timer(self) -> None:
+        self._send_left = self.transport.get_write_buffer_size()
+        self._send_timer = self.loop.call_later(self.send_timeout_s, self._send_timed_out)
+
+    def _disarm_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_timed_out(self) -> None:
+        self._send_timer = None
+        if self.transport.get_write_buffer_size() < self._send_left:  # it took some: a slow client, not a stuck one
+            self._arm_send_timer()
+            return
+        # (a closing transport too: its close waits for a buffer this client will never take)
+        type(self).num_send_timeouts += 1
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.scope[SEND_TIMED_OUT] = True  # type: ignore[literal-required]
+        log.warning(
+            "client %s took none of the answer for %g s: connection closed",
+            _peer(self.client),
+            self.send_timeout_s,
+        )
+        self.transport.abort()  # connection_lost follows: the app sees the client go away
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
+        self._disarm_send_timer()
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
@@ -165,8 +223,15 @@ class _GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def guarded_protocol(header_timeout_s: float, max_connections: int, retry_after_s: int = 1) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with the head deadline, the connection cap and JSON parser errors.
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "(unknown)"
+
+
+def guarded_protocol(
+    header_timeout_s: float, max_connections: int, retry_after_s: int = 1, send_timeout_s: float = 60.0
+) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the head deadline, the send deadline, the connection cap and
+    JSON parser errors.
 
     Connections over the cap get their 503 while fewer than ``abort_above`` are open: twice the
     cap, or half way from the cap to the open-file limit if that is lower (the 503s must not use
@@ -176,7 +241,8 @@ def guarded_protocol(header_timeout_s: float, max_connections: int, retry_after_
     if soft != resource.RLIM_INFINITY:
         abort_above = min(abort_above, max_connections + max(0, soft - max_connections) // 2)
     attrs = {"header_timeout_s": header_timeout_s, "max_connections": max_connections,
-             "retry_after_s": retry_after_s, "abort_above": abort_above}  # fmt: skip
+             "retry_after_s": retry_after_s, "abort_above": abort_above,
+             "send_timeout_s": send_timeout_s}  # fmt: skip
     return type("GuardedH11Protocol", (_GuardedH11Protocol,), attrs)
 
 

@@ -548,6 +548,8 @@ class Exchange:
                 self.complete(req, usage_tokens if usage_tokens is not None else req.num_output_tokens, now())
         finally:
             if not req.is_finished:
+                if reason == "client_disconnected" and watch.send_timed_out:
+                    reason = "client_send_timeout"  # it stopped reading: cut off (_conn's send deadline)
                 self.metrics.rejected(reason, req)
                 self.ledger.abort(req)
             watch.upstream = None

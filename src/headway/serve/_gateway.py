@@ -562,7 +562,7 @@ class Gateway:
             return self.exchange.queue_full(exc, req)
         backend = await self.arrivals.arrive(req)  # scored, or dispatched at once (fast path)
         payload = self.intake.payload(body, raw, parsed, req)
-        watch = Watch(asyncio.ensure_future(wait_disconnect(request)))
+        watch = Watch(asyncio.ensure_future(wait_disconnect(request)), request.scope)
         self.ledger.open(req, watch)
         if self.drain_expired:
             watch.end("shutdown")

@@ -15,6 +15,7 @@ import asyncio
 import json
 from typing import Any
 
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
@@ -82,6 +83,8 @@ class Intake:
                 "body_timeout",
                 api_error("body_timeout", headers={"Connection": "close"}, seconds=self.config.body_timeout_s),
             ) from None
+        except ClientDisconnect:  # gone before its body was in: counted, not uvicorn's traceback
+            raise Refused("client_disconnected", Response(status_code=499)) from None
         if raw is None:
             raise Refused("too_large", api_error("request_too_large", limit=self.config.max_body_bytes))
         try:

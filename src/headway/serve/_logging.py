@@ -4,12 +4,39 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from datetime import UTC, datetime
 
-__all__ = ["JsonFormatter", "LimitedWarnings", "setup_logging"]
+__all__ = ["JsonFormatter", "LimitedWarnings", "TextFormatter", "setup_logging"]
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+"""Characters that would end a text log line or rewrite a terminal (a tab is left as it is)."""
+_NAMED = {"\n": "\\n", "\r": "\\r"}
+
+
+def _escaped(m: re.Match[str]) -> str:
+    c = m.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+class TextFormatter(logging.Formatter):
+    """The text format, each record's message on its one line: a newline, carriage return or escape
+    sequence in it (a client's text quoted by an error message: a prompt in a scorer's exception) is
+    written escaped (``\\n``, ``\\x1b``), so that no client can forge a log line, as the JSON format's
+    quoting ensures. A traceback still follows on its own lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        message = record.message
+        if not _CONTROL.search(message):
+            return super().formatMessage(record)
+        record.message = _CONTROL.sub(_escaped, message)
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = message
 
 
 class JsonFormatter(logging.Formatter):
@@ -37,7 +64,7 @@ def setup_logging(level: str, fmt: str = "text") -> None:
     if fmt not in ("text", "json"):
         raise ValueError(f"log format must be text or json, got {fmt!r}")
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(_TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
@@ -26,6 +27,10 @@ MAX_LABEL_VALUES = 64
 """Distinct ``model``/``priority`` label values kept per metric; later ones are counted as
 ``"other"`` (both come from clients: an unbounded label would grow the registry without end)."""
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A lone surrogate (JSON ``"\\ud800"`` in a request's ``model``): no UTF-8 text holds one, and a
+label holding one made every later ``/metrics`` a 500 (its text could not be encoded)."""
+
 
 class _Bounded:
     """Label values seen so far, at most ``limit`` of them; beyond that, ``"other"``."""
@@ -35,7 +40,7 @@ class _Bounded:
         self._limit = limit
 
     def __call__(self, value: str) -> str:
-        value = value[:128]
+        value = _SURROGATE.sub("\ufffd", value[:128])  # as a UTF-8 decoder replaces an invalid sequence
         if value in self._seen:
             return value
         if len(self._seen) >= self._limit:

@@ -38,6 +38,7 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response, StreamingResponse
 
@@ -156,6 +157,8 @@ class Passthrough:
             body = await self._read_body(request)
         except TimeoutError:
             return api_error("body_timeout", headers={"Connection": "close"}, seconds=self._body_timeout_s)
+        except ClientDisconnect:  # gone before its body was in (not worth uvicorn's traceback)
+            return Response(status_code=499)
         if body is None:
             return api_error("request_too_large", limit=self._max_body)
         raw_path = request.scope.get("raw_path")

@@ -162,7 +162,7 @@ def _config(
         cap = cfg.max_connections or default_max_connections()
         extra = {
             "timeout_keep_alive": cfg.keep_alive_timeout_s,
-            "http": guarded_protocol(cfg.client_header_timeout_s, cap, cfg.retry_after_s),
+            "http": guarded_protocol(cfg.client_header_timeout_s, cap, cfg.retry_after_s, cfg.client_send_timeout_s),
             "backlog": ACCEPT_BACKLOG,
             # a client's X-Forwarded-For and -Proto are read only from the proxies the operator trusts
             "proxy_headers": bool(cfg.forwarded_allow_ips),

@@ -8,6 +8,7 @@ from typing import Any
 
 from starlette.requests import Request as HTTPRequest
 
+from headway.serve._conn import SEND_TIMED_OUT
 from headway.serve._errors import sse_error
 from headway.serve._upstream import UpstreamResponse
 
@@ -50,10 +51,12 @@ class Watch:
     """Why a request should stop early: its client disconnected (``"disconnected"``), it was
     cancelled by API (``"cancelled"``) or the drain timeout ran out (``"shutdown"``)."""
 
-    __slots__ = ("stop", "task", "upstream")
+    __slots__ = ("scope", "stop", "task", "upstream")
 
-    def __init__(self, task: asyncio.Future[None]) -> None:
+    def __init__(self, task: asyncio.Future[None], scope: Any = None) -> None:
         self.task = task
+        self.scope = scope
+        """The client's HTTP request's ASGI scope (where the connection marks a send deadline missed)."""
         self.stop: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.upstream: UpstreamResponse | None = None
         """The backend's response being streamed, closed by :meth:`end` to wake the relay."""
@@ -70,6 +73,11 @@ class Watch:
             self.stop.set_result(reason)
             if self.upstream is not None:
                 self.upstream.close()  # a relay waiting for the backend's next event ends now
+
+    @property
+    def send_timed_out(self) -> bool:
+        """Whether the client's connection was cut off for taking none of its answer (``_conn``)."""
+        return bool(self.scope and self.scope.get(SEND_TIMED_OUT))
 
     @property
     def reason(self) -> str | None:
