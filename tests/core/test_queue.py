@@ -83,3 +83,38 @@ def test_keys_in_order_never_reach_the_heap() -> None:
     q.add(reqs[0], 0.0)  # back, ahead of those still queued
     assert len(q._heap) == 1
     assert [q.pop() for _ in range(3)] == [reqs[0], reqs[3], reqs[4]]
+
+
+def test_stale_entries_are_dropped_as_re_keys_pile_up() -> None:
+    """A policy that re-keys waiting requests often (LTR promotes each starving one by a timer)
+    leaves the old entries stale in the heap: they are dropped once the heap holds over twice the
+    queued requests (plus a little), and the order is the same as a dict read in (key, seq) order."""
+    import random
+
+    rng = random.Random(7)
+    pol = _Keyed()
+    q = PolicyQueue(pol)
+    reqs = [make_request(f"r{i}", seq=i) for i in range(20)]
+    model: dict[Request, float] = {}
+    for r in reqs:
+        r.extra["k"] = rng.randrange(50)
+        q.add(r, 0.0)
+        model[r] = r.extra["k"]  # type: ignore[assignment]
+    most = 0
+    for step in range(3000):
+        r = rng.choice(reqs)
+        if step % 7 == 0 and model:
+            want = min(model, key=lambda x: (model[x], x.seq))
+            assert q.pop() is want
+            del model[want]
+        else:
+            r.extra["k"] = rng.randrange(50)
+            q.rekey(r, 0.0)
+            model[r] = r.extra["k"]  # type: ignore[assignment]
+        most = max(most, len(q._heap))
+        assert len(q._heap) <= 2 * len(q) + 65
+        assert q.head() == (
+            None if not model else min(((r, (k,)) for r, k in model.items()), key=lambda e: (e[1], e[0].seq))
+        )
+    assert most > 60  # (the bound was reached: without the compaction the heap keeps ~3000 entries)
+    assert list(q) == sorted(model, key=lambda r: (model[r], r.seq))

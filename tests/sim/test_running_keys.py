@@ -236,6 +236,41 @@ def test_worst_is_the_largest_key_above_the_bound_among_the_preemptible(data: An
             assert (None if found is None else found[1]) == (max(scan) if scan else None)
 
 
+def test_a_push_of_the_priority_already_filed_adds_no_entry() -> None:
+    """A request pushed again with the key its live entry holds (LTR: keyed as it is admitted, again
+    as its prefill ends, most often unchanged) files nothing new: the entry stands, exact. A
+    different key, a key the top was re-keyed to by worst, and a request whose entry left the heap
+    (a lapsed can_preempt) are filed as before."""
+    policy = _TableKeys("bounded")
+    heap: RunningKeys[int] = RunningKeys(policy)
+    reqs = {i: make_request(f"r{i}", seq=i) for i in range(2)}
+    policy.keys = {0: (5.0,), 1: (3.0,)}
+
+    def worst() -> tuple[int, tuple[PolicyKey, int]] | None:
+        heap.forget()
+        return heap.worst(None, 0.0, lambda item: None, lambda: [])
+
+    for _ in range(3):
+        heap.push(0, reqs[0], 0.0)
+    heap.push(1, reqs[1], 0.0)
+    assert len(heap._fixed) == 2
+    policy.keys[0] = (4.0,)  # improved between key points: worst re-keys the top in place
+    assert worst() == (0, ((4.0,), 0))
+    heap.push(0, reqs[0], 0.0)  # a key point with the key worst filed: nothing new
+    assert len(heap._fixed) == 2
+    policy.keys[0] = (6.0,)  # worse at a key point: a new entry
+    heap.push(0, reqs[0], 0.0)
+    assert len(heap._fixed) == 3 and worst() == (0, ((6.0,), 0))
+    policy.blocked.add(0)  # lapsed: its entry leaves the heap, it is found again once pushed
+    assert worst() == (1, ((3.0,), 1))
+    policy.blocked.discard(0)
+    heap.push(0, reqs[0], 0.0)
+    assert worst() == (0, ((6.0,), 0))
+    heap.drop(0)
+    heap.push(0, reqs[0], 0.0)  # dropped, then running again: filed
+    assert worst() == (0, ((6.0,), 0))
+
+
 def test_an_answer_is_remembered_within_a_check_until_a_push_a_drop_or_forget() -> None:
     """Asked again in the same check (same instant and clock) with nothing pushed or dropped, worst
     gives its last answer for any bound without re-keying; a key moved since (between checks, as

@@ -66,6 +66,8 @@ class PolicyQueue:
     the two heads. Keys that come in order (FCFS's arrivals; a preempted request re-added ahead of
     them goes to the heap) then cost O(1) to add and pop, as vLLM keeps its FCFS waiting queue in a
     deque and only its priority queue in a heap; other keys cost the heap's O(log n) as before.
+    A re-added request's old entry stays in the heap, stale, until the heap holds over twice the
+    queued requests: then the stale ones are dropped at once (:meth:`_compact`).
     """
 
     __slots__ = ("_checked", "_counter", "_epoch", "_heap", "_live", "_run", "policy")
@@ -94,8 +96,23 @@ class PolicyQueue:
                 heapq.heappush(heap, entry)
             else:
                 run.append(entry)
+                return
         except TypeError as exc:
             raise _incomparable(self.policy, key, exc) from None
+        if len(heap) > 2 * len(self._live) + 64:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the heap's stale entries (re-keyed or removed requests' old ones), which otherwise
+        stay until they reach its top: a policy that re-keys waiting requests often (LTR's
+        starvation promotions, a timer each) would leave most of the heap stale, and every push and
+        pop would sift through it. The live entries are unique, ``(key, seq, token)`` ordered, so
+        the queue's order is the same after as before; it runs when the heap holds over twice the
+        queued requests, so each entry dropped costs O(1) amortized."""
+        live = self._live
+        heap = self._heap
+        heap[:] = [e for e in heap if live.get(e[3]) == e[2]]
+        heapq.heapify(heap)
 
     rekey = add
 

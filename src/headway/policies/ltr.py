@@ -18,10 +18,17 @@ _NS = "ltr"
 class _State:
     """Per-request starvation bookkeeping for one waiting period (see :class:`LTRPolicy`)."""
 
-    __slots__ = ("last_out", "last_time", "left", "period", "promote_at", "quantum_end", "ran", "start_out")
+    __slots__ = (
+        "last_out", "last_time", "left", "period", "promote_at", "promoted", "quantum_end", "ran", "start_out",
+        "unpromoted",
+    )  # fmt: skip
 
-    def __init__(self, period: int, promote_at: float, start_out: int, left: int | None = None) -> None:
+    def __init__(self, period: int, promote_at: float, start_out: int, rank: float, left: int | None = None) -> None:
         self.period = period  # num_preemptions when this waiting period began
+        # its two keys, made once (the score is computed once and cached): key() runs at every
+        # queue insertion, running-key push and displacement check
+        self.promoted = (0, rank)
+        self.unpromoted = (1, rank)
         self.promote_at = promote_at
         self.start_out = start_out  # the output-token count when it began
         self.left = left  # a promotion kept through a preemption: the quantum it has left
@@ -145,11 +152,13 @@ class LTRPolicy(ScoredPolicy):
         left = 0
         if isinstance(st, _State) and st.quantum_end is not None:  # preempted (or paused) in its quantum
             left = st.quantum_end - request.num_output_tokens
+        score = request.extra.get(SCORE_KEY)  # score_of's cache (always a float)
+        rank = score if isinstance(score, float) else self.score_of(request)
         if left > 0:  # still promoted for the rest of it, as vllm-ltr keeps pri and runs through a swap
-            st = _State(request.num_preemptions, start, request.num_output_tokens, left)
+            st = _State(request.num_preemptions, start, request.num_output_tokens, rank, left)
         else:
             promote_at = start + self.starvation_steps * self.step_time
-            st = _State(request.num_preemptions, promote_at, request.num_output_tokens)
+            st = _State(request.num_preemptions, promote_at, request.num_output_tokens, rank)
         request.extra[_NS] = st
         return st
 
@@ -198,14 +207,13 @@ class LTRPolicy(ScoredPolicy):
         st = request.extra.get(_NS)  # _promoted and _state's common case inlined: queues and the
         if not (isinstance(st, _State) and st.period == request.num_preemptions):  # heap key often
             st = self._state(request, now)
-        score = request.extra.get(SCORE_KEY)  # score_of's cache (always a float)
-        rank = score if isinstance(score, float) else self.score_of(request)
         if st.ran:
-            if st.quantum_end is not None and request.num_output_tokens < st.quantum_end:
-                return (0, rank)
+            end = st.quantum_end
+            if end is not None and request.num_output_tokens < end:
+                return st.promoted
         elif now >= st.promote_at:
-            return (0, rank)
-        return (1, rank)
+            return st.promoted
+        return st.unpromoted
 
     def rekey_at_time(self, request: Request) -> float | None:
         st = request.extra.get(_NS)

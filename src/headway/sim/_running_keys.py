@@ -22,6 +22,11 @@ Policies that declare how their running keys evolve (``Policy.running_keys``) ge
 * ``can_preempt``, once False, stays False until the request's next key point: such a request
   leaves the heap until it is re-keyed, instead of being set aside at every check.
 
+A push of the priority that the item's live entry already holds files nothing (the entry is that
+priority, exactly): a bounded key is pushed as a request is admitted and again as its prefill ends,
+most often unchanged (LTR's), and each such entry would only be dead weight for the heap's sifts,
+stale-top pops and compactions.
+
 Within one displacement check (one instant, one decode clock) a found answer is remembered
 until the next push or drop: a check that takes a paused request's blocks, or that compares the
 running and the paused heaps' answers, asks the other heap again with nothing in it changed
@@ -61,7 +66,8 @@ class RunningKeys(Generic[T]):
     """Running items (each with a request) by their policy key, largest first, lazily."""
 
     __slots__ = (
-        "_countdown", "_counter", "_drift", "_epoch", "_fixed", "_lapse", "_live", "_memo", "_preemptible", "policy",
+        "_countdown", "_counter", "_drift", "_epoch", "_fixed", "_kept", "_lapse", "_live", "_memo", "_preemptible",
+        "policy",
     )  # fmt: skip
 
     def __init__(self, policy: Policy, *, preemptible: bool = True) -> None:
@@ -80,6 +86,9 @@ class RunningKeys(Generic[T]):
         self._fixed: list[tuple[_Prio, int, T, Request]] = []  # keys that stay or improve
         self._drift: list[tuple[_Prio, int, T, Request]] = []  # countdown decoders, by anchor
         self._live: dict[T, int] = {}
+        # the priority of each live item's entry in the fixed heap (not countdown keys): a push of
+        # the same priority again is skipped (a request keyed as it was admitted, as its prefill ends)
+        self._kept: dict[T, _Prio] = {}
         self._counter = itertools.count()
         self._epoch = policy.key_epoch
         # the last found answer (now, clock, item, request, (key, seq), priority), until a push or drop
@@ -106,10 +115,19 @@ class RunningKeys(Generic[T]):
     def push(self, item: T, req: Request, now: float, clock: int | None = None) -> None:
         """``item`` runs (or reached a key point): key it now. ``clock``: the engine's decode-step
         count if ``item`` decodes (its key counts down with it), None while it prefills."""
-        tok = next(self._counter)
-        self._live[item] = tok
         self._memo = None
         key = self.policy.key(req, now)
+        if not self._countdown:
+            prio = self._prio(key, req.seq, None)
+            if self._kept.get(item) == prio:  # its live entry has that priority: nothing moves
+                return
+            tok = next(self._counter)
+            self._live[item] = tok
+            self._kept[item] = prio
+            heapq.heappush(self._fixed, (prio, tok, item, req))
+            return
+        tok = next(self._counter)
+        self._live[item] = tok
         if self._countdown:
             if len(key) == 1:  # _prio's one-component countdown case, inlined (a push per key point)
                 first = key[0]
@@ -158,6 +176,7 @@ class RunningKeys(Generic[T]):
     def drop(self, item: T) -> None:
         """``item`` stopped running."""
         self._live.pop(item, None)
+        self._kept.pop(item, None)
         self._memo = None
 
     def forget(self) -> None:
@@ -201,6 +220,7 @@ class RunningKeys(Generic[T]):
             self._epoch = policy.key_epoch
             self._fixed, self._drift = [], []
             live.clear()
+            self._kept.clear()
             self._memo = None
             for item, req, at in running():
                 sync(item)
@@ -247,7 +267,10 @@ class RunningKeys(Generic[T]):
             fresh = self._prio(key, req.seq, None)
             if fresh != prio:  # it improved since it was keyed: back down with its key now
                 at = clock if heap is self._drift else None
-                heapq.heapreplace(heap, (self._prio(key, req.seq, at), tok, item, req))
+                entry = (self._prio(key, req.seq, at), tok, item, req)
+                heapq.heapreplace(heap, entry)
+                if item in self._kept:
+                    self._kept[item] = entry[0]
                 continue
             if above is not None and (key, req.seq) <= above:  # (with a limit, prio < limit said no)
                 break
@@ -258,6 +281,8 @@ class RunningKeys(Generic[T]):
                 entry = heapq.heappop(heap)
                 if not self._lapse:  # it may be preemptible again at the next check
                     aside.append((heap, entry))
+                else:  # out of the heap until it is pushed again (live, with no entry)
+                    self._kept.pop(item, None)
                 continue
             found = (item, (key, req.seq))
             if not aside:  # (what was set aside is above it: not the answer for another skip)
