@@ -876,3 +876,20 @@ def test_a_lone_surrogate_in_the_model_name_does_not_break_metrics(make_stub, ma
         m = c.get("/metrics")
     assert m.status_code == 200
     assert 'headway_e2e_request_latency_seconds_count{model="m\ufffd",priority="0"' in m.text
+
+
+def test_a_tenant_name_that_is_not_text_is_refused_where_it_is_configured():
+    """A lone surrogate in a tenant's name (JSON's ``"\\ud800"``, in a Redis record or in
+    ``HEADWAY_TENANTS``) was accepted, and as the ``tenant`` label of the requests it served it
+    made every later /metrics a 500 (the text cannot be written as UTF-8)."""
+    from headway.serve import ConfigError, GatewayConfig, TenantConfig
+    from headway.serve._tenants import TenantDirectory
+
+    class _Redis:
+        async def hget(self, name: str, key: str) -> bytes | None:
+            return b'{"tenant": "acme\\ud800", "tier": "premium"}'
+
+    config = GatewayConfig(backends=(BackendConfig("http://127.0.0.1:9"),), api_keys="required", redis_url="redis://x")
+    assert asyncio.run(TenantDirectory(config, _Redis()).resolve("Bearer sk-x")) is None  # a 401
+    with pytest.raises(ConfigError, match="UTF-8 text"):
+        TenantConfig("acme\ud800")

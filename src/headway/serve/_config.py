@@ -88,6 +88,7 @@ A score-ranked policy (``pars``, ``sjf-score``, ``trail``, ``ltr``, ``rank-boost
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import math
@@ -144,6 +145,17 @@ def check_min_priority(value: object, name: str) -> None:
         value is None or (isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_ABS_PRIORITY),
         f"{name} must be an integer between -{MAX_ABS_PRIORITY} and {MAX_ABS_PRIORITY}, got {value!r:.60}",
     )
+
+
+def check_tenant_name(value: object, name: str) -> None:
+    """:class:`ConfigError` unless ``value`` (setting ``name``) is a non-empty string of text: one
+    holding a lone surrogate (JSON's ``"\\ud800"``, in ``HEADWAY_TENANTS`` or a Redis record) cannot
+    be written as UTF-8, and as a ``tenant`` label it made every later ``/metrics`` a 500."""
+    ok = False
+    if isinstance(value, str) and value:
+        with contextlib.suppress(UnicodeEncodeError):
+            ok = bool(value.encode())
+    _check(ok, f"{name} must be a non-empty string of UTF-8 text, got {value!r:.60}")
 
 
 def _strings(value: str | Sequence[str]) -> tuple[str, ...]:
@@ -238,7 +250,7 @@ class TenantConfig:
     gateway's ``min_priority``."""
 
     def __post_init__(self) -> None:
-        _check(bool(self.name), "tenants.name must be non-empty")
+        check_tenant_name(self.name, "tenants.name")
         check_min_priority(self.min_priority, f"tenant {self.name!r}: min_priority")
         object.__setattr__(self, "tier", Tier.parse(self.tier))
         hashes = tuple(h.lower() for h in self.api_key_sha256)

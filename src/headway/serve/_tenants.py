@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from headway.core import Tier
-from headway.serve._config import GatewayConfig, check_min_priority, hash_api_key
+from headway.serve._config import GatewayConfig, check_min_priority, check_tenant_name, hash_api_key
 
 __all__ = ["REDIS_APIKEYS_HASH", "DirectoryUnavailable", "Identity", "TenantDirectory"]
 
@@ -73,8 +73,8 @@ class TenantDirectory:
             if not isinstance(data, dict):
                 raise ValueError(f"expected an object, got {type(data).__name__}")
             tenant = data.get("tenant")
-            if not isinstance(tenant, str) or not tenant:
-                raise ValueError(f"'tenant' must be a non-empty string, got {tenant!r}")
+            check_tenant_name(tenant, "'tenant'")  # a ConfigError: a ValueError
+            assert isinstance(tenant, str)
             floor = data.get("min_priority")
             check_min_priority(floor, "'min_priority'")  # a ConfigError: a ValueError
             return Identity(tenant, Tier.parse(data.get("tier", "standard")),
