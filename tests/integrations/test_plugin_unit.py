@@ -189,14 +189,22 @@ def _raises_on_boom(prompts: list[str]) -> list[float]:
 
 
 @pytest.mark.parametrize(
-    "scorer",
-    [_raises_on_boom, lambda prompts: [1.0], lambda prompts: ["high"] * len(prompts), lambda prompts: None],
+    ("scorer", "scores", "failures"),
+    [
+        (_raises_on_boom, (7.0, 4.0), 1),  # the batch is retried prompt by prompt: only boom fails
+        (lambda prompts: [1.0], (1.0, 1.0), 0),  # one score per call: right for one prompt at a time
+        (lambda prompts: ["high"] * len(prompts), (7.0, 7.0), 2),
+        (lambda prompts: None, (7.0, 7.0), 2),
+    ],
     ids=["raises", "wrong-count", "not-numbers", "none"],
 )
-def test_a_scorer_that_fails_on_a_prompt_never_stops_the_engine(scorer, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+def test_a_scorer_that_fails_on_a_prompt_never_stops_the_engine(
+    scorer, scores, failures, caplog: pytest.LogCaptureFixture
+) -> None:  # type: ignore[no-untyped-def]
     """A scorer that raises on a prompt, or answers with the wrong count or no numbers, raised out of
     the queue's flush, inside vLLM's engine core: the engine died and every request in flight failed
-    (seen live with a 'module:attr' scorer). Those prompts now get the missing score, with a warning."""
+    (seen live with a 'module:attr' scorer). Those prompts now get the missing score, with a warning;
+    a failed batch is retried one prompt at a time, so the prompts the scorer can take keep theirs."""
     texts = {1: "boom boom", 2: "fine"}
     a = PolicyAdapter(
         make_policy("pars"), score_batch=scorer, missing_score=7.0,
@@ -206,15 +214,16 @@ def test_a_scorer_that_fails_on_a_prompt_never_stops_the_engine(scorer, caplog: 
     q.add_request(FakeRequest("given", 0.4, 4, 10, sampling_params=SimpleNamespace(extra_args={"headway_score": 9.0})))
     q.add_request(FakeRequest("boom", 0.5, 1, 10, prompt_token_ids=[1]))
     q.add_request(FakeRequest("fine", 0.6, 2, 10, prompt_token_ids=[1, 2]))
-    assert [r.request_id for r in q] == ["boom", "fine", "given"]  # 7.0, 7.0 (by arrival), then 9.0
-    assert a.reqs["boom"].score == a.reqs["fine"].score == 7.0
-    assert a.num_score_failures == 2 and a.num_scored == 0 and a.num_missing_scores == 2
-    assert "the scorer failed on 2 prompt(s)" in caplog.text
+    a.flush()
+    assert (a.reqs["boom"].score, a.reqs["fine"].score) == scores
+    assert [r.request_id for r in q] == [*sorted(["boom", "fine"], key=lambda r: a.reqs[r].score), "given"]
+    assert a.num_score_failures == failures and a.num_scored == 2 - failures and a.num_missing_scores == failures
+    assert (f"the scorer failed on {failures} prompt(s)" in caplog.text) == (failures > 0)
     # the engine goes on: a later batch the scorer can take is scored by it
     if scorer is _raises_on_boom:
         q.add_request(FakeRequest("later", 0.7, 2, 10, prompt_token_ids=[3, 4]))
         a.flush()
-        assert a.reqs["later"].score == 4.0 and a.num_scored == 1
+        assert a.reqs["later"].score == 4.0 and a.num_scored == 2
 
 
 def test_pars_starvation_promotion_timer_rekeys_queued_requests() -> None:

@@ -97,14 +97,17 @@ Settings (keys of the ``headway`` object):
     each optionally with ``":BACKEND"`` (as the gateway's ``--scorer``; it overrides
     ``scorer_backend``), or ``"module:attr"`` / ``"module:factory()"`` naming a callable
     ``list[str] -> scores`` or an object with ``score(prompts)``. Prompts are detokenized with the
-    model's tokenizer (``tokenizer`` overrides its path). Cost per request: the
+    model's tokenizer (``tokenizer`` overrides its path); the scorer reads each prompt's first
+    ``SCORED_CHARS`` (16,384) characters, and only a bounded window of a long prompt's token ids is
+    decoded, so a huge prompt costs about what a short one does. Cost per request: the
     detokenization plus the predictor's forward pass, on the engine thread
     (see ``benchmarks/bench_plugin_overhead.py``).
 ``scorer_backend`` (``"torch"``), ``scorer_threads`` (``1``)
     Backend (``torch``, ``onnx`` or ``onnx-int8``) and threads for a predictor checkpoint.
 ``missing_score`` (``null``)
     Score given to a request that has none when the policy needs one (no ``headway_score`` and
-    no scorer, or a scorer that failed on its prompt: raised, or answered no number); ``null``:
+    no scorer, or a scorer that failed on its prompt: raised, or answered no number; a batch it
+    failed on is retried one prompt at a time, so the prompts beside a bad one keep their scores); ``null``:
     the mean of the scores seen so far (0 before any), i.e. the middle of the queue. Logged once;
     an engine must not stop over one request's missing score.
 ``step_log`` (``null``)

@@ -15,8 +15,16 @@ from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState, 
 from headway.integrations.vllm._queue import HeadwayRequestQueue
 from headway.integrations.vllm._scorers import TextScoreFn
 from headway.integrations.vllm._settings import _check_oracle, _declared, plugin_displacement
+from headway.predict.score import MAX_CHARS_PER_TOKEN, scoring_text
 
-__all__ = ["EngineRequest", "PolicyAdapter"]
+__all__ = ["SCORED_CHARS", "SCORED_TOKENS", "EngineRequest", "PolicyAdapter"]
+
+SCORED_TOKENS = 512
+"""The scorer reads at most this many tokens' worth of a prompt (``SCORED_CHARS`` characters, its
+start, as :func:`~headway.predict.score.scoring_text` cuts it; the gateway's default): the scorer runs
+on the engine thread, and a predictor tokenizes the whole text before truncating it, so a megabyte
+prompt stalled every request's steps for over a second."""
+SCORED_CHARS = SCORED_TOKENS * MAX_CHARS_PER_TOKEN
 
 logger = logging.getLogger("headway.integrations.vllm")
 
@@ -244,11 +252,12 @@ class PolicyAdapter:
             todo = [h for h in pending if h.score is None]
             if todo:
                 s0 = time.perf_counter()
+                failures = self.num_score_failures
                 scores = self._score(todo)
                 if scores is not None:
                     for h, s in zip(todo, scores, strict=True):
                         h.score = s if math.isfinite(s) else None  # none: the missing-score path
-                    self.num_scored += len(todo)
+                    self.num_scored += len(todo) - (self.num_score_failures - failures)
                 self.score_time += time.perf_counter() - s0
         now = self.now()
         policy = self.policy
@@ -282,31 +291,53 @@ class PolicyAdapter:
         self.policy_time += time.perf_counter() - t0
 
     def _score(self, todo: Sequence[Request]) -> list[float] | None:
-        """The scorer's scores for ``todo``'s prompts, or None when detokenizing or scoring them
-        failed (an exception, a wrong count, a score that is no number): those requests then take the
-        missing-score path, with a warning. Raising here stopped vLLM's engine core, and with it
-        every request in flight, over a prompt the scorer could not take."""
-        assert self.score_batch is not None
+        """The scorer's scores for ``todo``'s prompts (NaN where a prompt failed), or None when the
+        batch failed as a whole. A failed batch (an exception, a wrong count, a score that is no
+        number) is retried one prompt at a time, so that only the prompts the scorer fails on take
+        the missing-score path (with a warning), not the requests that arrived beside them: one
+        client's prompt must not cost the others their scores. Raising here stopped vLLM's engine
+        core, and with it every request in flight, over a prompt the scorer could not take."""
         try:
-            scores = [float(s) for s in self.score_batch(self._prompt_texts(todo))]
-            if len(scores) != len(todo):
-                raise ValueError(f"{len(scores)} scores for {len(todo)} prompts")
+            return self._score_batch(todo)
         except Exception as exc:
-            self.num_score_failures += len(todo)
-            self._warn_once(
-                "score_failed",
-                "headway: the scorer failed on %d prompt(s) (%s: %s); they get the missing score, as "
-                "requests without a score do",
-                len(todo),
-                type(exc).__name__,
-                exc,
-            )
-            return None
+            if len(todo) == 1:
+                self._score_failed(1, exc)
+                return None
+        scores: list[float] = []
+        failed = 0
+        for h in todo:
+            try:
+                scores.extend(self._score_batch([h]))
+            except Exception as exc:
+                failed += 1
+                last = exc
+                scores.append(math.nan)
+        if failed:
+            self._score_failed(failed, last)
         return scores
+
+    def _score_batch(self, hs: Sequence[Request]) -> list[float]:
+        assert self.score_batch is not None
+        scores = [float(s) for s in self.score_batch(self._prompt_texts(hs))]
+        if len(scores) != len(hs):
+            raise ValueError(f"{len(scores)} scores for {len(hs)} prompts")
+        return scores
+
+    def _score_failed(self, n: int, exc: Exception) -> None:
+        self.num_score_failures += n
+        self._warn_once(
+            "score_failed",
+            "headway: the scorer failed on %d prompt(s) (%s: %s); they get the missing score, as "
+            "requests without a score do",
+            n,
+            type(exc).__name__,
+            exc,
+        )
 
     def _prompt_texts(self, hs: Sequence[Request]) -> list[str]:
         """Prompt texts for the scorer: the engine's text if it kept it, else its token ids
-        detokenized (one batch call)."""
+        detokenized (one batch call); each cut to its first ``SCORED_CHARS`` characters (lone
+        surrogates replaced), kept as the request's ``prompt``."""
         engine = self.engine
         need = []
         for h in hs:
@@ -314,7 +345,7 @@ class PolicyAdapter:
                 e = engine[h]
                 text = getattr(e, "prompt", None)
                 if isinstance(text, str):
-                    h.prompt = text
+                    h.prompt = scoring_text(text, SCORED_TOKENS)
                 elif getattr(e, "prompt_token_ids", None) is not None and self.decode is not None:
                     need.append(h)
                 else:
@@ -322,7 +353,7 @@ class PolicyAdapter:
         if need:
             assert self.decode is not None
             for h, text in zip(need, self.decode([engine[h].prompt_token_ids for h in need]), strict=True):
-                h.prompt = text
+                h.prompt = scoring_text(str(text), SCORED_TOKENS)
         return [h.prompt or " " for h in hs]
 
     def _arm_timer(self, h: Request, now: float) -> None:
