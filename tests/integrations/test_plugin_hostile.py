@@ -135,3 +135,43 @@ def test_the_plugin_decodes_a_bounded_window_of_a_huge_prompt() -> None:
     n_long, calls, n_out, start = json.loads(second)
     assert n_long > SCORED_CHARS + 256 and calls == 2  # the window, then the whole prompt
     assert 0 < n_out <= SCORED_CHARS and start == "Tell Tell "
+
+
+def test_request_hints_limit_what_a_request_may_say_of_itself() -> None:
+    """Any client of the vLLM server may send ``vllm_xargs``: a ``headway_score`` of -1e30 ran first
+    under pars even with a scorer set (the request's score won), and a ``headway_tier`` of premium
+    first under the tier policies. With ``request_hints`` listing none, the scorer scores it and its
+    tenant and tier are the defaults; ``headway_request_id`` (the step log's) is still kept."""
+    from headway.core import Tier
+    from headway.integrations.vllm import PluginConfig
+    from headway.integrations.vllm._errors import PluginConfigError
+    from headway.integrations.vllm._settings import check_settings
+
+    def arrive(hints: list[str]) -> PolicyAdapter:
+        a = PolicyAdapter(
+            make_policy("pars"), score_batch=lambda prompts: [float(len(p)) for p in prompts],
+            decode=lambda batch: ["x" * len(i) for i in batch], clock=lambda: 1.0, epoch=0.0, request_hints=hints,
+        )  # fmt: skip
+        q = a.make_queue()
+        for rid, n in (("honest", 2), ("jumper", 50)):
+            r = FakeRequest(rid, 0.5, n, 10, prompt_token_ids=list(range(n)))
+            if rid == "jumper":
+                r.sampling_params = SimpleNamespace(ignore_eos=True, extra_args={
+                    "headway_score": -1e30, "headway_tier": "premium", "headway_tenant": "vip",
+                    "headway_request_id": "c-1"})  # fmt: skip
+            q.add_request(r)
+        a.flush()  # (arrivals are scored in a batch)
+        return a
+
+    trusting = arrive(list(PluginConfig().request_hints))
+    jumper = trusting.reqs["jumper"]
+    assert (jumper.score, jumper.tier, jumper.tenant_id) == (-1e30, Tier.PREMIUM, "vip")
+    guarded = arrive([])
+    jumper = guarded.reqs["jumper"]
+    assert (jumper.score, jumper.tier, jumper.tenant_id) == (50.0, Tier.STANDARD, "default")
+    assert jumper.extra["headway.client_id"] == "c-1"
+    assert guarded.reqs["honest"].score == 2.0
+    with pytest.raises(PluginConfigError, match="request_hints must be a list"):
+        PluginConfig(request_hints=["score", "budget"])
+    with pytest.raises(PluginConfigError, match="leaves out 'score'"):
+        check_settings(PluginConfig(policy="pars", request_hints=["tier"]))

@@ -90,7 +90,8 @@ Settings (keys of the ``headway`` object):
     ``ignore_eos``. Oracle policies refuse to start without it.
 ``scorer`` (``null``)
     Scores for score-ranked policies (``pars``, ``sjf-score``...). A request's
-    ``vllm_xargs: {"headway_score": x}`` always wins; requests without one are scored
+    ``vllm_xargs: {"headway_score": x}`` wins (where ``request_hints`` lets requests send
+    one); requests without one are scored
     in-process at arrival, batched per engine step, by this scorer: ``"default"`` (the
     predictor ``headway predictor train`` wrote to the cache, else the one shipped in the
     package; never trained here), a predictor checkpoint directory,
@@ -124,6 +125,10 @@ Settings (keys of the ``headway`` object):
     cannot be made) is logged and ignored: the engine keeps its policy; so is one that group or
     others may write, or that a user other than the engine's (or root) owns (it switches the
     scorer, which imports a module or loads a checkpoint in the engine's process).
+``request_hints`` (``["score", "tenant", "tier", "category"]``)
+    The ``vllm_xargs`` a request's own word is taken for (``headway_score``, ...): every client
+    of the vLLM server can send them, so where clients reach vLLM directly, list only what they may
+    choose (``[]``: none).
 ``check_version`` (``true``)
     Refuse vLLM versions other than :data:`SUPPORTED_VLLM_VERSIONS`.
 ``online_learning`` (``false``)

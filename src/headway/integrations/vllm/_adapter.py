@@ -8,13 +8,13 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState, Tier
 from headway.integrations.vllm._queue import HeadwayRequestQueue
 from headway.integrations.vllm._scorers import TextScoreFn
-from headway.integrations.vllm._settings import _check_oracle, _declared, plugin_displacement
+from headway.integrations.vllm._settings import REQUEST_HINTS, _check_oracle, _declared, plugin_displacement
 from headway.predict.score import MAX_CHARS_PER_TOKEN, scoring_text
 
 __all__ = ["SCORED_CHARS", "SCORED_TOKENS", "EngineRequest", "PolicyAdapter"]
@@ -43,10 +43,14 @@ class EngineRequest(Protocol):
     def num_output_tokens(self) -> int: ...
 
 
-def _xargs(engine_req: Any) -> Mapping[str, Any]:
+def _xargs(engine_req: Any, hints: frozenset[str]) -> Mapping[str, Any]:
+    """The request's ``vllm_xargs`` that the plugin reads: ``headway_<hint>`` for ``hints`` (the
+    ``request_hints`` setting), and ``headway_request_id`` (copied to the step log only)."""
     params = getattr(engine_req, "sampling_params", None)
     extra = getattr(params, "extra_args", None) if params is not None else None
-    return extra if isinstance(extra, Mapping) else {}
+    if not isinstance(extra, Mapping):
+        return {}
+    return {k: v for k, v in extra.items() if k == "headway_request_id" or (k[8:] in hints and k[:8] == "headway_")}
 
 
 class PolicyAdapter:
@@ -71,9 +75,11 @@ class PolicyAdapter:
         observe: Callable[[str, int], None] | None = None,
         clock: Callable[[], float] = time.time,
         epoch: float | None = None,
+        request_hints: Collection[str] = REQUEST_HINTS,
     ) -> None:
         """``observe(prompt, output_tokens)`` is told of every request that finished (not aborted)
-        with a prompt text: an online learner's ``observe``, which must not block."""
+        with a prompt text: an online learner's ``observe``, which must not block. ``request_hints``:
+        the ``vllm_xargs`` a request's own word is taken for (:data:`._settings.REQUEST_HINTS`)."""
         self._clock = clock
         self.epoch = clock() if epoch is None else epoch
         self.max_model_len = max_model_len
@@ -81,6 +87,7 @@ class PolicyAdapter:
         self.decode = decode
         self.missing_score = missing_score
         self.observe = observe
+        self.request_hints = frozenset(request_hints)
         self.oracle_mode = oracle
         self.reqs: dict[str, Request] = {}
         self.engine: dict[Request, Any] = {}
@@ -203,7 +210,7 @@ class PolicyAdapter:
             return Tier.STANDARD
 
     def _new_request(self, e: Any) -> Request:
-        xa = _xargs(e)
+        xa = _xargs(e, self.request_hints)
         arrival = max(0.0, float(getattr(e, "arrival_time", self._clock())) - self.epoch)
         h = Request(
             request_id=str(e.request_id),

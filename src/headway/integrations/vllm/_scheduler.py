@@ -176,6 +176,7 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     decode=self._hw_decode if score_batch is not None else None,
                     missing_score=cfg.missing_score,
                     observe=observe,
+                    request_hints=cfg.request_hints,
                 )
                 self.waiting = self.headway.make_queue()
                 self.kv_holding_waiting = self.headway.make_queue()
@@ -204,6 +205,11 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     base.__name__,
                 )
                 if score_batch is None and isinstance(first, ScoredPolicy) and first.scorer is None:
+                    if "score" not in cfg.request_hints:  # (plugin-check refuses it likewise)
+                        raise PluginConfigError(
+                            f"headway plugin: policy {cfg.policy!r} ranks by scores, no scorer is set and "
+                            "request_hints leaves out 'score': every request would get missing_score"
+                        )
                     # (plugin-check says so; the engine said it only at the first request without a score)
                     logger.warning(
                         "headway: policy %r ranks by length scores and no scorer is set: requests need vllm_xargs "

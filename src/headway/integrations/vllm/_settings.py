@@ -22,6 +22,7 @@ from headway.predict._resolve import predictor_spec
 
 __all__ = [
     "ENV_CONFIG",
+    "REQUEST_HINTS",
     "PluginConfig",
     "check_settings",
     "control_settings",
@@ -31,6 +32,13 @@ __all__ = [
 ]
 
 _CONTROL_KEYS = ("missing_score", "oracle", "policy", "policy_args", "scorer")
+
+REQUEST_HINTS = ("score", "tenant", "tier", "category")
+"""What a request may say of itself in ``vllm_xargs`` (``headway_score``, ``headway_tenant``, ...),
+all read by default (``request_hints``). Every client of the vLLM server can send them: an operator
+whose clients reach vLLM directly lists only what they may choose (``[]``: none; a score then comes
+from the ``scorer``, a tenant and tier are ``default``/``standard``), since a ``headway_score`` of
+``-1e30`` runs first under ``pars`` and a ``headway_tier`` of ``premium`` first under DriftSched."""
 """Settings a ``control_file`` may switch while the engine runs."""
 ENV_CONFIG = "HEADWAY_VLLM_CONFIG"
 """Environment variable read when ``--additional-config`` has no ``headway`` section."""
@@ -53,6 +61,7 @@ class PluginConfig:
     check_version: bool = True
     online_learning: bool = False
     online_state: str | None = None
+    request_hints: list[str] = field(default_factory=lambda: list(REQUEST_HINTS))
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, str) or not self.policy:
@@ -89,6 +98,12 @@ class PluginConfig:
             raise PluginConfigError(
                 "headway plugin: online_state is the file online learning saves its state to: it needs "
                 "online_learning true"
+            )
+        hints = self.request_hints
+        if not isinstance(hints, list) or any(h not in REQUEST_HINTS for h in hints):
+            raise PluginConfigError(
+                f"headway plugin: request_hints must be a list of {', '.join(map(repr, REQUEST_HINTS))} (the "
+                f"vllm_xargs headway_<name> a request may set), got {hints!r:.80}"
             )
         if self.missing_score is not None and not (
             isinstance(self.missing_score, (int, float))
@@ -250,6 +265,11 @@ def check_settings(cfg: PluginConfig, *, chunked_prefill: bool | None = None) ->
                 f"headway plugin: scorer {cfg.scorer!r} returned {scores!r:.80} for one prompt (want one finite score)"
             )
         done.append(f"scorer {cfg.scorer!r}: loaded and scored a test prompt in {time.perf_counter() - t0:.1f} s")
+    elif isinstance(policy, ScoredPolicy) and policy.scorer is None and "score" not in cfg.request_hints:
+        raise PluginConfigError(
+            f"headway plugin: policy {policy.name!r} ranks by scores, no scorer is set and request_hints leaves "
+            "out 'score': every request would get missing_score (set a scorer, or let requests send headway_score)"
+        )
     elif isinstance(policy, ScoredPolicy) and policy.scorer is None:
         done.append(
             f"note: policy {policy.name!r} ranks by scores and no scorer is set: requests need vllm_xargs "
