@@ -61,13 +61,15 @@ def _incomparable(policy: Policy, key: object, exc: TypeError) -> ValueError:
 class PolicyQueue:
     """Waiting requests ordered by a :class:`Policy`'s key.
 
-    Two stores keep one order: an entry that sorts after the last one appended to ``_run`` (a
-    deque kept sorted) goes there, any other into a heap, and the first request is the smaller of
-    the two heads. Keys that come in order (FCFS's arrivals; a preempted request re-added ahead of
-    them goes to the heap) then cost O(1) to add and pop, as vLLM keeps its FCFS waiting queue in a
-    deque and only its priority queue in a heap; other keys cost the heap's O(log n) as before.
-    A re-added request's old entry stays in the heap, stale, until the heap holds over twice the
-    queued requests: then the stale ones are dropped at once (:meth:`_compact`).
+    Two stores keep one order: while the heap is empty, an entry that sorts after the last one
+    appended to ``_run`` (a deque kept sorted) goes there; any other goes into the heap (and so
+    does every entry while the heap holds any, so that keys out of order cost one store, not
+    two), and the first request is the smaller of the two heads. Keys that come in order (FCFS's
+    arrivals; a preempted request re-added ahead of them goes to the heap) then cost O(1) to add
+    and pop, as vLLM keeps its FCFS waiting queue in a deque and only its priority queue in a
+    heap; other keys cost the heap's O(log n) as before. A re-added request's old entry stays in
+    the heap, stale, until the heap holds over twice the queued requests: then the stale ones are
+    dropped at once (:meth:`_compact`).
     """
 
     __slots__ = ("_checked", "_counter", "_epoch", "_heap", "_live", "_run", "policy")
