@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from headway.integrations._server import VllmServer, VllmUnavailable, start_vllm_server
+from headway.integrations._server import VllmServer, VllmUnavailable, default_vllm_paths, start_vllm_server
 from integrations._stepdiff import VllmSteps, start
 
 REQUIRE_VLLM = os.environ.get("HEADWAY_REQUIRE_VLLM") == "1"
@@ -28,6 +28,16 @@ def _unavailable(why: str) -> None:
     if REQUIRE_VLLM:
         pytest.fail(f"{why} (HEADWAY_REQUIRE_VLLM=1)")
     pytest.skip(why)
+
+
+@pytest.fixture
+def vllm_paths() -> tuple[Path, Path]:
+    """The vLLM venv's python and the tiny model, for tests that run code in vLLM's environment
+    (missing: skip, or fail with ``HEADWAY_REQUIRE_VLLM=1``)."""
+    python, model = default_vllm_paths()
+    if not python.exists():
+        _unavailable(f"no vLLM python at {python}; run bash scripts/setup_vllm_env.sh")
+    return python, model
 
 
 @dataclass

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from headway.integrations._server import default_vllm_paths, headway_src_dir
+from headway.integrations._server import headway_src_dir
 from headway.integrations.vllm._chat import ChatMarkers, chat_markers
 
 pytest.importorskip("transformers")
@@ -111,14 +112,10 @@ def test_no_template_or_one_without_clear_markers_scores_whole_prompts() -> None
     assert markers == ChatMarkers("[user] ", " [/user][assistant] ")
 
 
-def test_the_plugin_decodes_a_chat_prompt_to_its_last_user_message() -> None:
+def test_the_plugin_decodes_a_chat_prompt_to_its_last_user_message(vllm_paths: tuple[Path, Path]) -> None:
     """``HeadwayScheduler._hw_decode`` in vLLM's venv on the tiny Llama's tokenizer and template: a chat
     prompt with a long system prompt scores its last user message; a plain prompt scores whole."""
-    python, model = default_vllm_paths()
-    if not python.exists():
-        if os.environ.get("HEADWAY_REQUIRE_VLLM") == "1":
-            pytest.fail(f"no vLLM python at {python} (HEADWAY_REQUIRE_VLLM=1); run bash scripts/setup_vllm_env.sh")
-        pytest.skip(f"no vLLM python at {python}")
+    python, model = vllm_paths
     code = textwrap.dedent(f"""
         import types
         from transformers import AutoTokenizer

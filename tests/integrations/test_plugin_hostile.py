@@ -7,12 +7,13 @@ import json
 import os
 import subprocess
 import textwrap
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from headway.core import make_policy
-from headway.integrations._server import default_vllm_paths, headway_src_dir
+from headway.integrations._server import headway_src_dir
 from headway.integrations.vllm import PolicyAdapter, word_count_scorer
 from headway.integrations.vllm._adapter import SCORED_CHARS
 from integrations._fake import FakeRequest
@@ -87,17 +88,13 @@ def test_a_scorer_that_fails_on_every_prompt_gives_each_the_missing_score() -> N
     assert a.num_score_failures == 3 and a.num_scored == 0
 
 
-def test_the_plugin_decodes_a_bounded_window_of_a_huge_prompt() -> None:
+def test_the_plugin_decodes_a_bounded_window_of_a_huge_prompt(vllm_paths: tuple[Path, Path]) -> None:
     """``HeadwayScheduler._hw_decode`` in vLLM's venv on the tiny Llama's tokenizer and chat template:
     it decoded every token of every prompt (twice for a prompt that is no chat: with and without special
     tokens). Now a 100,000-token plain prompt is decoded from its first ``SCORED_CHARS`` tokens and the
     chat check from its last ones; a chat prompt's long system prompt is still skipped, and a last
     message longer than the window is found by one whole decode."""
-    python, model = default_vllm_paths()
-    if not python.exists():
-        if os.environ.get("HEADWAY_REQUIRE_VLLM") == "1":
-            pytest.fail(f"no vLLM python at {python} (HEADWAY_REQUIRE_VLLM=1); run bash scripts/setup_vllm_env.sh")
-        pytest.skip(f"no vLLM python at {python}")
+    python, model = vllm_paths
     code = textwrap.dedent(f"""
         import json, types
         from transformers import AutoTokenizer

@@ -167,13 +167,9 @@ def test_srpt_waits_for_a_slot_as_vllm_does(plugin_server) -> None:  # type: ign
         assert reqs["srpt-short"]["scheduled"] <= reqs["srpt-long2"]["scheduled"]  # ahead of the long one
 
 
-def test_scheduler_class_resolves_like_vllm_loads_it() -> None:
+def test_scheduler_class_resolves_like_vllm_loads_it(vllm_paths: tuple[Path, Path]) -> None:
     """``--scheduler-cls`` is resolved with vLLM's own loader; the class subclasses vLLM's Scheduler."""
-    python, _ = default_vllm_paths()
-    if not python.exists():
-        if os.environ.get("HEADWAY_REQUIRE_VLLM") == "1":
-            pytest.fail(f"no vLLM python at {python} (HEADWAY_REQUIRE_VLLM=1); run bash scripts/setup_vllm_env.sh")
-        pytest.skip(f"no vLLM python at {python}")
+    python, _ = vllm_paths
     code = (
         "from vllm.utils.import_utils import resolve_obj_by_qualname as r\n"
         "from vllm.v1.core.sched.scheduler import Scheduler\n"
