@@ -581,6 +581,13 @@ def test_simulate_says_how_many_records_of_a_dataset_it_skipped(
         ["sweep", "--grid", ""],
         ["bench", "serve", "--workload", "", "--base-url", "http://127.0.0.1:9"],
         ["predictor", "train", "--data", ""],
+        ["predictor", "eval", "--data-dir", ""],
+        ["predictor", "cross-source", "--data-dir", ""],
+        ["predictor", "cross-source", "--save-head", " "],
+        ["predictor", "cross-source", "--checkpoint", ""],
+        ["predictor", "cross-source-finetune", "--save-checkpoint", ""],
+        ["predictor", "cross-source-finetune", "--encoder", ""],
+        ["predictor", "cross-source-finetune", "--data-dir", ""],
         ["calibrate", "--name", "", "--from-timings", "x.json"],
     ],
 )

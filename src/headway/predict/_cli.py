@@ -100,7 +100,9 @@ def _add_training_options(p: argparse.ArgumentParser, *, matrix: bool = False) -
         default=0.2,
         help="pairs need |a-b|/max(a,b) >= delta, in training and pair accuracy (default 0.2)",
     )
-    g.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
+    g.add_argument(
+        "--data-dir", type=nonempty, metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)"
+    )
     g.add_argument(
         "--no-progress",
         action="store_true",
@@ -420,7 +422,7 @@ def add_predictor_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default="torch", help="inference backend")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per forward")
     p.add_argument("--threads", type=int, default=2, help="CPU threads")
-    p.add_argument("--data-dir", metavar="DIR", help="shared data directory for built-in data sets")
+    p.add_argument("--data-dir", type=nonempty, metavar="DIR", help="shared data directory for built-in data sets")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument(
         "--no-progress",

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from headway._help import HelpFormatter
+from headway._help import HelpFormatter, nonempty
 from headway.predict._cli_common import _add_table_options, _check_table_out, _command_line, _packed_predictor, _say
 from headway.predict._errors import PredictError
 
@@ -175,6 +175,7 @@ def add_cross_source_parser(sub: Any, guarded: Callable[[Callable[[argparse.Name
     )
     p.add_argument(
         "--checkpoint",
+        type=nonempty,
         metavar="DIR|shipped|FILE.npz",
         help="also evaluate, as a row, this trained checkpoint (torch), the shipped predictor, or a packed "
         "predictor (a file, or the name of a packaged one such as pars-minilm-alpaca.npz); the sources it "
@@ -206,9 +207,12 @@ def add_cross_source_parser(sub: Any, guarded: Callable[[Callable[[argparse.Name
     _add_table_options(p)
     p.add_argument(
         "--save-head",
+        type=nonempty,
         metavar="FILE.npz",
         help="also fit the chosen recipe (text features only) on every prompt of every source and pack it "
         "for ShippedPredictor(FILE) (the frozen encoder and a linear head)",
     )
-    p.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
+    p.add_argument(
+        "--data-dir", type=nonempty, metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)"
+    )
     p.set_defaults(func=guarded(_cmd))

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from headway._help import HelpFormatter
+from headway._help import HelpFormatter, nonempty
 from headway.predict._cli_common import _add_table_options, _check_table_out, _command_line, _say
 from headway.predict._errors import PredictError
 
@@ -127,11 +127,14 @@ def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespac
     )
     p.add_argument(
         "--save-checkpoint",
+        type=nonempty,
         metavar="DIR",
         help="no folds: train once on every source's training prompts (held-out splits left out and scored, "
         "in-source) and write a predictor checkpoint there (the fine-tuned layers merged into the full encoder)",
     )
-    p.add_argument("--encoder", default=d.encoder, help="packaged encoder (minilm, mpnet) or a local directory")
+    p.add_argument(
+        "--encoder", type=nonempty, default=d.encoder, help="packaged encoder (minilm, mpnet) or a local directory"
+    )
     p.add_argument(
         "--encoder-layers",
         type=int,
@@ -168,7 +171,9 @@ def add_finetune_parser(sub: Any, guarded: Callable[[Callable[[argparse.Namespac
     )
     p.add_argument("--device", default="cpu", help="where torch trains: cpu, or cuda (a GPU)")
     _add_table_options(p)
-    p.add_argument("--data-dir", metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)")
+    p.add_argument(
+        "--data-dir", type=nonempty, metavar="DIR", help="shared data (default $HEADWAY_DATA_DIR or ../shared/data)"
+    )
 
     def run(args: argparse.Namespace) -> int:
         return _cmd(args, _command_line(), _say)
