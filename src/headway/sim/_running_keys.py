@@ -126,20 +126,19 @@ class RunningKeys(Generic[T]):
             self._kept[item] = prio
             heapq.heappush(self._fixed, (prio, tok, item, req))
             return
-        tok = next(self._counter)
+        tok = next(self._counter)  # a countdown key: always pushed (its priority moves with the clock)
         self._live[item] = tok
-        if self._countdown:
-            if len(key) == 1:  # _prio's one-component countdown case, inlined (a push per key point)
-                first = key[0]
-                whole = math.floor(first)
-                if clock is None:
-                    heapq.heappush(self._fixed, ((-whole, whole - first, -req.seq), tok, item, req))
-                else:
-                    heapq.heappush(self._drift, ((-(whole + clock), whole - first, -req.seq), tok, item, req))
-                return
-            if clock is not None:
-                heapq.heappush(self._drift, (self._prio(key, req.seq, clock), tok, item, req))
-                return
+        if len(key) == 1:  # _prio's one-component countdown case, inlined (a push per key point)
+            first = key[0]
+            whole = math.floor(first)
+            if clock is None:
+                heapq.heappush(self._fixed, ((-whole, whole - first, -req.seq), tok, item, req))
+            else:
+                heapq.heappush(self._drift, ((-(whole + clock), whole - first, -req.seq), tok, item, req))
+            return
+        if clock is not None:
+            heapq.heappush(self._drift, (self._prio(key, req.seq, clock), tok, item, req))
+            return
         heapq.heappush(self._fixed, (self._prio(key, req.seq, None), tok, item, req))
 
     def admit(self, item: T, req: Request, now: float, *, last_chunk: bool) -> None:
