@@ -158,8 +158,8 @@ def check_tenant_name(value: object, name: str) -> None:
     _check(ok, f"{name} must be a non-empty string of UTF-8 text, got {value!r:.60}")
 
 
-def _strings(value: str | Sequence[str]) -> tuple[str, ...]:
-    """A list setting given as a list, or as one string (``"a,b"``, as a flag gives it)."""
+def split_list(value: str | Sequence[str]) -> tuple[str, ...]:
+    """A list setting given as a list, or as one string (``"a,b"``, as a flag or a variable gives it)."""
     items = value.split(",") if isinstance(value, str) else value
     return tuple(v.strip() for v in items if v.strip())
 
@@ -462,7 +462,7 @@ class GatewayConfig:
             value = getattr(self, name)
             _check(value > 0 and math.isfinite(value), f"{name} must be > 0 and finite, got {value}")
         _check(self.max_connections >= 0, f"max_connections must be >= 0, got {self.max_connections}")
-        object.__setattr__(self, "forwarded_allow_ips", _strings(self.forwarded_allow_ips))
+        object.__setattr__(self, "forwarded_allow_ips", split_list(self.forwarded_allow_ips))
         for ip in self.forwarded_allow_ips:
             try:
                 if ip != "*":
@@ -471,7 +471,7 @@ class GatewayConfig:
                 raise ConfigError(
                     f"forwarded_allow_ips must list IP addresses, networks (10.0.0.0/8) or '*', got {ip!r}"
                 ) from None
-        allowed = _strings(self.passthrough) or ("none",)
+        allowed = split_list(self.passthrough) or ("none",)
         if allowed not in (("all",), ("none",)):
             for path in allowed:
                 _check(

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from headway.core import Tier
-from headway.serve._config import BackendConfig, ConfigError, GatewayConfig, TenantConfig, _check, redact_url
+from headway.serve._config import (
+    BackendConfig,
+    ConfigError,
+    GatewayConfig,
+    TenantConfig,
+    _check,
+    redact_url,
+    split_list,
+)
 
 __all__ = ["ENV_PREFIX", "config_from_dict", "config_from_env", "describe_config", "load_config"]
 
@@ -118,7 +126,7 @@ def _env_value(name: str, raw: str) -> Any:
                 raise ValueError(raw)
             return low in ("1", "true", "yes", "on")
         if ann.startswith("tuple[str") and not raw.lstrip().startswith("["):
-            return [v.strip() for v in raw.split(",") if v.strip()]  # a list of strings: also "a,b"
+            return list(split_list(raw))  # a list of strings: also "a,b"
         if ann.startswith(("Mapping", "tuple")):
             return json.loads(raw)
     except ValueError:
@@ -152,7 +160,7 @@ def config_from_env(env: Mapping[str, str]) -> dict[str, Any]:
             except ValueError as exc:
                 raise ConfigError(f"{ENV_PREFIX}BACKENDS is not a valid JSON list: {exc}") from None
         else:
-            out["backends"] = [u.strip() for u in raw.split(",") if u.strip()]
+            out["backends"] = list(split_list(raw))
     return out
 
 
