@@ -193,8 +193,8 @@ class Gateway:
             if config.auth_enabled
             else [(ANONYMOUS.tenant, ANONYMOUS.tier.name.lower())]
         )
-        """``headway_queue_length``'s tenants and tiers, in order (the operator's: the config's or
-        Redis's records, never a client's word)."""
+        """The configured tenants and tiers, which ``headway_queue_length`` reads from the start (those
+        known from Redis's records join once they have queued; never a client's word)."""
         self.metrics = GatewayMetrics(
             self._queue_lengths, self._in_flight, backend_up=self._backend_up, drift_bias=self._drift_bias
         )
@@ -294,10 +294,8 @@ class Gateway:
         """Every tenant and tier known here, 0 when it has nothing queued: the configured tenants
         (or ``default`` with API keys off) from the start, and one known from Redis once it has
         queued (a gauge that vanished when idle would read "no data" rather than 0)."""
-        queued = self.dispatcher.queued_per_tenant
-        for key in queued:  # (a tenant known from Redis)
-            self._queue_keys.setdefault(key)
-        return [(t, tier, queued.get((t, tier), 0)) for t, tier in self._queue_keys]
+        queued = self.dispatcher.queued_per_tenant  # (kept at 0 once a tenant has queued: Dispatcher._forget)
+        return [(t, tier, queued.get((t, tier), 0)) for t, tier in {**self._queue_keys, **queued}]
 
     def _in_flight(self) -> list[tuple[str, int]]:
         return [(b.label, b.in_flight) for b in self.backends]
