@@ -44,6 +44,33 @@ class Refused(Exception):
         self.response = response
 
 
+def check_length(request: HTTPRequest, limit: int) -> None:
+    """:class:`Refused` (413) at once for a ``Content-Length`` over ``limit`` (before any work)."""
+    cl = request.headers.get("content-length")
+    if cl is not None and cl.isdigit() and int(cl) > limit:
+        raise Refused("too_large", api_error("request_too_large", limit=limit))
+
+
+async def read_body(request: HTTPRequest, limit: int, timeout_s: float) -> bytes:
+    """The body, or :class:`Refused`: 413 over ``limit`` bytes, 408 when it has not arrived whole
+    within ``timeout_s``, ``client_disconnected`` (a bare 499) for a client gone before it was in
+    (not uvicorn's traceback). Generation requests and passed-through ones alike."""
+    buf = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                buf += chunk
+                if len(buf) > limit:
+                    raise Refused("too_large", api_error("request_too_large", limit=limit))
+    except TimeoutError:
+        raise Refused(
+            "body_timeout", api_error("body_timeout", headers={"Connection": "close"}, seconds=timeout_s)
+        ) from None
+    except ClientDisconnect:
+        raise Refused("client_disconnected", Response(status_code=499)) from None
+    return bytes(buf)
+
+
 class Intake:
     """Reads, checks and builds requests as ``config`` says; ``hash_prefixes``: compute the
     prompt-text prefix hashes (only a router that reads them needs them)."""
@@ -70,23 +97,11 @@ class Intake:
 
     def check_length(self, request: HTTPRequest) -> None:
         """413 at once for a ``Content-Length`` over ``max_body_bytes`` (before any work)."""
-        cl = request.headers.get("content-length")
-        if cl is not None and cl.isdigit() and int(cl) > self.config.max_body_bytes:
-            raise Refused("too_large", api_error("request_too_large", limit=self.config.max_body_bytes))
+        check_length(request, self.config.max_body_bytes)
 
     async def read(self, request: HTTPRequest, chat: bool) -> tuple[dict[str, Any], bytes, Parsed]:
         """The body as JSON, as received, and checked; or :class:`Refused`."""
-        try:
-            raw = await self._read_body(request)
-        except TimeoutError:
-            raise Refused(
-                "body_timeout",
-                api_error("body_timeout", headers={"Connection": "close"}, seconds=self.config.body_timeout_s),
-            ) from None
-        except ClientDisconnect:  # gone before its body was in: counted, not uvicorn's traceback
-            raise Refused("client_disconnected", Response(status_code=499)) from None
-        if raw is None:
-            raise Refused("too_large", api_error("request_too_large", limit=self.config.max_body_bytes))
+        raw = await read_body(request, self.config.max_body_bytes, self.config.body_timeout_s)
         try:
             body = loads_json(raw)
         except NonFinite as exc:
@@ -136,17 +151,6 @@ class Intake:
                     f"got {parsed.priority}",
                 ),
             )
-
-    async def _read_body(self, request: HTTPRequest) -> bytes | None:
-        """The body; None over ``max_body_bytes``; TimeoutError after ``body_timeout_s``."""
-        limit = self.config.max_body_bytes
-        buf = bytearray()
-        async with asyncio.timeout(self.config.body_timeout_s):
-            async for chunk in request.stream():
-                buf += chunk
-                if len(buf) > limit:
-                    return None
-        return bytes(buf)
 
     def new_request(
         self, request_id: str, now: float, body: dict[str, Any], parsed: Parsed, ident: Identity

@@ -30,7 +30,6 @@ required they need a valid key like any other endpoint.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
@@ -38,11 +37,11 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response, StreamingResponse
 
 from headway.serve._errors import api_error
+from headway.serve._intake import Refused, check_length, read_body
 
 __all__ = ["GATEWAY_PATHS", "HOP_BY_HOP", "Passthrough", "backend_headers", "forwarded_headers", "passed_through"]
 
@@ -150,17 +149,11 @@ class Passthrough:
         denied = await self._authorize(request)
         if denied is not None:
             return denied
-        cl = request.headers.get("content-length")
-        if cl is not None and cl.isdigit() and int(cl) > self._max_body:
-            return api_error("request_too_large", limit=self._max_body)
-        try:
-            body = await self._read_body(request)
-        except TimeoutError:
-            return api_error("body_timeout", headers={"Connection": "close"}, seconds=self._body_timeout_s)
-        except ClientDisconnect:  # gone before its body was in (not worth uvicorn's traceback)
-            return Response(status_code=499)
-        if body is None:
-            return api_error("request_too_large", limit=self._max_body)
+        try:  # (the limits of generation requests: 413 at once, 413, 408, 499)
+            check_length(request, self._max_body)
+            body = await read_body(request, self._max_body, self._body_timeout_s)
+        except Refused as exc:
+            return exc.response
         raw_path = request.scope.get("raw_path")
         path = raw_path.decode("latin-1") if isinstance(raw_path, bytes) else quote(path)  # as the client spelled it
         client = self._client()
@@ -195,16 +188,6 @@ class Passthrough:
                 answer["location"] = _relative(resp.headers["location"], b.config.url)
             return StreamingResponse(self._body(resp, i), status_code=resp.status_code, headers=answer)
         return api_error("upstream_error", detail=f"no backend reachable ({last})")
-
-    async def _read_body(self, request: HTTPRequest) -> bytes | None:
-        """The body; None over ``max_body_bytes``; TimeoutError after ``body_timeout_s``."""
-        buf = bytearray()
-        async with asyncio.timeout(self._body_timeout_s):
-            async for chunk in request.stream():
-                buf += chunk
-                if len(buf) > self._max_body:
-                    return None
-        return bytes(buf)
 
     async def _body(self, resp: httpx.Response, i: int) -> AsyncIterator[bytes]:
         try:
