@@ -25,6 +25,7 @@ from headway.integrations.vllm._scorers import (
 from headway.integrations.vllm._settings import (
     PluginConfig,
     _check_chunked_prefill,
+    check_score_source,
     control_settings,
     make_plugin_policy,
     read_control_file,
@@ -205,11 +206,7 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     base.__name__,
                 )
                 if score_batch is None and isinstance(first, ScoredPolicy) and first.scorer is None:
-                    if "score" not in cfg.request_hints:  # (plugin-check refuses it likewise)
-                        raise PluginConfigError(
-                            f"headway plugin: policy {cfg.policy!r} ranks by scores, no scorer is set and "
-                            "request_hints leaves out 'score': every request would get missing_score"
-                        )
+                    check_score_source(cfg, cfg.policy)  # (as plugin-check does)
                     # (plugin-check says so; the engine said it only at the first request without a score)
                     logger.warning(
                         "headway: policy %r ranks by length scores and no scorer is set: requests need vllm_xargs "

@@ -24,6 +24,7 @@ __all__ = [
     "ENV_CONFIG",
     "REQUEST_HINTS",
     "PluginConfig",
+    "check_score_source",
     "check_settings",
     "control_settings",
     "make_plugin_policy",
@@ -265,12 +266,8 @@ def check_settings(cfg: PluginConfig, *, chunked_prefill: bool | None = None) ->
                 f"headway plugin: scorer {cfg.scorer!r} returned {scores!r:.80} for one prompt (want one finite score)"
             )
         done.append(f"scorer {cfg.scorer!r}: loaded and scored a test prompt in {time.perf_counter() - t0:.1f} s")
-    elif isinstance(policy, ScoredPolicy) and policy.scorer is None and "score" not in cfg.request_hints:
-        raise PluginConfigError(
-            f"headway plugin: policy {policy.name!r} ranks by scores, no scorer is set and request_hints leaves "
-            "out 'score': every request would get missing_score (set a scorer, or let requests send headway_score)"
-        )
     elif isinstance(policy, ScoredPolicy) and policy.scorer is None:
+        check_score_source(cfg, policy.name)
         done.append(
             f"note: policy {policy.name!r} ranks by scores and no scorer is set: requests need vllm_xargs "
             "headway_score; those without one get missing_score (default: the mean of the scores so far, 0 "
@@ -282,6 +279,16 @@ def check_settings(cfg: PluginConfig, *, chunked_prefill: bool | None = None) ->
     if cfg.control_file is not None:
         done.append(_check_control_file(cfg, cfg.control_file))
     return done
+
+
+def check_score_source(cfg: PluginConfig, policy: str) -> None:
+    """For a score-ranked ``policy`` without a scorer: :class:`PluginConfigError` when ``request_hints``
+    leaves out ``score`` too (every request would get ``missing_score``)."""
+    if "score" not in cfg.request_hints:
+        raise PluginConfigError(
+            f"headway plugin: policy {policy!r} ranks by scores, no scorer is set and request_hints leaves "
+            "out 'score': every request would get missing_score (set a scorer, or let requests send headway_score)"
+        )
 
 
 def _check_writable(path: Path, given: str) -> None:
