@@ -229,6 +229,9 @@ def test_passthrough_setting_and_flag():
     assert c.passthrough == ("/v1/embeddings",) and c.forwarded_allow_ips == ("10.0.0.1", "10.0.1.0/24")
     assert build_config(parser.parse_args(["serve", "--backend", "http://127.0.0.1:1", "--passthrough", "none"]),
                         env={"HEADWAY_PASSTHROUGH": "/v1/files"}).passthrough == ("none",)  # fmt: skip
+    for flag in ("--passthrough", "--forwarded-allow-ips"):  # ('' turned the pass-through off, silently)
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--backend", "http://127.0.0.1:1", flag, " "])
 
 
 @pytest.mark.redis

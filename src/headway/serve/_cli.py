@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from headway._help import CLIParser, fail, key_value, refuse_abbreviations
+from headway._help import CLIParser, fail, key_value, nonempty, refuse_abbreviations
 from headway.serve._bench_cli import add_bench_parser
 
 __all__ = ["add_serve_parser", "add_stub_parser", "build_config", "main"]
@@ -300,6 +300,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--passthrough",
+        type=nonempty,
         default=None,
         metavar="all|none|PATHS",
         help="which other /v1 endpoints go to a backend unscheduled: all, none, or paths (each with the paths "
@@ -307,6 +308,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--forwarded-allow-ips",
+        type=nonempty,
         default=None,
         metavar="IPS",
         help="proxies (addresses, networks, or *) whose X-Forwarded-For and X-Forwarded-Proto name the client, "
