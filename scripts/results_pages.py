@@ -157,6 +157,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("plugin_pars.json",),
     ),
     Benchmark(
+        "plugin-scoring",
+        "The plugin's scorer off the engine thread",
+        "A request decoding on vLLM with the plugin while a burst of prompts arrives for the plugin's scorer: "
+        "its inter-token gaps and the burst's makespan with the scorer on the engine's thread (scoring inline) "
+        "and on a thread of its own (background, the default), over interleaved rounds.",
+        "python benchmarks/bench_plugin_scoring.py --burst 64 --rounds 3 --out benchmarks/results/plugin_scoring.md",
+        ("plugin_scoring.md",),
+    ),
+    Benchmark(
         "load",
         "Gateway load test",
         "10,000 requests at a fixed rate (some malformed, unauthorised or oversized) through one gateway "

@@ -15,7 +15,7 @@ import pytest
 from headway.core import make_policy
 from headway.integrations._server import headway_src_dir
 from headway.integrations.vllm import PolicyAdapter, word_count_scorer
-from headway.integrations.vllm._adapter import SCORED_CHARS
+from headway.integrations.vllm._scoring import SCORED_CHARS
 from integrations._fake import FakeRequest
 
 
@@ -99,7 +99,7 @@ def test_the_plugin_decodes_a_bounded_window_of_a_huge_prompt(vllm_paths: tuple[
         import json, types
         from transformers import AutoTokenizer
         from headway.integrations.vllm import HeadwayScheduler
-        from headway.integrations.vllm._adapter import SCORED_CHARS
+        from headway.integrations.vllm._scoring import SCORED_CHARS
         from headway.integrations.vllm._chat import chat_markers
         tok = AutoTokenizer.from_pretrained({str(model)!r})
         decoded = []

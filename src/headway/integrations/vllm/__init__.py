@@ -101,10 +101,17 @@ Settings (keys of the ``headway`` object):
     model's tokenizer (``tokenizer`` overrides its path); the scorer reads each prompt's first
     ``SCORED_CHARS`` (16,384) characters, and only a bounded window of a long prompt's token ids is
     decoded, so a huge prompt costs about what a short one does. Cost per request: the
-    detokenization plus the predictor's forward pass, on the engine thread
+    detokenization plus the predictor's forward pass, where ``scoring`` says
     (see ``benchmarks/bench_plugin_overhead.py``).
 ``scorer_backend`` (``"torch"``), ``scorer_threads`` (``1``)
     Backend (``torch``, ``onnx`` or ``onnx-int8``) and threads for a predictor checkpoint.
+``scoring`` (``"background"``)
+    Where the ``scorer`` runs: ``"background"``, on a thread of its own, one batch of up to 32
+    prompts at a time; a new request waits outside the queue vLLM schedules from until its score
+    is in (the queue's length counts it, so the engine keeps stepping) and the running requests'
+    steps go on meanwhile. ``"inline"``: on the engine's thread as each step starts, every request
+    that arrived before the step scored in it (the step waits for the whole batch; deterministic,
+    as the differential tests need).
 ``missing_score`` (``null``)
     Score given to a request that has none when the policy needs one (no ``headway_score`` and
     no scorer, or a scorer that failed on its prompt: raised, or answered no number; a batch it

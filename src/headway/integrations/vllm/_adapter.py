@@ -12,19 +12,13 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState, Tier
+from headway.integrations.vllm._background import BackgroundScorer
 from headway.integrations.vllm._queue import HeadwayRequestQueue
 from headway.integrations.vllm._scorers import TextScoreFn
+from headway.integrations.vllm._scoring import PromptScoring
 from headway.integrations.vllm._settings import REQUEST_HINTS, _check_oracle, _declared, plugin_displacement
-from headway.predict.score import MAX_CHARS_PER_TOKEN, scoring_text
 
-__all__ = ["SCORED_CHARS", "SCORED_TOKENS", "EngineRequest", "PolicyAdapter"]
-
-SCORED_TOKENS = 512
-"""The scorer reads at most this many tokens' worth of a prompt (``SCORED_CHARS`` characters, its
-start, as :func:`~headway.predict.score.scoring_text` cuts it; the gateway's default): the scorer runs
-on the engine thread, and a predictor tokenizes the whole text before truncating it, so a megabyte
-prompt stalled every request's steps for over a second."""
-SCORED_CHARS = SCORED_TOKENS * MAX_CHARS_PER_TOKEN
+__all__ = ["EngineRequest", "PolicyAdapter"]
 
 logger = logging.getLogger("headway.integrations.vllm")
 
@@ -53,7 +47,7 @@ def _xargs(engine_req: Any, hints: frozenset[str]) -> Mapping[str, Any]:
     return {k: v for k, v in extra.items() if k == "headway_request_id" or (k[8:] in hints and k[:8] == "headway_")}
 
 
-class PolicyAdapter:
+class PolicyAdapter(PromptScoring):
     """Drives a headway :class:`~headway.core.Policy` for an engine's request objects.
 
     Engine-agnostic (no vLLM import): it keeps a headway :class:`~headway.core.Request`
@@ -76,10 +70,14 @@ class PolicyAdapter:
         clock: Callable[[], float] = time.time,
         epoch: float | None = None,
         request_hints: Collection[str] = REQUEST_HINTS,
+        background: bool = False,
     ) -> None:
         """``observe(prompt, output_tokens)`` is told of every request that finished (not aborted)
         with a prompt text: an online learner's ``observe``, which must not block. ``request_hints``:
-        the ``vllm_xargs`` a request's own word is taken for (:data:`._settings.REQUEST_HINTS`)."""
+        the ``vllm_xargs`` a request's own word is taken for (:data:`._settings.REQUEST_HINTS`).
+        ``background``: ``score_batch`` runs on a thread of its own (:class:`BackgroundScorer`; the
+        plugin's ``scoring`` setting), and a request waits outside the queues until its score is in;
+        else each step's arrivals are scored on the engine's thread as the step starts."""
         self._clock = clock
         self.epoch = clock() if epoch is None else epoch
         self.max_model_len = max_model_len
@@ -93,6 +91,10 @@ class PolicyAdapter:
         self.engine: dict[Request, Any] = {}
         self.queues: list[HeadwayRequestQueue] = []
         self._pending: dict[Request, HeadwayRequestQueue] = {}
+        # background scoring: the pending requests whose scores the thread has not given back yet
+        self.background = background
+        self._scorer: BackgroundScorer | None = None  # started at the first request it scores
+        self._scoring: dict[Request, HeadwayRequestQueue] = {}
         self._popped: list[Request] = []
         self._timers: list[tuple[float, int, Request]] = []
         self._seq = itertools.count()
@@ -185,18 +187,6 @@ class PolicyAdapter:
             self._warned.add(key)
             logger.warning(message + " (warned once)", *args)
 
-    def _request_score(self, e: Any, value: Any) -> float | None:
-        """A client's ``headway_score``: a finite number, else ignored (the request is scored as one
-        without): a request's own fields must never stop the engine."""
-        if value is None:
-            return None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-        self._warn_once(
-            "bad_score", "headway: request %s: headway_score %r is not a finite number; ignored", e.request_id, value
-        )
-        return None
-
     def _request_tier(self, e: Any, value: Any) -> Tier:
         """A client's ``headway_tier`` (premium, standard, batch), else standard."""
         if value is None:
@@ -238,8 +228,11 @@ class PolicyAdapter:
         h = self.reqs.get(e.request_id)
         if h is None:
             h = self._new_request(e)
-            self._pending[h] = queue
             queue._npending += 1
+            if self.background and self.score_batch is not None and h.score is None:
+                self._score_later(h, queue)
+            else:
+                self._pending[h] = queue
         else:
             now = self.now()
             self._sync(h, e, now)
@@ -250,22 +243,17 @@ class PolicyAdapter:
         self.policy_time += time.perf_counter() - t0
 
     def flush(self) -> None:
-        """Score and announce the requests that arrived since the last call (one batch)."""
-        if not self._pending:
-            return
+        """Score and announce the requests that arrived since the last call (one batch); with
+        background scoring, those whose scores are in (the others stay pending)."""
         t0 = time.perf_counter()
+        if self._scoring:
+            self._take_scores()
+        if not self._pending:
+            self.policy_time += time.perf_counter() - t0
+            return
         pending, self._pending = self._pending, {}
-        if self.score_batch is not None:
-            todo = [h for h in pending if h.score is None]
-            if todo:
-                s0 = time.perf_counter()
-                failures = self.num_score_failures
-                scores = self._score(todo)
-                if scores is not None:
-                    for h, s in zip(todo, scores, strict=True):
-                        h.score = s if math.isfinite(s) else None  # none: the missing-score path
-                    self.num_scored += len(todo) - (self.num_score_failures - failures)
-                self.score_time += time.perf_counter() - s0
+        if self.score_batch is not None and not self.background:
+            self._score_inline(pending)
         now = self.now()
         policy = self.policy
         for h, q in pending.items():
@@ -297,72 +285,6 @@ class PolicyAdapter:
             self._arm_timer(h, now)
         self.policy_time += time.perf_counter() - t0
 
-    def _score(self, todo: Sequence[Request]) -> list[float] | None:
-        """The scorer's scores for ``todo``'s prompts (NaN where a prompt failed), or None when the
-        batch failed as a whole. A failed batch (an exception, a wrong count, a score that is no
-        number) is retried one prompt at a time, so that only the prompts the scorer fails on take
-        the missing-score path (with a warning), not the requests that arrived beside them: one
-        client's prompt must not cost the others their scores. Raising here stopped vLLM's engine
-        core, and with it every request in flight, over a prompt the scorer could not take."""
-        try:
-            return self._score_batch(todo)
-        except Exception as exc:
-            if len(todo) == 1:
-                self._score_failed(1, exc)
-                return None
-        scores: list[float] = []
-        failed = 0
-        for h in todo:
-            try:
-                scores.extend(self._score_batch([h]))
-            except Exception as exc:
-                failed += 1
-                last = exc
-                scores.append(math.nan)
-        if failed:
-            self._score_failed(failed, last)
-        return scores
-
-    def _score_batch(self, hs: Sequence[Request]) -> list[float]:
-        assert self.score_batch is not None
-        scores = [float(s) for s in self.score_batch(self._prompt_texts(hs))]
-        if len(scores) != len(hs):
-            raise ValueError(f"{len(scores)} scores for {len(hs)} prompts")
-        return scores
-
-    def _score_failed(self, n: int, exc: Exception) -> None:
-        self.num_score_failures += n
-        self._warn_once(
-            "score_failed",
-            "headway: the scorer failed on %d prompt(s) (%s: %s); they get the missing score, as "
-            "requests without a score do",
-            n,
-            type(exc).__name__,
-            exc,
-        )
-
-    def _prompt_texts(self, hs: Sequence[Request]) -> list[str]:
-        """Prompt texts for the scorer: the engine's text if it kept it, else its token ids
-        detokenized (one batch call); each cut to its first ``SCORED_CHARS`` characters (lone
-        surrogates replaced), kept as the request's ``prompt``."""
-        engine = self.engine
-        need = []
-        for h in hs:
-            if h.prompt is None:
-                e = engine[h]
-                text = getattr(e, "prompt", None)
-                if isinstance(text, str):
-                    h.prompt = scoring_text(text, SCORED_TOKENS)
-                elif getattr(e, "prompt_token_ids", None) is not None and self.decode is not None:
-                    need.append(h)
-                else:
-                    h.prompt = ""
-        if need:
-            assert self.decode is not None
-            for h, text in zip(need, self.decode([engine[h].prompt_token_ids for h in need]), strict=True):
-                h.prompt = scoring_text(str(text), SCORED_TOKENS)
-        return [h.prompt or " " for h in hs]
-
     def _arm_timer(self, h: Request, now: float) -> None:
         """Remember a queued request's next rekey time (only one still ahead of ``now``)."""
         if self._timer_hook:
@@ -372,7 +294,7 @@ class PolicyAdapter:
 
     def step_start(self) -> None:
         """Before an engine step: arrivals, due rekey timers, key-epoch changes."""
-        if self._pending:
+        if self._pending or self._scoring:
             self.flush()
         t0 = time.perf_counter()
         now = self.now()
@@ -476,8 +398,11 @@ class PolicyAdapter:
         self._awaiting_first.pop(h, None)
         self._victim_cache.pop(h.request_id, None)
         self._running_version += 1
-        q = self._pending.pop(h, None)
+        q = self._pending.get(h)
+        if q is None:
+            q = self._scoring.get(h)
         if q is not None:
+            self.forget_pending(h)
             q._npending -= 1
         for queue in self.queues:
             queue._pq.remove(h)

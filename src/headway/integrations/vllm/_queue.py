@@ -21,7 +21,8 @@ class HeadwayRequestQueue:
     :class:`~headway.core.PolicyQueue` underneath: O(log n) add and pop). ``prepend_*``
     re-insert by key: a preempted or skipped request goes where the policy puts it, not
     to the front. Requests added since the last step stay unordered until
-    :meth:`PolicyAdapter.flush` scores them (peek/pop/iteration flush first).
+    :meth:`PolicyAdapter.flush` scores them (peek/pop/iteration flush first); with background
+    scoring, until their scores are in.
     """
 
     __slots__ = ("_a", "_npending", "_pq")
@@ -43,7 +44,7 @@ class HeadwayRequestQueue:
 
     def _head(self) -> Request | None:
         a = self._a
-        if a._pending:
+        if a._pending or a._scoring:
             a.flush()
         return self._pq.peek()
 
@@ -58,7 +59,7 @@ class HeadwayRequestQueue:
     def pop_request(self) -> Any:
         t0 = time.perf_counter()
         a = self._a
-        if a._pending:
+        if a._pending or a._scoring:
             a.flush()
         if not self._pq:
             raise IndexError("pop from an empty queue")
@@ -76,8 +77,8 @@ class HeadwayRequestQueue:
             h = a.reqs.get(r.request_id)
             if h is None:
                 continue
-            if a._pending.get(h) is self:
-                del a._pending[h]
+            if a._pending.get(h) is self or a._scoring.get(h) is self:
+                a.forget_pending(h)
                 self._npending -= 1
             self._pq.remove(h)
 
@@ -85,14 +86,20 @@ class HeadwayRequestQueue:
         return len(self._pq) + self._npending
 
     def __bool__(self) -> bool:
+        """Whether a request can be taken from the queue: with background scoring, only those whose
+        scores are in (vLLM peeks after this says so); its ``len`` counts the others too, so the
+        engine keeps stepping while they are scored."""
+        if self._npending and self._a._scoring:
+            self._a.flush()
+            return bool(self._pq)
         return self._npending > 0 or bool(self._pq)
 
     def __iter__(self) -> Iterator[Any]:
-        if self._a._pending:
+        if self._a._pending or self._a._scoring:
             self._a.flush()
         engine = self._a.engine
         return iter([engine[h] for h in self._pq])
 
     def __contains__(self, request: object) -> bool:
         h = self._a.reqs.get(getattr(request, "request_id", ""))
-        return h is not None and (h in self._pq or self._a._pending.get(h) is self)
+        return h is not None and (h in self._pq or self._a._pending.get(h) is self or self._a._scoring.get(h) is self)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from headway.core import Policy
-from headway.integrations.vllm._adapter import SCORED_CHARS, PolicyAdapter
+from headway.integrations.vllm._adapter import PolicyAdapter
 from headway.integrations.vllm._chat import ChatMarkers, chat_markers
 from headway.integrations.vllm._errors import PluginConfigError, VllmVersionError
 from headway.integrations.vllm._scorers import (
@@ -22,6 +22,7 @@ from headway.integrations.vllm._scorers import (
     load_text_scorer,
     online_state_for_rank,
 )
+from headway.integrations.vllm._scoring import SCORED_CHARS
 from headway.integrations.vllm._settings import (
     PluginConfig,
     _check_chunked_prefill,
@@ -178,6 +179,7 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     missing_score=cfg.missing_score,
                     observe=observe,
                     request_hints=cfg.request_hints,
+                    background=cfg.scoring == "background",
                 )
                 self.waiting = self.headway.make_queue()
                 self.kv_holding_waiting = self.headway.make_queue()
@@ -482,6 +484,7 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 return super()._free_request(request, *args, **kwargs)
 
             def shutdown(self) -> None:
+                self.headway.close()
                 if self._hw_learner is not None:
                     self._hw_learner.close()
                 if self._hw_log is not None:

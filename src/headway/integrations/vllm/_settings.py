@@ -23,6 +23,7 @@ from headway.predict._resolve import predictor_spec
 __all__ = [
     "ENV_CONFIG",
     "REQUEST_HINTS",
+    "SCORING",
     "PluginConfig",
     "check_score_source",
     "check_settings",
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 _CONTROL_KEYS = ("missing_score", "oracle", "policy", "policy_args", "scorer")
+"""Settings a ``control_file`` may switch while the engine runs."""
 
 REQUEST_HINTS = ("score", "tenant", "tier", "category")
 """What a request may say of itself in ``vllm_xargs`` (``headway_score``, ``headway_tenant``, ...),
@@ -40,7 +42,10 @@ all read by default (``request_hints``). Every client of the vLLM server can sen
 whose clients reach vLLM directly lists only what they may choose (``[]``: none; a score then comes
 from the ``scorer``, a tenant and tier are ``default``/``standard``), since a ``headway_score`` of
 ``-1e30`` runs first under ``pars`` and a ``headway_tier`` of ``premium`` first under DriftSched."""
-"""Settings a ``control_file`` may switch while the engine runs."""
+SCORING = ("background", "inline")
+"""Where the ``scorer`` runs: on a thread of its own (a request waits, unscheduled, until its score
+is in; the engine's steps go on meanwhile), or on the engine's thread as each step starts (every
+request arriving before a step is scored in it, and the step waits for the whole batch)."""
 ENV_CONFIG = "HEADWAY_VLLM_CONFIG"
 """Environment variable read when ``--additional-config`` has no ``headway`` section."""
 
@@ -55,6 +60,7 @@ class PluginConfig:
     scorer: str | None = None
     scorer_backend: str = "torch"
     scorer_threads: int = 1
+    scoring: str = "background"
     tokenizer: str | None = None
     missing_score: float | None = None
     step_log: str | None = None
@@ -76,6 +82,10 @@ class PluginConfig:
         if self.scorer_backend not in BACKENDS:
             raise PluginConfigError(
                 f"headway plugin: scorer_backend must be one of {', '.join(BACKENDS)}, got {self.scorer_backend!r}"
+            )
+        if self.scoring not in SCORING:
+            raise PluginConfigError(
+                f"headway plugin: scoring must be one of {', '.join(SCORING)}, got {self.scoring!r:.80}"
             )
         threads = self.scorer_threads
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -265,7 +275,10 @@ def check_settings(cfg: PluginConfig, *, chunked_prefill: bool | None = None) ->
             raise PluginConfigError(
                 f"headway plugin: scorer {cfg.scorer!r} returned {scores!r:.80} for one prompt (want one finite score)"
             )
-        done.append(f"scorer {cfg.scorer!r}: loaded and scored a test prompt in {time.perf_counter() - t0:.1f} s")
+        done.append(
+            f"scorer {cfg.scorer!r}: loaded and scored a test prompt in {time.perf_counter() - t0:.1f} s; it will "
+            + ("run on a thread of its own" if cfg.scoring == "background" else "run on the engine's thread")
+        )
     elif isinstance(policy, ScoredPolicy) and policy.scorer is None:
         check_score_source(cfg, policy.name)
         done.append(
