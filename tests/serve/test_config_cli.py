@@ -489,15 +489,17 @@ def test_cli_parsers_build_and_map_to_config():
          "--policy-arg", "tau=0.9", "--policy-arg", "scorer=noisy-oracle", "--backend-concurrency", "3",
          "--queue-ttl", "7", "--api-keys", "off", "--scorer-hold", "0.25", "--scorer", "default:onnx-int8",
          "--scorer-threads", "2", "--scorer-max-length", "64", "--scorer-batch-size", "8", "--scorer-process",
-         "--read-timeout", "120", "--headers-timeout", "7.5", "--max-tokens-limit", "100"]
+         "--read-timeout", "120", "--headers-timeout", "7.5", "--max-tokens-limit", "100", "--min-priority", "-5"]
     )  # fmt: skip
     c = build_config(args)
+    assert c.min_priority == -5
     assert (c.read_timeout_s, c.headers_timeout_s, c.max_tokens_limit) == (120, 7.5, 100)
     assert c.scorer_hold_s == 0.25
     assert (c.scorer, c.scorer_threads, c.scorer_max_length) == ("default:onnx-int8", 2, 64)
     assert c.scorer_batch_size == 8 and c.scorer_process
     plain = build_config(parser.parse_args(["serve", "--backend", "http://127.0.0.1:1"]))
     assert not plain.scorer_process  # off unless asked for
+    assert plain.min_priority is None  # no bound unless asked for
     assert [b.max_concurrency for b in c.backends] == [3, 3]
     assert c.policy_args == {"tau": 0.9, "scorer": "noisy-oracle"} and c.queue_ttl_s == 7
     assert not c.auth_enabled

@@ -38,7 +38,7 @@ _FLAGS: dict[str, str] = {
     **{n: "--" + n.replace("_", "-") for n in (
         "scorer", "scorer_threads", "scorer_max_length", "scorer_batch_size", "max_queue_per_tenant",
         "max_tokens_limit", "default_max_tokens", "online_learning", "online_state", "passthrough",
-        "forwarded_allow_ips",
+        "forwarded_allow_ips", "min_priority",
     )},
 }  # fmt: skip
 """The gateway settings ``serve`` has a flag for -> the flag (for errors)."""
@@ -178,6 +178,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="400 above this many requested tokens; a request asking for none is sent with this many "
         f"(default {_D['max_tokens_limit']}: no limit)",
+    )
+    p.add_argument(
+        "--min-priority",
+        type=int,
+        default=None,
+        metavar="N",
+        help="400 for a request whose priority (vLLM's field: lower runs first) is below N, for tenants "
+        "without a min_priority of their own (default: no bound)",
     )
     p.add_argument(
         "--default-max-tokens",
@@ -368,6 +376,7 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None)
         "router": getattr(args, "router", None),
         "max_queue_per_tenant": getattr(args, "max_queue_per_tenant", None),
         "max_tokens_limit": getattr(args, "max_tokens_limit", None),
+        "min_priority": getattr(args, "min_priority", None),
         "read_timeout_s": getattr(args, "read_timeout", None),
         "headers_timeout_s": getattr(args, "headers_timeout", None),
         "client_send_timeout_s": getattr(args, "client_send_timeout", None),
