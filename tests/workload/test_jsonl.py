@@ -71,8 +71,35 @@ def test_a_logs_own_request_ids_are_kept(write_jsonl: JsonlWriter, tmp_path: Pat
     path = write_jsonl(tmp_path / "log.jsonl", records)
     w = load_workload(str(path))
     assert [(r.request_id, r.num_output_tokens) for r in w.requests] == [
-        ("17", 6), ("log-2", 7), ("chatcmpl-9", 5), ("chatcmpl-9@4", 8)
+        ("17", 6),
+        ("log-2", 7),
+        ("chatcmpl-9", 5),
+        ("chatcmpl-9@4", 8),
     ]
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": ["x"], "prompt": "p", "output_tokens": 5}])
     with pytest.raises(WorkloadFormatError, match=r"bad\.jsonl:1: id: expected a string or an integer"):
         load_workload(str(bad))
+
+
+def test_a_blank_prompt_is_refused_as_the_predictors_reader_does(write_jsonl: JsonlWriter, tmp_path: Path) -> None:
+    # a prompt of white space only was read (1 token) and sent as it was; the predictors' reader refuses it
+    from headway.predict.data import DataError, load_jsonl
+
+    path = write_jsonl(
+        tmp_path / "log.jsonl", [{"prompt": "p", "output_tokens": 5}, {"prompt": " \n", "output_tokens": 5}]
+    )
+    with pytest.raises(WorkloadFormatError, match=r"log\.jsonl:2: prompt: missing or empty prompt") as info:
+        load_workload(str(path))
+    assert info.value.line == 2
+    with pytest.raises(DataError, match="empty prompt"):
+        load_jsonl(path)
+
+
+def test_a_bad_limit_is_refused_as_the_other_readers_do(write_jsonl: JsonlWriter, tmp_path: Path) -> None:
+    from headway.workload import read_azure_trace
+    from headway.workload._jsonl import read_jsonl_workload
+
+    path = write_jsonl(tmp_path / "log.jsonl", [{"prompt": "p", "output_tokens": 5}])
+    for read in (read_jsonl_workload, read_azure_trace):  # (-1 was taken as 0: "no requests")
+        with pytest.raises(ValueError, match="limit must be a non-negative integer or None, got -1"):
+            read(path, limit=-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,8 +13,10 @@ from headway.workload import (
     BurstArrivals,
     RequestSpec,
     Workload,
+    WorkloadFormatError,
     load_workload,
     read_turn_lengths,
+    resample_output_lengths,
     session_workload,
     with_system_prompts,
 )
@@ -27,6 +30,63 @@ def test_turn_lengths_are_read_in_turn_order(write_text: TextWriter, tmp_path: P
     path = write_text(tmp_path / "t.csv.gz", text)
     assert read_turn_lengths(path) == [[(3, 4), (5, 6)], [(7, 8)], [(1, 1)]]  # b stops at its empty turn
     assert read_turn_lengths(path, limit=2) == [[(3, 4), (5, 6)], [(7, 8)]]
+
+
+@pytest.mark.parametrize(
+    ("row", "line", "message"),
+    [
+        ("a,1,5,x,0,0", 3, "t.csv:3: response_tokens: expected an integer token count (got 'x')"),
+        ("a,-1,5,6,0,0", 3, "t.csv:3: turn: expected a non-negative integer (got '-1')"),
+        ("a,0,5,6,0,0", 3, "t.csv:3: turn: conversation 'a' has this turn already (line 2) (got 0)"),
+        ("a,1,5,6", 3, "t.csv:3: row: expected 6 fields, got 4"),
+    ],
+)
+def test_a_bad_turn_row_names_its_file_and_line(
+    write_text: TextWriter, tmp_path: Path, row: str, line: int, message: str
+) -> None:
+    text = "conv_id,turn,prompt_tokens,response_tokens,prompt_chars,response_chars\na,0,3,4,0,0\n" + row + "\n"
+    path = write_text(tmp_path / "t.csv", text)
+    with pytest.raises(WorkloadFormatError, match=re.escape(message)) as info:
+        read_turn_lengths(path)
+    assert info.value.line == line
+
+
+def _turn_table(tmp_path: Path, write_text: TextWriter, conversations: list[list[tuple[int, int]]]) -> Path:
+    """A data folder holding ``sharegpt/sharegpt_all_turn_lengths.csv.gz`` of these conversations."""
+    (tmp_path / "sharegpt").mkdir()
+    text = "conv_id,turn,prompt_tokens,response_tokens,prompt_chars,response_chars\n"
+    for c, conv in enumerate(conversations):
+        text += "".join(f"c{c},{k},{m},{a},0,0\n" for k, (m, a) in enumerate(conv))
+    write_text(tmp_path / "sharegpt" / "sharegpt_all_turn_lengths.csv.gz", text)
+    return tmp_path
+
+
+def test_resampled_sessions_keep_each_turns_history(write_text: TextWriter, tmp_path: Path) -> None:
+    convs = [[(10 + c, 200 + 10 * k) for k in range(4)] for c in range(5)]
+    data = _turn_table(tmp_path, write_text, convs)
+    plain = load_workload("sharegpt-sessions", data_dir=data, num_requests=20)
+    noisy = load_workload("sharegpt-sessions", data_dir=data, num_requests=20, output_cv=0.5, seed=3)
+    assert noisy == load_workload("sharegpt-sessions", data_dir=data, num_requests=20, output_cv=0.5, seed=3)
+    assert noisy.meta["output_cv"] == 0.5
+    answers = {s.request_id: s.num_output_tokens for s in plain}
+    assert sum(s.num_output_tokens != answers[s.request_id] for s in noisy) >= 15  # the answers were resampled
+    by_id = {s.request_id: s for s in noisy}
+    for s in noisy:
+        c, k = (int(x) for x in s.request_id.rsplit("-", 2)[1:])
+        history = sum(
+            m + by_id[f"sharegpt-sessions-{c}-{j}"].num_output_tokens for j, (m, _) in enumerate(convs[c][:k])
+        )
+        assert s.num_prompt_tokens == history + convs[c][k][0]  # the answers its conversation got, resampled
+        assert s.hashed_tokens == (s.num_prompt_tokens + s.num_output_tokens) // 16 * 16
+    with pytest.raises(ValueError, match="resampling the answers alone would break that history"):
+        resample_output_lengths(plain, 0.5)
+
+
+def test_sessions_refuse_more_turns_than_the_data_has(write_text: TextWriter, tmp_path: Path) -> None:
+    data = _turn_table(tmp_path, write_text, [[(5, 5)] * 3] * 4)
+    assert len(load_workload("sharegpt-sessions", data_dir=data, num_requests=12)) == 12
+    with pytest.raises(ValueError, match="has 12 turns; cannot take num_requests=13"):
+        load_workload("sharegpt-sessions", data_dir=data, num_requests=13)
 
 
 def test_a_turn_is_the_history_plus_its_message() -> None:

@@ -27,9 +27,7 @@ JsonlWriter = Callable[[Path, Sequence[object]], Path]  # the write_jsonl fixtur
 
 
 def azure_file(write_text: TextWriter, tmp_path: Path, n: int = 40) -> Path:
-    rows = "".join(
-        f"2023-11-16 18:{15 + i // 60:02d}:{i % 60:02d}.5000000,{100 + i},{1 + i}\n" for i in range(n)
-    )
+    rows = "".join(f"2023-11-16 18:{15 + i // 60:02d}:{i % 60:02d}.5000000,{100 + i},{1 + i}\n" for i in range(n))
     return write_text(tmp_path / "trace.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
 
 
@@ -108,13 +106,9 @@ def test_default_tenants_can_be_turned_off() -> None:
 def test_file_formats_are_sniffed(write_text: TextWriter, write_jsonl: JsonlWriter, tmp_path: Path) -> None:
     az = load_workload(str(azure_file(write_text, tmp_path)))
     assert az.meta["format"] == "azure" and len(az) == 40
-    vidur = write_text(
-        tmp_path / "v.csv.gz", "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,5,6\n1.5,7,8\n"
-    )
+    vidur = write_text(tmp_path / "v.csv.gz", "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,5,6\n1.5,7,8\n")
     assert load_workload(str(vidur)).meta["format"] == "vidur"
-    moon = write_jsonl(
-        tmp_path / "m.jsonl", [{"timestamp": 0, "input_length": 3, "output_length": 4, "hash_ids": []}]
-    )
+    moon = write_jsonl(tmp_path / "m.jsonl", [{"timestamp": 0, "input_length": 3, "output_length": 4, "hash_ids": []}])
     assert load_workload(str(moon)).meta["format"] == "mooncake"
     assert load_workload(str(sharegpt_file(write_text, tmp_path))).meta["format"] == "sharegpt"
     first_turn = write_jsonl(tmp_path / "ft.jsonl", [{"id": "x", "prompt": "hi", "response": "yo"}])
@@ -126,7 +120,14 @@ def test_file_formats_are_sniffed(write_text: TextWriter, write_jsonl: JsonlWrit
     assert load_workload(str(outputs)).meta["format"] == "alpaca-eval-outputs"
     assert load_workload(str(outputs), model="g").meta["model"] == "g"
     assert set(available_formats()) == {
-        "azure", "vidur", "mooncake", "burstgpt", "sharegpt", "alpaca-eval", "alpaca-eval-outputs", "jsonl"
+        "azure",
+        "vidur",
+        "mooncake",
+        "burstgpt",
+        "sharegpt",
+        "alpaca-eval",
+        "alpaca-eval-outputs",
+        "jsonl",
     }
 
 
@@ -137,9 +138,7 @@ def test_sniffing_a_corrupt_gzip_names_the_file(tmp_path: Path) -> None:
         load_workload(str(bad))
 
 
-def test_alpaca_folder_and_model_option(
-    write_text: TextWriter, write_jsonl: JsonlWriter, tmp_path: Path
-) -> None:
+def test_alpaca_folder_and_model_option(write_text: TextWriter, write_jsonl: JsonlWriter, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "instructions.jsonl", [{"idx": 0, "dataset": "d", "instruction": "say hi"}])
     write_text(tmp_path / "output_lengths_long.csv.gz", "model,idx,chars,words,cl100k_tokens\nM,0,9,2,3\n")
     w = load_workload(str(tmp_path), model="M")
@@ -226,9 +225,7 @@ def test_output_cv_and_tenants_options(write_text: TextWriter, tmp_path: Path) -
     assert {(s.tenant_id, s.tier) for s in solo} == {("solo", Tier.BATCH)}
 
 
-def test_find_data_dir_honours_env_and_reports_what_it_tried(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_find_data_dir_honours_env_and_reports_what_it_tried(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HEADWAY_DATA_DIR", str(tmp_path))
     assert find_data_dir() == tmp_path.resolve()
     monkeypatch.setenv("HEADWAY_DATA_DIR", str(tmp_path / "gone"))
@@ -262,6 +259,9 @@ def test_a_data_folder_without_the_named_data_says_which_folder_was_used(
         ("default", {"think_time": 5.0}, "(--think-time) only applies to sharegpt-sessions, not 'default'"),
         ("trace", {"think_time": 5.0}, "(--think-time) only applies to sharegpt-sessions"),
         ("default", {"format": "azure"}, "(--format) applies to a workload file, not the built-in 'default'"),
+        # each conversation is its own tenant: the mix was dropped without a word
+        ("sharegpt-sessions", {"tenants": "default"}, "tenants='default' (--tenants) does not apply to sharegpt-"),
+        ("sharegpt-sessions", {"tenants": "none"}, "tenants='none' (--tenants) does not apply to sharegpt-sessions"),
     ],
 )
 def test_options_the_workload_would_ignore_are_refused(

@@ -35,6 +35,7 @@ from headway.workload._datasets import TokenCounter, approx_token_count
 from headway.workload._errors import WorkloadFormatError
 from headway.workload._records import (
     MAX_TOKEN_COUNT,
+    check_limit,
     check_span,
     existing_file,
     file_stem,
@@ -95,6 +96,7 @@ def read_jsonl_workload(
     count_tokens: TokenCounter | None = None,
 ) -> Workload:
     """Read a JSONL workload (see the module docstring); errors name the file, line and field."""
+    check_limit(limit)
     p = existing_file(path)
     stem = file_stem(p)
     counter = count_tokens or approx_token_count
@@ -110,7 +112,7 @@ def read_jsonl_workload(
         if not isinstance(rec, dict):
             raise WorkloadFormatError(p, line, "expected a JSON object", value=rec)
         prompt = _text(p, line, rec, "prompt")
-        if not prompt:
+        if not prompt or not prompt.strip():  # (as the predictors' reader: white space only is no prompt)
             raise WorkloadFormatError(p, line, "missing or empty prompt", field="prompt", value=rec.get("prompt"))
         output = _json_int(p, line, "output_tokens", rec.get("output_tokens"))
         output += _reasoning_tokens(p, line, rec.get("reasoning_tokens"))

@@ -16,7 +16,13 @@ import numpy as np
 from headway.workload._arrivals import Seed, is_finite_real, make_rng
 from headway.workload._spec import DEFAULT_MAX_TOKENS, Workload
 
-__all__ = ["OUTPUT_LENGTH_CAP_META", "RESAMPLING_CV", "lognormal_noise_sigma", "resample_output_lengths"]
+__all__ = [
+    "OUTPUT_LENGTH_CAP_META",
+    "RESAMPLING_CV",
+    "lognormal_noise_sigma",
+    "noisy_lengths",
+    "resample_output_lengths",
+]
 
 RESAMPLING_CV = 0.19
 """Median per-prompt CV of output length across resamples (sequence_scheduling data)."""
@@ -42,6 +48,17 @@ def _workload_cap(meta: dict[str, object]) -> int:
     return int(cap)
 
 
+def noisy_lengths(lengths: list[int], cv: float, seed: Seed = 0) -> list[int]:
+    """``max(1, round(L * X))`` for each length ``L``, in order, with the mean-1 lognormal noise ``X`` of
+    :func:`resample_output_lengths` (no cap); ``cv = 0`` returns the lengths unchanged."""
+    sigma = lognormal_noise_sigma(cv)
+    if sigma == 0.0 or not lengths:
+        return list(lengths)
+    noise = make_rng(seed).lognormal(mean=-0.5 * sigma * sigma, sigma=sigma, size=len(lengths))
+    scaled = np.maximum(np.rint(np.array(lengths, dtype=np.float64) * noise), 1.0)
+    return [int(x) for x in scaled]
+
+
 def resample_output_lengths(workload: Workload, cv: float, seed: Seed = 0, *, cap: int | None = None) -> Workload:
     """A copy of ``workload`` whose output lengths are multiplied by mean-1 lognormal noise.
 
@@ -54,7 +71,9 @@ def resample_output_lengths(workload: Workload, cv: float, seed: Seed = 0, *, ca
     ``max_tokens`` such a request is sent with); a request already longer than that cap
     keeps its own length as its cap. Noise is drawn in workload order from
     ``numpy.random.default_rng(seed)``; ``cv = 0`` returns the lengths unchanged.
-    Everything else about each request is kept; ``meta["output_cv"]`` records ``cv``.
+    Everything else about each request is kept; ``meta["output_cv"]`` records ``cv``. A workload
+    with requests that follow others (:attr:`~headway.workload.RequestSpec.after`, a conversation's
+    turns, whose prompts hold the earlier answers) is refused (ValueError).
 
     Two effects move the result off ``E[X] = 1``, ``CV[X] = cv``:
 
@@ -66,18 +85,18 @@ def resample_output_lengths(workload: Workload, cv: float, seed: Seed = 0, *, ca
       at 1 or grow, so its mean rises (same check, ``L = 1``: x1.01 at ``cv = 0.19``,
       x1.15 at 0.5, x1.30 at 1.0); from ``L = 3`` up the mean stays within about 1 %.
     """
-    sigma = lognormal_noise_sigma(cv)
+    lognormal_noise_sigma(cv)
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int | np.integer) or cap < 1):
         raise ValueError(f"cap must be a positive integer number of tokens, got {cap!r}")
     workload_cap = int(cap) if cap is not None else _workload_cap(workload.meta)
     specs = list(workload.requests)
-    if sigma == 0.0 or not specs:
-        new_lengths = [s.num_output_tokens for s in specs]
-    else:
-        noise = make_rng(seed).lognormal(mean=-0.5 * sigma * sigma, sigma=sigma, size=len(specs))
-        base = np.array([s.num_output_tokens for s in specs], dtype=np.float64)
-        scaled = np.maximum(np.rint(base * noise), 1.0)
-        new_lengths = [int(x) for x in scaled]
+    if any(s.after is not None for s in specs):
+        raise ValueError(
+            f"workload {workload.name!r} has requests that follow others (a conversation's turns), whose prompts "
+            "hold the earlier answers: resampling the answers alone would break that history; resample the "
+            "conversations' answer lengths before building the turns (load_workload's output_cv does)"
+        )
+    new_lengths = noisy_lengths([s.num_output_tokens for s in specs], cv, seed)
     out = []
     for spec, n in zip(specs, new_lengths, strict=True):
         limit = spec.max_tokens if spec.max_tokens is not None else max(workload_cap, spec.num_output_tokens)

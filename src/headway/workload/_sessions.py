@@ -19,7 +19,6 @@ the rest of each prompt is its own.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -28,10 +27,12 @@ from pathlib import Path
 import numpy as np
 
 from headway.workload._arrivals import ArrivalProcess, Seed, make_rng
-from headway.workload._records import PathLike, open_text
-from headway.workload._spec import RequestSpec, Workload
+from headway.workload._errors import WorkloadFormatError
+from headway.workload._records import PathLike, check_limit, csv_rows, existing_file, int_value
+from headway.workload._resample import noisy_lengths
+from headway.workload._spec import DEFAULT_MAX_TOKENS, RequestSpec, Workload
 
-__all__ = ["DEFAULT_THINK_TIME", "read_turn_lengths", "session_workload", "with_system_prompts"]
+__all__ = ["DEFAULT_THINK_TIME", "read_turn_lengths", "resample_answers", "session_workload", "with_system_prompts"]
 
 DEFAULT_THINK_TIME = 10.0
 """Mean seconds between an answer and the user's next message (exponential)."""
@@ -40,31 +41,64 @@ _BLOCK = 16
 _STREAM = 1 << 40  # hash space of one conversation's (or system prompt's) token stream
 
 
+def _turn_tokens(path: Path, line: int, field: str, raw: str) -> int:
+    """A turn's token count, 0 allowed (a turn without a message or an answer)."""
+    try:
+        zero = float(raw.strip()) == 0.0
+    except ValueError:
+        zero = False  # (int_value names the cell)
+    return 0 if zero else int_value(path, line, field, raw)
+
+
 def read_turn_lengths(path: PathLike, *, limit: int | None = None) -> list[list[tuple[int, int]]]:
     """Conversations from a per-turn length table (``conv_id, turn, prompt_tokens,
     response_tokens``, one row a turn): each a list of (message tokens, answer tokens) in turn
     order. ``limit`` stops after that many conversations; a turn without tokens ends its
-    conversation there."""
-    convs: dict[str, list[tuple[int, int, int]]] = {}
-    with open_text(Path(path)) as f:
-        for row in csv.DictReader(f):
-            cid = row["conv_id"]
-            if cid not in convs:
-                if limit is not None and len(convs) >= limit:
-                    break
-                convs[cid] = []
-            convs[cid].append((int(row["turn"]), int(row["prompt_tokens"]), int(row["response_tokens"])))
+    conversation there. A malformed row, or a turn a conversation already has, raises
+    :class:`~headway.workload.WorkloadFormatError` naming the file and line."""
+    check_limit(limit)
+    p = existing_file(path)
+    convs: dict[str, dict[int, tuple[int, int, int]]] = {}
+    for line, cells, _ in csv_rows(p, ("conv_id", "turn", "prompt_tokens", "response_tokens")):
+        cid = cells["conv_id"]
+        if cid not in convs:
+            if limit is not None and len(convs) >= limit:
+                break
+            convs[cid] = {}
+        raw_turn = cells["turn"].strip()
+        if not raw_turn.isdecimal():
+            raise WorkloadFormatError(p, line, "expected a non-negative integer", field="turn", value=raw_turn)
+        turn = int(raw_turn)
+        if turn in convs[cid]:
+            first = convs[cid][turn][0]
+            raise WorkloadFormatError(
+                p, line, f"conversation {cid!r} has this turn already (line {first})", field="turn", value=turn
+            )
+        prompt = _turn_tokens(p, line, "prompt_tokens", cells["prompt_tokens"])
+        convs[cid][turn] = (line, prompt, _turn_tokens(p, line, "response_tokens", cells["response_tokens"]))
     out = []
     for turns in convs.values():
-        turns.sort()
         kept: list[tuple[int, int]] = []
-        for _, p, r in turns:
-            if p <= 0 or r <= 0:
+        for _, (_, msg, ans) in sorted(turns.items()):
+            if msg <= 0 or ans <= 0:
                 break
-            kept.append((p, r))
+            kept.append((msg, ans))
         if kept:
             out.append(kept)
     return out
+
+
+def resample_answers(
+    conversations: Sequence[Sequence[tuple[int, int]]], cv: float, seed: Seed = 0
+) -> list[list[tuple[int, int]]]:
+    """The conversations with each answer's length resampled as
+    :func:`~headway.workload.resample_output_lengths` resamples an output length (mean-1
+    lognormal noise of CV ``cv``, drawn turn by turn in conversation order; capped at
+    the larger of ``DEFAULT_MAX_TOKENS`` and the recorded length): done before :func:`session_workload`, so that each
+    turn's prompt holds the answers its conversation got."""
+    answers = [ans for conv in conversations for _, ans in conv]
+    noisy = iter(noisy_lengths(answers, cv, seed))
+    return [[(msg, min(next(noisy), max(DEFAULT_MAX_TOKENS, ans))) for msg, ans in conv] for conv in conversations]
 
 
 def _stream_hashes(stream: int, first: int, last: int) -> tuple[int, ...]:

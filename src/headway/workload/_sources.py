@@ -25,7 +25,13 @@ from headway.workload._default import DEFAULT_BURSTINESS, DEFAULT_NUM_REQUESTS, 
 from headway.workload._errors import UnknownWorkloadError, WorkloadFormatError
 from headway.workload._records import reading
 from headway.workload._resample import resample_output_lengths
-from headway.workload._sessions import DEFAULT_THINK_TIME, read_turn_lengths, session_workload, with_system_prompts
+from headway.workload._sessions import (
+    DEFAULT_THINK_TIME,
+    read_turn_lengths,
+    resample_answers,
+    session_workload,
+    with_system_prompts,
+)
 from headway.workload._spec import Workload
 from headway.workload._tenants import DEFAULT_TENANT_MIX, TenantMix, assign_tenants
 from headway.workload._traces import read_azure_trace, read_burstgpt_trace, read_mooncake_trace, read_vidur_trace
@@ -77,7 +83,8 @@ class LoadOptions:
       the synthetic ``default``); refused with ``"trace"``, ``"burst"`` and, unless 1,
       ``"poisson"`` arrivals, which would ignore it.
     - ``seed``: drives sampling, arrivals, resampling and tenants.
-    - ``output_cv``: resample output lengths with this lognormal CV (0.19 is realistic).
+    - ``output_cv``: resample output lengths with this lognormal CV (0.19 is realistic; ``sharegpt-sessions``:
+      the answers, before the turns are built, so that each turn's prompt holds its conversation's answers).
     - ``model``: alpaca_eval model whose output lengths to use.
     - ``tenants``: a :class:`TenantMix`, ``"default"`` (3 tiers) or ``"none"``; default:
       the 3-tier mix for synthetic workloads, none (one standard tenant) for data.
@@ -375,17 +382,23 @@ def _sessions(o: LoadOptions) -> Workload:
     process = _process(kind, o.rate or SESSIONS_RATE, o.burstiness, 1.0)
     path = _data_path(o, "sharegpt", "sharegpt_all_turn_lengths.csv.gz")
     num = DEFAULT_NUM_REQUESTS if o.num_requests is None else o.num_requests
-    # conversations in file order; about 3.5 turns each, so read a few more than needed
-    convs = read_turn_lengths(path, limit=num + 10)
-    return session_workload(
-        convs,
-        process,
-        num_requests=num,
-        think_time=DEFAULT_THINK_TIME if o.think_time is None else o.think_time,
-        max_model_len=SESSIONS_MAX_MODEL_LEN,
-        seed=o.stream(_ARRIVE),
-        name="sharegpt-sessions",
-    )
+    think = DEFAULT_THINK_TIME if o.think_time is None else o.think_time
+    # conversations in file order; about 3.5 turns each, so a few more than needed, else all of them
+    for limit in (num + 10, None):
+        convs = read_turn_lengths(path, limit=limit)
+        if o.output_cv:  # before the turns are built: a turn's prompt holds the answers resampled
+            convs = resample_answers(convs, o.output_cv, o.stream(_RESAMPLE))
+        w = session_workload(
+            convs, process, num_requests=num, think_time=think, max_model_len=SESSIONS_MAX_MODEL_LEN,
+            seed=o.stream(_ARRIVE), name="sharegpt-sessions",
+        )  # fmt: skip
+        if len(w) >= num:
+            break
+    if len(w) < num:
+        raise ValueError(f"workload 'sharegpt-sessions' has {len(w)} turns; cannot take num_requests={num}")
+    if o.output_cv:
+        w.meta["output_cv"] = float(o.output_cv)
+    return w
 
 
 def _data_path(o: LoadOptions, *parts: str) -> Path:
@@ -558,6 +571,11 @@ def _check_source_options(source: str, o: LoadOptions) -> None:
         raise ValueError(
             f"option think_time={o.think_time!r} (--think-time) only applies to sharegpt-sessions, not {source!r}"
         )
+    if o.tenants is not None and source == "sharegpt-sessions":  # (it was ignored)
+        raise ValueError(
+            f"option tenants={o.tenants!r} (--tenants) does not apply to sharegpt-sessions: each conversation is "
+            "a tenant of its own (standard tier)"
+        )
     if o.format is not None and source in _WORKLOADS:
         raise ValueError(
             f"option format={o.format!r} (--format) applies to a workload file, not the built-in {source!r}"
@@ -613,7 +631,7 @@ def load_workload(source: str | os.PathLike[str], **options: object) -> Workload
         mix = _tenant_mix(o, synthetic=False)
         if mix is not None:
             w = assign_tenants(w, mix, o.stream(_TENANTS))
-    if o.output_cv:
+    if o.output_cv and w.meta.get("format") != "sessions":  # (sessions: resampled as they were built)
         w = resample_output_lengths(w, o.output_cv, o.stream(_RESAMPLE))
     if o.system_prompts is not None:
         tokens = DEFAULT_SYSTEM_PROMPT_TOKENS if o.system_prompt_tokens is None else o.system_prompt_tokens
