@@ -620,6 +620,40 @@ def test_a_streamed_chunk_with_usage_and_choices_gives_both_parsed_once(monkeypa
     assert ("".join(answer), req.num_output_tokens, len(parses)) == ("Hello", 2, 3)
 
 
+def test_a_streamed_chunk_without_a_choice_is_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    # vllm bench serve (lib/endpoint_request_func.py) times only chunks whose "choices" is not empty: a
+    # first chunk with no choice (Azure OpenAI's prompt_filter_results) is not the first token, and a
+    # usage chunk is not the last one even when its usage lacks completion_tokens
+    import asyncio
+    import types
+
+    from headway.core import Request, RequestState
+    from headway.serve import _bench
+
+    now = [0.0]
+    monkeypatch.setattr(_bench, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    events = [
+        (0.125, '{"choices":[],"prompt_filter_results":[{"prompt_index":0}]}'),
+        (0.25, TOKEN),
+        (0.375, '{"choices": [{"index": 0, "text": "t"}]}'),
+        (0.625, TOKEN),
+        (0.75, '{"id":"x","choices":[]}'),
+        (0.875, '{"choices":[],"usage":{"prompt_tokens":7}}'),
+        (1.0, "[DONE]"),
+    ]
+
+    async def lines() -> AsyncIterator[str]:
+        for t, data in events:
+            now[0] = t
+            yield "data: " + data
+
+    req = Request("r", 0.0, 4, max_tokens=8)
+    req.transition(RequestState.RUNNING)  # (sent)
+    asyncio.run(_bench._read_stream(lines(), req, 0.0))
+    assert req.state is RequestState.FINISHED and req.num_output_tokens == 3
+    assert (req.first_token_time, req.finish_time, list(req.extra["itl"])) == (0.25, 0.625, [0.125, 0.25])
+
+
 def test_bench_reports_each_request_as_it_is_sent_and_as_it_ends(make_stub) -> None:
     stub = make_stub(token_delay_s=0.001)
     events: list[tuple[str, str]] = []

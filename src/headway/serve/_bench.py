@@ -14,7 +14,8 @@ text, read from the response), and a new message; the arrival time it reports is
 If the turn before failed, the conversation ends there (``previous_turn_failed``).
 
 Timing of a streamed request follows ``vllm bench serve``: a *content chunk* is an SSE event
-with choices (the trailing usage-only chunk and ``[DONE]`` are not); TTFT ends at the first,
+with a non-empty ``choices`` list (the trailing usage-only chunk, a chunk with no choice, and
+``[DONE]`` are not); TTFT ends at the first,
 E2E at the last; the gaps between consecutive ones are its inter-token latencies (ITL, kept in
 ``extra["itl"]``). A stream with no content chunk is aborted (``no_tokens``), as vLLM marks it
 failed.
@@ -66,6 +67,12 @@ _MAX_ERROR_CHARS = 2000
 _ITL_KEY = "itl"
 """Where a streamed request keeps its inter-token gaps (``headway.metrics.ITL_KEY``; not imported
 here so that the gateway's import does not pull in the metrics package)."""
+
+USAGE_PROMPT_TOKENS_KEY = "usage_prompt_tokens"
+"""``Request.extra`` key of the prompt's length as the server counted it (``usage.prompt_tokens``), where
+an answer said it. ``num_prompt_tokens`` stays in the workload's units (a synthetic prompt's words)
+unless the server also reported cached tokens (:func:`_note_cached`); ``--save-result``'s
+``input_lens`` and ``total_input_tokens`` take this one, as ``vllm bench serve`` does."""
 
 _MODELS_TIMEOUT_S = 30.0
 """Longest wait for ``GET /v1/models`` (the default model): an endpoint that does not answer a
@@ -396,6 +403,12 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
         yield last
 
 
+def _has_choice(data: str) -> bool:
+    """Whether a chunk's JSON plainly has a non-empty ``choices`` list (as every content chunk of vLLM
+    and OpenAI spells it), so that it need not be parsed to tell; False means parse it and see."""
+    return '"choices":[{' in data or '"choices": [{' in data
+
+
 async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answer: list[str] | None = None) -> None:
     """Time a streamed answer's content chunks as they come (see the module's docstring); ``answer``
     collects the first choice's text."""
@@ -413,12 +426,14 @@ async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answe
             _abort(req, "stream_error", clock() - t0, _error_message(data))
             return
         obj: Any = None  # the chunk parsed, once (only when something in it is needed)
-        if '"usage":{' in data or '"usage": {' in data:
-            with contextlib.suppress(ValueError, KeyError, TypeError):
+        if '"usage":{' in data or '"usage": {' in data or not _has_choice(data):
+            with contextlib.suppress(ValueError, RecursionError):
                 obj = json.loads(data)
-                _note_cached(req, obj["usage"])
-                usage = int(obj["usage"]["completion_tokens"])
-                if not obj.get("choices"):
+            if isinstance(obj, dict):
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    _note_usage(req, obj["usage"])
+                    usage = int(obj["usage"]["completion_tokens"])
+                if not obj.get("choices"):  # no choice (a usage chunk, a filter's note): not a token, as vLLM
                     continue
         now = clock() - t0
         if answer is not None:
@@ -437,6 +452,17 @@ async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answe
         return
     req.extra[_ITL_KEY] = gaps
     _finish(req, last, usage)  # E2E ends at the last token, not at the stream's close (as vLLM)
+
+
+def _note_usage(req: Request, usage: object) -> None:
+    """What an answer's ``usage`` says of the prompt: its length as the server counted it
+    (``usage.prompt_tokens``, kept in ``extra[USAGE_PROMPT_TOKENS_KEY]``: the ``input_lens`` of
+    ``--save-result``, as ``vllm bench serve`` takes them) and its cached tokens (:func:`_note_cached`)."""
+    with contextlib.suppress(KeyError, TypeError):
+        prompt = usage["prompt_tokens"]  # type: ignore[index]
+        if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt >= 0:
+            req.extra[USAGE_PROMPT_TOKENS_KEY] = prompt
+    _note_cached(req, usage)
 
 
 def _note_cached(req: Request, usage: object) -> None:
@@ -473,7 +499,7 @@ def _finish_unstreamed(req: Request, body: bytes, now: float, answer: list[str] 
     except (ValueError, KeyError, TypeError):
         _abort(req, "bad_response", now)
         return
-    _note_cached(req, obj["usage"])
+    _note_usage(req, obj["usage"])
     if answer is not None:
         with contextlib.suppress(KeyError, TypeError, IndexError):
             answer.append(_text_of(obj["choices"][0]))

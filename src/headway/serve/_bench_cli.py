@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -228,19 +229,27 @@ _FLAGS = {
 """The workload's and the client's settings this command takes -> the flag that gives each (for errors)."""
 
 
-def _start_line(workload: Any, url: str, rate: float | None, time_scale: float, max_concurrency: int) -> str:
-    """What a run is about to do, said before it starts: how many requests, to where, over about
-    how long (the workload's arrivals, scaled by ``time_scale``) and at what rate (``rate``, the
-    ``--request-rate`` asked for, else the arrivals')."""
-    n = len(workload)
+def _arrivals(workload: Any, rate: float | None, time_scale: float) -> tuple[float, float]:
+    """The span of the arrivals as sent (seconds, scaled by ``time_scale``) and their rate in
+    requests/s: ``rate`` (the ``--request-rate`` asked for) over ``time_scale``, else the arrivals' own
+    mean, (k - 1) / span; ``inf`` when they all come at once (``vllm bench serve``'s ``request_rate``)."""
     # a turn that follows another (sharegpt-sessions) is sent after it: its own arrival time is not used
     arrivals = [s.arrival_time for s in workload if s.after is None] or [0.0]
     span = (max(arrivals) - min(arrivals)) * time_scale
+    if span <= 0:
+        return 0.0, math.inf
+    return span, rate / time_scale if rate is not None else (len(arrivals) - 1) / span
+
+
+def _start_line(workload: Any, url: str, rate: float | None, time_scale: float, max_concurrency: int) -> str:
+    """What a run is about to do, said before it starts: how many requests, to where, over about
+    how long (the workload's arrivals, scaled by ``time_scale``) and at what rate (:func:`_arrivals`)."""
+    n = len(workload)
+    span, per_s = _arrivals(workload, rate, time_scale)
     line = f"headway: sending {n} request{'s' if n != 1 else ''} to {url}"
     if span <= 0:
         line += ", all at once"
     else:
-        per_s = rate / time_scale if rate is not None else (len(arrivals) - 1) / span
         line += f", arriving over about {_duration(span)} ({per_s:.3g} requests/s)"
     if max_concurrency:
         line += f", at most {max_concurrency} at a time"
@@ -425,7 +434,7 @@ def _run_bench(args: argparse.Namespace) -> int:
             requests,
             label=args.label or "openai",
             model_id=model,
-            request_rate=args.rate if args.rate is not None else float("inf"),
+            request_rate=_arrivals(workload, args.rate, args.time_scale)[1],  # the rate sent at, scaled
             burstiness=args.burstiness if args.burstiness is not None else 1.0,
             max_concurrency=args.max_concurrency or None,
             goodput=summary.goodput,

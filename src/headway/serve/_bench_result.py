@@ -5,17 +5,33 @@ and the file name (``{label}-{request_rate}qps[-concurrency{N}]-{model}-{YYYYmmd
 or ``--result-filename`` in ``--result-dir``) follow vLLM's ``vllm/benchmarks/serve.py``, so that
 tools reading vLLM's results read these too. Statistics are over completed requests:
 
-- ``ttfts``/``latencies``: first token / last byte, from the request's send time;
+- ``ttfts``/``latencies``: first / last content chunk, from the request's send time;
 - TPOT of a request: ``(latency - ttft) / (output_len - 1)`` for two or more output tokens;
-- ITL: every gap between consecutive content chunks of a streamed request (none without
-  streaming, then the ITL statistics are 0, as vLLM reports for an empty list);
-- ``duration``: from the first request sent to the last finished (headway's makespan);
+- ITL: every gap between consecutive content chunks of a streamed request, pooled over the
+  completed requests (none without streaming, then the ITL statistics are 0, as vLLM reports for
+  an empty list; TTFT then equals E2EL, so TPOT is 0 too);
+- percentiles: numpy's linear interpolation, as vLLM's; ``std``: the population's (``np.std``);
+- ``input_lens``/``total_input_tokens``: the server's count (``usage.prompt_tokens``) where an
+  answer gave it, as vLLM's client takes it, else the length sent (the workload's units);
+- ``request_rate``: the rate the arrivals were sent at (``--request-rate`` over ``--time-scale``,
+  else the workload's own arrivals' mean rate), ``"inf"`` when they all came at once;
 - ``request_goodput``: requests meeting every ``--goodput`` target per second (None without);
 - ``max_output_tokens_per_s``/``max_concurrent_requests``: the busiest one-second bucket of output
   tokens and of requests in flight, counted as vLLM counts them.
 
-What vLLM records and headway's client does not (``generated_texts``, a tokenizer id, spec-decode
-and ramp-up statistics) is left out rather than filled with made-up values.
+Where headway's file differs from vLLM's on purpose:
+
+- ``duration`` is headway's makespan, from the first request sent to the last one's last token (or
+  failure). vLLM's clock starts before its first inter-arrival wait (its first request goes one gap
+  after the start) and stops when every request has returned (a stream after its ``[DONE]``); so at
+  a finite rate its duration is longer by about one gap, and its throughputs lower by as much;
+- ``start_times`` are seconds from the first send; vLLM's are ``time.perf_counter()`` readings
+  (differences between them agree);
+- ``burstiness`` is ``--burstiness`` as given, else 1.0, whatever the workload's own arrivals are.
+
+What vLLM records and headway's client does not (``generated_texts``, ``queue_times`` and the
+client-queue statistics of ``--max-concurrency``, ``rtfx``, a tokenizer id, spec-decode and ramp-up
+statistics) is left out rather than filled with made-up values.
 """
 
 from __future__ import annotations
@@ -30,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from headway.core import Request, RequestState
+from headway.serve._bench import USAGE_PROMPT_TOKENS_KEY
 
 __all__ = ["result_filename", "vllm_bench_result", "write_result"]
 
@@ -70,6 +87,13 @@ def _peaks(done: Sequence[Request]) -> tuple[float, int]:
     return float(np.max(tokens)), int(np.max(active))
 
 
+def _prompt_len(r: Request) -> int:
+    """A request's prompt length as ``vllm bench serve`` reports it: the server's count
+    (``usage.prompt_tokens``) where an answer gave it, else the length it was sent as."""
+    n = r.extra.get(USAGE_PROMPT_TOKENS_KEY)
+    return n if isinstance(n, int) else r.num_prompt_tokens
+
+
 def vllm_bench_result(
     requests: Sequence[Request],
     *,
@@ -100,7 +124,7 @@ def vllm_bench_result(
         gaps = r.extra.get(_ITL_KEY)
         if gaps is not None:
             itls.extend(float(g) for g in gaps)  # type: ignore[attr-defined]
-    total_in = sum(r.num_prompt_tokens for r in done)
+    total_in = sum(_prompt_len(r) for r in done)
     total_out = sum(r.num_output_tokens for r in done)
     per = duration if duration > 0 else math.nan
     result: dict[str, Any] = {
@@ -123,7 +147,7 @@ def vllm_bench_result(
         "request_goodput": goodput,
         "output_throughput": total_out / per,
         "total_token_throughput": (total_in + total_out) / per,
-        "input_lens": [r.num_prompt_tokens for r in requests],
+        "input_lens": [_prompt_len(r) for r in requests],
         "output_lens": [r.num_output_tokens if r.state is RequestState.FINISHED else 0 for r in requests],
         "ttfts": [
             r.first_token_time - r.arrival_time
