@@ -190,6 +190,35 @@ def test_fold_trains_only_the_top_layers_and_learns_the_shared_signal(
     assert table.to_markdown(recipe.label).startswith("# Length predictors across sources, encoder fine-tuned")
 
 
+def test_a_fold_never_trains_on_a_prompt_another_source_holds(
+    tiny_encoder_3_layers: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from headway.predict import crossfinetune
+    from headway.predict.crossfinetune import finetune_fold
+
+    sources = [_source(name, 30, k) for k, name in enumerate(SOURCES)]
+    a = sources[0]  # alpaca_eval, held out below: every one of its prompts is scored as unseen
+    copy = "  " + a.prompts[10].upper() + "."
+    b = sources[1]
+    sources[1] = Source(
+        b.name, (*b.prompts, copy), {m: np.append(v, 7.0) for m, v in b.train.items()},
+        {m: np.append(v, 7.0) for m, v in b.evals.items()}, np.append(b.test, False),
+    )  # fmt: skip
+    seen: dict[str, Source] = {}
+    real = crossfinetune._training_groups
+
+    def spy(src: Source) -> object:
+        seen[src.name] = src
+        return real(src)
+
+    monkeypatch.setattr(crossfinetune, "_training_groups", spy)
+    recipe = FinetuneRecipe(encoder=str(tiny_encoder_3_layers), top_layers=1, max_length=32, steps=1, batch_size=8)
+    finetune_fold(recipe, sources, "alpaca_eval", cache=tmp_path)
+    trained = seen["sharegpt"]
+    assert trained.prompts[-1] == copy
+    assert all(np.isnan(v[-1]) and np.isfinite(v[:-1][~b.test]).all() for v in trained.train.values())
+
+
 def test_ridge_head_start_already_ranks_before_any_training(tiny_encoder_3_layers: Path, tmp_path: Path) -> None:
     from headway.predict.crossfinetune import finetune_fold
 

@@ -14,8 +14,10 @@ from headway.predict.crosssource import (
     SOURCES,
     Recipe,
     Source,
+    _tau,
     cross_source_matrix,
     embed_sources,
+    exclude_shared_prompts,
     fit_recipe,
     training_sets,
 )
@@ -151,6 +153,90 @@ def test_sharegpt_training_only_prompts_are_other_prompts(data_dir: Path) -> Non
     assert len(set(src.extra_prompts)) == len(src.extra_prompts)
     (lengths,) = src.extra_train.values()
     assert lengths.shape == (len(src.extra_prompts),) and np.all(lengths >= 1)
+
+
+def test_no_head_trains_on_a_prompt_another_source_scores_as_unseen() -> None:
+    """sharegpt's training prompts hold variants (case, spacing, end punctuation) of 30 alpaca_eval prompts
+    with alpaca_eval's lengths and embeddings: a head trained on sharegpt would rank alpaca_eval by
+    remembering them. It must score alpaca_eval exactly as a head trained without those prompts."""
+    rng = np.random.default_rng(7)
+    n = 60
+    a_emb, b_emb = rng.normal(size=(n, 8)), rng.normal(size=(n, 8))
+    a_len, b_len = np.exp(rng.normal(size=n)) * 100, np.exp(rng.normal(size=n)) * 100
+    a_prompts = tuple(f"Alpaca prompt {i}?" for i in range(n))
+    alpaca = Source("alpaca_eval", a_prompts, {"m": a_len}, {"m": a_len}, np.zeros(n, dtype=bool))
+    own = tuple(f"sharegpt prompt {i}" for i in range(n))
+    copies = tuple(f"  ALPACA   prompt {i}" for i in range(30))
+    test = np.zeros(n + 30, dtype=bool)
+    test[:12] = True  # held-out prompts of sharegpt's own: the copies are all training prompts
+    both = np.concatenate([b_len, a_len[:30]])
+    leaky = Source("sharegpt", own + copies, {"m": both}, {"m": both}, test)
+    clean = Source("sharegpt", own, {"m": b_len}, {"m": b_len}, test[:n])
+    a32 = a_emb.astype(np.float32)
+    emb_leaky = {"alpaca_eval": a32, "sharegpt": np.vstack([b_emb, a_emb[:30]]).astype(np.float32)}
+    emb_clean = {"alpaca_eval": a32, "sharegpt": b_emb.astype(np.float32)}
+    recipe = Recipe("text", 0.01)
+    remembered = fit_recipe(recipe, [leaky], emb_leaky).score(a_emb)
+    honest = fit_recipe(recipe, [clean], emb_clean).score(a_emb)
+    assert _tau(remembered, a_len) > _tau(honest, a_len) + 0.2  # the copies would show
+    key = ("sharegpt", recipe.label)
+    got = cross_source_matrix([alpaca, leaky], emb_leaky, [recipe]).rows[key]["alpaca_eval:m"]
+    want = cross_source_matrix([alpaca, clean], emb_clean, [recipe]).rows[key]["alpaca_eval:m"]
+    assert got == pytest.approx(want, abs=1e-12)
+
+
+def test_shared_prompts_lose_their_training_lengths_only() -> None:
+    nan = math.nan
+    a = Source(
+        "alpaca_eval",
+        ("Tell me a joke", "Name a colour.", "Why is the sky blue?"),
+        {"mean": np.array([10.0, 20.0, 30.0])},
+        {"m": np.array([1.0, 2.0, 3.0])},
+        np.array([False, False, True]),
+    )
+    b = Source(
+        "sharegpt",
+        ("tell me  a JOKE!", "hello", "Hello", "why is the sky blue", "write a poem"),
+        {"m": np.array([4.0, 5.0, 6.0, 7.0, 8.0])},
+        {"m": np.array([4.0, 5.0, 6.0, 7.0, 8.0])},
+        np.array([False, True, False, False, False]),
+        ("name a colour", "WRITE A POEM.", "something else"),
+        {"m": np.array([9.0, 10.0, 11.0])},
+    )
+    (a2, b2), left_out = exclude_shared_prompts([a, b])
+    # alpaca_eval's "Tell me a joke" is a sharegpt prompt (scored in full when sharegpt is not trained on);
+    # its held-out "Why is the sky blue?" keeps its length (never trained on with its split left out)
+    np.testing.assert_array_equal(a2.train["mean"], [nan, 20.0, 30.0])
+    # sharegpt: a copy of alpaca_eval's prompts (one of them held out there), a copy of its own held-out "hello"
+    np.testing.assert_array_equal(b2.train["m"], [nan, 5.0, nan, nan, 8.0])
+    # training-only prompts that copy any evaluated prompt, sharegpt's own included
+    np.testing.assert_array_equal(b2.extra_train["m"], [nan, nan, 11.0])
+    assert left_out == {"alpaca_eval": 1, "sharegpt": 5}
+    for old, new in ((a, a2), (b, b2)):
+        assert new.prompts == old.prompts and new.extra_prompts == old.extra_prompts
+        assert all(np.array_equal(new.evals[m], old.evals[m]) for m in old.evals)
+        np.testing.assert_array_equal(new.test, old.test)
+    np.testing.assert_array_equal(b.train["m"], [4.0, 5.0, 6.0, 7.0, 8.0])  # the inputs are not changed
+    assert exclude_shared_prompts([a2, b2])[1] == {"alpaca_eval": 0, "sharegpt": 0}
+
+
+def test_real_sources_share_prompts_and_none_is_trained_on_where_scored_as_unseen(data_dir: Path) -> None:
+    from headway.predict.crosssource import load_source
+    from headway.predict.data import normalized_prompt
+
+    sources = [load_source(name, data_dir) for name in SOURCES]
+    cleaned, left_out = exclude_shared_prompts(sources)
+    assert left_out["alpaca_eval"] > 0 and left_out["sharegpt"] > 0  # alpaca_eval holds ShareGPT first turns
+    keys = {s.name: [normalized_prompt(p) for p in s.prompts] for s in cleaned}
+    for src in cleaned:
+        unseen = {k for other, ks in keys.items() if other != src.name for k in ks}
+        unseen |= {k for k, t in zip(keys[src.name], src.test.tolist(), strict=True) if t}
+        trained = np.any([np.isfinite(v) for v in src.train.values()], axis=0) & ~src.test
+        assert not {k for k, t in zip(keys[src.name], trained.tolist(), strict=True) if t} & unseen
+        if src.extra_prompts:
+            (extra,) = src.extra_train.values()
+            kept = {normalized_prompt(p) for p, y in zip(src.extra_prompts, extra.tolist(), strict=True) if y >= 1}
+            assert not kept & {k for ks in keys.values() for k in ks}
 
 
 def test_ranknet_and_zlog_recipes_learn_the_shared_signal() -> None:

@@ -25,6 +25,7 @@ from headway.predict.data import (
     load_jsonl,
     load_sharegpt,
     make_pairs,
+    normalized_prompt,
     split_by_prompt,
     write_jsonl,
 )
@@ -120,6 +121,22 @@ def test_split_is_prompt_disjoint_and_seeded(
     if rows:
         sub = split_by_prompt(data.with_examples(data.examples[::2]), test_frac, val_frac, seed)
         assert {e.prompt for e in sub.test} <= {e.prompt for e in split.test}
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("What is  the meaning of life?", "what is the meaning of life", True),
+        ("Continue", "continue.", True),
+        ("\tHello,\nworld!  ", "hello, world", True),
+        ("hello, world", "hello world", False),  # punctuation inside the text counts
+        ("Write C++ code", "Write C code", False),
+        ("?", "?", True),  # punctuation alone is kept, not emptied
+        ("?", "!", False),
+    ],
+)
+def test_normalized_prompt_ignores_case_spacing_and_end_punctuation(a: str, b: str, same: bool) -> None:
+    assert (normalized_prompt(a) == normalized_prompt(b)) is same
 
 
 def test_split_fractions_are_close_on_many_prompts() -> None:

@@ -24,6 +24,8 @@ def _cmd(args: argparse.Namespace) -> int:
         WEIGHTINGS,
         cross_source_matrix,
         embed_sources,
+        exclude_shared_prompts,
+        left_out_note,
         load_source,
         recipe_grid,
         write_result,
@@ -51,7 +53,9 @@ def _cmd(args: argparse.Namespace) -> int:
         raise PredictError(f"--sharegpt-extra: a count >= 0, got {args.sharegpt_extra}")
     # a packed predictor is loaded (and a bad one refused) before the sources are embedded
     packed = _packed_row(args.checkpoint, args.threads) if args.checkpoint else None
-    sources = [load_source(name, args.data_dir, max_extra=args.sharegpt_extra) for name in SOURCES]
+    sources, left_out = exclude_shared_prompts(
+        [load_source(name, args.data_dir, max_extra=args.sharegpt_extra) for name in SOURCES]
+    )
     encoder = _frozen_encoder(args.encoder, args.threads)
     sizes = (
         f"{s.name} ({len(s.prompts)} prompts"
@@ -83,6 +87,7 @@ def _cmd(args: argparse.Namespace) -> int:
         for s in sources
         if s.extra_prompts
     ]
+    result.notes.append(left_out_note(left_out))
     text = result.to_markdown()
     print(text)
     if args.out:

@@ -20,7 +20,14 @@ _FOLDS = "alpaca_eval,arena_hard_v2,sharegpt,codealpaca"
 def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]) -> int:
     from headway.predict._paths import default_cache_dir
     from headway.predict.crossfinetune import FinetuneRecipe, finetune_all, finetune_fold, fold_table, training_device
-    from headway.predict.crosssource import SOURCES, cross_source_matrix, load_source, write_result
+    from headway.predict.crosssource import (
+        SOURCES,
+        cross_source_matrix,
+        exclude_shared_prompts,
+        left_out_note,
+        load_source,
+        write_result,
+    )
     from headway.predict.model import encoder_config
 
     _check_table_out(args.out)
@@ -52,7 +59,9 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
     )
     training_device(args.device)  # both refused before the data is read
     encoder_config(recipe.encoder, recipe.encoder_layers)
-    sources = [load_source(name, args.data_dir, max_extra=args.sharegpt_extra) for name in SOURCES]
+    sources, left_out = exclude_shared_prompts(
+        [load_source(name, args.data_dir, max_extra=args.sharegpt_extra) for name in SOURCES]
+    )
     baseline = cross_source_matrix(sources, {}, [])
     cache = default_cache_dir() / "lower-states"
     folds = []
@@ -78,6 +87,7 @@ def _cmd(args: argparse.Namespace, command_line: str, say: Callable[[str], None]
              "training sets: the other sources' training prompts (their 20 % held-out split left out) ")
             + (f"and up to {args.sharegpt_extra} of ShareGPT's training-only prompts" if args.sharegpt_extra is not None
                else "and all of ShareGPT's training-only prompts"),
+            left_out_note(left_out),
         ]  # fmt: skip
         result.notes += [
             f"{_run_name(f.held_out)}: {f.steps} steps, {f.pairs_seen} pairs, loss {f.loss_first:.3f} -> "

@@ -41,7 +41,7 @@ from headway.predict._embed import run_length_sorted
 from headway.predict._errors import DataError
 from headway.predict._finetune_recipe import HEAD_INITS, WEIGHTINGS, FinetuneRecipe
 from headway.predict._paths import encoder_path
-from headway.predict.crosssource import SOURCES, CrossSourceResult, Source, _tau
+from headway.predict.crosssource import SOURCES, CrossSourceResult, Source, _tau, exclude_shared_prompts
 from headway.predict.head import fit_ridge, rank_targets
 from headway.predict.losses import margin_ranking_loss
 from headway.predict.model import LengthPredictor, load_encoder, mean_pool, pad_batch, position_limit, tokenize
@@ -389,8 +389,10 @@ def _finetune(
     device: str = "cpu",
 ) -> tuple[FoldResult, MixModel]:
     """The fine-tuning run behind :func:`finetune_fold` (``held_out`` a source) and :func:`finetune_all`
-    (``held_out`` None): the fold's result and the trained model."""
+    (``held_out`` None): the fold's result and the trained model. It never trains on prompts
+    :func:`~headway.predict.crosssource.exclude_shared_prompts` leaves out."""
     say = log or (lambda _m: None)
+    sources, _ = exclude_shared_prompts(sources)
     torch.set_num_threads(max(1, threads))
     torch.manual_seed(recipe.seed)
     rng = np.random.default_rng(recipe.seed)

@@ -18,6 +18,11 @@ other sources on all their prompts. A recipe is a feature set, a ridge penalty a
 sources in a mix: ``equal`` (each source weighs the same) or ``sqrt`` (in proportion to the square root
 of its number of training answers, so a large source counts more without drowning the others). A recipe
 is judged by its mean tau_b on sources it did not train on, over the leave-one-source-out training sets.
+
+No head trains on a prompt that a cell scores as unseen (:func:`exclude_shared_prompts`): prompts are
+matched after normalisation (:func:`~headway.predict.data.normalized_prompt`), and one that a source
+shares with another source (alpaca_eval's instructions include ShareGPT first turns), or with a held-out
+prompt of its own, is evaluated but never trained on.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ import math
 import os
 import time
 import zipfile
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +43,7 @@ import numpy.typing as npt
 from scipy import stats
 
 from headway.predict._errors import DataError
-from headway.predict.data import _resolve_data_dir, load_dataset, prompt_key
+from headway.predict.data import _resolve_data_dir, load_dataset, normalized_prompt, prompt_key
 from headway.predict.head import RidgeHead, feature_matrix, fit_ridge, rank_targets
 from headway.predict.pairhead import MLP_HIDDEN, MlpHead, fit_pairwise, fit_pairwise_mlp
 
@@ -52,7 +58,9 @@ __all__ = [
     "Source",
     "cross_source_matrix",
     "embed_sources",
+    "exclude_shared_prompts",
     "fit_recipe",
+    "left_out_note",
     "load_source",
     "raw_linear",
 ]
@@ -81,7 +89,7 @@ SPLIT_SEED = 0
 @dataclass(frozen=True)
 class Source:
     """Distinct prompts of one source; ``train`` and ``evals`` map a model to lengths aligned with
-    ``prompts`` (NaN where that model has no answer)."""
+    ``prompts`` (NaN where that model has no answer; in ``train``, also where the prompt is not trained on)."""
 
     name: str
     prompts: tuple[str, ...]
@@ -92,7 +100,7 @@ class Source:
     extra_prompts: tuple[str, ...] = ()
     """More prompts of the source, for training only (embedded as ``<name>:extra``)."""
     extra_train: dict[str, npt.NDArray[np.float64]] = field(default_factory=dict)
-    """Lengths aligned with ``extra_prompts``, per training model."""
+    """Lengths aligned with ``extra_prompts``, per training model (NaN: not trained on)."""
 
 
 def _table(rows: Sequence[tuple[str, str, float]]) -> tuple[tuple[str, ...], dict[str, npt.NDArray[np.float64]]]:
@@ -163,6 +171,61 @@ def load_source(name: str, data_dir: str | Path | None = None, *, max_extra: int
     keys = [prompt_key(p) for p in prompts]
     test = np.array([_held_out(k) for k in keys], dtype=bool)
     return Source(name, prompts, train, evals, test)
+
+
+def exclude_shared_prompts(sources: Sequence[Source]) -> tuple[list[Source], dict[str, int]]:
+    """``sources`` with no training length on a prompt that some cell scores as unseen, and how many
+    training prompts of each source that left out.
+
+    Prompts match when their :func:`~headway.predict.data.normalized_prompt` texts are equal. A prompt of a
+    source outside its held-out split is not trained on when it matches a prompt of another source (scored
+    in full when that source is not trained on) or a held-out prompt of its own source; a training-only
+    prompt is not trained on when it matches a prompt of any source, its own included (those are all
+    evaluated). Their training lengths become NaN; prompts, held-out splits and evaluation lengths stay as
+    they were, so every prompt is still scored and the embedding caches still apply.
+    """
+    keys = {src.name: [normalized_prompt(p) for p in src.prompts] for src in sources}
+    owners: dict[str, set[str]] = defaultdict(set)
+    for src in sources:
+        for key in keys[src.name]:
+            owners[key].add(src.name)
+    out: list[Source] = []
+    left_out: dict[str, int] = {}
+    for src in sources:
+        held = {k for k, t in zip(keys[src.name], src.test.tolist(), strict=True) if t}
+        drop = np.array(
+            [
+                not t and (bool(owners[k] - {src.name}) or k in held)
+                for k, t in zip(keys[src.name], src.test.tolist(), strict=True)
+            ],
+            dtype=bool,
+        )
+        drop_extra = np.array([normalized_prompt(p) in owners for p in src.extra_prompts], dtype=bool)
+        left_out[src.name] = _trained(src.train, drop) + _trained(src.extra_train, drop_extra)
+        out.append(
+            replace(
+                src,
+                train={m: np.where(drop, np.nan, v) for m, v in src.train.items()},
+                extra_train={m: np.where(drop_extra, np.nan, v) for m, v in src.extra_train.items()},
+            )
+        )
+    return out, left_out
+
+
+def left_out_note(left_out: Mapping[str, int]) -> str:
+    """One line for a result's notes: the training prompts :func:`exclude_shared_prompts` left out."""
+    counts = ", ".join(f"{name} {n}" for name, n in left_out.items())
+    return (
+        "training prompts left out because they match, case-folded and with whitespace and end punctuation "
+        f"ignored, a prompt scored as unseen (another source's, or a held-out one of their own): {counts}"
+    )
+
+
+def _trained(lengths: Mapping[str, npt.NDArray[np.float64]], drop: npt.NDArray[np.bool_]) -> int:
+    """How many of the prompts in ``drop`` some model has a training length for."""
+    if not lengths or not drop.any():
+        return 0
+    return int((drop & np.any([np.isfinite(v) for v in lengths.values()], axis=0)).sum())
 
 
 def _held_out(key: str) -> bool:
@@ -446,7 +509,9 @@ def cross_source_matrix(
 ) -> CrossSourceResult:
     """The matrix for ``recipes`` (and the prompt-length baseline, and ``extra_scorers``: fixed scorers
     such as a trained checkpoint, reported as trained on the sources ``extra_trained_on`` names for
-    them, alpaca_eval where it names none: those are scored on their held-out split only)."""
+    them, alpaca_eval where it names none: those are scored on their held-out split only). Heads never
+    train on prompts :func:`exclude_shared_prompts` leaves out."""
+    sources, _ = exclude_shared_prompts(sources)
     by_name = {s.name: s for s in sources}
     columns = [f"{s.name}:{m}" for s in sources for m in s.evals]
     result = CrossSourceResult(columns, {}, {}, {s.name: len(s.prompts) for s in sources})

@@ -24,6 +24,7 @@ import gzip
 import hashlib
 import json
 import math
+import string
 import zlib
 from collections import defaultdict
 from collections.abc import Hashable, Iterator, Sequence
@@ -53,6 +54,7 @@ __all__ = [
     "load_jsonl",
     "load_sharegpt",
     "make_pairs",
+    "normalized_prompt",
     "prompt_key",
     "split_by_prompt",
     "write_jsonl",
@@ -96,6 +98,17 @@ def _need(path: Path) -> Path:
 def prompt_key(prompt: str) -> str:
     """Stable identity of a prompt (SHA-256 of the stripped text): what splits and caches key on."""
     return hashlib.sha256(prompt.strip().encode("utf-8")).hexdigest()
+
+
+_END_PUNCTUATION = string.punctuation + " "
+
+
+def normalized_prompt(prompt: str) -> str:
+    """The prompt as duplicates are matched: case-folded, each run of whitespace one space, punctuation at
+    either end dropped (``"What is  the meaning of life?"`` and ``"what is the meaning of life"`` match).
+    A prompt of punctuation alone keeps it."""
+    text = " ".join(prompt.casefold().split())
+    return text.strip(_END_PUNCTUATION) or text
 
 
 @dataclass(frozen=True, slots=True)
