@@ -93,10 +93,34 @@ def test_queue_protocol_like_vllm() -> None:
     assert [r.request_id for r in q] == ["r0", "r2", "r4"]
     first = q.pop_request()
     assert first is reqs[0] and len(q) == 2
-    q.prepend_requests([first])  # a skipped request goes back by key, not to the front blindly
+    q.prepend_requests([first])  # a skipped request goes back to the front, as in vLLM's FCFS deque
     assert [r.request_id for r in q] == ["r0", "r2", "r4"]
     q.remove_request(reqs[2])
     assert len(q) == 2
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "sjf-oracle"])
+def test_only_fcfs_puts_requests_back_at_the_front(policy: str) -> None:
+    """vLLM's FCFS queue is a deque: requests put back go to its front, the last of
+    ``prepend_requests`` first (``extendleft``), ahead of any that arrived before them, and its
+    victim is the last of the running list. Another policy puts them back by key and picks its
+    victim by key."""
+    a = PolicyAdapter(make_policy(policy), oracle="max_tokens", clock=lambda: 10.0, epoch=0.0)
+    q = a.make_queue()
+    reqs = [FakeRequest(f"r{i}", 1.0 + i, 8, 4 + i) for i in range(4)]
+    for r in reqs:
+        q.add_request(r)
+    popped = [q.pop_request() for _ in range(2)]
+    q.prepend_requests(popped)
+    want = ["r1", "r0", "r2", "r3"] if policy == "fcfs" else ["r0", "r1", "r2", "r3"]
+    assert [r.request_id for r in q] == want and len(q) == 4 and reqs[1] in q
+    assert q.peek_request().request_id == want[0]
+    q.remove_request(reqs[1])
+    a.finish(reqs[1], aborted=True)
+    assert [r.request_id for r in q] == [r for r in want if r != "r1"] and len(q) == 3 and reqs[1] not in q
+    assert q.pop_request() is reqs[0]
+    victims = a.eviction_order([reqs[2], reqs[0]])
+    assert victims == ([reqs[2], reqs[0]] if policy == "fcfs" else [reqs[0], reqs[2]])
 
 
 def test_pending_requests_removed_before_scoring() -> None:

@@ -211,6 +211,12 @@ class Policy(ABC):
     key_epoch: int = 0
     """Bump this when every cached key is stale at once (e.g. a global parameter such
     as gamma-Ada's gamma changed); queues then re-key all waiting requests."""
+    arrival_deque: ClassVar[bool] = False
+    """True if the waiting queue is vLLM's FCFS deque rather than an order by key: a request put
+    back (preempted, or skipped in a step) goes to its front, and memory pressure evicts the last
+    request of the running list. They differ from the key's order only when requests run out of
+    arrival order (vLLM skips one waiting for its grammar or over ``max_loras``): the vLLM plugin
+    follows it; the simulator, where requests are never skipped, keys as usual."""
     requires_chunked_prefill: ClassVar[bool] = False
     """True if the policy assumes chunked prefill (engines refuse to run it without)."""
     token_budget: int | None = None

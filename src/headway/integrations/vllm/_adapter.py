@@ -152,8 +152,11 @@ class PolicyAdapter(PromptScoring):
         self._victim_cache: dict[str, tuple[int, int, int, bool, tuple[PolicyKey, int], float, Request]] = {}
         self._cache_victims = not self._progress_hook
         self._fresh_can_preempt = hooks.can_preempt and not policy.preempt_changes_at_hints
+        # vLLM's FCFS queue is a deque: a request put back goes to its front, whatever its arrival
+        self.arrival_deque = bool(policy.arrival_deque)
         for q in self.queues:
             q._pq = PolicyQueue(policy)
+            q._front.clear()
         self._timers.clear()
 
     def _true_length(self, req: Request) -> int:
@@ -222,8 +225,11 @@ class PolicyAdapter(PromptScoring):
         self.num_arrivals += 1
         return h
 
-    def enqueue(self, e: Any, queue: HeadwayRequestQueue) -> None:
-        """An engine request entered ``queue`` (new, preempted, or skipped and put back)."""
+    def enqueue(self, e: Any, queue: HeadwayRequestQueue, front: bool = False) -> None:
+        """An engine request entered ``queue`` (new, preempted, or skipped and put back). ``front``:
+        put back at its front (vLLM's ``prepend_request``), which only a policy with
+        :attr:`~headway.core.Policy.arrival_deque` (``fcfs``) follows: every other policy puts it
+        where its key says."""
         t0 = time.perf_counter()
         h = self.reqs.get(e.request_id)
         if h is None:
@@ -238,8 +244,11 @@ class PolicyAdapter(PromptScoring):
             self._sync(h, e, now)
             if h.state is RequestState.RUNNING:  # preempted without our hook (e.g. a resumed session)
                 self._mark_preempted(h)
-            queue._pq.add(h, now)
-            self._arm_timer(h, now)
+            if front and self.arrival_deque:
+                queue._front.appendleft(h)
+            else:
+                queue._pq.add(h, now)
+                self._arm_timer(h, now)
         self.policy_time += time.perf_counter() - t0
 
     def flush(self) -> None:
@@ -405,7 +414,7 @@ class PolicyAdapter(PromptScoring):
             self.forget_pending(h)
             q._npending -= 1
         for queue in self.queues:
-            queue._pq.remove(h)
+            queue._drop(h)
         now = self.now()
         if h.state is RequestState.RUNNING:
             self._sync(h, e, now)
@@ -440,8 +449,13 @@ class PolicyAdapter(PromptScoring):
 
         Sorted by key (best first); when the policy overrides ``choose_victim``, its first
         ``max_custom`` choices are moved to the end in reverse order of choice (the
-        first victim last), so popping from the end follows ``choose_victim``.
+        first victim last), so popping from the end follows ``choose_victim``. For a policy with
+        :attr:`~headway.core.Policy.arrival_deque` (``fcfs``), ``running`` as it is: vLLM's FCFS
+        evicts the last request of its running list, which need not be the latest to arrive (one
+        admitted late, after it waited for its grammar).
         """
+        if self.arrival_deque:
+            return list(running)
         t0 = time.perf_counter()
         now = self.now()
         known: list[tuple[tuple[PolicyKey, int], Any]] = []

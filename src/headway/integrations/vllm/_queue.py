@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -20,33 +21,39 @@ class HeadwayRequestQueue:
     Holds engine requests; orders them by the policy's key then arrival sequence (a
     :class:`~headway.core.PolicyQueue` underneath: O(log n) add and pop). ``prepend_*``
     re-insert by key: a preempted or skipped request goes where the policy puts it, not
-    to the front. Requests added since the last step stay unordered until
+    to the front; but for a policy with :attr:`~headway.core.Policy.arrival_deque` (``fcfs``), to
+    the front, as in vLLM's FCFS deque (a preempted request
+    ahead of one that arrived before it but was skipped, e.g. waiting for its grammar). Requests
+    added since the last step stay unordered until
     :meth:`PolicyAdapter.flush` scores them (peek/pop/iteration flush first); with background
     scoring, until their scores are in.
     """
 
-    __slots__ = ("_a", "_npending", "_pq")
+    __slots__ = ("_a", "_front", "_npending", "_pq")
 
     def __init__(self, adapter: PolicyAdapter) -> None:
         self._a = adapter
         self._pq = PolicyQueue(adapter.policy)
+        self._front: deque[Request] = deque()  # arrival_deque: requests put back, ahead of the rest
         self._npending = 0
 
     def add_request(self, request: Any) -> None:
         self._a.enqueue(request, self)
 
     def prepend_request(self, request: Any) -> None:
-        self._a.enqueue(request, self)
+        self._a.enqueue(request, self, front=True)
 
     def prepend_requests(self, requests: Iterable[Any]) -> None:
+        """Each goes back as :meth:`prepend_request` puts it: with ``arrival_deque`` the last of ``requests``
+        ends up first, as vLLM's ``deque.extendleft``."""
         for r in requests:
-            self._a.enqueue(r, self)
+            self._a.enqueue(r, self, front=True)
 
     def _head(self) -> Request | None:
         a = self._a
         if a._pending or a._scoring:
             a.flush()
-        return self._pq.peek()
+        return self._front[0] if self._front else self._pq.peek()
 
     def peek_request(self) -> Any:
         t0 = time.perf_counter()
@@ -61,9 +68,12 @@ class HeadwayRequestQueue:
         a = self._a
         if a._pending or a._scoring:
             a.flush()
-        if not self._pq:
+        if self._front:
+            h = self._front.popleft()
+        elif self._pq:
+            h = self._pq.pop()
+        else:
             raise IndexError("pop from an empty queue")
-        h = self._pq.pop()
         a._popped.append(h)
         a.policy_time += time.perf_counter() - t0
         return a.engine[h]
@@ -80,10 +90,16 @@ class HeadwayRequestQueue:
             if a._pending.get(h) is self or a._scoring.get(h) is self:
                 a.forget_pending(h)
                 self._npending -= 1
-            self._pq.remove(h)
+            self._drop(h)
+
+    def _drop(self, h: Request) -> None:
+        """Take ``h`` out of the queue, wherever it is (nothing if it is not here)."""
+        self._pq.remove(h)
+        if self._front and h in self._front:
+            self._front.remove(h)
 
     def __len__(self) -> int:
-        return len(self._pq) + self._npending
+        return len(self._pq) + len(self._front) + self._npending
 
     def __bool__(self) -> bool:
         """Whether a request can be taken from the queue: with background scoring, only those whose
@@ -91,15 +107,17 @@ class HeadwayRequestQueue:
         engine keeps stepping while they are scored."""
         if self._npending and self._a._scoring:
             self._a.flush()
-            return bool(self._pq)
-        return self._npending > 0 or bool(self._pq)
+            return bool(self._pq) or bool(self._front)
+        return self._npending > 0 or bool(self._pq) or bool(self._front)
 
     def __iter__(self) -> Iterator[Any]:
         if self._a._pending or self._a._scoring:
             self._a.flush()
         engine = self._a.engine
-        return iter([engine[h] for h in self._pq])
+        return iter([engine[h] for h in (*self._front, *self._pq)])
 
     def __contains__(self, request: object) -> bool:
         h = self._a.reqs.get(getattr(request, "request_id", ""))
-        return h is not None and (h in self._pq or self._a._pending.get(h) is self or self._a._scoring.get(h) is self)
+        return h is not None and (
+            h in self._pq or h in self._front or self._a._pending.get(h) is self or self._a._scoring.get(h) is self
+        )
