@@ -33,13 +33,12 @@ import time
 from collections import deque
 from typing import Any
 
-from _vllm_steps import _HASH, STOP, Harness
+from _vllm_steps import _HASH, STOP, Harness, runner_output
 from vllm.config import LoRAConfig
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.interface import PauseState
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
 MAX_STEPS = 2_000
@@ -168,12 +167,7 @@ def run(h: Harness, case: dict[str, Any]) -> dict[str, Any]:
         if not in_flight:
             continue
         out, chunk, rec = in_flight.pop()
-        ids = list(out.num_scheduled_tokens)
-        result = ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
-            sampled_token_ids=[[] if chunk[r] else [7] for r in ids],
-        )  # fmt: skip
-        for eco in sched.update_from_output(out, result).values():
+        for eco in sched.update_from_output(out, runner_output(out, chunk)).values():
             for o in eco.outputs:
                 if o.finish_reason is not None:
                     rec["finished"].append(o.request_id)

@@ -50,6 +50,7 @@ import json
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -71,7 +72,18 @@ MAX_STEPS = 20_000
 STOP = 9
 """The token a fabricated output stops on (a request's ``stop_at``-th); every other one is 7."""
 _HASH = get_hash_fn_by_name("sha256")
+
 init_none_hash(_HASH)
+
+
+def runner_output(out: Any, chunk: dict[str, bool], sampled: Callable[[str], list[int]] = lambda _: [7]) -> Any:
+    """A step's model output, fabricated: ``sampled(id)`` for each request of ``out`` that is not
+    mid-prefill (``chunk``: whether its step was a prefill chunk that samples nothing)."""
+    ids = list(out.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
+        sampled_token_ids=[[] if chunk[r] else sampled(r) for r in ids],
+    )  # fmt: skip
 
 
 class Frontend:
@@ -239,12 +251,7 @@ class Harness:
             if not in_flight:
                 continue
             out, chunk, rec = in_flight.pop()
-            ids = list(out.num_scheduled_tokens)
-            result = ModelRunnerOutput(
-                req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
-                sampled_token_ids=[[] if chunk[r] else sampled(r) for r in ids],
-            )  # fmt: skip
-            for eco in sched.update_from_output(out, result).values():
+            for eco in sched.update_from_output(out, runner_output(out, chunk, sampled)).values():
                 if front is not None:
                     unseen.extend(eco.outputs)
                 for o in eco.outputs:
