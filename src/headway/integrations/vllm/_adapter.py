@@ -407,12 +407,7 @@ class PolicyAdapter(PromptScoring):
         self._awaiting_first.pop(h, None)
         self._victim_cache.pop(h.request_id, None)
         self._running_version += 1
-        q = self._pending.get(h)
-        if q is None:
-            q = self._scoring.get(h)
-        if q is not None:
-            self.forget_pending(h)
-            q._npending -= 1
+        self.forget_pending(h)
         for queue in self.queues:
             queue._drop(h)
         now = self.now()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -38,9 +37,6 @@ class BackgroundScorer:
         self._done: deque[tuple[Request, float | None]] = deque()  # appended by the thread, taken by the engine's
         self._wake = threading.Condition()
         self._closed = False
-        self.num_batches = 0
-        self.busy_time = 0.0
-        """Seconds the thread spent scoring (wall), cumulative."""
         self._thread = threading.Thread(target=self._run, name=f"headway-{name}", daemon=True)
         self._thread.start()
 
@@ -75,14 +71,11 @@ class BackgroundScorer:
                 if self._closed:
                     return
                 batch = [todo.popleft() for _ in range(min(len(todo), self._batch_size))]
-            t0 = time.perf_counter()
             try:
                 scores: Sequence[float | None] | None = self._score(batch)
             except Exception:  # (a bug, not the scorer: _score catches the scorer's own failures)
                 logger.exception("headway: background scoring failed; %d request(s) get the missing score", len(batch))
                 scores = None
-            self.busy_time += time.perf_counter() - t0
-            self.num_batches += 1
             if scores is None or len(scores) != len(batch):
                 scores = [None] * len(batch)
             for h, s in zip(batch, scores, strict=True):

@@ -89,7 +89,6 @@ class HeadwayRequestQueue:
                 continue
             if a._pending.get(h) is self or a._scoring.get(h) is self:
                 a.forget_pending(h)
-                self._npending -= 1
             self._drop(h)
 
     def _drop(self, h: Request) -> None:

@@ -76,9 +76,13 @@ class PromptScoring:
                 pending[h] = q
 
     def forget_pending(self, h: Request) -> None:
-        """A request not announced yet left its queue (aborted)."""
-        self._pending.pop(h, None)
-        self._scoring.pop(h, None)
+        """``h`` left the engine or its queue (aborted); if it was not announced yet, its queue no longer
+        counts it."""
+        q = self._pending.pop(h, None)
+        if q is None:  # (not `or`: a queue's truth value is whether it has a request to offer)
+            q = self._scoring.pop(h, None)
+        if q is not None:
+            q._npending -= 1
 
     def close(self) -> None:
         """Stop the background scorer's thread, if any."""
