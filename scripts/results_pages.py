@@ -217,6 +217,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("scorer_gil.md",),
     ),
     Benchmark(
+        "scoring-paths",
+        "One prompt, one score: the predictor through each front end",
+        "The shipped predictor's score of the same prompts sent as completions and chat requests through the "
+        "gateway (in process and with `--scorer-process`) and the vLLM plugin (inline and background scoring), "
+        "against the simulator's score of each prompt.",
+        "python benchmarks/scoring_paths.py",
+        ("scoring_paths.md",),
+    ),
+    Benchmark(
         "engine-fidelity",
         "Preemptive policies under vLLM's rules, and prefix caching",
         "Mean E2E of each preemptive policy in its declared displacement mode (and in the others) against "

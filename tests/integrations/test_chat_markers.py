@@ -93,6 +93,21 @@ def test_markers_find_the_last_user_message_of_a_rendered_chat(template: str, op
     assert markers.query(tok.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=False)) is None
 
 
+@pytest.mark.parametrize("template", [LLAMA3, CHATML, ZEPHYR], ids=["llama3", "chatml", "zephyr"])
+def test_a_blank_last_user_message_is_scored_blank_as_the_gateway_scores_it(template: str) -> None:
+    """The gateway scores a chat request's last user message as it is, blank or not; the plugin fell
+    back to the whole rendered prompt when the message was blank, which scored the template's text and
+    the system prompt instead (-1.99 with the tiny Llama's template against the gateway's -2.06, the
+    shipped predictor on a system prompt and an empty message)."""
+    tok = tokenizer(template)
+    markers = chat_markers(tok)
+    assert markers is not None
+    for blank in ("", "  \n "):
+        chat = [*CONVERSATION[:-1], {"role": "user", "content": blank}]
+        rendered = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert markers.query(rendered) == blank
+
+
 def test_special_token_markers_are_lost_when_decoding_skips_them() -> None:
     """Why the plugin decodes with the special tokens kept when the template has markers."""
     tok = tokenizer(LLAMA3)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -82,10 +83,37 @@ def test_a_scorer_that_fails_on_every_prompt_gives_each_the_missing_score() -> N
     )  # fmt: skip
     q = a.make_queue()
     for i in range(3):
-        q.add_request(FakeRequest(f"r{i}", 0.5, 4, 10, sampling_params=SimpleNamespace(extra_args=None)))
+        q.add_request(
+            FakeRequest(f"r{i}", 0.5, 4, 10, sampling_params=SimpleNamespace(extra_args=None), prompt_token_ids=[1])
+        )
     a.flush()
     assert [h.score for h in a.reqs.values()] == [5.0] * 3
     assert a.num_score_failures == 3 and a.num_scored == 0
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
+def test_a_prompt_embeds_request_takes_the_missing_score_path(background: bool) -> None:
+    """vLLM's engine request for a ``prompt_embeds`` prompt has no token ids and no text (vLLM
+    0.32, ``vllm/v1/request.py``: ``prompt_token_ids`` None, ``prompt_embeds`` a tensor). The plugin
+    scored it as a blank prompt, which the shipped predictor scores below 88 % of alpaca_eval's
+    instructions, so such a request jumped ahead of most under ``pars``; nothing of its prompt can be
+    read, so it now takes the missing-score path, as a request of token ids does at the gateway, and
+    the scorer never sees it."""
+    seen: list[str] = []
+    a = PolicyAdapter(
+        make_policy("pars"), score_batch=_recording(seen), missing_score=5.0, background=background,
+        decode=lambda batch: ["three words here" for _ in batch], clock=lambda: 1.0, epoch=0.0,
+    )  # fmt: skip
+    q = a.make_queue()
+    q.add_request(FakeRequest("embeds", 0.5, 8, 10))
+    q.add_request(FakeRequest("ids", 0.6, 3, 10, prompt_token_ids=[1, 2, 3]))
+    end = time.monotonic() + 10
+    while len(list(q)) < 2:  # (background: until the scorer's thread hands both back)
+        assert time.monotonic() < end, "timed out"
+    assert (a.reqs["embeds"].score, a.reqs["ids"].score) == (5.0, word_count_scorer(["three words here"])[0])
+    assert seen == ["three words here"]
+    assert (a.num_scored, a.num_missing_scores, a.num_score_failures) == (1, 1, 0)
+    a.close()
 
 
 def test_the_plugin_decodes_a_bounded_window_of_a_huge_prompt(vllm_paths: tuple[Path, Path]) -> None:

@@ -124,6 +124,44 @@ def test_cache_hits_misses_duplicates_and_eviction(checkpoint: Path) -> None:
     assert scorer.cache_info().size == 0
 
 
+def test_threads_share_a_scorer_and_its_cache(checkpoint: Path) -> None:
+    """A cached score was looked up, then moved to the cache's end: another thread scoring meanwhile
+    could evict it in between, and the first raised KeyError (seen with a 3-entry cache, 8 threads and a
+    1 us switch interval: 3 errors in 24,000 calls). The cache's reads and writes are now atomic; here a
+    cache whose reads let another thread run makes the interleaving happen every time."""
+    import threading
+    import time
+    from collections import OrderedDict
+
+    class YieldingCache(OrderedDict[bytes, float]):
+        def get(self, key: bytes, default: float | None = None) -> float | None:  # type: ignore[override]
+            value = super().get(key, default)
+            time.sleep(0.002)  # (releases the GIL: the other thread scores its prompt here)
+            return value
+
+    scorer = Scorer.from_checkpoint(checkpoint, cache_size=1)
+    alone = {p: scorer.score_one(p) for p in PROMPTS[:2]}
+    scorer._cache = YieldingCache()
+    errors: list[BaseException] = []
+    got: list[tuple[str, float]] = []
+
+    def work(prompt: str) -> None:
+        try:
+            for _ in range(20):
+                got.append((prompt, scorer.score_one(prompt)))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in PROMPTS[:2]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(got) == 40 and all(s == pytest.approx(alone[p], abs=1e-5) for p, s in got)
+    assert scorer.cache_info().size == 1
+
+
 def test_an_empty_or_blank_prompt_is_scored_and_a_non_string_is_named(checkpoint: Path) -> None:
     scorer = Scorer.from_checkpoint(checkpoint, cache_size=0)
     scores = scorer.score(["fine", "  ", "", PROMPTS[0]])

@@ -211,3 +211,26 @@ def test_the_packaged_predictors_name_their_training_sources_and_the_alpaca_one_
     prompts = ["Write a detailed 2000-word essay on the history of Rome.", "Say yes or no: is 7 prime?"]
     scores = np.asarray(score(prompts))
     assert scores.shape == (2,) and scores[0] > scores[1]
+
+
+def test_the_shipped_predictor_reads_the_prefix_every_front_end_reads(
+    tuned: Path, tiny_encoder_3_layers: Path, tmp_path: Path
+) -> None:
+    """The gateway and the plugin cut a prompt to ``scoring_text``'s prefix before scoring it and a
+    checkpoint's ``Scorer`` cuts it so itself; the shipped predictor (what the simulator's
+    ``pars.scorer=default`` scores with) read all of it. A prompt whose first few thousand characters are
+    white space then scored 1.71 in the simulator and -2.85 (blank) through the gateway and the plugin;
+    a lone surrogate (JSON ``"\\ud800"`` in a workload) stopped it; a megabyte prompt was tokenized whole."""
+    from headway.predict.score import MAX_CHARS_PER_TOKEN, scoring_text
+
+    pack = tmp_path / "p.npz"
+    pack_checkpoint(tuned, pack, rank=64, base=tiny_encoder_3_layers)
+    predictor = ShippedPredictor(pack, base=tiny_encoder_3_layers, threads=1)
+    cut = predictor.max_length * MAX_CHARS_PER_TOKEN
+    padded = " " * cut + "Write a long essay about the ocean and its tides, with sources."
+    odd = ["\ud800" + PROMPTS[0], padded, PROMPTS[2] * 20_000]
+    assert predictor.score(odd) == pytest.approx(
+        predictor.score([scoring_text(p, predictor.max_length) for p in odd]), abs=1e-6
+    )
+    assert predictor.score([padded])[0] == pytest.approx(predictor.score([""])[0], abs=1e-6)
+    assert predictor.embed(odd).shape == (3, predictor.encoder.hidden_size)

@@ -539,7 +539,8 @@ SYSTEM = {"role": "system", "content": "You are the shop's assistant. Follow the
         ),
         ([SYSTEM, {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}], "Hi."),
         ([SYSTEM], SYSTEM["content"]),  # no user message: every message, as before
-        ([SYSTEM, {"role": "user", "content": "  "}], SYSTEM["content"] + "\n  "),  # a blank one: the same
+        # a blank one: scored blank, as the plugin and the simulator score it (it was every message joined)
+        ([SYSTEM, {"role": "user", "content": "  "}], "  "),
     ],
     ids=["system-prompt", "earlier-exchange-and-parts", "after-the-user-message", "no-user-message", "blank"],
 )
@@ -558,6 +559,34 @@ def test_a_chat_request_is_scored_on_its_last_user_message(messages, query):
     assert parsed.prompt_text == joined
     completion = validate_body({"model": "m", "prompt": "Say hi."}, chat=False)
     assert completion.query_text == completion.prompt_text == "Say hi."
+    assert validate_body({"model": "m", "prompt": [1, 2, 3]}, chat=False).query_text is None  # token ids
+
+
+@pytest.mark.parametrize(
+    ("body", "kept"),
+    [
+        ({"messages": [SYSTEM, {"role": "user", "content": ""}]}, ""),
+        ({"messages": [SYSTEM, {"role": "user", "content": [{"type": "text", "text": " "}]}]}, " "),
+        ({"prompt": " \n "}, " \n "),
+        ({"prompt": [101, 7592]}, None),
+    ],
+    ids=["empty-message", "blank-part", "blank-completion", "token-ids"],
+)
+def test_a_blank_prompt_is_scored_blank_and_token_ids_take_the_fallback(body, kept):
+    """One prompt, one score whichever front end scores it: a blank last user message was scored as
+    every message joined (a system prompt: -2.06 with the shipped predictor) and an empty one got the
+    fallback score, where the plugin and the simulator score a blank prompt as the predictor does
+    (-2.85). A prompt of token ids has no text here (the gateway has no tokenizer): the fallback."""
+    from headway.serve import BackendConfig, GatewayConfig
+    from headway.serve._intake import Intake
+    from headway.serve._tenants import ANONYMOUS
+    from headway.serve._wire import validate_body
+
+    chat = "messages" in body
+    body = {"model": "m", **body}
+    intake = Intake(GatewayConfig(backends=(BackendConfig("http://b"),), scorer="m:f"), hash_prefixes=False)
+    req = intake.new_request("r", 0.0, body, validate_body(body, chat), ANONYMOUS)
+    assert req.prompt == kept
 
 
 _TEXT = st.text(alphabet="ab \n", max_size=6)
@@ -572,8 +601,8 @@ _MESSAGE = st.fixed_dictionaries(
 
 @given(messages=st.lists(_MESSAGE, min_size=1, max_size=6))
 def test_the_scored_text_is_the_last_user_messages_or_every_messages(messages):
-    """Whatever the messages, the scored text is the last user message's parts when it has any text,
-    else every message joined, and prefix hashing's text is every message joined."""
+    """Whatever the messages, the scored text is the last user message's parts (blank or not), else
+    (no user message) every message joined, and prefix hashing's text is every message joined."""
     from headway.serve._wire import validate_body
 
     parsed = validate_body({"model": "m", "messages": messages}, chat=True)
@@ -585,7 +614,7 @@ def test_the_scored_text_is_the_last_user_messages_or_every_messages(messages):
     assert parsed.prompt_text == "\n".join(p for m in messages for p in parts(m))
     users = [m for m in messages if m["role"] == "user"]
     last = parts(users[-1]) if users else []
-    expected = "\n".join(last) if any(p.strip() for p in last) else parsed.prompt_text
+    expected = "\n".join(last) if users else parsed.prompt_text
     assert parsed.query_text == expected
 
 
@@ -609,6 +638,12 @@ def test_the_gateway_scores_a_chat_request_on_its_last_user_message(make_stub, m
         assert c.post("/v1/chat/completions", json=body).status_code == 200
     wait_until(lambda: bool(seen), what="the prompt scored")
     assert seen == ["Name a color."]
+    # an empty last user message is scored as the blank prompt it is (it got the fallback score)
+    body = {**CHAT, "messages": [SYSTEM, {"role": "user", "content": ""}]}
+    with gw.client() as c:
+        assert c.post("/v1/chat/completions", json=body).status_code == 200
+    wait_until(lambda: len(seen) == 2, what="the blank prompt scored")
+    assert seen[1] == "" and gw.gateway.arrivals.num_score_fallbacks == 0
 
 
 def test_scorer_in_a_worker_process_scores_and_stops_with_the_gateway(make_stub):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +34,7 @@ from headway.predict._export import (
 )
 from headway.predict._paths import set_offline
 from headway.predict._resolve import MIN_SCORING_LENGTH
+from headway.predict._text import MAX_CHARS_PER_TOKEN, scoring_text
 
 if TYPE_CHECKING:
     from headway.predict.shipped import ShippedPredictor
@@ -79,23 +80,6 @@ def _hash(prompt: str) -> bytes:
     return hashlib.blake2b(prompt.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-MAX_CHARS_PER_TOKEN = 32
-"""The scorer reads at most ``max_length * MAX_CHARS_PER_TOKEN`` characters of a prompt: the
-tokenizer keeps ``max_length`` tokens anyway, but tokenizes the whole text first, so the cost would
-grow with the prompt (a megabyte-long prompt took over a second). A WordPiece token spans a few characters (a word
-over 100 characters is one ``[UNK]``), so the prefix holds the tokens kept unless the prompt is
-mostly whitespace."""
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def scoring_text(prompt: str, max_length: int) -> str:
-    """The part of ``prompt`` the scorer reads: its first ``max_length * MAX_CHARS_PER_TOKEN``
-    characters, each lone surrogate (JSON ``"\\ud800"``, which the tokenizer refuses: no UTF-8
-    text holds one) replaced by U+FFFD, as a UTF-8 decoder replaces an invalid sequence."""
-    return _SURROGATE.sub("\ufffd", prompt[: max_length * MAX_CHARS_PER_TOKEN])
-
-
 def _scoring_length(requested: int | None, trained: int) -> int:
     """The prompt length to score at: ``requested`` (``MIN_SCORING_LENGTH`` tokens up to the
     checkpoint's own), or the checkpoint's."""
@@ -118,7 +102,8 @@ class Scorer:
     gateway's scoring batch) are often mostly short with a few long ones, and one batch padded to
     the longest took about twice as long (``benchmarks/results/predictor_bench_padding.md``).
     Scores are cached (LRU, ``cache_size`` entries, 0 disables) under a 128-bit BLAKE2b hash of
-    the prompt text.
+    the prompt text. Threads may share a scorer: the cache is read and written under a lock, the
+    encoder runs outside it.
 
     The int8 model quantizes each token's activations on its own (:mod:`headway.predict._rowquant`),
     so, as with the float backends, a prompt's score does not depend on the batch it lands in.
@@ -146,6 +131,7 @@ class Scorer:
         self.meta = dict(meta or {})
         self._pad_id = int(getattr(tokenizer, "pad_token_id", 0) or 0)
         self._cache: OrderedDict[bytes, float] = OrderedDict()
+        self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
 
@@ -234,8 +220,9 @@ class Scorer:
         return CacheInfo(self._hits, self._misses, len(self._cache), self.cache_size)
 
     def clear_cache(self) -> None:
-        self._cache.clear()
-        self._hits = self._misses = 0
+        with self._lock:
+            self._cache.clear()
+            self._hits = self._misses = 0
 
     def score_one(self, prompt: str) -> float:
         return float(self.score([prompt])[0])
@@ -247,32 +234,36 @@ class Scorer:
         if isinstance(prompts, str):
             raise TypeError("score() takes a sequence of prompts; use score_one() for one prompt")
         out = np.empty(len(prompts), dtype=np.float64)
-        todo: dict[bytes, list[int]] = {}
-        texts_of: dict[bytes, str] = {}
+        keyed: list[tuple[bytes, str]] = []
         for i, prompt in enumerate(prompts):
             if not isinstance(prompt, str):
                 raise TypeError(f"prompt {i} is not a string: {prompt!r:.40}")
             text = scoring_text(prompt, self.max_length)
-            key = _hash(text)
-            cached = self._cache.get(key) if self.cache_size else None
-            if cached is not None:
-                self._cache.move_to_end(key)
-                out[i] = cached
-                self._hits += 1
-            else:
-                todo.setdefault(key, []).append(i)
-                texts_of.setdefault(key, text)
-        if todo:
+            keyed.append((_hash(text), text))
+        todo: dict[bytes, list[int]] = {}
+        texts_of: dict[bytes, str] = {}
+        with self._lock:  # (another thread's scores may evict an entry between its lookup and its move)
+            for i, (key, text) in enumerate(keyed):
+                cached = self._cache.get(key) if self.cache_size else None
+                if cached is not None:
+                    self._cache.move_to_end(key)
+                    out[i] = cached
+                    self._hits += 1
+                else:
+                    todo.setdefault(key, []).append(i)
+                    texts_of.setdefault(key, text)
             self._misses += len(todo)
+        if todo:
             keys = list(todo)
             texts = [texts_of[k] for k in keys]
-            scores = self._run(texts)
-            for key, s in zip(keys, scores, strict=True):
-                out[todo[key]] = s
-                if self.cache_size:
-                    self._cache[key] = float(s)
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+            scores = self._run(texts)  # (outside the lock: threads score side by side)
+            with self._lock:
+                for key, s in zip(keys, scores, strict=True):
+                    out[todo[key]] = s
+                    if self.cache_size:
+                        self._cache[key] = float(s)
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
         return out
 
     def _run(self, texts: Sequence[str]) -> npt.NDArray[np.float64]:

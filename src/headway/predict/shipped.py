@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from headway.predict._errors import CheckpointError
 from headway.predict._paths import file_sha256
+from headway.predict._text import scoring_text
 from headway.predict.encoder import OnnxEncoder, build_encoder_onnx, encoder_onnx_path
 
 __all__ = [
@@ -339,8 +340,11 @@ class ShippedPredictor:
         return [str(meta["source"]).partition(":")[0]] if "source" in meta else []
 
     def embed(self, prompts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """The pooled features the head scores (what an online learner refits on)."""
-        return self.encoder.embed(prompts)
+        """The pooled features the head scores (what an online learner refits on), of each prompt's
+        :func:`~headway.predict.score.scoring_text` (its first ``max_length * MAX_CHARS_PER_TOKEN``
+        characters, lone surrogates replaced): the text a :class:`~headway.predict.Scorer`, the
+        gateway and the plugin read of it, so that the simulator scores a prompt as they do."""
+        return self.encoder.embed([scoring_text(p, self.max_length) for p in prompts])
 
     def score_embeddings(self, embeddings: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
         out: npt.NDArray[np.float64] = np.asarray(embeddings, dtype=np.float64) @ self.head_weight + self.head_bias

@@ -96,7 +96,7 @@ class Arrivals:
         without a scorer)."""
         if self.scorer is None:
             return None
-        if self.fast_path and req.prompt:
+        if self.fast_path and req.prompt is not None:
             d = self.dispatcher
             d.arriving += 1
             try:
@@ -119,8 +119,8 @@ class Arrivals:
             scorer = self.online.scorer_for(str(req.extra.get("model") or "") or None)
         assert scorer is not None
         prompt = req.prompt if prompt is None else prompt
-        why = "no_text"  # (a prompt of token ids: nothing the scorer reads)
-        if prompt:
+        why = "no_text"  # (a prompt of token ids: nothing the scorer reads; a blank text is scored)
+        if prompt is not None:
             why = "scorer_error"
             d = self.dispatcher
             if counted:

@@ -163,7 +163,7 @@ class Intake:
             tenant_id=ident.tenant,
             tier=ident.tier,
             priority=parsed.priority,
-            prompt=scoring_text(parsed.query_text, self.scored_tokens) or None,
+            prompt=None if parsed.query_text is None else scoring_text(parsed.query_text, self.scored_tokens),
             block_hashes=prefix_block_hashes(parsed.prompt_text) if self._hash_prefixes else (),
             hash_block_size=HASH_BLOCK_TOKENS,
         )

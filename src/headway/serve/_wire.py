@@ -110,10 +110,12 @@ class Parsed:
     stream: bool
     priority: int
     wants_usage: bool
-    query_text: str
+    query_text: str | None
     """What the length predictor reads: a chat request's last user message (the one being answered:
     the predictors are trained on single user prompts, and a system prompt or earlier turns ahead
-    of it would fill the scorer's window), else :attr:`prompt_text` (also when that message is empty)."""
+    of it would fill the scorer's window), blank when that message is (scored as a blank prompt, as
+    the vLLM plugin and the simulator score it); :attr:`prompt_text` for a chat request without a user
+    message or a completions request; None for a prompt of token ids (nothing the scorer reads)."""
     answers: int = 1
     """How many answers the engine generates: ``n`` for each prompt of a completions request's list
     (usage counts the tokens of all of them)."""
@@ -173,7 +175,7 @@ def validate_body(body: object, chat: bool) -> Parsed:
                 query = parts[first:]
         text = "\n".join(parts)
         ntok = estimate_tokens(text)
-        query_text = "\n".join(query) if query and any(q.strip() for q in query) else text
+        query_text: str | None = text if query is None else "\n".join(query)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, str) and prompt:
@@ -186,7 +188,7 @@ def validate_body(body: object, chat: bool) -> Parsed:
             text, ntok = "", len(prompt)
         else:
             raise BadRequest("'prompt' must be a non-empty string, array of strings or of token ids", "prompt")
-        query_text = text
+        query_text = text if text else None
     max_tokens: int | None = None
     max_tokens_field = "max_tokens"
     for name in ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",):

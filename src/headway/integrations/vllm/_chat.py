@@ -34,15 +34,18 @@ class ChatMarkers:
 
     def query(self, prompt: str) -> str | None:
         """The last user message of a prompt rendered by this template, or None when ``prompt`` does
-        not end as such a prompt does (a plain completion prompt, or another template)."""
+        not end as such a prompt does (a plain completion prompt, or another template). A blank
+        message is returned blank, and scored as a blank prompt, as the gateway scores it: the
+        whole prompt in its place would be the template's text around the other messages, which
+        the gateway never sees (it scored a system prompt and an empty message -1.99 here, -2.06
+        through the gateway)."""
         if not prompt.endswith(self.closing):
             return None
         end = len(prompt) - len(self.closing)
         start = prompt.rfind(self.opening, 0, end)
         if start < 0:
             return None
-        text = prompt[start + len(self.opening) : end]
-        return text if text.strip() else None
+        return prompt[start + len(self.opening) : end]
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
