@@ -82,14 +82,17 @@ def make_gateway(servers: ExitStack) -> Callable[..., GatewayHandle]:
 
 
 @pytest.fixture
-def make_raw_backend(servers: ExitStack) -> Callable[[str], tuple[str, list[int]]]:
+def make_raw_backend(servers: ExitStack) -> Callable[..., tuple[str, list[int]]]:
     """A misbehaving backend: ``"hole"`` accepts connections and never reads or answers (a stalled
     server); the others read each request whole, then ``"drop"`` closes the connection,
     ``"close-after-headers"`` sends a streaming 200's headers and closes, ``"hang-after-headers"``
     sends them and never more, ``"hang-after-event"`` sends them and one token's event and never
-    more. Returns its URL and a list that counts the requests it read."""
+    more; ``"cut"`` sends them and ``answer`` (as one HTTP chunk) and closes the connection without
+    ending the chunked body (a backend that died mid-stream), ``"end"`` the same but ends the body
+    properly (a backend that closed its stream early). Returns its URL and a list that counts the
+    requests it read."""
 
-    def make(behaviour: str) -> tuple[str, list[int]]:
+    def make(behaviour: str, answer: bytes = b"") -> tuple[str, list[int]]:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(64)
@@ -119,6 +122,12 @@ def make_raw_backend(servers: ExitStack) -> Callable[[str], tuple[str, list[int]
                 if behaviour == "hang-after-event":
                     event = b'data: {"id":"x","choices":[{"index":0,"text":" t","finish_reason":null}]}\n\n'
                     conn.sendall(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+                if behaviour in ("cut", "end") and answer:
+                    conn.sendall(f"{len(answer):x}\r\n".encode() + answer + b"\r\n")
+                if behaviour == "end":
+                    conn.sendall(b"0\r\n\r\n")
+                if behaviour in ("cut", "end"):
+                    time.sleep(0.2)  # (what it sent read before the close: aiohttp drops what it buffered then)
                 if behaviour.startswith("hang-after-"):
                     held.append(conn)
                     return
@@ -149,7 +158,7 @@ def make_raw_backend(servers: ExitStack) -> Callable[[str], tuple[str, list[int]
 
 
 @pytest.fixture
-def make_hole(make_raw_backend: Callable[[str], tuple[str, list[int]]]) -> Callable[[], str]:
+def make_hole(make_raw_backend: Callable[..., tuple[str, list[int]]]) -> Callable[[], str]:
     """A backend that accepts connections and never answers (a stalled server); returns its URL."""
     return lambda: make_raw_backend("hole")[0]
 

@@ -221,8 +221,10 @@ def test_bench_cli_checks_its_arguments_before_the_run(tmp_path, capsys):
         # the result file's folder, before the run rather than after it
         (["--num-requests", "2", "--save-result", "--result-dir", str(out_file)], f"--result-dir: {out_file} is not"),
         (["--num-requests", "2", "--save-result", "--result-filename", str(tmp_path)], f"--result-filename {tmp_path}"),
-        (["--num-requests", "2", "--save-result", "--result-dir", str(out_file), "--result-filename", "r.json"],
-         f"--result-dir: {out_file} is not"),  # (the folder is --result-dir's, though a file name is given)
+        (
+            ["--num-requests", "2", "--save-result", "--result-dir", str(out_file), "--result-filename", "r.json"],
+            f"--result-dir: {out_file} is not",
+        ),  # (the folder is --result-dir's, though a file name is given)
     ]:
         assert main([*base, *extra]) == 2, extra
         captured = capsys.readouterr()
@@ -652,6 +654,36 @@ def test_a_streamed_chunk_without_a_choice_is_no_token(monkeypatch: pytest.Monke
     asyncio.run(_bench._read_stream(lines(), req, 0.0))
     assert req.state is RequestState.FINISHED and req.num_output_tokens == 3
     assert (req.first_token_time, req.finish_time, list(req.extra["itl"])) == (0.25, 0.625, [0.125, 0.25])
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [('{"choices":[{"text":"t"}', "not JSON"), ("[1]", "not a JSON object"), ('{"choices":[]} tail', "not JSON")],
+)
+def test_a_streamed_chunk_that_is_not_a_json_object_fails_the_request(monkeypatch, data, why) -> None:
+    # vllm bench serve json.loads every chunk: one it cannot read (or whose .get fails) fails the request;
+    # headway counted it as a token. The request keeps its TTFT and gaps so far, as vLLM's does
+    import asyncio
+    import types
+
+    from headway.core import Request, RequestState
+    from headway.serve import _bench
+
+    now = [0.0]
+    monkeypatch.setattr(_bench, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    events = [(0.25, TOKEN), (0.5, TOKEN), (0.75, data), (1.0, TOKEN), (1.25, _usage(3)), (1.5, "[DONE]")]
+
+    async def lines() -> AsyncIterator[str]:
+        for t, d in events:
+            now[0] = t
+            yield "data: " + d
+
+    req = Request("r", 0.0, 4, max_tokens=8)
+    req.transition(RequestState.RUNNING)  # (sent)
+    asyncio.run(_bench._read_stream(lines(), req, 0.0))
+    assert req.state is RequestState.ABORTED and req.extra["abort_reason"] == "bad_chunk"
+    assert req.extra["error_message"].startswith(f"a streamed chunk is {why}") and data in req.extra["error_message"]
+    assert (req.first_token_time, req.finish_time, list(req.extra["itl"])) == (0.25, 0.75, [0.25])
 
 
 def test_bench_reports_each_request_as_it_is_sent_and_as_it_ends(make_stub) -> None:

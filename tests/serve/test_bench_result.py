@@ -146,3 +146,106 @@ def test_the_result_files_request_rate_is_the_rate_sent_at(make_stub, tmp_path) 
     # no --request-rate: the workload's own arrivals (timed, not all at once)
     own = _saved(tmp_path, *base, "--workload", "default", "--time-scale", "0.01")["request_rate"]
     assert isinstance(own, float) and math.isfinite(own) and own > 0
+
+
+def test_the_result_files_burstiness_is_the_gamma_shape_the_arrivals_were_drawn_with(
+    make_stub, tmp_path, tmp_path_factory
+) -> None:
+    # vllm bench serve's burstiness is the shape of the Gamma its gaps come from; headway wrote 1.0 whatever
+    # the arrivals were (the default workload's own are Gamma with shape 0.5)
+    stub = make_stub()
+    base = ["--base-url", stub.url, "--num-prompts", "3", "--max-output-tokens", "1", "--max-prompt-tokens", "4",
+            "--time-scale", "0.01"]  # fmt: skip
+    saved = _saved(tmp_path, *base, "--workload", "default", "--request-rate", "40", "--burstiness", "0.25")
+    assert (saved["burstiness"], saved["request_rate"]) == (0.25, pytest.approx(4000.0))
+    default = _saved(tmp_path, *base, "--workload", "default")
+    assert (default["burstiness"], default["request_rate"]) == (0.5, pytest.approx(600.0))  # 6 req/s, scaled
+    assert (
+        _saved(tmp_path, *base, "--workload", "default", "--arrivals", "poisson", "--request-rate", "40")["burstiness"]
+        == 1.0
+    )
+    burst = _saved(tmp_path, *base, "--workload", "burst")
+    assert (burst["burstiness"], burst["request_rate"]) == (1.0, "inf")  # vLLM's at an infinite rate
+    # a trace's own times: no Gamma drew them (null, as vLLM writes max_concurrency without a limit);
+    # their rate is their mean
+    trace = tmp_path_factory.mktemp("trace") / "azure.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0000000,4,1\n"
+                     "2023-11-16 18:15:46.5000000,4,1\n2023-11-16 18:15:48.0000000,4,1\n")  # fmt: skip
+    replayed = _saved(tmp_path, "--base-url", stub.url, "--workload", str(trace), "--time-scale", "0.01")
+    assert replayed["burstiness"] is None and replayed["request_rate"] == pytest.approx(2 / 0.02)
+
+
+def test_the_result_file_has_vllms_client_queue_times(make_stub, tmp_path) -> None:
+    # vllm bench serve's queue_times: how long each request waited for a --max-concurrency slot
+    stub = make_stub(token_delay_s=0.05)
+    base = ["--base-url", stub.url, "--workload", "burst", "--num-prompts", "3", "--max-output-tokens", "4",
+            "--max-prompt-tokens", "4"]  # fmt: skip
+    one = _saved(tmp_path, *base, "--max-concurrency", "1")
+    waits = sorted(one["queue_times"])
+    assert waits[0] < 0.05 and 0.15 < waits[1] < waits[2]  # the second waits for the first's 4 tokens
+    assert one["mean_client_queue_time_ms"] == pytest.approx(sum(waits) / 3 * 1000)
+    assert "mean_e2el_including_client_queue_ms" not in one  # (vLLM: not at an infinite rate)
+    free = _saved(tmp_path, *base)
+    assert max(free["queue_times"]) < 0.05 and "mean_client_queue_time_ms" not in free
+    assert one["rtfx"] == 0.0  # (no audio)
+
+
+# Runs in the vLLM venv: vLLM's own client for /v1/completions against a URL; prints its outcome.
+_VLLM_CLIENT = """
+import asyncio, json, sys
+import aiohttp
+from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
+async def main():
+    async with aiohttp.ClientSession() as session:
+        inp = RequestFuncInput(prompt="hi", api_url=sys.argv[1] + "/v1/completions", prompt_len=1,
+                               output_len=int(sys.argv[2]), model="m")
+        o = await async_request_openai_completions(inp, session)
+    print(json.dumps({"success": o.success, "ttft": o.ttft, "itl": o.itl, "latency": o.latency}))
+asyncio.run(main())
+"""
+
+
+@pytest.mark.vllm
+def test_a_stream_vllm_fails_fails_here_and_keeps_vllms_partial_times(servers, tmp_path) -> None:
+    # vLLM's client parses every chunk: one that is not JSON fails the request (headway counted it as a
+    # token); a failed request keeps the TTFT and the gaps it had, and its latency is 0, as vLLM's
+    from headway.serve import BenchConfig, run_bench_sync, serve_in_thread
+    from headway.workload import RequestSpec, Workload
+
+    from .test_bench import TOKEN, _raw_sse_app, _usage
+
+    python, _ = default_vllm_paths()
+    if not python.exists():
+        why = f"no vLLM python at {python}; run bash scripts/setup_vllm_env.sh"
+        if os.environ.get("HEADWAY_REQUIRE_VLLM") == "1":
+            pytest.fail(f"{why} (HEADWAY_REQUIRE_VLLM=1)")
+        pytest.skip(why)
+    bad = {3: b'{"choices":[{"text":"t"}', 4: b"[1]", 5: b'{"choices":[{"text":"t"}]} tail'}
+    """max_tokens -> the chunk that follows its three tokens: cut short, a JSON list, JSON and more."""
+
+    def body(n: int) -> list[tuple[float, bytes]]:
+        tokens = [(0.02, b"data: " + TOKEN.encode() + b"\n\n")] * 3
+        worse = [(0.0, b"data: " + bad[n] + b"\n\n")] if n in bad else []
+        rest = [(0.02, b"data: " + TOKEN.encode() + b"\n\n"), (0.0, b"data: " + _usage(4).encode() + b"\n\n")]
+        return [*tokens, *worse, *rest, (0.0, b"data: [DONE]\n\n")]
+
+    url = servers.enter_context(serve_in_thread(_raw_sse_app(body)))
+    specs = [RequestSpec(f"r{n}", 0.0, num_prompt_tokens=4, num_output_tokens=n) for n in (3, 4, 5, 6)]
+    reqs = run_bench_sync(Workload.from_specs("w", specs), BenchConfig(url, model="m", timeout_s=30))
+    theirs = []
+    for n in (3, 4, 5, 6):
+        done = subprocess.run([str(python), "-c", _VLLM_CLIENT, url, str(n)], capture_output=True, text=True,
+                              timeout=300, check=True)  # fmt: skip
+        theirs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert [t["success"] for t in theirs] == [False, False, False, True]
+    assert [r.state is RequestState.FINISHED for r in reqs] == [False, False, False, True]
+    assert [r.extra.get("abort_reason") for r in reqs[:3]] == ["bad_chunk"] * 3
+    assert "a streamed chunk is not JSON" in reqs[0].extra["error_message"]
+    ours = vllm_bench_result(reqs, label="x", model_id="m", request_rate=math.inf, burstiness=1.0,
+                             max_concurrency=None, goodput=None, duration=1.0)  # fmt: skip
+    for i, t in enumerate(theirs):  # the same shape of per-request record: a TTFT, its gaps, latency 0 if failed
+        assert (ours["ttfts"][i] > 0, len(ours["itls"][i])) == (t["ttft"] > 0, len(t["itl"])), (i, t)
+        assert (ours["latencies"][i] == 0.0) == (t["latency"] == 0.0), (i, t)
+    assert [len(g) for g in ours["itls"]] == [2, 2, 2, 3] and ours["output_lens"] == [0, 0, 0, 4]
+    assert ours["completed"] == 1 and ours["failed"] == 3
+    assert summarize(reqs).itl.count == 3  # the statistics stay of the completed requests

@@ -18,7 +18,10 @@ with a non-empty ``choices`` list (the trailing usage-only chunk, a chunk with n
 ``[DONE]`` are not); TTFT ends at the first,
 E2E at the last; the gaps between consecutive ones are its inter-token latencies (ITL, kept in
 ``extra["itl"]``). A stream with no content chunk is aborted (``no_tokens``), as vLLM marks it
-failed.
+failed, and so is one with a chunk that is not a JSON object (``bad_chunk``: vLLM's client parses every
+chunk and fails the request on one it cannot read) or an error event (``stream_error``; vLLM's client
+skips those). A request that fails after its first token keeps that token's time and the gaps so far,
+as vLLM's record of it does.
 
 A request that fails keeps a short, stable reason (``extra["abort_reason"]``: ``http_400``,
 ``stream_error``, ...) and, when the backend said why, its message (``extra["error_message"]``: the
@@ -45,7 +48,6 @@ import time
 from array import array
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 
@@ -73,6 +75,12 @@ USAGE_PROMPT_TOKENS_KEY = "usage_prompt_tokens"
 an answer said it. ``num_prompt_tokens`` stays in the workload's units (a synthetic prompt's words)
 unless the server also reported cached tokens (:func:`_note_cached`); ``--save-result``'s
 ``input_lens`` and ``total_input_tokens`` take this one, as ``vllm bench serve`` does."""
+
+SCHEDULED_KEY = "scheduled_time"
+"""``Request.extra`` key of when a request was due to be sent (seconds since the start of the run): its
+arrival, or the end of its think time after the turn it follows. Its ``arrival_time`` is when it was
+sent; the difference is the time it waited for a ``max_concurrency`` slot, ``--save-result``'s
+``queue_times`` (``vllm bench serve``'s ``client_queue_time``)."""
 
 _MODELS_TIMEOUT_S = 30.0
 """Longest wait for ``GET /v1/models`` (the default model): an endpoint that does not answer a
@@ -403,15 +411,12 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
         yield last
 
 
-def _has_choice(data: str) -> bool:
-    """Whether a chunk's JSON plainly has a non-empty ``choices`` list (as every content chunk of vLLM
-    and OpenAI spells it), so that it need not be parsed to tell; False means parse it and see."""
-    return '"choices":[{' in data or '"choices": [{' in data
-
-
 async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answer: list[str] | None = None) -> None:
     """Time a streamed answer's content chunks as they come (see the module's docstring); ``answer``
-    collects the first choice's text."""
+    collects the first choice's text. Every ``data:`` chunk is parsed, as ``vllm bench serve`` parses
+    it: one that is not a JSON object fails the request (``bad_chunk``), as it fails vLLM's. The gaps
+    go into ``extra["itl"]`` from the first content chunk on, so a request that fails later keeps the
+    TTFT and the gaps it had (vLLM's ``RequestFuncOutput`` of a failed request keeps them too)."""
     clock = time.perf_counter
     usage: int | None = None
     last: float | None = None  # time of the latest content chunk
@@ -422,27 +427,32 @@ async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answe
         data = line[6:] if line.startswith("data: ") else line[5:]
         if data == "[DONE]":
             break
-        if data.startswith('{"error"') or '"error":{' in data[:20]:
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            obj = exc
+        if not isinstance(obj, dict):  # (vLLM's json.loads raises, or its data.get does)
+            why = f"not JSON ({obj})" if isinstance(obj, BaseException) else "not a JSON object"
+            _abort(req, "bad_chunk", clock() - t0, f"a streamed chunk is {why}: {data[:200]}")
+            return
+        if obj.get("error"):  # an error event (vLLM's ends a stream whose generation failed)
             _abort(req, "stream_error", clock() - t0, _error_message(data))
             return
-        obj: Any = None  # the chunk parsed, once (only when something in it is needed)
-        if '"usage":{' in data or '"usage": {' in data or not _has_choice(data):
-            with contextlib.suppress(ValueError, RecursionError):
-                obj = json.loads(data)
-            if isinstance(obj, dict):
-                with contextlib.suppress(KeyError, TypeError, ValueError):
-                    _note_usage(req, obj["usage"])
-                    usage = int(obj["usage"]["completion_tokens"])
-                if not obj.get("choices"):  # no choice (a usage chunk, a filter's note): not a token, as vLLM
-                    continue
+        if isinstance(obj.get("usage"), dict):
+            _note_usage(req, obj["usage"])
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                usage = int(obj["usage"]["completion_tokens"])
+        choices = obj.get("choices")
+        if not choices:  # no choice (a usage chunk, a filter's note): not a token, as vLLM
+            continue
         now = clock() - t0
         if answer is not None:
-            with contextlib.suppress(ValueError, TypeError, IndexError, AttributeError, KeyError):
-                choices = (obj if isinstance(obj, dict) else json.loads(data))["choices"]
-                if choices and choices[0].get("index", 0) == 0:
+            with contextlib.suppress(TypeError, IndexError, AttributeError, KeyError):
+                if choices[0].get("index", 0) == 0:
                     answer.append(_text_of(choices[0]))
         if last is None:
             req.first_token_time = now
+            req.extra[_ITL_KEY] = gaps
         else:
             gaps.append(now - last)
         req.last_token_time = last = now
@@ -450,7 +460,6 @@ async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answe
     if last is None:  # an answer without a token: no TTFT to measure (vLLM marks it failed)
         _abort(req, "no_tokens", clock() - t0)
         return
-    req.extra[_ITL_KEY] = gaps
     _finish(req, last, usage)  # E2E ends at the last token, not at the stream's close (as vLLM)
 
 
@@ -567,6 +576,7 @@ async def run_bench(
                     if delay > 0:
                         await asyncio.sleep(delay)
                 answer: list[str] | None = [] if spec.request_id in ended else None
+                req.extra[SCHEDULED_KEY] = time.perf_counter() - t0
                 async with sem:
                     if on_sent is not None:
                         on_sent(req)

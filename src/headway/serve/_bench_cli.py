@@ -231,14 +231,28 @@ _FLAGS = {
 
 def _arrivals(workload: Any, rate: float | None, time_scale: float) -> tuple[float, float]:
     """The span of the arrivals as sent (seconds, scaled by ``time_scale``) and their rate in
-    requests/s: ``rate`` (the ``--request-rate`` asked for) over ``time_scale``, else the arrivals' own
-    mean, (k - 1) / span; ``inf`` when they all come at once (``vllm bench serve``'s ``request_rate``)."""
+    requests/s: ``rate`` (the ``--request-rate`` asked for) over ``time_scale``, else the rate of the
+    process that generated them (the workload's ``meta["arrival_rate"]``), else (a trace's times) their
+    own mean, (k - 1) / span; ``inf`` when they all come at once (``vllm bench serve``'s ``request_rate``)."""
     # a turn that follows another (sharegpt-sessions) is sent after it: its own arrival time is not used
     arrivals = [s.arrival_time for s in workload if s.after is None] or [0.0]
     span = (max(arrivals) - min(arrivals)) * time_scale
     if span <= 0:
         return 0.0, math.inf
+    if rate is None and isinstance(generated := workload.meta.get("arrival_rate"), float):
+        rate = generated
     return span, rate / time_scale if rate is not None else (len(arrivals) - 1) / span
+
+
+def _burstiness(workload: Any, request_rate: float) -> float | None:
+    """``vllm bench serve``'s ``burstiness``, the Gamma shape of the arrivals' gaps: that of the process
+    that generated them (the workload's ``meta["burstiness"]``; 1 for Poisson); 1.0 when they all come
+    at once (what vLLM writes at an infinite rate, where it draws no gap); None (null) for a trace's
+    times, which no Gamma drew."""
+    shape = workload.meta.get("burstiness")
+    if isinstance(shape, float):
+        return shape
+    return 1.0 if math.isinf(request_rate) else None
 
 
 def _start_line(workload: Any, url: str, rate: float | None, time_scale: float, max_concurrency: int) -> str:
@@ -430,12 +444,13 @@ def _run_bench(args: argparse.Namespace) -> int:
         from headway.serve._bench_result import result_filename, vllm_bench_result, write_result
 
         model = str(requests[0].extra.get("model", args.model or "")) if requests else (args.model or "")
+        rate = _arrivals(workload, args.rate, args.time_scale)[1]  # the rate sent at, scaled
         result = vllm_bench_result(
             requests,
             label=args.label or "openai",
             model_id=model,
-            request_rate=_arrivals(workload, args.rate, args.time_scale)[1],  # the rate sent at, scaled
-            burstiness=args.burstiness if args.burstiness is not None else 1.0,
+            request_rate=rate,
+            burstiness=_burstiness(workload, rate),
             max_concurrency=args.max_concurrency or None,
             goodput=summary.goodput,
             duration=summary.makespan,

@@ -27,11 +27,18 @@ Where headway's file differs from vLLM's on purpose:
   a finite rate its duration is longer by about one gap, and its throughputs lower by as much;
 - ``start_times`` are seconds from the first send; vLLM's are ``time.perf_counter()`` readings
   (differences between them agree);
-- ``burstiness`` is ``--burstiness`` as given, else 1.0, whatever the workload's own arrivals are.
+- the per-request lists are written always (vLLM's with ``--save-detailed`` only), and the E2E and
+  client-queue statistics too (vLLM's when ``--percentile-metrics`` names them); ``errors`` holds each
+  failed request's abort reason, not vLLM's exception text.
 
-What vLLM records and headway's client does not (``generated_texts``, ``queue_times`` and the
-client-queue statistics of ``--max-concurrency``, ``rtfx``, a tokenizer id, spec-decode and ramp-up
-statistics) is left out rather than filled with made-up values.
+``burstiness`` is the Gamma shape of the arrivals' gaps, as vLLM's (the caller's: the workload's own,
+``null`` for a trace's times). A failed request has, as in vLLM's file, output length and latency 0,
+and the TTFT and gaps it had before it failed (0 and none before its first token). ``queue_times``:
+from each request's arrival to its send (its wait for a ``--max-concurrency`` slot), vLLM's
+``client_queue_time``; ``rtfx`` is 0.0, vLLM's for text requests.
+
+What vLLM records and headway's client does not (``generated_texts``, a tokenizer id, spec-decode and
+ramp-up statistics) is left out, or ``None``, rather than filled with made-up values.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from headway.core import Request, RequestState
-from headway.serve._bench import USAGE_PROMPT_TOKENS_KEY
+from headway.serve._bench import SCHEDULED_KEY, USAGE_PROMPT_TOKENS_KEY
 
 __all__ = ["result_filename", "vllm_bench_result", "write_result"]
 
@@ -94,13 +101,28 @@ def _prompt_len(r: Request) -> int:
     return n if isinstance(n, int) else r.num_prompt_tokens
 
 
+def _queue_time(r: Request) -> float:
+    """How long a request waited for a ``max_concurrency`` slot: from when it was due (its arrival) to
+    when it was sent (``vllm bench serve``'s ``client_queue_time``); 0 for one never due."""
+    due = r.extra.get(SCHEDULED_KEY)
+    return max(0.0, r.arrival_time - due) if isinstance(due, float) else 0.0
+
+
+def _ttft(r: Request) -> float:
+    """A request's TTFT as ``vllm bench serve`` keeps it: also of a request that failed after its first
+    token (0 for one that failed before it, as vLLM's ``RequestFuncOutput`` default)."""
+    if r.first_token_time is None or r.state not in (RequestState.FINISHED, RequestState.ABORTED):
+        return 0.0
+    return r.first_token_time - r.arrival_time
+
+
 def vllm_bench_result(
     requests: Sequence[Request],
     *,
     label: str,
     model_id: str,
     request_rate: float,
-    burstiness: float,
+    burstiness: float | None,
     max_concurrency: int | None,
     goodput: float | None,
     duration: float,
@@ -149,28 +171,31 @@ def vllm_bench_result(
         "total_token_throughput": (total_in + total_out) / per,
         "input_lens": [_prompt_len(r) for r in requests],
         "output_lens": [r.num_output_tokens if r.state is RequestState.FINISHED else 0 for r in requests],
-        "ttfts": [
-            r.first_token_time - r.arrival_time
-            if r.state is RequestState.FINISHED and r.first_token_time is not None
-            else 0.0
-            for r in requests
-        ],
+        "ttfts": [_ttft(r) for r in requests],
         "itls": [[float(g) for g in r.extra.get(_ITL_KEY) or ()] for r in requests],  # type: ignore[attr-defined]
         "latencies": [
             r.finish_time - r.arrival_time if r.state is RequestState.FINISHED and r.finish_time is not None else 0.0
             for r in requests
         ],
         "start_times": [r.arrival_time for r in requests],
+        "queue_times": [_queue_time(r) for r in requests],
         "errors": [
             "" if r.state is RequestState.FINISHED else str(r.extra.get("abort_reason", r.state.value))
             for r in requests
         ],
     }
     result["max_output_tokens_per_s"], result["max_concurrent_requests"] = _peaks(done)
+    result["rtfx"] = 0.0  # (audio seconds in per second: none in text requests, as vLLM writes for them)
     _stats(result, "ttft", ttfts, percentiles)
     _stats(result, "tpot", tpots, percentiles)
     _stats(result, "itl", itls, percentiles)
     _stats(result, "e2el", latencies, percentiles)
+    if max_concurrency is not None:  # vLLM's client-queue statistics, of the completed requests
+        queued = [_queue_time(r) for r in done]
+        _stats(result, "client_queue_time", queued, percentiles)
+        if math.isfinite(request_rate):
+            _stats(result, "e2el_including_client_queue", [e + q for e, q in zip(latencies, queued, strict=True)],
+                   percentiles)  # fmt: skip
     return result
 
 

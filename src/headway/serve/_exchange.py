@@ -22,7 +22,7 @@ from headway.serve._config import GatewayConfig
 from headway.serve._dispatch import Backend, Dispatcher, QueueFullError
 from headway.serve._errors import api_error, sse_error
 from headway.serve._ledger import Ledger
-from headway.serve._logging import LimitedWarnings
+from headway.serve._logging import FailureLog, LimitedWarnings
 from headway.serve._metrics import GatewayMetrics
 from headway.serve._redis_queue import RedisDispatcher
 from headway.serve._upstream import (
@@ -42,6 +42,15 @@ log = logging.getLogger("headway.serve")
 
 _SERVED_MODEL = "headway.served_model"
 """``Request.extra``: the model the backend's answer named, for a request that named none."""
+
+
+def _error_text(data: bytes) -> str:
+    """The ``message`` of an SSE error event's ``{"error": {...}}`` (the data as it came, when it has none)."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
+        message = json.loads(data)["error"]["message"]
+        if isinstance(message, str):
+            return message[:500]
+    return data[:500].decode("utf-8", "replace")
 
 
 class Exchange:
@@ -64,6 +73,8 @@ class Exchange:
         self.ledger = ledger
         self.arrivals = arrivals
         self._log_limited = warn
+        self.failures = FailureLog(log)
+        """Failed requests in the log: the first of each kind (backend, how) in full, then counts."""
 
     async def serve(
         self,
@@ -117,7 +128,9 @@ class Exchange:
                     self.dispatcher.mark_full(backend, float(max(self.config.retry_after_s, 1)))
                     self.metrics.retries.labels(backend.label).inc()
                     continue
-                log.warning("request %s failed on %s (%s)", req.request_id, backend.label, message)
+                self.failures(
+                    f"{backend.label}: {kind}", "request %s failed on %s (%s)", req.request_id, backend.label, message
+                )
                 reached = kind != "refused"  # a refused connection reached no backend
                 if reached:
                     attempts += 1  # so a request that crashes every backend it meets ends
@@ -450,6 +463,11 @@ class Exchange:
             if isinstance(model, str) and model:
                 req.extra[_SERVED_MODEL] = model
 
+    def _failed_midstream(self, req: Request, backend: Backend, what: str) -> None:
+        """Log a stream that failed after its 200 (the first of its backend's in full, then counted:
+        :class:`~headway.serve._logging.FailureLog`); ``headway_rejections`` counts each."""
+        self.failures(f"{backend.label}: mid-stream", "request %s: backend %s %s", req.request_id, backend.label, what)
+
     async def _relay(
         self,
         req: Request,
@@ -470,6 +488,8 @@ class Exchange:
         usage_tokens: int | None = None
         find_model = not req.extra.get("model")  # label its latency with the model that answers
         done = False
+        ended = False  # the final usage chunk came (no choice in it): the answer is whole
+        failed = False  # the backend's own error event came: the request failed, whatever follows
         buf = held = b""
         reason = "client_disconnected"  # unless set below: the client went away mid-stream
         try:
@@ -491,6 +511,10 @@ class Exchange:
                             data = sse_data(event)
                         if data == b"[DONE]":
                             done = True
+                        elif data.startswith(b'{"error"'):  # vLLM's own ending of a failed stream: passed on
+                            failed = True
+                            reason = "backend_error_midstream"
+                            self._failed_midstream(req, backend, f"sent an error event: {_error_text(data)}")
                         elif data.startswith(b"{"):
                             if find_model:  # from the first event only
                                 find_model = False
@@ -499,8 +523,10 @@ class Exchange:
                                 with contextlib.suppress(ValueError, TypeError, KeyError):
                                     obj = json.loads(data)
                                     usage_tokens = int(obj["usage"]["completion_tokens"])
-                                    if not obj.get("choices") and not wants_usage:
-                                        continue  # the usage chunk we asked for, not the client
+                                    if not obj.get("choices"):  # the final usage chunk (not vLLM's
+                                        ended = True  # continuous_usage_stats in every token's chunk)
+                                        if not wants_usage:
+                                            continue  # the usage chunk we asked for, not the client
                             elif b'"choices":[]' not in data and b'"role"' not in data:  # chat's role chunk: no token
                                 t = now()
                                 if req.first_token_time is None:
@@ -513,7 +539,7 @@ class Exchange:
                                 req.num_computed_tokens = req.num_prompt_tokens + req.num_output_tokens
                                 if progress_hook:
                                     on_progress(req, t, 1)
-                        if done and not req.is_finished:
+                        if done and not req.is_finished and not failed:
                             # finished as [DONE] goes out: a client may leave as soon as it reads it,
                             # before the backend closes its end (or the stream's close is seen here)
                             self.complete(
@@ -525,12 +551,17 @@ class Exchange:
                 else:
                     if held:
                         buf += b"\n"
-                    if buf:
-                        yield buf
+                    # an event the stream ended inside of is not one (SSE): never passed on in part;
+                    # a [DONE] that lacks only its blank line still ends the answer
+                    ended = ended or sse_data(buf) == b"[DONE]"
             except UpstreamError as exc:
-                if not stop.done():  # not the gateway closing it (cancel, drain timeout)
+                # (not the gateway closing it: cancel, drain timeout; nor a break after the [DONE])
+                if not stop.done() and not done:
                     reason = "backend_error_midstream"
-                    log.warning("request %s: backend %s failed mid-stream: %s", req.request_id, backend.label, exc)
+                    if failed:  # its error event went out already
+                        yield b"data: [DONE]\n\n"
+                        return
+                    self._failed_midstream(req, backend, f"failed mid-stream: {exc}")
                     yield sse_error(f"the backend failed mid-stream: {exc}")
                     return
             if stop.done() and not done:
@@ -539,13 +570,19 @@ class Exchange:
                 if why in STOP_EVENTS:
                     yield STOP_EVENTS[why]
                 return
-            if not done and usage_tokens is None:
+            if failed:  # its error event went out: [DONE] ends it, as vLLM's own stream
+                if not done:
+                    yield b"data: [DONE]\n\n"
+                return
+            if not done and not ended:
                 reason = "backend_error_midstream"
-                log.warning("request %s: backend %s closed the stream early", req.request_id, backend.label)
+                self._failed_midstream(req, backend, "closed the stream early")
                 yield sse_error("the backend closed the stream early")
                 return
             if not req.is_finished:
                 self.complete(req, usage_tokens if usage_tokens is not None else req.num_output_tokens, now())
+            if not done:  # whole, but its [DONE] did not come (or without its blank line): every stream ends so
+                yield b"data: [DONE]\n\n"
         finally:
             if not req.is_finished:
                 if reason == "client_disconnected" and watch.send_timed_out:

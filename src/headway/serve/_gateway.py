@@ -45,8 +45,9 @@ on another backend (``max_attempts``), then 502; but a 503 that is vLLM's admiss
 any 503 from a backend where other requests of this gateway's run, says it is full: the request
 goes back to the queue in its place, not an attempt, and that backend takes no more until one of
 them ends (or ``retry_after_s`` passes). A stream's 200 goes to the client with its first event,
-so everything before it can still be retried. A backend failing mid-stream ends
-the stream with an error event and ``[DONE]``; mid-body of a non-streamed response, a 502.
+so everything before it can still be retried. A backend failing mid-stream (or ending its stream
+before the answer is whole) ends the stream as vLLM's server ends a failed one, with an error event and
+``[DONE]`` (its own error event passed on); mid-body of a non-streamed response, a 502.
 Client-visible messages never name a backend or the Redis address (the log does).
 
 Shutdown: on SIGTERM the gateway drains (new requests 503 ``draining``); when
@@ -284,6 +285,7 @@ class Gateway:
         for pool in self.pools:
             await pool.aclose()
         await self.arrivals.close()
+        self.exchange.failures.flush()  # the failures counted since the last summary line
         for client in (self._redis, getattr(self, "_listen_redis", None)):
             if client is not None:
                 with contextlib.suppress(Exception):

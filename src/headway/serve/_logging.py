@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
 import re
 import time
 from datetime import UTC, datetime
 
-__all__ = ["JsonFormatter", "LimitedWarnings", "TextFormatter", "setup_logging"]
+__all__ = ["FailureLog", "JsonFormatter", "LimitedWarnings", "TextFormatter", "setup_logging"]
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -89,3 +91,61 @@ class LimitedWarnings:
             return
         self._marks[what] = (now, 0)
         self._log.warning(msg + (f" ({skipped} more like it not logged)" if skipped else ""), *args)
+
+
+class FailureLog:
+    """Per-request failures in the log without flooding it: the first failure of each kind is logged
+    in full; more of that kind are counted, and one summary line, at most every ``every_s`` seconds,
+    says how many of each kind were not logged one by one. A kind quiet for ``every_s`` is logged in
+    full again at its next failure (a new outage). The log is all this limits: the Prometheus
+    counters count every failure. In an event loop the summary is written ``every_s`` after the last
+    one even when no failure follows; without one, at the next failure; :meth:`flush` (at shutdown)
+    writes what is left."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 5.0) -> None:
+        self._log = logger
+        self._every_s = every_s
+        self._last: dict[str, float] = {}
+        """kind -> time of its latest failure (of one logged in full, or counted)."""
+        self._left: dict[str, int] = {}
+        """kind -> failures counted, not logged, since the last summary."""
+        self._summary_at = -math.inf
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __call__(self, kind: str, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        last = self._last.get(kind)
+        self._last[kind] = now
+        if last is None or now - last >= self._every_s:
+            self._log.warning(msg, *args)
+            if not self._left:  # nothing owed: the next summary covers from here
+                self._summary_at = max(self._summary_at, now)
+            return
+        self._left[kind] = self._left.get(kind, 0) + 1
+        due = self._summary_at + self._every_s
+        if now >= due:
+            self.flush()
+        elif self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # (no loop: at the next failure, or flush)
+            self._timer = loop.call_later(due - now, self.flush)
+
+    def flush(self) -> None:
+        """Write the summary of the failures not logged one by one, if any."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._left:
+            return
+        now = time.monotonic()
+        since = now - self._summary_at
+        counts = ", ".join(f"{kind}: {n}" for kind, n in sorted(self._left.items()))
+        total = sum(self._left.values())
+        self._log.warning(
+            "%d more request failure%s in the last %.0f s, not logged one by one (%s)",
+            total, "s" if total != 1 else "", since, counts,
+        )  # fmt: skip
+        self._left.clear()
+        self._summary_at = now

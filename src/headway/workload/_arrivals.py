@@ -58,6 +58,7 @@ __all__ = [
     "PoissonArrivals",
     "Seed",
     "TraceArrivals",
+    "arrivals_meta",
     "burst_arrivals",
     "gamma_arrivals",
     "is_finite_real",
@@ -328,3 +329,16 @@ def replay_arrivals(timestamps: Sequence[float] | FloatArray, target_rate: float
         out = out * (observed / float(target_rate))
         _check_span(float(out.max()), times.size, target_rate, "replayed arrivals")
     return out
+
+
+def arrivals_meta(process: object) -> dict[str, object]:
+    """A workload's ``meta`` entries for the arrivals ``process`` generated: ``"arrivals"``, its repr,
+    and for Gamma and Poisson arrivals what ``vllm bench serve`` calls their ``request_rate``
+    (``"arrival_rate"``, requests/s) and ``burstiness`` (the Gamma shape of the gaps; 1 for Poisson),
+    which ``headway bench serve --save-result`` writes (a burst or a trace's times have no such shape)."""
+    meta: dict[str, object] = {"arrivals": repr(process)}
+    if isinstance(process, GammaArrivals):
+        meta |= {"arrival_rate": float(process.rate), "burstiness": float(process.burstiness)}
+    elif isinstance(process, PoissonArrivals):
+        meta |= {"arrival_rate": float(process.rate), "burstiness": 1.0}
+    return meta

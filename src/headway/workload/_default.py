@@ -54,7 +54,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from headway.workload._arrivals import ArrivalProcess, FloatArray, GammaArrivals, Seed, make_rng
+from headway.workload._arrivals import ArrivalProcess, FloatArray, GammaArrivals, Seed, arrivals_meta, make_rng
 from headway.workload._resample import OUTPUT_LENGTH_CAP_META
 from headway.workload._spec import RequestSpec, Workload
 from headway.workload._tenants import DEFAULT_TENANT_MIX, TenantMix, assign_tenants
@@ -163,7 +163,7 @@ def default_workload(
     meta: dict[str, object] = {
         "source": "default",
         "seed": seed,
-        "arrivals": repr(process),
+        **arrivals_meta(process),
         "lengths": "azure-conv-2023 (synthetic)",
         OUTPUT_LENGTH_CAP_META: OUTPUT_LENGTH_CAP,
     }

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from headway.workload._arrivals import MAX_TRACE_SPAN_S, ArrivalProcess, Seed
+from headway.workload._arrivals import MAX_TRACE_SPAN_S, ArrivalProcess, Seed, arrivals_meta
 from headway.workload._errors import WorkloadFormatError
 from headway.workload._spec import RequestSpec, Workload
 
@@ -336,7 +336,7 @@ def assemble(
         times = arrivals.sample(len(rows), seed)
         for row, t in zip(rows, times, strict=True):
             row.arrival_time = float(t)
-        meta["arrivals"] = repr(arrivals)
+        meta.update(arrivals_meta(arrivals))
     specs = [
         RequestSpec(
             request_id=r.request_id,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from headway.workload._arrivals import ArrivalProcess, Seed, make_rng
+from headway.workload._arrivals import ArrivalProcess, Seed, arrivals_meta, make_rng
 from headway.workload._errors import WorkloadFormatError
 from headway.workload._records import PathLike, check_limit, csv_rows, existing_file, int_value
 from headway.workload._resample import noisy_lengths
@@ -166,7 +166,7 @@ def session_workload(
         "format": "sessions",
         "conversations": len(kept),
         "think_time": think_time,
-        "arrivals": repr(arrivals),
+        **arrivals_meta(arrivals),
     }
     return Workload.from_specs(name, specs, meta)
 

@@ -17,6 +17,7 @@ from headway.workload._arrivals import (
     BurstArrivals,
     GammaArrivals,
     PoissonArrivals,
+    arrivals_meta,
     is_finite_real,
     replay_arrivals,
 )
@@ -532,7 +533,7 @@ def _retime(w: Workload, o: LoadOptions, timed: bool) -> Workload:
             raise ValueError(f"arrivals={kind!r} needs a rate (rate=, --rate; requests/s) for workload {w.name!r}")
         process = _process(kind, rate or 1.0, o.burstiness, 1.0)
         times = process.sample(len(w), o.stream(_ARRIVE))
-        meta = {**w.meta, "arrivals": repr(process)}
+        meta = {**w.meta, **arrivals_meta(process)}
     specs = [dataclasses.replace(s, arrival_time=float(t)) for s, t in zip(w.requests, times.tolist(), strict=True)]
     return Workload.from_specs(w.name, specs, meta)
 
