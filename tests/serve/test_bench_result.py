@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import subprocess
 from pathlib import Path
@@ -15,7 +14,6 @@ from typing import Any
 import pytest
 
 from headway.core import Request, RequestState
-from headway.integrations._server import default_vllm_paths
 from headway.metrics import summarize
 from headway.serve._bench_result import vllm_bench_result
 from headway.serve._cli import main
@@ -71,13 +69,8 @@ def _requests(outcomes: list[dict[str, Any]]) -> list[Request]:
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_the_result_file_has_vllms_numbers_for_the_same_outcomes() -> None:
-    python, _ = default_vllm_paths()
-    if not python.exists():
-        why = f"no vLLM python at {python}; run bash scripts/setup_vllm_env.sh"
-        if os.environ.get("HEADWAY_REQUIRE_VLLM") == "1":
-            pytest.fail(f"{why} (HEADWAY_REQUIRE_VLLM=1)")
-        pytest.skip(why)
+def test_the_result_file_has_vllms_numbers_for_the_same_outcomes(vllm_python: Path) -> None:
+    python = vllm_python
     outcomes = _outcomes(seed=3)
     reqs = _requests(outcomes)
     summary = summarize(reqs, slo="ttft:1200 tpot:30 e2el:2500")
@@ -206,7 +199,7 @@ asyncio.run(main())
 
 
 @pytest.mark.vllm
-def test_a_stream_vllm_fails_fails_here_and_keeps_vllms_partial_times(servers, tmp_path) -> None:
+def test_a_stream_vllm_fails_fails_here_and_keeps_vllms_partial_times(servers, tmp_path, vllm_python: Path) -> None:
     # vLLM's client parses every chunk: one that is not JSON fails the request (headway counted it as a
     # token); a failed request keeps the TTFT and the gaps it had, and its latency is 0, as vLLM's
     from headway.serve import BenchConfig, run_bench_sync, serve_in_thread
@@ -214,12 +207,7 @@ def test_a_stream_vllm_fails_fails_here_and_keeps_vllms_partial_times(servers, t
 
     from .test_bench import TOKEN, _raw_sse_app, _usage
 
-    python, _ = default_vllm_paths()
-    if not python.exists():
-        why = f"no vLLM python at {python}; run bash scripts/setup_vllm_env.sh"
-        if os.environ.get("HEADWAY_REQUIRE_VLLM") == "1":
-            pytest.fail(f"{why} (HEADWAY_REQUIRE_VLLM=1)")
-        pytest.skip(why)
+    python = vllm_python
     bad = {3: b'{"choices":[{"text":"t"}', 4: b"[1]", 5: b'{"choices":[{"text":"t"}]} tail'}
     """max_tokens -> the chunk that follows its three tokens: cut short, a JSON list, JSON and more."""
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import textwrap
+from pathlib import Path
 
 import httpx
 import pytest
 
-from headway.integrations._server import default_vllm_paths
 from headway.serve._logging import FailureLog
 
 from .test_gateway import COMPLETION
@@ -186,15 +185,12 @@ def test_an_outage_under_load_logs_a_few_lines_and_counts_every_failure(
 
 
 @pytest.mark.vllm
-def test_the_openai_sdk_raises_the_backends_error_for_a_stream_cut_mid_way(make_raw_backend, make_gateway) -> None:
+def test_the_openai_sdk_raises_the_backends_error_for_a_stream_cut_mid_way(
+    make_raw_backend, make_gateway, vllm_python: Path
+) -> None:
     # the client the gateway's stream is for: OpenAI's Python SDK (vLLM's venv has it) raises APIError with
     # the error event's message, rather than returning a truncated answer as if whole
-    python, _ = default_vllm_paths()
-    if not python.exists():
-        why = f"no vLLM python at {python}; run bash scripts/setup_vllm_env.sh"
-        if os.environ.get("HEADWAY_REQUIRE_VLLM") == "1":
-            pytest.fail(f"{why} (HEADWAY_REQUIRE_VLLM=1)")
-        pytest.skip(why)
+    python = vllm_python
     url, _ = make_raw_backend("end", b"".join(_token(i, True) for i in range(3)))
     gw = make_gateway([url])
     script = textwrap.dedent(f"""
