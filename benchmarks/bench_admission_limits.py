@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from headway._files import write_atomic
 from headway.metrics import summarize
 from headway.sim import CacheConfig, SchedulerConfig, simulate
 from headway.workload import load_workload
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     md = args.out / "admission_limits.md"
-    md.write_text("\n".join(lines).rstrip("\n") + "\n")
+    write_atomic(md, "\n".join(lines).rstrip("\n") + "\n")
     png = args.out / "admission_limits.png"
     plot(rows, limited, png)
     print(f"wrote {md} and {png}")
@@ -187,4 +188,7 @@ def plot(
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    raise SystemExit(run_interruptible(main, "bench_admission_limits"))

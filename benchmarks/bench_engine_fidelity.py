@@ -30,6 +30,7 @@ import os
 import sys
 from pathlib import Path
 
+from headway._files import write_atomic
 from headway.core import get_policy_class
 from headway.metrics import summarize
 from headway.sim import CacheConfig, SchedulerConfig, simulate
@@ -191,9 +192,12 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_atomic(Path(args.out), text, encoding="utf-8")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    sys.exit(run_interruptible(main, "bench_engine_fidelity"))

@@ -23,13 +23,13 @@ import argparse
 import json
 import math
 import platform
-import signal
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from headway._files import write_atomic
 from headway.integrations._fidelity import (
     fidelity_max_prompt,
     fidelity_sessions,
@@ -129,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--sessions needs prefix caching: give --sessions 0 with --no-enable-prefix-caching")
     if not (args.think_time >= 0 and math.isfinite(args.think_time)):
         ap.error(f"--think-time must be a finite number of seconds >= 0, got {args.think_time}")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup: stop the server
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] * args.repeats
 
     def log(msg: str) -> None:
@@ -275,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         md += ["", f"Plugin time in policy code: median {statistics.median(overhead):.3%} of step time over "
                f"{len(overhead)} steps."]  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(md) + "\n")
+    write_atomic(args.out, "\n".join(md) + "\n")
     log(f"wrote {args.out}")
     return 0
 
@@ -353,4 +352,7 @@ def _pooled_tables(rows: list, checked: bool) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    sys.exit(run_interruptible(main, "bench_fidelity"))

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from headway._files import write_atomic
 from headway.core import available_policies
 from headway.metrics import summarize
 from headway.routers import available_routers, get_router_class
@@ -312,18 +313,21 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part in ("matrix", "all"):
         data = matrix(args)
-        (args.out / "fleet_matrix.json").write_text(json.dumps(data, indent=1) + "\n")
+        write_atomic((args.out / "fleet_matrix.json"), json.dumps(data, indent=1) + "\n")
         md = _matrix_md(data, command)
-        (args.out / "fleet_matrix.md").write_text(md)
+        write_atomic((args.out / "fleet_matrix.md"), md)
         print(md)
     if args.part in ("speed", "all"):
         data = speed(args)
-        (args.out / "fleet_speed.json").write_text(json.dumps(data, indent=1) + "\n")
+        write_atomic((args.out / "fleet_speed.json"), json.dumps(data, indent=1) + "\n")
         md = _speed_md(data, command)
-        (args.out / "fleet_speed.md").write_text(md)
+        write_atomic((args.out / "fleet_speed.md"), md)
         print(md)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    raise SystemExit(run_interruptible(main, "bench_fleet"))

@@ -38,6 +38,7 @@ import numpy as np
 from bench_gateway_vllm import default_predictor_identity, heldout_alpaca_workload, start_gateway
 from harness.cluster import Cluster
 from harness.vllm import default_vllm_paths, start_vllm
+from headway._files import write_atomic
 from headway.core import Request, RequestState
 from headway.metrics import summarize
 from headway.serve._bench import BenchConfig, run_bench_sync
@@ -173,9 +174,12 @@ def main() -> int:
         saved = {"command": command, "args": vars(args), "load_avg_start": load_start, "load_avg_end": load_end,
                  "cpus": os.cpu_count(), "arrival_span_s": span, "predictor": default_predictor_identity(),
                  "summary": summary, "rounds": rounds}  # fmt: skip
-        Path(args.json).write_text(json.dumps(saved, indent=2) + "\n")
+        write_atomic(Path(args.json), json.dumps(saved, indent=2) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    sys.exit(run_interruptible(main, "bench_gateway_throughput"))

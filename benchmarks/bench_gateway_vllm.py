@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from headway._files import write_atomic
 from headway.metrics import summarize
 from headway.predict._resolve import MIN_SCORING_LENGTH
 from headway.serve._bench import BenchConfig, run_bench_sync
@@ -134,7 +135,7 @@ def _precompute_scores(wl: Workload, path: Path, max_length: int, model: str = "
     else:
         scorer = Scorer.from_checkpoint(model, "onnx-int8", max_length=max_length)
     scores = scorer.score(prompts)
-    path.write_text(json.dumps({p: float(x) for p, x in zip(prompts, scores, strict=True)}))
+    write_atomic(path, json.dumps({p: float(x) for p, x in zip(prompts, scores, strict=True)}))
 
 
 def simulate_ratios(
@@ -535,7 +536,7 @@ def main() -> int:
     if args.json:
         saved = {"args": vars(args), "predictor": default_predictor_identity(), "results": results, "rounds": rounds,
                  "matmul_gflops": probes}  # fmt: skip
-        Path(args.json).write_text(json.dumps(saved, indent=2))
+        write_atomic(Path(args.json), json.dumps(saved, indent=2))
     return 0
 
 
@@ -645,4 +646,7 @@ def print_rounds(rounds: dict[str, list[dict[str, float]]]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    sys.exit(run_interruptible(main, "bench_gateway_vllm"))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from headway._files import write_atomic
 from headway.serve import hash_api_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test harnesses live with the tests
@@ -138,7 +139,7 @@ def main() -> int:
         print(f"checks failed: process logs kept in {tmp}", file=sys.stderr)
     suffix = f"_{args.replicas}replicas" if args.replicas > 1 else ""
     stem = args.out or str(RESULTS / f"load_{args.num_requests}{suffix}")
-    Path(stem + ".json").write_text(json.dumps(d, indent=2) + "\n")
+    write_atomic(Path(stem + ".json"), json.dumps(d, indent=2) + "\n")
     lines = [
         f"# Load test: {res.sent} requests at {args.rate:g}/s "
         f"({args.replicas} gateway replica{'s' if args.replicas > 1 else ''}, stub backend)",
@@ -171,10 +172,13 @@ def main() -> int:
         "Checks: " + ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in checks.items()),
         "",
     ]
-    Path(stem + ".md").write_text("\n".join(lines))
+    write_atomic(Path(stem + ".md"), "\n".join(lines))
     print("\n".join(lines))
     return 0 if all(checks.values()) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    sys.exit(run_interruptible(main, "bench_load"))

@@ -20,7 +20,6 @@ import argparse
 import itertools
 import json
 import platform
-import signal
 import statistics
 import sys
 import tempfile
@@ -28,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from headway._files import write_atomic
 from headway.integrations._client import ReplaySpec, replay_sync
 from headway.integrations._probe import count_lines
 from headway.integrations._server import start_vllm_server
@@ -113,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--predictor-only", action="store_true", help="only time headway.predict's scorer")
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup: stop the server
     names = [p.strip() for p in args.policies.split(",") if p.strip()]
     try:
         pred = predictor_cost()
@@ -206,10 +205,13 @@ def main(argv: list[str] | None = None) -> int:
                "`scoring: inline`): "
                + ", ".join(f"batch {b}: {sec * 1e3:.2f} ms/request" for b, sec in pred) + "."]  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(md) + "\n")
+    write_atomic(args.out, "\n".join(md) + "\n")
     print(f"wrote {args.out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    sys.exit(run_interruptible(main, "bench_plugin_overhead"))

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from bench_gateway_vllm import default_predictor_identity, heldout_alpaca_workload
+from headway._files import write_atomic
 from headway.integrations._server import default_vllm_paths, headway_src_dir, start_vllm_server
 from headway.metrics import summarize
 from headway.reproduce import ClaimRow, band_rule
@@ -178,9 +179,12 @@ def main() -> int:
                                  "load_avg_end": load_end, "cpus": os.cpu_count(),
                                  "predictor": default_predictor_identity(), "claim_row": claim,
                                  "ratios": summary, "rounds": rounds}  # fmt: skip
-        Path(args.json).write_text(json.dumps(saved, indent=2) + "\n")
+        write_atomic(Path(args.json), json.dumps(saved, indent=2) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    sys.exit(run_interruptible(main, "bench_plugin_pars"))

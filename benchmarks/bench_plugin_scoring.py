@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from bench_gateway_vllm import default_predictor_identity, heldout_alpaca_workload
+from headway._files import write_atomic
 from headway.integrations._server import start_vllm_server
 
 ARMS = ("inline", "background")
@@ -139,10 +140,13 @@ def main() -> int:
                 print(f"round {k + 1} {arm}: " + ", ".join(f"{n} {v:.3g}" for n, v in res.items()), flush=True)
     text = report(runs, args, (load0, os.getloadavg()[0]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    write_atomic(args.out, text)
     print(text)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    raise SystemExit(run_interruptible(main, "bench_plugin_scoring"))

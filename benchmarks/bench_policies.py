@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from headway._files import write_atomic
 from headway.core import PolicyQueue, Request, RequestState, Tier, available_policies, make_policy
 
 KWARGS: dict[str, dict[str, object]] = {}
@@ -134,8 +135,11 @@ def main() -> None:
             f"(2-core machine). Slowest policy at {args.sizes[-1]:,} waiting: {worst:.2f} us (target <= 10 us).\n\n"
             f"{RESORTING}\n\n"
         )
-        args.out.write_text(header + "\n".join(lines) + "\n")
+        write_atomic(args.out, header + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    raise SystemExit(run_interruptible(lambda: main() or 0, "bench_policies"))

@@ -434,10 +434,15 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
+        from headway._files import write_atomic
+
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+        write_atomic(Path(args.out), text)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    sys.exit(run_interruptible(main, "bench_predictor"))

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from headway._files import write_atomic
 from headway.metrics import summarize
 from headway.routers import available_routers, get_router_class
 from headway.sim import CacheConfig, ideal_prefix_hits, simulate
@@ -226,13 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python benchmarks/bench_prefix_routing.py", *(argv if argv is not None else sys.argv[1:])])
     args.out.mkdir(parents=True, exist_ok=True)
     data = run(args)
-    (args.out / "fleet_prefix.json").write_text(json.dumps(data, indent=1) + "\n")
+    write_atomic((args.out / "fleet_prefix.json"), json.dumps(data, indent=1) + "\n")
     md = to_markdown(data, command)
-    (args.out / "fleet_prefix.md").write_text(md)
+    write_atomic((args.out / "fleet_prefix.md"), md)
     plot(data, args.out / "fleet_prefix.png")
     print(md)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    raise SystemExit(run_interruptible(main, "bench_prefix_routing"))

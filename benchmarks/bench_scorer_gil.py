@@ -27,6 +27,7 @@ import threading
 import time
 from pathlib import Path
 
+from headway._files import write_atomic
 from headway.predict._paths import default_data_dir
 
 
@@ -122,9 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        args.out.write_text(text, encoding="utf-8")
+        write_atomic(args.out, text, encoding="utf-8")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    raise SystemExit(run_interruptible(main, "bench_scorer_gil"))

@@ -38,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+from headway._files import write_atomic
 from headway.policies import noisy_oracle_defaults
 from headway.sim import CacheConfig, SchedulerConfig, simulate
 from headway.workload import Workload, read_vidur_trace
@@ -246,8 +247,11 @@ def write_report(
         md += ["Vidur did not run (VIDUR_PATH and VIDUR_PYTHON unset): headway's rows only.", ""]
     md += ["```text", *lines, "```", ""]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(md))
+    write_atomic(out, "\n".join(md))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    sys.exit(run_interruptible(main, "bench_simulator"))

@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 
+from headway._files import write_atomic
 from headway.serve import hash_api_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test harnesses live with the tests
@@ -330,7 +331,7 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         result["logs_kept_in"] = tmp
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_atomic(Path(args.out), json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("command", "wall_s", "checks", "hostile", "faults")}, indent=1))
     print("good:", json.dumps(result["good"]))
     print("rss first/last/max:", result["rss_mb_first_last_max"], "fds:", result["fds_first_last_max"])
@@ -338,4 +339,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    sys.exit(run_interruptible(main, "bench_soak"))

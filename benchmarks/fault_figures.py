@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 
+from headway._files import write_atomic
 from headway.serve._upstream import UpstreamError, UpstreamPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test harnesses live with the tests
@@ -255,9 +256,12 @@ def main() -> int:
         counts = {o: sum(1 for _, x in tl.done if x == o) for o in ("completed", "failed")}
         summary[name] = {**counts, "sent": len(tl.done), "events": [[round(t, 2), lab] for t, lab in tl.events]}
         print(name, summary[name], flush=True)
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomic(summary_path, json.dumps(summary, indent=2) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    sys.exit(run_interruptible(main, "fault_figures"))

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from headway._files import write_atomic
 from headway.predict.crosssource import ALPACA_EVAL_MODELS, load_source
 from headway.predict.score import scoring_text
 from headway.serve._intake import SCORED_TOKENS_DEFAULT
@@ -238,10 +239,13 @@ def main() -> int:
         "",
         *history,
     ]
-    Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_atomic(Path(args.out), "\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    raise SystemExit(run_interruptible(main, "predictor_chat_input"))

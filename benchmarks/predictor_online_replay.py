@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from headway._files import write_atomic
 from headway.predict.online import OnlineConfig, OnlineLearner
 from headway.workload import find_data_dir
 
@@ -111,7 +112,7 @@ def main() -> int:
         "|---:|---:|---:|---:|",
     ]
     lines += [f"| {n} | {m:.3f} | {s:.3f} | {m - mean[0]:+.3f} |" for n, m, s in zip(steps, mean, sd, strict=True)]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    write_atomic(Path(args.out), "\n".join(lines) + "\n")
     print("\n".join(lines))
 
     import matplotlib
@@ -134,4 +135,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    raise SystemExit(run_interruptible(main, "predictor_online_replay"))

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from headway._files import write_atomic
 from headway.predict.data import load_dataset, split_by_prompt
 
 MODELS = ("gpt4", "claude-2", "vicuna-13b-v1.3", "llama-2-70b-chat-hf")
@@ -124,7 +125,7 @@ def main() -> int:
         lines.append(f"| {name} | {size} | " + " | ".join(f"{t:.3f}" for t in taus) + f" | {ps:.0f} |")
     if sources:
         lines += _source_table(sources, by_source, trained_on, compare_trained)
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    write_atomic(Path(args.out), "\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.install:
         dst = shipped_predictor_path()
@@ -187,4 +188,7 @@ def _source_table(
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from headway._proc import run_interruptible
+
+    # Ctrl-C or SIGTERM: what it started is stopped, then one line and status 130 (or death by SIGTERM)
+    raise SystemExit(run_interruptible(main, "predictor_shipped"))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from headway._proc import SigtermRaises
 from headway.predict._paths import default_data_dir
 
 settings.register_profile("default", max_examples=50, deadline=None)
@@ -28,6 +29,20 @@ MISSING_DATA = "shared data"
 def data_required() -> bool:
     """True where a missing shared data folder must fail the tests instead of skipping them."""
     return os.environ.get("CI", "").lower() in {"1", "true"} or bool(os.environ.get("HEADWAY_DATA_DIR"))
+
+
+_SIGTERM = SigtermRaises()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM ends the run as Ctrl-C does: pytest then tears the fixtures down, so the vLLM servers,
+    redis-servers and gateways the session started are stopped (by default SIGTERM would end pytest at
+    once and leave them running)."""
+    _SIGTERM.__enter__()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _SIGTERM.__exit__()
 
 
 @pytest.fixture(scope="session")

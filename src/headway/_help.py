@@ -6,21 +6,16 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import FrameType
-from typing import Any, NoReturn
+from typing import NoReturn
 
 __all__ = [
     "CLIError",
     "CLIParser",
     "HelpFormatter",
-    "SigtermRaises",
-    "Terminated",
     "add_shared_prefix_args",
     "default_out_dir",
     "describe_error",
@@ -65,44 +60,6 @@ def add_shared_prefix_args(group: argparse.ArgumentParser | argparse._ArgumentGr
 
 class CLIError(Exception):
     """A user-facing error: printed without a traceback, exit status 2."""
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread (:class:`SigtermRaises`) so that a command cleans up and keeps
-    what it finished as it does on Ctrl-C (``except KeyboardInterrupt`` catches both)."""
-
-
-class SigtermRaises:
-    """A context in which SIGTERM raises :class:`Terminated` in the main thread of this process (a forked
-    child that inherited the handler dies of the signal, as by default); the handler before is put back
-    on exit. ``received`` tells afterwards whether SIGTERM came: a library may turn the exception into a
-    plain KeyboardInterrupt (Ray's waits do). Outside the main thread nothing changes (Python sets
-    handlers there only)."""
-
-    def __init__(self) -> None:
-        self.received = False
-        self._previous: Any = None
-        self._installed = False
-
-    def _handler(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        self.received = True
-        raise Terminated
-
-    def __enter__(self) -> SigtermRaises:
-        if threading.current_thread() is threading.main_thread():
-            self._pid = os.getpid()
-            self._previous = signal.signal(signal.SIGTERM, self._handler)
-            self._installed = True
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._installed = False
 
 
 def name_flags(message: str, flags: Mapping[str, str]) -> str:

@@ -11,13 +11,13 @@ import contextlib
 import importlib
 import os
 import shlex
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from headway._help import CLIError, CLIParser, SigtermRaises, describe_error, refuse_abbreviations
+from headway._help import CLIError, CLIParser, describe_error, refuse_abbreviations
 from headway._optional import MissingExtraError
+from headway._proc import run_interruptible
 from headway.core import PluginError
 
 __all__ = ["CLIError", "build_parser", "main"]
@@ -72,10 +72,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    sigterm = SigtermRaises()  # SIGTERM unwinds as Ctrl-C does: finished work is kept, children stopped
+    # SIGTERM unwinds as Ctrl-C does (finished work is kept, children stopped); either ends in one line
+    return run_interruptible(lambda: _run(args), "headway")
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
-        with sigterm:
-            return int(args.func(args))
+        return int(args.func(args))
     except BrokenPipeError:  # the reader left (headway policies | head): quiet, as other tools
         with contextlib.suppress(OSError, ValueError, AttributeError):  # no flush error at exit either
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -96,24 +99,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    except KeyboardInterrupt:
-        if not sigterm.received:
-            print("headway: interrupted", file=sys.stderr)
-            return 130
-        print("headway: terminated", file=sys.stderr)
-        _die_of_sigterm()
-        return 128 + signal.SIGTERM  # (where the signal did not end the process)
-
-
-def _die_of_sigterm() -> None:
-    """End this process by SIGTERM's default action, once the output is flushed (a process killed by a
-    signal skips Python's own flush), so that its parent sees what it sent: a supervisor counts a
-    process ended by SIGTERM as stopped, and an exit status of 143 as failed."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            stream.flush()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,10 +6,8 @@ Used by ``tests/scale`` and the gateway benchmarks; everything binds 127.0.0.1.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +18,7 @@ from typing import Any, TextIO
 
 import httpx
 
+from headway._proc import start_group, stop_group
 from headway.serve._runner import free_port
 
 __all__ = ["Cluster", "Proc", "RedisProc", "wait_for", "wait_port"]
@@ -67,7 +66,8 @@ class Proc:
     def start(self, timeout: float = 20.0) -> Proc:
         self._log = open(self.log_path, "a")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        # its own process group, ended as a whole by stop() (and SIGTERMed if this process dies first)
+        self.proc = start_group(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         wait_port(self.port, timeout, self.proc)
         if self.health is not None:
             deadline = time.monotonic() + timeout
@@ -101,18 +101,14 @@ class Proc:
         self._close_log()
 
     def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM, wait, SIGKILL if needed; returns the exit status."""
+        """SIGTERM to its process group (continued first, if paused), up to ``timeout`` seconds, then
+        SIGKILL (at once on a second Ctrl-C: :func:`headway._proc.stop_group`); returns the exit status."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._close_log()
+        try:
+            stop_group(self.proc, grace_s=timeout)
+        finally:
+            self._close_log()
         return self.proc.returncode
 
     def _close_log(self) -> None:
@@ -224,6 +220,15 @@ class Cluster:
         return p.start() if start else p
 
     def close(self) -> None:
+        """Stop every process, the last started first; a Ctrl-C meanwhile kills the one being stopped
+        and the rest are still stopped before it is raised again."""
+        interrupted: BaseException | None = None
         for p in reversed(self.procs):
-            with contextlib.suppress(Exception):  # best effort teardown
+            try:
                 p.stop(timeout=5)
+            except KeyboardInterrupt as exc:
+                interrupted = interrupted or exc
+            except Exception:  # best effort teardown: the others are still stopped
+                continue
+        if interrupted is not None:
+            raise interrupted

@@ -168,8 +168,8 @@ async def run_load(cfg: LoadConfig) -> LoadResult:
     plan = _plan(cfg)
     res = LoadResult()
     pool = UpstreamPool(cfg.url, connect_timeout=10.0, read_timeout=cfg.timeout_s)
+    tasks: list[asyncio.Task[None]] = []
     try:
-        tasks: list[asyncio.Task[None]] = []
         start = time.perf_counter()
         for i, (kind, raw, headers, stream) in enumerate(plan):
             due = start + i / cfg.rate
@@ -187,6 +187,12 @@ async def run_load(cfg: LoadConfig) -> LoadResult:
         res.duration_s = time.perf_counter() - start
         res.achieved_rate = res.sent / sent_s if sent_s > 0 else 0.0
     finally:
+        # cut short (Ctrl-C cancels this task): the requests still out are cancelled and awaited before
+        # their pool closes, not left to fail on a closed session and log "Task exception was never
+        # retrieved" once each
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await pool.aclose()
     return res
 

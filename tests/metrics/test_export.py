@@ -5,11 +5,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import headway.metrics._export
 from headway.core import Request
 from headway.metrics import (
     GROUP_COLUMNS,
@@ -210,3 +212,21 @@ def test_summary_csv_rejects_duplicate_names(tmp_path: Path, example_run: list[R
 )
 def test_safe_filename(name: str, stem: str) -> None:
     assert safe_filename(name) == stem
+
+
+def test_a_per_request_csv_interrupted_mid_row_keeps_the_earlier_one(
+    tmp_path: Path, mk_finished: Callable[..., Request], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reqs = [mk_finished(f"r{i}", i * 0.5, ttft=0.1, e2e=1.0, n_out=10) for i in range(20)]
+    path = write_requests_csv(tmp_path / "requests_fcfs.csv", reqs)
+    before = path.read_bytes()
+    real_rows = headway.metrics._export.request_rows
+
+    def rows_then_ctrl_c(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        yield from list(real_rows(*args, **kwargs))[:5]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(headway.metrics._export, "request_rows", rows_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        write_requests_csv(path, reqs[:10])
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [path.name]

@@ -6,7 +6,7 @@ import base64
 import csv
 import io
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+import headway.metrics._export
 from headway.core import Request, Tier
 from headway.metrics import (
     ReportPaths,
@@ -67,6 +68,26 @@ def test_a_report_written_over_another_leaves_one_report(tmp_path: Path, runs: R
         [*(p.name for p in again.all()), "mine.csv"]  # the user's own file stays
     )
     assert not (out / "timeline.png").exists() and not (out / "requests_sjf_oracle-v2.csv").exists()
+
+
+def test_a_report_interrupted_while_written_leaves_the_earlier_one_whole(
+    tmp_path: Path, runs: Runs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C mid-row in a per-request CSV: no file of the earlier report is replaced or cut off, and
+    # nothing of the interrupted one is left beside it
+    out = tmp_path / "rep"
+    write_report(out, runs)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_rows = headway.metrics._export.request_rows
+
+    def rows_then_ctrl_c(*args: object, **kwargs: object) -> Iterator[dict[str, object]]:
+        yield from list(real_rows(*args, **kwargs))[:3]  # type: ignore[arg-type]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(headway.metrics._export, "request_rows", rows_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        write_report(out, {"fcfs": runs["fcfs"]})
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_report_files_exist(report: ReportPaths, runs: Runs) -> None:

@@ -394,3 +394,30 @@ def test_eval_takes_the_default_the_shipped_and_a_packed_predictor(
     assert "--split test needs a checkpoint directory's prompt split" in capsys.readouterr().err
     assert main(["predictor", "eval", "--model", "nope.npz", "--data", str(synthetic_jsonl)]) == 2
     assert "--model nope.npz: no such packed predictor" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_command_ends_with_one_line_and_the_conventional_status(sig: str) -> None:
+    # as `headway predictor` does: Ctrl-C is 130, SIGTERM unwinds the command (its cleanup runs) and then
+    # ends the process by the signal; one line either way, no traceback
+    import signal
+    import subprocess
+
+    from headway.integrations._server import headway_src_dir
+
+    code = (
+        "import os, signal, sys, time\n"
+        "import headway.predict._cli as cli\n"
+        "def run(args):\n"
+        f"    os.kill(os.getpid(), signal.{sig})\n"
+        "    time.sleep(30)\n"
+        "    return 0\n"
+        "cli._cmd_train = run\n"
+        "sys.exit(cli.main(['train']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(headway_src_dir()), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    want = (130, "headway: interrupted") if sig == "SIGINT" else (-signal.SIGTERM, "headway: terminated")
+    assert (done.returncode, done.stderr.strip()) == want, done.stderr

@@ -78,3 +78,28 @@ def test_gateway_counters_sum_over_tenants() -> None:
         "finished": {"standard": 7.0, "batch": 1.0},
         "rejections": {"queue_full": 3.0, "unauthorized": 1.0},
     }
+
+
+def test_a_load_run_cut_short_leaves_no_request_failing_on_a_closed_pool(cluster: Cluster) -> None:
+    # Ctrl-C cancels run_load (asyncio.run): the requests still out are cancelled with it, not left to
+    # fail on the closed client pool and be logged as "Task exception was never retrieved", once each
+    import asyncio
+    import gc
+
+    from harness.loadtest import run_load
+
+    stub = cluster.stub(token_delay_s=0.05)
+    unretrieved: list[str] = []
+
+    async def cut_short() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: unretrieved.append(ctx["message"]))
+        load = asyncio.create_task(run_load(LoadConfig(stub.url, num_requests=400, rate=200.0, seed=1)))
+        await asyncio.sleep(1.0)  # requests are out, each streaming for a while
+        load.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await load
+        await asyncio.sleep(0.5)  # any request task left behind runs into the closed pool meanwhile
+        gc.collect()  # an unretrieved task exception is reported when the task is collected
+
+    asyncio.run(cut_short())
+    assert unretrieved == []

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from harness.vllm import VllmNotAvailable, default_vllm_paths, start_vllm
+from headway._proc import start_group, stop_group
 from headway.serve import (
     BackendConfig,
     GatewayConfig,
@@ -186,8 +187,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_group(proc, grace_s=10)
 
 
 def start_redis_server(port: int, directory: Path) -> subprocess.Popen[bytes]:
@@ -196,7 +196,7 @@ def start_redis_server(port: int, directory: Path) -> subprocess.Popen[bytes]:
     assert binary is not None
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory), "--save", "",
             "--appendonly", "no"]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_group(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -204,7 +204,7 @@ def start_redis_server(port: int, directory: Path) -> subprocess.Popen[bytes]:
                 return proc
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
+                stop_group(proc, grace_s=0)
                 pytest.fail(f"redis-server did not start on port {port}")
             time.sleep(0.02)
 

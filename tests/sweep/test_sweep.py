@@ -296,8 +296,9 @@ class MarkedFCFS(Policy):
 '''
 
 
-@pytest.mark.parametrize("ray", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["in-process", "ray"])
-def test_sigterm_ends_a_sweep_with_one_line_and_keeps_what_finished(tmp_path: Path, ray: bool) -> None:
+def _sigterm_a_sweep(tmp_path: Path, out: Path, ray: bool) -> tuple[int, str, str]:
+    """Run a 40-task sweep into ``out`` in a child process, SIGTERM it once a task has finished;
+    (exit status, stdout, stderr)."""
     import os
     import signal
     import subprocess
@@ -306,8 +307,6 @@ def test_sigterm_ends_a_sweep_with_one_line_and_keeps_what_finished(tmp_path: Pa
 
     from headway.integrations._server import headway_src_dir
 
-    if ray:
-        pytest.importorskip("ray")
     (tmp_path / "marked.py").write_text(_MARKED_POLICY)
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -315,7 +314,6 @@ def test_sigterm_ends_a_sweep_with_one_line_and_keeps_what_finished(tmp_path: Pa
     grid.write_text("policies = ['marked-fcfs']\nseeds = [" + ", ".join(map(str, range(40))) + "]\nnum_requests = 50\n")
     env = {k: v for k, v in os.environ.items() if k not in ("HEADWAY_PLUGINS", "PYTHONPATH")}
     env.update(PYTHONPATH=str(headway_src_dir()), HEADWAY_PLUGINS=str(tmp_path / "marked.py"), MARK_DIR=str(marks))
-    out = tmp_path / "out"
     args = ["--num-cpus", "1"] if ray else ["--no-ray"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "headway", "sweep", "--grid", str(grid), *args, "--out", str(out)],
@@ -332,11 +330,37 @@ def test_sigterm_ends_a_sweep_with_one_line_and_keeps_what_finished(tmp_path: Pa
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == -signal.SIGTERM, stderr  # ended by the signal, as a supervisor expects
+    return proc.returncode, stdout, stderr
+
+
+@pytest.mark.parametrize("ray", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["in-process", "ray"])
+def test_sigterm_ends_a_sweep_with_one_line_and_keeps_what_finished(tmp_path: Path, ray: bool) -> None:
+    import signal
+
+    if ray:
+        pytest.importorskip("ray")
+    out = tmp_path / "out"
+    returncode, stdout, stderr = _sigterm_a_sweep(tmp_path, out, ray)
+    assert returncode == -signal.SIGTERM, stderr  # ended by the signal, as a supervisor expects
     assert stderr.strip().splitlines()[-1] == "headway: terminated" and "Traceback" not in stderr, stderr
     doc = json.loads((out / "results.json").read_text())
     assert doc["complete"] is False and 1 <= doc["tasks_finished"] < 40 and doc["tasks_in_grid"] == 40
     assert f"interrupted: {doc['tasks_finished']} of 40 tasks finished" in " ".join(stdout.split())
+
+
+def test_an_interrupted_sweep_does_not_replace_a_complete_report_in_its_folder(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    complete = {"complete": True, "tasks_finished": 2, "tasks_in_grid": 2, "tasks": [], "aggregate": []}
+    (out / "results.json").write_text(json.dumps(complete))
+    (out / "results.csv").write_text("an earlier sweep's rows\n")
+    _, stdout, stderr = _sigterm_a_sweep(tmp_path, out, ray=False)
+    assert json.loads((out / "results.json").read_text()) == complete, stderr
+    assert (out / "results.csv").read_text() == "an earlier sweep's rows\n"
+    partial = json.loads((out / "interrupted" / "results.json").read_text())
+    assert partial["complete"] is False and 1 <= partial["tasks_finished"] < 40
+    assert f"the complete report already in {out} is kept" in " ".join(stdout.split())
+    assert not [p for p in out.rglob("*") if "staging" in p.name], "a staging folder was left behind"
 
 
 def _row(policy: str, rate: float | None, **metrics: float) -> dict:  # type: ignore[type-arg]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from headway._files import write_atomic
 from headway._help import HelpFormatter, describe_error, nonempty
 
 if TYPE_CHECKING:
@@ -403,7 +404,7 @@ def _calibrate_from_timings(args: argparse.Namespace) -> int:
     print(table)
     if args.table is not None:
         args.table.parent.mkdir(parents=True, exist_ok=True)
-        args.table.write_text(table + "\n" + summary.replace("\n", "\n\n") + "\n")
+        write_atomic(args.table, table + "\n" + summary.replace("\n", "\n\n") + "\n")
     path = save_preset(fit.model, meta, args.preset_dir)
     print(summary)
     print(f"saved {path}; use: headway simulate --preset {m.name if args.preset_dir is None else path}")
@@ -616,5 +617,5 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
     print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(table)
+        write_atomic(args.out, table)
     return 0

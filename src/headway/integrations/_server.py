@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -21,6 +20,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from headway._proc import start_group, stop_group
 
 __all__ = [
     "VllmServer",
@@ -34,6 +35,8 @@ __all__ = [
 ]
 
 SCHEDULER_CLS = "headway.integrations.vllm.HeadwayScheduler"
+_STARTING_GRACE_S = 5.0
+"""Seconds a server interrupted before it is healthy gets to exit on SIGTERM before SIGKILL."""
 
 
 class VllmUnavailable(RuntimeError):
@@ -140,6 +143,7 @@ def start_vllm_server(
     env: Mapping[str, str] | None = None,
     cpus: str | None = None,
     enable_prefix_caching: bool | None = False,
+    stop_grace_s: float = 30.0,
 ) -> Iterator[VllmServer]:
     """Run ``python -m vllm.entrypoints.openai.api_server``; yields the running server.
 
@@ -150,8 +154,12 @@ def start_vllm_server(
     ``--no-enable-prefix-caching`` (False, the default here: tests and benchmarks that replay the
     same random prompts twice compare runs without cache hits) or neither flag (None: vLLM's
     default, on). ``cpus``: see :func:`engine_cpus` (on a small machine vLLM is confined
-    to all CPUs but one). Raises :class:`VllmUnavailable` when the env or model is missing and
-    RuntimeError (with the log's tail) when the server does not come up.
+    to all CPUs but one). On exit (Ctrl-C and SIGTERM included, under
+    :func:`headway._proc.run_interruptible`) the server's whole process group gets SIGTERM and, after
+    ``stop_grace_s`` (5 s while it is still starting) or at a second Ctrl-C, SIGKILL
+    (:func:`headway._proc.stop_group`): its EngineCore does not outlive it. Raises
+    :class:`VllmUnavailable` when the env or model is missing and RuntimeError (with the log's tail)
+    when the server does not come up.
     """
     dpy, dmodel = default_vllm_paths()
     python = python or dpy
@@ -178,7 +186,6 @@ def start_vllm_server(
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (src, child_env.get("PYTHONPATH", "")) if p)
     child_env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     child_env.update(env or {})
-    log: IO[bytes] | int = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
     pin = engine_cpus(cpus)
     if pin is not None and hasattr(os, "sched_setaffinity"):
         available = os.sched_getaffinity(0)
@@ -188,15 +195,16 @@ def start_vllm_server(
                 f"HEADWAY_VLLM_CPUS={chosen!r} names none of the CPUs this process may use ({sorted(available)})"
             )
         pin = pin & available or None  # the built-in default outside this process's CPUs: no pinning
-    proc = subprocess.Popen(
-        cmd,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=child_env,
-        start_new_session=True,
-        preexec_fn=(lambda: os.sched_setaffinity(0, pin)) if pin else None,
-    )
+    log: IO[bytes] | int = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        # its own process group: the API server, its EngineCore and the EngineCore's helpers end together
+        proc = start_group(cmd, cpus=pin, stdout=log, stderr=subprocess.STDOUT, env=child_env)
+    except BaseException:
+        if not isinstance(log, int):
+            log.close()
+        raise
     server = VllmServer(f"http://127.0.0.1:{port}", served_model_name, proc.pid, log_path)
+    up = False
     try:
         deadline = time.monotonic() + startup_timeout_s
         while not _healthy(server.url):
@@ -205,18 +213,15 @@ def start_vllm_server(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"vLLM not healthy after {startup_timeout_s:g} s:\n{server.log_tail()}")
             time.sleep(0.5)
+        up = True
         yield server
     finally:
-        proc.terminate()
+        # SIGTERM to the whole group, then SIGKILL to what is left after the grace period (a second
+        # Ctrl-C: at once). A server still starting gets 5 s, as vLLM gives its engine cores: vLLM
+        # 0.32's API server catches SIGTERM then but does not act on it until its EngineCore is up
+        # (interrupted 20 s into its start, it was still running 30 s later)
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            # the API server did not exit: end its whole session (it started it: start_new_session)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        # leftovers of the session it started (an engine core outliving its API server)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        if not isinstance(log, int):
-            log.close()
+            stop_group(proc, grace_s=stop_grace_s if up else min(stop_grace_s, _STARTING_GRACE_S))
+        finally:
+            if not isinstance(log, int):
+                log.close()

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from headway._files import replacing, write_atomic
 from headway.core import Request
 from headway.metrics._slo import SLO
 from headway.metrics._summary import _STAT_FIELDS, REQUEST_COLUMNS, Cell, GroupSummary, RunSummary, request_rows
@@ -141,7 +142,7 @@ def _cell(value: Cell) -> str:
 def _write_csv(path: str | Path, columns: tuple[str, ...], rows: Iterable[Mapping[str, Cell]]) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="", encoding="utf-8") as fh:
+    with replacing(out, "w", newline="", encoding="utf-8") as fh:  # whole or not at all
         writer = csv.writer(fh, lineterminator="\n")
         writer.writerow(columns)
         for row in rows:
@@ -280,7 +281,7 @@ def write_json(
         doc["meta"] = dict(meta)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    write_atomic(out, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     return out
 
 

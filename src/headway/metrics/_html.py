@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from headway._files import write_atomic
 from headway._optional import available
 from headway.core import Request
 from headway.metrics._plots import (
@@ -262,5 +263,5 @@ def write_html_report(
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"
     text = render_html(runs, title=title, notes=notes, baseline=baseline, images=render_figures(runs, timeline))
-    path.write_text(text, encoding="utf-8")
+    write_atomic(path, text)
     return path

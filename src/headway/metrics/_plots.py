@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from headway._files import write_atomic
 from headway._optional import require
 from headway.core import PAPER_POLICIES, Request, RequestState
 from headway.metrics._summary import RunSummary
@@ -290,5 +291,5 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: int = 100) -> Path:
     """Write ``fig`` as a PNG file and return its path."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(figure_png(fig, dpi=dpi))
+    write_atomic(out, figure_png(fig, dpi=dpi))
     return out

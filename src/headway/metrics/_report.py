@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from headway._files import staged_dir
 from headway.core import Request
 from headway.metrics._export import (
     unique_filenames,
@@ -95,27 +96,28 @@ def write_report(
     summaries = {name: s for name, (s, _) in runs.items()}
     note_lines = [notes] if isinstance(notes, str) else list(notes or ())
     meta = {k: v for k, v in (("command", command), ("notes", note_lines)) if v}
-    summary_json = write_json(out / "summary.json", summaries, replicas=replicas, meta=meta)
-    summary_csv = write_summary_csv(out / "summary.csv", summaries)
-    groups_csv = write_groups_csv(out / "groups.csv", summaries)
     stems = unique_filenames(runs)
-    requests_csv = {
-        name: write_requests_csv(out / f"requests_{stems[name]}.csv", reqs, slo=s.slo)
-        for name, (s, reqs) in runs.items()
-    }
     images = render_figures(runs, timeline)
-    figures: dict[str, Path] = {}
-    for key, png in images.items():
-        path = out / f"{key}.png"
-        path.write_bytes(png)
-        figures[key] = path
+    # every file is written to a staging folder first and moved into place once all are: an interrupted
+    # run leaves an earlier report in the folder whole (not new summaries beside an old per-run CSV)
+    with staged_dir(out) as stage:
+        write_json(stage / "summary.json", summaries, replicas=replicas, meta=meta)
+        write_summary_csv(stage / "summary.csv", summaries)
+        write_groups_csv(stage / "groups.csv", summaries)
+        for name, (s, reqs) in runs.items():
+            write_requests_csv(stage / f"requests_{stems[name]}.csv", reqs, slo=s.slo)
+        for key, png in images.items():
+            (stage / f"{key}.png").write_bytes(png)
+        (stage / "report.html").write_text(
+            render_html(runs, title=title, notes=notes, baseline=baseline, images=images, replicas=replicas),
+            encoding="utf-8",
+        )
+    summary_json, summary_csv, groups_csv = out / "summary.json", out / "summary.csv", out / "groups.csv"
+    requests_csv = {name: out / f"requests_{stems[name]}.csv" for name in runs}
+    figures = {key: out / f"{key}.png" for key in images}
+    html_path = out / "report.html"
     for stale in _stale_files(out, set(requests_csv.values()) | set(figures.values())):
         stale.unlink()  # an earlier report's own files in the same folder would read as this run's
-    html_path = out / "report.html"
-    html_path.write_text(
-        render_html(runs, title=title, notes=notes, baseline=baseline, images=images, replicas=replicas),
-        encoding="utf-8",
-    )
     return ReportPaths(
         out_dir=out,
         summary_json=summary_json,

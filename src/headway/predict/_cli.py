@@ -14,7 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from headway._files import write_atomic
 from headway._help import HelpFormatter, fail, name_flags, nonempty
+from headway._proc import run_interruptible
 from headway.predict._cli_common import _check_table_out, _command_line, _packed_predictor, _say
 from headway.predict._cli_crosssource import add_cross_source_parser
 from headway.predict._cli_finetune import add_finetune_parser
@@ -322,7 +324,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+        write_atomic(args.out, text)
         print(f"wrote {args.out}")
     return 0
 
@@ -498,10 +500,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list[:1] == ["predictor"]:
         args_list = args_list[1:]
     args = add_predictor_parser(_Standalone()).parse_args(args_list)
-    try:
-        return int(args.func(args))
-    except ValueError as exc:
-        return fail(str(exc))
-    except KeyboardInterrupt:
-        print("headway: interrupted", file=sys.stderr)
-        return 130
+
+    def run() -> int:
+        try:
+            return int(args.func(args))
+        except ValueError as exc:
+            return fail(str(exc))
+
+    # Ctrl-C: one line and 130; SIGTERM unwinds the same way, then ends the process by the signal
+    return run_interruptible(run, "headway")

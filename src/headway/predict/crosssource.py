@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
+from headway._files import write_atomic
 from headway.predict._errors import DataError
 from headway.predict.data import _resolve_data_dir, load_dataset, normalized_prompt, prompt_key
 from headway.predict.head import RidgeHead, feature_matrix, fit_ridge, rank_targets
@@ -560,7 +561,7 @@ def _head_scorer(
 def write_result(result: CrossSourceResult, path: str | Path, chosen: str | None = None) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(result.to_markdown(chosen))
+    write_atomic(p, result.to_markdown(chosen))
     return p
 
 

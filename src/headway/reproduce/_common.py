@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from headway._files import write_atomic
 from headway.core import Request, RequestState
 from headway.reproduce._claims import ClaimRow
 from headway.sim import CacheConfig, SchedulerConfig, SimResult, simulate
@@ -144,7 +146,9 @@ def save_figure(out_dir: Path, fname: str, draw: Callable[[Any], None], size: tu
     try:
         draw(fig)
         fig.tight_layout()
-        fig.savefig(out_dir / fname, dpi=110)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110)
+        write_atomic(out_dir / fname, buf.getvalue())
     finally:
         plt.close(fig)
     return fname

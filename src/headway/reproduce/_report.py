@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from headway._files import write_atomic
 from headway.reproduce._claims import ClaimRow, Verdict
 from headway.reproduce._common import REPORT_PREFIX, Experiment
 
@@ -86,5 +87,5 @@ def write_report(exp: Experiment, out_dir: Path, command: str) -> Path:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in exp.notes]
     lines += ["", f"Simulated in {exp.wall_time:.0f} s wall time.", ""]
     path = report_path(out_dir, exp.name)
-    path.write_text("\n".join(lines))
+    write_atomic(path, "\n".join(lines))
     return path

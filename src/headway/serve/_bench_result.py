@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from headway._files import write_atomic
 from headway.core import Request, RequestState
 from headway.serve._bench import SCHEDULED_KEY, USAGE_PROMPT_TOKENS_KEY
 
@@ -220,4 +221,4 @@ def write_result(path: Path, result: dict[str, Any]) -> None:
     def clean(v: Any) -> Any:
         return None if isinstance(v, float) and not math.isfinite(v) else v
 
-    path.write_text(json.dumps({k: clean(v) for k, v in result.items()}, indent=2) + "\n")
+    write_atomic(path, json.dumps({k: clean(v) for k, v in result.items()}, indent=2) + "\n")

@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headway._files import write_atomic
 from headway._help import unwritable
 from headway._optional import require
 from headway.sim._config import CacheConfig, SchedulerConfig
@@ -155,7 +156,7 @@ def save_preset(model: CostModel, meta: Mapping[str, Any] | None = None, directo
     path.parent.mkdir(parents=True, exist_ok=True)
     model.save(path)
     if meta is not None:
-        path.with_name(f"{model.name}.calibration.json").write_text(json.dumps(dict(meta), indent=2) + "\n")
+        write_atomic(path.with_name(f"{model.name}.calibration.json"), json.dumps(dict(meta), indent=2) + "\n")
     return path
 
 

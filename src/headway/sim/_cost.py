@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from headway._files import write_atomic
 from headway._optional import require
 
 __all__ = [
@@ -236,7 +237,7 @@ class CostModel:
 
     def save(self, path: str | Path) -> None:
         """Write the model as JSON (loadable by :func:`load_preset` with the path)."""
-        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+        write_atomic(path, json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
     def from_json(cls, path: str | Path, *, name: str | None = None) -> CostModel:

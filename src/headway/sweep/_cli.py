@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from headway._files import staged_dir
 from headway._help import CLIError, HelpFormatter, default_out_dir, nonempty, prepare_out_dir
 from headway._optional import available
 from headway.sweep._grid import load_grid
@@ -106,16 +107,27 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 def _keep_finished(console: Any, out: Path, finished: Sequence[TaskResult], total: int) -> None:
     """The report of an interrupted sweep: the ``finished`` tasks alone (in grid order), with
-    ``"complete": false`` in results.json, and a line saying so."""
+    ``"complete": false`` in results.json, and a line saying so. Where ``out`` holds a complete
+    report already (an earlier run's), this one goes to ``out/interrupted`` instead of replacing it."""
     if not finished:
         console.print(f"[yellow]interrupted before any of the {total} tasks finished: no report[/]")
         return
+    where = out / "interrupted" if _complete_report(out) else out
     done = sorted(finished, key=lambda r: r.task.index)
-    paths = write_sweep_report(out, done, aggregate(done), total=total)
+    paths = write_sweep_report(where, done, aggregate(done), total=total)
+    kept = f" (the complete report already in {out} is kept)" if where != out else ""
     console.print(
         f"[yellow]interrupted: {len(done)} of {total} tasks finished; their report (partial: results.json "
-        f'has "complete": false) is in {paths[0].parent}[/]'
+        f'has "complete": false) is in {paths[0].parent}{kept}[/]'
     )
+
+
+def _complete_report(out: Path) -> bool:
+    """Whether ``out/results.json`` is a complete sweep's report."""
+    try:
+        return json.loads((out / "results.json").read_text()).get("complete") is True
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _noisy_oracle_note(grid: Any) -> str | None:
@@ -270,19 +282,6 @@ def write_sweep_report(
     ``capacity`` (:func:`headway.sweep.max_rates`) capacity.csv and results.json's ``"capacity"``.
     ``total``: the grid's number of tasks, when ``results`` holds fewer (an interrupted sweep):
     results.json then says ``"complete": false`` and counts both."""
-    out.mkdir(parents=True, exist_ok=True)
-    per_task = out / "results.csv"
-    with per_task.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["policy", "workload", "rate", "seed", "preset", "error", *METRIC_NAMES])
-        writer.writeheader()
-        for r in results:
-            writer.writerow(r.row())
-    agg = out / "aggregate.csv"
-    with agg.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["policy"])
-        writer.writeheader()
-        writer.writerows(rows)
-    js = out / "results.json"
     total = len(results) if total is None else total
     doc = {
         "complete": len(results) == total,
@@ -291,21 +290,36 @@ def write_sweep_report(
         "tasks": [r.row() for r in results],
         "aggregate": list(rows),
     }
-    paths = [per_task, agg, js]
     if capacity:
         doc["capacity"] = list(capacity)
-        cap = out / "capacity.csv"
-        with cap.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(capacity[0]))
+    # written to a staging folder and moved into place once all are: an interrupt while writing leaves
+    # the folder's earlier report whole
+    with staged_dir(out) as stage:
+        with (stage / "results.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(
+                f, fieldnames=["policy", "workload", "rate", "seed", "preset", "error", *METRIC_NAMES]
+            )
             writer.writeheader()
-            writer.writerows(capacity)
-        paths.append(cap)
+            for r in results:
+                writer.writerow(r.row())
+        with (stage / "aggregate.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["policy"])
+            writer.writeheader()
+            writer.writerows(rows)
+        if capacity:
+            with (stage / "capacity.csv").open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(capacity[0]))
+                writer.writeheader()
+                writer.writerows(capacity)
+        (stage / "results.json").write_text(json.dumps(doc, indent=1, default=lambda v: None))
+        png = _plot_curves(stage / "curves.png", rows)
+    paths = [out / "results.csv", out / "aggregate.csv", out / "results.json"]
+    if capacity:
+        paths.append(out / "capacity.csv")
     else:  # not an earlier sweep's, left in the same folder
         (out / "capacity.csv").unlink(missing_ok=True)
-    js.write_text(json.dumps(doc, indent=1, default=lambda v: None))
-    png = _plot_curves(out / "curves.png", rows)
     if png is not None:
-        paths.append(png)
+        paths.append(out / "curves.png")
     return paths
 
 

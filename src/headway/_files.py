@@ -1,0 +1,78 @@
+"""Result files written whole or not at all.
+
+A file is written under a temporary name beside it and renamed over its path once complete
+(``os.replace``, atomic on one file system). A run interrupted while writing (Ctrl-C, SIGTERM, an
+error) leaves the file as it was before, an earlier good result included, never cut off mid-row;
+the temporary file is removed. A report of several files (:func:`staged_dir`) is written into a
+temporary folder and moved into place file by file only once all of them are written, with Ctrl-C
+and SIGTERM held back meanwhile, so an interrupted run leaves the earlier report whole, not a mix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["replacing", "staged_dir", "write_atomic"]
+
+
+@contextlib.contextmanager
+def replacing(path: str | Path, mode: str = "w", **open_kwargs: Any) -> Iterator[IO[Any]]:
+    """``open(path, mode)`` for writing a whole file: the data goes to ``.NAME.PID.tmp`` in the same
+    folder, renamed to ``path`` when the block ends without an exception and removed when it does
+    not (KeyboardInterrupt included). ``mode``: ``"w"`` or ``"wb"``. The folder must exist."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"replacing() writes whole files: mode 'w' or 'wb', not {mode!r}")
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, mode, **open_kwargs) as fh:
+            yield fh
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def write_atomic(path: str | Path, data: str | bytes, *, encoding: str = "utf-8") -> Path:
+    """Write ``data`` (text or bytes) to ``path`` whole or not at all (:func:`replacing`)."""
+    if isinstance(data, bytes):
+        with replacing(path, "wb") as fh:
+            fh.write(data)
+    else:
+        with replacing(path, "w", encoding=encoding) as fh:
+            fh.write(data)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def staged_dir(out: str | Path) -> Iterator[Path]:
+    """A temporary folder inside ``out`` (created) to write a report's files into. When the block ends
+    without an exception they are moved into ``out``, each replacing its namesake there, with SIGINT
+    and SIGTERM blocked for the moves (in the main thread: a signal then comes once all are in place);
+    the temporary folder is removed either way. Only the folder's top-level files are moved."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    stage = folder / f".staging.{os.getpid()}.tmp"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    try:
+        yield stage
+        files = sorted(p for p in stage.iterdir() if p.is_file())
+        hold = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask")
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if hold else None
+        try:
+            for f in files:
+                os.replace(f, folder / f.name)
+        finally:
+            if before is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
