@@ -193,6 +193,7 @@ def sim_outcome(
     rejected: dict[str, str] | None = None,
     *,
     async_scheduling: bool | None = None,
+    policy_kwargs: dict[str, Any] | None = None,
 ) -> Outcome:
     """Per request: (first scheduled step, finishing step or -1 if its client aborted it,
     preemptions) in the simulator, a request aborted before it was scheduled left out (vLLM's
@@ -203,7 +204,8 @@ def sim_outcome(
     ``arrivals``: each request's arrival time instead, on the clock of :func:`sync_outcome`, or with
     async scheduling (the default when ``arrivals`` are given) of :func:`async_outcome`.
     ``rejected``, if given, receives the requests the API server's limits (``max_num_queued_reqs``,
-    ``max_num_queued_tokens``) turned away, with the limit, as vLLM names it."""
+    ``max_num_queued_tokens``) turned away, with the limit, as vLLM names it. A request's
+    ``score``, if any, is its length score; ``policy_kwargs``: the policy's arguments."""
     bs = scenario["block_size"]
     hb = scenario.get("hash_block_size", bs)
     model_len = int(scenario.get("max_model_len", MAX_MODEL_LEN))
@@ -211,14 +213,14 @@ def sim_outcome(
         RequestSpec(
             r["id"], arrivals[r["id"]] if arrivals else float(r["arrive"]), len(r["prompt"]),
             r.get("stop_at") or r["max_tokens"], max_tokens=r["max_tokens"],
-            priority=r["priority"],
+            priority=r["priority"], score=r.get("score"),
             block_hashes=block_hashes(r["prompt"], hb), hash_block_size=hb,
             timeout=_timeout(r, arrivals),
         )
         for r in scenario["requests"]
     ]  # fmt: skip
     res = simulate(
-        Workload.from_specs("scenario", specs), scenario["policy"], preset=UNIT_STEP,
+        Workload.from_specs("scenario", specs), scenario["policy"], preset=UNIT_STEP, policy_kwargs=policy_kwargs,
         scheduler=SchedulerConfig(
             max_num_batched_tokens=scenario["max_num_batched_tokens"], max_num_seqs=scenario["max_num_seqs"],
             # vLLM's max_model_len where its cache could hold it (the harness builds vLLM's scheduler

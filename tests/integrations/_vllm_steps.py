@@ -124,6 +124,41 @@ class Frontend:
         return True
 
 
+class StepClock:
+    """The clock of ``sync_outcome`` / ``async_outcome`` (``_stepdiff.py``), kept as the harness runs:
+    a batch takes one second and a ``schedule()`` that runs nothing none (the synchronous harness's
+    idle calls, which admit arrivals, one). With a scenario's ``"clock": "steps"`` the requests'
+    ``arrival_time`` and headway's policy clock are read off it, so a policy whose keys read times
+    (UniBoost's arrival times, LTR's step times) sees the times the simulator sees."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.now = 0.0
+        self.last_end = 0.0
+        self.ends: list[float] = []  # async: the batches in flight's end times, oldest first
+
+    def arrival(self) -> float:
+        return self.now + (1e-7 if self.ends else 0.0)
+
+    def scheduled(self, ran: bool, preempted: bool, event: bool) -> None:
+        """After a ``schedule()`` (``ran``: it scheduled tokens), or an idle step (neither)."""
+        if self.depth == 1:
+            if ran or not preempted:
+                self.ends = [self.now + 1.0]
+            return
+        if ran:
+            start = max(self.now, self.last_end)
+            self.last_end = start + 1.0
+            self.ends.append(self.last_end)
+        elif event and not self.ends:
+            self.now += 1e-6  # an idle engine that scheduled nothing: what is added next comes after
+
+    def output(self) -> None:
+        """A batch's output is processed: the clock is at its end."""
+        if self.ends:
+            self.now = self.ends.pop(0)
+
+
 class Harness:
     def __init__(self, model_dir: str) -> None:
         self.model_dir = model_dir
@@ -199,12 +234,20 @@ class Harness:
         limits = sc.get("max_num_queued_reqs") is not None or sc.get("max_num_queued_tokens") is not None
         front = Frontend(sc) if limits else None
         unseen: list[Any] = []  # outputs the front end has not processed yet
+        clock = StepClock(depth) if sc.get("clock") == "steps" else None
+        if clock is not None and getattr(sched, "headway", None) is not None:
+            sched.headway.epoch = 0.0
+            sched.headway._clock = lambda: clock.now
         for step in range(MAX_STEPS):
             for r in by_step.get(step, ()):
+                extra = {"headway_score": float(r["score"])} if r.get("score") is not None else None
                 params = SamplingParams(
-                    max_tokens=int(r["max_tokens"]), ignore_eos=True, stop_token_ids=[STOP], detokenize=False
-                )
+                    max_tokens=int(r["max_tokens"]), ignore_eos=True, stop_token_ids=[STOP], detokenize=False,
+                    extra_args=extra,
+                )  # fmt: skip
                 rid, arrival, prio = str(r["id"]), t0 + int(r["seq"]) * 1e-3, int(r.get("priority", 0))
+                if clock is not None:
+                    arrival = clock.arrival()
                 if front is not None and not front.admit(rid, list(r["prompt"]), params, arrival, prio):
                     continue
                 sched.add_request(
@@ -224,7 +267,7 @@ class Harness:
                         front.output_processor.abort_requests([rid], internal=True)
             if not sched.has_requests() and not in_flight and step > last_event:
                 break
-            scheduled = False
+            scheduled = preempted = False
             if sched.has_requests():
                 out = sched.schedule()
                 reqs = sched.requests
@@ -238,6 +281,7 @@ class Harness:
                     "finished": [],
                 }
                 steps.append(rec)
+                preempted = bool(rec["preempted"])
                 if out.total_num_scheduled_tokens > 0:
                     scheduled = True
                     chunk = {rid: bool(reqs[rid].is_prefill_chunk) for rid in out.num_scheduled_tokens}
@@ -246,10 +290,16 @@ class Harness:
                 # async: the clock moves on with a batch that starts, or past an idle engine's events
                 front.output_processor.process_outputs(unseen)
                 unseen = []
+            if clock is not None:
+                clock.scheduled(scheduled, preempted, step in events)
             if scheduled and len(in_flight) < depth:
                 continue
             if not in_flight:
+                if clock is not None and depth == 1:
+                    clock.output()  # an idle step (or one that only preempted: no time)
                 continue
+            if clock is not None:
+                clock.output()
             out, chunk, rec = in_flight.pop()
             for eco in sched.update_from_output(out, runner_output(out, chunk, sampled)).values():
                 if front is not None:

@@ -184,6 +184,25 @@ class PolicyQueue:
     def __bool__(self) -> bool:
         return bool(self._live)
 
+    def keyed(self) -> Iterator[tuple[Request, PolicyKey]]:
+        """Queued requests with their cached keys, in policy order, lazily: the first costs O(n)
+        (a copy of the heap), each next one O(log n); the queue must not change meanwhile."""
+        live, heap, run = self._live, list(self._heap), self._run
+        i = 0
+        while True:
+            while heap and live.get(heap[0][3]) != heap[0][2]:
+                heapq.heappop(heap)
+            while i < len(run) and live.get(run[i][3]) != run[i][2]:
+                i += 1
+            if heap and (i >= len(run) or heap[0] < run[i]):
+                entry = heapq.heappop(heap)
+            elif i < len(run):
+                entry = run[i]
+                i += 1
+            else:
+                return
+            yield entry[3], entry[0]
+
     def __iter__(self) -> Iterator[Request]:
         """Queued requests in policy order (O(n log n); for inspection, not hot paths)."""
         live = self._live

@@ -31,6 +31,7 @@ class Preemption(KVBlocks):
     _async: bool  # the replica's SchedulerConfig.async_scheduling
     _leave: Callable[[Seq], None]  # the replica's: a finished request gives back its blocks and slot
     _held: list[tuple[float, Request]]  # async scheduling: arrived while a step ran, not yet waiting
+    _stale: list[Request]  # async scheduling: displaced with a token in flight, skipped by this plan
     on_done: Callable[[Request], None] | None  # the simulator's: a request finished or was aborted
     api: ApiServerLimits | None  # vLLM's API server's admission limits, if any is set
 
@@ -180,6 +181,17 @@ class Preemption(KVBlocks):
             self._preempt(s, now, scheduled)
         else:
             self._pause(s, now)
+        return freed
+
+    def _displace_victim(self, s: Seq, evict: bool, now: float) -> int:
+        """:meth:`_take_victim` for a displacement. With async scheduling a running request evicted
+        for a waiting one has its token of the step in flight still to come, and vLLM's admission
+        skips a preempted request with output in flight (``num_stale_output_tokens``) for the rest
+        of that plan, without stopping at it: it waits aside until the plan is made."""
+        stale = self._async and evict and s not in self.paused and s not in self._finishing
+        freed = self._take_victim(s, evict, now)
+        if stale and self.waiting.remove(s.req):
+            self._stale.append(s.req)
         return freed
 
     def _sync_now(self, s: Seq) -> None:
@@ -342,7 +354,7 @@ class Preemption(KVBlocks):
                     found = held
             if found is None:
                 break
-            budget += self._take_victim(found[0], short == BLOCKS, now)
+            budget += self._displace_victim(found[0], short == BLOCKS, now)
         return budget
 
     def _displace_scan(self, now: float, budget: int) -> int:
@@ -377,5 +389,5 @@ class Preemption(KVBlocks):
                 break
             worst = max(pool, key=pool.__getitem__)
             keys.pop(worst, None)  # (a paused victim has no running key)
-            budget += self._take_victim(self.seqs[worst], short == BLOCKS, now)
+            budget += self._displace_victim(self.seqs[worst], short == BLOCKS, now)
         return budget

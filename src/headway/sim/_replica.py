@@ -206,6 +206,7 @@ class Replica(Preemption):
         # async scheduling: what the step being planned cannot see yet (released once it is planned)
         self._finishing: list[Seq] = []  # finished in the step that just ended: slot and blocks still held
         self._held: list[tuple[float, Request]] = []  # (time, request) arrived while a step ran: not yet waiting
+        self._stale: list[Request] = []  # displaced with a token in flight: skipped by this plan's admission
         self._step_began = 0.0  # when the step that just ended started
         self.g = 0  # decode steps run so far (the lazy counters' clock)
         self.hist = [0] * self.bs  # decoders per block-boundary phase
@@ -484,6 +485,10 @@ class Replica(Preemption):
                     )
             self._register_prefills()
             self._admit(now, budget)
+            if self._stale:  # back in the queue for the next plan (vLLM re-queues the requests it skipped)
+                for req in self._stale:
+                    self.waiting.add(req, now)
+                self._stale.clear()
 
     def _plan_after_stop(self, budget: int) -> int:
         """Async scheduling: a request that stopped on its own (EOS), not at ``max_tokens`` or the

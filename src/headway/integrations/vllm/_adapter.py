@@ -8,7 +8,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState, Tier
@@ -525,16 +525,18 @@ class PolicyAdapter(PromptScoring):
             return cand
         return _RESCAN
 
-    def displacement_victim(self, queue: HeadwayRequestQueue, running: Sequence[Any]) -> Any | None:
-        """For preemptive policies: the running request that ``queue``'s head should displace.
+    def displacement_victim(
+        self, queue: HeadwayRequestQueue, running: Sequence[Any], candidate: tuple[Request, PolicyKey] | None = None
+    ) -> Any | None:
+        """For preemptive policies: the running request that ``queue``'s head (or ``candidate``, a
+        waiting request further back and its key, from :meth:`waiting_in_order`) should displace.
 
         The worst-keyed running request that ``can_preempt`` allows, if its key is larger
         than the head's; None otherwise.
         """
         t0 = time.perf_counter()
         try:
-            head = queue._pq.peek()
-            head_key = queue._pq.peek_key()
+            head, head_key = candidate if candidate is not None else (queue._pq.peek(), queue._pq.peek_key())
             if head is None or head_key is None:
                 return None
             sig = (head.seq, head_key, self._running_version, self.policy.key_epoch, len(running))
@@ -567,6 +569,16 @@ class PolicyAdapter(PromptScoring):
             return worst
         finally:
             self.policy_time += time.perf_counter() - t0
+
+    def waiting_in_order(self, queue: HeadwayRequestQueue) -> Iterator[tuple[Any, tuple[Request, PolicyKey] | None]]:
+        """``queue``'s requests in the order vLLM will take them (those put back at its front
+        first), each engine request with its headway request and key (None for one at the front:
+        vLLM's FCFS deque, whose policy displaces nobody)."""
+        engine = self.engine
+        for h in queue._front:
+            yield engine[h], None
+        for h, key in queue._pq.keyed():
+            yield engine[h], (h, key)
 
 
 def _displacement_mode(policy: Policy) -> str:

@@ -361,27 +361,108 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 return bool(free <= bound)
 
             def _hw_displace(self) -> None:
-                """``evict`` displacement (SGLang's retract): a better-keyed waiting head that has a
-                sequence slot but no KV blocks evicts the worst-keyed running request ``can_preempt``
-                allows. A full batch (no slot) displaces nobody: vLLM's decision."""
+                """``evict`` displacement (SGLang's retract), as the simulator's: the waiting requests
+                in the order vLLM's admission takes them, each one that has a sequence slot and
+                budget but not the KV blocks vLLM's admission asks of it evicting the worst-keyed
+                running request that is keyed worse than it (``can_preempt`` allowing) until it
+                fits. A request that fits is counted as admitted (its slot, tokens and blocks) and
+                the next one checked. A full batch or token budget displaces nobody (vLLM's
+                decision), nor does a step whose running requests are short of blocks themselves
+                (vLLM's own preemption, after which it admits nobody). The blocks are counted as
+                vLLM's ``schedule()`` will take them (:meth:`_hw_free_after_running`,
+                :meth:`_hw_admission_blocks`)."""
                 a = self.headway
                 if self.kv_holding_waiting or not self.waiting:
                     return
-                waiting = self.waiting
-                for _ in range(len(self.running)):
-                    if len(self.running) >= self.max_num_active_reqs:
-                        return
-                    head = waiting.peek_request()
-                    need = -(-max(head.num_tokens - head.num_computed_tokens, 1) // self.block_size)
-                    free = self.kv_cache_manager.block_pool.get_num_free_blocks()
-                    if free - len(self.running) >= need:
-                        return
-                    victim = a.displacement_victim(waiting, self.running)
-                    if victim is None:
-                        return
-                    self.running.remove(victim)
-                    self._preempt_request(victim, time.monotonic())
-                    a.num_displaced += 1
+                waiting, running = self.waiting, self.running
+                free, budget = self._hw_free_after_running()
+                if free < 0:
+                    return
+                admitted = blocks = tokens = 0  # what the requests counted as admitted take
+                for req, cand in a.waiting_in_order(waiting):
+                    while True:
+                        if budget <= 0 or len(running) + admitted >= self.max_num_active_reqs:
+                            return
+                        need, chunk = self._hw_admission_blocks(req, budget, bool(running) or admitted > 0)
+                        if chunk == 0:
+                            return  # the budget, not blocks, stops it
+                        if need <= free:
+                            free, budget = free - need, budget - chunk
+                            admitted, blocks, tokens = admitted + 1, blocks + need, tokens + chunk
+                            break
+                        victim = a.displacement_victim(waiting, running, cand) if cand is not None else None
+                        if victim is None:
+                            return
+                        running.remove(victim)
+                        self._preempt_request(victim, time.monotonic())
+                        a.num_displaced += 1
+                        free, budget = self._hw_free_after_running()
+                        free, budget = free - blocks, budget - tokens
+
+            def _hw_free_after_running(self) -> tuple[int, int]:
+                """The free KV blocks and token budget left once vLLM's running loop has scheduled
+                every running request (its tokens this step, in running-list order, and the blocks
+                they fill past those each holds)."""
+                kvm, bs = self.kv_cache_manager, self.block_size
+                budget = self.max_num_scheduled_tokens
+                cap = self._hw_prefill_cap()
+                taken = 0
+                for r in self.running:
+                    if budget <= 0:
+                        break
+                    placeholders = r.num_output_placeholders
+                    if placeholders > 0 and (
+                        r.num_computed_tokens + 2 - placeholders >= r.num_prompt_tokens + r.max_tokens
+                    ):
+                        continue  # (async: its last token is in flight; vLLM skips it)
+                    n = r.num_tokens_with_spec + placeholders - r.num_computed_tokens
+                    if 0 < cap < n:
+                        n = cap
+                    n = min(n, budget, self.max_model_len - r.num_computed_tokens - self.num_sampled_tokens_per_step)
+                    if n <= 0:
+                        continue
+                    held = len(kvm.get_block_ids(r.request_id)[0])
+                    taken += max(0, -(-(r.num_computed_tokens + n + self.num_lookahead_tokens) // bs) - held)
+                    budget -= n
+                return kvm.block_pool.get_num_free_blocks() - taken, budget
+
+            def _hw_prefill_cap(self) -> int:
+                """vLLM's ``long_prefill_token_threshold`` for this step (adaptive or not)."""
+                sc = self.scheduler_config
+                eligible = len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
+                cap = int(sc.long_prefill_token_threshold or 0) if eligible > 1 else 0
+                if cap > 0 and getattr(self, "adaptive_long_prefill_threshold", False):
+                    cap = max(cap, int(sc.max_num_batched_tokens) // eligible)
+                return cap
+
+            def _hw_admission_blocks(self, req: Any, budget: int, others: bool) -> tuple[int, int]:
+                """The free KV blocks vLLM's admission asks of waiting request ``req`` with ``budget``
+                tokens left, and the tokens it would schedule (0: the budget, not blocks, stops it):
+                blocks for its whole sequence (``scheduler_reserve_full_isl``) or its first chunk,
+                less its prefix-cache hit (a hit block in the free queue counts: it leaves it), plus
+                the watermark while ``others`` are scheduled."""
+                kvm, bs = self.kv_cache_manager, self.block_size
+                computed, hit, touched = req.num_computed_tokens, 0, 0
+                if computed == 0:
+                    found, computed, _ = kvm.get_computed_blocks(req)
+                    group = found.blocks[0] if found.blocks else ()
+                    hit = len(group)
+                    touched = sum(1 for b in group if b.ref_cnt == 0)
+                n = req.num_tokens - computed
+                cap = self._hw_prefill_cap()
+                if 0 < cap < n:
+                    n = cap
+                if n > budget:
+                    if not self.scheduler_config.enable_chunked_prefill:
+                        return 0, 0
+                    n = budget
+                end = computed + n + self.num_lookahead_tokens
+                if self.scheduler_reserve_full_isl:
+                    end = max(end, min(req.num_tokens, self.max_model_len))
+                need = -(-end // bs) - hit + touched
+                if others:
+                    need += kvm.watermark_blocks
+                return need, n
 
             def _hw_rank_victims(self) -> list[tuple[Any, int]]:
                 """Before a step that could run out of KV blocks: give each running request the
