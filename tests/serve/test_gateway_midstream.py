@@ -209,3 +209,31 @@ def test_the_openai_sdk_raises_the_backends_error_for_a_stream_cut_mid_way(
     """)
     done = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "APIError ' t0 t1 t2' the backend closed the stream early", done.stderr[-2000:]
+
+
+def test_a_server_errors_event_before_any_token_is_a_5xx_before_the_200(make_raw_backend, make_stub, make_gateway):
+    """vLLM sends its 200 with a stream's headers, so a request that fails in its engine before any
+    token comes as a stream whose first event is the error. The gateway holds its own 200 until that
+    first event: the request has streamed nothing, so it goes as a 5xx does, to another backend, and
+    after ``max_attempts`` the client gets a 502 (it got a 200 stream holding only the error)."""
+    answer = _event(VLLM_ERROR) + b"data: [DONE]\n\n"
+    url, seen = make_raw_backend("end", answer)
+    gw = make_gateway([url], max_attempts=1)
+    with gw.client() as c:
+        r = c.post("/v1/completions", json=STREAM)
+    assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error", r.text
+    assert "a server error's event before any token (Internal server error)" in r.json()["error"]["message"]
+    assert seen == [1]
+    stub = make_stub()
+    gw = make_gateway([make_raw_backend("end", answer)[0], stub.url], max_attempts=2)
+    with gw.client() as c:
+        for _ in range(2):  # (whichever backend the dispatcher picks first)
+            r = c.post("/v1/completions", json=STREAM)
+            assert r.status_code == 200 and '"error"' not in r.text and r.text.endswith("data: [DONE]\n\n"), r.text
+
+
+def test_a_client_errors_event_before_any_token_is_passed_on(make_raw_backend, make_gateway):
+    # an error of the request itself (code 400): any backend would say the same, so it goes as vLLM sent it
+    error = {"error": {"message": "bad input", "type": "BadRequestError", "param": None, "code": 400}}
+    _, datas = _stream(make_raw_backend, make_gateway, "end", _event(error) + b"data: [DONE]\n\n")
+    assert [json.loads(d) for d in datas[:-1]] == [error] and datas[-1] == "[DONE]"

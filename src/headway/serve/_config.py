@@ -72,8 +72,9 @@ option above says otherwise (``default_max_tokens`` > 0, or else ``max_tokens_li
 ``max_tokens`` to a request that gives none; ``add_stream_usage``
 adds ``stream_options.include_usage`` and hides the extra usage chunk from a client that did not
 ask for it). Without them, a request that gives no ``max_tokens`` is queued as
-``assumed_output_tokens`` long (a predictor's score, when there is one, ranks it) and generation
-stops where the backend's own limit says, exactly as it would without the gateway.
+``assumed_output_tokens`` long (a completions request that leaves the field out: 16, vLLM's default
+there, if lower; a predictor's score, when there is one, ranks it) and generation stops where the
+backend's own limit says, exactly as it would without the gateway.
 
 Admission: by default each backend takes requests while its own ``/metrics`` say it has room
 (nothing waiting beyond ``max_waiting``, KV usage below ``max_kv_usage``), so the gateway never

@@ -53,6 +53,21 @@ def _error_text(data: bytes) -> str:
     return data[:500].decode("utf-8", "replace")
 
 
+def _server_error_event(head: bytes) -> str | None:
+    """The message of a stream's first event when it is a server error's event (vLLM's, when the
+    request failed in its engine before any token: ``{"error": {..., "code": 500}}``); None for a
+    token's event, or a client error's (``code`` under 500: any backend would say the same)."""
+    event = sse_newlines(head)[0].partition(b"\n\n")[0]
+    data = sse_data(event)
+    if not data.startswith(b'{"error"'):
+        return None
+    with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
+        code = json.loads(data)["error"]["code"]
+        if isinstance(code, int) and not isinstance(code, bool) and code < 500:
+            return None
+    return _error_text(data)
+
+
 class Exchange:
     """Queues, forwards, retries and ends admitted requests (one gateway's)."""
 
@@ -373,6 +388,10 @@ class Exchange:
             self.dispatcher.mark_down(backend, self.config.backend_down_s)
             why = "the stream ended" if isinstance(exc, StopAsyncIteration) else f"the stream broke ({exc})"
             return f"{why} before its first event", "lost"
+        if (error := _server_error_event(head)) is not None:
+            # it failed before any token and the client has no 200 yet: as a 5xx, another backend may serve it
+            resp.close()
+            return f"a server error's event before any token ({error})", "failed"
         watch.close()  # StreamingResponse watches for disconnects from here on
         watch.upstream = resp
         return StreamingResponse(

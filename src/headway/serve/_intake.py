@@ -3,7 +3,7 @@
 
 Every refusal is a :class:`Refused` carrying its ``headway_rejections`` reason and the
 OpenAI-style answer: 413 over ``max_body_bytes``, 408 after ``body_timeout_s``, 400 naming the
-field (JSON that does not parse, a non-finite number, a bad value, ``max_tokens`` over
+field (JSON that does not parse, a value of a field the gateway reads that vLLM refuses too, ``max_tokens`` over
 ``max_tokens_limit``, a ``priority`` below the caller's ``min_priority``). A request that gives no
 ``max_tokens`` (nor, in chat, ``max_completion_tokens``) is sent with ``default_max_tokens``, else
 with ``max_tokens_limit`` when one is set.
@@ -25,7 +25,7 @@ from headway.serve._config import GatewayConfig
 from headway.serve._errors import api_error
 from headway.serve._prefix_hash import HASH_BLOCK_TOKENS, prefix_block_hashes
 from headway.serve._tenants import Identity
-from headway.serve._wire import BadRequest, NonFinite, Parsed, loads_json, nonfinite_field, validate_body
+from headway.serve._wire import BadRequest, Parsed, loads_json, validate_body
 
 __all__ = ["SCORED_TOKENS_DEFAULT", "Intake", "Refused"]
 
@@ -104,12 +104,6 @@ class Intake:
         raw = await read_body(request, self.config.max_body_bytes, self.config.body_timeout_s)
         try:
             body = loads_json(raw)
-        except NonFinite as exc:
-            where = nonfinite_field(raw)
-            what = f"'{where}'" if where else "a number in the request body"
-            raise Refused(
-                "invalid", api_error("invalid_value", param=where, detail=f"{what} must be a finite number, got {exc}")
-            ) from None
         except ValueError as exc:
             raise Refused(
                 "invalid", api_error("invalid_json", detail=f"request body is not valid JSON: {exc}")
@@ -159,7 +153,7 @@ class Intake:
             request_id=request_id,
             arrival_time=now,
             num_prompt_tokens=parsed.num_prompt_tokens,
-            max_tokens=parsed.max_tokens or self.assumed_max_tokens,
+            max_tokens=self.queued_max_tokens(parsed),
             tenant_id=ident.tenant,
             tier=ident.tier,
             priority=parsed.priority,
@@ -174,6 +168,16 @@ class Intake:
             req.extra["answers"] = parsed.answers
             req.extra["single_prompt"] = parsed.single_prompt
         return req
+
+    def queued_max_tokens(self, parsed: Parsed) -> int:
+        """The length a request is queued at: its ``max_tokens``; without one, the ``max_tokens`` the
+        gateway adds if it adds one, else vLLM's own default where it has one (a completions
+        request: 16) if below ``assumed_max_tokens``, else ``assumed_max_tokens``."""
+        if parsed.max_tokens is not None:
+            return parsed.max_tokens
+        if not self.added_max_tokens and parsed.implied_max_tokens is not None:
+            return min(parsed.implied_max_tokens, self.assumed_max_tokens)
+        return self.assumed_max_tokens
 
     def payload(self, body: dict[str, Any], raw: bytes, parsed: Parsed, req: Request) -> bytes:
         """What goes upstream: the request as the client sent it, unless a documented option adds

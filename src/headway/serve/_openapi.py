@@ -45,7 +45,12 @@ _MESSAGE = {
             "nullable": True,
             "oneOf": [
                 {"type": "string"},
-                {"type": "array", "items": {"type": "object", "properties": {"text": {"type": "string"}}}},
+                {
+                    "type": "array",
+                    "items": {
+                        "oneOf": [{"type": "string"}, {"type": "object", "properties": {"text": {"type": "string"}}}]
+                    },
+                },
             ],
         },
     },
@@ -80,6 +85,11 @@ def openapi_schema(config: GatewayConfig) -> dict[str, Any]:
                     {"type": "string", "minLength": 1},
                     {"type": "array", "minItems": 1, "items": {"type": "string"}},
                     {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                    {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                    },
                 ]
             },
         },
@@ -89,7 +99,7 @@ def openapi_schema(config: GatewayConfig) -> dict[str, Any]:
         "required": ["messages"],
         "properties": {
             **fields,
-            "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
+            "messages": {"type": "array", "items": _MESSAGE},
             "max_completion_tokens": max_tokens,
         },
     }

@@ -156,7 +156,8 @@ class _Stub:
         c = self.config
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or c.default_max_tokens)
         answers = int(body.get("n") or 1)  # choices: each n tokens long
-        label = str(body.get("prompt") if not chat else body["messages"][-1].get("content"))
+        msgs = body.get("messages") or [{}]  # (vLLM takes an empty list too)
+        label = str(body.get("prompt") if not chat else msgs[-1].get("content"))
         stream = bool(body.get("stream"))
         usage_opt = bool((body.get("stream_options") or {}).get("include_usage"))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{time.monotonic_ns()}"

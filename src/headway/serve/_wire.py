@@ -8,6 +8,8 @@ the field (a 400 ``invalid_value``); everything else goes to the backend as it c
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,15 +17,16 @@ __all__ = [
     "MAX_ABS_PRIORITY",
     "MAX_N",
     "MAX_TOKENS_CEILING",
+    "VLLM_COMPLETIONS_MAX_TOKENS",
     "BadRequest",
-    "NonFinite",
     "Parsed",
     "admission_rejection",
     "completion_tokens",
     "estimate_tokens",
     "is_int",
+    "lax_bool",
+    "lax_int",
     "loads_json",
-    "nonfinite_field",
     "sse_data",
     "sse_newlines",
     "validate_body",
@@ -58,45 +61,81 @@ def sse_data(event: bytes) -> bytes:
     return b"\n".join(parts)
 
 
-class NonFinite(ValueError):
-    pass
-
-
-def _no_constant(name: str) -> Any:
-    raise NonFinite(name)
-
-
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
-
-
 def loads_json(raw: bytes) -> Any:
-    """``json.loads`` that refuses NaN and Infinity (``NonFinite``): JSON has no such numbers."""
-    return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
-
-
-def nonfinite_field(raw: bytes) -> str | None:
-    """Where the first NaN/Infinity of a body is, e.g. ``temperature`` or ``logit_bias.50256``."""
-    marker = object()
-    try:
-        body = json.loads(raw, parse_constant=lambda _: marker)
-
-        def find(v: object, path: str) -> str | None:
-            if v is marker:
-                return path
-            items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
-            for k, x in items:
-                hit = find(x, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else k)
-                if hit is not None:
-                    return hit
-            return None
-
-        return find(body, "")
-    except (ValueError, RecursionError):
-        return None
+    """The body as vLLM's server reads it (Starlette's ``Request.json``: ``json.loads`` of the bytes,
+    UTF-8/16/32 detected, NaN and Infinity read as floats)."""
+    return json.loads(raw.decode(json.detect_encoding(raw), "surrogatepass"))
 
 
 def is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+_WHITESPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(map(chr, range(0x2000, 0x200B)))
+"""Unicode's White_Space characters, which pydantic-core (Rust's ``str::trim``) strips around a
+number in a string (Python's ``str.strip`` also strips U+001C-U+001F)."""
+_INT_STRING = re.compile(r"[+-]?[0-9](?:_?[0-9])*(?:\.0+)?", re.ASCII)
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "f", "false", "n", "no", "off"})
+_I64 = 2**63
+
+
+def lax_int(v: object) -> int:
+    """``v`` as pydantic's lax mode reads an ``int`` field of vLLM's request models: an int, a bool
+    (0 or 1), a float with no fraction inside the 64-bit range, or a string of one (``" 5 "``,
+    ``"+5"``, ``"1_000"``, ``"5.0"``); else :class:`ValueError`."""
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        if math.isfinite(v) and v.is_integer() and -_I64 < v < _I64:
+            return int(v)
+        raise ValueError(v)
+    if isinstance(v, str):
+        s = v.strip(_WHITESPACE)
+        if _INT_STRING.fullmatch(s) and len(s) <= 4300:
+            return int(s.partition(".")[0])
+    raise ValueError(v)
+
+
+def lax_bool(v: object) -> bool:
+    """``v`` as pydantic's lax mode reads a ``bool`` field: a bool, 0 or 1 (int or float), or one of
+    pydantic's words in any case (``"true"``, ``"yes"``, ``"on"``, ``"1"``, ...); else :class:`ValueError`."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int | float) and v in (0, 1):
+        return v == 1
+    if isinstance(v, str):
+        word = v.lower()
+        if word in _TRUE or word in _FALSE:
+            return word in _TRUE
+    raise ValueError(v)
+
+
+def _shown(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _int_field(body: dict[str, Any], name: str, where: str | None = None) -> int | None:
+    """``body[name]`` read as vLLM reads an optional int field (None when absent or null)."""
+    v = body.get(name)
+    if v is None:
+        return None
+    try:
+        return lax_int(v)
+    except ValueError:
+        raise BadRequest(f"'{where or name}' must be an integer, got {_shown(v)}", where or name) from None
+
+
+def _bool_field(body: dict[str, Any], name: str, where: str | None = None) -> bool:
+    """``body[name]`` read as vLLM reads an optional bool field (False when absent or null)."""
+    v = body.get(name)
+    if v is None:
+        return False
+    try:
+        return lax_bool(v)
+    except ValueError:
+        raise BadRequest(f"'{where or name}' must be a boolean, got {_shown(v)}", where or name) from None
 
 
 @dataclass(slots=True)
@@ -121,6 +160,11 @@ class Parsed:
     (usage counts the tokens of all of them)."""
     single_prompt: bool = True
     """False for a completions request with a list of several prompts: its :attr:`query_text` joins them."""
+    implied_max_tokens: int | None = None
+    """The ``max_tokens`` vLLM applies to a body that leaves the field out: ``CompletionRequest``'s
+    default, :data:`VLLM_COMPLETIONS_MAX_TOKENS`, for a completions request; None for chat (vLLM's
+    limit there is the model's context) or when the field is given (null included: vLLM then uses
+    its generation config's or the context's limit)."""
 
 
 MAX_TOKENS_CEILING = 2**31 - 1
@@ -138,78 +182,132 @@ MAX_ABS_PRIORITY = 2**53
 encodes keys as doubles, and a larger one overflows or collides)."""
 
 
+VLLM_COMPLETIONS_MAX_TOKENS = 16
+"""vLLM 0.32's ``CompletionRequest.max_tokens`` default (OpenAI's too): a completions request that
+leaves ``max_tokens`` out generates at most this many tokens."""
+
+
 def estimate_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
+def _seq_len(prompt: object) -> int:
+    """How many prompts vLLM makes of a ``prompt`` or ``prompt_embeds`` it took (``prompt_to_seq``)."""
+    if prompt is None:
+        return 0
+    if isinstance(prompt, list) and (not prompt or not all(is_int(p) for p in prompt)):
+        return len(prompt)
+    return 1
+
+
+def _token_ids(v: object) -> list[int] | None:
+    """``v`` as vLLM's ``list[Annotated[int, Field(ge=0)]]`` reads it, or None."""
+    if not isinstance(v, list):
+        return None
+    try:
+        ids = [lax_int(t) for t in v]
+    except ValueError:
+        return None
+    return ids if all(t >= 0 for t in ids) else None
+
+
+def _read_prompt(body: dict[str, Any]) -> tuple[str, int, int]:
+    """A completions request's prompt text, its token count (estimated for text) and how many
+    prompts vLLM runs, reading ``prompt`` as vLLM's ``CompletionRequest`` does: a string, a list of
+    strings, of token ids or of lists of token ids (pydantic's smart union: an exact match first,
+    then lax ints, so ``[1.0, "2"]`` is token ids), plus ``prompt_embeds`` (a string or a list of
+    them, prompts ahead of the text ones, whose text and length the gateway cannot read: 1 token each)."""
+    prompt = body.get("prompt")
+    embeds = body.get("prompt_embeds")
+    texts: list[str] = []
+    ntok = 0
+    if prompt is None or isinstance(prompt, str):
+        texts = [] if prompt is None else [prompt]
+    elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt) and prompt:
+        texts = prompt
+    elif (ids := _token_ids(prompt)) is not None:
+        ntok, prompt = len(ids), ids
+    elif isinstance(prompt, list) and all(_token_ids(p) is not None for p in prompt):
+        ntok = sum(len(p) for p in prompt)
+    else:
+        raise BadRequest(
+            "'prompt' must be a string, an array of strings, of token ids or of arrays of token ids", "prompt"
+        )
+    if (
+        embeds is not None
+        and not isinstance(embeds, str)
+        and not (isinstance(embeds, list) and all(isinstance(e, str) for e in embeds))
+    ):
+        raise BadRequest("'prompt_embeds' must be a base64 string or an array of them", "prompt_embeds")
+    if (prompt is None or prompt == "") and (embeds is None or embeds == []):
+        raise BadRequest("either 'prompt' or 'prompt_embeds' must be given and non-empty", "prompt")
+    prompts = _seq_len(prompt) + _seq_len(embeds)
+    text = "\n".join(texts)
+    ntok += estimate_tokens(text) if texts else 0
+    return text, max(ntok, _seq_len(embeds), 1), prompts
+
+
+def _read_messages(body: dict[str, Any]) -> tuple[str, str | None]:
+    """A chat request's text (every message's, joined) and the last user message's, read as vLLM's
+    ``ChatCompletionRequest`` takes ``messages``: a list of objects with a string ``role``, each
+    ``content`` a string, null, or an array (or object) of parts; a part's text is a string part
+    itself or an object part's ``text``; what else a part may be is vLLM's renderer's to judge."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list):
+        raise BadRequest("'messages' must be an array of messages", "messages")
+    parts: list[str] = []
+    query: list[str] | None = None  # the last user message's parts
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}]")
+        content = m.get("content")
+        first = len(parts)
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            for c in content:  # (one entry a part: the text's line breaks stay where they were)
+                parts.append(c if isinstance(c, str) else str(c.get("text", "")) if isinstance(c, dict) else "")
+        elif content is not None and not isinstance(content, dict):
+            raise BadRequest(f"'messages[{i}].content' must be a string or an array", f"messages[{i}].content")
+        if m["role"] == "user":
+            query = parts[first:]
+    text = "\n".join(parts)
+    return text, text if query is None else "\n".join(query)
+
+
 def validate_body(body: object, chat: bool) -> Parsed:
-    """Check the fields the gateway relies on; raise ``BadRequest`` naming the field."""
+    """Read the fields the gateway relies on as vLLM 0.32's request models read them (pydantic's
+    lax mode: ``"5"`` and ``5.0`` are the integer 5, ``"yes"`` is true); raise ``BadRequest``
+    naming the field where vLLM refuses it too (checked against vLLM's own validation by
+    ``tests/serve/test_vllm_protocol.py``). The gateway's own limits are ``MAX_N``,
+    ``MAX_ABS_PRIORITY`` and ``MAX_TOKENS_CEILING``."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", None)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string", "model")
-    prompts = 1  # a completions request may carry a list of them
+    prompts = 1
     if chat:
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise BadRequest("'messages' must be a non-empty array of messages", "messages")
-        parts: list[str] = []
-        query: list[str] | None = None  # the last user message's parts
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise BadRequest(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}]")
-            content = m.get("content")
-            first = len(parts)
-            if isinstance(content, str):
-                parts.append(content)
-            elif isinstance(content, list):
-                for j, c in enumerate(content):
-                    if not isinstance(c, dict):
-                        raise BadRequest(f"'messages[{i}].content[{j}]' must be a content part object",
-                                          f"messages[{i}].content[{j}]")  # fmt: skip
-                    parts.append(str(c.get("text", "")))
-            elif content is not None:
-                raise BadRequest(f"'messages[{i}].content' must be a string or an array", f"messages[{i}].content")
-            if m["role"] == "user":
-                query = parts[first:]
-        text = "\n".join(parts)
+        text, query_text = _read_messages(body)
         ntok = estimate_tokens(text)
-        query_text: str | None = text if query is None else "\n".join(query)
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str) and prompt:
-            text, ntok = prompt, estimate_tokens(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            text = "\n".join(prompt)
-            ntok = estimate_tokens(text)
-            prompts = len(prompt)
-        elif isinstance(prompt, list) and prompt and all(is_int(p) for p in prompt):
-            text, ntok = "", len(prompt)
-        else:
-            raise BadRequest("'prompt' must be a non-empty string, array of strings or of token ids", "prompt")
+        text, ntok, prompts = _read_prompt(body)
         query_text = text if text else None
-    max_tokens: int | None = None
-    max_tokens_field = "max_tokens"
-    for name in ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",):
-        v = body.get(name)
-        if v is None:
-            continue
-        if not is_int(v) or v < 1:
-            raise BadRequest(f"'{name}' must be a positive integer, got {v!r}", name)
-        if v > MAX_TOKENS_CEILING:
-            raise BadRequest(f"'{name}' must be at most {MAX_TOKENS_CEILING}, got {v}", name)
-        max_tokens, max_tokens_field = v, name
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise BadRequest(f"'stream' must be a boolean, got {stream!r}", "stream")
-    priority = body.get("priority", 0)
-    if priority is None:
-        priority = 0
-    if not is_int(priority):
-        raise BadRequest(f"'priority' must be an integer, got {priority!r}", "priority")
+    stream = _bool_field(body, "stream")
+    # the max_tokens vLLM runs: chat's max_completion_tokens when given, else max_tokens
+    names = ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",)
+    asked = {name: _int_field(body, name) for name in names}
+    max_tokens_field = "max_completion_tokens" if asked.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = asked[max_tokens_field]
+    if max_tokens is not None:
+        if max_tokens == 0 and not chat and _bool_field(body, "echo"):
+            max_tokens = 1  # the prompt echoed: vLLM runs one token (CompletionRequest.to_sampling_params)
+        if max_tokens < 1:
+            raise BadRequest(f"'{max_tokens_field}' must be at least 1, got {max_tokens}", max_tokens_field)
+        if max_tokens > MAX_TOKENS_CEILING:
+            raise BadRequest(f"'{max_tokens_field}' must be at most {MAX_TOKENS_CEILING}, got {max_tokens}",
+                              max_tokens_field)  # fmt: skip
+    priority = _int_field(body, "priority") or 0
     if abs(priority) > MAX_ABS_PRIORITY:
         shown = str(priority) if len(str(priority)) <= 40 else f"an integer of {len(str(abs(priority)))} digits"
         raise BadRequest(f"'priority' must be between -{MAX_ABS_PRIORITY} and {MAX_ABS_PRIORITY}, got {shown}",
@@ -217,16 +315,18 @@ def validate_body(body: object, chat: bool) -> Parsed:
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
-    wants_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
-    n = body.get("n")
-    if n is not None and (not is_int(n) or n < 1):
-        raise BadRequest(f"'n' must be a positive integer, got {n!r}", "n")
+    wants_usage = _bool_field(opts, "include_usage", "stream_options.include_usage") if opts else False
+    n = _int_field(body, "n")
+    if n is not None and n < 1:
+        raise BadRequest(f"'n' must be at least 1, got {n}", "n")
     if n is not None and n > MAX_N:
         raise BadRequest(f"'n' must be at most {MAX_N}, got {n}", "n")
     answers = (n or 1) * prompts
+    implied = None if chat or "max_tokens" in body else VLLM_COMPLETIONS_MAX_TOKENS
     return Parsed(
-        text, ntok, max_tokens, max_tokens_field, stream, priority, wants_usage, query_text, answers, prompts == 1
-    )
+        text, ntok, max_tokens, max_tokens_field, stream, priority, wants_usage, query_text, answers, prompts == 1,
+        implied,
+    )  # fmt: skip
 
 
 def completion_tokens(content: bytes) -> int | None:
