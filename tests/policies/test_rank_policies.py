@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import make_workload
+from factories import make_workload, unit_cost
 from headway.core import PolicyQueue, Request, RequestState, make_policy
 from headway.policies.ltr import LTRPolicy
 from headway.policies.trail import lognormal_residual_mean
@@ -235,6 +235,27 @@ def test_ltr_fast_forward_matches_exact_mode_with_staggered_arrivals(num_request
     for x, y in zip(fast_pol.log, exact_pol.log, strict=True):
         assert x[:2] == y[:2] and x[3] == y[3]
         assert x[2] == pytest.approx(y[2], rel=1e-9) and x[4] == pytest.approx(y[4], rel=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["none", "pause"])
+@pytest.mark.parametrize("exact", [True, False])
+def test_ltr_arrival_reads_every_ended_steps_progress(mode: str, exact: bool) -> None:
+    """r0 decodes (1 s steps; prefill ends at 1, a token at each of 2, 3, ...); r1 (one token: no
+    decode step) arrives at 5.0, as a step ends, and r2 at 7.5, mid-step. vLLM processes a step's
+    output before it adds the requests that came during it (the plugin reports every step), so
+    ``on_arrival`` reads a step time learnt from every decode step ended by then: 4 samples of
+    1 s for r1, 6 for r2. Before, with displacement ``none`` or nobody waiting, the simulator
+    reported the decoders' progress lazily (at a finish or a preemption) and both read the
+    initial 20 ms: r1 would starve at 9.0, where the plugin's r1 starves at 45.4 (34 of 100 of
+    ``tests/integrations/test_displacement_vs_vllm.py``'s scenarios differed)."""
+    wl = make_workload([(0.0, 16, 40), (5.0, 16, 1), (7.5, 16, 3)])
+    pol = _RecordingLTR()
+    pol.displacement = mode
+    simulate(wl, pol, preset=unit_cost(), scheduler=SchedulerConfig(max_steps_per_event=1 if exact else 1 << 30))
+    seen = {rid: t for what, rid, _, _, t in pol.log if what == "arrival"}
+    assert seen["r0"] == 0.02
+    assert seen["r1"] == pytest.approx(1.0 + 0.95**4 * (0.02 - 1.0), rel=1e-12)
+    assert seen["r2"] == pytest.approx(1.0 + 0.95**6 * (0.02 - 1.0), rel=1e-12)
 
 
 def test_ltr_rejects_bad_settings_naming_them():

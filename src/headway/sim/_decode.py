@@ -13,18 +13,18 @@ it, as the event loop orders an arrival and a step end: step by step, the bounda
 sum of step times, in a stretch a closed form, and the two differ by a few ulps.
 ``SchedulerConfig.max_steps_per_event = 1`` turns this off (the exact reference mode).
 
-**Progress reports in a stretch.** Step by step, a preemptive policy with an
-``on_progress`` hook and a non-empty queue has every running request's progress
-reported at each step boundary (the displacement check syncs them): one token per
-decoder, at that step's end time. Such a stretch reports the same calls: before an
-arrival's ``on_arrival`` (or a timer's re-key) in its middle, the steps that have
-ended by then, and the rest when it ends. One report of ``k`` tokens would not do:
-step time grows with the KV tokens, so an estimator of recent step times (LTR's EMA)
-learns a different value from one ``k``-step average than from the ``k`` steps. With
-an empty queue, or for other policies, step-by-step mode reports nothing mid-stretch
-either, and the stretch reports lazily (at its end, a finish, a preemption or a hint).
-A policy that declares ``progress_at_hints`` (its ``on_progress`` acts only at rekey hints)
-is reported lazily throughout, and its displacement checks sync no one but the candidates.
+**Progress reports in a stretch.** A preemptive policy with an ``on_progress`` hook that does not
+declare ``progress_at_hints`` (LTR: its step-time estimate learns from every step) has every
+running request's progress reported at each step's end, in every mode and whoever waits, as the
+vLLM plugin reports it after every step: one token per decoder, at that step's end time. A stretch
+reports the same calls: at its end, and before an arrival's ``on_arrival`` in its middle (or a
+timer's re-key), the steps that have ended by then, a step ending with the arrival (within a
+rounding tie) included: vLLM processes a step's output before it adds the requests that came
+during it. One report of ``k`` tokens would not do: step time grows with the KV tokens, so an
+estimator of recent step times (LTR's EMA) learns a different value from one ``k``-step average
+than from the ``k`` steps. Other policies' progress is reported lazily (at a stretch's end, a
+finish, a preemption or a hint); so is that of a policy that declares ``progress_at_hints`` (its
+``on_progress`` acts only at rekey hints), whose displacement checks sync no one but the candidates.
 
 **Decode progress in runs.** A policy with ``on_decode_progress`` (LTR) gets the same reports of
 its decoders, at the same times and in the same order, as runs ``(count, tokens, since)``
@@ -44,7 +44,7 @@ from collections.abc import Callable
 
 from headway.core import Policy, PolicyQueue, Request
 from headway.sim._config import SchedulerConfig
-from headway.sim._events import EventLoop
+from headway.sim._events import TIE_RTOL, EventLoop, tie_floor
 from headway.sim._running_keys import RunningKeys
 from headway.sim._seq import Seq
 
@@ -225,6 +225,14 @@ class DecodeClock:
     def _catch_up(self, now: float) -> None:
         """Before a hook in the middle of a stretch: report the steps that ended before ``now``."""
         self._report_steps(self._step_at(now) - 1)
+
+    def _catch_up_arrival(self, now: float) -> None:
+        """Before an arrival's ``on_arrival`` in the middle of a stretch: report the steps that ended
+        by ``now``, one ending within a rounding tie of it included (its output comes first)."""
+        m = self._step_at(tie_floor(now))
+        if self.plan_start + self._span(m) - now > TIE_RTOL * abs(now):
+            m -= 1
+        self._report_steps(m)
 
     def _report_steps(self, upto: int) -> None:
         """Report the decoders' progress in steps ``plan_reported + 1 .. upto`` of the stretch in

@@ -171,7 +171,7 @@ class Replica(Preemption):
         exact = _running_keys.EXACT_SCAN
         # progress between rekey hints may be reported late (Policy.progress_at_hints)
         late_progress = policy.progress_at_hints and not exact
-        # stretches report progress step by step when step-by-step mode would (_decode.py)
+        # progress reported at every step's end, stretches included (_decode.py)
         self._catch_up_hook = self._progress_hook and policy.preemptive and not late_progress
         # displacement modes other than "none" (see headway.core.Policy) check the queue head
         self._displacing = policy.preemptive and policy.displacement != "none"
@@ -267,9 +267,10 @@ class Replica(Preemption):
         s = Seq(req, true_len, keys)
         self.seqs[req] = s
         # a step ending at or after tie_floor(now) is still in flight: a rounding tie goes to the
-        # arrival, as in the event loop, whichever way each mode rounded that step's end
+        # arrival, as in the event loop, whichever way each mode rounded that step's end; its
+        # progress is reported first (vLLM adds a request after the output of the step it came in)
         if self.plan_reported >= 0:
-            self._catch_up(tie_floor(now))
+            self._catch_up_arrival(now)
         if self._arrival_hook:
             self.policy.on_arrival(req, now)
         if self._async and self.busy and self.plan_n:
@@ -556,8 +557,8 @@ class Replica(Preemption):
         if self.steps is not None:
             self._record_step(now, n)
         self.plan_extra = 0.0
-        if self._catch_up_hook and n > 1 and self.waiting:
-            self.plan_reported = 0  # step by step, each boundary reports progress (_report_steps)
+        if self._catch_up_hook:
+            self.plan_reported = 0  # each step's end reports progress, as the plugin does (_report_steps)
         self.version += 1
         self.loop.schedule(now + self._span(n), STEP_END, self._on_step_end, self.version)
 
@@ -579,7 +580,7 @@ class Replica(Preemption):
         if self._async:
             self._step_began = self.plan_start + self._span(n - 1)
         if self.plan_reported >= 0:
-            self._report_steps(n - 1)  # the stretch's last step is reported as step by step below
+            self._report_steps(n)
             self.plan_reported = -1
         self.g += n
         self.num_steps += n

@@ -42,7 +42,8 @@ a request is added (arrivals since the previous step are scored in one batch fir
 ``key`` when a request enters a queue (arrival, preemption), when a ``rekey_at_time``
 timer fires or ``key_epoch`` changes, and for running requests when a decision needs
 it (eviction order, displacement); ``on_progress`` once per step per scheduled request
-with the step's tokens (only for policies that override it; for the others the
+with the step's tokens, a request that finishes in the step included (before its
+``on_finish``; only for policies that override it; for the others the
 request's counters are synced lazily, before its key is read), ``on_finish`` with the
 observed output length (aborted requests get no ``on_finish``).
 

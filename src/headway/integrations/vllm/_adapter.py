@@ -110,6 +110,9 @@ class PolicyAdapter(PromptScoring):
         self.num_score_failures = 0
         """Prompts the scorer failed on (they took the missing-score path)."""
         self._awaiting_first: dict[Request, None] = {}
+        # the step whose output vLLM is processing (update_from_output): its tokens per request id,
+        # for the progress of the requests that finish in it (finish(), before progress())
+        self.step_tokens: Mapping[str, int] = {}
         self._running_version = 0
         self._no_victim: tuple[Any, ...] | None = None
         self._score_sum = 0.0
@@ -413,6 +416,10 @@ class PolicyAdapter(PromptScoring):
         now = self.now()
         if h.state is RequestState.RUNNING:
             self._sync(h, e, now)
+            # a request that finishes in a step computed its tokens too: its on_progress (progress()
+            # runs after vLLM freed it), as for every other request scheduled in the step
+            if not aborted and self._progress_hook and (n := self.step_tokens.get(e.request_id, 0)) > 0:
+                self.policy.on_progress(h, now, n)
         else:
             h.num_output_tokens = int(e.num_output_tokens)
         if aborted:

@@ -519,8 +519,12 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
 
             def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
                 t2 = time.perf_counter()
-                result = super().update_from_output(scheduler_output, model_runner_output)
                 a = self.headway
+                a.step_tokens = scheduler_output.num_scheduled_tokens  # (finish(): a finisher's progress)
+                try:
+                    result = super().update_from_output(scheduler_output, model_runner_output)
+                finally:
+                    a.step_tokens = {}
                 a.progress(scheduler_output.num_scheduled_tokens, _max_new_tokens(scheduler_output))
                 if self._hw_log is not None and scheduler_output.total_num_scheduled_tokens > 0:
                     self._hw_record(scheduler_output, t2)
