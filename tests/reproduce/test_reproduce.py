@@ -297,6 +297,17 @@ def test_a_printed_rule_states_the_band_the_code_applies():
     assert _row([1.0 + 1e-14, 1.0, 1.0], Rule(1.05, math.inf, 1.0), unit="x").measured_text() == "1x ± 5.8e-15 (1 to 1)"
 
 
+def _uniboost_keys(modes):
+    """Every ``<scenario>/<policy>`` key of ``uniboost._one_seed``'s answer."""
+    from headway.reproduce import uniboost
+
+    keys = [f"{pre}{label}/{p}" for pre in ("", "kv-") for label in modes for p in ("trail-oracle", "uniboost")]
+    keys += [f"main/{p}" for p in ("fcfs", *uniboost.SJF_BASED, "distboost", "uniboost-base")]
+    keys += [f"burst/{p}" for p in ("fcfs", "trail-oracle", "uniboost")]
+    keys += [f"kv/{p}" for p in ("distboost", "uniboost-base", "uniboost-memguard")]
+    return [*keys, "shift/uniboost-memguard", "shift/uniboost"]
+
+
 def test_every_uniboost_row_that_fails_says_why(monkeypatch, tmp_path):
     # with no effect anywhere every claim fails: the burst-throughput row was "not reproduced" with an
     # empty reason column (and the SLO and gamma-Ada rows would have been too)
@@ -306,16 +317,36 @@ def test_every_uniboost_row_that_fails_says_why(monkeypatch, tmp_path):
     flat = dict.fromkeys(metrics, 100.0) | {"recomputed": 1000.0, "preemptions": 10.0}
 
     def one_seed(n, seed, modes):
-        keys = [f"{pre}{label}/{p}" for pre in ("", "kv-") for label in modes for p in ("trail-oracle", "uniboost")]
-        keys += [f"main/{p}" for p in ("fcfs", *uniboost.SJF_BASED, "distboost", "uniboost-base")]
-        keys += [f"burst/{p}" for p in ("fcfs", "trail-oracle", "uniboost")]
-        keys += ["kv/uniboost-base", "kv/uniboost-memguard", "shift/uniboost-memguard", "shift/uniboost"]
+        keys = _uniboost_keys(modes)
         return {k: dict(flat) for k in keys}
 
     monkeypatch.setattr(uniboost, "_one_seed", one_seed)
     exp = uniboost.run(tmp_path)
     assert exp.rows and all(r.verdict is Verdict.NOT_REPRODUCED for r in exp.rows)
     assert [r.claim for r in exp.rows if not r.reason] == []
+
+
+def test_the_unified_priority_ablation_runs_where_the_engine_displaces(monkeypatch, tmp_path):
+    # it compared distboost and uniboost-base on the main replay, where nothing is displaced: the unified
+    # key then only orders waiting requests, as distboost's does, and the row read 1x with 0 preemptions
+    # by construction; under KV pressure (the MemGuard ablation's 4,000 blocks) the engine displaces
+    from headway.reproduce import uniboost
+
+    metrics = ("mean_ttlt", "p50_ttlt", "p99_ttlt", "p99_ttft", "ttft_slo99", "ttlt_slo99", "throughput")
+    flat = dict.fromkeys(metrics, 100.0) | {"recomputed": 1000.0, "preemptions": 0.0}
+    calls = []
+
+    def one_seed(n, seed, modes):
+        keys = _uniboost_keys(modes)
+        out = {k: dict(flat) for k in keys}
+        out["kv/distboost"] = flat | {"p99_ttft": 130.0, "preemptions": 40.0}
+        calls.append(seed)
+        return out
+
+    monkeypatch.setattr(uniboost, "_one_seed", one_seed)
+    row = next(r for r in uniboost.run(tmp_path).rows if "unified priority" in r.claim)
+    assert row.values == (1.3,) * len(calls) and "4,000 KV blocks" in row.setting
+    assert row.reason.startswith("P99 TTFT distboost 130.00 s vs uniboost-base 100.00 s; preemptions 40 vs 0")
 
 
 def test_modes_whose_runs_are_the_same_give_one_row_per_claim(monkeypatch, tmp_path):
@@ -330,10 +361,7 @@ def test_modes_whose_runs_are_the_same_give_one_row_per_claim(monkeypatch, tmp_p
     differ = {"on": False}
 
     def one_seed(n, seed, modes):
-        keys = [f"{pre}{label}/{p}" for pre in ("", "kv-") for label in modes for p in ("trail-oracle", "uniboost")]
-        keys += [f"main/{p}" for p in ("fcfs", *uniboost.SJF_BASED, "distboost", "uniboost-base")]
-        keys += [f"burst/{p}" for p in ("fcfs", "trail-oracle", "uniboost")]
-        keys += ["kv/uniboost-base", "kv/uniboost-memguard", "shift/uniboost-memguard", "shift/uniboost"]
+        keys = _uniboost_keys(modes)
         out = {k: dict(flat) for k in keys}
         if differ["on"]:
             out[f"{next(iter(modes))}/trail-oracle"]["preemptions"] = 3.0

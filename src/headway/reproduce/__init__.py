@@ -70,8 +70,8 @@ def run_reproduction(
     """Run reproduction ``name`` (or ``"all"``) over seeds ``seed .. seed + num_seeds - 1``, write
     ``<out_dir>/reproduce-<name>.md`` and return its claim rows.
 
-    ``predictor`` (PARS only): a ``headway.predict`` checkpoint directory whose scores
-    replace the noisy oracle for the ``pars`` policy.
+    ``predictor`` (PARS only): a ``headway.predict`` checkpoint directory that scores both
+    sources' bursts in the headline rows instead of each source's own pairwise head.
     """
     if num_seeds < 1:
         raise ValueError(f"num_seeds must be >= 1, got {num_seeds}")
@@ -190,7 +190,8 @@ def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--predictor",
         default=None,
         metavar="DIR",
-        help="PARS: the trained pairwise checkpoint (default: the default checkpoint, trained when missing)",
+        help="PARS: a checkpoint that scores both sources' bursts in the headline rows (default: each source's "
+        "own pairwise head, trained on the source's training split as the paper trains it)",
     )
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     p.add_argument(
