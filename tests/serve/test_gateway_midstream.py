@@ -215,15 +215,22 @@ def test_a_server_errors_event_before_any_token_is_a_5xx_before_the_200(make_raw
     """vLLM sends its 200 with a stream's headers, so a request that fails in its engine before any
     token comes as a stream whose first event is the error. The gateway holds its own 200 until that
     first event: the request has streamed nothing, so it goes as a 5xx does, to another backend, and
-    after ``max_attempts`` the client gets a 502 (it got a 200 stream holding only the error)."""
+    after ``max_attempts`` the client gets a 502 (it got a 200 stream holding only the error); a
+    500's event that the last backend to try sends is the request's own failure, passed on as it came."""
+    retryable = {"error": {**VLLM_ERROR["error"], "message": "Request failed; please retry", "code": 503}}
+    url, seen = make_raw_backend("end", _event(retryable) + b"data: [DONE]\n\n")  # vLLM's RetryableRequestError
+    gw = make_gateway([url], max_attempts=1)
+    with gw.client() as c:
+        r = c.post("/v1/completions", json=STREAM)
+    assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error", r.text
+    assert "a server error's event before any token (Request failed; please retry)" in r.json()["error"]["message"]
+    assert seen == [1]
     answer = _event(VLLM_ERROR) + b"data: [DONE]\n\n"
     url, seen = make_raw_backend("end", answer)
     gw = make_gateway([url], max_attempts=1)
     with gw.client() as c:
         r = c.post("/v1/completions", json=STREAM)
-    assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error", r.text
-    assert "a server error's event before any token (Internal server error)" in r.json()["error"]["message"]
-    assert seen == [1]
+    assert r.status_code == 200 and r.text == answer.decode() and seen == [1], r.text
     stub = make_stub()
     gw = make_gateway([make_raw_backend("end", answer)[0], stub.url], max_attempts=2)
     with gw.client() as c:

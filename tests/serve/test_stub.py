@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -24,6 +25,27 @@ def test_stats_survive_a_prompt_with_a_lone_surrogate(make_stub):
     assert r.status_code == 200
     stats = httpx.get(stub.url + "/stub/stats")
     assert stats.status_code == 200 and stats.json()["order"] == ["x \ud800 y"]
+
+
+def test_fields_are_read_as_vllm_reads_them(make_stub):
+    # vLLM's request models read ints and bools in pydantic's lax mode ("5.00" is 5, "false" is False):
+    # a body vLLM takes must not make the stub fail with a 500
+    stub = make_stub()
+    chat = "/v1/chat/completions"
+    for path, body, tokens, answers in [
+        ("/v1/completions", {"prompt": "x", "max_tokens": "5.00", "n": "2", "stream": "false"}, 5, 2),
+        (chat, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4.0, "n": 3.0}, 4, 3),
+        # chat's max_completion_tokens comes before its max_tokens, as in vLLM's ChatCompletionRequest
+        (chat, {"messages": [{"content": "x"}], "max_completion_tokens": " 6 ", "max_tokens": 9}, 6, 1),
+    ]:
+        r = httpx.post(stub.url + path, json=body)
+        assert r.status_code == 200, (body, r.text)
+        assert (r.json()["usage"]["completion_tokens"], len(r.json()["choices"])) == (tokens * answers, answers), body
+    body = {"prompt": "x", "max_tokens": "3", "stream": "on", "stream_options": {"include_usage": "true"}}
+    with httpx.stream("POST", stub.url + "/v1/completions", json=body) as r:
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and len(events) == 3 + 2 and events[-1] == "data: [DONE]", events  # 3 tokens, usage
+    assert json.loads(events[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 3
 
 
 def test_non_streamed_request_ends_when_its_client_disconnects(make_stub):

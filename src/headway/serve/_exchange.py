@@ -34,7 +34,17 @@ from headway.serve._upstream import (
     UpstreamTimeout,
 )
 from headway.serve._watch import STOP_EVENTS, STOP_REASONS, Watch, chain, either
-from headway.serve._wire import Parsed, admission_rejection, completion_tokens, sse_data, sse_newlines
+from headway.serve._wire import (
+    ANSWERED_STATUSES,
+    Parsed,
+    admission_rejection,
+    completion_tokens,
+    engine_dead,
+    error_text,
+    server_error_event,
+    sse_data,
+    sse_newlines,
+)
 
 __all__ = ["Exchange"]
 
@@ -42,30 +52,6 @@ log = logging.getLogger("headway.serve")
 
 _SERVED_MODEL = "headway.served_model"
 """``Request.extra``: the model the backend's answer named, for a request that named none."""
-
-
-def _error_text(data: bytes) -> str:
-    """The ``message`` of an SSE error event's ``{"error": {...}}`` (the data as it came, when it has none)."""
-    with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
-        message = json.loads(data)["error"]["message"]
-        if isinstance(message, str):
-            return message[:500]
-    return data[:500].decode("utf-8", "replace")
-
-
-def _server_error_event(head: bytes) -> str | None:
-    """The message of a stream's first event when it is a server error's event (vLLM's, when the
-    request failed in its engine before any token: ``{"error": {..., "code": 500}}``); None for a
-    token's event, or a client error's (``code`` under 500: any backend would say the same)."""
-    event = sse_newlines(head)[0].partition(b"\n\n")[0]
-    data = sse_data(event)
-    if not data.startswith(b'{"error"'):
-        return None
-    with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
-        code = json.loads(data)["error"]["code"]
-        if isinstance(code, int) and not isinstance(code, bool) and code < 500:
-            return None
-    return _error_text(data)
 
 
 class Exchange:
@@ -90,6 +76,8 @@ class Exchange:
         self._log_limited = warn
         self.failures = FailureLog(log)
         """Failed requests in the log: the first of each kind (backend, how) in full, then counts."""
+        self.full = FailureLog(log, level=logging.INFO, what=("503 of a full backend", "503s of full backends"))
+        """Requests sent back to the queue by a full backend (not failures: INFO), logged as failures are."""
 
     async def serve(
         self,
@@ -109,6 +97,7 @@ class Exchange:
         deadline = arrived + self.config.queue_ttl_s
         exclude = self.dispatcher.not_serving(req.extra.get("model"))  # backends listing other models
         last_error = ""
+        same: str | None = ""  # the failure every try ended with so far ("" before any, None once two differ)
         handed_off = False
         attempts = 0
         try:
@@ -123,7 +112,10 @@ class Exchange:
                 else:  # dispatched at once (the fast path)
                     backend, granted = granted, None
                 # ---- upstream
-                outcome = await self.forward(req, backend, path, payload, parsed, watch, headers)
+                last = attempts + 1 >= self.config.max_attempts or self.dispatcher.all_backends_excluded(
+                    exclude | {backend.index}
+                )
+                outcome = await self.forward(req, backend, path, payload, parsed, watch, headers, same, last)
                 if isinstance(outcome, Response):
                     handed_off = True  # forward released the backend / owns the stream now
                     return outcome
@@ -139,7 +131,9 @@ class Exchange:
                 if kind == "busy":
                     # not a failure: back to the queue, in order, until that backend or another has
                     # room; not an attempt (the queue TTL bounds the wait)
-                    log.info("request %s: %s is full (%s)", req.request_id, backend.label, message)
+                    self.full(
+                        f"{backend.label}: full", "request %s: %s is full (%s)", req.request_id, backend.label, message
+                    )
                     self.dispatcher.mark_full(backend, float(max(self.config.retry_after_s, 1)))
                     self.metrics.retries.labels(backend.label).inc()
                     continue
@@ -149,6 +143,7 @@ class Exchange:
                 reached = kind != "refused"  # a refused connection reached no backend
                 if reached:
                     attempts += 1  # so a request that crashes every backend it meets ends
+                    same = message if same in ("", message) else None
                 waits = kind != "failed" and self.config.backend_down_s > 0 and loop.time() < deadline
                 if waits and attempts < self.config.max_attempts:
                     # the backend is down or went away (marked down for backend_down_s): wait in
@@ -312,13 +307,17 @@ class Exchange:
         parsed: Parsed,
         watch: Watch,
         headers: Mapping[str, str] | None = None,
+        repeat: str | None = None,
+        last: bool = False,
     ) -> Response | tuple[str, str]:
         """Send to ``backend``. A Response ends the request; ``(message, kind)`` is a retryable
         failure (nothing reached the client): ``kind`` is ``refused`` (no connection: nothing
         reached the backend), ``lost`` (the backend took the request and dropped the connection,
-        or ended its stream, before answering anything), ``busy`` (a 503 of vLLM's admission control,
-        or any 503 while other requests of ours run there: full for now) or ``failed`` (another 5xx,
-        a stall, a broken exchange)."""
+        or ended its stream, before answering anything, or vLLM's engine died), ``busy`` (a 503 of
+        vLLM's admission control, or any 503 while other requests of ours run there: full for now)
+        or ``failed`` (another 5xx, a stall, a broken exchange). A 500 or 501 (:data:`ANSWERED_STATUSES`)
+        whose message is ``repeat`` (every try so far ended so), or the first one on the ``last``
+        backend to try, is the request's own failure: it goes to the client as the backend sent it."""
         wait = self.config.headers_timeout_s if parsed.stream else 0.0
         send = asyncio.ensure_future(
             self.pools[backend.index].post(path, payload, headers, headers_timeout=wait or None)
@@ -349,15 +348,26 @@ class Exchange:
         except UpstreamError as exc:
             return str(exc), "failed"
         backend.reachable = True
-        if resp.status_code >= 500:
-            body = b""
+        if (status := resp.status_code) >= 500:
+            body: bytes | None = None
             with contextlib.suppress(UpstreamError):
                 body = await resp.read()
             resp.close()
-            if resp.status_code == 503 and (backend.in_flight > 1 or admission_rejection(body) is not None):
+            if status == 503 and (backend.in_flight > 1 or admission_rejection(body or b"") is not None):
                 # full (vLLM's max_num_queued_reqs or _tokens): room comes back as requests end there
                 return f"HTTP 503, full ({backend.in_flight - 1} other requests of ours in flight)", "busy"
-            return f"HTTP {resp.status_code}", "failed"
+            error = error_text(body or b"", raw=False)
+            failure = f"HTTP {status}" + (f" ({error})" if error else "")
+            if status == 500 and engine_dead(error):  # it exits now (vLLM's terminate_if_errored)
+                self.dispatcher.mark_down(backend, self.config.backend_down_s)
+                return failure, "lost"
+            if body is not None and status in ANSWERED_STATUSES and (failure == repeat or (repeat == "" and last)):
+                watch.close()
+                self.dispatcher.release(backend, req)
+                self.ledger.abort(req)
+                self.metrics.rejected(f"backend_{status}", req)
+                return Response(body, status, media_type=resp.headers.get("content-type", "application/json"))
+            return failure, "failed"
         if resp.status_code != 200 or not parsed.stream:
             return await self._finish_plain(req, backend, resp, watch)
         # the first event before the client sees a 200: a backend that sends its headers and then
@@ -388,10 +398,19 @@ class Exchange:
             self.dispatcher.mark_down(backend, self.config.backend_down_s)
             why = "the stream ended" if isinstance(exc, StopAsyncIteration) else f"the stream broke ({exc})"
             return f"{why} before its first event", "lost"
-        if (error := _server_error_event(head)) is not None:
-            # it failed before any token and the client has no 200 yet: as a 5xx, another backend may serve it
-            resp.close()
-            return f"a server error's event before any token ({error})", "failed"
+        if (event_error := server_error_event(head)) is not None:
+            # it failed before any token and the client has no 200 yet: as a 5xx, another backend may
+            # serve it, unless it is the request's own failure (then relayed as it came: its 200, the
+            # error event, [DONE])
+            code, message = event_error
+            failure = f"a server error's event before any token ({message})"
+            if engine_dead(message):
+                resp.close()
+                self.dispatcher.mark_down(backend, self.config.backend_down_s)
+                return failure, "lost"
+            if not (code in ANSWERED_STATUSES and (failure == repeat or (repeat == "" and last))):
+                resp.close()
+                return failure, "failed"
         watch.close()  # StreamingResponse watches for disconnects from here on
         watch.upstream = resp
         return StreamingResponse(
@@ -533,7 +552,7 @@ class Exchange:
                         elif data.startswith(b'{"error"'):  # vLLM's own ending of a failed stream: passed on
                             failed = True
                             reason = "backend_error_midstream"
-                            self._failed_midstream(req, backend, f"sent an error event: {_error_text(data)}")
+                            self._failed_midstream(req, backend, f"sent an error event: {error_text(data)}")
                         elif data.startswith(b"{"):
                             if find_model:  # from the first event only
                                 find_model = False

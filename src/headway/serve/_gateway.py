@@ -286,6 +286,8 @@ class Gateway:
             await pool.aclose()
         await self.arrivals.close()
         self.exchange.failures.flush()  # the failures counted since the last summary line
+        self.exchange.full.flush()
+        self._log_limited.flush()  # the latest warning of each kind left out, with the count of the others
         for client in (self._redis, getattr(self, "_listen_redis", None)):
             if client is not None:
                 with contextlib.suppress(Exception):

@@ -76,35 +76,78 @@ def setup_logging(level: str, fmt: str = "text") -> None:
 
 class LimitedWarnings:
     """Warnings to ``logger`` at most once per ``every_s`` per kind, each with the count of those
-    left out since the last one (a failing scorer or Redis must not flood the log)."""
+    left out since the last one (a failing scorer or Redis must not flood the log). A kind's warnings
+    left out are not lost when no more of that kind come: in an event loop, ``every_s`` after the last
+    one logged, the latest of them is written with the count of the others; without one, at the next
+    warning of the kind; :meth:`flush` (at shutdown) writes what is left."""
 
     def __init__(self, logger: logging.Logger, every_s: float = 10.0) -> None:
         self._log = logger
         self._every_s = every_s
         self._marks: dict[str, tuple[float, int]] = {}
+        """kind -> (time of its latest warning logged, warnings left out since)."""
+        self._held: dict[str, tuple[str, tuple[object, ...]]] = {}
+        """kind -> its latest warning left out (written by its timer or :meth:`flush`)."""
+        self._timers: dict[str, asyncio.TimerHandle] = {}
 
     def __call__(self, what: str, msg: str, *args: object) -> None:
         now = time.monotonic()
-        last, skipped = self._marks.get(what, (-1e9, 0))
+        last, skipped = self._marks.get(what, (-math.inf, 0))
         if now - last < self._every_s:
             self._marks[what] = (last, skipped + 1)
+            self._held[what] = (msg, args)
+            if what not in self._timers:
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    return  # (no loop: at the next warning of the kind, or flush)
+                self._timers[what] = loop.call_later(last + self._every_s - now, self._write_held, what)
             return
+        self._held.pop(what, None)  # counted in this one's line
+        if (timer := self._timers.pop(what, None)) is not None:
+            timer.cancel()
         self._marks[what] = (now, 0)
         self._log.warning(msg + (f" ({skipped} more like it not logged)" if skipped else ""), *args)
 
+    def _write_held(self, what: str) -> None:
+        """Write the latest warning of ``what`` left out, with the count of the others."""
+        if (timer := self._timers.pop(what, None)) is not None:
+            timer.cancel()
+        held = self._held.pop(what, None)
+        if held is None:
+            return
+        msg, args = held
+        skipped = self._marks[what][1] - 1
+        self._marks[what] = (time.monotonic(), 0)
+        self._log.warning(msg + (f" ({skipped} more like it not logged)" if skipped else ""), *args)
+
+    def flush(self) -> None:
+        """Write every kind's latest warning left out (with the count of the others), if any."""
+        for what in list(self._held):
+            self._write_held(what)
+
 
 class FailureLog:
-    """Per-request failures in the log without flooding it: the first failure of each kind is logged
-    in full; more of that kind are counted, and one summary line, at most every ``every_s`` seconds,
-    says how many of each kind were not logged one by one. A kind quiet for ``every_s`` is logged in
-    full again at its next failure (a new outage). The log is all this limits: the Prometheus
-    counters count every failure. In an event loop the summary is written ``every_s`` after the last
-    one even when no failure follows; without one, at the next failure; :meth:`flush` (at shutdown)
-    writes what is left."""
+    """Per-request failures (or other events: ``what`` they are, logged at ``level``) in the log
+    without flooding it: the first failure of each kind is logged in full; more of that kind are
+    counted, and one summary line, at most every ``every_s`` seconds, says how many of each kind
+    were not logged one by one. A kind quiet for ``every_s`` is logged in full again at its next
+    failure (a new outage). The log is all this limits: the Prometheus counters count every failure.
+    In an event loop the summary is written ``every_s`` after the last one even when no failure
+    follows; without one, at the next failure; :meth:`flush` (at shutdown) writes what is left."""
 
-    def __init__(self, logger: logging.Logger, every_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        every_s: float = 5.0,
+        level: int = logging.WARNING,
+        what: tuple[str, str] = ("request failure", "request failures"),
+    ) -> None:
         self._log = logger
         self._every_s = every_s
+        self._level = level
+        self._what = what
+        """What a summary line counts: singular, plural."""
         self._last: dict[str, float] = {}
         """kind -> time of its latest failure (of one logged in full, or counted)."""
         self._left: dict[str, int] = {}
@@ -117,7 +160,7 @@ class FailureLog:
         last = self._last.get(kind)
         self._last[kind] = now
         if last is None or now - last >= self._every_s:
-            self._log.warning(msg, *args)
+            self._log.log(self._level, msg, *args)
             if not self._left:  # nothing owed: the next summary covers from here
                 self._summary_at = max(self._summary_at, now)
             return
@@ -143,9 +186,9 @@ class FailureLog:
         since = now - self._summary_at
         counts = ", ".join(f"{kind}: {n}" for kind, n in sorted(self._left.items()))
         total = sum(self._left.values())
-        self._log.warning(
-            "%d more request failure%s in the last %.0f s, not logged one by one (%s)",
-            total, "s" if total != 1 else "", since, counts,
+        self._log.log(
+            self._level, "%d more %s in the last %.0f s, not logged one by one (%s)",
+            total, self._what[total != 1], since, counts,
         )  # fmt: skip
         self._left.clear()
         self._summary_at = now

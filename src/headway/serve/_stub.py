@@ -14,12 +14,15 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from headway.serve._wire import lax_bool, lax_int
 
 __all__ = ["StubConfig", "StubStats", "create_stub_app"]
 
@@ -36,7 +39,10 @@ class StubConfig:
     """Requests generating at once (0 = unlimited); the rest wait FCFS."""
     default_max_tokens: int = 16
     fail_status: int = 0
-    """Answer every completion request with this HTTP status (0 = off)."""
+    """Answer every completion request with this HTTP status (0 = off), as vLLM's server answers an
+    error: ``{"error": {"message", "type", "param", "code"}}``."""
+    fail_message: str = "injected failure"
+    """That error's message."""
     fail_after_tokens: int = 0
     """Drop the connection after this many streamed tokens (0 = off)."""
     max_num_queued_reqs: int = 0
@@ -57,6 +63,8 @@ class StubStats:
     waiting: int = 0
     rejected: int = 0
     """Requests answered 503 by ``max_num_queued_reqs``."""
+    failed: int = 0
+    """Requests answered ``fail_status``."""
     most_unfinished: int = 0
     order: list[str] = field(default_factory=list)
     """``prompt`` of each request in the order it started generating."""
@@ -129,9 +137,11 @@ class _Stub:
         c = self.config
         body = json.loads(await request.body())
         if c.fail_status:
-            return JSONResponse(
-                {"error": {"message": "injected failure", "code": c.fail_status}}, status_code=c.fail_status
-            )
+            self.stats.failed += 1
+            kind = HTTPStatus(c.fail_status).phrase.replace(" ", "")  # vLLM's InternalServerError, BadRequestError
+            kind += "" if kind.endswith("Error") else "Error"
+            error = {"message": c.fail_message, "type": kind, "param": None, "code": c.fail_status}
+            return JSONResponse({"error": error}, status_code=c.fail_status)
         if c.max_num_queued_reqs and self._unfinished + 1 > c.max_num_queued_reqs:
             self.stats.rejected += 1
             message = (  # vLLM 0.32's QueueOverflowError
@@ -154,12 +164,16 @@ class _Stub:
     async def _answer(self, request: Request, body: dict[str, Any], chat: bool) -> Response:
         """The answer to an accepted request; :meth:`_done` when it ends (streamed: at its end)."""
         c = self.config
-        n = int(body.get("max_tokens") or body.get("max_completion_tokens") or c.default_max_tokens)
-        answers = int(body.get("n") or 1)  # choices: each n tokens long
+        # (fields read as vLLM's request models read them: lax ints and bools, "5.00", "true")
+        given = body.get("max_completion_tokens") if chat else None  # (chat's: before its max_tokens)
+        if given is None:
+            given = body.get("max_tokens")
+        n = (lax_int(given) if given is not None else 0) or c.default_max_tokens
+        answers = lax_int(body.get("n") if body.get("n") is not None else 1)  # choices: each n tokens long
         msgs = body.get("messages") or [{}]  # (vLLM takes an empty list too)
         label = str(body.get("prompt") if not chat else msgs[-1].get("content"))
-        stream = bool(body.get("stream"))
-        usage_opt = bool((body.get("stream_options") or {}).get("include_usage"))
+        stream = body.get("stream") is not None and lax_bool(body.get("stream"))
+        usage_opt = lax_bool((body.get("stream_options") or {}).get("include_usage") or False)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{time.monotonic_ns()}"
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time())

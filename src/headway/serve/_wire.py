@@ -7,6 +7,7 @@ the field (a 400 ``invalid_value``); everything else goes to the backend as it c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "ANSWERED_STATUSES",
     "MAX_ABS_PRIORITY",
     "MAX_N",
     "MAX_TOKENS_CEILING",
@@ -22,11 +24,14 @@ __all__ = [
     "Parsed",
     "admission_rejection",
     "completion_tokens",
+    "engine_dead",
+    "error_text",
     "estimate_tokens",
     "is_int",
     "lax_bool",
     "lax_int",
     "loads_json",
+    "server_error_event",
     "sse_data",
     "sse_newlines",
     "validate_body",
@@ -329,6 +334,42 @@ def validate_body(body: object, chat: bool) -> Parsed:
     )  # fmt: skip
 
 
+def error_text(data: bytes, raw: bool = True) -> str:
+    """The ``message`` of an error's ``{"error": {...}}`` (an SSE event's, or a 5xx's body); when it has
+    none, the data as it came (``raw``: an event's), else "" (a body: a proxy's page may name a backend)."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
+        message = json.loads(data)["error"]["message"]
+        if isinstance(message, str):
+            return message[:500]
+    return data[:500].decode("utf-8", "replace") if raw else ""
+
+
+def server_error_event(head: bytes) -> tuple[int, str] | None:
+    """The ``code`` (500 when it has none) and message of a stream's first event when it is a server
+    error's event (vLLM's, when the request failed before any token: ``{"error": {..., "code": 500}}``);
+    None for a token's event, or a client error's (``code`` under 500: any backend would say the same)."""
+    event = sse_newlines(head)[0].partition(b"\n\n")[0]
+    data = sse_data(event)
+    if not data.startswith(b'{"error"'):
+        return None
+    status = 500
+    with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
+        code = json.loads(data)["error"]["code"]
+        if isinstance(code, int) and not isinstance(code, bool):
+            if code < 500:
+                return None
+            status = code
+    return status, error_text(data)
+
+
+ANSWERED_STATUSES = (500, 501)
+"""vLLM's answers to a request its server could not handle (``create_error_response``: an unexpected
+exception, e.g. an ``AttributeError`` in a request model's validator, 500; ``NotImplementedError``
+501). A ``GenerationError`` (``finish_reason`` ``error``) is a 500 too and may pass elsewhere: the
+first is retried; the same one from a second backend, or from the last one to try, is passed on.
+502, 503 and 504 (a proxy's; an engine full or unavailable) say nothing of the request: retried."""
+
+
 def completion_tokens(content: bytes) -> int | None:
     """``usage.completion_tokens`` of a non-streamed answer, or None when it has no usable one."""
     try:
@@ -358,3 +399,14 @@ def admission_rejection(body: bytes) -> str | None:
         return None
     message = str(error.get("message", ""))
     return next((limit for start, limit in _ADMISSION_MESSAGES if message.startswith(start)), "admission")
+
+
+_ENGINE_DEAD = "EngineCore encountered an issue"
+"""The start of vLLM's ``EngineDeadError`` message (``vllm/v1/engine/exceptions.py``): its server
+answers it as a 500 (``InternalServerError``) and then exits (``terminate_if_errored``)."""
+
+
+def engine_dead(error: str) -> bool:
+    """Whether an error message (``{"error": {"message"}}``) is vLLM's for an engine that died: the
+    backend is going away, not failing on this request."""
+    return error.startswith(_ENGINE_DEAD)
