@@ -1,6 +1,6 @@
 """The README's results table quotes figures from the generated results pages; each must be on its page.
 
-A result file rerun and its page regenerated leaves the README's copy of the old figure behind unless
+A result file rerun and its page regenerated (or a reproduction rerun) leaves the README's copy of the old figure behind unless
 someone remembers it: every number in a link's text to ``docs/results/`` must appear on the linked page,
 to the precision the README shows (0.424 on the page reads 0.42 in the README).
 """
@@ -56,3 +56,22 @@ def test_the_check_catches_a_stale_figure() -> None:
     page = "| gateway+pars | x2.98 | 0.424 | 1,234 requests | -1.6% |"
     assert missing_figures("2.98x lower; 0.42; 1,234; -1.6 %", page) == []
     assert missing_figures("3.01x lower; 0.43; 1,235", page) == ["3.01", "0.43", "1235"]
+
+
+_VERDICTS = re.compile(
+    r"\[\w+\]\((docs/results/reproduce-[\w-]+\.md)\)\s+(\d+)(?:\s+reproduced)?,\s+(\d+)(?:\s+direction\s+only)?,"
+    r"\s+(\d+)(?:\s+not)?\s+of\s+(\d+)"
+)
+_PAGE_VERDICTS = re.compile(
+    r"^Verdicts: (\d+) reproduced, (\d+) direction only, (\d+) not reproduced, of (\d+) claims\.", re.M
+)
+
+
+def test_the_readme_counts_each_papers_verdicts_as_its_page_does() -> None:
+    quoted = _VERDICTS.findall(README.read_text(encoding="utf-8"))
+    assert len(quoted) == 3, "the README quotes the verdict counts of PARS, UniBoost and DriftSched"
+    for target, *counts in quoted:
+        found = _PAGE_VERDICTS.search((ROOT / target).read_text(encoding="utf-8"))
+        assert found is not None, f"{target} has no 'Verdicts:' line"
+        page = list(found.groups())
+        assert page == counts, f"README quotes {counts} for {target}, the page says {page}"
