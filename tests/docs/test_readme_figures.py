@@ -1,8 +1,9 @@
 """The README's results table quotes figures from the generated results pages; each must be on its page.
 
-A result file rerun and its page regenerated (or a reproduction rerun) leaves the README's copy of the old figure behind unless
-someone remembers it: every number in a link's text to ``docs/results/`` must appear on the linked page,
-to the precision the README shows (0.424 on the page reads 0.42 in the README).
+A result file rerun and its page regenerated (or a reproduction rerun) leaves the README's copy of the
+old figure behind unless someone remembers it: every number in a link's text to ``docs/results/`` must
+appear on the linked page, to the precision the README shows (0.424 on the page reads 0.42 in the
+README), and the verdict counts quoted for each paper must be its page's.
 """
 
 from __future__ import annotations
