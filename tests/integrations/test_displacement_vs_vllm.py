@@ -123,6 +123,21 @@ def test_evict_counts_the_prefix_cache_hit(vllm_steps: VllmSteps) -> None:
     assert sim == ref == {"r0": (0, 2, 0), "r1": (3, 62, 0), "r2": (10, 14, 0)}
 
 
+def test_evict_admits_with_the_hit_of_the_running_loops_blocks(vllm_steps: VllmSteps) -> None:
+    """r1 (1 token) and r0 (16 tokens) share a 49-token prompt; r1's prefill takes two steps. At
+    step 1 r0 fits (a slot, and 3 free blocks with its 2-block hit) in the displacement check,
+    and vLLM's waiting loop admits it after its running loop allocated, and so cached, the block
+    r1's last chunk fills: r0 hits 48 tokens and finishes at 16. The simulator admitted it inside
+    the check, with the 32-token hit of the blocks cached before, and finished it at 17."""
+    prompt = [*range(1000, 1048), 27671]
+    scenario = _engine(
+        _req(0, prompt, 16, 0), _req(1, prompt, 1, 0), num_blocks=7, max_num_seqs=2, max_num_batched_tokens=32
+    )
+    sim, ref, reply = _pair(vllm_steps, scenario, "srpt-oracle", "evict", "vllm")
+    assert reply["displaced"] == 0
+    assert sim == ref == {"r0": (1, 16, 0), "r1": (0, 1, 0)}
+
+
 def test_evict_checks_every_waiting_request_in_order(vllm_steps: VllmSteps) -> None:
     """r1 (4 tokens) and r2 (8 tokens, 80-token prompt) arrive at step 5 while r0 (60 tokens) runs: r1
     fits, r2 does not and evicts r0 in the same step, in both (the plugin looked at the queue's head

@@ -6,7 +6,8 @@ nothing computed looks up its block keys in :class:`~headway.sim._prefix.PrefixC
 starts after its cached whole blocks (at most ``num_tokens - 1`` tokens); its hashed prompt
 blocks are entered when a step is planned that computes them, as vLLM caches a block when it
 allocates it, so a request admitted later in the same step hits them (running requests'
-chunks are entered after the step's evictions and displacements, before admission); those
+chunks are entered after the step's evictions and displacements, before admission, the
+requests a displacement check counted as admitted included: ``Preemption._count_fit``); those
 filled by decoding are entered when it leaves the batch; freed blocks keep their keys in
 the free queue until an allocation reuses them, and blocks freed without one go to its head.
 Requests that finish in one step leave in vLLM's running-list order (decoders, then prefills,
@@ -58,6 +59,7 @@ class KVBlocks(DecodeClock):
     _sitting: list[Seq]  # decoders sitting the step in flight out (Preemption._sit_out): running, without a token
     _finishing: list[Seq]  # async scheduling: finished in the step that just ended, still holding slot and blocks
     _chunk_cap: int  # the step's long_prefill_token_threshold in force (0: none; _set_chunk_cap)
+    _touched: int  # the last admission's prefix-cache hit blocks in the free queue (_admission)
 
     @property
     def num_running(self) -> int:
@@ -97,10 +99,12 @@ class KVBlocks(DecodeClock):
         self.free -= blocks
         s.chunk = chunk
 
-    def _admission(self, s: Seq, budget: int) -> tuple[int, int]:
+    def _admission(self, s: Seq, budget: int, counted: int = 0, taken: int = 0) -> tuple[int, int]:
         """Tokens ``s`` would be scheduled now and 0, or 0 and what it lacks (SLOT, BUDGET,
-        BLOCKS), checked in vLLM's order."""
-        running = self.num_running
+        BLOCKS), checked in vLLM's order. A displacement check's requests counted as admitted
+        take ``counted`` slots and ``taken`` free blocks besides (``Preemption._count_fit``).
+        Sets ``_touched``: the hit's blocks in the free queue."""
+        running = self.num_running + counted
         if running >= self.active_seqs:
             return 0, SLOT
         if budget <= 0:
@@ -140,8 +144,9 @@ class KVBlocks(DecodeClock):
         need = -(-end // self.bs) - s.blocks - len(s.hit) + touched
         if running and self.watermark_blocks:
             need += self.watermark_blocks
-        if need > self.free:
+        if need + taken > self.free:
             return 0, BLOCKS
+        self._touched = touched
         return num_new, 0
 
     def _register(self, s: Seq) -> None:

@@ -32,6 +32,8 @@ class Preemption(KVBlocks):
     _leave: Callable[[Seq], None]  # the replica's: a finished request gives back its blocks and slot
     _held: list[tuple[float, Request]]  # async scheduling: arrived while a step ran, not yet waiting
     _stale: list[Request]  # async scheduling: displaced with a token in flight, skipped by this plan
+    _fits: list[tuple[Seq, int, int]]  # counted as admitted by a displacement check: (seq, blocks, tokens)
+    _fits_taken: int  # the free KV blocks they take
     on_done: Callable[[Request], None] | None  # the simulator's: a request finished or was aborted
     api: ApiServerLimits | None  # vLLM's API server's admission limits, if any is set
 
@@ -336,12 +338,10 @@ class Preemption(KVBlocks):
                 break
             cand, cand_key = head
             s = seqs[cand]
-            chunk, short = self._admission(s, budget)
+            chunk, short = self._admission(s, budget, len(self._fits), self._fits_taken)
             if chunk:
                 waiting.pop()
-                # its blocks are entered after the displacement check (which may evict it again)
-                self._start_running(s, chunk, now, register=False)
-                budget -= chunk
+                budget -= self._count_fit(s, chunk)
                 continue
             if short != BLOCKS and not pause:
                 break  # evict mode: a full batch or budget displaces nobody
@@ -367,13 +367,10 @@ class Preemption(KVBlocks):
         while self.waiting and budget > 0:  # an exhausted token budget is no reason to evict
             cand = self.waiting.peek()
             assert cand is not None
-            chunk, short = self._admission(self.seqs[cand], budget)
+            chunk, short = self._admission(self.seqs[cand], budget, len(self._fits), self._fits_taken)
             if chunk:
                 self.waiting.pop()
-                # its blocks are entered after the displacement check (which may evict it again)
-                self._start_running(self.seqs[cand], chunk, now, register=False)
-                budget -= chunk
-                keys[cand] = (policy.key(cand, now), cand.seq)
+                budget -= self._count_fit(self.seqs[cand], chunk)
                 continue
             ckey = (self.waiting.peek_key(), cand.seq)
             if short != BLOCKS and not pause:
@@ -391,3 +388,48 @@ class Preemption(KVBlocks):
             keys.pop(worst, None)  # (a paused victim has no running key)
             budget += self._displace_victim(self.seqs[worst], short == BLOCKS, now)
         return budget
+
+    def _count_fit(self, s: Seq, chunk: int) -> int:
+        """A displacement check counts a waiting request that fits as admitted: its slot, its
+        ``chunk`` tokens and the KV blocks it takes, as the plugin's check does before vLLM's
+        ``schedule()``. It is admitted by :meth:`_admit_fits`, once the running requests' blocks of
+        the step are in the prefix cache, where vLLM's waiting loop looks its hit up (after its
+        running loop allocated, and so cached, those blocks). Returns ``chunk``."""
+        req = s.req
+        if self.cache is not None and not req.num_computed_tokens:  # (_admission looked its hit up)
+            computed, hit = (len(s.hit) or s.own_hit) * self.bs, len(s.hit)
+        else:
+            computed, hit = req.num_computed_tokens, 0
+        blocks = -(-(computed + chunk) // self.bs) - s.blocks - hit + (self._touched if s.hit else 0)
+        self._fits.append((s, blocks, chunk))
+        self._fits_taken += blocks
+        if s.keys:  # (a request without block hashes hits its own blocks alone: no step's blocks change that)
+            s.hit, s.own_hit = [], 0
+        return chunk
+
+    def _admit_fits(self, now: float, budget: int) -> tuple[int, bool]:
+        """Admit the requests a displacement check counted (:meth:`_count_fit`), in its order, as
+        vLLM's waiting loop takes them: each looks its prefix-cache hit up again, now that the
+        running requests' blocks of the step are cached (it may hit more and schedule fewer
+        tokens). One that no longer fits waits again with those after it (head-of-line). Returns
+        the token budget left and whether all were admitted."""
+        fits = self._fits
+        for _, _, chunk in fits:
+            budget += chunk
+        # without block hashes a request hits its own blocks alone, which nothing cached since changes:
+        # when none of them has hashes, each keeps the hit and chunk it was counted with
+        again = any(s.keys for s, _, _ in fits)
+        for i, (s, _, counted) in enumerate(fits):
+            chunk = self._admission(s, budget)[0] if again else counted
+            if not chunk:
+                for rest, _, _ in fits[i:]:
+                    rest.hit, rest.own_hit = [], 0
+                    self.waiting.add(rest.req, now)
+                fits.clear()
+                self._fits_taken = 0
+                return budget, False
+            self._start_running(s, chunk, now)
+            budget -= chunk
+        fits.clear()
+        self._fits_taken = 0
+        return budget, True

@@ -206,6 +206,9 @@ class Replica(Preemption):
         # async scheduling: what the step being planned cannot see yet (released once it is planned)
         self._finishing: list[Seq] = []  # finished in the step that just ended: slot and blocks still held
         self._held: list[tuple[float, Request]] = []  # (time, request) arrived while a step ran: not yet waiting
+        self._fits: list[tuple[Seq, int, int]] = []  # counted as admitted by a displacement check (_count_fit)
+        self._fits_taken = 0  # the free KV blocks they take
+        self._touched = 0  # the last admission's hit blocks in the free queue (_admission)
         self._stale: list[Request] = []  # displaced with a token in flight: skipped by this plan's admission
         self._step_began = 0.0  # when the step that just ended started
         self.g = 0  # decode steps run so far (the lazy counters' clock)
@@ -485,7 +488,11 @@ class Replica(Preemption):
                         (self.waiting.head(), self._run_version, self.policy.key_epoch) if budget > 0 else None
                     )
             self._register_prefills()
-            self._admit(now, budget)
+            fitted = True
+            if self._fits:  # counted as admitted by the displacement check: their hits looked up again
+                budget, fitted = self._admit_fits(now, budget)
+            if fitted:
+                self._admit(now, budget)
             if self._stale:  # back in the queue for the next plan (vLLM re-queues the requests it skipped)
                 for req in self._stale:
                     self.waiting.add(req, now)
