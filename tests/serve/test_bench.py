@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from starlette.applications import Starlette
@@ -622,10 +623,9 @@ def test_a_streamed_chunk_with_usage_and_choices_gives_both_parsed_once(monkeypa
     assert ("".join(answer), req.num_output_tokens, len(parses)) == ("Hello", 2, 3)
 
 
-def test_a_streamed_chunk_without_a_choice_is_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    # vllm bench serve (lib/endpoint_request_func.py) times only chunks whose "choices" is not empty: a
-    # first chunk with no choice (Azure OpenAI's prompt_filter_results) is not the first token, and a
-    # usage chunk is not the last one even when its usage lacks completion_tokens
+def _read_timed_stream(monkeypatch: pytest.MonkeyPatch, events: list[tuple[float, str]]) -> Any:
+    """A sent request after ``_bench._read_stream`` read ``events`` (time, ``data:`` payload), the
+    bench's clock standing at each event's time as it comes."""
     import asyncio
     import types
 
@@ -634,15 +634,6 @@ def test_a_streamed_chunk_without_a_choice_is_no_token(monkeypatch: pytest.Monke
 
     now = [0.0]
     monkeypatch.setattr(_bench, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
-    events = [
-        (0.125, '{"choices":[],"prompt_filter_results":[{"prompt_index":0}]}'),
-        (0.25, TOKEN),
-        (0.375, '{"choices": [{"index": 0, "text": "t"}]}'),
-        (0.625, TOKEN),
-        (0.75, '{"id":"x","choices":[]}'),
-        (0.875, '{"choices":[],"usage":{"prompt_tokens":7}}'),
-        (1.0, "[DONE]"),
-    ]
 
     async def lines() -> AsyncIterator[str]:
         for t, data in events:
@@ -652,6 +643,25 @@ def test_a_streamed_chunk_without_a_choice_is_no_token(monkeypatch: pytest.Monke
     req = Request("r", 0.0, 4, max_tokens=8)
     req.transition(RequestState.RUNNING)  # (sent)
     asyncio.run(_bench._read_stream(lines(), req, 0.0))
+    return req
+
+
+def test_a_streamed_chunk_without_a_choice_is_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    # vllm bench serve (lib/endpoint_request_func.py) times only chunks whose "choices" is not empty: a
+    # first chunk with no choice (Azure OpenAI's prompt_filter_results) is not the first token, and a
+    # usage chunk is not the last one even when its usage lacks completion_tokens
+    from headway.core import RequestState
+
+    events = [
+        (0.125, '{"choices":[],"prompt_filter_results":[{"prompt_index":0}]}'),
+        (0.25, TOKEN),
+        (0.375, '{"choices": [{"index": 0, "text": "t"}]}'),
+        (0.625, TOKEN),
+        (0.75, '{"id":"x","choices":[]}'),
+        (0.875, '{"choices":[],"usage":{"prompt_tokens":7}}'),
+        (1.0, "[DONE]"),
+    ]
+    req = _read_timed_stream(monkeypatch, events)
     assert req.state is RequestState.FINISHED and req.num_output_tokens == 3
     assert (req.first_token_time, req.finish_time, list(req.extra["itl"])) == (0.25, 0.625, [0.125, 0.25])
 
@@ -663,24 +673,10 @@ def test_a_streamed_chunk_without_a_choice_is_no_token(monkeypatch: pytest.Monke
 def test_a_streamed_chunk_that_is_not_a_json_object_fails_the_request(monkeypatch, data, why) -> None:
     # vllm bench serve json.loads every chunk: one it cannot read (or whose .get fails) fails the request;
     # headway counted it as a token. The request keeps its TTFT and gaps so far, as vLLM's does
-    import asyncio
-    import types
+    from headway.core import RequestState
 
-    from headway.core import Request, RequestState
-    from headway.serve import _bench
-
-    now = [0.0]
-    monkeypatch.setattr(_bench, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     events = [(0.25, TOKEN), (0.5, TOKEN), (0.75, data), (1.0, TOKEN), (1.25, _usage(3)), (1.5, "[DONE]")]
-
-    async def lines() -> AsyncIterator[str]:
-        for t, d in events:
-            now[0] = t
-            yield "data: " + d
-
-    req = Request("r", 0.0, 4, max_tokens=8)
-    req.transition(RequestState.RUNNING)  # (sent)
-    asyncio.run(_bench._read_stream(lines(), req, 0.0))
+    req = _read_timed_stream(monkeypatch, events)
     assert req.state is RequestState.ABORTED and req.extra["abort_reason"] == "bad_chunk"
     assert req.extra["error_message"].startswith(f"a streamed chunk is {why}") and data in req.extra["error_message"]
     assert (req.first_token_time, req.finish_time, list(req.extra["itl"])) == (0.25, 0.75, [0.25])

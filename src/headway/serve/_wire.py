@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,26 +122,27 @@ def _shown(v: object) -> str:
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 
-def _int_field(body: dict[str, Any], name: str, where: str | None = None) -> int | None:
-    """``body[name]`` read as vLLM reads an optional int field (None when absent or null)."""
+def _lax_field(body: dict[str, Any], name: str, read: Callable[[object], Any], kind: str, where: str | None) -> Any:
+    """``body[name]`` read by ``read`` (:func:`lax_int`, :func:`lax_bool`) as vLLM reads an optional
+    field of that ``kind`` (None when absent or null); a 400 naming ``where`` (or it) otherwise."""
     v = body.get(name)
     if v is None:
         return None
     try:
-        return lax_int(v)
+        return read(v)
     except ValueError:
-        raise BadRequest(f"'{where or name}' must be an integer, got {_shown(v)}", where or name) from None
+        raise BadRequest(f"'{where or name}' must be {kind}, got {_shown(v)}", where or name) from None
+
+
+def _int_field(body: dict[str, Any], name: str, where: str | None = None) -> int | None:
+    """``body[name]`` read as vLLM reads an optional int field (None when absent or null)."""
+    value: int | None = _lax_field(body, name, lax_int, "an integer", where)
+    return value
 
 
 def _bool_field(body: dict[str, Any], name: str, where: str | None = None) -> bool:
     """``body[name]`` read as vLLM reads an optional bool field (False when absent or null)."""
-    v = body.get(name)
-    if v is None:
-        return False
-    try:
-        return lax_bool(v)
-    except ValueError:
-        raise BadRequest(f"'{where or name}' must be a boolean, got {_shown(v)}", where or name) from None
+    return bool(_lax_field(body, name, lax_bool, "a boolean", where))
 
 
 @dataclass(slots=True)
