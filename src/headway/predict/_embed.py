@@ -6,7 +6,6 @@ embedding show."""
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from headway._files import replacing
 from headway.predict._chunks import _length_sorted_batches
 from headway.predict._paths import default_cache_dir
 from headway.predict.data import prompt_key
@@ -87,10 +87,9 @@ def _save_disk_cache(tag: str, table: dict[str, npt.NDArray[np.float32]]) -> Non
     path = _disk_cache_file(tag)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
         keys = np.array(list(table), dtype="U64")
-        np.savez(tmp, keys=keys, emb=np.stack(list(table.values())).astype(np.float32))
-        os.replace(tmp, path)
+        with replacing(path, "wb") as fh:
+            np.savez(fh, keys=keys, emb=np.stack(list(table.values())).astype(np.float32))
     except OSError:
         pass
 

@@ -22,6 +22,8 @@ from typing import Any, Literal, get_args
 import numpy as np
 import numpy.typing as npt
 
+from headway._files import write_atomic
+
 __all__ = [
     "FEATURE_SETS",
     "PROMPT_CUES",
@@ -192,10 +194,7 @@ class RidgeHead:
     def save(self, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_bytes(self.to_bytes(meta))
-        tmp.replace(p)
-        return p
+        return write_atomic(p, self.to_bytes(meta))
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = "head") -> tuple[RidgeHead, dict[str, Any]]:

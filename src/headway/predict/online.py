@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from headway._files import write_atomic
 from headway._help import unwritable
 from headway.predict.head import RidgeHead, extra_features, fit_ridge, rank_targets
 
@@ -142,10 +143,7 @@ class MemoryStore:
         buf = io.BytesIO()
         savez: Any = np.savez  # (features do not compress: a window is ~1.5 MB either way, 40x faster so)
         savez(buf, models=names, meta=meta, **arrays)
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_bytes(buf.getvalue())
-        tmp.replace(p)
-        return p
+        return write_atomic(p, buf.getvalue())
 
     @classmethod
     def load(cls, path: str | Path, window: int) -> MemoryStore:
