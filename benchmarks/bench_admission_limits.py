@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from headway._files import write_atomic
+from headway._files import save_figure, write_atomic
 from headway.metrics import summarize
 from headway.sim import CacheConfig, SchedulerConfig, simulate
 from headway.workload import load_workload
@@ -183,7 +183,7 @@ def plot(
     third.legend(fontsize=8)
     fig.suptitle("azure-conv on llama3-8b-a100: vLLM's admission limits")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 

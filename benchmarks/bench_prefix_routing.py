@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from headway._files import write_atomic
+from headway._files import save_figure, write_atomic
 from headway.metrics import summarize
 from headway.routers import available_routers, get_router_class
 from headway.sim import CacheConfig, ideal_prefix_hits, simulate
@@ -207,7 +207,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from headway._files import write_atomic
+from headway._files import save_figure, write_atomic
 from headway.serve._upstream import UpstreamError, UpstreamPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test harnesses live with the tests
@@ -231,7 +231,7 @@ def plot(name: str, tl: Timeline, path: Path) -> None:
         ax1.annotate(label, (t, top), xytext=(3, -12 - 11 * k), textcoords="offset points", fontsize=7)
     fig.suptitle(f"fault: {name}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    save_figure(fig, path, dpi=80)
     plt.close(fig)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from headway._files import save_figure
 from headway.sim import load_preset
 from headway.sim._timings import compare_timings, read_step_timings
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize="small")
     fig.suptitle("Step-time presets against a Llama-3-8B-shaped decoder timed on GPUs (shaded: within 0.8-1.25x)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=100, metadata={"Software": None})
+    save_figure(fig, args.out, dpi=100, metadata={"Software": None})
     print(args.out)
     return 0
 

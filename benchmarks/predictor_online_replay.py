@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from headway._files import write_atomic
+from headway._files import save_figure, write_atomic
 from headway.predict.online import OnlineConfig, OnlineLearner
 from headway.workload import find_data_dir
 
@@ -129,7 +129,7 @@ def main() -> int:
     ax.set_title(f"arena_hard_v2 {args.model}")
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(args.png, dpi=100)
+    save_figure(fig, args.png, dpi=100)
     print(f"wrote {args.out} and {args.png}")
     return 0
 

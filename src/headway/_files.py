@@ -3,23 +3,28 @@
 A file is written under a temporary name beside it and renamed over its path once complete
 (``os.replace``, atomic on one file system). A run interrupted while writing (Ctrl-C, SIGTERM, an
 error) leaves the file as it was before, an earlier good result included, never cut off mid-row;
-the temporary file is removed. A report of several files (:func:`staged_dir`) is written into a
-temporary folder and moved into place file by file only once all of them are written, with Ctrl-C
-and SIGTERM held back meanwhile, so an interrupted run leaves the earlier report whole, not a mix.
+the temporary file is removed. A figure (:func:`save_figure`) is rendered in memory, then written so.
+A report of several files (:func:`staged_dir`) is written into a temporary folder and moved into
+place file by file only once all of them are written, with Ctrl-C and SIGTERM held back meanwhile,
+so an interrupted run leaves the earlier report whole, not a mix.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-__all__ = ["replacing", "staged_dir", "write_atomic"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["replacing", "save_figure", "staged_dir", "write_atomic"]
 
 
 @contextlib.contextmanager
@@ -50,6 +55,19 @@ def write_atomic(path: str | Path, data: str | bytes, *, encoding: str = "utf-8"
         with replacing(path, "w", encoding=encoding) as fh:
             fh.write(data)
     return Path(path)
+
+
+def save_figure(fig: Figure, path: str | Path, **savefig_kwargs: Any) -> Path:
+    """``fig.savefig(path, **savefig_kwargs)`` whole or not at all: the figure is rendered in memory, in
+    the format of ``path``'s suffix unless ``format`` is given, and written by :func:`write_atomic`, so
+    an interrupt or an error while drawing leaves the earlier file as it was. The folder must exist."""
+    target = Path(path)
+    fmt = savefig_kwargs.pop("format", None) or target.suffix.removeprefix(".").lower()
+    if not fmt:
+        raise ValueError(f"{target}: no suffix to tell the figure's format (.png, .svg, .pdf): add one or pass format")
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, **savefig_kwargs)
+    return write_atomic(target, buf.getvalue())
 
 
 @contextlib.contextmanager

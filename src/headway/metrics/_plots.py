@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from headway._files import write_atomic
+from headway import _files
 from headway._optional import require
 from headway.core import PAPER_POLICIES, Request, RequestState
 from headway.metrics._summary import RunSummary
@@ -288,8 +288,8 @@ def figure_png(fig: Figure, *, dpi: int = 100) -> bytes:
 
 
 def save_figure(fig: Figure, path: str | Path, *, dpi: int = 100) -> Path:
-    """Write ``fig`` as a PNG file and return its path."""
+    """Write ``fig`` as a PNG file, whole or not at all (:func:`headway._files.save_figure`), its folder
+    made if needed, and return its path."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, figure_png(fig, dpi=dpi))
-    return out
+    return _files.save_figure(fig, out, format="png", dpi=dpi, metadata={"Software": None})

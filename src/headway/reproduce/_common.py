@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -13,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from headway._files import write_atomic
+from headway import _files
 from headway.core import Request, RequestState
 from headway.reproduce._claims import ClaimRow
 from headway.sim import CacheConfig, SchedulerConfig, SimResult, simulate
@@ -146,9 +145,7 @@ def save_figure(out_dir: Path, fname: str, draw: Callable[[Any], None], size: tu
     try:
         draw(fig)
         fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=110)
-        write_atomic(out_dir / fname, buf.getvalue())
+        _files.save_figure(fig, out_dir / fname, dpi=110)  # (this module's save_figure draws one first)
     finally:
         plt.close(fig)
     return fname

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from headway._files import staged_dir
+from headway._files import save_figure, staged_dir
 from headway._help import CLIError, HelpFormatter, default_out_dir, nonempty, prepare_out_dir
 from headway._optional import available
 from headway.sweep._grid import load_grid
+from headway.sweep._resume import finished_tasks, resumed_line, sweep_identity
 from headway.sweep._runner import METRIC_NAMES, TaskResult, aggregate, max_rates, ray_missing, run_sweep
 
 __all__ = ["add_sweep_parser"]
@@ -33,7 +35,8 @@ def add_sweep_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
             "e2e_mean = 10.0: seconds, as the table's columns; slo_attainment = 0.9, a floor) it also "
             "reports the highest rate meeting them per preset, workload and policy (capacity.csv). Names, "
             "types and the SLO are checked before any task runs; a task that fails is reported with its "
-            "parameters and the others' results are kept."
+            "parameters and the others' results are kept. An interrupted sweep (Ctrl-C, SIGTERM) writes the "
+            "tasks that finished as a partial report; --resume with the same grid and --out runs only the rest."
         ),
         formatter_class=HelpFormatter,
     )
@@ -42,6 +45,14 @@ def add_sweep_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--num-cpus", type=int, default=None, help="local Ray workers (default: all cores)")
     p.add_argument("--no-ray", action="store_true", help="run the tasks in this process instead")
     p.add_argument("--out", type=nonempty, default=None, help="report folder (default: headway-out/sweep-<time>)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the sweep whose report is in --out, partial or complete: reuse the tasks it finished, "
+        "run only the others (and those that failed) and write one complete report. Refused, naming what "
+        "differs, where that report is of another grid (limits aside), a workload file changed since, or "
+        "another headway version",
+    )
     p.set_defaults(func=_cmd_sweep)
 
 
@@ -59,19 +70,26 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         raise CLIError("--num-cpus sizes a local Ray, and --ray-address joins a running cluster: drop one of them")
     if not args.no_ray and not available("ray"):  # said before the header and an empty progress bar
         raise ray_missing()
+    if args.resume and args.out is None:
+        raise CLIError("--resume continues the sweep whose report is in --out: name that folder")
     grid = load_grid(args.grid)
+    identity = sweep_identity(grid)
+    resumed = finished_tasks(Path(args.out), grid, identity) if args.resume else None
+    reused = resumed.results if resumed is not None else []
     out = prepare_out_dir(args.out or default_out_dir("sweep"))
     tasks = grid.tasks()
-    console.print(f"[bold]sweep[/] {len(tasks)} tasks ({'in-process' if args.no_ray else 'Ray'})")
+    said = f"[bold]sweep[/] {len(tasks)} tasks ({'in-process' if args.no_ray else 'Ray'})"
+    console.print(f"{said}: {resumed_line(resumed, len(tasks))}" if resumed is not None else said)
     if oracle := _noisy_oracle_note(grid):
         console.print(f"[dim]{oracle}[/]")
     failures: list[TaskResult] = []
-    finished: list[TaskResult] = []
+    finished: list[TaskResult] = list(reused)
     try:
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
         ) as progress:
-            bar = progress.add_task("simulating", total=len(tasks))
+            what = f"simulating ({len(reused)} resumed)" if reused else "simulating"
+            bar = progress.add_task(what, total=len(tasks), completed=len(reused))
 
             def on_result(r: TaskResult) -> None:
                 finished.append(r)
@@ -86,9 +104,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                 ray_address=args.ray_address,
                 num_cpus=args.num_cpus,
                 on_result=on_result,
+                done=reused,
             )
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep the tasks that finished, then end as interrupted
-        _keep_finished(console, out, finished, len(tasks))
+        _keep_finished(console, out, finished, len(tasks), identity)
         raise
     rows = aggregate(results)
     _print_table(console, _table(rows))
@@ -98,14 +117,19 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if capacity:
         _print_table(console, _capacity_table(capacity, grid.limits))
         console.print(f"[dim]{_capacity_note(grid.limits)}[/]")
-    paths = write_sweep_report(out, results, rows, capacity=capacity)
+    paths = write_sweep_report(out, results, rows, identity, capacity=capacity)
     console.print(f"report: {', '.join(str(p) for p in paths)}")
+    if resumed is not None and (partial := out / "interrupted" / "results.json") in resumed.sources:
+        _discard_report(partial.parent)  # its tasks are in the complete report now
+        console.print(f"[dim]the partial report resumed from {partial.parent} is removed: its tasks are in {out}[/]")
     if failures:
         console.print(f"[red]{len(failures)} of {len(tasks)} tasks failed[/] (listed above and in results.csv)")
     return 1 if failures else 0
 
 
-def _keep_finished(console: Any, out: Path, finished: Sequence[TaskResult], total: int) -> None:
+def _keep_finished(
+    console: Any, out: Path, finished: Sequence[TaskResult], total: int, identity: Mapping[str, Any]
+) -> None:
     """The report of an interrupted sweep: the ``finished`` tasks alone (in grid order), with
     ``"complete": false`` in results.json, and a line saying so. Where ``out`` holds a complete
     report already (an earlier run's), this one goes to ``out/interrupted`` instead of replacing it."""
@@ -114,7 +138,7 @@ def _keep_finished(console: Any, out: Path, finished: Sequence[TaskResult], tota
         return
     where = out / "interrupted" if _complete_report(out) else out
     done = sorted(finished, key=lambda r: r.task.index)
-    paths = write_sweep_report(where, done, aggregate(done), total=total)
+    paths = write_sweep_report(where, done, aggregate(done), identity, total=total)
     kept = f" (the complete report already in {out} is kept)" if where != out else ""
     console.print(
         f"[yellow]interrupted: {len(done)} of {total} tasks finished; their report (partial: results.json "
@@ -274,19 +298,23 @@ def write_sweep_report(
     out: Path,
     results: Sequence[TaskResult],
     rows: Sequence[dict[str, Any]],
+    identity: Mapping[str, Any],
     *,
     total: int | None = None,
     capacity: Sequence[dict[str, Any]] | None = None,
 ) -> list[Path]:
     """results.csv (every task), aggregate.csv, results.json and curves.png in ``out``, and with
     ``capacity`` (:func:`headway.sweep.max_rates`) capacity.csv and results.json's ``"capacity"``.
-    ``total``: the grid's number of tasks, when ``results`` holds fewer (an interrupted sweep):
-    results.json then says ``"complete": false`` and counts both."""
+    ``identity``: what the results depend on (:func:`~headway.sweep._resume.sweep_identity`), recorded
+    as results.json's ``"sweep"`` for ``--resume``. ``total``: the grid's number of tasks, when
+    ``results`` holds fewer (an interrupted sweep): results.json then says ``"complete": false`` and
+    counts both."""
     total = len(results) if total is None else total
     doc = {
         "complete": len(results) == total,
         "tasks_finished": len(results),
         "tasks_in_grid": total,
+        "sweep": dict(identity),
         "tasks": [r.row() for r in results],
         "aggregate": list(rows),
     }
@@ -323,6 +351,18 @@ def write_sweep_report(
     return paths
 
 
+_REPORT_FILES = ("results.csv", "aggregate.csv", "results.json", "capacity.csv", "curves.png")
+"""The files :func:`write_sweep_report` may write."""
+
+
+def _discard_report(folder: Path) -> None:
+    """Remove a report's files from ``folder``, and the folder once empty (anything else stays)."""
+    for name in _REPORT_FILES:
+        (folder / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
 def _plot_curves(path: Path, rows: Sequence[dict[str, Any]]) -> Path | None:
     """Latency vs load per policy: one column per (preset, workload)."""
     points = [r for r in rows if r["rate"] is not None]
@@ -355,8 +395,7 @@ def _plot_curves(path: Path, rows: Sequence[dict[str, Any]]) -> Path | None:
             ax.grid(True, alpha=0.3)
         axes[0][j].legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def _widen_flat(ax: Any) -> None:

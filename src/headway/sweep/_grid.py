@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -190,10 +191,23 @@ class Grid:
 
         return CacheConfig(enable_prefix_caching=self.enable_prefix_caching)
 
+    def settings(self) -> dict[str, Any]:
+        """Every field as JSON data (lists for tuples), as a report records the grid it ran."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
     def tasks(self) -> list[Task]:
         """Every combination, in a fixed order (the order results are reported in)."""
         combos = itertools.product(self.presets, self.workloads, self.policies, self.rates, self.seeds)
         return [Task(i, pol, wl, rate, seed, preset) for i, (preset, wl, pol, rate, seed) in enumerate(combos)]
+
+
+def _plain(v: Any) -> Any:
+    """``v`` with its tuples as lists and its mappings as dicts, as JSON reads it back."""
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return v
 
 
 def _is_int(v: object) -> bool:

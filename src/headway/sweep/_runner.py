@@ -145,20 +145,27 @@ def run_sweep(
     ray_address: str | None = None,
     num_cpus: int | None = None,
     on_result: Callable[[TaskResult], None] | None = None,
+    done: Sequence[TaskResult] = (),
 ) -> list[TaskResult]:
     """Run every task of ``grid``; results come back in grid order.
 
     With ``use_ray`` the tasks are Ray tasks on a local Ray (``num_cpus`` workers) or
     on the cluster at ``ray_address``; without it they run in this process. Both give
-    identical numbers: each task is a deterministic simulation.
+    identical numbers: each task is a deterministic simulation. ``done``: results of this
+    grid's tasks that an earlier run finished (``headway sweep --resume``), taken as they
+    are; only the other tasks run (and reach ``on_result``), Ray not started when none is left.
     """
     tasks = grid.tasks()
-    stream = _ray(tasks, grid, ray_address, num_cpus) if use_ray else _local(tasks, grid)
-    results: dict[int, TaskResult] = {}
-    for result in stream:
-        results[result.task.index] = result
-        if on_result is not None:
-            on_result(result)
+    results = {r.task.index: r for r in done}
+    if any(i >= len(tasks) or tasks[i] != r.task for i, r in results.items()):
+        raise ValueError("done holds results of tasks that are not this grid's")
+    todo = [t for t in tasks if t.index not in results]
+    if todo:
+        stream = _ray(todo, grid, ray_address, num_cpus) if use_ray else _local(todo, grid)
+        for result in stream:
+            results[result.task.index] = result
+            if on_result is not None:
+                on_result(result)
     return [results[t.index] for t in tasks]
 
 
