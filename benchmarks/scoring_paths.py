@@ -7,15 +7,18 @@ end scores it:
 - the simulator: a workload request carrying the prompt (the predictor JSONL format's ``prompt``),
   scored on arrival by ``pars.scorer=default``, one request at a time (``ScoredPolicy.score_of``);
 - the gateway: the OpenAI body parsed and kept as ``headway serve`` keeps it (``validate_body``,
-  ``Intake.new_request``), all prompts scored in one mixed-length batch by ``--scorer default``, in
-  process and with ``--scorer-process``;
+  ``Intake.new_request``; a prompt of token ids decoded by ``Intake.token_text`` with ``--tokenizer``
+  the tiny Llama's, as the gateway's arrival decodes it), all prompts scored in one mixed-length batch
+  by ``--scorer default``, in process and with ``--scorer-process``;
 - the vLLM plugin, in vLLM's virtualenv: the token ids vLLM's renderer gives the engine (the chat
   template and tokenizer of the tiny Llama, ``.venv-vllm/tiny-llama``), detokenized by
   ``HeadwayScheduler._hw_decode`` and scored by the plugin's ``PolicyAdapter`` with
   ``scorer: default``, ``scoring: inline`` and ``background``.
 
-The requests: a completions request (``prompt`` = the text); a chat request with the text as its
-only user message; a chat request with a system prompt and an earlier exchange before it. Each path's
+The requests: a completions request (``prompt`` = the text); the same as token ids (``prompt`` = the
+ids the plugin's side got for it, so the plugin's score of them is its completions request's); a chat
+request with the text as its only user message; a chat request with a system prompt and an earlier
+exchange before it. Each path's
 scores are compared with the simulator's: the largest absolute difference and Kendall tau_b.
 Scoring runs in a fresh cache (``HEADWAY_CACHE_DIR``), so ``default`` is the shipped predictor.
 
@@ -71,6 +74,8 @@ for mode in ("inline", "background"):
         else:  # the completions path: the prompt tokenized with the tokenizer's special tokens
             ids = tok(r["prompt"])["input_ids"]
         q.add_request(FakeRequest(r["id"], 0.0, len(ids), 16, prompt_token_ids=list(ids)))
+        if mode == "inline" and "messages" not in r:
+            out.setdefault("ids", {{}})[r["id"]] = list(ids)
     deadline = time.monotonic() + 600
     while a.reqs and any(h.score is None for h in a.reqs.values()) and time.monotonic() < deadline:
         a.flush()
@@ -141,22 +146,24 @@ def simulator(reqs: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def gateway(reqs: list[dict[str, Any]], process: bool) -> tuple[dict[str, float], dict[str, str | None]]:
+def gateway(
+    reqs: list[dict[str, Any]], process: bool, tokenizer: str = ""
+) -> tuple[dict[str, float], dict[str, str | None]]:
     from headway.serve import BackendConfig, GatewayConfig
     from headway.serve._intake import Intake
     from headway.serve._scorer import ProcessScoreFn, load_score_fn
     from headway.serve._tenants import ANONYMOUS
     from headway.serve._wire import validate_body
 
-    intake = Intake(
-        GatewayConfig(backends=(BackendConfig("http://127.0.0.1:1"),), scorer="default"), hash_prefixes=False
-    )
+    config = GatewayConfig(backends=(BackendConfig("http://127.0.0.1:1"),), scorer="default", tokenizer=tokenizer)
+    intake = Intake(config, hash_prefixes=False)
     kept: dict[str, str | None] = {}
     for r in reqs:
         chat = "messages" in r
         body = {"model": "m", "messages": r["messages"]} if chat else {"model": "m", "prompt": r["prompt"]}
         parsed = validate_body(body, chat)
-        kept[r["id"]] = intake.new_request(r["id"], 0.0, body, parsed, ANONYMOUS).prompt
+        prompt = intake.new_request(r["id"], 0.0, body, parsed, ANONYMOUS).prompt
+        kept[r["id"]] = intake.token_text(parsed) if prompt is None else prompt  # (token ids: Arrivals.arrive)
     fn: Any = ProcessScoreFn("default") if process else load_score_fn("default")
     try:
         ids = [k for k, v in kept.items() if v is not None]  # (None: no text, the fallback score)
@@ -170,10 +177,20 @@ def gateway(reqs: list[dict[str, Any]], process: bool) -> tuple[dict[str, float]
     return scores, kept
 
 
+def model_dir() -> str:
+    return os.environ.get("HEADWAY_VLLM_MODEL", str(ROOT / ".venv-vllm" / "tiny-llama"))
+
+
+def token_requests(reqs: list[dict[str, Any]], ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """Each completions request again, its prompt the token ids the plugin's side got for it."""
+    return [{"id": k.removesuffix("completion") + "tokens", "text": r["text"], "prompt": ids[k]}
+            for r in reqs if (k := r["id"]).endswith("-completion")]  # fmt: skip
+
+
 def plugin(reqs: list[dict[str, Any]], workdir: Path) -> dict[str, Any]:
     path = workdir / "requests.json"
     path.write_text(json.dumps(reqs))
-    model = os.environ.get("HEADWAY_VLLM_MODEL", str(ROOT / ".venv-vllm" / "tiny-llama"))
+    model = model_dir()
     python = os.environ.get("HEADWAY_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
     code = PLUGIN.format(tests=str(ROOT / "tests"), requests=str(path), model=model)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -188,8 +205,10 @@ def compare(base: dict[str, float], other: dict[str, float | None], ids: list[st
     pairs = [(base[i], other.get(i)) for i in ids]
     missing = sum(o is None for _, o in pairs)
     both = [(b, o) for b, o in pairs if o is not None]
-    diff = max(abs(b - o) for b, o in both) if both else float("nan")
-    tau = stats.kendalltau([b for b, _ in both], [o for _, o in both]).statistic if len(both) > 1 else float("nan")
+    if len(both) < 2:  # (none scored: nothing to compare)
+        return "n/a", "n/a", f"{missing}"
+    diff = max(abs(b - o) for b, o in both)
+    tau = stats.kendalltau([b for b, _ in both], [o for _, o in both]).statistic
     return f"{diff:.2e}", f"{tau:.4f}", f"{missing}"
 
 
@@ -206,12 +225,20 @@ def main() -> None:
         os.environ["HEADWAY_CACHE_DIR"] = str(Path(tmp) / "cache")
         texts = prompts(find_data_dir(), args.alpaca, args.sharegpt)
         reqs = requests(texts) + odd_requests()
-        sim = simulator(reqs)
-        gw, gw_text = gateway(reqs, process=False)
-        gwp, _ = gateway(reqs, process=True)
         pl = plugin(reqs, Path(tmp))
+        tokens = token_requests(reqs, pl["ids"])
+        for mode in ("inline", "background"):  # the same ids: the plugin's score of the completions request
+            for r in tokens:
+                done = r["id"].removesuffix("tokens") + "completion"
+                pl[mode][r["id"]], pl[mode + "_text"][r["id"]] = pl[mode][done], pl[mode + "_text"][done]
+        reqs += tokens
+        sim = simulator(reqs)
+        gw, gw_text = gateway(reqs, process=False, tokenizer=model_dir())
+        gwp, _ = gateway(reqs, process=True, tokenizer=model_dir())
+        bare, _ = gateway(tokens, process=False)
     wall = time.perf_counter() - t0
-    kinds = {"completion": "completions request", "chat": "chat, user message alone",
+    kinds = {"completion": "completions request", "tokens": "completions request of token ids",
+             "chat": "chat, user message alone",
              "history": "chat after a system prompt and an earlier exchange"}  # fmt: skip
     paths = [("gateway", gw), ("gateway, --scorer-process", gwp), ("plugin, inline", pl["inline"]),
              ("plugin, background", pl["background"])]  # fmt: skip
@@ -226,9 +253,11 @@ def main() -> None:
         "",
         f"- prompts: {len(texts)} ({args.alpaca} alpaca_eval instructions, {args.sharegpt} ShareGPT first turns, "
         f"{args.sharegpt // 3} of them the longest of the first 2,000: {min(map(len, texts[-(args.sharegpt // 3) :]))}"
-        f" to {max(map(len, texts))} characters); each sent as the three requests below",
+        f" to {max(map(len, texts))} characters); each sent as the four requests below",
         "- the reference: the simulator's score of the prompt (a workload request, scored alone on arrival)",
-        "- the plugin's token ids: the tiny Llama's tokenizer and chat template (`.venv-vllm/tiny-llama`)",
+        "- the plugin's token ids: the tiny Llama's tokenizer and chat template (`.venv-vllm/tiny-llama`); a "
+        "completions request of token ids carries the ids the plugin got for the text, decoded at the gateway "
+        "with `--tokenizer` the tiny Llama's (the plugin's score of them is its completions request's)",
         f"- wall time {wall:.0f} s",
         "",
         "| request | path | max abs difference | Kendall tau_b | unscored |",
@@ -237,7 +266,10 @@ def main() -> None:
     for kind, label in kinds.items():
         ids = [r["id"] for r in reqs if r["id"].endswith("-" + kind) and not r["id"].startswith("odd")]
         for name, scores in paths:
+            name = f"{name}, --tokenizer" if kind == "tokens" and name.startswith("gateway") else name
             lines.append(f"| {label} | {name} | " + " | ".join(compare(sim, scores, ids)) + " |")
+        if kind == "tokens":  # (before --tokenizer: the fallback score)
+            lines.append(f"| {label} | gateway, no --tokenizer | " + " | ".join(compare(sim, bare, ids)) + " |")
     real = [r for r in reqs if not r["id"].startswith("odd")]
     same = sum(gw_text[r["id"]] == pl["inline_text"][r["id"]] for r in real)
     lines += ["", f"Text kept for scoring, gateway against plugin: identical for {same} of {len(real)} requests."]
@@ -245,7 +277,8 @@ def main() -> None:
         "",
         "## Odd prompts: each path's score",
         "",
-        "Completions request / chat request after the system prompt; the simulator scores the prompt itself.",
+        "Completions request / the same as token ids / chat request after the system prompt; the simulator "
+        "scores the prompt itself.",
         "",
         "| prompt | simulator | gateway | gateway, --scorer-process | plugin, inline | plugin, background |",
         "|---|---:|---:|---:|---:|---:|",
@@ -253,7 +286,7 @@ def main() -> None:
     for i, name in enumerate([*ODD, "empty (chat only)"]):
         cells = [f"{sim[f'odd{i}-chat']:.4f}"]
         for _, scores in paths:
-            got = [scores.get(f"odd{i}-{k}") for k in ("completion", "chat") if f"odd{i}-{k}" in sim]
+            got = [scores.get(f"odd{i}-{k}") for k in ("completion", "tokens", "chat") if f"odd{i}-{k}" in sim]
             cells.append(" / ".join("fallback" if g is None else f"{g:.4f}" for g in got))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     args.out.write_text("\n".join(lines) + "\n")

@@ -219,9 +219,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "scoring-paths",
         "One prompt, one score: the predictor through each front end",
-        "The shipped predictor's score of the same prompts sent as completions and chat requests through the "
-        "gateway (in process and with `--scorer-process`) and the vLLM plugin (inline and background scoring), "
-        "against the simulator's score of each prompt.",
+        "The shipped predictor's score of the same prompts sent as completions requests (as text and as token ids) "
+        "and chat requests through the gateway (in process and with `--scorer-process`; token ids decoded with "
+        "`--tokenizer`) and the vLLM plugin (inline and background scoring), against the simulator's score of each "
+        "prompt.",
         "python benchmarks/scoring_paths.py",
         ("scoring_paths.md",),
     ),

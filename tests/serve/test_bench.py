@@ -610,8 +610,9 @@ def test_a_streamed_chunk_with_usage_and_choices_gives_both_parsed_once(monkeypa
     ]
 
     async def lines() -> AsyncIterator[str]:
-        for c in chunks:
+        for c in chunks:  # (each event ended by its blank line)
             yield "data: " + json.dumps(c)
+            yield ""
         yield "data: [DONE]"
 
     parses = []
@@ -639,6 +640,7 @@ def _read_timed_stream(monkeypatch: pytest.MonkeyPatch, events: list[tuple[float
         for t, data in events:
             now[0] = t
             yield "data: " + data
+            yield ""  # (the event's end)
 
     req = Request("r", 0.0, 4, max_tokens=8)
     req.transition(RequestState.RUNNING)  # (sent)

@@ -576,7 +576,8 @@ def test_a_blank_prompt_is_scored_blank_and_token_ids_take_the_fallback(body, ke
     """One prompt, one score whichever front end scores it: a blank last user message was scored as
     every message joined (a system prompt: -2.06 with the shipped predictor) and an empty one got the
     fallback score, where the plugin and the simulator score a blank prompt as the predictor does
-    (-2.85). A prompt of token ids has no text here (the gateway has no tokenizer): the fallback."""
+    (-2.85). A prompt of token ids has no text here: without ``--tokenizer``, the fallback (with one:
+    ``test_tokenizer.py``)."""
     from headway.serve import BackendConfig, GatewayConfig
     from headway.serve._intake import Intake
     from headway.serve._tenants import ANONYMOUS

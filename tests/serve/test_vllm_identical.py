@@ -86,3 +86,23 @@ def test_same_answers_direct_and_through_the_gateway(vllm_server, make_gateway):
     # them but [DONE] (12 tokens, fewer events when vLLM merged some, as above)
     assert relayed[2] is not None and 2 <= relayed[2] <= 13
     assert [r.num_output_tokens for r in gw.gateway.finished_requests[:5]] == [24, 16, relayed[2] - 1, 20, 14]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_empty_prompt_or_conversation_is_refused_alike_direct_and_through_the_gateway(
+    vllm_server, make_gateway, stream
+):
+    """``"prompt": []`` and ``"messages": []`` pass vLLM's request validation and are refused by its
+    server when rendered (400: "You must pass at least one prompt", "Cannot apply chat template to an
+    empty conversation"); the gateway forwards both and relays that answer, status and body, with
+    a scorer too (the empty conversation is scored blank, the empty prompt takes the fallback)."""
+    gw = make_gateway(
+        [BackendConfig(vllm_server)], policy="pars", scorer="headway.serve._stub:prompt_length_scores"
+    )
+    bodies = [("/v1/completions", {"prompt": []}), ("/v1/chat/completions", {"messages": []})]
+    with httpx.Client(base_url=vllm_server, timeout=120) as direct, gw.client(timeout=120) as through:
+        for path, body in bodies:
+            body = {"model": "tiny-llama", "max_tokens": 3, "stream": stream, **body}
+            a, b = direct.post(path, json=body), through.post(path, json=body)
+            assert (b.status_code, b.json()) == (a.status_code, a.json()), path
+            assert a.status_code == 400 and a.json()["error"]["type"] == "BadRequestError"

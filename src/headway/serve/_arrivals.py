@@ -22,8 +22,11 @@ so a policy always sees arrival, progress, finish in that order and with the req
 A retry that queues it again waits for that first (:meth:`Arrivals.told`). A request aborted
 before its score landed is never reported to the policy, like one refused before queueing.
 
-Fallback score (a token-id prompt, which the gateway cannot read as text, or a prompt the
-scorer failed on): the mean of the scores given so far, 0.0 before the first; the policy then
+A completions prompt of token ids is decoded into text first, off the event loop, when the gateway
+has a tokenizer (``--tokenizer``; counted in ``Dispatcher.scoring`` meanwhile, as it is while scored).
+
+Fallback score (a token-id prompt without a tokenizer, or whose ids it could not decode, or a prompt
+the scorer failed on): the mean of the scores given so far, 0.0 before the first; the policy then
 places it among the others as a typical request, and it is never answered 500 for want of a
 score. Counted in :attr:`Arrivals.num_score_fallbacks` and ``headway_score_fallbacks{reason}``
 (``no_text``, ``scorer_error``: it failed, or gave a score that is not a finite number).
@@ -36,6 +39,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from headway.core import Policy, Request, RequestState
@@ -90,12 +94,15 @@ class Arrivals:
         """Requests given the fallback score (see the module's docstring)."""
         self._unscored: dict[Request, _Unscored] = {}
 
-    async def arrive(self, req: Request) -> Backend | None:
+    async def arrive(self, req: Request, token_text: Callable[[], str | None] | None = None) -> Backend | None:
         """After admission: the backend ``req`` was dispatched to at once (fast path; it is
         scored in the background), or None once it has its score and is to be queued (also
-        without a scorer)."""
+        without a scorer). ``token_text``: the text of a prompt of token ids, which ``req`` has
+        none of yet (:meth:`~headway.serve._intake.Intake.token_text`), called in a thread."""
         if self.scorer is None:
             return None
+        if req.prompt is None and token_text is not None:
+            await self._decode(req, token_text)
         if self.fast_path and req.prompt is not None:
             d = self.dispatcher
             d.arriving += 1
@@ -111,6 +118,22 @@ class Arrivals:
         await self.score(req)
         return None
 
+    async def _decode(self, req: Request, token_text: Callable[[], str | None]) -> None:
+        """``req.prompt`` from its token ids, in a thread (counted in ``Dispatcher.scoring``
+        meanwhile); left None (the fallback score) when they cannot be decoded (ids past 32 bits)."""
+        d = self.dispatcher
+        d.scoring += 1
+        try:
+            req.prompt = await asyncio.to_thread(token_text)
+        except Exception as exc:
+            self._warn("decode", "request %s: its token ids could not be decoded (%s: %s); it gets the fallback "
+                       "score", req.request_id, type(exc).__name__, exc)  # fmt: skip
+        except BaseException:  # cancelled: as in score()
+            d.scoring -= 1
+            d.dispatch()
+            raise
+        d.scoring -= 1
+
     async def score(self, req: Request, prompt: str | None = None, *, counted: bool = True) -> None:
         """Give ``req`` its score (of ``prompt``, default its own): the scorer's, or the fallback.
         ``counted``: it is queued next, and counted in ``Dispatcher.scoring`` until then."""
@@ -119,7 +142,7 @@ class Arrivals:
             scorer = self.online.scorer_for(str(req.extra.get("model") or "") or None)
         assert scorer is not None
         prompt = req.prompt if prompt is None else prompt
-        why = "no_text"  # (a prompt of token ids: nothing the scorer reads; a blank text is scored)
+        why = "no_text"  # (a prompt of token ids without a tokenizer: nothing to read; a blank text is scored)
         if prompt is not None:
             why = "scorer_error"
             d = self.dispatcher

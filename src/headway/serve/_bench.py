@@ -18,10 +18,11 @@ with a non-empty ``choices`` list (the trailing usage-only chunk, a chunk with n
 ``[DONE]`` are not); TTFT ends at the first,
 E2E at the last; the gaps between consecutive ones are its inter-token latencies (ITL, kept in
 ``extra["itl"]``). A stream with no content chunk is aborted (``no_tokens``), as vLLM marks it
-failed, and so is one with a chunk that is not a JSON object (``bad_chunk``: vLLM's client parses every
-chunk and fails the request on one it cannot read) or an error event (``stream_error``; vLLM's client
-skips those). A request that fails after its first token keeps that token's time and the gaps so far,
-as vLLM's record of it does.
+failed, and so is one with a chunk that is not a JSON object or an event that is not one ``data:`` line
+(``bad_chunk``: vLLM's client parses every event but a comment and fails the request on one it cannot
+read, an ``event:`` line's included) or an error event (``stream_error``; vLLM's client skips those).
+A request that fails after its first token keeps that token's time and the gaps so far, as vLLM's
+record of it does.
 
 A request that fails keeps a short, stable reason (``extra["abort_reason"]``: ``http_400``,
 ``stream_error``, ...) and, when the backend said why, its message (``extra["error_message"]``: the
@@ -48,6 +49,7 @@ import time
 from array import array
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -93,31 +95,9 @@ class BenchError(Exception):
 
 
 _WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "while",
-    "short",
-    "work",
-    "waits",
-    "behind",
-    "long",
-    "work",
-    "so",
-    "please",
-    "explain",
-    "schedule",
-    "queue",
-    "token",
-    "request",
-    "answer",
-]
+    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "short", "work", "waits",
+    "behind", "long", "work", "so", "please", "explain", "schedule", "queue", "token", "request", "answer",
+]  # fmt: skip
 
 
 def synthetic_prompt(num_tokens: int, key: str = "", block_hashes: Sequence[int] = (), block_size: int = 16) -> str:
@@ -389,13 +369,20 @@ class _LineTooLong(Exception):
 
 
 async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
-    """The lines of a stream as they come, ended by LF, CRLF or a lone CR (as SSE allows). A CRLF
-    split between two reads gives an extra empty line, which SSE readers skip anyway."""
+    """The lines of a stream as they come, ended by LF, CRLF or a lone CR (as SSE allows); a CRLF
+    split between two reads ends one line (an extra blank one would end an event early)."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     head: list[str] = []  # the pieces of a line not yet ended
     size = 0
+    after_cr = False  # the text so far ends with CR: an LF that comes next ends no line of its own
     async for chunk in content.iter_any():
-        *lines, tail = _LINE_END.split(decoder.decode(chunk))
+        text = decoder.decode(chunk)
+        if not text:  # (the start of a character only)
+            continue
+        if after_cr and text[0] == "\n":
+            text = text[1:]
+        after_cr = text.endswith("\r")
+        *lines, tail = _LINE_END.split(text)
         if lines:
             lines[0] = "".join(head) + lines[0]
             head.clear()
@@ -411,56 +398,92 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
         yield last
 
 
-async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answer: list[str] | None = None) -> None:
-    """Time a streamed answer's content chunks as they come (see the module's docstring); ``answer``
-    collects the first choice's text. Every ``data:`` chunk is parsed, as ``vllm bench serve`` parses
-    it: one that is not a JSON object fails the request (``bad_chunk``), as it fails vLLM's. The gaps
-    go into ``extra["itl"]`` from the first content chunk on, so a request that fails later keeps the
-    TTFT and the gaps it had (vLLM's ``RequestFuncOutput`` of a failed request keeps them too)."""
-    clock = time.perf_counter
-    usage: int | None = None
-    last: float | None = None  # time of the latest content chunk
-    gaps = array("d")  # inter-token latencies: the gaps between consecutive content chunks
-    async for line in lines:
-        if not line.startswith("data:"):
-            continue
-        data = line[6:] if line.startswith("data: ") else line[5:]
-        if data == "[DONE]":
-            break
-        try:
-            obj = json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            obj = exc
-        if not isinstance(obj, dict):  # (vLLM's json.loads raises, or its data.get does)
-            why = f"not JSON ({obj})" if isinstance(obj, BaseException) else "not a JSON object"
-            _abort(req, "bad_chunk", clock() - t0, f"a streamed chunk is {why}: {data[:200]}")
-            return
+class _Chunks:
+    """The content chunks of a streamed answer so far: their times and gaps, the usage it reported,
+    the first choice's text (``answer``)."""
+
+    __slots__ = ("answer", "gaps", "last", "req", "usage")
+
+    def __init__(self, req: Request, answer: list[str] | None) -> None:
+        self.req = req
+        self.answer = answer
+        self.usage: int | None = None
+        self.last: float | None = None  # time of the latest content chunk
+        self.gaps = array("d")  # inter-token latencies: the gaps between consecutive content chunks
+
+    def take(self, now: float, obj: dict[str, Any], data: str) -> bool:
+        """One event's JSON object, received at ``now``; False when it ended the request."""
+        req = self.req
         if obj.get("error"):  # an error event (vLLM's ends a stream whose generation failed)
-            _abort(req, "stream_error", clock() - t0, _error_message(data))
-            return
+            _abort(req, "stream_error", now, _error_message(data))
+            return False
         if isinstance(obj.get("usage"), dict):
             _note_usage(req, obj["usage"])
             with contextlib.suppress(KeyError, TypeError, ValueError):
-                usage = int(obj["usage"]["completion_tokens"])
+                self.usage = int(obj["usage"]["completion_tokens"])
         choices = obj.get("choices")
         if not choices:  # no choice (a usage chunk, a filter's note): not a token, as vLLM
-            continue
-        now = clock() - t0
-        if answer is not None:
+            return True
+        if self.answer is not None:
             with contextlib.suppress(TypeError, IndexError, AttributeError, KeyError):
                 if choices[0].get("index", 0) == 0:
-                    answer.append(_text_of(choices[0]))
-        if last is None:
+                    self.answer.append(_text_of(choices[0]))
+        if self.last is None:
             req.first_token_time = now
-            req.extra[_ITL_KEY] = gaps
+            req.extra[_ITL_KEY] = self.gaps
         else:
-            gaps.append(now - last)
-        req.last_token_time = last = now
+            self.gaps.append(now - self.last)
+        req.last_token_time = self.last = now
         req.num_output_tokens += 1
-    if last is None:  # an answer without a token: no TTFT to measure (vLLM marks it failed)
+        return True
+
+
+async def _read_stream(lines: AsyncIterator[str], req: Request, t0: float, answer: list[str] | None = None) -> None:
+    """Time a streamed answer's content chunks as they come (see the module's docstring); ``answer``
+    collects the first choice's text. Each event is read as ``vllm bench serve`` reads the events it
+    receives together (vLLM 0.32, ``benchmarks/lib/endpoint_request_func.py``: ``StreamedResponseHandler``
+    splits them, ``async_request_openai_completions`` reads each): one that opens with a comment line
+    (``:``, a ping) is skipped whole; any other is one ``data:`` line of a JSON object or ``[DONE]``. Any
+    other line in it (``event:``, ``id:``, ``retry:``, a second ``data:``, a comment after the data) or
+    data that is not a JSON object fails the request (``bad_chunk``), as vLLM's ``json.loads`` of the
+    event fails it, and the event's data is not counted; a chunk is timed when its data line comes.
+    The gaps go into ``extra["itl"]`` from the first content chunk on, so a request that fails later
+    keeps the TTFT and the gaps it had (vLLM's ``RequestFuncOutput`` of a failed request keeps them too)."""
+    clock = time.perf_counter
+    chunks = _Chunks(req, answer)
+    event: str | None = None  # the event being read: None between two, ":" a comment, "data" one with its data
+    held: tuple[float, dict[str, Any], str] | None = None  # its data: counted when the event ends
+    async for line in lines:
+        if not line:  # a blank line ends an event
+            if held is not None and not chunks.take(*held):
+                return
+            event = held = None
+        elif event == ":" or (event is None and line.startswith(":")):
+            event = ":"  # (skipped whole: vLLM skips an event that starts with a comment, its data too)
+        elif event is None and line.startswith("data:"):
+            event = "data"
+            data = line[6:] if line.startswith("data: ") else line[5:]
+            if data == "[DONE]":
+                break
+            try:
+                obj = json.loads(data)
+            except (ValueError, RecursionError) as exc:
+                obj = exc
+            if not isinstance(obj, dict):  # (vLLM's json.loads raises, or its data.get does)
+                why = f"not JSON ({obj})" if isinstance(obj, BaseException) else "not a JSON object"
+                _abort(req, "bad_chunk", clock() - t0, f"a streamed chunk is {why}: {data[:200]}")
+                return
+            held = (clock() - t0, obj, data)
+        else:
+            why = "a second data line" if line.startswith("data:") else "a line other than its data"
+            _abort(req, "bad_chunk", clock() - t0, f"a streamed event has {why}: {line[:200]}")
+            return
+    if held is not None and not chunks.take(*held):  # the last event, its blank line not sent
+        return
+    if chunks.last is None:  # an answer without a token: no TTFT to measure (vLLM marks it failed)
         _abort(req, "no_tokens", clock() - t0)
         return
-    _finish(req, last, usage)  # E2E ends at the last token, not at the stream's close (as vLLM)
+    _finish(req, chunks.last, chunks.usage)  # E2E ends at the last token, not at the stream's close (as vLLM)
 
 
 def _note_usage(req: Request, usage: object) -> None:

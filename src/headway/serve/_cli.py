@@ -38,7 +38,7 @@ _FLAGS: dict[str, str] = {
     **{n: "--" + n.replace("_", "-") for n in (
         "scorer", "scorer_threads", "scorer_max_length", "scorer_batch_size", "max_queue_per_tenant",
         "max_tokens_limit", "default_max_tokens", "online_learning", "online_state", "passthrough",
-        "forwarded_allow_ips", "min_priority",
+        "forwarded_allow_ips", "min_priority", "tokenizer",
     )},
 }  # fmt: skip
 """The gateway settings ``serve`` has a flag for -> the flag (for errors)."""
@@ -250,6 +250,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "or 'module:callable' (default: none)",
     )
     p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH_OR_NAME",
+        help="with --scorer: the tokenizer that decodes a completions prompt of token ids into text to score "
+        "(vLLM's --tokenizer: a local directory or a name in the local Hugging Face cache, nothing downloaded; "
+        "needs the predict extra; default: none, such a prompt gets the fallback score)",
+    )
+    p.add_argument(
         "--scorer-hold",
         type=float,
         default=None,
@@ -363,6 +371,7 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None)
         "queue_ttl_s": args.queue_ttl,
         "drain_timeout_s": args.drain_timeout,
         "scorer": args.scorer,
+        "tokenizer": getattr(args, "tokenizer", None),
         "scorer_hold_s": getattr(args, "scorer_hold", None),
         "scorer_threads": getattr(args, "scorer_threads", None),
         "scorer_max_length": getattr(args, "scorer_max_length", None),

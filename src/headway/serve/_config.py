@@ -6,6 +6,7 @@ Config file (TOML shown; JSON with the same structure works too)::
     policy_args = { }               # keyword settings for make_policy
     scorer = "default:onnx-int8"    # prompt scorer; score-ranked policies (pars, ...) need one
     scorer_fast_path = true         # dispatch a request nothing competes with before its score (scored meanwhile)
+    tokenizer = ""                  # decodes token-id prompts for the scorer: a local directory ("" = none)
     online_learning = false         # refit the scorer per model on finished requests (GatewayConfig.online_learning)
     online_state = ""               # file online learning saves to and resumes from ("" = none; not with redis_url)
     max_queue_len = 10000           # 429 beyond this many queued requests
@@ -338,6 +339,12 @@ class GatewayConfig:
     ``headway.predict`` default predictor) or a checkpoint directory, each optionally with
     ``":BACKEND"`` (``torch``, ``onnx``, ``onnx-int8``); or ``"module:callable"`` (``list[str]
     -> scores``, or an object with ``score(prompts)``) or ``"module:factory()"``."""
+    tokenizer: str = ""
+    """With a scorer: the tokenizer that decodes a completions prompt of token ids into the text the
+    scorer reads (vLLM's ``--tokenizer``; the vLLM plugin decodes with the model's): a local directory,
+    or a name already in the local Hugging Face cache (nothing is downloaded), loaded with
+    ``transformers.AutoTokenizer`` (the ``predict`` extra). Used for nothing else: the request goes
+    upstream as sent. "" (the default): none, and such a prompt gets the fallback score."""
     scorer_threads: int | None = None
     """CPU threads of a trained predictor (default 2, or 1 when the gateway may run on only
     one CPU beside those a local vLLM gets: :func:`headway.serve._scorer.default_scorer_threads`).
@@ -518,6 +525,11 @@ class GatewayConfig:
                 "scorer must be 'default', a predictor checkpoint directory or 'module:callable', "
                 f"got {self.scorer!r}{not_a_spec_hint(self.scorer)}"
             )
+        _check(
+            not self.tokenizer or bool(self.scorer),
+            f"tokenizer decodes prompts of token ids for the scorer, and no scorer is set (tokenizer "
+            f"{self.tokenizer!r}): give scorer too, or no tokenizer",
+        )
         _check(
             self.scorer_threads is None or self.scorer_threads >= 1,
             f"scorer_threads must be >= 1, got {self.scorer_threads}",

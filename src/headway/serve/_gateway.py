@@ -82,6 +82,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from functools import partial
 from typing import Any
 
 import httpx
@@ -562,7 +563,8 @@ class Gateway:
         except QueueFullError as exc:
             self.ledger.abort(req)
             return self.exchange.queue_full(exc, req)
-        backend = await self.arrivals.arrive(req)  # scored, or dispatched at once (fast path)
+        ids = partial(self.intake.token_text, parsed) if parsed.prompt_token_ids and self.intake.tokenizer else None
+        backend = await self.arrivals.arrive(req, ids)  # scored, or dispatched at once (fast path)
         payload = self.intake.payload(body, raw, parsed, req)
         watch = Watch(asyncio.ensure_future(wait_disconnect(request)), request.scope)
         self.ledger.open(req, watch)

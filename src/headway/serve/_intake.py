@@ -25,6 +25,7 @@ from headway.serve._config import GatewayConfig
 from headway.serve._errors import api_error
 from headway.serve._prefix_hash import HASH_BLOCK_TOKENS, prefix_block_hashes
 from headway.serve._tenants import Identity
+from headway.serve._tokenizer import PromptDecoder
 from headway.serve._wire import BadRequest, Parsed, loads_json, validate_body
 
 __all__ = ["SCORED_TOKENS_DEFAULT", "Intake", "Refused"]
@@ -94,6 +95,8 @@ class Intake:
         self.scored_tokens = config.scorer_max_length or SCORED_TOKENS_DEFAULT
         """The scorer reads at most this many tokens' worth of a prompt (see ``scoring_text``): a
         request keeps that prefix only, whatever the prompt's size."""
+        self.tokenizer = PromptDecoder(config.tokenizer, self.scored_tokens) if config.tokenizer else None
+        """``--tokenizer``: decodes a prompt of token ids for the scorer (:meth:`token_text`)."""
 
     def check_length(self, request: HTTPRequest) -> None:
         """413 at once for a ``Content-Length`` over ``max_body_bytes`` (before any work)."""
@@ -168,6 +171,14 @@ class Intake:
             req.extra["answers"] = parsed.answers
             req.extra["single_prompt"] = parsed.single_prompt
         return req
+
+    def token_text(self, parsed: Parsed) -> str | None:
+        """What the scorer reads of a completions prompt of token ids (the ``Request.prompt`` that
+        :meth:`new_request` could not give it), decoded by :attr:`tokenizer`; None without one or
+        without token ids. Milliseconds for a long prompt: call it off the event loop."""
+        if self.tokenizer is None or parsed.prompt_token_ids is None:
+            return None
+        return self.tokenizer(parsed.prompt_token_ids)
 
     def queued_max_tokens(self, parsed: Parsed) -> int:
         """The length a request is queued at: its ``max_tokens``; without one, the ``max_tokens`` the

@@ -161,7 +161,8 @@ class Parsed:
     the predictors are trained on single user prompts, and a system prompt or earlier turns ahead
     of it would fill the scorer's window), blank when that message is (scored as a blank prompt, as
     the vLLM plugin and the simulator score it); :attr:`prompt_text` for a chat request without a user
-    message or a completions request; None for a prompt of token ids (nothing the scorer reads)."""
+    message or a completions request; None for a prompt of token ids (text only with ``--tokenizer``:
+    :attr:`prompt_token_ids`)."""
     answers: int = 1
     """How many answers the engine generates: ``n`` for each prompt of a completions request's list
     (usage counts the tokens of all of them)."""
@@ -172,6 +173,9 @@ class Parsed:
     default, :data:`VLLM_COMPLETIONS_MAX_TOKENS`, for a completions request; None for chat (vLLM's
     limit there is the model's context) or when the field is given (null included: vLLM then uses
     its generation config's or the context's limit)."""
+    prompt_token_ids: list[list[int]] | None = None
+    """A completions prompt of token ids (each prompt's, for a list of them), as vLLM reads them;
+    None for any other prompt, or an empty one."""
 
 
 MAX_TOKENS_CEILING = 2**31 - 1
@@ -218,24 +222,28 @@ def _token_ids(v: object) -> list[int] | None:
     return ids if all(t >= 0 for t in ids) else None
 
 
-def _read_prompt(body: dict[str, Any]) -> tuple[str, int, int]:
-    """A completions request's prompt text, its token count (estimated for text) and how many
-    prompts vLLM runs, reading ``prompt`` as vLLM's ``CompletionRequest`` does: a string, a list of
-    strings, of token ids or of lists of token ids (pydantic's smart union: an exact match first,
-    then lax ints, so ``[1.0, "2"]`` is token ids), plus ``prompt_embeds`` (a string or a list of
-    them, prompts ahead of the text ones, whose text and length the gateway cannot read: 1 token each)."""
+def _read_prompt(body: dict[str, Any]) -> tuple[str, int, int, list[list[int]] | None]:
+    """A completions request's prompt text, its token count (estimated for text), how many prompts
+    vLLM runs and its token ids (a prompt of them), reading ``prompt`` as vLLM's ``CompletionRequest``
+    does: a string, a list of strings, of token ids or of lists of token ids (pydantic's smart union:
+    an exact match first, then lax ints, so ``[1.0, "2"]`` is token ids), plus ``prompt_embeds`` (a
+    string or a list of them, prompts ahead of the text ones, whose text and length the gateway
+    cannot read: 1 token each)."""
     prompt = body.get("prompt")
     embeds = body.get("prompt_embeds")
     texts: list[str] = []
     ntok = 0
+    token_ids: list[list[int]] | None = None
     if prompt is None or isinstance(prompt, str):
         texts = [] if prompt is None else [prompt]
     elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt) and prompt:
         texts = prompt
     elif (ids := _token_ids(prompt)) is not None:
         ntok, prompt = len(ids), ids
-    elif isinstance(prompt, list) and all(_token_ids(p) is not None for p in prompt):
-        ntok = sum(len(p) for p in prompt)
+        token_ids = [ids] if ids else None
+    elif isinstance(prompt, list) and None not in (lists := [_token_ids(p) for p in prompt]):
+        token_ids = [x for x in lists if x is not None]
+        ntok = sum(map(len, token_ids))
     else:
         raise BadRequest(
             "'prompt' must be a string, an array of strings, of token ids or of arrays of token ids", "prompt"
@@ -251,7 +259,7 @@ def _read_prompt(body: dict[str, Any]) -> tuple[str, int, int]:
     prompts = _seq_len(prompt) + _seq_len(embeds)
     text = "\n".join(texts)
     ntok += estimate_tokens(text) if texts else 0
-    return text, max(ntok, _seq_len(embeds), 1), prompts
+    return text, max(ntok, _seq_len(embeds), 1), prompts, token_ids
 
 
 def _read_messages(body: dict[str, Any]) -> tuple[str, str | None]:
@@ -294,11 +302,12 @@ def validate_body(body: object, chat: bool) -> Parsed:
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string", "model")
     prompts = 1
+    token_ids = None
     if chat:
         text, query_text = _read_messages(body)
         ntok = estimate_tokens(text)
     else:
-        text, ntok, prompts = _read_prompt(body)
+        text, ntok, prompts, token_ids = _read_prompt(body)
         query_text = text if text else None
     stream = _bool_field(body, "stream")
     # the max_tokens vLLM runs: chat's max_completion_tokens when given, else max_tokens
@@ -332,7 +341,7 @@ def validate_body(body: object, chat: bool) -> Parsed:
     implied = None if chat or "max_tokens" in body else VLLM_COMPLETIONS_MAX_TOKENS
     return Parsed(
         text, ntok, max_tokens, max_tokens_field, stream, priority, wants_usage, query_text, answers, prompts == 1,
-        implied,
+        implied, token_ids,
     )  # fmt: skip
 
 
