@@ -129,16 +129,23 @@ class StepClock:
     a batch takes one second and a ``schedule()`` that runs nothing none (the synchronous harness's
     idle calls, which admit arrivals, one). With a scenario's ``"clock": "steps"`` the requests'
     ``arrival_time`` and headway's policy clock are read off it, so a policy whose keys read times
-    (UniBoost's arrival times, LTR's step times) sees the times the simulator sees."""
+    (UniBoost's arrival times, LTR's step times) sees the times the simulator sees: an async
+    ``schedule()`` with a batch in flight reads 1 µs after that batch started (the simulator's
+    ``ASYNC_PLAN_DELAY``: the plan is made as the batch is launched, after the requests added then,
+    0.1 µs after its start)."""
 
     def __init__(self, depth: int) -> None:
         self.depth = depth
         self.now = 0.0
         self.last_end = 0.0
         self.ends: list[float] = []  # async: the batches in flight's end times, oldest first
+        self.planning = False  # in a schedule() call
 
     def arrival(self) -> float:
         return self.now + (1e-7 if self.ends else 0.0)
+
+    def policy_now(self) -> float:
+        return self.now + (1e-6 if self.planning and self.depth > 1 and self.ends else 0.0)
 
     def scheduled(self, ran: bool, preempted: bool, event: bool) -> None:
         """After a ``schedule()`` (``ran``: it scheduled tokens), or an idle step (neither)."""
@@ -237,7 +244,7 @@ class Harness:
         clock = StepClock(depth) if sc.get("clock") == "steps" else None
         if clock is not None and getattr(sched, "headway", None) is not None:
             sched.headway.epoch = 0.0
-            sched.headway._clock = lambda: clock.now
+            sched.headway._clock = clock.policy_now
         for step in range(MAX_STEPS):
             for r in by_step.get(step, ()):
                 extra = {"headway_score": float(r["score"])} if r.get("score") is not None else None
@@ -269,7 +276,11 @@ class Harness:
                 break
             scheduled = preempted = False
             if sched.has_requests():
+                if clock is not None:
+                    clock.planning = True
                 out = sched.schedule()
+                if clock is not None:
+                    clock.planning = False
                 reqs = sched.requests
                 rec = {
                     "step": step,

@@ -8,8 +8,10 @@ per request: first scheduled step, finishing step, preemptions. Oracle lengths a
 (no stop tokens); TRAIL's scores ride on the requests (``headway_score``).
 
 Modes: ``none`` (vLLM's rule: only a running request short of KV blocks evicts, the policy's
-victim) and ``evict`` (SGLang's retract) make the same decisions in both. ``pause`` (vllm-ltr's)
-is the one named difference: the plugin runs it as ``none`` (vLLM's model runner holds at most
+victim) and ``evict`` (SGLang's retract) make the same decisions in both, with vLLM's
+``Scheduler`` and its ``AsyncScheduler`` (whose plan of a step reads the policy before the output
+of the step in flight: the simulator's async plan reads it so too). ``pause`` (vllm-ltr's) is the
+one named difference: the plugin runs it as ``none`` (vLLM's model runner holds at most
 ``max_num_seqs`` requests), the simulator pauses (``test_pause_is_the_simulators_alone``).
 """
 
@@ -64,12 +66,7 @@ def test_without_displacement_sim_makes_the_plugins_decisions(
 ) -> None:
     """``displacement: none`` (a ``--policy-arg`` override): only a running request short of KV blocks
     evicts, and the victim is the policy's in both (the plugin hands it to vLLM's priority
-    preemption as a rank). ``trail`` and ``ltr`` run synchronously only: with async scheduling
-    vLLM's ``schedule()`` runs before the step in flight's output is processed, at that step's
-    start, where the simulator plans with that output's progress reports (TRAIL's refinements) and
-    at its end (LTR's promotions by time): 2 of 200 and 11 of 100 drawn scenarios differ there."""
-    if policy in ("trail", "ltr") and base == "vllm-async":
-        base = "vllm"
+    preemption as a rank)."""
     sim, ref, _ = _pair(vllm_steps, _scored(scenario, seed), policy, "none", base)
     assert sim == ref, json.dumps(scenario)
 
@@ -84,23 +81,17 @@ def test_evict_mode_sim_makes_the_plugins_decisions(
     vllm_steps: VllmSteps, scenario: dict[str, Any], seed: int, policy: str, base: str
 ) -> None:
     """``displacement: evict`` (SGLang's retract; UniBoost's declared mode): a better-keyed waiting
-    request with a slot and budget but short of KV blocks evicts the worst-keyed running one.
-    ``srpt-oracle`` and ``trail-oracle`` run synchronously only: their keys move with a running
-    request's progress, which vLLM's ``AsyncScheduler`` reads without the token of the step in
-    flight and the simulator's async plan with it
-    (``test_async_evict_reads_progress_a_token_apart``)."""
-    if policy != "uniboost-base" and base == "vllm-async":
-        base = "vllm"
+    request with a slot and budget but short of KV blocks evicts the worst-keyed running one."""
     sim, ref, _ = _pair(vllm_steps, _scored(scenario, seed), policy, "evict", base)
     assert sim == ref, json.dumps(scenario)
 
 
-def test_async_evict_reads_progress_a_token_apart(vllm_steps: VllmSteps) -> None:
-    """The named difference of ``evict`` under async scheduling (found by the test above in a full
-    run): one usable KV block (vLLM keeps block 0 as its null block); r0 (2 tokens) runs, r2 (1 token)
+def test_async_evict_reads_progress_without_the_token_in_flight(vllm_steps: VllmSteps) -> None:
+    """One usable KV block (vLLM keeps block 0 as its null block); r0 (2 tokens) runs, r2 (1 token)
     arrives short of blocks. vLLM plans the next step as r0's first token is in flight: r0 has 2
-    tokens left, worse than r2's 1, and is evicted. The simulator plans that step when it ends, with
-    r0's token: 1 left, a tie that r0's earlier arrival wins: nobody is evicted."""
+    tokens left, worse than r2's 1, and is evicted. So does the simulator's async plan, which reads
+    r0 without that token (it read it with it: 1 left, a tie that r0's earlier arrival won, and
+    nobody was evicted)."""
     scenario = {
         "block_size": 16, "num_blocks": 2, "max_num_seqs": 2, "max_num_batched_tokens": 512, "max_model_len": 512,
         "chunked_prefill": False, "prefix_caching": False, "policy": "fcfs",
@@ -108,10 +99,91 @@ def test_async_evict_reads_progress_a_token_apart(vllm_steps: VllmSteps) -> None
     }  # fmt: skip
     scenario["requests"] = [{**r, "seq": i} for i, r in enumerate(scenario["requests"])]
     sim, ref, _ = _pair(vllm_steps, _scored(scenario, 0), "srpt-oracle", "evict", "vllm-async")
-    assert ref == {"r1": (0, 0, 0), "r0": (1, 3, 1), "r2": (2, 2, 0)}
-    assert sim == {"r1": (0, 0, 0), "r0": (1, 2, 0), "r2": (3, 3, 0)}
+    assert sim == ref == {"r1": (0, 0, 0), "r0": (1, 3, 1), "r2": (2, 2, 0)}
     sync_sim, sync_ref, _ = _pair(vllm_steps, _scored(scenario, 0), "srpt-oracle", "evict", "vllm")
     assert sync_sim == sync_ref  # synchronously both read r0's progress after its token
+
+
+def _with_scores(scenario: dict[str, Any], *scores: float) -> dict[str, Any]:
+    reqs = [{**r, "seq": i, "score": x} for i, (r, x) in enumerate(zip(scenario["requests"], scores, strict=True))]
+    return {**scenario, "requests": reqs}
+
+
+def test_async_plan_hears_no_refinement_of_the_step_in_flight(vllm_steps: VllmSteps) -> None:
+    """TRAIL on four usable KV blocks: r3 (19 tokens, predicted 19) and r4 (37 tokens, predicted 18.2)
+    decode together until both need a block, at the plan of step 20, made as step 19 starts. r4's
+    19th token, which runs out its prediction, is in flight: vLLM's plan reads r4 with 0.2 tokens
+    left and r3 with 2, and evicts r3. The simulator planned it with that token's progress heard,
+    TRAIL's refinement of r4 (E[L | L > 19]) made, and evicted r4."""
+    scenario = _engine(
+        _req(0, [27671], 1, 0), _req(1, [27671], 1, 0), _req(2, [27671], 1, 0), _req(3, [27671], 19, 0),
+        _req(4, list(range(100, 114)), 37, 1), num_blocks=5, max_num_seqs=2, max_num_batched_tokens=16,
+        prefix_caching=False,
+    )  # fmt: skip
+    sim, ref, _ = _pair(
+        vllm_steps, _with_scores(scenario, 0.659, -0.978, -0.476, 3.204, 2.899), "trail", "none", "vllm-async"
+    )
+    assert sim == ref == {"r0": (0, 0, 0), "r1": (0, 0, 0), "r2": (1, 1, 0), "r3": (3, 40, 1), "r4": (1, 37, 0)}
+
+
+def test_async_plan_reads_ltr_at_its_own_time(vllm_steps: VllmSteps) -> None:
+    """LTR (initial step time 20 ms: 200 steps are 4 s): r0 (4 tokens) waits from 0 and starves at
+    4.0; r4 (1 token, a better score) arrives at 2. vLLM plans step 4 as step 3 starts, at 3.000001:
+    r0 is not promoted yet, and r4 goes first. The simulator read the queue at step 3's end, at 4.0,
+    promoted r0 by its timer, and started r0 first."""
+    scenario = _engine(
+        _req(0, [27671], 4, 0), _req(1, [27671], 1, 0), _req(2, [27671], 1, 0), _req(3, PREFIXES[0] + [27671], 16, 0),
+        _req(4, [27671], 1, 3), num_blocks=6, max_num_seqs=2, max_num_batched_tokens=16, prefix_caching=False,
+    )  # fmt: skip
+    sim, ref, _ = _pair(
+        vllm_steps, _with_scores(scenario, 2.288, 1.015, 0.046, 2.237, -0.765), "ltr", "none", "vllm-async"
+    )
+    assert sim == ref == {"r0": (6, 9, 0), "r1": (0, 0, 0), "r2": (0, 0, 0), "r3": (1, 19, 0), "r4": (4, 4, 0)}
+
+
+def test_async_victim_waits_keyed_without_its_token_in_flight(vllm_steps: VllmSteps) -> None:
+    """SRPT: r1 (49 tokens) is evicted for KV blocks at the plan of step 6, with its third token in
+    flight: the plugin queues it keyed by 47 tokens left (the token comes later, and the queue keeps
+    the key), and r2 (46 tokens), queued since 2, starts before it at 7. The simulator queued r1 with
+    that token (46 left, a tie that r1's earlier arrival won) and restarted r1 first."""
+    scenario = _engine(
+        _req(0, list(range(100, 160)), 6, 0), _req(1, list(range(200, 249)), 49, 0), _req(2, [27671], 46, 2),
+        num_blocks=9, max_num_seqs=2, max_num_batched_tokens=32, prefix_caching=False,
+    )  # fmt: skip
+    sim, ref, _ = _pair(vllm_steps, scenario, "srpt-oracle", "none", "vllm-async")
+    assert sim == ref == {"r0": (0, 6, 0), "r1": (1, 70, 2), "r2": (7, 52, 0)}
+
+
+def test_async_displaces_a_request_finishing_in_the_step_in_flight(vllm_steps: VllmSteps) -> None:
+    """UniBoost, one usable KV block: r1 (1 token) runs its prefill in step 1, which finishes it, and
+    r2 arrives. vLLM plans step 2 as step 1 starts: r1 still runs, its token in flight, and the
+    plugin evicts it for r2 (it finishes as its token comes). The simulator's plan had r1 finished,
+    and no running request to evict."""
+    scenario = _engine(
+        _req(0, [27671], 1, 0), _req(1, [27671, 12624], 1, 0), _req(2, [27671], 1, 3), num_blocks=2,
+        max_num_seqs=2, max_num_batched_tokens=512, chunked_prefill=False, prefix_caching=False,
+    )  # fmt: skip
+    sim, ref, reply = _pair(vllm_steps, scenario, "uniboost-base", "evict", "vllm-async")
+    assert reply["displaced"] == 1
+    assert sim == ref == {"r0": (0, 0, 0), "r1": (1, 1, 1), "r2": (2, 2, 0)}
+
+
+@pytest.mark.parametrize("policy", ["srpt-oracle", "trail-oracle"])
+def test_evict_looks_hits_up_before_the_running_loop_allocates(vllm_steps: VllmSteps, policy: str) -> None:
+    """Six usable KV blocks: r5 (an 81-token prompt) finishes at 9 and leaves its blocks cached; r2
+    (32-token prompt) resumes in chunks; r6 (r5's prompt) arrives at 11 and evicts r2 at step 12.
+    The plugin's check runs before vLLM's running loop: r2's next chunk never takes a block, and r6
+    hits 64 tokens. The simulator's check looked the hit up after that chunk's block came off the
+    free queue, the oldest of r5's cached blocks, and r6 hit 48 (the residual of evict mode)."""
+    p = PREFIXES[2] + [27671]
+    scenario = _engine(
+        _req(0, [27671], 1, 0), _req(1, [27671], 1, 0), _req(2, list(range(100, 132)), 3, 0), _req(3, [27671], 1, 0),
+        _req(4, [27671], 1, 0), _req(5, p, 1, 3), _req(6, p, 1, 11), num_blocks=7, max_num_seqs=2,
+        max_num_batched_tokens=16,
+    )  # fmt: skip
+    sim, ref, _ = _pair(vllm_steps, scenario, policy, "evict", "vllm")
+    assert sim == ref
+    assert ref["r6"] == (12, 13, 0)  # (16 tokens at 12, 1 at 13: a 64-token hit)
 
 
 def _req(i: int, prompt: list[int], out: int, arrive: int) -> dict[str, Any]:

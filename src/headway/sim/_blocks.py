@@ -60,6 +60,9 @@ class KVBlocks(DecodeClock):
     _finishing: list[Seq]  # async scheduling: finished in the step that just ended, still holding slot and blocks
     _chunk_cap: int  # the step's long_prefill_token_threshold in force (0: none; _set_chunk_cap)
     _touched: int  # the last admission's prefix-cache hit blocks in the free queue (_admission)
+    # blocks the plan's running requests take that vLLM allocates only after a displacement check (the
+    # plugin's runs before its schedule()): its free queue gives them up after the check's evictions
+    _running_alloc: int
 
     @property
     def num_running(self) -> int:
@@ -120,12 +123,12 @@ class KVBlocks(DecodeClock):
             if keys:
                 if s.own_end > len(keys):
                     keys = keys + [(req.seq, i, -1) for i in range(len(keys), s.own_end)]
-                self.cache.settle(self.free)
+                self.cache.settle(self.free + self._running_alloc)
                 h, touched = self.cache.hit_length(keys, (total - 1) // self.bs)
                 s.hit = keys[:h]
                 computed = h * self.bs
             elif s.own_end:  # only its own keys, as runs (_prefix.py): all the hit is free, touched
-                self.cache.settle(self.free)
+                self.cache.settle(self.free + self._running_alloc)
                 limit = (total - 1) // self.bs
                 s.own_hit = h = self.cache.own_hit(req.seq, s.own_end if s.own_end < limit else limit)
                 computed = h * self.bs  # (- len(s.hit) + touched below: - h + h)
@@ -216,7 +219,7 @@ class KVBlocks(DecodeClock):
             self._register(s)
         req.transition(_RUNNING)
         if req.first_scheduled_time is None:
-            req.first_scheduled_time = now
+            req.first_scheduled_time = self.loop.now  # (now: the policy's time, an async plan's)
         s.order = next(self._join_ids)
         self.prefilling.append(s)
         self._run_version += 1
@@ -265,7 +268,8 @@ class KVBlocks(DecodeClock):
             # (held=[], so reg=0) and no own keys to leave behind (not evicted: own=[]): its
             # full blocks (at most all of them) are a run no lookup finds, the rest go to the head.
             # tests/sim/test_prefix_queue.py runs both ways step by step.
-            cache.release_unkeyed(self.free, s.blocks, (s.req.num_computed_tokens - lag) // self.bs)
+            full = (s.req.num_computed_tokens - lag) // self.bs
+            cache.release_unkeyed(self.free + self._running_alloc, s.blocks, full)
             self.free += s.blocks
         s.blocks = 0
 
@@ -277,7 +281,7 @@ class KVBlocks(DecodeClock):
         place in the queue. A full block computed again while another block had its key is a
         copy under the key (vLLM keeps both under the hash). The rest (its partial last block)
         goes to the head of the queue."""
-        cache.settle(self.free)
+        cache.settle(self.free + self._running_alloc)
         req = s.req
         full = (req.num_computed_tokens - lag) // self.bs
         keys, held = s.keys, s.held
@@ -301,7 +305,7 @@ class KVBlocks(DecodeClock):
     def _free_own(self, cache: PrefixCache, s: Seq, evicted: bool, lag: int) -> None:
         """:meth:`_free_keyed` for a request without block hashes, whose own blocks the prefix
         cache keeps as runs (``s.reg``: its hit in use, blocks 0 .. reg-1)."""
-        cache.settle(self.free)
+        cache.settle(self.free + self._running_alloc)
         req = s.req
         full = (req.num_computed_tokens - lag) // self.bs
         self.free += cache.release_own(req.seq, s.blocks, full, s.reg, evicted)

@@ -69,6 +69,10 @@ class DecodeClock:
     waiting: PolicyQueue
     decoders: dict[Seq, None]  # insertion-ordered set
     g: int  # decode steps run so far (the lazy counters' clock)
+    # the decode clock whose output the policy has seen: g, but g - 1 while an async plan is made
+    # (vLLM's AsyncScheduler plans a step before the output of the one in flight is processed)
+    seen_g: int
+    _unseen: list[Seq]  # async: taken out of the decode set with their token of the step just ended unseen
     hist: list[int]  # decoders per block-boundary phase
     s_off: int  # sum over decoders of (computed - join)
     fin_heap: list[tuple[int, int, int, Seq]]
@@ -110,23 +114,25 @@ class DecodeClock:
 
     # -------------------------------------------------------- lazy decode
     def _sync(self, s: Seq, now: float) -> None:
-        """Bring a decoder's visible counters up to date and report the progress."""
-        delta = self.g - s.join
-        if delta:
+        """Bring a decoder's visible counters up to date (to the output the policy has seen,
+        ``seen_g``) and report the progress."""
+        seen = self.seen_g
+        delta = seen - s.join
+        if delta > 0:  # (async, while a plan is made: a decoder that joined at g has seen nothing new)
             req = s.req
             req.num_output_tokens += delta
             req.num_computed_tokens += delta
             req.last_token_time = now
             if self._decode_runs:  # report what no whole-batch report has (module docstring)
                 last, since = (self.rep_g, self.rep_t) if s.join < self.rep_g else (s.join, s.since)
-                if self.g > last:
-                    self.policy.on_decode_progress(now, ((1, self.g - last, since),))
+                if seen > last:
+                    self.policy.on_decode_progress(now, ((1, seen - last, since),))
                     since = now
                 s.since = since
-                s.join = self.g
+                s.join = seen
                 self._fresh[s] = None
             else:
-                s.join = self.g
+                s.join = seen
                 if self._progress_hook:
                     self.policy.on_progress(req, now, delta)
 
@@ -135,9 +141,9 @@ class DecodeClock:
         learns from every step's progress (LTR) runs it over the whole batch at each step (with
         ``on_decode_progress``: the report only, counters stay lazy)."""
         if self._decode_runs:
-            self._report_runs(self.g, now)
+            self._report_runs(self.seen_g, now)
         else:
-            self._advance_decoders(self.g, now, self.policy.on_progress if self._progress_hook else None)
+            self._advance_decoders(self.seen_g, now, self.policy.on_progress if self._progress_hook else None)
 
     def _report_runs(self, target: int, at: float) -> None:
         """Report every decoder's progress up to the decode clock ``target`` at time ``at`` to
@@ -194,10 +200,10 @@ class DecodeClock:
     def _materialize_decoders(self) -> None:
         """With ``on_decode_progress``, right after a whole-batch report at the decode clock: bring
         every decoder's counters to it (nothing left to report)."""
-        g, rep_t = self.g, self.rep_t
+        g, rep_t = self.seen_g, self.rep_t
         for s in self.decoders:
             delta = g - s.join
-            if delta:
+            if delta > 0:
                 req = s.req
                 req.num_output_tokens += delta
                 req.num_computed_tokens += delta
@@ -213,7 +219,7 @@ class DecodeClock:
         it runs over the whole batch at each step)."""
         for s in self.decoders:
             delta = target - s.join
-            if delta:
+            if delta > 0:  # (a decoder that joined after target has nothing to report)
                 req = s.req
                 req.num_output_tokens += delta
                 req.num_computed_tokens += delta
@@ -250,7 +256,10 @@ class DecodeClock:
             else:
                 self._advance_decoders(g + j, start + self._span(j), on_progress)
 
-    def _add_decoder(self, s: Seq) -> None:
+    def _add_decoder(self, s: Seq, unseen: int = 0) -> None:
+        """``s`` decodes from now on. ``unseen``: async scheduling: its prefill's token, computed in
+        the step that just ended, that the policy has not seen (it is not in ``num_output_tokens``
+        until the replica's ``_deliver``, which also arms its rekey hint)."""
         req = s.req
         s.join = self.g
         s.since = self.loop.now  # its prefill's last chunk was reported now
@@ -261,12 +270,13 @@ class DecodeClock:
         self.hist[s.phase] += 1
         self.s_off += off
         self.decoders[s] = None
-        s.fin_g = self.g + s.true_len - req.num_output_tokens
+        s.fin_g = self.g + s.true_len - req.num_output_tokens - unseen
         # requests finishing in one step leave in running-list order, as vLLM frees their blocks
         heapq.heappush(self.fin_heap, (s.fin_g, s.order, s.gen, s))
-        self._arm_rekey(s)
+        if not unseen:
+            self._arm_rekey(s)
         if self._rkeys is not None:  # a countdown key counts down from here (Policy.running_keys)
-            self._rkeys.decoding(s, req, self.loop.now, self.g)
+            self._rkeys.decoding(s, req, self.loop.now, self.g - unseen)
 
     def _arm_rekey(self, s: Seq) -> None:
         if not self._rekey_hook:
@@ -279,13 +289,20 @@ class DecodeClock:
             s.rekey_g = -1
 
     def _remove_decoder(self, s: Seq) -> None:
+        """Take a decoder (synced: :meth:`_sync`) out of the decode set."""
         del self.decoders[s]
         if self._decode_runs:
             self._fresh.pop(s, None)
         self.hist[s.phase] -= 1
-        self.s_off -= s.req.num_computed_tokens - s.join
+        req = s.req
+        self.s_off -= req.num_computed_tokens - s.join
         s.gen += 1
-        s.blocks = -(-s.req.num_computed_tokens // self.bs)
+        if s.join != self.g:  # async: synced to seen_g; its token of the step just ended is computed, unseen
+            req.num_computed_tokens += self.g - s.join
+            req.last_token_time = self.loop.now
+            s.join = self.g
+            self._unseen.append(s)
+        s.blocks = -(-req.num_computed_tokens // self.bs)
 
     # ------------------------------------------------------- fast-forward
     def _cum_blocks(self, k: int) -> int:

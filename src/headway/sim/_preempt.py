@@ -158,6 +158,8 @@ class Preemption(KVBlocks):
         if self.steps is not None:
             self._step_preempted.append(s.req.request_id)
         self._finishing.remove(s)
+        if self._rkeys is not None:
+            self._rkeys.drop(s)
         s.req.num_preemptions += 1
         self.num_preemptions += 1
         self._leave(s)
@@ -186,11 +188,13 @@ class Preemption(KVBlocks):
         return freed
 
     def _displace_victim(self, s: Seq, evict: bool, now: float) -> int:
-        """:meth:`_take_victim` for a displacement. With async scheduling a running request evicted
-        for a waiting one has its token of the step in flight still to come, and vLLM's admission
-        skips a preempted request with output in flight (``num_stale_output_tokens``) for the rest
-        of that plan, without stopping at it: it waits aside until the plan is made."""
-        stale = self._async and evict and s not in self.paused and s not in self._finishing
+        """:meth:`_take_victim` for a displacement. With async scheduling a running request taken out
+        of the batch for a waiting one has its token of the step in flight still to come, and vLLM's
+        admission skips a preempted request with output in flight (``num_stale_output_tokens``) for
+        the rest of that plan, without stopping at it: it waits aside until the plan is made."""
+        stale = self._async and s not in self.paused and s not in self._finishing
+        if s not in self.paused:  # its blocks of the step are not allocated (vLLM's running loop comes after)
+            self._running_alloc -= self._step_blocks(s)
         freed = self._take_victim(s, evict, now)
         if stale and self.waiting.remove(s.req):
             self._stale.append(s.req)
@@ -201,17 +205,20 @@ class Preemption(KVBlocks):
             self._sync(s, self.loop.now)
 
     def _running_items(self) -> list[tuple[Seq, Request, int | None]]:
-        """Running requests for RunningKeys.push: decoders with the decode clock, then prefills."""
-        return [(s, s.req, self.g) for s in self.decoders] + [(s, s.req, None) for s in self.prefilling]
+        """Running requests for RunningKeys.push: decoders with the decode clock, then prefills (and with
+        async scheduling the requests finishing in the step just ended: vLLM still runs them)."""
+        items = [(s, s.req, self.seen_g) for s in self.decoders]
+        return items + [(s, s.req, None) for s in (*self.prefilling, *self._finishing)]
 
     def _paused_items(self) -> list[tuple[Seq, Request, int | None]]:
         return [(s, s.req, None) for s in self.paused]
 
     def _running(self, now: float) -> list[Request]:
+        """The running requests, synced (with async scheduling, those finishing in the step just ended too)."""
         self._sync_decoders(now)
         if self._decode_runs:  # the keys read the counters
             self._materialize_decoders()
-        return [s.req for s in self.decoders] + [s.req for s in self.prefilling]
+        return [s.req for s in (*self.decoders, *self.prefilling, *self._finishing)]
 
     def _evict_for_memory(self, now: float, budget: int) -> int:
         """Evict the policy's victims until the running requests' blocks fit, as vLLM's running
@@ -257,8 +264,9 @@ class Preemption(KVBlocks):
     def _resize_chunk(self, s: Seq, left: int) -> int:
         """A running partial prefill's chunk as vLLM's loop sizes it at its turn, with ``left`` tokens
         of the step's budget (more than planned when a victim gave tokens back); its reservation moves
-        with it. Returns the chunk."""
-        chunk = max(0, self._prefill_chunk(s, left))
+        with it (async scheduling: a request finishing in the step just ended has its token after a
+        stop: AsyncScheduling._plan_after_stop). Returns the chunk."""
+        chunk = max(0, min(1, left) if s in self._finishing else self._prefill_chunk(s, left))
         if chunk != s.chunk:
             self._release_step(s)
             self._reserve_chunk(s, chunk)
@@ -288,8 +296,6 @@ class Preemption(KVBlocks):
         pool = self._running(now)
         if self.paused:
             pool += [s.req for s in self.paused]
-        if self._finishing:
-            pool += [s.req for s in self._finishing]
         return self.seqs[self.policy.choose_victim(pool, now)]
 
     def _heap_victim(self, now: float) -> Seq:
@@ -306,7 +312,7 @@ class Preemption(KVBlocks):
             pkeys.forget()
         if self._sync_all:
             self._sync_decoders(now)
-        found = rkeys.worst(None, now, self._sync_now, self._running_items, self.g)
+        found = rkeys.worst(None, now, self._sync_now, self._running_items, self.seen_g)
         if self.paused:
             assert pkeys is not None
             held = pkeys.worst(None, now, self._sync_now, self._paused_items)
@@ -346,7 +352,7 @@ class Preemption(KVBlocks):
             if short != BLOCKS and not pause:
                 break  # evict mode: a full batch or budget displaces nobody
             above = (cand_key, cand.seq)
-            found = rkeys.worst(above, now, self._sync_now, self._running_items, self.g)
+            found = rkeys.worst(above, now, self._sync_now, self._running_items, self.seen_g)
             if short == BLOCKS and self.paused:  # (pause mode: pkeys is kept)
                 assert pkeys is not None
                 held = pkeys.worst(above, now, self._sync_now, self._paused_items, skip=cand)

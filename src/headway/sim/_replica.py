@@ -39,9 +39,12 @@ processed: a decoder's token, with its KV block and a KV shortage's rules. A pla
 nothing costs no time: it is made again at once with everything released (the engine waits for
 the step in flight and schedules again). A decoder evicted at such a plan has the block of
 its last computed token left out of the prefix cache (vLLM caches a block once its tokens are
-known, and that token's successor is still in flight). The harness compares this mode with vLLM's
-``AsyncScheduler`` on a clock where an empty ``schedule()`` takes no time
-(``test_async_scheduling_sim_makes_vllms_async_decisions``).
+known, and that token's successor is still in flight). The policy reads that plan as it reads
+vLLM's, at the plan's time, without that step's output (:mod:`~headway.sim._async`): no token,
+progress, finish or rekey hint of it, and no rekey timer due after the plan's time, until the
+plan is made. The harness compares this mode with vLLM's ``AsyncScheduler`` on a clock where an
+empty ``schedule()`` takes no time (``test_async_scheduling_sim_makes_vllms_async_decisions``), and
+the preemptive policies with the plugin in it (``test_displacement_vs_vllm.py``).
 
 **Clients' aborts** (``RequestSpec.timeout``; :meth:`Replica.abort_at`): taken between steps, as
 vLLM's ``finish_requests``; a running request's after the step in flight, before the next plan
@@ -55,9 +58,10 @@ takes the abort (``test_api_server_limits_sim_make_vllms_decisions``).
 ``tests/integrations/test_sim_vs_vllm.py`` compares both step by step; every other decision
 there is vLLM's):
 
-* with async scheduling, the plan vLLM makes as a step starts is made here when that step ends:
-  a policy whose keys move with time (a waiting request's age, a rekey timer) is read a step
-  later than vLLM's plan would read it; vLLM's ``fcfs`` and ``priority`` keys do not move;
+* with async scheduling, at a step's end exactly (a rounding tie) an arrival comes first and the
+  policy hears that step's decoders (LTR's step times) before the next plan, which vLLM made
+  before them; and a rekey timer due between a plan's time and its step's end for a request that
+  plan queued is not armed (neither occurs in the harness's scenarios);
 * a request's workload-keyed blocks filled by decoding enter the prefix cache when it leaves
   the batch, where vLLM caches each as it fills, so a request sharing the text of an answer
   still being generated hits it there, not here
@@ -92,10 +96,10 @@ from collections.abc import Callable, Hashable
 from headway.core import Policy, PolicyQueue, Request, RequestState
 from headway.sim import _decode, _running_keys
 from headway.sim._api_server import ApiServerLimits
+from headway.sim._async import ASYNC_PLAN_DELAY, DECODES, FINISHES, PARTIAL, AsyncScheduling
 from headway.sim._config import CacheConfig, SchedulerConfig
 from headway.sim._cost import CostModel
 from headway.sim._events import STEP_END, TIMER, EventLoop, tie_floor
-from headway.sim._preempt import Preemption
 from headway.sim._prefix import PrefixCache, block_keys
 from headway.sim._running_keys import RunningKeys
 from headway.sim._seq import Seq
@@ -105,13 +109,8 @@ __all__ = ["ASYNC_PLAN_DELAY", "Replica"]
 
 _FINISHED = RequestState.FINISHED  # (a global: reading an Enum member off its class is slower)
 
-ASYNC_PLAN_DELAY = 1e-6
-"""Async scheduling: seconds after a step starts at which the next step is planned (vLLM's engine
-core schedules it as soon as it has launched the step): the requests that arrive by then are in
-that plan, later ones in the plan after."""
 
-
-class Replica(Preemption):
+class Replica(AsyncScheduling):
     """A simulated engine with its own queue, batch and KV cache."""
 
     def __init__(
@@ -206,12 +205,19 @@ class Replica(Preemption):
         # async scheduling: what the step being planned cannot see yet (released once it is planned)
         self._finishing: list[Seq] = []  # finished in the step that just ended: slot and blocks still held
         self._held: list[tuple[float, Request]] = []  # (time, request) arrived while a step ran: not yet waiting
+        self._late: list[Request] = []  # waiting requests whose rekey timers came after that step's plan
         self._fits: list[tuple[Seq, int, int]] = []  # counted as admitted by a displacement check (_count_fit)
         self._fits_taken = 0  # the free KV blocks they take
         self._touched = 0  # the last admission's hit blocks in the free queue (_admission)
+        self._running_alloc = 0  # the running requests' blocks of the plan, during a displacement check
         self._stale: list[Request] = []  # displaced with a token in flight: skipped by this plan's admission
+        # the step's output that its plan does not see (_async.py): delivered once the next step is planned
+        self._unseen: list[Seq] = []  # decoders taken out of the batch with their token unseen
+        self._done: list[Seq] = []  # decoders that finished in the step
+        self._reports: list[tuple[Seq, int, int]] = []  # its prefills' chunks (and tokens)
         self._step_began = 0.0  # when the step that just ended started
         self.g = 0  # decode steps run so far (the lazy counters' clock)
+        self.seen_g = 0  # and whose output the policy has seen (async: one less while a plan is made)
         self.hist = [0] * self.bs  # decoders per block-boundary phase
         self.s_off = 0  # sum over decoders of (computed - join)
         self.fin_heap: list[tuple[int, int, int, Seq]] = []
@@ -360,13 +366,20 @@ class Replica(Preemption):
     def _on_timer(self, req: Request) -> None:
         if req in self.waiting:
             now = self.loop.now
-            if self.plan_reported >= 0:
-                self._catch_up(now)
-            self.waiting.rekey(req, now)
-            if self._pkeys is not None and self.seqs[req] in self.paused:
-                self._pkeys.push(self.seqs[req], req, now)
-            self._arm_timer(req)
+            if self._async and self.busy and self.plan_n and now > self._planned_at(now):
+                self._late.append(req)  # the next step was planned before now: re-keyed after that plan
+            else:
+                if self.plan_reported >= 0:
+                    self._catch_up(now)
+                self._rekey(req, now)
             self._poke(now)
+
+    def _rekey(self, req: Request, now: float) -> None:
+        """A waiting request's rekey timer is due (``Policy.rekey_at_time``)."""
+        self.waiting.rekey(req, now)
+        if self._pkeys is not None and self.seqs[req] in self.paused:
+            self._pkeys.push(self.seqs[req], req, now)
+        self._arm_timer(req)
 
     def _poke(self, now: float, arrival: bool = False) -> None:
         """Something changed the queue: start a step, or cut a decode stretch short (to the step
@@ -403,45 +416,13 @@ class Replica(Preemption):
 
     # ------------------------------------------------------------ planning
     def _start_step(self, now: float, after_step: bool = True) -> None:
-        """Plan the next step and launch it. With async scheduling, a step that follows another
-        (``after_step``) was planned as that one started: it is planned here without what that step
-        changed (:attr:`_finishing`, :attr:`_held`), which is released once it is planned; a plan
-        that schedules nothing is made again at once with everything released (the engine waits
-        for the step in flight and schedules again)."""
-        if self._async and after_step and self._held:
-            # the plan sees those that arrived by ASYNC_PLAN_DELAY after the step that just ended started
-            cut = self._step_began + ASYNC_PLAN_DELAY
-            later = []
-            for t, req in self._held:
-                if t <= cut:
-                    self._enqueue(req, now)
-                else:
-                    later.append((t, req))
-            self._held = later
-        self._plan(now)
+        """Plan the next step and launch it (with async scheduling, a step that follows another was
+        planned as that one started: :meth:`_plan_after_step`)."""
         if self._async and after_step:
-            if not self.decoders and not any(s.chunk for s in (*self.prefilling, *self._finishing)):
-                self._release_unseen(now)
-                if self._aborts:  # (the engine waited for the step in flight: it takes those by now)
-                    self._apply_aborts(now, now)
-                self._plan(now)
-            elif self._finishing or self._held:
-                self._launch(now, one_step=True)  # the next plan sees what is released now
-                self._release_unseen(now)
-                return
+            self._plan_after_step(now)
+            return
+        self._plan(now)
         self._launch(now)
-
-    def _release_unseen(self, now: float) -> None:
-        """Async scheduling: the requests that finished in the step that just ended give back their
-        slots and blocks (in the order they finished), and those that arrived while it ran wait."""
-        for s in self._finishing:
-            self._leave(s)
-        self._finishing.clear()
-        for _, req in self._held:
-            self._enqueue(req, now)
-        self._held.clear()
-        self._run_version += 1
-        self._admission_held = False
 
     def _enqueue(self, req: Request, now: float) -> None:
         self.waiting.add(req, now)
@@ -450,7 +431,7 @@ class Replica(Preemption):
     def _plan(self, now: float) -> None:
         if self.unseen:
             for req in self.unseen:
-                req.queued_time = now
+                req.queued_time = self.loop.now
             self.unseen.clear()
         if self._sitting:  # back in the batch: vLLM's running loop reaches them again
             for s in self._sitting:
@@ -462,8 +443,8 @@ class Replica(Preemption):
         if self.cfg.long_prefill_token_threshold:
             self._set_chunk_cap()
         budget = self.cfg.max_num_batched_tokens - len(self.decoders)
-        need = self.hist[-self.g % self.bs]
-        self.free -= need
+        free = self.free
+        self.free -= self.hist[-self.g % self.bs]
         if self._finishing:
             budget = self._plan_after_stop(budget)
         budget = self._plan_running_prefills(budget)
@@ -475,6 +456,7 @@ class Replica(Preemption):
             self._register_prefills()
         else:
             if self._displacing and self.waiting:
+                self._running_alloc = free - self.free  # (vLLM allocates them after the check)
                 # Running keys only improve between rekey hints (the Policy contract; a hint bumps
                 # _run_version), so with the same queue head, running set and key epoch as after the
                 # last check nobody can be displaced now. Policies with a progress hook, or a
@@ -487,6 +469,7 @@ class Replica(Preemption):
                     self._displace_sig = (
                         (self.waiting.head(), self._run_version, self.policy.key_epoch) if budget > 0 else None
                     )
+                self._running_alloc = 0
             self._register_prefills()
             fitted = True
             if self._fits:  # counted as admitted by the displacement check: their hits looked up again
@@ -497,18 +480,6 @@ class Replica(Preemption):
                 for req in self._stale:
                     self.waiting.add(req, now)
                 self._stale.clear()
-
-    def _plan_after_stop(self, budget: int) -> int:
-        """Async scheduling: a request that stopped on its own (EOS), not at ``max_tokens`` or the
-        model length, gets one more token in the step after (vLLM cannot tell it stopped before its
-        output is processed; the token is dropped): it takes a decoder's token and KV blocks."""
-        for s in self._finishing:
-            req = s.req
-            total = req.num_prompt_tokens + req.num_output_tokens
-            if req.num_output_tokens < req.max_tokens and total < self.max_model_len and budget > 0:
-                self._reserve_chunk(s, 1)
-                budget -= 1
-        return budget
 
     def _plan_running_prefills(self, budget: int) -> int:
         for s in self.prefilling:
@@ -586,14 +557,19 @@ class Replica(Preemption):
         n = self.plan_n
         if self._async:
             self._step_began = self.plan_start + self._span(n - 1)
-        if self.plan_reported >= 0:
-            self._report_steps(n)
+        reported = self.plan_reported
+        if reported >= 0:  # (async: the last step's output comes after the next plan: _deliver)
+            self._report_steps(n - 1 if self._async else n)
             self.plan_reported = -1
         self.g += n
+        self.seen_g = self.g
         self.num_steps += n
         self.num_step_events += 1
-        if self._aborts and self._async:  # those taken as this step started (before its output)
-            self._apply_aborts(now, self._step_began + ASYNC_PLAN_DELAY, before_output=True)
+        if self._async:
+            if self._aborts:  # those taken as this step started (before its output)
+                self._apply_aborts(now, self._step_began + ASYNC_PLAN_DELAY, before_output=True)
+            if reported < n:  # (an arrival at this step's end heard its decoders first: _catch_up_arrival)
+                self.seen_g -= 1  # the next plan is made before this step's output is processed (_async.py)
         # vLLM handles a step's requests in running-list order: decoders, then prefills
         self._complete_decodes(now)
         self._complete_prefills(now)
@@ -607,6 +583,8 @@ class Replica(Preemption):
         if not self.prefilling:
             return
         self._run_version += 1  # prefill progress moves keys and phases (no token hints for it)
+        unseen = 1 if self._async else 0  # async: the policy sees this output after the next plan (_async.py)
+        hook, reports = self._progress_hook, self._reports
         still: list[Seq] = []
         done: list[Seq] = []
         for s in self.prefilling:  # their blocks entered the prefix cache when the step was planned
@@ -614,28 +592,34 @@ class Replica(Preemption):
             req.num_computed_tokens += s.chunk
             if req.num_computed_tokens < req.num_prompt_tokens + req.num_output_tokens:
                 still.append(s)
-                if s.chunk and self._progress_hook:
+                if s.chunk and hook:
+                    if unseen:
+                        reports.append((s, s.chunk, PARTIAL))
+                        continue
                     self.policy.on_progress(req, now, s.chunk)
                     if self._rkeys is not None:  # a key point (the Policy contract)
                         self._rkeys.chunk_reported(s, req, now)
                 continue
-            req.num_output_tokens += 1
             if req.first_token_time is None:
                 req.first_token_time = now
                 if self.api is not None:
                     self.api.first_token(req)
             req.last_token_time = now
-            if self._progress_hook:
-                self.policy.on_progress(req, now, s.chunk)
+            if unseen:
+                reports.append((s, s.chunk, FINISHES if req.num_output_tokens + 1 >= s.true_len else DECODES))
+            else:
+                req.num_output_tokens += 1
+                if hook:
+                    self.policy.on_progress(req, now, s.chunk)
             done.append(s)
         self.prefilling = still
         for s in done:
             s.chunk = 0
-            if s.req.num_output_tokens >= s.true_len:
+            if s.req.num_output_tokens + unseen >= s.true_len:
                 self._finish(s, now)
             else:
                 s.prefilled_g = self.g
-                self._add_decoder(s)
+                self._add_decoder(s, unseen)
 
     def _complete_decodes(self, now: float) -> None:
         g, heap = self.g, self.fin_heap
@@ -646,7 +630,14 @@ class Replica(Preemption):
             self._sync(s, now)
             self._remove_decoder(s)
             self._finish(s, now)
-        heap = self.rekey_heap
+            if self._async:
+                self._done.append(s)  # the policy hears it after the next plan (_async.py)
+        if not self._async:  # (async: with the step's output, after the next plan)
+            self._rekey_due(now)
+
+    def _rekey_due(self, now: float) -> None:
+        """The decoders whose rekey hints the decode clock has reached: progress reported, re-keyed."""
+        g, heap = self.g, self.rekey_heap
         while heap and heap[0][0] <= g:
             _, _, gen, s = heapq.heappop(heap)
             if gen != s.gen or s.rekey_g > g:
@@ -658,18 +649,26 @@ class Replica(Preemption):
                 self._rkeys.push(s, s.req, now, g)
 
     def _finish(self, s: Seq, now: float) -> None:
+        """``s`` finished in the step that just ended: it gives back its slot and blocks (async
+        scheduling: once the next step is planned), and the policy hears it (async: then too)."""
         req = s.req
-        if self._rkeys is not None:
-            self._rkeys.drop(s)
         if self._async:
-            self._finishing.append(s)  # its slot and blocks until the next step is planned
+            self._finishing.append(s)
         else:
             self._leave(s)
         req.finish_time = now
-        req.transition(_FINISHED)
         if self.api is not None:
             self.api.finished(req)
         self._run_version += 1
+        if not self._async:
+            self._finished(s, now)
+
+    def _finished(self, s: Seq, now: float) -> None:
+        """The policy, and the simulator, hear that ``s`` finished."""
+        req = s.req
+        if self._rkeys is not None:
+            self._rkeys.drop(s)
+        req.transition(_FINISHED)
         if self._finish_hook:
             self.policy.on_finish(req, now)
         if self.on_done is not None:

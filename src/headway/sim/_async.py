@@ -1,0 +1,173 @@
+"""Async scheduling (``SchedulerConfig.async_scheduling``): what a replica's plan of a step does not see yet.
+
+vLLM's ``AsyncScheduler`` plans a step as the step before it starts, so that plan is made before
+that step's output is processed; the replica makes it when that step ends (see ``_replica.py``),
+without what that step changed. Its finished requests still hold their slots and KV blocks, and the
+requests that arrived while it ran wait, as do the rekey timers due since the plan's time
+(``ASYNC_PLAN_DELAY`` after that step started): :meth:`AsyncScheduling._release_unseen` lets them
+go after the plan. And the policy reads that plan as the plugin's policy reads vLLM's, at the
+plan's time and without that step's output. A running request's ``num_output_tokens`` lacks the
+token that step computed for it (vLLM counts it in ``num_computed_tokens`` as it schedules the
+step, and in ``num_output_tokens`` as the output comes), and nothing of that step has been
+reported: no progress (``on_progress``, LTR's step times, TRAIL's refinements at rekey hints), no
+finish (``on_finish``; a request that finished in it still runs, in state RUNNING, and may be
+evicted). The decoders' tokens are hidden by the decode clock the policy has seen (``seen_g``, one
+step behind ``g`` while the plan is made); a prefill's token by counting it only when
+:meth:`AsyncScheduling._deliver` processes the step's output, once the plan is made, as vLLM
+processes it after scheduling the next step. There the requests evicted in that plan get their
+token without a report (the plugin reports running requests only), as vLLM delivers a preempted
+request's output in flight. (An arrival at a step's end exactly, a rounding tie, comes first and
+hears that step's decoders: the plan sees them then.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from headway.core import Request
+from headway.sim._preempt import Preemption
+from headway.sim._seq import Seq
+
+__all__ = ["ASYNC_PLAN_DELAY", "DECODES", "FINISHES", "PARTIAL", "AsyncScheduling"]
+
+ASYNC_PLAN_DELAY = 1e-6
+"""Async scheduling: seconds after a step starts at which the next step is planned (vLLM's engine
+core schedules it as soon as it has launched the step): the requests that arrive by then are in
+that plan, later ones in the plan after; so are the rekey timers due by then."""
+
+PARTIAL, DECODES, FINISHES = 0, 1, 2
+"""What a prefill's chunk in the step just ended did (:attr:`AsyncScheduling._reports`): left more of its
+prefill, or computed its token, after which it decodes, or finishes."""
+
+
+class AsyncScheduling(Preemption):
+    """The step's output that a :class:`~headway.sim.Replica`'s async plan does not see, delivered
+    after it (the replica sets every attribute below)."""
+
+    # prefills of the step just ended, their output unseen: (seq, chunk, PARTIAL / DECODES / FINISHES)
+    _reports: list[tuple[Seq, int, int]]
+    _done: list[Seq]  # decoders that finished in the step just ended, unseen by the policy
+    _catch_up_hook: bool  # every step's progress is reported (_decode.py)
+    _rekey_hook: bool
+    _admission_held: bool
+    _late: list[Request]  # waiting requests whose rekey timers came after the plan of the step after
+    _step_began: float  # when the step that just ended started
+    _aborts: list[tuple[float, int, Request]]  # clients' aborts to come
+    _plan: Callable[[float], None]  # the replica's: plan the next step (the policy's time)
+    _launch: Callable[..., None]  # the replica's: launch the planned step
+    _apply_aborts: Callable[[float, float], None]
+    _enqueue: Callable[[Request, float], None]  # the replica's: a request starts waiting
+    _rekey: Callable[[Request, float], None]  # the replica's: a waiting request's rekey timer is due
+    _finished: Callable[[Seq, float], None]  # the replica's: the policy hears that a request finished
+    _rekey_due: Callable[[float], None]  # the replica's: the rekey hints reached by the decode clock
+
+    def _plan_after_step(self, now: float) -> None:
+        """Plan the step after the one that just ended, as vLLM planned it as that one started
+        (``ASYNC_PLAN_DELAY`` after: the policy's time): without what that step changed (its
+        finished requests, the arrivals and rekey timers since, its output), all of which is
+        released once it is planned; then launch it. A plan that schedules nothing is made again at
+        once with everything released (the engine waits for the step in flight and schedules
+        again)."""
+        made = min(now, self._step_began + ASYNC_PLAN_DELAY)
+        if self._held:  # the plan sees those that arrived by then
+            later = []
+            for t, req in self._held:
+                if t <= made:
+                    self._enqueue(req, made)
+                else:
+                    later.append((t, req))
+            self._held = later
+        self._plan(made)
+        self._deliver(now)  # that step's output, which vLLM processes after scheduling the next
+        if not self.decoders and not any(s.chunk for s in (*self.prefilling, *self._finishing)):
+            self._release_unseen(now)
+            if self._aborts:  # (the engine waited for the step in flight: it takes those by now)
+                self._apply_aborts(now, now)
+            self._plan(now)
+        elif self._finishing or self._held or self._late:
+            self._launch(now, one_step=True)  # the next plan sees what is released now
+            self._release_unseen(now)
+            return
+        self._launch(now)
+
+    def _planned_at(self, t: float) -> float:
+        """When the step after the one in flight at ``t`` was planned (``ASYNC_PLAN_DELAY`` after that one
+        started)."""
+        return self.plan_start + self._span(self._step_at(t) - 1) + ASYNC_PLAN_DELAY
+
+    def _plan_after_stop(self, budget: int) -> int:
+        """A request that stopped on its own (EOS), not at ``max_tokens`` or the model length, gets one
+        more token in the step after (vLLM cannot tell it stopped before its output is processed;
+        the token is dropped): it takes a decoder's token and KV blocks. (Its output count, its true
+        length, counts its last token, in flight for vLLM and maybe unseen here.)"""
+        for s in self._finishing:
+            req = s.req
+            out = s.true_len
+            if out < req.max_tokens and req.num_prompt_tokens + out < self.max_model_len and budget > 0:
+                self._reserve_chunk(s, 1)
+                budget -= 1
+        return budget
+
+    def _deliver(self, now: float) -> None:
+        """The output of the step that just ended, processed once the next step is planned, in the order
+        the synchronous scheduler reports it: the decoders' tokens (every decoder's, for a policy
+        that hears each step), those of the requests taken out of the batch, the finishes, the
+        rekey hints reached, then the prefills' chunks and tokens. A request no longer in vLLM's
+        batch (evicted or paused by the plan) gets its token unreported."""
+        self.seen_g = self.g
+        policy, hook = self.policy, self._progress_hook
+        if self._catch_up_hook:
+            self._sync_decoders(now)
+        for s in self._unseen:  # finished in that step, or taken out of the batch by the plan
+            s.req.num_output_tokens += 1
+            if hook and self._in_batch(s):
+                if self._decode_runs:
+                    policy.on_decode_progress(now, ((1, 1, s.since),))
+                    s.since = now
+                else:
+                    policy.on_progress(s.req, now, 1)
+        self._unseen.clear()
+        for s in self._done:
+            self._finished(s, now)
+        self._done.clear()
+        if self._rekey_hook and self.rekey_heap:
+            self._rekey_due(now)
+        rkeys = self._rkeys
+        for s, chunk, kind in self._reports:
+            req = s.req
+            if kind != PARTIAL:
+                req.num_output_tokens += 1
+            if self._in_batch(s):
+                if hook:
+                    policy.on_progress(req, now, chunk)
+                if kind == PARTIAL:
+                    if rkeys is not None:  # a key point (the Policy contract)
+                        rkeys.chunk_reported(s, req, now)
+                elif s in self.decoders:  # a key point as it starts decoding (its report may move the key)
+                    self._arm_rekey(s)
+                    if rkeys is not None:
+                        rkeys.decoding(s, req, now, self.g)
+            if kind == FINISHES:
+                self._finished(s, now)
+        self._reports.clear()
+
+    def _in_batch(self, s: Seq) -> bool:
+        """Whether ``s`` is in vLLM's batch (its running list: running, sitting a step out, or finishing
+        in the step just ended and not evicted since)."""
+        return s in self.decoders or s in self._sitting or s in self._finishing or s in self.prefilling
+
+    def _release_unseen(self, now: float) -> None:
+        """The requests that finished in the step that just ended give back their slots and blocks (in
+        the order they finished), and those that arrived while it ran wait."""
+        for s in self._finishing:
+            self._leave(s)
+        self._finishing.clear()
+        for _, req in self._held:
+            self._enqueue(req, now)
+        self._held.clear()
+        for req in self._late:
+            if req in self.waiting:
+                self._rekey(req, now)
+        self._late.clear()
+        self._run_version += 1
+        self._admission_held = False
