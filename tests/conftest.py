@@ -8,6 +8,7 @@ missing folder fails the test, so that a CI run cannot pass by skipping every re
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Generator
 from pathlib import Path
 
@@ -37,7 +38,12 @@ _SIGTERM = SigtermRaises()
 def pytest_configure(config: pytest.Config) -> None:
     """SIGTERM ends the run as Ctrl-C does: pytest then tears the fixtures down, so the vLLM servers,
     redis-servers and gateways the session started are stopped (by default SIGTERM would end pytest at
-    once and leave them running)."""
+    once and leave them running). A run started in the background by a shell without job control
+    inherits SIGINT ignored, and so would every process it starts (an ignored signal stays ignored
+    across exec): the interrupt tests' Ctrl-C would reach nobody. It is handled as Python handles it
+    by default instead, which each child, its handler reset by exec, starts with."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     _SIGTERM.__enter__()
 
 
