@@ -433,6 +433,34 @@ def test_async_scheduling_caches_the_last_block_of_a_recompute_that_ended(vllm_s
     assert sim_outcome(scenario, arrivals) == ref
 
 
+@pytest.mark.parametrize(("prompt", "evicted"), [([5, 6, 7, 8], 16), ([5, 6, 7], 17)])
+def test_async_scheduling_caches_the_last_block_of_a_decoder_that_sat_a_step_out(
+    vllm_steps: VllmSteps, prompt: list[int], evicted: int
+) -> None:
+    """Three usable blocks; r0, r1, r2 (priorities 0, 2, 1) arrive a step apart. In step 15 r1 needs
+    a second block and, the priority victim, evicts itself: vLLM's running loop ends, and r2 sits
+    the step out. r1's block goes to r0 in step 16, and r2, short of one with 16 tokens computed,
+    evicts itself: in step 16 (planned as step 15 runs; its last token was known once the output of
+    step 14, its last, was processed, with r2 running: vLLM cached its block), or, with a prompt a
+    token shorter, in step 17 after a step of its own (whose input token, from step 14, was known
+    as it was planned: cached as allocated). Either way r2 resumes with 16 tokens cached (1
+    computed; without them, 17 over two steps of the 16-token budget). So does the simulator (it
+    left that block out, as a decoder's whose last token was sampled by the step before)."""
+    reqs = _requests([1], [2, 3, 4], prompt, max_tokens=30)
+    for r, (arrive, prio) in zip(reqs, [(0, 0), (1, 2), (2, 1)], strict=True):
+        r["arrive"], r["priority"] = arrive, prio
+    reqs[0]["max_tokens"] = 2 + evicted
+    scenario = _engine(policy="priority", num_blocks=4, max_num_seqs=5, max_num_batched_tokens=16, requests=reqs)
+    steps = vllm_steps.run(scenario, "vllm-async")["steps"]
+    assert [(s["step"], s["preempted"]) for s in steps if s["preempted"] and s["step"] < 20] == [
+        (15, ["r1"]),
+        (evicted, ["r2"]),
+    ]
+    assert next(s["sched"]["r2"] for s in steps if s["step"] > evicted and "r2" in s["sched"]) == [1, 16]
+    ref, arrivals = async_outcome(scenario, steps)
+    assert sim_outcome(scenario, arrivals) == ref
+
+
 def test_async_scheduling_plans_a_step_before_it_sees_an_abort(vllm_steps: VllmSteps) -> None:
     """Clients abort r1 and r2 before step 39. vLLM's async scheduler planned step 38 while r1's last
     step ran, and r2, evicted in step 37, was at the head of its queue and did not fit: step 38 ran

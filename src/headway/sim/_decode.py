@@ -84,6 +84,8 @@ class DecodeClock:
     _fresh: dict[Seq, None]  # decoders that report as of their own join, not rep_g (_report_runs)
     _rekey_hook: bool
     _admission_held: bool  # the step being planned preempted, so it admitted nobody
+    _async: bool  # async scheduling (SchedulerConfig.async_scheduling)
+    _displacing: bool  # the policy displaces running requests (a preemptive policy, displacement not none)
     # the step in flight: its start, number of steps, step time base and growth per step
     plan_start: float
     plan_n: int
@@ -323,6 +325,11 @@ class DecodeClock:
         g = self.g
         if self._admission_held and self.waiting:
             return 1  # the next step may admit what this one could not (it preempted)
+        if self._async and self._displacing:
+            # async scheduling: a preemptive policy reads each plan a step behind (_async.py), which
+            # a stretch's end does not follow: step by step (a fast-forwarded stretch ran ahead of
+            # the exact mode's decisions: test_fast_forward_matches_exact_mode_async_preemptive)
+            return 1
         n = min(self.fin_heap[0][0] - g, self.cfg.max_steps_per_event)
         if self.rekey_heap:
             n = min(n, max(self.rekey_heap[0][0] - g, 1))

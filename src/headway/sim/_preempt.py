@@ -79,9 +79,13 @@ class Preemption(KVBlocks):
 
     def _unknown_tail(self, s: Seq) -> int:
         """Async scheduling: 1 for a decoder whose last computed token was sampled by a step still
-        in flight when its own step was planned (its block was not cached), unless its prefill or
-        recompute ended in the step just ended (all its tokens known); else 0."""
-        return 1 if s in self.decoders and s.prefilled_g != self.g else 0
+        in flight when its own step was planned (its block was not cached); else 0: its prefill or
+        recompute ended in the step just ended (all its tokens known), or it sat out the step just
+        ended or the one before (vLLM's running loop did not reach it: its last token was known
+        when its last step was planned, or that step's output, processed with it running, cached
+        the block)."""
+        g = self.g
+        return 1 if s in self.decoders and s.prefilled_g != g and s.sat_g < g - 1 else 0
 
     def _async_lag(self, s: Seq) -> int:
         """What :meth:`_preempt` caches of a running request's blocks with async scheduling, before the

@@ -39,12 +39,16 @@ processed: a decoder's token, with its KV block and a KV shortage's rules. A pla
 nothing costs no time: it is made again at once with everything released (the engine waits for
 the step in flight and schedules again). A decoder evicted at such a plan has the block of
 its last computed token left out of the prefix cache (vLLM caches a block once its tokens are
-known, and that token's successor is still in flight). The policy reads that plan as it reads
-vLLM's, at the plan's time, without that step's output (:mod:`~headway.sim._async`): no token,
-progress, finish or rekey hint of it, and no rekey timer due after the plan's time, until the
-plan is made. The harness compares this mode with vLLM's ``AsyncScheduler`` on a clock where an
-empty ``schedule()`` takes no time (``test_async_scheduling_sim_makes_vllms_async_decisions``), and
-the preemptive policies with the plugin in it (``test_displacement_vs_vllm.py``).
+known, and that token's successor is still in flight), unless it sat out the step in flight or
+the one before (vLLM's running loop ended before it): then that token was known when its last
+step was planned, or that step's output cached the block
+(``test_async_scheduling_caches_the_last_block_of_a_decoder_that_sat_a_step_out``). The policy
+reads that plan as it reads vLLM's, at the plan's time, without that step's output
+(:mod:`~headway.sim._async`): no token, progress, finish or rekey hint of it, and no rekey timer
+due after the plan's time, until the plan is made. The harness compares this mode with vLLM's
+``AsyncScheduler`` on a clock where an empty ``schedule()`` takes no time
+(``test_async_scheduling_sim_makes_vllms_async_decisions``), and the preemptive policies with the
+plugin in it (``test_displacement_vs_vllm.py``).
 
 **Clients' aborts** (``RequestSpec.timeout``; :meth:`Replica.abort_at`): taken between steps, as
 vLLM's ``finish_requests``; a running request's after the step in flight, before the next plan
@@ -437,6 +441,7 @@ class Replica(AsyncScheduling):
             for s in self._sitting:
                 since = s.since
                 self._add_decoder(s)
+                s.sat_g = self.g  # (async scheduling: its last token is known, _unknown_tail)
                 s.since = since  # (on_decode_progress) its progress was last reported as it sat out
             self._sitting.clear()
         self.waiting.refresh(now)

@@ -14,7 +14,7 @@ class Seq:
 
     __slots__ = (
         "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "order", "own_end", "own_hit",
-        "phase", "prefilled_g", "reg", "rekey_g", "req", "since", "true_len",
+        "phase", "prefilled_g", "reg", "rekey_g", "req", "sat_g", "since", "true_len",
     )  # fmt: skip
 
     def __init__(self, req: Request, true_len: int, keys: list[Hashable]) -> None:
@@ -38,5 +38,6 @@ class Seq:
         self.fin_g = 0  # global decode-step count at which it finishes
         self.rekey_g = -1  # global decode-step count of its next rekey hint (-1: none)
         self.prefilled_g = -1  # global decode-step count when its last prefill chunk (or recompute) ended
+        self.sat_g = -2  # global decode-step count when it rejoined the batch after sitting a step out
         self.gen = 0  # bumps whenever it leaves the decode set (invalidates heap entries)
         self.order = 0  # when it (re)joined the batch: its place in vLLM's running list
