@@ -11,7 +11,16 @@ from types import ModuleType
 
 from headway.core import Request
 from headway.sim import CostModel
-from headway.workload import RequestSpec, Workload
+from headway.workload import RequestSpec, Workload, find_data_dir
+
+
+def have_shared_data() -> bool:
+    """Whether the shared data folder is found (``find_data_dir``), for a ``skipif`` at import time."""
+    try:
+        find_data_dir()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def make_request(request_id: str = "r0", *, arrival: float = 0.0, prompt: int = 8, max_tokens: int = 64,

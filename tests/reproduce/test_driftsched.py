@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from factories import make_request
+from factories import have_shared_data, make_request
 from headway.core import Request
 from headway.reproduce import band_rule
 from headway.reproduce.driftsched import (
@@ -21,7 +21,6 @@ from headway.reproduce.driftsched import (
     _load_table,
     _tail_note,
 )
-from headway.workload import find_data_dir
 
 TAIL = {"tokens": 250.0, "tail_tokens": 440.0, "tail_long_true": 0.25, "tail_long_est": 0.85, "tail_wait": 0.9}
 
@@ -131,16 +130,8 @@ def test_each_stress_load_scales_the_same_draws_and_keeps_the_calibration_phase(
         assert n_stress / (t[-1] - t[n_cal - 1]) == pytest.approx(load * cap, rel=0.1)  # the label's rate
 
 
-def _have_data() -> bool:
-    try:
-        find_data_dir()
-    except FileNotFoundError:
-        return False
-    return True
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _have_data(), reason="shared data not present")
+@pytest.mark.skipif(not have_shared_data(), reason="shared data not present")
 def test_the_load_tables_row_at_the_claims_load_is_the_claim_rows_run(tmp_path: Path):
     from headway.reproduce.driftsched import run
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from factories import have_shared_data
 from headway.reproduce import (
     EXPERIMENTS,
     ClaimRow,
@@ -19,15 +20,6 @@ from headway.reproduce import (
     run_reproduction,
 )
 from headway.reproduce._report import write_report
-from headway.workload import find_data_dir
-
-
-def _have_data() -> bool:
-    try:
-        find_data_dir()
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def _row(values, rule, **kw) -> ClaimRow:
@@ -136,7 +128,7 @@ def test_unknown_reproduction_is_named():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _have_data(), reason="shared data not present")
+@pytest.mark.skipif(not have_shared_data(), reason="shared data not present")
 @pytest.mark.parametrize("name", [n for n in EXPERIMENTS if n != "pars"])  # pars trains predictors: see below
 def test_quick_reproduction_writes_report_and_rows(name, tmp_path):
     rows = run_reproduction(name, tmp_path, quick=True, echo=False)
@@ -149,7 +141,7 @@ def test_quick_reproduction_writes_report_and_rows(name, tmp_path):
     assert pngs and all(p.stat().st_size > 1000 for p in pngs)
 
 
-@pytest.mark.skipif(not _have_data(), reason="shared data not present")
+@pytest.mark.skipif(not have_shared_data(), reason="shared data not present")
 def test_an_experiment_counts_its_simulations_on_a_terminal(tmp_path, capsys, monkeypatch):
     import re
     import sys
@@ -221,7 +213,7 @@ def test_default_report_folder_is_headway_out_not_the_docs(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _have_data(), reason="shared data not present")
+@pytest.mark.skipif(not have_shared_data(), reason="shared data not present")
 def test_module_entry_points_take_the_headway_command_line(tmp_path):
     import subprocess
     import sys
@@ -241,7 +233,7 @@ def test_uniboost_modes_are_the_engines():
     assert MODES == {"SGLang": "evict", "vLLM": "none"}
 
 
-@pytest.mark.skipif(not _have_data(), reason="shared data not present")
+@pytest.mark.skipif(not have_shared_data(), reason="shared data not present")
 def test_codealpaca_answers_are_not_capped():
     from headway.reproduce._common import codealpaca_2k
 
@@ -251,7 +243,7 @@ def test_codealpaca_answers_are_not_capped():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _have_data(), reason="shared data not present")
+@pytest.mark.skipif(not have_shared_data(), reason="shared data not present")
 def test_driftsched_drift_comes_from_two_real_models():
     from headway.reproduce.driftsched import _pool
 
