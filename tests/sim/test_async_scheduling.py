@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 
 from factories import make_workload, unit_cost
-from headway.sim import SchedulerConfig, simulate
+from headway.core import PolicyKey, Request
+from headway.policies import FCFSPolicy
+from headway.sim import CacheConfig, SchedulerConfig, simulate
 from headway.workload import RequestSpec, Workload
 
 STEPS = [1, 1 << 30]
@@ -97,3 +99,41 @@ def test_a_request_that_stopped_on_its_own_gets_one_more_token(max_steps: int) -
     assert a_finish(None, True) == pytest.approx(11.9)
     assert a_finish(2, True) == pytest.approx(11.8)
     assert a_finish(None, False) == a_finish(2, False) == pytest.approx(11.8)
+
+
+class _PromotesX(FCFSPolicy):
+    """Later arrivals first, but request ``x`` jumps the queue from time ``at`` on (a starvation
+    promotion, as PARS's or LTR's, announced by ``rekey_at_time``); never registered."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def key(self, request: Request, now: float) -> PolicyKey:
+        if request.request_id == "x" and now >= self.at:
+            return (0, request.arrival_time)
+        return (1, -request.arrival_time)
+
+    def rekey_at_time(self, request: Request) -> float | None:
+        return self.at if request.request_id == "x" else None
+
+
+def _promotion_run(at: float) -> list[tuple[str, float | None, float | None, int]]:
+    # Two slots, four 16-token KV blocks, every step 1 s. A and X prefill in step 0 and decode; the
+    # plan of the step at t=17, made as the step at t=16 started (t=16.000001), finds no block for
+    # both and evicts X (the later arrival). C arrived at t=5 and waits, ahead of an unpromoted X.
+    specs = [RequestSpec("a", 0.0, 16, 60), RequestSpec("x", 0.0, 16, 60), RequestSpec("c", 5.0, 16, 4)]
+    sched = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64, async_scheduling=True)
+    cache = CacheConfig(num_gpu_blocks=4, enable_prefix_caching=False)
+    res = simulate(Workload.from_specs("w", specs), _PromotesX(at), preset=unit_cost(1.0), scheduler=sched, cache=cache)
+    return [(r.request_id, r.first_scheduled_time, r.finish_time, r.num_preemptions) for r in res.requests]
+
+
+@pytest.mark.parametrize("at", [16.0000015, 16.5, 17.0])
+def test_a_promotion_due_while_the_plan_that_queued_it_runs_is_not_lost(at: float) -> None:
+    # X, evicted by a plan made at t=16.000001 (its key then unpromoted), is due its promotion before
+    # the step that plan launched ends (t=17). The plan after, made at t=17.000001, sees it promoted,
+    # as it sees a promotion due at t=17.0000005, after that step's end: X goes back to the queue's
+    # head and C waits (the timer was not armed: X stayed unpromoted, as if never due, and C ran at 18).
+    promoted = _promotion_run(17.0000005)
+    assert promoted != _promotion_run(1000.0)
+    assert _promotion_run(at) == promoted

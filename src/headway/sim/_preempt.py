@@ -25,7 +25,7 @@ class Preemption(KVBlocks):
 
     num_pauses: int  # pause mode: requests taken out of the batch with their KV kept
     _step_preempted: list[str]
-    _arm_timer: Callable[[Request], None]  # the replica's: a requeued request's re-key timer
+    _arm_timer: Callable[[Request, float], None]  # the replica's: a requeued request's re-key timer
     _sync_all: bool  # a displacement check syncs every running request (see the replica)
     _victim_from_heaps: bool  # a KV shortage's victim is the lazy heaps' top (see _heap_victim)
     _async: bool  # the replica's SchedulerConfig.async_scheduling
@@ -58,7 +58,7 @@ class Preemption(KVBlocks):
         self._run_version += 1
         req.transition(RequestState.PREEMPTED)
         self.waiting.add(req, now)
-        self._arm_timer(req)
+        self._arm_timer(req, now)
 
     def _preempt(self, s: Seq, now: float, scheduled: int = 0) -> None:
         """Evict a running request (its step reservations must already be returned, but for the

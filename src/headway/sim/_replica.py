@@ -58,8 +58,7 @@ there is vLLM's):
 
 * with async scheduling, at a step's end exactly (a rounding tie) an arrival comes first and the
   policy hears that step's decoders (LTR's step times) before the next plan, which vLLM made
-  before them; and a rekey timer due between a plan's time and its step's end for a request that
-  plan queued is not armed (neither occurs in the harness's scenarios);
+  before them (it does not occur in the harness's scenarios);
 * a request's workload-keyed blocks filled by decoding enter the prefix cache when it leaves
   the batch, where vLLM caches each as it fills, so a request sharing the text of an answer
   still being generated hits it there, not here
@@ -287,7 +286,7 @@ class Replica(ClientAborts):
             self._held.append((now, req))
         else:
             self.waiting.add(req, now)
-            self._arm_timer(req)
+            self._arm_timer(req, now)
         self.unseen.append(req)
         self._poke(now, True)
         if self.plan_n and self.cost.per_arrival:
@@ -300,12 +299,16 @@ class Replica(ClientAborts):
         if timeout is not None:
             self.abort_at(req, now + timeout)
 
-    def _arm_timer(self, req: Request) -> None:
+    def _arm_timer(self, req: Request, now: float) -> None:
+        """Arm ``req``'s rekey timer (``Policy.rekey_at_time``) if it is due after ``now``, the time the
+        policy keyed it at. With async scheduling a plan keys at its own time, before the step in flight
+        ends: a timer due by that end fires at once, after the plan (its next plan sees it)."""
         if not self._timer_hook:
             return
         at = self.policy.rekey_at_time(req)
-        if at is not None and at > self.loop.now:
-            self.loop.schedule(at, TIMER, self._on_timer, req)
+        if at is not None and at > now:
+            t = self.loop.now
+            self.loop.schedule(at if at > t else t, TIMER, self._on_timer, req)
 
     def _on_timer(self, req: Request) -> None:
         if req in self.waiting:
@@ -323,7 +326,7 @@ class Replica(ClientAborts):
         self.waiting.rekey(req, now)
         if self._pkeys is not None and self.seqs[req] in self.paused:
             self._pkeys.push(self.seqs[req], req, now)
-        self._arm_timer(req)
+        self._arm_timer(req, now)
 
     def _poke(self, now: float, arrival: bool = False) -> None:
         """Something changed the queue: start a step, or cut a decode stretch short (to the step
@@ -370,7 +373,7 @@ class Replica(ClientAborts):
 
     def _enqueue(self, req: Request, now: float) -> None:
         self.waiting.add(req, now)
-        self._arm_timer(req)
+        self._arm_timer(req, now)
 
     def _plan(self, now: float) -> None:
         if self.unseen:
