@@ -304,6 +304,13 @@ async def soak(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     }
 
 
+def _shown_path(path: str) -> str:
+    """``path`` relative to the checkout if it lies inside it, else as given."""
+    p = Path(path).resolve()
+    root = RESULTS.resolve().parents[1]
+    return str(p.relative_to(root)) if p.is_relative_to(root) else path
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration-s", type=float, default=1800.0)
@@ -322,7 +329,8 @@ def main() -> int:
         cluster.close()
     result = {
         "command": "python benchmarks/bench_soak.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "config": vars(args),
+        # the output path as given, relative to the checkout when inside it (no machine-specific path in the file)
+        "config": {**vars(args), "out": _shown_path(args.out)},
         "wall_s": round(time.time() - t0, 1),
         **result,
     }
