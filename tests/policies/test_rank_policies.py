@@ -443,6 +443,44 @@ def test_trail_key_and_hint_are_the_max_formulas(pred: float, out: int) -> None:
         assert hint == max(math.ceil(pred - out), 1) and type(hint) is int
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    score=st.one_of(st.floats(min_value=-900.0, max_value=900.0), st.sampled_from([0.0, -0.0, math.log(7.0) + 1.0])),
+    max_tokens=st.one_of(st.integers(min_value=1, max_value=10**7), st.sampled_from([1, 2, 7])),
+    out=st.integers(min_value=0, max_value=10**6),
+    pred=st.floats(min_value=1.0, max_value=1e6),
+    sigma=st.one_of(st.floats(min_value=1e-4, max_value=3.0), st.just(1.0)),
+)
+def test_trail_prediction_and_refinement_are_the_min_max_formulas(
+    score: float, max_tokens: int, out: int, pred: float, sigma: float
+) -> None:
+    """TRAIL's first prediction, refinement and residual mean skip the min() and max() calls: the
+    same values and types as the formulas with them (a residual mean below g + 1, or rounded
+    below g with a small sigma far in the tail, included)."""
+    pol = make_policy("trail", prediction_sigma=sigma)
+    r = make_request(score=score, max_tokens=max_tokens)
+    pol.on_arrival(r, 0.0)
+    p0 = min(max(math.exp(min(score, math.log(max(max_tokens, 1)) + 1.0)), 1.0), float(max_tokens))
+    assert repr(r.extra["trail"]) == repr([p0, p0])  # type: ignore[index]
+
+    mu = math.log(pred)
+    r.extra["trail"] = [pred, pred]
+    r.num_output_tokens = out
+    pol.on_progress(r, 0.0, 1)
+    want = pred
+    if out >= pred:
+        want = min(max(lognormal_residual_mean(mu, sigma, out), out + 1.0), float(max(max_tokens, out + 1)))
+    got = r.extra["trail"][1]  # type: ignore[index]
+    assert repr(got) == repr(want) and type(got) is type(want)
+    if out > 0:  # the residual mean itself: max(E[L | L > g], g)
+        log_ndtr = pytest.importorskip("scipy.special").log_ndtr
+        lg = math.log(out)
+        log_num = mu + sigma * sigma / 2.0 + float(log_ndtr((mu + sigma * sigma - lg) / sigma))
+        formula = max(math.exp(log_num - float(log_ndtr((mu - lg) / sigma))), out)
+        mean = lognormal_residual_mean(mu, sigma, out)
+        assert repr(mean) == repr(formula) and type(mean) is type(formula)
+
+
 def test_ltr_step_time_folds_equal_reports_in_closed_form_however_they_are_batched() -> None:
     """Consecutive reports with one sample are one group: the same floats whether they come as one
     run, several runs or one call each, whether or not the estimate is read between them, and

@@ -32,7 +32,8 @@ def lognormal_residual_mean(mu: float, sigma: float, g: float) -> float:
     lg = math.log(g)
     log_num = mu + sigma * sigma / 2.0 + float(log_ndtr((mu + sigma * sigma - lg) / sigma))
     log_den = float(log_ndtr((mu - lg) / sigma))
-    return max(math.exp(log_num - log_den), g)
+    mean = math.exp(log_num - log_den)
+    return g if g > mean else mean  # max(mean, g) without the call: the same value (even NaN)
 
 
 @register_policy("trail")
@@ -79,16 +80,33 @@ class TrailPolicy(ScoredPolicy):
     def _pred(self, request: Request) -> list[float]:
         st = request.extra.get(_NS)
         if not isinstance(st, list):
-            # clamped before exp (a score of 800 would overflow it): above log(max_tokens) + 1 the
-            # prediction is capped at max_tokens anyway
-            log_p0 = min(self.score_of(request), math.log(max(request.max_tokens, 1)) + 1.0)
-            p0 = min(max(math.exp(log_p0), 1.0), float(request.max_tokens))
-            st = [p0, p0]  # [initial prediction, current predicted total]
-            request.extra[_NS] = st
+            st = self._start(request)
+        return st
+
+    def _start(self, request: Request) -> list[float]:
+        """The request's state ``[initial prediction, current predicted total]``, made from its score
+        (at its arrival) and kept in ``request.extra``: ``min(max(exp(min(score, log(max(max_tokens,
+        1)) + 1)), 1), max_tokens)``, its min and max written out as comparisons, the same values
+        (here and in the refinement below: CPython's builtin min and max parse their arguments as
+        keywords at each call: a call costs about four times the comparison)."""
+        max_tokens = request.max_tokens
+        score = self.score_of(request)
+        # clamped before exp (a score of 800 would overflow it): above log(max_tokens) + 1 the
+        # prediction is capped at max_tokens anyway
+        cap = math.log(1 if max_tokens < 1 else max_tokens) + 1.0
+        p0 = math.exp(cap if cap < score else score)
+        if p0 < 1.0:
+            p0 = 1.0
+        top = float(max_tokens)
+        if top < p0:
+            p0 = top
+        st = [p0, p0]
+        request.extra[_NS] = st
         return st
 
     def on_arrival(self, request: Request, now: float) -> None:
-        self._pred(request)  # (ScoredPolicy's on_arrival: _pred scores it)
+        if not isinstance(request.extra.get(_NS), list):  # (_pred; ScoredPolicy's on_arrival: _start scores it)
+            self._start(request)
 
     def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:
         st = request.extra.get(_NS)  # _pred's common case inlined here and below: hot paths
@@ -96,8 +114,14 @@ class TrailPolicy(ScoredPolicy):
             st = self._pred(request)
         g = request.num_output_tokens
         if g >= st[1]:
+            # min(max(refined, g + 1.0), float(max(max_tokens, g + 1))), written out
             refined = lognormal_residual_mean(math.log(st[0]), self.prediction_sigma, g)
-            st[1] = min(max(refined, g + 1.0), float(max(request.max_tokens, g + 1)))
+            low = g + 1.0
+            if low > refined:
+                refined = low
+            max_tokens = request.max_tokens
+            top = float(g + 1 if g + 1 > max_tokens else max_tokens)
+            st[1] = top if top < refined else refined
 
     def key(self, request: Request, now: float) -> PolicyKey:
         st = request.extra.get(_NS)

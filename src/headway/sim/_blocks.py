@@ -143,7 +143,10 @@ class KVBlocks(DecodeClock):
         # vLLM's allocate_slots: new blocks (a hit's blocks in the free queue count too) for the
         # whole sequence (scheduler_reserve_full_isl), then for the tokens of this step, and the
         # watermark left free after them while anything runs (in vLLM's words, is scheduled)
-        end = min(total, self.max_model_len) if self.cfg.scheduler_reserve_full_isl else computed + num_new
+        if self.cfg.scheduler_reserve_full_isl:  # (min(total, max_model_len), written out: it runs per check)
+            end = self.max_model_len if self.max_model_len < total else total
+        else:
+            end = computed + num_new
         need = -(-end // self.bs) - s.blocks - len(s.hit) + touched
         if running and self.watermark_blocks:
             need += self.watermark_blocks

@@ -263,30 +263,35 @@ class DecodeClock:
         the step that just ended, that the policy has not seen (it is not in ``num_output_tokens``
         until the replica's ``_deliver``, which also arms its rekey hint)."""
         req = s.req
-        s.join = self.g
-        s.since = self.loop.now  # its prefill's last chunk was reported now
+        g = self.g
+        now = self.loop.now
+        s.join = g
+        s.since = now  # its prefill's last chunk was reported now
         if self._decode_runs:
             self._fresh[s] = None
-        off = req.num_computed_tokens - self.g
-        s.phase = off % self.bs
-        self.hist[s.phase] += 1
+        off = req.num_computed_tokens - g
+        phase = s.phase = off % self.bs
+        self.hist[phase] += 1
         self.s_off += off
         self.decoders[s] = None
-        s.fin_g = self.g + s.true_len - req.num_output_tokens - unseen
+        fin_g = s.fin_g = g + s.true_len - req.num_output_tokens - unseen
         # requests finishing in one step leave in running-list order, as vLLM frees their blocks
-        heapq.heappush(self.fin_heap, (s.fin_g, s.order, s.gen, s))
-        if not unseen:
+        heapq.heappush(self.fin_heap, (fin_g, s.order, s.gen, s))
+        if self._rekey_hook and not unseen:
             self._arm_rekey(s)
         if self._rkeys is not None:  # a countdown key counts down from here (Policy.running_keys)
-            self._rkeys.decoding(s, req, self.loop.now, self.g - unseen)
+            self._rkeys.decoding(s, req, now, g - unseen)
 
     def _arm_rekey(self, s: Seq) -> None:
+        """Arm ``s``'s next rekey hint (``Policy.rekey_after_tokens``), if the policy gives hints."""
         if not self._rekey_hook:
             return
-        hint = self.policy.rekey_after_tokens(s.req)
+        req = s.req
+        hint = self.policy.rekey_after_tokens(req)
         if hint is not None:
-            s.rekey_g = self.g + max(int(hint), 1)
-            heapq.heappush(self.rekey_heap, (s.rekey_g, s.req.seq, s.gen, s))
+            after = int(hint)
+            rekey_g = s.rekey_g = self.g + (1 if after < 1 else after)  # max(after, 1) without the call
+            heapq.heappush(self.rekey_heap, (rekey_g, req.seq, s.gen, s))
         else:
             s.rekey_g = -1
 

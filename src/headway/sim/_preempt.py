@@ -424,11 +424,14 @@ class Preemption(KVBlocks):
         tokens). One that no longer fits waits again with those after it (head-of-line). Returns
         the token budget left and whether all were admitted."""
         fits = self._fits
-        for _, _, chunk in fits:
-            budget += chunk
         # without block hashes a request hits its own blocks alone, which nothing cached since changes:
-        # when none of them has hashes, each keeps the hit and chunk it was counted with
-        again = any(s.keys for s, _, _ in fits)
+        # when none of them has hashes, each keeps the hit and chunk it was counted with (any() of a
+        # generator, written as this loop: it runs at most plans of a displacing policy)
+        again = False
+        for s, _, chunk in fits:
+            budget += chunk
+            if s.keys:
+                again = True
         for i, (s, _, counted) in enumerate(fits):
             chunk = self._admission(s, budget)[0] if again else counted
             if not chunk:

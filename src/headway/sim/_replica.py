@@ -266,7 +266,11 @@ class Replica(ClientAborts):
             return
         if api is not None:
             api.admitted(req)
-        true_len = min(true_len, req.max_tokens, self.max_model_len - req.num_prompt_tokens)
+        # min(true_len, max_tokens, max_model_len - prompt), written out (builtin min parses its arguments)
+        if req.max_tokens < true_len:
+            true_len = req.max_tokens
+        if self.max_model_len - req.num_prompt_tokens < true_len:
+            true_len = self.max_model_len - req.num_prompt_tokens
         self.truth[req] = true_len
         keys: list[Hashable] = []
         if self.cache is not None and req.block_hashes:
@@ -581,7 +585,9 @@ class Replica(ClientAborts):
             if self._async:
                 self._done.append(s)  # the policy hears it after the next plan (_async.py)
         if not self._async:  # (async: with the step's output, after the next plan)
-            self._rekey_due(now)
+            rekey = self.rekey_heap
+            if rekey and rekey[0][0] <= g:  # (_rekey_due's loop would stop at once: a call less per step)
+                self._rekey_due(now)
 
     def _rekey_due(self, now: float) -> None:
         """The decoders whose rekey hints the decode clock has reached: progress reported, re-keyed."""
