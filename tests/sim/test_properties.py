@@ -16,7 +16,7 @@ from headway.core import Policy, PolicyKey, Request, RequestState, make_policy
 from headway.policies import FCFSPolicy
 from headway.sim import CacheConfig, EventLoop, SchedulerConfig, SimResult, simulate
 from headway.sim._events import STEP_END
-from headway.workload import Workload
+from headway.workload import RequestSpec, Workload
 from strategies import engine_configs, workloads
 
 COST = unit_cost(0.01, 1e-4, 1e-6)
@@ -186,9 +186,11 @@ def assert_same_outcomes(fast: SimResult, exact: SimResult) -> None:
 
 def test_fast_forward_matches_exact_mode_async_preemptive() -> None:
     """Found by the property above. With async scheduling a preemptive policy reads each plan a step
-    behind (``sim/_async.py``); a fast-forwarded decode stretch did not end where that changed a
-    decision: uniboost-base (evict) on a burst of 18 requests in 5 KV blocks ran 72 steps fast-forwarded
-    against 73 step by step (r0 finished at 0.674 against 0.741). Such runs now step one at a time."""
+    behind (``sim/_async.py``): r0's rekey hint, reached at the end of a stretch (step 64), is delivered
+    after the plan of step 65 and first seen by the plan of step 66, which evicts r0 for r12. A stretch
+    launched right after that output skipped that plan, and uniboost-base (evict) on a burst of 18
+    requests in 5 KV blocks ran 72 steps fast-forwarded against 73 step by step (r0 finished at 0.674
+    against 0.741). That launch is now one step (``_decode_horizon``), and the run still fast-forwards."""
     wl = make_workload([(0.0, 1, 66), *[(0.0, 1, 1)] * 11, (0.0, 1, 27), *[(0.0, 1, 1)] * 5])
     sched = SchedulerConfig(max_num_batched_tokens=68, max_num_seqs=2, enable_chunked_prefill=False,
                             scheduler_reserve_full_isl=False, async_scheduling=True)
@@ -198,6 +200,7 @@ def test_fast_forward_matches_exact_mode_async_preemptive() -> None:
                      cache=cache)
     assert exact.num_steps == 73
     assert_same_outcomes(fast, exact)
+    assert fast.replicas[0].num_step_events < 40  # (73 step by step: the two decode stretches stay)
 
 
 def test_fast_forward_matches_exact_mode_at_a_rounding_tie() -> None:
@@ -224,6 +227,30 @@ def test_fast_forward_matches_exact_mode_at_a_rounding_tie() -> None:
     for res in (fast, exact):
         assert res.requests[6].finish_time == pytest.approx(3.146, abs=1e-12)
         assert res.requests[13].queued_time == pytest.approx(3.146, abs=1e-12)
+
+
+def test_fast_forward_matches_exact_mode_at_an_abort_tied_with_an_async_plan() -> None:
+    """Found by the property above (with async displacing policies fast-forwarded; FCFS shows it too).
+    r3's client aborts at 1.21 + 0.3 = 1.51, the time the step starting at 1.509999 is planned at
+    (``ASYNC_PLAN_DELAY`` after that start): step by step the abort counts as by then (a rounding tie)
+    and is taken before that step's output, r3 aborted at 1.520691 with 22 tokens. In a decode stretch
+    that start is 1.5099989999999995 in closed form, and the abort counted as after that plan: the
+    stretch ran on, r3 got its 23rd token and r2 finished a step later (1.531385 against 1.531087).
+    The stretch's cut now counts a tie as by the plan, as the step's end does (``_apply_aborts``)."""
+    rows = [(0.05, 274, 1, 0.05), (0.11, 190, 87, None), (0.21, 76, 120, None), (1.21, 277, 23, 0.3),
+            (1.42, 1, 1, None)]  # fmt: skip
+    specs = [RequestSpec(f"r{i}", t, p, o, timeout=timeout) for i, (t, p, o, timeout) in enumerate(rows)]
+    wl = Workload.from_specs("t", specs)
+    cost = dataclasses.replace(COST, per_arrival=3e-3)
+    sched = SchedulerConfig(max_num_batched_tokens=79, max_num_seqs=12, enable_chunked_prefill=True,
+                            scheduler_reserve_full_isl=False, watermark=0.5, async_scheduling=True)
+    cache = CacheConfig(num_gpu_blocks=38)
+    fast = simulate(wl, "fcfs", preset=cost, scheduler=sched, cache=cache)
+    exact = simulate(wl, "fcfs", preset=cost, scheduler=dataclasses.replace(sched, max_steps_per_event=1), cache=cache)
+    assert_same_outcomes(fast, exact)
+    r3 = fast.requests[3]
+    assert (r3.state, r3.num_output_tokens) == (RequestState.ABORTED, 22)
+    assert fast.replicas[0].num_step_events < fast.num_steps  # (the decode stretch stays)
 
 
 def test_an_arrival_a_rounding_tie_after_an_event_goes_first() -> None:

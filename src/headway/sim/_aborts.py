@@ -65,7 +65,8 @@ class ClientAborts(AsyncScheduling):
             # plan, made as the step in flight started, still saw it)
             if self.plan_n > 1:  # the stretch ends there: the step in flight (async: or the next)
                 m = self._step_at(tie_floor(now))
-                if self._async and now > self.plan_start + self._span(m - 1) + ASYNC_PLAN_DELAY:
+                # (async: after that step's plan, a rounding tie counting as by it, as in _apply_aborts)
+                if self._async and tie_floor(now) > self.plan_start + self._span(m - 1) + ASYNC_PLAN_DELAY:
                     m += 1
                 self._cut(m)
             return

@@ -18,6 +18,12 @@ processes it after scheduling the next step. There the requests evicted in that 
 token without a report (the plugin reports running requests only), as vLLM delivers a preempted
 request's output in flight. (An arrival at a step's end exactly, a rounding tie, comes first and
 hears that step's decoders: the plan sees them then.)
+
+**Fast-forward.** So a change that a step's output brings (a rekey hint reached, a prefill's report,
+a finish) is first seen by the plan made a step after that output is delivered, and a decode-only
+stretch launched right after it would skip that plan: for a displacing policy that launch is one
+step (:meth:`AsyncScheduling._deliver` sets ``_news``; ``_decode_horizon``). Decode stretches
+otherwise run as with the synchronous scheduler.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ class AsyncScheduling(Preemption):
     _catch_up_hook: bool  # every step's progress is reported (_decode.py)
     _rekey_hook: bool
     _admission_held: bool
+    _news: bool  # the next plan sees what the one just made did not: a stretch may not skip it (_deliver)
     _late: list[Request]  # waiting requests whose rekey timers came after the plan of the step after
     _step_began: float  # when the step that just ended started
     _aborts: list[tuple[float, int, Request]]  # clients' aborts to come
@@ -83,6 +90,7 @@ class AsyncScheduling(Preemption):
             self._release_unseen(now)
             if self._aborts:  # (the engine waited for the step in flight: it takes those by now)
                 self._apply_aborts(now, now)
+            self._news = False  # (this plan sees that output)
             self._plan(now)
         elif self._finishing or self._held or self._late:
             self._launch(now, one_step=True)  # the next plan sees what is released now
@@ -113,8 +121,19 @@ class AsyncScheduling(Preemption):
         the synchronous scheduler reports it: the decoders' tokens (every decoder's, for a policy
         that hears each step), those of the requests taken out of the batch, the finishes, the
         rekey hints reached, then the prefills' chunks and tokens. A request no longer in vLLM's
-        batch (evicted or paused by the plan) gets its token unreported."""
+        batch (evicted or paused by the plan) gets its token unreported.
+
+        Sets ``_news`` when that output holds more than the decoders' tokens (a finish, a rekey hint
+        reached, a prefill's report, the token of a request taken out of the batch), as the plan
+        does when it set requests aside (``_stale``): the plan just made did not see it and the next
+        one does, so that one's displacement check may decide otherwise, and ``_decode_horizon``
+        launches one step, not a stretch, for a displacing policy. A decode-only stretch skips the
+        plans inside it because nothing they see changes but the decoders' tokens; the synchronous
+        scheduler's plan sees a step's output at that step's end, where the stretch ends (a
+        finish, a rekey hint), but the async one a step later
+        (``test_fast_forward_matches_exact_mode_async_preemptive``)."""
         self.seen_g = self.g
+        news = bool(self._unseen or self._done or self._reports)
         policy, hook = self.policy, self._progress_hook
         if self._catch_up_hook:
             self._sync_decoders(now)
@@ -131,7 +150,9 @@ class AsyncScheduling(Preemption):
             self._finished(s, now)
         self._done.clear()
         if self._rekey_hook and self.rekey_heap:
+            version = self._run_version
             self._rekey_due(now)
+            news = news or self._run_version != version  # (a hint reached: a running key may move)
         rkeys = self._rkeys
         for s, chunk, kind in self._reports:
             req = s.req
@@ -150,6 +171,8 @@ class AsyncScheduling(Preemption):
             if kind == FINISHES:
                 self._finished(s, now)
         self._reports.clear()
+        if news:
+            self._news = True
 
     def _in_batch(self, s: Seq) -> bool:
         """Whether ``s`` is in vLLM's batch (its running list: running, sitting a step out, or finishing

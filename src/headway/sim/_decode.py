@@ -11,6 +11,10 @@ arrival in the middle truncates the stretch to the first step boundary after it.
 A boundary within a rounding tie before the arrival (``_events.tie_floor``) counts as at
 it, as the event loop orders an arrival and a step end: step by step, the boundary is a
 sum of step times, in a stretch a closed form, and the two differ by a few ulps.
+With async scheduling a plan sees a step's output a step late (``_async.py``): a stretch ends where
+the synchronous one does (a finish, a rekey hint, KV blocks), and for a displacing policy the step
+launched after an output that held such a change is one step, so that the plan after it, which sees
+the change, is made (``_decode_horizon``).
 ``SchedulerConfig.max_steps_per_event = 1`` turns this off (the exact reference mode).
 
 **Progress reports in a stretch.** A preemptive policy with an ``on_progress`` hook that does not
@@ -86,6 +90,7 @@ class DecodeClock:
     _admission_held: bool  # the step being planned preempted, so it admitted nobody
     _async: bool  # async scheduling (SchedulerConfig.async_scheduling)
     _displacing: bool  # the policy displaces running requests (a preemptive policy, displacement not none)
+    _news: bool  # async: the output just delivered holds a change its plan did not see (AsyncScheduling._deliver)
     # the step in flight: its start, number of steps, step time base and growth per step
     plan_start: float
     plan_n: int
@@ -326,15 +331,20 @@ class DecodeClock:
 
         Step 0's blocks are already reserved; further steps are reserved here while
         they fit (binary search over the monotone cumulative block need).
+
+        Async scheduling, a displacing policy: one step when the output just delivered (or the plan
+        just made) holds a change that plan did not see and the next one does (``_news``: a rekey
+        hint reached, a prefill's report, a finish, a request set aside) and someone waits: the next
+        plan's displacement check may decide otherwise (a rekey hint reached at a stretch's end
+        displaced a step later fast-forwarded than step by step:
+        ``test_fast_forward_matches_exact_mode_async_preemptive``). Otherwise a stretch, as in the
+        synchronous scheduler.
         """
         g = self.g
         if self._admission_held and self.waiting:
             return 1  # the next step may admit what this one could not (it preempted)
-        if self._async and self._displacing:
-            # async scheduling: a preemptive policy reads each plan a step behind (_async.py), which
-            # a stretch's end does not follow: step by step (a fast-forwarded stretch ran ahead of
-            # the exact mode's decisions: test_fast_forward_matches_exact_mode_async_preemptive)
-            return 1
+        if self._news and self._displacing and self.waiting:
+            return 1  # async: the next plan sees a change this one did not (_async.py): it may displace
         n = min(self.fin_heap[0][0] - g, self.cfg.max_steps_per_event)
         if self.rekey_heap:
             n = min(n, max(self.rekey_heap[0][0] - g, 1))

@@ -189,6 +189,7 @@ class Replica(ClientAborts):
         self._async = scheduler.async_scheduling
         self._victim_from_heaps = lazy and not hooks.choose_victim and not hooks.can_preempt and not self._async
         self._admission_held = False  # the step being planned preempted, so it admitted nobody
+        self._news = False  # async: the next plan sees what the last one did not (AsyncScheduling._deliver)
         # displacement checks are skipped while nothing they read changed (see _start_step);
         # a rekey point bumps _run_version
         self._run_version = 0
@@ -369,6 +370,7 @@ class Replica(ClientAborts):
     def _start_step(self, now: float, after_step: bool = True) -> None:
         """Plan the next step and launch it (with async scheduling, a step that follows another was
         planned as that one started: :meth:`_plan_after_step`)."""
+        self._news = False
         if self._async and after_step:
             self._plan_after_step(now)
             return
@@ -432,6 +434,7 @@ class Replica(ClientAborts):
                 for req in self._stale:
                     self.waiting.add(req, now)
                 self._stale.clear()
+                self._news = True  # (which may admit them: _decode_horizon)
 
     def _plan_running_prefills(self, budget: int) -> int:
         for s in self.prefilling:
