@@ -235,12 +235,7 @@ class NoisyOracleScorer:
     def __call__(self, request: Request) -> float:
         length = self._oracle(request)
         log_len = math.log(1 if length < 1 else length)  # max(length, 1) without the call (once per request)
-        if self._noise_scale == 0.0:
-            eps = 0.0
-        else:  # RequestNormals.__call__, inlined (a call less per request)
-            normals = self._normals
-            draw = normals._draws.pop(request.request_id, None)
-            eps = request_normal(normals.seed, request.request_id, normals.salt) if draw is None else draw
+        eps = 0.0 if self._noise_scale == 0.0 else self._normals(request.request_id)
         return self.log_mean + self.rho * (log_len - self.log_mean) + self._noise_scale * eps
 
     def __repr__(self) -> str:

@@ -105,8 +105,7 @@ class TrailPolicy(ScoredPolicy):
         return st
 
     def on_arrival(self, request: Request, now: float) -> None:
-        if not isinstance(request.extra.get(_NS), list):  # (_pred; ScoredPolicy's on_arrival: _start scores it)
-            self._start(request)
+        self._pred(request)  # (ScoredPolicy's on_arrival: _pred scores it)
 
     def on_progress(self, request: Request, now: float, num_new_tokens: int) -> None:
         st = request.extra.get(_NS)  # _pred's common case inlined here and below: hot paths
