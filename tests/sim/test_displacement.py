@@ -10,7 +10,7 @@ import pytest
 
 from factories import make_workload, unit_cost
 from headway.core import get_policy_class, make_policy
-from headway.sim import CacheConfig, SchedulerConfig, simulate
+from headway.sim import CacheConfig, SchedulerConfig, SimulationStalled, simulate
 from headway.workload import RequestSpec, Workload
 
 STEPS = [1, 1 << 30]
@@ -184,3 +184,31 @@ def test_a_victim_scheduled_earlier_gives_its_tokens_to_a_later_prefill(max_step
         assert [(s.scheduled, s.preempted) for s in steps if s.time == pytest.approx(13.0)] == [
             ((("y", 1), ("z", 1), ("w", 14)), ("x",)),
         ]
+
+
+# One slot, 8-token prefill chunks and 29 KV blocks for nine prompts of up to 274 tokens: LTR's
+# rotation (20 idle steps promote a request for a 3-step quantum) evicts each promoted request's
+# recompute before it gets past where its last one ended, and the cycle repeats for ever.
+_LIVELOCK = [(0.2, 11, 199), (0.21, 279, 160), (3.21, 125, 181), (4.21, 198, 90), (4.26, 169, 58),
+             (7.26, 107, 59), (7.31, 112, 90), (8.31, 247, 123), (8.32, 274, 54)]  # fmt: skip
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_displacement_livelock_stops_with_an_error_instead_of_running_forever(async_scheduling: bool) -> None:
+    kw = {"scorer": "noisy-oracle", "tau": 0.5, "starvation_steps": 20, "quantum_steps": 3}
+    cache = CacheConfig(block_size=16, num_gpu_blocks=29)
+    errors = []
+    for max_steps in STEPS:
+        sched = SchedulerConfig(
+            max_num_seqs=1, max_num_batched_tokens=241, long_prefill_token_threshold=8, watermark=0.2,
+            async_scheduling=async_scheduling, max_steps_per_event=max_steps,
+        )  # fmt: skip
+        with pytest.raises(SimulationStalled, match="evicted 1,000 times in a row") as stalled:
+            simulate(make_workload(_LIVELOCK), "ltr", policy_kwargs=kw, preset=unit_cost(0.01, 1e-4, 1e-6),
+                     scheduler=sched, cache=cache)  # fmt: skip
+        errors.append(str(stalled.value))
+    assert errors[0] == errors[1]  # fast-forward and step by step stall at the same eviction
+    # with room for two of them at once the same rotation ends
+    res = simulate(make_workload(_LIVELOCK), "ltr", policy_kwargs=kw, preset=unit_cost(0.01, 1e-4, 1e-6),
+                   scheduler=sched, cache=CacheConfig(block_size=16, num_gpu_blocks=58))  # fmt: skip
+    assert all(r.num_output_tokens == n for r, (_, _, n) in zip(res.requests, _LIVELOCK, strict=True))

@@ -1,5 +1,6 @@
 """A discrete-event simulator of iteration-level continuous batching (vLLM V1 semantics)."""
 
+from headway.sim._blocks import SimulationStalled
 from headway.sim._calibrate import (
     CalibrationFit,
     StepLog,
@@ -41,6 +42,7 @@ __all__ = [
     "RouteFn",
     "SchedulerConfig",
     "SimResult",
+    "SimulationStalled",
     "StepLog",
     "StepRecord",
     "StepSample",

@@ -27,12 +27,23 @@ from headway.sim._running_keys import RunningKeys
 from headway.sim._seq import Seq
 from headway.sim._steps import StepRecord
 
-__all__ = ["BLOCKS", "BUDGET", "SLOT", "KVBlocks"]
+__all__ = ["BLOCKS", "BUDGET", "SLOT", "STALL_EVICTIONS", "KVBlocks", "SimulationStalled"]
 
 _RUNNING = RequestState.RUNNING  # (a global: reading an Enum member off its class is slower)
 
 # what keeps a waiting request out of the batch (KVBlocks._admission)
 SLOT, BUDGET, BLOCKS = 1, 2, 3
+
+
+STALL_EVICTIONS = 1000
+"""Recompute evictions in a row that find a request with no more tokens computed than an earlier
+one had (every turn it got was lost) before :class:`SimulationStalled` is raised."""
+
+
+class SimulationStalled(RuntimeError):
+    """The run can never end: a request keeps being evicted (recompute) without ever getting
+    further than before, the displacements and the KV budget cycling through the same states.
+    vLLM would spin the same way; the simulator stops instead of running forever."""
 
 
 class KVBlocks(DecodeClock):
@@ -324,7 +335,20 @@ class KVBlocks(DecodeClock):
         if self.cfg.preemption_mode == "swap":
             self.swap_cost += self.cost.swap_per_token * req.num_computed_tokens
         else:
-            req.num_recomputed_tokens += req.num_computed_tokens
-            s.lost = req.num_computed_tokens
+            computed = req.num_computed_tokens
+            if computed > s.peak:
+                s.peak = computed
+                s.stalls = 0
+            else:
+                s.stalls += 1
+                if s.stalls >= STALL_EVICTIONS:
+                    raise SimulationStalled(
+                        f"request {req.request_id!r} was evicted {STALL_EVICTIONS:,} times in a row without "
+                        f"computing more than {s.peak:,} tokens (preemption mode recompute): each turn it gets "
+                        "is lost before it gets further, so the run would never end; more KV blocks "
+                        "(--num-gpu-blocks), --preemption-mode swap or a policy that displaces less end it"
+                    )
+            req.num_recomputed_tokens += computed
+            s.lost = computed
             req.num_computed_tokens = 0
         self.num_preemptions += 1

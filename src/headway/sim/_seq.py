@@ -14,7 +14,7 @@ class Seq:
 
     __slots__ = (
         "blocks", "chunk", "fin_g", "gen", "held", "hit", "join", "keys", "lost", "order", "own_end", "own_hit",
-        "phase", "prefilled_g", "reg", "rekey_g", "req", "sat_g", "since", "true_len",
+        "peak", "phase", "prefilled_g", "reg", "rekey_g", "req", "sat_g", "since", "stalls", "true_len",
     )  # fmt: skip
 
     def __init__(self, req: Request, true_len: int, keys: list[Hashable]) -> None:
@@ -41,3 +41,7 @@ class Seq:
         self.sat_g = -2  # global decode-step count when it rejoined the batch after sitting a step out
         self.gen = 0  # bumps whenever it leaves the decode set (invalidates heap entries)
         self.order = 0  # when it (re)joined the batch: its place in vLLM's running list
+        # recompute evictions (see KVBlocks._evict_kv): the most tokens it had computed at one, and
+        # how many since then in a row found it with no more
+        self.peak = 0
+        self.stalls = 0
