@@ -676,3 +676,37 @@ def test_a_control_file_others_may_write_is_not_read(tmp_path: Path) -> None:
     control.chmod(0o646)
     with pytest.raises(PermissionError):
         read_control_file(str(control))
+
+
+@pytest.mark.parametrize("gain", [0, 1])
+def test_a_request_evicted_again_and_again_without_getting_further_is_warned_of_once(
+    gain: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The simulator's livelock check (``SimulationStalled``) as a warning: the engine keeps running."""
+    from headway.integrations.vllm._adapter import STALL_EVICTIONS
+
+    a = PolicyAdapter(make_policy("fcfs"), clock=lambda: 1000.0, epoch=1000.0)
+    q = a.make_queue()
+    e = FakeRequest("r0", 1000.0, 64, 16)
+    q.add_request(e)
+    for i in range(STALL_EVICTIONS + 5):
+        a.step_start()
+        assert q.pop_request() is e
+        e.status = "RUNNING"
+        for h in a.take_popped():
+            a.mark_running(h)
+        e.num_computed_tokens = 40 + i * gain  # how far this turn got before the eviction
+        with caplog.at_level("WARNING", logger="headway.integrations.vllm"):
+            a.preempt(e)
+        warned = [r for r in caplog.records if "evicted 1000 times in a row" in r.getMessage()]
+        # warned at the 1,000th eviction in a row that got no further than the first, once
+        assert len(warned) == (1 if gain == 0 and i >= STALL_EVICTIONS else 0), i
+        e.status, e.num_computed_tokens = "PREEMPTED", 0
+        q.prepend_request(e)
+    a.step_start()
+    assert q.pop_request() is e
+    for h in a.take_popped():
+        a.mark_running(h)
+    e.output = 16
+    a.finish(e, aborted=False)
+    assert a._stalls == {}

@@ -22,6 +22,10 @@ __all__ = ["EngineRequest", "PolicyAdapter"]
 
 logger = logging.getLogger("headway.integrations.vllm")
 
+STALL_EVICTIONS = 1000
+"""Evictions in a row that find a request with no more tokens computed than an earlier one had
+before the plugin warns of a livelock (the simulator's ``SimulationStalled`` stops the run there)."""
+
 
 class EngineRequest(Protocol):
     """What the adapter reads from an engine's request (vLLM's ``vllm.v1.request.Request``)."""
@@ -110,6 +114,9 @@ class PolicyAdapter(PromptScoring):
         self.num_score_failures = 0
         """Prompts the scorer failed on (they took the missing-score path)."""
         self._awaiting_first: dict[Request, None] = {}
+        # per request evicted: the most tokens it had computed at an eviction, and the evictions in a
+        # row since that found it with no more (_count_stall)
+        self._stalls: dict[Request, tuple[int, int]] = {}
         # the step whose output vLLM is processing (update_from_output): its tokens per request id,
         # for the progress of the requests that finish in it (finish(), before progress())
         self.step_tokens: Mapping[str, int] = {}
@@ -349,9 +356,27 @@ class PolicyAdapter(PromptScoring):
         h = self.reqs.get(e.request_id)
         if h is not None and h.state is RequestState.RUNNING:
             self._sync(h, e, self.now())
+            self._count_stall(h)
             self._mark_preempted(h)
             self._running_version += 1
         self.policy_time += time.perf_counter() - t0
+
+    def _count_stall(self, h: Request) -> None:
+        """Warn once a request has been evicted :data:`STALL_EVICTIONS` times in a row without having
+        computed more than at an earlier eviction: each turn it gets is lost before it gets further
+        (a displacement policy's rotation under too small a KV cache), so it may never finish."""
+        peak, stalls = self._stalls.get(h, (0, 0))
+        if h.num_computed_tokens > peak:
+            self._stalls[h] = (h.num_computed_tokens, 0)
+            return
+        self._stalls[h] = (peak, stalls + 1)
+        if stalls + 1 == STALL_EVICTIONS:
+            logger.warning(
+                "headway: request %s was evicted %d times in a row without computing more than %d tokens "
+                "(policy %r): each turn it gets is lost before it gets further, so it may never finish; "
+                "a larger KV cache or a policy that displaces less ends it",
+                h.request_id, STALL_EVICTIONS, peak, self.policy.name,
+            )  # fmt: skip
 
     def _sync(self, h: Request, e: Any, now: float) -> None:
         out = int(e.num_output_tokens)
@@ -408,6 +433,7 @@ class PolicyAdapter(PromptScoring):
             return None
         self.engine.pop(h, None)
         self._awaiting_first.pop(h, None)
+        self._stalls.pop(h, None)
         self._victim_cache.pop(h.request_id, None)
         self._running_version += 1
         self.forget_pending(h)
