@@ -41,9 +41,9 @@ one had (every turn it got was lost) before :class:`SimulationStalled` is raised
 
 
 class SimulationStalled(RuntimeError):
-    """The run can never end: a request keeps being evicted (recompute) without ever getting
-    further than before, the displacements and the KV budget cycling through the same states.
-    vLLM would spin the same way; the simulator stops instead of running forever."""
+    """The run looks unable to end: a request keeps being evicted (recompute) without getting
+    further than before, the displacements and the KV budget cycling through the same states. An
+    engine making the same decisions would spin the same way; the simulator stops instead."""
 
 
 class KVBlocks(DecodeClock):
@@ -345,7 +345,7 @@ class KVBlocks(DecodeClock):
                     raise SimulationStalled(
                         f"request {req.request_id!r} was evicted {STALL_EVICTIONS:,} times in a row without "
                         f"computing more than {s.peak:,} tokens (preemption mode recompute): each turn it gets "
-                        "is lost before it gets further, so the run would never end; more KV blocks "
+                        "is lost before it gets further, so the run would likely never end; more KV blocks "
                         "(--num-gpu-blocks), --preemption-mode swap or a policy that displaces less end it"
                     )
             req.num_recomputed_tokens += computed
