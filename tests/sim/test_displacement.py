@@ -212,3 +212,22 @@ def test_a_displacement_livelock_stops_with_an_error_instead_of_running_forever(
     res = simulate(make_workload(_LIVELOCK), "ltr", policy_kwargs=kw, preset=unit_cost(0.01, 1e-4, 1e-6),
                    scheduler=sched, cache=CacheConfig(block_size=16, num_gpu_blocks=58))  # fmt: skip
     assert all(r.num_output_tokens == n for r, (_, _, n) in zip(res.requests, _LIVELOCK, strict=True))
+
+
+@pytest.mark.parametrize("max_steps", STEPS)
+def test_a_running_request_that_evicts_itself_beside_a_paused_one_leaves_an_empty_step(max_steps: int) -> None:
+    # Found by the fast-forward property hunt. One slot, 16 blocks: trail (pause) paused r0 (8 blocks)
+    # for r11, whose last token needs a 9th block; the policy's victim is r11 itself (its noisy
+    # prediction keys it below r0), so the step schedules nobody and, having preempted, admits nobody.
+    # Nothing ran, and the replica went idle with both waiting: the run ended with them unfinished.
+    # vLLM's engine schedules again after such a step (an empty model output); the next plan resumes r0.
+    wl = make_workload([(0.0, 81, 130), (0.0, 1, 44)] + [(0.0, 1, 1)] * 9 + [(1.0, 96, 34)])
+    sched = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=1, max_steps_per_event=max_steps)
+    kw = {"scorer": "noisy-oracle", "tau": 0.5}
+    res = simulate(wl, "trail", policy_kwargs=kw, preset=unit_cost(0.01, 1e-4, 1e-6), scheduler=sched,
+                   cache=CacheConfig(block_size=16, num_gpu_blocks=16), record_steps=True)  # fmt: skip
+    assert [r.num_output_tokens for r in res.requests] == [130, 44] + [1] * 9 + [34]
+    steps = [s for s in res.replicas[0].steps or () if s.preempted == ("r11",)]
+    assert [(s.scheduled, s.num_steps) for s in steps] == [((), 1)]  # the empty step
+    (after,) = [s for s in res.replicas[0].steps or () if s.time == steps[0].time and s.scheduled]
+    assert after.scheduled == (("r0", 1),)  # at once: it took no model time

@@ -447,7 +447,9 @@ class Replica(ClientAborts):
         num_dec = len(self.decoders)
         kv0 = self.s_off + num_dec * (self.g + 1)
         cost = self.cost
-        if self.prefilling or self.swap_cost or self._sitting or one_step:  # (one step: the sitting rejoin after it)
+        # (one step: the sitting rejoin after it; a step that preempted with no decoder left, its
+        # running requests evicted in pause mode, is an empty one: the next plan admits)
+        if self.prefilling or self.swap_cost or self._sitting or one_step or (self._admission_held and not num_dec):
             tokens = num_dec
             kv = kv0
             for s in self.prefilling:
