@@ -25,29 +25,19 @@ compete, each waits for its score and the policy orders them as without the fast
 Every request ends in exactly one terminal
 answer, counted once in ``headway_requests_finished`` or ``headway_rejections{reason}``.
 
-Backend failures: a backend that refuses the connection is marked down for
-``backend_down_s`` and unreachable, and the request goes back to the queue (same policy
-position) to wait for it or another backend (counted in ``headway_retries``); nothing had
-reached the client. A backend whose ``/metrics`` poll cannot connect is marked so too (requests
-then wait in the queue rather than being sent to it), and reachable again at the next poll that
-connects. Waiting is bounded by the queue TTL only, so that a backend restarting in
-a few seconds loses no request; when the TTL runs out while no backend is reachable (each
-one's last connection attempt, a request's or a poll's, failed), the answer is a 503
-``no_backend`` rather than the 408, and ``/health`` says ``degraded`` (503) meanwhile. A
-backend that took the request and then dropped the connection, or ended its stream, before
-answering anything is marked down too and the request waits in the queue again, but that
-counts as an attempt: a request that crashes every backend it meets ends after
-``max_attempts`` with a 502. A 5xx, a broken exchange or a
-stream whose response headers, or whose first event after them, do not come within
-``headers_timeout_s`` (a stalled backend, then also skipped for ``backend_down_s``) is retried
-on another backend (``max_attempts``), then 502; but a 503 that is vLLM's admission control (its
-``--max-num-queued-reqs`` and ``--max-num-queued-tokens``: error type ``Service Unavailable``), or
-any 503 from a backend where other requests of this gateway's run, says it is full: the request
-goes back to the queue in its place, not an attempt, and that backend takes no more until one of
-them ends (or ``retry_after_s`` passes). A stream's 200 goes to the client with its first event,
-so everything before it can still be retried. A backend failing mid-stream (or ending its stream
-before the answer is whole) ends the stream as vLLM's server ends a failed one, with an error event and
-``[DONE]`` (its own error event passed on); mid-body of a non-streamed response, a 502.
+Backend failures (what each one costs the request, and its counter, are in ``docs/gateway.md``'s
+failure table): a backend that refuses the connection, drops it before answering, or does not
+answer within ``headers_timeout_s`` is skipped for ``backend_down_s`` and the request goes back to
+the queue in its place (a refusal is no attempt; a dropped or stalled exchange is one, so a request
+that crashes every backend it meets ends after ``max_attempts`` with a 502); a backend is reachable
+again at the next ``/metrics`` poll that connects. Waiting is
+bounded by the queue TTL only, so that a backend restarting in a few seconds loses no request
+(503 ``no_backend`` when the TTL runs out with none reachable; ``/health`` says ``degraded``
+meanwhile). A 5xx is retried on another backend, up to ``max_attempts``, then 502; a 503 that is
+vLLM's admission control (or from a backend where other requests of this run are) says it is
+full: the request waits in the queue, not an attempt. A stream's 200 goes to the client with its
+first event, so everything before it can be retried; a failure after it ends the stream as vLLM's
+server ends a failed one (an error event, then ``[DONE]``); mid-body of a non-streamed response, a 502.
 Client-visible messages never name a backend or the Redis address (the log does).
 
 Shutdown: on SIGTERM the gateway drains (new requests 503 ``draining``); when

@@ -62,7 +62,10 @@ there is vLLM's):
 * a request's workload-keyed blocks filled by decoding enter the prefix cache when it leaves
   the batch, where vLLM caches each as it fills, so a request sharing the text of an answer
   still being generated hits it there, not here
-  (``test_blocks_filled_by_decoding_are_cached_when_the_request_leaves``);
+  (``test_blocks_filled_by_decoding_are_cached_when_the_request_leaves``); and blocks filled by
+  decoding that no workload key names are the request's own, where two requests generating the
+  same text (one prompt, greedy sampling) share them in vLLM, by hash (the harness's draws have
+  distinct prompts for that reason);
 * the victim of a KV shortage is the policy's ``choose_victim`` (FCFS: the latest arrival)
   where vLLM's FCFS evicts the last of its running list, and decoders take the token budget
   before partial prefills where vLLM goes in running-list order. Under vLLM's FCFS and
