@@ -109,3 +109,24 @@ def test_runs_do_not_depend_on_the_interpreter_s_hash_seed(tmp_path: Path) -> No
 
     for argv in (("--policies", "all"), ("--replicas", "3", "--router", "prefix-aware")):
         assert run("0", *argv) == run("4242", *argv), argv
+
+
+def test_a_run_that_livelocks_fails_alone_with_the_stall_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ltr's rotation (20-step starvation, 3-step quantum) with one slot, 8-token chunks and 22 blocks:
+    # the simulator stops it with SimulationStalled instead of running for ever; fcfs's result stands
+    rows = [(0.2, 11, 199), (0.21, 279, 160), (3.21, 125, 181), (4.21, 198, 90), (4.26, 169, 58),
+            (7.26, 107, 59), (7.31, 112, 90), (8.31, 247, 123), (8.32, 274, 54)]  # fmt: skip
+    trace = tmp_path / "livelock.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{46 + t:010.7f},{p},{o}\n" for t, p, o in rows))  # fmt: skip
+    code = main([
+        "simulate", "--workload", str(trace), "--policies", "ltr,fcfs", "--policy-arg", "ltr.starvation_steps=20",
+        "--policy-arg", "ltr.quantum_steps=3", "--max-num-seqs", "1", "--long-prefill-token-threshold", "8",
+        "--watermark", "0.2", "--num-gpu-blocks", "22", "--block-size", "16", "--no-report",
+    ])  # fmt: skip
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 1
+    assert "fcfs: 9 requests" in out
+    assert "policy ltr failed: SimulationStalled: request 'livelock-8' was evicted 1,000 times in a row" in out
