@@ -240,3 +240,80 @@ def test_a_sweep_resumed_on_ray_gives_the_numbers_of_one_run_in_process() -> Non
     whole = run_sweep(grid, use_ray=False)
     resumed = run_sweep(grid, use_ray=True, num_cpus=2, done=whole[:5])
     assert [(r.task, repr(r.metrics)) for r in resumed] == [(r.task, repr(r.metrics)) for r in whole]
+
+
+def test_resume_refuses_a_built_in_workload_whose_data_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a built-in data set is read from the data folder ($HEADWAY_DATA_DIR): another folder, or the same
+    # file changed, gives other results, so the report of the earlier run is not resumed from
+    data = tmp_path / "data"
+    (data / "vidur_traces").mkdir(parents=True)
+    trace = data / "vidur_traces" / "splitwise_code.csv"
+    rows = "".join(f"{0.5 * i},{100 + 7 * i},{10 + i}\n" for i in range(40))
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + rows)
+    monkeypatch.setenv("HEADWAY_DATA_DIR", str(data))
+    runs = _Runs(monkeypatch)
+    grid_text = "policies = ['fcfs']\nworkloads = ['vidur-code']\nseeds = [0, 1, 2]\nnum_requests = 9\n"
+    grid = _grid_file(tmp_path, grid_text)
+    out = tmp_path / "out"
+    assert runs.sweep(grid, out, stop_after=1) == 130
+    with trace.open("a") as fh:
+        fh.write("20.5,999,99\n")
+    capsys.readouterr()
+    assert runs.sweep(grid, out, "--resume") == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"workload vidur-code's data ({trace}) is not what it was (its SHA-256 differs)" in err
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("HEADWAY_DATA_DIR", str(tmp_path / "empty"))  # a data folder without it
+    assert runs.sweep(grid, out, "--resume") == 2
+    assert f"workload vidur-code's data ({trace}) is not there now" in " ".join(capsys.readouterr().err.split())
+    monkeypatch.setenv("HEADWAY_DATA_DIR", str(data))
+    assert runs.ran == []
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + rows)  # as it was: resumed
+    assert runs.sweep(grid, out, "--resume") == 0
+    assert runs.ran == [1, 2]
+
+
+_PLUGIN_POLICY = """\
+from headway.core import Policy
+
+
+class ResumePlug(Policy):
+    def key(self, request, now):
+        return (request.arrival_time,)
+"""
+
+
+def test_resume_refuses_a_policy_plugin_whose_code_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+    import sys
+
+    from headway.core._policy import _POLICIES
+
+    path = tmp_path / "resume_plug.py"
+    path.write_text(_PLUGIN_POLICY)
+    spec = importlib.util.spec_from_file_location("resume_plug_for_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "resume_plug_for_test", module)
+    spec.loader.exec_module(module)
+    _POLICIES.register("test-resume-plug")(module.ResumePlug)
+    try:
+        runs = _Runs(monkeypatch)
+        grid = _grid_file(tmp_path, "policies = ['test-resume-plug']\nseeds = [0, 1, 2]\nnum_requests = 30\n")
+        out = tmp_path / "out"
+        assert runs.sweep(grid, out, stop_after=1) == 130
+        path.write_text(_PLUGIN_POLICY.replace("request.arrival_time,", "-request.arrival_time,"))
+        capsys.readouterr()
+        assert runs.sweep(grid, out, "--resume") == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"policy test-resume-plug's code ({path}) is not what it was (its SHA-256 differs)" in err
+        assert runs.ran == []
+        path.write_text(_PLUGIN_POLICY)
+        assert runs.sweep(grid, out, "--resume") == 0
+        assert runs.ran == [1, 2]
+    finally:
+        _POLICIES.unregister("test-resume-plug")

@@ -29,16 +29,54 @@ _POST_PROCESSING = ("limits",)
 
 def sweep_identity(grid: Grid) -> dict[str, Any]:
     """What the results of ``grid``'s tasks depend on beyond their parameters, as JSON data: the grid's
-    settings, headway's version, and a SHA-256 of each workload the grid names by path (a file, or a
-    folder's files). A built-in data set and a policy plugin's code are not covered."""
+    settings, headway's version, a SHA-256 of each workload the grid names by path (a file, or a
+    folder's files), of the data each built-in workload it names reads from the shared data folder
+    (``$HEADWAY_DATA_DIR``; None where it is not there), and of the file defining each policy from
+    outside headway (a plugin: its class's module, not the modules that one imports)."""
     from headway import __version__
     from headway.workload import available_workloads
 
     built_in = set(available_workloads())
     files = {w: _digest(Path(w)) for w in grid.workloads if w not in built_in and Path(w).exists()}
-    identity = {"grid": grid.settings(), "headway_version": __version__, "workload_files": files}
+    data = {w: _data_digest(w) for w in grid.workloads if w in built_in}
+    code = {p: c for p in grid.policies if (c := _plugin_digest(p)) is not None}
+    identity = {
+        "grid": grid.settings(), "headway_version": __version__, "workload_files": files, "workload_data": data,
+        "policy_code": code,
+    }  # fmt: skip
     plain: dict[str, Any] = json.loads(json.dumps(identity, default=str))  # as results.json reads back
     return plain
+
+
+def _data_digest(name: str) -> dict[str, str | None] | None:
+    """The path and SHA-256 of what built-in workload ``name`` reads (None: it reads no data); both None
+    where the data is not there."""
+    from headway.workload import workload_data_path
+
+    try:
+        path = workload_data_path(name)
+    except FileNotFoundError:
+        return {"path": None, "sha256": None}
+    return None if path is None else {"path": str(path), "sha256": _digest(path)}
+
+
+def _plugin_digest(policy: str) -> dict[str, str] | None:
+    """The path and SHA-256 of the file defining ``policy``'s class where it comes from outside headway;
+    None for one of headway's own (its version covers them) or one whose file cannot be read."""
+    import inspect
+
+    from headway.core import get_policy_class
+
+    try:
+        cls = get_policy_class(policy)
+        if cls.__module__ == "headway" or cls.__module__.startswith("headway."):
+            return None
+        source = inspect.getsourcefile(cls)
+    except (LookupError, TypeError, OSError):  # not a policy (the grid refuses it), or a class without a file
+        return None
+    if source is None or not Path(source).is_file():
+        return None
+    return {"path": source, "sha256": _digest(Path(source))}
 
 
 def _digest(path: Path) -> str:
@@ -66,7 +104,35 @@ def _differences(recorded: Any, now: Mapping[str, Any]) -> list[str]:
     for name in sorted(set(files) | set(then_files)):
         if files.get(name) != then_files.get(name):
             out.append(f"workload file {name} is not what it was (its SHA-256 differs)")
+    out += _changed(now["workload_data"], recorded.get("workload_data"), "workload {}'s data")
+    out += _changed(now["policy_code"], recorded.get("policy_code"), "policy {}'s code")
     return out
+
+
+def _changed(now: Mapping[str, Any], then: Any, what: str) -> list[str]:
+    """What differs between ``now`` (name -> its path and SHA-256, or None) and ``then``, a report's
+    record of the same (a report from before it was recorded holds none)."""
+    then = then if isinstance(then, dict) else {}
+    out = []
+    for name in sorted(set(now) | set(then)):
+        new: Any = now.get(name)
+        was: Any = then.get(name)
+        if _sha(new) == _sha(was):
+            continue
+        thing = what.format(name)
+        if _sha(new) is None:
+            out.append(f"{thing} ({was.get('path')}) is not there now")
+        elif not isinstance(was, dict):
+            out.append(f"{thing} ({new['path']}) is not recorded there")
+        elif was.get("sha256") is None:
+            out.append(f"{thing} ({new['path']}) was not there then")
+        else:
+            out.append(f"{thing} ({new['path']}) is not what it was (its SHA-256 differs)")
+    return out
+
+
+def _sha(entry: Any) -> Any:
+    return entry.get("sha256") if isinstance(entry, dict) else None
 
 
 def _show(value: Any) -> str:

@@ -44,6 +44,7 @@ from headway.workload._sources import (
     check_workload_options,
     find_data_dir,
     load_workload,
+    workload_data_path,
     workload_description,
 )
 from headway.workload._spec import RequestSpec, Workload
@@ -98,5 +99,6 @@ __all__ = [
     "sample_prompt_lengths",
     "session_workload",
     "with_system_prompts",
+    "workload_data_path",
     "workload_description",
 ]

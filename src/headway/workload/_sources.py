@@ -48,6 +48,7 @@ __all__ = [
     "check_workload_options",
     "find_data_dir",
     "load_workload",
+    "workload_data_path",
     "workload_description",
 ]
 
@@ -162,6 +163,7 @@ class LoadOptions:
 
 
 _SELECT, _ARRIVE, _RESAMPLE, _TENANTS, _SYSTEM = 1, 2, 3, 4, 5
+_SESSIONS_DATA = ("sharegpt", "sharegpt_all_turn_lengths.csv.gz")  # sharegpt-sessions' turn lengths
 DEFAULT_SYSTEM_PROMPT_TOKENS = 1000
 """Length of each shared system prompt when only their number is given."""
 
@@ -381,7 +383,7 @@ def _sessions(o: LoadOptions) -> Workload:
         )
     _refuse_ignored(kind, o, "sharegpt-sessions")
     process = _process(kind, o.rate or SESSIONS_RATE, o.burstiness, 1.0)
-    path = _data_path(o, "sharegpt", "sharegpt_all_turn_lengths.csv.gz")
+    path = _data_path(o, *_SESSIONS_DATA)
     num = DEFAULT_NUM_REQUESTS if o.num_requests is None else o.num_requests
     think = DEFAULT_THINK_TIME if o.think_time is None else o.think_time
     # conversations in file order; about 3.5 turns each, so a few more than needed, else all of them
@@ -417,12 +419,14 @@ def _data_path(o: LoadOptions, *parts: str) -> Path:
     return path
 
 
-def _data_file(*parts: str, fmt: str) -> Callable[[LoadOptions], Workload]:
+def _data_file(*parts: str, fmt: str) -> _Source:
+    """The built-in workload of the file (or folder) ``parts`` in the shared data folder, read as ``fmt``."""
+
     def load(o: LoadOptions) -> Workload:
         return _FORMATS[fmt](_data_path(o, *parts), o)
 
     load.__doc__ = f"{'/'.join(parts)} in the shared data folder ({fmt} format)"
-    return load
+    return _Source(load, data=parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,6 +434,8 @@ class _Source:
     load: Callable[[LoadOptions], Workload]
     synthetic: bool = False
     about: str = ""
+    data: tuple[str, ...] = ()
+    """The file or folder it reads, as parts of a path in the shared data folder (none: it reads no data)."""
 
     def description(self) -> str:
         return self.about or (self.load.__doc__ or "").strip()
@@ -445,21 +451,20 @@ _WORKLOADS: dict[str, _Source] = {
     "burst": _Source(
         lambda o: _synthetic(o, burst=True), synthetic=True, about="the default's requests, all at t = 0 (as in PARS)"
     ),
-    "azure-conv": _Source(_data_file("azure_llm_2023", "AzureLLMInferenceTrace_conv.csv", fmt="azure")),
-    "azure-code": _Source(_data_file("azure_llm_2023", "AzureLLMInferenceTrace_code.csv", fmt="azure")),
-    "vidur-conv": _Source(_data_file("vidur_traces", "splitwise_conv.csv", fmt="vidur")),
-    "vidur-code": _Source(_data_file("vidur_traces", "splitwise_code.csv", fmt="vidur")),
-    "arxiv": _Source(
-        _data_file("vidur_traces", "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv", fmt="vidur")
-    ),
-    "sharegpt": _Source(_data_file("sharegpt", "sharegpt_first_turn.jsonl.gz", fmt="sharegpt")),
-    "alpaca-eval": _Source(_data_file("alpaca_eval", fmt="alpaca-eval")),
+    "azure-conv": _data_file("azure_llm_2023", "AzureLLMInferenceTrace_conv.csv", fmt="azure"),
+    "azure-code": _data_file("azure_llm_2023", "AzureLLMInferenceTrace_code.csv", fmt="azure"),
+    "vidur-conv": _data_file("vidur_traces", "splitwise_conv.csv", fmt="vidur"),
+    "vidur-code": _data_file("vidur_traces", "splitwise_code.csv", fmt="vidur"),
+    "arxiv": _data_file("vidur_traces", "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv", fmt="vidur"),
+    "sharegpt": _data_file("sharegpt", "sharegpt_first_turn.jsonl.gz", fmt="sharegpt"),
+    "alpaca-eval": _data_file("alpaca_eval", fmt="alpaca-eval"),
     "sharegpt-sessions": _Source(
         _sessions,
         synthetic=True,
         about="ShareGPT's multi-turn conversations (turn lengths): turn k's prompt is the conversation so far, "
         f"sent an exponential think time (mean {DEFAULT_THINK_TIME:g} s) after the previous answer; conversations "
         f"start at {SESSIONS_RATE:g}/s (Poisson); prefix-cache block hashes; needs the shared data",
+        data=_SESSIONS_DATA,
     ),
 }
 
@@ -467,6 +472,16 @@ _WORKLOADS: dict[str, _Source] = {
 def available_workloads() -> list[str]:
     """Short names :func:`load_workload` accepts."""
     return sorted(_WORKLOADS)
+
+
+def workload_data_path(name: str, data_dir: str | Path | None = None) -> Path | None:
+    """The file or folder of the shared data folder (``data_dir``, found as :func:`find_data_dir` finds
+    it) that the built-in workload ``name`` reads; None for one that reads no data (``default``,
+    ``burst``). FileNotFoundError where it is not there; UnknownWorkloadError for a name not built in."""
+    if name not in _WORKLOADS:
+        raise UnknownWorkloadError(f"unknown workload {name!r}; valid names: {', '.join(available_workloads())}")
+    parts = _WORKLOADS[name].data
+    return _data_path(LoadOptions(data_dir=data_dir), *parts) if parts else None
 
 
 def workload_description(name: str) -> str:
