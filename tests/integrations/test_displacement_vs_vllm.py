@@ -141,6 +141,24 @@ def test_async_plan_reads_ltr_at_its_own_time(vllm_steps: VllmSteps) -> None:
     assert sim == ref == {"r0": (6, 9, 0), "r1": (0, 0, 0), "r2": (0, 0, 0), "r3": (1, 19, 0), "r4": (4, 4, 0)}
 
 
+def test_async_arrival_at_a_steps_end_comes_after_that_steps_plan(vllm_steps: VllmSteps) -> None:
+    """LTR, async, KV pressure: at the plan of step 21, made as step 20 starts, r3 needs a block and
+    is its own victim (nothing is scheduled); its waiting period's promotion time is frozen from the
+    step time LTR has measured by then, its decoders' outputs up to step 19's. That empty plan takes
+    no time, and r7 arrives as step 20 ends. The simulator took r7 first (a rounding tie goes to the
+    arrival), which reported step 20's decoders to LTR before that plan: two more step-time samples,
+    r3 promoted at 183.9 instead of 180.0, and at step 181 r1 went before r3 (found by a random-seed
+    run of the test above)."""
+    shapes = {3: (78, 20, 0), 6: (98, 38, 1), 2: (138, 55, 9), 5: (2, 1, 9), 0: (81, 28, 10), 1: (49, 36, 10),
+              4: (1, 1, 20), 7: (97, 60, 22)}  # fmt: skip
+    reqs = [_req(i, list(range(1000 * (i + 1), 1000 * (i + 1) + n)), out, at) for i, (n, out, at) in shapes.items()]
+    scenario = _engine(*reqs, num_blocks=16, max_num_seqs=3, max_num_batched_tokens=32, prefix_caching=False)
+    scenario["requests"] = [{**r, "seq": k} for k, r in enumerate(scenario["requests"])]
+    sim, ref, _ = _pair(vllm_steps, _scored(scenario, 0), "ltr", "none", "vllm-async")
+    assert sim == ref
+    assert ref["r3"] == (0, 184, 1) and ref["r1"] == (126, 199, 1)  # r3 restarts at 181, before r1
+
+
 def test_async_victim_waits_keyed_without_its_token_in_flight(vllm_steps: VllmSteps) -> None:
     """SRPT: r1 (49 tokens) is evicted for KV blocks at the plan of step 6, with its third token in
     flight: the plugin queues it keyed by 47 tokens left (the token comes later, and the queue keeps

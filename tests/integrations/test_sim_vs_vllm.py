@@ -233,6 +233,31 @@ def test_api_server_limits_sim_make_vllms_decisions(
     _assert_alike(vllm_steps, sc, async_scheduling)
 
 
+def test_async_arrivals_at_a_steps_end_are_checked_before_the_server_learns_its_output(
+    vllm_steps: VllmSteps,
+) -> None:
+    """``max_num_queued_tokens`` 1, async: r1 (2 tokens) runs alone, the rest of the burst is turned
+    away; r0 arrives as r1's step ends, after the empty plan made as that step started. The simulator
+    ends that step before the arrival (its plan made, its output delivered: the policy hears it
+    before the arrival, as in vLLM), but the API server checks r0 before it learns that output: r1's
+    prompt still counts as queued, and r0 is turned away, as vLLM's front end turns it away. (Ending
+    the step whole before the check admitted r0.)"""
+    prompts = [[27671] + [29999] * k for k in range(1, 6)]
+    reqs = [
+        {"id": f"r{i + 1}", "seq": i, "arrive": 0, "prompt": p, "max_tokens": 1, "priority": 0, "abort": None}
+        for i, p in enumerate(prompts)
+    ]
+    reqs.append({"id": "r0", "seq": 5, "arrive": 2, "prompt": [27671], "max_tokens": 1, "priority": 0, "abort": None})
+    sc = {
+        "block_size": 16, "num_blocks": 2, "max_num_seqs": 1, "max_num_batched_tokens": 512, "max_model_len": 512,
+        "chunked_prefill": False, "prefix_caching": False, "policy": "fcfs", "requests": reqs,
+        "max_num_queued_tokens": 1,
+    }  # fmt: skip
+    _assert_alike(vllm_steps, sc, True)
+    reply = vllm_steps.run(sc, "vllm-async")
+    assert set(reply["rejected"]) == {"r2", "r3", "r4", "r5", "r0"}
+
+
 @settings(deadline=None, derandomize=True, max_examples=200)
 @given(
     scenario=scenarios(aborts=False, stops=True), policy=st.sampled_from(["fcfs", "priority"]),

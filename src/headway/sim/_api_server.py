@@ -16,17 +16,37 @@ __all__ = ["ApiServerLimits"]
 class ApiServerLimits:
     """The API server's books for one replica (vLLM's ``AsyncLLM.check_admission``)."""
 
-    __slots__ = ("dropped", "max_reqs", "max_tokens", "queued_tokens")
+    __slots__ = ("deferred", "dropped", "held", "max_reqs", "max_tokens", "queued_tokens")
 
     def __init__(self, max_reqs: int | None, max_tokens: int | None) -> None:
         self.max_reqs = max_reqs
         self.max_tokens = max_tokens
         self.queued_tokens = 0  # prompt tokens of the admitted requests without a first token yet
         self.dropped: set[Request] = set()  # forgotten at their clients' aborts, not yet taken by the engine
+        self.held: int | None = None  # while outputs are held back (hold): the unfinished requests then
+        self.deferred: list[tuple[bool, Request]] = []  # (while held) (finished?, request): outputs not learnt yet
+
+    def hold(self, held: int) -> None:
+        """The engine processes a step's output before the arrivals at its end, which the server checks
+        before it learns that output (async scheduling, ``Replica``): until :meth:`release` its counts
+        stay as they are, ``held`` unfinished requests and those admitted since."""
+        self.held = held
+
+    def release(self) -> None:
+        """Learn the outputs held back since :meth:`hold`, in order."""
+        self.held = None
+        deferred, self.deferred = self.deferred, []
+        for finished, req in deferred:
+            if finished:
+                self.finished(req)
+            else:
+                self.first_token(req)
 
     def check(self, held: int) -> str | None:
         """The limit a request arriving now breaks (HTTP 503 there), or None; ``held``: the unfinished
         requests the engine holds (the reqs limit first, as vLLM checks)."""
+        if self.held is not None:
+            held = self.held
         if self.max_reqs is not None and held - len(self.dropped) + 1 > self.max_reqs:
             return "rejected: max_num_queued_reqs"
         if self.max_tokens is not None and self.queued_tokens >= self.max_tokens:
@@ -35,8 +55,13 @@ class ApiServerLimits:
 
     def admitted(self, req: Request) -> None:
         self.queued_tokens += req.num_prompt_tokens
+        if self.held is not None:
+            self.held += 1
 
     def first_token(self, req: Request) -> None:
+        if self.held is not None:
+            self.deferred.append((False, req))
+            return
         if req not in self.dropped:
             self.queued_tokens -= req.num_prompt_tokens
 
@@ -53,4 +78,7 @@ class ApiServerLimits:
             self.queued_tokens -= req.num_prompt_tokens
 
     def finished(self, req: Request) -> None:
+        if self.held is not None:
+            self.deferred.append((True, req))
+            return
         self.dropped.discard(req)

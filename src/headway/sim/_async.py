@@ -16,8 +16,9 @@ step behind ``g`` while the plan is made); a prefill's token by counting it only
 :meth:`AsyncScheduling._deliver` processes the step's output, once the plan is made, as vLLM
 processes it after scheduling the next step. There the requests evicted in that plan get their
 token without a report (the plugin reports running requests only), as vLLM delivers a preempted
-request's output in flight. (An arrival at a step's end exactly, a rounding tie, comes first and
-hears that step's decoders: the plan sees them then.)
+request's output in flight. An arrival at a step's end exactly (a rounding tie, which the event
+loop gives to the arrival) comes after that step's plan and output here too
+(:meth:`AsyncScheduling._end_step_before_arrival`).
 
 **Fast-forward.** So a change that a step's output brings (a rekey hint reached, a prefill's report,
 a finish) is first seen by the plan made a step after that output is delivered, and a decode-only
@@ -31,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from headway.core import Request
+from headway.sim._events import STEP_END, TIE_RTOL, tie_floor
 from headway.sim._preempt import Preemption
 from headway.sim._seq import Seq
 
@@ -67,6 +69,36 @@ class AsyncScheduling(Preemption):
     _rekey: Callable[[Request, float], None]  # the replica's: a waiting request's rekey timer is due
     _finished: Callable[[Seq, float], None]  # the replica's: the policy hears that a request finished
     _rekey_due: Callable[[float], None]  # the replica's: the rekey hints reached by the decode clock
+    _cut: Callable[[int], None]  # the replica's: end the stretch in flight after its first m steps
+    _on_step_end: Callable[[int], None]  # the replica's: the step-end event (of a version)
+    plan_extra: float
+    version: int
+    _launch_pending: bool  # the plan is made and the step's output delivered; the launch waits (_after_arrivals)
+    busy: bool
+    outstanding: Callable[[], int]  # the replica's: requests queued or running here
+
+    def _end_step_before_arrival(self, now: float) -> None:
+        """An arrival at the end of the step in flight (a rounding tie: it comes first in the event
+        loop) whose next step vLLM planned as that step started: vLLM made that plan and processed
+        that step's output before it took the arrival, so that step ends first, up to its output
+        (the plan does not hear that step's decoders: LTR's step times); the rest (release, a plan
+        made again if that one scheduled nothing, the launch) comes after every arrival at this
+        instant (:meth:`_after_arrivals`), which wait as arrivals during a step do. Not after a step
+        that took no time (an empty plan's): the next step is planned at the arrival's time, and
+        the arrival is in it."""
+        if self._launch_pending:
+            return
+        m = self._step_at(tie_floor(now))
+        start = self.plan_start
+        end = start + self._span(m) + (self.plan_extra if m == self.plan_n else 0.0)
+        if end - now > TIE_RTOL * abs(now) or start + self._span(m - 1) + ASYNC_PLAN_DELAY >= now:
+            return
+        if self.api is not None:  # vLLM's API server checks this instant's arrivals before it learns that output
+            self.api.hold(self.outstanding() - len(self._finishing))
+        self._cut(m)
+        self.version += 1
+        self._launch_pending = True  # _plan_after_step stops after the step's output
+        self._on_step_end(self.version)
 
     def _plan_after_step(self, now: float) -> None:
         """Plan the step after the one that just ended, as vLLM planned it as that one started
@@ -86,6 +118,22 @@ class AsyncScheduling(Preemption):
             self._held = later
         self._plan(made)
         self._deliver(now)  # that step's output, which vLLM processes after scheduling the next
+        if self._launch_pending:  # the arrivals at this instant come first (_end_step_before_arrival)
+            self.plan_n = 0
+            self.loop.schedule(now, STEP_END, self._after_arrivals, self.version)
+            return
+        self._release_and_launch(now)
+
+    def _after_arrivals(self, version: int) -> None:
+        if version == self.version:
+            self._launch_pending = False
+            if self.api is not None:
+                self.api.release()
+            self._release_and_launch(self.loop.now)
+
+    def _release_and_launch(self, now: float) -> None:
+        """After the plan made as the step that just ended started, and that step's output: release what
+        the plan did not see and launch the step (the plan made again at once if it scheduled nothing)."""
         if not self.decoders and not any(s.chunk for s in (*self.prefilling, *self._finishing)):
             self._release_unseen(now)
             if self._aborts:  # (the engine waited for the step in flight: it takes those by now)
@@ -97,6 +145,12 @@ class AsyncScheduling(Preemption):
             self._release_unseen(now)
             return
         self._launch(now)
+
+    def _between_plan_and_launch(self, now: float) -> bool:
+        """Whether something that comes now (an arrival, a rekey timer) comes after the plan of the next
+        step: a step is in flight and that plan was made as it started, or that plan is made and the
+        launch waits for this instant's arrivals (:meth:`_end_step_before_arrival`)."""
+        return self._launch_pending or (self.busy and self.plan_n > 0 and now > self._planned_at(now))
 
     def _planned_at(self, t: float) -> float:
         """When the step after the one in flight at ``t`` was planned (``ASYNC_PLAN_DELAY`` after that one

@@ -56,9 +56,6 @@ plugin in it (``test_displacement_vs_vllm.py``).
 ``tests/integrations/test_sim_vs_vllm.py`` compares both step by step; every other decision
 there is vLLM's):
 
-* with async scheduling, at a step's end exactly (a rounding tie) an arrival comes first and the
-  policy hears that step's decoders (LTR's step times) before the next plan, which vLLM made
-  before them (it does not occur in the harness's scenarios);
 * a request's workload-keyed blocks filled by decoding enter the prefix cache when it leaves
   the batch, where vLLM caches each as it fills, so a request sharing the text of an answer
   still being generated hits it there, not here
@@ -209,6 +206,7 @@ class Replica(ClientAborts):
         self._finishing: list[Seq] = []  # finished in the step that just ended: slot and blocks still held
         self._held: list[tuple[float, Request]] = []  # (time, request) arrived while a step ran: not yet waiting
         self._late: list[Request] = []  # waiting requests whose rekey timers came after that step's plan
+        self._launch_pending = False  # an arrival at a step's end: planned, output delivered (_async.py)
         self._fits: list[tuple[Seq, int, int]] = []  # counted as admitted by a displacement check (_count_fit)
         self._fits_taken = 0  # the free KV blocks they take
         self._touched = 0  # the last admission's hit blocks in the free queue (_admission)
@@ -261,6 +259,8 @@ class Replica(ClientAborts):
         """A request arrives now (called from the simulator's arrival event); its client aborts it
         ``timeout`` seconds later if it has not finished (:meth:`abort_at`)."""
         now = self.loop.now
+        if self._async and self.busy and self.plan_n:
+            self._end_step_before_arrival(now)
         api = self.api
         if api is not None and (reason := self.turns_away()) is not None:
             self._end_aborted(req, now, reason)
@@ -284,12 +284,13 @@ class Replica(ClientAborts):
         self.seqs[req] = s
         # a step ending at or after tie_floor(now) is still in flight: a rounding tie goes to the
         # arrival, as in the event loop, whichever way each mode rounded that step's end; its
-        # progress is reported first (vLLM adds a request after the output of the step it came in)
+        # progress is reported first (vLLM adds a request after the output of the step it came in;
+        # with async scheduling that step has ended first, after the plan of the next one, above)
         if self.plan_reported >= 0:
             self._catch_up_arrival(now)
         if self._arrival_hook:
             self.policy.on_arrival(req, now)
-        if self._async and self.busy and self.plan_n:
+        if self._async and (self._launch_pending or (self.busy and self.plan_n)):
             # async scheduling: the next step is planned as the one in flight starts (_start_step)
             self._held.append((now, req))
         else:
@@ -321,7 +322,7 @@ class Replica(ClientAborts):
     def _on_timer(self, req: Request) -> None:
         if req in self.waiting:
             now = self.loop.now
-            if self._async and self.busy and self.plan_n and now > self._planned_at(now):
+            if self._async and self._between_plan_and_launch(now):
                 self._late.append(req)  # the next step was planned before now: re-keyed after that plan
             else:
                 if self.plan_reported >= 0:
