@@ -159,6 +159,24 @@ def test_async_arrival_at_a_steps_end_comes_after_that_steps_plan(vllm_steps: Vl
     assert ref["r3"] == (0, 184, 1) and ref["r1"] == (126, 199, 1)  # r3 restarts at 181, before r1
 
 
+def test_async_a_victim_displaced_after_an_empty_plan_has_no_token_in_flight(vllm_steps: VllmSteps) -> None:
+    """SRPT, evict, async, 6 usable KV blocks, 2 slots: r0 (18 tokens) and r1 (15) decode until the plan
+    of step 15, where r0 is short of a block and its own victim: an empty plan. vLLM's engine then
+    waits for step 14's output and schedules again: r3 (1 token) displaces r1, whose token of step 14
+    has come (no output in flight), so vLLM's admission does not skip r1 but stops at it (4 blocks, 3
+    free) and r0 waits. The simulator's plan made again after that output skipped r1 as if its token
+    were in flight, and admitted r0 (found by a random-seed run of the test above)."""
+    shapes = {0: (18, 18, 0), 2: (1, 1, 0), 1: (50, 15, 1), 3: (33, 1, 3)}
+    reqs = [_req(i, list(range(1000 * (i + 1), 1000 * (i + 1) + n)), out, at) for i, (n, out, at) in shapes.items()]
+    scenario = _engine(
+        *reqs, num_blocks=7, max_num_seqs=2, max_num_batched_tokens=512, chunked_prefill=False, prefix_caching=False
+    )
+    scenario["requests"] = [{**r, "seq": k} for k, r in enumerate(scenario["requests"])]
+    sim, ref, _ = _pair(vllm_steps, scenario, "srpt-oracle", "evict", "vllm-async")
+    assert sim == ref
+    assert ref["r1"] == (2, 17, 1) and ref["r0"] == (0, 20, 1)  # r1 restarts before r0
+
+
 def test_async_victim_waits_keyed_without_its_token_in_flight(vllm_steps: VllmSteps) -> None:
     """SRPT: r1 (49 tokens) is evicted for KV blocks at the plan of step 6, with its third token in
     flight: the plugin queues it keyed by 47 tokens left (the token comes later, and the queue keeps

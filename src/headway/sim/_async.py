@@ -139,7 +139,9 @@ class AsyncScheduling(Preemption):
             if self._aborts:  # (the engine waited for the step in flight: it takes those by now)
                 self._apply_aborts(now, now)
             self._news = False  # (this plan sees that output)
+            self._drained = True  # (no output in flight: a request it displaces has none to come)
             self._plan(now)
+            self._drained = False
         elif self._finishing or self._held or self._late:
             self._launch(now, one_step=True)  # the next plan sees what is released now
             self._release_unseen(now)

@@ -32,6 +32,7 @@ class Preemption(KVBlocks):
     _leave: Callable[[Seq], None]  # the replica's: a finished request gives back its blocks and slot
     _held: list[tuple[float, Request]]  # async scheduling: arrived while a step ran, not yet waiting
     _stale: list[Request]  # async scheduling: displaced with a token in flight, skipped by this plan
+    _drained: bool  # async scheduling: a plan made with no step in flight (_async.py)
     _fits: list[tuple[Seq, int, int]]  # counted as admitted by a displacement check: (seq, blocks, tokens)
     _fits_taken: int  # the free KV blocks they take
     on_done: Callable[[Request], None] | None  # the simulator's: a request finished or was aborted
@@ -195,8 +196,10 @@ class Preemption(KVBlocks):
         """:meth:`_take_victim` for a displacement. With async scheduling a running request taken out
         of the batch for a waiting one has its token of the step in flight still to come, and vLLM's
         admission skips a preempted request with output in flight (``num_stale_output_tokens``) for
-        the rest of that plan, without stopping at it: it waits aside until the plan is made."""
-        stale = self._async and s not in self.paused and s not in self._finishing
+        the rest of that plan, without stopping at it: it waits aside until the plan is made. Not in a
+        plan made again after an empty one: the engine waited for the step in flight, whose output
+        came, so nothing is in flight (vLLM's admission stops at it as at any request)."""
+        stale = self._async and not self._drained and s not in self.paused and s not in self._finishing
         if s not in self.paused:  # its blocks of the step are not allocated (vLLM's running loop comes after)
             self._running_alloc -= self._step_blocks(s)
         freed = self._take_victim(s, evict, now)

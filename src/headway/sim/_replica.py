@@ -207,6 +207,7 @@ class Replica(ClientAborts):
         self._held: list[tuple[float, Request]] = []  # (time, request) arrived while a step ran: not yet waiting
         self._late: list[Request] = []  # waiting requests whose rekey timers came after that step's plan
         self._launch_pending = False  # an arrival at a step's end: planned, output delivered (_async.py)
+        self._drained = False  # a plan made with no step in flight, after an empty one (_async.py)
         self._fits: list[tuple[Seq, int, int]] = []  # counted as admitted by a displacement check (_count_fit)
         self._fits_taken = 0  # the free KV blocks they take
         self._touched = 0  # the last admission's hit blocks in the free queue (_admission)
