@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from factories import make_workload, unit_cost
+from factories import make_request, make_workload, unit_cost
 from headway.core import Request, RequestState
 from headway.sim import CacheConfig, SchedulerConfig, simulate
 from headway.sim._calibrate import engine_configs
@@ -141,3 +141,32 @@ def test_a_fleet_routes_a_request_one_replica_turns_away_to_another() -> None:
     )  # fmt: skip
     assert [_fate(r) for r in res.requests] == ["1", "1", "4", "rejected: max_num_queued_reqs"]
     assert res.assignment == (0, 1, 1, 1)
+
+
+def test_the_server_checks_an_arrival_before_it_learns_the_output_held_back() -> None:
+    # async scheduling: an arrival at a step's end is checked before the server learns that step's
+    # output (vLLM's front end), which the engine has processed (the simulator ends the step first):
+    # its counts are held back, then learnt in order; an abort meanwhile counts the prompt it held
+    from headway.sim._api_server import ApiServerLimits
+
+    a, b = make_request("a", prompt=6), make_request("b", prompt=3)
+    api = ApiServerLimits(2, 5)
+    api.admitted(a)
+    api.hold(1)
+    a.first_token_time = 1.0  # the engine's output: a's first token
+    api.first_token(a)
+    assert api.check(0) == "rejected: max_num_queued_tokens"  # a's prompt still queued for the server
+    api.release()
+    assert api.queued_tokens == 0 and api.check(0) is None
+    api.admitted(b)
+    api.hold(2)
+    b.first_token_time = 2.0
+    api.first_token(b)
+    api.finished(a)
+    assert api.check(0) == "rejected: max_num_queued_reqs"  # a, b unfinished as the server knows them
+    api.client_left(b)  # its client gives up now: the server forgets b's prompt, queued as it knows
+    assert api.queued_tokens == 0 and api.check(0) is None
+    api.release()
+    assert api.queued_tokens == 0 and api.dropped == {b} and api.held is None  # (its prompt counted off once)
+    api.engine_took_abort(b)
+    assert api.queued_tokens == 0 and not api.dropped

@@ -8,6 +8,8 @@ engine takes it at its step's end; its prompt counts as queued, whole, until its
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from headway.core import Request
 
 __all__ = ["ApiServerLimits"]
@@ -24,7 +26,8 @@ class ApiServerLimits:
         self.queued_tokens = 0  # prompt tokens of the admitted requests without a first token yet
         self.dropped: set[Request] = set()  # forgotten at their clients' aborts, not yet taken by the engine
         self.held: int | None = None  # while outputs are held back (hold): the unfinished requests then
-        self.deferred: list[tuple[bool, Request]] = []  # (while held) (finished?, request): outputs not learnt yet
+        # (while held) what the engine's outputs tell it, not learnt yet: (this object's method, request)
+        self.deferred: list[tuple[Callable[[Request], None], Request]] = []
 
     def hold(self, held: int) -> None:
         """The engine processes a step's output before the arrivals at its end, which the server checks
@@ -36,11 +39,8 @@ class ApiServerLimits:
         """Learn the outputs held back since :meth:`hold`, in order."""
         self.held = None
         deferred, self.deferred = self.deferred, []
-        for finished, req in deferred:
-            if finished:
-                self.finished(req)
-            else:
-                self.first_token(req)
+        for learn, req in deferred:
+            learn(req)
 
     def check(self, held: int) -> str | None:
         """The limit a request arriving now breaks (HTTP 503 there), or None; ``held``: the unfinished
@@ -60,7 +60,7 @@ class ApiServerLimits:
 
     def first_token(self, req: Request) -> None:
         if self.held is not None:
-            self.deferred.append((False, req))
+            self.deferred.append((self.first_token, req))
             return
         if req not in self.dropped:
             self.queued_tokens -= req.num_prompt_tokens
@@ -68,10 +68,13 @@ class ApiServerLimits:
     def client_left(self, req: Request) -> None:
         """Its client aborts ``req``: the server forgets it now (its output processor's ``abort_requests``)."""
         self.dropped.add(req)
-        if req.first_token_time is None:
-            self.queued_tokens -= req.num_prompt_tokens
+        if req.first_token_time is None or (self.held is not None and (self.first_token, req) in self.deferred):
+            self.queued_tokens -= req.num_prompt_tokens  # (its first token not learnt yet: held back)
 
     def engine_took_abort(self, req: Request) -> None:
+        if self.held is not None:
+            self.deferred.append((self.engine_took_abort, req))
+            return
         if req in self.dropped:
             self.dropped.remove(req)
         elif req.first_token_time is None:
@@ -79,6 +82,6 @@ class ApiServerLimits:
 
     def finished(self, req: Request) -> None:
         if self.held is not None:
-            self.deferred.append((True, req))
+            self.deferred.append((self.finished, req))
             return
         self.dropped.discard(req)
