@@ -58,7 +58,9 @@ def _pair(
 @settings(deadline=None, derandomize=True, max_examples=120)
 @given(
     scenario=scenarios(aborts=False), seed=st.integers(0, 2**16),
-    policy=st.sampled_from(["srpt-oracle", "trail-oracle", "trail", "uniboost-base", "uniboost-memguard", "ltr"]),
+    policy=st.sampled_from(
+        ["srpt-oracle", "trail-oracle", "trail", "uniboost-base", "uniboost-memguard", "uniboost", "ltr"]
+    ),
     base=st.sampled_from(["vllm", "vllm-async"]),
 )  # fmt: skip
 def test_without_displacement_sim_makes_the_plugins_decisions(
@@ -74,7 +76,7 @@ def test_without_displacement_sim_makes_the_plugins_decisions(
 @settings(deadline=None, derandomize=True, max_examples=120)
 @given(
     scenario=scenarios(aborts=False), seed=st.integers(0, 2**16),
-    policy=st.sampled_from(["srpt-oracle", "trail-oracle", "uniboost-base"]),
+    policy=st.sampled_from(["srpt-oracle", "trail-oracle", "uniboost-base", "uniboost"]),
     base=st.sampled_from(["vllm", "vllm-async"]),
 )  # fmt: skip
 def test_evict_mode_sim_makes_the_plugins_decisions(
