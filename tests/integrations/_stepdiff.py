@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from hypothesis import event, reject
 from hypothesis import strategies as st
 
-from headway.core import RequestState
+from headway.core import RequestState, Tier
 from headway.integrations._server import default_vllm_paths, headway_src_dir
 from headway.sim import CacheConfig, CostModel, SchedulerConfig, simulate
 from headway.workload import RequestSpec, Workload
@@ -206,7 +206,8 @@ def sim_outcome(
     async scheduling (the default when ``arrivals`` are given) of :func:`async_outcome`.
     ``rejected``, if given, receives the requests the API server's limits (``max_num_queued_reqs``,
     ``max_num_queued_tokens``) turned away, with the limit, as vLLM names it. A request's
-    ``score``, if any, is its length score; ``policy_kwargs``: the policy's arguments."""
+    ``score``, if any, is its length score, its ``tenant`` and ``tier``, if any, its tenant's; ``policy_kwargs``:
+    the policy's arguments."""
     bs = scenario["block_size"]
     hb = scenario.get("hash_block_size", bs)
     model_len = int(scenario.get("max_model_len", MAX_MODEL_LEN))
@@ -216,7 +217,8 @@ def sim_outcome(
             r.get("stop_at") or r["max_tokens"], max_tokens=r["max_tokens"],
             priority=r["priority"], score=r.get("score"),
             block_hashes=block_hashes(r["prompt"], hb), hash_block_size=hb,
-            timeout=_timeout(r, arrivals),
+            timeout=_timeout(r, arrivals), tenant_id=str(r.get("tenant", "default")),
+            tier=Tier.parse(r.get("tier", "standard")),
         )
         for r in scenario["requests"]
     ]  # fmt: skip

@@ -247,10 +247,12 @@ class Harness:
             sched.headway._clock = clock.policy_now
         for step in range(MAX_STEPS):
             for r in by_step.get(step, ()):
-                extra = {"headway_score": float(r["score"])} if r.get("score") is not None else None
+                extra = {"headway_score": float(r["score"])} if r.get("score") is not None else {}
+                if r.get("tenant") is not None:  # (headway's extra args: the plugin's tenant and tier)
+                    extra.update(headway_tenant=str(r["tenant"]), headway_tier=str(r["tier"]))
                 params = SamplingParams(
                     max_tokens=int(r["max_tokens"]), ignore_eos=True, stop_token_ids=[STOP], detokenize=False,
-                    extra_args=extra,
+                    extra_args=extra or None,
                 )  # fmt: skip
                 rid, arrival, prio = str(r["id"]), t0 + int(r["seq"]) * 1e-3, int(r.get("priority", 0))
                 if clock is not None:

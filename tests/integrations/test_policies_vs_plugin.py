@@ -2,7 +2,8 @@
 differential harness's scenarios (as ``test_displacement_vs_vllm.py`` compares the preemptive ones'
 displacement): the non-preemptive queue orders, the tenant policies and ``bands`` (which the plugin
 runs without preemption), each as declared. Both run the same policy on the same scores
-(``headway_score`` on the requests); compared per request: first scheduled step, finishing step,
+(``headway_score`` on the requests) and, for the tenant policies, tenants of three tiers
+(``headway_tenant``, ``headway_tier``); compared per request: first scheduled step, finishing step,
 preemptions (KV shortages only)."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from integrations._stepdiff import VllmSteps, scenarios
 from integrations.test_displacement_vs_vllm import _pair, _scored
 
 pytestmark = [pytest.mark.vllm]
+
+TIERS = ("premium", "standard", "batch")
 
 POLICIES = [
     "sjf-oracle", "pars", "sjf-score", "rank-boost", "distboost", "sarathi", "bands", "tenant-fifo",
@@ -37,5 +40,9 @@ def test_other_policies_sim_makes_the_plugins_decisions(
     finished and preempted at the same steps in both."""
     if policy == "sarathi":  # (it needs chunked prefill: the plugin refuses it without)
         scenario = {**scenario, "chunked_prefill": True}
-    sim, ref, _ = _pair(vllm_steps, _scored(scenario, seed), policy, None, base)
+    scenario = _scored(scenario, seed)
+    if policy.startswith("tenant-"):  # three tenants of a tier each, in the requests' extra args
+        scenario["requests"] = [{**r, "tenant": f"t{(seed + i) % 3}", "tier": TIERS[(seed + i) % 3]}
+                                for i, r in enumerate(scenario["requests"])]  # fmt: skip
+    sim, ref, _ = _pair(vllm_steps, scenario, policy, None, base)
     assert sim == ref, json.dumps({"policy": policy, "base": base, "seed": seed, "scenario": scenario})
