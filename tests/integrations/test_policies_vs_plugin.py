@@ -46,3 +46,26 @@ def test_other_policies_sim_makes_the_plugins_decisions(
                                 for i, r in enumerate(scenario["requests"])]  # fmt: skip
     sim, ref, _ = _pair(vllm_steps, scenario, policy, None, base)
     assert sim == ref, json.dumps({"policy": policy, "base": base, "seed": seed, "scenario": scenario})
+
+
+def test_an_arrival_at_a_steps_end_gets_its_start_tag_after_that_steps_output(vllm_steps: VllmSteps) -> None:
+    """tenant-weighted (start-time fair queueing): r4 and r5 start service in step 1, whose output moves
+    the virtual time to r5's start tag, 0.5; r0 (premium) arrives as step 1 ends. vLLM adds it after that
+    output: its start tag is 0.5, and when r5 waits again (a KV shortage at step 13) r5 goes first. The
+    simulator took r0 before that step's output (a rounding tie goes to the arrival): tag 0.2, r0 first
+    (found by a random-seed run of the test above)."""
+    tiers = {"t0": "premium", "t1": "standard", "t2": "batch"}
+    shapes = [("r1", 0, 2, 1, "t1"), ("r2", 0, 3, 1, "t2"), ("r3", 0, 15, 18, "t0"), ("r4", 0, 4, 1, "t1"),
+              ("r5", 0, 5, 13, "t2"), ("r0", 2, 1, 1, "t0")]  # fmt: skip
+    reqs = [
+        {"id": rid, "seq": k, "arrive": at, "prompt": list(range(1000 * (k + 1), 1000 * (k + 1) + n)),
+         "max_tokens": out, "priority": 0, "abort": None, "tenant": t, "tier": tiers[t]}
+        for k, (rid, at, n, out, t) in enumerate(shapes)
+    ]  # fmt: skip
+    scenario = {
+        "block_size": 16, "num_blocks": 4, "max_num_seqs": 3, "max_num_batched_tokens": 32, "max_model_len": 512,
+        "chunked_prefill": True, "prefix_caching": False, "policy": "fcfs", "requests": reqs,
+    }  # fmt: skip
+    sim, ref, _ = _pair(vllm_steps, scenario, "tenant-weighted", None, "vllm")
+    assert sim == ref
+    assert ref["r0"] == (18, 18, 0) and ref["r5"] == (1, 18, 1)  # r0 after r5

@@ -17,8 +17,8 @@ step behind ``g`` while the plan is made); a prefill's token by counting it only
 processes it after scheduling the next step. There the requests evicted in that plan get their
 token without a report (the plugin reports running requests only), as vLLM delivers a preempted
 request's output in flight. An arrival at a step's end exactly (a rounding tie, which the event
-loop gives to the arrival) comes after that step's plan and output here too
-(:meth:`AsyncScheduling._end_step_before_arrival`).
+loop gives to the arrival) comes after that step's plan and output here too, as after a
+synchronous step's output (:meth:`AsyncScheduling._end_step_before_arrival`, for both).
 
 **Fast-forward.** So a change that a step's output brings (a rekey hint reached, a prefill's report,
 a finish) is first seen by the plan made a step after that output is delivered, and a decode-only
@@ -78,26 +78,30 @@ class AsyncScheduling(Preemption):
     outstanding: Callable[[], int]  # the replica's: requests queued or running here
 
     def _end_step_before_arrival(self, now: float) -> None:
-        """An arrival at the end of the step in flight (a rounding tie: it comes first in the event
-        loop) whose next step vLLM planned as that step started: vLLM made that plan and processed
-        that step's output before it took the arrival, so that step ends first, up to its output
-        (the plan does not hear that step's decoders: LTR's step times); the rest (release, a plan
-        made again if that one scheduled nothing, the launch) comes after every arrival at this
-        instant (:meth:`_after_arrivals`), which wait as arrivals during a step do. Not after a step
-        that took no time (an empty plan's): the next step is planned at the arrival's time, and
-        the arrival is in it."""
+        """An arrival at the end of the step in flight (a rounding tie: the event loop takes the arrival
+        first). vLLM adds a request after the output of the step it came in, and with async scheduling
+        after the plan of the next step, made as that step started: that step ends first, up to its
+        output (and that plan), so the policy hears the output before the arrival and the plan does
+        not hear the arrival; the plan (async: the release, a plan made again if that one ran nothing,
+        and the launch) comes after every arrival at this instant (:meth:`_after_arrivals`). vLLM's API
+        server checks those arrivals before it learns that output (:meth:`ApiServerLimits.hold`).
+        Not after a step that took no time (nothing came out of it; async: the next step is planned
+        at the arrival's time, and the arrival is in it)."""
         if self._launch_pending:
             return
         m = self._step_at(tie_floor(now))
         start = self.plan_start
         end = start + self._span(m) + (self.plan_extra if m == self.plan_n else 0.0)
-        if end - now > TIE_RTOL * abs(now) or start + self._span(m - 1) + ASYNC_PLAN_DELAY >= now:
+        if end - now > TIE_RTOL * abs(now):
             return
-        if self.api is not None:  # vLLM's API server checks this instant's arrivals before it learns that output
+        began = start + self._span(m - 1)
+        if began + ASYNC_PLAN_DELAY >= now if self._async else began >= tie_floor(now):
+            return
+        if self.api is not None:
             self.api.hold(self.outstanding() - len(self._finishing))
         self._cut(m)
         self.version += 1
-        self._launch_pending = True  # _plan_after_step stops after the step's output
+        self._launch_pending = True  # the step's end stops after its output (and async, its plan)
         self._on_step_end(self.version)
 
     def _plan_after_step(self, now: float) -> None:
@@ -125,11 +129,19 @@ class AsyncScheduling(Preemption):
         self._release_and_launch(now)
 
     def _after_arrivals(self, version: int) -> None:
-        if version == self.version:
-            self._launch_pending = False
-            if self.api is not None:
-                self.api.release()
-            self._release_and_launch(self.loop.now)
+        if version != self.version:
+            return
+        now = self.loop.now
+        self._launch_pending = False
+        if self.api is not None:
+            self.api.release()
+        if self._async:
+            self._release_and_launch(now)
+            return
+        if self._aborts:  # those that came at this instant (vLLM takes them before it schedules)
+            self._apply_aborts(now, now)
+        self._plan(now)
+        self._launch(now)
 
     def _release_and_launch(self, now: float) -> None:
         """After the plan made as the step that just ended started, and that step's output: release what

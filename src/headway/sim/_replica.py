@@ -236,6 +236,7 @@ class Replica(ClientAborts):
         self.plan_base = 0.0
         self.plan_slope = 0.0
         self.plan_extra = 0.0  # frontend time added to the step in flight by arrivals (per_arrival)
+        self._arrival_extra = 0.0  # and of arrivals taken at a step's end, for the next step (_launch)
         self.plan_reported = -1  # steps of the stretch in flight reported (-1: reports are lazy)
         self.unseen: list[Request] = []  # arrived since the last step started (queued_time unset)
         # statistics
@@ -260,7 +261,7 @@ class Replica(ClientAborts):
         """A request arrives now (called from the simulator's arrival event); its client aborts it
         ``timeout`` seconds later if it has not finished (:meth:`abort_at`)."""
         now = self.loop.now
-        if self._async and self.busy and self.plan_n:
+        if self.busy and self.plan_n:  # a step ending now (a rounding tie) ends first (_async.py)
             self._end_step_before_arrival(now)
         api = self.api
         if api is not None and (reason := self.turns_away()) is not None:
@@ -283,10 +284,8 @@ class Replica(ClientAborts):
             self._keyed = self._keyed or bool(keys)
         s = Seq(req, true_len, keys)
         self.seqs[req] = s
-        # a step ending at or after tie_floor(now) is still in flight: a rounding tie goes to the
-        # arrival, as in the event loop, whichever way each mode rounded that step's end; its
-        # progress is reported first (vLLM adds a request after the output of the step it came in;
-        # with async scheduling that step has ended first, after the plan of the next one, above)
+        # the steps of the stretch in flight that ended by now are reported first (vLLM adds a request
+        # after the output of the step it came in)
         if self.plan_reported >= 0:
             self._catch_up_arrival(now)
         if self._arrival_hook:
@@ -299,7 +298,9 @@ class Replica(ClientAborts):
             self._arm_timer(req, now)
         self.unseen.append(req)
         self._poke(now, True)
-        if self.plan_n and self.cost.per_arrival:
+        if self._launch_pending:  # (between a step's end and the next launch: that one ends later)
+            self._arrival_extra += self.cost.per_arrival
+        elif self.plan_n and self.cost.per_arrival:
             # the server's frontend takes the engine's CPU to receive it: the step in flight
             # (the plan was just cut to it) ends later; an idle engine loses nothing
             self.plan_extra += self.cost.per_arrival
@@ -378,6 +379,10 @@ class Replica(ClientAborts):
         self._news = False
         if self._async and after_step:
             self._plan_after_step(now)
+            return
+        if self._launch_pending:  # an arrival at this step's end comes first (_end_step_before_arrival)
+            self.plan_n = 0
+            self.loop.schedule(now, STEP_END, self._after_arrivals, self.version)
             return
         self._plan(now)
         self._launch(now)
@@ -487,20 +492,22 @@ class Replica(ClientAborts):
             else:
                 n = self._decode_horizon()
         else:
-            self._admission_held = False
-            self.busy = False
+            self._admission_held = self.busy = False
+            self._arrival_extra = 0.0  # (an idle engine loses nothing)
             return
+        if self._arrival_extra:  # the frontend time of arrivals taken at the last step's end: this step's
+            n = 1
         self._admission_held = False
         self.busy = True
         self.plan_start = now
         self.plan_n = n
         if self.steps is not None:
             self._record_step(now, n)
-        self.plan_extra = 0.0
+        self.plan_extra, self._arrival_extra = self._arrival_extra, 0.0
         if self._catch_up_hook:
             self.plan_reported = 0  # each step's end reports progress, as the plugin does (_report_steps)
         self.version += 1
-        self.loop.schedule(now + self._span(n), STEP_END, self._on_step_end, self.version)
+        self.loop.schedule(now + self._span(n) + self.plan_extra, STEP_END, self._on_step_end, self.version)
 
     def _record_step(self, now: float, n: int) -> None:
         scheduled = [(s.req.request_id, 1) for s in self.decoders]
