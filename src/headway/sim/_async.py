@@ -87,11 +87,12 @@ class AsyncScheduling(Preemption):
         server checks those arrivals before it learns that output (:meth:`ApiServerLimits.hold`).
         Not after a step that took no time (nothing came out of it; async: the next step is planned
         at the arrival's time, and the arrival is in it)."""
-        if self._launch_pending:
-            return
-        m = self._step_at(tie_floor(now))
-        start = self.plan_start
-        end = start + self._span(m) + (self.plan_extra if m == self.plan_n else 0.0)
+        start, n = self.plan_start, self.plan_n
+        if n == 1:  # (the common case without _step_at's search: it runs at every arrival while busy)
+            m, end = 1, start + self.plan_base + self.plan_extra
+        else:
+            m = self._step_at(tie_floor(now))
+            end = start + self._span(m) + (self.plan_extra if m == n else 0.0)
         if end - now > TIE_RTOL * abs(now):
             return
         began = start + self._span(m - 1)
@@ -123,10 +124,15 @@ class AsyncScheduling(Preemption):
         self._plan(made)
         self._deliver(now)  # that step's output, which vLLM processes after scheduling the next
         if self._launch_pending:  # the arrivals at this instant come first (_end_step_before_arrival)
-            self.plan_n = 0
-            self.loop.schedule(now, STEP_END, self._after_arrivals, self.version)
+            self._wait_for_arrivals(now)
             return
         self._release_and_launch(now)
+
+    def _wait_for_arrivals(self, now: float) -> None:
+        """The step that ended at an arrival's time (:meth:`_end_step_before_arrival`) has had its output:
+        no step is in flight until :meth:`_after_arrivals`, after every arrival at this instant."""
+        self.plan_n = 0
+        self.loop.schedule(now, STEP_END, self._after_arrivals, self.version)
 
     def _after_arrivals(self, version: int) -> None:
         if version != self.version:

@@ -381,8 +381,7 @@ class Replica(ClientAborts):
             self._plan_after_step(now)
             return
         if self._launch_pending:  # an arrival at this step's end comes first (_end_step_before_arrival)
-            self.plan_n = 0
-            self.loop.schedule(now, STEP_END, self._after_arrivals, self.version)
+            self._wait_for_arrivals(now)
             return
         self._plan(now)
         self._launch(now)

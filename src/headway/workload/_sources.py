@@ -478,17 +478,19 @@ def workload_data_path(name: str, data_dir: str | Path | None = None) -> Path | 
     """The file or folder of the shared data folder (``data_dir``, found as :func:`find_data_dir` finds
     it) that the built-in workload ``name`` reads; None for one that reads no data (``default``,
     ``burst``). FileNotFoundError where it is not there; UnknownWorkloadError for a name not built in."""
-    if name not in _WORKLOADS:
-        raise UnknownWorkloadError(f"unknown workload {name!r}; valid names: {', '.join(available_workloads())}")
-    parts = _WORKLOADS[name].data
+    parts = _source(name).data
     return _data_path(LoadOptions(data_dir=data_dir), *parts) if parts else None
 
 
 def workload_description(name: str) -> str:
     """One line on what the built-in workload ``name`` is (UnknownWorkloadError listing the names)."""
+    return _source(name).description()
+
+
+def _source(name: str) -> _Source:
     if name not in _WORKLOADS:
         raise UnknownWorkloadError(f"unknown workload {name!r}; valid names: {', '.join(available_workloads())}")
-    return _WORKLOADS[name].description()
+    return _WORKLOADS[name]
 
 
 # ------------------------------------------------------------------ post-processing
