@@ -130,3 +130,32 @@ def test_a_run_that_livelocks_fails_alone_with_the_stall_named(
     assert code == 1
     assert "fcfs: 9 requests" in out
     assert "policy ltr failed: SimulationStalled: request 'livelock-8' was evicted 1,000 times in a row" in out
+
+
+def test_a_run_ordered_mostly_by_pars_starvation_guard_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    # the default load queues requests for seconds: with a 5 s guard most of them are promoted, each
+    # then ahead of the ranked ones, and the table's pars row is its guard's order more than its ranking's
+    argv = ["simulate", "--policies", "fcfs,pars", "--no-report"]
+    assert main([*argv, "--policy-arg", "pars.starvation_threshold=5"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "pars: 1,089 of 2,000 requests (54%) waited out its starvation threshold (5 s)" in out
+    assert "--policy-arg pars.starvation_threshold=SECONDS" in out
+    assert main(argv) == 0  # its default 120 s: none waits that long at this load
+    assert "starvation threshold" not in capsys.readouterr().out
+
+
+def test_the_starvation_note_counts_requests_as_the_guard_promotes_them() -> None:
+    from headway.core import Request
+    from headway.sim._cli_notes import starvation_notes
+
+    def req(i: int, waited: float | None) -> Request:
+        r = Request(request_id=f"r{i}", arrival_time=10.0, num_prompt_tokens=8, max_tokens=4)
+        r.first_scheduled_time = None if waited is None else 10.0 + waited
+        return r
+
+    # one of ten at 120 s exactly (PARS promotes once now >= arrival + threshold): a tenth, said
+    runs = {"pars": (None, [req(0, 120.0), *(req(i, 119.9) for i in range(1, 9)), req(9, None)])}
+    [note] = starvation_notes(runs, {})
+    assert note.startswith("pars: 1 of 10 requests (10%) waited out its starvation threshold (120 s)")
+    assert starvation_notes(runs, {"pars": {"starvation_threshold": 120.5}}) == []  # the user's setting counts
+    assert starvation_notes({"sjf-oracle": runs["pars"]}, {}) == []  # no guard: nothing to say

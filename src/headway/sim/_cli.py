@@ -19,7 +19,13 @@ from headway._help import (
     prepare_out_dir,
 )
 from headway.routers import DEFAULT_ROUTER
-from headway.sim._cli_notes import decided_alike, default_scorers, prefix_router_notes, raised_outside_headway
+from headway.sim._cli_notes import (
+    decided_alike,
+    default_scorers,
+    prefix_router_notes,
+    raised_outside_headway,
+    starvation_notes,
+)
 
 __all__ = ["DEFAULT_POLICIES", "add_simulate_parser"]
 
@@ -563,6 +569,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             f"times under each, so at this load the queue's order never mattered ({more} queues requests)"
         )
         console.print(f"[yellow]{notes[-1]}[/]")
+    for note in starvation_notes(runs, policy_args):
+        notes.append(note)
+        console.print(f"[yellow]{note}[/]")
     if out is not None:
         # the flags that made the workload and the arrivals they gave, so the report tells how to rerun it
         given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in workload_options.items())

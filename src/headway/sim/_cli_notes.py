@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["decided_alike", "default_scorers", "prefix_router_notes", "raised_outside_headway"]
+__all__ = ["decided_alike", "default_scorers", "prefix_router_notes", "raised_outside_headway", "starvation_notes"]
 
 
 def default_scorers(
@@ -90,3 +90,40 @@ def decided_alike(runs: dict[str, Any]) -> list[str]:
 
     first, *rest = (times(requests) for _, requests in runs.values())
     return list(runs) if all(t == first for t in rest) else []
+
+
+def starvation_notes(runs: dict[str, Any], policy_args: dict[str, dict[str, Any]]) -> list[str]:
+    """Say when a policy's starvation guard, not its ranking, ordered much of a run: a policy with a
+    ``starvation_threshold`` (PARS's: seconds since arrival, after which a waiting request is promoted
+    ahead of every ranked one) that a tenth or more of the run's requests waited out before they were
+    first scheduled. Under such a load (Azure conv's on one A100, for one) the policy runs mostly as its
+    guard orders (PARS: arrival order), and its table row is read with that in mind."""
+    import inspect
+
+    from headway.core import UnknownPolicyError, get_policy_class
+
+    out = []
+    for name, (_, requests) in runs.items():
+        try:
+            param = inspect.signature(get_policy_class(name)).parameters.get("starvation_threshold")
+        except UnknownPolicyError:
+            continue
+        if param is None:
+            continue
+        limit = (policy_args.get(name) or {}).get("starvation_threshold", param.default)
+        if isinstance(limit, bool) or not isinstance(limit, int | float):
+            continue
+        # the policy's own test (PARS's key: promoted once now >= arrival + threshold)
+        waited = sum(
+            1
+            for r in requests
+            if r.first_scheduled_time is not None and r.first_scheduled_time >= r.arrival_time + limit
+        )
+        if requests and waited * 10 >= len(requests):
+            out.append(
+                f"{name}: {waited:,} of {len(requests):,} requests ({waited / len(requests):.0%}) waited out its "
+                f"starvation threshold ({limit:g} s) before they were first scheduled, each then promoted ahead of "
+                f"the ranked requests: at this load its guard, not its ranking, ordered them (a lower --rate, or "
+                f"--policy-arg {name}.starvation_threshold=SECONDS)"
+            )
+    return out
