@@ -159,3 +159,36 @@ def test_the_starvation_note_counts_requests_as_the_guard_promotes_them() -> Non
     assert note.startswith("pars: 1 of 10 requests (10%) waited out its starvation threshold (120 s)")
     assert starvation_notes(runs, {"pars": {"starvation_threshold": 120.5}}) == []  # the user's setting counts
     assert starvation_notes({"sjf-oracle": runs["pars"]}, {}) == []  # no guard: nothing to say
+
+
+def test_a_run_that_recomputed_more_than_its_work_says_what_its_preemptions_cost(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # a small KV cache: LTR's rotation (pause, recompute) evicts requests again and again; FCFS's
+    # evictions for KV cost far less than the work
+    argv = ["simulate", "--policies", "fcfs,ltr", "--num-requests", "400", "--num-gpu-blocks", "2000", "--no-report"]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "ltr: 1,377,176 tokens recomputed after preemptions, 2.6x the 520,868 its requests computed once" in out
+    assert "--policy-arg ltr.displacement=none evicts only for a running request's KV blocks" in out
+    assert "fcfs: " not in out.split("└")[-1]  # (after the table: fcfs's evictions are not said)
+
+
+def test_the_recompute_note_weighs_recomputed_tokens_against_the_requests_work() -> None:
+    from headway.core import Request
+    from headway.sim._cli_notes import recompute_notes
+
+    def req(i: int, again: int) -> Request:
+        r = Request(request_id=f"r{i}", arrival_time=0.0, num_prompt_tokens=30, max_tokens=20)
+        r.num_output_tokens, r.num_recomputed_tokens = 20, again
+        return r
+
+    even = [req(0, 50), req(1, 50)]  # 100 recomputed, 100 computed once: said
+    [note] = recompute_notes({"srpt-oracle": (None, even)}, {})
+    assert note.startswith("srpt-oracle: 100 tokens recomputed after preemptions, 1.0x the 100 its requests")
+    assert "--policy-arg srpt-oracle.displacement=none" in note  # (its declared mode: pause)
+    [note] = recompute_notes({"srpt-oracle": (None, even)}, {"srpt-oracle": {"displacement": "none"}})
+    assert "displacement=none" not in note and "--preemption-mode swap" in note
+    [note] = recompute_notes({"fcfs": (None, even)}, {})  # not preemptive: no displacement to turn off
+    assert "displacement" not in note
+    assert recompute_notes({"srpt-oracle": (None, [req(0, 50), req(1, 49)])}, {}) == []

@@ -24,6 +24,7 @@ from headway.sim._cli_notes import (
     default_scorers,
     prefix_router_notes,
     raised_outside_headway,
+    recompute_notes,
     starvation_notes,
 )
 
@@ -569,7 +570,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             f"times under each, so at this load the queue's order never mattered ({more} queues requests)"
         )
         console.print(f"[yellow]{notes[-1]}[/]")
-    for note in starvation_notes(runs, policy_args):
+    for note in [*starvation_notes(runs, policy_args), *recompute_notes(runs, policy_args)]:
         notes.append(note)
         console.print(f"[yellow]{note}[/]")
     if out is not None:

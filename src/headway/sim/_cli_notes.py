@@ -7,7 +7,14 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["decided_alike", "default_scorers", "prefix_router_notes", "raised_outside_headway", "starvation_notes"]
+__all__ = [
+    "decided_alike",
+    "default_scorers",
+    "prefix_router_notes",
+    "raised_outside_headway",
+    "recompute_notes",
+    "starvation_notes",
+]
 
 
 def default_scorers(
@@ -126,4 +133,37 @@ def starvation_notes(runs: dict[str, Any], policy_args: dict[str, dict[str, Any]
                 f"the ranked requests: at this load its guard, not its ranking, ordered them (a lower --rate, or "
                 f"--policy-arg {name}.starvation_threshold=SECONDS)"
             )
+    return out
+
+
+def recompute_notes(runs: dict[str, Any], policy_args: dict[str, dict[str, Any]]) -> list[str]:
+    """Say when a run recomputed at least as many tokens as its requests needed: preempted by
+    recompute, each eviction lost the victim's work, and the run spent more on that than on the
+    work itself (LTR's starvation rotation under KV pressure on the Azure conv trace: 1.8x). The
+    table's preemption count alone does not say what they cost."""
+    from headway.core import UnknownPolicyError, get_policy_class
+
+    out = []
+    for name, (_, requests) in runs.items():
+        again = sum(r.num_recomputed_tokens for r in requests)
+        need = sum(r.num_prompt_tokens + r.num_output_tokens for r in requests)
+        if not again or again < need:
+            continue
+        try:
+            cls = get_policy_class(name)
+        except UnknownPolicyError:
+            cls = None
+        ways = "--preemption-mode swap keeps a victim's work"
+        if cls is not None and cls.preemptive:
+            mode = (policy_args.get(name) or {}).get("displacement", cls.displacement)
+            if mode != "none":
+                ways += (
+                    f"; --policy-arg {name}.displacement=none evicts only for a running request's KV blocks, "
+                    "vLLM's rule"
+                )
+        out.append(
+            f"{name}: {again:,} tokens recomputed after preemptions, {again / need:.1f}x the {need:,} its requests "
+            f"computed once: each eviction lost the victim's work, and at this load that cost more than the work "
+            f"itself ({ways})"
+        )
     return out
