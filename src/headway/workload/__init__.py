@@ -33,13 +33,12 @@ from headway.workload._default import (
     sample_prompt_lengths,
 )
 from headway.workload._errors import UnknownWorkloadError, WorkloadFormatError
-from headway.workload._jsonl import read_jsonl_workload  # noqa: F401 (registers the 'jsonl' format)
+from headway.workload._formats import available_formats
 from headway.workload._resample import RESAMPLING_CV, resample_output_lengths
 from headway.workload._sessions import DEFAULT_THINK_TIME, read_turn_lengths, session_workload, with_system_prompts
 from headway.workload._sources import (
     DATA_DIR_ENV,
     LoadOptions,
-    available_formats,
     available_workloads,
     check_workload_options,
     find_data_dir,

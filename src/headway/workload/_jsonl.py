@@ -20,8 +20,8 @@ request's (:attr:`~headway.workload.RequestSpec.model`), counted in the workload
 ``meta["models"]``. ``timeout``: seconds after its arrival at which the client gave up on the
 request if unfinished (:attr:`~headway.workload.RequestSpec.timeout`; ``--client-timeout`` sets
 every request's instead). The same files train and evaluate predictors (``headway predictor train
---data FILE.jsonl``). Importing this module registers the ``jsonl`` format with
-:func:`headway.workload.load_workload` (read by its keys, or with ``format="jsonl"``).
+--data FILE.jsonl``). :func:`headway.workload.load_workload` reads it as the ``jsonl`` format (told by
+its keys, or with ``format="jsonl"``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import dataclasses
 from collections import Counter
 from pathlib import Path
 
-from headway.workload import _sources
 from headway.workload._datasets import TokenCounter, approx_token_count
 from headway.workload._errors import WorkloadFormatError
 from headway.workload._records import (
@@ -171,16 +170,3 @@ def read_jsonl_workload(
         specs = [dataclasses.replace(s, arrival_time=float(t or 0.0)) for s, t in zip(specs, times, strict=True)]
     meta: dict[str, object] = {"source": str(p), "format": "jsonl", "timed": timed, "models": dict(models)}
     return Workload.from_specs(name or stem, specs, meta)
-
-
-def _read(path: Path, o: _sources.LoadOptions) -> Workload:
-    return read_jsonl_workload(path, count_tokens=o.count_tokens)
-
-
-def _register() -> None:
-    _sources._FORMATS["jsonl"] = _read
-    if not any(fmt == "jsonl" for _, fmt in _sources._JSON_KEYS):
-        _sources._JSON_KEYS = ((JSONL_KEYS, "jsonl"), *_sources._JSON_KEYS)
-
-
-_register()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,10 +20,10 @@ from headway.workload._arrivals import (
     is_finite_real,
     replay_arrivals,
 )
-from headway.workload._datasets import TokenCounter, read_alpaca_eval, read_alpaca_eval_outputs, read_sharegpt
+from headway.workload._datasets import TokenCounter
 from headway.workload._default import DEFAULT_BURSTINESS, DEFAULT_NUM_REQUESTS, DEFAULT_RATE, default_workload
-from headway.workload._errors import UnknownWorkloadError, WorkloadFormatError
-from headway.workload._records import reading
+from headway.workload._errors import UnknownWorkloadError
+from headway.workload._formats import MODEL_FORMATS, available_formats, is_format, read_file
 from headway.workload._resample import resample_output_lengths
 from headway.workload._sessions import (
     DEFAULT_THINK_TIME,
@@ -35,12 +34,10 @@ from headway.workload._sessions import (
 )
 from headway.workload._spec import Workload
 from headway.workload._tenants import DEFAULT_TENANT_MIX, TenantMix, assign_tenants
-from headway.workload._traces import read_azure_trace, read_burstgpt_trace, read_mooncake_trace, read_vidur_trace
 
 __all__ = [
     "ARRIVAL_KINDS",
     "DATA_DIR_ENV",
-    "DEFAULT_ALPACA_MODEL",
     "MAX_NUM_REQUESTS",
     "LoadOptions",
     "available_formats",
@@ -55,7 +52,6 @@ __all__ = [
 DATA_DIR_ENV = "HEADWAY_DATA_DIR"
 """Environment variable naming the shared data folder (the one holding ``azure_llm_2023/``...)."""
 
-DEFAULT_ALPACA_MODEL = "Meta-Llama-3-8B-Instruct"
 ARRIVAL_KINDS = ("trace", "gamma", "poisson", "burst", "gamma-vllm")
 MAX_NUM_REQUESTS = 10**8
 """Largest ``num_requests`` :func:`load_workload` accepts (more would not fit in memory)."""
@@ -154,7 +150,7 @@ class LoadOptions:
                 raise ValueError(f"{what} must be an integer >= 1, got {count!r}")
         if self.system_prompt_tokens is not None and self.system_prompts is None:
             raise ValueError("system_prompt_tokens needs system_prompts (how many shared prefixes)")
-        if self.format is not None and self.format not in _FORMATS:
+        if self.format is not None and not is_format(self.format):
             raise ValueError(f"format must be one of {', '.join(available_formats())}, got {self.format!r}")
 
     def stream(self, role: int) -> np.random.SeedSequence:
@@ -194,127 +190,6 @@ def find_data_dir(data_dir: str | Path | None = None) -> Path:
         f"the data folder of the trace workloads was not found (tried {tried}): set {DATA_DIR_ENV} to the folder "
         "holding them (docs/workloads.md), or give data_dir= in Python"
     )
-
-
-# -------------------------------------------------------------------- file formats
-def _read_azure(path: Path, o: LoadOptions) -> Workload:
-    return read_azure_trace(path)
-
-
-def _read_vidur(path: Path, o: LoadOptions) -> Workload:
-    return read_vidur_trace(path)
-
-
-def _read_mooncake(path: Path, o: LoadOptions) -> Workload:
-    return read_mooncake_trace(path)
-
-
-def _read_burstgpt(path: Path, o: LoadOptions) -> Workload:
-    return read_burstgpt_trace(path)
-
-
-def _read_sharegpt(path: Path, o: LoadOptions) -> Workload:
-    return read_sharegpt(path, count_tokens=o.count_tokens)
-
-
-def _read_alpaca(path: Path, o: LoadOptions) -> Workload:
-    folder = path if path.is_dir() else path.parent
-    instructions = path if path.is_file() else folder / "instructions.jsonl"
-    lengths = folder / "output_lengths_long.csv.gz"
-    if not lengths.exists() and (folder / "output_lengths_long.csv").exists():
-        lengths = folder / "output_lengths_long.csv"
-    return read_alpaca_eval(instructions, lengths, o.model or DEFAULT_ALPACA_MODEL, count_tokens=o.count_tokens)
-
-
-def _read_alpaca_outputs(path: Path, o: LoadOptions) -> Workload:
-    return read_alpaca_eval_outputs(path, model=o.model, count_tokens=o.count_tokens)
-
-
-_FORMATS: dict[str, Callable[[Path, LoadOptions], Workload]] = {
-    "azure": _read_azure,
-    "vidur": _read_vidur,
-    "mooncake": _read_mooncake,
-    "burstgpt": _read_burstgpt,
-    "sharegpt": _read_sharegpt,
-    "alpaca-eval": _read_alpaca,
-    "alpaca-eval-outputs": _read_alpaca_outputs,
-}
-_MODEL_FORMATS = frozenset({"alpaca-eval", "alpaca-eval-outputs"})
-"""Formats whose ``model`` option picks the answering model."""
-
-_JSON_KEYS: tuple[tuple[frozenset[str], str], ...] = (
-    (frozenset({"timestamp", "input_length", "output_length"}), "mooncake"),
-    (frozenset({"conversations"}), "sharegpt"),
-    (frozenset({"prompt", "response"}), "sharegpt"),
-    (frozenset({"instruction", "output"}), "alpaca-eval-outputs"),
-    (frozenset({"idx", "instruction"}), "alpaca-eval"),
-)
-_CSV_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("TIMESTAMP", "azure"),
-    ("num_prefill_tokens", "vidur"),
-    ("Response tokens", "burstgpt"),
-)
-
-
-_SNIFF_CHARS = 1 << 20
-"""How much of a JSON list is read to find its first record's keys."""
-
-
-def available_formats() -> list[str]:
-    """File formats :func:`load_workload` reads (``format=``)."""
-    return sorted(_FORMATS)
-
-
-def _sniff_format(path: Path) -> str:
-    """Tell a file's format from its first non-blank line."""
-    if path.is_dir():
-        if (path / "instructions.jsonl").exists():
-            return "alpaca-eval"
-        raise FileNotFoundError(2, "no instructions.jsonl (alpaca_eval) in workload folder", str(path))
-    with reading(path) as f:
-        first = ""
-        for line in f:
-            if line.strip():
-                first = line.strip()
-                break
-        head = first + f.read(_SNIFF_CHARS) if first.startswith("[") else ""
-    if not first:  # every reader would find no requests in it
-        raise WorkloadFormatError(path, None, "empty file (no line but blank ones): no requests", show_value=False)
-    hint = f"pass format= (--format) one of {', '.join(available_formats())}"
-    if first.startswith("["):  # a JSON list: the keys of its first record, when it is short enough to read
-        try:
-            record, _ = json.JSONDecoder().raw_decode(head, head.index("{"))
-            keys = set(record)
-        except (ValueError, TypeError):
-            return "sharegpt"
-        return next((fmt for needed, fmt in _JSON_KEYS if needed <= keys), "sharegpt")
-    if first.startswith("{"):
-        try:
-            keys = set(json.loads(first))
-        except (json.JSONDecodeError, TypeError):
-            raise WorkloadFormatError(
-                path, None, f"cannot tell the format: first line is not JSON; {hint}", show_value=False
-            ) from None
-        for needed, fmt in _JSON_KEYS:
-            if needed <= keys:
-                return fmt
-        raise WorkloadFormatError(
-            path, None, f"cannot tell the format from JSON keys {sorted(keys)}; {hint}", show_value=False
-        )
-    header = {h.strip().lstrip("\ufeff") for h in first.split(",")}
-    for column, fmt in _CSV_COLUMNS:
-        if column in header:
-            return fmt
-    raise WorkloadFormatError(
-        path, 1, f"cannot tell the format from the first line; {hint}", field="header", value=first[:200]
-    )
-
-
-def _load_file(path: Path, o: LoadOptions) -> Workload:
-    if not path.exists():
-        raise FileNotFoundError(2, "workload file not found", str(path))
-    fmt = o.format or _sniff_format(path)
-    return _FORMATS[fmt](path, o)
 
 
 # ------------------------------------------------------------------- named sources
@@ -423,7 +298,7 @@ def _data_file(*parts: str, fmt: str) -> _Source:
     """The built-in workload of the file (or folder) ``parts`` in the shared data folder, read as ``fmt``."""
 
     def load(o: LoadOptions) -> Workload:
-        return _FORMATS[fmt](_data_path(o, *parts), o)
+        return read_file(_data_path(o, *parts), fmt, model=o.model, count_tokens=o.count_tokens)
 
     load.__doc__ = f"{'/'.join(parts)} in the shared data folder ({fmt} format)"
     return _Source(load, data=parts)
@@ -639,9 +514,9 @@ def load_workload(source: str | os.PathLike[str], **options: object) -> Workload
         if not synthetic:
             w = Workload(source, w.requests, dict(w.meta))
     else:
-        w = _load_file(Path(source), o)
+        w = read_file(Path(source), o.format, model=o.model, count_tokens=o.count_tokens)
         synthetic = False
-    if o.model is not None and w.meta.get("format") not in _MODEL_FORMATS:
+    if o.model is not None and w.meta.get("format") not in MODEL_FORMATS:
         raise ValueError(f"option model={o.model!r} (--model) only applies to alpaca_eval, not {source!r}")
     if not synthetic:
         timed = bool(w.meta.get("timed", False))
