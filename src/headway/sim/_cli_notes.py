@@ -139,7 +139,7 @@ def starvation_notes(runs: dict[str, Any], policy_args: dict[str, dict[str, Any]
 def recompute_notes(runs: dict[str, Any], policy_args: dict[str, dict[str, Any]]) -> list[str]:
     """Say when a run recomputed at least as many tokens as its requests needed: preempted by
     recompute, each eviction lost the victim's work, and the run spent more on that than on the
-    work itself (LTR's starvation rotation under KV pressure on the Azure conv trace: 1.8x). The
+    work itself (LTR's starvation rotation under KV pressure on the Azure conv trace: 1.9x). The
     table's preemption count alone does not say what they cost."""
     from headway.core import UnknownPolicyError, get_policy_class
 
