@@ -14,6 +14,11 @@
    synchronous scheduler of the tables above, on both workloads: ``fcfs``, ``sjf-oracle`` and each
    preemptive policy in its declared mode.
 
+With ``--out FILE.md`` the first two tables are also drawn, next to it (``FILE.png``): each policy's
+mean E2E against FCFS's, per displacement mode, on both workloads. A section of the existing file
+from ``## Reading the tables`` on (written by hand from its figures) is kept, and the run says so:
+check its figures against the new tables.
+
 Every row is one simulation, run ``--repeats`` times (default 3; seeded: every figure but the speed
 repeats exactly, which is checked); the requests-per-second column is the fastest run's wall clock,
 as ``timeit`` reports, and still moves with the machine's load. "engine steps" counts the engine steps the run
@@ -30,7 +35,7 @@ import os
 import sys
 from pathlib import Path
 
-from headway._files import write_atomic
+from headway._files import save_figure, write_atomic
 from headway.core import get_policy_class
 from headway.metrics import summarize
 from headway.sim import CacheConfig, SchedulerConfig, simulate
@@ -38,6 +43,11 @@ from headway.workload import Workload, load_workload
 
 PREEMPTIVE = ("srpt-oracle", "trail-oracle", "trail", "ltr", "uniboost-base")
 MODES = ("none", "pause", "evict")
+HAND_WRITTEN = "## Reading the tables"
+"""Where the section written by hand from the tables begins (kept when the file is written again)."""
+
+Bar = tuple[str, str, bool, float, int]
+"""One bar of the figure: policy, displacement mode, whether declared, mean E2E / FCFS's, preemptions."""
 
 
 def _kwargs(name: str, workload: Workload) -> dict[str, object]:
@@ -80,8 +90,11 @@ def _row(
     }
 
 
-def policy_table(workload: Workload, lines: list[str], repeats: int) -> dict[str, dict[str, object]]:
-    """The table's rows; returns the synchronous rows of fcfs, sjf-oracle and each declared mode."""
+def policy_table(
+    workload: Workload, lines: list[str], repeats: int, bars: list[Bar] | None = None
+) -> dict[str, dict[str, object]]:
+    """The table's rows (each preemptive one also a bar of ``bars``); returns the synchronous rows of
+    fcfs, sjf-oracle and each declared mode."""
     cache = CacheConfig()
     base = _row(workload, "fcfs", None, cache, repeats)
     sjf = _row(workload, "sjf-oracle", None, cache, repeats)
@@ -110,6 +123,10 @@ def policy_table(workload: Workload, lines: list[str], repeats: int) -> dict[str
         for mode in (declared, *[m for m in MODES if m != declared]):
             r = _row(workload, name, mode, cache, repeats)
             add(name, mode, r, declared=mode == declared)
+            if bars is not None:
+                preempt = r["preempt"]
+                assert isinstance(preempt, int)
+                bars.append((name, mode, mode == declared, float(r["e2e"]) / float(base["e2e"]), preempt))  # type: ignore[arg-type]
             if mode == declared:
                 rows[name] = r
             print(f"{workload.name} {name} {mode}: {float(r['e2e']):.2f} s, {float(r['rps']):,.0f} req/s", flush=True)  # type: ignore[arg-type]
@@ -184,16 +201,82 @@ def main() -> int:
     import scipy.special  # noqa: F401
 
     default = load_workload("default")
-    runs = [(default, policy_table(default, lines, args.repeats))]
+    panels: list[tuple[Workload, float, list[Bar]]] = []
+    runs = []
     azure = load_workload("azure-conv", **({"num_requests": args.azure_requests} if args.azure_requests else {}))
-    runs.append((azure, policy_table(azure, lines, args.repeats)))
+    for workload in (default, azure):
+        bars: list[Bar] = []
+        rows = policy_table(workload, lines, args.repeats, bars)
+        runs.append((workload, rows))
+        panels.append((workload, float(rows["sjf-oracle"]["e2e"]) / float(rows["fcfs"]["e2e"]), bars))  # type: ignore[arg-type]
     sessions_table(lines, args.repeats)
     async_table(runs, lines, args.repeats)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        write_atomic(Path(args.out), text, encoding="utf-8")
+        out = Path(args.out)
+        png = out.with_suffix(".png")
+        plot(panels, png)
+        text, kept = with_hand_written(text, out)
+        if kept:
+            print(f"kept the section of {out} written by hand ({HAND_WRITTEN}...): check its figures against these")
+        write_atomic(out, text, encoding="utf-8")
+        print(f"wrote {out} and {png}")
     return 0
+
+
+def with_hand_written(text: str, out: Path) -> tuple[str, bool]:
+    """``text`` followed by the section of the file ``out`` written by hand (from :data:`HAND_WRITTEN` on),
+    if it has one; and whether it had."""
+    old = out.read_text(encoding="utf-8") if out.exists() else ""
+    _, mark, rest = old.partition(HAND_WRITTEN)
+    if not mark:
+        return text, False
+    return text.rstrip("\n") + "\n\n" + mark + rest, True
+
+
+def plot(panels: list[tuple[Workload, float, list[Bar]]], path: Path) -> None:
+    """Bars from FCFS's mean E2E (1) to each preemptive policy's, a panel per workload, in each
+    displacement mode (the declared one solid and outlined), oracle SJF marked, preemptions at the bars'
+    ends; log scale, since a mode that thrashes costs several times FCFS."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    colors = {"none": "#4c72b0", "pause": "#dd8452", "evict": "#55a868"}
+    fine = (0.8, 0.9, 0.95, 1.0, 1.1, 1.25, 1.5, 2.0)  # (a range within 2.5x)
+    coarse = (0.25, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5.2), sharey=True)
+    for ax, (workload, sjf, bars) in zip(axes, panels, strict=True):
+        ys = list(range(len(bars)))[::-1]
+        for y, (_, mode, declared, ratio, preempt) in zip(ys, bars, strict=True):
+            ax.barh(y, ratio - 1.0, left=1.0, color=colors[mode], alpha=1.0 if declared else 0.45,
+                    edgecolor="black" if declared else "none", linewidth=1.2)  # fmt: skip
+            if preempt:
+                ax.annotate(f"{preempt:,}", (ratio, y), xytext=(3 if ratio >= 1 else -3, -3),
+                            textcoords="offset points", fontsize=7, ha="left" if ratio >= 1 else "right")  # fmt: skip
+        ax.axvline(1.0, color="black", linewidth=1, label="fcfs")
+        ax.axvline(sjf, color="gray", linewidth=1, linestyle="--", label=f"sjf-oracle ({sjf:.2f}x)")
+        ratios = [b[3] for b in bars] + [sjf, 1.0]
+        lo, hi = min(ratios) / 1.08, max(ratios) * 1.25
+        ax.set_xscale("log")
+        ax.set_xlim(lo, hi)
+        ticks = fine if hi / lo < 2.5 else coarse
+        ax.xaxis.set_major_locator(FixedLocator([t for t in ticks if lo <= t <= hi]))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
+        ax.set_xlabel("mean E2E / FCFS's (log scale); preemptions at the bars' ends")
+        ax.set_title(f"{workload.name}: {len(workload):,} requests", fontsize=10)
+        ax.set_yticks(ys, [f"{name} ({mode}{', declared' if declared else ''})" for name, mode, declared, _, _ in bars],
+                      fontsize=8)  # fmt: skip
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle("Preemptive policies under vLLM's engine rules, each displacement mode (declared: solid, outlined)")
+    fig.tight_layout()
+    save_figure(fig, path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -234,7 +234,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "rate and TTFT on multi-turn ShareGPT sessions with and without prefix caching; the same policies with "
         "async scheduling (vLLM's default on GPUs) against the synchronous scheduler.",
         "python benchmarks/bench_engine_fidelity.py --out benchmarks/results/engine_fidelity.md",
-        ("engine_fidelity.md",),
+        ("engine_fidelity.png", "engine_fidelity.md"),
         stop_at={"engine_fidelity.md": "## Reading the tables"},
     ),
     Benchmark(
