@@ -17,13 +17,31 @@ import subprocess
 from pathlib import Path
 from typing import Any, TextIO
 
-from hypothesis import event, reject
+from hypothesis import event, reject, settings
 from hypothesis import strategies as st
 
 from headway.core import RequestState, Tier
 from headway.integrations._server import default_vllm_paths, headway_src_dir
 from headway.sim import CacheConfig, CostModel, SchedulerConfig, simulate
 from headway.workload import RequestSpec, Workload
+
+HUNT_ENV = "HEADWAY_HUNT"
+"""Set to N (``HEADWAY_HUNT=1500``): every differential test draws N fresh random scenarios (see
+:func:`drawn`) instead of its fixed, derandomized ones."""
+
+
+def drawn(max_examples: int | None = None) -> settings:
+    """The differential tests' hypothesis settings. By default derandomized: the same ``max_examples``
+    scenarios (hypothesis's profile's count when None) every run, so CI is repeatable. With
+    ``$HEADWAY_HUNT`` = N, N random scenarios a test, new ones every run: the hunt that found most of
+    the simulator's and the plugin's differences from vLLM (a failure prints the scenario as JSON)."""
+    hunt = os.environ.get(HUNT_ENV, "").strip()
+    if hunt:
+        if not hunt.isdigit() or int(hunt) < 1:
+            raise ValueError(f"{HUNT_ENV} must be a number of scenarios >= 1, got {hunt!r}")
+        return settings(deadline=None, derandomize=False, max_examples=int(hunt))
+    return settings(deadline=None, derandomize=True, **({} if max_examples is None else {"max_examples": max_examples}))
+
 
 BLOCK = 16
 MAX_MODEL_LEN = 512

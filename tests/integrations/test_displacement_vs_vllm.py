@@ -23,10 +23,10 @@ import random
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from integrations._stepdiff import PREFIXES, VllmSteps, async_outcome, scenarios, sim_outcome, sync_outcome
+from integrations._stepdiff import PREFIXES, VllmSteps, async_outcome, drawn, scenarios, sim_outcome, sync_outcome
 
 pytestmark = [pytest.mark.vllm]
 
@@ -55,7 +55,7 @@ def _pair(
     return sim, ref, reply
 
 
-@settings(deadline=None, derandomize=True, max_examples=120)
+@drawn(120)
 @given(
     scenario=scenarios(aborts=False), seed=st.integers(0, 2**16),
     policy=st.sampled_from(
@@ -73,7 +73,7 @@ def test_without_displacement_sim_makes_the_plugins_decisions(
     assert sim == ref, json.dumps(scenario)
 
 
-@settings(deadline=None, derandomize=True, max_examples=120)
+@drawn(120)
 @given(
     scenario=scenarios(aborts=False), seed=st.integers(0, 2**16),
     policy=st.sampled_from(["srpt-oracle", "trail-oracle", "uniboost-base", "uniboost"]),

@@ -12,10 +12,10 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from integrations._stepdiff import VllmSteps, scenarios
+from integrations._stepdiff import VllmSteps, drawn, scenarios
 from integrations.test_displacement_vs_vllm import _pair, _scored
 
 pytestmark = [pytest.mark.vllm]
@@ -28,7 +28,7 @@ POLICIES = [
 ]  # fmt: skip
 
 
-@settings(deadline=None, derandomize=True, max_examples=300)
+@drawn(300)
 @given(
     scenario=scenarios(aborts=False), seed=st.integers(0, 2**16), policy=st.sampled_from(POLICIES),
     base=st.sampled_from(["vllm", "vllm-async"]),

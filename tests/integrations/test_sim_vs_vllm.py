@@ -15,13 +15,14 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from integrations._stepdiff import (
     PREFIXES,
     VllmSteps,
     async_outcome,
+    drawn,
     roomy,
     scenarios,
     sim_outcome,
@@ -32,7 +33,7 @@ from integrations._stepdiff import (
 pytestmark = [pytest.mark.vllm]
 
 
-@settings(deadline=None, derandomize=True)
+@drawn()
 @given(scenario=scenarios(aborts=False, burst=True))
 def test_fcfs_without_kv_pressure_sim_makes_vllms_decisions(vllm_steps: VllmSteps, scenario: dict[str, Any]) -> None:
     scenario = roomy(scenario)  # prefix caching as drawn
@@ -40,7 +41,7 @@ def test_fcfs_without_kv_pressure_sim_makes_vllms_decisions(vllm_steps: VllmStep
     assert sim == ref, json.dumps(scenario)
 
 
-@settings(deadline=None, derandomize=True)
+@drawn()
 @given(scenario=scenarios(policy="priority", aborts=False, burst=True))
 def test_priority_without_kv_pressure_sim_makes_vllms_decisions(
     vllm_steps: VllmSteps, scenario: dict[str, Any]
@@ -124,7 +125,7 @@ def test_an_output_stops_at_max_model_len(vllm_steps: VllmSteps) -> None:
     assert sim_outcome({**scenario, "max_model_len": 2048}) != ref  # (2,048: more than the cache, so its size)
 
 
-@settings(deadline=None, derandomize=True)
+@drawn()
 @given(scenario=scenarios(aborts=False, burst=True), policy=st.sampled_from(["fcfs", "priority"]))
 def test_under_kv_pressure_sim_makes_vllms_decisions(
     vllm_steps: VllmSteps, scenario: dict[str, Any], policy: str
@@ -137,7 +138,7 @@ def test_under_kv_pressure_sim_makes_vllms_decisions(
         assert sim == ref, json.dumps(sc)
 
 
-@settings(deadline=None, derandomize=True, max_examples=400)  # (about 1 in 20 drawn shows the running loop's end)
+@drawn(400)  # (about 1 in 20 drawn shows the running loop's end)
 @given(scenario=scenarios(aborts=False), policy=st.sampled_from(["fcfs", "priority"]))
 def test_staggered_arrivals_sim_makes_vllms_decisions(
     vllm_steps: VllmSteps, scenario: dict[str, Any], policy: str
@@ -165,7 +166,7 @@ def _assert_alike(vllm_steps: VllmSteps, sc: dict[str, Any], async_scheduling: b
     assert rejected == reply["rejected"], json.dumps(sc)
 
 
-@settings(deadline=None, derandomize=True, max_examples=300)
+@drawn(300)
 @given(scenario=scenarios(stops=True), policy=st.sampled_from(["fcfs", "priority"]), async_scheduling=st.booleans())
 def test_client_aborts_sim_makes_vllms_decisions(
     vllm_steps: VllmSteps, scenario: dict[str, Any], policy: str, async_scheduling: bool
@@ -177,7 +178,7 @@ def test_client_aborts_sim_makes_vllms_decisions(
     _assert_alike(vllm_steps, {**scenario, "policy": policy}, async_scheduling)
 
 
-@settings(deadline=None, derandomize=True, max_examples=300)
+@drawn(300)
 @given(
     scenario=scenarios(aborts=False, max_requests=20, stops=True), policy=st.sampled_from(["fcfs", "priority"]),
     async_scheduling=st.booleans(),
@@ -192,7 +193,7 @@ def test_larger_scenarios_sim_makes_vllms_decisions(
     _assert_alike(vllm_steps, {**scenario, "policy": policy}, async_scheduling)
 
 
-@settings(deadline=None, derandomize=True, max_examples=300)
+@drawn(300)
 @given(
     scenario=scenarios(stops=True), policy=st.sampled_from(["fcfs", "priority"]),
     watermark=st.sampled_from([0.0, 0.1, 0.2, 0.35, 0.5]), active=st.integers(1, 6), async_scheduling=st.booleans(),
@@ -211,7 +212,7 @@ def test_admission_limits_sim_make_vllms_decisions(
     _assert_alike(vllm_steps, sc, async_scheduling)
 
 
-@settings(deadline=None, derandomize=True, max_examples=300)
+@drawn(300)
 @given(
     scenario=scenarios(max_requests=16, stops=True), policy=st.sampled_from(["fcfs", "priority"]),
     reqs=st.one_of(st.none(), st.integers(0, 8)), tokens=st.one_of(st.none(), st.integers(0, 600)),
@@ -280,7 +281,7 @@ def test_async_an_abort_taken_at_a_steps_end_is_learnt_after_the_arrival_there(
     assert "r4" not in vllm_steps.run(sc, "vllm-async")["rejected"]
 
 
-@settings(deadline=None, derandomize=True, max_examples=200)
+@drawn(200)
 @given(
     scenario=scenarios(aborts=False, stops=True), policy=st.sampled_from(["fcfs", "priority"]),
     threshold=st.sampled_from([8, 16, 32, 48]), adaptive=st.booleans(), async_scheduling=st.booleans(),
@@ -299,7 +300,7 @@ def test_long_prefill_threshold_sim_makes_vllms_decisions(
     _assert_alike(vllm_steps, sc, async_scheduling)
 
 
-@settings(deadline=None, derandomize=True, max_examples=200)
+@drawn(200)
 @given(
     scenario=scenarios(max_requests=16, stops=True, wide=True), policy=st.sampled_from(["fcfs", "priority"]),
     full=st.booleans(), async_scheduling=st.booleans(),
@@ -553,7 +554,7 @@ def test_async_scheduling_gives_a_request_that_stopped_on_its_own_one_more_token
     assert ref == {"r0": (0, 9, 0), "r1": (0, 1, 0)} == sim_outcome(at_max, arrivals)
 
 
-@settings(deadline=None, derandomize=True, max_examples=300)
+@drawn(300)
 @given(scenario=scenarios(aborts=False, stops=True), policy=st.sampled_from(["fcfs", "priority"]), burst=st.booleans())
 def test_async_scheduling_sim_makes_vllms_async_decisions(
     vllm_steps: VllmSteps, scenario: dict[str, Any], policy: str, burst: bool

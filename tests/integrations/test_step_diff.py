@@ -13,10 +13,10 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from integrations._stepdiff import VllmSteps, describe, first_difference, scenarios
+from integrations._stepdiff import VllmSteps, describe, drawn, first_difference, scenarios
 
 pytestmark = [pytest.mark.vllm]
 
@@ -30,19 +30,19 @@ def _same(vllm_steps: VllmSteps, scenario: dict[str, Any], base: str, policy: st
     assert got["tokens"] == ref["tokens"]
 
 
-@settings(deadline=None, derandomize=True)
+@drawn()
 @given(scenario=scenarios(), base=st.sampled_from(["vllm", "vllm-async"]))
 def test_fcfs_plugin_makes_vllms_decisions(vllm_steps: VllmSteps, scenario: dict[str, Any], base: str) -> None:
     _same(vllm_steps, scenario, base, "fcfs")
 
 
-@settings(deadline=None, derandomize=True)
+@drawn()
 @given(scenario=scenarios(policy="priority"), base=st.sampled_from(["vllm", "vllm-async"]))
 def test_priority_plugin_makes_vllms_decisions(vllm_steps: VllmSteps, scenario: dict[str, Any], base: str) -> None:
     _same(vllm_steps, scenario, base, "priority")
 
 
-@settings(deadline=None, derandomize=True)
+@drawn()
 @given(scenario=scenarios(), base=st.sampled_from(["vllm", "vllm-async"]))
 def test_sjf_oracle_plugin_differs_from_vllm_only_in_order(
     vllm_steps: VllmSteps, scenario: dict[str, Any], base: str
