@@ -91,3 +91,26 @@ def test_figures_are_saved_through_the_helper() -> None:
         if re.search(r"\.savefig\(", line)
     ]
     assert direct == [], "save figures with headway._files.save_figure"
+
+
+def test_the_data_reaches_the_disk_before_the_rename_and_the_rename_before_the_return(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a rename over a file whose data is still in the page cache can leave an empty file after a power
+    # loss: the temporary file is synced first, then its folder, after the rename
+    calls: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append("folder" if os.path.isdir(f"/proc/self/fd/{fd}") else "file")
+        real_fsync(fd)
+
+    def replace(src: Any, dst: Any) -> None:
+        calls.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    write_atomic(tmp_path / "state.json", "{}\n")
+    assert calls == ["file", "rename", "folder"]
+    assert (tmp_path / "state.json").read_text() == "{}\n"

@@ -31,7 +31,10 @@ __all__ = ["replacing", "save_figure", "staged_dir", "write_atomic"]
 def replacing(path: str | Path, mode: str = "w", **open_kwargs: Any) -> Iterator[IO[Any]]:
     """``open(path, mode)`` for writing a whole file: the data goes to ``.NAME.PID.tmp`` in the same
     folder, renamed to ``path`` when the block ends without an exception and removed when it does
-    not (KeyboardInterrupt included). ``mode``: ``"w"`` or ``"wb"``. The folder must exist."""
+    not (KeyboardInterrupt included). ``mode``: ``"w"`` or ``"wb"``. The folder must exist. The data
+    reaches the disk (``fsync``) before the rename, and the rename before this returns (the folder
+    synced where the file system can), so a machine that loses power keeps the old file or the new
+    one, not an empty one."""
     if mode not in ("w", "wb"):
         raise ValueError(f"replacing() writes whole files: mode 'w' or 'wb', not {mode!r}")
     target = Path(path)
@@ -39,11 +42,29 @@ def replacing(path: str | Path, mode: str = "w", **open_kwargs: Any) -> Iterator
     try:
         with open(tmp, mode, **open_kwargs) as fh:
             yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, target)
+        _sync_folder(target.parent)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX: fsync the folder; a file system or OS that cannot
+    open or sync a folder is left to its own guarantees)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: str | Path, data: str | bytes, *, encoding: str = "utf-8") -> Path:
