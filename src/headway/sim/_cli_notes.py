@@ -113,7 +113,7 @@ def starvation_notes(runs: dict[str, Any], policy_args: dict[str, dict[str, Any]
     for name, (_, requests) in runs.items():
         try:
             param = inspect.signature(get_policy_class(name)).parameters.get("starvation_threshold")
-        except UnknownPolicyError:
+        except (UnknownPolicyError, TypeError, ValueError):  # (a user's class without a readable signature)
             continue
         if param is None:
             continue
