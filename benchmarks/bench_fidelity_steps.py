@@ -9,7 +9,7 @@ and no aborts but in the last three pairs of kinds:
   prefix-cache hits, preemptions, finishes); prefix caching as drawn;
 * ``sim``: the simulator (exact step mode, one second a step) against vLLM, per request (first
   scheduled step, finishing step, preemptions, on the clock of ``_stepdiff.sync_outcome``, where
-  a ``schedule()`` that preempted and runs nothing takes no time); prefix caching off; both with vLLM's defaults
+  a ``schedule()`` that preempted and runs nothing takes a hair); prefix caching off; both with vLLM's defaults
   (``scheduler_reserve_full_isl`` on: admission checks the whole prompt's blocks);
 * ``sim_no_full_isl``: the same with ``scheduler_reserve_full_isl`` off in both (admission
   checks only the first prefill chunk's blocks);
@@ -214,8 +214,8 @@ def main() -> int:
     report = {
         "command": "python benchmarks/bench_fidelity_steps.py " + " ".join(sys.argv[1:]),
         "outcome_fields": "per request: [first scheduled step, finishing step, preemptions], on a clock where a "
-        "step takes a second and a schedule() that runs nothing takes none (sync kinds: one that preempted; "
-        "_stepdiff.sync_outcome and async_outcome)",
+        "step takes a second and a schedule() that runs nothing takes none (async kinds) or a microsecond "
+        "(sync kinds: one that preempted; _stepdiff.async_outcome and sync_outcome)",
         "wall_s": round(time.perf_counter() - t0, 1),
         "policies": out,
     }

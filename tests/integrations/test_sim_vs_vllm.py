@@ -259,21 +259,16 @@ def test_async_arrivals_at_a_steps_end_are_checked_before_the_server_learns_its_
     assert set(reply["rejected"]) == {"r2", "r3", "r4", "r5", "r0"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: an arrival after a sync step that only preempted (no time) is checked as if at the end of the "
-    "step before it, before the server learns that step's output",
-)
 def test_sync_an_arrival_after_a_step_that_only_preempted_is_checked_after_the_output_before_it(
     vllm_steps: VllmSteps,
 ) -> None:
-    """Found by ``HEADWAY_HUNT=1500`` (priority, sync, ``max_num_queued_tokens`` 1); not fixed yet. Step 22
-    gives r10 (17 tokens) its first token; step 23 only preempts r1 (its plan schedules nothing: no time
-    on the harness's clock); r2 arrives before step 24. vLLM's server learnt step 22's output before step
-    23, so r10 no longer counts as queued and r2 is admitted. On the simulator's clock r2 arrives at step
-    22's end exactly, and the tie rule (an arrival at a step's end is checked before the server learns
-    that step's output) turns it away. Which order a real server sees depends on the empty step's time,
-    which the unit clock sets to none: the harness's clock or the tie rule must tell the two apart."""
+    """Found by ``HEADWAY_HUNT=1500`` (priority, sync, ``max_num_queued_tokens`` 1). Step 22 gives r10
+    (17 tokens) its first token; step 23 only preempts r1 (its plan schedules nothing); r2 arrives
+    before step 24. vLLM's server learnt step 22's output before step 23, so r10 no longer counts as
+    queued and r2 is admitted. When such a step took no time on the harness's clock, r2 arrived at
+    step 22's end exactly, where the tie rule (an arrival at a step's end is checked before the
+    server learns that step's output) turned it away: the clock gives it a hair (``EMPTY_STEP``,
+    the simulator's ``empty_step``), and r2 comes at its end, after step 22's output."""
 
     def req(rid: str, seq: int, arrive: int, n: int, max_tokens: int, priority: int, stop: int | None = None) -> Any:
         prompt = [27671 + seq] + [1000 + 7 * seq + k for k in range(n - 1)]

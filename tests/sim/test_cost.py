@@ -62,6 +62,8 @@ def test_fit_recovers_constants() -> None:
     assert fitted.per_arrival == pytest.approx(truth.per_arrival, rel=0.15)
     assert truth.step_time(8, 8, 100) + truth.per_prefill_step == pytest.approx(truth.step_time(9, 8, 100) - 5e-5)
     assert fitted.kv_bytes_per_token == truth.kv_bytes_per_token  # memory figures from the base
+    # an empty step is never sampled: its time is the base's
+    assert CostModel.fit(samples, base=dataclasses.replace(truth, empty_step=3e-4), name="f").empty_step == 3e-4
 
 
 def test_fit_needs_samples_and_positive_durations() -> None:
@@ -87,7 +89,19 @@ def test_unknown_preset_lists_the_valid_ones() -> None:
         load_preset("gpt-9")
 
 
-@pytest.mark.parametrize("field", ["per_token", "per_kv_token", "step_overhead"])
+def test_a_step_that_only_preempted_takes_empty_step_said_and_scaled_with_the_rest(tmp_path: Path) -> None:
+    from headway.sim._calibrate import scaled
+
+    base = PRESETS["llama3-8b-a100"]
+    assert base.empty_step == 0.0 and "only preempted" not in base.describe()
+    mine = dataclasses.replace(base, empty_step=2e-4)
+    assert "; a step that only preempted 0.200 ms" in mine.describe()
+    assert scaled(mine, 2.0).empty_step == pytest.approx(4e-4)
+    mine.save(tmp_path / "m.json")
+    assert load_preset(tmp_path / "m.json") == mine
+
+
+@pytest.mark.parametrize("field", ["per_token", "per_kv_token", "step_overhead", "empty_step"])
 def test_negative_constants_rejected_by_name(field: str) -> None:
     kwargs = {"name": "x", "step_overhead": 0.01, "per_token": 1e-4, "per_seq": 0.0, "per_kv_token": 1e-8,
               "gpu_memory_bytes": 1e10, "weight_bytes": 1e9, "kv_bytes_per_token": 1e3, field: -1.0}

@@ -6,6 +6,8 @@ step-by-step mode and the fast-forward mode.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from factories import make_workload, unit_cost
@@ -156,6 +158,27 @@ def test_a_request_that_evicts_itself_ends_the_running_loop(max_steps: int) -> N
         timeline = res.replicas[0].timeline
         assert timeline is not None
         assert [t[:3] for t in timeline if t[0] == pytest.approx(7.0)] == [(7.0, 0, 2), (7.0, 1, 1)]
+
+
+@pytest.mark.parametrize("max_steps", STEPS)
+def test_a_step_that_only_preempted_takes_the_cost_models_empty_step(max_steps: int) -> None:
+    # The scenario above with ``empty_step`` 0.25 s: the step at t=7 that only evicts a takes that
+    # long, and every later time moves by it (step by step and fast-forward alike).
+    wl = Workload.from_specs("t", [
+        RequestSpec("a", 0.0, 10, 20, priority=1), RequestSpec("b", 0.5, 16, 10, priority=0),
+    ])  # fmt: skip
+    cost = dataclasses.replace(unit_cost(1.0), empty_step=0.25)
+    res = simulate(wl, "priority", preset=cost, scheduler=SchedulerConfig(max_steps_per_event=max_steps),
+                   cache=CacheConfig(num_gpu_blocks=3), record_steps=max_steps == 1)  # fmt: skip
+    a, b = res.requests
+    assert (a.num_preemptions, b.num_preemptions) == (1, 0)
+    assert (b.finish_time, a.finish_time) == (pytest.approx(11.25), pytest.approx(24.25))
+    if max_steps == 1:
+        steps = res.replicas[0].steps
+        assert steps is not None
+        assert [(s.time, s.scheduled, s.preempted) for s in steps[6:9]] == [
+            (6.0, (("a", 1), ("b", 1)), ()), (7.0, (), ("a",)), (7.25, (("b", 1),), ()),
+        ]  # fmt: skip
 
 
 @pytest.mark.parametrize("max_steps", STEPS)

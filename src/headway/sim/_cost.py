@@ -81,6 +81,7 @@ def check_samples(samples: Sequence[StepSample]) -> None:
 
 TIME_FIELDS = (
     "step_overhead", "per_token", "per_seq", "per_kv_token", "swap_per_token", "per_prefill_step", "per_arrival",
+    "empty_step",
 )  # fmt: skip
 """:class:`CostModel`'s time constants (seconds): each must be >= 0, and a speed factor scales them all."""
 MEMORY_FIELDS = ("gpu_memory_bytes", "weight_bytes", "activation_bytes")
@@ -115,6 +116,11 @@ class CostModel:
     per_arrival: float = 0.0
     """Extra time a step takes per request arriving while it runs (frontend work on the engine's
     CPU); the simulator lengthens the step in progress at each arrival."""
+    empty_step: float = 0.0
+    """Time of a step that schedules no tokens because it preempted (its first running request
+    was its own victim; a step that preempted admits nobody): only the scheduler's work, as vLLM's
+    model runner returns at once (``EMPTY_MODEL_RUNNER_OUTPUT``); 0 (none) by default. An arrival
+    at that step's end comes after it, where at 0 it ties with the step before."""
 
     def __post_init__(self) -> None:
         for field_name in TIME_FIELDS:
@@ -164,6 +170,8 @@ class CostModel:
             text += f" + {self.per_prefill_step * 1e3:.3f} ms per step with prefill"
         if self.per_arrival:
             text += f" + {self.per_arrival * 1e3:.3f} ms per arrival"
+        if self.empty_step:
+            text += f"; a step that only preempted {self.empty_step * 1e3:.3f} ms"
         if self.swap_per_token:
             text += f"; swap {self.swap_per_token * 1e6:.3f} us/token"
         return text
@@ -190,7 +198,7 @@ class CostModel:
         (constants >= 0), started from least squares on ``(predicted - measured) / measured``, whose
         optimum predicts low (for a constant model it is ``sum(1/y) / sum(1/y^2)``, below every mean
         of ``y``); on log errors the geometric mean of predicted / measured is 1 when the model can
-        scale. Memory figures (and ``swap_per_token``) are taken from ``base``. Needs at least four
+        scale. Memory figures (and ``swap_per_token``, ``empty_step``) are taken from ``base``. Needs at least four
         samples, with positive, finite durations, that vary in composition (ValueError otherwise,
         :func:`check_samples`).
         """
@@ -233,6 +241,7 @@ class CostModel:
             kv_bytes_per_token=base.kv_bytes_per_token,
             activation_bytes=base.activation_bytes,
             swap_per_token=base.swap_per_token,
+            empty_step=base.empty_step,
         )
 
     def save(self, path: str | Path) -> None:

