@@ -41,3 +41,21 @@ def test_a_hint_is_armed_its_whole_tokens_ahead_and_at_least_one(hint: float, ev
     assert res.requests[0].num_output_tokens == out
     # the prefill's token, each hint before the last token, then the finish
     assert pol.reports == [*range(1, out, every), out]
+
+
+class _HintedOne(_Hinted):
+    """Asks to be re-keyed every ``hint`` tokens for request ``a`` alone (no hint at 0)."""
+
+    def rekey_after_tokens(self, request: Request) -> int | None:
+        return int(self.hint) if request.request_id == "a" and self.hint else None
+
+
+@pytest.mark.parametrize("hint", [0, 10])
+def test_a_hint_of_a_request_that_finished_does_not_cut_the_others_stretch(hint: int) -> None:
+    # a finishes after 2 tokens with its hint armed 10 ahead; b decodes on alone: its stretch runs to
+    # its own finish, as if a had asked for no hint (the dead entry is not a point where anything changes)
+    wl = Workload.from_specs("two", [RequestSpec("a", 0.0, 16, 2), RequestSpec("b", 0.0, 16, 50)])
+    sched = SchedulerConfig(max_steps_per_event=1 << 30)
+    res, plain = simulate(wl, _HintedOne(hint), scheduler=sched), simulate(wl, _HintedOne(0), scheduler=sched)
+    assert [r.finish_time for r in res.requests] == [r.finish_time for r in plain.requests]
+    assert res.num_events == plain.num_events

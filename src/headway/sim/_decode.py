@@ -345,9 +345,15 @@ class DecodeClock:
             return 1  # the next step may admit what this one could not (it preempted)
         if self._news and self._displacing and self.waiting:
             return 1  # async: the next plan sees a change this one did not (_async.py): it may displace
-        n = min(self.fin_heap[0][0] - g, self.cfg.max_steps_per_event)
-        if self.rekey_heap:
-            n = min(n, max(self.rekey_heap[0][0] - g, 1))
+        # an entry of a decoder that left (or, a hint, re-armed since) is dead: it would cut the stretch short
+        fin, rekey = self.fin_heap, self.rekey_heap
+        while fin[0][2] != fin[0][3].gen:  # (every decoder has its live entry)
+            heapq.heappop(fin)
+        n = min(fin[0][0] - g, self.cfg.max_steps_per_event)
+        while rekey and (rekey[0][2] != rekey[0][3].gen or rekey[0][3].rekey_g != rekey[0][0]):
+            heapq.heappop(rekey)
+        if rekey:
+            n = min(n, max(rekey[0][0] - g, 1))
         if n > 1:
             first = self._cum_blocks(1)
             room = self.free + first
