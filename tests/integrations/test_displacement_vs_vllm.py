@@ -286,6 +286,26 @@ def test_evict_checks_every_waiting_request_in_order(vllm_steps: VllmSteps) -> N
     assert sim == ref == {"r0": (0, 67, 1), "r1": (5, 8, 0), "r2": (5, 12, 0)}
 
 
+@pytest.mark.parametrize("num_blocks", [7, 8])
+def test_evict_counts_a_free_cached_block_two_requests_hit_once(vllm_steps: VllmSteps, num_blocks: int) -> None:
+    """r0 (a 33-token prompt) finishes at step 0 and leaves its two full blocks cached and free; r2
+    and r3 (its first 32 tokens and one of their own) arrive at step 5 while r1 (60 tokens) runs.
+    r2 takes the two cached blocks out of the free queue and one new block; r3 hits the same two,
+    which r2 holds by then, and needs one new block: vLLM admits both with four free blocks, as it
+    does without displacement. The check counted the two blocks as leaving the free queue for r3
+    again, so r3 fell two blocks short and evicted r1, in the plugin and the simulator alike."""
+    shared = PREFIXES[1]
+    scenario = _engine(
+        _req(0, [*shared, 27671], 1, 0), _req(1, list(range(100, 116)), 60, 0), _req(2, [*shared, 300], 2, 5),
+        _req(3, [*shared, 301], 2, 5), num_blocks=num_blocks,
+    )  # fmt: skip
+    sim, ref, reply = _pair(vllm_steps, scenario, "srpt-oracle", "evict", "vllm")
+    assert reply["displaced"] == 0
+    assert sim == ref == {"r0": (0, 0, 0), "r1": (0, 59, 0), "r2": (5, 6, 0), "r3": (5, 6, 0)}
+    none, ref_none, _ = _pair(vllm_steps, scenario, "srpt-oracle", "none", "vllm")
+    assert none == ref_none == ref
+
+
 def test_async_admission_skips_a_request_evicted_with_its_token_in_flight(vllm_steps: VllmSteps) -> None:
     """Async scheduling: r1 (5 tokens) evicts r0 (31 tokens, its first token in flight) at step 1, and
     r0, better keyed than r2 (55 tokens), is next in the queue; vLLM's admission skips a preempted

@@ -71,6 +71,7 @@ class KVBlocks(DecodeClock):
     _finishing: list[Seq]  # async scheduling: finished in the step that just ended, still holding slot and blocks
     _chunk_cap: int  # the step's long_prefill_token_threshold in force (0: none; _set_chunk_cap)
     _touched: int  # the last admission's prefix-cache hit blocks in the free queue (_admission)
+    _fits_free: set[Hashable]  # the cached free blocks a displacement check's counted requests take (_count_fit)
     # blocks the plan's running requests take that vLLM allocates only after a displacement check (the
     # plugin's runs before its schedule()): its free queue gives them up after the check's evictions
     _running_alloc: int
@@ -135,7 +136,7 @@ class KVBlocks(DecodeClock):
                 if s.own_end > len(keys):
                     keys = keys + [(req.seq, i, -1) for i in range(len(keys), s.own_end)]
                 self.cache.settle(self.free + self._running_alloc)
-                h, touched = self.cache.hit_length(keys, (total - 1) // self.bs)
+                h, touched = self.cache.hit_length(keys, (total - 1) // self.bs, self._fits_free)
                 s.hit = keys[:h]
                 computed = h * self.bs
             elif s.own_end:  # only its own keys, as runs (_prefix.py): all the hit is free, touched

@@ -416,6 +416,9 @@ class Preemption(KVBlocks):
         blocks = -(-(computed + chunk) // self.bs) - s.blocks - hit + (self._touched if s.hit else 0)
         self._fits.append((s, blocks, chunk))
         self._fits_taken += blocks
+        if s.hit and self._touched:  # a request counted after it that hits them finds them out of the free queue
+            assert self.cache is not None
+            self._fits_free.update(self.cache.free_blocks(s.hit))
         if s.keys:  # (a request without block hashes hits its own blocks alone: no step's blocks change that)
             s.hit, s.own_hit = [], 0
         return chunk
@@ -443,9 +446,11 @@ class Preemption(KVBlocks):
                     self.waiting.add(rest.req, now)
                 fits.clear()
                 self._fits_taken = 0
+                self._fits_free.clear()
                 return budget, False
             self._start_running(s, chunk, now)
             budget -= chunk
         fits.clear()
         self._fits_taken = 0
+        self._fits_free.clear()
         return budget, True

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence, Set
 
 __all__ = ["PrefixCache", "block_keys", "ideal_prefix_hits"]
 
@@ -202,9 +202,10 @@ class PrefixCache:
         """Whether a block with ``key`` is cached (in use or free); settle first."""
         return key in self.ref or key in self.lru or key in self.dups
 
-    def hit_length(self, keys: Sequence[Hashable], limit: int) -> tuple[int, int]:
+    def hit_length(self, keys: Sequence[Hashable], limit: int, taken: Set[Hashable] = frozenset()) -> tuple[int, int]:
         """Leading ``keys`` (at most ``limit``) that are cached, and how many of them are free
-        (they leave the free queue when used); settle first."""
+        (they leave the free queue when used), but for those ``taken`` (already out of it: blocks
+        that requests counted before this one take, :meth:`free_blocks`); settle first."""
         ref, lru = self.ref, self.lru
         h = touched = 0
         for key in keys:
@@ -214,15 +215,28 @@ class PrefixCache:
                 h += 1
             elif key in lru:
                 h += 1
-                touched += 1
+                if key not in taken:
+                    touched += 1
             else:
                 copies = self.dups.get(key) if self.dups else None
                 if copies is None:
                     break
                 h += 1
-                if copies[0] not in ref:
+                if copies[0] not in ref and copies[0] not in taken:
                     touched += 1
         return h, touched
+
+    def free_blocks(self, keys: Iterable[Hashable]) -> list[Hashable]:
+        """The blocks that a hit on ``keys`` (all cached) takes out of the free queue, as :meth:`take`
+        would use them; settle first."""
+        ref, lru = self.ref, self.lru
+        out: list[Hashable] = []
+        for key in keys:
+            if key not in ref and key not in lru:
+                key = self.dups[key][0]
+            if key not in ref:
+                out.append(key)
+        return out
 
     def take(self, keys: Iterable[Hashable]) -> tuple[list[Hashable], int]:
         """Use the first cached block of each of ``keys`` (a hit); returns the blocks (what

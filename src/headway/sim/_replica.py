@@ -209,7 +209,7 @@ class Replica(ClientAborts):
         self._launch_pending = False  # an arrival at a step's end: planned, output delivered (_async.py)
         self._drained = False  # a plan made with no step in flight, after an empty one (_async.py)
         self._fits: list[tuple[Seq, int, int]] = []  # counted as admitted by a displacement check (_count_fit)
-        self._fits_taken = 0  # the free KV blocks they take
+        self._fits_taken, self._fits_free = 0, set()  # the free KV blocks they take; the cached ones of those
         self._touched = 0  # the last admission's hit blocks in the free queue (_admission)
         self._running_alloc = 0  # the running requests' blocks of the plan, during a displacement check
         self._stale: list[Request] = []  # displaced with a token in flight: skipped by this plan's admission

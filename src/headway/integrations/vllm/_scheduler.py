@@ -379,16 +379,20 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 if free < 0:
                     return
                 admitted = blocks = tokens = 0  # what the requests counted as admitted take
+                taken: set[int] = set()  # and the cached blocks they take out of the free queue
                 for req, cand in a.waiting_in_order(waiting):
                     while True:
                         if budget <= 0 or len(running) + admitted >= self.max_num_active_reqs:
                             return
-                        need, chunk = self._hw_admission_blocks(req, budget, bool(running) or admitted > 0)
+                        need, chunk, touched = self._hw_admission_blocks(
+                            req, budget, bool(running) or admitted > 0, taken
+                        )
                         if chunk == 0:
                             return  # the budget, not blocks, stops it
                         if need <= free:
                             free, budget = free - need, budget - chunk
                             admitted, blocks, tokens = admitted + 1, blocks + need, tokens + chunk
+                            taken.update(touched)
                             break
                         victim = a.displacement_victim(waiting, running, cand) if cand is not None else None
                         if victim is None:
@@ -435,34 +439,38 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     cap = max(cap, int(sc.max_num_batched_tokens) // eligible)
                 return cap
 
-            def _hw_admission_blocks(self, req: Any, budget: int, others: bool) -> tuple[int, int]:
+            def _hw_admission_blocks(
+                self, req: Any, budget: int, others: bool, taken: set[int]
+            ) -> tuple[int, int, list[int]]:
                 """The free KV blocks vLLM's admission asks of waiting request ``req`` with ``budget``
-                tokens left, and the tokens it would schedule (0: the budget, not blocks, stops it):
-                blocks for its whole sequence (``scheduler_reserve_full_isl``) or its first chunk,
-                less its prefix-cache hit (a hit block in the free queue counts: it leaves it), plus
-                the watermark while ``others`` are scheduled."""
+                tokens left, the tokens it would schedule (0: the budget, not blocks, stops it), and
+                the ids of its hit's blocks it takes out of the free queue: blocks for its whole
+                sequence (``scheduler_reserve_full_isl``) or its first chunk, less its prefix-cache
+                hit (a hit block in the free queue counts: it leaves it, unless one of the requests
+                admitted before it in this step, ``taken``, took it), plus the watermark while
+                ``others`` are scheduled."""
                 kvm, bs = self.kv_cache_manager, self.block_size
-                computed, hit, touched = req.num_computed_tokens, 0, 0
+                computed, hit, touched = req.num_computed_tokens, 0, []
                 if computed == 0:
                     found, computed, _ = kvm.get_computed_blocks(req)
                     group = found.blocks[0] if found.blocks else ()
                     hit = len(group)
-                    touched = sum(1 for b in group if b.ref_cnt == 0)
+                    touched = [b.block_id for b in group if b.ref_cnt == 0 and b.block_id not in taken]
                 n = req.num_tokens - computed
                 cap = self._hw_prefill_cap()
                 if 0 < cap < n:
                     n = cap
                 if n > budget:
                     if not self.scheduler_config.enable_chunked_prefill:
-                        return 0, 0
+                        return 0, 0, []
                     n = budget
                 end = computed + n + self.num_lookahead_tokens
                 if self.scheduler_reserve_full_isl:
                     end = max(end, min(req.num_tokens, self.max_model_len))
-                need = -(-end // bs) - hit + touched
+                need = -(-end // bs) - hit + len(touched)
                 if others:
                     need += kvm.watermark_blocks
-                return need, n
+                return need, n, touched
 
             def _hw_rank_victims(self) -> list[tuple[Any, int]]:
                 """Before a step that could run out of KV blocks: give each running request the
