@@ -361,6 +361,31 @@ def test_a_request_that_evicts_itself_ends_the_running_loop(vllm_steps: VllmStep
     assert ref == {"r0": (0, 23, 1), "r1": (1, 10, 0)} == sim  # the clock: the empty step took none
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_victim_in_the_middle_of_the_running_list_is_not_counted_twice(
+    vllm_steps: VllmSteps, async_scheduling: bool
+) -> None:
+    """Priority, five usable KV blocks: r0 (priority 0) and r1 (priority 1) decode from step 0, r2
+    (priority 0) from step 16, so vLLM's running list is r0, r1, r2. At step 17 all three need a
+    block and none is free: r0 evicts r1, the lowest priority, whose blocks are enough for r0 and
+    r2 too. The simulator took r1's step reservation off the blocks still to come when it evicted
+    r1, and again at r1's turn, so r2 seemed a block short and was evicted as well (found by
+    ``HEADWAY_HUNT=1500`` with async scheduling and a long-prefill threshold)."""
+
+    def req(i: int, arrive: int, priority: int) -> dict[str, Any]:
+        return {"id": f"r{i}", "seq": i, "arrive": arrive, "prompt": [27671] + [20 * i + k for k in range(1, 16)],
+                "max_tokens": 40, "priority": priority, "abort": None}  # fmt: skip
+
+    sc = {
+        "block_size": 16, "num_blocks": 6, "max_num_seqs": 4, "max_num_batched_tokens": 512, "max_model_len": 512,
+        "chunked_prefill": True, "prefix_caching": False, "policy": "priority",
+        "requests": [req(0, 0, 0), req(1, 0, 1), req(2, 16, 0)],
+    }  # fmt: skip
+    _assert_alike(vllm_steps, sc, async_scheduling)
+    steps = vllm_steps.run(sc, "vllm-async" if async_scheduling else "vllm")["steps"]
+    assert next(s["preempted"] for s in steps if s["preempted"]) == ["r1"]  # vLLM's first eviction: r1 alone
+
+
 def test_a_victim_scheduled_earlier_gives_its_tokens_to_a_later_prefill(vllm_steps: VllmSteps) -> None:
     """vLLM sizes a partial prefill's chunk at its turn in the running loop: at step 13 the third
     decoder is short of a block, the first (the lowest priority, already scheduled) is evicted and

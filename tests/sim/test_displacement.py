@@ -182,6 +182,27 @@ def test_a_step_that_only_preempted_takes_the_cost_models_empty_step(max_steps: 
 
 
 @pytest.mark.parametrize("max_steps", STEPS)
+def test_a_victim_in_the_middle_of_the_running_list_frees_blocks_for_those_after_it(max_steps: int) -> None:
+    # Priority, five KV blocks: a (priority 0) and b (priority 1) decode from t=0, c (priority 0)
+    # from t=16 (running list a, b, c). At t=17 all three need a block and none is free: a evicts b,
+    # whose two blocks and given-back reservation leave one for c too, as in vLLM's loop; c was
+    # evicted as well when b's reservation was taken off twice. tests/integrations/
+    # test_sim_vs_vllm.py runs the same against vLLM's own scheduler.
+    wl = Workload.from_specs("t", [
+        RequestSpec("a", 0.0, 16, 40, priority=0), RequestSpec("b", 0.0, 16, 40, priority=1),
+        RequestSpec("c", 16.0, 16, 40, priority=0),
+    ])  # fmt: skip
+    cache = CacheConfig(num_gpu_blocks=5, enable_prefix_caching=False)
+    res = simulate(wl, "priority", preset=unit_cost(1.0), scheduler=SchedulerConfig(max_steps_per_event=max_steps),
+                   cache=cache, record_steps=max_steps == 1)  # fmt: skip
+    assert {r.request_id: r.num_preemptions for r in res.requests} == {"a": 0, "b": 1, "c": 1}  # (c: later)
+    if max_steps == 1:
+        steps = res.replicas[0].steps
+        assert steps is not None
+        assert [(s.time, s.scheduled, s.preempted) for s in steps[17:18]] == [(17.0, (("a", 1), ("c", 1)), ("b",))]
+
+
+@pytest.mark.parametrize("max_steps", STEPS)
 def test_a_victim_scheduled_earlier_gives_its_tokens_to_a_later_prefill(max_steps: int) -> None:
     # vLLM's running loop sizes a partial prefill's chunk at its turn, so tokens given back by a
     # victim it had scheduled earlier in the step go to it. 14 blocks, a 16-token budget, priority:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence, Set
 from typing import Any
 from unittest import mock
 
@@ -63,14 +63,18 @@ class BlockQueue:
     def uncached(self, keys: Iterable[Hashable]) -> list[Hashable]:
         return [key for key in keys if not self.cached(key)]
 
-    def hit_length(self, keys: Sequence[Hashable], limit: int) -> tuple[int, int]:
+    def hit_length(self, keys: Sequence[Hashable], limit: int, taken: Set[Hashable] = frozenset()) -> tuple[int, int]:
         h = touched = 0
         for key in keys[:limit]:
             if key not in self.map:
                 break
             h += 1
-            touched += self.map[key][0] not in self.ref
+            block = self.map[key][0]
+            touched += block not in self.ref and block not in taken
         return h, touched
+
+    def free_blocks(self, keys: Iterable[Hashable]) -> list[Hashable]:
+        return [block for block in (self.map[key][0] for key in keys) if block not in self.ref]
 
     def take(self, keys: Iterable[Hashable]) -> tuple[list[Block], int]:
         blocks, touched = [], 0

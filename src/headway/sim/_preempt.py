@@ -263,8 +263,9 @@ class Preemption(KVBlocks):
                 if k is not None:
                     gone.add(v)
                     spent.pop(v, None)  # (scheduled before s: its tokens go back to the budget)
-                    if k > i:  # its reservation was counted as still to come
+                    if k > i:  # its reservation was counted as still to come (and is not, at its turn)
                         after -= needs[k]
+                        needs[k] = 0
             spent[s] = tokens
         return budget
 
