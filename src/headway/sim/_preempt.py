@@ -431,6 +431,7 @@ class Preemption(KVBlocks):
         tokens). One that no longer fits waits again with those after it (head-of-line). Returns
         the token budget left and whether all were admitted."""
         fits = self._fits
+        self._fits_free.clear()  # (each takes its hit now: the blocks of those before it are in use)
         # without block hashes a request hits its own blocks alone, which nothing cached since changes:
         # when none of them has hashes, each keeps the hit and chunk it was counted with (any() of a
         # generator, written as this loop: it runs at most plans of a displacing policy)
@@ -447,11 +448,9 @@ class Preemption(KVBlocks):
                     self.waiting.add(rest.req, now)
                 fits.clear()
                 self._fits_taken = 0
-                self._fits_free.clear()
                 return budget, False
             self._start_running(s, chunk, now)
             budget -= chunk
         fits.clear()
         self._fits_taken = 0
-        self._fits_free.clear()
         return budget, True
