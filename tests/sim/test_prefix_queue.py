@@ -281,7 +281,13 @@ def test_the_queue_by_counts_holds_what_a_queue_of_blocks_holds(num_blocks: int,
             for c in both:
                 c.settle(free)
             assert [real.cached(k) for k in args[0]] == [ref.cached(k) for k in args[0]]
-            assert real.hit_length(args[0], len(args[0])) == ref.hit_length(args[0], len(args[0]))
+            h, touched = real.hit_length(args[0], len(args[0]))
+            assert (h, touched) == ref.hit_length(args[0], len(args[0]))
+            # the blocks that hit takes out of the free queue, as each queue names them; a lookup after
+            # a request counted with them took them finds none of them free
+            gone, gone_ref = real.free_blocks(args[0][:h]), ref.free_blocks(args[0][:h])
+            assert [getattr(k, "key", k) for k in gone] == [b.key for b in gone_ref] and len(gone) == touched
+            assert real.hit_length(args[0], h, set(gone)) == ref.hit_length(args[0], h, set(gone_ref)) == (h, 0)
         assert real.queued == ref.queued
         assert layout(real) == ref.layout()
         # the blocks in use (own hits: counts in ``real``), each named by its key
