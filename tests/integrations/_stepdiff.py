@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 from pathlib import Path
 from typing import Any, TextIO
@@ -28,7 +29,19 @@ from headway.workload import RequestSpec, Workload
 
 HUNT_ENV = "HEADWAY_HUNT"
 """Set to N (``HEADWAY_HUNT=1500``): every differential test draws N fresh random scenarios (see
-:func:`drawn`) instead of its fixed, derandomized ones."""
+:func:`drawn`) instead of its fixed, derandomized ones; ``N,wide`` draws larger ones (:func:`scenarios`)."""
+
+
+def hunt() -> tuple[int, bool] | None:
+    """``$HEADWAY_HUNT`` read: (scenarios a test, wide), or None when it is unset; ValueError naming a
+    bad value."""
+    raw = os.environ.get(HUNT_ENV, "").strip()
+    if not raw:
+        return None
+    found = re.fullmatch(r"(\d+)\s*(,\s*wide)?", raw)
+    if found is None or int(found[1]) < 1:
+        raise ValueError(f"{HUNT_ENV} must be a number of scenarios >= 1, then optionally ',wide', got {raw!r}")
+    return int(found[1]), found[2] is not None
 
 
 def drawn(max_examples: int | None = None) -> settings:
@@ -36,11 +49,9 @@ def drawn(max_examples: int | None = None) -> settings:
     scenarios (hypothesis's profile's count when None) every run, so CI is repeatable. With
     ``$HEADWAY_HUNT`` = N, N random scenarios a test, new ones every run: the hunt that found most of
     the simulator's and the plugin's differences from vLLM (a failure prints the scenario as JSON)."""
-    hunt = os.environ.get(HUNT_ENV, "").strip()
-    if hunt:
-        if not hunt.isdigit() or int(hunt) < 1:
-            raise ValueError(f"{HUNT_ENV} must be a number of scenarios >= 1, got {hunt!r}")
-        return settings(deadline=None, derandomize=False, max_examples=int(hunt))
+    found = hunt()
+    if found is not None:
+        return settings(deadline=None, derandomize=False, max_examples=found[0])
     return settings(deadline=None, derandomize=True, **({} if max_examples is None else {"max_examples": max_examples}))
 
 
@@ -69,7 +80,12 @@ def scenarios(
     to 200 tokens, and prompts that are an earlier request's prompt cut short or extended (never
     the same prompt, whatever the geometry: the harness's outputs are all one token, so two
     requests with one prompt would share their decoded blocks' hashes, an answer's text the
-    simulator is not given)."""
+    simulator is not given). With ``HEADWAY_HUNT=N,wide`` every test's scenarios are wide, with up to
+    24 requests (or its own larger count) arriving over 80 steps, where 30 otherwise."""
+    horizon = 30
+    found = hunt()
+    if found is not None and found[1]:
+        max_requests, wide, horizon = max(max_requests, 24), True, 80
     chunked = draw(st.booleans())
     prefix_caching = draw(st.booleans())
     seqs = draw(st.integers(1, 6))
@@ -95,7 +111,7 @@ def scenarios(
         out = draw(st.integers(1, 200 if wide else 60))
         longest = max(longest, len(prompt) + out)
         requests.append({
-            "id": f"r{i}", "seq": i, "arrive": 0 if burst else draw(st.integers(0, 30)),
+            "id": f"r{i}", "seq": i, "arrive": 0 if burst else draw(st.integers(0, horizon)),
             "prompt": prompt, "max_tokens": out, "priority": draw(st.integers(0, 3)),
             "abort": draw(st.one_of(st.none(), st.integers(0, 60))) if aborts else None,
         })  # fmt: skip
