@@ -609,8 +609,8 @@ class Replica(ClientAborts):
         """The decoders whose rekey hints the decode clock has reached: progress reported, re-keyed."""
         g, heap = self.g, self.rekey_heap
         while heap and heap[0][0] <= g:
-            _, _, gen, s = heapq.heappop(heap)
-            if gen != s.gen or s.rekey_g > g:
+            at, _, gen, s = heapq.heappop(heap)
+            if gen != s.gen or s.rekey_g != at:  # (dead: it left, or its hint was armed again since)
                 continue
             self._sync(s, now)
             self._arm_rekey(s)
