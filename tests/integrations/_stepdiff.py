@@ -157,6 +157,8 @@ class VllmSteps:
     def run(self, scenario: dict[str, Any], scheduler: str, **headway: Any) -> dict[str, Any]:
         if headway:
             scenario = {**scenario, "headway": headway}
+        if scenario.get("clock") == "steps":  # (the policy's clock: an only-preempting step as sync_outcome's)
+            scenario = {**scenario, "empty_step": EMPTY_STEP}
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"scenario": scenario, "scheduler": scheduler}) + "\n")
         self.proc.stdin.flush()

@@ -127,15 +127,17 @@ class Frontend:
 class StepClock:
     """The clock of ``sync_outcome`` / ``async_outcome`` (``_stepdiff.py``), kept as the harness runs:
     a batch takes one second and a ``schedule()`` that runs nothing none (the synchronous harness's
-    idle calls, which admit arrivals, one). With a scenario's ``"clock": "steps"`` the requests'
-    ``arrival_time`` and headway's policy clock are read off it, so a policy whose keys read times
+    idle calls, which admit arrivals, one; a synchronous one that only preempted ``empty``: the
+    scenario's ``"empty_step"``, ``_stepdiff.EMPTY_STEP``). With a scenario's ``"clock": "steps"`` the
+    requests' ``arrival_time`` and headway's policy clock are read off it, so a policy whose keys read times
     (UniBoost's arrival times, LTR's step times) sees the times the simulator sees: an async
     ``schedule()`` with a batch in flight reads 1 µs after that batch started (the simulator's
     ``ASYNC_PLAN_DELAY``: the plan is made as the batch is launched, after the requests added then,
     0.1 µs after its start)."""
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, empty: float = 0.0) -> None:
         self.depth = depth
+        self.empty = empty
         self.now = 0.0
         self.last_end = 0.0
         self.ends: list[float] = []  # async: the batches in flight's end times, oldest first
@@ -150,8 +152,7 @@ class StepClock:
     def scheduled(self, ran: bool, preempted: bool, event: bool) -> None:
         """After a ``schedule()`` (``ran``: it scheduled tokens), or an idle step (neither)."""
         if self.depth == 1:
-            if ran or not preempted:
-                self.ends = [self.now + 1.0]
+            self.ends = [self.now + (1.0 if ran or not preempted else self.empty)]
             return
         if ran:
             start = max(self.now, self.last_end)
@@ -241,7 +242,8 @@ class Harness:
         limits = sc.get("max_num_queued_reqs") is not None or sc.get("max_num_queued_tokens") is not None
         front = Frontend(sc) if limits else None
         unseen: list[Any] = []  # outputs the front end has not processed yet
-        clock = StepClock(depth) if sc.get("clock") == "steps" else None
+        clock = StepClock(depth, float(sc.get("empty_step", 0.0))) if sc.get("clock") == "steps" else None
+        added: dict[str, float] = {}  # with the clock: each request's arrival time on it
         if clock is not None and getattr(sched, "headway", None) is not None:
             sched.headway.epoch = 0.0
             sched.headway._clock = clock.policy_now
@@ -256,7 +258,7 @@ class Harness:
                 )  # fmt: skip
                 rid, arrival, prio = str(r["id"]), t0 + int(r["seq"]) * 1e-3, int(r.get("priority", 0))
                 if clock is not None:
-                    arrival = clock.arrival()
+                    arrival = added[rid] = clock.arrival()
                 if front is not None and not front.admit(rid, list(r["prompt"]), params, arrival, prio):
                     continue
                 sched.add_request(
@@ -309,7 +311,7 @@ class Harness:
                 continue
             if not in_flight:
                 if clock is not None and depth == 1:
-                    clock.output()  # an idle step (or one that only preempted: no time)
+                    clock.output()  # an idle step (or one that only preempted: a hair)
                 continue
             if clock is not None:
                 clock.output()
@@ -333,6 +335,8 @@ class Harness:
         hw = getattr(sched, "headway", None)
         if hw is not None:
             reply["displaced"] = hw.num_displaced
+        if clock is not None:
+            reply["arrivals"] = added
         return reply
 
 

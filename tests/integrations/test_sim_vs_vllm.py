@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from integrations._stepdiff import (
+    EMPTY_STEP,
     PREFIXES,
     VllmSteps,
     async_outcome,
@@ -26,6 +27,7 @@ from integrations._stepdiff import (
     roomy,
     scenarios,
     sim_outcome,
+    sync_outcome,
     sync_pair,
     vllm_outcome,
 )
@@ -349,7 +351,7 @@ def test_a_request_that_evicts_itself_ends_the_running_loop(vllm_steps: VllmStep
     list runs that step. A (priority 1) runs first, B (priority 0) joins at step 1; at step 7 A needs
     a block, evicts itself, and B sits the step out; so does the simulator
     (tests/sim/test_displacement.py computes the same by hand). That step schedules nothing and
-    takes no time in either (vLLM's model runner returns at once): B's next token is at t = 7."""
+    takes a hair on the clock (vLLM's model runner returns at once): B's next token is at t = 7."""
     reqs = _requests(list(range(1, 11)), list(range(100, 116)))
     for r, (arrive, prio, out) in zip(reqs, [(0, 1, 20), (1, 0, 10)], strict=True):
         r["arrive"], r["priority"], r["max_tokens"] = arrive, prio, out
@@ -358,7 +360,24 @@ def test_a_request_that_evicts_itself_ends_the_running_loop(vllm_steps: VllmStep
     assert [(s["step"], s["sched"], s["preempted"]) for s in steps if s["step"] == 7] == [(7, {}, ["r0"])]
     assert vllm_outcome(steps) == {"r0": (0, 24, 1), "r1": (1, 11, 0)}  # schedule() calls
     sim, ref = sync_pair(scenario, steps)
-    assert ref == {"r0": (0, 23, 1), "r1": (1, 10, 0)} == sim  # the clock: the empty step took none
+    assert ref == {"r0": (0, 23, 1), "r1": (1, 10, 0)} == sim  # the clock: the empty step took a hair
+
+
+def test_the_plugins_clock_gives_a_step_that_only_preempted_the_simulators_hair(vllm_steps: VllmSteps) -> None:
+    """The scenario above through the plugin on the harness's step clock, with r2 added just after the
+    empty step: its arrival time there, which the policy reads (LTR's step times, UniBoost's
+    arrival times), is the simulator's, a hair after the step before. The plugin's clock gave that
+    step no time while the simulator's gave it the hair, and LTR ordered two requests apart 500
+    steps later (found by ``HEADWAY_HUNT=400`` with wide scenarios)."""
+    reqs = _requests(list(range(1, 11)), list(range(100, 116)), list(range(200, 204)))
+    for r, (arrive, prio, out) in zip(reqs, [(0, 1, 20), (1, 0, 10), (8, 0, 2)], strict=True):
+        r["arrive"], r["priority"], r["max_tokens"] = arrive, prio, out
+    scenario = _engine(policy="priority", num_blocks=4, prefix_caching=False, requests=reqs)
+    reply = vllm_steps.run({**scenario, "clock": "steps"}, "headway", policy="priority")
+    assert [s["step"] for s in reply["steps"] if s["preempted"] and not s["sched"]] == [7]
+    _, arrivals = sync_outcome(scenario, reply["steps"])
+    assert reply["arrivals"] == pytest.approx(arrivals, rel=1e-12, abs=1e-12)
+    assert arrivals["r2"] == pytest.approx(7 + EMPTY_STEP, rel=1e-12)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
