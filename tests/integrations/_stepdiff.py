@@ -337,9 +337,9 @@ def sync_outcome(scenario: dict[str, Any], trace: list[dict[str, Any]]) -> tuple
     (``EMPTY_MODEL_RUNNER_OUTPUT``). Every other call takes one second (as do the harness's idle
     ones: arrivals are counted in them), so step ``k`` starts at ``k`` less the empty steps before
     it, plus a hair for each: without one the clock is the step numbers. What the harness adds
-    just after an empty step comes at that step's end, after the step before it, as vLLM's server
-    learnt that step's output before the empty one (it checks an arrival against its limits
-    knowing it). Per request, the steps are whole: a hair less than a step a second."""
+    just after an empty step comes at that step's end, after the output of the step before it,
+    which vLLM's server learnt before the empty step (it checks an arrival against its limits
+    knowing it). The outcomes are whole step numbers (the hairs round away)."""
     empty = sorted(int(s["step"]) for s in trace if not s["sched"] and s["preempted"])
 
     def step_at(step: int) -> int:
