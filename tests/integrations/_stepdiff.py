@@ -213,6 +213,9 @@ UNIT_STEP = CostModel.fixed_step(1.0, name="unit-step")
 EMPTY_STEP = 1e-6
 """How long a synchronous step that only preempted takes on :func:`sync_outcome`'s clock, and in the
 simulator with its ``arrivals``: a hair, so that what the harness adds after it comes after it."""
+SYNC_STEP = dataclasses.replace(UNIT_STEP, empty_step=EMPTY_STEP)
+""":data:`UNIT_STEP` with a step that only preempted taking :data:`EMPTY_STEP`: the simulator on
+:func:`sync_outcome`'s clock."""
 
 Outcome = dict[str, tuple[int, int, int]]
 """Per request: (first scheduled step, the step whose output finishes it, preemptions)."""
@@ -265,7 +268,7 @@ def sim_outcome(
     sync_clock = arrivals is not None and async_scheduling is False
     res = simulate(
         Workload.from_specs("scenario", specs), scenario["policy"], policy_kwargs=policy_kwargs,
-        preset=dataclasses.replace(UNIT_STEP, empty_step=EMPTY_STEP) if sync_clock else UNIT_STEP,
+        preset=SYNC_STEP if sync_clock else UNIT_STEP,
         scheduler=SchedulerConfig(
             max_num_batched_tokens=scenario["max_num_batched_tokens"], max_num_seqs=scenario["max_num_seqs"],
             # vLLM's max_model_len where its cache could hold it (the harness builds vLLM's scheduler

@@ -287,6 +287,13 @@ class DecodeClock:
         if self._rkeys is not None:  # a countdown key counts down from here (Policy.running_keys)
             self._rkeys.decoding(s, req, now, g - unseen)
 
+    @staticmethod
+    def _hint_live(entry: tuple[int, int, int, Seq]) -> bool:
+        """Whether a rekey-heap entry ``(g, seq, gen, s)`` stands: ``s`` has not left the decode set
+        since it was armed (``gen``), and its hint is the one armed last (``rekey_g``)."""
+        s = entry[3]
+        return entry[2] == s.gen and s.rekey_g == entry[0]
+
     def _arm_rekey(self, s: Seq) -> None:
         """Arm ``s``'s next rekey hint (``Policy.rekey_after_tokens``), if the policy gives hints."""
         if not self._rekey_hook:
@@ -350,7 +357,7 @@ class DecodeClock:
         while fin[0][2] != fin[0][3].gen:  # (every decoder has its live entry)
             heapq.heappop(fin)
         n = min(fin[0][0] - g, self.cfg.max_steps_per_event)
-        while rekey and (rekey[0][2] != rekey[0][3].gen or rekey[0][3].rekey_g != rekey[0][0]):
+        while rekey and not self._hint_live(rekey[0]):
             heapq.heappop(rekey)
         if rekey:
             n = min(n, max(rekey[0][0] - g, 1))

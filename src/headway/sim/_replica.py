@@ -609,9 +609,9 @@ class Replica(ClientAborts):
         """The decoders whose rekey hints the decode clock has reached: progress reported, re-keyed."""
         g, heap = self.g, self.rekey_heap
         while heap and heap[0][0] <= g:
-            at, _, gen, s = heapq.heappop(heap)
-            if gen != s.gen or s.rekey_g != at:  # (dead: it left, or its hint was armed again since)
+            if not self._hint_live(entry := heapq.heappop(heap)):
                 continue
+            s = entry[3]
             self._sync(s, now)
             self._arm_rekey(s)
             self._run_version += 1  # an announced key (or can_preempt) change of a running request
