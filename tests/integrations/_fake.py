@@ -95,7 +95,7 @@ class FakeEngine:
             scheduled[r.request_id] = n
             r.num_computed_tokens += n
         for h in a.take_popped():
-            a.mark_running(h)
+            a.mark_running(h, a.engine[h])
         self.clock.t += self.step_dt
         for r in self.running:
             r.output += 1

@@ -70,7 +70,9 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 MAX_STEPS = 20_000
 STOP = 9
-"""The token a fabricated output stops on (a request's ``stop_at``-th); every other one is 7."""
+"""The token a fabricated output stops on (a request's ``stop_at``-th)."""
+OUT = 10
+"""Every other fabricated output token of the scenario's ``k``-th request is ``OUT + k``."""
 _HASH = get_hash_fn_by_name("sha256")
 
 init_none_hash(_HASH)
@@ -223,9 +225,13 @@ class Harness:
         aborts: dict[int, list[str]] = {}
         stops = {str(r["id"]): int(r["stop_at"]) for r in sc["requests"] if r.get("stop_at") is not None}
 
+        # each request's own output token: two requests with the same prompt write different
+        # blocks, as the simulator's workload says (its hashes cover the prompts alone)
+        own = {str(r["id"]): OUT + k for k, r in enumerate(sc["requests"])}
+
         def sampled(rid: str) -> list[int]:
             req = sched.requests.get(rid)  # (gone: a token after the request finished, dropped)
-            return [STOP] if req is not None and req.num_output_tokens + 1 == stops.get(rid) else [7]
+            return [STOP] if req is not None and req.num_output_tokens + 1 == stops.get(rid) else [own[rid]]
 
         for r in sc["requests"]:
             by_step.setdefault(int(r["arrive"]), []).append(r)

@@ -306,6 +306,57 @@ def test_evict_counts_a_free_cached_block_two_requests_hit_once(vllm_steps: Vllm
     assert none == ref_none == ref
 
 
+def test_evict_looks_up_a_resumed_requests_own_hit_after_the_running_loop(vllm_steps: VllmSteps) -> None:
+    """r5's 5-token prompt fills no block, so no block of it is hashed by the workload: the blocks it
+    computes are its own. Evicted at step 58 with two full blocks, it waits with them in the free
+    queue. At step 59 the displacement check counts r5 as admitted with those two blocks hit; then
+    vLLM's running loop gives r0 and r1 a new block each, the free queue's oldest: r5's. vLLM's waiting
+    loop finds no hit and schedules 30 of r5's tokens; the simulator kept the hit it had counted (it
+    held that nothing cached since changes the own blocks of such a request) and scheduled one (found
+    by a random round of requests without hashed blocks)."""
+    scenario = _engine(
+        _req(3, list(range(5300, 5311)), 54, 5), _req(0, list(range(5000, 5005)), 45, 15),
+        _req(1, list(range(5100, 5112)), 38, 22), _req(5, list(range(5500, 5505)), 30, 30),
+        num_blocks=13, max_num_seqs=5, max_num_batched_tokens=32,
+    )  # fmt: skip
+    sim, ref, reply = _pair(vllm_steps, scenario, "trail-oracle", "evict", "vllm")
+    assert [(s["step"], s["preempted"]) for s in reply["steps"] if s["preempted"]] == [(58, ["r5"])]
+    assert next(s["sched"]["r5"] for s in reply["steps"] if s["step"] == 59) == [30, 0]
+    assert sim == ref
+
+
+def test_a_recompute_whose_token_reaches_a_key_point_is_ranked_with_it(vllm_steps: VllmSteps) -> None:
+    """uniboost-base (key worse at each 64 output tokens): r4, evicted at 127 tokens, recomputes, and its
+    prefill's token is its 128th. At step 181's KV shortage vLLM evicts r4, the plugin ranking it
+    with its key at 128; the simulator's heap of running keys kept r4's key from before that token
+    and evicted r0 (``tests/sim/test_running_keys.py`` has the same run against a scan of every key)."""
+    rows = [(16, 0, 112, 69), (13, 29, 77, 92), (15, 33, 133, 61), (8, 34, 122, 8), (4, 40, 50, 132), (0, 42, 52, 4)]
+    scenario = _engine(
+        *(_req(i, list(range(1000 * (i + 1), 1000 * (i + 1) + p)), o, t) for i, t, p, o in rows),
+        num_blocks=25, max_num_batched_tokens=64, prefix_caching=False,
+    )  # fmt: skip
+    sim, ref, reply = _pair(vllm_steps, scenario, "uniboost-base", "evict", "vllm")
+    assert next(s["preempted"] for s in reply["steps"] if s["step"] == 181) == ["r4"]
+    assert sim == ref
+
+
+def test_two_requests_with_one_prompt_write_their_own_output_blocks(vllm_steps: VllmSteps) -> None:
+    """r0 and r3 share a 22-token prompt; MemGuard, under async scheduling, evicts r3 at step 42 and
+    it resumes with its first 48 tokens cached. When the harness's fabricated output was the same
+    token for everyone, r3's output blocks held r0's tokens: vLLM found three blocks cached, two of
+    them r0's, in use, and resumed r3 a step before the simulator, whose workload hashes the prompts
+    alone, as sampled answers (found by a wide ``HEADWAY_HUNT`` round). Each request's output is its
+    own token now: its own blocks, as in the simulator."""
+    p = list(range(2000, 2022))
+    scenario = _engine(
+        _req(0, p, 43, 0), _req(1, [*p, *range(3000, 3018)], 42, 0), _req(2, [*p, *range(4000, 4019)], 42, 0),
+        _req(3, p, 43, 0), num_blocks=17, max_num_seqs=5, max_num_batched_tokens=32,
+    )  # fmt: skip
+    sim, ref, reply = _pair(vllm_steps, scenario, "uniboost-memguard", "none", "vllm-async")
+    assert next((s["step"], s["preempted"]) for s in reply["steps"] if s["preempted"]) == (42, ["r3"])
+    assert sim == ref
+
+
 def test_async_admission_skips_a_request_evicted_with_its_token_in_flight(vllm_steps: VllmSteps) -> None:
     """Async scheduling: r1 (5 tokens) evicts r0 (31 tokens, its first token in flight) at step 1, and
     r0, better keyed than r2 (55 tokens), is next in the queue; vLLM's admission skips a preempted

@@ -320,7 +320,7 @@ def test_eviction_order_puts_victims_last() -> None:
         q.add_request(r)
     running = [q.pop_request() for _ in range(3)]
     for h in a.take_popped():
-        a.mark_running(h)
+        a.mark_running(h, a.engine[h])
     order = a.eviction_order(running[::-1])
     assert [r.request_id for r in order] == ["r1", "r2", "r0"]  # the largest key is evicted first
 
@@ -334,11 +334,46 @@ def test_eviction_order_follows_custom_choose_victim() -> None:
         q.add_request(r)
     running = [q.pop_request() for _ in range(4)]
     for h in a.take_popped():
-        a.mark_running(h)
+        a.mark_running(h, a.engine[h])
     order = a.eviction_order(running)
     rest = [a.reqs[r.request_id] for r in order]
     assert pol.choose_victim(rest, 1.0) is rest[-1]
     assert sorted(r.request_id for r in order) == ["r0", "r1", "r2", "r3"]
+
+
+def test_a_run_starts_with_the_token_a_request_got_while_preempted() -> None:
+    """Async scheduling: vLLM preempts r0 (4-token prompt) at 31 output tokens with its 32nd in flight;
+    the token reaches r0 while it waits, and vLLM resumes it with 32. MemGuard (thresholds 32, 64, ...)
+    guards that run until 64: the run starts with the token. It started at 31 (the count at the
+    preemption), so at 40 r0 could be evicted again, where the simulator guards it (found by a wide
+    ``HEADWAY_HUNT`` round: uniboost-memguard, async, the plugin evicted another request than vLLM's
+    twin run in the simulator)."""
+    pol = make_policy("uniboost-memguard")
+    a = PolicyAdapter(pol, clock=lambda: 1.0, epoch=0.0)
+    q = a.make_queue()
+    e = FakeRequest("r0", 0.0, 4, 100)
+    q.add_request(e)
+    assert q.pop_request() is e
+    e.status, e.output, e.num_computed_tokens = "RUNNING", 31, 35
+    for h in a.take_popped():
+        a.mark_running(h, a.engine[h])
+    a.preempt(e)
+    e.status, e.num_computed_tokens = "PREEMPTED", 0
+    q.prepend_request(e)
+    e.output = 32  # the token in flight, delivered while r0 waits
+    assert q.pop_request() is e
+    e.status = "RUNNING"
+    for h in a.take_popped():
+        a.mark_running(h, a.engine[h])
+    h = a.reqs["r0"]
+    assert h.run_start_output_tokens == 32
+    e.output = 40
+    a.progress({"r0": 1})
+    a._sync(h, e, 1.0)
+    assert not pol.can_preempt(h, 1.0)  # guarded until 64
+    e.output = 64
+    a._sync(h, e, 1.0)
+    assert pol.can_preempt(h, 1.0)
 
 
 def test_on_finish_gets_observed_length_and_aborts_do_not() -> None:
@@ -694,7 +729,7 @@ def test_a_request_evicted_again_and_again_without_getting_further_is_warned_of_
         assert q.pop_request() is e
         e.status = "RUNNING"
         for h in a.take_popped():
-            a.mark_running(h)
+            a.mark_running(h, a.engine[h])
         e.num_computed_tokens = 40 + i * gain  # how far this turn got before the eviction
         with caplog.at_level("WARNING", logger="headway.integrations.vllm"):
             a.preempt(e)
@@ -706,7 +741,7 @@ def test_a_request_evicted_again_and_again_without_getting_further_is_warned_of_
     a.step_start()
     assert q.pop_request() is e
     for h in a.take_popped():
-        a.mark_running(h)
+        a.mark_running(h, a.engine[h])
     e.output = 16
     a.finish(e, aborted=False)
     assert a._stalls == {}

@@ -28,9 +28,9 @@ from headway.core import (
     make_policy,
 )  # fmt: skip
 from headway.policies import noisy_oracle_defaults
-from headway.sim import CacheConfig, SchedulerConfig, SimResult, _running_keys, simulate
+from headway.sim import CacheConfig, CostModel, SchedulerConfig, SimResult, _running_keys, simulate
 from headway.sim._running_keys import RunningKeys
-from headway.workload import Workload, default_workload
+from headway.workload import RequestSpec, Workload, default_workload
 from strategies import engine_configs, workloads
 
 PREEMPTIVE = [n for n in available_policies() if get_policy_class(n).preemptive is True]
@@ -51,12 +51,14 @@ def _outcome(res: SimResult) -> list[tuple[object, ...]]:
 
 
 def _simulate(
-    wl: Workload, name: str, mode: str, sched: SchedulerConfig, cache: CacheConfig, exact: bool, **extra: Any
-) -> SimResult:
+    wl: Workload, name: str, mode: str, sched: SchedulerConfig, cache: CacheConfig, exact: bool,
+    preset: CostModel | None = None, **extra: Any,
+) -> SimResult:  # fmt: skip
     kwargs = {**(noisy_oracle_defaults(name, None, tau=0.75, seed=0) or {}), **extra}
     _running_keys.EXACT_SCAN = exact
     try:
-        return simulate(wl, make_policy(name, displacement=mode, **kwargs), scheduler=sched, cache=cache)
+        policy = make_policy(name, displacement=mode, **kwargs)
+        return simulate(wl, policy, scheduler=sched, cache=cache, **({} if preset is None else {"preset": preset}))
     finally:
         _running_keys.EXACT_SCAN = False
 
@@ -101,6 +103,26 @@ def test_ltr_starvation_promotions_under_the_heap(
     lazy = _run("ltr", mode, scenario, exact=False, budget=budget, **extra)
     exact = _run("ltr", mode, scenario, exact=True, budget=budget, **extra)
     assert sum(r.num_preemptions for r in lazy.requests) > 0
+    assert _outcome(lazy) == _outcome(exact)
+
+
+@pytest.mark.parametrize("steps", [1, 1 << 30])
+def test_a_recompute_whose_token_reaches_a_key_point_is_re_keyed(steps: int) -> None:
+    """uniboost-base quantizes output to multiples of 64 tokens, the key worsening at each. r4 is
+    evicted at 127 output tokens and recomputes; its prefill's token is its 128th, where no hint is
+    armed (hints are armed as a request starts decoding). The heap kept the key from the prefill,
+    too low, and at the next KV shortage evicted r0 where a scan of every key (and vLLM, with the
+    plugin's rank: ``test_displacement_vs_vllm.py``) evicts r4 (found by a wide ``HEADWAY_HUNT``
+    round; reduced by script)."""
+    rows = [("r16", 0, 112, 69), ("r13", 29, 77, 92), ("r15", 33, 133, 61), ("r8", 34, 122, 8), ("r4", 40, 50, 132),
+            ("r0", 42, 52, 4)]  # fmt: skip
+    wl = Workload.from_specs("keypoint", [RequestSpec(i, float(t), p, o, max_tokens=o) for i, t, p, o in rows])
+    sched = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_steps_per_event=steps)
+    cache = CacheConfig(block_size=16, num_gpu_blocks=24, enable_prefix_caching=False)
+    unit = CostModel.fixed_step(1.0, name="unit-step")
+    lazy = _simulate(wl, "uniboost-base", "evict", sched, cache, False, unit)
+    exact = _simulate(wl, "uniboost-base", "evict", sched, cache, True, unit)
+    assert {r.request_id: r.num_preemptions for r in exact.requests}["r4"] == 3
     assert _outcome(lazy) == _outcome(exact)
 
 

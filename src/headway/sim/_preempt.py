@@ -420,7 +420,7 @@ class Preemption(KVBlocks):
         if s.hit and self._touched:  # a request counted after it that hits them finds them out of the free queue
             assert self.cache is not None
             self._fits_free.update(self.cache.free_blocks(s.hit))
-        if s.keys:  # (a request without block hashes hits its own blocks alone: no step's blocks change that)
+        if s.keys:  # (one without block hashes keeps its own hit: _admit_fits reads it, below)
             s.hit, s.own_hit = [], 0
         return chunk
 
@@ -432,13 +432,14 @@ class Preemption(KVBlocks):
         the token budget left and whether all were admitted."""
         fits = self._fits
         self._fits_free.clear()  # (each takes its hit now: the blocks of those before it are in use)
-        # without block hashes a request hits its own blocks alone, which nothing cached since changes:
-        # when none of them has hashes, each keeps the hit and chunk it was counted with (any() of a
-        # generator, written as this loop: it runs at most plans of a displacing policy)
+        # without block hashes a request hits its own blocks alone, which the running loop's new
+        # blocks may take from the free queue's head (the hit only shrinks): when none has hashes or
+        # a counted hit, each keeps the chunk it was counted with (any() of a generator, written as
+        # this loop: it runs at most plans of a displacing policy)
         again = False
         for s, _, chunk in fits:
             budget += chunk
-            if s.keys:
+            if s.keys or s.own_hit:
                 again = True
         for i, (s, _, counted) in enumerate(fits):
             chunk = self._admission(s, budget)[0] if again else counted

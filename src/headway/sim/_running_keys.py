@@ -161,15 +161,17 @@ class RunningKeys(Generic[T]):
             self.push(item, req, now)
 
     def decoding(self, item: T, req: Request, now: float, clock: int) -> None:
-        """``item`` finished its prefill and decodes from the decode-step count ``clock`` on. For a
-        policy that declares its running keys (it has a progress hook) its first token and its
-        progress report may have moved its key, so it is re-keyed (a key point): a countdown key
-        into the decoders' heap; a bounded one in place (LTR's quantum, started by a report of a
-        prefill chunk, can end with the prefill's token: the bound kept from the prefill would be
-        too low). Other keys keep their bound (its prefill key): no report moves them."""
+        """``item`` finished its prefill and decodes from the decode-step count ``clock`` on. The
+        prefill's token may have moved its key, so it is re-keyed (a key point): a countdown key
+        into the decoders' heap; a bounded one in place. A policy that declares its running keys
+        has a progress hook, whose report may move it (LTR's quantum, started by a report of a
+        prefill chunk, can end with the prefill's token); and a request evicted one token before a
+        rekey hint reaches that hint with the token its recompute ends with (UniBoost's grid), where
+        no hint is armed: the bound kept from the prefill would be too low. (A bound unchanged
+        files nothing.)"""
         if self._countdown:
             self.push(item, req, now, clock)
-        elif self._lapse:
+        else:
             self.push(item, req, now)
 
     def drop(self, item: T) -> None:

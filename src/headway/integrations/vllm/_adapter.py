@@ -335,8 +335,12 @@ class PolicyAdapter(PromptScoring):
         popped, self._popped = self._popped, []
         return popped
 
-    def mark_running(self, h: Request) -> None:
+    def mark_running(self, h: Request, e: Any) -> None:
+        """vLLM scheduled ``e`` (``h``'s engine request) from its waiting queue. A request preempted
+        with a token in flight (async scheduling) got that token while it waited: its run starts
+        with it (``Request.run_start_output_tokens``, which MemGuard reads)."""
         if h.state is not RequestState.RUNNING and not h.is_finished:
+            h.num_output_tokens = int(e.num_output_tokens)
             h.transition(RequestState.RUNNING)
             self._running_version += 1
             if h.first_scheduled_time is None:

@@ -505,7 +505,7 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                 for h in a.take_popped():
                     e = a.engine.get(h)
                     if e is not None and e.status == running_status:
-                        a.mark_running(h)
+                        a.mark_running(h, e)
                         if h.num_cached_tokens is None:  # first scheduled: its prefix-cache hit (vLLM's name)
                             if hits is None:
                                 hits = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
