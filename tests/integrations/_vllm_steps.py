@@ -78,6 +78,14 @@ _HASH = get_hash_fn_by_name("sha256")
 init_none_hash(_HASH)
 
 
+def model_len(sc: dict[str, Any]) -> int:
+    """The scenario's ``max_model_len`` (512 unless given), or the tokens its KV cache holds if fewer:
+    vLLM does not start on a cache that cannot hold one request of ``max_model_len`` tokens, and
+    where it fits ``max_model_len`` to the cache, a request stops at that many tokens (as the
+    simulator's engine stops it without a ``max_model_len``: at its cache's size)."""
+    return min(int(sc.get("max_model_len", 512)), (int(sc["num_blocks"]) - 1) * int(sc["block_size"]))
+
+
 def runner_output(out: Any, chunk: dict[str, bool], sampled: Callable[[str], list[int]] = lambda _: [7]) -> Any:
     """A step's model output, fabricated: ``sampled(id)`` for each request of ``out`` that is not
     mid-prefill (``chunk``: whether its step was a prefill chunk that samples nothing)."""
@@ -94,7 +102,7 @@ class Frontend:
 
     def __init__(self, sc: dict[str, Any]) -> None:
         self.scheduler_config = SchedulerConfig(
-            max_model_len=int(sc.get("max_model_len", 512)), is_encoder_decoder=False,
+            max_model_len=model_len(sc), is_encoder_decoder=False,
             max_num_queued_reqs=sc.get("max_num_queued_reqs"), max_num_queued_tokens=sc.get("max_num_queued_tokens"),
         )  # fmt: skip
         self.admission_stats = None  # one API server
@@ -184,7 +192,7 @@ class Harness:
     def build(self, sc: dict[str, Any], scheduler: str) -> Any:
         block = int(sc["block_size"])
         cache = CacheConfig(block_size=block, enable_prefix_caching=bool(sc["prefix_caching"]))
-        max_len = int(sc.get("max_model_len", 512))
+        max_len = model_len(sc)
         sched_cfg = SchedulerConfig(
             max_num_seqs=int(sc["max_num_seqs"]), max_num_batched_tokens=int(sc["max_num_batched_tokens"]),
             max_model_len=max_len, enable_chunked_prefill=bool(sc["chunked_prefill"]),

@@ -127,6 +127,18 @@ def test_an_output_stops_at_max_model_len(vllm_steps: VllmSteps) -> None:
     assert sim_outcome({**scenario, "max_model_len": 2048}) != ref  # (2,048: more than the cache, so its size)
 
 
+def test_a_cache_smaller_than_max_model_len_stops_an_output_at_its_size(vllm_steps: VllmSteps) -> None:
+    """vLLM does not start on a KV cache that cannot hold one request of ``max_model_len`` tokens;
+    with ``max_model_len`` fitted to the cache (8 usable 16-token blocks: 128 tokens), r0's 9-token
+    prompt stops at 119 of its 120 tokens, and so does the simulator, at its cache's size. The
+    harness had given vLLM's scheduler 512, where r0's 129th token, sampled and never computed, fit:
+    a step more than the simulator (found by a random round with small caches)."""
+    scenario = _engine(num_blocks=9, prefix_caching=False, requests=_requests(list(range(1, 10)), max_tokens=120))
+    reply = vllm_steps.run(scenario, "vllm")
+    assert reply["tokens"]["r0"] == 119
+    assert sim_outcome(scenario) == vllm_outcome(reply["steps"])
+
+
 @drawn()
 @given(scenario=scenarios(aborts=False, burst=True), policy=st.sampled_from(["fcfs", "priority"]))
 def test_under_kv_pressure_sim_makes_vllms_decisions(
