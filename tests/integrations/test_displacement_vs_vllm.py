@@ -340,6 +340,23 @@ def test_a_recompute_whose_token_reaches_a_key_point_is_ranked_with_it(vllm_step
     assert sim == ref
 
 
+def test_async_admission_stops_at_a_victim_that_sat_the_step_in_flight_out(vllm_steps: VllmSteps) -> None:
+    """Async scheduling, 8-token blocks: at step 4 a KV shortage evicts r9 and ends the running loop,
+    so r6 and r1 sit that step out. Planning step 5 (step 4 in flight), r8 displaces r1: r1 has no
+    token in flight, so vLLM's admission stops at it (too large for the blocks left) and r9 behind it
+    waits. The simulator took every displaced request as having output in flight, set r1 aside and
+    admitted r9 (found by a wide ``HEADWAY_HUNT`` round)."""
+    scenario = _engine(
+        _req(3, list(range(100, 113)), 5, 0), _req(9, list(range(200, 221)), 7, 0),
+        _req(1, list(range(300, 354)), 5, 1), _req(6, list(range(400, 479)), 4, 1),
+        _req(8, list(range(500, 517)), 1, 2),
+        block_size=8, num_blocks=25, max_num_batched_tokens=512, chunked_prefill=False, prefix_caching=False,
+    )  # fmt: skip
+    sim, ref, reply = _pair(vllm_steps, scenario, "srpt-oracle", "evict", "vllm-async")
+    assert next(s["sched"] for s in reply["steps"] if "r8" in s["sched"]) == {"r6": [1, 81], "r8": [17, 0]}
+    assert sim == ref
+
+
 def test_two_requests_with_one_prompt_write_their_own_output_blocks(vllm_steps: VllmSteps) -> None:
     """r0 and r3 share a 22-token prompt; MemGuard, under async scheduling, evicts r3 at step 42 and
     it resumes with its first 48 tokens cached. When the harness's fabricated output was the same

@@ -198,8 +198,12 @@ class Preemption(KVBlocks):
         admission skips a preempted request with output in flight (``num_stale_output_tokens``) for
         the rest of that plan, without stopping at it: it waits aside until the plan is made. Not in a
         plan made again after an empty one: the engine waited for the step in flight, whose output
-        came, so nothing is in flight (vLLM's admission stops at it as at any request)."""
-        stale = self._async and not self._drained and s not in self.paused and s not in self._finishing
+        came, so nothing is in flight (vLLM's admission stops at it as at any request); nor for a
+        decoder that sat the step in flight out (``sat_g``: vLLM's running loop had not reached it)."""
+        stale = (
+            self._async and not self._drained and s not in self.paused and s not in self._finishing
+            and s.sat_g != self.g
+        )  # fmt: skip
         if s not in self.paused:  # its blocks of the step are not allocated (vLLM's running loop comes after)
             self._running_alloc -= self._step_blocks(s)
         freed = self._take_victim(s, evict, now)
