@@ -197,7 +197,8 @@ class Harness:
             max_num_seqs=int(sc["max_num_seqs"]), max_num_batched_tokens=int(sc["max_num_batched_tokens"]),
             max_model_len=max_len, enable_chunked_prefill=bool(sc["chunked_prefill"]),
             is_encoder_decoder=False, policy=sc.get("policy", "fcfs"),
-            long_prefill_token_threshold=int(sc.get("long_prefill_token_threshold", 0)),
+            # (no chunk is longer than max_model_len: a larger threshold, which vLLM refuses, caps nothing more)
+            long_prefill_token_threshold=min(int(sc.get("long_prefill_token_threshold", 0)), max_len),
             long_prefill_token_threshold_adaptive=bool(sc.get("long_prefill_token_threshold_adaptive", False)),
             scheduler_reserve_full_isl=bool(sc.get("reserve_full_isl", True)),
             max_num_active_seqs=sc.get("max_num_active_seqs"), watermark=float(sc.get("watermark", 0.0)),

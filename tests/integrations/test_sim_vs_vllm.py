@@ -137,6 +137,10 @@ def test_a_cache_smaller_than_max_model_len_stops_an_output_at_its_size(vllm_ste
     reply = vllm_steps.run(scenario, "vllm")
     assert reply["tokens"]["r0"] == 119
     assert sim_outcome(scenario) == vllm_outcome(reply["steps"])
+    # a long-prefill threshold above the fitted max_model_len, which vLLM refuses, caps no chunk: given as
+    # max_model_len (found by the step-fidelity benchmark's draws: one usable block, a threshold of 32)
+    tiny = _engine(num_blocks=2, prefix_caching=False, long_prefill_token_threshold=32, requests=_requests([27671]))
+    assert sim_outcome(tiny) == vllm_outcome(vllm_steps.run(tiny, "vllm")["steps"])
 
 
 @drawn()
