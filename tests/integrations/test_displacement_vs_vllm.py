@@ -360,10 +360,10 @@ def test_async_admission_stops_at_a_victim_that_sat_the_step_in_flight_out(vllm_
 def test_two_requests_with_one_prompt_write_their_own_output_blocks(vllm_steps: VllmSteps) -> None:
     """r0 and r3 share a 22-token prompt; MemGuard, under async scheduling, evicts r3 at step 42 and
     it resumes with its first 48 tokens cached. When the harness's fabricated output was the same
-    token for everyone, r3's output blocks held r0's tokens: vLLM found three blocks cached, two of
-    them r0's, in use, and resumed r3 a step before the simulator, whose workload hashes the prompts
-    alone, as sampled answers (found by a wide ``HEADWAY_HUNT`` round). Each request's output is its
-    own token now: its own blocks, as in the simulator."""
+    token for everyone, r3's output blocks held the same tokens as r0's, whose blocks (in use) vLLM's
+    lookup could find for them: it resumed r3 a step before the simulator, whose workload hashes the
+    prompts alone, as sampled answers (found by a wide ``HEADWAY_HUNT`` round). Each request's output
+    is its own token now: its own blocks, as in the simulator."""
     p = list(range(2000, 2022))
     scenario = _engine(
         _req(0, p, 43, 0), _req(1, [*p, *range(3000, 3018)], 42, 0), _req(2, [*p, *range(4000, 4019)], 42, 0),
