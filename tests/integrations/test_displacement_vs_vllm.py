@@ -357,6 +357,26 @@ def test_async_admission_stops_at_a_victim_that_sat_the_step_in_flight_out(vllm_
     assert sim == ref
 
 
+def test_async_admission_stops_at_a_displaced_prefill_that_sat_the_step_in_flight_out(vllm_steps: VllmSteps) -> None:
+    """Async scheduling, chunked prefill, no prefix caching: at step 15 a KV shortage evicts r7 and
+    ends the running loop, so r5 (129-token prompt, 104 tokens computed) sits that step out.
+    Planning step 16 (step 15 in flight), r6 (1 token) displaces r5: r5 has nothing in flight
+    (``num_in_flight_tokens`` is 0), so vLLM's admission stops at it (its whole prompt needs 9
+    blocks, 8 are free) and r7 behind it waits. The simulator took the displaced partial prefill
+    as having its chunk in flight, set it aside and admitted r7 (found by a round of
+    displaced prefills after a sit-out: the decoder's case is the test above)."""
+    scenario = _engine(
+        _req(4, list(range(4100, 4104)), 14, 2), _req(5, list(range(5100, 5229)), 2, 6),
+        _req(6, [6100], 1, 7), _req(7, list(range(7100, 7106)), 13, 4),
+        num_blocks=12, max_num_seqs=3, max_num_batched_tokens=15, prefix_caching=False,
+    )  # fmt: skip
+    sim, ref, reply = _pair(vllm_steps, scenario, "trail-oracle", "evict", "vllm-async")
+    steps = {s["step"]: s for s in reply["steps"]}
+    assert (steps[15]["preempted"], list(steps[15]["sched"])) == (["r7"], ["r4"])
+    assert (steps[16]["preempted"], list(steps[16]["sched"])) == (["r5"], ["r6"])
+    assert sim == ref
+
+
 def test_two_requests_with_one_prompt_write_their_own_output_blocks(vllm_steps: VllmSteps) -> None:
     """r0 and r3 share a 22-token prompt; MemGuard, under async scheduling, evicts r3 at step 42 and
     it resumes with its first 48 tokens cached. When the harness's fabricated output was the same

@@ -103,6 +103,19 @@ class KVBlocks(DecodeClock):
             n = cap
         return n if n < left else left
 
+    def _plan_running_prefills(self, budget: int) -> int:
+        """The running partial prefills' chunks in the step being planned, in order, out of ``budget``
+        (returns what is left). One without a chunk in the step before sat it out (the budget ran
+        out, or a KV shortage ended vLLM's running loop): with async scheduling it has nothing in
+        flight, as a decoder back from ``_sitting`` (``sat_g``; ``Preemption._displace_victim``)."""
+        for s in self.prefilling:
+            if not s.chunk:
+                s.sat_g = self.g
+            chunk = self._prefill_chunk(s, budget)
+            self._reserve_chunk(s, chunk)
+            budget -= chunk
+        return budget
+
     def _blocks_for(self, s: Seq, chunk: int) -> int:
         return -(-(s.req.num_computed_tokens + chunk) // self.bs) - s.blocks
 

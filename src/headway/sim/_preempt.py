@@ -199,7 +199,8 @@ class Preemption(KVBlocks):
         the rest of that plan, without stopping at it: it waits aside until the plan is made. Not in a
         plan made again after an empty one: the engine waited for the step in flight, whose output
         came, so nothing is in flight (vLLM's admission stops at it as at any request); nor for a
-        decoder that sat the step in flight out (``sat_g``: vLLM's running loop had not reached it)."""
+        decoder or a partial prefill that sat the step in flight out (``sat_g``: vLLM's running loop
+        had not reached it, and its ``num_in_flight_tokens`` is 0)."""
         stale = (
             self._async and not self._drained and s not in self.paused and s not in self._finishing
             and s.sat_g != self.g

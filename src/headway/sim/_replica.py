@@ -445,13 +445,6 @@ class Replica(ClientAborts):
                 self._stale.clear()
                 self._news = True  # (which may admit them: _decode_horizon)
 
-    def _plan_running_prefills(self, budget: int) -> int:
-        for s in self.prefilling:
-            chunk = self._prefill_chunk(s, budget)
-            self._reserve_chunk(s, chunk)
-            budget -= chunk
-        return budget
-
     def _launch(self, now: float, one_step: bool = False) -> None:
         num_dec = len(self.decoders)
         kv0 = self.s_off + num_dec * (self.g + 1)
