@@ -377,6 +377,75 @@ def test_async_admission_stops_at_a_displaced_prefill_that_sat_the_step_in_fligh
     assert sim == ref
 
 
+def test_async_plan_keys_a_request_ending_its_prefill_at_the_plans_time(vllm_steps: VllmSteps) -> None:
+    """LTR, async scheduling, evict: r5 resumes at step 21 with its last prefill chunk, planned
+    before r4 (waiting since its eviction at step 8) is promoted; the plan of step 22, made as step
+    21 starts, reads r4 promoted and r5, whose chunk is in flight, not (its own promotion comes
+    later), and r4 displaces r5. The simulator keyed r5 into its heap of running keys as r5 started
+    decoding, at the end of step 21, by which time r5's own promotion had come: a key better than
+    the one the earlier-made plan reads, so no bound of it, and the check found no victim (a scan
+    of every key found r5). r2's stop token runs a step after its last token, which puts r5's
+    chunk there (found by a round aimed at requests finishing in a step just ended)."""
+    scenario = _with_scores(
+        _engine(
+            {**_req(2, list(range(2100, 2117)), 11, 9), "stop_at": 10}, _req(4, list(range(4100, 4114)), 4, 4),
+            _req(5, list(range(5100, 5117)), 2, 8),
+            block_size=8, num_blocks=6, max_num_seqs=2, max_num_batched_tokens=9,
+        ),
+        2.643, 3.37, 2.829,
+    )  # fmt: skip
+    sim, ref, reply = _pair(vllm_steps, scenario, "ltr", "evict", "vllm-async")
+    steps = {s["step"]: s for s in reply["steps"]}
+    assert steps[21]["sched"] == {"r5": [9, 8]}
+    assert (steps[22]["preempted"], steps[22]["sched"]) == (["r5"], {"r4": [9, 0]})
+    assert sim == ref
+
+
+def test_async_check_finds_a_request_whose_recompute_ends_it_in_the_step_in_flight(vllm_steps: VllmSteps) -> None:
+    """TRAIL, async scheduling, evict: at step 12 r8 (evicted at step 11 with 6 tokens) resumes,
+    and the token of its 17-token recompute is its last (a stop token); r2 displaces r6. Planning
+    step 13 as step 12 starts, vLLM still runs r8 (its stop comes with that step's output), and r6
+    (2 tokens left) displaces it (3 left). TRAIL's keys count down, so the simulator files a key in
+    its heap of running keys as a request starts decoding, not at the admission of its last
+    prefill chunk; r8 finished instead, so the heap held no key of it and the check found no victim,
+    where a scan of every key found r8 (found by comparing the heap with that scan, simulator only,
+    on a round aimed at requests finishing in the step just ended)."""
+    scenario = _with_scores(
+        _engine(
+            _req(2, [2100], 1, 12), _req(5, [5100], 6, 0), _req(6, list(range(6100, 6196)), 2, 11),
+            {**_req(8, list(range(8100, 8111)), 9, 5), "stop_at": 7},
+            num_blocks=8, max_num_seqs=3, max_num_batched_tokens=512, chunked_prefill=False,
+        ),
+        2, 4, 2, 3,
+    )  # fmt: skip
+    sim, ref, reply = _pair(vllm_steps, scenario, "trail", "evict", "vllm-async")
+    steps = {s["step"]: s for s in reply["steps"]}
+    assert (steps[12]["sched"], steps[12]["finished"]) == ({"r2": [1, 0], "r8": [17, 0]}, ["r2", "r8"])
+    assert steps[13]["preempted"] == ["r8"]
+    assert sim == ref
+
+
+def test_async_check_follows_a_recompute_whose_token_crosses_a_memguard_threshold(vllm_steps: VllmSteps) -> None:
+    """UniBoost, async scheduling, evict: r5, evicted by its own KV shortage at step 31, recomputes
+    in steps 32-34, and the token its recompute ends with is its 32nd: MemGuard's next threshold,
+    where its key worsens and it may be evicted. vLLM's plan of step 36 reads that token, and r6
+    displaces r5. The simulator's async plan hears a prefill's report after the next plan, and
+    skips a check where nothing moved since the last one (queue head, running keys' key points,
+    key epoch); the report was no key point there, as it is synchronously, so the check of step 36
+    was skipped and r5 displaced a step later (found by a round aimed at requests finishing in the
+    step just ended)."""
+    scenario = _engine(
+        _req(1, [1100], 15, 1), _req(5, list(range(5100, 5118)), 34, 0), _req(6, list(range(6100, 6118)), 15, 0),
+        num_blocks=5, max_num_seqs=2, max_num_batched_tokens=19, prefix_caching=False,
+    )  # fmt: skip
+    scenario["requests"] = [{**r, "seq": i} for i, r in enumerate(scenario["requests"])]
+    sim, ref, reply = _pair(vllm_steps, scenario, "uniboost", "evict", "vllm-async")
+    steps = {s["step"]: s for s in reply["steps"]}
+    assert (steps[34]["sched"], steps[35]["sched"]) == ({"r5": [11, 38]}, {"r5": [1, 49]})
+    assert (steps[36]["preempted"], steps[36]["sched"]) == (["r5"], {"r6": [19, 0]})
+    assert sim == ref
+
+
 def test_two_requests_with_one_prompt_write_their_own_output_blocks(vllm_steps: VllmSteps) -> None:
     """r0 and r3 share a 22-token prompt; MemGuard, under async scheduling, evicts r3 at step 42 and
     it resumes with its first 48 tokens cached. When the harness's fabricated output was the same

@@ -228,6 +228,10 @@ class AsyncScheduling(Preemption):
             self._rekey_due(now)
             news = news or self._run_version != version  # (a hint reached: a running key may move)
         rkeys = self._rkeys
+        # a prefill's report is a key point (its token may reach a rekey hint's count before any hint
+        # is armed): the next plan's displacement check runs, as after _complete_prefills's bump
+        if self._reports:
+            self._run_version += 1
         for s, chunk, kind in self._reports:
             req = s.req
             if kind != PARTIAL:

@@ -263,10 +263,13 @@ class DecodeClock:
             else:
                 self._advance_decoders(g + j, start + self._span(j), on_progress)
 
-    def _add_decoder(self, s: Seq, unseen: int = 0) -> None:
+    def _add_decoder(self, s: Seq, unseen: int = 0, key_time: float | None = None) -> None:
         """``s`` decodes from now on. ``unseen``: async scheduling: its prefill's token, computed in
         the step that just ended, that the policy has not seen (it is not in ``num_output_tokens``
-        until the replica's ``_deliver``, which also arms its rekey hint)."""
+        until the replica's ``_deliver``, which also arms its rekey hint). ``key_time``: when the
+        plan that reads its key next reads it, if earlier than now (async scheduling: the plan made
+        as the step that just ended started): a key only stays or improves as time goes on (LTR's
+        promotion), so a key read later would be no bound of it in that plan's check."""
         req = s.req
         g = self.g
         now = self.loop.now
@@ -285,7 +288,7 @@ class DecodeClock:
         if self._rekey_hook and not unseen:
             self._arm_rekey(s)
         if self._rkeys is not None:  # a countdown key counts down from here (Policy.running_keys)
-            self._rkeys.decoding(s, req, now, g - unseen)
+            self._rkeys.decoding(s, req, now if key_time is None else key_time, g - unseen)
 
     @staticmethod
     def _hint_live(entry: tuple[int, int, int, Seq]) -> bool:

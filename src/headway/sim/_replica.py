@@ -574,13 +574,16 @@ class Replica(ClientAborts):
                     self.policy.on_progress(req, now, s.chunk)
             done.append(s)
         self.prefilling = still
+        at = min(now, self._step_began + ASYNC_PLAN_DELAY) if unseen else now  # when the next plan reads keys
         for s in done:
             s.chunk = 0
             if s.req.num_output_tokens + unseen >= s.true_len:
                 self._finish(s, now)
+                if unseen and self._rkeys is not None:  # running for that plan (admitted, a countdown key filed none)
+                    self._rkeys.push(s, s.req, at)
             else:
                 s.prefilled_g = self.g
-                self._add_decoder(s, unseen)
+                self._add_decoder(s, unseen, at)
 
     def _complete_decodes(self, now: float) -> None:
         g, heap = self.g, self.fin_heap
