@@ -446,6 +446,25 @@ def test_async_check_follows_a_recompute_whose_token_crosses_a_memguard_threshol
     assert sim == ref
 
 
+def test_evict_counts_the_blocks_an_admission_takes_not_the_ones_it_asks(vllm_steps: VllmSteps) -> None:
+    """srpt-oracle, evict: at step 7 r6 (81-token prompt) and r1 (1 token) arrive while r3 decodes;
+    6 blocks are free after r3's. vLLM's admission asks r6 for blocks for its whole prompt
+    (``scheduler_reserve_full_isl``: 6) but allocates those of its first chunk (16 tokens, the
+    long-prefill threshold: 1), so r1 fits in the 5 left. The plugin's displacement check took the
+    6 blocks asked as taken, found r1 short and evicted r3 (which vLLM admitted again in the same
+    step, from its cached blocks); the simulator counted the chunk's block, as vLLM does, and
+    evicted nobody (found by a round with shared prefixes, aborts, priorities and prefill caps)."""
+    scenario = _engine(
+        _req(1, [1100], 2, 7), _req(3, list(range(3100, 3145)), 7, 2), _req(6, list(range(6100, 6181)), 1, 7),
+        num_blocks=11, max_num_seqs=3, max_num_batched_tokens=23, long_prefill_token_threshold=16,
+    )  # fmt: skip
+    scenario["requests"] = [{**r, "seq": i} for i, r in enumerate(scenario["requests"])]
+    sim, ref, reply = _pair(vllm_steps, scenario, "srpt-oracle", "evict", "vllm")
+    steps = {s["step"]: s for s in reply["steps"]}
+    assert (steps[7]["preempted"], steps[7]["sched"]) == ([], {"r3": [1, 48], "r6": [16, 0], "r1": [1, 0]})
+    assert sim == ref
+
+
 def test_two_requests_with_one_prompt_write_their_own_output_blocks(vllm_steps: VllmSteps) -> None:
     """r0 and r3 share a 22-token prompt; MemGuard, under async scheduling, evicts r3 at step 42 and
     it resumes with its first 48 tokens cached. When the harness's fabricated output was the same

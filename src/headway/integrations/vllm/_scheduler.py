@@ -384,14 +384,14 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     while True:
                         if budget <= 0 or len(running) + admitted >= self.max_num_active_reqs:
                             return
-                        need, chunk, touched = self._hw_admission_blocks(
+                        need, took, chunk, touched = self._hw_admission_blocks(
                             req, budget, bool(running) or admitted > 0, taken
                         )
                         if chunk == 0:
                             return  # the budget, not blocks, stops it
                         if need <= free:
-                            free, budget = free - need, budget - chunk
-                            admitted, blocks, tokens = admitted + 1, blocks + need, tokens + chunk
+                            free, budget = free - took, budget - chunk
+                            admitted, blocks, tokens = admitted + 1, blocks + took, tokens + chunk
                             taken.update(touched)
                             break
                         victim = a.displacement_victim(waiting, running, cand) if cand is not None else None
@@ -441,14 +441,16 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
 
             def _hw_admission_blocks(
                 self, req: Any, budget: int, others: bool, taken: set[int]
-            ) -> tuple[int, int, list[int]]:
+            ) -> tuple[int, int, int, list[int]]:
                 """The free KV blocks vLLM's admission asks of waiting request ``req`` with ``budget``
-                tokens left, the tokens it would schedule (0: the budget, not blocks, stops it), and
-                the ids of its hit's blocks it takes out of the free queue: blocks for its whole
-                sequence (``scheduler_reserve_full_isl``) or its first chunk, less its prefix-cache
-                hit (a hit block in the free queue counts: it leaves it, unless one of the requests
-                admitted before it in this step, ``taken``, took it), plus the watermark while
-                ``others`` are scheduled."""
+                tokens left, the free blocks admitting it takes, the tokens it would schedule (0: the
+                budget, not blocks, stops it), and the ids of its hit's blocks it takes out of the
+                free queue. It asks blocks for its whole sequence (``scheduler_reserve_full_isl``) or
+                its first chunk, less its prefix-cache hit (a hit block in the free queue counts: it
+                leaves it, unless one of the requests admitted before it in this step, ``taken``,
+                took it), plus the watermark while ``others`` are scheduled; it takes those of its
+                first chunk alone (``allocate_slots`` checks the whole sequence, allocates the
+                chunk's)."""
                 kvm, bs = self.kv_cache_manager, self.block_size
                 computed, hit, touched = req.num_computed_tokens, 0, []
                 if computed == 0:
@@ -462,15 +464,16 @@ def build_scheduler_classes() -> tuple[type[Any], type[Any]]:
                     n = cap
                 if n > budget:
                     if not self.scheduler_config.enable_chunked_prefill:
-                        return 0, 0, []
+                        return 0, 0, 0, []
                     n = budget
                 end = computed + n + self.num_lookahead_tokens
+                took = -(-min(end, self.max_model_len) // bs) - hit + len(touched)
                 if self.scheduler_reserve_full_isl:
                     end = max(end, min(req.num_tokens, self.max_model_len))
                 need = -(-end // bs) - hit + len(touched)
                 if others:
                     need += kvm.watermark_blocks
-                return need, n, touched
+                return need, took, n, touched
 
             def _hw_rank_victims(self) -> list[tuple[Any, int]]:
                 """Before a step that could run out of KV blocks: give each running request the
