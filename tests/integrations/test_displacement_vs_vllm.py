@@ -88,6 +88,24 @@ def test_evict_mode_sim_makes_the_plugins_decisions(
     assert sim == ref, json.dumps(scenario)
 
 
+@drawn(80)
+@given(
+    scenario=scenarios(aborts=False, stops=True), seed=st.integers(0, 2**16),
+    policy=st.sampled_from(["trail", "uniboost-base", "uniboost-memguard", "uniboost", "ltr"]),
+    mode=st.sampled_from(["none", "evict"]), base=st.sampled_from(["vllm", "vllm-async"]),
+)  # fmt: skip
+def test_with_stop_tokens_sim_makes_the_plugins_decisions(
+    vllm_steps: VllmSteps, scenario: dict[str, Any], seed: int, policy: str, mode: str, base: str
+) -> None:
+    """Requests that stop on a stop token before ``max_tokens``: with async scheduling vLLM runs a
+    token past the stop (dropped) and still runs, for the next plan, a request whose stop is in
+    the step in flight, recompute or not. Policies that read no true length only: the plugin's
+    oracle reads ``max_tokens`` (the harness cannot tell it the stop), the simulator's the true
+    length, so srpt-oracle and trail-oracle would differ by design."""
+    sim, ref, _ = _pair(vllm_steps, _scored(scenario, seed), policy, mode, base)
+    assert sim == ref, json.dumps(scenario)
+
+
 def test_async_evict_reads_progress_without_the_token_in_flight(vllm_steps: VllmSteps) -> None:
     """One usable KV block (vLLM keeps block 0 as its null block); r0 (2 tokens) runs, r2 (1 token)
     arrives short of blocks. vLLM plans the next step as r0's first token is in flight: r0 has 2
