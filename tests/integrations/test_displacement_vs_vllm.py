@@ -483,6 +483,30 @@ def test_evict_counts_the_blocks_an_admission_takes_not_the_ones_it_asks(vllm_st
     assert sim == ref
 
 
+def test_async_eviction_of_a_finishing_request_leaves_its_last_block_uncached(vllm_steps: VllmSteps) -> None:
+    """LTR, async scheduling, evict, prefix caching: planning step 36, r3 displaces r2 and r0, whose
+    stop token is in the step in flight. r0's last block (the tail of its 62-token prompt and its
+    first two output tokens) was never cached: its last token was in flight when vLLM allocated the
+    block, and the displacement came before r0's next allocation. vLLM puts a freed block without a
+    hash at the head of its free queue, so r3's chunks take it (and r2's partial block) before r2's
+    cached first block, and r2 resumes at step 39 with 16 tokens cached. The simulator freed r0 as
+    a request that had finished, its last block cached, so r3 took r2's first block instead and
+    r2 recomputed it (found by a round aimed at requests finishing in the step just ended)."""
+    scenario = _with_scores(
+        _engine(
+            {**_req(0, list(range(100, 162)), 4, 29), "stop_at": 3}, _req(1, list(range(1100, 1112)), 1, 7),
+            _req(2, [2100, 2101, 2102], 29, 7), _req(3, list(range(3100, 3149)), 1, 36),
+            num_blocks=9, max_num_seqs=3, max_num_batched_tokens=14,
+        ),
+        1.859, 0.64, 3.342, 0.955,
+    )  # fmt: skip
+    sim, ref, reply = _pair(vllm_steps, scenario, "ltr", "evict", "vllm-async")
+    steps = {s["step"]: s for s in reply["steps"]}
+    assert sorted(steps[36]["preempted"]) == ["r0", "r2"]
+    assert steps[39]["sched"]["r2"] == [7, 16]
+    assert sim == ref
+
+
 def test_two_requests_with_one_prompt_write_their_own_output_blocks(vllm_steps: VllmSteps) -> None:
     """r0 and r3 share a 22-token prompt; MemGuard, under async scheduling, evicts r3 at step 42 and
     it resumes with its first 48 tokens cached. When the harness's fabricated output was the same

@@ -156,10 +156,13 @@ class Preemption(KVBlocks):
         self._evict_kv(s)
         self._run_version += 1
 
-    def _drop_finishing(self, s: Seq) -> None:
-        """Async scheduling: a KV shortage evicts a request that finished in the step that just
-        ended (vLLM preempts it while its last token is in flight; it finishes as that token
-        arrives): its blocks are freed now, a preemption of it."""
+    def _drop_finishing(self, s: Seq, scheduled: int = 0) -> None:
+        """Async scheduling: a KV shortage or a displacement evicts a request that finished in the
+        step that just ended (vLLM preempts it while its last token is in flight; it finishes as
+        that token arrives): its blocks are freed now, a preemption of it. Its last full block is
+        cached only if vLLM knew the block's last token when it allocated it: a decoder's, sampled
+        by the step before its last one, was in flight then (:meth:`_unknown_tail`), unless vLLM's
+        running loop allocated for it in this step (``scheduled``), after that token came."""
         if self.steps is not None:
             self._step_preempted.append(s.req.request_id)
         self._finishing.remove(s)
@@ -167,7 +170,9 @@ class Preemption(KVBlocks):
             self._rkeys.drop(s)
         s.req.num_preemptions += 1
         self.num_preemptions += 1
-        self._leave(s)
+        g = self.g
+        self._free_blocks(s, False, 0 if scheduled or s.prefilled_g == g or s.sat_g >= g - 1 else 1)
+        del self.seqs[s.req]
         self._run_version += 1
 
     def _take_victim(self, s: Seq, evict: bool, now: float, scheduled: int = 0) -> int:
@@ -180,7 +185,7 @@ class Preemption(KVBlocks):
             return 0
         if self._finishing and s in self._finishing:
             freed = self._release_step(s) if s.chunk else 0  # (its token after a stop)
-            self._drop_finishing(s)
+            self._drop_finishing(s, scheduled)
             return freed
         if scheduled and evict and s not in self.decoders:
             self._preempt(s, now, scheduled)
