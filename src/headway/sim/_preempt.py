@@ -85,8 +85,13 @@ class Preemption(KVBlocks):
         ended or the one before (vLLM's running loop did not reach it: its last token was known
         when its last step was planned, or that step's output, processed with it running, cached
         the block)."""
+        return self._last_token_unknown(s) if s in self.decoders else 0
+
+    def _last_token_unknown(self, s: Seq) -> int:
+        """:meth:`_unknown_tail`'s rule for a request that ran in the step just ended, as a decoder
+        or finishing in it (:meth:`_drop_finishing`)."""
         g = self.g
-        return 1 if s in self.decoders and s.prefilled_g != g and s.sat_g < g - 1 else 0
+        return 1 if s.prefilled_g != g and s.sat_g < g - 1 else 0
 
     def _async_lag(self, s: Seq) -> int:
         """What :meth:`_preempt` caches of a running request's blocks with async scheduling, before the
@@ -170,8 +175,7 @@ class Preemption(KVBlocks):
             self._rkeys.drop(s)
         s.req.num_preemptions += 1
         self.num_preemptions += 1
-        g = self.g
-        self._free_blocks(s, False, 0 if scheduled or s.prefilled_g == g or s.sat_g >= g - 1 else 1)
+        self._free_blocks(s, False, 0 if scheduled else self._last_token_unknown(s))
         del self.seqs[s.req]
         self._run_version += 1
 
