@@ -718,7 +718,7 @@ def test_a_request_evicted_again_and_again_without_getting_further_is_warned_of_
     gain: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The simulator's livelock check (``SimulationStalled``) as a warning: the engine keeps running."""
-    from headway.integrations.vllm._adapter import STALL_EVICTIONS
+    from headway.core import STALL_EVICTIONS
 
     a = PolicyAdapter(make_policy("fcfs"), clock=lambda: 1000.0, epoch=1000.0)
     q = a.make_queue()

@@ -99,6 +99,7 @@ from headway.core._request import Request
 __all__ = [
     "DISPLACEMENT_MODES",
     "RUNNING_KEYS",
+    "STALL_EVICTIONS",
     "OracleAccessError",
     "Policy",
     "PolicyHooks",
@@ -119,6 +120,11 @@ DISPLACEMENT_MODES = ("none", "pause", "evict")
 
 RUNNING_KEYS = ("", "bounded", "countdown")
 """How a policy's running keys evolve between key points (``Policy.running_keys``, see above)."""
+
+STALL_EVICTIONS = 1000
+"""Recompute evictions in a row that find a request with no more tokens computed than an earlier
+one had (every turn it got was lost): where the engines call a displacement livelock (the
+simulator raises ``SimulationStalled``, the vLLM plugin warns)."""
 
 
 class OracleAccessError(PermissionError):

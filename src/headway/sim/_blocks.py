@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Hashable
 
-from headway.core import Request, RequestState
+from headway.core import STALL_EVICTIONS, Request, RequestState
 from headway.sim._cost import CostModel
 from headway.sim._decode import DecodeClock
 from headway.sim._prefix import PrefixCache
@@ -27,17 +27,12 @@ from headway.sim._running_keys import RunningKeys
 from headway.sim._seq import Seq
 from headway.sim._steps import StepRecord
 
-__all__ = ["BLOCKS", "BUDGET", "SLOT", "STALL_EVICTIONS", "KVBlocks", "SimulationStalled"]
+__all__ = ["BLOCKS", "BUDGET", "SLOT", "KVBlocks", "SimulationStalled"]
 
 _RUNNING = RequestState.RUNNING  # (a global: reading an Enum member off its class is slower)
 
 # what keeps a waiting request out of the batch (KVBlocks._admission)
 SLOT, BUDGET, BLOCKS = 1, 2, 3
-
-
-STALL_EVICTIONS = 1000
-"""Recompute evictions in a row that find a request with no more tokens computed than an earlier
-one had (every turn it got was lost) before :class:`SimulationStalled` is raised."""
 
 
 class SimulationStalled(RuntimeError):

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from headway.core import Policy, PolicyKey, PolicyQueue, Request, RequestState, Tier
+from headway.core import STALL_EVICTIONS, Policy, PolicyKey, PolicyQueue, Request, RequestState, Tier
 from headway.integrations.vllm._background import BackgroundScorer
 from headway.integrations.vllm._queue import HeadwayRequestQueue
 from headway.integrations.vllm._scorers import TextScoreFn
@@ -21,10 +21,6 @@ from headway.integrations.vllm._settings import REQUEST_HINTS, _check_oracle, _d
 __all__ = ["EngineRequest", "PolicyAdapter"]
 
 logger = logging.getLogger("headway.integrations.vllm")
-
-STALL_EVICTIONS = 1000
-"""Evictions in a row that find a request with no more tokens computed than an earlier one had
-before the plugin warns of a livelock (the simulator's ``SimulationStalled`` stops the run there)."""
 
 
 class EngineRequest(Protocol):
