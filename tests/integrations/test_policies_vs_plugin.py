@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from integrations._stepdiff import VllmSteps, drawn, scenarios
+from integrations._stepdiff import VllmSteps, drawn, scenarios, sim_outcome, sync_outcome
 from integrations.test_displacement_vs_vllm import _pair, _scored
 
 pytestmark = [pytest.mark.vllm]
@@ -69,3 +69,51 @@ def test_an_arrival_at_a_steps_end_gets_its_start_tag_after_that_steps_output(vl
     sim, ref, _ = _pair(vllm_steps, scenario, "tenant-weighted", None, "vllm")
     assert sim == ref
     assert ref["r0"] == (18, 18, 0) and ref["r5"] == (1, 18, 1)  # r0 after r5
+
+
+def _tenants(shapes: list[tuple[str, int, int, int, str, int | None]]) -> list[dict[str, Any]]:
+    """Requests (id, arrival step, prompt tokens, max_tokens, tier, abort step) of a tenant per tier."""
+    return [
+        {"id": rid, "seq": k, "arrive": at, "prompt": list(range(1000 * (k + 1), 1000 * (k + 1) + n)),
+         "max_tokens": out, "priority": 0, "abort": abort, "tenant": tier, "tier": tier}
+        for k, (rid, at, n, out, tier, abort) in enumerate(shapes)
+    ]  # fmt: skip
+
+
+def test_an_arrival_mid_step_gets_its_start_tag_after_that_steps_output(vllm_steps: VllmSteps) -> None:
+    """tenant-weighted: r2 (batch, start tag 0.5) starts service in step 17, whose output moves the
+    virtual time to 0.5; r5 (premium) arrives during that step. vLLM adds it after that output and the
+    plugin announces it as the next ``schedule()`` starts: its start tag is 0.5, r2's ties it and goes
+    first, and r5 is the victim of step 22's KV shortage. Given r5's arrival at 17.5, mid-step (as in a
+    real run: the harness's vLLM side can add requests only between steps), the simulator announced it
+    at once, before that step's output: tag 0.2, and r2 was the victim."""
+    reqs = _tenants([("r7", 1, 1, 22, "batch", None), ("r0", 2, 22, 20, "premium", None),
+                     ("r2", 17, 79, 3, "batch", None), ("r5", 18, 33, 1, "premium", None)])  # fmt: skip
+    scenario = {
+        "block_size": 16, "num_blocks": 14, "max_num_seqs": 4, "max_num_batched_tokens": 22, "max_model_len": 512,
+        "chunked_prefill": True, "prefix_caching": True, "policy": "fcfs", "requests": reqs,
+    }  # fmt: skip
+    reply = vllm_steps.run({**scenario, "clock": "steps"}, "headway", policy="tenant-weighted", oracle="max_tokens")
+    ref, arrivals = sync_outcome(scenario, reply["steps"])
+    assert ref["r5"] == (20, 23, 1) and ref["r2"] == (17, 22, 0)
+    weighted = {**scenario, "policy": "tenant-weighted"}
+    assert sim_outcome(weighted, arrivals, async_scheduling=False) == ref  # at the step's start: a tie
+    mid = {**arrivals, "r0": arrivals["r0"] - 0.5, "r2": arrivals["r2"] - 0.5, "r5": arrivals["r5"] - 0.5}
+    assert sim_outcome(weighted, mid, async_scheduling=False) == ref
+
+
+def test_a_request_aborted_before_the_plan_that_would_see_it_is_never_announced(vllm_steps: VllmSteps) -> None:
+    """tenant-weighted, async scheduling: r2 (standard) arrives and is aborted before the next plan, so
+    the plugin never announces it (it announces arrivals as ``schedule()`` starts) and r5, the next
+    standard request, gets start tag 0, as r4 (premium) does: at the KV shortage of the plan made in
+    r4's last step r4, later, is the victim. The simulator announced r2 as it arrived: r5's tag was
+    1/3, and r5 evicted itself (found by a round with aborts and stop tokens, 3 of 5,000 draws)."""
+    reqs = _tenants([("r2", 0, 1, 1, "standard", 0), ("r5", 2, 58, 8, "standard", None),
+                     ("r4", 3, 1, 6, "premium", None)])  # fmt: skip
+    scenario = {
+        "block_size": 32, "num_blocks": 4, "max_num_seqs": 2, "max_num_batched_tokens": 29, "max_model_len": 512,
+        "chunked_prefill": True, "prefix_caching": False, "policy": "fcfs", "requests": reqs,
+    }  # fmt: skip
+    sim, ref, _ = _pair(vllm_steps, scenario, "tenant-weighted", None, "vllm-async")
+    assert sim == ref
+    assert ref["r4"][2] == 1 and ref["r5"][2] == 0

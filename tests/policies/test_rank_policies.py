@@ -242,9 +242,11 @@ def test_ltr_fast_forward_matches_exact_mode_with_staggered_arrivals(num_request
 def test_ltr_arrival_reads_every_ended_steps_progress(mode: str, exact: bool) -> None:
     """r0 decodes (1 s steps; prefill ends at 1, a token at each of 2, 3, ...); r1 (one token: no
     decode step) arrives at 5.0, as a step ends, and r2 at 7.5, mid-step. vLLM processes a step's
-    output before it adds the requests that came during it (the plugin reports every step), so
-    ``on_arrival`` reads a step time learnt from every decode step ended by then: 4 samples of
-    1 s for r1, 6 for r2. Before, with displacement ``none`` or nobody waiting, the simulator
+    output before it adds the requests that came during it, and the plugin announces them as the
+    next ``schedule()`` starts (the plugin reports every step), so ``on_arrival`` reads a step time
+    learnt from every decode step ended by the next plan: 4 samples of 1 s for r1, 7 for r2 (the
+    step it came in, ending at 8, included; 6, the steps ended by its arrival, until the simulator
+    announced arrivals at the plan). Before, with displacement ``none`` or nobody waiting, the simulator
     reported the decoders' progress lazily (at a finish or a preemption) and both read the
     initial 20 ms: r1 would starve at 9.0, where the plugin's r1 starves at 45.4 (34 of 100 of
     ``tests/integrations/test_displacement_vs_vllm.py``'s scenarios differed)."""
@@ -255,7 +257,7 @@ def test_ltr_arrival_reads_every_ended_steps_progress(mode: str, exact: bool) ->
     seen = {rid: t for what, rid, _, _, t in pol.log if what == "arrival"}
     assert seen["r0"] == 0.02
     assert seen["r1"] == pytest.approx(1.0 + 0.95**4 * (0.02 - 1.0), rel=1e-12)
-    assert seen["r2"] == pytest.approx(1.0 + 0.95**6 * (0.02 - 1.0), rel=1e-12)
+    assert seen["r2"] == pytest.approx(1.0 + 0.95**7 * (0.02 - 1.0), rel=1e-12)
 
 
 def test_ltr_rejects_bad_settings_naming_them():

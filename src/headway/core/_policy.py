@@ -7,7 +7,10 @@ policy never imports an engine.
 The contract, in the order an engine calls it:
 
 ``on_arrival(req, now)``
-    A request entered the scheduler. Learned estimators score it here.
+    A request entered the scheduler: engines call it as their next scheduling decision first
+    sees the request (vLLM's plugin as ``schedule()`` starts, after the output of the step the
+    request came in; the simulator at its next plan), so a request aborted before then is never
+    announced. Learned estimators score it here.
 ``key(req, now) -> tuple``
     Its ordering key, a tuple of numbers (no NaN) of one length for every request: smaller
     runs first (queues check the first key they get); the engine appends ``req.seq`` as the final

@@ -66,6 +66,7 @@ class AsyncScheduling(Preemption):
     _launch: Callable[..., None]  # the replica's: launch the planned step
     _apply_aborts: Callable[[float, float], None]
     _enqueue: Callable[[Request, float], None]  # the replica's: a request starts waiting
+    _release_arrivals: Callable[[float], None]  # the replica's: the requests held for a plan start waiting
     _rekey: Callable[[Request, float], None]  # the replica's: a waiting request's rekey timer is due
     _finished: Callable[[Seq, float], None]  # the replica's: the policy hears that a request finished
     _rekey_due: Callable[[float], None]  # the replica's: the rekey hints reached by the decode clock
@@ -146,6 +147,8 @@ class AsyncScheduling(Preemption):
             return
         if self._aborts:  # those that came at this instant (vLLM takes them before it schedules)
             self._apply_aborts(now, now)
+        if self._held:
+            self._release_arrivals(now)
         self._plan(now)
         self._launch(now)
 

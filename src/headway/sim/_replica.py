@@ -288,10 +288,11 @@ class Replica(ClientAborts):
         # after the output of the step it came in)
         if self.plan_reported >= 0:
             self._catch_up_arrival(now)
-        if self._arrival_hook:
-            self.policy.on_arrival(req, now)
-        if self._async and (self._launch_pending or (self.busy and self.plan_n)):
-            # async scheduling: the next step is planned as the one in flight starts (_start_step)
+        if self._arrival_hook or (self._async and (self._launch_pending or (self.busy and self.plan_n))):
+            # async scheduling: the next step is planned as the one in flight starts (_start_step); a
+            # policy with an arrival hook hears of a request as vLLM's scheduler first sees it, at the
+            # next plan (the plugin announces arrivals as schedule() starts: after the output of the
+            # step in flight, and never one aborted before): _enqueue, from _release_arrivals
             self._held.append((now, req))
         else:
             self.waiting.add(req, now)
@@ -383,12 +384,24 @@ class Replica(ClientAborts):
         if self._launch_pending:  # an arrival at this step's end comes first (_end_step_before_arrival)
             self._wait_for_arrivals(now)
             return
+        if self._held:
+            self._release_arrivals(now)
         self._plan(now)
         self._launch(now)
 
     def _enqueue(self, req: Request, now: float) -> None:
+        """A request the next plan sees joins the queue (the policy hears of its arrival now)."""
+        if self._arrival_hook:
+            self.policy.on_arrival(req, now)
         self.waiting.add(req, now)
         self._arm_timer(req, now)
+
+    def _release_arrivals(self, now: float) -> None:
+        """A synchronous plan (or an async one of an idle engine) sees every request that arrived
+        before it: those held for a policy with an arrival hook join the queue (:meth:`submit`)."""
+        for _, req in self._held:
+            self._enqueue(req, now)
+        self._held.clear()
 
     def _plan(self, now: float) -> None:
         if self.unseen:

@@ -37,8 +37,9 @@ KV) cannot be held by vLLM's model runner, which keeps at most ``max_num_seqs`` 
 plugin runs such a policy without displacement and logs it. vLLM never preempts for a slot or
 for the token budget, and neither does the plugin.
 
-The policy is fed through the :class:`~headway.core.Policy` contract: ``on_arrival`` when
-a request is added (arrivals since the previous step are scored in one batch first),
+The policy is fed through the :class:`~headway.core.Policy` contract: ``on_arrival`` for
+the requests added since the previous step as ``schedule()`` starts (scored in one batch first;
+one aborted before then is never announced),
 ``key`` when a request enters a queue (arrival, preemption), when a ``rekey_at_time``
 timer fires or ``key_epoch`` changes, and for running requests when a decision needs
 it (eviction order, displacement); ``on_progress`` once per step per scheduled request
