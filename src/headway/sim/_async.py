@@ -65,8 +65,8 @@ class AsyncScheduling(Preemption):
     _plan: Callable[[float], None]  # the replica's: plan the next step (the policy's time)
     _launch: Callable[..., None]  # the replica's: launch the planned step
     _apply_aborts: Callable[[float, float], None]
-    _enqueue: Callable[[Request, float], None]  # the replica's: a request starts waiting
-    _release_arrivals: Callable[[float], None]  # the replica's: the requests held for a plan start waiting
+    _arm_timer: Callable[[Request, float], None]  # the replica's: a queued request's rekey timer
+    _arrival_hook: bool  # the policy has an on_arrival hook
     _rekey: Callable[[Request, float], None]  # the replica's: a waiting request's rekey timer is due
     _finished: Callable[[Seq, float], None]  # the replica's: the policy hears that a request finished
     _rekey_due: Callable[[float], None]  # the replica's: the rekey hints reached by the decode clock
@@ -259,6 +259,20 @@ class AsyncScheduling(Preemption):
         """Whether ``s`` is in vLLM's batch (its running list: running, sitting a step out, or finishing
         in the step just ended and not evicted since)."""
         return s in self.decoders or s in self._sitting or s in self._finishing or s in self.prefilling
+
+    def _enqueue(self, req: Request, now: float) -> None:
+        """A request the next plan sees joins the queue (the policy hears of its arrival now)."""
+        if self._arrival_hook:
+            self.policy.on_arrival(req, now)
+        self.waiting.add(req, now)
+        self._arm_timer(req, now)
+
+    def _release_arrivals(self, now: float) -> None:
+        """A synchronous plan (or an async one of an idle engine) sees every request that arrived
+        before it: those held for a policy with an arrival hook join the queue (:meth:`submit`)."""
+        for _, req in self._held:
+            self._enqueue(req, now)
+        self._held.clear()
 
     def _release_unseen(self, now: float) -> None:
         """The requests that finished in the step that just ended give back their slots and blocks (in

@@ -30,7 +30,7 @@ class Preemption(KVBlocks):
     _victim_from_heaps: bool  # a KV shortage's victim is the lazy heaps' top (see _heap_victim)
     _async: bool  # the replica's SchedulerConfig.async_scheduling
     _leave: Callable[[Seq], None]  # the replica's: a finished request gives back its blocks and slot
-    _held: list[tuple[float, Request]]  # async scheduling: arrived while a step ran, not yet waiting
+    _held: list[tuple[float, Request]]  # arrived, not yet seen by a plan (async scheduling; an arrival hook)
     _stale: list[Request]  # async scheduling: displaced with a token in flight, skipped by this plan
     _drained: bool  # async scheduling: a plan made with no step in flight (_async.py)
     _fits: list[tuple[Seq, int, int]]  # counted as admitted by a displacement check: (seq, blocks, tokens)
@@ -117,7 +117,7 @@ class Preemption(KVBlocks):
             s.chunk = 0
         elif s in self._sitting:
             self._sitting.remove(s)
-        elif not self.waiting.remove(req):  # (async scheduling: arrived while a step ran, not yet seen)
+        elif not self.waiting.remove(req):  # (arrived, not yet seen by a plan: _held)
             self._held = [(t, r) for t, r in self._held if r is not req]
         if s in self.paused:
             del self.paused[s]

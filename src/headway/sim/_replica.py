@@ -204,7 +204,7 @@ class Replica(ClientAborts):
         self._chunk_cap = 0  # long_prefill_token_threshold in force for the step being planned
         # async scheduling: what the step being planned cannot see yet (released once it is planned)
         self._finishing: list[Seq] = []  # finished in the step that just ended: slot and blocks still held
-        self._held: list[tuple[float, Request]] = []  # (time, request) arrived while a step ran: not yet waiting
+        self._held: list[tuple[float, Request]] = []  # (time, request) arrived, not yet seen by a plan
         self._late: list[Request] = []  # waiting requests whose rekey timers came after that step's plan
         self._launch_pending = False  # an arrival at a step's end: planned, output delivered (_async.py)
         self._drained = False  # a plan made with no step in flight, after an empty one (_async.py)
@@ -388,20 +388,6 @@ class Replica(ClientAborts):
             self._release_arrivals(now)
         self._plan(now)
         self._launch(now)
-
-    def _enqueue(self, req: Request, now: float) -> None:
-        """A request the next plan sees joins the queue (the policy hears of its arrival now)."""
-        if self._arrival_hook:
-            self.policy.on_arrival(req, now)
-        self.waiting.add(req, now)
-        self._arm_timer(req, now)
-
-    def _release_arrivals(self, now: float) -> None:
-        """A synchronous plan (or an async one of an idle engine) sees every request that arrived
-        before it: those held for a policy with an arrival hook join the queue (:meth:`submit`)."""
-        for _, req in self._held:
-            self._enqueue(req, now)
-        self._held.clear()
 
     def _plan(self, now: float) -> None:
         if self.unseen:
