@@ -82,6 +82,9 @@ decode counters, fast-forward and progress reports in a stretch), :mod:`~headway
 (admission, KV blocks, prefix caching), :mod:`~headway.sim._preempt` (evictions and the
 displacement modes), :mod:`~headway.sim._async` (what an async plan does not see),
 :mod:`~headway.sim._aborts` (clients' aborts); this module takes arrivals and timers and plans, launches and ends steps.
+A policy with an arrival hook hears of a request (``on_arrival``) at the first plan that sees it, as
+the vLLM plugin announces arrivals as ``schedule()`` starts: after the output of the step the
+request came in, and never one aborted before (:meth:`Replica.submit` holds it until then).
 """
 
 from __future__ import annotations
