@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from integrations._stepdiff import VllmSteps, drawn, scenarios, sim_outcome, sync_outcome
-from integrations.test_displacement_vs_vllm import _pair, _scored
+from integrations.test_displacement_vs_vllm import _engine, _pair, _scored
 
 pytestmark = [pytest.mark.vllm]
 
@@ -48,36 +48,30 @@ def test_other_policies_sim_makes_the_plugins_decisions(
     assert sim == ref, json.dumps({"policy": policy, "base": base, "seed": seed, "scenario": scenario})
 
 
+def _tenants(shapes: list[tuple[str, int, int, int, str, int | None]]) -> list[dict[str, Any]]:
+    """Requests (id, arrival step, prompt tokens, max_tokens, tenant, abort step), tenant ``t<k>`` of
+    tier ``TIERS[k]`` (premium, standard, batch), as the random tests above name them."""
+    return [
+        {"id": rid, "seq": k, "arrive": at, "prompt": list(range(1000 * (k + 1), 1000 * (k + 1) + n)),
+         "max_tokens": out, "priority": 0, "abort": abort, "tenant": t, "tier": TIERS[int(t[1:])]}
+        for k, (rid, at, n, out, t, abort) in enumerate(shapes)
+    ]  # fmt: skip
+
+
 def test_an_arrival_at_a_steps_end_gets_its_start_tag_after_that_steps_output(vllm_steps: VllmSteps) -> None:
     """tenant-weighted (start-time fair queueing): r4 and r5 start service in step 1, whose output moves
     the virtual time to r5's start tag, 0.5; r0 (premium) arrives as step 1 ends. vLLM adds it after that
     output: its start tag is 0.5, and when r5 waits again (a KV shortage at step 13) r5 goes first. The
     simulator took r0 before that step's output (a rounding tie goes to the arrival): tag 0.2, r0 first
     (found by a random-seed run of the test above)."""
-    tiers = {"t0": "premium", "t1": "standard", "t2": "batch"}
-    shapes = [("r1", 0, 2, 1, "t1"), ("r2", 0, 3, 1, "t2"), ("r3", 0, 15, 18, "t0"), ("r4", 0, 4, 1, "t1"),
-              ("r5", 0, 5, 13, "t2"), ("r0", 2, 1, 1, "t0")]  # fmt: skip
-    reqs = [
-        {"id": rid, "seq": k, "arrive": at, "prompt": list(range(1000 * (k + 1), 1000 * (k + 1) + n)),
-         "max_tokens": out, "priority": 0, "abort": None, "tenant": t, "tier": tiers[t]}
-        for k, (rid, at, n, out, t) in enumerate(shapes)
-    ]  # fmt: skip
-    scenario = {
-        "block_size": 16, "num_blocks": 4, "max_num_seqs": 3, "max_num_batched_tokens": 32, "max_model_len": 512,
-        "chunked_prefill": True, "prefix_caching": False, "policy": "fcfs", "requests": reqs,
-    }  # fmt: skip
+    reqs = _tenants([
+        ("r1", 0, 2, 1, "t1", None), ("r2", 0, 3, 1, "t2", None), ("r3", 0, 15, 18, "t0", None),
+        ("r4", 0, 4, 1, "t1", None), ("r5", 0, 5, 13, "t2", None), ("r0", 2, 1, 1, "t0", None),
+    ])  # fmt: skip
+    scenario = _engine(*reqs, num_blocks=4, max_num_seqs=3, max_num_batched_tokens=32, prefix_caching=False)
     sim, ref, _ = _pair(vllm_steps, scenario, "tenant-weighted", None, "vllm")
     assert sim == ref
     assert ref["r0"] == (18, 18, 0) and ref["r5"] == (1, 18, 1)  # r0 after r5
-
-
-def _tenants(shapes: list[tuple[str, int, int, int, str, int | None]]) -> list[dict[str, Any]]:
-    """Requests (id, arrival step, prompt tokens, max_tokens, tier, abort step) of a tenant per tier."""
-    return [
-        {"id": rid, "seq": k, "arrive": at, "prompt": list(range(1000 * (k + 1), 1000 * (k + 1) + n)),
-         "max_tokens": out, "priority": 0, "abort": abort, "tenant": tier, "tier": tier}
-        for k, (rid, at, n, out, tier, abort) in enumerate(shapes)
-    ]  # fmt: skip
 
 
 def test_an_arrival_mid_step_gets_its_start_tag_after_that_steps_output(vllm_steps: VllmSteps) -> None:
@@ -87,12 +81,9 @@ def test_an_arrival_mid_step_gets_its_start_tag_after_that_steps_output(vllm_ste
     first, and r5 is the victim of step 22's KV shortage. Given r5's arrival at 17.5, mid-step (as in a
     real run: the harness's vLLM side can add requests only between steps), the simulator announced it
     at once, before that step's output: tag 0.2, and r2 was the victim."""
-    reqs = _tenants([("r7", 1, 1, 22, "batch", None), ("r0", 2, 22, 20, "premium", None),
-                     ("r2", 17, 79, 3, "batch", None), ("r5", 18, 33, 1, "premium", None)])  # fmt: skip
-    scenario = {
-        "block_size": 16, "num_blocks": 14, "max_num_seqs": 4, "max_num_batched_tokens": 22, "max_model_len": 512,
-        "chunked_prefill": True, "prefix_caching": True, "policy": "fcfs", "requests": reqs,
-    }  # fmt: skip
+    reqs = _tenants([("r7", 1, 1, 22, "t2", None), ("r0", 2, 22, 20, "t0", None), ("r2", 17, 79, 3, "t2", None),
+                     ("r5", 18, 33, 1, "t0", None)])  # fmt: skip
+    scenario = _engine(*reqs, num_blocks=14, max_num_batched_tokens=22)
     reply = vllm_steps.run({**scenario, "clock": "steps"}, "headway", policy="tenant-weighted", oracle="max_tokens")
     ref, arrivals = sync_outcome(scenario, reply["steps"])
     assert ref["r5"] == (20, 23, 1) and ref["r2"] == (17, 22, 0)
@@ -108,12 +99,9 @@ def test_a_request_aborted_before_the_plan_that_would_see_it_is_never_announced(
     standard request, gets start tag 0, as r4 (premium) does: at the KV shortage of the plan made in
     r4's last step r4, later, is the victim. The simulator announced r2 as it arrived: r5's tag was
     1/3, and r5 evicted itself (found by a round with aborts and stop tokens, 3 of 5,000 draws)."""
-    reqs = _tenants([("r2", 0, 1, 1, "standard", 0), ("r5", 2, 58, 8, "standard", None),
-                     ("r4", 3, 1, 6, "premium", None)])  # fmt: skip
-    scenario = {
-        "block_size": 32, "num_blocks": 4, "max_num_seqs": 2, "max_num_batched_tokens": 29, "max_model_len": 512,
-        "chunked_prefill": True, "prefix_caching": False, "policy": "fcfs", "requests": reqs,
-    }  # fmt: skip
+    reqs = _tenants([("r2", 0, 1, 1, "t1", 0), ("r5", 2, 58, 8, "t1", None), ("r4", 3, 1, 6, "t0", None)])
+    scenario = _engine(*reqs, block_size=32, num_blocks=4, max_num_seqs=2, max_num_batched_tokens=29,
+                       prefix_caching=False)  # fmt: skip
     sim, ref, _ = _pair(vllm_steps, scenario, "tenant-weighted", None, "vllm-async")
     assert sim == ref
     assert ref["r4"][2] == 1 and ref["r5"][2] == 0

@@ -268,8 +268,8 @@ class AsyncScheduling(Preemption):
         self._arm_timer(req, now)
 
     def _release_arrivals(self, now: float) -> None:
-        """A synchronous plan (or an async one of an idle engine) sees every request that arrived
-        before it: those held for a policy with an arrival hook join the queue (:meth:`submit`)."""
+        """Every request held until a plan sees it joins the queue (:meth:`submit`): before a
+        synchronous plan (or an async one of an idle engine), or once an async plan is made."""
         for _, req in self._held:
             self._enqueue(req, now)
         self._held.clear()
@@ -280,9 +280,7 @@ class AsyncScheduling(Preemption):
         for s in self._finishing:
             self._leave(s)
         self._finishing.clear()
-        for _, req in self._held:
-            self._enqueue(req, now)
-        self._held.clear()
+        self._release_arrivals(now)
         for req in self._late:
             if req in self.waiting:
                 self._rekey(req, now)
